@@ -1,0 +1,53 @@
+# gpualloc — the two commands a newcomer needs are `make run` and `make test`.
+# Everything installs into .venv/ at the repo root (created when missing).
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PY     := $(BIN)/python
+STAMP  := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help install run test lint fmt protos protos-check bench clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+	  { echo "gpualloc needs Python >= 3.11 (found $$($(PYTHON) --version))"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install gpualloc with its dev toolchain
+
+run: $(STAMP) ## start inventory + allocator in one process on 127.0.0.1:50051 (embedded store, demo inventory)
+	$(BIN)/gpualloc serve --demo
+
+test: $(STAMP) ## run the whole test suite (starts its own redis-server)
+	$(BIN)/pytest
+
+lint: $(STAMP) protos-check ## ruff, mypy, import contracts, proto lint, generated code up to date
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+	$(PY) protos/lint.py
+
+fmt: $(STAMP) ## format the code
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+protos: $(STAMP) ## regenerate the committed Python code from protos/**/*.proto
+	$(PY) protos/generate.py
+
+protos-check: $(STAMP) ## fail when the committed generated code is stale
+	$(PY) protos/generate.py --check
+
+bench: $(STAMP) ## benchmarks (solver, inventory, service); pass ARGS=--json for machine-readable output
+	$(PY) -m loadtest.bench $(ARGS)
+
+clean: ## remove the virtualenv and caches
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,122 @@
+"""The typed errors every layer raises; mapped to gRPC status codes once, in grpc_errors.py.
+
+Tree::
+
+    GpuallocError
+    ├── InvalidArgument        bad input: a request, a file, a flag (carries the field path)
+    │   └── ParseError         input that is not even well-formed YAML/JSON/XML (file, line)
+    ├── NotFound               a named object does not exist (reservation, device class, node)
+    ├── AlreadyExists          a create that collides with an existing object
+    ├── Conflict               optimistic concurrency lost: the devices moved (ABORTED)
+    ├── PermissionDenied       the caller may not act on this object (owner mismatch)
+    ├── FailedPrecondition     the system is not in a state to do this (incomplete pool for All)
+    ├── ResourceExhausted      a bound was hit: message size, search budget, CEL cost
+    ├── Unavailable            a dependency (Redis, inventory) cannot be reached
+    └── DeadlineExceeded       the caller's deadline ran out
+
+This module imports nothing but the standard library so that pure cores can raise these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "AlreadyExists",
+    "Conflict",
+    "DeadlineExceeded",
+    "FailedPrecondition",
+    "FieldViolation",
+    "GpuallocError",
+    "InvalidArgument",
+    "NotFound",
+    "ParseError",
+    "PermissionDenied",
+    "ResourceExhausted",
+    "Unavailable",
+]
+
+
+@dataclass(frozen=True)
+class FieldViolation:
+    """One bad field: `path` in Kubernetes field-path syntax, e.g. `spec.devices[3].name`."""
+
+    path: str
+    description: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.description}" if self.path else self.description
+
+
+class GpuallocError(Exception):
+    """Base of every error gpualloc raises on purpose. Anything else reaching a server is a bug."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(GpuallocError):
+    """Bad input. `violations` name each offending field; the message names the first."""
+
+    def __init__(self, message: str, violations: Sequence[FieldViolation] = ()) -> None:
+        super().__init__(message)
+        self.violations: tuple[FieldViolation, ...] = tuple(violations)
+
+    @classmethod
+    def at(cls, path: str, description: str) -> InvalidArgument:
+        """Bad value at one field path: message `path: description`."""
+        violation = FieldViolation(path, description)
+        return cls(str(violation), [violation])
+
+    @property
+    def field_path(self) -> str:
+        return self.violations[0].path if self.violations else ""
+
+
+class ParseError(InvalidArgument):
+    """Input that is not well-formed; `source` is the file name (or `<stdin>`), `line` 1-based."""
+
+    def __init__(self, message: str, source: str = "", line: int | None = None) -> None:
+        where = source + (f":{line}" if line is not None else "")
+        super().__init__(f"{where}: {message}" if where else message)
+        self.source = source
+        self.line = line
+
+
+class NotFound(GpuallocError):
+    pass
+
+
+class AlreadyExists(GpuallocError):
+    pass
+
+
+class Conflict(GpuallocError):
+    """The placement is no longer free. `conflicts` lists `driver/pool/device` (or counters) that moved."""
+
+    def __init__(self, message: str, conflicts: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.conflicts: tuple[str, ...] = tuple(conflicts)
+
+
+class PermissionDenied(GpuallocError):
+    pass
+
+
+class FailedPrecondition(GpuallocError):
+    pass
+
+
+class ResourceExhausted(GpuallocError):
+    pass
+
+
+class Unavailable(GpuallocError):
+    pass
+
+
+class DeadlineExceeded(GpuallocError):
+    pass
+
