@@ -119,4 +119,3 @@ class Unavailable(GpuallocError):
 
 class DeadlineExceeded(GpuallocError):
     pass
-

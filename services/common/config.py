@@ -1,0 +1,337 @@
+"""Environment settings: typed readers that name the bad variable, and the gRPC server's settings.
+
+Every service is configured by `GPUALLOC_*` environment variables (12-factor, the same in
+docker-compose and Kubernetes). The readers here turn a bad value into an `InvalidArgument` whose
+field path is the variable name, so an operator reads `GPUALLOC_MAX_WORKERS: must be an integer,
+got 'x'` and not a Python traceback. An unset or empty variable means "use the default": Kubernetes
+manifests often render optional values as empty strings.
+
+Each setting is declared once, as a `Setting` in a module-level table; the dataclass defaults,
+`from_env` and the README table (`settings_table_markdown`) all come from that one declaration.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from services.common.dra.quantity import Quantity
+from services.common.errors import FieldViolation, InvalidArgument
+
+__all__ = [
+    "SERVER_SETTINGS",
+    "ServerSettings",
+    "Setting",
+    "env_bool",
+    "env_bytes",
+    "env_choice",
+    "env_duration",
+    "env_float",
+    "env_int",
+    "env_str",
+    "format_duration",
+    "read_settings",
+    "settings_table_markdown",
+]
+
+T = TypeVar("T")
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_DURATION_UNIT_SECONDS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+
+
+def _raw(environ: Mapping[str, str], name: str) -> str | None:
+    """The variable's value, or None when unset or blank (blank means "use the default")."""
+    value = environ.get(name)
+    if value is None or not value.strip():
+        return None
+    return value
+
+
+def _check_range(
+    name: str, value: float, minimum: float | None, maximum: float | None, shown: str
+) -> None:
+    if minimum is not None and value < minimum:
+        raise InvalidArgument.at(name, f"must be >= {minimum:g}, got {shown}")
+    if maximum is not None and value > maximum:
+        raise InvalidArgument.at(name, f"must be <= {maximum:g}, got {shown}")
+
+
+def env_str(environ: Mapping[str, str], name: str, default: str) -> str:
+    """The variable as a string, surrounding whitespace removed."""
+    value = _raw(environ, name)
+    return default if value is None else value.strip()
+
+
+def env_int(
+    environ: Mapping[str, str],
+    name: str,
+    default: int,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+) -> int:
+    """A base-10 integer, optionally bounded (inclusive)."""
+    value = _raw(environ, name)
+    if value is None:
+        return default
+    try:
+        number = int(value.strip(), 10)
+    except ValueError:
+        raise InvalidArgument.at(name, f"must be an integer, got {value!r}") from None
+    _check_range(name, number, minimum, maximum, repr(value))
+    return number
+
+
+def env_float(
+    environ: Mapping[str, str],
+    name: str,
+    default: float,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+) -> float:
+    """A finite decimal number, optionally bounded (inclusive)."""
+    value = _raw(environ, name)
+    if value is None:
+        return default
+    try:
+        number = float(value.strip())
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number):
+        raise InvalidArgument.at(name, f"must be a number, got {value!r}")
+    _check_range(name, number, minimum, maximum, repr(value))
+    return number
+
+
+def env_bool(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    """true/false, 1/0, yes/no, on/off (any case)."""
+    value = _raw(environ, name)
+    if value is None:
+        return default
+    word = value.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise InvalidArgument.at(name, f"must be true or false, got {value!r}")
+
+
+def env_choice(environ: Mapping[str, str], name: str, default: str, choices: Sequence[str]) -> str:
+    """One of `choices`, matched case-insensitively and returned as spelled in `choices`."""
+    value = _raw(environ, name)
+    if value is None:
+        return default
+    by_folded = {choice.casefold(): choice for choice in choices}
+    chosen = by_folded.get(value.strip().casefold())
+    if chosen is None:
+        raise InvalidArgument.at(name, f"must be one of {', '.join(choices)}, got {value!r}")
+    return chosen
+
+
+def env_duration(
+    environ: Mapping[str, str],
+    name: str,
+    default: float,
+    *,
+    minimum: float | None = 0.0,
+    maximum: float | None = None,
+) -> float:
+    """Seconds, written as a Go duration (`500ms`, `30s`, `1m30s`, `2h`) or a plain number."""
+    value = _raw(environ, name)
+    if value is None:
+        return default
+    text = value.strip()
+    seconds = _parse_duration(text)
+    if seconds is None:
+        raise InvalidArgument.at(
+            name, f"must be a duration like 500ms, 30s, 1m30s or a number of seconds, got {value!r}"
+        )
+    _check_range(name, seconds, minimum, maximum, repr(value))
+    return seconds
+
+
+def _parse_duration(text: str) -> float | None:
+    try:
+        seconds = float(text)
+    except ValueError:
+        pass
+    else:
+        return seconds if math.isfinite(seconds) else None
+    position, total = 0, 0.0
+    for match in _DURATION_PART.finditer(text):
+        if match.start() != position:
+            return None
+        total += float(match[1]) * _DURATION_UNIT_SECONDS[match[2]]
+        position = match.end()
+    return total if position == len(text) and position > 0 else None
+
+
+def env_bytes(
+    environ: Mapping[str, str],
+    name: str,
+    default: int,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+) -> int:
+    """A byte count as a Kubernetes quantity: `16Mi`, `4M`, `1048576`."""
+    value = _raw(environ, name)
+    if value is None:
+        return default
+    try:
+        quantity = Quantity.parse(value)
+        count = quantity.as_int()
+    except ValueError:
+        raise InvalidArgument.at(
+            name, f"must be a whole number of bytes like 16Mi or 1048576, got {value!r}"
+        ) from None
+    _check_range(name, count, minimum, maximum, repr(value))
+    return count
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds as the shortest duration string `env_duration` reads back (`30s`, `500ms`)."""
+    if seconds >= 1 or seconds == 0:
+        return f"{seconds:g}s"
+    return f"{seconds * 1000:g}ms"
+
+
+@dataclass(frozen=True)
+class Setting(Generic[T]):
+    """One environment variable: its name, default, what it is for, and how to read it."""
+
+    name: str
+    default: T
+    description: str
+    read_value: Callable[[Mapping[str, str], str, T], T]
+    show_default: Callable[[T], str] = str
+
+    def read(self, environ: Mapping[str, str]) -> T:
+        return self.read_value(environ, self.name, self.default)
+
+
+def read_settings(
+    environ: Mapping[str, str], settings: Mapping[str, Setting[Any]]
+) -> dict[str, Any]:
+    """Read every setting; report every bad variable at once (one violation each)."""
+    values: dict[str, Any] = {}
+    violations: list[FieldViolation] = []
+    for field_name, setting in settings.items():
+        try:
+            values[field_name] = setting.read(environ)
+        except InvalidArgument as error:
+            violations.extend(error.violations or [FieldViolation(setting.name, error.message)])
+    if violations:
+        raise InvalidArgument("; ".join(str(v) for v in violations), violations)
+    return values
+
+
+def settings_table_markdown(settings: Iterable[Setting[Any]] | None = None) -> str:
+    """The README's settings table: one row per variable, in declaration order."""
+    rows = ["| Variable | Default | Description |", "|---|---|---|"]
+    for setting in SERVER_SETTINGS.values() if settings is None else settings:
+        shown = setting.show_default(setting.default)
+        rows.append(f"| `{setting.name}` | `{shown}` | {setting.description} |")
+    return "\n".join(rows) + "\n"
+
+
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_LOG_FORMATS = ("json", "text")
+
+# Field name of ServerSettings -> the variable that sets it. Order is the README's order.
+SERVER_SETTINGS: dict[str, Setting[Any]] = {
+    "listen_address": Setting(
+        "GPUALLOC_LISTEN",
+        "127.0.0.1:50051",
+        "host:port the gRPC server listens on (`0.0.0.0:50051` in a container; port 0: any)",
+        env_str,
+    ),
+    "max_workers": Setting(
+        "GPUALLOC_MAX_WORKERS",
+        16,
+        "threads serving RPCs; calls beyond this queue until a thread is free",
+        lambda env, name, default: env_int(env, name, default, minimum=1, maximum=1024),
+    ),
+    "max_receive_message_bytes": Setting(
+        "GPUALLOC_MAX_RECEIVE_MESSAGE_BYTES",
+        16 * 2**20,
+        "largest request accepted (a quantity: `16Mi`); larger ones fail with RESOURCE_EXHAUSTED",
+        lambda env, name, default: env_bytes(env, name, default, minimum=1024, maximum=2**31 - 1),
+        lambda n: f"{n // 2**20}Mi" if n % 2**20 == 0 else str(n),
+    ),
+    "max_send_message_bytes": Setting(
+        "GPUALLOC_MAX_SEND_MESSAGE_BYTES",
+        16 * 2**20,
+        "largest response sent (a quantity: `16Mi`)",
+        lambda env, name, default: env_bytes(env, name, default, minimum=1024, maximum=2**31 - 1),
+        lambda n: f"{n // 2**20}Mi" if n % 2**20 == 0 else str(n),
+    ),
+    "max_concurrent_streams": Setting(
+        "GPUALLOC_MAX_CONCURRENT_STREAMS",
+        100,
+        "concurrent calls one client connection may have open (HTTP/2 streams)",
+        lambda env, name, default: env_int(env, name, default, minimum=1),
+    ),
+    "max_call_seconds": Setting(
+        "GPUALLOC_MAX_CALL_DURATION",
+        30.0,
+        "time budget of a unary call when the client sets no shorter deadline (e.g. `30s`)",
+        lambda env, name, default: env_duration(env, name, default, minimum=0.001),
+        format_duration,
+    ),
+    "grace_seconds": Setting(
+        "GPUALLOC_SHUTDOWN_GRACE",
+        10.0,
+        "on SIGTERM, how long in-flight calls may finish before they are cancelled (e.g. `10s`)",
+        env_duration,
+        format_duration,
+    ),
+    "log_level": Setting(
+        "GPUALLOC_LOG_LEVEL",
+        "INFO",
+        "one of " + ", ".join(_LOG_LEVELS),
+        lambda env, name, default: env_choice(env, name, default, _LOG_LEVELS),
+    ),
+    "log_format": Setting(
+        "GPUALLOC_LOG_FORMAT",
+        "json",
+        "`json` (one object per line, with trace ids) or `text`",
+        lambda env, name, default: env_choice(env, name, default, _LOG_FORMATS),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """How a gpualloc gRPC server listens, sizes itself, shuts down and logs."""
+
+    listen_address: str = SERVER_SETTINGS["listen_address"].default
+    max_workers: int = SERVER_SETTINGS["max_workers"].default
+    max_receive_message_bytes: int = SERVER_SETTINGS["max_receive_message_bytes"].default
+    max_send_message_bytes: int = SERVER_SETTINGS["max_send_message_bytes"].default
+    max_concurrent_streams: int = SERVER_SETTINGS["max_concurrent_streams"].default
+    max_call_seconds: float = SERVER_SETTINGS["max_call_seconds"].default
+    grace_seconds: float = SERVER_SETTINGS["grace_seconds"].default
+    log_level: str = SERVER_SETTINGS["log_level"].default
+    log_format: str = SERVER_SETTINGS["log_format"].default
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> ServerSettings:
+        """Read `GPUALLOC_*`; raises InvalidArgument naming every bad variable."""
+        values = read_settings(environ, SERVER_SETTINGS)
+        return cls(**values)

@@ -1,0 +1,327 @@
+"""Typed errors <-> gRPC status, in one table, on both sides of the wire.
+
+Server side: `ErrorMappingInterceptor` wraps every handler so servicers simply raise the errors of
+`services.common.errors`; it aborts the call with the status code from `STATUS_CODES` and a
+`google.rpc.Status` carrying machine-readable details:
+
+* InvalidArgument -> `google.rpc.BadRequest`, one field violation per bad field path;
+* ParseError      -> also `google.rpc.ErrorInfo` (reason PARSE_ERROR, source file and line);
+* Conflict        -> `google.rpc.ErrorInfo` (reason RESERVATION_CONFLICT, the conflicting devices
+                     joined in metadata["conflicts"]) and one `google.rpc.ResourceInfo` per device.
+
+Any other exception is a bug: the client gets INTERNAL with a generic message and a reference,
+the server log gets the traceback under the same reference. Nothing internal leaks to callers.
+
+Client side: `error_from_rpc` turns a `grpc.RpcError` back into the typed error, violations and
+conflicts included, so the CLI and the service-to-service clients handle one error tree.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NoReturn
+
+import grpc
+from google.protobuf.message import Message
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from services.common.errors import (
+    AlreadyExists,
+    Conflict,
+    DeadlineExceeded,
+    FailedPrecondition,
+    FieldViolation,
+    GpuallocError,
+    InvalidArgument,
+    NotFound,
+    ParseError,
+    PermissionDenied,
+    ResourceExhausted,
+    Unavailable,
+)
+
+__all__ = [
+    "CONFLICT_REASON",
+    "CONFLICT_RESOURCE_TYPE",
+    "DOMAIN",
+    "PARSE_ERROR_REASON",
+    "STATUS_CODES",
+    "ErrorMappingInterceptor",
+    "RemoteError",
+    "StreamBehavior",
+    "UnaryBehavior",
+    "error_from_rpc",
+    "is_infrastructure_method",
+    "rewrap_handler",
+    "status_code_of",
+    "to_rpc_status",
+]
+
+STATUS_CODES: Mapping[type[GpuallocError], grpc.StatusCode] = {
+    InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    ParseError: grpc.StatusCode.INVALID_ARGUMENT,
+    NotFound: grpc.StatusCode.NOT_FOUND,
+    AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    Conflict: grpc.StatusCode.ABORTED,
+    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+    ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Unavailable: grpc.StatusCode.UNAVAILABLE,
+    DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+"""The one mapping. Subclasses (e.g. a core's InvalidSelector) inherit their base's code."""
+
+DOMAIN = "gpualloc"
+"""`google.rpc.ErrorInfo.domain` of every reason below."""
+
+PARSE_ERROR_REASON = "PARSE_ERROR"
+CONFLICT_REASON = "RESERVATION_CONFLICT"
+CONFLICT_RESOURCE_TYPE = "gpualloc.device"
+
+# The client rebuilds the first (most general) type listed for a code.
+_ERROR_TYPES: dict[grpc.StatusCode, type[GpuallocError]] = {}
+for _type, _code in STATUS_CODES.items():
+    _ERROR_TYPES.setdefault(_code, _type)
+
+_INFRASTRUCTURE_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+
+_log = logging.getLogger(__name__)
+
+
+class RemoteError(GpuallocError):
+    """A status with no typed counterpart (INTERNAL, UNKNOWN, CANCELLED, ...) from a remote call.
+
+    Not in STATUS_CODES on purpose: if a server lets one escape, its own callers see INTERNAL.
+    """
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def is_infrastructure_method(method: str) -> bool:
+    """Health and reflection calls, which interceptors should leave alone.
+
+    They are grpcio's own servicers and raise nothing of ours; wrapping Health.Watch would hide
+    the attribute that makes it non-blocking (one pool thread per watcher); telemetry should not
+    trace probes.
+    """
+    return method.startswith(_INFRASTRUCTURE_PREFIXES)
+
+
+def status_code_of(error: BaseException) -> grpc.StatusCode | None:
+    """The status code for a typed error (by its nearest mapped base), None for anything else."""
+    for cls in type(error).__mro__:
+        code = STATUS_CODES.get(cls)
+        if code is not None:
+            return code
+    return None
+
+
+# --- server side: error -> google.rpc.Status ------------------------------------------------
+
+
+def to_rpc_status(error: GpuallocError, code: grpc.StatusCode) -> status_pb2.Status:
+    """The rich status for a typed error: code, message and the details described above."""
+    message = error.message
+    details: list[Message] = []
+    if isinstance(error, InvalidArgument):
+        if error.field_path and error.field_path not in message:
+            message = f"{error.field_path}: {message}"
+        if error.violations:
+            details.append(_bad_request(error.violations))
+        if isinstance(error, ParseError):
+            details.append(_parse_error_info(error))
+    if isinstance(error, Conflict) and error.conflicts:
+        details.extend(_conflict_details(error.conflicts))
+    status = status_pb2.Status(code=code.value[0], message=message)
+    for detail in details:
+        status.details.add().Pack(detail)
+    return status
+
+
+def _bad_request(violations: tuple[FieldViolation, ...]) -> error_details_pb2.BadRequest:
+    return error_details_pb2.BadRequest(
+        field_violations=[
+            error_details_pb2.BadRequest.FieldViolation(field=v.path, description=v.description)
+            for v in violations
+        ]
+    )
+
+
+def _parse_error_info(error: ParseError) -> error_details_pb2.ErrorInfo:
+    metadata = {"source": error.source}
+    if error.line is not None:
+        metadata["line"] = str(error.line)
+    return error_details_pb2.ErrorInfo(reason=PARSE_ERROR_REASON, domain=DOMAIN, metadata=metadata)
+
+
+def _conflict_details(conflicts: tuple[str, ...]) -> list[Message]:
+    info = error_details_pb2.ErrorInfo(
+        reason=CONFLICT_REASON, domain=DOMAIN, metadata={"conflicts": ",".join(conflicts)}
+    )
+    resources: list[Message] = [
+        error_details_pb2.ResourceInfo(
+            resource_type=CONFLICT_RESOURCE_TYPE,
+            resource_name=conflict,
+            description="changed since the snapshot the placement was computed on",
+        )
+        for conflict in conflicts
+    ]
+    return [info, *resources]
+
+
+def _abort(error: Exception, context: grpc.ServicerContext, method: str) -> NoReturn:
+    """End the call with the status for `error`; always raises (that is how grpc aborts)."""
+    code = status_code_of(error) if isinstance(error, GpuallocError) else None
+    if isinstance(error, GpuallocError) and code is not None:
+        status = to_rpc_status(error, code)
+        level = logging.WARNING if code is grpc.StatusCode.UNAVAILABLE else logging.DEBUG
+        _log.log(level, "%s failed: %s %s", method, code.name, status.message)
+    else:
+        already = getattr(context, "code", lambda: None)()  # not in the type stubs
+        if already is not None and already is not grpc.StatusCode.OK:
+            raise error  # the servicer called context.abort() itself: keep its status
+        reference = secrets.token_hex(4)
+        _log.error("%s: unexpected error (ref %s)", method, reference, exc_info=error)
+        status = status_pb2.Status(
+            code=code_pb2.INTERNAL,
+            message=f"internal error (ref {reference}); the server log has the details",
+        )
+    context.abort_with_status(rpc_status.to_status(status))
+
+
+UnaryBehavior = Callable[[Any, grpc.ServicerContext], Any]
+"""A handler answering one response (unary-unary or stream-unary); the request side is opaque."""
+
+StreamBehavior = Callable[[Any, grpc.ServicerContext], Iterator[Any]]
+"""A handler answering a stream of responses (unary-stream or stream-stream)."""
+
+
+def rewrap_handler(
+    handler: grpc.RpcMethodHandler[Any, Any],
+    wrap_unary: Callable[[UnaryBehavior], UnaryBehavior],
+    wrap_stream: Callable[[StreamBehavior], StreamBehavior],
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """The same handler (same (de)serializers) with its behavior wrapped; for interceptors."""
+    rebuild = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }[(handler.request_streaming, handler.response_streaming)]
+    behavior: Any
+    if handler.response_streaming:
+        stream = handler.unary_stream or handler.stream_stream
+        assert stream is not None
+        behavior = wrap_stream(stream)
+    else:
+        unary = handler.unary_unary or handler.stream_unary
+        assert unary is not None
+        behavior = wrap_unary(unary)
+    return rebuild(
+        behavior,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
+class ErrorMappingInterceptor(grpc.ServerInterceptor):
+    """Turns exceptions raised by servicers into statuses (see the module docstring)."""
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or is_infrastructure_method(method):
+            return handler
+
+        def wrap_unary(behavior: UnaryBehavior) -> UnaryBehavior:
+            def call(request: Any, context: grpc.ServicerContext) -> Any:
+                try:
+                    return behavior(request, context)
+                except Exception as error:
+                    _abort(error, context, method)
+
+            return call
+
+        def wrap_stream(behavior: StreamBehavior) -> StreamBehavior:
+            def call(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                try:
+                    yield from behavior(request, context)
+                except Exception as error:
+                    _abort(error, context, method)
+
+            return call
+
+        return rewrap_handler(handler, wrap_unary, wrap_stream)
+
+
+# --- client side: grpc.RpcError -> typed error ----------------------------------------------
+
+
+def error_from_rpc(error: grpc.RpcError) -> GpuallocError:
+    """The typed error a failed call stands for; RemoteError when its code has no type."""
+    code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
+    message = (error.details() if isinstance(error, grpc.Call) else None) or code.name
+    details = _unpack_details(error)
+    error_type = _ERROR_TYPES.get(code)
+    if error_type is None:
+        return RemoteError(code, message)
+    if error_type is InvalidArgument:
+        return _invalid_argument(message, details)
+    if error_type is Conflict:
+        conflicts = [
+            d.resource_name
+            for d in details
+            if isinstance(d, error_details_pb2.ResourceInfo)
+            and d.resource_type == CONFLICT_RESOURCE_TYPE
+        ]
+        return Conflict(message, conflicts)
+    return error_type(message)
+
+
+def _unpack_details(error: grpc.RpcError) -> list[Message]:
+    """The known detail messages of the call's google.rpc.Status, in order; [] if none."""
+    try:
+        status = rpc_status.from_call(error) if isinstance(error, grpc.Call) else None
+    except ValueError:  # code/message disagree with the trailer: ignore the trailer
+        status = None
+    if status is None:
+        return []
+    unpacked: list[Message] = []
+    for packed in status.details:
+        for message_type in (
+            error_details_pb2.BadRequest,
+            error_details_pb2.ErrorInfo,
+            error_details_pb2.ResourceInfo,
+        ):
+            if packed.Is(message_type.DESCRIPTOR):
+                detail = message_type()
+                packed.Unpack(detail)
+                unpacked.append(detail)
+    return unpacked
+
+
+def _invalid_argument(message: str, details: list[Message]) -> InvalidArgument:
+    violations = [
+        FieldViolation(v.field, v.description)
+        for d in details
+        if isinstance(d, error_details_pb2.BadRequest)
+        for v in d.field_violations
+    ]
+    for d in details:
+        if isinstance(d, error_details_pb2.ErrorInfo) and d.reason == PARSE_ERROR_REASON:
+            source = d.metadata.get("source", "")
+            line_text = d.metadata.get("line", "")
+            line = int(line_text) if line_text.isdigit() else None
+            where = source + (f":{line}" if line is not None else "")
+            bare = message.removeprefix(f"{where}: ") if where else message
+            return ParseError(bare, source, line)
+    return InvalidArgument(message, violations)

@@ -1,0 +1,243 @@
+"""Build and run a gpualloc gRPC server the same way for every service.
+
+`create_server` returns an unstarted `(server, port)` so tests can bind `127.0.0.1:0` and learn
+the port. Every server gets:
+
+* a thread pool of `settings.max_workers` (sync grpc: the solver is CPU-bound Python, so scale
+  with replicas, not threads);
+* interceptors, outermost first: error mapping (typed errors -> status codes), the call deadline,
+  then any extra ones (telemetry) given by the caller;
+* message size limits (oversized requests fail with RESOURCE_EXHAUSTED before reaching code),
+  a per-connection stream limit, keepalive and a maximum connection age so that long-lived
+  HTTP/2 connections rebalance across replicas behind a Kubernetes Service;
+* the standard health service, each registered service (and "" for the whole server) SERVING;
+* server reflection listing every registered service, health and reflection (grpcurl, ghz).
+
+Call deadlines. A sync grpc server cannot preempt a running handler thread, so a cap is a budget
+the service layer honours, not a kill switch: for each unary-response call the interceptor
+records deadline = now + min(client deadline, `settings.max_call_seconds`), and the service reads
+it with `remaining_seconds()` (timeouts for Redis and downstream gRPC calls, the solver's budget)
+or `check_deadline()` (raises DeadlineExceeded, which the error interceptor maps). Streaming
+responses (watches) are bounded by the client's deadline only; `stop()` ends them at shutdown.
+
+`serve_until_signal` blocks until SIGTERM/SIGINT, then reports NOT_SERVING and drains.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent import futures
+from contextvars import ContextVar
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+import grpc
+from grpc_reflection.v1alpha import reflection
+
+from services.common.config import ServerSettings
+from services.common.errors import DeadlineExceeded, FailedPrecondition
+from services.common.grpc_errors import (
+    ErrorMappingInterceptor,
+    StreamBehavior,
+    UnaryBehavior,
+    is_infrastructure_method,
+    rewrap_handler,
+)
+from services.common.health import SERVICE_NAME as HEALTH_SERVICE_NAME
+from services.common.health import Health, graceful_shutdown
+
+__all__ = [
+    "CallDeadlineInterceptor",
+    "ServiceRegistration",
+    "check_deadline",
+    "create_server",
+    "remaining_seconds",
+    "serve_until_signal",
+]
+
+_KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.so_reuseport", 0),  # a second server on a busy port must fail, not share it
+    ("grpc.keepalive_time_ms", 60_000),  # ping idle clients every minute: find dead peers
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),  # clients may ping every 10 s
+    ("grpc.max_connection_age_ms", 300_000),  # reconnect every 5 min: rebalance across replicas
+    ("grpc.max_connection_age_grace_ms", 30_000),
+)
+_SIGNAL_POLL_SECONDS = 0.2
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServiceRegistration:
+    """One service to serve: its full proto name and how to add its servicer.
+
+    `add_to_server` is the generated `add_XxxServicer_to_server(servicer, server)`.
+    """
+
+    name: str
+    add_to_server: Callable[[Any, grpc.Server], None]
+    servicer: object
+
+
+def create_server(
+    address: str,
+    services: Sequence[ServiceRegistration],
+    settings: ServerSettings,
+    *,
+    health: Health | None = None,
+    interceptors: Sequence[grpc.ServerInterceptor] = (),
+) -> tuple[grpc.Server, int]:
+    """An unstarted server listening on `address`; returns it and the bound port.
+
+    Pass `health` to change statuses later (and to `serve_until_signal`); otherwise a private one
+    is used. Raises FailedPrecondition when the address cannot be bound.
+    """
+    names = [service.name for service in services]
+    if len(set(names)) != len(names):
+        raise ValueError(f"a service is registered twice: {sorted(names)}")
+    health = health if health is not None else Health()
+    server = grpc.server(
+        futures.ThreadPoolExecutor(
+            max_workers=settings.max_workers, thread_name_prefix="grpc-worker"
+        ),
+        interceptors=[
+            ErrorMappingInterceptor(),
+            CallDeadlineInterceptor(settings.max_call_seconds),
+            *interceptors,
+        ],
+        options=[
+            ("grpc.max_receive_message_length", settings.max_receive_message_bytes),
+            ("grpc.max_send_message_length", settings.max_send_message_bytes),
+            ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
+            *_KEEPALIVE_OPTIONS,
+        ],
+    )
+    for service in services:
+        service.add_to_server(service.servicer, server)
+        health.set_serving(service.name)
+    health.add_to_server(server)
+    reflection.enable_server_reflection(
+        [*names, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME], server
+    )
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError:  # grpc says only "Failed to bind"; core logs the errno
+        raise FailedPrecondition(
+            f"cannot listen on {address}: the address is in use or not local"
+        ) from None
+    _log.info("gRPC server on %s (port %d) serving %s", address, port, ", ".join(names))
+    return server, port
+
+
+def serve_until_signal(
+    server: grpc.Server,
+    health: Health,
+    grace_seconds: float,
+    signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT),
+) -> int | None:
+    """Block until one of `signals` (main thread only), then shut down gracefully.
+
+    Returns the signal received, or None if the server stopped by other means. The previous
+    handlers are back before draining starts, so a second Ctrl-C interrupts a slow drain.
+    """
+    received: list[int] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in signals}
+    try:
+        while not received:
+            if not server.wait_for_termination(timeout=_SIGNAL_POLL_SECONDS):
+                return None  # the server stopped without a signal
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    _log.info("received %s", signal.Signals(received[0]).name)
+    graceful_shutdown(server, health, grace_seconds)
+    return received[0]
+
+
+# --- call deadlines ---------------------------------------------------------------------------
+
+_call_deadline: ContextVar[float | None] = ContextVar("gpualloc_call_deadline", default=None)
+
+
+def remaining_seconds() -> float | None:
+    """Seconds left for the current call (>= 0), or None outside a call or with no bound."""
+    deadline = _call_deadline.get()
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def check_deadline(doing: str = "call") -> None:
+    """Raise DeadlineExceeded when the current call's time is up; call it in long loops."""
+    remaining = remaining_seconds()
+    if remaining is not None and remaining <= 0:
+        raise DeadlineExceeded(f"{doing}: ran out of time")
+
+
+class CallDeadlineInterceptor(grpc.ServerInterceptor):
+    """Records each call's deadline for `remaining_seconds()` (see the module docstring)."""
+
+    def __init__(self, max_call_seconds: float | None) -> None:
+        self._max_call_seconds = max_call_seconds
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = continuation(handler_call_details)
+        if handler is None or is_infrastructure_method(handler_call_details.method):
+            return handler
+        return rewrap_handler(handler, self._wrap_unary, self._wrap_stream)
+
+    def _wrap_unary(self, behavior: UnaryBehavior) -> UnaryBehavior:
+        cap = self._max_call_seconds
+
+        def call(request: Any, context: grpc.ServicerContext) -> Any:
+            token = _call_deadline.set(_deadline(context, cap))
+            try:
+                return behavior(request, context)
+            finally:
+                _call_deadline.reset(token)
+
+        return call
+
+    def _wrap_stream(self, behavior: StreamBehavior) -> StreamBehavior:
+        def call(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            deadline = _deadline(context, None)
+            token = _call_deadline.set(deadline)
+            try:
+                responses = iter(behavior(request, context))
+            finally:
+                _call_deadline.reset(token)
+            while True:
+                # Set around each step: the generator body runs inside next().
+                token = _call_deadline.set(deadline)
+                try:
+                    response = next(responses)
+                except StopIteration:
+                    return
+                finally:
+                    _call_deadline.reset(token)
+                yield response
+
+        return call
+
+
+_NO_CLIENT_DEADLINE = 1e9  # grpc reports ~9.2e18 s remaining when the client set none
+
+
+def _deadline(context: grpc.ServicerContext, cap: float | None) -> float | None:
+    client = context.time_remaining()
+    budget = client if client is not None and client < _NO_CLIENT_DEADLINE else None
+    if cap is not None:
+        budget = cap if budget is None else min(budget, cap)
+    return None if budget is None else time.monotonic() + budget
