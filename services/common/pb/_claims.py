@@ -1,0 +1,355 @@
+"""ResourceClaim and AllocationResult <-> protobuf: requests, constraints, config, results."""
+
+from __future__ import annotations
+
+from protos.common.v1 import dra_pb2
+from services.common.dra.model import (
+    AllocationMode,
+    AllocationResult,
+    CapacityRequirements,
+    ConfigSource,
+    DeviceAllocationConfiguration,
+    DeviceClaimConfiguration,
+    DeviceConstraint,
+    DeviceRequest,
+    DeviceRequestAllocationResult,
+    DeviceSubRequest,
+    DeviceToleration,
+    ExactDeviceRequest,
+    ResourceClaim,
+    TolerationOperator,
+)
+from services.common.errors import InvalidArgument
+from services.common.pb._base import (
+    TAINT_EFFECTS,
+    field_path,
+    from_pb_node_selector,
+    from_pb_opaque_configuration,
+    items,
+    not_empty,
+    quantities_from_pb,
+    quantities_to_pb,
+    required,
+    reverse,
+    selector_from_pb,
+    selector_to_pb,
+    sorted_labels,
+    to_pb_node_selector,
+    to_pb_opaque_configuration,
+)
+
+DEFAULT_NAMESPACE = "default"
+
+_ALLOCATION_MODES: dict[AllocationMode, dra_pb2.AllocationMode.ValueType] = {
+    AllocationMode.EXACT_COUNT: dra_pb2.ALLOCATION_MODE_EXACT_COUNT,
+    AllocationMode.ALL: dra_pb2.ALLOCATION_MODE_ALL,
+}
+_TOLERATION_OPERATORS: dict[TolerationOperator, dra_pb2.TolerationOperator.ValueType] = {
+    TolerationOperator.EXISTS: dra_pb2.TOLERATION_OPERATOR_EXISTS,
+    TolerationOperator.EQUAL: dra_pb2.TOLERATION_OPERATOR_EQUAL,
+}
+_CONFIG_SOURCES: dict[ConfigSource, dra_pb2.ConfigSource.ValueType] = {
+    ConfigSource.FROM_CLASS: dra_pb2.CONFIG_SOURCE_FROM_CLASS,
+    ConfigSource.FROM_CLAIM: dra_pb2.CONFIG_SOURCE_FROM_CLAIM,
+}
+
+# --- tolerations and request parts -----------------------------------------------------------
+
+
+def to_pb_device_toleration(toleration: DeviceToleration) -> dra_pb2.DeviceToleration:
+    msg = dra_pb2.DeviceToleration(
+        key=toleration.key,
+        operator=_TOLERATION_OPERATORS[toleration.operator],
+        value=toleration.value,
+    )
+    if toleration.effect is not None:
+        msg.effect = TAINT_EFFECTS[toleration.effect]
+    if toleration.toleration_seconds is not None:
+        msg.toleration_seconds = toleration.toleration_seconds
+    return msg
+
+
+def from_pb_device_toleration(msg: dra_pb2.DeviceToleration, path: str = "") -> DeviceToleration:
+    operator = TolerationOperator.EQUAL
+    if msg.operator != dra_pb2.TOLERATION_OPERATOR_UNSPECIFIED:
+        operator_path = field_path(path, "operator")
+        operator = reverse(_TOLERATION_OPERATORS, msg.operator, operator_path, "operator")
+    effect = None
+    if msg.effect != dra_pb2.TAINT_EFFECT_UNSPECIFIED:
+        effect = reverse(TAINT_EFFECTS, msg.effect, field_path(path, "effect"), "taint effect")
+    return DeviceToleration(
+        key=msg.key,
+        operator=operator,
+        value=msg.value,
+        effect=effect,
+        toleration_seconds=msg.toleration_seconds if msg.HasField("toleration_seconds") else None,
+    )
+
+
+def _capacity_to_pb(capacity: CapacityRequirements | None) -> dra_pb2.CapacityRequirements | None:
+    if capacity is None:
+        return None
+    return dra_pb2.CapacityRequirements(requests=quantities_to_pb(capacity.requests))
+
+
+def _capacity_from_pb(msg: dra_pb2.CapacityRequirements, path: str) -> CapacityRequirements:
+    return CapacityRequirements(quantities_from_pb(msg.requests, field_path(path, "requests")))
+
+
+def _mode_from_pb(value: dra_pb2.AllocationMode.ValueType, path: str) -> AllocationMode:
+    if value == dra_pb2.ALLOCATION_MODE_UNSPECIFIED:
+        return AllocationMode.EXACT_COUNT
+    return reverse(_ALLOCATION_MODES, value, path, "allocation mode")
+
+
+def _count_from_pb(count: int, path: str) -> int:
+    if count < 0:
+        raise InvalidArgument.at(path, f"must not be negative, got {count}")
+    return count or 1
+
+
+# --- requests --------------------------------------------------------------------------------
+
+
+def _exact_to_pb(exact: ExactDeviceRequest) -> dra_pb2.ExactDeviceRequest:
+    msg = dra_pb2.ExactDeviceRequest(
+        device_class_name=exact.device_class_name,
+        selectors=[selector_to_pb(s) for s in exact.selectors],
+        allocation_mode=_ALLOCATION_MODES[exact.allocation_mode],
+        count=exact.count,
+        tolerations=[to_pb_device_toleration(t) for t in exact.tolerations],
+        capacity=_capacity_to_pb(exact.capacity),
+    )
+    if exact.admin_access is not None:
+        msg.admin_access = exact.admin_access
+    return msg
+
+
+def _exact_from_pb(msg: dra_pb2.ExactDeviceRequest, path: str) -> ExactDeviceRequest:
+    return ExactDeviceRequest(
+        device_class_name=not_empty(msg.device_class_name, field_path(path, "device_class_name")),
+        selectors=items(msg.selectors, field_path(path, "selectors"), selector_from_pb),
+        allocation_mode=_mode_from_pb(msg.allocation_mode, field_path(path, "allocation_mode")),
+        count=_count_from_pb(msg.count, field_path(path, "count")),
+        admin_access=msg.admin_access if msg.HasField("admin_access") else None,
+        tolerations=items(
+            msg.tolerations, field_path(path, "tolerations"), from_pb_device_toleration
+        ),
+        capacity=(
+            _capacity_from_pb(msg.capacity, field_path(path, "capacity"))
+            if msg.HasField("capacity")
+            else None
+        ),
+    )
+
+
+def _sub_request_to_pb(sub: DeviceSubRequest) -> dra_pb2.DeviceSubRequest:
+    return dra_pb2.DeviceSubRequest(
+        name=sub.name,
+        device_class_name=sub.device_class_name,
+        selectors=[selector_to_pb(s) for s in sub.selectors],
+        allocation_mode=_ALLOCATION_MODES[sub.allocation_mode],
+        count=sub.count,
+        tolerations=[to_pb_device_toleration(t) for t in sub.tolerations],
+        capacity=_capacity_to_pb(sub.capacity),
+    )
+
+
+def _sub_request_from_pb(msg: dra_pb2.DeviceSubRequest, path: str) -> DeviceSubRequest:
+    return DeviceSubRequest(
+        name=not_empty(msg.name, field_path(path, "name")),
+        device_class_name=not_empty(msg.device_class_name, field_path(path, "device_class_name")),
+        selectors=items(msg.selectors, field_path(path, "selectors"), selector_from_pb),
+        allocation_mode=_mode_from_pb(msg.allocation_mode, field_path(path, "allocation_mode")),
+        count=_count_from_pb(msg.count, field_path(path, "count")),
+        tolerations=items(
+            msg.tolerations, field_path(path, "tolerations"), from_pb_device_toleration
+        ),
+        capacity=(
+            _capacity_from_pb(msg.capacity, field_path(path, "capacity"))
+            if msg.HasField("capacity")
+            else None
+        ),
+    )
+
+
+def to_pb_device_request(request: DeviceRequest) -> dra_pb2.DeviceRequest:
+    return dra_pb2.DeviceRequest(
+        name=request.name,
+        exactly=_exact_to_pb(request.exactly) if request.exactly is not None else None,
+        first_available=[_sub_request_to_pb(s) for s in request.first_available],
+    )
+
+
+def from_pb_device_request(msg: dra_pb2.DeviceRequest, path: str = "") -> DeviceRequest:
+    has_exactly, has_first_available = msg.HasField("exactly"), len(msg.first_available) > 0
+    if has_exactly == has_first_available:
+        raise InvalidArgument.at(path, "exactly one of exactly, first_available must be set")
+    return DeviceRequest(
+        name=not_empty(msg.name, field_path(path, "name")),
+        exactly=_exact_from_pb(msg.exactly, field_path(path, "exactly")) if has_exactly else None,
+        first_available=items(
+            msg.first_available, field_path(path, "first_available"), _sub_request_from_pb
+        ),
+    )
+
+
+# --- constraints and configuration -----------------------------------------------------------
+
+
+def _constraint_to_pb(constraint: DeviceConstraint) -> dra_pb2.DeviceConstraint:
+    msg = dra_pb2.DeviceConstraint(requests=constraint.requests)
+    if constraint.match_attribute is not None:
+        msg.match_attribute = constraint.match_attribute
+    elif constraint.distinct_attribute is not None:
+        msg.distinct_attribute = constraint.distinct_attribute
+    return msg
+
+
+def _constraint_from_pb(msg: dra_pb2.DeviceConstraint, path: str) -> DeviceConstraint:
+    kind = msg.WhichOneof("constraint")
+    if kind is None:
+        raise InvalidArgument.at(
+            field_path(path, "constraint"),
+            "exactly one of match_attribute, distinct_attribute must be set",
+        )
+    return DeviceConstraint(
+        requests=tuple(msg.requests),
+        match_attribute=msg.match_attribute if kind == "match_attribute" else None,
+        distinct_attribute=msg.distinct_attribute if kind == "distinct_attribute" else None,
+    )
+
+
+def _claim_config_from_pb(
+    msg: dra_pb2.DeviceClaimConfiguration, path: str
+) -> DeviceClaimConfiguration:
+    if not msg.HasField("opaque"):
+        raise required(field_path(path, "opaque"))
+    opaque = from_pb_opaque_configuration(msg.opaque, field_path(path, "opaque"))
+    return DeviceClaimConfiguration(tuple(msg.requests), opaque)
+
+
+def _allocation_config_from_pb(
+    msg: dra_pb2.DeviceAllocationConfiguration, path: str
+) -> DeviceAllocationConfiguration:
+    source_path = field_path(path, "source")
+    if msg.source == dra_pb2.CONFIG_SOURCE_UNSPECIFIED:
+        raise required(source_path)
+    if not msg.HasField("opaque"):
+        raise required(field_path(path, "opaque"))
+    return DeviceAllocationConfiguration(
+        source=reverse(_CONFIG_SOURCES, msg.source, source_path, "config source"),
+        requests=tuple(msg.requests),
+        opaque=from_pb_opaque_configuration(msg.opaque, field_path(path, "opaque")),
+    )
+
+
+# --- AllocationResult ------------------------------------------------------------------------
+
+
+def _result_to_pb(result: DeviceRequestAllocationResult) -> dra_pb2.DeviceRequestAllocationResult:
+    msg = dra_pb2.DeviceRequestAllocationResult(
+        request=result.request,
+        driver=result.driver,
+        pool=result.pool,
+        device=result.device,
+        tolerations=[to_pb_device_toleration(t) for t in result.tolerations],
+        consumed_capacity=quantities_to_pb(result.consumed_capacity),
+    )
+    if result.admin_access is not None:
+        msg.admin_access = result.admin_access
+    if result.share_id is not None:
+        msg.share_id = result.share_id
+    return msg
+
+
+def _result_from_pb(
+    msg: dra_pb2.DeviceRequestAllocationResult, path: str
+) -> DeviceRequestAllocationResult:
+    return DeviceRequestAllocationResult(
+        request=not_empty(msg.request, field_path(path, "request")),
+        driver=not_empty(msg.driver, field_path(path, "driver")),
+        pool=not_empty(msg.pool, field_path(path, "pool")),
+        device=not_empty(msg.device, field_path(path, "device")),
+        admin_access=msg.admin_access if msg.HasField("admin_access") else None,
+        tolerations=items(
+            msg.tolerations, field_path(path, "tolerations"), from_pb_device_toleration
+        ),
+        share_id=msg.share_id if msg.HasField("share_id") else None,
+        consumed_capacity=quantities_from_pb(
+            msg.consumed_capacity, field_path(path, "consumed_capacity")
+        ),
+    )
+
+
+def to_pb_allocation_result(allocation: AllocationResult) -> dra_pb2.AllocationResult:
+    msg = dra_pb2.AllocationResult(
+        results=[_result_to_pb(r) for r in allocation.results],
+        config=[
+            dra_pb2.DeviceAllocationConfiguration(
+                source=_CONFIG_SOURCES[c.source],
+                requests=c.requests,
+                opaque=to_pb_opaque_configuration(c.opaque),
+            )
+            for c in allocation.config
+        ],
+    )
+    if allocation.node_selector is not None:
+        msg.node_selector.CopyFrom(to_pb_node_selector(allocation.node_selector))
+    return msg
+
+
+def from_pb_allocation_result(msg: dra_pb2.AllocationResult, path: str = "") -> AllocationResult:
+    selector_path = field_path(path, "node_selector")
+    return AllocationResult(
+        results=items(msg.results, field_path(path, "results"), _result_from_pb),
+        config=items(msg.config, field_path(path, "config"), _allocation_config_from_pb),
+        node_selector=(
+            from_pb_node_selector(msg.node_selector, selector_path)
+            if msg.HasField("node_selector")
+            else None
+        ),
+    )
+
+
+# --- ResourceClaim ---------------------------------------------------------------------------
+
+
+def to_pb_resource_claim(claim: ResourceClaim) -> dra_pb2.ResourceClaim:
+    return dra_pb2.ResourceClaim(
+        name=claim.name,
+        namespace=claim.namespace,
+        uid=claim.uid,
+        requests=[to_pb_device_request(r) for r in claim.requests],
+        constraints=[_constraint_to_pb(c) for c in claim.constraints],
+        config=[
+            dra_pb2.DeviceClaimConfiguration(
+                requests=c.requests, opaque=to_pb_opaque_configuration(c.opaque)
+            )
+            for c in claim.config
+        ],
+        allocation=(
+            to_pb_allocation_result(claim.allocation) if claim.allocation is not None else None
+        ),
+        labels=claim.labels,
+        annotations=claim.annotations,
+    )
+
+
+def from_pb_resource_claim(msg: dra_pb2.ResourceClaim, path: str = "") -> ResourceClaim:
+    allocation_path = field_path(path, "allocation")
+    return ResourceClaim(
+        name=not_empty(msg.name, field_path(path, "name")),
+        namespace=msg.namespace or DEFAULT_NAMESPACE,
+        uid=msg.uid,
+        requests=items(msg.requests, field_path(path, "requests"), from_pb_device_request),
+        constraints=items(msg.constraints, field_path(path, "constraints"), _constraint_from_pb),
+        config=items(msg.config, field_path(path, "config"), _claim_config_from_pb),
+        allocation=(
+            from_pb_allocation_result(msg.allocation, allocation_path)
+            if msg.HasField("allocation")
+            else None
+        ),
+        labels=sorted_labels(msg.labels),
+        annotations=sorted_labels(msg.annotations),
+    )
