@@ -1141,6 +1141,7 @@ class InventoryNode(_message.Message):
     TOPOLOGY_FIELD_NUMBER: _builtins.int
     REPORTED_AT_FIELD_NUMBER: _builtins.int
     POOLS_FIELD_NUMBER: _builtins.int
+    SLICES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def node(self) -> _dra_pb2.Node:
         """The node's name and labels."""
@@ -1165,6 +1166,13 @@ class InventoryNode(_message.Message):
     def pools(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoolStatus]:
         """The pools the node's devices come from, sorted by (driver, pool)."""
 
+    @_builtins.property
+    def slices(self) -> _containers.RepeatedCompositeFieldContainer[_dra_pb2.ResourceSlice]:
+        """The node's effective ResourceSlices (applied slices with health taints merged in, plus
+        slices synthesized from NVML reports), sorted by name: what an allocator replica indexes.
+        Omitted by GetInventory unless include_slices is set.
+        """
+
     def __init__(
         self,
         *,
@@ -1174,10 +1182,11 @@ class InventoryNode(_message.Message):
         topology: _topology_pb2.NodeTopology | None = ...,
         reported_at: _timestamp_pb2.Timestamp | None = ...,
         pools: _abc.Iterable[Global___PoolStatus] | None = ...,
+        slices: _abc.Iterable[_dra_pb2.ResourceSlice] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["node", b"node", "reported_at", b"reported_at", "topology", b"topology"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["counter_sets", b"counter_sets", "devices", b"devices", "node", b"node", "pools", b"pools", "reported_at", b"reported_at", "topology", b"topology"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["counter_sets", b"counter_sets", "devices", b"devices", "node", b"node", "pools", b"pools", "reported_at", b"reported_at", "slices", b"slices", "topology", b"topology"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1298,12 +1307,15 @@ class GetInventoryRequest(_message.Message):
     DRIVER_FIELD_NUMBER: _builtins.int
     ATTRIBUTES_FIELD_NUMBER: _builtins.int
     OMIT_TOPOLOGY_FIELD_NUMBER: _builtins.int
+    INCLUDE_SLICES_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     """Only this node."""
     driver: _builtins.str
     """Only devices of this driver."""
     omit_topology: _builtins.bool
     """Leave out the topology graphs (smaller answers)."""
+    include_slices: _builtins.bool
+    """Also return each node's effective ResourceSlices (InventoryNode.slices)."""
     @_builtins.property
     def attributes(self) -> _containers.RepeatedCompositeFieldContainer[Global___AttributeFilter]:
         """Only devices whose attributes equal all of these."""
@@ -1315,10 +1327,11 @@ class GetInventoryRequest(_message.Message):
         driver: _builtins.str = ...,
         attributes: _abc.Iterable[Global___AttributeFilter] | None = ...,
         omit_topology: _builtins.bool = ...,
+        include_slices: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attributes", b"attributes", "driver", b"driver", "node_name", b"node_name", "omit_topology", b"omit_topology"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attributes", b"attributes", "driver", b"driver", "include_slices", b"include_slices", "node_name", b"node_name", "omit_topology", b"omit_topology"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

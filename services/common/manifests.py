@@ -1,0 +1,50 @@
+"""Reading Kubernetes manifests from the command line's `-f` arguments: files, directories, stdin.
+
+Like `kubectl -f`: a directory contributes its `*.yaml`, `*.yml` and `*.json` files (recursively,
+sorted by path), `-` is standard input. Objects come back in argument order.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import TextIO
+
+from services.common.dra.parse import KubeObject, load_objects, read_text
+from services.common.errors import InvalidArgument
+
+__all__ = ["MANIFEST_SUFFIXES", "expand_paths", "load_manifests"]
+
+MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def expand_paths(paths: Iterable[str]) -> Iterator[str]:
+    """Each argument as files: `-` stays `-`, a directory becomes its manifest files."""
+    for raw in paths:
+        if raw == "-":
+            yield raw
+            continue
+        path = Path(raw)
+        if path.is_dir():
+            found = sorted(
+                p for p in path.rglob("*") if p.suffix in MANIFEST_SUFFIXES and p.is_file()
+            )
+            if not found:
+                raise InvalidArgument(f"{raw}: directory holds no .yaml, .yml or .json files")
+            yield from (str(p) for p in found)
+        elif path.exists():
+            yield raw
+        else:
+            raise InvalidArgument(f"{raw}: no such file or directory")
+
+
+def load_manifests(paths: Iterable[str], stdin: TextIO | None = None) -> list[KubeObject]:
+    """Every object of every path, in order; errors name the file (and line, field path)."""
+    objects: list[KubeObject] = []
+    for path in expand_paths(paths):
+        if path == "-":
+            objects.extend(load_objects((stdin or sys.stdin).read(), "<stdin>"))
+        else:
+            objects.extend(load_objects(read_text(path), path))
+    return objects

@@ -1,0 +1,62 @@
+"""`gpualloc-inventory`: the inventory service on its own (default 127.0.0.1:50052)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+
+from services.common.errors import GpuallocError
+from services.common.grpc_server import create_server, serve_until_signal
+from services.common.health import Health
+from services.common.log import configure_logging
+from services.inventory.bootstrap import build_inventory, seed_inventory
+from services.inventory.config import InventorySettings
+
+log = logging.getLogger("gpualloc.inventory")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="gpualloc-inventory", description="Serve the gpualloc inventory over gRPC."
+    )
+    parser.add_argument("--listen", help="host:port (env GPUALLOC_LISTEN, default 127.0.0.1:50052)")
+    parser.add_argument(
+        "--seed",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="ResourceSlices/Nodes to apply at start (file or dir; repeatable; env GPUALLOC_SEED)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        settings = InventorySettings.from_env(os.environ)
+        if args.listen:
+            settings = replace(
+                settings, server=replace(settings.server, listen_address=args.listen)
+            )
+        configure_logging(settings.server.log_level, settings.server.log_format)
+        app = build_inventory()
+        seeds = [*settings.seed_paths, *args.seed]
+        if seeds:
+            count = seed_inventory(app.service, seeds)
+            log.info("seeded inventory", extra={"slices": count, "paths": seeds})
+        health = Health()
+        server, port = create_server(
+            settings.server.listen_address, [app.registration], settings.server, health=health
+        )
+    except GpuallocError as err:
+        print(f"gpualloc-inventory: {err}", file=sys.stderr)
+        return 2
+    server.start()
+    log.info("inventory serving", extra={"address": settings.server.listen_address, "port": port})
+    serve_until_signal(server, health, settings.server.grace_seconds)
+    app.service.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
