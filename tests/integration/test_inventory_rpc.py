@@ -61,7 +61,9 @@ def test_get_inventory_filters_by_attribute(inventory):
     got = stub.GetInventory(
         inventory_pb2.GetInventoryRequest(
             attributes=[
-                inventory_pb2.AttributeFilter(name="productName", value=dra_pb2.DeviceAttribute(string="NVIDIA L40S"))
+                inventory_pb2.AttributeFilter(
+                    name="productName", value=dra_pb2.DeviceAttribute(string="NVIDIA L40S")
+                )
             ]
         )
     )
