@@ -1,0 +1,448 @@
+"""The Redis reservation store: the port as Redis Functions, one atomic step per operation.
+
+Each reserve/commit/renew/release/expire is ONE `FCALL` into the `gpualloc` library
+(redis_functions.lua) over the keys of one node, all hash-tagged `{node}` so that they share a
+slot (Redis Cluster). The Lua side reads the server's TIME for every lease decision, frees the
+node's due leases first, and publishes each change on `<prefix>:events`.
+
+Outside the node slots, two index keys let a client find things:
+
+- `<prefix>:reservations` HASH id -> node, written *before* the step (in the same round trip as
+  the node registration) and deleted after a conflict, release or expiry. It is a superset of
+  the truth: an id it lacks does not exist; an id it has may be gone (the node's keys decide).
+- `<prefix>:nodes` SET of every node that ever had a reservation (`live()` walks it).
+
+Failure policy: connection errors and timeouts become `Unavailable`. Only reads and reserves
+that carry an idempotency key are retried (with exponential backoff): a retried reserve without
+a key could take a second lease, and a retried release could report NotFound for its own
+success. The client's own retries are switched off for that reason when the store builds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+import redis
+from redis.backoff import NoBackoff
+from redis.client import PubSubWorkerThread
+from redis.exceptions import ClusterDownError, OutOfMemoryError, ReadOnlyError, TryAgainError
+from redis.retry import Retry
+
+from services.allocator.adapters.reservation_codec import allocation_from_dict
+from services.allocator.reservations import (
+    DeviceTaken,
+    Hold,
+    LimitedUse,
+    Reservation,
+    ReservationEvent,
+    ReservationEventOp,
+    ReservationState,
+    ReserveRequest,
+    UseExceeded,
+    conflict_error,
+    new_reservation_id,
+    reserve_gang,
+    validate_reserve_request,
+)
+from services.common.dra.serialize import allocation_result_to_dict
+from services.common.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    Unavailable,
+)
+
+__all__ = ["LIBRARY_NAME", "LIBRARY_VERSION", "RedisReservationStore", "RedisSubscription"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+LIBRARY_NAME = "gpualloc"
+_TEMPLATE = Path(__file__).with_name("redis_functions.lua").read_text(encoding="utf-8")
+LIBRARY_VERSION = hashlib.sha256(_TEMPLATE.encode()).hexdigest()[:16]
+_LIBRARY_CODE = _TEMPLATE.replace("@VERSION@", LIBRARY_VERSION)
+
+_UNAVAILABLE = (
+    redis.ConnectionError,  # includes BusyLoadingError, AuthenticationError
+    redis.TimeoutError,
+    ReadOnlyError,  # a replica promoted away from us
+    OutOfMemoryError,  # maxmemory reached: the write was refused, nothing changed
+    ClusterDownError,
+    TryAgainError,
+)
+EventCallback = Callable[[ReservationEvent], None]
+_RESUBSCRIBE_S = 0.5  # pause between reconnect attempts of an event subscription
+Strings = list[str]  # aliases: inside the class `list` is the port's method
+Replies = list[Any]
+
+
+class RedisReservationStore:
+    """Reservations in Redis >= 7.0. `client_or_url` is a URL (`redis://`, `rediss://` for TLS,
+    `user:password@` for AUTH/ACL, `/db`; see redis-py `from_url`) or a ready client, which the
+    store then neither configures nor closes (disable its retries: see the module docstring)."""
+
+    def __init__(
+        self,
+        client_or_url: redis.Redis | str,
+        *,
+        key_prefix: str = "gpualloc",
+        socket_timeout: float = 2.0,
+        socket_connect_timeout: float | None = None,
+        max_connections: int | None = None,
+        retries: int = 2,
+        backoff_seconds: float = 0.05,
+        health_check_interval: int = 30,
+        id_factory: Callable[[], str] = new_reservation_id,
+    ) -> None:
+        if isinstance(client_or_url, str):
+            self._client = redis.Redis.from_url(
+                client_or_url,
+                socket_timeout=socket_timeout,
+                socket_connect_timeout=socket_connect_timeout or socket_timeout,
+                max_connections=max_connections,
+                health_check_interval=health_check_interval,
+                retry=Retry(NoBackoff(), 0),
+                decode_responses=True,
+            )
+            self._owns_client = True
+        else:
+            self._client = client_or_url
+            self._owns_client = False
+        self._prefix = key_prefix
+        self._retries = retries
+        self._backoff_seconds = backoff_seconds
+        self._id_factory = id_factory
+        self._index_key = f"{key_prefix}:reservations"
+        self._nodes_key = f"{key_prefix}:nodes"
+        self.channel = f"{key_prefix}:events"
+        self._library_ready = False
+        self._library_lock = threading.Lock()
+        self._subscriptions: list[RedisSubscription] = []
+
+    # --- the port ------------------------------------------------------------------------
+
+    def reserve(self, request: ReserveRequest) -> Reservation:
+        hold = validate_reserve_request(request)
+        node = _check_node(request.node)
+        reservation_id = self._id_factory()
+        base = self._base(node)
+        idem = (
+            json.dumps([request.owner, request.idempotency_key]) if request.idempotency_key else ""
+        )
+        uses = [[use.key, str(use.amount), str(use.limit)] for use in hold.uses]
+        keys = [base + "res:" + reservation_id, base + "leases", base + "ids", base + "fence"]
+        keys += [base + "idem", *(base + "dev:" + d for d in hold.devices)]
+        keys += [base + "use:" + use.key for use in hold.uses]
+        args = [
+            *self._context(node),
+            reservation_id,
+            request.owner,
+            idem,
+            str(max(1, math.ceil(request.lease_seconds * 1000))),
+            json.dumps(list(hold.devices)),
+            json.dumps(uses),
+            json.dumps(_doc(request)),
+        ]
+
+        def step() -> list[Any]:
+            with self._client.pipeline(transaction=False) as pipe:  # the write-ahead index
+                pipe.sadd(self._nodes_key, node)
+                pipe.hset(self._index_key, reservation_id, node)
+                pipe.execute()
+            return cast(list[Any], self._fcall("gpualloc_reserve", keys, args))
+
+        reply = self._attempt(step, retry=bool(request.idempotency_key))
+        status, expired = _text(reply[0]), reply[-1]
+        if status == "conflict":
+            self._unindex([reservation_id, *expired])
+            raise conflict_error([_conflict_item(item) for item in reply[1]])
+        reservation = self._decode(reply[1])
+        self._unindex([*([reservation_id] if reservation.id != reservation_id else []), *expired])
+        return reservation
+
+    def reserve_gang(self, requests: Sequence[ReserveRequest]) -> list[Reservation]:
+        """Per node in order, releasing what was taken if one fails (see `reserve_gang`)."""
+        return reserve_gang(self, requests)
+
+    def commit(self, reservation_id: str, owner: str, fencing_token: int = 0) -> Reservation:
+        node = self._node_of(reservation_id)
+        args = [*self._context(node), reservation_id, owner, str(fencing_token)]
+        reply = self._mutate("gpualloc_commit", node, reservation_id, args)
+        return self._decode(reply[1])
+
+    def renew(self, reservation_id: str, owner: str, lease_seconds: float) -> Reservation:
+        if not (math.isfinite(lease_seconds) and lease_seconds > 0):
+            raise InvalidArgument.at("lease_seconds", f"must be > 0, got {lease_seconds}")
+        node = self._node_of(reservation_id)
+        lease_ms = str(max(1, math.ceil(lease_seconds * 1000)))
+        args = [*self._context(node), reservation_id, owner, lease_ms]
+        reply = self._mutate("gpualloc_renew", node, reservation_id, args)
+        return self._decode(reply[1])
+
+    def release(self, reservation_id: str, owner: str, fencing_token: int = 0) -> None:
+        node = self._node_of(reservation_id)
+        args = [*self._context(node), reservation_id, owner, str(fencing_token)]
+        self._mutate("gpualloc_release", node, reservation_id, args)
+        self._unindex([reservation_id])
+
+    def get(self, reservation_id: str) -> Reservation:
+        node = self._node_of(reservation_id)
+        keys = [self._base(node) + "res:" + reservation_id]
+        found = self._attempt(
+            lambda: self._fcall("gpualloc_get", keys, [*self._context(node), reservation_id]),
+            retry=True,
+        )
+        if not found:
+            raise NotFound(f"reservation {reservation_id} not found (released or expired)")
+        return self._decode(found[0])
+
+    def list(self, owner: str = "", node: str = "") -> Sequence[Reservation]:
+        if node:
+            nodes = [_check_node(node)]
+        else:
+            nodes = sorted(self._attempt(lambda: self._read_nodes(), retry=True))
+        calls = [([self._base(n) + "ids"], self._context(n)) for n in nodes]
+        replies = self._attempt(lambda: self._fcall_many("gpualloc_list", calls), retry=True)
+        found = [self._decode(fields) for reply in replies for fields in reply]
+        return sorted(
+            (r for r in found if not owner or r.owner == owner), key=lambda r: (r.node, r.id)
+        )
+
+    def live(self) -> Sequence[Reservation]:
+        return self.list()
+
+    def expire(self) -> int:
+        """Run every node's expiry step (one pipeline); returns how many leases were freed."""
+        nodes = sorted(self._attempt(lambda: self._read_nodes(), retry=True))
+        calls = [([self._base(n) + "leases"], self._context(n)) for n in nodes]
+        replies = self._attempt(lambda: self._fcall_many("gpualloc_expire", calls), retry=False)
+        expired = [reservation_id for reply in replies for reservation_id in reply]
+        self._unindex(expired)
+        return len(expired)
+
+    def close(self) -> None:
+        for subscription in tuple(self._subscriptions):
+            subscription.close()
+        if self._owns_client:
+            self._client.close()
+
+    # --- events --------------------------------------------------------------------------
+
+    def subscribe(self, callback: EventCallback) -> RedisSubscription:
+        """Call `callback` (from a background thread) for every change any replica makes.
+
+        Pub/sub is at-most-once: a subscriber that was disconnected misses events, so treat
+        them as hints to refresh and rebuild the full view with `live()` now and then."""
+
+        def on_message(message: dict[str, Any]) -> None:
+            try:
+                data = json.loads(_text(message["data"]))
+                callback(
+                    ReservationEvent(
+                        ReservationEventOp(data["op"]),
+                        data["id"],
+                        data["node"],
+                        int(data["fencing_token"]),
+                    )
+                )
+            except Exception:
+                log.exception("reservation event callback failed")
+
+        def on_error(error: BaseException, pubsub: Any, thread: PubSubWorkerThread) -> None:
+            log.warning("reservation events: %s; resubscribing in %gs", error, _RESUBSCRIBE_S)
+            time.sleep(_RESUBSCRIBE_S)
+
+        pubsub = self._client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        pubsub.subscribe(**{self.channel: on_message})
+        thread = pubsub.run_in_thread(sleep_time=0.05, daemon=True, exception_handler=on_error)
+        subscription = RedisSubscription(thread, self._subscriptions)
+        self._subscriptions.append(subscription)
+        return subscription
+
+    # --- Redis plumbing ------------------------------------------------------------------
+
+    def _base(self, node: str) -> str:
+        return f"{self._prefix}:{{{node}}}:"
+
+    def _context(self, node: str) -> Strings:
+        return [self._base(node), node, self.channel]
+
+    def _read_nodes(self) -> Strings:
+        return [_text(node) for node in cast(set[Any], self._client.smembers(self._nodes_key))]
+
+    def _node_of(self, reservation_id: str) -> str:
+        node = self._attempt(lambda: self._client.hget(self._index_key, reservation_id), True)
+        if node is None:
+            raise NotFound(f"reservation {reservation_id} not found (released or expired)")
+        return _text(node)
+
+    def _mutate(self, function: str, node: str, reservation_id: str, args: Strings) -> Any:
+        """One commit/renew/release step; translates the Lua side's refusals into errors."""
+        base = self._base(node)
+        keys = [base + "res:" + reservation_id, base + "leases", base + "ids", base + "idem"]
+        reply = self._attempt(lambda: self._fcall(function, keys, args), retry=False)
+        status = _text(reply[0])
+        self._unindex(reply[-1])
+        if status == "ok":
+            return reply
+        if status == "notfound":
+            raise NotFound(f"reservation {reservation_id} not found (released or expired)")
+        if status == "denied":
+            raise PermissionDenied(f"reservation {reservation_id} belongs to another owner")
+        if status == "fence":
+            raise FailedPrecondition(
+                f"reservation {reservation_id}: fencing token {args[-1]} is stale "
+                f"(current {_text(reply[1])})"
+            )
+        if status == "committed":
+            raise FailedPrecondition(f"reservation {reservation_id} is committed: no lease")
+        raise AssertionError(f"{function}: unexpected reply {status!r}")
+
+    def _unindex(self, reservation_ids: Sequence[Any]) -> None:
+        """Best effort: a stale index entry only costs a NotFound later."""
+        if reservation_ids:
+            with contextlib.suppress(*_UNAVAILABLE):
+                self._client.hdel(self._index_key, *(_text(i) for i in reservation_ids))
+
+    def _attempt(self, action: Callable[[], T], retry: bool) -> T:
+        attempts = 1 + (self._retries if retry else 0)
+        for attempt in range(attempts):
+            try:
+                return action()
+            except _UNAVAILABLE as error:
+                if attempt + 1 >= attempts:
+                    raise Unavailable(f"redis unavailable: {error}") from error
+                time.sleep(self._backoff_seconds * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def _fcall(self, function: str, keys: Sequence[str], args: Sequence[str]) -> Any:
+        """FCALL (FCALL_RO for the read-only functions), loading the library when missing."""
+        self._ensure_library()
+        call = self._client.fcall_ro if function in _READ_ONLY else self._client.fcall
+        try:
+            return call(function, len(keys), *keys, *args)
+        except redis.ResponseError as error:
+            if not _is_missing_function(error):
+                raise
+        self._load_library()
+        return call(function, len(keys), *keys, *args)
+
+    def _fcall_many(self, function: str, calls: Sequence[tuple[Strings, Strings]]) -> Replies:
+        """The same function on many nodes in one round trip."""
+        self._ensure_library()
+        for _ in range(2):
+            with self._client.pipeline(transaction=False) as pipe:
+                for keys, args in calls:
+                    command = pipe.fcall_ro if function in _READ_ONLY else pipe.fcall
+                    command(function, len(keys), *keys, *args)
+                replies = pipe.execute(raise_on_error=False)
+            errors = [reply for reply in replies if isinstance(reply, Exception)]
+            if not errors:
+                return replies
+            if not all(_is_missing_function(error) for error in errors):
+                raise errors[0]
+            self._load_library()
+        raise Unavailable(f"redis: function {function} keeps disappearing")
+
+    def _ensure_library(self) -> None:
+        if self._library_ready:
+            return
+        with self._library_lock:
+            if self._library_ready:
+                return
+            try:
+                loaded = self._client.fcall_ro("gpualloc_version", 0)
+            except redis.ResponseError as error:
+                if not _is_missing_function(error):
+                    raise
+                loaded = None
+            if loaded is None or _text(loaded) != LIBRARY_VERSION:
+                self._client.function_load(_LIBRARY_CODE, replace=True)
+            self._library_ready = True
+
+    def _load_library(self) -> None:
+        """After FUNCTION FLUSH, a restart without persistence, or a failover to a bare node."""
+        log.warning("redis functions missing: loading library %s", LIBRARY_NAME)
+        self._client.function_load(_LIBRARY_CODE, replace=True)
+
+    def _decode(self, flat: Sequence[Any]) -> Reservation:
+        fields = {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
+        doc = json.loads(fields["doc"])
+        uses = json.loads(fields["uses"])
+        return Reservation(
+            id=fields["id"],
+            owner=fields["owner"],
+            node=doc["node"],
+            claim_names=tuple(doc["claimNames"]),
+            allocations=tuple(allocation_from_dict(item) for item in doc["allocations"]),
+            hold=Hold(
+                tuple(json.loads(fields["devices"])),
+                tuple(LimitedUse(key, int(amount), int(limit)) for key, amount, limit in uses),
+            ),
+            state=ReservationState(fields["state"]),
+            fencing_token=int(fields["fence"]),
+            created_at=int(fields["created"]) / 1000,
+            expires_at=int(fields["expires"]) / 1000 if fields["expires"] else None,
+            idempotency_key=doc["idempotencyKey"],
+            labels=tuple((key, value) for key, value in doc["labels"]),
+        )
+
+
+_READ_ONLY = frozenset({"gpualloc_get", "gpualloc_list", "gpualloc_version"})
+
+
+@dataclass
+class RedisSubscription:
+    """A running subscription to the events channel; `close()` stops its thread."""
+
+    _thread: PubSubWorkerThread
+    _registry: list[RedisSubscription]
+
+    def close(self) -> None:
+        self._thread.stop()
+        self._thread.join(timeout=1.0)
+        if self in self._registry:
+            self._registry.remove(self)
+
+
+def _doc(request: ReserveRequest) -> dict[str, Any]:
+    """The static part of a reservation, stored as JSON next to the fields Lua works on."""
+    return {
+        "node": request.node,
+        "claimNames": list(request.claim_names),
+        "allocations": [allocation_result_to_dict(item) for item in request.allocations],
+        "idempotencyKey": request.idempotency_key,
+        "labels": [list(label) for label in request.labels],
+    }
+
+
+def _conflict_item(item: Sequence[Any]) -> DeviceTaken | UseExceeded:
+    kind, key = _text(item[0]), _text(item[1])
+    if kind == "device":
+        return DeviceTaken(key, _text(item[2]))
+    return UseExceeded(key, int(_text(item[2])), int(_text(item[3])))
+
+
+def _check_node(node: str) -> str:
+    if "{" in node or "}" in node:
+        raise InvalidArgument.at("node", f"{node!r}: braces would break the {{node}} hash tag")
+    return node
+
+
+def _is_missing_function(error: Exception) -> bool:
+    return isinstance(error, redis.ResponseError) and "function not found" in str(error).lower()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

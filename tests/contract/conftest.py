@@ -1,0 +1,113 @@
+"""The reservation store under test, one per implementation, and builders for its requests.
+
+`store_under_test` is parametrized over the embedded store (driven by a fake clock, so leases
+expire instantly when the test says so) and the Redis store (a real redis-server; leases expire
+by the server's own TIME, so the test sleeps just past a short lease).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import pytest
+
+from services.allocator.adapters.memory_store import MemoryReservationStore
+from services.allocator.adapters.redis_store import RedisReservationStore
+from services.allocator.reservations import Hold, LimitedUse, ReservationStore, ReserveRequest
+from services.common.dra.model import AllocationResult, DeviceRequestAllocationResult
+
+DRIVER = "gpu.nvidia.com"
+SHORT_LEASE = 0.5  # seconds: many Redis round trips even on a busy machine
+PAST_SHORT_LEASE = 0.6
+LONG_LEASE = 60.0
+
+Store = ReservationStore  # both stores must satisfy the port: mypy checks the fixture below
+
+
+class FakeClock:
+    def __init__(self, now: float = 1_750_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@dataclass
+class StoreUnderTest:
+    kind: str
+    store: Store
+    wait: Callable[[float], None]  # let this many seconds pass on the store's clock
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("memory", id="memory"),
+        pytest.param("redis", id="redis", marks=pytest.mark.redis),
+    ]
+)
+def store_under_test(request: pytest.FixtureRequest) -> Iterator[StoreUnderTest]:
+    if request.param == "memory":
+        clock = FakeClock()
+        yield StoreUnderTest("memory", MemoryReservationStore(clock=clock), clock.advance)
+        return
+    url: str = request.getfixturevalue("redis_url")
+    store = RedisReservationStore(url, socket_timeout=2.0)
+    try:
+        yield StoreUnderTest("redis", store, time.sleep)
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def store(store_under_test: StoreUnderTest) -> Store:
+    return store_under_test.store
+
+
+def device(name: str, pool: str = "node-1") -> str:
+    """A device key `driver/pool/device` (pool named after its node, as the NVIDIA driver does)."""
+    return f"{DRIVER}/{pool}/{name}"
+
+
+def counter(name: str = "memory", pool: str = "node-1", counter_set: str = "gpu-0-counters") -> str:
+    return f"counter:{DRIVER}/{pool}/{counter_set}/{name}"
+
+
+def capacity(name: str = "memory", pool: str = "node-1", dev: str = "gpu-0") -> str:
+    return f"capacity:{DRIVER}/{pool}/{dev}/{name}"
+
+
+def mem(amount: int, limit: int = 7000, key: str = "") -> LimitedUse:
+    """`amount` milli-units of a limited use (by default a MIG memory counter of 7000)."""
+    return LimitedUse(key or counter(), amount, limit)
+
+
+def allocation_for(devices: Sequence[str]) -> AllocationResult:
+    results = []
+    for index, key in enumerate(devices):
+        driver, pool, name = key.split("/")
+        results.append(DeviceRequestAllocationResult(f"gpu-{index}", driver, pool, name))
+    return AllocationResult(tuple(results))
+
+
+def reserve_request(
+    *devices: str,
+    uses: Sequence[LimitedUse] = (),
+    owner: str = "alice",
+    node: str = "node-1",
+    lease: float = LONG_LEASE,
+    key: str = "",
+) -> ReserveRequest:
+    return ReserveRequest(
+        owner=owner,
+        node=node,
+        claim_names=("claim-a",),
+        allocations=(allocation_for(devices),),
+        hold=Hold(tuple(devices), tuple(uses)),
+        lease_seconds=lease,
+        idempotency_key=key,
+    )

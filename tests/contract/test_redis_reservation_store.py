@@ -1,0 +1,254 @@
+"""What only the Redis store has: its key layout, its functions library, and its failure modes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from redis.crc import key_slot
+
+from services.allocator.adapters.redis_store import LIBRARY_VERSION, RedisReservationStore
+from services.allocator.reservations import ReservationState
+from services.common.errors import Conflict, InvalidArgument, NotFound, Unavailable
+from tests.conftest import RedisServer, RedisServerFactory
+from tests.contract.conftest import capacity, counter, device, mem, reserve_request
+
+pytestmark = pytest.mark.redis
+
+GPU0 = device("gpu-0")
+
+
+@pytest.fixture
+def raw(redis_url: str) -> Iterator[redis.Redis]:
+    with redis.Redis.from_url(redis_url, decode_responses=True) as client:
+        yield client
+
+
+@pytest.fixture
+def store(redis_url: str) -> Iterator[RedisReservationStore]:
+    with_store = RedisReservationStore(redis_url, socket_timeout=1.0)
+    try:
+        yield with_store
+    finally:
+        with_store.close()
+
+
+def test_one_node_keys_share_a_slot(store: RedisReservationStore, raw: redis.Redis) -> None:
+    reservation = store.reserve(
+        reserve_request(GPU0, uses=[mem(1000), mem(10, 80, capacity())], key="k1")
+    )
+
+    base = "gpualloc:{node-1}:"
+    assert set(raw.keys("gpualloc:*")) == {
+        "gpualloc:nodes",
+        "gpualloc:reservations",
+        base + "res:" + reservation.id,
+        base + "dev:" + GPU0,
+        base + "use:" + counter(),
+        base + "use:" + capacity(),
+        base + "leases",
+        base + "ids",
+        base + "fence",
+        base + "idem",
+    }
+    assert len({key_slot(str(key).encode()) for key in raw.keys(base + "*")}) == 1
+    assert raw.hgetall("gpualloc:reservations") == {reservation.id: "node-1"}
+    assert raw.get(base + "dev:" + GPU0) == reservation.id
+    assert raw.hgetall(base + "use:" + counter()) == {reservation.id: "1000"}
+
+
+def test_allocations_are_stored_as_kubernetes_json(
+    store: RedisReservationStore, raw: redis.Redis
+) -> None:
+    reservation = store.reserve(reserve_request(GPU0))
+
+    doc = json.loads(raw.hget("gpualloc:{node-1}:res:" + reservation.id, "doc") or "{}")
+
+    assert doc["allocations"] == [
+        {
+            "devices": {
+                "results": [
+                    {"request": "gpu-0", "driver": "gpu.nvidia.com", "pool": "node-1",
+                     "device": "gpu-0"}
+                ]
+            }
+        }
+    ]  # fmt: skip
+
+
+def test_library_is_reloaded_after_function_flush(
+    store: RedisReservationStore, raw: redis.Redis
+) -> None:
+    first = store.reserve(reserve_request(GPU0))
+
+    raw.function_flush()
+
+    assert store.get(first.id) == first
+    with pytest.raises(Conflict):
+        store.reserve(reserve_request(GPU0))
+    raw.function_flush()
+    assert store.expire() == 0
+    assert raw.fcall_ro("gpualloc_version", 0) == LIBRARY_VERSION
+
+
+def test_an_older_library_is_replaced(redis_url: str, raw: redis.Redis) -> None:
+    raw.function_load(
+        "#!lua name=gpualloc\n"
+        "redis.register_function{function_name='gpualloc_version', "
+        "callback=function() return 'old' end, flags={'no-writes'}}",
+        replace=True,
+    )
+
+    store = RedisReservationStore(redis_url)
+    try:
+        reservation = store.reserve(reserve_request(GPU0))
+        assert store.get(reservation.id) == reservation
+    finally:
+        store.close()
+    assert raw.fcall_ro("gpualloc_version", 0) == LIBRARY_VERSION
+
+
+def test_stale_index_entries_read_as_not_found(
+    store: RedisReservationStore, raw: redis.Redis
+) -> None:
+    raw.hset("gpualloc:reservations", "res-crashed", "node-1")  # a reserve that never ran
+
+    with pytest.raises(NotFound):
+        store.get("res-crashed")
+    winner = store.reserve(reserve_request(GPU0))
+    with pytest.raises(Conflict):
+        store.reserve(reserve_request(GPU0))  # its write-ahead index entry is taken back
+    assert set(raw.hkeys("gpualloc:reservations")) == {"res-crashed", winner.id}
+    store.release(winner.id, "alice")
+    assert raw.hkeys("gpualloc:reservations") == ["res-crashed"]
+
+
+def test_node_names_cannot_break_the_hash_tag(store: RedisReservationStore) -> None:
+    with pytest.raises(InvalidArgument) as raised:
+        store.reserve(reserve_request(GPU0, node="node-{1}"))
+
+    assert raised.value.field_path == "node"
+
+
+def test_events_are_json_on_the_channel(store: RedisReservationStore, raw: redis.Redis) -> None:
+    pubsub = raw.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    pubsub.subscribe(store.channel)
+    time.sleep(0.05)
+
+    reservation = store.reserve(reserve_request(GPU0))
+    deadline, message = time.monotonic() + 2.0, None
+    while message is None and time.monotonic() < deadline:
+        message = pubsub.get_message(timeout=0.1)  # the first read swallows the confirmation
+    pubsub.close()
+
+    assert message is not None
+    assert json.loads(message["data"]) == {
+        "op": "reserve",
+        "id": reservation.id,
+        "node": "node-1",
+        "fencing_token": reservation.fencing_token,
+    }
+
+
+# --- failure modes ----------------------------------------------------------------------------
+
+
+def test_stopped_redis_is_unavailable_quickly(redis_server_factory: RedisServerFactory) -> None:
+    server = redis_server_factory()
+    store = RedisReservationStore(server.url, socket_timeout=0.5, backoff_seconds=0.01)
+    store.reserve(reserve_request(GPU0))
+
+    server.stop(kill=True)
+    for call in (
+        lambda: store.reserve(reserve_request(device("gpu-1"))),
+        lambda: store.reserve(reserve_request(device("gpu-1"), key="k")),  # retried
+        store.live,
+    ):
+        started = time.monotonic()
+        with pytest.raises(Unavailable):
+            call()
+        assert time.monotonic() - started < 1.5
+
+    server.start()
+    assert store.reserve(reserve_request(device("gpu-1"))).node == "node-1"
+    store.close()
+
+
+def test_hung_redis_is_unavailable_after_the_socket_timeout(
+    redis_server_factory: RedisServerFactory,
+) -> None:
+    server = redis_server_factory()
+    store = RedisReservationStore(server.url, socket_timeout=0.3, retries=0)
+    store.reserve(reserve_request(GPU0))
+    pid = int(server.client().info("server")["process_id"])
+
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(Unavailable):
+            store.reserve(reserve_request(device("gpu-1")))
+        elapsed = time.monotonic() - started
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+    assert 0.25 < elapsed < 1.5
+    store.close()
+
+
+def test_aof_restart_keeps_reservations_and_fencing(
+    redis_server_factory: RedisServerFactory,
+) -> None:
+    server = redis_server_factory(appendonly=True, extra_args=("--appendfsync", "always"))
+    store = RedisReservationStore(server.url, socket_timeout=1.0)
+    committed = store.reserve(reserve_request(GPU0))
+    committed = store.commit(committed.id, "alice")
+    leased = store.reserve(reserve_request(device("gpu-1")))
+
+    server.stop(kill=True)
+    server.start()
+
+    assert store.get(committed.id) == committed
+    assert store.get(leased.id) == leased  # the lease's absolute expiry survived too
+    with pytest.raises(Conflict):
+        store.reserve(reserve_request(GPU0, owner="bob"))
+    after = store.reserve(reserve_request(device("gpu-2")))
+    assert after.fencing_token == leased.fencing_token + 1
+    assert store.get(committed.id).state is ReservationState.COMMITTED
+    store.close()
+
+
+def test_acl_user_in_the_url(redis_server_factory: RedisServerFactory) -> None:
+    server: RedisServer = redis_server_factory(
+        extra_args=("--user", "gpualloc", "on", ">s3cret", "~gpualloc:*", "&*", "+@all")
+    )
+    good = f"redis://gpualloc:s3cret@{server.host}:{server.port}/0"
+    bad = f"redis://gpualloc:wrong@{server.host}:{server.port}/0"
+
+    with_good = RedisReservationStore(good)
+    assert with_good.reserve(reserve_request(GPU0)).owner == "alice"
+    with_good.close()
+    with_bad = RedisReservationStore(bad, retries=0)
+    with pytest.raises(Unavailable):
+        with_bad.reserve(reserve_request(GPU0))
+    with_bad.close()
+
+
+def test_fencing_tokens_keep_increasing_after_data_loss(
+    redis_server_factory: RedisServerFactory,
+) -> None:
+    server = redis_server_factory()  # no persistence: a restart loses everything
+    store = RedisReservationStore(server.url, socket_timeout=1.0)
+    before = store.reserve(reserve_request(GPU0))
+
+    server.stop(kill=True)
+    server.start()
+    after = store.reserve(reserve_request(GPU0))
+
+    assert after.fencing_token > before.fencing_token
+    assert before.fencing_token > before.created_at * 1000  # seeded from the server's clock
+    store.close()

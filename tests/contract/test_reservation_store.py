@@ -1,0 +1,513 @@
+"""The ReservationStore contract: one suite, run against the embedded and the Redis store."""
+
+from __future__ import annotations
+
+import functools
+import random
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import pytest
+
+from services.allocator.reservations import (
+    LimitedUse,
+    Reservation,
+    ReservationEvent,
+    ReservationState,
+    ReserveRequest,
+)
+from services.allocator.reservations import ReservationEventOp as Op
+from services.common.dra.model import (
+    AllocationResult,
+    ConfigSource,
+    DeviceAllocationConfiguration,
+    DeviceRequestAllocationResult,
+    DeviceToleration,
+    NodeSelector,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    OpaqueDeviceConfiguration,
+    TaintEffect,
+    TolerationOperator,
+)
+from services.common.dra.quantity import Quantity
+from services.common.errors import (
+    Conflict,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+)
+from tests.contract.conftest import (
+    PAST_SHORT_LEASE,
+    SHORT_LEASE,
+    Store,
+    StoreUnderTest,
+    capacity,
+    counter,
+    device,
+    mem,
+    reserve_request,
+)
+
+GPU0, GPU1, GPU2 = device("gpu-0"), device("gpu-1"), device("gpu-2")
+
+
+# --- reserve / get / list -------------------------------------------------------------------
+
+
+def test_reserve_round_trips_every_field(store: Store) -> None:
+    allocation = AllocationResult(
+        results=(
+            DeviceRequestAllocationResult(
+                "gpu", "gpu.nvidia.com", "node-1", "gpu-0", admin_access=False,
+                tolerations=(DeviceToleration("maintenance", TolerationOperator.EXISTS,
+                                              effect=TaintEffect.NO_SCHEDULE),),
+                share_id="4b6f1c3e-1f0a-4e7a-9a43-3d0c2b1f9e10",
+                consumed_capacity={"memory": Quantity.parse("10Gi")},
+            ),
+        ),
+        config=(DeviceAllocationConfiguration(
+            ConfigSource.FROM_CLAIM, ("gpu",),
+            OpaqueDeviceConfiguration("gpu.nvidia.com", {"sharing": {"strategy": "TimeSlicing"}}),
+        ),),
+        node_selector=NodeSelector((NodeSelectorTerm(match_fields=(
+            NodeSelectorRequirement("metadata.name", "In", ("node-1",)),)),)),
+    )  # fmt: skip
+    request = ReserveRequest(
+        owner="slurm/job-1234",
+        node="node-1",
+        claim_names=("claim-a",),
+        allocations=(allocation,),
+        hold=reserve_request(GPU0, uses=[mem(1000, key=capacity())]).hold,
+        lease_seconds=30.0,
+        idempotency_key="attempt-1",
+        labels=(("slurm.job", "1234"),),
+    )
+
+    reservation = store.reserve(request)
+
+    assert reservation.state is ReservationState.RESERVED
+    assert (reservation.owner, reservation.node) == ("slurm/job-1234", "node-1")
+    assert (reservation.claim_names, reservation.allocations) == (("claim-a",), (allocation,))
+    assert (reservation.hold, reservation.labels) == (request.hold, request.labels)
+    assert reservation.idempotency_key == "attempt-1"
+    assert reservation.fencing_token >= 1
+    assert reservation.expires_at is not None
+    assert reservation.expires_at - reservation.created_at == pytest.approx(30.0, abs=0.002)
+    assert store.get(reservation.id) == reservation
+    assert store.live() == [reservation]
+
+
+def test_list_filters_by_owner_and_node_sorted_by_node_then_id(store: Store) -> None:
+    made = [
+        store.reserve(reserve_request(device("gpu-0", "node-b"), node="node-b", owner="bob")),
+        store.reserve(reserve_request(device("gpu-0", "node-a"), node="node-a", owner="alice")),
+        store.reserve(reserve_request(device("gpu-1", "node-a"), node="node-a", owner="bob")),
+    ]
+    by_key = sorted(made, key=lambda r: (r.node, r.id))
+
+    assert [r.id for r in store.list()] == [r.id for r in by_key]
+    assert [r.id for r in store.live()] == [r.id for r in by_key]
+    assert [r.id for r in store.list(owner="bob")] == [r.id for r in by_key if r.owner == "bob"]
+    assert [r.id for r in store.list(node="node-a")] == [r.id for r in by_key[:2]]
+    assert [r.id for r in store.list(owner="bob", node="node-a")] == [made[2].id]
+    assert store.list(node="node-z") == []
+
+
+# --- conflicts --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConflictCase:
+    first: ReserveRequest
+    second: ReserveRequest
+    conflicts: tuple[str, ...]  # () means the second fits
+    message_parts: tuple[str, ...] = ()
+
+
+CONFLICT_CASES = [
+    pytest.param(ConflictCase(
+        reserve_request(GPU0), reserve_request(GPU0, owner="bob"),
+        ("device:gpu.nvidia.com/node-1/gpu-0",), ("held by reservation {first}",),
+    ), id="same-device"),
+    pytest.param(ConflictCase(
+        reserve_request(GPU0), reserve_request(GPU1, owner="bob"), (),
+    ), id="another-device-fits"),
+    pytest.param(ConflictCase(
+        reserve_request(GPU0, GPU2), reserve_request(GPU2, GPU1, GPU0),
+        ("device:gpu.nvidia.com/node-1/gpu-2", "device:gpu.nvidia.com/node-1/gpu-0"),
+    ), id="every-taken-device-listed-in-hold-order"),
+    pytest.param(ConflictCase(
+        reserve_request(uses=[mem(3000)]), reserve_request(uses=[mem(4000)]), (),
+    ), id="counter-filled-exactly-to-its-limit"),
+    pytest.param(ConflictCase(
+        reserve_request(uses=[mem(3000)]), reserve_request(uses=[mem(4001)]),
+        (counter(),), ("needs 4001 has 4000 free",),
+    ), id="counter-one-milli-over"),
+    pytest.param(ConflictCase(
+        reserve_request(uses=[mem(40_000, 80_000, capacity())]),
+        reserve_request(uses=[mem(50_000, 80_000, capacity())]),
+        (capacity(),), ("needs 50000 has 40000 free",),
+    ), id="capacity-share-over-device-capacity"),
+    pytest.param(ConflictCase(
+        reserve_request(GPU0, uses=[mem(5000)]),
+        reserve_request(GPU1, GPU0, uses=[mem(1000, key=counter("compute")), mem(3000)]),
+        ("device:gpu.nvidia.com/node-1/gpu-0", counter()),
+    ), id="device-and-counter-devices-first"),
+    pytest.param(ConflictCase(
+        reserve_request(GPU0, uses=[mem(7000)]),
+        reserve_request(GPU0, uses=[mem(7000)], node="node-2"), (),
+    ), id="holds-are-scoped-to-the-node"),
+    pytest.param(ConflictCase(
+        reserve_request(uses=[mem(0)]), reserve_request(uses=[mem(7000)]), (),
+    ), id="zero-amount-takes-nothing"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CONFLICT_CASES)
+def test_reserve_conflicts(store: Store, case: ConflictCase) -> None:
+    first = store.reserve(case.first)
+
+    if not case.conflicts:
+        assert store.reserve(case.second).id != first.id
+        return
+    with pytest.raises(Conflict) as raised:
+        store.reserve(case.second)
+
+    assert raised.value.conflicts == case.conflicts
+    for part in case.message_parts:
+        assert part.format(first=first.id) in raised.value.message
+    assert [r.id for r in store.live()] == [first.id]  # nothing of the loser was taken
+
+
+def test_counter_fills_to_its_limit_then_frees_on_release(store: Store) -> None:
+    taken = [store.reserve(reserve_request(uses=[mem(1000)], owner=f"o{i}")) for i in range(7)]
+
+    with pytest.raises(Conflict) as raised:
+        store.reserve(reserve_request(uses=[mem(1000)]))
+    assert "needs 1000 has 0 free" in raised.value.message
+
+    store.release(taken[3].id, "o3")
+    assert store.reserve(reserve_request(uses=[mem(1000)])).hold.uses == (mem(1000),)
+
+
+def test_uses_of_one_key_in_a_hold_are_summed(store: Store) -> None:
+    reservation = store.reserve(reserve_request(uses=[mem(3000), mem(3000)]))
+
+    assert reservation.hold.uses == (mem(6000),)
+    with pytest.raises(Conflict):
+        store.reserve(reserve_request(uses=[mem(1001)]))
+
+
+INVALID_REQUESTS = [
+    pytest.param(reserve_request(GPU0, owner=""), "owner", id="empty-owner"),
+    pytest.param(reserve_request(GPU0, node=""), "node", id="empty-node"),
+    pytest.param(reserve_request(GPU0, lease=0), "lease_seconds", id="zero-lease"),
+    pytest.param(reserve_request(GPU0, lease=float("nan")), "lease_seconds", id="nan-lease"),
+    pytest.param(reserve_request(GPU0, GPU0), "hold.devices[1]", id="device-twice"),
+    pytest.param(reserve_request(uses=[mem(-1)]), "hold.uses[0]", id="negative-amount"),
+    pytest.param(
+        reserve_request(uses=[mem(1, 7000), mem(1, 8000)]),
+        "hold.uses[1].limit",
+        id="one-key-two-limits",
+    ),
+]
+
+
+@pytest.mark.parametrize(("request_", "path"), INVALID_REQUESTS)
+def test_invalid_requests_name_the_field(store: Store, request_: ReserveRequest, path: str) -> None:
+    with pytest.raises(InvalidArgument) as raised:
+        store.reserve(request_)
+
+    assert raised.value.field_path == path
+    assert store.live() == []
+
+
+# --- leases -----------------------------------------------------------------------------------
+
+
+def test_expired_lease_frees_its_holds(store_under_test: StoreUnderTest) -> None:
+    store = store_under_test.store
+    short = store.reserve(reserve_request(GPU0, uses=[mem(7000)], lease=SHORT_LEASE))
+    with pytest.raises(Conflict):
+        store.reserve(reserve_request(GPU0, owner="bob"))
+
+    store_under_test.wait(PAST_SHORT_LEASE)
+
+    assert store.live() == []
+    with pytest.raises(NotFound):
+        store.get(short.id)
+    taken = store.reserve(reserve_request(GPU0, uses=[mem(7000)], owner="bob"))
+    assert taken.owner == "bob"
+    with pytest.raises(NotFound):
+        store.commit(short.id, "alice")
+
+
+def test_expire_counts_the_leases_it_frees(store_under_test: StoreUnderTest) -> None:
+    store = store_under_test.store
+    store.reserve(reserve_request(GPU0, lease=SHORT_LEASE))
+    store.reserve(reserve_request(device("gpu-0", "node-2"), node="node-2", lease=SHORT_LEASE))
+    kept = store.reserve(reserve_request(GPU1))
+
+    store_under_test.wait(PAST_SHORT_LEASE)
+
+    assert store.expire() == 2
+    assert store.expire() == 0
+    assert store.live() == [kept]
+
+
+def test_commit_makes_the_lease_permanent(store_under_test: StoreUnderTest) -> None:
+    store = store_under_test.store
+    reserved = store.reserve(reserve_request(GPU0, lease=SHORT_LEASE))
+
+    committed = store.commit(reserved.id, "alice", reserved.fencing_token)
+    store_under_test.wait(PAST_SHORT_LEASE)
+
+    assert committed.state is ReservationState.COMMITTED
+    assert committed.expires_at is None
+    assert committed.fencing_token == reserved.fencing_token
+    assert store.get(reserved.id) == committed
+    assert store.commit(reserved.id, "alice") == committed  # committing twice is harmless
+    assert store.expire() == 0
+    with pytest.raises(Conflict):
+        store.reserve(reserve_request(GPU0, owner="bob"))
+
+
+def test_renew_extends_the_lease(store_under_test: StoreUnderTest) -> None:
+    store = store_under_test.store
+    reserved = store.reserve(reserve_request(GPU0, lease=SHORT_LEASE))
+
+    renewed = store.renew(reserved.id, "alice", 30.0)
+    store_under_test.wait(PAST_SHORT_LEASE)
+
+    assert renewed.expires_at is not None and reserved.expires_at is not None
+    assert renewed.expires_at > reserved.expires_at
+    assert renewed.fencing_token == reserved.fencing_token
+    assert store.get(reserved.id).expires_at == renewed.expires_at
+    store.commit(reserved.id, "alice")
+    with pytest.raises(FailedPrecondition):
+        store.renew(reserved.id, "alice", 30.0)
+
+
+# --- owners, tokens, unknown ids ------------------------------------------------------------
+
+Call = Callable[[Store, Reservation], object]
+
+REFUSALS = [
+    pytest.param(lambda s, r: s.commit(r.id, "eve"), PermissionDenied, id="commit-other-owner"),
+    pytest.param(lambda s, r: s.renew(r.id, "eve", 5), PermissionDenied, id="renew-other-owner"),
+    pytest.param(lambda s, r: s.release(r.id, "eve"), PermissionDenied, id="release-other-owner"),
+    pytest.param(lambda s, r: s.commit(r.id, "alice", r.fencing_token + 1), FailedPrecondition,
+                 id="commit-stale-fencing-token"),
+    pytest.param(lambda s, r: s.release(r.id, "alice", r.fencing_token + 1), FailedPrecondition,
+                 id="release-stale-fencing-token"),
+    pytest.param(lambda s, r: s.renew(r.id, "alice", 0), InvalidArgument, id="renew-zero-lease"),
+    pytest.param(lambda s, r: s.get("res-unknown"), NotFound, id="get-unknown-id"),
+    pytest.param(lambda s, r: s.commit("res-unknown", "alice"), NotFound, id="commit-unknown-id"),
+    pytest.param(lambda s, r: s.renew("res-unknown", "alice", 5), NotFound, id="renew-unknown-id"),
+    pytest.param(lambda s, r: s.release("res-unknown", "alice"), NotFound,
+                 id="release-unknown-id"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("call", "error"), REFUSALS)
+def test_refusals_change_nothing(store: Store, call: Call, error: type[Exception]) -> None:
+    reservation = store.reserve(reserve_request(GPU0))
+
+    with pytest.raises(error):
+        call(store, reservation)
+
+    assert store.get(reservation.id) == reservation
+
+
+def test_release_frees_once(store: Store) -> None:
+    reservation = store.reserve(reserve_request(GPU0, key="k"))
+
+    store.release(reservation.id, "alice", reservation.fencing_token)
+
+    with pytest.raises(NotFound):
+        store.release(reservation.id, "alice")
+    with pytest.raises(NotFound):
+        store.get(reservation.id)
+    assert store.reserve(reserve_request(GPU0, owner="bob")).owner == "bob"
+
+
+# --- fencing ----------------------------------------------------------------------------------
+
+
+def test_fencing_tokens_increase_per_node_with_every_grant(store: Store) -> None:
+    def on(node: str, name: str) -> Reservation:
+        return store.reserve(reserve_request(device(name, node), node=node))
+
+    a1 = on("node-1", "gpu-0")
+    b1 = on("node-2", "gpu-0")
+    store.release(a1.id, "alice")
+    a2 = on("node-1", "gpu-0")  # the same device, a new grant
+    a3 = on("node-1", "gpu-1")
+    store.commit(a3.id, "alice")
+    store.renew(a2.id, "alice", 30)
+    a4 = on("node-1", "gpu-2")
+    b2 = on("node-2", "gpu-1")
+
+    assert [a1.fencing_token, a2.fencing_token, a3.fencing_token, a4.fencing_token] == [
+        a1.fencing_token + n for n in range(4)
+    ]
+    assert b2.fencing_token == b1.fencing_token + 1  # node-1's grants do not move node-2
+    assert store.get(a3.id).fencing_token == a3.fencing_token  # commit/renew keep the token
+    assert store.get(a2.id).fencing_token == a2.fencing_token
+
+
+# --- idempotency ------------------------------------------------------------------------------
+
+
+def test_idempotency_key_returns_the_live_reservation(store_under_test: StoreUnderTest) -> None:
+    store = store_under_test.store
+    first = store.reserve(reserve_request(GPU0, key="attempt-1", lease=SHORT_LEASE))
+
+    again = store.reserve(reserve_request(GPU0, key="attempt-1"))
+    other_owner = store.reserve(reserve_request(GPU1, key="attempt-1", owner="bob"))
+    store_under_test.wait(PAST_SHORT_LEASE)
+    after_expiry = store.reserve(reserve_request(GPU0, key="attempt-1"))
+    committed = store.commit(after_expiry.id, "alice")
+    after_commit = store.reserve(reserve_request(GPU0, key="attempt-1"))
+    store.release(after_expiry.id, "alice")
+    after_release = store.reserve(reserve_request(GPU0, key="attempt-1"))
+
+    assert again == first
+    assert other_owner.id != first.id
+    assert after_expiry.id != first.id
+    assert after_commit == committed
+    assert after_release.id not in {first.id, after_expiry.id}
+    assert after_release.fencing_token > after_expiry.fencing_token
+
+
+def test_concurrent_retries_with_one_key_make_one_reservation(store: Store) -> None:
+    threads = 8
+    barrier = threading.Barrier(threads)
+    ids: list[str] = []
+
+    def retry() -> None:
+        barrier.wait()
+        ids.append(store.reserve(reserve_request(GPU0, uses=[mem(4000)], key="once")).id)
+
+    run_threads([retry] * threads)
+
+    assert len(ids) == threads
+    assert len(set(ids)) == 1
+    assert [r.id for r in store.live()] == ids[:1]
+
+
+# --- gangs ------------------------------------------------------------------------------------
+
+
+def test_gang_is_all_or_nothing(store: Store) -> None:
+    blocker = store.reserve(reserve_request(device("gpu-0", "node-3"), node="node-3", owner="bob"))
+    gang = [reserve_request(device("gpu-0", f"node-{n}"), node=f"node-{n}") for n in (1, 2, 3)]
+
+    with pytest.raises(Conflict) as raised:
+        store.reserve_gang(gang)
+
+    assert raised.value.conflicts == ("device:gpu.nvidia.com/node-3/gpu-0",)
+    assert store.live() == [blocker]
+    store.release(blocker.id, "bob")
+    taken = store.reserve_gang(gang)
+    assert [r.node for r in taken] == ["node-1", "node-2", "node-3"]
+    assert store.live() == taken
+
+
+def test_gang_with_an_invalid_member_takes_nothing(store: Store) -> None:
+    gang = [reserve_request(GPU0), reserve_request(GPU1, lease=-1)]
+
+    with pytest.raises(InvalidArgument):
+        store.reserve_gang(gang)
+
+    assert store.live() == []
+
+
+# --- races ------------------------------------------------------------------------------------
+
+
+def test_racing_overlapping_reserves_never_double_book(store: Store) -> None:
+    nodes, devices, limit = ("node-1", "node-2"), ["gpu-0", "gpu-1", "gpu-2", "gpu-3"], 5000
+    threads, attempts = 6, 15
+    barrier = threading.Barrier(threads)
+    granted: list[str] = []
+    refused: list[Conflict] = []
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        barrier.wait()
+        for _ in range(attempts):
+            node = rng.choice(nodes)
+            picked = [device(d, node) for d in rng.sample(devices, rng.randint(0, 2))]
+            uses = [LimitedUse(counter(pool=node), rng.choice((1000, 2000)), limit)]
+            try:
+                granted.append(store.reserve(reserve_request(*picked, uses=uses, node=node)).id)
+            except Conflict as conflict:
+                refused.append(conflict)
+
+    run_threads([functools.partial(worker, seed) for seed in range(threads)])
+
+    live = store.live()
+    held: Counter[tuple[str, str]] = Counter((r.node, d) for r in live for d in r.hold.devices)
+    used: dict[tuple[str, str], int] = defaultdict(int)
+    for r in live:
+        for use in r.hold.uses:
+            used[(r.node, use.key)] += use.amount
+    assert sorted(r.id for r in live) == sorted(granted)
+    assert all(count == 1 for count in held.values()), held
+    assert all(total <= limit for total in used.values()), used
+    assert len(granted) + len(refused) == threads * attempts
+    assert len(granted) >= 2 and refused  # the race really was contested
+
+
+# --- events -----------------------------------------------------------------------------------
+
+
+def test_every_change_is_announced(store: Store) -> None:
+    events: list[ReservationEvent] = []
+    subscription = store.subscribe(events.append)
+    time.sleep(0.05)  # Redis: let the subscriber thread subscribe
+
+    reservation = store.reserve(reserve_request(GPU0))
+    store.commit(reservation.id, "alice")
+    store.release(reservation.id, "alice")
+    wait_for(lambda: len(events) >= 3)
+    subscription.close()
+
+    assert events == [
+        ReservationEvent(op, reservation.id, "node-1", reservation.fencing_token)
+        for op in (Op.RESERVE, Op.COMMIT, Op.RELEASE)
+    ]
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def run_threads(targets: Sequence[Callable[[], None]]) -> None:
+    """Run each target in its own thread; re-raise the first failure in the test's thread."""
+    errors: list[BaseException] = []
+
+    def guarded(target: Callable[[], None]) -> None:
+        try:
+            target()
+        except BaseException as error:  # noqa: BLE001 - handed to the test thread
+            errors.append(error)
+
+    workers = [threading.Thread(target=guarded, args=(target,)) for target in targets]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=30)
+    if errors:
+        raise errors[0]
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 3.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
