@@ -746,6 +746,7 @@ class GpuReport(_message.Message):
     NVLINK_CLIQUE_FIELD_NUMBER: _builtins.int
     ADDRESSING_MODE_FIELD_NUMBER: _builtins.int
     HEALTH_FIELD_NUMBER: _builtins.int
+    PCI_DEVICE_ID_FIELD_NUMBER: _builtins.int
     uuid: _builtins.str
     """The GPU's UUID, `GPU-…`; the key that joins it with DRA devices."""
     name: _builtins.str
@@ -782,6 +783,10 @@ class GpuReport(_message.Message):
     """The multi-node NVLink clique, `<clusterUUID>.<cliqueId>`; empty without a fabric."""
     addressing_mode: _builtins.str
     """The addressing mode, `None`, `HMM` or `ATS`; empty when not reported."""
+    pci_device_id: _builtins.str
+    """The PCI device id, e.g. `0x20B010DE` (A100-SXM4-40GB): selects the MIG profile table when
+    the report carries no NVML profile list (reports built from saved nvidia-smi XML).
+    """
     @_builtins.property
     def mig_devices(self) -> _containers.RepeatedCompositeFieldContainer[Global___MigDevice]:
         """The MIG devices that exist now."""
@@ -828,10 +833,11 @@ class GpuReport(_message.Message):
         nvlink_clique: _builtins.str = ...,
         addressing_mode: _builtins.str = ...,
         health: Global___GpuHealth | None = ...,
+        pci_device_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_numa_node", b"_numa_node", "health", b"health", "numa_node", b"numa_node"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_numa_node", b"_numa_node", "addressing_mode", b"addressing_mode", "architecture", b"architecture", "brand", b"brand", "cpu_affinity", b"cpu_affinity", "cuda_compute_capability", b"cuda_compute_capability", "cuda_driver_version", b"cuda_driver_version", "driver_version", b"driver_version", "health", b"health", "index", b"index", "memory_bytes", b"memory_bytes", "mig_devices", b"mig_devices", "mig_mode", b"mig_mode", "mig_mode_pending", b"mig_mode_pending", "mig_profiles", b"mig_profiles", "minor_number", b"minor_number", "name", b"name", "numa_node", b"numa_node", "nvlink_clique", b"nvlink_clique", "nvlink_peers", b"nvlink_peers", "pci_bus_id", b"pci_bus_id", "pcie_peers", b"pcie_peers", "pcie_root", b"pcie_root", "uuid", b"uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_numa_node", b"_numa_node", "addressing_mode", b"addressing_mode", "architecture", b"architecture", "brand", b"brand", "cpu_affinity", b"cpu_affinity", "cuda_compute_capability", b"cuda_compute_capability", "cuda_driver_version", b"cuda_driver_version", "driver_version", b"driver_version", "health", b"health", "index", b"index", "memory_bytes", b"memory_bytes", "mig_devices", b"mig_devices", "mig_mode", b"mig_mode", "mig_mode_pending", b"mig_mode_pending", "mig_profiles", b"mig_profiles", "minor_number", b"minor_number", "name", b"name", "numa_node", b"numa_node", "nvlink_clique", b"nvlink_clique", "nvlink_peers", b"nvlink_peers", "pci_bus_id", b"pci_bus_id", "pci_device_id", b"pci_device_id", "pcie_peers", b"pcie_peers", "pcie_root", b"pcie_root", "uuid", b"uuid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__numa_node: _TypeAlias = _typing.Literal["numa_node"]  # noqa: Y015
     _WhichOneofArgType__numa_node: _TypeAlias = _typing.Literal["_numa_node", b"_numa_node"]  # noqa: Y015
