@@ -1,0 +1,1 @@
+"""Benchmarks and load tests for gpualloc (`make bench`, `make loadtest`)."""

@@ -1,0 +1,58 @@
+"""`make bench`: run every benchmark suite, or the ones named, and print their tables.
+
+    python -m loadtest.bench                 # all suites, human-readable tables
+    python -m loadtest.bench solver --json   # one suite, one JSON document on stdout
+
+Each suite is a module `loadtest.bench_<name>` exposing `run(quick: bool) -> BenchReport`. Speed
+targets live here and in docs/performance.md, never in unit tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+
+from loadtest.report import BenchReport
+
+SUITES = ("solver", "inventory", "service")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.bench", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "suites", nargs="*", choices=[*SUITES, []], help="suites to run (default: all)"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON document instead of tables"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="smaller sizes and fewer repetitions (smoke)"
+    )
+    args = parser.parse_args(argv)
+    chosen = args.suites or list(SUITES)
+    reports: list[BenchReport] = []
+    for name in chosen:
+        try:
+            module = importlib.import_module(f"loadtest.bench_{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"loadtest.bench_{name}":
+                raise
+            print(f"(suite {name!r} not available yet)", file=sys.stderr)
+            continue
+        report: BenchReport = module.run(quick=args.quick)
+        reports.append(report)
+        if not args.json:
+            print(report.table(), flush=True)
+    if args.json:
+        json.dump({"suites": [r.to_json() for r in reports]}, sys.stdout, indent=2)
+        print()
+    return 0 if all(r.targets_met() for r in reports) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
