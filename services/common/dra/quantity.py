@@ -1,4 +1,4 @@
-"""Kubernetes resource.Quantity: the exact upstream grammar, exact arithmetic, canonical strings.
+"""Kubernetes resource.Quantity: the upstream grammar, exact arithmetic, upstream's strings.
 
 Grammar (k8s.io/apimachinery/pkg/api/resource/quantity.go)::
 
@@ -10,16 +10,29 @@ Grammar (k8s.io/apimachinery/pkg/api/resource/quantity.go)::
     <signedNumber>    ::= <number> | +<number> | -<number>
     <number>          ::= <digits> | <digits>.<digits> | <digits>. | .<digits>
 
-Values are held exactly as a Fraction; like upstream, anything finer than 1n (10^-9) is rounded
-up (away from zero) to the next nano. The format (binary SI, decimal SI, decimal exponent) comes
-from the suffix and is used when printing, as upstream's canonical form does.
+Behaviour follows apimachinery v0.34 `ParseQuantity` and `String()`:
+
+- the exponent after e/E is an integer (`1e3`, `1E-3`, `1e+3`; `1e3.5` is rejected, as upstream);
+- values finer than 1n (10^-9) round up, away from zero, to the next nano (`0.9n` -> `1n`);
+- binary SI values are capped at 2^63-1 in magnitude (`9Ei` -> 9223372036854775807); a binary SI
+  value strictly between -1 and 1 becomes decimal SI (`0.5Ki` is 512, printed `512`);
+- `str()` is upstream's `String()`: the input itself when upstream keeps it (it already is in the
+  canonical form, e.g. `1e3`, `100m`, `40Gi`, and also `+1` or `007`, which upstream keeps
+  verbatim), otherwise `canonical()`, upstream's `CanonicalizeBytes` (`1.5` -> `1500m`,
+  `1.5Gi` -> `1536Mi`, `1000` -> `1k`, `1E3` -> `1e3`).
+
+Deliberate differences from the upstream scanner, which is looser than its own grammar: a number
+needs at least one digit (upstream reads `Gi`, `e3`, `.`, `-` as zero; we reject them),
+exponents beyond +-1000 digits are refused instead of building gigantic numbers or wrapping at
+int32, and a decimal SI value beyond 10^18 prints as `1e21` (later upstream releases do the same;
+v0.34 silently dropped the suffix).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from fractions import Fraction
 from functools import total_ordering
@@ -33,57 +46,76 @@ class QuantityFormat(StrEnum):
     DECIMAL_EXPONENT = "DecimalExponent"
 
 
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
-_DECIMAL_SUFFIX_BY_EXP = {exp: suffix for suffix, exp in _DECIMAL.items()}
+_BINARY_EXPONENT = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+_BINARY_SUFFIX = {0: "", 1: "Ki", 2: "Mi", 3: "Gi", 4: "Ti", 5: "Pi", 6: "Ei"}
+_DECIMAL_EXPONENT = {
+    "n": -9,
+    "u": -6,
+    "m": -3,
+    "": 0,
+    "k": 3,
+    "M": 6,
+    "G": 9,
+    "T": 12,
+    "P": 15,
+    "E": 18,
+}
+_DECIMAL_SUFFIX = {exponent: suffix for suffix, exponent in _DECIMAL_EXPONENT.items()}
 
-_NUMBER = r"[+-]?(?:\d+\.?\d*|\.\d+)"
+# The upstream scanner: sign, digits, optional fraction, then suffix letters from this set, an
+# optional sign and digits. Which suffixes are real is decided afterwards (`_interpret`).
 _QUANTITY_RE = re.compile(
-    rf"^(?P<number>{_NUMBER})(?:(?P<binary>Ki|Mi|Gi|Ti|Pi|Ei)|[eE](?P<exp>[+-]?\d+)|(?P<decimal>[numkMGTPE]?))$"
+    r"(?P<sign>[+-]?)(?P<int>[0-9]*)(?:\.(?P<frac>[0-9]*))?(?P<suffix>[eEinumkKMGTP]*[+-]?[0-9]*)"
 )
-_NANO = Fraction(1, 10**9)
-_MAX_EXPONENT = 1000  # refuse absurd exponents rather than building a gigantic integer
+_NANO_PER_UNIT = 10**9
+_MAX_INT64 = 2**63 - 1
+_MAX_DIGITS = 1000  # refuse values with more integer digits than this (upstream: unbounded)
 
 
 @total_ordering
 @dataclass(frozen=True, eq=False)
 class Quantity:
-    """An exact quantity. Compare, add and subtract; `str()` gives the canonical form."""
+    """An exact quantity; equal, ordered and hashed by value, whatever the format.
+
+    `value` is always a multiple of 10^-9. `format` decides how `canonical()` prints it. `text` is
+    the string upstream's `String()` would return (the parsed input when upstream keeps it)."""
 
     value: Fraction
     format: QuantityFormat = QuantityFormat.DECIMAL_SI
+    text: str | None = field(default=None, kw_only=True, repr=False)
 
     # --- construction ---------------------------------------------------------------
 
     @classmethod
     def parse(cls, text: str) -> Quantity:
-        """Parse upstream's grammar; raises ValueError with a readable message otherwise."""
+        """Parse like upstream `ParseQuantity` (no surrounding whitespace); ValueError otherwise."""
         if not isinstance(text, str):
             raise ValueError(f"quantity must be a string, got {type(text).__name__}")
-        s = text.strip()
-        match = _QUANTITY_RE.match(s)
-        if not s or match is None:
+        match = _QUANTITY_RE.fullmatch(text)
+        if match is None or not (match["int"] or match["frac"]):
             raise ValueError(
-                f"quantity {text!r} does not match the Kubernetes grammar "
+                f"quantity {text!r} does not match the Kubernetes quantity grammar "
                 "(e.g. '40Gi', '1.5', '100m', '1e3', '80G')"
             )
-        number = Fraction(match["number"])
-        if match["binary"] is not None:
-            return cls(_round_nano(number * _BINARY[match["binary"]]), QuantityFormat.BINARY_SI)
-        if match["exp"] is not None:
-            exp = int(match["exp"])
-            if abs(exp) > _MAX_EXPONENT:
-                raise ValueError(f"quantity {text!r} has an exponent out of range")
-            return cls(_round_nano(number * Fraction(10) ** exp), QuantityFormat.DECIMAL_EXPONENT)
-        exp = _DECIMAL[match["decimal"] or ""]
-        return cls(_round_nano(number * Fraction(10) ** exp), QuantityFormat.DECIMAL_SI)
+        base, exponent, fmt = _interpret(match["suffix"], text)
+        negative = match["sign"] == "-"
+        num = match["int"].lstrip("0") or "0"
+        denom = match["frac"] or ""
+        if base == 2:
+            value, fmt = _binary_value(num, denom, exponent, negative)
+        else:
+            value = _decimal_value(num, denom, exponent, negative, text)
+        kept = text if _upstream_keeps_text(num, denom, exponent, fmt, base) else None
+        return cls(value, fmt, text=kept)
 
     @classmethod
-    def of(cls, value: int | Fraction | str, fmt: QuantityFormat = QuantityFormat.DECIMAL_SI) -> Quantity:
-        """A quantity from a number (or from a string, parsed)."""
+    def of(
+        cls, value: int | Fraction | str, fmt: QuantityFormat = QuantityFormat.DECIMAL_SI
+    ) -> Quantity:
+        """A quantity from a number (rounded up to nano), or from a string (parsed)."""
         if isinstance(value, str):
             return cls.parse(value)
-        return cls(_round_nano(Fraction(value)), fmt)
+        return cls(_round_up_to_nano(Fraction(value)), fmt)
 
     # --- arithmetic and comparison --------------------------------------------------
 
@@ -93,19 +125,25 @@ class Quantity:
         return self.value == other.value
 
     def __lt__(self, other: Quantity) -> bool:
+        if not isinstance(other, Quantity):
+            return NotImplemented
         return self.value < other.value
 
     def __hash__(self) -> int:
         return hash(self.value)
 
     def __add__(self, other: Quantity) -> Quantity:
-        return Quantity(self.value + other.value, self.format)
+        return Quantity(self.value + other.value, self._sum_format(other))
 
     def __sub__(self, other: Quantity) -> Quantity:
-        return Quantity(self.value - other.value, self.format)
+        return Quantity(self.value - other.value, self._sum_format(other))
 
     def __neg__(self) -> Quantity:
         return Quantity(-self.value, self.format)
+
+    def _sum_format(self, other: Quantity) -> QuantityFormat:
+        # Upstream Add/Sub: a zero receiver takes the other operand's format.
+        return other.format if self.value == 0 else self.format
 
     def compare(self, other: Quantity) -> int:
         """-1, 0 or 1, like upstream Cmp."""
@@ -132,55 +170,112 @@ class Quantity:
     # --- printing -------------------------------------------------------------------
 
     def __str__(self) -> str:
-        return self.canonical()
+        return self.text if self.text is not None else self.canonical()
 
     def __repr__(self) -> str:
-        return f"Quantity({self.canonical()!r})"
+        return f"Quantity({str(self)!r})"
 
     def canonical(self) -> str:
-        """Upstream's canonical string: the largest suffix of the format that keeps an integer
-        mantissa (binary SI falls back to decimal SI when no binary suffix fits)."""
+        """Upstream `CanonicalizeBytes`: no fractional digits, the largest suffix of the format."""
         if self.value == 0:
             return "0"
-        if self.format is QuantityFormat.BINARY_SI and self.value.denominator == 1:
-            text = _format_binary(self.value.numerator)
-            if text is not None:
-                return text
-        exponent_format = self.format is QuantityFormat.DECIMAL_EXPONENT
-        return _format_decimal(self.value, exponent_format)
+        if (
+            self.format is QuantityFormat.BINARY_SI
+            and abs(self.value) >= 1024
+            and self.value.denominator == 1
+        ):
+            return _format_binary(self.value.numerator)
+        return _format_decimal(self.value, self.format is QuantityFormat.DECIMAL_EXPONENT)
 
 
-def _round_nano(value: Fraction) -> Fraction:
-    """Round away from zero to a multiple of 10^-9, as upstream's infDec scale limit does."""
-    scaled = value / _NANO
-    if scaled.denominator == 1:
+# --- parsing helpers ----------------------------------------------------------------------
+
+
+def _interpret(suffix: str, text: str) -> tuple[int, int, QuantityFormat]:
+    """(base, exponent, format) of a suffix, as upstream's suffixer.interpret."""
+    if suffix in _DECIMAL_EXPONENT:
+        return 10, _DECIMAL_EXPONENT[suffix], QuantityFormat.DECIMAL_SI
+    if suffix in _BINARY_EXPONENT:
+        return 2, _BINARY_EXPONENT[suffix], QuantityFormat.BINARY_SI
+    if len(suffix) > 1 and suffix[0] in "eE" and re.fullmatch(r"[+-]?[0-9]+", suffix[1:]):
+        exponent = int(suffix[1:])
+        if abs(exponent) > 2**31 - 1:
+            raise ValueError(f"quantity {text!r} has an exponent out of range")
+        return 10, exponent, QuantityFormat.DECIMAL_EXPONENT
+    raise ValueError(f"quantity {text!r} has an unknown suffix {suffix!r}")
+
+
+def _decimal_value(num: str, denom: str, exponent: int, negative: bool, text: str) -> Fraction:
+    digits = int(num + denom)
+    if digits == 0:
+        return Fraction(0)
+    scale = exponent - len(denom)  # value = digits * 10^scale
+    if len(str(digits)) + scale < -9:
+        magnitude = Fraction(1, _NANO_PER_UNIT)  # below 1n: rounds up to exactly 1n
+    elif len(str(digits)) + scale > _MAX_DIGITS:
+        raise ValueError(f"quantity {text!r} is too large")
+    else:
+        magnitude = _round_up_to_nano(digits * Fraction(10) ** scale)
+    return -magnitude if negative else magnitude
+
+
+def _binary_value(
+    num: str, denom: str, exponent: int, negative: bool
+) -> tuple[Fraction, QuantityFormat]:
+    magnitude = Fraction(int(num + denom), 10 ** len(denom)) * 2**exponent
+    magnitude = min(_round_up_to_nano(magnitude), Fraction(_MAX_INT64))
+    fmt = QuantityFormat.DECIMAL_SI if 0 < magnitude < 1 else QuantityFormat.BINARY_SI
+    return (-magnitude if negative else magnitude), fmt
+
+
+def _upstream_keeps_text(
+    num: str, denom: str, exponent: int, fmt: QuantityFormat, base: int
+) -> bool:
+    """Whether upstream's fast path caches the input as the String() result."""
+    shifted = num + denom
+    if base == 2:
+        precision = 15 - len(num) - exponent * 3 // 10 - 1
+        if denom or precision < 0 or int(num) << exponent > _MAX_INT64:
+            return False
+        return int(num) & 7 != 0
+    scale = exponent - len(denom)
+    if 18 - len(shifted) < 0 or scale < -9:
+        return False
+    return scale % 3 == 0 and not shifted.endswith("000") and shifted[0] != "0"
+
+
+def _round_up_to_nano(value: Fraction) -> Fraction:
+    """Round away from zero to a multiple of 10^-9, as upstream's Round(Nano, RoundUp)."""
+    nanos = value * _NANO_PER_UNIT
+    if nanos.denominator == 1:
         return value
-    rounded = math.ceil(abs(scaled))
-    return Fraction(rounded if value > 0 else -rounded) * _NANO
+    magnitude = math.ceil(abs(nanos))
+    return Fraction(magnitude if value > 0 else -magnitude, _NANO_PER_UNIT)
 
 
-def _format_binary(value: int) -> str | None:
-    magnitude = abs(value)
-    if magnitude < 1024:
-        return None  # upstream prints small binary values in decimal SI
-    for suffix, factor in reversed(_BINARY.items()):
-        if magnitude % factor == 0:
-            return f"{value // factor}{suffix}"
-    return None
+# --- printing helpers ---------------------------------------------------------------------
+
+
+def _format_binary(value: int) -> str:
+    mantissa, power = value, 0
+    while mantissa % 1024 == 0:
+        mantissa //= 1024
+        power += 1
+    if power > 6:  # beyond Ei (only reachable by arithmetic): keep Ei, grow the mantissa
+        mantissa, power = mantissa * 1024 ** (power - 6), 6
+    return f"{mantissa}{_BINARY_SUFFIX[power]}"
 
 
 def _format_decimal(value: Fraction, exponent_format: bool) -> str:
-    # Find the largest exponent (multiple of 3, within n..E) that leaves an integer mantissa.
-    best_exp = -9
-    for exp in range(18, -10, -3):
-        mantissa = value / Fraction(10) ** exp
-        if mantissa.denominator == 1:
-            best_exp = exp
-            break
-    mantissa_int = int(value / Fraction(10) ** best_exp)
-    if best_exp == 18 and not exponent_format:
-        # Beyond E: keep multiplying into the mantissa, as upstream does.
-        return f"{mantissa_int}E"
-    if exponent_format:
-        return f"{mantissa_int}" if best_exp == 0 else f"{mantissa_int}e{best_exp}"
-    return f"{mantissa_int}{_DECIMAL_SUFFIX_BY_EXP[best_exp]}"
+    nanos = int(value * _NANO_PER_UNIT)  # exact: every Quantity is a multiple of 1n
+    digits = str(abs(nanos))
+    stripped = digits.rstrip("0")
+    exponent = -9 + len(digits) - len(stripped)
+    mantissa = int(stripped)
+    while exponent % 3:  # lower the exponent to a multiple of three, as upstream
+        mantissa *= 10
+        exponent -= 1
+    sign = "-" if nanos < 0 else ""
+    if not exponent_format and exponent in _DECIMAL_SUFFIX:
+        return f"{sign}{mantissa}{_DECIMAL_SUFFIX[exponent]}"
+    return f"{sign}{mantissa}" if exponent == 0 else f"{sign}{mantissa}e{exponent}"
