@@ -212,7 +212,7 @@ class ResourcePool:
 
 @dataclass(frozen=True)
 class ResourceSlice:
-    """Node access: exactly one of node_name, node_selector, all_nodes, per_device_node_selection."""
+    """Node access: exactly one of node_name, node_selector, all_nodes or per-device selection."""
 
     name: str
     driver: str
