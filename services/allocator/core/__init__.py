@@ -1,0 +1,64 @@
+"""The allocator's pure core: Kubernetes DRA allocation with node choice and explanations.
+
+    snapshot = ClusterSnapshot.build(slices, nodes)          # once per inventory version
+    state = AllocatedState.build(snapshot, held)             # (owner, AllocationResult) pairs
+    result = solve(snapshot, state, classes, claims, selectors=SelectorCache())
+    match result:
+        case Allocated(node=node, allocations=allocations): ...
+        case Unsatisfiable(explanation=why): ...
+
+Bad input raises `services.common.errors` types (InvalidArgument with a field path,
+FailedPrecondition, NotFound for an unknown pinned node, DeadlineExceeded when cancelled).
+"""
+
+from services.allocator.core.cel import CelDevice, CelError, CompiledSelector, SelectorCache
+from services.allocator.core.explain import (
+    ConstraintExplanation,
+    Explanation,
+    NodeChoice,
+    NodeMiss,
+    ReasonCode,
+    RejectionGroup,
+    RequestExplanation,
+)
+from services.allocator.core.outcome import (
+    Allocated,
+    SearchBudget,
+    SolveResult,
+    Stats,
+    Unsatisfiable,
+)
+from services.allocator.core.results import ShareIdFactory, default_share_id
+from services.allocator.core.scoring import Policy, Score
+from services.allocator.core.snapshot import ClusterSnapshot, CounterID, DeviceEntry, NodeView
+from services.allocator.core.solver import solve
+from services.allocator.core.state import AllocatedState
+
+__all__ = [
+    "AllocatedState",
+    "Allocated",
+    "CelDevice",
+    "CelError",
+    "ClusterSnapshot",
+    "CompiledSelector",
+    "ConstraintExplanation",
+    "CounterID",
+    "DeviceEntry",
+    "Explanation",
+    "NodeChoice",
+    "NodeMiss",
+    "NodeView",
+    "Policy",
+    "ReasonCode",
+    "RejectionGroup",
+    "RequestExplanation",
+    "Score",
+    "SearchBudget",
+    "SelectorCache",
+    "ShareIdFactory",
+    "SolveResult",
+    "Stats",
+    "Unsatisfiable",
+    "default_share_id",
+    "solve",
+]

@@ -1,0 +1,374 @@
+"""Per node and alternative: the devices worth trying, found before the search starts.
+
+Everything that does not change while searching is checked here, once per device: selectors
+(class, then request), untolerated taints, and the capacity a request asks for (against the
+shares other allocations already hold). What changes during the search — in use, counters,
+capacity shares taken by earlier picks, constraints — is checked by `search.py`.
+
+`All` requests get their fixed device list here (upstream's validation pass): every device of
+every pool the node sees that passes the selectors and the capacity check. Taints are not part
+of that selection (upstream): an untolerated taint on a listed device makes the request fail.
+An `All` request on a node that sees an incomplete or invalid pool is a node error.
+
+Within each pool the candidates are ordered by the policy's `candidate_key`; an invalid pool
+keeps its place as a marker, and the search fails with an error when it reaches the marker
+(upstream: `pool <pool> is invalid: <reason>` once the search iterates to the pool).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from services.allocator.core.capacity import capacity_problem, consumed_capacity
+from services.allocator.core.constraints import lookup_attribute, show_value
+from services.allocator.core.explain import ReasonCode, Recorder, held_by
+from services.allocator.core.plan import MAX_DEVICES_PER_CLAIM, Alternative, ConstraintKind, Plan
+from services.allocator.core.scoring import Policy, candidate_key
+from services.allocator.core.selection import Equivalence, Selection
+from services.allocator.core.snapshot import DeviceEntry, NodeView, PoolView, SliceEntry
+from services.allocator.core.state import AllocatedState
+from services.common.dra.model import (
+    AllocationMode,
+    AttributeValue,
+    DeviceTaint,
+    DeviceToleration,
+    TolerationOperator,
+)
+from services.common.dra.quantity import Quantity
+from services.common.errors import FailedPrecondition, GpuallocError, InvalidArgument
+
+__all__ = [
+    "Availability",
+    "Candidate",
+    "InvalidPoolMarker",
+    "NodeCandidates",
+    "NodeError",
+    "SolveContext",
+    "taint_detail",
+    "tolerates",
+    "untolerated_taint",
+]
+
+
+class NodeError(Exception):
+    """A fatal problem that exists only on one node (e.g. `All` over an incomplete pool).
+
+    With a pinned node the wrapped error is raised to the caller; when the solver chooses the
+    node, it skips the node and raises the error only if no other node fits.
+    """
+
+    def __init__(self, error: GpuallocError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+@dataclass(frozen=True, eq=False)
+class SolveContext:
+    """What every node's search in one solve shares."""
+
+    plan: Plan
+    state: AllocatedState
+    policy: Policy
+    selection: Selection
+    equivalence: Equivalence
+    recorder: Recorder | None
+    # Static check outcomes by (alternative, static class, taints checked): devices of one
+    # static class pass or fail alike, unless other allocations hold shares of them.
+    static: dict[tuple[int, int, bool], _Static] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Static:
+    problem: tuple[ReasonCode, str] | None
+    consumed: dict[str, Quantity] | None
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Candidate:
+    entry: DeviceEntry
+    consumed: dict[str, Quantity] | None  # what one allocation takes of a multi-allocatable device
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class InvalidPoolMarker:
+    pool: PoolView
+
+
+@dataclass(frozen=True)
+class Availability:
+    """What the existing allocations leave of an alternative's candidates on one node."""
+
+    free: int  # candidates nobody holds (admin requests: all candidates)
+    most: int  # devices it could take at most, given its matchAttribute/distinctAttribute
+    unbounded: bool  # no bound known: a shared device or an invalid pool among the candidates
+    busy: dict[ReasonCode, int]  # why the others are out
+
+
+def tolerates(toleration: DeviceToleration, taint: DeviceTaint) -> bool:
+    """Upstream `resourceclaim.ToleratesTaint`."""
+    if toleration.effect is not None and toleration.effect != taint.effect:
+        return False
+    if toleration.key and toleration.key != taint.key:
+        return False
+    if toleration.operator == TolerationOperator.EXISTS:
+        return True
+    return toleration.operator == TolerationOperator.EQUAL and toleration.value == taint.value
+
+
+def taint_detail(taint: DeviceTaint) -> str:
+    return f"tainted {taint.key}={taint.value}:{taint.effect}, not tolerated"
+
+
+def untolerated_taint(
+    entry: DeviceEntry, tolerations: tuple[DeviceToleration, ...]
+) -> DeviceTaint | None:
+    """The first taint of the device no toleration tolerates (NoSchedule and NoExecute alike)."""
+    for taint in entry.device.taints:
+        if not any(tolerates(t, taint) for t in tolerations):
+            return taint
+    return None
+
+
+class NodeCandidates:
+    """Candidate lists of one node, built lazily per alternative (eagerly for `All`)."""
+
+    def __init__(self, ctx: SolveContext, view: NodeView) -> None:
+        self.ctx = ctx
+        self.view = view
+        self._exact: dict[int, list[Candidate | InvalidPoolMarker]] = {}
+        self._all: dict[int, list[Candidate]] = {}
+        self._tally: dict[int, dict[ReasonCode, int]] = {}
+        self._overdrawn: dict[int, str | None] = {}
+        self._labels = {c.index: c.label for c in ctx.plan.claims}
+
+    def prepare(self) -> None:
+        """Upstream's per-node validation: `All` lists, then each claim's device minimum."""
+        for claim in self.ctx.plan.claims:
+            for request in claim.requests:
+                for alternative in request.alternatives:
+                    if alternative.mode is AllocationMode.ALL:
+                        self._all[alternative.key] = self._all_list(alternative)
+            minimum = sum(min(self.count(a) for a in r.alternatives) for r in claim.requests)
+            if minimum > MAX_DEVICES_PER_CLAIM:
+                raise NodeError(
+                    InvalidArgument.at(
+                        f"claims[{claim.index}].spec.devices.requests",
+                        f"claim {claim.label}: number of requested devices {minimum} exceeds the "
+                        f"claim limit of {MAX_DEVICES_PER_CLAIM}",
+                    )
+                )
+
+    def count(self, alternative: Alternative) -> int:
+        """Devices the alternative needs on this node."""
+        if alternative.mode is AllocationMode.ALL:
+            return len(self._all[alternative.key])
+        return alternative.count
+
+    def all_list(self, alternative: Alternative) -> list[Candidate]:
+        return self._all[alternative.key]
+
+    def exact(self, alternative: Alternative) -> list[Candidate | InvalidPoolMarker]:
+        found = self._exact.get(alternative.key)
+        if found is None:
+            found = self._exact[alternative.key] = self._exact_list(alternative)
+        return found
+
+    def overdrawn(self, slice_: SliceEntry) -> str | None:
+        """A counter of the slice that existing allocations already consume beyond its total
+        (possible after a slice shrinks): upstream then refuses every counter-consuming device
+        of the slice."""
+        found = self._overdrawn.get(slice_.index, "")
+        if found == "":
+            found = None
+            for counter, total in slice_.counter_totals.items():
+                if self.ctx.state.counter_used(counter) > total:
+                    found = (
+                        f"counter {counter.counter} of set {counter.counter_set} already overdrawn"
+                    )
+                    break
+            self._overdrawn[slice_.index] = found
+        return found
+
+    def tally(self, alternative: Alternative) -> dict[ReasonCode, int]:
+        """How many devices the static checks rejected, by reason (after `exact`/`prepare`)."""
+        return self._tally.setdefault(alternative.key, {})
+
+    def available(self, alternative: Alternative) -> Availability:
+        """Cheap bound before searching: how many devices the alternative could take at most
+        under the existing allocations, and why the others are out."""
+        state, unbounded = self.ctx.state, False
+        free: list[DeviceEntry] = []
+        busy: dict[ReasonCode, int] = {}
+        for candidate in self.exact(alternative):
+            if isinstance(candidate, InvalidPoolMarker):
+                unbounded = True  # only the search knows whether it reaches the pool (an error)
+                continue
+            entry = candidate.entry
+            if entry.multi:  # a shared device may serve any number of slots
+                usable = alternative.admin or not state.is_exclusive(entry.id)
+                unbounded = unbounded or usable
+            else:
+                usable = alternative.admin or not state.in_use(entry.id)
+            if usable:
+                free.append(entry)
+                continue
+            busy[ReasonCode.IN_USE] = busy.get(ReasonCode.IN_USE, 0) + 1
+            if self.ctx.recorder is not None:
+                detail = held_by(state.owners(entry.id))
+                self.ctx.recorder.reject(alternative, entry.id, ReasonCode.IN_USE, detail)
+        most = len(free)
+        if not unbounded:
+            most = min(
+                [
+                    most,
+                    *(
+                        self._constraint_bound(alternative, i, free)
+                        for i in alternative.constraints
+                    ),
+                ]
+            )
+        return Availability(len(free), most, unbounded, busy)
+
+    def _constraint_bound(
+        self, alternative: Alternative, index: int, free: list[DeviceEntry]
+    ) -> int:
+        """Devices that can satisfy a constraint together: the largest group sharing a value
+        (matchAttribute) or the number of distinct values (distinctAttribute)."""
+        claim = self.ctx.plan.claims[alternative.claim_index]
+        spec = claim.constraints[index]
+        groups: dict[AttributeValue, list[DeviceEntry]] = {}
+        lacking = []
+        for entry in free:
+            value = lookup_attribute(entry.device, entry.id.driver, spec.attribute)
+            if value is None:
+                lacking.append(entry)
+            else:
+                groups.setdefault(value, []).append(entry)
+        if spec.kind is ConstraintKind.MATCH:
+            bound = max((len(g) for g in groups.values()), default=0)
+            problem = f"at most {bound} devices share a value, {alternative.count} needed"
+        else:
+            bound = len(groups)
+            problem = f"only {bound} distinct values, {alternative.count} needed"
+        recorder = self.ctx.recorder
+        if recorder is not None and bound < alternative.count:
+            values = [show_value(v) for v in groups]
+            for entry in lacking:
+                recorder.constraint(claim.label, spec, entry.id, "attribute missing", values)
+            for entry in (e for g in groups.values() for e in g):
+                recorder.constraint(claim.label, spec, entry.id, problem, values)
+        return bound
+
+    # --- building the lists ---------------------------------------------------------
+
+    def _exact_list(self, alternative: Alternative) -> list[Candidate | InvalidPoolMarker]:
+        listed: list[Candidate | InvalidPoolMarker] = []
+        for node_pool in self.view.pools:
+            if node_pool.pool.invalid:
+                listed.append(InvalidPoolMarker(node_pool.pool))
+                continue
+            found = []
+            for entry in node_pool.devices:
+                candidate = self._check(alternative, entry, taints=True)
+                if candidate is not None:
+                    found.append(candidate)
+            if self.ctx.policy is not Policy.FIRST_FIT and any(
+                c.entry.counters or c.entry.multi for c in found
+            ):
+                found.sort(key=self._order_key)
+            listed.extend(found)
+            if found and node_pool.pool.incomplete and self.ctx.recorder is not None:
+                self.ctx.recorder.note(_incomplete_note(node_pool.pool))
+        return listed
+
+    def _all_list(self, alternative: Alternative) -> list[Candidate]:
+        label = self._labels[alternative.claim_index]
+        for node_pool in self.view.pools:
+            pool = node_pool.pool
+            if pool.incomplete or pool.invalid:
+                state = "being updated" if pool.incomplete else "invalid"
+                raise NodeError(
+                    FailedPrecondition(
+                        f"claim {label}, request {alternative.name}: asks for all devices, but "
+                        f"resource pool {pool.id} is currently {state}"
+                    )
+                )
+        listed = []
+        for entry in self.view.devices():
+            candidate = self._check(alternative, entry, taints=False)
+            if candidate is not None:
+                listed.append(candidate)
+        return listed
+
+    def _check(
+        self, alternative: Alternative, entry: DeviceEntry, *, taints: bool
+    ) -> Candidate | None:
+        """The static checks; a rejected device is tallied (and recorded) with its reason."""
+        label = self._labels[alternative.claim_index]
+        recorder = self.ctx.recorder
+        if recorder is not None:
+            recorder.consider(alternative, label, entry.id)
+        outcome = self._static(alternative, entry, label, taints)
+        if outcome.problem is None:
+            return Candidate(entry, outcome.consumed)
+        code, detail = outcome.problem
+        tally = self.tally(alternative)
+        tally[code] = tally.get(code, 0) + 1
+        if recorder is not None:
+            recorder.reject(alternative, entry.id, code, detail)
+        return None
+
+    def _static(
+        self, alternative: Alternative, entry: DeviceEntry, label: str, taints: bool
+    ) -> _Static:
+        shared = bool(self.ctx.state.consumed_capacity(entry.id))
+        key = (alternative.key, self.ctx.equivalence.static_class(entry), taints)
+        found = None if shared else self.ctx.static.get(key)
+        if found is None:
+            consumed = None
+            if entry.multi:
+                consumed = consumed_capacity(alternative.capacity, entry.device.capacity)
+            found = _Static(self._problem(alternative, entry, label, taints), consumed)
+            if not shared:
+                self.ctx.static[key] = found
+        return found
+
+    def _problem(
+        self, alternative: Alternative, entry: DeviceEntry, label: str, taints: bool
+    ) -> tuple[ReasonCode, str] | None:
+        """Class selectors, request selectors, taints (unless `All`), requested capacity."""
+        selection = self.ctx.selection
+        miss = selection.class_miss(alternative, entry)
+        if miss >= 0:
+            name = alternative.device_class.name
+            expression = alternative.device_class.selectors[miss].cel
+            return (
+                ReasonCode.CLASS_SELECTOR,
+                f"class {name} selector #{miss} `{expression}` is false",
+            )
+        miss = selection.request_miss(alternative, entry, label)
+        if miss >= 0:
+            expression = alternative.selectors[miss].cel
+            return ReasonCode.REQUEST_SELECTOR, f"request selector #{miss} `{expression}` is false"
+        if taints:
+            taint = untolerated_taint(entry, alternative.tolerations)
+            if taint is not None:
+                return ReasonCode.TAINTED, taint_detail(taint)
+        held = self.ctx.state.consumed_capacity(entry.id)
+        problem = capacity_problem(alternative.capacity, entry.device.capacity, held)
+        return None if problem is None else (ReasonCode.CAPACITY, problem)
+
+    def _order_key(self, candidate: Candidate) -> tuple[int, Fraction, int]:
+        state = self.ctx.state
+        entry = candidate.entry
+        return candidate_key(
+            self.ctx.policy, entry, state.counter_used, bool(state.share_ids(entry.id))
+        )
+
+
+def _incomplete_note(pool: PoolView) -> str:
+    return (
+        f"pool {pool.id} is incomplete ({len(pool.slices)} of {pool.resource_slice_count} slices "
+        "of its newest generation seen); its devices were used anyway, as upstream does"
+    )

@@ -1,0 +1,54 @@
+"""What a solve returns: Allocated or Unsatisfiable (bad input raises instead), with Stats."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from services.allocator.core.explain import Explanation
+from services.allocator.core.scoring import Score
+from services.common.dra.model import AllocationResult
+
+__all__ = ["Allocated", "SearchBudget", "SolveResult", "Stats", "Unsatisfiable"]
+
+
+@dataclass(frozen=True)
+class SearchBudget:
+    """Bounds on one solve. A step is one attempt at a choice point (upstream counts
+    `allocateOne` calls the same way). `cancelled` is polled every 1,024 steps — the service
+    passes a deadline check there, since the core reads no clock — and raises
+    DeadlineExceeded when it returns True."""
+
+    max_steps: int = 1_000_000
+    max_steps_per_node: int = 100_000
+    cancelled: Callable[[], bool] | None = None
+
+
+@dataclass(frozen=True)
+class Stats:
+    steps: int
+    cel_evaluations: int  # real CEL evaluations (per device profile, not per device)
+    nodes_total: int  # nodes with at least one device, or 1 for a pinned node
+    nodes_pruned: int  # ruled out by the cheap free-device check, without a search
+    nodes_searched: int
+    nodes_feasible: int
+    budget_exhausted: bool  # some node's search stopped early
+
+
+@dataclass(frozen=True)
+class Allocated:
+    node: str | None  # None only when the snapshot has no nodes (network-attached devices)
+    allocations: tuple[AllocationResult, ...]  # one per claim, in claim order
+    score: Score
+    stats: Stats
+    explanation: Explanation | None = None
+
+
+@dataclass(frozen=True)
+class Unsatisfiable:
+    explanation: Explanation
+    stats: Stats
+    budget_exhausted: bool  # True: not proven impossible, the search was cut short
+
+
+SolveResult = Allocated | Unsatisfiable

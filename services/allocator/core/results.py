@@ -1,0 +1,114 @@
+"""From the picks of a successful search to one AllocationResult per claim (upstream `Allocate`'s
+tail): device results in pick order, configs (v0.34.9 rules), and the node selector.
+
+Share IDs are upstream's fresh UIDs for picks of multi-allocatable devices. Ours are
+deterministic by default — a UUIDv5 of the claim (uid, else namespace/name), the result's
+request, the device and the result's position — so the same solve gives the same answer; a
+caller that needs other IDs passes its own `ShareIdFactory`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+
+from services.allocator.core.nodeselect import allocation_node_selector
+from services.allocator.core.plan import Alternative, ClaimPlan
+from services.allocator.core.search import Pick
+from services.common.dra.model import (
+    AllocationResult,
+    ConfigSource,
+    DeviceAllocationConfiguration,
+    DeviceID,
+    DeviceRequestAllocationResult,
+    ResourceClaim,
+)
+
+__all__ = ["ShareIdFactory", "allocation_result", "default_share_id"]
+
+ShareIdFactory = Callable[[ResourceClaim, str, DeviceID, int], str]
+"""(claim, result request name, device, position of the result in the claim) -> share ID."""
+
+_SHARE_ID_NAMESPACE = uuid.UUID("6f0d5b0e-3c1a-5d8e-9b77-2f4a8c1e9d30")
+
+
+def default_share_id(claim: ResourceClaim, request: str, device: DeviceID, position: int) -> str:
+    owner = claim.uid or f"{claim.namespace}/{claim.name}"
+    return str(uuid.uuid5(_SHARE_ID_NAMESPACE, f"{owner}|{request}|{device}|{position}"))
+
+
+def allocation_result(
+    claim: ClaimPlan,
+    picks: Sequence[Pick],
+    chosen: Mapping[int, Alternative],
+    node_name: str | None,
+    share_id: ShareIdFactory,
+) -> AllocationResult:
+    results = tuple(_device_result(claim.claim, i, pick, share_id) for i, pick in enumerate(picks))
+    return AllocationResult(
+        results=results,
+        config=_class_configs(claim, chosen) + _claim_configs(claim, chosen),
+        node_selector=allocation_node_selector((p.entry.access for p in picks), node_name),
+    )
+
+
+def _device_result(
+    claim: ResourceClaim, position: int, pick: Pick, share_id: ShareIdFactory
+) -> DeviceRequestAllocationResult:
+    alternative, device_id = pick.alternative, pick.entry.id
+    shared = pick.entry.multi
+    request = alternative.result_name
+    return DeviceRequestAllocationResult(
+        request=request,
+        driver=device_id.driver,
+        pool=device_id.pool,
+        device=device_id.device,
+        admin_access=True if alternative.admin else None,
+        share_id=share_id(claim, request, device_id, position) if shared else None,
+        consumed_capacity=dict(pick.consumed) if shared and pick.consumed else {},
+    )
+
+
+def _class_configs(
+    claim: ClaimPlan, chosen: Mapping[int, Alternative]
+) -> tuple[DeviceAllocationConfiguration, ...]:
+    """Each class's configs once, listing every (sub)request that used the class, in order."""
+    requests_by_class: dict[str, list[str]] = {}
+    classes = []
+    for index in range(len(claim.requests)):
+        alternative = chosen[index]
+        name = alternative.device_class.name
+        if name not in requests_by_class:
+            requests_by_class[name] = []
+            classes.append(alternative.device_class)
+        requests_by_class[name].append(alternative.result_name)
+    return tuple(
+        DeviceAllocationConfiguration(
+            ConfigSource.FROM_CLASS, tuple(requests_by_class[device_class.name]), config
+        )
+        for device_class in classes
+        for config in device_class.config
+    )
+
+
+def _claim_configs(
+    claim: ClaimPlan, chosen: Mapping[int, Alternative]
+) -> tuple[DeviceAllocationConfiguration, ...]:
+    """Upstream v0.34.9: a config without requests applies to all; otherwise it is appended
+    once per request it names (duplicates included, as upstream) or whose selected
+    subrequest it names as `req/sub`; configs naming only unselected subrequests are dropped."""
+    configs = []
+    for config in claim.claim.config:
+        entry = DeviceAllocationConfiguration(
+            ConfigSource.FROM_CLAIM, config.requests, config.opaque
+        )
+        if not config.requests:
+            configs.append(entry)
+            continue
+        for index, request in enumerate(claim.requests):
+            alternative = chosen[index]
+            if request.name in config.requests or (
+                alternative.subrequest is not None and alternative.result_name in config.requests
+            ):
+                configs.append(entry)
+    return tuple(configs)

@@ -1,0 +1,252 @@
+"""`gpualloc solve`: an offline what-if allocation on Kubernetes objects, no server needed.
+
+    gpualloc solve -f examples/cluster -f examples/deviceclasses.yaml \\
+                   -f examples/claims/one-h100.yaml [--node NAME] [--policy P] [-o json|yaml|text]
+
+Inputs are any mix of ResourceSlice, DeviceClass, ResourceClaim and Node objects. Claims without
+`status.allocation` are allocated together (one node, all or nothing) in input order; claims
+with one hold their devices already. Exit codes: 0 allocated, 3 unsatisfiable (the explanation
+says why), 2 invalid input or an allocation error such as a CEL error (message on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+import yaml
+
+from services.allocator.core import (
+    Allocated,
+    AllocatedState,
+    ClusterSnapshot,
+    Explanation,
+    Policy,
+    SearchBudget,
+    SelectorCache,
+    Stats,
+    solve,
+)
+from services.common.dra.model import DeviceClass, Node, ResourceClaim, ResourceSlice
+from services.common.dra.serialize import allocation_result_to_dict
+from services.common.errors import GpuallocError, InvalidArgument
+from services.common.manifests import load_manifests
+
+__all__ = ["EXIT_ALLOCATED", "EXIT_INVALID", "EXIT_UNSATISFIABLE", "register", "run_solve"]
+
+EXIT_ALLOCATED = 0
+EXIT_INVALID = 2
+EXIT_UNSATISFIABLE = 3
+
+_POLICIES = {"first-fit": Policy.FIRST_FIT, "binpack": Policy.BINPACK, "spread": Policy.SPREAD}
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "solve",
+        help="allocate claims offline from Kubernetes objects (what-if)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "-f",
+        "--filename",
+        action="append",
+        required=True,
+        metavar="FILE",
+        help="file, directory or - (stdin): ResourceSlices, DeviceClasses, ResourceClaims, Nodes",
+    )
+    parser.add_argument("--node", help="allocate on this node only (labels from a Node object)")
+    parser.add_argument(
+        "--policy",
+        choices=sorted(_POLICIES),
+        default="binpack",
+        help="how to choose the node: first-fit (upstream-like), binpack (default), spread",
+    )
+    parser.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
+    parser.add_argument(
+        "--max-steps",
+        type=int,
+        default=SearchBudget().max_steps,
+        help="search step budget (default %(default)s)",
+    )
+    parser.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    return run_solve(
+        args.filename,
+        node=args.node,
+        policy=_POLICIES[args.policy],
+        output=args.output,
+        max_steps=args.max_steps,
+    )
+
+
+def run_solve(
+    paths: Sequence[str],
+    *,
+    node: str | None = None,
+    policy: Policy = Policy.BINPACK,
+    output: str = "text",
+    max_steps: int = SearchBudget().max_steps,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+    stdin: TextIO | None = None,
+) -> int:
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+    try:
+        report = _solve(paths, node, policy, max_steps, stdin)
+    except GpuallocError as error:
+        print(f"gpualloc solve: {error}", file=err)
+        return EXIT_INVALID
+    if output == "json":
+        json.dump(report, out, indent=2)
+        out.write("\n")
+    elif output == "yaml":
+        yaml.safe_dump(report, out, sort_keys=False)
+    else:
+        out.write(_text(report))
+    return EXIT_ALLOCATED if report["outcome"] == "allocated" else EXIT_UNSATISFIABLE
+
+
+def _solve(
+    paths: Sequence[str], node: str | None, policy: Policy, max_steps: int, stdin: TextIO | None
+) -> dict[str, Any]:
+    objects = load_manifests(paths, stdin)
+    slices = [o for o in objects if isinstance(o, ResourceSlice)]
+    nodes = [o for o in objects if isinstance(o, Node)]
+    classes = {o.name: o for o in objects if isinstance(o, DeviceClass)}
+    claims = [o for o in objects if isinstance(o, ResourceClaim)]
+    pending = [c for c in claims if c.allocation is None]
+    if not pending:
+        raise InvalidArgument("no ResourceClaim without status.allocation to allocate")
+    snapshot = ClusterSnapshot.build(slices, nodes)
+    state = AllocatedState.from_claims(snapshot, claims)
+    result = solve(
+        snapshot,
+        state,
+        classes,
+        pending,
+        node=node,
+        policy=policy,
+        selectors=SelectorCache(),
+        budget=SearchBudget(max_steps=max_steps),
+        explain=True,
+    )
+    report: dict[str, Any] = {
+        "outcome": "allocated" if isinstance(result, Allocated) else "unsatisfiable",
+        "node": result.node if isinstance(result, Allocated) else None,
+        "claims": [],
+    }
+    if isinstance(result, Allocated):
+        report["claims"] = [
+            {"name": f"{c.namespace}/{c.name}", "allocation": allocation_result_to_dict(a)}
+            for c, a in zip(pending, result.allocations, strict=True)
+        ]
+    else:
+        report["budgetExhausted"] = result.budget_exhausted
+    if result.explanation is not None:
+        report["explanation"] = explanation_to_dict(result.explanation)
+    report["stats"] = stats_to_dict(result.stats)
+    return report
+
+
+def explanation_to_dict(explanation: Explanation) -> dict[str, Any]:
+    """The explanation as JSON-ready data: the readable lines plus the structured parts."""
+    data: dict[str, Any] = {"summary": explanation.summary, "lines": list(explanation.lines())}
+    if explanation.choice is not None:
+        choice = explanation.choice
+        data["choice"] = {
+            "node": choice.node,
+            "policy": choice.policy,
+            "feasibleNodes": choice.feasible_nodes,
+            "score": str(choice.score),
+            "runnerUp": choice.runner_up,
+        }
+    data["nodes"] = [
+        {"node": m.node, "placed": m.placed, "needed": m.needed, "message": m.message()}
+        for m in explanation.nodes
+    ]
+    data["requests"] = [
+        {
+            "claim": r.claim,
+            "request": r.request,
+            "considered": r.considered,
+            "rejections": [
+                {
+                    "reason": str(g.code),
+                    "detail": g.detail,
+                    "count": g.count,
+                    "examples": list(g.examples),
+                }
+                for g in r.rejections
+            ],
+        }
+        for r in explanation.requests
+    ]
+    data["constraints"] = [
+        {
+            "claim": c.claim,
+            "index": c.index,
+            "kind": c.kind,
+            "attribute": c.attribute,
+            "message": c.message(),
+        }
+        for c in explanation.constraints
+    ]
+    data["budgetExhausted"] = explanation.budget_exhausted
+    return data
+
+
+def stats_to_dict(stats: Stats) -> dict[str, Any]:
+    return {
+        "steps": stats.steps,
+        "celEvaluations": stats.cel_evaluations,
+        "nodesTotal": stats.nodes_total,
+        "nodesPruned": stats.nodes_pruned,
+        "nodesSearched": stats.nodes_searched,
+        "nodesFeasible": stats.nodes_feasible,
+    }
+
+
+def _text(report: dict[str, Any]) -> str:
+    lines: list[str] = []
+    if report["outcome"] == "allocated":
+        lines.append(f"ALLOCATED on node {report['node']}")
+        rows = [("CLAIM", "REQUEST", "DRIVER", "POOL", "DEVICE")]
+        for claim in report["claims"]:
+            for result in claim["allocation"]["devices"]["results"]:
+                rows.append(
+                    (
+                        claim["name"],
+                        result["request"],
+                        result["driver"],
+                        result["pool"],
+                        result["device"],
+                    )
+                )
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        lines.extend(
+            "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+        )
+    else:
+        lines.append(
+            "UNSATISFIABLE"
+            + (" (search budget exhausted)" if report.get("budgetExhausted") else "")
+        )
+    explanation = report.get("explanation")
+    if explanation:
+        lines.append("")
+        lines.extend(explanation["lines"])
+    stats = report["stats"]
+    lines.append("")
+    lines.append(
+        f"{stats['nodesSearched']} nodes searched, {stats['steps']} steps, "
+        f"{stats['celEvaluations']} CEL evaluations"
+    )
+    return "\n".join(lines) + "\n"

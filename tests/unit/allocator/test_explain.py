@@ -1,0 +1,246 @@
+"""Explain: the reasons the same search records, grouped, ranked and stable."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from services.allocator.core import (
+    Allocated,
+    AllocatedState,
+    ClusterSnapshot,
+    Explanation,
+    Policy,
+    ReasonCode,
+    SearchBudget,
+    SelectorCache,
+    Unsatisfiable,
+    solve,
+)
+from services.common.dra.model import AllocationResult, ResourceClaim
+from tests.builders import (
+    DRIVER,
+    allocation,
+    claim,
+    classes,
+    cls,
+    device,
+    result,
+    slice_,
+    snapshot,
+    toleration,
+)
+
+GPU = classes(
+    cls("gpu", f'device.driver == "{DRIVER}"'),
+    cls("h100", f'device.driver == "{DRIVER}"', f'device.attributes["{DRIVER}"].model == "H100"'),
+)
+MIXED = slice_(
+    "s",
+    device("a100-0").attr("model", "A100"),
+    device("h100-0").attr("model", "H100").attr("numa", 0),
+    device("h100-1").attr("model", "H100").attr("numa", 1).taint("xid", "79", "NoExecute"),
+    device("h100-2").attr("model", "H100").attr("numa", 1),
+    device("h100-3").attr("model", "H100").attr("numa", 1).consumes("gpu-3", memory="80Gi"),
+    device("h100-3-half").attr("model", "H100").attr("numa", 1).consumes("gpu-3", memory="40Gi"),
+).counter_set("gpu-3", memory="80Gi")
+
+
+def explain(
+    claims: list[ResourceClaim],
+    snap: ClusterSnapshot,
+    held: Sequence[tuple[str, AllocationResult]] = (),
+    *,
+    node: str | None = "node-1",
+    budget: SearchBudget | None = None,
+    flag: bool = True,
+) -> Unsatisfiable | Allocated:
+    state = AllocatedState.build(snap, held)
+    return solve(
+        snap,
+        state,
+        GPU,
+        claims,
+        node=node,
+        policy=Policy.FIRST_FIT,
+        selectors=SelectorCache(),
+        budget=budget or SearchBudget(),
+        explain=flag,
+    )
+
+
+def unsatisfiable(outcome: Unsatisfiable | Allocated) -> Explanation:
+    assert isinstance(outcome, Unsatisfiable), outcome
+    return outcome.explanation
+
+
+def test_request_groups_name_every_reason_with_examples() -> None:
+    held = [("default/train", allocation(result("x", "h100-0"), result("y", "h100-3-half")))]
+    why = unsatisfiable(
+        explain([claim("c").request("gpus", "h100", 3).build()], snapshot(MIXED), held)
+    )
+    (request,) = why.requests
+    assert (request.claim, request.request, request.considered) == ("default/c", "gpus", 6)
+    groups = {(g.code, g.detail): (g.count, g.examples) for g in request.rejections}
+    assert groups == {
+        (
+            ReasonCode.CLASS_SELECTOR,
+            f'class h100 selector #1 `device.attributes["{DRIVER}"].model == "H100"` is false',
+        ): (
+            1,
+            (f"{DRIVER}/node-1/a100-0",),
+        ),
+        (ReasonCode.TAINTED, "tainted xid=79:NoExecute, not tolerated"): (
+            1,
+            (f"{DRIVER}/node-1/h100-1",),
+        ),
+        (ReasonCode.IN_USE, "in use by default/train"): (
+            2,
+            (f"{DRIVER}/node-1/h100-0", f"{DRIVER}/node-1/h100-3-half"),
+        ),
+    }
+    assert why.nodes[0].message() == (
+        "node-1: 2 of 3 devices for request gpus of claim default/c; "
+        "the others are in use (2), tainted (1)"
+    )
+
+
+def test_counters_and_capacity_say_what_is_needed_and_free() -> None:
+    held = [("default/half", allocation(result("x", "h100-3-half"), result("y", "h100-2")))]
+    claims = [
+        claim("c").request("gpus", "h100", 1, f'device.attributes["{DRIVER}"].numa == 1').build()
+    ]
+    snap = snapshot(MIXED)
+    why = unsatisfiable(explain(claims, snap, held))
+    details = {g.detail for g in why.requests[0].rejections}
+    assert "counter memory of set gpu-3 exhausted (needs 80Gi, free 40Gi)" in details
+    assert "tainted xid=79:NoExecute, not tolerated" in details
+    shared = snapshot(slice_("s", device("gpu-0").multi().capacity("memory", "80Gi")))
+    held_share = [
+        ("default/a", allocation(result("x", "gpu-0", share_id="s", consumed={"memory": "60Gi"})))
+    ]
+    why = unsatisfiable(
+        explain([claim("c").request("g", capacity={"memory": "40Gi"}).build()], shared, held_share)
+    )
+    assert why.requests[0].rejections[0].detail == "capacity memory: needs 40Gi, free 20Gi"
+
+
+def test_constraint_explanation_lists_the_values_that_disagreed() -> None:
+    tolerate_all = [toleration(exists=True)]
+    claims = [
+        claim("c")
+        .request("gpus", "h100", 4, tolerations=tolerate_all)
+        .match(f"{DRIVER}/numa")
+        .build()
+    ]
+    why = unsatisfiable(explain(claims, snapshot(MIXED)))
+    (constraint,) = why.constraints
+    assert (constraint.kind, constraint.attribute, constraint.values) == (
+        "matchAttribute",
+        f"{DRIVER}/numa",
+        ("0", "1"),
+    )
+    assert constraint.problems[0].detail == "value differs from the devices already picked"
+
+
+def test_nodes_are_ranked_closest_miss_first_then_by_name() -> None:
+    snap = snapshot(
+        slice_("a", device("gpu-0")).node("node-a"),
+        slice_("b", device("gpu-0"), device("gpu-1"), device("gpu-2")).node("node-b"),
+        slice_("c", device("gpu-0"), device("gpu-1"), device("gpu-2")).node("node-c"),
+    )
+    held = [("default/x", allocation(result("x", "gpu-2", pool="node-c")))]
+    why = unsatisfiable(
+        explain([claim("c").request("gpus", "gpu", 4).build()], snap, held, node=None)
+    )
+    assert [m.message() for m in why.nodes] == [
+        "node-b: 3 of 4 devices for request gpus of claim default/c; "
+        "the others are not on this node (1)",
+        "node-c: 2 of 4 devices for request gpus of claim default/c; "
+        "the others are in use (1), not on this node (1)",
+        "node-a: 1 of 4 devices for request gpus of claim default/c; "
+        "the others are not on this node (3)",
+    ]
+    assert why.summary.startswith("no node fits the claims; closest: node-b: 3 of 4")
+
+
+def test_explanations_are_stable() -> None:
+    claims = [claim("c").request("gpus", "h100", 3).match(f"{DRIVER}/numa").build()]
+    first = unsatisfiable(explain(claims, snapshot(MIXED))).lines()
+    second = unsatisfiable(explain(claims, snapshot(MIXED))).lines()
+    assert first == second
+
+
+def test_budget_exhaustion_is_reported_distinctly() -> None:
+    snap = snapshot(
+        slice_("s", *(device(f"gpu-{k}").attr("i", k // 2).attr("j", k) for k in range(10)))
+    )
+    claims = [
+        claim("c")
+        .request("r0", "gpu", 2, f'device.attributes["{DRIVER}"].j >= 0')
+        .request("r1", "gpu", 2)
+        .match(f"{DRIVER}/i")
+        .build()
+    ]
+    outcome = explain(claims, snap, budget=SearchBudget(max_steps=15))
+    assert isinstance(outcome, Unsatisfiable) and outcome.budget_exhausted
+    assert outcome.explanation.budget_exhausted
+    assert "search budget exhausted" in outcome.explanation.summary
+    assert (
+        outcome.explanation.lines()[-1] == "search budget exhausted: the answer may be incomplete"
+    )
+    finished = explain(claims, snap)
+    assert isinstance(finished, Unsatisfiable) and not finished.budget_exhausted
+
+
+def test_chosen_node_explanation_names_score_and_runner_up() -> None:
+    snap = snapshot(
+        slice_("a", device("gpu-0"), device("gpu-1")).node("node-a"),
+        slice_("b", device("gpu-0"), device("gpu-1")).node("node-b"),
+    )
+    held = [("default/x", allocation(result("x", "gpu-0", pool="node-b")))]
+    state = AllocatedState.build(snap, held)
+    outcome = solve(
+        snap, state, GPU, [claim("c").request("g").build()], selectors=SelectorCache(), explain=True
+    )
+    assert isinstance(outcome, Allocated) and outcome.explanation is not None
+    choice = outcome.explanation.choice
+    assert choice is not None and (choice.node, choice.runner_up) == ("node-b", "node-a")
+    assert choice.message() == (
+        "node-b chosen by BinPack from 2 feasible nodes: 0 of 2 devices free after placement, "
+        "100% of counters free; "
+        "runner-up node-a: 1 of 2 devices free after placement, 100% of counters free"
+    )
+
+
+def test_pinned_node_reports_matching_devices_on_other_nodes() -> None:
+    snap = snapshot(
+        slice_("a", device("gpu-0")).node("node-a"), slice_("b", device("gpu-0")).node("node-b")
+    )
+    held = [("default/x", allocation(result("x", "gpu-0", pool="node-a")))]
+    why = unsatisfiable(explain([claim("c").request("g").build()], snap, held, node="node-a"))
+    codes = {(g.code, g.examples) for g in why.requests[0].rejections}
+    assert (ReasonCode.OTHER_NODE, (f"{DRIVER}/node-b/gpu-0",)) in codes
+
+
+def test_incomplete_pools_are_noted() -> None:
+    snap = snapshot(slice_("s", device("gpu-0"), device("gpu-1")).pool("node-1", count=2))
+    outcome = explain([claim("c").request("g", "gpu", 3).build()], snap)
+    notes = unsatisfiable(outcome).notes
+    assert notes == (
+        "pool gpu.example.com/node-1 is incomplete (1 of 2 slices of its newest generation seen); "
+        "its devices were used anyway, as upstream does",
+    )
+
+
+@pytest.mark.parametrize("flag", [True, False], ids=["explain", "no-explain"])
+def test_unsatisfiable_always_carries_the_closest_miss(flag: bool) -> None:
+    why = unsatisfiable(
+        explain([claim("c").request("gpus", "gpu", 7).build()], snapshot(MIXED), flag=flag)
+    )
+    assert why.nodes[0].message() == (
+        "node-1: 5 of 7 devices for request gpus of claim default/c; "
+        "the others are not on this node (1), tainted (1)"
+    )
+    assert bool(why.requests) is flag

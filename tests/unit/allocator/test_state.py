@@ -1,0 +1,94 @@
+"""AllocatedState: what existing allocations hold, kept live by with/without updates."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from services.allocator.core import AllocatedState, CounterID
+from services.common.dra.model import DeviceID
+from tests.builders import DRIVER, allocation, claim, device, result, slice_, snapshot
+
+SNAP = snapshot(
+    slice_(
+        "s",
+        device("gpu-0"),
+        device("mig-a").consumes("g", memory="4"),
+        device("shared").multi().capacity("memory", "8").consumes("g", memory="2"),
+    ).counter_set("g", memory="8")
+)
+COUNTER = CounterID(DRIVER, "node-1", "g", "memory")
+
+
+def dev(name: str) -> DeviceID:
+    return DeviceID(DRIVER, "node-1", name)
+
+
+def test_dedicated_shared_and_admin_results() -> None:
+    state = AllocatedState.build(
+        SNAP,
+        [
+            ("default/a", allocation(result("r", "gpu-0"), result("r", "mig-a"))),
+            (
+                "default/b",
+                allocation(result("r", "shared", share_id="s1", consumed={"memory": "3"})),
+            ),
+            ("default/monitor", allocation(result("r", "gpu-0", admin=True))),
+        ],
+    )
+    assert state.is_exclusive(dev("gpu-0")) and state.is_exclusive(dev("mig-a"))
+    assert not state.is_exclusive(dev("shared")) and state.in_use(dev("shared"))
+    assert state.owners(dev("gpu-0")) == ("default/a",)
+    assert state.consumed_capacity(dev("shared")) == {"memory": Fraction(3)}
+    assert state.counter_used(COUNTER) == 6  # mig-a 4 + shared 2, the shared device once
+    assert state.devices_in_use == {dev("gpu-0"), dev("mig-a"), dev("shared")}
+
+
+def test_updates_return_new_states_and_count_shared_counters_once() -> None:
+    empty = AllocatedState(SNAP)
+    one = empty.with_allocation(
+        allocation(result("r", "shared", share_id="s1", consumed={"memory": "3"})), "a"
+    )
+    two = one.with_allocation(
+        allocation(result("r", "shared", share_id="s2", consumed={"memory": "1"})), "b"
+    )
+    assert not empty.in_use(dev("shared"))
+    assert two.consumed_capacity(dev("shared")) == {"memory": Fraction(4)}
+    assert two.counter_used(COUNTER) == 2
+    assert two.share_ids(dev("shared")) == {"s1", "s2"}
+    back = two.without_allocation(
+        allocation(result("r", "shared", share_id="s1", consumed={"memory": "3"})), "a"
+    )
+    assert back.consumed_capacity(dev("shared")) == {"memory": Fraction(1)}
+    assert back.counter_used(COUNTER) == 2
+    gone = back.without_allocation(
+        allocation(result("r", "shared", share_id="s2", consumed={"memory": "1"})), "b"
+    )
+    assert not gone.in_use(dev("shared")) and gone.counter_used(COUNTER) == 0
+    assert two.counter_used(COUNTER) == 2  # the older states are untouched
+
+
+def test_removing_a_dedicated_device_frees_its_counters() -> None:
+    held = AllocatedState(SNAP).with_allocation(allocation(result("r", "mig-a")), "a")
+    assert held.counter_used(COUNTER) == 4
+    freed = held.without_allocation(allocation(result("r", "mig-a")), "a")
+    assert not freed.in_use(dev("mig-a")) and freed.counter_used(COUNTER) == 0
+
+
+def test_from_claims_uses_each_claims_allocation() -> None:
+    held = claim("train", "team-a").allocated(allocation(result("r", "gpu-0")))
+    state = AllocatedState.from_claims(SNAP, [held, claim("pending").build()])
+    assert state.owners(dev("gpu-0")) == ("team-a/train",)
+
+
+def test_devices_unknown_to_the_snapshot_are_held_without_counters() -> None:
+    state = AllocatedState.build(SNAP, [("x", allocation(result("r", "gone")))])
+    assert state.in_use(dev("gone")) and state.counter_used(COUNTER) == 0
+
+
+def test_rebase_resolves_counters_against_a_new_snapshot() -> None:
+    held = AllocatedState.build(SNAP, [("x", allocation(result("r", "mig-a")))])
+    bigger = snapshot(
+        slice_("s", device("mig-a").consumes("g", memory="6")).counter_set("g", memory="8")
+    )
+    assert held.rebase(bigger).counter_used(COUNTER) == 6
+    assert held.counter_used(COUNTER) == 4
