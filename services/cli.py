@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, str] = {
     "serve": "services.serve",
     "solve": "services.allocator.solve_cli",
     "inventory": "services.inventory.inventory_cli",
+    "apply": "services.inventory.apply_cli",
 }
 
 

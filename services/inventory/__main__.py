@@ -39,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 settings, server=replace(settings.server, listen_address=args.listen)
             )
         configure_logging(settings.server.log_level, settings.server.log_format)
-        app = build_inventory()
+        app = build_inventory(settings=settings)
         seeds = [*settings.seed_paths, *args.seed]
         if seeds:
             count = seed_inventory(app.service, seeds)
@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     server.start()
     log.info("inventory serving", extra={"address": settings.server.listen_address, "port": port})
     serve_until_signal(server, health, settings.server.grace_seconds)
-    app.service.close()
+    app.close()
     return 0
 
 

@@ -6,18 +6,71 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from services.common.config import ServerSettings, Setting, env_str, read_settings
+from services.common.config import (
+    ServerSettings,
+    Setting,
+    env_duration,
+    env_str,
+    format_duration,
+    read_settings,
+)
 
 __all__ = ["DEFAULT_LISTEN", "INVENTORY_SETTINGS", "InventorySettings"]
 
 DEFAULT_LISTEN = "127.0.0.1:50052"  # when run apart; `gpualloc serve` shares the allocator's port
 
+
+def _positive_duration(environ: Mapping[str, str], name: str, default: float) -> float:
+    return env_duration(environ, name, default, minimum=0.001)
+
+
+# Field name of InventorySettings -> the variable that sets it. Order is the README's order.
 INVENTORY_SETTINGS: dict[str, Setting[Any]] = {
     "seed_paths": Setting(
         "GPUALLOC_SEED",
         "",
         "comma-separated files/directories of ResourceSlices and Nodes applied at start",
         env_str,
+    ),
+    "redis_url": Setting(
+        "GPUALLOC_REDIS_URL",
+        "",
+        "Redis holding the inventory state (`redis://host:6379/0`); empty: embedded (in memory)",
+        env_str,
+    ),
+    "snapshot_path": Setting(
+        "GPUALLOC_INVENTORY_SNAPSHOT",
+        "",
+        "embedded mode: a JSON file the state is written to (atomically) and resumed from",
+        env_str,
+    ),
+    "report_ttl": Setting(
+        "GPUALLOC_REPORT_TTL",
+        120.0,
+        "a node whose reports stop for longer gets its NVML-derived devices tainted unreachable",
+        _positive_duration,
+        format_duration,
+    ),
+    "sweep_interval": Setting(
+        "GPUALLOC_REPORT_SWEEP_INTERVAL",
+        5.0,
+        "how often report staleness is checked",
+        _positive_duration,
+        format_duration,
+    ),
+    "watch_heartbeat": Setting(
+        "GPUALLOC_WATCH_HEARTBEAT",
+        15.0,
+        "a WatchInventory stream that has been silent this long gets a HEARTBEAT event",
+        _positive_duration,
+        format_duration,
+    ),
+    "watch_min_interval": Setting(
+        "GPUALLOC_WATCH_MIN_INTERVAL",
+        0.005,
+        "a WatchInventory stream gets at most one delta per interval (changes in between merge)",
+        lambda env, name, default: env_duration(env, name, default, minimum=0.0, maximum=1.0),
+        format_duration,
     ),
 }
 
@@ -26,12 +79,19 @@ INVENTORY_SETTINGS: dict[str, Setting[Any]] = {
 class InventorySettings:
     server: ServerSettings
     seed_paths: tuple[str, ...] = ()
+    redis_url: str = INVENTORY_SETTINGS["redis_url"].default
+    snapshot_path: str = INVENTORY_SETTINGS["snapshot_path"].default
+    report_ttl: float = INVENTORY_SETTINGS["report_ttl"].default
+    sweep_interval: float = INVENTORY_SETTINGS["sweep_interval"].default
+    watch_heartbeat: float = INVENTORY_SETTINGS["watch_heartbeat"].default
+    watch_min_interval: float = INVENTORY_SETTINGS["watch_min_interval"].default
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> InventorySettings:
+        """Read `GPUALLOC_*`; raises InvalidArgument naming every bad variable."""
         server = ServerSettings.from_env(environ)
         if "GPUALLOC_LISTEN" not in environ:
             server = replace(server, listen_address=DEFAULT_LISTEN)
         values = read_settings(environ, INVENTORY_SETTINGS)
-        seeds = tuple(p.strip() for p in values["seed_paths"].split(",") if p.strip())
-        return cls(server=server, seed_paths=seeds)
+        seeds = tuple(p.strip() for p in values.pop("seed_paths").split(",") if p.strip())
+        return cls(server=server, seed_paths=seeds, **values)

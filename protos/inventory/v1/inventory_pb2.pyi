@@ -1471,10 +1471,16 @@ class WatchInventoryResponse(_message.Message):
     GENERATION_FIELD_NUMBER: _builtins.int
     SNAPSHOT_FIELD_NUMBER: _builtins.int
     DELTA_FIELD_NUMBER: _builtins.int
+    MORE_FIELD_NUMBER: _builtins.int
     type: Global___WatchEventType.ValueType
     """What this event carries."""
     generation: _builtins.int
     """The inventory generation after applying this event."""
+    more: _builtins.bool
+    """A large SNAPSHOT or RESET comes in parts that fit a gRPC message: true when more parts of
+    this snapshot follow (same type and generation, further nodes; cluster pools are in the
+    first part). The receiver replaces its view once the last part (more = false) arrived.
+    """
     @_builtins.property
     def snapshot(self) -> Global___InventorySnapshot:
         """The full inventory, for SNAPSHOT and RESET."""
@@ -1490,10 +1496,11 @@ class WatchInventoryResponse(_message.Message):
         generation: _builtins.int = ...,
         snapshot: Global___InventorySnapshot | None = ...,
         delta: Global___InventoryDelta | None = ...,
+        more: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "snapshot", b"snapshot"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "generation", b"generation", "snapshot", b"snapshot", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "generation", b"generation", "more", b"more", "snapshot", b"snapshot", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

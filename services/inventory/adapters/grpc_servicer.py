@@ -1,39 +1,52 @@
 """gpualloc.inventory.v1.Inventory over the InventoryService: translate, call, translate back.
 
-No logic and no try/except here: the service raises typed errors and the server's error
-interceptor maps them to status codes.
+No logic and no try/except for status codes here: the service raises typed errors and the
+server's error interceptor maps them to status codes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 
 import grpc
 
-from protos.common.v1 import dra_pb2
 from protos.inventory.v1 import inventory_pb2, inventory_pb2_grpc
 from services.common.dra.model import AttributeValue, Node, ResourceSlice
 from services.common.dra.parse import load_objects
 from services.common.errors import InvalidArgument
 from services.common.pb.dra_mapping import from_pb_device_attribute, from_pb_resource_slice
 from services.inventory.adapters.pb_mapping import (
+    node_bytes,
     to_pb_cluster_pools,
-    to_pb_inventory_node,
+    to_pb_device_ids,
+    to_pb_device_taints,
     to_pb_pool_status,
     to_pb_snapshot,
 )
-from services.inventory.core.state import CLUSTER_SCOPE
+from services.inventory.adapters.report_pb import GpuCache, from_pb_node_report
+from services.inventory.core.state import CLUSTER_SCOPE, InventoryState
+from services.inventory.core.view import NodeView, ViewDevice
 from services.inventory.service import InventoryService, WatchEvent
 
-__all__ = ["SERVICE_NAME", "InventoryServicer"]
+__all__ = ["SERVICE_NAME", "SNAPSHOT_PART_BYTES", "InventoryServicer"]
 
 SERVICE_NAME = "gpualloc.inventory.v1.Inventory"
+SNAPSHOT_PART_BYTES = 4 * 2**20  # well under the default 16 MiB message limit
 
 
 class InventoryServicer(inventory_pb2_grpc.InventoryServicer):
-    def __init__(self, service: InventoryService, heartbeat_seconds: float = 15.0) -> None:
+    def __init__(
+        self,
+        service: InventoryService,
+        heartbeat_seconds: float | None = 15.0,
+        snapshot_part_bytes: int = SNAPSHOT_PART_BYTES,
+        watch_min_interval: float = 0.0,
+    ) -> None:
         self._service = service
         self._heartbeat_seconds = heartbeat_seconds
+        self._watch_min_interval = watch_min_interval
+        self._snapshot_part_bytes = snapshot_part_bytes
+        self._gpu_caches: dict[str, GpuCache] = {}  # node -> its last report's decoded GPUs
 
     def ApplyResourceSlices(
         self, request: inventory_pb2.ApplyResourceSlicesRequest, context: grpc.ServicerContext
@@ -51,22 +64,23 @@ class InventoryServicer(inventory_pb2_grpc.InventoryServicer):
                         "manifest",
                         f"can only apply ResourceSlice and Node objects, not {type(obj).__name__}",
                     )
-        if nodes and not request.dry_run:
-            self._service.apply_nodes(nodes)
-        result = self._service.apply_slices(slices, dry_run=request.dry_run)
+        result = self._service.apply(slices, nodes, dry_run=request.dry_run)
         return inventory_pb2.ApplyResourceSlicesResponse(
             generation=result.generation,
             applied=result.applied,
             unchanged=result.unchanged,
             pools=[to_pb_pool_status(p) for p in result.pools],
+            warnings=result.warnings,
         )
 
     def DeleteResourceSlices(
         self, request: inventory_pb2.DeleteResourceSlicesRequest, context: grpc.ServicerContext
     ) -> inventory_pb2.DeleteResourceSlicesResponse:
+        if request.pool and not request.driver:
+            raise InvalidArgument.at("driver", "required when pool is set")
         state = self._service.snapshot()
         names = set(request.names)
-        if request.driver or request.pool or request.node_name:
+        if request.driver or request.node_name:
             names |= {
                 s.name
                 for s in state.slices.values()
@@ -75,7 +89,7 @@ class InventoryServicer(inventory_pb2_grpc.InventoryServicer):
                 and (not request.node_name or s.node_name == request.node_name)
             }
         if request.allow_missing:
-            names &= set(state.slices)
+            names &= set(state.slice_keys)
         generation = self._service.delete_slices(sorted(names))
         return inventory_pb2.DeleteResourceSlicesResponse(
             generation=generation, deleted=sorted(names)
@@ -84,7 +98,22 @@ class InventoryServicer(inventory_pb2_grpc.InventoryServicer):
     def ReportNode(
         self, request: inventory_pb2.ReportNodeRequest, context: grpc.ServicerContext
     ) -> inventory_pb2.ReportNodeResponse:
-        raise InvalidArgument.at("report", "node reports are not accepted by this inventory yet")
+        if not request.HasField("report"):
+            raise InvalidArgument.at("report", "required")
+        cache = self._gpu_caches.setdefault(request.report.node_name, GpuCache())
+        try:
+            report = from_pb_node_report(request.report, cache)
+        except ValueError as error:
+            raise InvalidArgument.at("report", str(error)) from None
+        result = self._service.report(report)
+        view = result.view
+        return inventory_pb2.ReportNodeResponse(
+            generation=result.generation,
+            matched_devices=to_pb_device_ids(view.matched),
+            synthesized_devices=to_pb_device_ids(view.synthesized),
+            taints=to_pb_device_taints(view),
+            warnings=view.warnings,
+        )
 
     def GetInventory(
         self, request: inventory_pb2.GetInventoryRequest, context: grpc.ServicerContext
@@ -94,28 +123,11 @@ class InventoryServicer(inventory_pb2_grpc.InventoryServicer):
             f.name: from_pb_device_attribute(f.value, f"attributes[{i}].value")
             for i, f in enumerate(request.attributes)
         }
-        names = sorted(state.node_keys() - {CLUSTER_SCOPE})
-        if request.node_name:
-            names = [n for n in names if n == request.node_name]
-        snapshot = to_pb_snapshot(state, node_names=names, include_slices=request.include_slices)
-        if request.driver or filters:
-            kept = []
-            for node in snapshot.nodes:
-                devices = [
-                    d
-                    for d in node.devices
-                    if (not request.driver or d.driver == request.driver)
-                    and all(
-                        _attribute_matches(d.device.attributes, name, value)
-                        for name, value in filters.items()
-                    )
-                ]
-                if devices:
-                    del node.devices[:]
-                    node.devices.extend(devices)
-                    kept.append(node)
-            del snapshot.nodes[:]
-            snapshot.nodes.extend(kept)
+        whole = not request.node_name and not request.driver and not filters
+        if whole:
+            snapshot = to_pb_snapshot(state, include_slices=request.include_slices)
+        else:
+            snapshot = _filtered(state, request, filters)
         if request.omit_topology:
             for node in snapshot.nodes:
                 node.ClearField("topology")
@@ -126,41 +138,158 @@ class InventoryServicer(inventory_pb2_grpc.InventoryServicer):
     ) -> Iterator[inventory_pb2.WatchInventoryResponse]:
         since = request.since_generation if request.since_generation > 0 else -1
         first = True
-        for event in self._service.watch(since, wait_seconds=1.0, is_active=context.is_active):
-            yield _watch_response(event, first=first)
+        pools: set[tuple[str, str]] = set()  # cluster pools this stream has sent
+        if since > 0:
+            pools = {(p.driver, p.pool) for p in to_pb_cluster_pools(self._service.snapshot())}
+        for event in self._service.watch(
+            since,
+            wait_seconds=1.0,
+            heartbeat_seconds=self._heartbeat_seconds,
+            min_interval=self._watch_min_interval,
+            is_active=context.is_active,
+        ):
+            yield from _watch_responses(
+                event, first=first, pools=pools, part_bytes=self._snapshot_part_bytes
+            )
             first = False
 
 
-def _attribute_matches(
-    attributes: Mapping[str, dra_pb2.DeviceAttribute], name: str, value: AttributeValue
-) -> bool:
-    return name in attributes and from_pb_device_attribute(attributes[name]) == value
+# --- GetInventory filters --------------------------------------------------------------------
 
 
-def _watch_response(event: WatchEvent, *, first: bool) -> inventory_pb2.WatchInventoryResponse:
+def _filtered(
+    state: InventoryState,
+    request: inventory_pb2.GetInventoryRequest,
+    filters: dict[str, AttributeValue],
+) -> inventory_pb2.InventorySnapshot:
+    snapshot = inventory_pb2.InventorySnapshot(generation=state.generation)
+    keys = [request.node_name] if request.node_name else sorted(state.node_keys())
+    for key in keys:
+        view = state.view(key)
+        if key == CLUSTER_SCOPE or view is None:
+            continue
+        kept = [
+            d
+            for d in view.devices
+            if (not request.driver or d.id.driver == request.driver)
+            and all(_attribute_matches(d, name, value) for name, value in filters.items())
+        ]
+        if (request.driver or filters) and not kept:
+            continue
+        node = snapshot.nodes.add()
+        node.MergeFromString(node_bytes(view))
+        if not request.include_slices:
+            node.ClearField("slices")
+        if len(kept) != len(view.devices):
+            _keep_devices(node, view, kept)
+    return snapshot
+
+
+def _keep_devices(
+    node: inventory_pb2.InventoryNode, view: NodeView, kept: list[ViewDevice]
+) -> None:
+    wanted = {d.id for d in kept}
+    copies = []
+    for message, device in zip(node.devices, view.devices, strict=True):
+        if device.id in wanted:
+            copy = inventory_pb2.NodeDevice()
+            copy.CopyFrom(message)
+            copies.append(copy)
+    del node.devices[:]
+    node.devices.extend(copies)
+
+
+def _attribute_matches(device: ViewDevice, name: str, value: AttributeValue) -> bool:
+    """`name` as written in the device, or qualified by / stripped of the device's driver."""
+    attributes = device.device.attributes
+    domain, _, bare = name.rpartition("/")
+    if not domain:
+        found = attributes.get(name) or attributes.get(f"{device.id.driver}/{name}")
+    else:
+        found = attributes.get(name) or (
+            attributes.get(bare) if domain == device.id.driver else None
+        )
+    return found == value
+
+
+# --- WatchInventory --------------------------------------------------------------------------
+
+
+def _watch_responses(
+    event: WatchEvent, *, first: bool, pools: set[tuple[str, str]], part_bytes: int
+) -> Iterator[inventory_pb2.WatchInventoryResponse]:
+    """The event as messages (a large snapshot in parts); `pools` (the cluster pools the
+    receiver holds) is updated, so that a pool that disappears is sent as deleted."""
     state = event.state
-    if event.reset:
+    if event.heartbeat:
+        yield inventory_pb2.WatchInventoryResponse(
+            type=inventory_pb2.WATCH_EVENT_TYPE_HEARTBEAT, generation=state.generation
+        )
+    elif event.reset:
         kind = (
             inventory_pb2.WATCH_EVENT_TYPE_SNAPSHOT
             if first
             else inventory_pb2.WATCH_EVENT_TYPE_RESET
         )
-        return inventory_pb2.WatchInventoryResponse(
-            type=kind,
+        cluster_pools = to_pb_cluster_pools(state)
+        pools.clear()
+        pools.update((p.driver, p.pool) for p in cluster_pools)
+        parts = _snapshot_parts(state, cluster_pools, part_bytes)
+        for index, snapshot in enumerate(parts):
+            yield inventory_pb2.WatchInventoryResponse(
+                type=kind,
+                generation=state.generation,
+                snapshot=snapshot,
+                more=index < len(parts) - 1,
+            )
+    else:
+        yield inventory_pb2.WatchInventoryResponse(
+            type=inventory_pb2.WATCH_EVENT_TYPE_DELTA,
             generation=state.generation,
-            snapshot=to_pb_snapshot(state, include_slices=True),
+            delta=_delta(state, event.nodes, pools),
         )
+
+
+def _snapshot_parts(
+    state: InventoryState, cluster_pools: list[inventory_pb2.ClusterPool], part_bytes: int
+) -> list[inventory_pb2.InventorySnapshot]:
+    """Every node with its effective slices, in parts of about `part_bytes` (at least one node
+    each); the cluster pools go in the first part."""
+    parts = [inventory_pb2.InventorySnapshot(generation=state.generation)]
+    parts[0].cluster_pools.extend(cluster_pools)
+    size = parts[0].ByteSize()
+    for key in sorted(state.node_keys() - {CLUSTER_SCOPE}):
+        view = state.view(key)
+        if view is None:
+            continue
+        encoded = node_bytes(view)
+        if size + len(encoded) > part_bytes and len(parts[-1].nodes) > 0:
+            parts.append(inventory_pb2.InventorySnapshot(generation=state.generation))
+            size = 0
+        parts[-1].nodes.add().MergeFromString(encoded)
+        size += len(encoded)
+    return parts
+
+
+def _delta(
+    state: InventoryState, nodes: frozenset[str], pools: set[tuple[str, str]]
+) -> inventory_pb2.InventoryDelta:
     delta = inventory_pb2.InventoryDelta()
-    live = state.node_keys()
-    for name in sorted(event.nodes):
+    for name in sorted(nodes):
         if name == CLUSTER_SCOPE:
             continue
-        if name in live:
-            delta.upserted_nodes.append(to_pb_inventory_node(state, name, include_slices=True))
+        view = state.view(name)
+        if view is not None:
+            delta.upserted_nodes.add().MergeFromString(node_bytes(view))
         else:
             delta.deleted_nodes.append(name)
-    if CLUSTER_SCOPE in event.nodes:
-        delta.upserted_cluster_pools.extend(to_pb_cluster_pools(state))
-    return inventory_pb2.WatchInventoryResponse(
-        type=inventory_pb2.WATCH_EVENT_TYPE_DELTA, generation=state.generation, delta=delta
-    )
+    if CLUSTER_SCOPE in nodes:
+        current = to_pb_cluster_pools(state)
+        delta.upserted_cluster_pools.extend(current)
+        now = {(p.driver, p.pool) for p in current}
+        delta.deleted_cluster_pools.extend(
+            inventory_pb2.PoolRef(driver=d, pool=p) for d, p in sorted(pools - now)
+        )
+        pools.clear()
+        pools.update(now)
+    return delta

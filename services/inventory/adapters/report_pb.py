@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from google.protobuf import timestamp_pb2
 
@@ -47,7 +47,7 @@ from services.inventory.core.report import (
     parse_cpu_list,
 )
 
-__all__ = ["from_pb_node_report", "to_pb_node_report"]
+__all__ = ["GpuCache", "from_pb_node_report", "to_pb_node_report"]
 
 pb = inventory_pb2
 _MIB = 2**20
@@ -216,12 +216,26 @@ def _health_to_pb(h: GpuHealth) -> inventory_pb2.GpuHealth:
 # --- from protobuf ---------------------------------------------------------------------------
 
 
-def from_pb_node_report(message: inventory_pb2.NodeReport) -> NodeReport:
+@dataclass
+class GpuCache:
+    """The decoded GPUs of one node's previous report, by their wire bytes. Periodic reports
+    repeat most GPUs unchanged; with a cache those decode to the very same Gpu objects (cheap
+    to compare and to merge). Valid while the node's set of GPUs (UUID -> index) stays; both
+    are replaced together, in one assignment, so concurrent reports of a node stay correct."""
+
+    entry: tuple[dict[str, int], dict[bytes, Gpu]] = field(default_factory=lambda: ({}, {}))
+
+
+def from_pb_node_report(
+    message: inventory_pb2.NodeReport, cache: GpuCache | None = None
+) -> NodeReport:
     """The core value; raises ValueError for a bad PCI bus id or CPU list (callers map it to
-    InvalidArgument with their field path)."""
-    gpus = tuple(_gpu_from_pb(g) for g in message.gpus)
-    index_by_uuid = {g.uuid: g.index for g in gpus}
-    gpus = tuple(_resolve_peers(g, index_by_uuid) for g in gpus)
+    InvalidArgument with their field path). `cache`: the node's GpuCache, updated."""
+    index_by_uuid = {g.uuid: g.index for g in message.gpus}
+    if cache is None:
+        gpus = tuple(_resolve_peers(_gpu_from_pb(g), index_by_uuid) for g in message.gpus)
+    else:
+        gpus = _cached_gpus(message, index_by_uuid, cache)
     sources = {s.value for s in ReportSource}
     return NodeReport(
         node=message.node_name,
@@ -234,6 +248,20 @@ def from_pb_node_report(message: inventory_pb2.NodeReport) -> NodeReport:
         nics=_nics_from_pb(message),
         gpu_links=_pairs_from_pb(message, gpus, index_by_uuid),
     )
+
+
+def _cached_gpus(
+    message: inventory_pb2.NodeReport, index_by_uuid: dict[str, int], cache: GpuCache
+) -> tuple[Gpu, ...]:
+    cached_index, cached_gpus = cache.entry
+    previous = cached_gpus if cached_index == index_by_uuid else {}
+    current: dict[bytes, Gpu] = {}
+    raws = [g.SerializeToString(deterministic=True) for g in message.gpus]
+    for g, raw in zip(message.gpus, raws, strict=True):
+        gpu = previous.get(raw) or current.get(raw)
+        current[raw] = gpu or _resolve_peers(_gpu_from_pb(g), index_by_uuid)
+    cache.entry = (index_by_uuid, current)
+    return tuple(current[raw] for raw in raws)
 
 
 def _mode(value: inventory_pb2.MigMode.ValueType) -> bool | None:
