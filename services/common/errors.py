@@ -94,7 +94,7 @@ class AlreadyExists(GpuallocError):
 
 
 class Conflict(GpuallocError):
-    """The placement is no longer free. `conflicts` lists `driver/pool/device` (or counters) that moved."""
+    """The placement is no longer free; `conflicts` lists what moved (`driver/pool/device`)."""
 
     def __init__(self, message: str, conflicts: Sequence[str] = ()) -> None:
         super().__init__(message)

@@ -60,7 +60,6 @@ __all__ = [
 ]
 
 _KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
-    ("grpc.so_reuseport", 0),  # a second server on a busy port must fail, not share it
     ("grpc.keepalive_time_ms", 60_000),  # ping idle clients every minute: find dead peers
     ("grpc.keepalive_timeout_ms", 20_000),
     ("grpc.keepalive_permit_without_calls", 1),
@@ -92,11 +91,14 @@ def create_server(
     *,
     health: Health | None = None,
     interceptors: Sequence[grpc.ServerInterceptor] = (),
+    reuse_port: bool = False,
 ) -> tuple[grpc.Server, int]:
     """An unstarted server listening on `address`; returns it and the bound port.
 
     Pass `health` to change statuses later (and to `serve_until_signal`); otherwise a private one
-    is used. Raises FailedPrecondition when the address cannot be bound.
+    is used. `reuse_port` lets several worker processes listen on one port (SO_REUSEPORT: the
+    kernel spreads connections over them); otherwise binding a busy port fails. Raises
+    FailedPrecondition when the address cannot be bound.
     """
     names = [service.name for service in services]
     if len(set(names)) != len(names):
@@ -115,6 +117,7 @@ def create_server(
             ("grpc.max_receive_message_length", settings.max_receive_message_bytes),
             ("grpc.max_send_message_length", settings.max_send_message_bytes),
             ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),  # grpc reads the first occurrence
             *_KEEPALIVE_OPTIONS,
         ],
     )

@@ -187,6 +187,12 @@ class _RejectionReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Rejec
     """The device's pool is incomplete or invalid."""
     REJECTION_REASON_INSUFFICIENT_CAPACITY: _RejectionReason.ValueType  # 12
     """The device has too little capacity for the request (e.g. memory below a requested amount)."""
+    REJECTION_REASON_PICKED_FOR_OTHER_REQUEST: _RejectionReason.ValueType  # 13
+    """The device was already picked for another request of the same call."""
+    REJECTION_REASON_EQUIVALENT: _RejectionReason.ValueType  # 14
+    """The device is equivalent to devices already tried that did not fit (not searched again)."""
+    REJECTION_REASON_CLAIM_DEVICE_LIMIT: _RejectionReason.ValueType  # 15
+    """The claim would exceed 32 devices."""
 
 class RejectionReason(_RejectionReason, metaclass=_RejectionReasonEnumTypeWrapper):
     """Why a device was not used for a request."""
@@ -217,6 +223,12 @@ REJECTION_REASON_POOL_UNUSABLE: RejectionReason.ValueType  # 11
 """The device's pool is incomplete or invalid."""
 REJECTION_REASON_INSUFFICIENT_CAPACITY: RejectionReason.ValueType  # 12
 """The device has too little capacity for the request (e.g. memory below a requested amount)."""
+REJECTION_REASON_PICKED_FOR_OTHER_REQUEST: RejectionReason.ValueType  # 13
+"""The device was already picked for another request of the same call."""
+REJECTION_REASON_EQUIVALENT: RejectionReason.ValueType  # 14
+"""The device is equivalent to devices already tried that did not fit (not searched again)."""
+REJECTION_REASON_CLAIM_DEVICE_LIMIT: RejectionReason.ValueType  # 15
+"""The claim would exceed 32 devices."""
 Global___RejectionReason: _TypeAlias = RejectionReason  # noqa: Y015
 
 class _ConstraintSource:
@@ -488,7 +500,9 @@ class AllocateRequest(_message.Message):
     reserve: _builtins.bool
     """Reserve the placement in the same call (one reservation per node)."""
     owner: _builtins.str
-    """Who holds the reservation (a job id, a scheduler name); used by List and owner checks."""
+    """Who holds the reservation (a job id, a scheduler name); used by List and owner checks.
+    The call's `x-gpualloc-owner` metadata wins over this field; neither means `anonymous`.
+    """
     idempotency_key: _builtins.str
     """Makes a reserving call safe to retry: the same key and owner return the first call's
     reservations instead of reserving twice.
@@ -638,6 +652,7 @@ class AllocateResponse(_message.Message):
     EXPLANATION_FIELD_NUMBER: _builtins.int
     RESERVATIONS_FIELD_NUMBER: _builtins.int
     INVENTORY_GENERATION_FIELD_NUMBER: _builtins.int
+    HOLDERS_FIELD_NUMBER: _builtins.int
     outcome: Global___Outcome.ValueType
     """What happened."""
     node_name: _builtins.str
@@ -662,6 +677,10 @@ class AllocateResponse(_message.Message):
     def reservations(self) -> _containers.RepeatedCompositeFieldContainer[Global___Reservation]:
         """The reservations made, one per node, when `reserve` was set and the claims fit."""
 
+    @_builtins.property
+    def holders(self) -> _containers.RepeatedCompositeFieldContainer[Global___Holder]:
+        """The reservations holding devices that blocked the claims (when not ALLOCATED)."""
+
     def __init__(
         self,
         *,
@@ -673,10 +692,11 @@ class AllocateResponse(_message.Message):
         explanation: Global___Explanation | None = ...,
         reservations: _abc.Iterable[Global___Reservation] | None = ...,
         inventory_generation: _builtins.int = ...,
+        holders: _abc.Iterable[Global___Holder] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["explanation", b"explanation"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "explanation", b"explanation", "gang_placements", b"gang_placements", "inventory_generation", b"inventory_generation", "node_name", b"node_name", "outcome", b"outcome", "reservations", b"reservations", "score", b"score"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "explanation", b"explanation", "gang_placements", b"gang_placements", "holders", b"holders", "inventory_generation", b"inventory_generation", "node_name", b"node_name", "outcome", b"outcome", "reservations", b"reservations", "score", b"score"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -767,6 +787,7 @@ class ExplainResponse(_message.Message):
     ALLOCATIONS_FIELD_NUMBER: _builtins.int
     GANG_PLACEMENTS_FIELD_NUMBER: _builtins.int
     INVENTORY_GENERATION_FIELD_NUMBER: _builtins.int
+    HOLDERS_FIELD_NUMBER: _builtins.int
     outcome: Global___Outcome.ValueType
     """The outcome Allocate would have had."""
     node_name: _builtins.str
@@ -785,6 +806,12 @@ class ExplainResponse(_message.Message):
     def gang_placements(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodePlacement]:
         """The gang placement Allocate would have returned, when ALLOCATED."""
 
+    @_builtins.property
+    def holders(self) -> _containers.RepeatedCompositeFieldContainer[Global___Holder]:
+        """Who holds the devices that blocked the claims: the reservations named by the rejections
+        (in use, counters or capacity taken) on the nodes explained, soonest expiry first.
+        """
+
     def __init__(
         self,
         *,
@@ -794,14 +821,61 @@ class ExplainResponse(_message.Message):
         allocations: _abc.Iterable[Global___ClaimAllocation] | None = ...,
         gang_placements: _abc.Iterable[Global___NodePlacement] | None = ...,
         inventory_generation: _builtins.int = ...,
+        holders: _abc.Iterable[Global___Holder] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["explanation", b"explanation"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "explanation", b"explanation", "gang_placements", b"gang_placements", "inventory_generation", b"inventory_generation", "node_name", b"node_name", "outcome", b"outcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "explanation", b"explanation", "gang_placements", b"gang_placements", "holders", b"holders", "inventory_generation", b"inventory_generation", "node_name", b"node_name", "outcome", b"outcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ExplainResponse: _TypeAlias = ExplainResponse  # noqa: Y015
+
+@_typing.final
+class Holder(_message.Message):
+    """A reservation that holds devices a claim could not get."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESERVATION_ID_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
+    NODE_NAME_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    DEVICES_FIELD_NUMBER: _builtins.int
+    reservation_id: _builtins.str
+    """The reservation id."""
+    owner: _builtins.str
+    """Who holds it."""
+    node_name: _builtins.str
+    """The node (the reservation's scope)."""
+    state: Global___ReservationState.ValueType
+    """RESERVED (a lease that may expire) or COMMITTED."""
+    @_builtins.property
+    def expires_at(self) -> _timestamp_pb2.Timestamp:
+        """When the lease runs out; unset once committed."""
+
+    @_builtins.property
+    def devices(self) -> _containers.RepeatedCompositeFieldContainer[_dra_pb2.DeviceID]:
+        """The devices it holds there, sorted."""
+
+    def __init__(
+        self,
+        *,
+        reservation_id: _builtins.str = ...,
+        owner: _builtins.str = ...,
+        node_name: _builtins.str = ...,
+        state: Global___ReservationState.ValueType = ...,
+        expires_at: _timestamp_pb2.Timestamp | None = ...,
+        devices: _abc.Iterable[_dra_pb2.DeviceID] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["devices", b"devices", "expires_at", b"expires_at", "node_name", b"node_name", "owner", b"owner", "reservation_id", b"reservation_id", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Holder: _TypeAlias = Holder  # noqa: Y015
 
 @_typing.final
 class RejectionGroup(_message.Message):
@@ -1190,7 +1264,9 @@ class ReserveRequest(_message.Message):
     node_name: _builtins.str
     """The node the allocations are on."""
     owner: _builtins.str
-    """Who holds the reservation."""
+    """Who holds the reservation; the call's `x-gpualloc-owner` metadata wins over this field,
+    neither means `anonymous`.
+    """
     idempotency_key: _builtins.str
     """Makes the call safe to retry: the same key and owner return the first reservation."""
     @_builtins.property
@@ -1230,18 +1306,27 @@ class ReserveResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     RESERVATION_FIELD_NUMBER: _builtins.int
+    RESERVATIONS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def reservation(self) -> Global___Reservation:
-        """The reservation."""
+        """The reservation (of the node's devices)."""
+
+    @_builtins.property
+    def reservations(self) -> _containers.RepeatedCompositeFieldContainer[Global___Reservation]:
+        """Every reservation made, `reservation` first: a placement that also uses devices shared by
+        several nodes (allNodes or nodeSelector slices) takes one more reservation per such pool,
+        all or none. Commit and release each of them.
+        """
 
     def __init__(
         self,
         *,
         reservation: Global___Reservation | None = ...,
+        reservations: _abc.Iterable[Global___Reservation] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["reservation", b"reservation"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["reservation", b"reservation"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reservation", b"reservation", "reservations", b"reservations"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1261,7 +1346,9 @@ class CommitRequest(_message.Message):
     fencing_token: _builtins.int
     """When non-zero, must equal the reservation's fencing token (else FAILED_PRECONDITION)."""
     owner: _builtins.str
-    """When set, must equal the reservation's owner (else PERMISSION_DENIED)."""
+    """The caller's owner name, used when the call carries no `x-gpualloc-owner` metadata (which
+    wins); empty means `anonymous`. Must equal the reservation's owner (else PERMISSION_DENIED).
+    """
     def __init__(
         self,
         *,
@@ -1316,7 +1403,9 @@ class ReleaseRequest(_message.Message):
     fencing_token: _builtins.int
     """When non-zero, must equal the reservation's fencing token (else FAILED_PRECONDITION)."""
     owner: _builtins.str
-    """When set, must equal the reservation's owner (else PERMISSION_DENIED)."""
+    """The caller's owner name, used when the call carries no `x-gpualloc-owner` metadata (which
+    wins); empty means `anonymous`. Must equal the reservation's owner (else PERMISSION_DENIED).
+    """
     allow_missing: _builtins.bool
     """Succeed when the reservation does not exist (already released or expired)."""
     def __init__(
@@ -1374,7 +1463,9 @@ class RenewRequest(_message.Message):
     fencing_token: _builtins.int
     """When non-zero, must equal the reservation's fencing token (else FAILED_PRECONDITION)."""
     owner: _builtins.str
-    """When set, must equal the reservation's owner (else PERMISSION_DENIED)."""
+    """The caller's owner name, used when the call carries no `x-gpualloc-owner` metadata (which
+    wins); empty means `anonymous`. Must equal the reservation's owner (else PERMISSION_DENIED).
+    """
     @_builtins.property
     def lease_ttl(self) -> _duration_pb2.Duration:
         """The new lease, counted from now; unset means the server's default."""

@@ -1,0 +1,376 @@
+"""Service benchmark: one allocator server process, a 10,000-GPU inventory, a load client.
+
+    python -m loadtest.bench service [--quick] [--json]
+
+One run measures, against the same server and in the same conditions:
+
+- `health-check`: grpc.health.v1.Health/Check, the floor of what a gRPC call costs here;
+- `allocate-any-node`: Allocate of one H100, the allocator choosing among 1,500 nodes under
+  BinPack (the plain Allocate; the target row);
+- `allocate-pinned`: Allocate of one H100 on a named node (what a scheduler that already
+  picked the node asks);
+- `allocate-reserve-release`: Allocate(reserve=true) on a named node, then Release, with Redis
+  (one cycle = both calls; RPS counts cycles).
+
+The server is `python -m services.allocator --seed <generated inventory>` (one process); the
+client is another process (`python -m loadtest.bench_service --client ...`) running threads
+over several connections, so client and server do not share a GIL; with 2+ CPUs the server is
+pinned to the first half of them and the client and Redis to the rest, so the RPS measure the
+server, not the client's share of the machine. The inventory is generated
+from examples/cluster: 1,000 nodes with 8 H100, 250 with 4 L40S, 250 with 4 A100 as DynamicMIG
+partitions (10,000 GPUs, ~35,000 devices). Targets (issue 6): Allocate >= 50% and
+Allocate+Reserve >= 30% of the Check RPS of the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from loadtest.report import BenchReport, Target, percentile
+from protos.allocator.v1 import allocator_pb2 as pb
+from protos.allocator.v1 import allocator_pb2_grpc
+from services.common.dra.model import ResourceClaim, ResourcePool, ResourceSlice
+from services.common.dra.serialize import to_dict
+from services.common.manifests import load_manifests
+from services.common.pb.dra_mapping import to_pb_resource_claim
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTER = ROOT / "examples" / "cluster"
+TEMPLATES = {"h100": "h100-node-1", "l40s": "l40s-node-1", "a100": "a100-node-1"}
+NODES = {"h100": 1000, "l40s": 250, "a100": 250}  # 8000 + 1000 + 1000 GPUs
+THREADS = 16
+CHANNELS = 8
+
+
+# --- the inventory ---------------------------------------------------------------------------
+
+
+def generate_inventory(directory: Path, scale: float = 1.0) -> tuple[int, list[str]]:
+    """Write the slices as one JSON List; returns (GPU count, H100 node names)."""
+    objects = load_manifests([str(CLUSTER)])
+    templates = {
+        kind: [o for o in objects if isinstance(o, ResourceSlice) and o.node_name == name]
+        for kind, name in TEMPLATES.items()
+    }
+    items: list[dict[str, Any]] = []
+    gpus = 0
+    h100_nodes: list[str] = []
+    for kind, count in NODES.items():
+        for index in range(max(1, int(count * scale))):
+            node = f"{kind}-{index:04d}"
+            if kind == "h100":
+                h100_nodes.append(node)
+            for template in templates[kind]:
+                items.append(to_dict(_renamed(template, TEMPLATES[kind], node)))
+                gpus += sum(
+                    1
+                    for d in template.devices
+                    if d.attributes.get("type") is not None and d.attributes["type"].value == "gpu"
+                )
+    path = directory / "inventory.json"
+    path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+    return gpus, h100_nodes
+
+
+def _renamed(template: ResourceSlice, old: str, new: str) -> ResourceSlice:
+    return dataclasses.replace(
+        template,
+        name=template.name.replace(old, new),
+        node_name=new,
+        pool=ResourcePool(new, template.pool.generation, template.pool.resource_slice_count),
+    )
+
+
+# --- the server ------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _wait_serving(target: str, process: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        request = health_pb2.HealthCheckRequest(service="gpualloc.allocator.v1.Allocator")
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError("the allocator server exited at start")
+            try:
+                if stub.Check(request, timeout=1).status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+    raise RuntimeError(f"the allocator server was not serving within {timeout:g}s")
+
+
+def _cpu_split() -> tuple[set[int], set[int]]:
+    """(server CPUs, client and Redis CPUs): halves of what this process may use, so the
+    client never steals the server's CPU and RPS measures the server (both halves are all
+    CPUs on a single-CPU machine)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return set(cpus), set(cpus)
+    half = len(cpus) // 2
+    return set(cpus[:half]), set(cpus[half:])
+
+
+def _pinned(cpus: set[int]) -> Callable[[], None]:
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
+class _Redis:
+    def __init__(self, directory: Path, cpus: set[int]) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server not found on PATH")
+        self.port = _free_port()
+        self.process = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(directory)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=_pinned(cpus),
+        )  # fmt: skip
+        time.sleep(0.3)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+# --- the client (runs in its own process) ------------------------------------------------------
+
+
+def _claim() -> ResourceClaim:
+    [claim] = [
+        o
+        for o in load_manifests([str(ROOT / "examples" / "claims" / "one-h100.yaml")])
+        if isinstance(o, ResourceClaim)
+    ]
+    return claim
+
+
+def _calls(phase: str, target: str, nodes: Sequence[str]) -> Callable[[Any, random.Random], None]:
+    claim = to_pb_resource_claim(_claim())
+    check = health_pb2.HealthCheckRequest(service="")
+    metadata = (("x-gpualloc-owner", "bench"),)
+
+    def health(channel: Any, rng: random.Random) -> None:
+        health_pb2_grpc.HealthStub(channel).Check(check, timeout=10)
+
+    def allocate_pinned(channel: Any, rng: random.Random) -> None:
+        request = pb.AllocateRequest(claims=[claim], node_name=rng.choice(nodes))
+        response = allocator_pb2_grpc.AllocatorStub(channel).Allocate(request, timeout=30)
+        assert response.outcome == pb.OUTCOME_ALLOCATED
+
+    def allocate_any(channel: Any, rng: random.Random) -> None:
+        response = allocator_pb2_grpc.AllocatorStub(channel).Allocate(
+            pb.AllocateRequest(claims=[claim]), timeout=30
+        )
+        assert response.outcome == pb.OUTCOME_ALLOCATED
+
+    def reserve_release(channel: Any, rng: random.Random) -> None:
+        stub = allocator_pb2_grpc.AllocatorStub(channel)
+        request = pb.AllocateRequest(claims=[claim], node_name=rng.choice(nodes), reserve=True)
+        request.lease_ttl.seconds = 60
+        try:
+            response = stub.Allocate(request, metadata=metadata, timeout=30)
+        except grpc.RpcError as error:
+            if error.code() == grpc.StatusCode.ABORTED:
+                return  # a lost race is an answer too
+            raise
+        if response.reservations:
+            stub.Release(
+                pb.ReleaseRequest(reservation_id=response.reservations[0].id),
+                metadata=metadata,
+                timeout=30,
+            )
+
+    return {
+        "health-check": health,
+        "allocate-pinned": allocate_pinned,
+        "allocate-any-node": allocate_any,
+        "allocate-reserve-release": reserve_release,
+    }[phase]
+
+
+def client_main(argv: Sequence[str]) -> int:
+    """`--client TARGET --phase P --seconds S --threads T --nodes-file F`: one JSON line out."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--client", required=True)
+    parser.add_argument("--phase", required=True)
+    parser.add_argument("--seconds", type=float, required=True)
+    parser.add_argument("--threads", type=int, default=THREADS)
+    parser.add_argument("--nodes-file", required=True)
+    args = parser.parse_args(argv)
+    nodes = json.loads(Path(args.nodes_file).read_text())
+    call = _calls(args.phase, args.client, nodes)
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    channels = [grpc.insecure_channel(args.client, options) for _ in range(CHANNELS)]
+    call(channels[0], random.Random(-1))  # one untimed call first: lazy caches, connections
+    warm_until = time.monotonic() + min(1.0, args.seconds / 4)
+    stop_at = warm_until + args.seconds
+    latencies: list[list[float]] = [[] for _ in range(args.threads)]
+    errors: list[str] = []
+
+    def worker(index: int) -> None:
+        rng = random.Random(index)
+        channel = channels[index % len(channels)]
+        while True:
+            started = time.monotonic()
+            if started >= stop_at:
+                return
+            try:
+                call(channel, rng)
+            except Exception as error:  # noqa: BLE001 - reported, not hidden
+                errors.append(repr(error)[:200])
+                return
+            if started >= warm_until:
+                latencies[index].append(time.monotonic() - started)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(args.threads)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for channel in channels:
+        channel.close()
+    done = [x for per in latencies for x in per]
+    print(
+        json.dumps(
+            {
+                "rps": len(done) / args.seconds,
+                "p50_ms": percentile(done, 0.5) * 1000,
+                "p99_ms": percentile(done, 0.99) * 1000,
+                "calls": len(done),
+                "errors": errors[:3],
+            }
+        )
+    )
+    return 0
+
+
+def _client(
+    target: str,
+    phase: str,
+    seconds: float,
+    nodes_file: Path,
+    cpus: set[int],
+    threads: int = THREADS,
+) -> dict[str, Any]:
+    command = [
+        sys.executable, "-m", "loadtest.bench_service",
+        "--client", target, "--phase", phase, "--seconds", str(seconds),
+        "--threads", str(threads), "--nodes-file", str(nodes_file),
+    ]  # fmt: skip
+    output = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, check=True, preexec_fn=_pinned(cpus)
+    )
+    result: dict[str, Any] = json.loads(output.stdout.strip().splitlines()[-1])
+    if result["errors"]:
+        raise RuntimeError(f"{phase}: {result['errors']}")
+    return result
+
+
+# --- the suite -------------------------------------------------------------------------------
+
+
+def run(quick: bool) -> BenchReport:
+    seconds = 2.0 if quick else 6.0
+    scale = 0.1 if quick else 1.0
+    with tempfile.TemporaryDirectory(prefix="gpualloc-bench-") as tmp:
+        directory = Path(tmp)
+        gpus, h100_nodes = generate_inventory(directory, scale)
+        nodes_file = directory / "nodes.json"
+        nodes_file.write_text(json.dumps(h100_nodes))
+        server_cpus, client_cpus = _cpu_split()
+        redis = _Redis(directory, client_cpus)
+        port = _free_port()
+        env = {**os.environ, "GPUALLOC_LOG_LEVEL": "WARNING", "GPUALLOC_MAX_WORKERS": "16"}
+        server = subprocess.Popen(
+            [sys.executable, "-m", "services.allocator",
+             "--seed", str(directory / "inventory.json"),
+             "--listen", f"127.0.0.1:{port}", "--redis-url", redis.url],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            preexec_fn=_pinned(server_cpus),
+        )  # fmt: skip
+        target = f"127.0.0.1:{port}"
+        report = BenchReport(
+            "service",
+            setup={
+                "gpus": gpus,
+                "nodes": sum(max(1, int(n * scale)) for n in NODES.values()),
+                "server": f"1 process, 16 threads, Redis store, cpus {sorted(server_cpus)}",
+                "client": f"1 process, {THREADS} threads, {CHANNELS} connections, "
+                f"cpus {sorted(client_cpus)} (with Redis)",
+                "seconds_per_case": seconds,
+                "cpus": os.cpu_count() or 0,
+            },
+        )
+        try:
+            _wait_serving(target, server, timeout=300)
+            for phase in (
+                "health-check",
+                "allocate-any-node",
+                "allocate-pinned",
+                "allocate-reserve-release",
+            ):
+                result = _client(target, phase, seconds, nodes_file, client_cpus)
+                report.add(
+                    phase,
+                    rps=round(result["rps"], 1),
+                    p50_ms=round(result["p50_ms"], 2),
+                    p99_ms=round(result["p99_ms"], 2),
+                    calls=result["calls"],
+                )
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                server.kill()
+            redis.stop()
+    _add_ratios(report)
+    return report
+
+
+def _add_ratios(report: BenchReport) -> None:
+    rps = {row.name: float(row.values["rps"]) for row in report.rows}
+    check = rps.get("health-check", 0.0)
+    if check <= 0:
+        return
+    for name in ("allocate-any-node", "allocate-pinned", "allocate-reserve-release"):
+        if name in rps:
+            report.add(f"{name}/check", ratio=round(rps[name] / check, 3))
+    report.targets.append(Target("allocate-any-node/check", "ratio", 0.5, at_least=True))
+    report.targets.append(Target("allocate-reserve-release/check", "ratio", 0.3, at_least=True))
+
+
+if __name__ == "__main__":
+    sys.exit(client_main(sys.argv[1:]))

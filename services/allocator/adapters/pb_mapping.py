@@ -1,0 +1,426 @@
+"""`gpualloc.allocator.v1` messages <-> the allocator's values (answers.py, reservations.py).
+
+The only allocator module that touches allocator protobuf messages. `*_from_pb` read client
+input and raise InvalidArgument with the proto field path (`claims[1].name`,
+`allocations[0].allocation.results[2]`); `*_to_pb` never fail.
+
+The core reports field paths of claims in Kubernetes form (`claims[0].spec.devices.requests[0]
+.exactly.deviceClassName`); `proto_field_paths()` rewrites them to the request's proto paths
+(`claims[0].requests[0].exactly.device_class_name`), so a client can find the field it sent.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import timedelta
+from fractions import Fraction
+
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from protos.allocator.v1 import allocator_pb2 as pb
+from protos.common.v1 import dra_pb2
+from services.allocator.answers import (
+    Accuracy,
+    Answer,
+    CapacityAnswer,
+    Holder,
+    LeaseOptions,
+    Outcome,
+    Query,
+    claim_ref,
+)
+from services.allocator.core import (
+    ConstraintExplanation,
+    Explanation,
+    NodeMiss,
+    Policy,
+    ReasonCode,
+    RejectionGroup,
+    RequestExplanation,
+    Score,
+)
+from services.allocator.reservations import Reservation, ReservationState
+from services.common.dra.model import AllocationResult, DeviceID, ResourceClaim
+from services.common.errors import FieldViolation, InvalidArgument
+from services.common.pb.dra_mapping import (
+    from_pb_allocation_result,
+    from_pb_device_class,
+    from_pb_node_selector,
+    from_pb_resource_claim,
+    to_pb_allocation_result,
+    to_pb_device_id,
+)
+
+__all__ = [
+    "allocate_response",
+    "capacity_response",
+    "explain_response",
+    "lease_from_pb",
+    "proto_field_paths",
+    "query_from_pb",
+    "reservation_state_from_pb",
+    "reservation_to_pb",
+    "reserve_claims_from_pb",
+]
+
+QueryRequest = pb.AllocateRequest | pb.ExplainRequest | pb.CapacityRequest
+
+_POLICIES = {
+    pb.ALLOCATION_POLICY_UNSPECIFIED: None,
+    pb.ALLOCATION_POLICY_FIRST_FIT: Policy.FIRST_FIT,
+    pb.ALLOCATION_POLICY_BINPACK: Policy.BINPACK,
+    pb.ALLOCATION_POLICY_SPREAD: Policy.SPREAD,
+    # Until the solver has its own fragmentation score, BINPACK is the closest: it fills used
+    # GPUs and takes the smallest partition that fits, which keeps large shapes free.
+    pb.ALLOCATION_POLICY_FRAGMENTATION_AWARE: Policy.BINPACK,
+}
+_OUTCOMES = {
+    Outcome.ALLOCATED: pb.OUTCOME_ALLOCATED,
+    Outcome.UNSATISFIABLE: pb.OUTCOME_UNSATISFIABLE,
+    Outcome.BUDGET_EXHAUSTED: pb.OUTCOME_BUDGET_EXHAUSTED,
+}
+_REASONS = {
+    ReasonCode.CLASS_SELECTOR: pb.REJECTION_REASON_CLASS_SELECTOR_MISMATCH,
+    ReasonCode.REQUEST_SELECTOR: pb.REJECTION_REASON_REQUEST_SELECTOR_MISMATCH,
+    ReasonCode.TAINTED: pb.REJECTION_REASON_TAINTED,
+    ReasonCode.CAPACITY: pb.REJECTION_REASON_CAPACITY_EXHAUSTED,
+    ReasonCode.IN_USE: pb.REJECTION_REASON_IN_USE,
+    ReasonCode.PICKED: pb.REJECTION_REASON_PICKED_FOR_OTHER_REQUEST,
+    ReasonCode.COUNTERS: pb.REJECTION_REASON_COUNTERS_EXHAUSTED,
+    ReasonCode.CONSTRAINT: pb.REJECTION_REASON_CONSTRAINT,
+    ReasonCode.EQUIVALENT: pb.REJECTION_REASON_EQUIVALENT,
+    ReasonCode.OTHER_NODE: pb.REJECTION_REASON_NODE_MISMATCH,
+    ReasonCode.NO_DEVICES: pb.REJECTION_REASON_NODE_MISMATCH,
+    ReasonCode.CLAIM_LIMIT: pb.REJECTION_REASON_CLAIM_DEVICE_LIMIT,
+}
+_STATES = {
+    ReservationState.RESERVED: pb.RESERVATION_STATE_RESERVED,
+    ReservationState.COMMITTED: pb.RESERVATION_STATE_COMMITTED,
+}
+_ACCURACY = {
+    Accuracy.EXACT: pb.COUNT_ACCURACY_EXACT,
+    Accuracy.LOWER_BOUND: pb.COUNT_ACCURACY_LOWER_BOUND,
+}
+
+# --- requests -> values ----------------------------------------------------------------------
+
+
+def query_from_pb(request: QueryRequest) -> Query:
+    """The shared part of Allocate, Explain and Capacity requests."""
+    if not request.claims:
+        raise InvalidArgument.at("claims", "must not be empty")
+    if isinstance(request, pb.AllocateRequest | pb.ExplainRequest) and request.HasField("gang"):
+        raise InvalidArgument.at("gang", "gang allocation is not supported by this server yet")
+    if request.topology_constraints:
+        raise InvalidArgument.at(
+            "topology_constraints", "topology constraints are not supported by this server yet"
+        )
+    claims = tuple(from_pb_resource_claim(c, f"claims[{i}]") for i, c in enumerate(request.claims))
+    _check_unique_names(claims)
+    if request.budget.max_steps < 0:
+        raise InvalidArgument.at("budget.max_steps", "must not be negative")
+    if request.budget.max_nodes < 0:
+        raise InvalidArgument.at("budget.max_nodes", "must not be negative")
+    selector = (
+        from_pb_node_selector(request.node_selector, "node_selector")
+        if request.HasField("node_selector")
+        else None
+    )
+    return Query(
+        claims=claims,
+        device_classes=tuple(
+            from_pb_device_class(c, f"device_classes[{i}]")
+            for i, c in enumerate(request.device_classes)
+        ),
+        node=request.node_name,
+        node_selector=selector,
+        policy=_POLICIES.get(request.policy),
+        max_steps=request.budget.max_steps,
+        max_nodes=request.budget.max_nodes,
+        min_generation=request.min_inventory_generation,
+        explain=request.explain if isinstance(request, pb.AllocateRequest) else False,
+    )
+
+
+def _check_unique_names(claims: Sequence[ResourceClaim]) -> None:
+    seen: set[tuple[str, str]] = set()
+    for index, claim in enumerate(claims):
+        key = (claim.namespace, claim.name)
+        if key in seen:
+            raise InvalidArgument.at(
+                f"claims[{index}].name", f"claim {claim.namespace}/{claim.name} appears twice"
+            )
+        seen.add(key)
+
+
+def lease_from_pb(
+    owner: str,
+    lease_ttl: duration_pb2.Duration | None,
+    idempotency_key: str = "",
+    labels: Mapping[str, str] | None = None,
+) -> LeaseOptions:
+    return LeaseOptions(
+        owner=owner,
+        lease_seconds=seconds_from_pb(lease_ttl),
+        idempotency_key=idempotency_key,
+        labels=tuple(sorted((labels or {}).items())),
+    )
+
+
+def seconds_from_pb(duration: duration_pb2.Duration | None) -> float | None:
+    """Seconds of a set Duration; None when unset."""
+    if duration is None:
+        return None
+    return float(duration.seconds) + duration.nanos / 1e9
+
+
+def reserve_claims_from_pb(
+    allocations: Sequence[pb.ClaimAllocation],
+) -> list[tuple[str, AllocationResult]]:
+    found = []
+    for index, item in enumerate(allocations):
+        path = f"allocations[{index}]"
+        if not item.name:
+            raise InvalidArgument.at(f"{path}.name", "must not be empty")
+        if not item.HasField("allocation"):
+            raise InvalidArgument.at(f"{path}.allocation", "must be set")
+        allocation = from_pb_allocation_result(item.allocation, f"{path}.allocation")
+        found.append((claim_ref(item.namespace, item.name), allocation))
+    return found
+
+
+def reservation_state_from_pb(value: int) -> ReservationState | None:
+    for state, number in _STATES.items():
+        if number == value:
+            return state
+    if value == pb.RESERVATION_STATE_UNSPECIFIED:
+        return None
+    raise InvalidArgument.at("state", f"unknown reservation state {value}")
+
+
+# --- core field paths -> proto field paths ---------------------------------------------------
+
+_CAMEL = re.compile(r"(?<=[a-z0-9])([A-Z])")
+
+
+def proto_path(path: str) -> str:
+    """`claims[0].spec.devices.requests[0].exactly.deviceClassName` ->
+    `claims[0].requests[0].exactly.device_class_name` (see the module docstring)."""
+    path = re.sub(r"^(claims\[\d+\])\.spec\.devices\.", r"\1.", path)
+    path = re.sub(r'^classes(\["[^"]*"\])\.spec\.', r"device_classes\1.", path)
+    path = path.replace(".cel.expression", ".cel")
+    return ".".join(
+        part if part.startswith("[") else _CAMEL.sub(lambda m: "_" + m.group(1).lower(), part)
+        for part in path.split(".")
+    )
+
+
+@contextmanager
+def proto_field_paths() -> Iterator[None]:
+    """Rewrite the field paths of an InvalidArgument raised inside to proto paths."""
+    try:
+        yield
+    except InvalidArgument as error:
+        if not any(v.path.startswith(("claims[", "classes[")) for v in error.violations):
+            raise
+        violations = [FieldViolation(proto_path(v.path), v.description) for v in error.violations]
+        raise InvalidArgument(str(violations[0]), violations) from error
+
+
+# --- values -> responses ---------------------------------------------------------------------
+
+
+def allocate_response(answer: Answer, max_nodes: int = 10) -> pb.AllocateResponse:
+    response = pb.AllocateResponse(
+        outcome=_OUTCOMES[answer.outcome],
+        node_name=answer.node or "",
+        allocations=_claim_allocations(answer.claims, answer.allocations),
+        score=_score(answer.score, answer.policy),
+        reservations=[reservation_to_pb(r) for r in answer.reservations],
+        inventory_generation=answer.generation,
+        holders=[_holder_to_pb(h) for h in answer.holders],
+    )
+    if answer.explanation is not None:
+        response.explanation.CopyFrom(_explanation(answer, max_nodes))
+    return response
+
+
+def explain_response(answer: Answer, max_nodes: int = 10) -> pb.ExplainResponse:
+    response = pb.ExplainResponse(
+        outcome=_OUTCOMES[answer.outcome],
+        node_name=answer.node or "",
+        allocations=_claim_allocations(answer.claims, answer.allocations),
+        inventory_generation=answer.generation,
+        holders=[_holder_to_pb(h) for h in answer.holders],
+    )
+    response.explanation.CopyFrom(_explanation(answer, max_nodes))
+    return response
+
+
+def capacity_response(answer: CapacityAnswer) -> pb.CapacityResponse:
+    return pb.CapacityResponse(
+        total=answer.total,
+        accuracy=_ACCURACY[answer.accuracy],
+        nodes=[
+            pb.NodeCapacity(node_name=n.node, count=n.count, accuracy=_ACCURACY[n.accuracy])
+            for n in answer.nodes
+        ],
+        models=[
+            pb.ModelCapacity(product_name=name, count=count)
+            for name, count in sorted(answer.models.items())
+        ],
+        inventory_generation=answer.generation,
+    )
+
+
+def reservation_to_pb(reservation: Reservation) -> pb.Reservation:
+    message = pb.Reservation(
+        id=reservation.id,
+        owner=reservation.owner,
+        node_name=reservation.node,
+        allocations=[
+            _claim_allocation(name, allocation)
+            for name, allocation in zip(
+                reservation.claim_names, reservation.allocations, strict=True
+            )
+        ],
+        state=_STATES[reservation.state],
+        fencing_token=reservation.fencing_token,
+        idempotency_key=reservation.idempotency_key,
+        devices=[to_pb_device_id(d) for d in _devices(reservation.allocations)],
+        labels=dict(reservation.labels),
+    )
+    message.created_at.CopyFrom(_timestamp(reservation.created_at))
+    if reservation.expires_at is not None:
+        message.expires_at.CopyFrom(_timestamp(reservation.expires_at))
+    return message
+
+
+def _claim_allocation(ref: str, allocation: AllocationResult) -> pb.ClaimAllocation:
+    namespace, _, name = ref.rpartition("/")
+    return pb.ClaimAllocation(
+        namespace=namespace, name=name, allocation=to_pb_allocation_result(allocation)
+    )
+
+
+def _claim_allocations(
+    claims: Sequence[ResourceClaim], allocations: Sequence[AllocationResult]
+) -> list[pb.ClaimAllocation]:
+    return [
+        pb.ClaimAllocation(
+            namespace=claim.namespace,
+            name=claim.name,
+            uid=claim.uid,
+            allocation=to_pb_allocation_result(allocation),
+        )
+        for claim, allocation in zip(claims, allocations, strict=False)
+    ]
+
+
+def _devices(allocations: Iterable[AllocationResult]) -> list[DeviceID]:
+    return sorted({r.device_id for a in allocations for r in a.results if not r.admin_access})
+
+
+def _holder_to_pb(holder: Holder) -> pb.Holder:
+    message = pb.Holder(
+        reservation_id=holder.reservation_id,
+        owner=holder.owner,
+        node_name=holder.node,
+        state=_STATES[holder.state],
+        devices=[to_pb_device_id(d) for d in holder.devices],
+    )
+    if holder.expires_at is not None:
+        message.expires_at.CopyFrom(_timestamp(holder.expires_at))
+    return message
+
+
+def _score(score: Score | None, policy: Policy) -> float:
+    """Higher is better: the used share of the node after the placement (BINPACK, FIRST_FIT),
+    the free share (SPREAD)."""
+    if score is None or score.total_devices == 0:
+        return 0.0
+    free = Fraction(score.free_devices, score.total_devices)
+    return float(free if policy is Policy.SPREAD else 1 - free)
+
+
+def _timestamp(seconds: float) -> timestamp_pb2.Timestamp:
+    stamp = timestamp_pb2.Timestamp()
+    stamp.FromNanoseconds(round(seconds * 1e9))
+    return stamp
+
+
+# --- explanations ----------------------------------------------------------------------------
+
+
+def _explanation(answer: Answer, max_nodes: int) -> pb.Explanation:
+    explanation = answer.explanation or Explanation(summary="")
+    message = pb.Explanation(
+        requests=[_request(r) for r in explanation.requests],
+        constraints=[_constraint(c) for c in explanation.constraints],
+        nodes=[_node(n) for n in explanation.nodes[:max_nodes]],
+        messages=explanation.lines(max_nodes),
+    )
+    stats = answer.stats
+    message.stats.CopyFrom(
+        pb.SearchStats(
+            steps=stats.steps if stats else 0,
+            cel_evaluations=stats.cel_evaluations if stats else 0,
+            cel_cache_hits=answer.cel_cache_hits,
+            nodes_considered=stats.nodes_total if stats else 0,
+        )
+    )
+    message.stats.elapsed.FromTimedelta(timedelta(seconds=answer.elapsed_seconds))
+    return message
+
+
+def _request_ref(claim_label: str, request: str) -> pb.RequestRef:
+    return pb.RequestRef(claim=claim_label.rpartition("/")[2], request=request)
+
+
+def _request(request: RequestExplanation) -> pb.RequestExplanation:
+    name, _, sub = request.request.partition("/")
+    return pb.RequestExplanation(
+        request=_request_ref(request.claim, name),
+        sub_request=sub,
+        considered=request.considered,
+        rejections=[_rejection(g) for g in request.rejections],
+    )
+
+
+def _rejection(group: RejectionGroup) -> pb.RejectionGroup:
+    return pb.RejectionGroup(
+        reason=_REASONS.get(group.code, pb.REJECTION_REASON_UNSPECIFIED),
+        message=group.message(),
+        count=group.count,
+        example_devices=[_device_id(text) for text in group.examples],
+    )
+
+
+def _device_id(text: str) -> dra_pb2.DeviceID:
+    """`driver/pool/device` (a pool name may hold slashes; drivers and devices do not)."""
+    driver, _, rest = text.partition("/")
+    pool, _, device = rest.rpartition("/")
+    return dra_pb2.DeviceID(driver=driver, pool=pool, device=device)
+
+
+def _constraint(constraint: ConstraintExplanation) -> pb.ConstraintExplanation:
+    return pb.ConstraintExplanation(
+        source=pb.CONSTRAINT_SOURCE_CLAIM,
+        claim=constraint.claim.rpartition("/")[2],
+        index=constraint.index,
+        rejections=sum(g.count for g in constraint.problems),
+        message=constraint.message(),
+    )
+
+
+def _node(miss: NodeMiss) -> pb.NodeExplanation:
+    message = pb.NodeExplanation(
+        node_name=miss.node or "",
+        missing_devices=max(0, miss.request_needed - miss.request_placed),
+        message=miss.message(),
+    )
+    if miss.request:
+        message.unsatisfied_requests.append(_request_ref(miss.claim, miss.request))
+    return message

@@ -1,0 +1,122 @@
+"""The values the allocator's use cases take and give: no protobuf, no gRPC.
+
+`Query` is what Allocate, Explain and Capacity share (claims and where/how to place them);
+`LeaseOptions` what reserving adds; `Answer` / `CapacityAnswer` / `Holder` what comes back.
+The servicer maps them from and to protobuf (adapters/pb_mapping.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from services.allocator.core import Explanation, Policy, Score, Stats
+from services.allocator.reservations import Reservation, ReservationState
+from services.common.dra.model import (
+    AllocationResult,
+    DeviceClass,
+    DeviceID,
+    NodeSelector,
+    ResourceClaim,
+)
+
+__all__ = [
+    "Accuracy",
+    "Answer",
+    "CapacityAnswer",
+    "Holder",
+    "LeaseOptions",
+    "NodeCount",
+    "Outcome",
+    "Query",
+    "claim_ref",
+]
+
+
+def claim_ref(namespace: str, name: str) -> str:
+    """How a reservation names a claim: `namespace/name`."""
+    return f"{namespace or 'default'}/{name}"
+
+
+@dataclass(frozen=True)
+class Query:
+    """Claims to place together on one node, and the constraints on where and how."""
+
+    claims: tuple[ResourceClaim, ...]
+    device_classes: tuple[DeviceClass, ...] = ()  # inline; shadow the server's for this call
+    node: str = ""  # pinned node; empty: the allocator chooses
+    node_selector: NodeSelector | None = None  # only nodes it matches
+    policy: Policy | None = None  # None: the server's default
+    max_steps: int = 0  # 0: the server's limit (a request can only lower it)
+    max_nodes: int = 0  # 0: every node
+    min_generation: int = 0  # wait until the view has this inventory generation
+    explain: bool = False  # record reasons even when the claims fit
+
+
+@dataclass(frozen=True)
+class LeaseOptions:
+    """How to reserve: for whom, how long, and the retry-safety key."""
+
+    owner: str
+    lease_seconds: float | None = None  # None: the server's default
+    idempotency_key: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+class Outcome(StrEnum):
+    ALLOCATED = "allocated"
+    UNSATISFIABLE = "unsatisfiable"
+    BUDGET_EXHAUSTED = "budget-exhausted"  # the step budget or the deadline ran out
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A live reservation holding devices that blocked a claim (for Explain)."""
+
+    reservation_id: str
+    owner: str
+    node: str
+    state: ReservationState
+    expires_at: float | None
+    devices: tuple[DeviceID, ...]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What Allocate and Explain return."""
+
+    outcome: Outcome
+    generation: int  # the inventory generation the answer was computed from
+    claims: tuple[ResourceClaim, ...]
+    node: str | None = None
+    allocations: tuple[AllocationResult, ...] = ()  # one per claim when ALLOCATED
+    score: Score | None = None
+    policy: Policy = Policy.BINPACK
+    explanation: Explanation | None = None
+    stats: Stats | None = None
+    cel_cache_hits: int = 0
+    elapsed_seconds: float = 0.0
+    reservations: tuple[Reservation, ...] = ()
+    holders: tuple[Holder, ...] = ()
+
+
+class Accuracy(StrEnum):
+    EXACT = "exact"
+    LOWER_BOUND = "lower-bound"  # the search stopped early (budget, deadline, unit bound)
+
+
+@dataclass(frozen=True)
+class NodeCount:
+    node: str
+    count: int
+    accuracy: Accuracy
+
+
+@dataclass(frozen=True)
+class CapacityAnswer:
+    total: int
+    accuracy: Accuracy
+    nodes: tuple[NodeCount, ...]  # nodes with a non-zero count, by name
+    models: Mapping[str, int] = field(default_factory=dict)  # product name -> units
+    generation: int = 0

@@ -1,0 +1,63 @@
+"""Who holds the devices a claim could not get: the reservations behind an Explain.
+
+The solver names holders in its rejections (`in use by res-…`: the allocated state's owners are
+reservation ids). Counters and capacity shares have no single holder, so for those the
+reservations on the closest-miss nodes whose devices, counters or capacity were short are named
+instead. Sorted by expiry (the soonest free first), then id; at most MAX_HOLDERS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from services.allocator.answers import Answer, Holder, Outcome
+from services.allocator.core import ReasonCode
+from services.allocator.core.explain import held_by
+from services.allocator.reservations import Reservation
+
+__all__ = ["MAX_HOLDERS", "blocking_holders", "holder"]
+
+MAX_HOLDERS = 20
+_HELD_BY = held_by(["x"]).removesuffix("x")  # "in use by ": how the core names holders
+_SHORTAGES = ("in use", "short of counters", "short of capacity")  # NodeMiss reason phrases
+
+
+def blocking_holders(
+    answer: Answer, reservations: Iterable[Reservation], max_nodes: int
+) -> tuple[Holder, ...]:
+    """The live `reservations` that blocked the claims of an unsuccessful `answer`."""
+    explanation = answer.explanation
+    if explanation is None or answer.outcome is Outcome.ALLOCATED:
+        return ()
+    ids: set[str] = set()
+    for request in explanation.requests:
+        for group in request.rejections:
+            if group.code is ReasonCode.IN_USE and group.detail.startswith(_HELD_BY):
+                ids.update(group.detail.removeprefix(_HELD_BY).split(", "))
+    nodes = {
+        miss.node
+        for miss in explanation.nodes[:max_nodes]
+        if any(phrase in _SHORTAGES for phrase, _ in miss.reasons)
+    }
+    found = [holder(r) for r in reservations if r.id in ids or r.node in nodes]
+    found.sort(key=lambda h: (h.expires_at is None, h.expires_at or 0.0, h.reservation_id))
+    return tuple(found[:MAX_HOLDERS])
+
+
+def holder(reservation: Reservation) -> Holder:
+    devices = sorted(
+        {
+            result.device_id
+            for allocation in reservation.allocations
+            for result in allocation.results
+            if not result.admin_access
+        }
+    )
+    return Holder(
+        reservation_id=reservation.id,
+        owner=reservation.owner,
+        node=reservation.node,
+        state=reservation.state,
+        expires_at=reservation.expires_at,
+        devices=tuple(devices),
+    )

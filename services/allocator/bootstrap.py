@@ -1,0 +1,209 @@
+"""Composition root of the allocator: settings + a feed (+ a store) -> a servable app.
+
+    app = build_allocator(settings, feed)                 # store from settings.redis_url
+    server, port = create_server(addr, [app.registration], settings.server,
+                                 health=health, interceptors=app.interceptors())
+    app.attach_health(health)
+    server.start()
+    ...
+    app.close()
+
+Nothing connects at import time. `build_allocator` starts the background pieces: the view's
+builder thread, the feed (which delivers the first snapshot as soon as it has one), and the
+holdings' event and janitor threads.
+
+Health: the allocator's service name reports SERVING once it has an inventory view and has
+loaded the live reservations, NOT_SERVING before (so a Kubernetes readiness probe waits). The
+extra name `gpualloc.allocator.v1.Allocator/inventory` reports whether the inventory feed is
+connected: a broken feed does not stop serving (the last view stays valid), it is only
+reported there, in the logs and in the `gpualloc.inventory.connected` metric.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import grpc
+
+from protos.allocator.v1 import allocator_pb2_grpc
+from services.allocator.adapters.grpc_servicer import SERVICE_NAME, AllocatorServicer
+from services.allocator.adapters.memory_store import MemoryReservationStore
+from services.allocator.adapters.redis_store import RedisReservationStore
+from services.allocator.classes import load_device_classes
+from services.allocator.config import AllocatorSettings
+from services.allocator.core import SelectorCache
+from services.allocator.feed import Closeable, InventoryFeed
+from services.allocator.holdings import Holdings
+from services.allocator.reservations import ReservationEvent, ReservationEventOp, ReservationStore
+from services.allocator.service import AllocatorService, ServiceLimits
+from services.allocator.solving import Solver
+from services.allocator.telemetry import Telemetry, configure_telemetry
+from services.allocator.view import ClusterView
+from services.common.grpc_server import ServiceRegistration
+from services.common.health import Health
+
+__all__ = ["FEED_HEALTH_NAME", "AllocatorApp", "build_allocator", "build_store"]
+
+log = logging.getLogger(__name__)
+
+FEED_HEALTH_NAME = f"{SERVICE_NAME}/inventory"
+_HEALTH_POLL_SECONDS = 0.25
+
+
+@dataclass
+class AllocatorApp:
+    """A built allocator: its service, its gRPC registration, and what to close."""
+
+    service: AllocatorService
+    registration: ServiceRegistration
+    telemetry: Telemetry
+    feed_connected: Callable[[], bool]
+    _closers: list[Callable[[], None]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def view(self) -> ClusterView:
+        return self.service.view
+
+    @property
+    def holdings(self) -> Holdings:
+        return self.service.holdings
+
+    @property
+    def store(self) -> ReservationStore:
+        return self.service.store
+
+    def ready(self) -> bool:
+        """Serving needs an inventory view and the live reservations."""
+        return self.view.current() is not None and self.holdings.synced
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Block until ready (start-up, tests); False when `timeout` passed first."""
+        deadline = time.monotonic() + timeout
+        while not self.ready() and time.monotonic() < deadline:
+            self._stop.wait(0.02)
+        return self.ready()
+
+    def interceptors(self) -> list[grpc.ServerInterceptor]:
+        """Pass to create_server: the tracing/metrics interceptor (none with telemetry off)."""
+        return self.telemetry.interceptors()
+
+    def attach_health(self, health: Health) -> None:
+        """Keep `health` up to date (after create_server, which marks everything SERVING)."""
+        self._publish_health(health)
+        thread = threading.Thread(
+            target=self._watch_health, args=(health,), name="allocator-health", daemon=True
+        )
+        thread.start()
+
+    def _watch_health(self, health: Health) -> None:
+        while not self._stop.wait(_HEALTH_POLL_SECONDS):
+            self._publish_health(health)
+
+    def _publish_health(self, health: Health) -> None:
+        if self.ready():
+            health.set_serving(SERVICE_NAME)
+        else:
+            health.set_not_serving(SERVICE_NAME)
+        if self.feed_connected():
+            health.set_serving(FEED_HEALTH_NAME)
+        else:
+            health.set_not_serving(FEED_HEALTH_NAME)
+
+    def close(self) -> None:
+        """Stop the feed, the background threads, the store and the exporters (reverse order)."""
+        self._stop.set()
+        for closer in reversed(self._closers):
+            try:
+                closer()
+            except Exception:
+                log.exception("closing the allocator")
+        self._closers.clear()
+
+
+def build_store(settings: AllocatorSettings) -> ReservationStore:
+    """Redis when GPUALLOC_REDIS_URL is set, else the embedded store."""
+    if settings.redis_url:
+        return RedisReservationStore(
+            settings.redis_url,
+            key_prefix=settings.redis_key_prefix,
+            socket_timeout=settings.redis_timeout,
+            max_connections=max(16, settings.server.max_workers * 2),
+        )
+    return MemoryReservationStore()
+
+
+def build_allocator(
+    settings: AllocatorSettings,
+    feed: InventoryFeed,
+    store: ReservationStore | None = None,
+    *,
+    telemetry: Telemetry | None = None,
+    environ: Mapping[str, str] | None = None,
+    feed_connected: Callable[[], bool] | None = None,
+) -> AllocatorApp:
+    """Build and start an allocator following `feed`. `store` defaults to `build_store`
+    (closed by `app.close()` only when built here); `telemetry` to the OTEL_* variables of
+    `environ` (os.environ); `feed_connected` says whether the feed is live (default: always)."""
+    closers: list[Callable[[], None]] = []
+    telemetry = telemetry or configure_telemetry(os.environ if environ is None else environ)
+    closers.append(telemetry.shutdown)
+    if store is None:
+        store = build_store(settings)
+        closers.append(store.close)
+    metrics = telemetry.metrics
+
+    def on_event(event: ReservationEvent) -> None:
+        if event.op is ReservationEventOp.EXPIRE:
+            metrics.lease_expiries.add(1)
+
+    selectors = SelectorCache()
+    view = ClusterView(min_interval=settings.reindex_interval)
+    closers.append(view.close)
+    holdings = Holdings(
+        store,
+        expire_interval=settings.expire_interval,
+        refresh_interval=settings.resync_interval,
+        on_event=on_event,
+    )
+    service = AllocatorService(
+        view,
+        holdings,
+        store,
+        Solver(selectors, policy=settings.policy, max_steps=settings.max_search_steps),
+        load_device_classes(settings.device_classes),
+        limits=ServiceLimits(
+            lease_seconds=settings.lease_seconds,
+            max_lease_seconds=settings.max_lease_seconds,
+            reserve_retries=settings.reserve_retries,
+        ),
+        metrics=metrics,
+        tracer=telemetry.tracer,
+    )
+    holdings.start()
+    closers.append(holdings.close)
+    following: Closeable = feed.follow(view.apply)
+    closers.append(following.close)
+    connected = feed_connected or (lambda: True)
+    metrics.observe("gpualloc.cel.evaluations", lambda: selectors.evaluations, gauge=False)
+    metrics.observe("gpualloc.cel.profile_hits", lambda: selectors.profile_hits, gauge=False)
+    metrics.observe("gpualloc.inventory.generation", lambda: _generation(view))
+    metrics.observe(
+        "gpualloc.inventory.generation_lag",
+        lambda: max(0, view.received_generation - _generation(view)),
+    )
+    metrics.observe("gpualloc.inventory.connected", lambda: 1 if connected() else 0)
+    registration = ServiceRegistration(
+        SERVICE_NAME, allocator_pb2_grpc.add_AllocatorServicer_to_server, AllocatorServicer(service)
+    )
+    return AllocatorApp(service, registration, telemetry, connected, closers)
+
+
+def _generation(view: ClusterView) -> int:
+    current = view.current()
+    return current.generation if current is not None else -1

@@ -1,0 +1,122 @@
+"""Capacity: how many more copies of a unit (claims placed together on one node) fit now.
+
+Per node, the solver places one unit, the unit is added to a private copy of the allocated
+state, and the next unit is placed, until one does not fit. The count is exact for the
+solver's packing (units are placed as Allocate would place them, one after another); it is a
+lower bound when a bound stopped it: the step budget, the deadline, or `max_units` per node.
+
+Each unit is attributed to the product name of its first device (`productName` of the device's
+driver domain, as the NVIDIA driver publishes it), `unknown` without one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from services.allocator.answers import Accuracy, CapacityAnswer, NodeCount, Query
+from services.allocator.core import Allocated, AllocatedState, ClusterSnapshot
+from services.allocator.solving import Deadline, Solver, eligible_nodes, unique_share_id
+from services.common.dra.model import AllocationResult, DeviceClass
+from services.common.errors import DeadlineExceeded, GpuallocError
+
+__all__ = ["count_capacity"]
+
+UNKNOWN_MODEL = "unknown"
+
+
+@dataclass
+class _Tally:
+    nodes: list[NodeCount] = field(default_factory=list)
+    models: dict[str, int] = field(default_factory=dict)
+    steps: int = 0
+    cut: bool = False
+
+
+def count_capacity(
+    solver: Solver,
+    snapshot: ClusterSnapshot,
+    state: AllocatedState,
+    classes: Mapping[str, DeviceClass],
+    query: Query,
+    deadline: Deadline,
+    *,
+    generation: int,
+    max_units: int = 1024,
+) -> CapacityAnswer:
+    """Count units per node (the pinned one, or every eligible node in name order)."""
+    nodes = [query.node] if query.node else eligible_nodes(snapshot, query)
+    budget = solver.budget(query, deadline)
+    tally = _Tally()
+    for node in nodes:
+        if deadline.passed() or tally.steps >= budget.max_steps:
+            tally.cut = True
+            break
+        try:
+            count, cut = _count_node(
+                solver, snapshot, state, classes, query, node, deadline, tally, max_units
+            )
+        except DeadlineExceeded:
+            tally.cut = True
+            break
+        except GpuallocError:
+            if query.node:
+                raise  # a pinned node's problem is the caller's to see
+            continue  # as Allocate: a node-only error (e.g. incomplete pool) skips the node
+        tally.cut = tally.cut or cut
+        if count:
+            accuracy = Accuracy.LOWER_BOUND if cut else Accuracy.EXACT
+            tally.nodes.append(NodeCount(node, count, accuracy))
+    return CapacityAnswer(
+        total=sum(n.count for n in tally.nodes),
+        accuracy=Accuracy.LOWER_BOUND if tally.cut else Accuracy.EXACT,
+        nodes=tuple(tally.nodes),
+        models=dict(sorted(tally.models.items())),
+        generation=generation,
+    )
+
+
+def _count_node(
+    solver: Solver,
+    snapshot: ClusterSnapshot,
+    state: AllocatedState,
+    classes: Mapping[str, DeviceClass],
+    query: Query,
+    node: str,
+    deadline: Deadline,
+    tally: _Tally,
+    max_units: int,
+) -> tuple[int, bool]:
+    """(units placed on `node`, whether a bound stopped the count)."""
+    pinned = Query(
+        claims=query.claims,
+        node=node,
+        policy=query.policy,
+        max_steps=query.max_steps,
+    )
+    count = 0
+    while count < max_units:
+        result = solver.run(snapshot, state, classes, pinned, deadline, share_id=unique_share_id)
+        tally.steps += result.stats.steps
+        if not isinstance(result, Allocated):
+            return count, result.budget_exhausted
+        count += 1
+        model = _model(snapshot, result.allocations)
+        tally.models[model] = tally.models.get(model, 0) + 1
+        for allocation in result.allocations:
+            state = state.with_allocation(allocation, "capacity")
+    return count, True
+
+
+def _model(snapshot: ClusterSnapshot, allocations: tuple[AllocationResult, ...]) -> str:
+    for allocation in allocations:
+        for result in allocation.results:
+            entry = snapshot.device(result.device_id)
+            if entry is None:
+                continue
+            attributes = entry.device.attributes
+            value = attributes.get("productName") or attributes.get(
+                f"{entry.id.driver}/productName"
+            )
+            return str(value.value) if value is not None else UNKNOWN_MODEL
+    return UNKNOWN_MODEL

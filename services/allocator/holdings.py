@@ -1,0 +1,331 @@
+"""Holdings: this process's view of the live reservations, as the solver's AllocatedState.
+
+The reservation store is the truth; every allocator process (worker or replica) keeps a local
+copy so that Allocate never waits for Redis:
+
+- at start, `store.live()`;
+- then the store's change events (other replicas' reserves, releases, expiries), handled on a
+  worker thread: releases and expiries drop ids, reserves of unknown ids are fetched;
+- and this process's own operations (`added` / `removed`), at once, so that the next Allocate
+  in this process already avoids what it just reserved;
+- a janitor thread runs `store.expire()` every `expire_interval` (freeing due leases and
+  publishing their expiry) and a full `refresh()` every `refresh_interval`, because pub/sub
+  is at-most-once; after the store was unreachable it refreshes at the first success.
+
+The copy may lag; that is safe: reserving re-checks everything atomically in the store, and a
+Conflict makes the service `refresh(node)` and solve again. Ids removed locally are remembered
+for a while (tombstones), so a late event or fetch cannot resurrect a released reservation.
+
+`state_for(view)` turns the copy into an AllocatedState over a view's snapshot, owners being
+reservation ids (Explain names them). It is cached per (view, version); a new view rebases the
+cached state, a few new reservations are applied incrementally, anything bigger rebuilds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from services.allocator.core import AllocatedState
+from services.allocator.reservations import (
+    Reservation,
+    ReservationEvent,
+    ReservationEventOp,
+    ReservationState,
+    ReservationStore,
+    Subscription,
+)
+from services.allocator.view import ViewSnapshot
+from services.common.errors import GpuallocError, NotFound, Unavailable
+
+__all__ = ["Holdings"]
+
+log = logging.getLogger(__name__)
+
+_TOMBSTONE_SECONDS = 300.0
+_INCREMENTAL_LIMIT = 64  # more changes than this since the cached state: rebuild it
+_EVENT_BATCH = 256
+
+
+@dataclass(frozen=True)
+class _Change:
+    added: Reservation | None  # None: `removed` was dropped
+    removed: Reservation | None
+
+
+@dataclass(frozen=True, eq=False)
+class _Cached:
+    view: ViewSnapshot
+    version: int
+    state: AllocatedState
+
+
+class Holdings:
+    """Thread-safe. `on_event` sees every store event (telemetry counts expiries)."""
+
+    def __init__(
+        self,
+        store: ReservationStore,
+        *,
+        expire_interval: float = 1.0,
+        refresh_interval: float = 30.0,
+        on_event: Callable[[ReservationEvent], None] | None = None,
+    ) -> None:
+        self._store = store
+        self._expire_interval = expire_interval
+        self._refresh_interval = refresh_interval
+        self._on_event = on_event
+        self._lock = threading.Lock()
+        self._refreshing = threading.Lock()  # one refresh at a time
+        self._by_id: dict[str, Reservation] = {}
+        self._version = 0
+        self._journal: list[_Change] | None = []  # changes since the cached version; None: reset
+        self._recording: list[_Change] | None = None  # changes made while a refresh reads
+        self._tombstones: dict[str, float] = {}
+        self._cached: _Cached | None = None
+        self._synced = False
+        self._events: queue.SimpleQueue[ReservationEvent | None] = queue.SimpleQueue()
+        self._closed = threading.Event()
+        self._subscription: Subscription | None = None
+        self._threads: list[threading.Thread] = []
+
+    # --- life cycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Subscribe, load what is live (a store that is down now is retried by the janitor)
+        and start the background threads."""
+        self._subscribe()
+        try:
+            self.refresh()
+        except Unavailable as error:
+            log.warning("reservations not loaded yet: %s", error)
+        for target, name in ((self._sync, "holdings-events"), (self._janitor, "holdings-janitor")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _subscribe(self) -> bool:
+        """Follow the store's events; False when the store cannot be reached now (the
+        janitor tries again: until then only refreshes keep the copy current)."""
+        try:
+            self._subscription = self._store.subscribe(self._events.put)
+        except Exception as error:  # the store's client error types are its own business
+            log.warning("cannot follow reservation events yet: %s", error)
+            return False
+        return True
+
+    def close(self) -> None:
+        self._closed.set()
+        self._events.put(None)
+        if self._subscription is not None:
+            self._subscription.close()
+        for thread in self._threads:
+            thread.join(timeout=5.0)
+
+    @property
+    def synced(self) -> bool:
+        """Whether the live reservations were loaded at least once."""
+        return self._synced
+
+    def require_synced(self) -> None:
+        if not self._synced:
+            raise Unavailable("reservations not loaded yet: the reservation store is unreachable")
+
+    # --- reads ----------------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def get(self, reservation_id: str) -> Reservation | None:
+        return self._by_id.get(reservation_id)
+
+    def reservations(self) -> list[Reservation]:
+        with self._lock:
+            return list(self._by_id.values())
+
+    def find_idempotent(self, owner: str, idempotency_key: str) -> list[Reservation]:
+        """Live reservations this copy knows for (owner, key), sorted by node."""
+        with self._lock:
+            found = [
+                r
+                for r in self._by_id.values()
+                if r.owner == owner and r.idempotency_key == idempotency_key
+            ]
+        return sorted(found, key=lambda r: (r.node, r.id))
+
+    def state_for(self, view: ViewSnapshot) -> AllocatedState:
+        """The holdings as an AllocatedState over `view` (cached; see the module docstring)."""
+        with self._lock:
+            cached = self._cached
+            if cached is not None and cached.view is view and cached.version == self._version:
+                return cached.state
+            journal = self._journal
+            if cached is None or journal is None or len(journal) > _INCREMENTAL_LIMIT:
+                state = AllocatedState.build(
+                    view.snapshot, ((r.id, a) for r in self._by_id.values() for a in r.allocations)
+                )
+            else:
+                state = cached.state if cached.view is view else cached.state.rebase(view.snapshot)
+                for change in journal:
+                    state = _apply(state, change)
+            self._cached = _Cached(view, self._version, state)
+            self._journal = []
+            return state
+
+    # --- writes ---------------------------------------------------------------------------
+
+    def added(self, reservations: Iterable[Reservation]) -> None:
+        """Reservations this process made (or fetched): visible to the next solve."""
+        with self._lock:
+            for reservation in reservations:
+                if reservation.id in self._tombstones:
+                    continue
+                previous = self._by_id.get(reservation.id)
+                self._by_id[reservation.id] = reservation
+                if previous is None:
+                    self._record(_Change(reservation, None))
+
+    def removed(self, reservation_ids: Iterable[str]) -> None:
+        """Reservations released or expired: their devices are free for the next solve."""
+        now = time.monotonic()
+        with self._lock:
+            for reservation_id in reservation_ids:
+                self._tombstones[reservation_id] = now
+                reservation = self._by_id.pop(reservation_id, None)
+                if reservation is not None:
+                    self._record(_Change(None, reservation))
+
+    def committed(self, reservation: Reservation) -> None:
+        """A state change that holds the same devices: no new version."""
+        with self._lock:
+            if reservation.id in self._by_id:
+                self._by_id[reservation.id] = reservation
+
+    def refresh(self, node: str = "") -> None:
+        """Replace the copy (of one node's reservations, or all) with the store's."""
+        with self._refreshing:
+            with self._lock:
+                self._recording = []
+            try:
+                fresh = self._store.list(node=node) if node else self._store.live()
+            except BaseException:
+                with self._lock:
+                    self._recording = None
+                raise
+            with self._lock:
+                recorded, self._recording = self._recording or [], None
+                self._replace(fresh, node, recorded)
+                if not node:
+                    self._synced = True
+                self._prune_tombstones()
+
+    def _replace(self, fresh: Sequence[Reservation], node: str, recorded: list[_Change]) -> None:
+        merged = {r.id: r for r in fresh if r.id not in self._tombstones}
+        if node:
+            merged.update({i: r for i, r in self._by_id.items() if r.node != node})
+        for change in recorded:  # what this process did while the store was read
+            if change.added is not None and change.added.id not in self._tombstones:
+                merged[change.added.id] = change.added
+            if change.removed is not None:
+                merged.pop(change.removed.id, None)
+        if merged.keys() != self._by_id.keys():
+            self._by_id = merged
+            self._version += 1
+            self._journal = None
+        else:
+            self._by_id = merged
+
+    def _record(self, change: _Change) -> None:
+        """Called with the lock held, for every change of the id set."""
+        self._version += 1
+        if self._journal is not None:
+            self._journal.append(change)
+        if self._recording is not None:
+            self._recording.append(change)
+
+    def _prune_tombstones(self) -> None:
+        horizon = time.monotonic() - _TOMBSTONE_SECONDS
+        self._tombstones = {i: t for i, t in self._tombstones.items() if t > horizon}
+
+    # --- background -----------------------------------------------------------------------
+
+    def _sync(self) -> None:
+        """Apply store events in batches (fetching reservations this copy does not know)."""
+        while True:
+            event = self._events.get()
+            if event is None or self._closed.is_set():
+                return
+            batch = [event]
+            while len(batch) < _EVENT_BATCH and not self._events.empty():
+                more = self._events.get()
+                if more is None:
+                    return
+                batch.append(more)
+            try:
+                self._handle(batch)
+            except Exception:
+                log.exception("reservation events could not be applied; refreshing later")
+
+    def _handle(self, batch: list[ReservationEvent]) -> None:
+        unknown: list[str] = []
+        for event in batch:
+            if self._on_event is not None:
+                self._on_event(event)
+            if event.op in (ReservationEventOp.RELEASE, ReservationEventOp.EXPIRE):
+                self.removed([event.id])
+            elif event.op is ReservationEventOp.RESERVE:
+                unknown.append(event.id)
+            elif event.op is ReservationEventOp.COMMIT:
+                known = self._by_id.get(event.id)
+                if known is not None:
+                    self.committed(
+                        dataclasses.replace(
+                            known, state=ReservationState.COMMITTED, expires_at=None
+                        )
+                    )
+        for reservation_id in unknown:
+            if reservation_id in self._by_id or reservation_id in self._tombstones:
+                continue  # this process made it, or it is gone already
+            try:
+                self.added([self._store.get(reservation_id)])
+            except NotFound:
+                continue
+            except GpuallocError as error:
+                log.warning("cannot fetch reservation %s: %s", reservation_id, error)
+
+    def _janitor(self) -> None:
+        last_refresh = time.monotonic()
+        healthy = self._synced
+        while not self._closed.wait(self._expire_interval):
+            if self._subscription is None and self._subscribe():
+                healthy = False  # events were missed until now: reload everything
+            try:
+                self._store.expire()
+                due = time.monotonic() - last_refresh >= self._refresh_interval
+                if not healthy or due:
+                    self.refresh()
+                    last_refresh = time.monotonic()
+                healthy = True
+            except GpuallocError as error:
+                if healthy:
+                    log.warning("reservation store: %s", error)
+                healthy = False
+            except Exception:
+                log.exception("reservation janitor failed")
+                healthy = False
+
+
+def _apply(state: AllocatedState, change: _Change) -> AllocatedState:
+    if change.added is not None:
+        for allocation in change.added.allocations:
+            state = state.with_allocation(allocation, change.added.id)
+    if change.removed is not None:
+        for allocation in change.removed.allocations:
+            state = state.without_allocation(allocation, change.removed.id)
+    return state

@@ -1,0 +1,429 @@
+"""The allocator's use cases: Allocate, Explain, Capacity and the reservation life cycle.
+
+Every answer is computed from two local, lock-free reads — the current inventory view
+(`ClusterView`) and this process's copy of the live reservations (`Holdings`, as an
+AllocatedState for that view) — so Allocate never waits for Redis or the inventory.
+
+Reserving is optimistic: the placement's holds (`holds.py`) are checked and taken atomically by
+the store. When the store answers Conflict, the local copy of that node's reservations is
+refreshed and Allocate(reserve) solves again, at most `reserve_retries` more times, then the
+Conflict goes to the client (ABORTED, naming the devices). Reserve (a placement the client
+sends) is not retried: the client must allocate again.
+
+Time: `remaining_seconds()` of the current gRPC call bounds every wait — the search
+(`SearchBudget.cancelled`, answered as BUDGET_EXHAUSTED), waiting for an inventory
+generation, and a store call does not start once the deadline has passed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from opentelemetry import trace
+from opentelemetry.metrics import Counter
+
+from services.allocator.answers import (
+    Answer,
+    CapacityAnswer,
+    Holder,
+    LeaseOptions,
+    Outcome,
+    Query,
+    claim_ref,
+)
+from services.allocator.blockers import blocking_holders
+from services.allocator.classes import with_inline
+from services.allocator.core import (
+    AllocatedState,
+    Explanation,
+    SolveResult,
+    Unsatisfiable,
+)
+from services.allocator.counting import count_capacity
+from services.allocator.holdings import Holdings
+from services.allocator.holds import placement_holds
+from services.allocator.paging import decode_token, encode_token, query_hash
+from services.allocator.reservations import (
+    Hold,
+    Reservation,
+    ReservationState,
+    ReservationStore,
+    ReserveRequest,
+)
+from services.allocator.solving import Deadline, Solver
+from services.allocator.telemetry import AllocatorMetrics
+from services.allocator.view import ClusterView, ViewSnapshot
+from services.common.dra.model import AllocationResult, DeviceClass
+from services.common.errors import (
+    AlreadyExists,
+    Conflict,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+)
+from services.common.grpc_server import check_deadline, remaining_seconds
+
+__all__ = ["AllocatorService", "ServiceLimits"]
+
+_MAX_CONFLICTS = 8
+_DEFAULT_PAGE = 100
+_MAX_PAGE = 1000
+
+
+@dataclass(frozen=True)
+class ServiceLimits:
+    """The service's knobs (from AllocatorSettings)."""
+
+    lease_seconds: float = 300.0
+    max_lease_seconds: float = 86_400.0
+    reserve_retries: int = 3
+    max_generation_wait: float = 10.0  # seconds a call may wait for min_inventory_generation
+    max_capacity_units: int = 1024  # units counted per node at most
+    max_nodes_explained: int = 10
+
+
+class AllocatorService:
+    def __init__(
+        self,
+        view: ClusterView,
+        holdings: Holdings,
+        store: ReservationStore,
+        solver: Solver,
+        classes: Mapping[str, DeviceClass],
+        *,
+        limits: ServiceLimits = ServiceLimits(),
+        metrics: AllocatorMetrics | None = None,
+        tracer: trace.Tracer | None = None,
+    ) -> None:
+        self.view = view
+        self.holdings = holdings
+        self.store = store
+        self.solver = solver
+        self.classes = dict(classes)
+        self.limits = limits
+        self._metrics = metrics
+        self._tracer = tracer or trace.NoOpTracer()
+
+    # --- Allocate / Explain / Capacity -------------------------------------------------------
+
+    def allocate(self, query: Query, lease: LeaseOptions | None = None) -> Answer:
+        """Place the claims; with `lease`, reserve the placement too (retrying on Conflict)."""
+        lease_seconds = self._lease_seconds(lease.lease_seconds, "lease_ttl") if lease else 0.0
+        if lease is not None and lease.idempotency_key:
+            known = self.holdings.find_idempotent(lease.owner, lease.idempotency_key)
+            if known:
+                return self._reserved_answer(query, known, self.view.require(0).generation)
+        attempts = 1 + (self.limits.reserve_retries if lease is not None else 0)
+        conflict: Conflict | None = None
+        for _ in range(attempts):
+            view, state = self._read(query)
+            answer = self._answer(view, state, query, explain=query.explain)
+            if lease is None or answer.outcome is not Outcome.ALLOCATED:
+                return answer
+            holds = placement_holds(view.snapshot, answer.node or "", answer.allocations)
+            names = tuple(claim_ref(claim.namespace, claim.name) for claim in query.claims)
+            requests = _requests(holds, names, answer.allocations, lease, lease_seconds)
+            try:
+                reservations = self._store_reserve(requests)
+            except Conflict as error:
+                conflict = error
+                self._count(self._metrics.conflicts if self._metrics else None)
+                for scope in holds:
+                    self.holdings.refresh(scope)
+                continue
+            return self._reserved_answer(query, reservations, view.generation)
+        self._count(self._metrics.aborted if self._metrics else None)
+        assert conflict is not None
+        raise _bounded(conflict)
+
+    def explain(self, query: Query, max_nodes: int = 0) -> Answer:
+        """Allocate's search with reasons recorded, plus the reservations that blocked it."""
+        view, state = self._read(query)
+        answer = self._answer(view, state, query, explain=True)
+        shown = max_nodes or self.limits.max_nodes_explained
+        return _with_holders(answer, blocking_holders(answer, self.holdings.reservations(), shown))
+
+    def capacity(self, query: Query, ignore_reservations: bool = False) -> CapacityAnswer:
+        view, state = self._read(query)
+        if ignore_reservations:
+            state = AllocatedState(view.snapshot)
+        with self._tracer.start_as_current_span("capacity"):
+            return count_capacity(
+                self.solver,
+                view.snapshot,
+                state,
+                with_inline(self.classes, query.device_classes),
+                query,
+                Deadline.within(remaining_seconds()),
+                generation=view.generation,
+                max_units=self.limits.max_capacity_units,
+            )
+
+    # --- the reservation life cycle ----------------------------------------------------------
+
+    def reserve(
+        self,
+        node: str,
+        claims: Sequence[tuple[str, AllocationResult]],
+        lease: LeaseOptions,
+    ) -> list[Reservation]:
+        """Reserve a placement the client sends (`(claim name, allocation)` pairs on `node`)."""
+        if not node:
+            raise InvalidArgument.at("node_name", "must not be empty")
+        if not claims:
+            raise InvalidArgument.at("allocations", "must not be empty")
+        lease_seconds = self._lease_seconds(lease.lease_seconds, "lease_ttl")
+        self.holdings.require_synced()
+        view = self.view.require(0)
+        allocations = tuple(allocation for _, allocation in claims)
+        holds = placement_holds(view.snapshot, node, allocations)
+        names = tuple(name for name, _ in claims)
+        requests = _requests(holds, names, allocations, lease, lease_seconds)
+        try:
+            reservations = self._store_reserve(requests)
+        except Conflict as conflict:
+            self._count(self._metrics.conflicts if self._metrics else None)
+            for scope in holds:
+                self.holdings.refresh(scope)
+            raise _bounded(conflict) from None
+        for request, reservation in zip(requests, reservations, strict=True):
+            if lease.idempotency_key and set(reservation.hold.devices) != set(request.hold.devices):
+                raise AlreadyExists(
+                    f"idempotency key {lease.idempotency_key!r} was used for another placement "
+                    f"(reservation {reservation.id})"
+                )
+        return reservations
+
+    def commit(self, reservation_id: str, owner: str, fencing_token: int = 0) -> Reservation:
+        check_deadline("commit")
+        reservation = self.store.commit(reservation_id, owner, fencing_token)
+        self.holdings.committed(reservation)
+        return reservation
+
+    def renew(
+        self,
+        reservation_id: str,
+        owner: str,
+        lease_seconds: float | None = None,
+        fencing_token: int = 0,
+    ) -> Reservation:
+        seconds = self._lease_seconds(lease_seconds, "lease_ttl")
+        check_deadline("renew")
+        if fencing_token:
+            current = self.store.get(reservation_id)
+            _check_fence(current, owner, fencing_token)
+        reservation = self.store.renew(reservation_id, owner, seconds)
+        self.holdings.committed(reservation)
+        return reservation
+
+    def release(
+        self,
+        reservation_id: str,
+        owner: str,
+        fencing_token: int = 0,
+        allow_missing: bool = False,
+    ) -> Reservation | None:
+        """Free the reservation; returns it as this allocator last saw it (None when missing
+        and allowed). A reservation unknown here is read from the store first."""
+        check_deadline("release")
+        try:
+            current = self.holdings.get(reservation_id) or self.store.get(reservation_id)
+            self.store.release(reservation_id, owner, fencing_token)
+        except NotFound:
+            if allow_missing:
+                return None
+            raise
+        self.holdings.removed([reservation_id])
+        return current
+
+    def get(self, reservation_id: str) -> Reservation:
+        check_deadline("get")
+        return self.store.get(reservation_id)
+
+    def list_reservations(
+        self,
+        owner: str = "",
+        node: str = "",
+        state: ReservationState | None = None,
+        page_size: int = 0,
+        page_token: str = "",
+    ) -> tuple[list[Reservation], str]:
+        """One page of live reservations sorted by id, and the next page's token ("" at end)."""
+        if page_size < 0:
+            raise InvalidArgument.at("page_size", f"must not be negative, got {page_size}")
+        size = min(page_size or _DEFAULT_PAGE, _MAX_PAGE)
+        query = query_hash(owner, node, state)
+        after = decode_token(page_token, query)
+        check_deadline("list")
+        found = sorted(
+            (
+                r
+                for r in self.store.list(owner=owner, node=node)
+                if (state is None or r.state is state) and r.id > after
+            ),
+            key=lambda r: r.id,
+        )
+        page = found[:size]
+        more = len(found) > size
+        return page, encode_token(page[-1].id, query) if more else ""
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _read(self, query: Query) -> tuple[ViewSnapshot, AllocatedState]:
+        self.holdings.require_synced()
+        wait = 0.0
+        if query.min_generation > 0:
+            left = Deadline.within(remaining_seconds()).left()
+            wait = min(self.limits.max_generation_wait, left if left is not None else 1e9)
+        view = self.view.require(query.min_generation, wait)
+        return view, self.holdings.state_for(view)
+
+    def _answer(
+        self, view: ViewSnapshot, state: AllocatedState, query: Query, *, explain: bool
+    ) -> Answer:
+        classes = with_inline(self.classes, query.device_classes)
+        policy = query.policy or self.solver.policy
+        hits_before = self.solver.selectors.profile_hits
+        started = time.perf_counter()
+        with self._tracer.start_as_current_span("solve") as span:
+            span.set_attribute("gpualloc.inventory.generation", view.generation)
+            try:
+                result: SolveResult | None = self.solver.run(
+                    view.snapshot, state, classes, query, Deadline.within(remaining_seconds()),
+                    explain=explain,
+                )  # fmt: skip
+            except DeadlineExceeded:
+                result = None
+            elapsed = time.perf_counter() - started
+            span.set_attribute("gpualloc.outcome", type(result).__name__)
+        if self._metrics is not None:
+            self._metrics.solve_duration.record(elapsed * 1000)
+        answer = Answer(
+            Outcome.BUDGET_EXHAUSTED,
+            generation=view.generation,
+            claims=query.claims,
+            policy=policy,
+            cel_cache_hits=self.solver.selectors.profile_hits - hits_before,
+            elapsed_seconds=elapsed,
+            explanation=Explanation(
+                summary="the call's deadline ran out during the search: retry with more time",
+                budget_exhausted=True,
+            ),
+        )
+        if result is None:
+            return answer
+        if isinstance(result, Unsatisfiable):
+            outcome = Outcome.BUDGET_EXHAUSTED if result.budget_exhausted else Outcome.UNSATISFIABLE
+            answer = replace(
+                answer, outcome=outcome, explanation=result.explanation, stats=result.stats
+            )
+            holders = blocking_holders(answer, self.holdings.reservations(), 3)
+            return _with_holders(answer, holders)
+        return replace(
+            answer,
+            outcome=Outcome.ALLOCATED,
+            node=result.node,
+            allocations=result.allocations,
+            score=result.score,
+            explanation=result.explanation,
+            stats=result.stats,
+        )
+
+    def _store_reserve(self, requests: Sequence[ReserveRequest]) -> list[Reservation]:
+        check_deadline("reserve")
+        with self._tracer.start_as_current_span("reserve") as span:
+            span.set_attribute("gpualloc.node", requests[0].node)
+            if len(requests) == 1:
+                reservations = [self.store.reserve(requests[0])]
+            else:
+                reservations = self.store.reserve_gang(requests)
+        self.holdings.added(reservations)
+        return reservations
+
+    def _reserved_answer(
+        self, query: Query, reservations: Sequence[Reservation], generation: int
+    ) -> Answer:
+        """The answer of a reserving Allocate: the placement as the store holds it (which, for
+        an idempotent retry, is the first call's)."""
+        first = reservations[0]
+        return Answer(
+            Outcome.ALLOCATED,
+            generation=generation,
+            claims=query.claims,
+            node=first.node,
+            allocations=first.allocations,
+            policy=query.policy or self.solver.policy,
+            reservations=tuple(reservations),
+        )
+
+    def _lease_seconds(self, requested: float | None, path: str) -> float:
+        if requested is None:
+            return self.limits.lease_seconds
+        if requested <= 0:
+            raise InvalidArgument.at(path, f"must be positive, got {requested:g}s")
+        if requested > self.limits.max_lease_seconds:
+            raise InvalidArgument.at(
+                path, f"must be at most {self.limits.max_lease_seconds:g}s, got {requested:g}s"
+            )
+        return requested
+
+    @staticmethod
+    def _count(counter: Counter | None) -> None:
+        if counter is not None:
+            counter.add(1)
+
+
+def _requests(
+    holds: Mapping[str, Hold],
+    claim_names: tuple[str, ...],
+    allocations: tuple[AllocationResult, ...],
+    lease: LeaseOptions,
+    lease_seconds: float,
+) -> list[ReserveRequest]:
+    """One store request per scope of the placement (the node's first)."""
+    return [
+        ReserveRequest(
+            owner=lease.owner,
+            node=scope,
+            claim_names=claim_names,
+            allocations=allocations,
+            hold=hold,
+            lease_seconds=lease_seconds,
+            idempotency_key=lease.idempotency_key,
+            labels=lease.labels,
+        )
+        for scope, hold in holds.items()
+    ]
+
+
+def _bounded(conflict: Conflict) -> Conflict:
+    """The conflict as a client sees it: at most _MAX_CONFLICTS keys (a MIG placement can
+    collide on dozens of counters; every key becomes a status detail, and gRPC clients refuse
+    trailers over 8 KiB by default)."""
+    keys = conflict.conflicts
+    if len(keys) <= _MAX_CONFLICTS:
+        return conflict
+    shown = ", ".join(keys[:_MAX_CONFLICTS])
+    return Conflict(
+        f"reservation conflict on {len(keys)} devices and counters: {shown}, "
+        f"and {len(keys) - _MAX_CONFLICTS} more",
+        keys[:_MAX_CONFLICTS],
+    )
+
+
+def _with_holders(answer: Answer, holders: tuple[Holder, ...]) -> Answer:
+    return replace(answer, holders=holders) if holders != answer.holders else answer
+
+
+def _check_fence(reservation: Reservation, owner: str, fencing_token: int) -> None:
+    if reservation.owner != owner:
+        raise PermissionDenied(f"reservation {reservation.id} belongs to another owner")
+    if fencing_token != reservation.fencing_token:
+        raise FailedPrecondition(
+            f"reservation {reservation.id}: fencing token {fencing_token} is stale "
+            f"(current {reservation.fencing_token})"
+        )

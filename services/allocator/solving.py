@@ -1,0 +1,290 @@
+"""Running the core solver for a Query: budgets, deadlines, node restrictions, share ids.
+
+The core chooses among all nodes or searches one pinned node. A Query may also restrict the
+candidates (`node_selector`, `max_nodes`); then each eligible node is solved pinned, in name
+order, and the feasible ones are ranked by the same pure key the core uses, so the answer is the
+one the core would give on a cluster of just those nodes. Explanations of the per-node solves
+are merged (closest misses sorted by the core's rank, rejection groups summed).
+
+The core reads no clock: a deadline reaches it as `SearchBudget.cancelled`, which turns true a
+little before the call's deadline so that the answer (BUDGET_EXHAUSTED) still reaches the
+client, instead of the client's own DEADLINE_EXCEEDED.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from services.allocator.answers import Query
+from services.allocator.core import (
+    Allocated,
+    AllocatedState,
+    ClusterSnapshot,
+    Explanation,
+    NodeMiss,
+    Policy,
+    RejectionGroup,
+    RequestExplanation,
+    SearchBudget,
+    SelectorCache,
+    SolveResult,
+    Stats,
+    Unsatisfiable,
+    solve,
+)
+from services.allocator.core.nodeselect import NodeAccess
+from services.allocator.core.scoring import node_key
+from services.common.dra.model import DeviceClass, DeviceID, ResourceClaim
+from services.common.errors import DeadlineExceeded, GpuallocError
+
+__all__ = ["Deadline", "Solver", "unique_share_id"]
+
+_EXAMPLES = 3
+
+
+def unique_share_id(claim: ResourceClaim, request: str, device: DeviceID, position: int) -> str:
+    """A fresh share id per result: two callers allocating claims of the same name on one
+    multi-allocatable device must not get the same share (the core's default is deterministic)."""
+    return str(uuid.uuid4())
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When a search must stop: `at` on the monotonic clock (None: never)."""
+
+    at: float | None
+
+    @classmethod
+    def within(cls, remaining: float | None, margin: float = 0.1) -> Deadline:
+        """`remaining` seconds from now, less a margin for answering (at most 10%)."""
+        if remaining is None:
+            return cls(None)
+        return cls(time.monotonic() + remaining - min(margin, remaining * 0.1))
+
+    def passed(self) -> bool:
+        return self.at is not None and time.monotonic() >= self.at
+
+    def left(self) -> float | None:
+        return None if self.at is None else max(0.0, self.at - time.monotonic())
+
+
+class Solver:
+    """The core solver with the server's defaults and one shared selector cache."""
+
+    def __init__(
+        self,
+        selectors: SelectorCache,
+        *,
+        policy: Policy = Policy.BINPACK,
+        max_steps: int = 1_000_000,
+        max_steps_per_node: int = 100_000,
+    ) -> None:
+        self.selectors = selectors
+        self.policy = policy
+        self.max_steps = max_steps
+        self.max_steps_per_node = max_steps_per_node
+
+    def budget(self, query: Query, deadline: Deadline) -> SearchBudget:
+        steps = min(query.max_steps, self.max_steps) if query.max_steps > 0 else self.max_steps
+        return SearchBudget(
+            max_steps=steps,
+            max_steps_per_node=min(steps, self.max_steps_per_node),
+            cancelled=deadline.passed if deadline.at is not None else None,
+        )
+
+    def run(
+        self,
+        snapshot: ClusterSnapshot,
+        state: AllocatedState,
+        classes: Mapping[str, DeviceClass],
+        query: Query,
+        deadline: Deadline,
+        *,
+        explain: bool = False,
+        share_id: Callable[[ResourceClaim, str, DeviceID, int], str] = unique_share_id,
+    ) -> SolveResult:
+        """Solve `query`; raises DeadlineExceeded when the deadline cut the search short."""
+        policy = query.policy or self.policy
+        budget = self.budget(query, deadline)
+        restricted = not query.node and (query.node_selector is not None or query.max_nodes > 0)
+        if not restricted:
+            return solve(
+                snapshot,
+                state,
+                classes,
+                query.claims,
+                node=query.node or None,
+                policy=policy,
+                selectors=self.selectors,
+                budget=budget,
+                explain=explain,
+                share_id=share_id,
+            )
+        nodes = eligible_nodes(snapshot, query)
+        return _solve_each(snapshot, state, classes, query, nodes, policy, budget, explain, self)
+
+
+def eligible_nodes(snapshot: ClusterSnapshot, query: Query) -> list[str]:
+    """Nodes with devices that the query's node selector matches, by name, at most max_nodes."""
+    access = NodeAccess(node_selector=query.node_selector) if query.node_selector else None
+    names = [
+        view.name
+        for view in snapshot.views()
+        if view.name is not None
+        and view.device_count > 0
+        and (access is None or access.matches(view.node))
+    ]
+    return names[: query.max_nodes] if query.max_nodes > 0 else names
+
+
+def _solve_each(
+    snapshot: ClusterSnapshot,
+    state: AllocatedState,
+    classes: Mapping[str, DeviceClass],
+    query: Query,
+    nodes: Sequence[str],
+    policy: Policy,
+    budget: SearchBudget,
+    explain: bool,
+    solver: Solver,
+) -> SolveResult:
+    found: list[Allocated] = []
+    missed: list[Unsatisfiable] = []
+    errors: list[GpuallocError] = []
+    steps_left = budget.max_steps
+    exhausted = False
+    for node in nodes:
+        if steps_left <= 0:
+            exhausted = True
+            break
+        node_budget = SearchBudget(
+            steps_left, min(steps_left, budget.max_steps_per_node), budget.cancelled
+        )
+        try:
+            result = solve(
+                snapshot,
+                state,
+                classes,
+                query.claims,
+                node=node,
+                policy=policy,
+                selectors=solver.selectors,
+                budget=node_budget,
+                explain=explain,
+                share_id=unique_share_id,
+            )
+        except DeadlineExceeded:
+            raise
+        except GpuallocError as error:  # a node-only problem (an All request, incomplete pool)
+            errors.append(error)
+            missed.append(_error_miss(node, error))
+            continue
+        steps_left -= result.stats.steps
+        if isinstance(result, Allocated):
+            found.append(result)
+            if policy is Policy.FIRST_FIT:
+                break
+        else:
+            missed.append(result)
+            exhausted = exhausted or result.budget_exhausted
+    if not found and errors:
+        raise errors[0]  # as the core: node-only errors count only when no node fits
+    return _merge(found, missed, policy, exhausted, len(nodes))
+
+
+def _error_miss(node: str, error: GpuallocError) -> Unsatisfiable:
+    miss = NodeMiss(node, 0, 0, "", "", 0, 0, (), error=error.message)
+    stats = Stats(0, 0, 1, 0, 0, 0, False)
+    return Unsatisfiable(Explanation(summary=miss.message(), nodes=(miss,)), stats, False)
+
+
+def _merge(
+    found: Sequence[Allocated],
+    missed: Sequence[Unsatisfiable],
+    policy: Policy,
+    exhausted: bool,
+    eligible: int,
+) -> SolveResult:
+    results: list[Allocated | Unsatisfiable] = [*found, *missed]
+    stats = Stats(
+        steps=sum(r.stats.steps for r in results),
+        cel_evaluations=sum(r.stats.cel_evaluations for r in results),
+        nodes_total=eligible,
+        nodes_pruned=sum(r.stats.nodes_pruned for r in results),
+        nodes_searched=sum(r.stats.nodes_searched for r in results),
+        nodes_feasible=len(found),
+        budget_exhausted=exhausted,
+    )
+    misses = tuple(sorted((n for m in missed for n in m.explanation.nodes), key=NodeMiss.rank))
+    explanations = [r.explanation for r in results if r.explanation is not None]
+    requests = _merge_requests(e.requests for e in explanations)
+    notes = tuple(sorted({n for e in explanations for n in e.notes}))
+    constraints = tuple(c for e in explanations for c in e.constraints)
+    if found:
+        best = min(found, key=lambda a: node_key(policy, a.node, a.score))
+        explanation = None
+        if best.explanation is not None:
+            explanation = Explanation(
+                summary=best.explanation.summary,
+                nodes=misses,
+                requests=requests,
+                constraints=constraints,
+                choice=best.explanation.choice,
+                notes=notes,
+                budget_exhausted=exhausted,
+            )
+        return Allocated(best.node, best.allocations, best.score, stats, explanation)
+    if misses:
+        summary = f"no eligible node fits the claims; closest: {misses[0].message()}"
+    else:
+        summary = "no node with devices matches the node selector"
+    if exhausted:
+        summary += " (search budget exhausted: a fit may exist)"
+    explanation = Explanation(
+        summary=summary,
+        nodes=misses,
+        requests=requests,
+        constraints=constraints,
+        notes=notes,
+        budget_exhausted=exhausted,
+    )
+    return Unsatisfiable(explanation, stats, exhausted)
+
+
+def _merge_requests(
+    groups: Iterable[Sequence[RequestExplanation]],
+) -> tuple[RequestExplanation, ...]:
+    """One RequestExplanation per (claim, request) with counts summed over the nodes."""
+    considered: dict[tuple[str, str], int] = {}
+    rejections: dict[tuple[str, str], dict[tuple[str, str], RejectionGroup]] = {}
+    for requests in groups:
+        for request in requests:
+            key = (request.claim, request.request)
+            considered[key] = considered.get(key, 0) + request.considered
+            merged = rejections.setdefault(key, {})
+            for group in request.rejections:
+                have = merged.get((group.code, group.detail))
+                if have is None:
+                    merged[(group.code, group.detail)] = group
+                    continue
+                examples = tuple(sorted({*have.examples, *group.examples}))[:_EXAMPLES]
+                merged[(group.code, group.detail)] = RejectionGroup(
+                    group.code, group.detail, have.count + group.count, examples
+                )
+    return tuple(
+        RequestExplanation(
+            claim=claim,
+            request=request,
+            considered=considered[(claim, request)],
+            rejections=tuple(
+                sorted(
+                    rejections[(claim, request)].values(),
+                    key=lambda g: (-g.count, g.code, g.detail),
+                )
+            ),
+        )
+        for claim, request in sorted(considered)
+    )

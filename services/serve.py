@@ -1,0 +1,160 @@
+"""`gpualloc serve`: the inventory and the allocator in one process, on one port.
+
+This is the only module that imports both services: it plugs the inventory service into the
+allocator's feed port in process (no WatchInventory round trip), then serves both gRPC services,
+health and reflection on one address (default 127.0.0.1:50051). `--demo` seeds the inventory
+with the example cluster so a newcomer can call it at once; `GPUALLOC_REDIS_URL` switches
+reservations and inventory state from embedded to Redis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from services.allocator.bootstrap import build_allocator
+from services.allocator.config import AllocatorSettings
+from services.allocator.feed import Closeable, InventoryUpdate
+from services.common.config import ServerSettings
+from services.common.errors import GpuallocError
+from services.common.grpc_server import create_server, serve_until_signal
+from services.common.health import Health
+from services.common.log import configure_logging
+from services.inventory.bootstrap import build_inventory, seed_inventory
+from services.inventory.config import InventorySettings
+from services.inventory.core.state import Change, InventoryState
+from services.inventory.service import InventoryService
+
+__all__ = ["DEMO_PATHS", "InProcessFeed", "register", "run_serve"]
+
+log = logging.getLogger("gpualloc.serve")
+
+_ROOT = Path(__file__).resolve().parents[1]
+DEMO_PATHS = (str(_ROOT / "examples" / "cluster"),)
+DEMO_CLASSES = (str(_ROOT / "examples" / "deviceclasses.yaml"),)
+
+
+class InProcessFeed:
+    """The allocator's InventoryFeed over an InventoryService in the same process."""
+
+    def __init__(self, inventory: InventoryService) -> None:
+        self._inventory = inventory
+
+    def follow(self, on_update: Callable[[InventoryUpdate], None]) -> Closeable:
+        handle = _Following(on_update)
+        # The listener runs under the inventory's write lock; `handle` makes it wait until the
+        # initial reset has been delivered, so no change can overtake it.
+        with handle.lock:
+            state = self._inventory.subscribe(handle.on_change)
+            on_update(_update(state, state.node_keys(), reset=True))
+        return handle
+
+
+class _Following:
+    def __init__(self, on_update: Callable[[InventoryUpdate], None]) -> None:
+        self.lock = threading.Lock()
+        self._on_update = on_update
+        self._closed = False
+
+    def on_change(self, state: InventoryState, change: Change) -> None:
+        with self.lock:
+            if not self._closed:
+                self._on_update(_update(state, change.nodes, reset=False))
+
+    def close(self) -> None:
+        with self.lock:
+            self._closed = True
+
+
+def _update(state: InventoryState, keys: frozenset[str], *, reset: bool) -> InventoryUpdate:
+    slices = {}
+    nodes: dict[str, Any] = {}
+    for key in keys:
+        view = state.view(key)
+        slices[key] = view.slices if view is not None else ()
+        if key:
+            entry_node = state.entries.get(key)
+            nodes[key] = entry_node.node if entry_node is not None else None
+    return InventoryUpdate(generation=state.generation, reset=reset, slices=slices, nodes=nodes)
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the inventory and the allocator in one process (default 127.0.0.1:50051)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--listen", help="host:port (env GPUALLOC_LISTEN, default 127.0.0.1:50051)")
+    parser.add_argument(
+        "--demo",
+        action="store_true",
+        help="seed the inventory with examples/cluster and its DeviceClasses",
+    )
+    parser.add_argument(
+        "--seed",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="ResourceSlices/Nodes to apply at start (file or directory; repeatable)",
+    )
+    parser.add_argument(
+        "--redis-url", help="Redis for reservations and inventory state (env GPUALLOC_REDIS_URL)"
+    )
+    parser.set_defaults(func=lambda args: run_serve(args, os.environ))
+
+
+def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    env = dict(environ)
+    if args.redis_url:
+        env["GPUALLOC_REDIS_URL"] = args.redis_url
+    try:
+        server_settings = ServerSettings.from_env(env)
+        if args.listen:
+            server_settings = replace(server_settings, listen_address=args.listen)
+        configure_logging(server_settings.log_level, server_settings.log_format)
+        inventory_settings = replace(InventorySettings.from_env(env), server=server_settings)
+        allocator_settings = replace(AllocatorSettings.from_env(env), server=server_settings)
+        if args.demo:
+            allocator_settings = replace(
+                allocator_settings,
+                device_classes=(*allocator_settings.device_classes, *DEMO_CLASSES),
+            )
+        inventory = build_inventory(settings=inventory_settings)
+        seeds = [*inventory_settings.seed_paths, *args.seed, *(DEMO_PATHS if args.demo else ())]
+        if seeds:
+            count = seed_inventory(inventory.service, seeds)
+            log.info("seeded the inventory with %d slices from %s", count, ", ".join(seeds))
+        allocator = build_allocator(allocator_settings, InProcessFeed(inventory.service))
+        health = Health()
+        server, port = create_server(
+            server_settings.listen_address,
+            [inventory.registration, allocator.registration],
+            server_settings,
+            health=health,
+            interceptors=allocator.interceptors(),
+        )
+        allocator.attach_health(health)
+    except GpuallocError as error:
+        print(f"gpualloc serve: {error}", file=sys.stderr)
+        return 2
+    server.start()
+    log.info(
+        "serving inventory and allocator on %s (port %d, ready: %s)",
+        server_settings.listen_address,
+        port,
+        allocator.wait_ready(10.0),
+    )
+    try:
+        serve_until_signal(server, health, server_settings.grace_seconds)
+    finally:
+        allocator.close()
+        inventory.close()
+    return 0

@@ -1,0 +1,118 @@
+"""Allocate(reserve) when this allocator's view of the reservations is stale.
+
+`SilentStore` loses every change event (as Redis pub/sub may), so a reservation another
+replica makes is unknown here until the store refuses ours: then the allocator refreshes that
+node's reservations and solves again, up to GPUALLOC_RESERVE_RETRIES times.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import pytest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from protos.allocator.v1 import allocator_pb2 as pb
+from services.allocator.adapters.memory_store import MemoryReservationStore
+from services.allocator.adapters.redis_store import RedisReservationStore
+from services.allocator.config import AllocatorSettings
+from services.allocator.holds import placement_holds
+from services.allocator.reservations import ReserveRequest
+from services.allocator.telemetry import configure_telemetry
+from services.common.errors import Conflict
+from services.common.grpc_errors import error_from_rpc
+from services.common.pb.dra_mapping import from_pb_allocation_result
+from tests.e2e.allocator_harness import SilentStore, allocate_request, owner, serve_allocator
+
+NODE = "h100-node-1"
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("memory", id="embedded"),
+        pytest.param("redis", id="redis", marks=pytest.mark.redis),
+    ]
+)
+def store(request):
+    if request.param == "memory":
+        yield MemoryReservationStore()
+        return
+    made = RedisReservationStore(request.getfixturevalue("redis_url"))
+    yield made
+    made.close()
+
+
+def _stale_allocator(grpc_channel_factory, store, retries: int, reader=None):
+    settings = AllocatorSettings(
+        reserve_retries=retries, expire_interval=60.0, resync_interval=3600.0
+    )
+    telemetry = configure_telemetry({}, metric_readers=[reader] if reader else [])
+    silent: Any = SilentStore(store)  # the port's shape, by delegation
+    return serve_allocator(grpc_channel_factory, silent, settings=settings, telemetry=telemetry)
+
+
+def _taken_behind_its_back(served, store) -> str:
+    """Reserve, directly in the store, the device this allocator would pick next."""
+    answer = served.stub.Allocate(allocate_request("one-h100", node_name=NODE), timeout=10)
+    allocation = from_pb_allocation_result(answer.allocations[0].allocation)
+    snapshot = served.app.view.current().snapshot
+    [hold] = placement_holds(snapshot, NODE, [allocation]).values()
+    store.reserve(
+        ReserveRequest("other-replica", NODE, ("default/other",), (allocation,), hold, 60.0)
+    )
+    return hold.devices[0]
+
+
+def _counter(reader: InMemoryMetricReader, name: str) -> int:
+    data = reader.get_metrics_data()
+    total = 0
+    for resource in data.resource_metrics if data else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == name:
+                    total += sum(getattr(point, "value", 0) for point in metric.data.data_points)
+    return total
+
+
+def test_a_conflict_refreshes_the_node_and_solves_again(grpc_channel_factory, store):
+    reader = InMemoryMetricReader()
+    served = _stale_allocator(grpc_channel_factory, store, retries=3, reader=reader)
+    try:
+        taken = _taken_behind_its_back(served, store)
+        response = served.stub.Allocate(
+            allocate_request("one-h100", node_name=NODE, reserve=True),
+            metadata=owner("me"),
+            timeout=10,
+        )
+        assert response.outcome == pb.OUTCOME_ALLOCATED
+        [result] = response.allocations[0].allocation.results
+        assert f"{result.driver}/{result.pool}/{result.device}" != taken
+        assert _counter(reader, "gpualloc.reservation.conflicts") == 1
+        assert _counter(reader, "gpualloc.reservation.aborted") == 0
+    finally:
+        served.app.close()
+
+
+def test_without_retries_the_conflict_is_aborted_with_the_devices(grpc_channel_factory, store):
+    served = _stale_allocator(grpc_channel_factory, store, retries=0)
+    try:
+        taken = _taken_behind_its_back(served, store)
+        with pytest.raises(grpc.RpcError) as caught:
+            served.stub.Allocate(
+                allocate_request("one-h100", node_name=NODE, reserve=True),
+                metadata=owner("me"),
+                timeout=10,
+            )
+        assert caught.value.code() == grpc.StatusCode.ABORTED
+        error = error_from_rpc(caught.value)
+        assert isinstance(error, Conflict) and error.conflicts == (f"device:{taken}",)
+        # The refresh after the conflict taught this allocator: the next call succeeds.
+        again = served.stub.Allocate(
+            allocate_request("one-h100", node_name=NODE, reserve=True),
+            metadata=owner("me"),
+            timeout=10,
+        )
+        assert again.outcome == pb.OUTCOME_ALLOCATED
+    finally:
+        served.app.close()

@@ -1,0 +1,130 @@
+"""`gpualloc serve --demo` as a newcomer runs it: a real process, both services on one port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf import json_format
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from protos.allocator.v1 import allocator_pb2, allocator_pb2_grpc
+from protos.inventory.v1 import inventory_pb2, inventory_pb2_grpc
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVICES = ("gpualloc.inventory.v1.Inventory", "gpualloc.allocator.v1.Allocator")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def served(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[subprocess.Popen[str], grpc.Channel]]:
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
+    log_file = log_path.open("w")
+    env = {**os.environ, "GPUALLOC_LOG_FORMAT": "text", "GPUALLOC_REDIS_URL": ""}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "serve", "--demo", "--listen", f"127.0.0.1:{port}"],
+        cwd=ROOT,
+        env=env,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    health = health_pb2_grpc.HealthStub(channel)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            status = health.Check(
+                health_pb2.HealthCheckRequest(service=SERVICES[1]), timeout=1
+            ).status
+            if status == health_pb2.HealthCheckResponse.SERVING:
+                break
+        except grpc.RpcError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            process.wait(10)
+            log_file.close()
+            pytest.fail(f"gpualloc serve did not become healthy:\n{log_path.read_text()}")
+        time.sleep(0.2)
+    yield process, channel
+    channel.close()
+    if process.poll() is None:
+        process.kill()
+        process.wait(10)
+    log_file.close()
+
+
+@pytest.mark.parametrize("service", ["", *SERVICES], ids=["server", "inventory", "allocator"])
+def test_health_reports_serving(served, service):
+    _, channel = served
+    response = health_pb2_grpc.HealthStub(channel).Check(
+        health_pb2.HealthCheckRequest(service=service), timeout=5
+    )
+    assert response.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_reflection_lists_both_services(served):
+    _, channel = served
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    request = reflection_pb2.ServerReflectionRequest(list_services="")
+    response = next(stub.ServerReflectionInfo(iter([request]), timeout=5))
+    names = {s.name for s in response.list_services_response.service}
+    assert names >= {*SERVICES, "grpc.health.v1.Health"}
+
+
+def test_demo_inventory_is_loaded(served):
+    _, channel = served
+    got = inventory_pb2_grpc.InventoryStub(channel).GetInventory(
+        inventory_pb2.GetInventoryRequest(omit_topology=True), timeout=5
+    )
+    names = [n.node.name for n in got.inventory.nodes]
+    assert names == ["a100-node-1", "h100-node-1", "h100-node-2", "l40s-node-1"]
+
+
+def test_allocate_and_release_through_the_shared_view(served):
+    _, channel = served
+    stub = allocator_pb2_grpc.AllocatorStub(channel)
+    request = json_format.Parse(
+        """{"claims": [{"name": "job", "requests": [{"name": "gpus", "exactly": {
+             "deviceClassName": "gpu.nvidia.com", "count": "8",
+             "selectors": [{"cel": "device.attributes['gpu.nvidia.com'].architecture == 'Hopper'"}]
+            }}]}], "reserve": true, "owner": "test"}""",
+        allocator_pb2.AllocateRequest(),
+    )
+    first = stub.Allocate(request, timeout=10)
+    second = stub.Allocate(request, timeout=10)
+    assert first.outcome == second.outcome == allocator_pb2.OUTCOME_ALLOCATED
+    assert {first.node_name, second.node_name} == {"h100-node-1", "h100-node-2"}
+    third = stub.Allocate(request, timeout=10)
+    assert third.outcome == allocator_pb2.OUTCOME_UNSATISFIABLE
+    for response in (first, second):
+        stub.Release(
+            allocator_pb2.ReleaseRequest(reservation_id=response.reservations[0].id, owner="test"),
+            timeout=5,
+        )
+    assert stub.Allocate(request, timeout=10).outcome == allocator_pb2.OUTCOME_ALLOCATED
+
+
+def test_sigterm_shuts_down_cleanly(served):
+    process, _ = served
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(20) == 0

@@ -1,0 +1,182 @@
+"""Holdings: the local copy of live reservations, kept by events, own operations and refreshes,
+and turned into an AllocatedState that equals one built from scratch."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.allocator.adapters.memory_store import MemoryReservationStore
+from services.allocator.core import AllocatedState, ClusterSnapshot
+from services.allocator.feed import StaticFeed
+from services.allocator.holdings import Holdings
+from services.allocator.holds import placement_holds
+from services.allocator.reservations import (
+    Reservation,
+    ReservationEvent,
+    ReservationEventOp,
+    ReservationState,
+    ReserveRequest,
+)
+from services.allocator.view import ViewSnapshot
+from services.common.dra.model import AllocationResult, DeviceID, DeviceRequestAllocationResult
+
+CLUSTER = Path(__file__).resolve().parents[3] / "examples" / "cluster"
+FEED = StaticFeed.from_paths([str(CLUSTER)]).update()
+SNAPSHOT = ClusterSnapshot.build([s for slices in FEED.slices.values() for s in slices])
+VIEW = ViewSnapshot(1, SNAPSHOT, 0, 0.0)
+A100 = "a100-node-1"
+MIG = [e.id for e in SNAPSHOT.view(A100).devices() if "-mig-" in e.id.device]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1_750_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _allocation(*devices: DeviceID) -> AllocationResult:
+    return AllocationResult(
+        tuple(DeviceRequestAllocationResult("r", d.driver, d.pool, d.device) for d in devices)
+    )
+
+
+def _request(node: str, *devices: DeviceID, lease: float = 60.0) -> ReserveRequest:
+    allocation = _allocation(*devices)
+    [hold] = placement_holds(SNAPSHOT, node, [allocation]).values()
+    return ReserveRequest("o", node, ("default/c",), (allocation,), hold, lease)
+
+
+def _reservation(rid: str, *devices: DeviceID) -> Reservation:
+    request = _request(A100, *devices)
+    return Reservation(
+        rid, "o", A100, request.claim_names, request.allocations, request.hold,
+        ReservationState.RESERVED, 1, 0.0, 60.0,
+    )  # fmt: skip
+
+
+def _until(predicate, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def store():
+    clock = FakeClock()
+    made = MemoryReservationStore(clock=clock)
+    made.clock = clock  # type: ignore[attr-defined]
+    return made
+
+
+@pytest.fixture
+def holdings(store):
+    events: list[ReservationEvent] = []
+    made = Holdings(store, expire_interval=0.02, refresh_interval=3600, on_event=events.append)
+    made.events = events  # type: ignore[attr-defined]
+    yield made
+    made.close()
+
+
+def test_start_loads_what_is_live(store, holdings):
+    store.reserve(_request(A100, MIG[0]))
+    holdings.start()
+    assert holdings.synced
+    assert holdings.state_for(VIEW).in_use(MIG[0])
+
+
+def test_other_replicas_changes_arrive_as_events(store, holdings):
+    holdings.start()
+    reservation = store.reserve(_request(A100, MIG[0]))
+    _until(lambda: holdings.state_for(VIEW).in_use(MIG[0]))
+    assert holdings.state_for(VIEW).owners(MIG[0]) == (reservation.id,)
+    store.release(reservation.id, "o")
+    _until(lambda: not holdings.state_for(VIEW).in_use(MIG[0]))
+
+
+def test_expired_leases_are_freed_by_the_janitor(store, holdings):
+    holdings.start()
+    store.reserve(_request(A100, MIG[0], lease=1.0))
+    _until(lambda: holdings.state_for(VIEW).in_use(MIG[0]))
+    store.clock.now += 2.0
+    _until(lambda: not holdings.state_for(VIEW).in_use(MIG[0]))
+    assert ReservationEventOp.EXPIRE in {event.op for event in holdings.events}
+
+
+def test_state_is_cached_per_view_and_version_and_rebased_on_a_new_view(holdings):
+    holdings.added([_reservation("res-1", MIG[0])])
+    first = holdings.state_for(VIEW)
+    assert holdings.state_for(VIEW) is first
+    newer = ViewSnapshot(2, ClusterSnapshot.build(FEED.slices[A100]), 0, 0.0)
+    rebased = holdings.state_for(newer)
+    assert rebased is not first and rebased.in_use(MIG[0])
+    entry = SNAPSHOT.device(MIG[0])
+    assert entry is not None
+    counter = entry.counters[0][0]
+    assert rebased.counter_used(counter) == first.counter_used(counter) > 0
+
+
+def test_a_removed_id_is_not_resurrected_by_a_late_add(holdings):
+    late = _reservation("res-late", MIG[1])
+    holdings.removed([late.id])
+    holdings.added([late])
+    assert holdings.get(late.id) is None
+
+
+def test_refresh_of_a_node_replaces_only_that_node(store, holdings):
+    holdings.start()
+    h100 = next(iter(SNAPSHOT.view("h100-node-1").devices())).id
+    other = _request("h100-node-1", h100)
+    stranger = Reservation(
+        "res-gone", "o", "h100-node-1", other.claim_names, other.allocations, other.hold,
+        ReservationState.RESERVED, 1, 0.0, 60.0,
+    )  # fmt: skip
+    holdings.added([stranger])  # known here, but not in the store
+    kept = _reservation("res-local", MIG[2])
+    holdings.added([kept])  # a100 reservation not in the store either
+    holdings.refresh("h100-node-1")
+    assert holdings.get("res-gone") is None
+    assert holdings.get("res-local") is not None
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.booleans(),
+            st.integers(0, 11),
+            st.lists(st.integers(0, len(MIG) - 1), min_size=1, max_size=3),
+        ),
+        max_size=90,
+    )
+)
+def test_incremental_state_equals_a_state_built_from_scratch(operations):
+    holdings = Holdings(MemoryReservationStore())
+    live: dict[str, Reservation] = {}
+    for index, (add, slot, picks) in enumerate(operations):
+        rid = f"res-{slot}"
+        if add and rid not in live:
+            reservation = _reservation(f"{rid}", *sorted({MIG[p] for p in picks}))
+            live[rid] = reservation
+            holdings.added([reservation])
+        elif not add and rid in live:
+            holdings.removed([rid])
+            del live[rid]
+            holdings._tombstones.clear()  # ids are reused by this test on purpose
+        if index % 7 == 0:
+            holdings.state_for(VIEW)  # cache now and then: later changes apply incrementally
+    got = holdings.state_for(VIEW)
+    want = AllocatedState.build(SNAPSHOT, ((r.id, a) for r in live.values() for a in r.allocations))
+    assert got.devices_in_use == want.devices_in_use
+    counters = {c for e in SNAPSHOT.all_devices() for c, _ in e.counters}
+    assert {c: got.counter_used(c) for c in counters} == {c: want.counter_used(c) for c in counters}
+    assert {d: got.owners(d) for d in want.devices_in_use} == {
+        d: want.owners(d) for d in want.devices_in_use
+    }
