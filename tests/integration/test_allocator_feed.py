@@ -17,10 +17,12 @@ from protos.inventory.v1 import inventory_pb2, inventory_pb2_grpc
 from services.allocator.adapters.inventory_client import InventoryClient
 from services.allocator.adapters.memory_store import MemoryReservationStore
 from services.allocator.config import AllocatorSettings
+from services.allocator.feed import InventoryUpdate
 from services.allocator.view import ClusterView
 from services.common.config import ServerSettings
-from services.common.grpc_server import create_server
-from services.inventory.bootstrap import InventoryApp, build_inventory
+from services.common.grpc_server import ServiceRegistration, create_server
+from services.inventory.adapters.grpc_servicer import SERVICE_NAME, InventoryServicer
+from services.inventory.bootstrap import InventoryApp, build_inventory, seed_inventory
 from tests.e2e.allocator_harness import allocate_request, serve_allocator
 
 CLUSTER = Path(__file__).resolve().parents[2] / "examples" / "cluster"
@@ -143,3 +145,37 @@ def test_allocate_waits_for_the_generation_an_apply_returned(inventory, grpc_cha
     finally:
         served.app.close()
         client.close()
+
+
+def test_a_snapshot_in_parts_replaces_the_view_once_whole(grpc_channel_factory):
+    """Big inventories send SNAPSHOT in parts (`more`); applying each part as a reset would
+    leave the allocator seeing only the last part's nodes."""
+    app = build_inventory()
+    seed_inventory(app.service, [str(CLUSTER)])
+    small_parts = InventoryServicer(app.service, heartbeat_seconds=None, snapshot_part_bytes=1)
+    served = grpc_channel_factory(
+        [
+            ServiceRegistration(
+                SERVICE_NAME, inventory_pb2_grpc.add_InventoryServicer_to_server, small_parts
+            )
+        ]
+    )
+    stub = inventory_pb2_grpc.InventoryStub(served.channel)
+    parts = []
+    for event in stub.WatchInventory(inventory_pb2.WatchInventoryRequest(), timeout=10):
+        parts.append(event)
+        if not event.more:
+            break
+    assert len(parts) == 4  # one node per part at this size
+    seen: list[InventoryUpdate] = []
+    view = ClusterView(min_interval=0.01)
+    client = InventoryClient(served.target, initial_backoff=0.05, max_backoff=0.2)
+    try:
+        client.follow(lambda update: (seen.append(update), view.apply(update)))
+        _until(lambda: _nodes(view) != [])
+        assert _nodes(view) == ["a100-node-1", "h100-node-1", "h100-node-2", "l40s-node-1"]
+        assert [u.reset for u in seen] == [True]
+    finally:
+        client.close()
+        view.close()
+        app.close()

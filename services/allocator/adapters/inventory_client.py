@@ -93,6 +93,7 @@ class InventoryClient:
         self._call: grpc.Call | None = None
         self._thread: threading.Thread | None = None
         self._pools: dict[PoolKey, tuple[ResourceSlice, ...]] = {}
+        self._parts = inventory_pb2.InventorySnapshot()  # snapshot parts received so far
         self._generation = -1
         self._watching = False  # a watch call is open
         self._ready = False  # the channel is connected
@@ -151,6 +152,7 @@ class InventoryClient:
     def _watch(self, on_update: Callable[[InventoryUpdate], None]) -> bool:
         """Follow one stream until it ends; returns whether it delivered anything."""
         since = max(self._generation, 0)
+        self._parts = inventory_pb2.InventorySnapshot()  # a snapshot cut by a broken stream
         call = self._stub.WatchInventory(
             inventory_pb2.WatchInventoryRequest(since_generation=since), wait_for_ready=True
         )
@@ -193,7 +195,14 @@ class InventoryClient:
     def _translate(self, event: inventory_pb2.WatchInventoryResponse) -> InventoryUpdate | None:
         kinds = inventory_pb2
         if event.type in (kinds.WATCH_EVENT_TYPE_SNAPSHOT, kinds.WATCH_EVENT_TYPE_RESET):
-            return self._reset(event.generation, event.snapshot)
+            # A large snapshot arrives in parts (`more` on all but the last): the view is
+            # replaced only once the whole of it is here.
+            self._parts.nodes.extend(event.snapshot.nodes)
+            self._parts.cluster_pools.extend(event.snapshot.cluster_pools)
+            if event.more:
+                return None
+            snapshot, self._parts = self._parts, inventory_pb2.InventorySnapshot()
+            return self._reset(event.generation, snapshot)
         if event.type == kinds.WATCH_EVENT_TYPE_DELTA:
             return self._delta(event.generation, event.delta)
         return None  # HEARTBEAT (or a type this client does not know)
