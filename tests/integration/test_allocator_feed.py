@@ -171,7 +171,12 @@ def test_a_snapshot_in_parts_replaces_the_view_once_whole(grpc_channel_factory):
     view = ClusterView(min_interval=0.01)
     client = InventoryClient(served.target, initial_backoff=0.05, max_backoff=0.2)
     try:
-        client.follow(lambda update: (seen.append(update), view.apply(update)))
+
+        def record(update: InventoryUpdate) -> None:
+            seen.append(update)
+            view.apply(update)
+
+        client.follow(record)
         _until(lambda: _nodes(view) != [])
         assert _nodes(view) == ["a100-node-1", "h100-node-1", "h100-node-2", "l40s-node-1"]
         assert [u.reset for u in seen] == [True]
