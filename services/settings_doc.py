@@ -1,0 +1,34 @@
+"""The README's configuration section, generated from the settings tables the code reads.
+
+    python -m services.settings_doc   # print it; tests/unit/test_readme.py keeps README in sync
+"""
+
+from __future__ import annotations
+
+from services.allocator.config import ALLOCATOR_SETTINGS
+from services.common.config import SERVER_SETTINGS, settings_table_markdown
+from services.inventory.config import INVENTORY_SETTINGS
+
+__all__ = ["settings_markdown"]
+
+
+def settings_markdown() -> str:
+    return "\n".join(
+        [
+            "Every server (`gpualloc serve`, `gpualloc-allocator`, `gpualloc-inventory`):",
+            "",
+            settings_table_markdown(SERVER_SETTINGS.values()),
+            "Allocator (and `gpualloc serve`):",
+            "",
+            settings_table_markdown(ALLOCATOR_SETTINGS.values()),
+            "Inventory (and `gpualloc serve`; `GPUALLOC_REDIS_URL` is shared):",
+            "",
+            settings_table_markdown(
+                s for s in INVENTORY_SETTINGS.values() if s.name != "GPUALLOC_REDIS_URL"
+            ),
+        ]
+    )
+
+
+if __name__ == "__main__":
+    print(settings_markdown(), end="")
