@@ -159,17 +159,24 @@ def _parse_error_info(error: ParseError) -> error_details_pb2.ErrorInfo:
     return error_details_pb2.ErrorInfo(reason=PARSE_ERROR_REASON, domain=DOMAIN, metadata=metadata)
 
 
+MAX_CONFLICT_DETAILS = 16
+"""Conflicts listed in the details. A MIG placement can conflict on dozens of counters, and the
+details travel in a trailer that clients cap at 8 KiB by default: the rest is counted instead."""
+
+
 def _conflict_details(conflicts: tuple[str, ...]) -> list[Message]:
-    info = error_details_pb2.ErrorInfo(
-        reason=CONFLICT_REASON, domain=DOMAIN, metadata={"conflicts": ",".join(conflicts)}
-    )
+    shown = conflicts[:MAX_CONFLICT_DETAILS]
+    metadata = {"conflicts": ",".join(shown)}
+    if len(conflicts) > len(shown):
+        metadata["more"] = str(len(conflicts) - len(shown))
+    info = error_details_pb2.ErrorInfo(reason=CONFLICT_REASON, domain=DOMAIN, metadata=metadata)
     resources: list[Message] = [
         error_details_pb2.ResourceInfo(
             resource_type=CONFLICT_RESOURCE_TYPE,
             resource_name=conflict,
             description="changed since the snapshot the placement was computed on",
         )
-        for conflict in conflicts
+        for conflict in shown
     ]
     return [info, *resources]
 

@@ -35,6 +35,7 @@ from services.common.grpc_errors import (
     CONFLICT_REASON,
     CONFLICT_RESOURCE_TYPE,
     DOMAIN,
+    MAX_CONFLICT_DETAILS,
     STATUS_CODES,
     RemoteError,
     error_from_rpc,
@@ -95,6 +96,13 @@ CASES: dict[str, Case] = {
         Conflict("devices moved", ["gpu.nvidia.com/node-a/gpu-0", "gpu.nvidia.com/node-a/gpu-1"]),
         grpc.StatusCode.ABORTED,
         "devices moved",
+    ),
+    "conflict-on-many-counters": Case(
+        Conflict(
+            "counters moved", [f"gpu.nvidia.com/node-a/gpu-0/memory-slice-{i}" for i in range(40)]
+        ),
+        grpc.StatusCode.ABORTED,
+        "counters moved",
     ),
     "permission-denied": Case(
         PermissionDenied("owner mismatch"), grpc.StatusCode.PERMISSION_DENIED, "owner mismatch"
@@ -250,6 +258,13 @@ def test_conflict_carries_error_info_and_one_resource_per_device(
     ]
 
 
+def test_many_conflicts_are_capped_and_counted(call: Callable[[str], grpc.RpcError]) -> None:
+    info, *resources = _details(call("conflict-on-many-counters"))
+    assert isinstance(info, error_details_pb2.ErrorInfo)
+    assert len(info.metadata["conflicts"].split(",")) == len(resources) == MAX_CONFLICT_DETAILS
+    assert info.metadata["more"] == str(40 - MAX_CONFLICT_DETAILS)
+
+
 @pytest.mark.parametrize("name", [pytest.param(name, id=name) for name in CASES])
 def test_error_from_rpc_rebuilds_the_typed_error(
     call: Callable[[str], grpc.RpcError], name: str
@@ -269,7 +284,7 @@ def test_error_from_rpc_rebuilds_the_typed_error(
         assert (rebuilt.source, rebuilt.line) == (sent.source, sent.line)
     if isinstance(sent, Conflict):
         assert isinstance(rebuilt, Conflict)
-        assert rebuilt.conflicts == sent.conflicts
+        assert rebuilt.conflicts == sent.conflicts[:MAX_CONFLICT_DETAILS]
 
 
 def test_error_from_rpc_keeps_untyped_codes_as_remote_error(
