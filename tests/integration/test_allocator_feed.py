@@ -20,6 +20,8 @@ from services.allocator.config import AllocatorSettings
 from services.allocator.feed import InventoryUpdate
 from services.allocator.view import ClusterView
 from services.common.config import ServerSettings
+from services.common.dra.model import ResourceSlice
+from services.common.dra.parse import load_objects
 from services.common.grpc_server import ServiceRegistration, create_server
 from services.inventory.adapters.grpc_servicer import SERVICE_NAME, InventoryServicer
 from services.inventory.bootstrap import InventoryApp, build_inventory, seed_inventory
@@ -184,3 +186,29 @@ def test_a_snapshot_in_parts_replaces_the_view_once_whole(grpc_channel_factory):
         client.close()
         view.close()
         app.close()
+
+
+def test_a_restarted_inventory_at_the_same_generation_still_resets_the_view(inventory):
+    """Generations restart at 0 with a fresh inventory; a watcher that resumed by number alone
+    would take the new run's generation 2 for the old one and keep a stale view."""
+    served, stub = inventory
+    view = ClusterView(min_interval=0.01)
+    client = InventoryClient(served.target, initial_backoff=1.0, max_backoff=1.0)
+    client.follow(view.apply)
+    try:
+        _apply(stub, "h100-node-1.yaml")
+        view.require(_apply(stub, "h100-node-2.yaml"), timeout=10)
+        assert _nodes(view) == ["h100-node-1", "h100-node-2"]
+        served.stop()
+        _until(lambda: not client.status().connected)
+        served.start()  # a new run: apply two changes before the client is back (>= 0.5 s)
+        for name in ("l40s-node.yaml", "a100-mig-node.yaml"):
+            manifest = (CLUSTER / name).read_text()
+            served.app.service.apply(
+                [o for o in load_objects(manifest) if isinstance(o, ResourceSlice)]
+            )
+        assert served.app.service.generation == 2
+        _until(lambda: _nodes(view) == ["a100-node-1", "l40s-node-1"])
+    finally:
+        client.close()
+        view.close()

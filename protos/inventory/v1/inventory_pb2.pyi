@@ -1444,18 +1444,25 @@ class WatchInventoryRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SINCE_GENERATION_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     since_generation: _builtins.int
     """0: start with a SNAPSHOT. N > 0: send the deltas after generation N (a client resuming
     after a disconnect); when the server no longer has them, it starts with a RESET instead.
+    """
+    incarnation: _builtins.str
+    """The `incarnation` of the events since_generation was read from. Generations are only
+    comparable within one incarnation (an inventory restarted without saved state counts from
+    0 again): when it differs from the server's, the watch starts with a RESET.
     """
     def __init__(
         self,
         *,
         since_generation: _builtins.int = ...,
+        incarnation: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["since_generation", b"since_generation"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "since_generation", b"since_generation"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1472,6 +1479,7 @@ class WatchInventoryResponse(_message.Message):
     SNAPSHOT_FIELD_NUMBER: _builtins.int
     DELTA_FIELD_NUMBER: _builtins.int
     MORE_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     type: Global___WatchEventType.ValueType
     """What this event carries."""
     generation: _builtins.int
@@ -1481,6 +1489,8 @@ class WatchInventoryResponse(_message.Message):
     this snapshot follow (same type and generation, further nodes; cluster pools are in the
     first part). The receiver replaces its view once the last part (more = false) arrived.
     """
+    incarnation: _builtins.str
+    """Which run of the inventory numbered these generations; send it back when resuming."""
     @_builtins.property
     def snapshot(self) -> Global___InventorySnapshot:
         """The full inventory, for SNAPSHOT and RESET."""
@@ -1497,10 +1507,11 @@ class WatchInventoryResponse(_message.Message):
         snapshot: Global___InventorySnapshot | None = ...,
         delta: Global___InventoryDelta | None = ...,
         more: _builtins.bool = ...,
+        incarnation: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "snapshot", b"snapshot"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "generation", b"generation", "more", b"more", "snapshot", b"snapshot", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "generation", b"generation", "incarnation", b"incarnation", "more", b"more", "snapshot", b"snapshot", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -95,6 +95,7 @@ class InventoryClient:
         self._pools: dict[PoolKey, tuple[ResourceSlice, ...]] = {}
         self._parts = inventory_pb2.InventorySnapshot()  # snapshot parts received so far
         self._generation = -1
+        self._incarnation = ""  # which run of the inventory numbered _generation
         self._watching = False  # a watch call is open
         self._ready = False  # the channel is connected
         self._last_error = ""
@@ -153,9 +154,10 @@ class InventoryClient:
         """Follow one stream until it ends; returns whether it delivered anything."""
         since = max(self._generation, 0)
         self._parts = inventory_pb2.InventorySnapshot()  # a snapshot cut by a broken stream
-        call = self._stub.WatchInventory(
-            inventory_pb2.WatchInventoryRequest(since_generation=since), wait_for_ready=True
+        request = inventory_pb2.WatchInventoryRequest(
+            since_generation=since, incarnation=self._incarnation
         )
+        call = self._stub.WatchInventory(request, wait_for_ready=True)
         with self._lock:
             self._call = call
         if self._closed.is_set():
@@ -172,6 +174,7 @@ class InventoryClient:
             if update is not None:
                 on_update(update)
                 self._generation = event.generation
+                self._incarnation = event.incarnation
                 delivered = True
         self._last_error = "the inventory ended the watch"
         log.warning("inventory watch ended; reconnecting", extra={"target": self._target})

@@ -6,6 +6,7 @@ server's error interceptor maps them to status codes.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 
 import grpc
@@ -47,6 +48,9 @@ class InventoryServicer(inventory_pb2_grpc.InventoryServicer):
         self._watch_min_interval = watch_min_interval
         self._snapshot_part_bytes = snapshot_part_bytes
         self._gpu_caches: dict[str, GpuCache] = {}  # node -> its last report's decoded GPUs
+        # Generations are comparable only within one run: a restarted inventory that counts
+        # from 0 again must not let a watcher resume against its old numbers.
+        self.incarnation = uuid.uuid4().hex
 
     def ApplyResourceSlices(
         self, request: inventory_pb2.ApplyResourceSlicesRequest, context: grpc.ServicerContext
@@ -137,6 +141,8 @@ class InventoryServicer(inventory_pb2_grpc.InventoryServicer):
         self, request: inventory_pb2.WatchInventoryRequest, context: grpc.ServicerContext
     ) -> Iterator[inventory_pb2.WatchInventoryResponse]:
         since = request.since_generation if request.since_generation > 0 else -1
+        if request.incarnation and request.incarnation != self.incarnation:
+            since = -1  # numbered by another run of the inventory: start over
         first = True
         pools: set[tuple[str, str]] = set()  # cluster pools this stream has sent
         if since > 0:
@@ -148,9 +154,11 @@ class InventoryServicer(inventory_pb2_grpc.InventoryServicer):
             min_interval=self._watch_min_interval,
             is_active=context.is_active,
         ):
-            yield from _watch_responses(
+            for response in _watch_responses(
                 event, first=first, pools=pools, part_bytes=self._snapshot_part_bytes
-            )
+            ):
+                response.incarnation = self.incarnation
+                yield response
             first = False
 
 
