@@ -1,6 +1,7 @@
 """The README's configuration section, generated from the settings tables the code reads.
 
-    python -m services.settings_doc   # print it; tests/unit/test_readme.py keeps README in sync
+`python -m services.settings_doc` prints it; tests/integration/test_readme.py keeps the README
+in sync with it.
 """
 
 from __future__ import annotations
