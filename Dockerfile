@@ -5,8 +5,9 @@
 #   docker run --rm -p 50051:50051 gpualloc:dev               # `gpualloc serve`: both services
 #   docker run --rm gpualloc:dev gpualloc-allocator           # overrides need --entrypoint
 #
-# Stage 1 builds the wheel and installs it with its runtime dependencies into /opt/venv; stage 2
-# copies only that venv onto a slim Python, so no compiler, pip cache or source tree ships.
+# Stage 1 builds the wheel and installs it with its runtime dependencies into /opt/venv (extras:
+# `agent` for NVML, `otlp` for OpenTelemetry export); stage 2 copies only that venv onto a slim
+# Python, so no compiler, pip cache or source tree ships.
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS builder
@@ -20,7 +21,7 @@ COPY protos ./protos
 COPY services ./services
 RUN python -m pip wheel --no-deps --wheel-dir /dist . \
  && python -m venv /opt/venv \
- && /opt/venv/bin/pip install --constraint constraints.txt "$(ls /dist/gpualloc-*.whl)[agent]" \
+ && /opt/venv/bin/pip install --constraint constraints.txt "$(ls /dist/gpualloc-*.whl)[agent,otlp]" \
  && /opt/venv/bin/pip uninstall --yes pip \
  && /opt/venv/bin/python -m compileall -q /opt/venv
 

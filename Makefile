@@ -8,7 +8,7 @@ PY     := $(BIN)/python
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test lint fmt protos protos-check bench clean
+.PHONY: help install run test lint fmt protos protos-check bench loadtest clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 	  { echo "gpualloc needs Python >= 3.11 (found $$($(PYTHON) --version))"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,agent]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,agent,otlp,loadtest]'
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install gpualloc with its dev toolchain
@@ -48,6 +48,9 @@ protos-check: $(STAMP) ## fail when the committed generated code is stale
 
 bench: $(STAMP) ## benchmarks (solver, inventory, service); pass ARGS=--json for machine-readable output
 	$(PY) -m loadtest.bench $(ARGS)
+
+loadtest: $(STAMP) ## ~30 s load smoke on loopback (embedded + Redis): ghz-format reports + PNGs in loadtest/out/
+	$(PY) -m loadtest.smoke $(ARGS)
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

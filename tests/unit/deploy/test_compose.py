@@ -1,12 +1,14 @@
 """docker-compose.yml: services run the project's own console scripts, ports and addresses agree
-with the service defaults, and the health check the containers use really speaks gRPC health.
+with the service defaults, the seed and the class files load with the project's own readers, and
+the health check the containers use really speaks gRPC health.
 
-No Docker engine runs in CI, so the file is read as YAML; the health-check program is run for
-real against a gRPC server started here.
+No Docker engine runs in CI, so the file is read as YAML (with compose's `${VAR:-default}`
+interpolation done here); the health-check program is run for real against a gRPC server.
 """
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -19,6 +21,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from services.allocator.classes import load_device_classes
+from services.inventory.inputs import read_inputs
 from tests.unit.deploy.manifests import (
     ALLOCATOR_PORT,
     ENV_PREFIXES,
@@ -32,7 +36,10 @@ from tests.unit.deploy.manifests import (
 
 COMPOSE = ROOT / "docker-compose.yml"
 IMAGE_ENTRYPOINT = ["gpualloc"]  # the Dockerfile's ENTRYPOINT (test_dockerfile checks it)
-SERVER_PORTS = {"allocator": ALLOCATOR_PORT, "inventory": INVENTORY_PORT}
+ALLOCATORS = ("allocator-1", "allocator-2")
+SERVER_PORTS = {"allocator-1": ALLOCATOR_PORT, "allocator-2": ALLOCATOR_PORT,
+                "inventory": INVENTORY_PORT}  # fmt: skip
+_INTERPOLATION = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
 
 
 def compose() -> dict[str, Any]:
@@ -54,20 +61,36 @@ def argv(service: dict[str, Any]) -> list[str]:
     return [*service.get("entrypoint", IMAGE_ENTRYPOINT), *service.get("command", [])]
 
 
-def environment(service: dict[str, Any]) -> dict[str, str]:
+def environment(service: dict[str, Any], shell: dict[str, str] | None = None) -> dict[str, str]:
+    """The container's variables, `${VAR:-default}` taken from `shell` as compose does."""
     env = service.get("environment", {})
     assert isinstance(env, dict), "environment must be a mapping"
-    return {str(k): str(v) for k, v in env.items()}
+
+    def interpolate(match: re.Match[str]) -> str:
+        value = (shell or {}).get(match[1], "")
+        return value or (match[2] or "")
+
+    return {str(k): _INTERPOLATION.sub(interpolate, str(v)) for k, v in env.items()}
+
+
+def mounted(service: dict[str, Any], path: str) -> Path:
+    """The repository file behind a container path, through the service's bind mounts."""
+    for volume in service.get("volumes", []):
+        source, target, *_ = str(volume).split(":")
+        if path.startswith(target.rstrip("/") + "/") and source.startswith("./"):
+            return ROOT / source[2:] / path[len(target.rstrip("/")) + 1 :]
+    raise AssertionError(f"{path} is not on a bind mount of the service")
 
 
 def port_of(address: str) -> int:
     return int(address.rsplit(":", 1)[1])
 
 
-def test_the_layout_has_redis_inventory_allocator_seed_and_optional_collector() -> None:
-    assert set(services()) == {"redis", "inventory", "allocator", "seed", "otel-collector"}
-    assert set(gpualloc_services()) == {"inventory", "allocator", "seed"}
+def test_the_layout_has_redis_inventory_two_allocators_seed_and_optional_collector() -> None:
+    assert set(services()) == {"redis", "inventory", *ALLOCATORS, "seed", "otel-collector"}
+    assert set(gpualloc_services()) == {"inventory", *ALLOCATORS, "seed"}
     assert services()["otel-collector"]["profiles"] == ["otel"]
+    assert all("profiles" not in services()[name] for name in gpualloc_services())
 
 
 def test_every_gpualloc_service_uses_the_one_image_built_here() -> None:
@@ -80,7 +103,8 @@ def test_every_gpualloc_service_uses_the_one_image_built_here() -> None:
     ("name", "script"),
     [
         pytest.param("inventory", "gpualloc-inventory", id="inventory"),
-        pytest.param("allocator", "gpualloc-allocator", id="allocator"),
+        pytest.param("allocator-1", "gpualloc-allocator", id="allocator-1"),
+        pytest.param("allocator-2", "gpualloc-allocator", id="allocator-2"),
         pytest.param("seed", "gpualloc", id="seed"),
     ],
 )
@@ -90,23 +114,48 @@ def test_each_service_runs_a_console_script_of_the_project(name: str, script: st
     assert command[0] in project_scripts()
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in ("inventory", "allocator")])
-def test_servers_listen_publish_and_health_check_on_their_default_port(name: str) -> None:
+@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in SERVER_PORTS])
+def test_servers_listen_and_health_check_on_their_default_port(name: str) -> None:
     service = services()[name]
     port = SERVER_PORTS[name]
     assert environment(service)["GPUALLOC_LISTEN"] == f"0.0.0.0:{port}"
-    assert service["ports"] == [f"127.0.0.1:{port}:{port}"]
+    (published,) = service["ports"]
+    assert published.startswith("127.0.0.1:") and published.endswith(f":{port}")
     test = service["healthcheck"]["test"]
     assert test[:3] == ["CMD", "python", "-c"] and test[-1] == str(port)
 
 
-def test_allocator_reaches_inventory_and_redis_by_service_name() -> None:
-    env = environment(services()["allocator"])
+def test_published_host_ports_are_distinct_and_the_first_allocator_has_the_default() -> None:
+    published = [p.split(":")[1] for s in services().values() for p in s.get("ports", [])]
+    assert len(published) == len(set(published))
+    assert services()["allocator-1"]["ports"] == [f"127.0.0.1:{ALLOCATOR_PORT}:{ALLOCATOR_PORT}"]
+
+
+def test_the_two_allocators_are_replicas_of_one_definition() -> None:
+    first, second = (services()[name] for name in ALLOCATORS)
+    assert {k: v for k, v in first.items() if k != "ports"} == {
+        k: v for k, v in second.items() if k != "ports"
+    }
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in ALLOCATORS])
+def test_allocators_reach_inventory_and_redis_by_service_name(name: str) -> None:
+    env = environment(services()[name])
     host, _, port = env["GPUALLOC_INVENTORY_ADDR"].partition(":")
     assert host in services() and int(port) == INVENTORY_PORT
     redis_url = urlsplit(env["GPUALLOC_REDIS_URL"])
     assert (redis_url.scheme, redis_url.hostname, redis_url.port) == ("redis", "redis", 6379)
     assert redis_url.path == "/0"
+    assert environment(services()["inventory"])["GPUALLOC_REDIS_URL"] == env["GPUALLOC_REDIS_URL"]
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in ALLOCATORS])
+def test_allocators_load_the_example_device_classes(name: str) -> None:
+    service = services()[name]
+    paths = environment(service)["GPUALLOC_DEVICE_CLASSES"].split(",")
+    files = [str(mounted(service, p)) for p in paths]
+    classes = load_device_classes(files)  # the allocator's own reader: DeviceClasses only
+    assert {"gpu.nvidia.com", "mig.nvidia.com", "h100.example.com"} <= set(classes)
 
 
 def test_redis_keeps_an_append_only_file_on_a_volume() -> None:
@@ -125,7 +174,11 @@ def test_seed_applies_the_examples_to_the_inventory_once() -> None:
     assert command[command.index("--inventory") + 1] == f"inventory:{INVENTORY_PORT}"
     assert "./examples:/examples:ro" in seed["volumes"]
     applied = [command[i + 1] for i, arg in enumerate(command) if arg == "-f"]
-    assert applied and all((ROOT / p.lstrip("/")).exists() for p in applied), applied
+    files = [str(mounted(seed, p)) for p in applied]
+    assert files and all(Path(f).exists() for f in files), files
+    # `gpualloc apply`'s own reader: the inventory takes ResourceSlices and Nodes, nothing else
+    inputs = read_inputs(files)
+    assert inputs.slices and inputs.nodes and not inputs.reports
     assert seed["restart"] == "no"
     assert seed["depends_on"]["inventory"]["condition"] == "service_healthy"
 
@@ -151,6 +204,34 @@ def test_environment_names_are_gpualloc_or_opentelemetry_settings() -> None:
             assert variable.startswith(ENV_PREFIXES), f"{name}: {variable}"
 
 
+def test_only_the_instrumented_allocators_get_opentelemetry_settings() -> None:
+    for name, service in gpualloc_services().items():
+        has_otel = any(v.startswith("OTEL_") for v in environment(service))
+        assert has_otel == (name in ALLOCATORS), name
+
+
+@pytest.mark.parametrize(
+    ("shell", "traces", "endpoint"),
+    [
+        pytest.param({}, "none", "http://otel-collector:4317", id="no-export-by-default"),
+        pytest.param({"OTEL_TRACES_EXPORTER": "otlp"}, "otlp", "http://otel-collector:4317",
+                     id="otlp-to-the-collector-service"),
+        pytest.param({"OTEL_TRACES_EXPORTER": "otlp",
+                      "OTEL_EXPORTER_OTLP_ENDPOINT": "http://tempo:4317"},
+                     "otlp", "http://tempo:4317", id="otlp-elsewhere"),
+    ],
+)  # fmt: skip
+def test_trace_export_is_off_unless_asked_and_then_reaches_the_collector(
+    shell: dict[str, str], traces: str, endpoint: str
+) -> None:
+    env = environment(services()["allocator-1"], shell)
+    assert (env["OTEL_TRACES_EXPORTER"], env["OTEL_EXPORTER_OTLP_ENDPOINT"]) == (traces, endpoint)
+    assert env["OTEL_METRICS_EXPORTER"] == "none"
+    collector = urlsplit("http://otel-collector:4317")
+    assert collector.hostname in services()
+    assert services()["otel-collector"]["ports"] == [f"127.0.0.1:{collector.port}:4317"]
+
+
 # --- the health check, run for real ---------------------------------------------------------------
 
 
@@ -166,7 +247,7 @@ def health_server() -> Any:
 
 
 def run_health_check(port: int) -> int:
-    test = services()["allocator"]["healthcheck"]["test"]
+    test = services()["allocator-1"]["healthcheck"]["test"]
     program = test[3]
     done = subprocess.run(
         [sys.executable, "-c", program, str(port)], capture_output=True, timeout=30, check=False

@@ -118,11 +118,25 @@ def test_environment_listens_on_all_interfaces_and_is_read_only_friendly() -> No
     assert exposed == [str(ALLOCATOR_PORT), str(INVENTORY_PORT)]
 
 
-def test_builder_installs_the_wheel_with_the_agent_extra_under_constraints() -> None:
+def installed_extras() -> set[str]:
+    runs = " ".join(i.args for i in stages()[0] if i.keyword == "RUN")
+    (extras,) = re.findall(r"gpualloc-\*\.whl\)\[([a-z,-]+)\]", runs)
+    return set(extras.split(","))
+
+
+def test_builder_installs_the_wheel_with_its_extras_under_constraints() -> None:
     runs = " ".join(i.args for i in stages()[0] if i.keyword == "RUN")
     assert "pip wheel --no-deps" in runs
     assert "--constraint constraints.txt" in runs
-    assert "[agent]" in runs
+    # NVML for the node agent; the OTLP exporter the deploy files' OTEL_*_EXPORTER=otlp needs
+    assert installed_extras() == {"agent", "otlp"}
+
+
+def test_every_extra_the_image_installs_is_declared() -> None:
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        declared = set(tomllib.load(f)["project"].get("optional-dependencies", {}))
+    missing = installed_extras() - declared
+    assert not missing, f"pyproject.toml declares no extra {sorted(missing)} (pip would ignore it)"
 
 
 # --- .dockerignore -----------------------------------------------------------------------------

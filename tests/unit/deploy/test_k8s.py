@@ -50,6 +50,7 @@ KNOWN_KINDS = {
     ("autoscaling/v2", "HorizontalPodAutoscaler"),
     ("policy/v1", "PodDisruptionBudget"),
     ("networking.k8s.io/v1", "NetworkPolicy"),
+    ("kueue.x-k8s.io/v1beta2", "AdmissionCheck"),  # deploy/k8s/kueue: the Kueue bridge's check
 }
 WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet"}
 
@@ -386,3 +387,23 @@ def test_production_overlay_scales_up_and_uses_the_registry_image() -> None:
     assert images == {"registry.example.com/gpualloc/gpualloc:0.1.0"}
     config_map = objects[("ConfigMap", "gpualloc-config")]["data"]
     assert set(config()) < set(config_map)
+
+
+# --- OpenTelemetry ---------------------------------------------------------------------------
+
+
+def test_only_the_allocator_names_itself_to_opentelemetry() -> None:
+    # the allocator is the instrumented process (services/allocator/telemetry.py)
+    for workload, container in gpualloc_containers():
+        otel = [e["name"] for e in container.get("env", []) if e["name"].startswith("OTEL_")]
+        assert bool(otel) == (component(workload) == "allocator"), (component(workload), otel)
+
+
+def test_the_base_exports_nothing_and_production_exports_over_otlp() -> None:
+    assert not [name for name in config() if name.startswith("OTEL_")]
+    objects = {(o["kind"], o["metadata"]["name"]): o for o in render(PRODUCTION)}
+    data = objects[("ConfigMap", "gpualloc-config")]["data"]
+    # an endpoint alone exports nothing: the SDK's exporters default to none here
+    assert data["OTEL_TRACES_EXPORTER"] == data["OTEL_METRICS_EXPORTER"] == "otlp"
+    endpoint = urlsplit(data["OTEL_EXPORTER_OTLP_ENDPOINT"])
+    assert (endpoint.scheme, endpoint.port) == ("http", 4317)

@@ -1,0 +1,188 @@
+"""The runner against a real allocator on port 0: reflection, reports, errors, pacing, cycles.
+
+The server is the real allocator (embedded store) over the example cluster, served by
+services.common.grpc_server with health and reflection, as `gpualloc serve` serves it. Runs are
+tiny (tens of calls), and no assertion depends on how fast this machine is.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from loadtest.ghzlike.cli import execute, main
+from loadtest.ghzlike.config import ConfigError, parse_config
+from protos.allocator.v1 import allocator_pb2, allocator_pb2_grpc
+from services.allocator.bootstrap import build_allocator
+from services.allocator.config import AllocatorSettings
+from services.allocator.feed import StaticFeed
+from services.common.config import ServerSettings
+from services.common.grpc_server import create_server
+from services.common.health import Health
+from services.serve import DEMO_CLASSES, DEMO_PATHS
+from tests.unit.loadtest.ghz_shape import check_report
+
+ALLOCATE = "gpualloc.allocator.v1.Allocator/Allocate"
+H100 = 'device.attributes["gpu.nvidia.com"].productName == "NVIDIA H100 80GB HBM3"'
+
+
+def claim(cel: str = H100) -> dict[str, Any]:
+    exactly = {"deviceClassName": "gpu.nvidia.com", "count": "1", "selectors": [{"cel": cel}]}
+    return {"name": "load", "requests": [{"name": "gpu", "exactly": exactly}]}
+
+
+@pytest.fixture(scope="module")
+def allocator() -> Iterator[str]:
+    settings = replace(AllocatorSettings(), device_classes=DEMO_CLASSES)
+    app = build_allocator(settings, StaticFeed.from_paths(DEMO_PATHS), environ={})
+    health = Health()
+    server, port = create_server(
+        "127.0.0.1:0", [app.registration], ServerSettings(), health=health,
+        interceptors=app.interceptors(),
+    )  # fmt: skip
+    server.start()
+    app.attach_health(health)
+    assert app.wait_ready(10)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(None).wait()
+        app.close()
+
+
+def config_for(host: str, **raw: Any) -> Any:
+    base = {"call": ALLOCATE, "host": host, "insecure": True, "concurrency": 4, "total": 50,
+            "data": {"claims": [claim()]}}  # fmt: skip
+    return parse_config({**base, **raw})
+
+
+def test_allocate_by_reflection_gives_a_ghz_report_of_50_ok_calls(allocator: str) -> None:
+    report, outcome = execute(config_for(allocator, name="allocate"))
+    assert report["statusCodeDistribution"] == {"OK": 50}
+    assert report["errorDistribution"] == {}
+    assert report["count"] == len(report["details"]) == 50
+    assert report["endReason"] == "normal"
+    assert report["options"]["call"] == ALLOCATE and report["options"]["total"] == 50
+    assert outcome.processes == 1 and outcome.client_cpu_seconds > 0
+    check_report(report)
+
+
+def test_health_check_with_the_dotted_call_form(allocator: str) -> None:
+    config = config_for(allocator, call="grpc.health.v1.Health.Check", data={}, total=20)
+    report, _ = execute(config)
+    assert report["statusCodeDistribution"] == {"OK": 20}
+
+
+def test_failing_calls_fill_the_error_distribution(allocator: str) -> None:
+    config = config_for(allocator, total=12, data={"claims": [claim("device.nope(")]})
+    report, _ = execute(config)
+    assert report["statusCodeDistribution"] == {"InvalidArgument": 12}
+    ((error, count),) = report["errorDistribution"].items()
+    assert count == 12
+    assert error.startswith("rpc error: code = InvalidArgument desc = ")
+    assert "selectors[0].cel" in error
+    # as in ghz: no successful call, so no latency statistics
+    assert report["latencyDistribution"] is None and report["histogram"] is None
+    assert (report["fastest"], report["slowest"]) == (0, 0)
+    counted, _ = execute(replace(config, count_errors=True))
+    assert sum(b["count"] for b in counted["histogram"]) == 12
+
+
+def test_array_data_goes_round_robin_and_templates_render(allocator: str) -> None:
+    l40s = 'device.attributes["gpu.nvidia.com"].productName.startsWith("NVIDIA L40S")'
+    data = [{"claims": [claim()]}, {"claims": [claim(l40s)], "owner": "w-{{.WorkerID}}"},
+            {"claims": [claim("device.nope(")]}]  # fmt: skip
+    report, _ = execute(config_for(allocator, total=30, data=data))
+    assert report["statusCodeDistribution"] == {"InvalidArgument": 10, "OK": 20}
+
+
+def test_rps_paces_the_run(allocator: str) -> None:
+    # call k is not sent before (k+1)/rps: in 0.5 s at 40/s at most 20 calls can be made
+    report, _ = execute(
+        config_for(allocator, rps=40, duration="500ms", **{"duration-stop": "wait"})
+    )
+    assert 5 <= report["count"] <= 20
+    assert report["endReason"] == "timeout"
+    assert report["options"]["rps"] == 40 and report["options"]["duration"] == 500_000_000
+
+
+def test_a_duration_without_total_stops_with_reason_timeout(allocator: str) -> None:
+    report, _ = execute(config_for(allocator, duration="300ms", **{"duration-stop": "wait"}))
+    assert report["endReason"] == "timeout" and report["count"] > 0
+    assert report["options"]["total"] == 2**31 - 1  # as ghz echoes it
+
+
+def test_worker_processes_split_the_calls(allocator: str) -> None:
+    report, outcome = execute(config_for(allocator, total=40, cpus=2))
+    assert outcome.processes == 2
+    assert report["statusCodeDistribution"] == {"OK": 40}
+    assert report["options"]["CPUs"] == 2
+
+
+def test_release_cycle_leaves_no_reservation(allocator: str) -> None:
+    data = {"claims": [claim()], "reserve": True, "leaseTtl": "60s", "owner": "load-{{.WorkerID}}"}
+    report, _ = execute(config_for(allocator, total=24, data=data), cycle="release")
+    assert report["statusCodeDistribution"].get("OK", 0) >= 20  # a few may lose a race: ABORTED
+    assert set(report["statusCodeDistribution"]) <= {"OK", "Aborted"}
+    with grpc.insecure_channel(allocator) as channel:
+        listed = allocator_pb2_grpc.AllocatorStub(channel).ListReservations(
+            allocator_pb2.ListReservationsRequest(), timeout=5
+        )
+    assert list(listed.reservations) == []
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        pytest.param({"call": "nope.Service/Call"}, "no service 'nope.Service'",
+                     id="unknown-service"),
+        pytest.param({"call": "gpualloc.allocator.v1.Allocator/Nope"}, "has no method 'Nope'",
+                     id="unknown-method"),
+        pytest.param({"data": {"claimz": []}},
+                     "data: not a valid gpualloc.allocator.v1.AllocateRequest",
+                     id="data-that-is-not-the-request"),
+        pytest.param({"data": {"owner": "{{.Nope}}"}}, "CallData has no field", id="bad-template"),
+        pytest.param({"call": "gpualloc.inventory.v1.Inventory/WatchInventory"},
+                     "streams; the Python runner calls unary methods only",
+                     id="streaming-methods-are-refused"),
+    ],
+)  # fmt: skip
+def test_setup_problems_are_config_errors(
+    allocator: str, raw: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        execute(config_for(allocator, **raw))
+
+
+def test_an_unreachable_host_is_a_config_error() -> None:
+    config = config_for("127.0.0.1:1", **{"connect-timeout": "200ms"})
+    with pytest.raises(ConfigError, match="cannot connect to 127.0.0.1:1 within 0.2s"):
+        execute(config)
+
+
+def test_the_command_writes_the_report_and_the_plot(allocator: str, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"call": ALLOCATE, "insecure": True, "host": "unused:1",
+                                  "data": {"claims": [claim()]}}))  # fmt: skip
+    out, png = tmp_path / "out" / "r.json", tmp_path / "out" / "r.png"
+    argv = ["--config", str(config), allocator, "-n", "20", "-c", "2", "-O", "pretty",
+            "-o", str(out), "--png", str(png), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    assert report["statusCodeDistribution"] == {"OK": 20}
+    assert report["options"]["host"] == allocator and report["options"]["concurrency"] == 2
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_command_exits_2_on_a_bad_config(tmp_path: Path, capsys: Any) -> None:
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"call": ALLOCATE, "host": "h:1", "protoset": "x.bin"}))
+    assert main(["--config", str(config)]) == 2
+    assert "protoset: the ghz option is not supported" in capsys.readouterr().err
