@@ -17,6 +17,7 @@ generation, and a store call does not start once the deadline has passed.
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -119,7 +120,9 @@ class AllocatorService:
                 return self._reserved_answer(query, known, self.view.require(0).generation)
         attempts = 1 + (self.limits.reserve_retries if lease is not None else 0)
         conflict: Conflict | None = None
-        for _ in range(attempts):
+        for attempt in range(attempts):
+            if attempt:
+                _back_off(attempt)
             view, state = self._read(query)
             answer = self._answer(view, state, query, explain=query.explain)
             if lease is None or answer.outcome is not Outcome.ALLOCATED:
@@ -398,6 +401,21 @@ def _requests(
         )
         for scope, hold in holds.items()
     ]
+
+
+_BACKOFF_SECONDS = 0.002
+
+
+def _back_off(attempt: int) -> None:
+    """Sleep a random share of 2 ms x 2^attempt before solving again after a conflict.
+
+    Callers that lost the same race would otherwise solve again at once, see the same refreshed
+    state, pick the same next devices and collide again; the jitter spreads them so each retry
+    sees the reservations of those that went first. Bounded by the call's remaining time.
+    """
+    pause = random.uniform(0, _BACKOFF_SECONDS * 2**attempt)
+    left = remaining_seconds()
+    time.sleep(pause if left is None else min(pause, left / 4))
 
 
 def _bounded(conflict: Conflict) -> Conflict:
