@@ -19,6 +19,7 @@ WORKDIR /src
 COPY pyproject.toml README.md constraints.txt ./
 COPY protos ./protos
 COPY services ./services
+COPY loadtest ./loadtest
 RUN python -m pip wheel --no-deps --wheel-dir /dist . \
  && python -m venv /opt/venv \
  && /opt/venv/bin/pip install --constraint constraints.txt "$(ls /dist/gpualloc-*.whl)[agent,otlp]" \

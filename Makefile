@@ -8,7 +8,7 @@ PY     := $(BIN)/python
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test lint fmt protos protos-check bench loadtest clean
+.PHONY: help install run test lint fmt protos protos-check bench loadtest demo clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -51,6 +51,9 @@ bench: $(STAMP) ## benchmarks (solver, inventory, service); pass ARGS=--json for
 
 loadtest: $(STAMP) ## ~30 s load smoke on loopback (embedded + Redis): ghz-format reports + PNGs in loadtest/out/
 	$(PY) -m loadtest.smoke $(ARGS)
+
+demo: $(STAMP) ## the Slurm bridge and the Kueue sidecar sharing one allocator on the example cluster
+	$(PY) -m services.bridges.demo
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,1 @@
+"""The Kueue bridge: an AdmissionCheck controller backed by gpualloc (`gpualloc-kueue`)."""

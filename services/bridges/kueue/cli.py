@@ -1,0 +1,117 @@
+"""`gpualloc-kueue`: the Kueue AdmissionCheck controller (runs as a Deployment next to Kueue).
+
+    gpualloc-kueue                       # watch and reconcile until SIGTERM
+    gpualloc-kueue --once                # one pass, print what it did (debugging)
+
+Settings: GPUALLOC_ALLOCATOR_ADDR / GPUALLOC_INVENTORY_ADDR (host:port; TLS and deadlines as in
+services/client/config.py), GPUALLOC_KUEUE_CONTROLLER_NAME (default gpualloc.io/admission: the
+`spec.controllerName` of the AdmissionChecks it serves), GPUALLOC_KUEUE_LEASE (how long devices
+stay reserved between Ready and admission, default 5m), GPUALLOC_KUEUE_RESYNC (the longest
+pause between passes, default 10s). Kubernetes access is in-cluster (or ~/.kube/config) through
+the kubernetes Python client, which must be installed (`pip install kubernetes`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from typing import TextIO
+
+from services.bridges.kueue.controller import CONTROLLER_NAME, AdmissionController
+from services.bridges.kueue.k8s_adapter import KubernetesKueueApi
+from services.bridges.kueue.port import KueueApi
+from services.bridges.placing import Placer
+from services.client.client import AllocatorClient
+from services.client.config import ClientSettings
+from services.client.inventory import InventoryClient
+from services.common.config import env_duration, env_str
+from services.common.errors import GpuallocError
+
+__all__ = ["main"]
+
+log = logging.getLogger("gpualloc.kueue")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpualloc-kueue",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--once", action="store_true", help="run one pass and exit")
+    parser.add_argument("--controller-name", help=f"default {CONTROLLER_NAME}")
+    return parser
+
+
+def run(
+    api: KueueApi,
+    environ: Mapping[str, str],
+    *,
+    once: bool,
+    controller_name: str | None = None,
+    stop: threading.Event | None = None,
+    out: TextIO | None = None,
+) -> int:
+    """The controller over `api` (the real cluster in main, a MemoryKueueApi in tests)."""
+    settings = ClientSettings.from_env(environ)
+    name = controller_name or env_str(environ, "GPUALLOC_KUEUE_CONTROLLER_NAME", CONTROLLER_NAME)
+    lease = env_duration(environ, "GPUALLOC_KUEUE_LEASE", 300.0, minimum=1.0)
+    resync = env_duration(environ, "GPUALLOC_KUEUE_RESYNC", 10.0, minimum=0.05)
+    with (
+        AllocatorClient(
+            settings.target,
+            tls=settings.tls,
+            deadline_seconds=settings.deadline_seconds,
+            retry=settings.retry,
+        ) as client,
+        InventoryClient(
+            settings.inventory,
+            tls=settings.tls,
+            deadline_seconds=settings.deadline_seconds,
+            retry=settings.retry,
+        ) as inventory,
+    ):
+        controller = AdmissionController(
+            api, Placer(client, inventory), controller_name=name, lease_ttl_seconds=lease
+        )
+        if once:
+            for decision in controller.reconcile_all():
+                state = decision.state.value if decision.state else "-"
+                print(
+                    f"{decision.workload}\t{decision.action}\t{state}\t{decision.message}", file=out
+                )
+            return 0
+        controller.run(stop or threading.Event(), resync)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    env = os.environ if environ is None else environ
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    stop = threading.Event()
+    try:
+        api = KubernetesKueueApi()
+        if not args.once:
+            signal.signal(signal.SIGTERM, lambda *_: stop.set())
+            signal.signal(signal.SIGINT, lambda *_: stop.set())
+        return run(
+            api,
+            env,
+            once=args.once,
+            controller_name=args.controller_name,
+            stop=stop,
+            out=sys.stdout,
+        )
+    except GpuallocError as error:
+        print(f"gpualloc-kueue: {error}", file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""The AdmissionCheck controller: Kueue admits a Workload only once gpualloc holds its GPUs.
+
+Kueue's admission checks (site/content/en/docs/concepts/admission_check/_index.md): after Kueue
+reserves quota for a Workload, every check of its ClusterQueue must turn `Ready` before the
+Workload is admitted. This controller owns the checks whose `spec.controllerName` is
+`gpualloc.io/admission` and, on every pass (level-triggered, idempotent):
+
+- marks those AdmissionChecks Active (else Kueue keeps their ClusterQueues inactive);
+- Workload with quota reserved, check `Pending`: translates its pod sets (translate.py),
+  allocates and reserves each pod set on one node (owner `kueue/<ns>/<name>`, idempotency key
+  `kueue-<uid>-<podset>`, so a retry or a restart finds the same devices), then sets the check
+  - `Ready`, with `podSetUpdates[].nodeSelector` `kubernetes.io/hostname: <node>` so the pods
+    land where the devices are held;
+  - `Retry`, with Explain's message (and who holds the devices), when it does not fit now;
+  - `Rejected` when it can never fit (not even on an empty cluster), or cannot be translated;
+- check `Ready`, not yet admitted: renews the leases (a lease lost meanwhile sends the
+  Workload back to `Pending` handling); Workload `Admitted`: commits the reservations;
+- Workload finished, evicted, deactivated, without quota, or deleted: releases its devices.
+
+A reservation that outlives its Workload (deleted while the controller was down) is released
+on the next pass: every `kueue/...` owner without a live Workload is garbage.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from services.bridges.kueue.objects import (
+    AdmissionCheck,
+    AdmissionCheckState,
+    CheckState,
+    ClusterQueue,
+    PodSetUpdate,
+    Workload,
+)
+from services.bridges.kueue.port import KueueApi
+from services.bridges.kueue.translate import PodSetClaims, workload_claims
+from services.bridges.placing import Placer, kueue_owner
+from services.client.results import Reservation, ReservationState
+from services.common.errors import GpuallocError, InvalidArgument, NotFound
+
+__all__ = ["CONTROLLER_NAME", "HOSTNAME_LABEL", "AdmissionController", "Decision"]
+
+CONTROLLER_NAME = "gpualloc.io/admission"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+OWNER_PREFIX = "kueue/"
+MAX_MESSAGE = 1024
+
+log = logging.getLogger("gpualloc.kueue")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one pass did to one Workload (for logs and tests)."""
+
+    workload: str
+    action: str  # ready, retry, rejected, committed, renewed, released, unchanged
+    state: CheckState | None = None
+    message: str = ""
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
+
+
+class AdmissionController:
+    def __init__(
+        self,
+        api: KueueApi,
+        placer: Placer,
+        *,
+        controller_name: str = CONTROLLER_NAME,
+        lease_ttl_seconds: float = 300.0,
+        clock: Callable[[], str] = _now,
+    ) -> None:
+        self.api = api
+        self.placer = placer
+        self.controller_name = controller_name
+        self.lease_ttl_seconds = lease_ttl_seconds
+        self._clock = clock
+
+    # --- one pass -----------------------------------------------------------------------------
+
+    def reconcile_all(self) -> list[Decision]:
+        """One level-triggered pass over every AdmissionCheck and Workload."""
+        checks = self._our_checks()
+        queues = {
+            q.name
+            for q in map(ClusterQueue.from_dict, self.api.list_cluster_queues())
+            if checks & set(q.admission_checks)
+        }
+        workloads = [Workload.from_dict(w) for w in self.api.list_workloads()]
+        held = self._held()
+        decisions = []
+        live = set()
+        for workload in workloads:
+            owner = kueue_owner(workload.namespace, workload.name)
+            live.add(owner)
+            check = next((c for c in workload.admission_checks if c.name in checks), None)
+            if check is None or (workload.cluster_queue and workload.cluster_queue not in queues):
+                continue
+            decision = self.reconcile(workload, check, held.get(owner, []))
+            if decision.action != "unchanged":
+                log.info("%s: %s %s", decision.workload, decision.action, decision.message)
+            decisions.append(decision)
+        for owner, reservations in sorted(held.items()):
+            if owner not in live:
+                self._release(owner, reservations)
+                decisions.append(
+                    Decision(owner.removeprefix(OWNER_PREFIX), "released", None, "deleted")
+                )
+        return decisions
+
+    def reconcile(
+        self, workload: Workload, check: AdmissionCheckState, held: Sequence[Reservation]
+    ) -> Decision:
+        owner = kueue_owner(workload.namespace, workload.name)
+        gone = workload.finished or workload.evicted or workload.deleting or not workload.active
+        if gone or not workload.quota_reserved:
+            if held:
+                self._release(owner, held)
+                return Decision(workload.key, "released", check.state, "no longer needs its GPUs")
+            return Decision(workload.key, "unchanged", check.state)
+        if check.state in (CheckState.RETRY, CheckState.REJECTED):
+            if held:
+                self._release(owner, held)
+                return Decision(workload.key, "released", check.state)
+            return Decision(workload.key, "unchanged", check.state)
+        if check.state is CheckState.READY:
+            return self._keep(workload, check, held)
+        return self._place(workload, check)
+
+    # --- Pending: place -----------------------------------------------------------------------
+
+    def _place(self, workload: Workload, check: AdmissionCheckState) -> Decision:
+        owner = kueue_owner(workload.namespace, workload.name)
+        try:
+            units = workload_claims(workload, self.api.get_resource_claim_template)
+        except InvalidArgument as error:
+            return self._set(workload, check, CheckState.REJECTED, f"gpualloc: {error}")
+        updates: list[PodSetUpdate] = []
+        placed: list[Reservation] = []
+        for unit in units:
+            placement = self.placer.allocate(
+                unit.claims,
+                owner=owner,
+                idempotency_key=f"kueue-{workload.uid}-{unit.pod_set}",
+                node_selector=unit.node_selector,
+                lease_ttl_seconds=self.lease_ttl_seconds,
+                labels={"kueue.workload": workload.key, "kueue.podset": unit.pod_set},
+            )
+            if not placement.fits:
+                self._release(owner, placed)
+                return self._not_now(workload, check, unit, placement.reason())
+            placed.extend(placement.reservations)
+            updates.append(PodSetUpdate(unit.pod_set, {HOSTNAME_LABEL: placement.node_name}))
+        summary = (
+            "; ".join(f"{u.name} on {u.node_selector[HOSTNAME_LABEL]}" for u in updates)
+            or "no GPUs requested"
+        )
+        ids = ", ".join(r.id for r in placed)
+        message = f"gpualloc reserved {sum(len(r.devices) for r in placed)} devices: {summary}"
+        return self._set(
+            workload,
+            check,
+            CheckState.READY,
+            message + (f" ({ids})" if ids else ""),
+            tuple(updates),
+        )
+
+    def _not_now(
+        self, workload: Workload, check: AdmissionCheckState, unit: PodSetClaims, reason: str
+    ) -> Decision:
+        """Retry when the pod set could fit an empty cluster, Rejected when it never can."""
+        where = f"pod set {unit.pod_set} ({unit.count} pods)"
+        if not self.placer.fits_anywhere(unit.claims, unit.node_selector):
+            message = f"gpualloc: {where} can never fit on one node: {reason}"
+            return self._set(workload, check, CheckState.REJECTED, message)
+        return self._set(workload, check, CheckState.RETRY, f"gpualloc: {where}: {reason}")
+
+    # --- Ready: keep, commit ------------------------------------------------------------------
+
+    def _keep(
+        self, workload: Workload, check: AdmissionCheckState, held: Sequence[Reservation]
+    ) -> Decision:
+        owner = kueue_owner(workload.namespace, workload.name)
+        client = self.placer.client
+        try:
+            if workload.admitted:
+                pending = [r for r in held if r.state is not ReservationState.COMMITTED]
+                for reservation in pending:
+                    client.commit(reservation, owner=owner, fencing_token=reservation.fencing_token)
+                if not held:
+                    raise NotFound(f"no reservation of {owner}")
+                return Decision(workload.key, "committed" if pending else "unchanged", check.state)
+            for reservation in held:
+                client.renew(reservation, owner=owner, lease_ttl_seconds=self.lease_ttl_seconds)
+            if not held:
+                raise NotFound(f"no reservation of {owner}")
+            return Decision(workload.key, "renewed", check.state)
+        except NotFound as error:
+            # The lease ran out (or the allocator lost it): the devices may be someone else's.
+            message = f"gpualloc: the reservation was lost ({error}); placing again"
+            self._release(owner, held)
+            return self._set(workload, check, CheckState.RETRY, message)
+
+    # --- writes -------------------------------------------------------------------------------
+
+    def _set(
+        self,
+        workload: Workload,
+        check: AdmissionCheckState,
+        state: CheckState,
+        message: str,
+        updates: tuple[PodSetUpdate, ...] = (),
+    ) -> Decision:
+        wanted = AdmissionCheckState(check.name, state, _short(message), updates)
+        if wanted == check:
+            return Decision(workload.key, "unchanged", state, message)
+        self.api.set_admission_check_state(
+            workload.namespace, workload.name, wanted.to_dict(self._clock())
+        )
+        return Decision(workload.key, state.value.lower(), state, message)
+
+    def _release(self, owner: str, held: Sequence[Reservation]) -> None:
+        for reservation in held:
+            self.placer.client.release(reservation, owner=owner, allow_missing=True)
+
+    def _held(self) -> dict[str, list[Reservation]]:
+        held: dict[str, list[Reservation]] = {}
+        for reservation in self.placer.client.list():
+            if reservation.owner.startswith(OWNER_PREFIX):
+                held.setdefault(reservation.owner, []).append(reservation)
+        return held
+
+    def _our_checks(self) -> set[str]:
+        ours = set()
+        for check in map(AdmissionCheck.from_dict, self.api.list_admission_checks()):
+            if check.controller_name != self.controller_name:
+                continue
+            ours.add(check.name)
+            if not check.active:
+                self.api.set_admission_check_active(check.name, "gpualloc admission is running")
+        return ours
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event, resync_seconds: float = 10.0) -> None:
+        """Reconcile on every Workload change and at least every `resync_seconds`, until
+        `stop`; errors of one pass are logged and the next pass tries again."""
+        while not stop.is_set():
+            try:
+                self.reconcile_all()
+            except GpuallocError as error:
+                log.warning("reconcile pass failed: %s", error)
+            self.api.wait_for_change(resync_seconds)

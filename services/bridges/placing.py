@@ -1,0 +1,175 @@
+"""How both bridges ask for devices: Allocate with reserve, NVLink-aware, with one owner naming.
+
+Owners say which system holds what, in every reservation and every Explain: `slurm/job/<id>`
+for Slurm jobs, `kueue/<namespace>/<workload>` for Kueue workloads.
+
+NVLink. A claim asking for NVLink-connected GPUs carries the `gpualloc.io/topology-constraints`
+annotation, which the client sends as a topology constraint. An allocator that does not support
+topology constraints yet refuses it (INVALID_ARGUMENT on `topology_constraints`); then the
+bridges fall back to a rule that is never wrong, only sometimes stricter: the claim may only
+use nodes whose GPUs are *all* pairwise NVLink-connected (NVSwitch systems such as HGX H100),
+as the inventory's topology shows. On such a node every set of its GPUs is NVLink-connected.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from itertools import combinations
+
+from services.client.client import AllocatorClient
+from services.client.inventory import InventoryClient, NodeInventory
+from services.client.results import Explanation, Outcome, Placement
+from services.client.topology import ANNOTATION, TopologyKind, constraints_of
+from services.common.dra.model import (
+    NodeSelector,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    ResourceClaim,
+)
+from services.common.errors import InvalidArgument
+
+__all__ = [
+    "Placer",
+    "kueue_owner",
+    "needs_nvlink",
+    "nvlink_meshed_nodes",
+    "slurm_owner",
+]
+
+log = logging.getLogger("gpualloc.bridges")
+
+
+def slurm_owner(job_id: str) -> str:
+    return f"slurm/job/{job_id}"
+
+
+def kueue_owner(namespace: str, workload: str) -> str:
+    return f"kueue/{namespace}/{workload}"
+
+
+def needs_nvlink(claims: Sequence[ResourceClaim]) -> bool:
+    return any(
+        c.kind is TopologyKind.NVLINK_CONNECTED and c.required
+        for claim in claims
+        for c in constraints_of(claim)
+    )
+
+
+def nvlink_meshed_nodes(nodes: Sequence[NodeInventory]) -> list[str]:
+    """Nodes with at least two whole GPUs, every pair of them linked by NVLink."""
+    meshed = []
+    for node in nodes:
+        uuids = [g.uuid for g in node.gpus if g.device is not None]
+        if len(uuids) >= 2 and all(node.nvlink_count(a, b) > 0 for a, b in combinations(uuids, 2)):
+            meshed.append(node.name)
+    return sorted(meshed)
+
+
+def _without_topology(claims: Sequence[ResourceClaim]) -> list[ResourceClaim]:
+    return [
+        replace(c, annotations={k: v for k, v in c.annotations.items() if k != ANNOTATION})
+        for c in claims
+    ]
+
+
+def _restrict(selector: NodeSelector | None, names: Sequence[str]) -> NodeSelector:
+    """`selector` AND "the node is one of `names`". A `metadata.name` field requirement takes
+    exactly one value (as in Kubernetes), so each name gets its own term (terms are ORed)."""
+    terms = selector.node_selector_terms if selector is not None else (NodeSelectorTerm(),)
+    return NodeSelector(
+        tuple(
+            NodeSelectorTerm(
+                match_expressions=term.match_expressions,
+                match_fields=(
+                    *term.match_fields,
+                    NodeSelectorRequirement("metadata.name", "In", (name,)),
+                ),
+            )
+            for term in terms
+            for name in names
+        )
+    )
+
+
+@dataclass
+class Placer:
+    """Allocate/Explain for a bridge, with the NVLink fallback of the module docstring."""
+
+    client: AllocatorClient
+    inventory: InventoryClient
+
+    def allocate(
+        self,
+        claims: Sequence[ResourceClaim],
+        *,
+        owner: str,
+        idempotency_key: str,
+        node_name: str = "",
+        node_selector: NodeSelector | None = None,
+        lease_ttl_seconds: float | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> Placement:
+        """Allocate and reserve; an unsatisfiable answer comes with Explain's reasons."""
+
+        def call(sent: Sequence[ResourceClaim], selector: NodeSelector | None) -> Placement:
+            return self.client.allocate(
+                sent,
+                node_name=node_name,
+                node_selector=selector,
+                reserve=True,
+                explain=False,
+                lease_ttl_seconds=lease_ttl_seconds,
+                owner=owner,
+                idempotency_key=idempotency_key,
+                labels=labels,
+            )
+
+        placement = self._with_fallback(claims, node_name, node_selector, call)
+        if placement.fits:
+            return placement
+        return self.explain(claims, node_name=node_name, node_selector=node_selector)
+
+    def explain(
+        self,
+        claims: Sequence[ResourceClaim],
+        *,
+        node_name: str = "",
+        node_selector: NodeSelector | None = None,
+    ) -> Placement:
+        def call(sent: Sequence[ResourceClaim], selector: NodeSelector | None) -> Placement:
+            return self.client.explain(sent, node_name=node_name, node_selector=selector)
+
+        return self._with_fallback(claims, node_name, node_selector, call)
+
+    def fits_anywhere(
+        self, claims: Sequence[ResourceClaim], node_selector: NodeSelector | None = None
+    ) -> bool:
+        """Whether the claims fit some node of the cluster at all (reservations ignored)."""
+
+        def call(sent: Sequence[ResourceClaim], selector: NodeSelector | None) -> Placement:
+            capacity = self.client.capacity(sent, node_selector=selector, ignore_reservations=True)
+            return Placement(Outcome.ALLOCATED if capacity.total > 0 else Outcome.UNSATISFIABLE)
+
+        return self._with_fallback(claims, "", node_selector, call).fits
+
+    def _with_fallback(
+        self,
+        claims: Sequence[ResourceClaim],
+        node_name: str,
+        node_selector: NodeSelector | None,
+        call: Callable[[Sequence[ResourceClaim], NodeSelector | None], Placement],
+    ) -> Placement:
+        try:
+            return call(claims, node_selector)
+        except InvalidArgument as error:
+            if error.field_path != "topology_constraints" or not needs_nvlink(claims):
+                raise
+        meshed = nvlink_meshed_nodes(self.inventory.nodes())
+        log.info("allocator has no topology constraints; NVLink via fully meshed nodes %s", meshed)
+        if not meshed or (node_name and node_name not in meshed):
+            where = f"node {node_name}: its GPUs are not" if node_name else "no node has GPUs"
+            message = f"{where} all NVLink-connected, as the claims require"
+            return Placement(Outcome.UNSATISFIABLE, explanation=Explanation((message,)))
+        return call(_without_topology(claims), _restrict(node_selector, meshed))

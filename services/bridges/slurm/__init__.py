@@ -1,0 +1,2 @@
+"""The Slurm bridge (`gpualloc-slurm`): GRES requests -> claims, prolog / task prolog / epilog,
+gres.conf from the inventory."""

@@ -1,0 +1,218 @@
+"""`gpualloc-slurm`: the Slurm bridge's command line (prolog, task-prolog, epilog, gres-conf).
+
+    gpualloc-slurm prolog        # slurm.conf Prolog= (or PrologSlurmctld=): reserve + commit
+    gpualloc-slurm task-prolog   # slurm.conf TaskProlog=: export CUDA_VISIBLE_DEVICES=GPU-...
+    gpualloc-slurm epilog        # slurm.conf Epilog=: release
+    gpualloc-slurm gres-conf --node h100-node-1 > /etc/slurm/gres.conf
+    gpualloc-slurm translate --gres=gpu:h100:4 -C nvlink   # print the claim (YAML)
+
+The job comes from Slurm's prolog environment (SLURM_JOB_ID, SLURMD_NODENAME,
+SLURM_JOB_NODELIST, SLURM_JOB_GRES / SLURM_GPUS_PER_NODE / SLURM_GPUS / SLURM_JOB_GPUS,
+SLURM_JOB_CONSTRAINTS); the sbatch-style flags override it. The allocator is
+GPUALLOC_ALLOCATOR_ADDR (default 127.0.0.1:50051; see services/client/config.py for TLS and
+deadlines). Exit status: 0 done; 1 the job's GPUs cannot be placed (the reason is on standard
+error, which slurmd logs); 2 bad input; 3 the allocator could not be reached or failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TextIO
+
+import yaml
+
+from services.bridges.slurm.claims import claim_for_node
+from services.bridges.slurm.gresconf import parse_mig_minors, render_gres_conf
+from services.bridges.slurm.prolog import SlurmJob, run_epilog, run_prolog, task_gpus
+from services.bridges.slurm.request import SlurmGpuRequest, request_from_options
+from services.client.client import AllocatorClient
+from services.client.config import ClientSettings
+from services.client.errors import Unplaceable
+from services.client.inventory import InventoryClient
+from services.common.dra.serialize import to_dict
+from services.common.errors import GpuallocError, InvalidArgument
+
+__all__ = ["main"]
+
+EXIT_UNPLACEABLE = 1
+EXIT_INVALID = 2
+EXIT_FAILED = 3
+
+
+def _request_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--job-id", help="the job (default SLURM_JOB_ID)")
+    parser.add_argument("--node", help="act for this node only (default SLURMD_NODENAME)")
+    parser.add_argument("--gres", help="as sbatch --gres, e.g. gpu:h100:4")
+    parser.add_argument("--gpus", "-G", help="as sbatch --gpus, e.g. a100:2")
+    parser.add_argument("--gpus-per-node", help="as sbatch --gpus-per-node")
+    parser.add_argument("--nodes", "-N", type=int, help="as sbatch --nodes (for --gpus)")
+    parser.add_argument("--constraint", "-C", help="as sbatch --constraint; `nvlink` asks for it")
+    parser.add_argument("--nvlink", action="store_true", help="the GPUs must be NVLink-connected")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpualloc-slurm",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--allocator", help="host:port (env GPUALLOC_ALLOCATOR_ADDR)")
+    parser.add_argument(
+        "--inventory", help="host:port (env GPUALLOC_INVENTORY_ADDR; default allocator)"
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, text in (
+        ("prolog", "reserve and commit the job's GPUs; print its GPU environment"),
+        ("task-prolog", "print the GPU environment of the job's reservation on this node"),
+    ):
+        _request_flags(commands.add_parser(name, help=text))
+    epilog = commands.add_parser("epilog", help="release the job's GPUs (idempotent)")
+    epilog.add_argument("--job-id", help="the job (default SLURM_JOB_ID)")
+    epilog.add_argument("--node", help="this node only (default SLURMD_NODENAME)")
+    epilog.add_argument(
+        "--all-nodes", action="store_true", help="release on every node (EpilogSlurmctld)"
+    )
+    epilog.add_argument(
+        "--ignore-errors",
+        action="store_true",
+        help="exit 0 even when the allocator cannot be reached (Slurm drains a node whose "
+        "Epilog fails)",
+    )
+    gres = commands.add_parser("gres-conf", help="gres.conf for a node, from the inventory")
+    which = gres.add_mutually_exclusive_group(required=True)
+    which.add_argument("--node", help="the node")
+    which.add_argument("--all", action="store_true", help="every node of the inventory")
+    gres.add_argument(
+        "--mig-minors",
+        metavar="PATH",
+        help="the node's /proc/driver/nvidia-caps/mig-minors, to pin MIG devices' files",
+    )
+    translate = commands.add_parser("translate", help="print the claim a request becomes")
+    _request_flags(translate)
+    return parser
+
+
+def _request(args: argparse.Namespace) -> SlurmGpuRequest | None:
+    """The request given by flags, or None to read it from the environment."""
+    gres, gpus = getattr(args, "gres", None), getattr(args, "gpus", None)
+    per_node = getattr(args, "gpus_per_node", None)
+    if not (gres or gpus or per_node):
+        return None
+    return request_from_options(
+        gres=gres,
+        gpus=gpus,
+        gpus_per_node=per_node,
+        nodes=args.nodes or 1,
+        constraint=args.constraint,
+        nvlink=args.nvlink,
+    )
+
+
+def _job(args: argparse.Namespace, environ: Mapping[str, str]) -> SlurmJob:
+    env = dict(environ)
+    if args.job_id:
+        env["SLURM_JOB_ID"] = args.job_id
+    if getattr(args, "nvlink", False):
+        env["GPUALLOC_NVLINK"] = "1"
+    if getattr(args, "constraint", None):
+        env["SLURM_JOB_CONSTRAINTS"] = args.constraint
+    return SlurmJob.from_environ(env, node=args.node, request=_request(args))
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+) -> int:
+    out, err = stdout or sys.stdout, stderr or sys.stderr
+    env = os.environ if environ is None else environ
+    args = build_parser().parse_args(argv)
+    try:
+        settings = ClientSettings.from_env(env)
+        if args.command == "translate":
+            return _translate(args, env, out)
+        target = args.allocator or settings.target
+        with (
+            AllocatorClient(
+                target,
+                tls=settings.tls,
+                deadline_seconds=settings.deadline_seconds,
+                retry=settings.retry,
+            ) as client,
+            InventoryClient(
+                args.inventory or settings.inventory_target or target,
+                tls=settings.tls,
+                deadline_seconds=settings.deadline_seconds,
+                retry=settings.retry,
+            ) as inventory,
+        ):
+            return _run(args, env, client, inventory, out, err)
+    except Unplaceable as error:
+        print(f"gpualloc-slurm: {error}", file=err)
+        return EXIT_UNPLACEABLE
+    except InvalidArgument as error:
+        print(f"gpualloc-slurm: {error}", file=err)
+        return EXIT_INVALID
+    except GpuallocError as error:
+        if args.command == "epilog" and args.ignore_errors:
+            print(f"gpualloc-slurm: epilog: {error} (ignored)", file=err)
+            return 0
+        print(f"gpualloc-slurm: {type(error).__name__}: {error}", file=err)
+        return EXIT_FAILED
+
+
+def _run(
+    args: argparse.Namespace,
+    environ: Mapping[str, str],
+    client: AllocatorClient,
+    inventory: InventoryClient,
+    out: TextIO,
+    err: TextIO,
+) -> int:
+    if args.command == "gres-conf":
+        minors = parse_mig_minors(Path(args.mig_minors).read_text()) if args.mig_minors else None
+        nodes = inventory.nodes() if args.all else [inventory.node(args.node)]
+        if nodes == [None]:
+            raise InvalidArgument.at("--node", f"node {args.node!r} is not in the inventory")
+        out.write("\n".join(render_gres_conf(n, minors) for n in nodes if n is not None))
+        return 0
+    job = _job(args, environ)
+    client.owner = job.owner
+    if args.command == "epilog":
+        released = run_epilog(client, job, all_nodes=args.all_nodes)
+        print(
+            f"gpualloc-slurm: job {job.job_id}: released {len(released)} reservation(s)", file=err
+        )
+        return 0
+    if args.command == "prolog":
+        found = run_prolog(client, inventory, job)
+        if not found:
+            print(f"gpualloc-slurm: job {job.job_id} requests no GPU", file=err)
+    else:
+        found = task_gpus(client, inventory, job)
+    for gpus in found:
+        summary = ", ".join(str(d) for d in gpus.devices) or "no device"
+        print(f"gpualloc-slurm: job {job.job_id} on {gpus.node}: {summary}", file=err)
+    if len(found) == 1:
+        out.write("\n".join(found[0].exports()) + "\n")
+    return 0
+
+
+def _translate(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO) -> int:
+    job = _job(
+        args,
+        {**environ, "SLURMD_NODENAME": args.node or "node", "SLURM_JOB_ID": args.job_id or "0"},
+    )
+    claim = claim_for_node(job.job_id, job.request)
+    out.write(f"# {job.request}\n")
+    yaml.safe_dump(to_dict(claim), out, sort_keys=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""One place where a client calls the wire: channel, deadline, owner metadata, retries, errors.
+
+Every RPC of the client library goes through `Caller.call`, so the rules hold everywhere: each
+attempt has the client's deadline; UNAVAILABLE is retried (any call), DEADLINE_EXCEEDED only
+for reads, with the policy's backoff; a failure comes back as the typed error of
+`services.common.errors` (via `error_from_rpc`), never as a grpc exception.
+"""
+
+from __future__ import annotations
+
+import logging
+import random as random_module
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from services.client.config import RetryPolicy, TlsConfig
+from services.common.grpc_errors import error_from_rpc
+
+__all__ = ["OWNER_METADATA", "Caller", "is_retryable", "open_channel"]
+
+OWNER_METADATA = "x-gpualloc-owner"
+"""The call metadata the allocator reads the caller's owner from (it wins over request fields)."""
+
+_ALWAYS_RETRIED = frozenset({grpc.StatusCode.UNAVAILABLE})
+_RETRIED_FOR_READS = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+Response = TypeVar("Response")
+
+log = logging.getLogger("gpualloc.client")
+
+
+def is_retryable(code: grpc.StatusCode, *, read: bool) -> bool:
+    """Whether a failed attempt may be repeated (see RetryPolicy for why)."""
+    return code in (_RETRIED_FOR_READS if read else _ALWAYS_RETRIED)
+
+
+def open_channel(target: str, tls: TlsConfig | None) -> grpc.Channel:
+    """A plaintext channel, or a TLS one (mutual when the config has a client certificate)."""
+    if tls is None:
+        return grpc.insecure_channel(target)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=tls.root_certificates,
+        private_key=tls.client_key,
+        certificate_chain=tls.client_certificate,
+    )
+    options = []
+    if tls.server_name:
+        options.append(("grpc.ssl_target_name_override", tls.server_name))
+    return grpc.secure_channel(target, credentials, options=options)
+
+
+class Caller:
+    """Calls unary methods with the deadline, metadata and retry rules above."""
+
+    def __init__(
+        self,
+        channel: grpc.Channel,
+        *,
+        deadline_seconds: float,
+        retry: RetryPolicy,
+        sleep: Callable[[float], None] = time.sleep,
+        random: Callable[[], float] = random_module.random,
+    ) -> None:
+        self.channel = channel
+        self.deadline_seconds = deadline_seconds
+        self.retry = retry
+        self._sleep = sleep
+        self._random = random
+
+    def call(
+        self,
+        method: Callable[..., Response],
+        request: Any,
+        *,
+        read: bool,
+        owner: str = "",
+    ) -> Response:
+        """`method(request)` with retries; raises the typed error of the last attempt."""
+        metadata = ((OWNER_METADATA, owner),) if owner else None
+        attempt = 1
+        while True:
+            try:
+                return method(request, timeout=self.deadline_seconds, metadata=metadata)
+            except grpc.RpcError as error:
+                code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
+                if attempt >= self.retry.max_attempts or not is_retryable(code, read=read):
+                    raise error_from_rpc(error) from None
+                delay = self.retry.delay(attempt, self._random)
+                log.debug("attempt %d failed with %s; retrying in %.3fs", attempt, code, delay)
+                self._sleep(delay)
+                attempt += 1

@@ -1,0 +1,359 @@
+"""`AllocatorClient`: the allocator's RPCs with model values in and small results out.
+
+    with AllocatorClient("127.0.0.1:50051", owner="slurm/job/17") as client:
+        claim = claim_from_spec("4 x H100 nvlink", name="job-17")
+        placement = client.allocate([claim], reserve=True, idempotency_key="slurm-17")
+        if not placement.fits:
+            print(client.explain([claim]).reason())
+
+Every call has the client's deadline and retry policy (services/client/calls.py); failures are
+the typed errors of services.common.errors (Conflict for ABORTED, NotFound, InvalidArgument with
+field paths, ...). A reserving call without an idempotency key gets a generated one, so that a
+retry after UNAVAILABLE cannot reserve twice. `lease()` wraps allocate -> reserve -> commit or
+release in a context manager (services/client/lease.py).
+"""
+
+from __future__ import annotations
+
+import random as random_module
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from enum import StrEnum
+from types import TracebackType
+
+import grpc
+
+from protos.allocator.v1 import allocator_pb2 as pb
+from protos.allocator.v1 import allocator_pb2_grpc
+from services.client.calls import Caller, open_channel
+from services.client.config import RetryPolicy, TlsConfig
+from services.client.lease import Lease
+from services.client.mapping import (
+    capacity_from_pb,
+    duration_to_pb,
+    placement_from_pb,
+    reservation_from_pb,
+    state_to_pb,
+    to_pb_claim_allocations,
+)
+from services.client.results import Capacity, Placement, Reservation, ReservationState
+from services.client.topology import to_pb_topology_constraints
+from services.common.dra.model import DeviceClass, NodeSelector, ResourceClaim
+from services.common.pb.dra_mapping import (
+    to_pb_device_class,
+    to_pb_node_selector,
+    to_pb_resource_claim,
+)
+
+__all__ = ["AllocatorClient", "Policy"]
+
+
+class Policy(StrEnum):
+    """How the allocator chooses among feasible placements (unset: the server's default)."""
+
+    FIRST_FIT = "first-fit"
+    BINPACK = "binpack"
+    SPREAD = "spread"
+    FRAGMENTATION_AWARE = "fragmentation-aware"
+
+
+_POLICIES = {
+    Policy.FIRST_FIT: pb.ALLOCATION_POLICY_FIRST_FIT,
+    Policy.BINPACK: pb.ALLOCATION_POLICY_BINPACK,
+    Policy.SPREAD: pb.ALLOCATION_POLICY_SPREAD,
+    Policy.FRAGMENTATION_AWARE: pb.ALLOCATION_POLICY_FRAGMENTATION_AWARE,
+}
+
+ReservationRef = Reservation | str
+
+
+def _id(reservation: ReservationRef) -> str:
+    return reservation if isinstance(reservation, str) else reservation.id
+
+
+class AllocatorClient:
+    """A synchronous client of `gpualloc.allocator.v1.Allocator`; close it (or use `with`)."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        tls: TlsConfig | None = None,
+        deadline_seconds: float = 10.0,
+        retry: RetryPolicy | None = None,
+        owner: str = "",
+        channel: grpc.Channel | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        random: Callable[[], float] = random_module.random,
+    ) -> None:
+        """`owner` is sent with every call (`x-gpualloc-owner`) unless a call names another.
+        Pass `channel` to share one (the client then does not close it)."""
+        self.target = target
+        self.owner = owner
+        self._owns_channel = channel is None
+        self._channel = channel if channel is not None else open_channel(target, tls)
+        self._stub = allocator_pb2_grpc.AllocatorStub(self._channel)
+        self._caller = Caller(
+            self._channel,
+            deadline_seconds=deadline_seconds,
+            retry=retry or RetryPolicy(),
+            sleep=sleep,
+            random=random,
+        )
+
+    @property
+    def channel(self) -> grpc.Channel:
+        return self._channel
+
+    def close(self) -> None:
+        if self._owns_channel:
+            self._channel.close()
+
+    def __enter__(self) -> AllocatorClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # --- queries ------------------------------------------------------------------------------
+
+    def allocate(
+        self,
+        claims: Sequence[ResourceClaim],
+        *,
+        node_name: str = "",
+        node_selector: NodeSelector | None = None,
+        policy: Policy | None = None,
+        device_classes: Sequence[DeviceClass] = (),
+        explain: bool = False,
+        reserve: bool = False,
+        lease_ttl_seconds: float | None = None,
+        owner: str | None = None,
+        idempotency_key: str = "",
+        labels: Mapping[str, str] | None = None,
+    ) -> Placement:
+        """A placement for the claims together on one node, reserved when `reserve` is set."""
+        request = pb.AllocateRequest(explain=explain, reserve=reserve)
+        _fill_query(request, claims, node_name, node_selector, policy, device_classes)
+        who = self._owner(owner)
+        if reserve:
+            request.owner = who
+            request.idempotency_key = idempotency_key or f"client-{uuid.uuid4().hex}"
+            request.reservation_labels.update(labels or {})
+            if lease_ttl_seconds is not None:
+                request.lease_ttl.CopyFrom(duration_to_pb(lease_ttl_seconds))
+        response = self._caller.call(self._stub.Allocate, request, read=not reserve, owner=who)
+        return placement_from_pb(response)
+
+    def explain(
+        self,
+        claims: Sequence[ResourceClaim],
+        *,
+        node_name: str = "",
+        node_selector: NodeSelector | None = None,
+        policy: Policy | None = None,
+        device_classes: Sequence[DeviceClass] = (),
+        max_nodes: int = 0,
+    ) -> Placement:
+        """Why the claims fit or not (the same search as allocate, never reserving)."""
+        request = pb.ExplainRequest(max_nodes_explained=max_nodes)
+        _fill_query(request, claims, node_name, node_selector, policy, device_classes)
+        return placement_from_pb(self._caller.call(self._stub.Explain, request, read=True))
+
+    def capacity(
+        self,
+        claims: Sequence[ResourceClaim],
+        *,
+        node_name: str = "",
+        node_selector: NodeSelector | None = None,
+        policy: Policy | None = None,
+        device_classes: Sequence[DeviceClass] = (),
+        ignore_reservations: bool = False,
+    ) -> Capacity:
+        """How many copies of the claims fit now (or at all, with `ignore_reservations`)."""
+        request = pb.CapacityRequest(ignore_reservations=ignore_reservations)
+        _fill_query(request, claims, node_name, node_selector, policy, device_classes)
+        return capacity_from_pb(self._caller.call(self._stub.Capacity, request, read=True))
+
+    # --- reservations -------------------------------------------------------------------------
+
+    def reserve(
+        self,
+        placement: Placement,
+        *,
+        lease_ttl_seconds: float | None = None,
+        owner: str | None = None,
+        idempotency_key: str = "",
+        labels: Mapping[str, str] | None = None,
+    ) -> list[Reservation]:
+        """Take a placement from allocate(); Conflict (ABORTED) when something moved since."""
+        who = self._owner(owner)
+        request = pb.ReserveRequest(
+            node_name=placement.node_name,
+            allocations=to_pb_claim_allocations(placement.allocations),
+            owner=who,
+            idempotency_key=idempotency_key or f"client-{uuid.uuid4().hex}",
+            labels=dict(labels or {}),
+        )
+        if lease_ttl_seconds is not None:
+            request.lease_ttl.CopyFrom(duration_to_pb(lease_ttl_seconds))
+        response = self._caller.call(self._stub.Reserve, request, read=False, owner=who)
+        return [reservation_from_pb(r) for r in response.reservations] or [
+            reservation_from_pb(response.reservation)
+        ]
+
+    def commit(
+        self, reservation: ReservationRef, *, owner: str | None = None, fencing_token: int = 0
+    ) -> Reservation:
+        """Make the reservation permanent until released (idempotent)."""
+        who = self._owner(owner)
+        request = pb.CommitRequest(
+            reservation_id=_id(reservation), fencing_token=fencing_token, owner=who
+        )
+        response = self._caller.call(self._stub.Commit, request, read=False, owner=who)
+        return reservation_from_pb(response.reservation)
+
+    def release(
+        self,
+        reservation: ReservationRef,
+        *,
+        owner: str | None = None,
+        fencing_token: int = 0,
+        allow_missing: bool = False,
+    ) -> Reservation | None:
+        """Free the devices; None when it was already gone and `allow_missing` is set."""
+        who = self._owner(owner)
+        request = pb.ReleaseRequest(
+            reservation_id=_id(reservation),
+            fencing_token=fencing_token,
+            owner=who,
+            allow_missing=allow_missing,
+        )
+        response = self._caller.call(self._stub.Release, request, read=False, owner=who)
+        return (
+            reservation_from_pb(response.reservation) if response.HasField("reservation") else None
+        )
+
+    def renew(
+        self,
+        reservation: ReservationRef,
+        *,
+        lease_ttl_seconds: float | None = None,
+        owner: str | None = None,
+        fencing_token: int = 0,
+    ) -> Reservation:
+        """Extend an uncommitted lease to `lease_ttl_seconds` from now."""
+        who = self._owner(owner)
+        request = pb.RenewRequest(
+            reservation_id=_id(reservation), fencing_token=fencing_token, owner=who
+        )
+        if lease_ttl_seconds is not None:
+            request.lease_ttl.CopyFrom(duration_to_pb(lease_ttl_seconds))
+        response = self._caller.call(self._stub.Renew, request, read=False, owner=who)
+        return reservation_from_pb(response.reservation)
+
+    def get(self, reservation_id: str) -> Reservation:
+        request = pb.GetReservationRequest(reservation_id=reservation_id)
+        response = self._caller.call(self._stub.GetReservation, request, read=True)
+        return reservation_from_pb(response.reservation)
+
+    def list(
+        self,
+        *,
+        owner: str = "",
+        node_name: str = "",
+        state: ReservationState | None = None,
+        page_size: int = 500,
+    ) -> list[Reservation]:
+        """Every matching reservation, sorted by id (all pages)."""
+        found: list[Reservation] = []
+        token = ""
+        while True:
+            request = pb.ListReservationsRequest(
+                owner=owner,
+                node_name=node_name,
+                state=state_to_pb(state),
+                page_size=page_size,
+                page_token=token,
+            )
+            response = self._caller.call(self._stub.ListReservations, request, read=True)
+            found.extend(reservation_from_pb(r) for r in response.reservations)
+            token = response.next_page_token
+            if not token:
+                return found
+
+    # --- the lifecycle ------------------------------------------------------------------------
+
+    def lease(
+        self,
+        claims: Sequence[ResourceClaim],
+        *,
+        owner: str | None = None,
+        idempotency_key: str = "",
+        node_name: str = "",
+        node_selector: NodeSelector | None = None,
+        policy: Policy | None = None,
+        lease_ttl_seconds: float = 60.0,
+        labels: Mapping[str, str] | None = None,
+        commit_on_exit: bool = True,
+    ) -> Lease:
+        """allocate -> reserve on entry, renewing in the background; commit on a clean exit
+        (or release, with `commit_on_exit=False`), release when the block raises."""
+
+        def place() -> Placement:
+            return self.allocate(
+                claims,
+                node_name=node_name,
+                node_selector=node_selector,
+                policy=policy,
+                reserve=True,
+                lease_ttl_seconds=lease_ttl_seconds,
+                owner=owner,
+                idempotency_key=idempotency_key,
+                labels=labels,
+            )
+
+        def explain() -> Placement:
+            return self.explain(
+                claims, node_name=node_name, node_selector=node_selector, policy=policy
+            )
+
+        return Lease(
+            self,
+            place,
+            owner=self._owner(owner),
+            lease_ttl_seconds=lease_ttl_seconds,
+            commit_on_exit=commit_on_exit,
+            explain=explain,
+        )
+
+    def _owner(self, owner: str | None) -> str:
+        return self.owner if owner is None else owner
+
+
+QueryRequest = pb.AllocateRequest | pb.ExplainRequest | pb.CapacityRequest
+
+
+def _fill_query(
+    request: QueryRequest,
+    claims: Sequence[ResourceClaim],
+    node_name: str,
+    node_selector: NodeSelector | None,
+    policy: Policy | None,
+    device_classes: Sequence[DeviceClass],
+) -> None:
+    """Fields 1-6, which AllocateRequest, ExplainRequest and CapacityRequest share."""
+    request.claims.extend(to_pb_resource_claim(c) for c in claims)
+    request.device_classes.extend(to_pb_device_class(c) for c in device_classes)
+    request.node_name = node_name
+    request.topology_constraints.extend(to_pb_topology_constraints(claims))
+    if node_selector is not None:
+        request.node_selector.CopyFrom(to_pb_node_selector(node_selector))
+    if policy is not None:
+        request.policy = _POLICIES[policy]

@@ -1,0 +1,152 @@
+"""What the client returns: small frozen values, never protobuf messages.
+
+Allocations are the DRA model's AllocationResult (services.common.dra.model), so a caller can
+write them to a ResourceClaim's status or read the devices out directly. `Placement.reason()`
+is the human answer to "why not?" that the bridges print: Explain's messages plus who holds
+the devices that blocked the request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+
+from services.common.dra.model import AllocationResult, DeviceID
+
+__all__ = [
+    "Capacity",
+    "ClaimAllocation",
+    "Explanation",
+    "Holder",
+    "NodeMiss",
+    "Outcome",
+    "Placement",
+    "Reservation",
+    "ReservationState",
+]
+
+
+class Outcome(StrEnum):
+    ALLOCATED = "Allocated"
+    UNSATISFIABLE = "Unsatisfiable"
+    BUDGET_EXHAUSTED = "BudgetExhausted"
+
+
+class ReservationState(StrEnum):
+    RESERVED = "Reserved"
+    COMMITTED = "Committed"
+
+
+@dataclass(frozen=True)
+class ClaimAllocation:
+    """One claim's devices, as DRA would write them to status.allocation."""
+
+    namespace: str
+    name: str
+    uid: str
+    allocation: AllocationResult
+
+    @property
+    def devices(self) -> tuple[DeviceID, ...]:
+        return tuple(r.device_id for r in self.allocation.results)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Devices held for an owner on one node: leased (RESERVED) or until released (COMMITTED)."""
+
+    id: str
+    owner: str
+    node_name: str
+    state: ReservationState
+    allocations: tuple[ClaimAllocation, ...] = ()
+    devices: tuple[DeviceID, ...] = ()
+    fencing_token: int = 0
+    expires_at: datetime | None = None
+    idempotency_key: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    created_at: datetime | None = None
+    committed_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A reservation holding devices that a request could not get."""
+
+    reservation_id: str
+    owner: str
+    node_name: str
+    state: ReservationState
+    devices: tuple[DeviceID, ...] = ()
+    expires_at: datetime | None = None
+
+    def __str__(self) -> str:
+        state = "committed" if self.state is ReservationState.COMMITTED else "reserved"
+        shown = ", ".join(d.device for d in self.devices[:4])
+        more = f" (+{len(self.devices) - 4} more)" if len(self.devices) > 4 else ""
+        return (
+            f"{self.owner} holds {shown}{more} on {self.node_name} ({state}, {self.reservation_id})"
+        )
+
+
+@dataclass(frozen=True)
+class NodeMiss:
+    """One of the closest nodes that did not fit, and what was missing there."""
+
+    node_name: str
+    message: str
+    missing_devices: int = 0
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Why claims fit or not, as the allocator recorded it during its search."""
+
+    messages: tuple[str, ...] = ()
+    nodes: tuple[NodeMiss, ...] = ()
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The answer of Allocate or Explain: where the claims go, or why they do not fit."""
+
+    outcome: Outcome
+    node_name: str = ""
+    allocations: tuple[ClaimAllocation, ...] = ()
+    reservations: tuple[Reservation, ...] = ()
+    explanation: Explanation | None = None
+    holders: tuple[Holder, ...] = ()
+    inventory_generation: int = 0
+    score: float = 0.0
+
+    @property
+    def fits(self) -> bool:
+        return self.outcome is Outcome.ALLOCATED
+
+    @property
+    def devices(self) -> tuple[DeviceID, ...]:
+        return tuple(d for a in self.allocations for d in a.devices)
+
+    def reason(self, max_lines: int = 12) -> str:
+        """Explain's summary, who holds the devices that blocked the claims, then Explain's
+        other lines (per node, per request): the most telling first, for short logs."""
+        messages = self.explanation.messages if self.explanation is not None else ()
+        lines = [f"outcome: {self.outcome.value}", *messages[:1]]
+        lines.extend(f"held: {holder}" for holder in self.holders)
+        lines.extend(messages[1:])
+        if len(lines) > max_lines:
+            lines = [*lines[:max_lines], f"... {len(lines) - max_lines} more lines"]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """How many copies of the claims (one unit = all claims on one node) fit now."""
+
+    total: int
+    exact: bool
+    nodes: Mapping[str, int] = field(default_factory=dict)
+    models: Mapping[str, int] = field(default_factory=dict)
+    inventory_generation: int = 0

@@ -1,0 +1,208 @@
+"""`gpualloc-slurm` end to end: prologs, task prologs, epilogs and gres.conf against a real
+gpualloc (inventory + allocator on a free port, examples/cluster with its NVLink topology),
+with the environment slurmd gives its Prolog/TaskProlog/Epilog."""
+
+from __future__ import annotations
+
+import io
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from services.bridges import local_cluster
+from services.bridges.slurm import cli
+from services.client import AllocatorClient, InventoryClient, ReservationState
+from tests.unit.bridges.support import ROOT, release_everything
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[local_cluster.LocalCluster]:
+    with local_cluster.start() as started:
+        yield started
+
+
+@pytest.fixture
+def target(cluster) -> Iterator[str]:
+    yield cluster.target
+    release_everything(cluster.target)
+
+
+def slurm(target: str, *argv: str, **environ: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main(list(argv), {"GPUALLOC_ALLOCATOR_ADDR": target, **environ}, out, err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def exports(text: str) -> dict[str, str]:
+    return dict(re.findall(r"^export (\w+)=(.*)$", text, flags=re.M))
+
+
+def uuids(target: str, node: str) -> dict[str, str]:
+    with InventoryClient(target) as inventory:
+        found = inventory.node(node)
+        assert found is not None
+        return {d.id.device: d.uuid or "" for d in found.devices}
+
+
+def test_prolog_reserves_commits_and_exports_uuids(target):
+    code, out, err = slurm(
+        target, "prolog", SLURM_JOB_ID="17", SLURMD_NODENAME="h100-node-1",
+        SLURM_JOB_GRES="gpu:h100:4", SLURM_JOB_CONSTRAINTS="nvlink",
+    )  # fmt: skip
+    assert code == 0, err
+    env = exports(out)
+    devices = [d.rsplit("/", 1)[1] for d in env["GPUALLOC_DEVICES"].split(",")]
+    by_name = uuids(target, "h100-node-1")
+    assert env["CUDA_VISIBLE_DEVICES"].split(",") == [by_name[d] for d in devices]
+    assert len(devices) == 4
+    with AllocatorClient(target) as client:
+        (held,) = client.list(owner="slurm/job/17")
+    assert held.state is ReservationState.COMMITTED and held.node_name == "h100-node-1"
+    assert held.idempotency_key == "slurm-17-h100-node-1"
+    assert held.labels == {"slurm.job_id": "17", "slurm.node": "h100-node-1"}
+
+
+def test_prolog_again_is_the_same_job(target):
+    environ = {"SLURM_JOB_ID": "18", "SLURMD_NODENAME": "l40s-node-1", "SLURM_JOB_GPUS": "0,1"}
+    first = slurm(target, "prolog", **environ)
+    again = slurm(target, "prolog", **environ)
+    task = slurm(target, "task-prolog", SLURM_JOB_ID="18", SLURMD_NODENAME="l40s-node-1")
+    assert first[0] == again[0] == task[0] == 0
+    assert exports(first[1]) == exports(again[1]) == exports(task[1])
+
+
+def test_mig_type_gets_mig_devices(target):
+    code, out, err = slurm(
+        target, "prolog", "--gres=gpu:a100_3g.20gb:2",
+        SLURM_JOB_ID="19", SLURMD_NODENAME="a100-node-1",
+    )  # fmt: skip
+    assert code == 0, err
+    devices = exports(out)["GPUALLOC_DEVICES"].split(",")
+    assert len(devices) == 2 and all("-mig-3g20gb-" in d for d in devices)
+    # dynamic MIG devices have no UUID until created: reserved, but not exported
+    assert exports(out)["CUDA_VISIBLE_DEVICES"] == ""
+    assert "print gpualloc: no UUID yet" in out
+
+
+def test_slurm_gpu_ids_are_typed_by_the_generated_gres_conf(target):
+    code, out, err = slurm(
+        target, "prolog", SLURM_JOB_ID="24", SLURMD_NODENAME="a100-node-1", SLURM_JOB_GPUS="2,3"
+    )
+    assert code == 0, err
+    with AllocatorClient(target) as client:
+        (held,) = client.list(owner="slurm/job/24")
+    (claim,) = held.allocations
+    assert {d.device for d in held.devices} <= {"gpu-0", "gpu-1", "gpu-2", "gpu-3"}
+    assert len(held.devices) == 2 and claim.name == "slurm-job-24"
+
+
+def test_a_job_without_gpus_needs_nothing(target):
+    code, out, err = slurm(target, "prolog", SLURM_JOB_ID="20", SLURMD_NODENAME="h100-node-1")
+    assert (code, out) == (0, "")
+    assert "requests no GPU" in err
+
+
+def test_unplaceable_job_gets_explains_reason_naming_the_holder(target):
+    assert slurm(target, "prolog", SLURM_JOB_ID="21", SLURMD_NODENAME="h100-node-2",
+                 SLURM_JOB_GRES="gpu:h100:6")[0] == 0  # fmt: skip
+    code, out, err = slurm(
+        target, "prolog", SLURM_JOB_ID="22", SLURMD_NODENAME="h100-node-2",
+        SLURM_JOB_GRES="gpu:h100:4",
+    )  # fmt: skip
+    assert code == cli.EXIT_UNPLACEABLE and out == ""
+    assert "job 22 on h100-node-2 cannot be placed" in err
+    assert "held: slurm/job/21 holds gpu-0" in err
+    with AllocatorClient(target) as client:
+        assert client.list(owner="slurm/job/22") == []
+
+
+def test_nvlink_on_a_node_without_nvlink_is_refused(target):
+    code, _, err = slurm(
+        target, "prolog", "--gres=gpu:l40s:2", "--constraint=nvlink",
+        SLURM_JOB_ID="23", SLURMD_NODENAME="l40s-node-1",
+    )  # fmt: skip
+    assert code == cli.EXIT_UNPLACEABLE
+    assert "l40s-node-1" in err and "NVLink" in err
+
+
+def test_prolog_slurmctld_places_every_node_or_none(target):
+    # two H100 nodes with 4 free GPUs each, then a job wanting 6 per node on both: all or none
+    environ = {"SLURM_JOB_NODELIST": "h100-node-[1-2]", "SLURM_JOB_NUM_NODES": "2"}
+    code, _, err = slurm(target, "prolog", "--gpus-per-node=h100:4", SLURM_JOB_ID="30", **environ)
+    assert code == 0, err
+    with AllocatorClient(target) as client:
+        assert sorted(r.node_name for r in client.list(owner="slurm/job/30")) == [
+            "h100-node-1", "h100-node-2"]  # fmt: skip
+        slurm(target, "prolog", "--gres=gpu:h100:4", SLURM_JOB_ID="31",
+              SLURMD_NODENAME="h100-node-2")  # fmt: skip
+        code, _, err = slurm(target, "prolog", "--gpus-per-node=h100:4", SLURM_JOB_ID="32",
+                             SLURM_JOB_NODELIST="h100-node-[1-2]")  # fmt: skip
+        assert code == cli.EXIT_UNPLACEABLE
+        assert client.list(owner="slurm/job/32") == []  # node 1 was released again
+        code, _, err = slurm(target, "epilog", "--all-nodes", SLURM_JOB_ID="30",
+                             SLURM_JOB_NODELIST="h100-node-[1-2]")  # fmt: skip
+        assert code == 0 and "released 2 reservation(s)" in err
+        assert client.list(owner="slurm/job/30") == []
+
+
+def test_epilog_releases_and_is_idempotent(target):
+    environ = {"SLURM_JOB_ID": "40", "SLURMD_NODENAME": "h100-node-1"}
+    assert slurm(target, "prolog", "--gres=gpu:2", **environ)[0] == 0
+    assert slurm(target, "epilog", **environ)[0] == 0
+    code, _, err = slurm(target, "epilog", **environ)
+    assert code == 0 and "released 0 reservation(s)" in err
+
+
+def test_epilog_without_an_allocator(target):
+    environ = {"SLURM_JOB_ID": "41", "SLURMD_NODENAME": "h100-node-1",
+               "GPUALLOC_CLIENT_RETRIES": "1", "GPUALLOC_CLIENT_DEADLINE": "200ms"}  # fmt: skip
+    assert slurm("127.0.0.1:1", "epilog", **environ)[0] == cli.EXIT_FAILED
+    assert slurm("127.0.0.1:1", "epilog", "--ignore-errors", **environ)[0] == 0
+
+
+def test_bad_request_is_exit_two(target):
+    code, _, err = slurm(target, "prolog", "--gpus=h100:3", "--nodes=2", SLURM_JOB_ID="42",
+                         SLURM_JOB_NODELIST="h100-node-[1-2]")  # fmt: skip
+    assert code == cli.EXIT_INVALID and "--gpus" in err
+
+
+def test_gres_conf_for_every_node(target):
+    code, out, _ = slurm(target, "gres-conf", "--all")
+    assert code == 0
+    gres = dict(re.findall(r"#   NodeName=(\S+) Gres=(\S+)", out))
+    assert gres == {"a100-node-1": "gpu:a100:4", "h100-node-1": "gpu:h100:8",
+                    "h100-node-2": "gpu:h100:8", "l40s-node-1": "gpu:l40s:4"}  # fmt: skip
+    assert out.count("Links=-1,18,18,18,18,18,18,18") == 2
+    code, _, err = slurm(target, "gres-conf", "--node", "nowhere")
+    assert code == cli.EXIT_INVALID and "nowhere" in err
+
+
+def test_example_gres_conf_is_what_the_bridge_writes(target):
+    code, out, _ = slurm(target, "gres-conf", "--all")
+    assert code == 0
+    example = ROOT / "examples" / "bridges" / "slurm" / "gres.conf"
+    assert example.read_text() == out, "regenerate it with `gpualloc-slurm gres-conf --all`"
+    slurm_conf = (ROOT / "examples" / "bridges" / "slurm" / "slurm.conf").read_text()
+    for node, gres in re.findall(r"#   NodeName=(\S+) Gres=(\S+)", out):
+        assert re.search(rf"^NodeName=\S*\s.*Gres={re.escape(gres)}", slurm_conf, re.M), node
+
+
+def test_translate_needs_no_server():
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main(["translate", "--gres=gpu:a100_3g.20gb:1,gpu:a100:1"], {}, out, err)
+    assert code == 0
+    assert "deviceClassName: mig.nvidia.com" in out.getvalue()
+    assert "deviceClassName: gpu.nvidia.com" in out.getvalue()
+
+
+def test_runs_as_a_module(cluster):
+    done = subprocess.run(
+        [sys.executable, "-m", "services.bridges.slurm.cli", "--allocator", cluster.target,
+         "gres-conf", "--node", "l40s-node-1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "Type=l40s File=/dev/nvidia3" in done.stdout
