@@ -3,10 +3,13 @@
     gpualloc solve -f examples/cluster -f examples/deviceclasses.yaml \\
                    -f examples/claims/one-h100.yaml [--node NAME] [--policy P] [-o json|yaml|text]
 
-Inputs are any mix of ResourceSlice, DeviceClass, ResourceClaim and Node objects. Claims without
-`status.allocation` are allocated together (one node, all or nothing) in input order; claims
-with one hold their devices already. Exit codes: 0 allocated, 3 unsatisfiable (the explanation
-says why), 2 invalid input or an allocation error such as a CEL error (message on stderr).
+Inputs are any mix of ResourceSlice, DeviceClass, ResourceClaim and Node objects, plus files of
+`gpualloc.io/v1alpha1 NodeTopology` objects (topology_files.py; e.g. `-f examples/topology`).
+Claims without `status.allocation` are allocated together (one node, all or nothing) in input
+order; claims with one hold their devices already. A claim's annotation
+`gpualloc.io/topology-constraints` adds topology constraints over its requests (see
+docs/placement.md). Exit codes: 0 allocated, 3 unsatisfiable (the explanation says why), 2
+invalid input or an allocation error such as a CEL error (message on stderr).
 """
 
 from __future__ import annotations
@@ -25,11 +28,14 @@ from services.allocator.core import (
     ClusterSnapshot,
     Explanation,
     Policy,
+    Score,
     SearchBudget,
     SelectorCache,
     Stats,
     solve,
 )
+from services.allocator.core.topology_constraints import constraints_from_annotations
+from services.allocator.topology_files import split_topologies
 from services.common.dra.model import DeviceClass, Node, ResourceClaim, ResourceSlice
 from services.common.dra.serialize import allocation_result_to_dict
 from services.common.errors import GpuallocError, InvalidArgument
@@ -41,7 +47,12 @@ EXIT_ALLOCATED = 0
 EXIT_INVALID = 2
 EXIT_UNSATISFIABLE = 3
 
-_POLICIES = {"first-fit": Policy.FIRST_FIT, "binpack": Policy.BINPACK, "spread": Policy.SPREAD}
+_POLICIES = {
+    "first-fit": Policy.FIRST_FIT,
+    "binpack": Policy.BINPACK,
+    "spread": Policy.SPREAD,
+    "fragmentation-aware": Policy.FRAGMENTATION_AWARE,
+}
 
 
 def register(subparsers: Any) -> None:
@@ -64,7 +75,8 @@ def register(subparsers: Any) -> None:
         "--policy",
         choices=sorted(_POLICIES),
         default="binpack",
-        help="how to choose the node: first-fit (upstream-like), binpack (default), spread",
+        help="how to choose the node: first-fit (upstream-like), binpack (default), spread, "
+        "fragmentation-aware (docs/placement.md)",
     )
     parser.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
     parser.add_argument(
@@ -117,7 +129,8 @@ def run_solve(
 def _solve(
     paths: Sequence[str], node: str | None, policy: Policy, max_steps: int, stdin: TextIO | None
 ) -> dict[str, Any]:
-    objects = load_manifests(paths, stdin)
+    manifests, topologies = split_topologies(paths)
+    objects = load_manifests(manifests, stdin) if manifests else []
     slices = [o for o in objects if isinstance(o, ResourceSlice)]
     nodes = [o for o in objects if isinstance(o, Node)]
     classes = {o.name: o for o in objects if isinstance(o, DeviceClass)}
@@ -125,7 +138,7 @@ def _solve(
     pending = [c for c in claims if c.allocation is None]
     if not pending:
         raise InvalidArgument("no ResourceClaim without status.allocation to allocate")
-    snapshot = ClusterSnapshot.build(slices, nodes)
+    snapshot = ClusterSnapshot.build(slices, nodes, topologies=topologies)
     state = AllocatedState.from_claims(snapshot, claims)
     result = solve(
         snapshot,
@@ -137,6 +150,7 @@ def _solve(
         selectors=SelectorCache(),
         budget=SearchBudget(max_steps=max_steps),
         explain=True,
+        topology_constraints=constraints_from_annotations(pending),
     )
     report: dict[str, Any] = {
         "outcome": "allocated" if isinstance(result, Allocated) else "unsatisfiable",
@@ -144,6 +158,7 @@ def _solve(
         "claims": [],
     }
     if isinstance(result, Allocated):
+        report["score"] = score_to_dict(result.score)
         report["claims"] = [
             {"name": f"{c.namespace}/{c.name}", "allocation": allocation_result_to_dict(a)}
             for c, a in zip(pending, result.allocations, strict=True)
@@ -203,6 +218,21 @@ def explanation_to_dict(explanation: Explanation) -> dict[str, Any]:
     return data
 
 
+def score_to_dict(score: Score) -> dict[str, Any]:
+    """What the placement leaves free and how its devices are wired (docs/placement.md)."""
+    return {
+        "freeDevices": score.free_devices,
+        "totalDevices": score.total_devices,
+        "freeCapacity": round(float(score.free_capacity), 4),
+        "subrequestRanks": list(score.ranks),
+        "preferredMissed": score.preferred_missed,
+        "nvlinkPreferencesMissed": score.implicit_missed,
+        "nvlinks": score.nvlink_links,
+        "numaNodes": score.numa_nodes,
+        "fragmentation": round(float(score.fragmentation), 4),
+    }
+
+
 def stats_to_dict(stats: Stats) -> dict[str, Any]:
     return {
         "steps": stats.steps,
@@ -218,6 +248,12 @@ def _text(report: dict[str, Any]) -> str:
     lines: list[str] = []
     if report["outcome"] == "allocated":
         lines.append(f"ALLOCATED on node {report['node']}")
+        score = report["score"]
+        wiring = f", {score['nvlinks']} NVLinks, {score['numaNodes']} NUMA nodes"
+        lines.append(
+            f"free after placement: {score['freeDevices']} of {score['totalDevices']} devices, "
+            f"{score['freeCapacity']:g} GPU-equivalents" + (wiring if score["numaNodes"] else "")
+        )
         rows = [("CLAIM", "REQUEST", "DRIVER", "POOL", "DEVICE")]
         for claim in report["claims"]:
             for result in claim["allocation"]["devices"]["results"]:

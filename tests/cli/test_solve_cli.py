@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from services.allocator.core import Policy
 from services.allocator.solve_cli import (
     EXIT_ALLOCATED,
     EXIT_INVALID,
@@ -47,7 +48,11 @@ def solve_json(
         pytest.param("all-l40s.yaml", "l40s-node-1", 4, id="all-mode-takes-every-l40s"),
         pytest.param("mig-small-else-medium.yaml", "a100-node-1", 1, id="mig-first-available"),
         pytest.param(
-            "two-gpus-same-pcie-root.yaml", "l40s-node-1", 2, id="match-attribute-pcie-root"
+            # a100-node-1 and l40s-node-1 both keep 2 GPU-equivalents: the name breaks the tie
+            "two-gpus-same-pcie-root.yaml",
+            "a100-node-1",
+            2,
+            id="match-attribute-pcie-root",
         ),
     ],
 )
@@ -188,3 +193,93 @@ def test_text_and_yaml_outputs_through_the_console_script():
         [*args, "-o", "yaml"], capture_output=True, text=True, check=False, cwd=ROOT
     )
     assert yaml.safe_load(as_yaml.stdout)["outcome"] == "allocated"
+
+
+# --- topology: NodeTopology files and the claim annotation ------------------------------------
+
+TOPOLOGY = str(ROOT / "examples" / "topology")
+
+
+def test_topology_constraint_from_the_annotation_with_topology_files():
+    code, report, _ = solve_json(TOPOLOGY, str(CLAIMS / "four-nvlink-gpus.yaml"))
+    assert code == EXIT_ALLOCATED
+    assert report["node"] == "h100-node-1"
+    devices = [r["device"] for r in report["claims"][0]["allocation"]["devices"]["results"]]
+    assert devices == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]  # one NUMA node, as preferred
+    assert (report["score"]["nvlinks"], report["score"]["numaNodes"]) == (6 * 18, 1)
+    assert report["score"]["preferredMissed"] == 0
+
+
+def test_topology_constraint_without_topology_is_unsatisfiable():
+    code, report, _ = solve_json(str(CLAIMS / "four-nvlink-gpus.yaml"))
+    assert code == EXIT_UNSATISFIABLE
+    assert any("topology is not known" in line for line in report["explanation"]["lines"])
+
+
+def test_topology_explains_the_partial_mesh(tmp_path):
+    pinned = solve_json(TOPOLOGY, str(CLAIMS / "four-nvlink-gpus.yaml"), node="a100-node-1")
+    code, report, _ = pinned
+    assert code == EXIT_UNSATISFIABLE
+    text = "\n".join(report["explanation"]["lines"])
+    assert "largest free NVLink-connected set is 2" in text
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        pytest.param(
+            {"bad.yaml": "apiVersion: gpualloc.io/v1alpha1\nkind: NodeTopology\nmetadata: {}\n"},
+            "metadata.name",
+            id="topology-without-node-name",
+        ),
+        pytest.param(
+            {
+                "mixed.yaml": "apiVersion: gpualloc.io/v1alpha1\nkind: NodeTopology\n"
+                "metadata: {name: n}\nspec: {}\n---\napiVersion: v1\nkind: Node\n"
+                "metadata: {name: n}\n"
+            },
+            "keep NodeTopology objects in files of their own",
+            id="topology-mixed-with-kubernetes-objects",
+        ),
+        pytest.param(
+            {
+                "claim.yaml": "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\n"
+                "metadata:\n  name: c\n  annotations:\n"
+                '    gpualloc.io/topology-constraints: \'[{"kind": "Nope"}]\'\n'
+                "spec:\n  devices:\n    requests:\n    - name: g\n      exactly:\n"
+                "        deviceClassName: gpu.nvidia.com\n"
+            },
+            'claims[0].metadata.annotations["gpualloc.io/topology-constraints"][0].kind',
+            id="bad-annotation",
+        ),
+    ],
+)
+def test_bad_topology_input_exits_2(tmp_path, files, message):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    code, _, err = solve_json(*(str(tmp_path / n) for n in files))
+    assert code == EXIT_INVALID
+    assert message in err
+
+
+@pytest.mark.parametrize(
+    ("policy", "node"),
+    [
+        pytest.param(Policy.BINPACK, "a100-node-1", id="binpack-ties-break-by-name"),
+        pytest.param(
+            Policy.FRAGMENTATION_AWARE, "l40s-node-1", id="fragmentation-aware-spares-mig"
+        ),
+    ],
+)
+def test_policy_decides_where_whole_gpus_go(policy, node):
+    out = io.StringIO()
+    code = run_solve(
+        [*CLUSTER, str(CLAIMS / "two-gpus-same-pcie-root.yaml")],
+        policy=policy,
+        output="json",
+        stdout=out,
+        stderr=io.StringIO(),
+    )
+    report = json.loads(out.getvalue())
+    assert code == EXIT_ALLOCATED and report["node"] == node
+    assert report["score"]["freeCapacity"] == 2

@@ -1,8 +1,9 @@
 """The allocator's pure core: Kubernetes DRA allocation with node choice and explanations.
 
-    snapshot = ClusterSnapshot.build(slices, nodes)          # once per inventory version
+    snapshot = ClusterSnapshot.build(slices, nodes, topologies=by_node)  # per inventory version
     state = AllocatedState.build(snapshot, held)             # (owner, AllocationResult) pairs
-    result = solve(snapshot, state, classes, claims, selectors=SelectorCache())
+    result = solve(snapshot, state, classes, claims, selectors=SelectorCache(),
+                   policy=Policy.BINPACK, topology_constraints=[...])
     match result:
         case Allocated(node=node, allocations=allocations): ...
         case Unsatisfiable(explanation=why): ...
@@ -21,6 +22,7 @@ from services.allocator.core.explain import (
     RejectionGroup,
     RequestExplanation,
 )
+from services.allocator.core.fragmentation import FragmentationMix
 from services.allocator.core.outcome import (
     Allocated,
     SearchBudget,
@@ -33,9 +35,25 @@ from services.allocator.core.scoring import Policy, Score
 from services.allocator.core.snapshot import ClusterSnapshot, CounterID, DeviceEntry, NodeView
 from services.allocator.core.solver import solve
 from services.allocator.core.state import AllocatedState
+from services.allocator.core.topology import GpuPlace, NicInfo, NodeTopology, PcieRelation
+from services.allocator.core.topology_constraints import (
+    RequestRef,
+    TopologyConstraint,
+    TopologyKind,
+    constraints_from_annotations,
+)
 
 __all__ = [
     "AllocatedState",
+    "FragmentationMix",
+    "GpuPlace",
+    "NicInfo",
+    "NodeTopology",
+    "PcieRelation",
+    "RequestRef",
+    "TopologyConstraint",
+    "TopologyKind",
+    "constraints_from_annotations",
     "Allocated",
     "CelDevice",
     "CelError",

@@ -17,17 +17,29 @@ keeps its place as a marker, and the search fails with an error when it reaches 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 from services.allocator.core.capacity import capacity_problem, consumed_capacity
 from services.allocator.core.constraints import lookup_attribute, show_value
 from services.allocator.core.explain import ReasonCode, Recorder, held_by
+from services.allocator.core.fragmentation import DEFAULT_MIX, FragmentationMix, set_loss
 from services.allocator.core.plan import MAX_DEVICES_PER_CLAIM, Alternative, ConstraintKind, Plan
-from services.allocator.core.scoring import Policy, candidate_key
+from services.allocator.core.scoring import Policy, candidate_key, counter_sets_used
 from services.allocator.core.selection import Equivalence, Selection
-from services.allocator.core.snapshot import DeviceEntry, NodeView, PoolView, SliceEntry
+from services.allocator.core.snapshot import (
+    ClusterSnapshot,
+    DeviceEntry,
+    NodeView,
+    PoolView,
+    SliceEntry,
+)
 from services.allocator.core.state import AllocatedState
+from services.allocator.core.topology import NodeTopology
+from services.allocator.core.topology_constraints import TopologyPlan
+from services.allocator.core.topology_constraints import bound as topology_bound
 from services.common.dra.model import (
     AllocationMode,
     AttributeValue,
@@ -44,6 +56,7 @@ __all__ = [
     "InvalidPoolMarker",
     "NodeCandidates",
     "NodeError",
+    "Prepared",
     "SolveContext",
     "taint_detail",
     "tolerates",
@@ -76,6 +89,12 @@ class SolveContext:
     # Static check outcomes by (alternative, static class, taints checked): devices of one
     # static class pass or fail alike, unless other allocations hold shares of them.
     static: dict[tuple[int, int, bool], _Static] = field(default_factory=dict)
+    topology: TopologyPlan | None = None  # topology constraints, when the solve has any
+    mix: FragmentationMix = DEFAULT_MIX  # FRAGMENTATION_AWARE's expected requests
+    snapshot: ClusterSnapshot | None = None  # for node topologies
+
+    def node_topology(self, view: NodeView) -> NodeTopology | None:
+        return self.snapshot.topology(view.name) if self.snapshot is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +122,21 @@ class Availability:
     most: int  # devices it could take at most, given its matchAttribute/distinctAttribute
     unbounded: bool  # no bound known: a shared device or an invalid pool among the candidates
     busy: dict[ReasonCode, int]  # why the others are out
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Static check outcomes known in advance for a node (from its template, nodechoice.py):
+    per alternative key, the indices of the node's devices that pass, in view order, and the
+    tally of the others; `pool_of` gives each device's pool ordinal."""
+
+    lists: Mapping[int, tuple[tuple[int, ...], Mapping[ReasonCode, int]]]
+    pool_of: tuple[int, ...]
+    # The policy's order depends on which GPUs are in use: memoised per (alternative, in use).
+    orders: dict[tuple[int, frozenset[int]], tuple[int, ...]] = field(default_factory=dict)
+
+
+_ORDER_CACHE = 1024
 
 
 def tolerates(toleration: DeviceToleration, taint: DeviceTaint) -> bool:
@@ -133,14 +167,27 @@ def untolerated_taint(
 class NodeCandidates:
     """Candidate lists of one node, built lazily per alternative (eagerly for `All`)."""
 
-    def __init__(self, ctx: SolveContext, view: NodeView) -> None:
+    def __init__(
+        self,
+        ctx: SolveContext,
+        view: NodeView,
+        prepared: Prepared | None = None,
+        in_use: frozenset[int] | None = None,
+    ) -> None:
+        """`prepared`: known static outcomes (a template's), valid while the node's devices
+        `in_use` (by index) are the ones in use."""
         self.ctx = ctx
         self.view = view
+        self._prepared = prepared
+        self._in_use = in_use
         self._exact: dict[int, list[Candidate | InvalidPoolMarker]] = {}
         self._all: dict[int, list[Candidate]] = {}
         self._tally: dict[int, dict[ReasonCode, int]] = {}
         self._overdrawn: dict[int, str | None] = {}
         self._labels = {c.index: c.label for c in ctx.plan.claims}
+        self._sets_used: dict[tuple[int, Any], bool] = {}
+        self._device_tuple: tuple[DeviceEntry, ...] | None = None
+        self._slice_devices: dict[int, list[DeviceEntry]] | None = None
 
     def prepare(self) -> None:
         """Upstream's per-node validation: `All` lists, then each claim's device minimum."""
@@ -181,8 +228,8 @@ class NodeCandidates:
         found = self._overdrawn.get(slice_.index, "")
         if found == "":
             found = None
-            for counter, total in slice_.counter_totals.items():
-                if self.ctx.state.counter_used(counter) > total:
+            for counter, total in slice_.totals.items():
+                if self.ctx.state.counter_amount(counter) > total:
                     found = (
                         f"counter {counter.counter} of set {counter.counter_set} already overdrawn"
                     )
@@ -226,9 +273,29 @@ class NodeCandidates:
                         self._constraint_bound(alternative, i, free)
                         for i in alternative.constraints
                     ),
+                    *self._topology_bounds(alternative, free),
                 ]
             )
         return Availability(len(free), most, unbounded, busy)
+
+    def _topology_bounds(self, alternative: Alternative, free: list[DeviceEntry]) -> list[int]:
+        """Per required topology constraint over the alternative: how many of its free
+        candidates can be in one set (the largest NVLink clique, the largest group on one
+        PCIe root or NUMA node, those with a NIC close enough)."""
+        plan = self.ctx.topology
+        if plan is None or not plan.required:
+            return []
+        topology = self.ctx.node_topology(self.view)
+        bounds = []
+        for scoped in plan.covering(alternative, plan.required):
+            most, why = topology_bound(scoped.constraint, topology, [e.id for e in free])
+            bounds.append(most)
+            if most < alternative.count and self.ctx.recorder is not None:
+                what = scoped.constraint.describe()
+                detail = f"topology constraint #{scoped.index} ({what}): {why}"
+                for entry in free:
+                    self.ctx.recorder.reject(alternative, entry.id, ReasonCode.CONSTRAINT, detail)
+        return bounds
 
     def _constraint_bound(
         self, alternative: Alternative, index: int, free: list[DeviceEntry]
@@ -263,6 +330,9 @@ class NodeCandidates:
     # --- building the lists ---------------------------------------------------------
 
     def _exact_list(self, alternative: Alternative) -> list[Candidate | InvalidPoolMarker]:
+        prepared = self._prepared.lists.get(alternative.key) if self._prepared else None
+        if prepared is not None:
+            return self._prepared_list(alternative, *prepared)
         listed: list[Candidate | InvalidPoolMarker] = []
         for node_pool in self.view.pools:
             if node_pool.pool.invalid:
@@ -281,6 +351,49 @@ class NodeCandidates:
             if found and node_pool.pool.incomplete and self.ctx.recorder is not None:
                 self.ctx.recorder.note(_incomplete_note(node_pool.pool))
         return listed
+
+    def _prepared_list(
+        self,
+        alternative: Alternative,
+        indices: tuple[int, ...],
+        tally: Mapping[ReasonCode, int],
+    ) -> list[Candidate | InvalidPoolMarker]:
+        """The list from known static outcomes (a template's): no selector, taint or
+        capacity check runs; only the policy's order within each pool is worked out, once
+        per state of the node's devices."""
+        assert self._prepared is not None
+        self._tally[alternative.key] = dict(tally)
+        devices = self._devices()
+        orders = self._prepared.orders
+        key = (alternative.key, self._in_use) if self._in_use is not None else None
+        order = orders.get(key) if key is not None else None
+        if order is None:
+            order = self._order(indices, devices)
+            if key is not None:
+                if len(orders) >= _ORDER_CACHE:
+                    orders.clear()
+                orders[key] = order
+        return [Candidate(devices[index], None) for index in order]
+
+    def _order(self, indices: tuple[int, ...], devices: tuple[DeviceEntry, ...]) -> tuple[int, ...]:
+        if self.ctx.policy is Policy.FIRST_FIT:
+            return indices
+        pool_of = self._prepared.pool_of if self._prepared else ()
+        order: list[int] = []
+        run: list[int] = []
+        for position, index in enumerate(indices):
+            run.append(index)
+            if position + 1 == len(indices) or pool_of[indices[position + 1]] != pool_of[index]:
+                if any(devices[i].counters for i in run):
+                    run.sort(key=lambda i: self._order_key(Candidate(devices[i], None)))
+                order.extend(run)
+                run = []
+        return tuple(order)
+
+    def _devices(self) -> tuple[DeviceEntry, ...]:
+        if self._device_tuple is None:
+            self._device_tuple = tuple(self.view.devices())
+        return self._device_tuple
 
     def _all_list(self, alternative: Alternative) -> list[Candidate]:
         label = self._labels[alternative.claim_index]
@@ -359,12 +472,40 @@ class NodeCandidates:
         problem = capacity_problem(alternative.capacity, entry.device.capacity, held)
         return None if problem is None else (ReasonCode.CAPACITY, problem)
 
-    def _order_key(self, candidate: Candidate) -> tuple[int, Fraction, int]:
+    def _order_key(self, candidate: Candidate) -> tuple[int, float, float, int]:
         state = self.ctx.state
         entry = candidate.entry
         return candidate_key(
-            self.ctx.policy, entry, state.counter_used, bool(state.share_ids(entry.id))
+            self.ctx.policy,
+            entry,
+            state.counter_amount,
+            bool(state.share_ids(entry.id)),
+            self._set_in_use,
+            self._set_loss if self.ctx.policy is Policy.FRAGMENTATION_AWARE else None,
         )
+
+    def _set_loss(self, entry: DeviceEntry) -> Fraction:
+        """FRAGMENTATION_AWARE: the fragmentation taking the device adds to its GPU."""
+        if self._slice_devices is None:
+            self._slice_devices = {}
+            for other in self.view.devices():
+                self._slice_devices.setdefault(other.slice.index, []).append(other)
+        state, mix = self.ctx.state, self.ctx.mix
+        lost = set_loss(entry, state.counter_amount, state.in_use, self._slice_devices, mix)
+        return lost - mix.capacity * (entry.size if entry.counters else 1)
+
+    def _set_in_use(self, entry: DeviceEntry) -> bool:
+        key = (entry.slice.index, entry.consumption)
+        found = self._sets_used.get(key)
+        if found is None:
+            sets = frozenset(counter.counter_set for counter, _ in entry.counters)
+            set_key = (entry.slice.index, sets)
+            found = self._sets_used.get(set_key)
+            if found is None:
+                found = counter_sets_used(entry, self.ctx.state.counter_amount)
+                self._sets_used[set_key] = found
+            self._sets_used[key] = found
+        return found
 
 
 def _incomplete_note(pool: PoolView) -> str:

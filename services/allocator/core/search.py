@@ -20,7 +20,7 @@ candidate), and at one slot a candidate is skipped when an interchangeable one (
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -35,9 +35,11 @@ from services.allocator.core.candidates import (
 )
 from services.allocator.core.constraints import ConstraintState
 from services.allocator.core.explain import NodeMiss, ReasonCode, held_by, tally_reasons
+from services.allocator.core.leftover import leftover_score
 from services.allocator.core.plan import MAX_DEVICES_PER_CLAIM, Alternative
-from services.allocator.core.scoring import Score, measure
-from services.allocator.core.snapshot import CounterID, DeviceEntry
+from services.allocator.core.scoring import Score
+from services.allocator.core.snapshot import Amount, CounterID, DeviceEntry
+from services.allocator.core.topology_constraints import Scoped, TopologyState
 from services.common.dra.model import AllocationMode, DeviceID
 from services.common.dra.quantity import Quantity, QuantityFormat
 from services.common.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
@@ -108,7 +110,14 @@ _Frame = _RequestFrame | _DeviceFrame
 class NodeSearch:
     """The search state of one node; `run()` returns True when every claim is satisfied."""
 
-    def __init__(self, ctx: SolveContext, candidates: NodeCandidates, steps: StepCounter) -> None:
+    def __init__(
+        self,
+        ctx: SolveContext,
+        candidates: NodeCandidates,
+        steps: StepCounter,
+        topology: Sequence[Scoped] | None = None,
+    ) -> None:
+        """`topology`: the topology constraints to enforce (default: the required ones)."""
         self.ctx = ctx
         self.cands = candidates
         self.view = candidates.view
@@ -118,17 +127,22 @@ class NodeSearch:
         self.picks: list[list[Pick]] = [[] for _ in claims]
         self.chosen: list[dict[int, Alternative]] = [{} for _ in claims]
         self.constraints = [[ConstraintState(spec) for spec in c.constraints] for c in claims]
+        plan = ctx.topology
+        active = topology if topology is not None else (plan.required if plan else [])
+        node_topology = ctx.node_topology(self.view)
+        self.topology_states = [(s, TopologyState(s.constraint, node_topology)) for s in active]
+        self._topology_of: dict[int, list[tuple[Scoped, TopologyState]]] = {}
         self.picked: dict[DeviceID, list[int]] = {}  # dedicated picks: device -> claim indices
         self.sharing: dict[DeviceID, dict[str, Fraction]] = {}  # capacity taken by shared picks
         self.consuming: set[DeviceID] = set()  # devices whose counters this search added
-        self.counter_use: dict[CounterID, Fraction] = {}
+        self.counter_use: dict[CounterID, Amount] = {}
         self.miss: NodeMiss | None = None
         self._rest = [self._rest_minimum(c) for c in range(len(claims))]
-        self._totals = {  # every counter of the node's slices, with its total
+        self.totals = {  # every counter of the node's slices, with its total
             counter: total
             for node_pool in self.view.pools
             for slice_ in node_pool.pool.slices
-            for counter, total in slice_.counter_totals.items()
+            for counter, total in slice_.totals.items()
         }
 
     # --- the loop -------------------------------------------------------------------
@@ -258,13 +272,13 @@ class NodeSearch:
     def _try(self, frame: _DeviceFrame, candidate: Candidate, *, must: bool) -> Pick | None:
         """Upstream `allocateDevice`: pick the candidate if it passes the dynamic checks."""
         entry = candidate.entry
-        newly_consuming = bool(entry.counters) and not self._consuming(entry)
+        newly_consuming = bool(entry.counters) and not self.consuming_device(entry)
         problem = self._problem(frame.alternative, candidate, newly_consuming, must)
         if problem is not None:
             code, detail = problem
             frame.tally[code] = frame.tally.get(code, 0) + 1
             if self.ctx.recorder is not None:
-                self.ctx.recorder.reject(frame.alternative, entry.id, code, detail)
+                self.ctx.recorder.reject(frame.alternative, entry.id, code, str(detail))
             return None
         pick = Pick(frame.alternative, entry, candidate.consumed, newly_consuming)
         self._apply(pick)
@@ -277,16 +291,16 @@ class NodeSearch:
         newly_consuming: bool,
         must: bool,
         record: bool = True,
-    ) -> tuple[ReasonCode, str] | None:
+    ) -> tuple[ReasonCode, str | _Shortage] | None:
         """In use, counters, capacity shares, taints (`All` only), then constraints."""
         entry = candidate.entry
         busy = self._in_use(alternative, entry)
         if busy is not None:
             return busy
         if newly_consuming:
-            problem = self._counter_problem(entry)
-            if problem is not None:
-                return ReasonCode.COUNTERS, problem
+            shortage = self._counter_problem(entry)
+            if shortage is not None:
+                return ReasonCode.COUNTERS, shortage
         if candidate.consumed is not None:
             problem = self._share_problem(entry, candidate.consumed)
             if problem is not None:
@@ -296,8 +310,26 @@ class NodeSearch:
             if taint is not None:
                 return ReasonCode.TAINTED, taint_detail(taint)
         problem = self._constraint_problem(alternative, entry, must, record)
+        if problem is None:
+            problem = self._topology_problem(alternative, entry)
         if problem is not None:
             return ReasonCode.CONSTRAINT, problem
+        return None
+
+    def _covering(self, alternative: Alternative) -> list[tuple[Scoped, TopologyState]]:
+        found = self._topology_of.get(alternative.key)
+        if found is None:
+            where = (alternative.claim_index, alternative.request_index)
+            found = [(s, state) for s, state in self.topology_states if where in s.requests]
+            self._topology_of[alternative.key] = found
+        return found
+
+    def _topology_problem(self, alternative: Alternative, entry: DeviceEntry) -> str | None:
+        for scoped, state in self._covering(alternative):
+            problem = state.problem(entry.id)
+            if problem is not None:
+                what = scoped.constraint.describe()
+                return f"topology constraint #{scoped.index} ({what}): {problem}"
         return None
 
     def _in_use(
@@ -320,23 +352,21 @@ class NodeSearch:
             return ReasonCode.PICKED, "picked for another request in this solve"
         return None
 
-    def _consuming(self, entry: DeviceEntry) -> bool:
+    def consuming_device(self, entry: DeviceEntry) -> bool:
         return entry.id in self.consuming or self.ctx.state.in_use(entry.id)
 
-    def _counter_problem(self, entry: DeviceEntry) -> str | None:
+    def _counter_problem(self, entry: DeviceEntry) -> _Shortage | str | None:
         """Upstream `checkAvailableCounters`: after adding the device, every counter of every
         set in its slice must stay within its total. Picks in this search were checked the
         same way, so only the device's own counters and counters the existing allocations
         already overdraw can fail."""
-        state, totals = self.ctx.state, entry.slice.counter_totals
-        for counter, amount in entry.counters:
-            used = state.counter_used(counter) + self.counter_use.get(counter, _ZERO)
+        state, totals, mine = self.ctx.state, entry.slice.totals, self.counter_use
+        for (counter, _), amount in zip(entry.counters, entry.amounts, strict=True):
+            used = state.counter_amount(counter)
+            if mine:
+                used += mine.get(counter, 0)
             if used + amount > totals[counter]:
-                free = max(_ZERO, totals[counter] - used)
-                return (
-                    f"counter {counter.counter} of set {counter.counter_set} exhausted "
-                    f"(needs {_show(amount)}, free {_show(free)})"
-                )
+                return _Shortage(counter, amount, max(0, totals[counter] - used))
         return self.cands.overdrawn(entry.slice)
 
     def _share_problem(self, entry: DeviceEntry, consumed: dict[str, Quantity]) -> str | None:
@@ -379,6 +409,8 @@ class NodeSearch:
         alternative, entry = pick.alternative, pick.entry
         for index in alternative.constraints:
             self.constraints[alternative.claim_index][index].add(entry.device, entry.id.driver)
+        for _, state in self._covering(alternative):
+            state.add(entry.id)
         if pick.consumed is not None:
             taken = dict(self.sharing.get(entry.id, {}))
             for name, quantity in pick.consumed.items():
@@ -388,8 +420,8 @@ class NodeSearch:
             self.picked.setdefault(entry.id, []).append(alternative.claim_index)
         if pick.newly_consuming:
             self.consuming.add(entry.id)
-            for counter, amount in entry.counters:
-                self.counter_use[counter] = self.counter_use.get(counter, _ZERO) + amount
+            for (counter, _), amount in zip(entry.counters, entry.amounts, strict=True):
+                self.counter_use[counter] = self.counter_use.get(counter, 0) + amount
         self.picks[alternative.claim_index].append(pick)
 
     def _unpick(self, pick: Pick) -> None:
@@ -398,7 +430,7 @@ class NodeSearch:
         assert removed is pick
         if pick.newly_consuming:
             self.consuming.discard(entry.id)
-            for counter, amount in entry.counters:
+            for (counter, _), amount in zip(entry.counters, entry.amounts, strict=True):
                 self.counter_use[counter] -= amount
         if pick.consumed is not None:
             taken = dict(self.sharing[entry.id])
@@ -409,38 +441,37 @@ class NodeSearch:
             self.picked[entry.id].remove(alternative.claim_index)
         for index in alternative.constraints:
             self.constraints[alternative.claim_index][index].remove(entry.device, entry.id.driver)
+        for _, state in self._covering(alternative):
+            state.remove(entry.id)
 
     # --- after the search -----------------------------------------------------------
 
     def score(self) -> Score:
-        """What the placement found leaves free on this node."""
-        held = {
-            p.entry.id
-            for claim in self.picks
-            for p in claim
-            if not p.alternative.admin and p.consumed is None
-        }
-        state, used = self.ctx.state, self._counters_used()
-        left = {counter: self._totals[counter] - amount for counter, amount in used.items()}
+        """What the placement found leaves free on this node (leftover.py)."""
+        return leftover_score(self)
 
-        def available(entry: DeviceEntry) -> bool:
-            if entry.multi:
-                return not state.is_exclusive(entry.id) and entry.id not in held
-            if state.in_use(entry.id) or entry.id in held:
-                return False
-            if not entry.counters or self._consuming(entry):
-                return True
-            fits = all(amount <= left[counter] for counter, amount in entry.counters)
-            return fits and self.cands.overdrawn(entry.slice) is None
+    def capacity_taken(self) -> Fraction:
+        """How much the placement lowers the node's free capacity (scoring.free_capacity):
+        the counter-set share of every device whose counters it starts to consume, plus 1 per
+        dedicated device without counters."""
+        taken = _ZERO
+        for claim in self.picks:
+            for pick in claim:
+                if pick.newly_consuming:
+                    taken += pick.entry.size
+                if not pick.alternative.admin and pick.consumed is None and not pick.entry.counters:
+                    taken += 1
+        return taken
 
-        return measure(self.view.devices(), available, used.__getitem__)
+    def ranks(self) -> tuple[int, ...]:
+        """The chosen subrequest of every request, claim by claim (0 for `exactly`)."""
+        return tuple(chosen[r].sub_index or 0 for chosen in self.chosen for r in range(len(chosen)))
 
-    def _counters_used(self) -> dict[CounterID, Fraction]:
+    def counters_used(self) -> dict[CounterID, Amount]:
         """Every counter of the node's slices: what existing allocations and this search use."""
-        state = self.ctx.state
+        state, mine = self.ctx.state, self.counter_use
         return {
-            counter: state.counter_used(counter) + self.counter_use.get(counter, _ZERO)
-            for counter in self._totals
+            counter: state.counter_amount(counter) + mine.get(counter, 0) for counter in self.totals
         }
 
     # --- closest miss ---------------------------------------------------------------
@@ -472,7 +503,7 @@ class NodeSearch:
             if isinstance(candidate, InvalidPoolMarker) or candidate.entry.id in placed:
                 continue
             entry = candidate.entry
-            newly = bool(entry.counters) and not self._consuming(entry)
+            newly = bool(entry.counters) and not self.consuming_device(entry)
             problem = self._problem(alternative, candidate, newly, must=False, record=False)
             code = problem[0] if problem is not None else ReasonCode.EQUIVALENT
             reasons[code] = reasons.get(code, 0) + 1
@@ -506,6 +537,22 @@ class NodeSearch:
 
     def needed(self) -> int:
         return sum(rest[0] for rest in self._rest)
+
+
+@dataclass(frozen=True, slots=True)
+class _Shortage:
+    """A counter that would be exhausted; the message is only formatted when shown."""
+
+    counter: CounterID
+    needed: Amount
+    free: Amount
+
+    def __str__(self) -> str:
+        counter = self.counter
+        return (
+            f"counter {counter.counter} of set {counter.counter_set} exhausted "
+            f"(needs {_show(Fraction(self.needed))}, free {_show(Fraction(self.free))})"
+        )
 
 
 def _interchangeable(alternative: Alternative, entry: DeviceEntry) -> bool:

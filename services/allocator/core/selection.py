@@ -9,7 +9,7 @@ error: ...`, `claim <ns>/<name>: selector #<i>: CEL runtime error: ...`).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
 from services.allocator.core.cel import CelError, CompiledSelector, SelectorCache
 from services.allocator.core.constraints import lookup_attribute
@@ -101,8 +101,11 @@ class Equivalence:
     its constraints compare. Real GPUs differ in uuid and PCI
     address, but a solve that never reads those treats them alike."""
 
-    def __init__(self, selection: Selection, plan: Plan) -> None:
+    def __init__(self, selection: Selection, plan: Plan, *, distinct: bool = False) -> None:
+        """`distinct`: every device is its own class (topology constraints tell devices of
+        one content apart by where they sit)."""
         self._selection = selection
+        self._distinct = distinct
         self._selectors: list[tuple[str, str, str]] = []  # expression, field path, owner
         seen: set[str] = set()
         for alternative in plan.alternatives():
@@ -138,6 +141,15 @@ class Equivalence:
             self._static_by_device[entry.position] = found
         return found
 
+    def seed(self, entries: Iterable[DeviceEntry], like: Iterable[DeviceEntry]) -> None:
+        """Give each device the static class of the device standing in its place on a node of
+        the same template (same content up to abstracted attributes this plan never reads), so
+        a node's devices need no selector profile keys of their own."""
+        known = self._static_by_device
+        for entry, model in zip(entries, like, strict=True):
+            if entry.position not in known:
+                known[entry.position] = self.static_class(model)
+
     def of(self, entry: DeviceEntry) -> int:
         """Devices of one class are interchangeable for the search: same static class, same
         counter consumption, same values of the constrained attributes."""
@@ -147,6 +159,7 @@ class Equivalence:
                 self.static_class(entry),
                 entry.consumption,
                 tuple(lookup_attribute(entry.device, entry.id.driver, a) for a in self._attributes),
+                entry.position if self._distinct else -1,
             )
             found = self._by_device[entry.position] = self._classes.setdefault(
                 key, len(self._classes)

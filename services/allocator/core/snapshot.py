@@ -17,14 +17,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from services.allocator.core.cel import CelDevice
 from services.allocator.core.nodeselect import InvalidNodeSelector, NodeAccess, check_node_selector
 from services.common.dra.model import Device, DeviceID, Node, NodeSelector, ResourceSlice
 from services.common.errors import NotFound
 
+if TYPE_CHECKING:
+    from services.allocator.core.templates import NodeTemplates
+    from services.allocator.core.topology import NodeTopology
+
 __all__ = [
+    "Amount",
     "ClusterSnapshot",
     "CounterID",
     "DeviceEntry",
@@ -32,7 +37,17 @@ __all__ = [
     "NodeView",
     "PoolView",
     "SliceEntry",
+    "exact",
 ]
+
+
+Amount = int | Fraction
+"""A counter amount as the solver computes with it: an int when whole (fast), else a Fraction."""
+
+
+def exact(value: Fraction) -> Amount:
+    """`value` as an int when it is whole; Fractions cost ten times more per operation."""
+    return value.numerator if value.denominator == 1 else value
 
 
 class CounterID(NamedTuple):
@@ -52,6 +67,10 @@ class SliceEntry:
     slice: ResourceSlice
     index: int  # position in the snapshot's input
     counter_totals: Mapping[CounterID, Fraction]  # every counter of every set in this slice
+    # The same totals as `exact` amounts (ints where whole): what the solver computes with.
+    totals: Mapping[CounterID, Amount] = field(default_factory=dict)
+    # Pure results about this slice's devices, memoised by the solver (search.score).
+    memo: dict[Any, Any] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,9 +85,10 @@ class DeviceEntry:
     profile: int  # same number <=> same CEL-visible content
     shape: int  # same number <=> same capacities (with policies), taints and sharing mode
     consumption: int  # same number <=> the very same counters and amounts (0: none)
-    counters: tuple[tuple[CounterID, Fraction], ...]  # consumption, resolved in its own slice
+    counters: tuple[tuple[CounterID, Fraction], ...]  # consumption in its own slice, scarcest first
     position: int  # global order, for stable tie-breaks
-    size: Fraction  # largest share of a counter it consumes: 1 for a whole GPU, 1/8 for 1g, 0
+    size: Fraction  # share of its counter sets it takes (scoring.free_capacity): 1 = a whole GPU
+    amounts: tuple[Amount, ...] = ()  # `counters`' amounts as `exact` amounts, in order
 
     @property
     def multi(self) -> bool:
@@ -178,18 +198,46 @@ class ClusterSnapshot:
         nil_view: NodeView,
         devices: Mapping[DeviceID, DeviceEntry],
         warnings: Sequence[str],
+        topologies: Mapping[str, NodeTopology] | None = None,
     ) -> None:
         self._views = dict(views)
         self._names = tuple(sorted(self._views))
         self.nil_view = nil_view
         self._devices = dict(devices)
         self.warnings: tuple[str, ...] = tuple(warnings)
+        self._topologies = dict(topologies or {})
+        self._templates: NodeTemplates | None = None
 
     @classmethod
-    def build(cls, slices: Iterable[ResourceSlice], nodes: Iterable[Node] = ()) -> ClusterSnapshot:
+    def build(
+        cls,
+        slices: Iterable[ResourceSlice],
+        nodes: Iterable[Node] = (),
+        *,
+        topologies: Mapping[str, NodeTopology] | None = None,
+    ) -> ClusterSnapshot:
         """Index `slices` for `nodes`. Nodes only named by a slice's or device's nodeName are
-        added with no labels, so node-local devices are always reachable."""
-        return _Builder(list(slices), list(nodes)).build()
+        added with no labels, so node-local devices are always reachable. `topologies` (by
+        node name) say how each node's GPUs are wired, for topology constraints and scores."""
+        snapshot = _Builder(list(slices), list(nodes)).build()
+        snapshot._topologies = dict(topologies or {})
+        return snapshot
+
+    def topology(self, node_name: str | None) -> NodeTopology | None:
+        """The node's wiring, if known."""
+        return self._topologies.get(node_name) if node_name is not None else None
+
+    @property
+    def topologies(self) -> Mapping[str, NodeTopology]:
+        return self._topologies
+
+    def templates(self) -> NodeTemplates:
+        """Nodes grouped by machine shape (built on first use; see templates.py)."""
+        if self._templates is None:
+            from services.allocator.core.templates import NodeTemplates
+
+            self._templates = NodeTemplates(self)
+        return self._templates
 
     @property
     def node_names(self) -> tuple[str, ...]:
@@ -251,7 +299,7 @@ class _Builder:
             for counter_set in slice_.shared_counters
             for name, quantity in counter_set.counters.items()
         }
-        return SliceEntry(slice_, index, totals)
+        return SliceEntry(slice_, index, totals, {c: exact(v) for c, v in totals.items()})
 
     def _device_entry(self, entry: SliceEntry, device: Device, position: int) -> DeviceEntry:
         slice_ = entry.slice
@@ -270,7 +318,13 @@ class _Builder:
                 counter = CounterID(slice_.driver, slice_.pool.name, use.counter_set, name)
                 if counter in totals:  # upstream ignores unknown counters
                     consumption[counter] = consumption.get(counter, _ZERO) + quantity.value
-        counters = tuple(sorted(consumption.items()))
+        # Scarcest first (largest share of its total), so counter checks fail fast.
+        counters = tuple(
+            sorted(
+                consumption.items(),
+                key=lambda item: (-(item[1] / totals[item[0]]) if totals[item[0]] else 0, item[0]),
+            )
+        )
         return DeviceEntry(
             id=DeviceID(slice_.driver, slice_.pool.name, device.name),
             device=device,
@@ -282,9 +336,8 @@ class _Builder:
             consumption=self.interner.consumption(counters),
             counters=counters,
             position=position,
-            size=max(
-                (amount / totals[c] for c, amount in counters if totals[c] > 0), default=_ZERO
-            ),
+            size=_size(counters, totals),
+            amounts=tuple(exact(amount) for _, amount in counters),
         )
 
     def _check_selector(self, selector: NodeSelector | None, what: str) -> bool:
@@ -376,6 +429,26 @@ class _Builder:
                 for entry in self.entries[index]:
                     devices.setdefault(entry.id, entry)
         return devices
+
+
+def _size(
+    counters: Sequence[tuple[CounterID, Fraction]], totals: Mapping[CounterID, Fraction]
+) -> Fraction:
+    """How much of the free capacity (scoring.free_capacity) taking the device uses: per
+    counter set it consumes, the mean over the set's counters (those with a total) of the share
+    it takes, summed over sets. A whole GPU that consumes all of its set is 1."""
+    per_set: dict[tuple[str, str, str], int] = {}
+    for counter, total in totals.items():
+        if total > 0:
+            key = (counter.driver, counter.pool, counter.counter_set)
+            per_set[key] = per_set.get(key, 0) + 1
+    size = _ZERO
+    for counter, amount in counters:
+        total = totals[counter]
+        if total > 0:
+            members = per_set[(counter.driver, counter.pool, counter.counter_set)]
+            size += amount / total / members
+    return size
 
 
 def _duplicate_name(devices: Sequence[DeviceEntry]) -> str | None:

@@ -1,23 +1,33 @@
 """solve(): claims + snapshot + allocated state -> Allocated | Unsatisfiable, or a typed error.
 
 1. Validate the claims once (plan.py): unknown class, empty selector, bad mode, constraint
-   type, more than 32 devices -> InvalidArgument with a field path.
-2. For the pinned node, or for every node that has devices (in node-name order): build its
-   candidate lists, drop it early if some request cannot have enough free candidates, else
-   search it (search.py). Node-only errors (an `All` request over an incomplete pool, an
-   invalid pool reached by the search) are raised for a pinned node; while choosing a node they
-   skip the node, and are raised only when no node fits.
-3. Pick the node: FIRST_FIT stops at the first that fits (upstream-like); BINPACK and SPREAD
-   rank every feasible node by scoring.py's pure keys. Ties break by node name.
+   type, more than 32 devices -> InvalidArgument with a field path; resolve the topology
+   constraints (topology_constraints.py).
+2. For the pinned node, or the nodes worth searching: build a node's candidate lists, drop it
+   early if some request cannot have enough free candidates, else search it (search.py), the
+   preferred topology constraints first (preferences.py). Without a pinned node the nodes come
+   as groups of equal nodes, best-first (nodechoice.py); with `explain` (per-node reasons), an
+   `All` request or selectors that read device identities, every node in name order.
+   Node-only errors (an `All` request over an incomplete pool, an invalid pool reached by the
+   search) are raised for a pinned node; while choosing a node they skip the node, and are
+   raised only when no node fits.
+3. Pick the node with the smallest key (scoring.node_key: subrequest ranks, preferences missed,
+   the policy's term, the name).
 4. Build one AllocationResult per claim (results.py) and, on request, the explanation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from fractions import Fraction
 
-from services.allocator.core.candidates import NodeCandidates, NodeError, SolveContext
+from services.allocator.core.candidates import (
+    NodeCandidates,
+    NodeError,
+    Prepared,
+    SolveContext,
+)
 from services.allocator.core.cel import SelectorCache
 from services.allocator.core.explain import (
     Explanation,
@@ -27,6 +37,11 @@ from services.allocator.core.explain import (
     Recorder,
     tally_reasons,
 )
+from services.allocator.core.fragmentation import (
+    DEFAULT_MIX,
+    FragmentationMix,
+)
+from services.allocator.core.nodechoice import GroupedChoice, template_plan, usable
 from services.allocator.core.outcome import (
     Allocated,
     SearchBudget,
@@ -35,16 +50,31 @@ from services.allocator.core.outcome import (
     Unsatisfiable,
 )
 from services.allocator.core.plan import Alternative, Plan, build_plan
+from services.allocator.core.preferences import (
+    TopologyFit,
+    added_fragmentation,
+    preference_phases,
+    topology_fit,
+)
 from services.allocator.core.results import ShareIdFactory, allocation_result, default_share_id
-from services.allocator.core.scoring import Policy, Score, node_key
+from services.allocator.core.scoring import NodeKey, Policy, Score, capacity_key, free_capacity
 from services.allocator.core.search import BudgetExhausted, NodeSearch, StepCounter
 from services.allocator.core.selection import Equivalence, Selection
-from services.allocator.core.snapshot import ClusterSnapshot, NodeView
+from services.allocator.core.snapshot import ClusterSnapshot, DeviceEntry, NodeView
 from services.allocator.core.state import AllocatedState
-from services.common.dra.model import AllocationMode, AllocationResult, DeviceClass, ResourceClaim
+from services.allocator.core.topology_constraints import (
+    TopologyConstraint,
+    TopologyPlan,
+)
+from services.common.dra.model import (
+    AllocationMode,
+    AllocationResult,
+    DeviceClass,
+    ResourceClaim,
+)
 from services.common.errors import GpuallocError
 
-__all__ = ["DEFAULT_BUDGET", "solve"]
+__all__ = ["DEFAULT_BUDGET", "feasible_nodes", "solve"]
 
 DEFAULT_BUDGET = SearchBudget()
 
@@ -61,31 +91,101 @@ def solve(
     budget: SearchBudget = DEFAULT_BUDGET,
     explain: bool = False,
     share_id: ShareIdFactory = default_share_id,
+    topology_constraints: Sequence[TopologyConstraint] = (),
+    fragmentation_mix: FragmentationMix = DEFAULT_MIX,
 ) -> SolveResult:
     """Allocate all `claims` together on one node, all or nothing (claims' own `allocation`
-    fields are ignored: pass what is held in `state`)."""
+    fields are ignored: pass what is held in `state`). `topology_constraints` relate the
+    devices of requests (topology_constraints.py); node topologies come from the snapshot.
+    `fragmentation_mix`: the requests FRAGMENTATION_AWARE keeps room for (fragmentation.py)."""
     evaluations_before = selectors.evaluations
-    plan = build_plan(claims, classes)
-    selection = Selection(selectors)
     recorder = Recorder() if explain else None
-    ctx = SolveContext(plan, state, policy, selection, Equivalence(selection, plan), recorder)
+    ctx = _context(
+        snapshot, state, classes, claims, policy, selectors, recorder, topology_constraints
+    )
+    ctx = replace(ctx, mix=fragmentation_mix)
     run = _Run(ctx, StepCounter(budget.max_steps, budget.max_steps_per_node, budget.cancelled))
     if node is not None:
         view = snapshot.view(node)
-        run.pinned(view)
+        run.pinned(view, snapshot)
         if recorder is not None and not run.found:
             _record_other_nodes(ctx, snapshot, view, recorder)
-    else:
+    elif recorder is not None or not run.choose_by_groups(snapshot):
         views = list(snapshot.views()) if snapshot.node_names else [snapshot.nil_view]
         run.choose([v for v in views if v.device_count > 0] or views[:1])
     return run.result(selectors.evaluations - evaluations_before, share_id)
+
+
+def feasible_nodes(
+    snapshot: ClusterSnapshot,
+    state: AllocatedState,
+    classes: Mapping[str, DeviceClass],
+    claims: Sequence[ResourceClaim],
+    *,
+    policy: Policy = Policy.BINPACK,
+    selectors: SelectorCache,
+    budget: SearchBudget = DEFAULT_BUDGET,
+    topology_constraints: Sequence[TopologyConstraint] = (),
+    fragmentation_mix: FragmentationMix = DEFAULT_MIX,
+) -> tuple[dict[str, NodeKey], Stats]:
+    """Every node where `claims` fit on their own, with its node key (scoring.node_key): one
+    search per node group, not per node. For gangs (gang.py) and capacity questions."""
+    ctx = _context(snapshot, state, classes, claims, policy, selectors, None, topology_constraints)
+    ctx = replace(ctx, mix=fragmentation_mix)
+    run = _Run(ctx, StepCounter(budget.max_steps, budget.max_steps_per_node, budget.cancelled))
+    keys = run.all_feasible(snapshot)
+    return keys, run.stats(0)
+
+
+def _context(
+    snapshot: ClusterSnapshot,
+    state: AllocatedState,
+    classes: Mapping[str, DeviceClass],
+    claims: Sequence[ResourceClaim],
+    policy: Policy,
+    selectors: SelectorCache,
+    recorder: Recorder | None,
+    topology_constraints: Sequence[TopologyConstraint],
+) -> SolveContext:
+    plan = build_plan(claims, classes)
+    implicit = policy is not Policy.FIRST_FIT and bool(snapshot.topologies)
+    topology = TopologyPlan(plan, topology_constraints, implicit_nvlink=implicit)
+    selection = Selection(selectors)
+    return SolveContext(
+        plan,
+        state,
+        policy,
+        selection,
+        Equivalence(selection, plan, distinct=not topology.empty),
+        recorder,
+        topology=None if topology.empty else topology,
+        snapshot=snapshot,
+    )
 
 
 @dataclass
 class _Found:
     view: NodeView
     search: NodeSearch
-    score: Score
+    key: NodeKey  # from the placement's ranks and free capacity: cheap, enough to rank nodes
+    topology: TopologyFit
+    fragmentation: Fraction
+    _score: Score | None = None
+
+    @property
+    def score(self) -> Score:
+        """The full score (free devices need a per-device check): only for nodes shown."""
+        if self._score is None:
+            fit = self.topology
+            self._score = replace(
+                self.search.score(),
+                preferred_missed=fit.preferred_missed,
+                implicit_missed=fit.implicit_missed,
+                nvlink_links=fit.nvlink_links,
+                numa_nodes=fit.numa_nodes,
+                fragmentation=self.fragmentation,
+            )
+        return self._score
 
 
 class _Run:
@@ -98,14 +198,26 @@ class _Run:
         self.misses: list[NodeMiss] = []
         self.errors: list[GpuallocError] = []
         self.nodes_total = self.pruned = self.searched = 0
+        self.feasible: int | None = None  # nodes known to fit, when groups stand for nodes
         self.exhausted = False
 
-    def pinned(self, view: NodeView) -> None:
+    def pinned(self, view: NodeView, snapshot: ClusterSnapshot) -> None:
         self.nodes_total = 1
         try:
-            self._node(view)
+            self._node(view, prepared=self._prepared(view, snapshot))
         except NodeError as err:
             raise err.error from None
+
+    def _prepared(self, view: NodeView, snapshot: ClusterSnapshot) -> Prepared | None:
+        """A pinned node's static checks from its template, when they may stand for it (not
+        when explaining: the per-device reasons come from the checks themselves)."""
+        if self.ctx.recorder is not None or view.name is None:
+            return None
+        templates = snapshot.templates()
+        template = templates.of_node.get(view.name)
+        if template is None or not usable(self.ctx.plan, self.ctx, templates):
+            return None
+        return template_plan(self.ctx, snapshot, template).prepared
 
     def choose(self, views: Sequence[NodeView]) -> None:
         self.nodes_total = len(views)
@@ -115,48 +227,150 @@ class _Run:
             except NodeError as err:
                 self.errors.append(err.error)
                 self.misses.append(_error_miss(view, err.error))
-            if self.found and self.ctx.policy is Policy.FIRST_FIT:
-                return
+            if self.ctx.policy is Policy.FIRST_FIT and any(_unbeatable(f.key) for f in self.found):
+                return  # nodes come by name: no later one can beat it
             if self.steps.steps >= self.steps.max_steps:
                 self.exhausted = True
                 return
         if not self.found and self.errors:
             raise self.errors[0]
 
-    def _node(self, view: NodeView) -> None:
-        cands = NodeCandidates(self.ctx, view)
+    def all_feasible(self, snapshot: ClusterSnapshot) -> dict[str, NodeKey]:
+        """Every feasible node's key: by groups when they may stand for their nodes."""
+        templates = snapshot.templates()
+        if usable(self.ctx.plan, self.ctx, templates):
+            choice = GroupedChoice(
+                self.ctx,
+                snapshot,
+                self.ctx.state.node_groups(snapshot),
+                self._evaluate,
+                self._out_of_steps,
+                exhaustive=True,
+            )
+            choice.run()
+            self.nodes_total = len(templates.of_node) + len(templates.ungrouped)
+            self.searched, self.feasible = choice.searched, choice.feasible
+            self.pruned = self.nodes_total - choice.searched
+            return choice.keys
+        keys = {}
+        views = [v for v in snapshot.views() if v.device_count > 0]
+        self.nodes_total = len(views)
+        for view in views:
+            key = self._evaluate(view, None, None, None)
+            if key is not None and view.name is not None:
+                keys[view.name] = key
+            if self._out_of_steps():
+                break
+        return keys
+
+    def choose_by_groups(self, snapshot: ClusterSnapshot) -> bool:
+        """Best-first over node groups (nodechoice.py); False when groups cannot stand for
+        their nodes in this solve (the caller then searches every node)."""
+        templates = snapshot.templates()
+        if not usable(self.ctx.plan, self.ctx, templates):
+            return False
+        choice = GroupedChoice(
+            self.ctx,
+            snapshot,
+            self.ctx.state.node_groups(snapshot),
+            self._evaluate,
+            self._out_of_steps,
+        )
+        choice.run()
+        self.nodes_total = len(templates.of_node) + len(templates.ungrouped)
+        self.searched = choice.searched
+        self.pruned = self.nodes_total - choice.searched
+        self.feasible = choice.feasible
+        if not self.found and self.errors:
+            raise self.errors[0]
+        return True
+
+    def _evaluate(
+        self,
+        view: NodeView,
+        before: Fraction | None,
+        prepared: Prepared | None,
+        in_use: frozenset[int] | None,
+    ) -> NodeKey | None:
+        try:
+            found = self._node(view, before, prepared, in_use)
+        except NodeError as err:
+            self.errors.append(err.error)
+            self.misses.append(_error_miss(view, err.error))
+            return None
+        return None if found is None else found.key
+
+    def _available(self, entry: DeviceEntry) -> bool:
+        state = self.ctx.state
+        return not (state.is_exclusive(entry.id) if entry.multi else state.in_use(entry.id))
+
+    def _out_of_steps(self) -> bool:
+        self.exhausted = self.exhausted or self.steps.steps >= self.steps.max_steps
+        return self.exhausted
+
+    def _node(
+        self,
+        view: NodeView,
+        before: Fraction | None = None,
+        prepared: Prepared | None = None,
+        in_use: frozenset[int] | None = None,
+    ) -> _Found | None:
+        """Search one node; `before` is its free capacity and `prepared` its static check
+        outcomes when the caller knows them (node groups, with the devices `in_use`)."""
+        cands = NodeCandidates(self.ctx, view, prepared, in_use)
         cands.prepare()
         search = NodeSearch(self.ctx, cands, self.steps)
         miss = _cheap_miss(self.ctx.plan, cands, search)
         if miss is not None:
             self.pruned += 1
             self.misses.append(miss)
-            return
+            return None
         self.searched += 1
         try:
-            fits = search.run()
+            fits = False
+            for active in preference_phases(self.ctx, cands):
+                attempt = (
+                    search if active is None else NodeSearch(self.ctx, cands, self.steps, active)
+                )
+                if attempt.run():
+                    search, fits = attempt, True
+                    break
         except BudgetExhausted:
             self.exhausted = True
             self.misses.append(_budget_miss(view, search))
-            return
+            return None
         if fits:
-            self.found.append(_Found(view, search, search.score()))
-        elif search.miss is not None:
+            if before is None:
+                state = self.ctx.state
+                before = free_capacity(view.devices(), self._available, state.counter_amount)
+            capacity = before - search.capacity_taken()
+            fit = topology_fit(self.ctx, search)
+            missed = (fit.preferred_missed, fit.implicit_missed)
+            added = added_fragmentation(self.ctx, search, before - capacity)
+            key = capacity_key(self.ctx.policy, view.name, search.ranks(), capacity, missed, added)
+            found = _Found(view, search, key, fit, added)
+            self.found.append(found)
+            return found
+        if search.miss is not None:
             self.misses.append(search.miss)
+        return None
 
-    def result(self, cel_evaluations: int, share_id: ShareIdFactory) -> SolveResult:
-        stats = Stats(
+    def stats(self, cel_evaluations: int) -> Stats:
+        return Stats(
             steps=self.steps.steps,
             cel_evaluations=cel_evaluations,
             nodes_total=self.nodes_total,
             nodes_pruned=self.pruned,
             nodes_searched=self.searched,
-            nodes_feasible=len(self.found),
+            nodes_feasible=len(self.found) if self.feasible is None else self.feasible,
             budget_exhausted=self.exhausted,
         )
+
+    def result(self, cel_evaluations: int, share_id: ShareIdFactory) -> SolveResult:
+        stats = self.stats(cel_evaluations)
         if not self.found:
             return Unsatisfiable(self._unsatisfiable_explanation(), stats, self.exhausted)
-        ranked = sorted(self.found, key=lambda f: node_key(self.ctx.policy, f.view.name, f.score))
+        ranked = sorted(self.found, key=lambda f: f.key)
         best = ranked[0]
         allocations = self._allocations(best, share_id)
         explanation = self._choice_explanation(ranked) if self.ctx.recorder is not None else None
@@ -215,6 +429,12 @@ class _Run:
             notes=recorder.notes(),
             budget_exhausted=self.exhausted,
         )
+
+
+def _unbeatable(key: NodeKey) -> bool:
+    """FIRST_FIT: first subrequests everywhere and every preference met."""
+    ranks, explicit, implicit, _, _ = key
+    return not any(ranks) and not explicit and not implicit
 
 
 def _cheap_miss(plan: Plan, cands: NodeCandidates, search: NodeSearch) -> NodeMiss | None:

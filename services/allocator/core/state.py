@@ -11,6 +11,8 @@ A device that is in use — exclusively or by at least one share — consumes it
 
 Values are immutable: `with_allocation` / `without_allocation` return a new state and copy only
 the top-level maps, so a service can keep one live state per snapshot and swap it atomically.
+Once the solver has asked for the node groups (groups.py), each new state updates a copy of them
+for the devices that became used or free, so choosing a node stays cheap as holdings change.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
 
-from services.allocator.core.snapshot import ClusterSnapshot, CounterID
+from services.allocator.core.groups import GroupIndex
+from services.allocator.core.snapshot import Amount, ClusterSnapshot, CounterID
 from services.common.dra.model import AllocationResult, DeviceID, ResourceClaim
 from services.common.dra.quantity import Quantity
 
@@ -30,7 +33,7 @@ _ZERO = Fraction(0)
 class AllocatedState:
     """Devices, capacity shares and counters held by existing (non-admin) allocations."""
 
-    __slots__ = ("_capacity", "_counters", "_exclusive", "_shares", "_snapshot")
+    __slots__ = ("_capacity", "_counters", "_exclusive", "_groups", "_shares", "_snapshot")
 
     def __init__(self, snapshot: ClusterSnapshot | None = None) -> None:
         """An empty state; `snapshot` resolves which counters a device consumes."""
@@ -38,7 +41,8 @@ class AllocatedState:
         self._exclusive: dict[DeviceID, tuple[str, ...]] = {}
         self._shares: dict[DeviceID, dict[str, tuple[str, Mapping[str, Quantity]]]] = {}
         self._capacity: dict[DeviceID, dict[str, Fraction]] = {}
-        self._counters: dict[CounterID, Fraction] = {}
+        self._counters: dict[CounterID, Amount] = {}
+        self._groups: GroupIndex | None = None
 
     @classmethod
     def build(
@@ -77,6 +81,7 @@ class AllocatedState:
         state = self._copy()
         state._snapshot = snapshot
         state._counters = {}
+        state._groups = None
         for device_id in set(self._exclusive) | set(self._shares):
             state._count(device_id, 1)
         return state
@@ -87,6 +92,7 @@ class AllocatedState:
         state._shares = dict(self._shares)
         state._capacity = dict(self._capacity)
         state._counters = dict(self._counters)
+        state._groups = self._groups.copy() if self._groups is not None else None
         return state
 
     def _add(self, allocation: AllocationResult, owner: str) -> None:
@@ -104,6 +110,8 @@ class AllocatedState:
                 self._exclusive[device_id] = (*self._exclusive.get(device_id, ()), owner)
             if not was_in_use:
                 self._count(device_id, 1)
+                if self._groups is not None:
+                    self._groups.device_changed(device_id, True)
 
     def _remove(self, allocation: AllocationResult, owner: str) -> None:
         for result in allocation.results:
@@ -133,6 +141,8 @@ class AllocatedState:
                     del self._exclusive[device_id]
             if not self.in_use(device_id):
                 self._count(device_id, -1)
+                if self._groups is not None:
+                    self._groups.device_changed(device_id, False)
 
     def _add_capacity(
         self, device_id: DeviceID, consumed: Mapping[str, Quantity], sign: int
@@ -146,10 +156,19 @@ class AllocatedState:
         entry = self._snapshot.device(device_id) if self._snapshot else None
         if entry is None:
             return
-        for counter, amount in entry.counters:
-            self._counters[counter] = self._counters.get(counter, _ZERO) + sign * amount
+        for (counter, _), amount in zip(entry.counters, entry.amounts, strict=True):
+            self._counters[counter] = self._counters.get(counter, 0) + sign * amount
 
     # --- queries ---------------------------------------------------------------------
+
+    def node_groups(self, snapshot: ClusterSnapshot) -> GroupIndex:
+        """Nodes grouped by template and free state (built on first use, then kept up to date
+        by `with_allocation` / `without_allocation`); built afresh for another snapshot."""
+        if snapshot is not self._snapshot:
+            return GroupIndex.build(snapshot.templates(), self.devices_in_use)
+        if self._groups is None:
+            self._groups = GroupIndex.build(snapshot.templates(), self.devices_in_use)
+        return self._groups
 
     def is_exclusive(self, device_id: DeviceID) -> bool:
         """Held whole by some allocation (a dedicated device, not a capacity share)."""
@@ -169,7 +188,11 @@ class AllocatedState:
         return self._capacity.get(device_id, {})
 
     def counter_used(self, counter: CounterID) -> Fraction:
-        return self._counters.get(counter, _ZERO)
+        return Fraction(self._counters.get(counter, 0))
+
+    def counter_amount(self, counter: CounterID) -> Amount:
+        """`counter_used` as an `exact` amount (an int when whole): for the solver's loops."""
+        return self._counters.get(counter, 0)
 
     def share_ids(self, device_id: DeviceID) -> frozenset[str]:
         return frozenset(self._shares.get(device_id, {}))

@@ -208,9 +208,9 @@ def test_chosen_node_explanation_names_score_and_runner_up() -> None:
     choice = outcome.explanation.choice
     assert choice is not None and (choice.node, choice.runner_up) == ("node-b", "node-a")
     assert choice.message() == (
-        "node-b chosen by BinPack from 2 feasible nodes: 0 of 2 devices free after placement, "
-        "100% of counters free; "
-        "runner-up node-a: 1 of 2 devices free after placement, 100% of counters free"
+        "node-b chosen by BinPack from 2 feasible nodes: 0 of 2 devices (0.00 GPU-equivalents) "
+        "free after placement, 100% of counters free; runner-up node-a: 1 of 2 devices "
+        "(1.00 GPU-equivalents) free after placement, 100% of counters free"
     )
 
 

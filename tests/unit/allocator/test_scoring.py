@@ -62,9 +62,9 @@ def held_on(node_name: str, *devices: str) -> tuple[str, AllocationResult]:
 # --- pure keys --------------------------------------------------------------------------------
 
 SCORES = {
-    "full": Score(0, 8, Fraction(1)),
-    "half": Score(4, 8, Fraction(1)),
-    "empty": Score(8, 8, Fraction(1)),
+    "full": Score(0, 8, Fraction(1), free_capacity=Fraction(0)),
+    "half": Score(4, 8, Fraction(1), free_capacity=Fraction(4)),
+    "empty": Score(8, 8, Fraction(1), free_capacity=Fraction(8)),
 }
 
 
@@ -80,10 +80,18 @@ def test_node_key_orders_nodes(policy: Policy, want: list[str]) -> None:
     assert sorted(SCORES, key=lambda name: node_key(policy, name, SCORES[name])) == want
 
 
-def test_node_key_breaks_ties_by_counters_then_name() -> None:
-    tight, loose = Score(2, 8, Fraction(1, 4)), Score(2, 8, Fraction(3, 4))
+def test_node_key_ranks_by_capacity_then_name() -> None:
+    tight = Score(2, 8, Fraction(1, 4), free_capacity=Fraction(5, 4))
+    loose = Score(2, 8, Fraction(3, 4), free_capacity=Fraction(7, 4))
     assert node_key(Policy.BINPACK, "b", tight) < node_key(Policy.BINPACK, "a", loose)
     assert node_key(Policy.BINPACK, "a", tight) < node_key(Policy.BINPACK, "b", tight)
+
+
+@pytest.mark.parametrize("policy", list(Policy))
+def test_node_key_puts_better_subrequest_ranks_first(policy: Policy) -> None:
+    first = Score(8, 8, Fraction(1), free_capacity=Fraction(8), ranks=(0, 1))
+    later = Score(0, 8, Fraction(0), free_capacity=Fraction(0), ranks=(1, 0))
+    assert node_key(policy, "z", first) < node_key(policy, "a", later)
 
 
 def test_candidate_key_prefers_small_partitions_of_used_gpus_for_binpack() -> None:
@@ -124,7 +132,9 @@ def test_measure_counts_free_devices_and_counter_share() -> None:
     entries = list(snap.view("node-1").devices())
     counter = entries[0].counters[0][0]
     score = measure(entries, lambda e: e.id.device == "b", {counter: Fraction(4)}.__getitem__)
-    assert score == Score(free_devices=1, total_devices=2, free_counters=Fraction(1, 2))
+    assert score == Score(
+        free_devices=1, total_devices=2, free_counters=Fraction(1, 2), free_capacity=Fraction(1, 2)
+    )
 
 
 # --- node choice ------------------------------------------------------------------------------
@@ -151,7 +161,7 @@ def test_binpack_prefers_exact_fit_over_partly_used_node() -> None:
     held = [held_on("node-b", "gpu-0", "gpu-1")]
     outcome = run(snap, [claim("c").request("g", "gpu", 6).build()], Policy.BINPACK, held)
     assert isinstance(outcome, Allocated) and outcome.node == "node-b"
-    assert outcome.score == Score(0, 8, Fraction(1))
+    assert outcome.score == Score(0, 8, Fraction(1), free_capacity=Fraction(0), ranks=(0,))
 
 
 def test_binpack_ties_break_by_node_name() -> None:

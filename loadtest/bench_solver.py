@@ -1,0 +1,451 @@
+"""Solver benchmark: allocation speed on generated clusters of 1,000 / 10,000 / 100,000 GPUs.
+
+    python -m loadtest.bench solver [--quick] [--json]
+
+Clusters come from loadtest/clusters.py (8-GPU nodes: H100 NVSwitch, A100 NVLink pairs, L40S
+PCIe; one A100/H100 node in ten MIG-partitioned; a third of the plain nodes partly allocated).
+Quick runs 1,000 and 10,000 GPUs with fewer repetitions.
+
+Per request kind, on its own copy of the cluster state, a stream of solves without a pinned node
+(the solver chooses the node, BINPACK): each placement is committed into the state as a service
+would after Reserve, and the oldest is released once 20 are held, so the cluster stays partly
+full and the node groups change under the solver. Measured per kind:
+
+- unpinned median / p99 solve time (the first solve, which builds the snapshot's templates and
+  the state's node groups, is reported apart as `first_ms`);
+- pinned median / p99: the same claims, pinned to the node the unpinned solve chose, same state;
+- Explain time (unpinned, reason recording on: every node is searched);
+- CEL evaluations of a cold Explain (fresh selector cache, every device looked at) against the
+  bound: the number of distinct device profiles the kind's selectors read;
+- memory: the peak traced allocation of one solve (tracemalloc, after the timed runs), and the
+  process's resident set after building each cluster;
+- a 4-node x 8-GPU gang in one NVLink domain (`solve_gang`, grouped by the clique label).
+
+Then the placement quality replay of loadtest/replay.py (FIRST_FIT, BINPACK and
+FRAGMENTATION_AWARE side by side: requests placed before the first rejection, allocation rate).
+
+Targets (docs/performance.md): pinned median <= 5 ms and unpinned median <= 2 ms, p99 <= 20 ms at
+10,000 GPUs for single-node kinds; CEL evaluations <= distinct profiles read; the unpinned
+median grows at most 3x from 1,000 to 100,000 GPUs.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import sys
+import time
+import tracemalloc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from loadtest.clusters import CLIQUE_LABEL, DRIVER, GeneratedCluster, device_classes, generate
+from loadtest.replay import GPUS as REPLAY_GPUS
+from loadtest.replay import REQUESTS as REPLAY_REQUESTS
+from loadtest.replay import replay_policies
+from loadtest.report import BenchReport, Target, percentile
+from services.allocator.core import (
+    Allocated,
+    AllocatedState,
+    ClusterSnapshot,
+    Policy,
+    SelectorCache,
+    solve,
+)
+from services.allocator.core.gang import GangAllocated, solve_gang
+from services.common.dra.model import (
+    AllocationResult,
+    DeviceClass,
+    DeviceRequest,
+    DeviceSelector,
+    DeviceSubRequest,
+    ExactDeviceRequest,
+    ResourceClaim,
+)
+
+__all__ = ["KINDS", "Kind", "run"]
+
+SINGLE_NODE_LIMITS = {"pinned_median_ms": 5.0, "median_ms": 2.0, "p99_ms": 20.0}
+HELD_WINDOW = 20  # placements kept before the oldest is released
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    claims: tuple[ResourceClaim, ...]
+    solve_options: dict[str, Any] = field(default_factory=dict)
+    single_node: bool = True
+
+
+def _claim(name: str, *requests: DeviceRequest) -> ResourceClaim:
+    return ResourceClaim(name, "bench", requests=requests)
+
+
+def _exact(name: str, count: int = 1, cel: str | None = None) -> DeviceRequest:
+    selectors = (DeviceSelector(cel),) if cel else ()
+    return DeviceRequest(name, ExactDeviceRequest("gpu.nvidia.com", selectors, count=count))
+
+
+def _sub(name: str, device_class: str, cel: str) -> DeviceSubRequest:
+    return DeviceSubRequest(name, device_class, (DeviceSelector(cel),))
+
+
+_ATTR = f"device.attributes['{DRIVER}']"
+_CAP = f"device.capacity['{DRIVER}']"
+ONE_GPU_CEL = (
+    f"{_ATTR}.productName == 'NVIDIA H100 80GB HBM3' && 'memory' in {_CAP} && "
+    f"{_CAP}.memory.compareTo(quantity('40Gi')) >= 0"
+)
+
+
+def _kinds() -> tuple[Kind, ...]:
+    mig = DeviceRequest(
+        "mig",
+        first_available=(
+            _sub("small", "mig.nvidia.com", f"{_ATTR}.profile.startsWith('1g.')"),
+            _sub("medium", "mig.nvidia.com", f"{_ATTR}.profile.startsWith('2g.')"),
+            _sub("large", "mig.nvidia.com", f"{_ATTR}.profile.startsWith('3g.')"),
+            _sub("whole", "gpu.nvidia.com", "true"),
+        ),
+    )
+    return (
+        Kind("one-gpu-cel", (_claim("one-gpu", _exact("gpu", cel=ONE_GPU_CEL)),)),
+        Kind("four-nvlink", (_claim("four", _exact("gpus", 4)),), four_nvlink_options()),
+        Kind("eight-gpus", (_claim("eight", _exact("gpus", 8)),)),
+        Kind("mig-1g-fallback", (_claim("mig", mig),)),
+    )
+
+
+def four_nvlink_options() -> dict[str, Any]:
+    """Four GPUs, all pairwise NVLink-connected (a topology constraint, when available)."""
+    try:
+        from services.allocator.core.topology_constraints import (  # noqa: PLC0415
+            TopologyConstraint,
+            TopologyKind,
+        )
+    except ImportError:
+        return {}
+    return {"topology_constraints": (TopologyConstraint(TopologyKind.NVLINK_CONNECTED),)}
+
+
+KINDS = _kinds()
+GANG_KIND = "gang-4x8"
+
+
+def run(quick: bool) -> BenchReport:
+    sizes = (1_000, 10_000) if quick else (1_000, 10_000, 100_000)
+    solves = 60 if quick else 200
+    report = BenchReport(
+        "solver",
+        setup={
+            "sizes": ",".join(str(s) for s in sizes),
+            "solves_per_kind": solves,
+            "policy": "BinPack",
+            "python": sys.version.split()[0],
+        },
+    )
+    medians: dict[tuple[int, str], float] = {}
+    for gpus in sizes:
+        _run_size(report, gpus, solves, quick, medians)
+    for kind in KINDS:
+        if kind.single_node and (10_000, kind.name) in medians:
+            row = f"10000/{kind.name}"
+            for metric, limit in SINGLE_NODE_LIMITS.items():
+                report.targets.append(Target(row, metric, limit))
+            report.targets.append(Target(row, "cel_excess", 0))
+        first, last = (sizes[0], kind.name), (sizes[-1], kind.name)
+        if len(sizes) == 3 and first in medians and last in medians:
+            ratio = medians[last] / max(medians[first], 1e-6)
+            report.add(f"growth/{kind.name}", median_ratio=round(ratio, 2))
+            report.targets.append(Target(f"growth/{kind.name}", "median_ratio", 3.0))
+    _quality(report, seeds=(1, 2) if quick else (1, 2, 3, 4, 5, 6))
+    return report
+
+
+def _quality(report: BenchReport, seeds: Sequence[int]) -> None:
+    """The replay of loadtest/replay.py, FIRST_FIT / BINPACK / FRAGMENTATION_AWARE side by side."""
+    results = replay_policies(seeds)
+    baseline = next(r for r in results if r.policy is Policy.FIRST_FIT)
+    report.setup["replay"] = f"{REPLAY_GPUS} GPUs, {REPLAY_REQUESTS} requests, seeds {seeds}"
+    for result in results:
+        report.add(
+            f"quality/{result.policy}",
+            placed_before_rejection=round(result.placed_before_rejection, 1),
+            per_seed=" ".join(str(n) for n in result.first_rejection),
+            allocation_rate=round(statistics.mean(result.allocation_rate), 4),
+            vs_first_fit=round(
+                result.placed_before_rejection / max(baseline.placed_before_rejection, 1), 3
+            ),
+            solve_median_ms=round(result.solve_ms, 3),
+        )
+    report.targets.append(
+        Target(f"quality/{Policy.FRAGMENTATION_AWARE}", "vs_first_fit", 1.15, at_least=True)
+    )
+
+
+def _run_size(
+    report: BenchReport,
+    gpus: int,
+    solves: int,
+    quick: bool,
+    medians: dict[tuple[int, str], float],
+) -> None:
+    gc.collect()
+    rss_before = _rss_mib()
+    started = time.perf_counter()
+    cluster = generate(gpus, seed=gpus)
+    generated = time.perf_counter()
+    snapshot = ClusterSnapshot.build(cluster.slices, cluster.nodes, topologies=cluster.topologies)
+    built = time.perf_counter()
+    state = AllocatedState.build(snapshot, cluster.held)
+    snapshot.templates()
+    state.node_groups(snapshot)
+    indexed = time.perf_counter()
+    gc.collect()
+    gc.freeze()  # the snapshot lives long: keep the collector from walking it (as a server would)
+    report.add(
+        f"{gpus}/setup",
+        nodes=len(cluster.nodes),
+        devices=cluster.device_count,
+        generate_s=round(generated - started, 2),
+        snapshot_s=round(built - generated, 2),
+        groups_s=round(indexed - built, 2),
+        templates=len(snapshot.templates().templates),
+        groups=len(state.node_groups(snapshot).members),
+        rss_mib=round(_rss_mib() - rss_before, 1),
+    )
+    classes = device_classes()
+    for kind in KINDS:
+        explains = 1 if gpus >= 100_000 or quick else 3
+        values = _run_kind(kind, snapshot, state, classes, solves, explains)
+        values.update(_cel_bound(kind, cluster, snapshot, state, classes))
+        medians[(gpus, kind.name)] = float(values["median_ms"])
+        report.add(f"{gpus}/{kind.name}", **values)
+    report.add(f"{gpus}/{GANG_KIND}", **_run_gang(snapshot, state, classes, max(20, solves // 5)))
+    gc.unfreeze()
+
+
+def _run_kind(
+    kind: Kind,
+    snapshot: ClusterSnapshot,
+    initial: AllocatedState,
+    classes: dict[str, DeviceClass],
+    solves: int,
+    explains: int,
+) -> dict[str, float | int | str]:
+    selectors = SelectorCache()
+    state = initial
+    held: list[tuple[str, AllocationResult]] = []
+    unpinned: list[float] = []
+    pinned: list[float] = []
+    updates: list[float] = []
+    first_ms = 0.0
+    unsatisfiable = 0
+    steps = 0
+    for round_ in range(solves + 1):
+        claims = _named(kind.claims, round_)
+        started = time.perf_counter()
+        result = solve(snapshot, state, classes, claims, selectors=selectors, **kind.solve_options)
+        elapsed = time.perf_counter() - started
+        if round_ == 0:
+            first_ms = elapsed * 1000
+        else:
+            unpinned.append(elapsed)
+        steps += result.stats.steps
+        if not isinstance(result, Allocated):
+            unsatisfiable += 1
+            state, updates = _release_oldest(state, held, updates)
+            continue
+        started = time.perf_counter()
+        solve(
+            snapshot,
+            state,
+            classes,
+            claims,
+            selectors=selectors,
+            node=result.node,
+            **kind.solve_options,
+        )
+        pinned.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        for claim, allocation in zip(claims, result.allocations, strict=True):
+            owner = f"bench/{claim.name}"
+            state = state.with_allocation(allocation, owner)
+            held.append((owner, allocation))
+        if len(held) > HELD_WINDOW * len(claims):
+            state, updates = _release_oldest(state, held, updates, len(claims))
+        updates.append(time.perf_counter() - started)
+    explain = _timed_explains(kind, snapshot, initial, classes, explains)
+    peak = _peak_kib(kind, snapshot, initial, classes)
+    return {
+        "median_ms": _ms(statistics.median(unpinned)),
+        "p99_ms": _ms(percentile(unpinned, 0.99)),
+        "pinned_median_ms": _ms(statistics.median(pinned)) if pinned else 0.0,
+        "pinned_p99_ms": _ms(percentile(pinned, 0.99)),
+        "first_ms": round(first_ms, 1),
+        "explain_ms": _ms(statistics.median(explain)),
+        "update_ms": _ms(statistics.median(updates)) if updates else 0.0,
+        "steps": round(steps / (solves + 1), 1),
+        "unsat": unsatisfiable,
+        "peak_kib": peak,
+    }
+
+
+def _run_gang(
+    snapshot: ClusterSnapshot, initial: AllocatedState, classes: dict[str, DeviceClass], solves: int
+) -> dict[str, float | int | str]:
+    """4 nodes x 8 GPUs in one NVLink domain (the clique label of the H100 racks), as a stream
+    like the single-node kinds: each gang is committed, the oldest released after five."""
+    selectors = SelectorCache()
+    claim = _claim("gang", _exact("gpus", 8))
+    state, held, times, unsatisfiable = initial, [], [], 0
+    for round_ in range(solves):
+        started = time.perf_counter()
+        result = solve_gang(
+            snapshot,
+            state,
+            classes,
+            [claim],
+            node_count=4,
+            group_by_label=CLIQUE_LABEL,
+            selectors=selectors,
+        )
+        times.append(time.perf_counter() - started)
+        if not isinstance(result, GangAllocated):
+            unsatisfiable += 1
+            continue
+        owners = []
+        for member in result.members:
+            owner = f"bench/gang-{round_}@{member.node}"
+            state = state.with_allocation(member.allocations[0], owner)
+            owners.append((owner, member.allocations[0]))
+        held.append(owners)
+        if len(held) > 5:
+            for owner, allocation in held.pop(0):
+                state = state.without_allocation(allocation, owner)
+    return {
+        "median_ms": _ms(statistics.median(times[1:])),
+        "p99_ms": _ms(percentile(times[1:], 0.99)),
+        "first_ms": round(times[0] * 1000, 1),
+        "unsat": unsatisfiable,
+    }
+
+
+def _named(claims: Sequence[ResourceClaim], round_: int) -> tuple[ResourceClaim, ...]:
+    return tuple(
+        ResourceClaim(
+            f"{c.name}-{round_}", c.namespace, requests=c.requests, constraints=c.constraints
+        )
+        for c in claims
+    )
+
+
+def _release_oldest(
+    state: AllocatedState,
+    held: list[tuple[str, AllocationResult]],
+    updates: list[float],
+    count: int = 1,
+) -> tuple[AllocatedState, list[float]]:
+    for _ in range(min(count, len(held))):
+        owner, allocation = held.pop(0)
+        state = state.without_allocation(allocation, owner)
+    return state, updates
+
+
+def _timed_explains(
+    kind: Kind,
+    snapshot: ClusterSnapshot,
+    state: AllocatedState,
+    classes: dict[str, DeviceClass],
+    repeat: int,
+) -> list[float]:
+    times = []
+    selectors = SelectorCache()
+    for _ in range(repeat):
+        started = time.perf_counter()
+        solve(
+            snapshot,
+            state,
+            classes,
+            kind.claims,
+            selectors=selectors,
+            explain=True,
+            **kind.solve_options,
+        )
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def _peak_kib(
+    kind: Kind, snapshot: ClusterSnapshot, state: AllocatedState, classes: dict[str, DeviceClass]
+) -> float:
+    selectors = SelectorCache()
+    solve(snapshot, state, classes, kind.claims, selectors=selectors, **kind.solve_options)
+    tracemalloc.start()
+    try:
+        solve(snapshot, state, classes, kind.claims, selectors=selectors, **kind.solve_options)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return round(peak / 1024, 1)
+
+
+def _cel_bound(
+    kind: Kind,
+    cluster: GeneratedCluster,
+    snapshot: ClusterSnapshot,
+    state: AllocatedState,
+    classes: dict[str, DeviceClass],
+) -> dict[str, float | int | str]:
+    """CEL evaluations of a cold Explain (every device looked at) and the bound: per selector,
+    the distinct values it reads, summed."""
+    selectors = SelectorCache()
+    result = solve(
+        snapshot,
+        state,
+        classes,
+        kind.claims,
+        selectors=selectors,
+        explain=True,
+        **kind.solve_options,
+    )
+    expressions = _expressions(kind, classes)
+    bound = 0
+    for expression in expressions:
+        compiled = selectors.compile(expression)
+        bound += len({compiled.profile_key(entry.cel) for entry in snapshot.all_devices()})
+    evaluations = result.stats.cel_evaluations
+    return {"cel_evals": evaluations, "profiles_read": bound, "cel_excess": evaluations - bound}
+
+
+def _expressions(kind: Kind, classes: dict[str, DeviceClass]) -> list[str]:
+    found: list[str] = []
+    for claim in kind.claims:
+        for request in claim.requests:
+            subs: list[Any] = (
+                [request.exactly] if request.exactly else list(request.first_available)
+            )
+            for sub in subs:
+                class_name = sub.device_class_name
+                for selector in (*classes[class_name].selectors, *sub.selectors):
+                    if selector.cel not in found:
+                        found.append(selector.cel)
+    return found
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+def _rss_mib() -> float:
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource  # noqa: PLC0415
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -1,0 +1,212 @@
+"""Gangs: the same claims on N nodes at once, all in one domain (NVLink domain, rack, block).
+
+`solve_gang` places a multi-node job: `node_count` distinct nodes that each satisfy
+`claims_per_node`, all sharing one value of the node label `group_by_label` (e.g. the NVLink
+clique label `nvidia.com/gpu.clique`, a rack label) — nodes without the label are not used —
+or anywhere when no label is given. All or nothing: either every member gets an allocation or
+the answer is GangUnsatisfiable with the reason.
+
+How: one exhaustive pass over the node groups finds every node where the claims fit on their
+own, with its node key (solver.feasible_nodes: one search per group, not per node). Members of
+one gang do not share devices (devices are node-local), so a domain fits iff it holds
+`node_count` feasible nodes. The domain is chosen by the policy — FIRST_FIT: the first by label
+value; BINPACK / FRAGMENTATION_AWARE: the one whose members keep the least free capacity (the
+tightest domain, keeping big domains whole); SPREAD: the most — and within it the members with
+the best node keys. Then each member is solved pinned, in order, on the state with the earlier
+members' allocations, which also guards against devices shared between nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+from services.allocator.core.cel import SelectorCache
+from services.allocator.core.explain import Explanation
+from services.allocator.core.fragmentation import DEFAULT_MIX, FragmentationMix
+from services.allocator.core.outcome import Allocated, SearchBudget, Stats
+from services.allocator.core.results import ShareIdFactory, default_share_id
+from services.allocator.core.scoring import NodeKey, Policy
+from services.allocator.core.snapshot import ClusterSnapshot
+from services.allocator.core.solver import DEFAULT_BUDGET, feasible_nodes, solve
+from services.allocator.core.state import AllocatedState
+from services.allocator.core.topology_constraints import TopologyConstraint
+from services.common.dra.model import DeviceClass, ResourceClaim
+from services.common.errors import InvalidArgument
+
+__all__ = ["GangAllocated", "GangResult", "GangUnsatisfiable", "solve_gang"]
+
+
+@dataclass(frozen=True)
+class GangAllocated:
+    domain: str | None  # the label value the members share (None without a label)
+    members: tuple[Allocated, ...]  # one per node, best node first
+    stats: Stats
+
+
+@dataclass(frozen=True)
+class GangUnsatisfiable:
+    explanation: Explanation
+    stats: Stats
+    budget_exhausted: bool
+
+
+GangResult = GangAllocated | GangUnsatisfiable
+
+
+def solve_gang(
+    snapshot: ClusterSnapshot,
+    state: AllocatedState,
+    classes: Mapping[str, DeviceClass],
+    claims_per_node: Sequence[ResourceClaim],
+    *,
+    node_count: int,
+    group_by_label: str | None = None,
+    policy: Policy = Policy.BINPACK,
+    selectors: SelectorCache,
+    budget: SearchBudget = DEFAULT_BUDGET,
+    share_id: ShareIdFactory = default_share_id,
+    topology_constraints: Sequence[TopologyConstraint] = (),
+    fragmentation_mix: FragmentationMix = DEFAULT_MIX,
+) -> GangResult:
+    """`claims_per_node` on `node_count` nodes of one domain, all or nothing."""
+    if node_count < 1:
+        raise InvalidArgument.at("gang.nodeCount", "must be at least 1")
+    common = _Options(policy, selectors, budget, tuple(topology_constraints), fragmentation_mix)
+    keys, stats = feasible_nodes(
+        snapshot,
+        state,
+        classes,
+        claims_per_node,
+        policy=policy,
+        selectors=selectors,
+        budget=budget,
+        topology_constraints=topology_constraints,
+        fragmentation_mix=fragmentation_mix,
+    )
+    domains = _domains(snapshot, keys, group_by_label)
+    fitting = [(label, members) for label, members in domains.items() if len(members) >= node_count]
+    fitting.sort(
+        key=lambda item: _domain_key(
+            policy, item[0], item[1], [keys[m] for m in item[1][:node_count]]
+        )
+    )
+    for label, members in fitting:
+        placed = _place(
+            snapshot, state, classes, claims_per_node, members[:node_count], share_id, common
+        )
+        if placed is not None:
+            return GangAllocated(label, placed, _sum(stats, *(m.stats for m in placed)))
+    return GangUnsatisfiable(
+        _explain(domains, node_count, group_by_label, stats), stats, stats.budget_exhausted
+    )
+
+
+@dataclass(frozen=True)
+class _Options:
+    policy: Policy
+    selectors: SelectorCache
+    budget: SearchBudget
+    topology_constraints: tuple[TopologyConstraint, ...]
+    fragmentation_mix: FragmentationMix
+
+
+def _domains(
+    snapshot: ClusterSnapshot, keys: Mapping[str, NodeKey], label: str | None
+) -> dict[str | None, list[str]]:
+    """Feasible nodes per label value, each list best node key first."""
+    found: dict[str | None, list[str]] = {}
+    for name in keys:
+        if label is None:
+            value: str | None = None
+        else:
+            node = snapshot.view(name).node
+            value = node.labels.get(label) if node is not None else None
+            if value is None:
+                continue
+        found.setdefault(value, []).append(name)
+    for members in found.values():
+        members.sort(key=keys.__getitem__)
+    return found
+
+
+def _domain_key(
+    policy: Policy, label: str | None, members: Sequence[str], chosen: Sequence[NodeKey]
+) -> tuple[tuple[int, ...], int, int, Fraction, int, str]:
+    """The domain's rank from its chosen members' node keys (smaller is better), then how many
+    of its nodes fit (BINPACK: fewest, keeping roomy domains whole; SPREAD: most)."""
+    ranks = max(k[0] for k in chosen)
+    missed = (sum(k[1] for k in chosen), sum(k[2] for k in chosen))
+    if policy is Policy.FIRST_FIT:
+        term = Fraction(0)
+    else:  # the members' capacity terms (negated free capacity for SPREAD), summed
+        term = sum((k[3][-1] for k in chosen if k[3]), Fraction(0))
+    room = 0 if policy is Policy.FIRST_FIT else len(members)
+    room = -room if policy is Policy.SPREAD else room
+    return (ranks, missed[0], missed[1], term, room, label or "")
+
+
+def _place(
+    snapshot: ClusterSnapshot,
+    state: AllocatedState,
+    classes: Mapping[str, DeviceClass],
+    claims: Sequence[ResourceClaim],
+    members: Sequence[str],
+    share_id: ShareIdFactory,
+    options: _Options,
+) -> tuple[Allocated, ...] | None:
+    placed = []
+    for name in members:
+        result = solve(
+            snapshot,
+            state,
+            classes,
+            claims,
+            node=name,
+            policy=options.policy,
+            selectors=options.selectors,
+            budget=options.budget,
+            share_id=share_id,
+            topology_constraints=options.topology_constraints,
+            fragmentation_mix=options.fragmentation_mix,
+        )
+        if not isinstance(result, Allocated):
+            return None  # members interfere (devices shared between nodes): next domain
+        placed.append(result)
+        for claim, allocation in zip(claims, result.allocations, strict=True):
+            state = state.with_allocation(allocation, f"{claim.namespace}/{claim.name}@{name}")
+    return tuple(placed)
+
+
+def _explain(
+    domains: Mapping[str | None, Sequence[str]],
+    count: int,
+    label: str | None,
+    stats: Stats,
+) -> Explanation:
+    if not domains:
+        where = f"no node with label {label} fits" if label else "no node fits"
+        summary = f"gang of {count} nodes: {where} the claims"
+    else:
+        best = max(domains.items(), key=lambda item: (len(item[1]), str(item[0])))
+        name = f"{label}={best[0]}" if label else "the cluster"
+        summary = (
+            f"gang of {count} nodes: at most {len(best[1])} nodes fit the claims in one domain "
+            f"({name}: {', '.join(best[1][:count])})"
+        )
+    if stats.budget_exhausted:
+        summary += " (search budget exhausted: a fit may exist)"
+    return Explanation(summary=summary, budget_exhausted=stats.budget_exhausted)
+
+
+def _sum(*all_stats: Stats) -> Stats:
+    return Stats(
+        steps=sum(s.steps for s in all_stats),
+        cel_evaluations=sum(s.cel_evaluations for s in all_stats),
+        nodes_total=all_stats[0].nodes_total,
+        nodes_pruned=all_stats[0].nodes_pruned,
+        nodes_searched=sum(s.nodes_searched for s in all_stats),
+        nodes_feasible=all_stats[0].nodes_feasible,
+        budget_exhausted=any(s.budget_exhausted for s in all_stats),
+    )

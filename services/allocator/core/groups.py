@@ -1,0 +1,131 @@
+"""Node groups: the nodes of one template in one free state, kept up to date as devices are taken.
+
+Nodes of one template (templates.py) with the same devices in use answer every search alike:
+the solver searches the group's first node by name and knows the answer for all of them. This
+index lists, per (template, in-use device indices), its nodes in name order, and per template
+its groups in order of free capacity, so a BINPACK or SPREAD choice reads the few groups at the
+right end instead of every node.
+
+AllocatedState owns one index per snapshot and updates it when a device becomes used or free
+(`move`), copying only what changes: states stay immutable values.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from fractions import Fraction
+
+from services.allocator.core.templates import NodeTemplates
+from services.common.dra.model import DeviceID
+
+__all__ = ["EMPTY", "GroupIndex", "GroupKey", "OrderEntry"]
+
+EMPTY: frozenset[int] = frozenset()
+GroupKey = tuple[int, frozenset[int]]  # (template id, device indices in use)
+OrderEntry = tuple[Fraction, str, frozenset[int]]  # (free capacity, first node, in use)
+
+
+class GroupIndex:
+    """Nodes by (template, in-use indices); per template, groups by (free capacity, first node)."""
+
+    __slots__ = ("in_use", "members", "order", "templates")
+
+    def __init__(self, templates: NodeTemplates) -> None:
+        self.templates = templates
+        self.in_use: dict[str, frozenset[int]] = {}  # only nodes with something in use
+        self.members: dict[GroupKey, list[str]] = {}
+        self.order: list[list[OrderEntry]] = [[] for _ in templates.templates]
+
+    @classmethod
+    def build(cls, templates: NodeTemplates, devices_in_use: Iterable[DeviceID]) -> GroupIndex:
+        index = cls(templates)
+        per_node: dict[str, set[int]] = {}
+        for device in devices_in_use:
+            slot = templates.slot.get(device)
+            if slot is not None:
+                per_node.setdefault(slot[0], set()).add(slot[1])
+        index.in_use = {node: frozenset(used) for node, used in per_node.items()}
+        for template in templates.templates:
+            for node in template.nodes:  # sorted, so every member list is sorted
+                key = (template.id, index.in_use.get(node, EMPTY))
+                index.members.setdefault(key, []).append(node)
+        for (template_id, used), nodes in index.members.items():
+            template = templates.templates[template_id]
+            index.order[template_id].append((template.free_capacity(used), nodes[0], used))
+        for entries in index.order:
+            entries.sort()
+        return index
+
+    def copy(self) -> GroupIndex:
+        """A copy whose top-level maps may change; lists are replaced, never edited in place."""
+        index = GroupIndex.__new__(GroupIndex)
+        index.templates = self.templates
+        index.in_use = dict(self.in_use)
+        index.members = dict(self.members)
+        index.order = list(self.order)
+        return index
+
+    def node_in_use(self, node: str) -> frozenset[int]:
+        return self.in_use.get(node, EMPTY)
+
+    def group_of(self, node: str) -> GroupKey | None:
+        template = self.templates.of_node.get(node)
+        return None if template is None else (template.id, self.node_in_use(node))
+
+    def device_changed(self, device: DeviceID, used: bool) -> None:
+        """`device` became used (True) or free (False)."""
+        slot = self.templates.slot.get(device)
+        if slot is None:
+            return
+        node, position = slot
+        before = self.node_in_use(node)
+        after = before | {position} if used else before - {position}
+        if after != before:
+            self._move(node, before, after)
+
+    def _move(self, node: str, before: frozenset[int], after: frozenset[int]) -> None:
+        template = self.templates.of_node[node]
+        if after:
+            self.in_use[node] = after
+        else:
+            self.in_use.pop(node, None)
+        order = list(self.order[template.id])
+        self._leave(order, template.id, node, before)
+        self._join(order, template.id, node, after)
+        self.order[template.id] = order
+
+    def _leave(
+        self, order: list[OrderEntry], template_id: int, node: str, used: frozenset[int]
+    ) -> None:
+        key = (template_id, used)
+        nodes = self.members[key]
+        capacity = self.templates.templates[template_id].free_capacity(used)
+        _remove(order, (capacity, nodes[0], used))
+        rest = [n for n in nodes if n != node]
+        if rest:
+            self.members[key] = rest
+            bisect.insort(order, (capacity, rest[0], used))
+        else:
+            del self.members[key]
+
+    def _join(
+        self, order: list[OrderEntry], template_id: int, node: str, used: frozenset[int]
+    ) -> None:
+        key = (template_id, used)
+        nodes = self.members.get(key)
+        capacity = self.templates.templates[template_id].free_capacity(used)
+        if nodes:
+            _remove(order, (capacity, nodes[0], used))
+            joined = list(nodes)
+            bisect.insort(joined, node)
+        else:
+            joined = [node]
+        self.members[key] = joined
+        bisect.insort(order, (capacity, joined[0], used))
+
+
+def _remove(order: list[OrderEntry], entry: OrderEntry) -> None:
+    position = bisect.bisect_left(order, entry)
+    assert position < len(order) and order[position] == entry, "group order out of step"
+    del order[position]

@@ -1,0 +1,378 @@
+"""Choosing the node without searching every node: best-first over node groups.
+
+Nodes of one template in one free state (groups.py) give the same answer, so one search per
+group is enough. Groups are visited best-first by a lower bound of their node key
+(scoring.node_key), and the choice stops as soon as a searched group's real key is no worse than
+every bound left — A* with an admissible heuristic, so the answer is the node the full scan
+would pick, found after a handful of searches:
+
+- ranks: no group can do better than the best subrequest ranks its template offers at all
+  (per request, the first alternative with enough matching devices);
+- preferences missed: >= 0 for the asked-for ones; for the policy's NVLink taste, >= the
+  requests no node of the template can give NVLink-connected GPUs (too small a clique);
+- capacity: a placement with those ranks takes at most `most` device-equivalents (count x the
+  largest candidate), so BINPACK's free capacity after it is >= free capacity before - `most`;
+  SPREAD's negated capacity is >= `least` - free capacity before;
+- FRAGMENTATION_AWARE: the fragmentation a placement adds is at least minus what it takes
+  (its usable-capacity loss is never negative), then BINPACK's bound;
+- FIRST_FIT: the group's first node name.
+
+Per template, the groups come in bound order from the index's capacity order (FIRST_FIT: the
+template's nodes by name), merged across templates by a heap. Groups that cannot hold what the
+plan needs (too little free capacity, too few free matching devices) are skipped unsearched.
+Nodes outside every template are searched one by one, first. In `exhaustive` mode (gangs)
+every group that may fit is searched and each feasible node gets its key.
+
+The per-template facts (matching devices per alternative) come from static checks on the
+template's first node and are cached on the template by the alternatives' content, so a repeated
+request kind costs no CEL and no per-device work.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from services.allocator.core.candidates import (
+    Candidate,
+    NodeCandidates,
+    Prepared,
+    SolveContext,
+)
+from services.allocator.core.explain import ReasonCode
+from services.allocator.core.groups import GroupIndex, OrderEntry
+from services.allocator.core.plan import Alternative, ConstraintKind, Plan
+from services.allocator.core.scoring import NodeKey, Policy
+from services.allocator.core.snapshot import ClusterSnapshot, NodeView
+from services.allocator.core.templates import NodeTemplate, NodeTemplates, split_name
+from services.common.dra.model import AllocationMode
+
+__all__ = ["GroupedChoice", "TemplatePlan", "template_plan", "usable"]
+
+_CACHE_LIMIT = 256
+Evaluate = Callable[
+    [NodeView, "Fraction | None", "Prepared | None", "frozenset[int] | None"], "NodeKey | None"
+]
+
+
+@dataclass(frozen=True)
+class TemplatePlan:
+    """What a plan can get from one template, ignoring what is in use."""
+
+    candidates: tuple[frozenset[int] | None, ...]  # per alternative; None: no bound known
+    prepared: Prepared  # the static check outcomes, for the search of any node of it
+    ranks: tuple[int, ...] | None  # best subrequest ranks; None: no node of it can fit
+    most: Fraction  # most capacity a placement with `ranks` takes
+    least: Fraction  # least capacity any placement takes
+    implicit_missed: int = 0  # NVLink preferences of the policy no node of it can meet
+
+
+def usable(plan: Plan, ctx: SolveContext, templates: NodeTemplates) -> bool:
+    """Whether groups answer for their nodes: no `All` request (its device list is per node)
+    and no selector or constraint reads an attribute the templates abstract away."""
+    if not templates.templates:
+        return False
+    names: list[tuple[str, str] | None] = []
+    for alternative in plan.alternatives():
+        if alternative.mode is AllocationMode.ALL:
+            return False
+        selectors = (*alternative.device_class.selectors, *alternative.selectors)
+        for selector in selectors:
+            try:
+                reads = ctx.selection.compiled(selector.cel, "", "").reads
+            except Exception:  # noqa: BLE001 - the search reports it with its field path
+                return False
+            if reads.whole_device or reads.attributes_all or reads.attribute_domains:
+                names.append(None)
+            names.extend(reads.attribute_ids)
+    for claim in plan.claims:
+        for spec in claim.constraints:
+            if spec.kind in (ConstraintKind.MATCH, ConstraintKind.DISTINCT):
+                if "/" in spec.attribute:
+                    names.append(split_name(spec.attribute, ""))
+                elif any(ident == spec.attribute for _, ident in templates.abstracted):
+                    return False
+    return not templates.reads_abstracted(names)
+
+
+class GroupedChoice:
+    """One unpinned solve's walk over the groups."""
+
+    def __init__(
+        self,
+        ctx: SolveContext,
+        snapshot: ClusterSnapshot,
+        groups: GroupIndex,
+        evaluate: Evaluate,
+        out_of_steps: Callable[[], bool],
+        *,
+        exhaustive: bool = False,
+    ) -> None:
+        """`exhaustive`: search every group that may fit instead of stopping at the best, and
+        collect every feasible node's key in `keys` (what gangs need)."""
+        self.ctx = ctx
+        self.snapshot = snapshot
+        self.groups = groups
+        self.evaluate = evaluate
+        self.out_of_steps = out_of_steps
+        self.exhaustive = exhaustive
+        self.keys: dict[str, NodeKey] = {}
+        self.searched = 0
+        self.feasible = 0
+        self._heap: list[tuple[NodeKey, int, Any]] = []
+        self._seq = itertools.count()
+
+    def run(self) -> None:
+        templates = self.groups.templates
+        for name in templates.ungrouped:
+            self._search(self.snapshot.view(name), None, None, None, [name])
+            if self.out_of_steps():
+                return
+        for template in templates.templates:
+            facts = template_plan(self.ctx, self.snapshot, template)
+            if facts.ranks is not None:
+                self._advance(self._cursor(template, facts), template, facts)
+        while self._heap:
+            _, _, item = heapq.heappop(self._heap)
+            if item is None:
+                if self.exhaustive:
+                    continue
+                return  # a searched group beats every bound left
+            cursor, template, facts, entry = item
+            self._advance(cursor, template, facts)
+            if self._fits(template, facts, entry):
+                key = (template.id, entry[2])
+                view = self.snapshot.view(entry[1])
+                members = self.groups.members[key]
+                self._search(view, entry[0], facts.prepared, entry[2], members)
+                if self.out_of_steps():
+                    return
+
+    def _search(
+        self,
+        view: NodeView,
+        before: Fraction | None,
+        prepared: Prepared | None,
+        in_use: frozenset[int] | None,
+        members: Sequence[str],
+    ) -> None:
+        self.searched += 1
+        key = self.evaluate(view, before, prepared, in_use)
+        if key is not None:
+            self.feasible += len(members)
+            heapq.heappush(self._heap, (key, next(self._seq), None))
+            if self.exhaustive:
+                for name in members:  # every member scores alike, under its own name
+                    self.keys[name] = (*key[:4], name)
+
+    def _advance(
+        self,
+        cursor: Iterator[tuple[NodeKey, OrderEntry]],
+        template: NodeTemplate,
+        facts: TemplatePlan,
+    ) -> None:
+        step = next(cursor, None)
+        if step is not None:
+            bound, entry = step
+            heapq.heappush(self._heap, (bound, next(self._seq), (cursor, template, facts, entry)))
+
+    def _fits(self, template: NodeTemplate, facts: TemplatePlan, entry: OrderEntry) -> bool:
+        """Cheap necessary conditions: enough free capacity, and per request an alternative
+        with enough matching devices that nobody holds."""
+        capacity, _, used = entry
+        if capacity < facts.least:
+            return False
+        alternatives = iter(zip(self.ctx.plan.alternatives(), facts.candidates, strict=True))
+        for claim in self.ctx.plan.claims:
+            for request in claim.requests:
+                chunk = list(itertools.islice(alternatives, len(request.alternatives)))
+                if not any(_room(a, c, used) for a, c in chunk):
+                    return False
+        return True
+
+    def _cursor(
+        self, template: NodeTemplate, facts: TemplatePlan
+    ) -> Iterator[tuple[NodeKey, OrderEntry]]:
+        ranks = facts.ranks
+        assert ranks is not None
+        order = self.groups.order[template.id]
+        policy = self.ctx.policy
+        implicit = facts.implicit_missed
+        if policy is Policy.BINPACK:
+            start = _first_at_least(order, facts.least)
+            for entry in order[start:]:
+                yield (ranks, 0, implicit, (entry[0] - facts.most,), entry[1]), entry
+        elif policy is Policy.FRAGMENTATION_AWARE:  # loss >= 0: added >= -total * most
+            start = _first_at_least(order, facts.least)
+            floor = -self.ctx.mix.capacity * facts.most
+            for entry in order[start:]:
+                term = (floor, entry[0] - facts.most)
+                yield (ranks, 0, implicit, term, entry[1]), entry
+        elif policy is Policy.SPREAD:
+            high = len(order)
+            while high > 0 and order[high - 1][0] >= facts.least:
+                low = _first_at_least(order, order[high - 1][0])
+                for entry in order[low:high]:
+                    yield (ranks, 0, implicit, (facts.least - entry[0],), entry[1]), entry
+                high = low
+        else:
+            seen: set[frozenset[int]] = set()
+            for node in template.nodes:
+                used = self.groups.node_in_use(node)
+                if used not in seen:
+                    seen.add(used)
+                    entry = (template.free_capacity(used), node, used)
+                    yield (ranks, 0, implicit, (), node), entry
+
+
+def _first_at_least(order: Sequence[OrderEntry], capacity: Fraction) -> int:
+    low, high = 0, len(order)
+    while low < high:
+        middle = (low + high) // 2
+        if order[middle][0] < capacity:
+            low = middle + 1
+        else:
+            high = middle
+    return low
+
+
+def _room(
+    alternative: Alternative, candidates: frozenset[int] | None, used: frozenset[int]
+) -> bool:
+    if candidates is None or alternative.count == 0:
+        return True
+    if alternative.admin:
+        return len(candidates) >= alternative.count
+    free = len(candidates) - len(candidates & used) if used else len(candidates)
+    return free >= alternative.count
+
+
+# --- per-template facts -------------------------------------------------------------------
+
+
+def template_plan(
+    ctx: SolveContext, snapshot: ClusterSnapshot, template: NodeTemplate
+) -> TemplatePlan:
+    key = _plan_key(ctx.plan, ctx.policy)
+    found = template.caches.get(key)
+    if found is None:
+        if len(template.caches) >= _CACHE_LIMIT:
+            template.caches.clear()
+        found = template.caches[key] = _template_plan(ctx, snapshot, template)
+    assert isinstance(found, TemplatePlan)
+    return found
+
+
+def _template_plan(
+    ctx: SolveContext, snapshot: ClusterSnapshot, template: NodeTemplate
+) -> TemplatePlan:
+    cands = NodeCandidates(ctx, snapshot.view(template.nodes[0]))
+    position = {id(entry): i for i, entry in enumerate(template.devices)}
+    # What taking a device lowers free capacity by, at most (scoring.free_capacity); admin
+    # picks only consume counters, which `size` already bounds.
+    units = [e.size + (0 if e.counters else 1) for e in template.devices]
+    candidates: list[frozenset[int] | None] = []
+    lists: dict[int, tuple[tuple[int, ...], Mapping[ReasonCode, int]]] = {}
+    for alternative in ctx.plan.alternatives():
+        listed = cands.exact(alternative)
+        indices = [position[id(c.entry)] for c in listed if isinstance(c, Candidate)]
+        if len(indices) < len(listed):  # an invalid pool: the search must reach it to fail
+            candidates.append(None)
+            continue
+        candidates.append(frozenset(indices))
+        lists[alternative.key] = (tuple(sorted(indices)), dict(cands.tally(alternative)))
+    ranks: list[int] = []
+    most = least = Fraction(0)
+    reachable = True
+    indexed = dict(zip((a.key for a in ctx.plan.alternatives()), candidates, strict=True))
+    for claim in ctx.plan.claims:
+        for request in claim.requests:
+            fitting = [a for a in request.alternatives if _enough(a, indexed[a.key])]
+            if not fitting:
+                reachable = False
+                continue
+            best = fitting[0]
+            ranks.append(best.sub_index or 0)
+            most += _taken(best, indexed[best.key], units, max)
+            least += min(_taken(a, indexed[a.key], units, min) for a in fitting)
+    prepared = Prepared(lists, template.pool_of)
+    implicit = _implicit_missed(ctx, snapshot, template, indexed, ranks) if reachable else 0
+    return TemplatePlan(
+        tuple(candidates), prepared, tuple(ranks) if reachable else None, most, least, implicit
+    )
+
+
+def _implicit_missed(
+    ctx: SolveContext,
+    snapshot: ClusterSnapshot,
+    template: NodeTemplate,
+    candidates: Mapping[int, frozenset[int] | None],
+    ranks: Sequence[int],
+) -> int:
+    """The default policy's NVLink preferences no node of the template can meet with the best
+    ranks: fewer NVLink-connected candidates than the request's count."""
+    plan = ctx.topology
+    if plan is None:
+        return 0
+    topology = snapshot.topology(template.nodes[0])
+    requests = [
+        (c.index, r, request) for c in ctx.plan.claims for r, request in enumerate(c.requests)
+    ]
+    missed = 0
+    for scoped in plan.preferred:
+        if not scoped.implicit:
+            continue
+        for (claim, r, request), rank in zip(requests, ranks, strict=True):
+            if (claim, r) not in scoped.requests:
+                continue
+            alternative = next(a for a in request.alternatives if (a.sub_index or 0) == rank)
+            found = candidates[alternative.key]
+            if found is None or topology is None:
+                missed += topology is None
+                continue
+            devices = [template.devices[i].id for i in found]
+            if topology.largest_clique(devices) < alternative.count:
+                missed += 1
+    return missed
+
+
+def _enough(alternative: Alternative, candidates: frozenset[int] | None) -> bool:
+    return candidates is None or len(candidates) >= alternative.count
+
+
+def _taken(
+    alternative: Alternative,
+    candidates: frozenset[int] | None,
+    units: Sequence[Fraction],
+    pick: Callable[[Sequence[Fraction]], Fraction],
+) -> Fraction:
+    if alternative.count == 0 or (alternative.admin and pick is min):
+        return Fraction(0)
+    values = [units[i] for i in candidates] if candidates is not None else list(units)
+    if candidates is None and pick is min:
+        return Fraction(0)
+    return alternative.count * pick(values) if values else Fraction(0)
+
+
+def _plan_key(plan: Plan, plan_policy: Policy) -> Any:
+    return tuple(
+        (
+            plan_policy,
+            a.claim_index,
+            a.request_index,
+            a.sub_index,
+            a.device_class.name,
+            tuple(s.cel for s in a.device_class.selectors),
+            tuple(s.cel for s in a.selectors),
+            a.mode,
+            a.count,
+            a.admin,
+            a.tolerations,
+            tuple(sorted(a.capacity.items())),
+        )
+        for a in plan.alternatives()
+    )
