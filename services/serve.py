@@ -19,15 +19,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from services.allocator.adapters.topology_pb import topology_from_pb
 from services.allocator.bootstrap import build_allocator
 from services.allocator.config import AllocatorSettings
+from services.allocator.core.topology import NodeTopology
 from services.allocator.feed import Closeable, InventoryUpdate
 from services.common.config import ServerSettings
+from services.common.dra.model import Node
 from services.common.errors import GpuallocError
 from services.common.grpc_server import create_server, serve_until_signal
 from services.common.health import Health
 from services.common.log import configure_logging
-from services.inventory.bootstrap import build_inventory, seed_inventory
+from services.inventory.adapters.pb_mapping import to_pb_node_topology
+from services.inventory.bootstrap import build_inventory, seed_inventory, seed_reports
 from services.inventory.config import InventorySettings
 from services.inventory.core.state import Change, InventoryState
 from services.inventory.service import InventoryService
@@ -38,6 +42,7 @@ log = logging.getLogger("gpualloc.serve")
 
 _ROOT = Path(__file__).resolve().parents[1]
 DEMO_PATHS = (str(_ROOT / "examples" / "cluster"),)
+DEMO_TOPOLOGY = (str(_ROOT / "examples" / "nvml"),)  # `nvidia-smi topo -m` of the demo nodes
 DEMO_CLASSES = (str(_ROOT / "examples" / "deviceclasses.yaml"),)
 
 
@@ -75,14 +80,26 @@ class _Following:
 
 def _update(state: InventoryState, keys: frozenset[str], *, reset: bool) -> InventoryUpdate:
     slices = {}
-    nodes: dict[str, Any] = {}
+    nodes: dict[str, Node | None] = {}
+    topologies: dict[str, NodeTopology | None] = {}
     for key in keys:
         view = state.view(key)
         slices[key] = view.slices if view is not None else ()
         if key:
-            entry_node = state.entries.get(key)
-            nodes[key] = entry_node.node if entry_node is not None else None
-    return InventoryUpdate(generation=state.generation, reset=reset, slices=slices, nodes=nodes)
+            entry = state.entries.get(key)
+            nodes[key] = entry.node if entry is not None else None
+            # The same translation the WatchInventory path makes, through the wire format.
+            topology = view.topology if view is not None else None
+            topologies[key] = (
+                topology_from_pb(to_pb_node_topology(topology)) if topology is not None else None
+            )
+    return InventoryUpdate(
+        generation=state.generation,
+        reset=reset,
+        slices=slices,
+        nodes=nodes,
+        topologies=topologies,
+    )
 
 
 def register(subparsers: Any) -> None:
@@ -96,7 +113,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--demo",
         action="store_true",
-        help="seed the inventory with examples/cluster and its DeviceClasses",
+        help="seed the inventory with examples/cluster, its topology and DeviceClasses",
     )
     parser.add_argument(
         "--seed",
@@ -132,6 +149,8 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         if seeds:
             count = seed_inventory(inventory.service, seeds)
             log.info("seeded the inventory with %d slices from %s", count, ", ".join(seeds))
+        if args.demo:
+            seed_reports(inventory.service, list(DEMO_TOPOLOGY))
         allocator = build_allocator(allocator_settings, InProcessFeed(inventory.service))
         health = Health()
         server, port = create_server(

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from services.allocator.core import Explanation, Policy, Score, Stats
+from services.allocator.core.topology_constraints import TopologyConstraint
 from services.allocator.reservations import Reservation, ReservationState
 from services.common.dra.model import (
     AllocationResult,
@@ -52,6 +53,7 @@ class Query:
     max_nodes: int = 0  # 0: every node
     min_generation: int = 0  # wait until the view has this inventory generation
     explain: bool = False  # record reasons even when the claims fit
+    topology_constraints: tuple[TopologyConstraint, ...] = ()  # besides the claims' annotations
 
 
 @dataclass(frozen=True)

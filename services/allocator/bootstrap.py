@@ -65,6 +65,7 @@ class AllocatorApp:
     feed_connected: Callable[[], bool]
     _closers: list[Callable[[], None]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
+    _healths: list[Health] = field(default_factory=list)
 
     @property
     def view(self) -> ClusterView:
@@ -87,7 +88,10 @@ class AllocatorApp:
         deadline = time.monotonic() + timeout
         while not self.ready() and time.monotonic() < deadline:
             self._stop.wait(0.02)
-        return self.ready()
+        ready = self.ready()
+        for health in self._healths:  # say so now, not at the next health poll
+            self._publish_health(health)
+        return ready
 
     def interceptors(self) -> list[grpc.ServerInterceptor]:
         """Pass to create_server: the tracing/metrics interceptor (none with telemetry off)."""
@@ -95,6 +99,7 @@ class AllocatorApp:
 
     def attach_health(self, health: Health) -> None:
         """Keep `health` up to date (after create_server, which marks everything SERVING)."""
+        self._healths.append(health)
         self._publish_health(health)
         thread = threading.Thread(
             target=self._watch_health, args=(health,), name="allocator-health", daemon=True

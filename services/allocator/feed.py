@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from services.allocator.core.topology import NodeTopology
 from services.common.dra.model import Node, ResourceSlice
 from services.common.manifests import load_manifests
 
@@ -55,6 +56,8 @@ class InventoryUpdate:
     reset: bool
     slices: Mapping[str, tuple[ResourceSlice, ...]] = field(default_factory=dict)
     nodes: Mapping[str, Node | None] = field(default_factory=dict)
+    # How each changed node's GPUs are wired (NVLink, NUMA, PCIe, NICs); None: unknown/removed.
+    topologies: Mapping[str, NodeTopology | None] = field(default_factory=dict)
 
 
 class Closeable(Protocol):

@@ -37,6 +37,10 @@ from services.allocator.core import (
 )
 from services.allocator.core.nodeselect import NodeAccess
 from services.allocator.core.scoring import node_key
+from services.allocator.core.topology_constraints import (
+    TopologyConstraint,
+    constraints_from_annotations,
+)
 from services.common.dra.model import DeviceClass, DeviceID, ResourceClaim
 from services.common.errors import DeadlineExceeded, GpuallocError
 
@@ -122,6 +126,7 @@ class Solver:
                 budget=budget,
                 explain=explain,
                 share_id=share_id,
+                topology_constraints=topology_constraints(query),
             )
         nodes = eligible_nodes(snapshot, query)
         return _solve_each(snapshot, state, classes, query, nodes, policy, budget, explain, self)
@@ -175,6 +180,7 @@ def _solve_each(
                 budget=node_budget,
                 explain=explain,
                 share_id=unique_share_id,
+                topology_constraints=topology_constraints(query),
             )
         except DeadlineExceeded:
             raise
@@ -288,3 +294,10 @@ def _merge_requests(
         )
         for claim, request in sorted(considered)
     )
+
+
+def topology_constraints(query: Query) -> tuple[TopologyConstraint, ...]:
+    """The request's topology constraints; without any, those of the claims'
+    `gpualloc.io/topology-constraints` annotations (as `gpualloc solve` reads them). Clients
+    that send both (services/client does) state the same constraints twice: the request wins."""
+    return query.topology_constraints or constraints_from_annotations(query.claims)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.allocator.core import ClusterSnapshot
+from services.allocator.core.topology import NodeTopology
 from services.allocator.feed import InventoryUpdate
 from services.common.dra.model import Node, ResourceSlice
 from services.common.errors import Unavailable
@@ -59,6 +60,7 @@ class ClusterView:
         self._published = threading.Condition(self._lock)  # readers wait for generations
         self._slices: dict[str, tuple[ResourceSlice, ...]] = {}
         self._nodes: dict[str, Node] = {}
+        self._topologies: dict[str, NodeTopology] = {}
         self._received = -1  # generation of the newest update filed
         self._filed = 0  # updates filed so far
         self._attempted = 0  # updates covered by the newest build attempt
@@ -76,6 +78,12 @@ class ClusterView:
             if update.reset:
                 self._slices = {}
                 self._nodes = {}
+                self._topologies = {}
+            for name, topology in update.topologies.items():
+                if topology is None:
+                    self._topologies.pop(name, None)
+                else:
+                    self._topologies[name] = topology
             for key, slices in update.slices.items():
                 if slices:
                     self._slices[key] = tuple(slices)
@@ -161,10 +169,11 @@ class ClusterView:
                     return
                 slices = [s for key in sorted(self._slices) for s in self._slices[key]]
                 nodes = list(self._nodes.values())
+                topologies = dict(self._topologies)
                 generation = self._received
                 filed = self._filed
             last_start = time.monotonic()
-            view = self._build(generation, slices, nodes)
+            view = self._build(generation, slices, nodes, topologies)
             pause = max(self._min_interval, time.monotonic() - last_start)
             with self._lock:
                 self._attempted = filed
@@ -176,11 +185,15 @@ class ClusterView:
                 self._on_publish(view)
 
     def _build(
-        self, generation: int, slices: list[ResourceSlice], nodes: list[Node]
+        self,
+        generation: int,
+        slices: list[ResourceSlice],
+        nodes: list[Node],
+        topologies: dict[str, NodeTopology],
     ) -> ViewSnapshot | None:
         started = time.perf_counter()
         try:
-            snapshot = ClusterSnapshot.build(slices, nodes)
+            snapshot = ClusterSnapshot.build(slices, nodes, topologies=topologies)
         except Exception:
             # Bad data from the feed must not kill the builder: keep serving the last view.
             log.exception("cannot index inventory generation %d; keeping the last view", generation)

@@ -20,6 +20,7 @@ from services.inventory.core.checks import MAX_OBJECTS_PER_APPLY
 from services.inventory.core.repository import InventoryRepository
 from services.inventory.core.state import refresh_observed
 from services.inventory.gc_policy import GcPolicy
+from services.inventory.inputs import read_inputs
 from services.inventory.service import InventoryService
 
 __all__ = ["InventoryApp", "build_inventory", "build_repository", "seed_inventory"]
@@ -93,3 +94,19 @@ def seed_inventory(service: InventoryService, paths: list[str] | tuple[str, ...]
     for start in range(0, len(slices), MAX_OBJECTS_PER_APPLY):
         service.apply(slices[start : start + MAX_OBJECTS_PER_APPLY])
     return len(slices)
+
+
+def seed_reports(service: InventoryService, paths: list[str] | tuple[str, ...]) -> int:
+    """Apply node reports found in `paths` — nvidia-smi XML, agent JSON, and `topo -m` text named
+    after a node the inventory holds (`h100-node-1.topo.txt`) — as `gpualloc apply` would.
+    Returns the number of reports."""
+    state = service.snapshot()
+
+    def slices_of(node: str) -> tuple[ResourceSlice, ...]:
+        view = state.view(node)
+        return view.slices if view is not None else ()
+
+    inputs = read_inputs(paths, lookup=slices_of)
+    for report in inputs.reports:
+        service.report(report)
+    return len(inputs.reports)

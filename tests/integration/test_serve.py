@@ -124,6 +124,51 @@ def test_allocate_and_release_through_the_shared_view(served):
     assert stub.Allocate(request, timeout=10).outcome == allocator_pb2.OUTCOME_ALLOCATED
 
 
+@pytest.mark.parametrize(
+    ("product", "outcome"),
+    [
+        pytest.param("NVIDIA H100 80GB HBM3", allocator_pb2.OUTCOME_ALLOCATED, id="nvswitch-h100"),
+        pytest.param("NVIDIA L40S", allocator_pb2.OUTCOME_UNSATISFIABLE, id="pcie-only-l40s"),
+    ],
+)
+def test_nvlink_constraint_uses_the_demo_topology(served, product, outcome):
+    """The demo seeds `topo -m` output; NVLINK_CONNECTED holds on the NV18 H100 boards only."""
+    _, channel = served
+    stub = allocator_pb2_grpc.AllocatorStub(channel)
+    selector = f"device.attributes['gpu.nvidia.com'].productName == '{product}'"
+    request = json_format.ParseDict(
+        {
+            "claims": [
+                {
+                    "name": "job",
+                    "requests": [
+                        {
+                            "name": "gpus",
+                            "exactly": {
+                                "deviceClassName": "gpu.nvidia.com",
+                                "count": "4",
+                                "selectors": [{"cel": selector}],
+                            },
+                        }
+                    ],
+                }
+            ],
+            "topologyConstraints": [
+                {"kind": "TOPOLOGY_CONSTRAINT_KIND_NVLINK_CONNECTED", "minNvlinkLinks": 12}
+            ],
+            "explain": True,
+        },
+        allocator_pb2.AllocateRequest(),
+    )
+    response = stub.Allocate(request, timeout=10)
+    assert response.outcome == outcome
+    if outcome == allocator_pb2.OUTCOME_ALLOCATED:
+        assert response.node_name.startswith("h100-node-")
+    else:
+        assert "NVLink" in " ".join(response.explanation.messages)
+
+
+# Last: it stops the module's server.
 def test_sigterm_shuts_down_cleanly(served):
     process, _ = served
     process.send_signal(signal.SIGTERM)

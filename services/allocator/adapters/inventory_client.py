@@ -31,6 +31,8 @@ from dataclasses import dataclass
 import grpc
 
 from protos.inventory.v1 import inventory_pb2, inventory_pb2_grpc
+from services.allocator.adapters.topology_pb import topology_from_pb
+from services.allocator.core.topology import NodeTopology
 from services.allocator.feed import CLUSTER_KEY, InventoryUpdate
 from services.common.dra.model import Node, ResourceSlice
 from services.common.errors import InvalidArgument
@@ -213,37 +215,44 @@ class InventoryClient:
     def _reset(self, generation: int, snapshot: inventory_pb2.InventorySnapshot) -> InventoryUpdate:
         slices: dict[str, tuple[ResourceSlice, ...]] = {}
         nodes: dict[str, Node | None] = {}
+        topologies: dict[str, NodeTopology | None] = {}
         for message in snapshot.nodes:
-            self._add_node(message, slices, nodes)
+            self._add_node(message, slices, nodes, topologies)
         self._pools = {}
         for pool in snapshot.cluster_pools:
             self._add_pool(pool)
         slices[CLUSTER_KEY] = self._cluster_slices()
-        return InventoryUpdate(generation, True, slices, nodes)
+        return InventoryUpdate(generation, True, slices, nodes, topologies)
 
     def _delta(self, generation: int, delta: inventory_pb2.InventoryDelta) -> InventoryUpdate:
         slices: dict[str, tuple[ResourceSlice, ...]] = {}
         nodes: dict[str, Node | None] = {}
+        topologies: dict[str, NodeTopology | None] = {}
         for message in delta.upserted_nodes:
-            self._add_node(message, slices, nodes)
+            self._add_node(message, slices, nodes, topologies)
         for name in delta.deleted_nodes:
             slices[name] = ()
             nodes[name] = None
+            topologies[name] = None
         for pool in delta.upserted_cluster_pools:
             self._add_pool(pool)
         for ref in delta.deleted_cluster_pools:
             self._pools.pop((ref.driver, ref.pool), None)
         if delta.upserted_cluster_pools or delta.deleted_cluster_pools:
             slices[CLUSTER_KEY] = self._cluster_slices()
-        return InventoryUpdate(generation, False, slices, nodes)
+        return InventoryUpdate(generation, False, slices, nodes, topologies)
 
     def _add_node(
         self,
         message: inventory_pb2.InventoryNode,
         slices: dict[str, tuple[ResourceSlice, ...]],
         nodes: dict[str, Node | None],
+        topologies: dict[str, NodeTopology | None],
     ) -> None:
         name = message.node.name
+        topologies[name] = (
+            topology_from_pb(message.topology) if message.HasField("topology") else None
+        )
         try:
             nodes[name] = from_pb_node(message.node, "node")
             slices[name] = tuple(

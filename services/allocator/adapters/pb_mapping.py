@@ -20,7 +20,7 @@ from fractions import Fraction
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from protos.allocator.v1 import allocator_pb2 as pb
-from protos.common.v1 import dra_pb2
+from protos.common.v1 import dra_pb2, topology_pb2
 from services.allocator.answers import (
     Accuracy,
     Answer,
@@ -40,6 +40,12 @@ from services.allocator.core import (
     RejectionGroup,
     RequestExplanation,
     Score,
+)
+from services.allocator.core.topology import PcieRelation
+from services.allocator.core.topology_constraints import (
+    RequestRef,
+    TopologyConstraint,
+    TopologyKind,
 )
 from services.allocator.reservations import Reservation, ReservationState
 from services.common.dra.model import AllocationResult, DeviceID, ResourceClaim
@@ -106,6 +112,32 @@ _ACCURACY = {
 
 # --- requests -> values ----------------------------------------------------------------------
 
+_TOPOLOGY_KINDS = {
+    pb.TOPOLOGY_CONSTRAINT_KIND_NVLINK_CONNECTED: TopologyKind.NVLINK_CONNECTED,
+    pb.TOPOLOGY_CONSTRAINT_KIND_SAME_PCIE_ROOT: TopologyKind.SAME_PCIE_ROOT,
+    pb.TOPOLOGY_CONSTRAINT_KIND_SAME_NUMA_NODE: TopologyKind.SAME_NUMA_NODE,
+    pb.TOPOLOGY_CONSTRAINT_KIND_GPU_NIC_AFFINITY: TopologyKind.GPU_NIC_AFFINITY,
+}
+
+
+def topology_constraint_from_pb(message: pb.TopologyConstraint, path: str) -> TopologyConstraint:
+    """A proto TopologyConstraint; unset enforcement is REQUIRED, unset NIC relation is PXB."""
+    kind = _TOPOLOGY_KINDS.get(message.kind)
+    if kind is None:
+        raise InvalidArgument.at(f"{path}.kind", "must be set to a known topology constraint kind")
+    if message.min_nvlink_links < 0:
+        raise InvalidArgument.at(f"{path}.min_nvlink_links", "must not be negative")
+    relation = PcieRelation.PXB
+    if message.max_nic_relation != topology_pb2.PCIE_RELATION_UNSPECIFIED:
+        relation = PcieRelation(int(message.max_nic_relation))
+    return TopologyConstraint(
+        kind=kind,
+        requests=tuple(RequestRef(r.request, r.claim) for r in message.requests),
+        required=message.enforcement != pb.ENFORCEMENT_PREFERRED,
+        min_nvlinks=max(1, message.min_nvlink_links),
+        max_nic_relation=relation,
+    )
+
 
 def query_from_pb(request: QueryRequest) -> Query:
     """The shared part of Allocate, Explain and Capacity requests."""
@@ -113,10 +145,6 @@ def query_from_pb(request: QueryRequest) -> Query:
         raise InvalidArgument.at("claims", "must not be empty")
     if isinstance(request, pb.AllocateRequest | pb.ExplainRequest) and request.HasField("gang"):
         raise InvalidArgument.at("gang", "gang allocation is not supported by this server yet")
-    if request.topology_constraints:
-        raise InvalidArgument.at(
-            "topology_constraints", "topology constraints are not supported by this server yet"
-        )
     claims = tuple(from_pb_resource_claim(c, f"claims[{i}]") for i, c in enumerate(request.claims))
     _check_unique_names(claims)
     if request.budget.max_steps < 0:
@@ -128,8 +156,13 @@ def query_from_pb(request: QueryRequest) -> Query:
         if request.HasField("node_selector")
         else None
     )
+    topology = tuple(
+        topology_constraint_from_pb(c, f"topology_constraints[{i}]")
+        for i, c in enumerate(request.topology_constraints)
+    )
     return Query(
         claims=claims,
+        topology_constraints=topology,
         device_classes=tuple(
             from_pb_device_class(c, f"device_classes[{i}]")
             for i, c in enumerate(request.device_classes)
