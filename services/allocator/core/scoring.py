@@ -13,7 +13,7 @@ Upstream has no scoring (first fit; KEP-4970 is open). We keep first fit as `FIR
 
 Free capacity counts device-equivalents: 1 per allocatable device that consumes no counters,
 plus, per counter set (one per GPU in the MIG layout), the mean free share of its counters. A
-whole GPU is 1 either way; a MIG node does not look 27 times bigger than it is.
+whole GPU is 1 either way; a MIG node does not look 26 times bigger than it is.
 
 Before any policy: `firstAvailable` ranks. A node where a request gets its first subrequest
 beats every node where it gets a later one (the vector of chosen subrequest indices, claim and
