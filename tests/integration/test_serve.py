@@ -168,6 +168,49 @@ def test_nvlink_constraint_uses_the_demo_topology(served, product, outcome):
         assert "NVLink" in " ".join(response.explanation.messages)
 
 
+@pytest.mark.parametrize(
+    "policy",
+    [
+        "ALLOCATION_POLICY_FIRST_FIT",
+        "ALLOCATION_POLICY_BINPACK",
+        "ALLOCATION_POLICY_SPREAD",
+        "ALLOCATION_POLICY_FRAGMENTATION_AWARE",
+    ],
+)
+def test_every_policy_places_a_mig_first_available_claim(served, policy):
+    _, channel = served
+    stub = allocator_pb2_grpc.AllocatorStub(channel)
+    small = "device.attributes['gpu.nvidia.com'].profile == '1g.5gb'"
+    request = json_format.ParseDict(
+        {
+            "claims": [
+                {
+                    "name": "inference",
+                    "requests": [
+                        {
+                            "name": "mig",
+                            "firstAvailable": [
+                                {
+                                    "name": "small",
+                                    "deviceClassName": "mig.nvidia.com",
+                                    "selectors": [{"cel": small}],
+                                },
+                                {"name": "whole", "deviceClassName": "gpu.nvidia.com"},
+                            ],
+                        }
+                    ],
+                }
+            ],
+            "policy": policy,
+        },
+        allocator_pb2.AllocateRequest(),
+    )
+    response = stub.Allocate(request, timeout=10)
+    assert response.outcome == allocator_pb2.OUTCOME_ALLOCATED
+    [result] = response.allocations[0].allocation.results
+    assert (response.node_name, result.request) == ("a100-node-1", "mig/small")
+
+
 # Last: it stops the module's server.
 def test_sigterm_shuts_down_cleanly(served):
     process, _ = served

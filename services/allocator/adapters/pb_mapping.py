@@ -78,9 +78,7 @@ _POLICIES = {
     pb.ALLOCATION_POLICY_FIRST_FIT: Policy.FIRST_FIT,
     pb.ALLOCATION_POLICY_BINPACK: Policy.BINPACK,
     pb.ALLOCATION_POLICY_SPREAD: Policy.SPREAD,
-    # Until the solver has its own fragmentation score, BINPACK is the closest: it fills used
-    # GPUs and takes the smallest partition that fits, which keeps large shapes free.
-    pb.ALLOCATION_POLICY_FRAGMENTATION_AWARE: Policy.BINPACK,
+    pb.ALLOCATION_POLICY_FRAGMENTATION_AWARE: Policy.FRAGMENTATION_AWARE,
 }
 _OUTCOMES = {
     Outcome.ALLOCATED: pb.OUTCOME_ALLOCATED,
