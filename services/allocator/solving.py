@@ -191,7 +191,7 @@ def _solve_each(
         steps_left -= result.stats.steps
         if isinstance(result, Allocated):
             found.append(result)
-            if policy is Policy.FIRST_FIT:
+            if policy is Policy.FIRST_FIT and _unbeatable(result):
                 break
         else:
             missed.append(result)
@@ -301,3 +301,10 @@ def topology_constraints(query: Query) -> tuple[TopologyConstraint, ...]:
     `gpualloc.io/topology-constraints` annotations (as `gpualloc solve` reads them). Clients
     that send both (services/client does) state the same constraints twice: the request wins."""
     return query.topology_constraints or constraints_from_annotations(query.claims)
+
+
+def _unbeatable(result: Allocated) -> bool:
+    """FIRST_FIT may stop at a fit no later node can beat: first subrequests everywhere and
+    every topology preference met (the core's node key ranks those before node order)."""
+    score = result.score
+    return not any(score.ranks) and not score.preferred_missed and not score.implicit_missed

@@ -211,6 +211,42 @@ def test_every_policy_places_a_mig_first_available_claim(served, policy):
     assert (response.node_name, result.request) == ("a100-node-1", "mig/small")
 
 
+def test_first_fit_with_a_node_limit_still_prefers_the_first_subrequest(served):
+    """Under FIRST_FIT a node that can only give a fallback must not end the search while a
+    later node gives the first choice (the restricted path: budget.maxNodes)."""
+    _, channel = served
+    stub = allocator_pb2_grpc.AllocatorStub(channel)
+    l40s = "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA L40S'"
+    request = json_format.ParseDict(
+        {
+            "claims": [
+                {
+                    "name": "job",
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "firstAvailable": [
+                                {
+                                    "name": "l40s",
+                                    "deviceClassName": "gpu.nvidia.com",
+                                    "selectors": [{"cel": l40s}],
+                                },
+                                {"name": "any", "deviceClassName": "gpu.nvidia.com"},
+                            ],
+                        }
+                    ],
+                }
+            ],
+            "policy": "ALLOCATION_POLICY_FIRST_FIT",
+            "budget": {"maxNodes": 10},
+        },
+        allocator_pb2.AllocateRequest(),
+    )
+    response = stub.Allocate(request, timeout=10)
+    [result] = response.allocations[0].allocation.results
+    assert (response.node_name, result.request) == ("l40s-node-1", "gpu/l40s")
+
+
 # Last: it stops the module's server.
 def test_sigterm_shuts_down_cleanly(served):
     process, _ = served
