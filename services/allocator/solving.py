@@ -113,6 +113,7 @@ class Solver:
         """Solve `query`; raises DeadlineExceeded when the deadline cut the search short."""
         policy = query.policy or self.policy
         budget = self.budget(query, deadline)
+        topology = topology_constraints(query)  # annotations parsed once, not once per node
         restricted = not query.node and (query.node_selector is not None or query.max_nodes > 0)
         if not restricted:
             return solve(
@@ -126,10 +127,12 @@ class Solver:
                 budget=budget,
                 explain=explain,
                 share_id=share_id,
-                topology_constraints=topology_constraints(query),
+                topology_constraints=topology,
             )
         nodes = eligible_nodes(snapshot, query)
-        return _solve_each(snapshot, state, classes, query, nodes, policy, budget, explain, self)
+        return _solve_each(
+            snapshot, state, classes, query, nodes, policy, budget, explain, self, topology
+        )
 
 
 def eligible_nodes(snapshot: ClusterSnapshot, query: Query) -> list[str]:
@@ -155,6 +158,7 @@ def _solve_each(
     budget: SearchBudget,
     explain: bool,
     solver: Solver,
+    topology: Sequence[TopologyConstraint],
 ) -> SolveResult:
     found: list[Allocated] = []
     missed: list[Unsatisfiable] = []
@@ -180,7 +184,7 @@ def _solve_each(
                 budget=node_budget,
                 explain=explain,
                 share_id=unique_share_id,
-                topology_constraints=topology_constraints(query),
+                topology_constraints=topology,
             )
         except DeadlineExceeded:
             raise
