@@ -15,25 +15,25 @@ check only looks at the devices already in the set, so a failure is final for th
 missed. A device the node's topology does not know never satisfies a constraint (a missing
 attribute, in matchAttribute's terms).
 
-For `gpualloc solve` the constraints ride on a claim annotation (`ANNOTATION`), a JSON list:
-
-    [{"kind": "NVLinkConnected", "requests": ["gpus"], "enforcement": "Required",
-      "minNVLinks": 2, "maxNICRelation": "PXB"}]
-
-`requests` name requests of that claim (empty or absent: all of them); the rest is optional.
+For `gpualloc solve` the constraints ride on a claim annotation (`ANNOTATION`, its schema in
+services/common/dra/topology_annotation.py), scoped here to the annotated claim's requests.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any
 
 from services.allocator.core.plan import Alternative, Plan
 from services.allocator.core.topology import NodeTopology, PcieRelation
+from services.common.dra import topology_annotation as annotation
 from services.common.dra.model import DeviceID, ResourceClaim
+from services.common.dra.topology_annotation import (
+    ANNOTATION,
+    TopologyKind,
+    annotated,
+    annotation_path,
+)
 from services.common.errors import InvalidArgument
 
 __all__ = [
@@ -51,16 +51,6 @@ __all__ = [
     "format_annotation",
     "parse_annotation",
 ]
-
-ANNOTATION = "gpualloc.io/topology-constraints"
-_FIELDS = frozenset({"kind", "requests", "enforcement", "minNVLinks", "maxNICRelation"})
-
-
-class TopologyKind(StrEnum):
-    NVLINK_CONNECTED = "NVLinkConnected"
-    SAME_PCIE_ROOT = "SamePCIeRoot"
-    SAME_NUMA_NODE = "SameNUMANode"
-    GPU_NIC_AFFINITY = "GPUNICAffinity"
 
 
 @dataclass(frozen=True)
@@ -88,70 +78,37 @@ class TopologyConstraint:
         return str(self.kind)
 
 
-# --- the annotation -------------------------------------------------------------------------
+# --- the annotation (schema: services/common/dra/topology_annotation.py) ----------------------
 
 
 def parse_annotation(claim: ResourceClaim, path: str = "") -> tuple[TopologyConstraint, ...]:
     """The claim's annotation as constraints scoped to its own requests; InvalidArgument with
     the annotation's field path when it is malformed."""
-    text = claim.annotations.get(ANNOTATION)
-    if text is None:
-        return ()
-    where = f'{path}metadata.annotations["{ANNOTATION}"]'
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise InvalidArgument.at(where, f"not JSON: {err.msg}") from None
-    if not isinstance(raw, list):
-        raise InvalidArgument.at(where, "must be a JSON list of constraints")
     owner = f"{claim.namespace}/{claim.name}"
-    return tuple(_constraint(item, owner, f"{where}[{i}]") for i, item in enumerate(raw))
-
-
-def _constraint(item: Any, owner: str, where: str) -> TopologyConstraint:
-    if not isinstance(item, dict):
-        raise InvalidArgument.at(where, "must be an object")
-    unknown = sorted(set(item) - _FIELDS)
-    if unknown:
-        raise InvalidArgument.at(f"{where}.{unknown[0]}", "unknown field")
-    try:
-        kind = TopologyKind(str(item.get("kind")))
-    except ValueError:
-        kinds = ", ".join(k.value for k in TopologyKind)
-        raise InvalidArgument.at(f"{where}.kind", f"must be one of {kinds}") from None
-    requests = item.get("requests", [])
-    if not isinstance(requests, list) or not all(isinstance(r, str) for r in requests):
-        raise InvalidArgument.at(f"{where}.requests", "must be a list of request names")
-    enforcement = item.get("enforcement", "Required")
-    if enforcement not in ("Required", "Preferred"):
-        raise InvalidArgument.at(f"{where}.enforcement", "must be Required or Preferred")
-    links = item.get("minNVLinks", 1)
-    if not isinstance(links, int) or isinstance(links, bool) or links < 1:
-        raise InvalidArgument.at(f"{where}.minNVLinks", "must be an integer >= 1")
-    try:
-        relation = PcieRelation.parse(str(item.get("maxNICRelation", "PXB")))
-    except ValueError as err:
-        raise InvalidArgument.at(f"{where}.maxNICRelation", str(err)) from None
-    refs = tuple(RequestRef(r, owner) for r in requests) or (RequestRef("", owner),)
-    return TopologyConstraint(kind, refs, enforcement == "Required", links, relation)
+    return tuple(
+        TopologyConstraint(
+            entry.kind,
+            tuple(RequestRef(r, owner) for r in entry.requests) or (RequestRef("", owner),),
+            entry.required,
+            entry.min_nvlinks,
+            PcieRelation.parse(entry.max_nic_relation),
+        )
+        for entry in annotated(claim.annotations, annotation_path(path))
+    )
 
 
 def format_annotation(constraints: Iterable[TopologyConstraint]) -> str:
     """The annotation's JSON for constraints of one claim (request names only)."""
-    items = []
-    for constraint in constraints:
-        item: dict[str, Any] = {"kind": str(constraint.kind)}
-        names = [r.request for r in constraint.requests if r.request]
-        if names:
-            item["requests"] = names
-        if not constraint.required:
-            item["enforcement"] = "Preferred"
-        if constraint.min_nvlinks != 1:
-            item["minNVLinks"] = constraint.min_nvlinks
-        if constraint.max_nic_relation is not PcieRelation.PXB:
-            item["maxNICRelation"] = constraint.max_nic_relation.name
-        items.append(item)
-    return json.dumps(items, separators=(",", ":"))
+    return annotation.format_annotation(
+        annotation.TopologyConstraint(
+            c.kind,
+            tuple(r.request for r in c.requests if r.request),
+            c.required,
+            c.min_nvlinks,
+            c.max_nic_relation.name,
+        )
+        for c in constraints
+    )
 
 
 def constraints_from_annotations(claims: Sequence[ResourceClaim]) -> tuple[TopologyConstraint, ...]:

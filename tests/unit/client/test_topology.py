@@ -36,7 +36,7 @@ from services.common.errors import InvalidArgument
     ],
 )
 def test_annotation_round_trips(constraints):
-    assert parse_annotation(format_annotation(constraints)) == constraints
+    assert list(parse_annotation(format_annotation(constraints))) == constraints
 
 
 @pytest.mark.parametrize(
@@ -48,7 +48,15 @@ def test_annotation_round_trips(constraints):
         pytest.param(
             '[{"kind": "NVLinkConnected", "minNVLinks": 0}]', "[0].minNVLinks", id="zero-links"
         ),
-        pytest.param('[{"kind": "NVLinkConnected", "color": 1}]', "[0]", id="unknown-field"),
+        pytest.param('[{"kind": "NVLinkConnected", "color": 1}]', "[0].color", id="unknown-field"),
+        pytest.param(
+            '[{"kind": "SameNUMANode", "requests": [""]}]', "[0].requests", id="empty-name"
+        ),
+        pytest.param(
+            '[{"kind": "GPUNICAffinity", "maxNICRelation": "FAR"}]',
+            "[0].maxNICRelation",
+            id="unknown-nic-relation",
+        ),
         pytest.param(
             '[{"kind": "SamePCIeRoot", "enforcement": "Maybe"}]',
             "[0].enforcement",
