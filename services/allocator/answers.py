@@ -1,7 +1,8 @@
 """The values the allocator's use cases take and give: no protobuf, no gRPC.
 
-`Query` is what Allocate, Explain and Capacity share (claims and where/how to place them);
-`LeaseOptions` what reserving adds; `Answer` / `CapacityAnswer` / `Holder` what comes back.
+`Query` is what Allocate, Explain and Capacity share (claims and where/how to place them; with
+`gang`, the same claims on several nodes); `LeaseOptions` what reserving adds; `Answer` /
+`CapacityAnswer` / `Holder` what comes back (a gang's placement as `GangMember`s).
 The servicer maps them from and to protobuf (adapters/pb_mapping.py).
 """
 
@@ -26,6 +27,8 @@ __all__ = [
     "Accuracy",
     "Answer",
     "CapacityAnswer",
+    "GangMember",
+    "GangSpec",
     "Holder",
     "LeaseOptions",
     "NodeCount",
@@ -41,8 +44,18 @@ def claim_ref(namespace: str, name: str) -> str:
 
 
 @dataclass(frozen=True)
+class GangSpec:
+    """A multi-node job: the query's claims on each of `node_count` distinct nodes, all sharing
+    one value of the node label `group_by_label` (any nodes when empty)."""
+
+    node_count: int
+    group_by_label: str = ""
+
+
+@dataclass(frozen=True)
 class Query:
-    """Claims to place together on one node, and the constraints on where and how."""
+    """Claims to place together on one node (on each member node, for a gang), and the
+    constraints on where and how."""
 
     claims: tuple[ResourceClaim, ...]
     device_classes: tuple[DeviceClass, ...] = ()  # inline; shadow the server's for this call
@@ -54,6 +67,7 @@ class Query:
     min_generation: int = 0  # wait until the view has this inventory generation
     explain: bool = False  # record reasons even when the claims fit
     topology_constraints: tuple[TopologyConstraint, ...] = ()  # besides the claims' annotations
+    gang: GangSpec | None = None  # the claims on several nodes (then `node` is empty)
 
 
 @dataclass(frozen=True)
@@ -85,8 +99,18 @@ class Holder:
 
 
 @dataclass(frozen=True)
+class GangMember:
+    """One node of a gang placement: the claims' allocations there, in claim order."""
+
+    node: str
+    allocations: tuple[AllocationResult, ...]
+    score: Score | None = None
+
+
+@dataclass(frozen=True)
 class Answer:
-    """What Allocate and Explain return."""
+    """What Allocate and Explain return. A gang's placement is `gang` (`node` and
+    `allocations` stay empty); its reservations cover every member."""
 
     outcome: Outcome
     generation: int  # the inventory generation the answer was computed from
@@ -101,6 +125,7 @@ class Answer:
     elapsed_seconds: float = 0.0
     reservations: tuple[Reservation, ...] = ()
     holders: tuple[Holder, ...] = ()
+    gang: tuple[GangMember, ...] = ()  # one per member node when a gang is ALLOCATED
 
 
 class Accuracy(StrEnum):

@@ -7,12 +7,20 @@ lower bound when a bound stopped it: the step budget, the deadline, or `max_unit
 
 Each unit is attributed to the product name of its first device (`productName` of the device's
 driver domain, as the NVIDIA driver publishes it), `unknown` without one.
+
+Gangs (`count_gangs`): a unit is the gang's claims on one node, counted per node as above; then
+per domain (the nodes sharing one value of the gang's label; nodes without it do not count) the
+gangs that fit one after another are the largest k with sum_i min(units_i, k) >= k * N: each
+gang takes N distinct nodes, so a node serves at most min(units_i, k) of k gangs, and that many
+slots can always be dealt out so that no gang gets one node twice. The total is as exact as the
+per-node counts it is computed from (a lower bound when one was cut short). Devices that several
+nodes share (allNodes slices) are counted for each node on its own, as for single-node units.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from services.allocator.answers import Accuracy, CapacityAnswer, NodeCount, Query
 from services.allocator.core import Allocated, AllocatedState, ClusterSnapshot
@@ -20,7 +28,7 @@ from services.allocator.solving import Deadline, Solver, eligible_nodes, unique_
 from services.common.dra.model import AllocationResult, DeviceClass
 from services.common.errors import DeadlineExceeded, GpuallocError
 
-__all__ = ["count_capacity"]
+__all__ = ["count_capacity", "count_gangs", "gangs_that_fit"]
 
 UNKNOWN_MODEL = "unknown"
 
@@ -93,6 +101,7 @@ def _count_node(
         node=node,
         policy=query.policy,
         max_steps=query.max_steps,
+        topology_constraints=query.topology_constraints,
     )
     count = 0
     while count < max_units:
@@ -106,6 +115,64 @@ def _count_node(
         for allocation in result.allocations:
             state = state.with_allocation(allocation, "capacity")
     return count, True
+
+
+def count_gangs(
+    solver: Solver,
+    snapshot: ClusterSnapshot,
+    state: AllocatedState,
+    classes: Mapping[str, DeviceClass],
+    query: Query,
+    deadline: Deadline,
+    *,
+    generation: int,
+    max_units: int = 1024,
+) -> CapacityAnswer:
+    """How many gangs of `query.gang` fit (see the module docstring); `nodes` are the units
+    per node the total was computed from, `models` is empty."""
+    gang = query.gang
+    if gang is None:
+        raise ValueError("count_gangs needs a query with a gang")
+    units = count_capacity(
+        solver,
+        snapshot,
+        state,
+        classes,
+        replace(query, gang=None),
+        deadline,
+        generation=generation,
+        max_units=max_units,
+    )
+    label = gang.group_by_label
+    domains: dict[str, list[int]] = {}
+    counted: list[NodeCount] = []
+    for count in units.nodes:
+        node = snapshot.view(count.node).node
+        value = (node.labels.get(label) if node is not None else None) if label else ""
+        if value is None:
+            continue
+        domains.setdefault(value, []).append(count.count)
+        counted.append(count)
+    return CapacityAnswer(
+        total=sum(gangs_that_fit(counts, gang.node_count) for counts in domains.values()),
+        accuracy=units.accuracy,
+        nodes=tuple(counted),
+        generation=generation,
+    )
+
+
+def gangs_that_fit(units: Sequence[int], node_count: int) -> int:
+    """The most gangs of `node_count` distinct nodes that nodes holding `units` units each can
+    take: the largest k with sum(min(u, k)) >= k * node_count (that sum minus k * node_count is
+    concave in k and 0 at k = 0, so the k that satisfy it are 0..answer)."""
+    low, high = 0, sum(units) // node_count
+    while low < high:
+        k = (low + high + 1) // 2
+        if sum(min(u, k) for u in units) >= k * node_count:
+            low = k
+        else:
+            high = k - 1
+    return low
 
 
 def _model(snapshot: ClusterSnapshot, allocations: tuple[AllocationResult, ...]) -> str:

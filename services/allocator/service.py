@@ -10,6 +10,10 @@ refreshed and Allocate(reserve) solves again, at most `reserve_retries` more tim
 Conflict goes to the client (ABORTED, naming the devices). Reserve (a placement the client
 sends) is not retried: the client must allocate again.
 
+A gang (`Query.gang`: the same claims on N nodes of one domain) is solved by the core's
+`solve_gang` on the same state and reserved as one reservation per member node, all or
+nothing (`store.reserve_gang`, gangs.py), with the same retries on Conflict.
+
 Time: `remaining_seconds()` of the current gRPC call bounds every wait — the search
 (`SearchBudget.cancelled`, answered as BUDGET_EXHAUSTED), waiting for an inventory
 generation, and a store call does not start once the deadline has passed.
@@ -42,7 +46,14 @@ from services.allocator.core import (
     SolveResult,
     Unsatisfiable,
 )
-from services.allocator.counting import count_capacity
+from services.allocator.core.gang import GangResult, GangUnsatisfiable
+from services.allocator.counting import count_capacity, count_gangs
+from services.allocator.gangs import (
+    allocated_explanation,
+    gang_requests,
+    members,
+    members_of_reservations,
+)
 from services.allocator.holdings import Holdings
 from services.allocator.holds import placement_holds
 from services.allocator.paging import decode_token, encode_token, query_hash
@@ -113,6 +124,8 @@ class AllocatorService:
 
     def allocate(self, query: Query, lease: LeaseOptions | None = None) -> Answer:
         """Place the claims; with `lease`, reserve the placement too (retrying on Conflict)."""
+        if query.gang is not None:
+            return self._allocate_gang(query, lease)
         lease_seconds = self._lease_seconds(lease.lease_seconds, "lease_ttl") if lease else 0.0
         if lease is not None and lease.idempotency_key:
             known = self.holdings.find_idempotent(lease.owner, lease.idempotency_key)
@@ -143,6 +156,44 @@ class AllocatorService:
         assert conflict is not None
         raise _bounded(conflict)
 
+    def _allocate_gang(self, query: Query, lease: LeaseOptions | None) -> Answer:
+        """Allocate for a gang: one reservation per member node, all or nothing."""
+        lease_seconds = self._lease_seconds(lease.lease_seconds, "lease_ttl") if lease else 0.0
+        if lease is not None and lease.idempotency_key:
+            known = self.holdings.find_idempotent(lease.owner, lease.idempotency_key)
+            if known:
+                return Answer(
+                    Outcome.ALLOCATED,
+                    generation=self.view.require(0).generation,
+                    claims=query.claims,
+                    policy=query.policy or self.solver.policy,
+                    reservations=tuple(known),
+                    gang=members_of_reservations(known),
+                )
+        attempts = 1 + (self.limits.reserve_retries if lease is not None else 0)
+        conflict: Conflict | None = None
+        names = tuple(claim_ref(claim.namespace, claim.name) for claim in query.claims)
+        for attempt in range(attempts):
+            if attempt:
+                _back_off(attempt)
+            view, state = self._read(query)
+            answer = self._answer(view, state, query, explain=query.explain)
+            if lease is None or answer.outcome is not Outcome.ALLOCATED:
+                return answer
+            requests = gang_requests(view.snapshot, answer.gang, names, lease, lease_seconds)
+            try:
+                reservations = self._store_reserve(requests)
+            except Conflict as error:
+                conflict = error
+                self._count(self._metrics.conflicts if self._metrics else None)
+                for request in requests:
+                    self.holdings.refresh(request.node)
+                continue
+            return replace(answer, reservations=tuple(reservations))
+        self._count(self._metrics.aborted if self._metrics else None)
+        assert conflict is not None
+        raise _bounded(conflict)
+
     def explain(self, query: Query, max_nodes: int = 0) -> Answer:
         """Allocate's search with reasons recorded, plus the reservations that blocked it."""
         view, state = self._read(query)
@@ -155,7 +206,8 @@ class AllocatorService:
         if ignore_reservations:
             state = AllocatedState(view.snapshot)
         with self._tracer.start_as_current_span("capacity"):
-            return count_capacity(
+            count = count_gangs if query.gang is not None else count_capacity
+            return count(
                 self.solver,
                 view.snapshot,
                 state,
@@ -288,6 +340,8 @@ class AllocatorService:
     def _answer(
         self, view: ViewSnapshot, state: AllocatedState, query: Query, *, explain: bool
     ) -> Answer:
+        if query.gang is not None:
+            return self._answer_gang(view, state, query, explain=explain)
         classes = with_inline(self.classes, query.device_classes)
         policy = query.policy or self.solver.policy
         hits_before = self.solver.selectors.profile_hits
@@ -333,6 +387,57 @@ class AllocatorService:
             allocations=result.allocations,
             score=result.score,
             explanation=result.explanation,
+            stats=result.stats,
+        )
+
+    def _answer_gang(
+        self, view: ViewSnapshot, state: AllocatedState, query: Query, *, explain: bool
+    ) -> Answer:
+        """`_answer` for a gang query: members, or why no domain holds enough nodes."""
+        assert query.gang is not None
+        classes = with_inline(self.classes, query.device_classes)
+        hits_before = self.solver.selectors.profile_hits
+        started = time.perf_counter()
+        with self._tracer.start_as_current_span("solve_gang") as span:
+            span.set_attribute("gpualloc.inventory.generation", view.generation)
+            span.set_attribute("gpualloc.gang.nodes", query.gang.node_count)
+            try:
+                result: GangResult | None = self.solver.run_gang(
+                    view.snapshot, state, classes, query, Deadline.within(remaining_seconds()),
+                    explain=explain,
+                )  # fmt: skip
+            except DeadlineExceeded:
+                result = None
+            elapsed = time.perf_counter() - started
+            span.set_attribute("gpualloc.outcome", type(result).__name__)
+        if self._metrics is not None:
+            self._metrics.solve_duration.record(elapsed * 1000)
+        answer = Answer(
+            Outcome.BUDGET_EXHAUSTED,
+            generation=view.generation,
+            claims=query.claims,
+            policy=query.policy or self.solver.policy,
+            cel_cache_hits=self.solver.selectors.profile_hits - hits_before,
+            elapsed_seconds=elapsed,
+            explanation=Explanation(
+                summary="the call's deadline ran out during the search: retry with more time",
+                budget_exhausted=True,
+            ),
+        )
+        if result is None:
+            return answer
+        if isinstance(result, GangUnsatisfiable):
+            outcome = Outcome.BUDGET_EXHAUSTED if result.budget_exhausted else Outcome.UNSATISFIABLE
+            answer = replace(
+                answer, outcome=outcome, explanation=result.explanation, stats=result.stats
+            )
+            holders = blocking_holders(answer, self.holdings.reservations(), 3)
+            return _with_holders(answer, holders)
+        return replace(
+            answer,
+            outcome=Outcome.ALLOCATED,
+            gang=members(result),
+            explanation=allocated_explanation(result, query.gang) if explain else None,
             stats=result.stats,
         )
 

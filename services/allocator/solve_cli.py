@@ -2,14 +2,18 @@
 
     gpualloc solve -f examples/cluster -f examples/deviceclasses.yaml \\
                    -f examples/claims/one-h100.yaml [--node NAME] [--policy P] [-o json|yaml|text]
+    gpualloc solve --gang 2 --gang-label topology.kubernetes.io/zone -f examples/cluster \\
+                   -f examples/deviceclasses.yaml -f examples/claims/eight-h100.yaml
 
 Inputs are any mix of ResourceSlice, DeviceClass, ResourceClaim and Node objects, plus files of
 `gpualloc.io/v1alpha1 NodeTopology` objects (topology_files.py; e.g. `-f examples/topology`).
 Claims without `status.allocation` are allocated together (one node, all or nothing) in input
 order; claims with one hold their devices already. A claim's annotation
 `gpualloc.io/topology-constraints` adds topology constraints over its requests (see
-docs/placement.md). Exit codes: 0 allocated, 3 unsatisfiable (the explanation says why), 2
-invalid input or an allocation error such as a CEL error (message on stderr).
+docs/placement.md). With `--gang N`, the claims go on each of N distinct nodes instead, all
+sharing one value of the node label `--gang-label` (without it, any N nodes), all or nothing
+(docs/placement.md, "Gangs"). Exit codes: 0 allocated, 3 unsatisfiable (the explanation says
+why), 2 invalid input or an allocation error such as a CEL error (message on stderr).
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 import yaml
 
+from services.allocator.answers import GangSpec, Query
 from services.allocator.core import (
     Allocated,
     AllocatedState,
@@ -32,9 +37,13 @@ from services.allocator.core import (
     SearchBudget,
     SelectorCache,
     Stats,
+    default_share_id,
     solve,
 )
+from services.allocator.core.gang import GangAllocated
 from services.allocator.core.topology_constraints import constraints_from_annotations
+from services.allocator.gangs import allocated_explanation
+from services.allocator.solving import Deadline, Solver
 from services.allocator.topology_files import split_topologies
 from services.common.dra.model import DeviceClass, Node, ResourceClaim, ResourceSlice
 from services.common.dra.serialize import allocation_result_to_dict
@@ -78,6 +87,19 @@ def register(subparsers: Any) -> None:
         help="how to choose the node: first-fit (upstream-like), binpack (default), spread, "
         "fragmentation-aware (docs/placement.md)",
     )
+    parser.add_argument(
+        "--gang",
+        type=int,
+        metavar="N",
+        help="a multi-node job: the claims on each of N distinct nodes, all or nothing",
+    )
+    parser.add_argument(
+        "--gang-label",
+        metavar="LABEL",
+        default="",
+        help="with --gang: every node of the gang has the same value of this node label "
+        "(e.g. nvidia.com/gpu.clique, a rack label); nodes without it are not used",
+    )
     parser.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
     parser.add_argument(
         "--max-steps",
@@ -95,6 +117,8 @@ def _main(args: argparse.Namespace) -> int:
         policy=_POLICIES[args.policy],
         output=args.output,
         max_steps=args.max_steps,
+        gang=args.gang,
+        gang_label=args.gang_label,
     )
 
 
@@ -105,6 +129,8 @@ def run_solve(
     policy: Policy = Policy.BINPACK,
     output: str = "text",
     max_steps: int = SearchBudget().max_steps,
+    gang: int | None = None,
+    gang_label: str = "",
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
     stdin: TextIO | None = None,
@@ -112,7 +138,8 @@ def run_solve(
     out = stdout or sys.stdout
     err = stderr or sys.stderr
     try:
-        report = _solve(paths, node, policy, max_steps, stdin)
+        spec = _gang_spec(gang, gang_label, node)
+        report = _solve(paths, node, policy, max_steps, stdin, spec)
     except GpuallocError as error:
         print(f"gpualloc solve: {error}", file=err)
         return EXIT_INVALID
@@ -126,8 +153,25 @@ def run_solve(
     return EXIT_ALLOCATED if report["outcome"] == "allocated" else EXIT_UNSATISFIABLE
 
 
+def _gang_spec(count: int | None, label: str, node: str | None) -> GangSpec | None:
+    if count is None:
+        if label:
+            raise InvalidArgument.at("--gang-label", "needs --gang")
+        return None
+    if count < 1:
+        raise InvalidArgument.at("--gang", f"must be at least 1, got {count}")
+    if node:
+        raise InvalidArgument.at("--node", "cannot be combined with --gang")
+    return GangSpec(count, label)
+
+
 def _solve(
-    paths: Sequence[str], node: str | None, policy: Policy, max_steps: int, stdin: TextIO | None
+    paths: Sequence[str],
+    node: str | None,
+    policy: Policy,
+    max_steps: int,
+    stdin: TextIO | None,
+    gang: GangSpec | None = None,
 ) -> dict[str, Any]:
     manifests, topologies = split_topologies(paths)
     objects = load_manifests(manifests, stdin) if manifests else []
@@ -140,6 +184,8 @@ def _solve(
         raise InvalidArgument("no ResourceClaim without status.allocation to allocate")
     snapshot = ClusterSnapshot.build(slices, nodes, topologies=topologies)
     state = AllocatedState.from_claims(snapshot, claims)
+    if gang is not None:
+        return _solve_gang(snapshot, state, classes, pending, policy, max_steps, gang)
     result = solve(
         snapshot,
         state,
@@ -167,6 +213,50 @@ def _solve(
         report["budgetExhausted"] = result.budget_exhausted
     if result.explanation is not None:
         report["explanation"] = explanation_to_dict(result.explanation)
+    report["stats"] = stats_to_dict(result.stats)
+    return report
+
+
+def _solve_gang(
+    snapshot: ClusterSnapshot,
+    state: AllocatedState,
+    classes: Mapping[str, DeviceClass],
+    pending: Sequence[ResourceClaim],
+    policy: Policy,
+    max_steps: int,
+    gang: GangSpec,
+) -> dict[str, Any]:
+    """The gang's report: `gang.members` (one per node, claims in input order) or why not."""
+    solver = Solver(SelectorCache(), policy=policy, max_steps=max_steps)
+    query = Query(tuple(pending), gang=gang)
+    result = solver.run_gang(
+        snapshot, state, classes, query, Deadline(None), explain=True, share_id=default_share_id
+    )
+    allocated = isinstance(result, GangAllocated)
+    report: dict[str, Any] = {
+        "outcome": "allocated" if allocated else "unsatisfiable",
+        "node": None,
+        "claims": [],
+        "gang": {"nodeCount": gang.node_count, "label": gang.group_by_label or None},
+    }
+    if isinstance(result, GangAllocated):
+        report["gang"]["domain"] = result.domain
+        report["gang"]["members"] = [
+            {
+                "node": member.node,
+                "score": score_to_dict(member.score),
+                "claims": [
+                    {"name": f"{c.namespace}/{c.name}", "allocation": allocation_result_to_dict(a)}
+                    for c, a in zip(pending, member.allocations, strict=True)
+                ],
+            }
+            for member in result.members
+        ]
+        explanation = allocated_explanation(result, gang)
+    else:
+        report["budgetExhausted"] = result.budget_exhausted
+        explanation = result.explanation
+    report["explanation"] = explanation_to_dict(explanation)
     report["stats"] = stats_to_dict(result.stats)
     return report
 
@@ -246,7 +336,9 @@ def stats_to_dict(stats: Stats) -> dict[str, Any]:
 
 def _text(report: dict[str, Any]) -> str:
     lines: list[str] = []
-    if report["outcome"] == "allocated":
+    if report["outcome"] == "allocated" and "gang" in report:
+        lines.extend(_gang_text(report["gang"]))
+    elif report["outcome"] == "allocated":
         lines.append(f"ALLOCATED on node {report['node']}")
         score = report["score"]
         wiring = f", {score['nvlinks']} NVLinks, {score['numaNodes']} NUMA nodes"
@@ -266,10 +358,7 @@ def _text(report: dict[str, Any]) -> str:
                         result["device"],
                     )
                 )
-        widths = [max(len(r[i]) for r in rows) for i in range(5)]
-        lines.extend(
-            "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
-        )
+        lines.extend(_table(rows))
     else:
         lines.append(
             "UNSATISFIABLE"
@@ -286,3 +375,28 @@ def _text(report: dict[str, Any]) -> str:
         f"{stats['celEvaluations']} CEL evaluations"
     )
     return "\n".join(lines) + "\n"
+
+
+def _gang_text(gang: dict[str, Any]) -> list[str]:
+    where = f" in {gang['label']}={gang['domain']}" if gang["label"] else ""
+    lines = [f"ALLOCATED gang of {gang['nodeCount']} nodes{where}"]
+    rows = [("NODE", "CLAIM", "REQUEST", "DRIVER", "POOL", "DEVICE")]
+    for member in gang["members"]:
+        for claim in member["claims"]:
+            for result in claim["allocation"]["devices"]["results"]:
+                rows.append(
+                    (
+                        member["node"],
+                        claim["name"],
+                        result["request"],
+                        result["driver"],
+                        result["pool"],
+                        result["device"],
+                    )
+                )
+    return [*lines, *_table(rows)]
+
+
+def _table(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]

@@ -6,6 +6,11 @@ order, and the feasible ones are ranked by the same pure key the core uses, so t
 one the core would give on a cluster of just those nodes. Explanations of the per-node solves
 are merged (closest misses sorted by the core's rank, rejection groups summed).
 
+A gang query (`Query.gang`) runs the core's `solve_gang`, with members only among the eligible
+nodes when the query restricts them. Explained, an unsatisfiable gang also carries the
+per-node detail of the same claims on the nodes it could use (those with the gang's label):
+which requests were short where, and so which reservations were in the way.
+
 The core reads no clock: a deadline reaches it as `SearchBudget.cancelled`, which turns true a
 little before the call's deadline so that the answer (BUDGET_EXHAUSTED) still reaches the
 client, instead of the client's own DEADLINE_EXCEEDED.
@@ -16,9 +21,9 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from services.allocator.answers import Query
+from services.allocator.answers import GangSpec, Query
 from services.allocator.core import (
     Allocated,
     AllocatedState,
@@ -35,6 +40,7 @@ from services.allocator.core import (
     Unsatisfiable,
     solve,
 )
+from services.allocator.core.gang import GangResult, GangUnsatisfiable, solve_gang
 from services.allocator.core.nodeselect import NodeAccess
 from services.allocator.core.scoring import node_key
 from services.allocator.core.topology_constraints import (
@@ -44,7 +50,7 @@ from services.allocator.core.topology_constraints import (
 from services.common.dra.model import DeviceClass, DeviceID, ResourceClaim
 from services.common.errors import DeadlineExceeded, GpuallocError
 
-__all__ = ["Deadline", "Solver", "unique_share_id"]
+__all__ = ["Deadline", "Solver", "eligible_nodes", "unique_share_id"]
 
 _EXAMPLES = 3
 
@@ -134,6 +140,79 @@ class Solver:
             snapshot, state, classes, query, nodes, policy, budget, explain, self, topology
         )
 
+    def run_gang(
+        self,
+        snapshot: ClusterSnapshot,
+        state: AllocatedState,
+        classes: Mapping[str, DeviceClass],
+        query: Query,
+        deadline: Deadline,
+        *,
+        explain: bool = False,
+        share_id: Callable[[ResourceClaim, str, DeviceID, int], str] = unique_share_id,
+    ) -> GangResult:
+        """Solve the gang `query` (`query.gang` set); raises DeadlineExceeded as `run` does."""
+        gang = query.gang
+        if gang is None:
+            raise ValueError("run_gang needs a query with a gang")
+        policy = query.policy or self.policy
+        topology = topology_constraints(query)
+        restricted = query.node_selector is not None or query.max_nodes > 0
+        result = solve_gang(
+            snapshot,
+            state,
+            classes,
+            query.claims,
+            node_count=gang.node_count,
+            group_by_label=gang.group_by_label or None,
+            policy=policy,
+            selectors=self.selectors,
+            budget=self.budget(query, deadline),
+            share_id=share_id,
+            topology_constraints=topology,
+            nodes=eligible_nodes(snapshot, query) if restricted else None,
+        )
+        if explain and isinstance(result, GangUnsatisfiable):
+            detail = self._gang_detail(snapshot, state, classes, query, gang, deadline, topology)
+            if detail is not None:
+                result = replace(result, explanation=_with_detail(result.explanation, detail))
+        return result
+
+    def _gang_detail(
+        self,
+        snapshot: ClusterSnapshot,
+        state: AllocatedState,
+        classes: Mapping[str, DeviceClass],
+        query: Query,
+        gang: GangSpec,
+        deadline: Deadline,
+        topology: Sequence[TopologyConstraint],
+    ) -> Explanation | None:
+        """The single-node explanation of the gang's claims over the nodes the gang may use
+        (None when it cannot be had: the gang's answer does not wait for its detail)."""
+        label = gang.group_by_label
+        single = replace(query, gang=None)
+        try:
+            if not label:  # the nodes a single-node query considers: the solver's own search
+                result = self.run(snapshot, state, classes, single, deadline, explain=True)
+                return result.explanation
+            nodes = [n for n in eligible_nodes(snapshot, query) if label in _labels(snapshot, n)]
+            result = _solve_each(
+                snapshot,
+                state,
+                classes,
+                single,
+                nodes,
+                query.policy or self.policy,
+                self.budget(single, deadline),
+                True,
+                self,
+                topology,
+            )
+        except GpuallocError:  # the deadline, or a node-only problem everywhere: the gang's
+            return None  # own answer stands, with its summary only
+        return result.explanation
+
 
 def eligible_nodes(snapshot: ClusterSnapshot, query: Query) -> list[str]:
     """Nodes with devices that the query's node selector matches, by name, at most max_nodes."""
@@ -203,6 +282,23 @@ def _solve_each(
     if not found and errors:
         raise errors[0]  # as the core: node-only errors count only when no node fits
     return _merge(found, missed, policy, exhausted, len(nodes))
+
+
+def _labels(snapshot: ClusterSnapshot, name: str) -> Mapping[str, str]:
+    node = snapshot.view(name).node
+    return node.labels if node is not None else {}
+
+
+def _with_detail(gang: Explanation, detail: Explanation) -> Explanation:
+    """The gang's summary with the per-node detail (closest misses, requests, constraints)."""
+    return Explanation(
+        summary=gang.summary,
+        nodes=detail.nodes,
+        requests=detail.requests,
+        constraints=detail.constraints,
+        notes=detail.notes,
+        budget_exhausted=gang.budget_exhausted or detail.budget_exhausted,
+    )
 
 
 def _error_miss(node: str, error: GpuallocError) -> Unsatisfiable:

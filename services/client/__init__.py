@@ -10,7 +10,7 @@ Model values in (services.common.dra.model ResourceClaims), small frozen results
 (results.py), typed errors (services.common.errors, plus `Unplaceable`) instead of grpc ones.
 """
 
-from services.client.client import AllocatorClient, Policy
+from services.client.client import AllocatorClient, Gang, Policy
 from services.client.config import (
     DEFAULT_TARGET,
     NO_RETRY,
@@ -27,6 +27,7 @@ from services.client.results import (
     Explanation,
     Holder,
     NodeMiss,
+    NodePlacement,
     Outcome,
     Placement,
     Reservation,
@@ -43,12 +44,14 @@ __all__ = [
     "ClientSettings",
     "DeviceChoice",
     "Explanation",
+    "Gang",
     "Holder",
     "InventoryClient",
     "InventoryDevice",
     "Lease",
     "NodeInventory",
     "NodeMiss",
+    "NodePlacement",
     "Outcome",
     "Placement",
     "Policy",

@@ -10,7 +10,9 @@ Every call has the client's deadline and retry policy (services/client/calls.py)
 the typed errors of services.common.errors (Conflict for ABORTED, NotFound, InvalidArgument with
 field paths, ...). A reserving call without an idempotency key gets a generated one, so that a
 retry after UNAVAILABLE cannot reserve twice. `lease()` wraps allocate -> reserve -> commit or
-release in a context manager (services/client/lease.py).
+release in a context manager (services/client/lease.py). `gang=Gang(n, label)` asks for the
+claims on each of n nodes sharing one value of the node label (`Placement.gang`: one
+NodePlacement per node); reserve a gang with allocate(reserve=True).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import random as random_module
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from types import TracebackType
 
@@ -46,7 +49,7 @@ from services.common.pb.dra_mapping import (
     to_pb_resource_claim,
 )
 
-__all__ = ["AllocatorClient", "Policy"]
+__all__ = ["AllocatorClient", "Gang", "Policy"]
 
 
 class Policy(StrEnum):
@@ -66,6 +69,16 @@ _POLICIES = {
 }
 
 ReservationRef = Reservation | str
+
+
+@dataclass(frozen=True)
+class Gang:
+    """A multi-node job: the claims on each of `node_count` distinct nodes, all sharing one
+    value of the node label `group_by_label` (e.g. `nvidia.com/gpu.clique`; empty: any
+    nodes). All or nothing; reserved as one reservation per node."""
+
+    node_count: int
+    group_by_label: str = ""
 
 
 def _id(reservation: ReservationRef) -> str:
@@ -137,10 +150,12 @@ class AllocatorClient:
         owner: str | None = None,
         idempotency_key: str = "",
         labels: Mapping[str, str] | None = None,
+        gang: Gang | None = None,
     ) -> Placement:
-        """A placement for the claims together on one node, reserved when `reserve` is set."""
+        """A placement for the claims together on one node (on each node of a `gang`),
+        reserved when `reserve` is set."""
         request = pb.AllocateRequest(explain=explain, reserve=reserve)
-        _fill_query(request, claims, node_name, node_selector, policy, device_classes)
+        _fill_query(request, claims, node_name, node_selector, policy, device_classes, gang)
         who = self._owner(owner)
         if reserve:
             request.owner = who
@@ -160,10 +175,11 @@ class AllocatorClient:
         policy: Policy | None = None,
         device_classes: Sequence[DeviceClass] = (),
         max_nodes: int = 0,
+        gang: Gang | None = None,
     ) -> Placement:
         """Why the claims fit or not (the same search as allocate, never reserving)."""
         request = pb.ExplainRequest(max_nodes_explained=max_nodes)
-        _fill_query(request, claims, node_name, node_selector, policy, device_classes)
+        _fill_query(request, claims, node_name, node_selector, policy, device_classes, gang)
         return placement_from_pb(self._caller.call(self._stub.Explain, request, read=True))
 
     def capacity(
@@ -175,10 +191,12 @@ class AllocatorClient:
         policy: Policy | None = None,
         device_classes: Sequence[DeviceClass] = (),
         ignore_reservations: bool = False,
+        gang: Gang | None = None,
     ) -> Capacity:
-        """How many copies of the claims fit now (or at all, with `ignore_reservations`)."""
+        """How many copies of the claims fit now (or at all, with `ignore_reservations`); with
+        `gang`, how many such gangs (Capacity.nodes: the copies per node they come from)."""
         request = pb.CapacityRequest(ignore_reservations=ignore_reservations)
-        _fill_query(request, claims, node_name, node_selector, policy, device_classes)
+        _fill_query(request, claims, node_name, node_selector, policy, device_classes, gang)
         return capacity_from_pb(self._caller.call(self._stub.Capacity, request, read=True))
 
     # --- reservations -------------------------------------------------------------------------
@@ -347,9 +365,15 @@ def _fill_query(
     node_selector: NodeSelector | None,
     policy: Policy | None,
     device_classes: Sequence[DeviceClass],
+    gang: Gang | None = None,
 ) -> None:
-    """Fields 1-6, which AllocateRequest, ExplainRequest and CapacityRequest share."""
-    request.claims.extend(to_pb_resource_claim(c) for c in claims)
+    """Fields 1-7, which AllocateRequest, ExplainRequest and CapacityRequest share."""
+    if gang is None:
+        request.claims.extend(to_pb_resource_claim(c) for c in claims)
+    else:
+        request.gang.node_count = gang.node_count
+        request.gang.group_by_label = gang.group_by_label
+        request.gang.claims_per_node.extend(to_pb_resource_claim(c) for c in claims)
     request.device_classes.extend(to_pb_device_class(c) for c in device_classes)
     request.node_name = node_name
     request.topology_constraints.extend(to_pb_topology_constraints(claims))

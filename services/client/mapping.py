@@ -19,6 +19,7 @@ from services.client.results import (
     Explanation,
     Holder,
     NodeMiss,
+    NodePlacement,
     Outcome,
     Placement,
     Reservation,
@@ -149,6 +150,10 @@ def placement_from_pb(message: pb.AllocateResponse | pb.ExplainResponse) -> Plac
         holders=tuple(_holder(h) for h in message.holders),
         inventory_generation=message.inventory_generation,
         score=score,
+        gang=tuple(
+            NodePlacement(p.node_name, tuple(_claim_allocation(a) for a in p.allocations), p.score)
+            for p in message.gang_placements
+        ),
     )
 
 

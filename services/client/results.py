@@ -21,6 +21,7 @@ __all__ = [
     "Explanation",
     "Holder",
     "NodeMiss",
+    "NodePlacement",
     "Outcome",
     "Placement",
     "Reservation",
@@ -109,8 +110,18 @@ class Explanation:
 
 
 @dataclass(frozen=True)
+class NodePlacement:
+    """One node of a gang: the claims' allocations there, in claim order."""
+
+    node_name: str
+    allocations: tuple[ClaimAllocation, ...] = ()
+    score: float = 0.0
+
+
+@dataclass(frozen=True)
 class Placement:
-    """The answer of Allocate or Explain: where the claims go, or why they do not fit."""
+    """The answer of Allocate or Explain: where the claims go (`gang`: one NodePlacement per
+    node of a gang, `node_name` and `allocations` then empty), or why they do not fit."""
 
     outcome: Outcome
     node_name: str = ""
@@ -120,6 +131,7 @@ class Placement:
     holders: tuple[Holder, ...] = ()
     inventory_generation: int = 0
     score: float = 0.0
+    gang: tuple[NodePlacement, ...] = ()
 
     @property
     def fits(self) -> bool:
@@ -127,7 +139,9 @@ class Placement:
 
     @property
     def devices(self) -> tuple[DeviceID, ...]:
-        return tuple(d for a in self.allocations for d in a.devices)
+        """Every device placed (on every node of a gang)."""
+        allocations = [*self.allocations, *(a for m in self.gang for a in m.allocations)]
+        return tuple(d for a in allocations for d in a.devices)
 
     def reason(self, max_lines: int = 12) -> str:
         """Explain's summary, who holds the devices that blocked the claims, then Explain's

@@ -14,6 +14,7 @@ import pytest
 from services.bridges import local_cluster
 from services.client import (
     AllocatorClient,
+    Gang,
     InventoryClient,
     Outcome,
     ReservationState,
@@ -106,6 +107,20 @@ def test_explain_and_capacity(client):
     )
     assert [h.owner for h in blocked.holders] == ["slurm/job/1"]
     assert "held: slurm/job/1 holds gpu-0" in blocked.reason()
+
+
+def test_gang_allocate_capacity_and_explain(client):
+    zone = Gang(2, "topology.kubernetes.io/zone")
+    workers = [claim_from_spec("4 x h100", name="worker")]
+    placement = client.allocate(workers, gang=zone, reserve=True, owner="slurm/job/9")
+    assert placement.fits and not placement.node_name
+    assert sorted(p.node_name for p in placement.gang) == ["h100-node-1", "h100-node-2"]
+    assert sorted(r.node_name for r in placement.reservations) == ["h100-node-1", "h100-node-2"]
+    assert len(placement.devices) == 8
+    assert client.capacity(workers, gang=zone).total == 1
+    blocked = client.explain([claim_from_spec("8 x h100", name="worker")], gang=zone)
+    assert blocked.outcome is Outcome.UNSATISFIABLE
+    assert {h.owner for h in blocked.holders} == {"slurm/job/9"}
 
 
 def placement_node(client: AllocatorClient) -> str:

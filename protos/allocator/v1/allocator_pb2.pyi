@@ -1624,8 +1624,8 @@ Global___ListReservationsResponse: _TypeAlias = ListReservationsResponse  # noqa
 
 @_typing.final
 class CapacityRequest(_message.Message):
-    """What to count: how many copies of `claims` (all together on one node) fit now.
-    Fields 1-9 mean the same as in AllocateRequest.
+    """What to count: how many copies of `claims` (all together on one node) fit now, or how many
+    gangs. Fields 1-9 mean the same as in AllocateRequest.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -1636,6 +1636,7 @@ class CapacityRequest(_message.Message):
     NODE_SELECTOR_FIELD_NUMBER: _builtins.int
     POLICY_FIELD_NUMBER: _builtins.int
     TOPOLOGY_CONSTRAINTS_FIELD_NUMBER: _builtins.int
+    GANG_FIELD_NUMBER: _builtins.int
     BUDGET_FIELD_NUMBER: _builtins.int
     MIN_INVENTORY_GENERATION_FIELD_NUMBER: _builtins.int
     IGNORE_RESERVATIONS_FIELD_NUMBER: _builtins.int
@@ -1649,7 +1650,7 @@ class CapacityRequest(_message.Message):
     """Count as if no reservation existed (total rather than free capacity)."""
     @_builtins.property
     def claims(self) -> _containers.RepeatedCompositeFieldContainer[_dra_pb2.ResourceClaim]:
-        """The claims making up one unit."""
+        """The claims making up one unit; empty when `gang` is set."""
 
     @_builtins.property
     def device_classes(self) -> _containers.RepeatedCompositeFieldContainer[_dra_pb2.DeviceClass]:
@@ -1664,6 +1665,12 @@ class CapacityRequest(_message.Message):
         """Topology constraints each unit must satisfy."""
 
     @_builtins.property
+    def gang(self) -> Global___Gang:
+        """Count gangs instead: a unit is `claims_per_node` on one node, and `total` is how many
+        gangs of `node_count` distinct nodes sharing a `group_by_label` value fit one after another.
+        """
+
+    @_builtins.property
     def budget(self) -> Global___SearchBudget:
         """Search bounds."""
 
@@ -1676,13 +1683,14 @@ class CapacityRequest(_message.Message):
         node_selector: _dra_pb2.NodeSelector | None = ...,
         policy: Global___AllocationPolicy.ValueType = ...,
         topology_constraints: _abc.Iterable[Global___TopologyConstraint] | None = ...,
+        gang: Global___Gang | None = ...,
         budget: Global___SearchBudget | None = ...,
         min_inventory_generation: _builtins.int = ...,
         ignore_reservations: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "node_selector", b"node_selector"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "gang", b"gang", "node_selector", b"node_selector"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "claims", b"claims", "device_classes", b"device_classes", "ignore_reservations", b"ignore_reservations", "min_inventory_generation", b"min_inventory_generation", "node_name", b"node_name", "node_selector", b"node_selector", "policy", b"policy", "topology_constraints", b"topology_constraints"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "claims", b"claims", "device_classes", b"device_classes", "gang", b"gang", "ignore_reservations", b"ignore_reservations", "min_inventory_generation", b"min_inventory_generation", "node_name", b"node_name", "node_selector", b"node_selector", "policy", b"policy", "topology_constraints", b"topology_constraints"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1756,7 +1764,7 @@ class CapacityResponse(_message.Message):
     MODELS_FIELD_NUMBER: _builtins.int
     INVENTORY_GENERATION_FIELD_NUMBER: _builtins.int
     total: _builtins.int
-    """The total over all nodes."""
+    """The total over all nodes; for a gang, how many gangs fit."""
     accuracy: Global___CountAccuracy.ValueType
     """How exact the total is."""
     inventory_generation: _builtins.int
@@ -1767,7 +1775,7 @@ class CapacityResponse(_message.Message):
 
     @_builtins.property
     def models(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelCapacity]:
-        """Per GPU model, sorted by product name."""
+        """Per GPU model, sorted by product name (empty for a gang)."""
 
     def __init__(
         self,

@@ -15,6 +15,7 @@ from protos.allocator.v1 import allocator_pb2_grpc
 from services.allocator.adapters.pb_mapping import (
     allocate_response,
     capacity_response,
+    claims_path,
     explain_response,
     lease_from_pb,
     proto_field_paths,
@@ -48,7 +49,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
     def Allocate(
         self, request: pb.AllocateRequest, context: grpc.ServicerContext
     ) -> pb.AllocateResponse:
-        with proto_field_paths():
+        with proto_field_paths(claims_path(request)):
             query = query_from_pb(request)
             lease = None
             if request.reserve:
@@ -64,14 +65,14 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
     def Explain(
         self, request: pb.ExplainRequest, context: grpc.ServicerContext
     ) -> pb.ExplainResponse:
-        with proto_field_paths():
+        with proto_field_paths(claims_path(request)):
             answer = self._service.explain(query_from_pb(request), request.max_nodes_explained)
         return explain_response(answer, request.max_nodes_explained or 10)
 
     def Capacity(
         self, request: pb.CapacityRequest, context: grpc.ServicerContext
     ) -> pb.CapacityResponse:
-        with proto_field_paths():
+        with proto_field_paths(claims_path(request)):
             answer = self._service.capacity(query_from_pb(request), request.ignore_reservations)
         return capacity_response(answer)
 

@@ -25,6 +25,8 @@ from services.allocator.answers import (
     Accuracy,
     Answer,
     CapacityAnswer,
+    GangMember,
+    GangSpec,
     Holder,
     LeaseOptions,
     Outcome,
@@ -49,6 +51,7 @@ from services.allocator.core.topology_constraints import (
 )
 from services.allocator.reservations import Reservation, ReservationState
 from services.common.dra.model import AllocationResult, DeviceID, ResourceClaim
+from services.common.dra.names import label_name_errors
 from services.common.errors import FieldViolation, InvalidArgument
 from services.common.pb.dra_mapping import (
     from_pb_allocation_result,
@@ -62,6 +65,7 @@ from services.common.pb.dra_mapping import (
 __all__ = [
     "allocate_response",
     "capacity_response",
+    "claims_path",
     "explain_response",
     "lease_from_pb",
     "proto_field_paths",
@@ -139,12 +143,13 @@ def topology_constraint_from_pb(message: pb.TopologyConstraint, path: str) -> To
 
 def query_from_pb(request: QueryRequest) -> Query:
     """The shared part of Allocate, Explain and Capacity requests."""
-    if not request.claims:
-        raise InvalidArgument.at("claims", "must not be empty")
-    if isinstance(request, pb.AllocateRequest | pb.ExplainRequest) and request.HasField("gang"):
-        raise InvalidArgument.at("gang", "gang allocation is not supported by this server yet")
-    claims = tuple(from_pb_resource_claim(c, f"claims[{i}]") for i, c in enumerate(request.claims))
-    _check_unique_names(claims)
+    gang = _gang_from_pb(request) if request.HasField("gang") else None
+    path = claims_path(request)
+    messages = request.gang.claims_per_node if gang is not None else request.claims
+    if not messages:
+        raise InvalidArgument.at(path, "must not be empty")
+    claims = tuple(from_pb_resource_claim(c, f"{path}[{i}]") for i, c in enumerate(messages))
+    _check_unique_names(claims, path)
     if request.budget.max_steps < 0:
         raise InvalidArgument.at("budget.max_steps", "must not be negative")
     if request.budget.max_nodes < 0:
@@ -172,16 +177,44 @@ def query_from_pb(request: QueryRequest) -> Query:
         max_nodes=request.budget.max_nodes,
         min_generation=request.min_inventory_generation,
         explain=request.explain if isinstance(request, pb.AllocateRequest) else False,
+        gang=gang,
     )
 
 
-def _check_unique_names(claims: Sequence[ResourceClaim]) -> None:
+def claims_path(request: QueryRequest) -> str:
+    """Where the request's claims are: `claims`, or a gang's `gang.claims_per_node`."""
+    return "gang.claims_per_node" if request.HasField("gang") else "claims"
+
+
+def _gang_from_pb(request: QueryRequest) -> GangSpec:
+    """The gang's shape; its claims are read as any request's (at `gang.claims_per_node`)."""
+    gang = request.gang
+    if request.claims:
+        raise InvalidArgument.at(
+            "claims", "must be empty when gang is set: give the claims in gang.claims_per_node"
+        )
+    if request.node_name:
+        raise InvalidArgument.at(
+            "node_name", "must be empty when gang is set: the allocator chooses the gang's nodes"
+        )
+    if gang.node_count < 1:
+        raise InvalidArgument.at("gang.node_count", f"must be at least 1, got {gang.node_count}")
+    if gang.group_by_label:
+        problems = label_name_errors(gang.group_by_label)
+        if problems:
+            raise InvalidArgument.at(
+                "gang.group_by_label", f"not a label key: {'; '.join(problems)}"
+            )
+    return GangSpec(node_count=gang.node_count, group_by_label=gang.group_by_label)
+
+
+def _check_unique_names(claims: Sequence[ResourceClaim], path: str = "claims") -> None:
     seen: set[tuple[str, str]] = set()
     for index, claim in enumerate(claims):
         key = (claim.namespace, claim.name)
         if key in seen:
             raise InvalidArgument.at(
-                f"claims[{index}].name", f"claim {claim.namespace}/{claim.name} appears twice"
+                f"{path}[{index}].name", f"claim {claim.namespace}/{claim.name} appears twice"
             )
         seen.add(key)
 
@@ -236,10 +269,11 @@ def reservation_state_from_pb(value: int) -> ReservationState | None:
 _CAMEL = re.compile(r"(?<=[a-z0-9])([A-Z])")
 
 
-def proto_path(path: str) -> str:
+def proto_path(path: str, claims: str = "claims") -> str:
     """`claims[0].spec.devices.requests[0].exactly.deviceClassName` ->
-    `claims[0].requests[0].exactly.device_class_name` (see the module docstring)."""
-    path = re.sub(r"^(claims\[\d+\])\.spec\.devices\.", r"\1.", path)
+    `claims[0].requests[0].exactly.device_class_name` (see the module docstring); `claims`
+    is where the request's claims are (`gang.claims_per_node` for a gang)."""
+    path = re.sub(r"^claims(\[\d+\])(?:\.spec\.devices)?", claims + r"\1", path)
     path = re.sub(r'^classes(\["[^"]*"\])\.spec\.', r"device_classes\1.", path)
     path = path.replace(".cel.expression", ".cel")
     return ".".join(
@@ -249,14 +283,17 @@ def proto_path(path: str) -> str:
 
 
 @contextmanager
-def proto_field_paths() -> Iterator[None]:
-    """Rewrite the field paths of an InvalidArgument raised inside to proto paths."""
+def proto_field_paths(claims: str = "claims") -> Iterator[None]:
+    """Rewrite the field paths of an InvalidArgument raised inside to proto paths (`claims`:
+    where the request's claims are, see `claims_path`)."""
     try:
         yield
     except InvalidArgument as error:
         if not any(v.path.startswith(("claims[", "classes[")) for v in error.violations):
             raise
-        violations = [FieldViolation(proto_path(v.path), v.description) for v in error.violations]
+        violations = [
+            FieldViolation(proto_path(v.path, claims), v.description) for v in error.violations
+        ]
         raise InvalidArgument(str(violations[0]), violations) from error
 
 
@@ -268,7 +305,8 @@ def allocate_response(answer: Answer, max_nodes: int = 10) -> pb.AllocateRespons
         outcome=_OUTCOMES[answer.outcome],
         node_name=answer.node or "",
         allocations=_claim_allocations(answer.claims, answer.allocations),
-        score=_score(answer.score, answer.policy),
+        gang_placements=[_node_placement(answer, m) for m in answer.gang],
+        score=_gang_score(answer) if answer.gang else _score(answer.score, answer.policy),
         reservations=[reservation_to_pb(r) for r in answer.reservations],
         inventory_generation=answer.generation,
         holders=[_holder_to_pb(h) for h in answer.holders],
@@ -283,6 +321,7 @@ def explain_response(answer: Answer, max_nodes: int = 10) -> pb.ExplainResponse:
         outcome=_OUTCOMES[answer.outcome],
         node_name=answer.node or "",
         allocations=_claim_allocations(answer.claims, answer.allocations),
+        gang_placements=[_node_placement(answer, m) for m in answer.gang],
         inventory_generation=answer.generation,
         holders=[_holder_to_pb(h) for h in answer.holders],
     )
@@ -348,6 +387,19 @@ def _claim_allocations(
         )
         for claim, allocation in zip(claims, allocations, strict=False)
     ]
+
+
+def _node_placement(answer: Answer, member: GangMember) -> pb.NodePlacement:
+    return pb.NodePlacement(
+        node_name=member.node,
+        allocations=_claim_allocations(answer.claims, member.allocations),
+        score=_score(member.score, answer.policy),
+    )
+
+
+def _gang_score(answer: Answer) -> float:
+    """A gang's score: the mean of its members' (0 for members replayed from reservations)."""
+    return sum(_score(m.score, answer.policy) for m in answer.gang) / len(answer.gang)
 
 
 def _devices(allocations: Iterable[AllocationResult]) -> list[DeviceID]:

@@ -18,7 +18,7 @@ members' allocations, which also guards against devices shared between nodes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -69,8 +69,10 @@ def solve_gang(
     share_id: ShareIdFactory = default_share_id,
     topology_constraints: Sequence[TopologyConstraint] = (),
     fragmentation_mix: FragmentationMix = DEFAULT_MIX,
+    nodes: Collection[str] | None = None,
 ) -> GangResult:
-    """`claims_per_node` on `node_count` nodes of one domain, all or nothing."""
+    """`claims_per_node` on `node_count` nodes of one domain, all or nothing; members only
+    among `nodes` when given (a node selector's matches)."""
     if node_count < 1:
         raise InvalidArgument.at("gang.nodeCount", "must be at least 1")
     common = _Options(policy, selectors, budget, tuple(topology_constraints), fragmentation_mix)
@@ -85,6 +87,9 @@ def solve_gang(
         topology_constraints=topology_constraints,
         fragmentation_mix=fragmentation_mix,
     )
+    if nodes is not None:
+        allowed = set(nodes)
+        keys = {name: key for name, key in keys.items() if name in allowed}
     domains = _domains(snapshot, keys, group_by_label)
     fitting = [(label, members) for label, members in domains.items() if len(members) >= node_count]
     fitting.sort(
