@@ -31,7 +31,12 @@ from services.common.grpc_server import create_server, serve_until_signal
 from services.common.health import Health
 from services.common.log import configure_logging
 from services.inventory.adapters.pb_mapping import to_pb_node_topology
-from services.inventory.bootstrap import build_inventory, seed_inventory, seed_reports
+from services.inventory.bootstrap import (
+    build_inventory,
+    seed_inventory,
+    seed_reports,
+    start_kube_watch,
+)
 from services.inventory.config import InventorySettings
 from services.inventory.core.state import Change, InventoryState
 from services.inventory.service import InventoryService
@@ -161,6 +166,7 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             interceptors=allocator.interceptors(),
         )
         allocator.attach_health(health)
+        start_kube_watch(inventory, inventory_settings, health)
     except GpuallocError as error:
         print(f"gpualloc serve: {error}", file=sys.stderr)
         return 2

@@ -13,7 +13,7 @@ from services.common.errors import GpuallocError
 from services.common.grpc_server import create_server, serve_until_signal
 from services.common.health import Health
 from services.common.log import configure_logging
-from services.inventory.bootstrap import build_inventory, seed_inventory
+from services.inventory.bootstrap import build_inventory, seed_inventory, start_kube_watch
 from services.inventory.config import InventorySettings
 
 log = logging.getLogger("gpualloc.inventory")
@@ -48,6 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         server, port = create_server(
             settings.server.listen_address, [app.registration], settings.server, health=health
         )
+        start_kube_watch(app, settings, health)
     except GpuallocError as err:
         print(f"gpualloc-inventory: {err}", file=sys.stderr)
         return 2

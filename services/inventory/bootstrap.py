@@ -1,19 +1,28 @@
 """Composition root of the inventory: settings -> repository -> service -> gRPC registration.
 
-No I/O at import; `build_inventory` connects (Redis) and loads the saved state.
+No I/O at import; `build_inventory` connects (Redis) and loads the saved state;
+`start_kube_watch` starts mirroring the cluster's ResourceSlices when GPUALLOC_KUBE_WATCH asks.
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from protos.inventory.v1 import inventory_pb2_grpc
 from services.common.dra.model import Node, ResourceSlice
 from services.common.grpc_server import ServiceRegistration
+from services.common.health import Health
 from services.common.manifests import load_manifests
 from services.inventory.adapters.embedded_repository import EmbeddedInventoryRepository
 from services.inventory.adapters.grpc_servicer import SERVICE_NAME, InventoryServicer
+from services.inventory.adapters.kube_slices import (
+    KubeSliceWatch,
+    ResourceSliceApi,
+    api_client_from_settings,
+)
 from services.inventory.adapters.redis_repository import RedisInventoryRepository
 from services.inventory.config import InventorySettings
 from services.inventory.core.checks import MAX_OBJECTS_PER_APPLY
@@ -23,7 +32,19 @@ from services.inventory.gc_policy import GcPolicy
 from services.inventory.inputs import read_inputs
 from services.inventory.service import InventoryService
 
-__all__ = ["InventoryApp", "build_inventory", "build_repository", "seed_inventory"]
+log = logging.getLogger("gpualloc.inventory")
+
+__all__ = [
+    "KUBE_WATCH_HEALTH_NAME",
+    "InventoryApp",
+    "build_inventory",
+    "build_repository",
+    "seed_inventory",
+    "start_kube_watch",
+]
+
+# SERVING once the cluster's ResourceSlices are listed and while the watch runs without failing.
+KUBE_WATCH_HEALTH_NAME = f"{SERVICE_NAME}/resourceslices"
 
 
 @dataclass(frozen=True)
@@ -31,9 +52,14 @@ class InventoryApp:
     service: InventoryService
     registration: ServiceRegistration
     gc_policy: GcPolicy | None = None
+    restored_slices: frozenset[str] = frozenset()  # slice names loaded from the repository
+    background: list[Callable[[], None]] = field(default_factory=list, compare=False)  # close()
 
     def close(self) -> None:
-        """Stop the service (sweeper, watches, repository) and the GC policy."""
+        """Stop the background inputs (the Kubernetes watch), the service (sweeper, watches,
+        repository) and the GC policy."""
+        for stop in self.background:
+            stop()
         self.service.close()
         if self.gc_policy is not None:
             self.gc_policy.stop()
@@ -58,11 +84,13 @@ def build_inventory(
     and the GC policy (gc_policy.py) start (unless `sweep` is false). Without, an in-memory
     service (tests)."""
     gc_policy = None
+    restored: frozenset[str] = frozenset()
     if service is None and settings is not None:
         repository = repository or build_repository(settings)
         state = repository.load()
         if state is not None:
             state = refresh_observed(state, time.time())
+            restored = frozenset(state.slice_keys)
         service = InventoryService(state, repository=repository, report_ttl=settings.report_ttl)
         if sweep:
             service.start_sweeper(settings.sweep_interval)
@@ -79,7 +107,39 @@ def build_inventory(
     registration = ServiceRegistration(
         SERVICE_NAME, inventory_pb2_grpc.add_InventoryServicer_to_server, servicer
     )
-    return InventoryApp(service, registration, gc_policy)
+    return InventoryApp(service, registration, gc_policy, restored)
+
+
+def start_kube_watch(
+    app: InventoryApp, settings: InventorySettings, health: Health | None = None
+) -> KubeSliceWatch | None:
+    """With GPUALLOC_KUBE_WATCH on, mirror the cluster's ResourceSlices into `app.service`
+    (adapters/kube_slices.py) until `app.close()`. It owns the slices the app restored from its
+    repository. Raises InvalidArgument/FailedPrecondition when the client or its configuration
+    cannot be loaded; the API server itself is only contacted by the watch's thread."""
+    if settings.kube_watch == "off":
+        return None
+    api_client = api_client_from_settings(
+        settings.kube_watch, settings.kubeconfig, settings.kube_context
+    )
+
+    def on_serving(serving: bool) -> None:
+        if health is not None:
+            if serving:
+                health.set_serving(KUBE_WATCH_HEALTH_NAME)
+            else:
+                health.set_not_serving(KUBE_WATCH_HEALTH_NAME)
+
+    watch = KubeSliceWatch(
+        app.service, ResourceSliceApi(api_client), adopt=app.restored_slices, on_serving=on_serving
+    )
+    app.background.append(watch.stop)
+    log.info(
+        "watching the cluster's ResourceSlices (%s, %d restored slices adopted)",
+        settings.kube_watch,
+        len(app.restored_slices),
+    )
+    return watch.start()
 
 
 def seed_inventory(service: InventoryService, paths: list[str] | tuple[str, ...]) -> int:

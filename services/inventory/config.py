@@ -9,15 +9,17 @@ from typing import Any
 from services.common.config import (
     ServerSettings,
     Setting,
+    env_choice,
     env_duration,
     env_str,
     format_duration,
     read_settings,
 )
 
-__all__ = ["DEFAULT_LISTEN", "INVENTORY_SETTINGS", "InventorySettings"]
+__all__ = ["DEFAULT_LISTEN", "INVENTORY_SETTINGS", "KUBE_WATCH_MODES", "InventorySettings"]
 
 DEFAULT_LISTEN = "127.0.0.1:50052"  # when run apart; `gpualloc serve` shares the allocator's port
+KUBE_WATCH_MODES = ("off", "in-cluster", "kubeconfig")
 
 
 def _positive_duration(environ: Mapping[str, str], name: str, default: float) -> float:
@@ -72,6 +74,25 @@ INVENTORY_SETTINGS: dict[str, Setting[Any]] = {
         lambda env, name, default: env_duration(env, name, default, minimum=0.0, maximum=1.0),
         format_duration,
     ),
+    "kube_watch": Setting(
+        "GPUALLOC_KUBE_WATCH",
+        "off",
+        "mirror the cluster's ResourceSlices (list+watch): `off`, `in-cluster` (the pod's service "
+        "account) or `kubeconfig`; needs the `kube` extra and RBAC list/watch on resourceslices",
+        lambda env, name, default: env_choice(env, name, default, KUBE_WATCH_MODES),
+    ),
+    "kubeconfig": Setting(
+        "GPUALLOC_KUBECONFIG",
+        "",
+        "`kubeconfig` mode: the file to read; empty: `$KUBECONFIG`, else `~/.kube/config`",
+        env_str,
+    ),
+    "kube_context": Setting(
+        "GPUALLOC_KUBE_CONTEXT",
+        "",
+        "`kubeconfig` mode: the context to use; empty: the file's current context",
+        env_str,
+    ),
 }
 
 
@@ -85,6 +106,9 @@ class InventorySettings:
     sweep_interval: float = INVENTORY_SETTINGS["sweep_interval"].default
     watch_heartbeat: float = INVENTORY_SETTINGS["watch_heartbeat"].default
     watch_min_interval: float = INVENTORY_SETTINGS["watch_min_interval"].default
+    kube_watch: str = INVENTORY_SETTINGS["kube_watch"].default
+    kubeconfig: str = INVENTORY_SETTINGS["kubeconfig"].default
+    kube_context: str = INVENTORY_SETTINGS["kube_context"].default
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> InventorySettings:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from services.common.dra.model import Node, ResourceSlice
@@ -138,6 +138,19 @@ class InventoryService:
 
     def apply_nodes(self, nodes: Sequence[Node]) -> int:
         return self.apply((), nodes).generation
+
+    def sync_slices(self, slices: Sequence[ResourceSlice], delete: Iterable[str] = ()) -> int:
+        """Create or replace `slices` and remove the slices named in `delete` that exist, in one
+        generation (or nothing): for a source that mirrors another store (the Kubernetes watch,
+        adapters/kube_slices.py). No request size limit; a name in both is replaced. Returns
+        the generation after the change."""
+        check_apply(slices, (), None)
+        for index, resource_slice in enumerate(slices):
+            validate_resource_slice(resource_slice, path=f"slices[{index}]")
+        with self._lock:
+            after, change = apply(self._state, slices, (), delete=delete)
+            self._publish(after, change)
+            return after.generation
 
     def delete_slices(self, names: Sequence[str]) -> int:
         with self._lock:

@@ -156,10 +156,16 @@ class InventoryState:
 
 
 def apply(
-    state: InventoryState, slices: Sequence[ResourceSlice], nodes: Sequence[Node] = ()
+    state: InventoryState,
+    slices: Sequence[ResourceSlice],
+    nodes: Sequence[Node] = (),
+    *,
+    delete: Iterable[str] = (),
 ) -> tuple[InventoryState, Change | None]:
-    """Create or replace slices (by name) and Nodes, atomically, in one generation; None when
-    nothing differs. Slices must be validated by the caller (validate_resource_slice)."""
+    """Create or replace slices (by name) and Nodes, and remove the slices named in `delete`
+    that exist (others are ignored; a name that is also in `slices` is replaced, not removed),
+    atomically, in one generation; None when nothing differs. Slices must be validated by the
+    caller (validate_resource_slice)."""
     check_apply(slices, nodes, max_objects=None)
     parts: dict[str, tuple[dict[str, ResourceSlice], Node | None]] = {}
 
@@ -179,6 +185,12 @@ def apply(
             del part(previous_key)[0][resource_slice.name]
         part(key)[0][resource_slice.name] = resource_slice
         slice_keys[resource_slice.name] = key
+    kept = {s.name for s in slices}
+    for name in delete:
+        previous_key = state.slice_keys.get(name)
+        if previous_key is not None and name not in kept and name not in slice_keys:
+            del part(previous_key)[0][name]
+            slice_keys[name] = None
     for node in nodes:
         entry = state.entries.get(node.name)
         if entry is None or entry.node != node:

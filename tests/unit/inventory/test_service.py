@@ -55,6 +55,20 @@ def test_an_invalid_slice_fails_the_whole_apply_nodes_included() -> None:
     assert service.generation == 0 and not service.snapshot().entries
 
 
+def test_sync_slices_replaces_and_deletes_in_one_generation_or_not_at_all() -> None:
+    service = InventoryService(max_objects_per_apply=1)
+    other = replace(t4_slice(), name="other")
+    assert service.sync_slices([t4_slice(), other]) == 1  # no request size limit
+    bad = replace(t4_slice(), name="third", driver="Not A Driver")
+    with pytest.raises(InvalidArgument) as info:
+        service.sync_slices([t4_slice(), bad], delete=["other"])
+    assert info.value.field_path.startswith("slices[1].")
+    assert service.generation == 1
+    assert sorted(service.snapshot().slices) == sorted(["other", t4_slice().name])
+    assert service.sync_slices([], delete=["other", "never-there"]) == 2
+    assert sorted(service.snapshot().slices) == [t4_slice().name]
+
+
 def test_requests_over_the_size_limit_are_invalid() -> None:
     service = InventoryService(max_objects_per_apply=2)
     with pytest.raises(InvalidArgument) as info:

@@ -30,6 +30,17 @@ def test_defaults() -> None:
         pytest.param(
             {"GPUALLOC_WATCH_MIN_INTERVAL": "0"}, "watch_min_interval", 0.0, id="no-coalescing"
         ),
+        pytest.param({}, "kube_watch", "off", id="kube-watch-off-by-default"),
+        pytest.param(
+            {"GPUALLOC_KUBE_WATCH": "In-Cluster"}, "kube_watch", "in-cluster", id="kube-in-cluster"
+        ),
+        pytest.param(
+            {"GPUALLOC_KUBECONFIG": " /etc/kube/config "},
+            "kubeconfig",
+            "/etc/kube/config",
+            id="kubeconfig-path",
+        ),
+        pytest.param({"GPUALLOC_KUBE_CONTEXT": "prod"}, "kube_context", "prod", id="kube-context"),
     ],
 )
 def test_values(environ: dict[str, str], field: str, expected: object) -> None:
@@ -38,10 +49,17 @@ def test_values(environ: dict[str, str], field: str, expected: object) -> None:
 
 def test_bad_values_name_every_variable() -> None:
     with pytest.raises(InvalidArgument) as info:
-        InventorySettings.from_env({"GPUALLOC_REPORT_TTL": "soon", "GPUALLOC_WATCH_HEARTBEAT": "0"})
+        InventorySettings.from_env(
+            {
+                "GPUALLOC_REPORT_TTL": "soon",
+                "GPUALLOC_WATCH_HEARTBEAT": "0",
+                "GPUALLOC_KUBE_WATCH": "on",
+            }
+        )
     assert [v.path for v in info.value.violations] == [
         "GPUALLOC_REPORT_TTL",
         "GPUALLOC_WATCH_HEARTBEAT",
+        "GPUALLOC_KUBE_WATCH",
     ]
 
 

@@ -334,6 +334,40 @@ def test_duplicate_names_in_one_request_are_invalid_and_nothing_is_applied() -> 
     assert info.value.field_path == "slices[1].metadata.name"
 
 
+@dataclass(frozen=True)
+class SyncCase:
+    upsert: tuple[str, ...]  # slice names applied (on node "n-<name>")
+    delete: tuple[str, ...]
+    expected: tuple[str, ...]  # slice names after
+    changed: frozenset[str] | None  # the change's node keys; None: no change
+
+
+SYNC_CASES = {
+    "apply-and-delete-in-one-generation": SyncCase(
+        ("c",), ("a",), ("b", "c"), frozenset({"n-a", "n-c"})
+    ),
+    "missing-names-are-ignored": SyncCase((), ("nope",), ("a", "b"), None),
+    "a-name-in-both-is-replaced-not-deleted": SyncCase(("a",), ("a",), ("a", "b"), None),
+    "delete-only": SyncCase((), ("a", "b", "a"), (), frozenset({"n-a", "n-b"})),
+}
+
+
+@pytest.mark.parametrize("case", SYNC_CASES.values(), ids=SYNC_CASES.keys())
+def test_apply_with_delete_is_one_atomic_change(case: SyncCase) -> None:
+    def named(name: str) -> ResourceSlice:
+        return slice_(name, device("gpu-0")).node(f"n-{name}").pool(f"p-{name}").build()
+
+    state, _ = apply(InventoryState(), [named("a"), named("b")])
+    after, change = apply(state, [named(n) for n in case.upsert], delete=case.delete)
+    assert sorted(after.slices) == list(case.expected)
+    if case.changed is None:
+        assert change is None and after is state
+    else:
+        assert change is not None and change.nodes == case.changed
+        assert after.generation == state.generation + 1
+        assert set(after.slice_keys) == set(case.expected)
+
+
 def test_deleting_a_missing_slice_deletes_nothing() -> None:
     state, _ = apply(InventoryState(), [T4_SLICE])
     with pytest.raises(NotFound):
