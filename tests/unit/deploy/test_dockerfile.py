@@ -128,8 +128,9 @@ def test_builder_installs_the_wheel_with_its_extras_under_constraints() -> None:
     runs = " ".join(i.args for i in stages()[0] if i.keyword == "RUN")
     assert "pip wheel --no-deps" in runs
     assert "--constraint constraints.txt" in runs
-    # NVML for the node agent; the OTLP exporter the deploy files' OTEL_*_EXPORTER=otlp needs
-    assert installed_extras() == {"agent", "otlp"}
+    # NVML for the node agent; the OTLP exporter the deploy files' OTEL_*_EXPORTER=otlp needs;
+    # the kubernetes client the inventory's GPUALLOC_KUBE_WATCH=in-cluster needs
+    assert installed_extras() == {"agent", "otlp", "kube"}
 
 
 def test_every_extra_the_image_installs_is_declared() -> None:

@@ -140,6 +140,7 @@ def test_the_allocator_exports_spans_and_metrics_to_the_configured_collector(
     )  # fmt: skip
     server.start()
     try:
+        assert app.wait_ready(10), "the allocator never got the demo inventory"
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             reply = allocator_pb2_grpc.AllocatorStub(channel).Allocate(ONE_GPU, timeout=10)
         assert reply.outcome == allocator_pb2.OUTCOME_ALLOCATED
