@@ -5,9 +5,16 @@ copy so that Allocate never waits for Redis:
 
 - at start, `store.live()`;
 - then the store's change events (other replicas' reserves, releases, expiries), handled on a
-  worker thread: releases and expiries drop ids, reserves of unknown ids are fetched;
+  worker thread: releases and expiries drop ids, reserves of unknown ids are fetched — except
+  on a node where this process has a placement pending: its own reserve's event usually
+  arrives before the reservation is settled here, so such ids wait `_FETCH_GRACE` first and
+  are fetched only if still unknown then;
 - and this process's own operations (`added` / `removed`), at once, so that the next Allocate
   in this process already avoids what it just reserved;
+- placements this process is reserving right now (`hold_pending`, then `settle_pending` or
+  `drop_pending`): concurrent solves in this process avoid them while the store decides, so
+  callers of one process do not race each other for the same devices (they would all pick the
+  same best devices, and all but one would lose at the store and solve again);
 - a janitor thread runs `store.expire()` every `expire_interval` (freeing due leases and
   publishing their expiry) and a full `refresh()` every `refresh_interval`, because pub/sub
   is at-most-once; after the store was unreachable it refreshes at the first success.
@@ -16,19 +23,21 @@ The copy may lag; that is safe: reserving re-checks everything atomically in the
 Conflict makes the service `refresh(node)` and solve again. Ids removed locally are remembered
 for a while (tombstones), so a late event or fetch cannot resurrect a released reservation.
 
-`state_for(view)` turns the copy into an AllocatedState over a view's snapshot, owners being
-reservation ids (Explain names them). It is cached per (view, version); a new view rebases the
-cached state, a few new reservations are applied incrementally, anything bigger rebuilds.
+`state_for(view)` turns the copy (and the pending placements) into an AllocatedState over a
+view's snapshot, owners being reservation ids (Explain names them; a pending placement is owned
+by `pending:<n>`). It is cached per (view, version); a new view rebases the cached state, a few
+changes are applied incrementally (to one copy), anything bigger rebuilds.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from services.allocator.core import AllocatedState
@@ -41,6 +50,7 @@ from services.allocator.reservations import (
     Subscription,
 )
 from services.allocator.view import ViewSnapshot
+from services.common.dra.model import AllocationResult
 from services.common.errors import GpuallocError, NotFound, Unavailable
 
 __all__ = ["Holdings"]
@@ -50,12 +60,24 @@ log = logging.getLogger(__name__)
 _TOMBSTONE_SECONDS = 300.0
 _INCREMENTAL_LIMIT = 64  # more changes than this since the cached state: rebuild it
 _EVENT_BATCH = 256
+_FETCH_GRACE = 0.05  # seconds an unknown id reserved on a node with a pending placement waits
 
 
 @dataclass(frozen=True)
 class _Change:
     added: Reservation | None  # None: `removed` was dropped
     removed: Reservation | None
+
+
+@dataclass(frozen=True)
+class _PendingChange:
+    """A pending placement added or dropped; with `settled`, dropped for these reservations
+    (the allocations they share with it change hands instead of being freed and taken)."""
+
+    token: str
+    allocations: tuple[AllocationResult, ...]
+    added: bool
+    settled: tuple[Reservation, ...] = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,7 +106,10 @@ class Holdings:
         self._refreshing = threading.Lock()  # one refresh at a time
         self._by_id: dict[str, Reservation] = {}
         self._version = 0
-        self._journal: list[_Change] | None = []  # changes since the cached version; None: reset
+        self._journal: list[_Change | _PendingChange] | None = []  # since the cached state
+        self._pending: dict[str, tuple[AllocationResult, ...]] = {}
+        self._pending_nodes: dict[str, tuple[str, ...]] = {}  # token -> its nodes
+        self._pending_tokens = itertools.count(1)
         self._recording: list[_Change] | None = None  # changes made while a refresh reads
         self._tombstones: dict[str, float] = {}
         self._cached: _Cached | None = None
@@ -167,13 +192,13 @@ class Holdings:
                 return cached.state
             journal = self._journal
             if cached is None or journal is None or len(journal) > _INCREMENTAL_LIMIT:
-                state = AllocatedState.build(
-                    view.snapshot, ((r.id, a) for r in self._by_id.values() for a in r.allocations)
-                )
+                held = ((r.id, a) for r in self._by_id.values() for a in r.allocations)
+                pending = ((t, a) for t, allocations in self._pending.items() for a in allocations)
+                state = AllocatedState.build(view.snapshot, itertools.chain(held, pending))
             else:
                 state = cached.state if cached.view is view else cached.state.rebase(view.snapshot)
-                for change in journal:
-                    state = _apply(state, change)
+                if journal:
+                    state = state.with_changes(c for change in journal for c in _changes(change))
             self._cached = _Cached(view, self._version, state)
             self._journal = []
             return state
@@ -183,13 +208,16 @@ class Holdings:
     def added(self, reservations: Iterable[Reservation]) -> None:
         """Reservations this process made (or fetched): visible to the next solve."""
         with self._lock:
-            for reservation in reservations:
-                if reservation.id in self._tombstones:
-                    continue
-                previous = self._by_id.get(reservation.id)
-                self._by_id[reservation.id] = reservation
-                if previous is None:
-                    self._record(_Change(reservation, None))
+            self._add(reservations)
+
+    def _add(self, reservations: Iterable[Reservation]) -> None:
+        for reservation in reservations:
+            if reservation.id in self._tombstones:
+                continue
+            previous = self._by_id.get(reservation.id)
+            self._by_id[reservation.id] = reservation
+            if previous is None:
+                self._record(_Change(reservation, None))
 
     def removed(self, reservation_ids: Iterable[str]) -> None:
         """Reservations released or expired: their devices are free for the next solve."""
@@ -200,6 +228,54 @@ class Holdings:
                 reservation = self._by_id.pop(reservation_id, None)
                 if reservation is not None:
                     self._record(_Change(None, reservation))
+
+    def hold_pending(self, nodes: Sequence[str], allocations: Sequence[AllocationResult]) -> str:
+        """A placement this process is about to reserve on `nodes`: held for its own solves
+        until `settle_pending` or `drop_pending` (call one of them, always). Returns a token."""
+        with self._lock:
+            token = f"pending:{next(self._pending_tokens)}"
+            self._pending[token] = tuple(allocations)
+            self._pending_nodes[token] = tuple(nodes)
+            self._version += 1
+            if self._journal is not None:
+                self._journal.append(_PendingChange(token, self._pending[token], True))
+            return token
+
+    def settle_pending(self, token: str, reservations: Iterable[Reservation]) -> None:
+        """The store granted the placement: the reservations replace it (one step, so no
+        solve sees the devices free in between)."""
+        with self._lock:
+            allocations = self._pending.pop(token, None)
+            self._pending_nodes.pop(token, None)
+            journal = self._journal
+            self._journal = None if journal is None else []  # what `_add` journals, apart
+            try:
+                self._add(reservations)
+                added = tuple(
+                    c.added for c in self._journal or () if isinstance(c, _Change) and c.added
+                )
+            finally:
+                self._journal = journal
+            if allocations is not None:
+                self._version += 1
+                if journal is not None:
+                    journal.append(_PendingChange(token, allocations, False, added))
+            elif journal is not None:
+                journal.extend(_Change(r, None) for r in added)
+
+    def drop_pending(self, token: str) -> None:
+        """The store refused the placement (or failed): it holds nothing any more."""
+        with self._lock:
+            self._drop_pending(token)
+
+    def _drop_pending(self, token: str) -> None:
+        allocations = self._pending.pop(token, None)
+        if allocations is None:
+            return
+        del self._pending_nodes[token]
+        self._version += 1
+        if self._journal is not None:
+            self._journal.append(_PendingChange(token, allocations, False))
 
     def committed(self, reservation: Reservation) -> None:
         """A state change that holds the same devices: no new version."""
@@ -257,30 +333,44 @@ class Holdings:
 
     def _sync(self) -> None:
         """Apply store events in batches (fetching reservations this copy does not know)."""
+        waiting: dict[str, float] = {}  # unknown ids -> when to fetch them
         while True:
-            event = self._events.get()
-            if event is None or self._closed.is_set():
-                return
-            batch = [event]
+            timeout = max(0.0, min(waiting.values()) - time.monotonic()) if waiting else None
+            batch: list[ReservationEvent] = []
+            try:
+                event = self._events.get(timeout=timeout)
+                if event is None or self._closed.is_set():
+                    return
+                batch.append(event)
+            except queue.Empty:
+                pass
             while len(batch) < _EVENT_BATCH and not self._events.empty():
                 more = self._events.get()
                 if more is None:
                     return
                 batch.append(more)
             try:
-                self._handle(batch)
+                now = time.monotonic()
+                for reservation_id, wait in self._handle(batch):
+                    waiting.setdefault(reservation_id, now + wait)
+                due = [i for i, at in waiting.items() if at <= now]
+                for reservation_id in due:
+                    del waiting[reservation_id]
+                self._fetch(due)
             except Exception:
                 log.exception("reservation events could not be applied; refreshing later")
 
-    def _handle(self, batch: list[ReservationEvent]) -> None:
-        unknown: list[str] = []
+    def _handle(self, batch: list[ReservationEvent]) -> list[tuple[str, float]]:
+        """Apply a batch; returns the reserved ids unknown here, each with how long to wait
+        before fetching it (0, or `_FETCH_GRACE` on a node with a pending placement)."""
+        unknown: list[tuple[str, float]] = []
         for event in batch:
             if self._on_event is not None:
                 self._on_event(event)
             if event.op in (ReservationEventOp.RELEASE, ReservationEventOp.EXPIRE):
                 self.removed([event.id])
-            elif event.op is ReservationEventOp.RESERVE:
-                unknown.append(event.id)
+            elif event.op is ReservationEventOp.RESERVE and event.id not in self._by_id:
+                unknown.append((event.id, _FETCH_GRACE if self._pending_on(event.node) else 0.0))
             elif event.op is ReservationEventOp.COMMIT:
                 known = self._by_id.get(event.id)
                 if known is not None:
@@ -289,7 +379,14 @@ class Holdings:
                             known, state=ReservationState.COMMITTED, expires_at=None
                         )
                     )
-        for reservation_id in unknown:
+        return unknown
+
+    def _pending_on(self, node: str) -> bool:
+        with self._lock:
+            return any(node in nodes for nodes in self._pending_nodes.values())
+
+    def _fetch(self, reservation_ids: Sequence[str]) -> None:
+        for reservation_id in reservation_ids:
             if reservation_id in self._by_id or reservation_id in self._tombstones:
                 continue  # this process made it, or it is gone already
             try:
@@ -321,11 +418,37 @@ class Holdings:
                 healthy = False
 
 
-def _apply(state: AllocatedState, change: _Change) -> AllocatedState:
+Step = tuple[str | None, str | None, AllocationResult]  # AllocatedState.with_changes
+
+
+def _changes(change: _Change | _PendingChange) -> Iterator[Step]:
+    """One journal entry as `AllocatedState.with_changes` takes them."""
+    if isinstance(change, _PendingChange):
+        if change.added:
+            yield from ((None, change.token, a) for a in change.allocations)
+        else:
+            yield from _settled(change)
+        return
     if change.added is not None:
         for allocation in change.added.allocations:
-            state = state.with_allocation(allocation, change.added.id)
+            yield None, change.added.id, allocation
     if change.removed is not None:
         for allocation in change.removed.allocations:
-            state = state.without_allocation(allocation, change.removed.id)
-    return state
+            yield change.removed.id, None, allocation
+
+
+def _settled(change: _PendingChange) -> list[Step]:
+    """A pending placement dropped: an allocation a settled reservation carries changes hands
+    (the first such reservation takes it over), the rest is freed first, then added."""
+    pending = {id(a) for a in change.allocations}
+    renames: list[Step] = []
+    adds: list[Step] = []
+    for reservation in change.settled:
+        for allocation in reservation.allocations:
+            if id(allocation) in pending:
+                pending.discard(id(allocation))
+                renames.append((change.token, reservation.id, allocation))
+            else:
+                adds.append((None, reservation.id, allocation))
+    removes: list[Step] = [(change.token, None, a) for a in change.allocations if id(a) in pending]
+    return removes + renames + adds

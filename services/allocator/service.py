@@ -8,7 +8,8 @@ Reserving is optimistic: the placement's holds (`holds.py`) are checked and take
 the store. When the store answers Conflict, the local copy of that node's reservations is
 refreshed and Allocate(reserve) solves again, at most `reserve_retries` more times, then the
 Conflict goes to the client (ABORTED, naming the devices). Reserve (a placement the client
-sends) is not retried: the client must allocate again.
+sends) is not retried: the client must allocate again. While the store decides, the placement
+is pending in `Holdings`, so this process's concurrent solves already avoid it.
 
 A gang (`Query.gang`: the same claims on N nodes of one domain) is solved by the core's
 `solve_gang` on the same state and reserved as one reservation per member node, all or
@@ -443,13 +444,20 @@ class AllocatorService:
 
     def _store_reserve(self, requests: Sequence[ReserveRequest]) -> list[Reservation]:
         check_deadline("reserve")
-        with self._tracer.start_as_current_span("reserve") as span:
-            span.set_attribute("gpualloc.node", requests[0].node)
-            if len(requests) == 1:
-                reservations = [self.store.reserve(requests[0])]
-            else:
-                reservations = self.store.reserve_gang(requests)
-        self.holdings.added(reservations)
+        # Held for this process's other solves while the store decides (holdings.py).
+        placed = {id(a): a for request in requests for a in request.allocations}
+        pending = self.holdings.hold_pending([r.node for r in requests], tuple(placed.values()))
+        try:
+            with self._tracer.start_as_current_span("reserve") as span:
+                span.set_attribute("gpualloc.node", requests[0].node)
+                if len(requests) == 1:
+                    reservations = [self.store.reserve(requests[0])]
+                else:
+                    reservations = self.store.reserve_gang(requests)
+        except BaseException:
+            self.holdings.drop_pending(pending)
+            raise
+        self.holdings.settle_pending(pending, reservations)
         return reservations
 
     def _reserved_answer(

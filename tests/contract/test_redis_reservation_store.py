@@ -6,7 +6,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -44,9 +44,9 @@ def test_one_node_keys_share_a_slot(store: RedisReservationStore, raw: redis.Red
     )
 
     base = "gpualloc:{node-1}:"
+    assert reservation.id.endswith("@node-1")  # the id names its node: no index to keep
     assert set(raw.keys("gpualloc:*")) == {
         "gpualloc:nodes",
-        "gpualloc:reservations",
         base + "res:" + reservation.id,
         base + "dev:" + GPU0,
         base + "use:" + counter(),
@@ -57,7 +57,7 @@ def test_one_node_keys_share_a_slot(store: RedisReservationStore, raw: redis.Red
         base + "idem",
     }
     assert len({key_slot(str(key).encode()) for key in raw.keys(base + "*")}) == 1
-    assert raw.hgetall("gpualloc:reservations") == {reservation.id: "node-1"}
+    assert raw.smembers("gpualloc:nodes") == {"node-1"}
     assert raw.get(base + "dev:" + GPU0) == reservation.id
     assert raw.hgetall(base + "use:" + counter()) == {reservation.id: "1000"}
 
@@ -122,10 +122,69 @@ def test_stale_index_entries_read_as_not_found(
         store.get("res-crashed")
     winner = store.reserve(reserve_request(GPU0))
     with pytest.raises(Conflict):
-        store.reserve(reserve_request(GPU0))  # its write-ahead index entry is taken back
-    assert set(raw.hkeys("gpualloc:reservations")) == {"res-crashed", winner.id}
+        store.reserve(reserve_request(GPU0))
     store.release(winner.id, "alice")
     assert raw.hkeys("gpualloc:reservations") == ["res-crashed"]
+
+
+def _legacy_reserve(raw: redis.Redis, reservation_id: str, device_key: str) -> None:
+    """What an older version does: an id without `@node`, indexed in `<prefix>:reservations`,
+    reserved with the function it calls (still in the library for replicas of both versions)."""
+    base = "gpualloc:{node-1}:"
+    raw.sadd("gpualloc:nodes", "node-1")
+    raw.hset("gpualloc:reservations", reservation_id, "node-1")
+    doc = {"node": "node-1", "claimNames": ["default/c"], "allocations": [],
+           "idempotencyKey": "", "labels": []}  # fmt: skip
+    keys = [base + "res:" + reservation_id, base + "leases", base + "ids", base + "fence",
+            base + "idem", base + "dev:" + device_key]  # fmt: skip
+    args = [base, "node-1", "gpualloc:events", reservation_id, "alice", "", "60000",
+            json.dumps([device_key]), "[]", json.dumps(doc)]  # fmt: skip
+    status, fields, _ = raw.fcall("gpualloc_reserve", len(keys), *keys, *args)
+    assert status == "ok" and "doc" in fields  # the older reply shape: every field
+
+
+@pytest.mark.parametrize(
+    "finish",
+    [
+        pytest.param(lambda s, i: s.release(i, "alice"), id="release"),
+        pytest.param(lambda s, i: s.release(s.commit(i, "alice").id, "alice"), id="commit"),
+    ],
+)
+def test_ids_an_older_version_indexed_still_work(
+    store: RedisReservationStore,
+    raw: redis.Redis,
+    finish: Callable[[RedisReservationStore, str], None],
+) -> None:
+    store.reserve(reserve_request(device("gpu-9")))  # loads the library
+    _legacy_reserve(raw, "res-legacy", GPU0)
+
+    assert store.get("res-legacy").node == "node-1"
+    with pytest.raises(Conflict):
+        store.reserve(reserve_request(GPU0))
+    finish(store, "res-legacy")
+
+    assert raw.hkeys("gpualloc:reservations") == []
+    assert store.reserve(reserve_request(GPU0)).node == "node-1"
+
+
+@pytest.mark.parametrize(
+    "reservation_id",
+    [
+        pytest.param("res-x@node-2", id="names-another-node"),
+        pytest.param("res-x@", id="names-no-node"),
+        pytest.param("@node-1", id="no-id-before-the-node"),
+        pytest.param("res-x@node-{1}", id="breaks-the-hash-tag"),
+    ],
+)
+def test_ids_that_name_a_wrong_node_are_not_found(
+    store: RedisReservationStore, reservation_id: str
+) -> None:
+    store.reserve(reserve_request(GPU0))
+
+    with pytest.raises(NotFound):
+        store.get(reservation_id)
+    with pytest.raises(NotFound):
+        store.release(reservation_id, "alice")
 
 
 def test_node_names_cannot_break_the_hash_tag(store: RedisReservationStore) -> None:

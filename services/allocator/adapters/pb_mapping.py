@@ -148,7 +148,7 @@ def query_from_pb(request: QueryRequest) -> Query:
     messages = request.gang.claims_per_node if gang is not None else request.claims
     if not messages:
         raise InvalidArgument.at(path, "must not be empty")
-    claims = tuple(from_pb_resource_claim(c, f"{path}[{i}]") for i, c in enumerate(messages))
+    claims = tuple(_claim_from_pb(c, f"{path}[{i}]") for i, c in enumerate(messages))
     _check_unique_names(claims, path)
     if request.budget.max_steps < 0:
         raise InvalidArgument.at("budget.max_steps", "must not be negative")
@@ -179,6 +179,25 @@ def query_from_pb(request: QueryRequest) -> Query:
         explain=request.explain if isinstance(request, pb.AllocateRequest) else False,
         gang=gang,
     )
+
+
+_CLAIMS_KEPT = 512
+_claims_read: dict[bytes, ResourceClaim] = {}
+
+
+def _claim_from_pb(message: dra_pb2.ResourceClaim, path: str) -> ResourceClaim:
+    """A claim message as a value, read once per distinct message: batch systems send the same
+    few claim shapes over and over, and reading one costs more than serializing it to look it
+    up. Values are immutable, so calls share them; only valid claims are kept (a bad one raises
+    with its field path every time); the memo starts over when full."""
+    key = message.SerializeToString(deterministic=True)
+    claim = _claims_read.get(key)
+    if claim is None:
+        claim = from_pb_resource_claim(message, path)
+        if len(_claims_read) >= _CLAIMS_KEPT:
+            _claims_read.clear()
+        _claims_read[key] = claim
+    return claim
 
 
 def claims_path(request: QueryRequest) -> str:

@@ -89,8 +89,9 @@ local function owned(ctx, id, owner, fence)
 end
 
 -- ARGV: base node channel id owner idem lease_ms devices_json uses_json doc
--- -> {'ok', fields, expired} | {'existing', fields, expired} | {'conflict', items, expired}
-local function reserve(keys, args)
+-- -> {'ok', {fence, created, expires}, expired} | {'existing', fields, expired}
+--  | {'conflict', items, expired}   (a grant returns only what the caller did not send)
+local function grant(keys, args)
   local ctx = context(args)
   local id, owner, idem, lease_ms = args[4], args[5], args[6], tonumber(args[7])
   local devices_json, uses_json, doc = args[8], args[9], args[10]
@@ -143,7 +144,17 @@ local function reserve(keys, args)
   redis.call('SADD', ctx.base .. 'ids', id)
   if idem ~= '' then redis.call('HSET', ctx.base .. 'idem', idem, id) end
   publish(ctx, 'reserve', id, fence)
-  return {'ok', redis.call('HGETALL', rkey), expired}
+  return {'ok', {fence, string.format('%d', now), expires}, expired}
+end
+
+-- The step as versions before gpualloc_grant called it (same ARGV): a grant replies with every
+-- field, {'ok', fields, expired}. Kept so that replicas of both versions work during an upgrade.
+local function reserve(keys, args)
+  local reply = grant(keys, args)
+  if reply[1] == 'ok' then
+    reply[2] = redis.call('HGETALL', args[1] .. 'res:' .. args[4])
+  end
+  return reply
 end
 
 -- ARGV: base node channel id owner fence -> {'ok', fields, expired} | {error..., expired}
@@ -219,6 +230,7 @@ local function version()
   return VERSION
 end
 
+redis.register_function('gpualloc_grant', grant)
 redis.register_function('gpualloc_reserve', reserve)
 redis.register_function('gpualloc_commit', commit)
 redis.register_function('gpualloc_renew', renew)

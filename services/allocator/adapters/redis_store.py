@@ -5,12 +5,15 @@ Each reserve/commit/renew/release/expire is ONE `FCALL` into the `gpualloc` libr
 slot (Redis Cluster). The Lua side reads the server's TIME for every lease decision, frees the
 node's due leases first, and publishes each change on `<prefix>:events`.
 
-Outside the node slots, two index keys let a client find things:
+A reservation id names its node: `res-<32 hex>@<node>`, so commit, renew, release and get go
+straight to the node's keys (one round trip each; an id naming a node that does not hold it is
+simply NotFound). Outside the node slots one key lets a client find things:
 
-- `<prefix>:reservations` HASH id -> node, written *before* the step (in the same round trip as
-  the node registration) and deleted after a conflict, release or expiry. It is a superset of
-  the truth: an id it lacks does not exist; an id it has may be gone (the node's keys decide).
-- `<prefix>:nodes` SET of every node that ever had a reservation (`live()` walks it).
+- `<prefix>:nodes` SET of every node that ever had a reservation (`live()` and `expire()` walk
+  it), added to in the same pipeline as the reserve step and before it, so a reserve is ONE
+  round trip.
+- `<prefix>:reservations` HASH id -> node: only read, for ids without `@<node>` that an older
+  version wrote (it indexed every id); entries are deleted after their release or expiry.
 
 Failure policy: connection errors and timeouts become `Unavailable`. Only reads and reserves
 that carry an idempotency key are retried (with exponential backoff): a retried reserve without
@@ -63,7 +66,13 @@ from services.common.errors import (
     Unavailable,
 )
 
-__all__ = ["LIBRARY_NAME", "LIBRARY_VERSION", "RedisReservationStore", "RedisSubscription"]
+__all__ = [
+    "LIBRARY_NAME",
+    "LIBRARY_VERSION",
+    "NODE_SEPARATOR",
+    "RedisReservationStore",
+    "RedisSubscription",
+]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -82,6 +91,7 @@ _UNAVAILABLE = (
     TryAgainError,
 )
 EventCallback = Callable[[ReservationEvent], None]
+NODE_SEPARATOR = "@"  # reservation id = <id_factory()>@<node>
 _RESUBSCRIBE_S = 0.5  # pause between reconnect attempts of an event subscription
 Strings = list[str]  # aliases: inside the class `list` is the port's method
 Replies = list[Any]
@@ -90,7 +100,8 @@ Replies = list[Any]
 class RedisReservationStore:
     """Reservations in Redis >= 7.0. `client_or_url` is a URL (`redis://`, `rediss://` for TLS,
     `user:password@` for AUTH/ACL, `/db`; see redis-py `from_url`) or a ready client, which the
-    store then neither configures nor closes (disable its retries: see the module docstring)."""
+    store then neither configures nor closes (disable its retries: see the module docstring).
+    `id_factory` mints the part of an id before `@<node>` (it must not contain `@`)."""
 
     def __init__(
         self,
@@ -135,7 +146,12 @@ class RedisReservationStore:
     def reserve(self, request: ReserveRequest) -> Reservation:
         hold = validate_reserve_request(request)
         node = _check_node(request.node)
-        reservation_id = self._id_factory()
+        minted = self._id_factory()
+        if NODE_SEPARATOR in minted:
+            raise ValueError(
+                f"id_factory minted {minted!r}: ids must not contain {NODE_SEPARATOR!r}"
+            )
+        reservation_id = minted + NODE_SEPARATOR + node
         base = self._base(node)
         idem = (
             json.dumps([request.owner, request.idempotency_key]) if request.idempotency_key else ""
@@ -156,20 +172,30 @@ class RedisReservationStore:
         ]
 
         def step() -> list[Any]:
-            with self._client.pipeline(transaction=False) as pipe:  # the write-ahead index
-                pipe.sadd(self._nodes_key, node)
-                pipe.hset(self._index_key, reservation_id, node)
-                pipe.execute()
-            return cast(list[Any], self._fcall("gpualloc_reserve", keys, args))
+            return cast(list[Any], self._fcall("gpualloc_grant", keys, args, register=node))
 
         reply = self._attempt(step, retry=bool(request.idempotency_key))
         status, expired = _text(reply[0]), reply[-1]
+        self._unindex(expired)
         if status == "conflict":
-            self._unindex([reservation_id, *expired])
             raise conflict_error([_conflict_item(item) for item in reply[1]])
-        reservation = self._decode(reply[1])
-        self._unindex([*([reservation_id] if reservation.id != reservation_id else []), *expired])
-        return reservation
+        if status == "existing":
+            return self._decode(reply[1])
+        fence, created, expires = (int(_text(value)) for value in reply[1])
+        return Reservation(
+            id=reservation_id,
+            owner=request.owner,
+            node=node,
+            claim_names=tuple(request.claim_names),
+            allocations=tuple(request.allocations),
+            hold=hold,
+            state=ReservationState.RESERVED,
+            fencing_token=fence,
+            created_at=created / 1000,
+            expires_at=expires / 1000,
+            idempotency_key=request.idempotency_key,
+            labels=tuple((key, value) for key, value in request.labels),
+        )
 
     def reserve_gang(self, requests: Sequence[ReserveRequest]) -> list[Reservation]:
         """Per node in order, releasing what was taken if one fails (see `reserve_gang`)."""
@@ -282,10 +308,16 @@ class RedisReservationStore:
         return [_text(node) for node in cast(set[Any], self._client.smembers(self._nodes_key))]
 
     def _node_of(self, reservation_id: str) -> str:
-        node = self._attempt(lambda: self._client.hget(self._index_key, reservation_id), True)
-        if node is None:
+        """The node an id names; ids without one (older versions) are looked up in the index."""
+        head, separator, node = reservation_id.partition(NODE_SEPARATOR)
+        if separator:
+            if not head or not node or "{" in node or "}" in node:
+                raise NotFound(f"reservation {reservation_id} not found (no such id)")
+            return node
+        found = self._attempt(lambda: self._client.hget(self._index_key, reservation_id), True)
+        if found is None:
             raise NotFound(f"reservation {reservation_id} not found (released or expired)")
-        return _text(node)
+        return _text(found)
 
     def _mutate(self, function: str, node: str, reservation_id: str, args: Strings) -> Any:
         """One commit/renew/release step; translates the Lua side's refusals into errors."""
@@ -310,10 +342,12 @@ class RedisReservationStore:
         raise AssertionError(f"{function}: unexpected reply {status!r}")
 
     def _unindex(self, reservation_ids: Sequence[Any]) -> None:
-        """Best effort: a stale index entry only costs a NotFound later."""
-        if reservation_ids:
+        """Drop the index entries of gone ids that an older version indexed (ids without
+        `@<node>`; others never were). Best effort: a stale entry only costs a NotFound later."""
+        legacy = [t for t in (_text(i) for i in reservation_ids) if NODE_SEPARATOR not in t]
+        if legacy:
             with contextlib.suppress(*_UNAVAILABLE):
-                self._client.hdel(self._index_key, *(_text(i) for i in reservation_ids))
+                self._client.hdel(self._index_key, *legacy)
 
     def _attempt(self, action: Callable[[], T], retry: bool) -> T:
         attempts = 1 + (self._retries if retry else 0)
@@ -326,9 +360,14 @@ class RedisReservationStore:
                 time.sleep(self._backoff_seconds * 2**attempt)
         raise AssertionError("unreachable")
 
-    def _fcall(self, function: str, keys: Sequence[str], args: Sequence[str]) -> Any:
-        """FCALL (FCALL_RO for the read-only functions), loading the library when missing."""
+    def _fcall(
+        self, function: str, keys: Sequence[str], args: Sequence[str], register: str = ""
+    ) -> Any:
+        """FCALL (FCALL_RO for the read-only functions), loading the library when missing.
+        `register`: a node to add to the nodes set first, in the same round trip."""
         self._ensure_library()
+        if register:
+            return self._registered_fcall(function, keys, args, register)
         call = self._client.fcall_ro if function in _READ_ONLY else self._client.fcall
         try:
             return call(function, len(keys), *keys, *args)
@@ -337,6 +376,24 @@ class RedisReservationStore:
                 raise
         self._load_library()
         return call(function, len(keys), *keys, *args)
+
+    def _registered_fcall(
+        self, function: str, keys: Sequence[str], args: Sequence[str], node: str
+    ) -> Any:
+        """SADD the node to the nodes set, then FCALL: one pipeline, executed in that order."""
+        for attempt in range(2):
+            with self._client.pipeline(transaction=False) as pipe:
+                pipe.sadd(self._nodes_key, node)
+                pipe.fcall(function, len(keys), *keys, *args)
+                registered, reply = pipe.execute(raise_on_error=False)
+            if attempt == 0 and _is_missing_function(reply):
+                self._load_library()
+                continue
+            for outcome in (registered, reply):
+                if isinstance(outcome, Exception):
+                    raise outcome
+            return reply
+        raise Unavailable(f"redis: function {function} keeps disappearing")
 
     def _fcall_many(self, function: str, calls: Sequence[tuple[Strings, Strings]]) -> Replies:
         """The same function on many nodes in one round trip."""

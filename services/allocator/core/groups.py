@@ -102,7 +102,8 @@ class GroupIndex:
         nodes = self.members[key]
         capacity = self.templates.templates[template_id].free_capacity(used)
         _remove(order, (capacity, nodes[0], used))
-        rest = [n for n in nodes if n != node]
+        position = bisect.bisect_left(nodes, node)  # member lists are sorted: slice, not scan
+        rest = nodes[:position] + nodes[position + 1 :]
         if rest:
             self.members[key] = rest
             bisect.insort(order, (capacity, rest[0], used))

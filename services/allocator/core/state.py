@@ -76,6 +76,24 @@ class AllocatedState:
         state._remove(allocation, owner)
         return state
 
+    def with_changes(
+        self, changes: Iterable[tuple[str | None, str | None, AllocationResult]]
+    ) -> AllocatedState:
+        """`(old owner, new owner, allocation)` applied in order to ONE copy (a batch costs one
+        copy of the maps, not one per change): `(None, new, a)` adds `a`, `(old, None, a)`
+        removes it, `(old, new, a)` hands what `old` holds of `a` to `new` (nothing is freed
+        or taken: no counter or node group moves)."""
+        state = self._copy()
+        for old, new, allocation in changes:
+            if old is None:
+                if new is not None:
+                    state._add(allocation, new)
+            elif new is None:
+                state._remove(allocation, old)
+            else:
+                state._rename(allocation, old, new)
+        return state
+
     def rebase(self, snapshot: ClusterSnapshot) -> AllocatedState:
         """The same holdings over a new snapshot (counter consumption is re-resolved)."""
         state = self._copy()
@@ -143,6 +161,27 @@ class AllocatedState:
                 self._count(device_id, -1)
                 if self._groups is not None:
                     self._groups.device_changed(device_id, False)
+
+    def _rename(self, allocation: AllocationResult, old: str, new: str) -> None:
+        held = [r for r in allocation.results if not r.admin_access]
+        if not all(
+            old in self._exclusive.get(r.device_id, ())
+            if r.share_id is None
+            else self._shares.get(r.device_id, {}).get(r.share_id, ("",))[0] == old
+            for r in held
+        ):
+            self._add(allocation, new)  # `old` does not hold it (not expected): just add
+            return
+        for result in held:
+            device_id = result.device_id
+            if result.share_id is None:
+                owners = list(self._exclusive[device_id])
+                owners[owners.index(old)] = new
+                self._exclusive[device_id] = tuple(owners)
+            else:
+                shares = dict(self._shares[device_id])
+                shares[result.share_id] = (new, shares[result.share_id][1])
+                self._shares[device_id] = shares
 
     def _add_capacity(
         self, device_id: DeviceID, consumed: Mapping[str, Quantity], sign: int

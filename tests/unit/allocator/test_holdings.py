@@ -3,6 +3,7 @@ and turned into an AllocatedState that equals one built from scratch."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -179,4 +180,101 @@ def test_incremental_state_equals_a_state_built_from_scratch(operations):
     assert {c: got.counter_used(c) for c in counters} == {c: want.counter_used(c) for c in counters}
     assert {d: got.owners(d) for d in want.devices_in_use} == {
         d: want.owners(d) for d in want.devices_in_use
+    }
+
+
+def test_a_pending_placement_is_held_until_it_settles_or_is_dropped(holdings):
+    placement = _allocation(MIG[0])
+    token = holdings.hold_pending([A100], [placement])
+    assert holdings.state_for(VIEW).owners(MIG[0]) == (token,)
+    assert holdings.reservations() == []  # pending is not a reservation (Explain, idempotency)
+
+    granted = dataclasses.replace(_reservation("res-1", MIG[0]), allocations=(placement,))
+    holdings.settle_pending(token, [granted])
+    assert holdings.state_for(VIEW).owners(MIG[0]) == ("res-1",)
+
+    refused = holdings.hold_pending([A100], [_allocation(MIG[1])])
+    assert holdings.state_for(VIEW).in_use(MIG[1])
+    holdings.drop_pending(refused)
+    assert not holdings.state_for(VIEW).in_use(MIG[1])
+
+
+class CountingGets:
+    """A real store that counts `get` calls (the fetches of reservations made elsewhere)."""
+
+    def __init__(self, store) -> None:
+        self._store = store
+        self.gets: list[str] = []
+
+    def get(self, reservation_id):
+        self.gets.append(reservation_id)
+        return self._store.get(reservation_id)
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+def test_own_reserves_are_not_fetched_back_but_other_replicas_are(store):
+    counting = CountingGets(store)
+    holdings = Holdings(counting, expire_interval=3600, refresh_interval=3600)
+    holdings.start()
+    try:
+        request = _request(A100, MIG[0])
+        token = holdings.hold_pending([A100], request.allocations)
+        own = store.reserve(request)  # its event arrives while the placement is pending
+        holdings.settle_pending(token, [own])
+        other = store.reserve(_request(A100, MIG[1]))  # no placement pending: another replica
+        _until(lambda: holdings.get(other.id) is not None)
+        time.sleep(0.1)  # past the grace an unknown id on a pending node waits
+        assert counting.gets == [other.id]
+    finally:
+        holdings.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["add", "remove", "hold", "settle", "drop"]),
+            st.integers(0, 5),
+            st.lists(st.integers(0, len(MIG) - 1), min_size=1, max_size=3),
+        ),
+        max_size=60,
+    )
+)
+def test_pending_placements_keep_the_incremental_state_exact(operations):
+    holdings = Holdings(MemoryReservationStore())
+    live: dict[str, Reservation] = {}
+    pending: dict[int, tuple[str, AllocationResult]] = {}
+    for index, (op, slot, picks) in enumerate(operations):
+        devices = sorted({MIG[p] for p in picks})
+        rid = f"res-{index}"
+        if op == "add":
+            live[rid] = _reservation(rid, *devices)
+            holdings.added([live[rid]])
+        elif op == "remove" and live:
+            gone = sorted(live)[slot % len(live)]
+            holdings.removed([gone])
+            del live[gone]
+        elif op == "hold" and slot not in pending:
+            placement = _allocation(*devices)
+            pending[slot] = (holdings.hold_pending([A100], [placement]), placement)
+        elif op == "settle" and slot in pending:
+            token, placement = pending.pop(slot)
+            granted = dataclasses.replace(_reservation(rid, *devices), allocations=(placement,))
+            live[rid] = granted
+            holdings.settle_pending(token, [granted])
+        elif op == "drop" and slot in pending:
+            holdings.drop_pending(pending.pop(slot)[0])
+        if index % 5 == 0:
+            holdings.state_for(VIEW)  # cache now and then: later changes apply incrementally
+    got = holdings.state_for(VIEW)
+    held = [(r.id, a) for r in live.values() for a in r.allocations]
+    held += [(token, placement) for token, placement in pending.values()]
+    want = AllocatedState.build(SNAPSHOT, held)
+    assert got.devices_in_use == want.devices_in_use
+    counters = {c for e in SNAPSHOT.all_devices() for c, _ in e.counters}
+    assert {c: got.counter_used(c) for c in counters} == {c: want.counter_used(c) for c in counters}
+    assert {d: sorted(got.owners(d)) for d in want.devices_in_use} == {
+        d: sorted(want.owners(d)) for d in want.devices_in_use
     }

@@ -92,3 +92,29 @@ def test_rebase_resolves_counters_against_a_new_snapshot() -> None:
     )
     assert held.rebase(bigger).counter_used(COUNTER) == 6
     assert held.counter_used(COUNTER) == 4
+
+
+def test_a_batch_of_changes_hands_over_holds_without_freeing_them() -> None:
+    exclusive = allocation(result("r", "gpu-0"), result("r", "mig-a"))
+    share = allocation(result("r", "shared", share_id="s1", consumed={"memory": "3"}))
+    base = AllocatedState(SNAP).with_changes([(None, "pending:1", exclusive), (None, "p2", share)])
+    groups = base.node_groups(SNAP)
+
+    after = base.with_changes([("pending:1", "res-1", exclusive), ("p2", "res-2", share)])
+
+    assert after.owners(dev("gpu-0")) == ("res-1",) and after.owners(dev("mig-a")) == ("res-1",)
+    assert after.owners(dev("shared")) == ("res-2",)
+    assert after.counter_used(COUNTER) == base.counter_used(COUNTER) == 6
+    assert after.consumed_capacity(dev("shared")) == {"memory": Fraction(3)}
+    assert after.node_groups(SNAP).in_use == groups.in_use
+    assert base.owners(dev("gpu-0")) == ("pending:1",)  # the old state is untouched
+    freed = after.with_changes([("res-1", None, exclusive), ("res-2", None, share)])
+    assert freed.devices_in_use == frozenset() and freed.counter_used(COUNTER) == 0
+
+
+def test_handing_over_what_the_old_owner_does_not_hold_adds_it() -> None:
+    exclusive = allocation(result("r", "gpu-0"))
+
+    state = AllocatedState(SNAP).with_changes([("pending:9", "res-1", exclusive)])
+
+    assert state.owners(dev("gpu-0")) == ("res-1",)
