@@ -47,7 +47,7 @@ from services.allocator.core import (
     SolveResult,
     Unsatisfiable,
 )
-from services.allocator.core.gang import GangResult, GangUnsatisfiable
+from services.allocator.core.gang import GangAllocated, GangResult, GangUnsatisfiable
 from services.allocator.counting import count_capacity, count_gangs
 from services.allocator.gangs import (
     allocated_explanation,
@@ -124,53 +124,13 @@ class AllocatorService:
     # --- Allocate / Explain / Capacity -------------------------------------------------------
 
     def allocate(self, query: Query, lease: LeaseOptions | None = None) -> Answer:
-        """Place the claims; with `lease`, reserve the placement too (retrying on Conflict)."""
-        if query.gang is not None:
-            return self._allocate_gang(query, lease)
+        """Place the claims (or the gang); with `lease`, reserve the placement too, one
+        reservation per node, retrying on Conflict."""
         lease_seconds = self._lease_seconds(lease.lease_seconds, "lease_ttl") if lease else 0.0
         if lease is not None and lease.idempotency_key:
             known = self.holdings.find_idempotent(lease.owner, lease.idempotency_key)
             if known:
                 return self._reserved_answer(query, known, self.view.require(0).generation)
-        attempts = 1 + (self.limits.reserve_retries if lease is not None else 0)
-        conflict: Conflict | None = None
-        for attempt in range(attempts):
-            if attempt:
-                _back_off(attempt)
-            view, state = self._read(query)
-            answer = self._answer(view, state, query, explain=query.explain)
-            if lease is None or answer.outcome is not Outcome.ALLOCATED:
-                return answer
-            holds = placement_holds(view.snapshot, answer.node or "", answer.allocations)
-            names = tuple(claim_ref(claim.namespace, claim.name) for claim in query.claims)
-            requests = _requests(holds, names, answer.allocations, lease, lease_seconds)
-            try:
-                reservations = self._store_reserve(requests)
-            except Conflict as error:
-                conflict = error
-                self._count(self._metrics.conflicts if self._metrics else None)
-                for scope in holds:
-                    self.holdings.refresh(scope)
-                continue
-            return self._reserved_answer(query, reservations, view.generation)
-        self._count(self._metrics.aborted if self._metrics else None)
-        assert conflict is not None
-        raise _bounded(conflict)
-
-    def _allocate_gang(self, query: Query, lease: LeaseOptions | None) -> Answer:
-        """Allocate for a gang: one reservation per member node, all or nothing."""
-        lease_seconds = self._lease_seconds(lease.lease_seconds, "lease_ttl") if lease else 0.0
-        if lease is not None and lease.idempotency_key:
-            known = self.holdings.find_idempotent(lease.owner, lease.idempotency_key)
-            if known:
-                return Answer(
-                    Outcome.ALLOCATED,
-                    generation=self.view.require(0).generation,
-                    claims=query.claims,
-                    policy=query.policy or self.solver.policy,
-                    reservations=tuple(known),
-                    gang=members_of_reservations(known),
-                )
         attempts = 1 + (self.limits.reserve_retries if lease is not None else 0)
         conflict: Conflict | None = None
         names = tuple(claim_ref(claim.namespace, claim.name) for claim in query.claims)
@@ -181,7 +141,11 @@ class AllocatorService:
             answer = self._answer(view, state, query, explain=query.explain)
             if lease is None or answer.outcome is not Outcome.ALLOCATED:
                 return answer
-            requests = gang_requests(view.snapshot, answer.gang, names, lease, lease_seconds)
+            if query.gang is not None:
+                requests = gang_requests(view.snapshot, answer.gang, names, lease, lease_seconds)
+            else:
+                holds = placement_holds(view.snapshot, answer.node or "", answer.allocations)
+                requests = _requests(holds, names, answer.allocations, lease, lease_seconds)
             try:
                 reservations = self._store_reserve(requests)
             except Conflict as error:
@@ -190,7 +154,9 @@ class AllocatorService:
                 for request in requests:
                     self.holdings.refresh(request.node)
                 continue
-            return replace(answer, reservations=tuple(reservations))
+            if query.gang is not None:
+                return replace(answer, reservations=tuple(reservations))
+            return self._reserved_answer(query, reservations, view.generation)
         self._count(self._metrics.aborted if self._metrics else None)
         assert conflict is not None
         raise _bounded(conflict)
@@ -341,19 +307,27 @@ class AllocatorService:
     def _answer(
         self, view: ViewSnapshot, state: AllocatedState, query: Query, *, explain: bool
     ) -> Answer:
-        if query.gang is not None:
-            return self._answer_gang(view, state, query, explain=explain)
+        """The solver's answer to `query` (a gang's with `solve_gang`) on this view and state."""
         classes = with_inline(self.classes, query.device_classes)
         policy = query.policy or self.solver.policy
         hits_before = self.solver.selectors.profile_hits
         started = time.perf_counter()
-        with self._tracer.start_as_current_span("solve") as span:
+        with self._tracer.start_as_current_span(
+            "solve" if query.gang is None else "solve_gang"
+        ) as span:
             span.set_attribute("gpualloc.inventory.generation", view.generation)
+            deadline = Deadline.within(remaining_seconds())
+            result: SolveResult | GangResult | None
             try:
-                result: SolveResult | None = self.solver.run(
-                    view.snapshot, state, classes, query, Deadline.within(remaining_seconds()),
-                    explain=explain,
-                )  # fmt: skip
+                if query.gang is None:
+                    result = self.solver.run(
+                        view.snapshot, state, classes, query, deadline, explain=explain
+                    )
+                else:
+                    span.set_attribute("gpualloc.gang.nodes", query.gang.node_count)
+                    result = self.solver.run_gang(
+                        view.snapshot, state, classes, query, deadline, explain=explain
+                    )
             except DeadlineExceeded:
                 result = None
             elapsed = time.perf_counter() - started
@@ -374,13 +348,22 @@ class AllocatorService:
         )
         if result is None:
             return answer
-        if isinstance(result, Unsatisfiable):
+        if isinstance(result, Unsatisfiable | GangUnsatisfiable):
             outcome = Outcome.BUDGET_EXHAUSTED if result.budget_exhausted else Outcome.UNSATISFIABLE
             answer = replace(
                 answer, outcome=outcome, explanation=result.explanation, stats=result.stats
             )
             holders = blocking_holders(answer, self.holdings.reservations(), 3)
             return _with_holders(answer, holders)
+        if isinstance(result, GangAllocated):
+            assert query.gang is not None
+            return replace(
+                answer,
+                outcome=Outcome.ALLOCATED,
+                gang=members(result),
+                explanation=allocated_explanation(result, query.gang) if explain else None,
+                stats=result.stats,
+            )
         return replace(
             answer,
             outcome=Outcome.ALLOCATED,
@@ -388,57 +371,6 @@ class AllocatorService:
             allocations=result.allocations,
             score=result.score,
             explanation=result.explanation,
-            stats=result.stats,
-        )
-
-    def _answer_gang(
-        self, view: ViewSnapshot, state: AllocatedState, query: Query, *, explain: bool
-    ) -> Answer:
-        """`_answer` for a gang query: members, or why no domain holds enough nodes."""
-        assert query.gang is not None
-        classes = with_inline(self.classes, query.device_classes)
-        hits_before = self.solver.selectors.profile_hits
-        started = time.perf_counter()
-        with self._tracer.start_as_current_span("solve_gang") as span:
-            span.set_attribute("gpualloc.inventory.generation", view.generation)
-            span.set_attribute("gpualloc.gang.nodes", query.gang.node_count)
-            try:
-                result: GangResult | None = self.solver.run_gang(
-                    view.snapshot, state, classes, query, Deadline.within(remaining_seconds()),
-                    explain=explain,
-                )  # fmt: skip
-            except DeadlineExceeded:
-                result = None
-            elapsed = time.perf_counter() - started
-            span.set_attribute("gpualloc.outcome", type(result).__name__)
-        if self._metrics is not None:
-            self._metrics.solve_duration.record(elapsed * 1000)
-        answer = Answer(
-            Outcome.BUDGET_EXHAUSTED,
-            generation=view.generation,
-            claims=query.claims,
-            policy=query.policy or self.solver.policy,
-            cel_cache_hits=self.solver.selectors.profile_hits - hits_before,
-            elapsed_seconds=elapsed,
-            explanation=Explanation(
-                summary="the call's deadline ran out during the search: retry with more time",
-                budget_exhausted=True,
-            ),
-        )
-        if result is None:
-            return answer
-        if isinstance(result, GangUnsatisfiable):
-            outcome = Outcome.BUDGET_EXHAUSTED if result.budget_exhausted else Outcome.UNSATISFIABLE
-            answer = replace(
-                answer, outcome=outcome, explanation=result.explanation, stats=result.stats
-            )
-            holders = blocking_holders(answer, self.holdings.reservations(), 3)
-            return _with_holders(answer, holders)
-        return replace(
-            answer,
-            outcome=Outcome.ALLOCATED,
-            gang=members(result),
-            explanation=allocated_explanation(result, query.gang) if explain else None,
             stats=result.stats,
         )
 
@@ -464,7 +396,16 @@ class AllocatorService:
         self, query: Query, reservations: Sequence[Reservation], generation: int
     ) -> Answer:
         """The answer of a reserving Allocate: the placement as the store holds it (which, for
-        an idempotent retry, is the first call's)."""
+        an idempotent retry, is the first call's); a gang's members sorted by node."""
+        if query.gang is not None:
+            return Answer(
+                Outcome.ALLOCATED,
+                generation=generation,
+                claims=query.claims,
+                policy=query.policy or self.solver.policy,
+                reservations=tuple(reservations),
+                gang=members_of_reservations(reservations),
+            )
         first = reservations[0]
         return Answer(
             Outcome.ALLOCATED,
