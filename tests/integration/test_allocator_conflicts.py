@@ -14,8 +14,6 @@ import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from protos.allocator.v1 import allocator_pb2 as pb
-from services.allocator.adapters.memory_store import MemoryReservationStore
-from services.allocator.adapters.redis_store import RedisReservationStore
 from services.allocator.config import AllocatorSettings
 from services.allocator.holds import placement_holds
 from services.allocator.reservations import ReserveRequest
@@ -26,21 +24,6 @@ from services.common.pb.dra_mapping import from_pb_allocation_result
 from tests.e2e.allocator_harness import SilentStore, allocate_request, owner, serve_allocator
 
 NODE = "h100-node-1"
-
-
-@pytest.fixture(
-    params=[
-        pytest.param("memory", id="embedded"),
-        pytest.param("redis", id="redis", marks=pytest.mark.redis),
-    ]
-)
-def store(request):
-    if request.param == "memory":
-        yield MemoryReservationStore()
-        return
-    made = RedisReservationStore(request.getfixturevalue("redis_url"))
-    yield made
-    made.close()
 
 
 def _stale_allocator(grpc_channel_factory, store, retries: int, reader=None):

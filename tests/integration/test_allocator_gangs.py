@@ -15,8 +15,6 @@ import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from protos.allocator.v1 import allocator_pb2 as pb
-from services.allocator.adapters.memory_store import MemoryReservationStore
-from services.allocator.adapters.redis_store import RedisReservationStore
 from services.allocator.config import AllocatorSettings
 from services.allocator.holds import placement_holds
 from services.allocator.reservations import ReservationStore, ReserveRequest
@@ -36,28 +34,6 @@ from tests.e2e.allocator_harness import (
 ZONE = "topology.kubernetes.io/zone"
 RACK = "gpualloc.dev/rack"
 H100 = ("h100-node-1", "h100-node-2")
-
-
-@pytest.fixture(
-    params=[
-        pytest.param("memory", id="embedded"),
-        pytest.param("redis", id="redis", marks=pytest.mark.redis),
-    ]
-)
-def store(request):
-    if request.param == "memory":
-        yield MemoryReservationStore()
-        return
-    made = RedisReservationStore(request.getfixturevalue("redis_url"))
-    yield made
-    made.close()
-
-
-@pytest.fixture
-def allocator(grpc_channel_factory, store):
-    served = serve_allocator(grpc_channel_factory, store)
-    yield served
-    served.app.close()
 
 
 def gang(count: int, claim: str = "one-h100", label: str = ZONE) -> pb.Gang:

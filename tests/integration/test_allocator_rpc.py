@@ -19,8 +19,6 @@ from grpc_status import rpc_status
 
 from protos.allocator.v1 import allocator_pb2 as pb
 from protos.common.v1 import dra_pb2
-from services.allocator.adapters.memory_store import MemoryReservationStore
-from services.allocator.adapters.redis_store import RedisReservationStore
 from services.allocator.bootstrap import FEED_HEALTH_NAME
 from services.allocator.config import AllocatorSettings
 from services.common.errors import Conflict, InvalidArgument
@@ -31,32 +29,9 @@ from tests.e2e.allocator_harness import (
     owner,
     pb_claims,
     pb_example_classes,
-    serve_allocator,
 )
 
 SERVICE = "gpualloc.allocator.v1.Allocator"
-
-
-@pytest.fixture(
-    params=[
-        pytest.param("memory", id="embedded"),
-        pytest.param("redis", id="redis", marks=pytest.mark.redis),
-    ]
-)
-def store(request):
-    if request.param == "memory":
-        yield MemoryReservationStore()
-        return
-    made = RedisReservationStore(request.getfixturevalue("redis_url"))
-    yield made
-    made.close()
-
-
-@pytest.fixture
-def allocator(grpc_channel_factory, store):
-    served = serve_allocator(grpc_channel_factory, store)
-    yield served
-    served.app.close()
 
 
 def _error(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
