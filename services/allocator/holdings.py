@@ -4,11 +4,12 @@ The reservation store is the truth; every allocator process (worker or replica) 
 copy so that Allocate never waits for Redis:
 
 - at start, `store.live()`;
-- then the store's change events (other replicas' reserves, releases, expiries), handled on a
-  worker thread: releases and expiries drop ids, reserves of unknown ids are fetched — except
-  on a node where this process has a placement pending: its own reserve's event usually
-  arrives before the reservation is settled here, so such ids wait `_FETCH_GRACE` first and
-  are fetched only if still unknown then;
+- then the store's change events (other replicas' reserves, releases, expiries), applied on
+  the subscription's thread as they come: releases and expiries drop ids, commits mark them;
+  the events of this process's own changes stop at a dictionary lookup. Reserves of unknown
+  ids are left to a fetch thread — after `_FETCH_GRACE` on a node where this process has a
+  placement pending (its own reserve's event usually arrives before the reservation is
+  settled here), fetched only if still unknown then;
 - and this process's own operations (`added` / `removed`), at once, so that the next Allocate
   in this process already avoids what it just reserved;
 - placements this process is reserving right now (`hold_pending`, then `settle_pending` or
@@ -59,7 +60,6 @@ log = logging.getLogger(__name__)
 
 _TOMBSTONE_SECONDS = 300.0
 _INCREMENTAL_LIMIT = 64  # more changes than this since the cached state: rebuild it
-_EVENT_BATCH = 256
 _FETCH_GRACE = 0.05  # seconds an unknown id reserved on a node with a pending placement waits
 
 
@@ -114,7 +114,8 @@ class Holdings:
         self._tombstones: dict[str, float] = {}
         self._cached: _Cached | None = None
         self._synced = False
-        self._events: queue.SimpleQueue[ReservationEvent | None] = queue.SimpleQueue()
+        self._waiting: dict[str, float] = {}  # unknown reserved ids -> when to fetch them
+        self._wake: queue.SimpleQueue[bool | None] = queue.SimpleQueue()  # None: close
         self._closed = threading.Event()
         self._subscription: Subscription | None = None
         self._threads: list[threading.Thread] = []
@@ -129,7 +130,7 @@ class Holdings:
             self.refresh()
         except Unavailable as error:
             log.warning("reservations not loaded yet: %s", error)
-        for target, name in ((self._sync, "holdings-events"), (self._janitor, "holdings-janitor")):
+        for target, name in ((self._sync, "holdings-fetch"), (self._janitor, "holdings-janitor")):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -138,7 +139,7 @@ class Holdings:
         """Follow the store's events; False when the store cannot be reached now (the
         janitor tries again: until then only refreshes keep the copy current)."""
         try:
-            self._subscription = self._store.subscribe(self._events.put)
+            self._subscription = self._store.subscribe(self._receive)
         except Exception as error:  # the store's client error types are its own business
             log.warning("cannot follow reservation events yet: %s", error)
             return False
@@ -146,7 +147,7 @@ class Holdings:
 
     def close(self) -> None:
         self._closed.set()
-        self._events.put(None)
+        self._wake.put(None)
         if self._subscription is not None:
             self._subscription.close()
         for thread in self._threads:
@@ -331,59 +332,71 @@ class Holdings:
 
     # --- background -----------------------------------------------------------------------
 
-    def _sync(self) -> None:
-        """Apply store events in batches (fetching reservations this copy does not know)."""
-        waiting: dict[str, float] = {}  # unknown ids -> when to fetch them
-        while True:
-            timeout = max(0.0, min(waiting.values()) - time.monotonic()) if waiting else None
-            batch: list[ReservationEvent] = []
-            try:
-                event = self._events.get(timeout=timeout)
-                if event is None or self._closed.is_set():
-                    return
-                batch.append(event)
-            except queue.Empty:
-                pass
-            while len(batch) < _EVENT_BATCH and not self._events.empty():
-                more = self._events.get()
-                if more is None:
-                    return
-                batch.append(more)
-            try:
-                now = time.monotonic()
-                for reservation_id, wait in self._handle(batch):
-                    waiting.setdefault(reservation_id, now + wait)
-                due = [i for i, at in waiting.items() if at <= now]
-                for reservation_id in due:
-                    del waiting[reservation_id]
-                self._fetch(due)
-            except Exception:
-                log.exception("reservation events could not be applied; refreshing later")
-
-    def _handle(self, batch: list[ReservationEvent]) -> list[tuple[str, float]]:
-        """Apply a batch; returns the reserved ids unknown here, each with how long to wait
-        before fetching it (0, or `_FETCH_GRACE` on a node with a pending placement)."""
-        unknown: list[tuple[str, float]] = []
-        for event in batch:
+    def _receive(self, event: ReservationEvent) -> None:
+        """A store event, on the subscription's thread: applied here at once, except that a
+        reserved id this copy does not know is left to the fetch thread. Events of what this
+        process just did (its reserves, once settled, its releases and commits) change
+        nothing and stop at a dictionary lookup."""
+        try:
             if self._on_event is not None:
                 self._on_event(event)
-            if event.op in (ReservationEventOp.RELEASE, ReservationEventOp.EXPIRE):
-                self.removed([event.id])
-            elif event.op is ReservationEventOp.RESERVE and event.id not in self._by_id:
-                unknown.append((event.id, _FETCH_GRACE if self._pending_on(event.node) else 0.0))
-            elif event.op is ReservationEventOp.COMMIT:
-                known = self._by_id.get(event.id)
-                if known is not None:
+            op, reservation_id = event.op, event.id
+            if op is ReservationEventOp.RESERVE:
+                if reservation_id not in self._by_id and reservation_id not in self._tombstones:
+                    self._unknown(event)
+            elif op is ReservationEventOp.RELEASE or op is ReservationEventOp.EXPIRE:
+                if reservation_id in self._by_id or reservation_id not in self._tombstones:
+                    self.removed([reservation_id])
+            elif op is ReservationEventOp.COMMIT:
+                known = self._by_id.get(reservation_id)
+                if known is not None and known.state is not ReservationState.COMMITTED:
                     self.committed(
                         dataclasses.replace(
                             known, state=ReservationState.COMMITTED, expires_at=None
                         )
                     )
-        return unknown
+        except Exception:
+            log.exception("reservation event %s could not be applied; refreshing later", event)
 
-    def _pending_on(self, node: str) -> bool:
+    def _unknown(self, event: ReservationEvent) -> None:
+        """Fetch a reserved id later: at once, or after `_FETCH_GRACE` on a node where this
+        process has a placement pending (its own reserve's event usually arrives before the
+        reservation is settled here). The fetch thread is woken only when it has no earlier
+        fetch to wake up for anyway."""
         with self._lock:
-            return any(node in nodes for nodes in self._pending_nodes.values())
+            pending = any(event.node in nodes for nodes in self._pending_nodes.values())
+            wake = not pending or not self._waiting
+            self._waiting.setdefault(
+                event.id, time.monotonic() + (_FETCH_GRACE if pending else 0.0)
+            )
+        if wake:
+            self._wake.put(True)
+
+    def _sync(self) -> None:
+        """Fetch the reserved ids `_unknown` left here, each when it is due."""
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                due = [i for i, at in self._waiting.items() if at <= now]
+                for reservation_id in due:
+                    del self._waiting[reservation_id]
+                # Not sooner than `_FETCH_GRACE` from now: under load ids fall due one by one,
+                # and a wake-up for each would cost more than the fetches it skips.
+                timeout = (
+                    max(min(self._waiting.values()) - now, _FETCH_GRACE) if self._waiting else None
+                )
+            try:
+                self._fetch(due)
+            except Exception:
+                log.exception("reservations could not be fetched; refreshing later")
+            try:
+                if self._wake.get(timeout=timeout) is None or self._closed.is_set():
+                    return
+            except queue.Empty:
+                pass
+            while not self._wake.empty():  # several wake-ups: one look at what is due
+                if self._wake.get() is None:
+                    return
 
     def _fetch(self, reservation_ids: Sequence[str]) -> None:
         for reservation_id in reservation_ids:

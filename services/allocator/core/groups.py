@@ -7,7 +7,8 @@ its groups in order of free capacity, so a BINPACK or SPREAD choice reads the fe
 right end instead of every node.
 
 AllocatedState owns one index per snapshot and updates it when a device becomes used or free
-(`move`), copying only what changes: states stay immutable values.
+(`move`), copying only what changes (the nodes moved since the last fold, the group maps):
+states stay immutable values.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 from fractions import Fraction
+from math import isqrt
 
 from services.allocator.core.templates import NodeTemplates
 from services.common.dra.model import DeviceID
@@ -22,6 +24,7 @@ from services.common.dra.model import DeviceID
 __all__ = ["EMPTY", "GroupIndex", "GroupKey", "OrderEntry"]
 
 EMPTY: frozenset[int] = frozenset()
+_FOLD_MIN = 32  # moved nodes up to 32 + sqrt(nodes in use) are copied, more are folded
 GroupKey = tuple[int, frozenset[int]]  # (template id, device indices in use)
 OrderEntry = tuple[Fraction, str, frozenset[int]]  # (free capacity, first node, in use)
 
@@ -29,11 +32,15 @@ OrderEntry = tuple[Fraction, str, frozenset[int]]  # (free capacity, first node,
 class GroupIndex:
     """Nodes by (template, in-use indices); per template, groups by (free capacity, first node)."""
 
-    __slots__ = ("in_use", "members", "order", "templates")
+    __slots__ = ("_moved", "_used", "members", "order", "templates")
 
     def __init__(self, templates: NodeTemplates) -> None:
         self.templates = templates
-        self.in_use: dict[str, frozenset[int]] = {}  # only nodes with something in use
+        # In-use indices per node: a base map (shared by copies, never changed once shared;
+        # only nodes with something in use) and the nodes moved since (EMPTY: nothing in use),
+        # folded into a new base once they outgrow ~sqrt(nodes in use).
+        self._used: dict[str, frozenset[int]] = {}
+        self._moved: dict[str, frozenset[int]] = {}
         self.members: dict[GroupKey, list[str]] = {}
         self.order: list[list[OrderEntry]] = [[] for _ in templates.templates]
 
@@ -45,10 +52,10 @@ class GroupIndex:
             slot = templates.slot.get(device)
             if slot is not None:
                 per_node.setdefault(slot[0], set()).add(slot[1])
-        index.in_use = {node: frozenset(used) for node, used in per_node.items()}
+        index._used = {node: frozenset(used) for node, used in per_node.items()}
         for template in templates.templates:
             for node in template.nodes:  # sorted, so every member list is sorted
-                key = (template.id, index.in_use.get(node, EMPTY))
+                key = (template.id, index._used.get(node, EMPTY))
                 index.members.setdefault(key, []).append(node)
         for (template_id, used), nodes in index.members.items():
             template = templates.templates[template_id]
@@ -61,13 +68,29 @@ class GroupIndex:
         """A copy whose top-level maps may change; lists are replaced, never edited in place."""
         index = GroupIndex.__new__(GroupIndex)
         index.templates = self.templates
-        index.in_use = dict(self.in_use)
+        index._used = self._used
+        index._moved = dict(self._moved)
+        if len(index._moved) > _FOLD_MIN + isqrt(len(self._used)):
+            used = dict(self._used)
+            for node, indices in index._moved.items():
+                if indices:
+                    used[node] = indices
+                else:
+                    used.pop(node, None)
+            index._used, index._moved = used, {}
         index.members = dict(self.members)
         index.order = list(self.order)
         return index
 
+    @property
+    def in_use(self) -> dict[str, frozenset[int]]:
+        """In-use device indices of every node with something in use."""
+        used = {node: self.node_in_use(node) for node in (*self._used, *self._moved)}
+        return {node: indices for node, indices in used.items() if indices}
+
     def node_in_use(self, node: str) -> frozenset[int]:
-        return self.in_use.get(node, EMPTY)
+        moved = self._moved.get(node)
+        return self._used.get(node, EMPTY) if moved is None else moved
 
     def group_of(self, node: str) -> GroupKey | None:
         template = self.templates.of_node.get(node)
@@ -86,10 +109,7 @@ class GroupIndex:
 
     def _move(self, node: str, before: frozenset[int], after: frozenset[int]) -> None:
         template = self.templates.of_node[node]
-        if after:
-            self.in_use[node] = after
-        else:
-            self.in_use.pop(node, None)
+        self._moved[node] = after
         order = list(self.order[template.id])
         self._leave(order, template.id, node, before)
         self._join(order, template.id, node, after)

@@ -9,8 +9,11 @@ for Explain, which owner (claim or reservation) holds each device.
 A device that is in use — exclusively or by at least one share — consumes its counters once.
 (Upstream 1.34 ignores the counters of shared devices; see docs/dra-compatibility.md.)
 
-Values are immutable: `with_allocation` / `without_allocation` return a new state and copy only
-the top-level maps, so a service can keep one live state per snapshot and swap it atomically.
+Values are immutable: `with_allocation` / `without_allocation` / `with_changes` return a new
+state, so a service can keep one live state per snapshot and swap it atomically. A new state
+shares its parent's maps and records the devices it changed in small delta maps, folded into new
+maps once they outgrow ~sqrt(holdings): a change costs about the devices it touches, not a copy
+of everything held (thousands of live reservations).
 Once the solver has asked for the node groups (groups.py), each new state updates a copy of them
 for the devices that became used or free, so choosing a node stays cheap as holdings change.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
+from math import isqrt
 
 from services.allocator.core.groups import GroupIndex
 from services.allocator.core.snapshot import Amount, ClusterSnapshot, CounterID
@@ -28,20 +32,32 @@ from services.common.dra.quantity import Quantity
 __all__ = ["AllocatedState"]
 
 _ZERO = Fraction(0)
+_FOLD_MIN = 32  # deltas up to 32 + sqrt(holdings) entries are copied, larger ones folded
+
+_Shares = Mapping[str, tuple[str, Mapping[str, Quantity]]]  # share id -> (owner, consumed)
+_Device = tuple[tuple[str, ...], _Shares, Mapping[str, Fraction] | None]
+_NO_SHARES: _Shares = {}
 
 
 class AllocatedState:
     """Devices, capacity shares and counters held by existing (non-admin) allocations."""
 
-    __slots__ = ("_capacity", "_counters", "_exclusive", "_groups", "_shares", "_snapshot")
+    __slots__ = (
+        "_capacity", "_counter_delta", "_counters", "_delta", "_exclusive", "_groups",
+        "_shares", "_snapshot",
+    )  # fmt: skip
 
     def __init__(self, snapshot: ClusterSnapshot | None = None) -> None:
         """An empty state; `snapshot` resolves which counters a device consumes."""
         self._snapshot = snapshot
+        # The base maps, shared by the states derived from this one: never changed once
+        # shared. What a derived state changed is in the deltas (see `_copy`).
         self._exclusive: dict[DeviceID, tuple[str, ...]] = {}
-        self._shares: dict[DeviceID, dict[str, tuple[str, Mapping[str, Quantity]]]] = {}
-        self._capacity: dict[DeviceID, dict[str, Fraction]] = {}
+        self._shares: dict[DeviceID, _Shares] = {}
+        self._capacity: dict[DeviceID, Mapping[str, Fraction]] = {}
         self._counters: dict[CounterID, Amount] = {}
+        self._delta: dict[DeviceID, _Device] = {}  # every device changed since the base
+        self._counter_delta: dict[CounterID, Amount] = {}
         self._groups: GroupIndex | None = None
 
     @classmethod
@@ -52,6 +68,7 @@ class AllocatedState:
         state = cls(snapshot)
         for owner, allocation in allocations:
             state._add(allocation, owner)
+        state._flatten()
         return state
 
     @classmethod
@@ -80,9 +97,9 @@ class AllocatedState:
         self, changes: Iterable[tuple[str | None, str | None, AllocationResult]]
     ) -> AllocatedState:
         """`(old owner, new owner, allocation)` applied in order to ONE copy (a batch costs one
-        copy of the maps, not one per change): `(None, new, a)` adds `a`, `(old, None, a)`
-        removes it, `(old, new, a)` hands what `old` holds of `a` to `new` (nothing is freed
-        or taken: no counter or node group moves)."""
+        copy of the changes since the last flattening, not of every holding): `(None, new, a)`
+        adds `a`, `(old, None, a)` removes it, `(old, new, a)` hands what `old` holds of `a`
+        to `new` (nothing is freed or taken: no counter or node group moves)."""
         state = self._copy()
         for old, new, allocation in changes:
             if old is None:
@@ -97,35 +114,80 @@ class AllocatedState:
     def rebase(self, snapshot: ClusterSnapshot) -> AllocatedState:
         """The same holdings over a new snapshot (counter consumption is re-resolved)."""
         state = self._copy()
+        state._flatten()
         state._snapshot = snapshot
         state._counters = {}
         state._groups = None
-        for device_id in set(self._exclusive) | set(self._shares):
+        for device_id in set(state._exclusive) | set(state._shares):
             state._count(device_id, 1)
+        state._flatten()
         return state
 
     def _copy(self) -> AllocatedState:
-        state = AllocatedState(self._snapshot)
-        state._exclusive = dict(self._exclusive)
-        state._shares = dict(self._shares)
-        state._capacity = dict(self._capacity)
-        state._counters = dict(self._counters)
+        """A state sharing this one's base maps and copying its deltas; the deltas are
+        folded into new base maps once they outgrow ~sqrt(holdings), so that a change costs
+        O(its devices) amortized, not O(every device held)."""
+        state = AllocatedState.__new__(AllocatedState)
+        state._snapshot = self._snapshot
+        state._exclusive = self._exclusive
+        state._shares = self._shares
+        state._capacity = self._capacity
+        state._counters = self._counters
+        state._delta = dict(self._delta)
+        state._counter_delta = dict(self._counter_delta)
         state._groups = self._groups.copy() if self._groups is not None else None
+        held = len(self._exclusive) + len(self._shares)
+        if len(state._delta) + len(state._counter_delta) > _FOLD_MIN + isqrt(held):
+            state._flatten()
         return state
+
+    def _flatten(self) -> None:
+        """Fold the deltas into new base maps (the old ones may be shared: not changed)."""
+        if not self._delta and not self._counter_delta:
+            return
+        exclusive, shares = dict(self._exclusive), dict(self._shares)
+        capacity = dict(self._capacity)
+        for device_id, (owners, shared, consumed) in self._delta.items():
+            if owners:
+                exclusive[device_id] = owners
+            else:
+                exclusive.pop(device_id, None)
+            if shared:
+                shares[device_id] = shared
+            else:
+                shares.pop(device_id, None)
+            if consumed is not None:
+                capacity[device_id] = consumed
+        counters = dict(self._counters)
+        counters.update(self._counter_delta)
+        self._exclusive, self._shares, self._capacity = exclusive, shares, capacity
+        self._counters = counters
+        self._delta, self._counter_delta = {}, {}
+
+    def _device(self, device_id: DeviceID) -> _Device:
+        """(exclusive owners, shares, consumed capacity or None) of a device."""
+        found = self._delta.get(device_id)
+        if found is not None:
+            return found
+        return (
+            self._exclusive.get(device_id, ()),
+            self._shares.get(device_id, _NO_SHARES),
+            self._capacity.get(device_id),
+        )
 
     def _add(self, allocation: AllocationResult, owner: str) -> None:
         for result in allocation.results:
             if result.admin_access:
                 continue
             device_id = result.device_id
-            was_in_use = self.in_use(device_id)
+            owners, shares, consumed = self._device(device_id)
+            was_in_use = bool(owners or shares)
             if result.share_id is not None:
-                shares = dict(self._shares.get(device_id, {}))
-                shares[result.share_id] = (owner, result.consumed_capacity)
-                self._shares[device_id] = shares
-                self._add_capacity(device_id, result.consumed_capacity, 1)
+                shares = {**shares, result.share_id: (owner, result.consumed_capacity)}
+                consumed = _plus(consumed, result.consumed_capacity, 1)
             else:
-                self._exclusive[device_id] = (*self._exclusive.get(device_id, ()), owner)
+                owners = (*owners, owner)
+            self._delta[device_id] = (owners, shares, consumed)
             if not was_in_use:
                 self._count(device_id, 1)
                 if self._groups is not None:
@@ -136,67 +198,56 @@ class AllocatedState:
             if result.admin_access:
                 continue
             device_id = result.device_id
-            if not self.in_use(device_id):
+            owners, shares, consumed = self._device(device_id)
+            if not (owners or shares):
                 continue
             if result.share_id is not None:
-                shares = dict(self._shares.get(device_id, {}))
-                held = shares.pop(result.share_id, None)
-                if held is None:
+                if result.share_id not in shares:
                     continue
-                self._add_capacity(device_id, held[1], -1)
-                if shares:
-                    self._shares[device_id] = shares
-                else:
-                    del self._shares[device_id]
+                held = shares[result.share_id]
+                shares = {k: v for k, v in shares.items() if k != result.share_id}
+                consumed = _plus(consumed, held[1], -1)
             else:
-                owners = list(self._exclusive.get(device_id, ()))
                 if not owners:
                     continue
-                owners.remove(owner if owner in owners else owners[0])
-                if owners:
-                    self._exclusive[device_id] = tuple(owners)
-                else:
-                    del self._exclusive[device_id]
-            if not self.in_use(device_id):
+                left = list(owners)
+                left.remove(owner if owner in left else left[0])
+                owners = tuple(left)
+            self._delta[device_id] = (owners, shares, consumed)
+            if not (owners or shares):
                 self._count(device_id, -1)
                 if self._groups is not None:
                     self._groups.device_changed(device_id, False)
 
     def _rename(self, allocation: AllocationResult, old: str, new: str) -> None:
         held = [r for r in allocation.results if not r.admin_access]
+        devices = {r.device_id: self._device(r.device_id) for r in held}
         if not all(
-            old in self._exclusive.get(r.device_id, ())
+            old in devices[r.device_id][0]
             if r.share_id is None
-            else self._shares.get(r.device_id, {}).get(r.share_id, ("",))[0] == old
+            else devices[r.device_id][1].get(r.share_id, ("",))[0] == old
             for r in held
         ):
             self._add(allocation, new)  # `old` does not hold it (not expected): just add
             return
         for result in held:
             device_id = result.device_id
+            owners, shares, consumed = self._delta.get(device_id) or devices[device_id]
             if result.share_id is None:
-                owners = list(self._exclusive[device_id])
-                owners[owners.index(old)] = new
-                self._exclusive[device_id] = tuple(owners)
+                renamed = list(owners)
+                renamed[renamed.index(old)] = new
+                owners = tuple(renamed)
             else:
-                shares = dict(self._shares[device_id])
-                shares[result.share_id] = (new, shares[result.share_id][1])
-                self._shares[device_id] = shares
-
-    def _add_capacity(
-        self, device_id: DeviceID, consumed: Mapping[str, Quantity], sign: int
-    ) -> None:
-        capacity = dict(self._capacity.get(device_id, {}))
-        for name, quantity in consumed.items():
-            capacity[name] = capacity.get(name, _ZERO) + sign * quantity.value
-        self._capacity[device_id] = capacity
+                shares = {**shares, result.share_id: (new, shares[result.share_id][1])}
+            self._delta[device_id] = (owners, shares, consumed)
 
     def _count(self, device_id: DeviceID, sign: int) -> None:
         entry = self._snapshot.device(device_id) if self._snapshot else None
         if entry is None:
             return
+        delta = self._counter_delta
         for (counter, _), amount in zip(entry.counters, entry.amounts, strict=True):
-            self._counters[counter] = self._counters.get(counter, 0) + sign * amount
+            delta[counter] = self.counter_amount(counter) + sign * amount
 
     # --- queries ---------------------------------------------------------------------
 
@@ -211,31 +262,49 @@ class AllocatedState:
 
     def is_exclusive(self, device_id: DeviceID) -> bool:
         """Held whole by some allocation (a dedicated device, not a capacity share)."""
-        return device_id in self._exclusive
+        found = self._delta.get(device_id)
+        return device_id in self._exclusive if found is None else bool(found[0])
 
     def in_use(self, device_id: DeviceID) -> bool:
         """Held whole or by a share: its counters count and no one else may take it whole."""
-        return device_id in self._exclusive or device_id in self._shares
+        found = self._delta.get(device_id)
+        if found is None:
+            return device_id in self._exclusive or device_id in self._shares
+        return bool(found[0] or found[1])
 
     def owners(self, device_id: DeviceID) -> tuple[str, ...]:
         """Who holds the device (exclusive holders, then share holders), for explanations."""
-        shares = self._shares.get(device_id, {})
-        return self._exclusive.get(device_id, ()) + tuple(owner for owner, _ in shares.values())
+        owners, shares, _ = self._device(device_id)
+        return owners + tuple(owner for owner, _ in shares.values())
 
     def consumed_capacity(self, device_id: DeviceID) -> Mapping[str, Fraction]:
         """Sum of the capacity shares other allocations hold on a multi-allocatable device."""
-        return self._capacity.get(device_id, {})
+        return self._device(device_id)[2] or {}
 
     def counter_used(self, counter: CounterID) -> Fraction:
-        return Fraction(self._counters.get(counter, 0))
+        return Fraction(self.counter_amount(counter))
 
     def counter_amount(self, counter: CounterID) -> Amount:
         """`counter_used` as an `exact` amount (an int when whole): for the solver's loops."""
-        return self._counters.get(counter, 0)
+        found = self._counter_delta.get(counter)
+        return self._counters.get(counter, 0) if found is None else found
 
     def share_ids(self, device_id: DeviceID) -> frozenset[str]:
-        return frozenset(self._shares.get(device_id, {}))
+        return frozenset(self._device(device_id)[1])
 
     @property
     def devices_in_use(self) -> frozenset[DeviceID]:
-        return frozenset(self._exclusive) | frozenset(self._shares)
+        delta = self._delta
+        based = (d for d in (*self._exclusive, *self._shares) if d not in delta)
+        changed = (d for d, (owners, shares, _) in delta.items() if owners or shares)
+        return frozenset(based) | frozenset(changed)
+
+
+def _plus(
+    consumed: Mapping[str, Fraction] | None, quantities: Mapping[str, Quantity], sign: int
+) -> dict[str, Fraction]:
+    """A device's consumed capacity with a share's `quantities` added (sign 1) or taken out."""
+    total = dict(consumed or {})
+    for name, quantity in quantities.items():
+        total[name] = total.get(name, _ZERO) + sign * quantity.value
+    return total

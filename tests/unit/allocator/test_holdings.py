@@ -231,6 +231,32 @@ def test_own_reserves_are_not_fetched_back_but_other_replicas_are(store):
         holdings.close()
 
 
+def test_other_replicas_commits_arrive_as_events(store, holdings):
+    holdings.start()
+    reservation = store.reserve(_request(A100, MIG[0]))
+    _until(lambda: holdings.get(reservation.id) is not None)
+    store.commit(reservation.id, "o")
+    _until(lambda: holdings.get(reservation.id).state is ReservationState.COMMITTED)
+    assert holdings.get(reservation.id).expires_at is None
+
+
+def test_another_replicas_reserve_on_a_node_with_a_pending_placement_is_fetched_after_grace(
+    store,
+):
+    counting = CountingGets(store)
+    holdings = Holdings(counting, expire_interval=3600, refresh_interval=3600)
+    holdings.start()
+    try:
+        token = holdings.hold_pending([A100], [_allocation(MIG[0])])
+        other = store.reserve(_request(A100, MIG[1]))  # not this process's: never settled here
+        _until(lambda: holdings.get(other.id) is not None)
+        assert counting.gets == [other.id]
+        assert holdings.state_for(VIEW).owners(MIG[1]) == (other.id,)
+        holdings.drop_pending(token)
+    finally:
+        holdings.close()
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     st.lists(

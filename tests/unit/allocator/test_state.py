@@ -118,3 +118,29 @@ def test_handing_over_what_the_old_owner_does_not_hold_adds_it() -> None:
     state = AllocatedState(SNAP).with_changes([("pending:9", "res-1", exclusive)])
 
     assert state.owners(dev("gpu-0")) == ("res-1",)
+
+
+def test_a_long_chain_of_states_keeps_every_state_and_equals_one_built_at_once() -> None:
+    # Past the size where a state folds the devices it changed into new maps: every state of
+    # the chain still answers for itself, and the last equals one built from scratch.
+    names = [f"gpu-{i}" for i in range(120)]
+    snap = snapshot(slice_("s", *(device(n) for n in names)))
+    states = [AllocatedState(snap)]
+    states[0].node_groups(snap)  # kept up to date along the chain too
+    for index, name in enumerate(names):
+        held = allocation(result("r", name))
+        states.append(states[-1].with_allocation(held, f"res-{index}"))
+        if index % 3 == 2:  # free every third one again
+            states.append(states[-1].without_allocation(held, f"res-{index}"))
+    freed = {n for i, n in enumerate(names) if i % 3 == 2}
+    kept = [n for n in names if n not in freed]
+    want = AllocatedState.build(
+        snap, [(f"res-{names.index(n)}", allocation(result("r", n))) for n in kept]
+    )
+    last = states[-1]
+    assert last.devices_in_use == want.devices_in_use == frozenset(dev(n) for n in kept)
+    assert {n: last.owners(dev(n)) for n in names} == {n: want.owners(dev(n)) for n in names}
+    assert last.node_groups(snap).in_use == want.node_groups(snap).in_use
+    assert states[0].devices_in_use == frozenset()
+    assert [len(s.devices_in_use) for s in states[1:5]] == [1, 2, 3, 2]
+    assert states[50].in_use(dev(names[0])) and not states[50].in_use(dev(names[100]))
