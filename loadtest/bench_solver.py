@@ -21,8 +21,7 @@ full and the node groups change under the solver. Measured per kind:
   process's resident set after building each cluster;
 - a 4-node x 8-GPU gang in one NVLink domain (`solve_gang`, grouped by the clique label).
 
-Then the placement quality replay of loadtest/replay.py (FIRST_FIT, BINPACK and
-FRAGMENTATION_AWARE side by side: requests placed before the first rejection, allocation rate).
+The placement quality replay (loadtest/replay.py) is its own suite: loadtest/bench_quality.py.
 
 Targets (docs/performance.md): pinned median <= 5 ms and unpinned median <= 2 ms, p99 <= 20 ms at
 10,000 GPUs for single-node kinds; CEL evaluations <= distinct profiles read; the unpinned
@@ -41,15 +40,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loadtest.clusters import CLIQUE_LABEL, DRIVER, GeneratedCluster, device_classes, generate
-from loadtest.replay import GPUS as REPLAY_GPUS
-from loadtest.replay import REQUESTS as REPLAY_REQUESTS
-from loadtest.replay import replay_policies
 from loadtest.report import BenchReport, Target, percentile
 from services.allocator.core import (
     Allocated,
     AllocatedState,
     ClusterSnapshot,
-    Policy,
     SelectorCache,
     solve,
 )
@@ -159,29 +154,7 @@ def run(quick: bool) -> BenchReport:
             ratio = medians[last] / max(medians[first], 1e-6)
             report.add(f"growth/{kind.name}", median_ratio=round(ratio, 2))
             report.targets.append(Target(f"growth/{kind.name}", "median_ratio", 3.0))
-    _quality(report, seeds=(1, 2) if quick else (1, 2, 3, 4, 5, 6))
     return report
-
-
-def _quality(report: BenchReport, seeds: Sequence[int]) -> None:
-    """The replay of loadtest/replay.py, FIRST_FIT / BINPACK / FRAGMENTATION_AWARE side by side."""
-    results = replay_policies(seeds)
-    baseline = next(r for r in results if r.policy is Policy.FIRST_FIT)
-    report.setup["replay"] = f"{REPLAY_GPUS} GPUs, {REPLAY_REQUESTS} requests, seeds {seeds}"
-    for result in results:
-        report.add(
-            f"quality/{result.policy}",
-            placed_before_rejection=round(result.placed_before_rejection, 1),
-            per_seed=" ".join(str(n) for n in result.first_rejection),
-            allocation_rate=round(statistics.mean(result.allocation_rate), 4),
-            vs_first_fit=round(
-                result.placed_before_rejection / max(baseline.placed_before_rejection, 1), 3
-            ),
-            solve_median_ms=round(result.solve_ms, 3),
-        )
-    report.targets.append(
-        Target(f"quality/{Policy.FRAGMENTATION_AWARE}", "vs_first_fit", 1.15, at_least=True)
-    )
 
 
 def _run_size(

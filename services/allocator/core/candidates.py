@@ -30,6 +30,7 @@ from services.allocator.core.plan import MAX_DEVICES_PER_CLAIM, Alternative, Con
 from services.allocator.core.scoring import Policy, candidate_key, counter_sets_used
 from services.allocator.core.selection import Equivalence, Selection
 from services.allocator.core.snapshot import (
+    Amount,
     ClusterSnapshot,
     DeviceEntry,
     NodeView,
@@ -188,6 +189,7 @@ class NodeCandidates:
         self._sets_used: dict[tuple[int, Any], bool] = {}
         self._device_tuple: tuple[DeviceEntry, ...] | None = None
         self._slice_devices: dict[int, list[DeviceEntry]] | None = None
+        self._slice_states: dict[int, tuple[tuple[Amount, ...], frozenset[int]]] = {}
 
     def prepare(self) -> None:
         """Upstream's per-node validation: `All` lists, then each claim's device minimum."""
@@ -491,7 +493,14 @@ class NodeCandidates:
             for other in self.view.devices():
                 self._slice_devices.setdefault(other.slice.index, []).append(other)
         state, mix = self.ctx.state, self.ctx.mix
-        lost = set_loss(entry, state.counter_amount, state.in_use, self._slice_devices, mix)
+        lost = set_loss(
+            entry,
+            state.counter_amount,
+            state.in_use,
+            self._slice_devices,
+            mix,
+            self._slice_states,
+        )
         return lost - mix.capacity * (entry.size if entry.counters else 1)
 
     def _set_in_use(self, entry: DeviceEntry) -> bool:

@@ -5,8 +5,9 @@ only worth what an expected mix of requests can still use, and the best placemen
 that adds the least fragmentation (free capacity the mix cannot use). The mix (`FragmentationMix`,
 weights as FGD's task popularity; the caller knows its workload, the default is a guess):
 
-- whole GPUs, k on one node: usable k * floor(W / k), where W counts the node's free whole GPUs
-  (devices without counters nobody holds, and counter sets nobody draws from);
+- whole GPUs, k on one node: usable W when W >= k, else 0, where W counts the node's free whole
+  GPUs (devices without counters nobody holds, and counter sets nobody draws from): as in FGD, a
+  node that can take the job wastes none of its free GPUs on it, one that cannot wastes all;
 - partitions of a share of a GPU (1/8 for a 1g MIG slice, ...): every distinct `size` among the
   devices drawing from one counter set (a MIG profile; the whole-GPU device aside) takes the
   weight of the nearest share; usable: size * the number of such partitions that still fit on
@@ -25,7 +26,7 @@ states seen before cost a dictionary lookup.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -39,6 +40,7 @@ __all__ = [
     "FragmentationMix",
     "Usable",
     "node_usable",
+    "node_usable_change",
     "placement_loss",
     "set_loss",
 ]
@@ -58,9 +60,9 @@ class _Shape:
     sets: tuple[tuple[int, ...], ...]  # device indices per counter set (devices with counters)
     whole: tuple[int, ...]  # per set: index of a device taking all of it, or -1
     classes: tuple[tuple[tuple[Fraction, tuple[int, ...]], ...], ...]  # per set: size, devices
-    memo: dict[Any, tuple[bool, tuple[tuple[Fraction, int], ...]]] = field(
-        default_factory=dict, compare=False
-    )
+    index_of: dict[int, int]  # id(device entry) -> its index
+    set_of: tuple[int, ...]  # per device: its set's number (-1: none)
+    memo: dict[Any, Any] = field(default_factory=dict, compare=False)
 
 
 def _shape(slice_: SliceEntry, devices: Sequence[DeviceEntry]) -> _Shape:
@@ -89,6 +91,10 @@ def _shape(slice_: SliceEntry, devices: Sequence[DeviceEntry]) -> _Shape:
             if i != whole and devices[i].size > 0:
                 sizes.setdefault(devices[i].size, []).append(i)
         classes.append(tuple((size, tuple(ids)) for size, ids in sorted(sizes.items())))
+    set_of = [-1] * len(devices)
+    for number, group in enumerate(sets):
+        for i in group:
+            set_of[i] = number
     shape = _Shape(
         counters,
         tuple(slice_.totals[c] for c in counters),
@@ -97,6 +103,8 @@ def _shape(slice_: SliceEntry, devices: Sequence[DeviceEntry]) -> _Shape:
         tuple(sets),
         tuple(wholes),
         tuple(classes),
+        {id(e): i for i, e in enumerate(devices)},
+        tuple(set_of),
     )
     slice_.memo[key] = shape
     return shape
@@ -112,9 +120,18 @@ class FragmentationMix:
     whole: tuple[tuple[int, Fraction], ...] = ((1, _ONE), (2, _ONE), (4, _ONE), (8, _ONE))
     partitions: tuple[tuple[Fraction, Fraction], ...] = ()
     capacity: Fraction = _ONE
+    _weights: dict[Fraction, Fraction] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
 
     def partition_weight(self, size: Fraction) -> Fraction:
         """The weight of the share nearest to `size` (by ratio)."""
+        found = self._weights.get(size)
+        if found is None:
+            found = self._weights[size] = self._nearest(size)
+        return found
+
+    def _nearest(self, size: Fraction) -> Fraction:
         if size <= 0:
             return _ZERO
         if not self.partitions:
@@ -123,7 +140,9 @@ class FragmentationMix:
         return best[1]
 
     def whole_value(self, free: int) -> Fraction:
-        return sum((w * k * (free // k) for k, w in self.whole), _ZERO)
+        """Usable capacity of `free` whole GPUs on one node: all of them, for every job size k
+        they can hold. A GPU taken from exactly k free costs most: the node loses that size."""
+        return sum((w * free for k, w in self.whole if free >= k), _ZERO)
 
 
 DEFAULT_MIX = FragmentationMix()
@@ -141,7 +160,7 @@ def _set_usable(
     """(the whole GPU is free, (partition size, how many more fit) per size) of one set."""
     key = (number, usage, blocked)
     memo = shape.memo
-    found = memo.get(key)
+    found: tuple[bool, tuple[tuple[Fraction, int], ...]] | None = memo.get(key)
     if found is not None:
         return found
     members = shape.sets[number]
@@ -166,6 +185,26 @@ def _set_usable(
 
 def _weighted(mix: FragmentationMix, counts: Iterable[tuple[Fraction, int]]) -> Fraction:
     return sum((mix.partition_weight(size) * size * n for size, n in counts), _ZERO)
+
+
+def _set_value(
+    shape: _Shape,
+    number: int,
+    usage: tuple[Amount, ...],
+    blocked: frozenset[int],
+    mix: FragmentationMix,
+) -> tuple[bool, Fraction]:
+    """(the whole GPU is free, the mix-weighted partition capacity) of one set, memoised."""
+    key = ("value", id(mix), number, usage, blocked)
+    found = shape.memo.get(key)
+    if found is not None and found[0] is mix:
+        return found[1], found[2]
+    whole_free, counts = _set_usable(shape, number, usage, blocked)
+    value = _weighted(mix, counts)
+    if len(shape.memo) >= _MEMO_LIMIT:
+        shape.memo.clear()
+    shape.memo[key] = (mix, whole_free, value)
+    return whole_free, value
 
 
 @dataclass(frozen=True)
@@ -196,10 +235,45 @@ def node_usable(
         usage = tuple(counter_used(c) for c in shape.counters)
         blocked = frozenset(i for i, e in enumerate(entries) if taken(e))
         for number in range(len(shape.sets)):
-            whole_free, counts = _set_usable(shape, number, usage, blocked)
+            whole_free, value = _set_value(shape, number, usage, blocked, mix)
             whole += whole_free
-            partitions += _weighted(mix, counts)
+            partitions += value
     return Usable(whole, partitions)
+
+
+def node_usable_change(
+    devices: Iterable[DeviceEntry],
+    taken: Callable[[DeviceEntry], bool],
+    counter_used: Callable[[CounterID], Amount],
+    picked: Collection[DeviceID],
+    added: Mapping[CounterID, Amount],
+    mix: FragmentationMix = DEFAULT_MIX,
+) -> tuple[Usable, Usable]:
+    """`node_usable` before and after a placement that takes the `picked` devices (none of
+    them `taken`) and adds `added` counter use; a slice it does not touch is worked out once."""
+    whole_before = whole_after = 0
+    before = after = _ZERO
+    for slice_, entries in by_slice(devices):
+        plain = sum(1 for e in entries if not e.counters and not taken(e))
+        whole_before += plain
+        whole_after += plain - sum(1 for e in entries if not e.counters and e.id in picked)
+        if not slice_.totals:
+            continue
+        shape = _shape(slice_, entries)
+        usage = tuple(counter_used(c) for c in shape.counters)
+        blocked = frozenset(i for i, e in enumerate(entries) if taken(e))
+        values = [_set_value(shape, n, usage, blocked, mix) for n in range(len(shape.sets))]
+        for whole_free, value in values:
+            whole_before += whole_free
+            before += value
+        if any(e.id in picked for e in entries) or any(c in added for c in shape.counters):
+            usage = tuple(u + added.get(c, 0) for u, c in zip(usage, shape.counters, strict=True))
+            blocked |= {i for i, e in enumerate(entries) if e.id in picked}
+            values = [_set_value(shape, n, usage, blocked, mix) for n in range(len(shape.sets))]
+        for whole_free, value in values:
+            whole_after += whole_free
+            after += value
+    return Usable(whole_before, before), Usable(whole_after, after)
 
 
 def placement_loss(before: Usable, after: Usable, mix: FragmentationMix = DEFAULT_MIX) -> Fraction:
@@ -213,21 +287,31 @@ def set_loss(
     in_use: Callable[[DeviceID], bool],
     slice_devices: Mapping[int, Sequence[DeviceEntry]],
     mix: FragmentationMix = DEFAULT_MIX,
+    states: dict[int, tuple[tuple[Amount, ...], frozenset[int]]] | None = None,
 ) -> Fraction:
     """What taking `entry` costs its own GPU (counter set): weighted usable partition capacity
-    lost, plus the single-GPU weight if it breaks a whole free GPU. 0 without counters."""
+    lost, plus the single-GPU weight if it breaks a whole free GPU. 0 without counters.
+    `states`: a cache of each slice's counter use and held devices, for one allocated state."""
     if not entry.counters:
         return _ZERO
     entries = slice_devices[entry.slice.index]
     shape = _shape(entry.slice, entries)
-    index = next(i for i, e in enumerate(entries) if e is entry)
-    number = next(n for n, members in enumerate(shape.sets) if index in members)
-    usage = tuple(counter_used(c) for c in shape.counters)
-    blocked = frozenset(i for i, e in enumerate(entries) if in_use(e.id))
-    whole_before, counts_before = _set_usable(shape, number, usage, blocked)
-    after = tuple(u + a for u, a in zip(usage, shape.vectors[index], strict=True))
-    whole_after, counts_after = _set_usable(shape, number, after, blocked | {index})
-    lost = _weighted(mix, counts_before) - _weighted(mix, counts_after)
+    index = shape.index_of.get(id(entry), -1)
+    if index < 0 or shape.devices[index] is not entry:
+        index = next(i for i, e in enumerate(entries) if e is entry)
+    number = shape.set_of[index]
+    found = states.get(entry.slice.index) if states is not None else None
+    if found is None:
+        usage = tuple(counter_used(c) for c in shape.counters)
+        blocked = frozenset(i for i, e in enumerate(entries) if in_use(e.id))
+        found = (usage, blocked)
+        if states is not None:
+            states[entry.slice.index] = found
+    usage, blocked = found
+    whole_before, before = _set_value(shape, number, usage, blocked, mix)
+    after_usage = tuple(u + a for u, a in zip(usage, shape.vectors[index], strict=True))
+    whole_after, after = _set_value(shape, number, after_usage, blocked | {index}, mix)
+    lost = before - after
     if whole_before and not whole_after:
         lost += mix.whole_value(1)
     return max(_ZERO, lost)

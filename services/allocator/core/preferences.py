@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from services.allocator.core.candidates import Candidate, NodeCandidates, SolveContext
-from services.allocator.core.fragmentation import node_usable, placement_loss
+from services.allocator.core.fragmentation import node_usable_change, placement_loss
 from services.allocator.core.scoring import Policy
 from services.allocator.core.search import NodeSearch
 from services.allocator.core.snapshot import DeviceEntry
@@ -107,14 +107,9 @@ def added_fragmentation(ctx: SolveContext, search: NodeSearch, taken: Fraction) 
     def held(entry: DeviceEntry) -> bool:
         return state.in_use(entry.id) if not entry.multi else state.is_exclusive(entry.id)
 
-    devices = list(search.view.devices())
     mix = ctx.mix
-    before = node_usable(devices, held, state.counter_amount, mix)
-    after = node_usable(
-        devices,
-        lambda e: held(e) or e.id in picked,
-        lambda c: state.counter_amount(c) + search.counter_use.get(c, 0),
-        mix,
+    before, after = node_usable_change(
+        search.view.devices(), held, state.counter_amount, picked, search.counter_use, mix
     )
     return placement_loss(before, after, mix) - mix.capacity * taken
 

@@ -17,7 +17,7 @@ from services.allocator.core import (
     SelectorCache,
     solve,
 )
-from services.allocator.core.fragmentation import node_usable
+from services.allocator.core.fragmentation import node_usable, node_usable_change
 from services.common.dra.model import (
     AllocationResult,
     DeviceRequest,
@@ -120,3 +120,45 @@ def test_partition_weights_follow_the_nearest_share(size: Fraction, weight: Frac
     )
     assert mix.partition_weight(size) == weight
     assert FragmentationMix().partition_weight(size) == 1
+
+
+@pytest.mark.parametrize(
+    ("free", "value"),
+    [
+        pytest.param(8, 32, id="a-free-node-takes-every-size"),
+        pytest.param(7, 21, id="seven-take-all-but-8"),
+        pytest.param(4, 12, id="four-take-1-2-4"),
+        pytest.param(3, 6, id="three-take-1-2"),
+        pytest.param(1, 1, id="one-takes-1"),
+        pytest.param(0, 0, id="none"),
+    ],
+)
+def test_whole_gpus_are_usable_by_every_job_size_they_can_hold(free: int, value: int) -> None:
+    assert FragmentationMix().whole_value(free) == value
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        pytest.param("gpu-3-mig-2g20gb-14-2", id="a-slice-of-a-partitioned-gpu"),
+        pytest.param("gpu-5-mig-3g40gb-9-4", id="a-slice-of-a-free-gpu"),
+        pytest.param("gpu-6", id="a-whole-gpu"),
+    ],
+)
+def test_usable_change_is_usable_before_and_after(device: str) -> None:
+    snapshot = cluster(A100)
+    view = snapshot.view("a100-00000")
+    state = AllocatedState.build(snapshot, [held("a100-00000", "gpu-3-mig-1g10gb-19-0")])
+    entry = next(e for e in view.devices() if e.id.device == device)
+    pairs = zip(entry.counters, entry.amounts, strict=True)
+    added = {counter: amount for (counter, _), amount in pairs}
+    before, after = node_usable_change(
+        view.devices(), lambda e: state.in_use(e.id), state.counter_amount, {entry.id}, added
+    )
+    assert before == node_usable(view.devices(), lambda e: state.in_use(e.id), state.counter_amount)
+    assert after == node_usable(
+        view.devices(),
+        lambda e: state.in_use(e.id) or e.id == entry.id,
+        lambda c: state.counter_amount(c) + added.get(c, 0),
+    )
+    assert after.value(FragmentationMix()) < before.value(FragmentationMix())
