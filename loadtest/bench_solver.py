@@ -15,6 +15,8 @@ full and the node groups change under the solver. Measured per kind:
   the state's node groups, is reported apart as `first_ms`);
 - pinned median / p99: the same claims, pinned to the node the unpinned solve chose, same state;
 - Explain time (unpinned, reason recording on: every node is searched);
+- Capacity time: the service's Capacity count (`services/allocator/counting.py`: how many more
+  copies of the claims fit, per node, on every node), on the initial state;
 - CEL evaluations of a cold Explain (fresh selector cache, every device looked at) against the
   bound: the number of distinct device profiles the kind's selectors read;
 - memory: the peak traced allocation of one solve (tracemalloc, after the timed runs), and the
@@ -250,6 +252,7 @@ def _run_kind(
             state, updates = _release_oldest(state, held, updates, len(claims))
         updates.append(time.perf_counter() - started)
     explain = _timed_explains(kind, snapshot, initial, classes, explains)
+    capacity_ms, capacity_total = _timed_capacity(kind, snapshot, initial, classes, explains)
     peak = _peak_kib(kind, snapshot, initial, classes)
     return {
         "median_ms": _ms(statistics.median(unpinned)),
@@ -258,6 +261,8 @@ def _run_kind(
         "pinned_p99_ms": _ms(percentile(pinned, 0.99)),
         "first_ms": round(first_ms, 1),
         "explain_ms": _ms(statistics.median(explain)),
+        "capacity_ms": capacity_ms,
+        "capacity_total": capacity_total,
         "update_ms": _ms(statistics.median(updates)) if updates else 0.0,
         "steps": round(steps / (solves + 1), 1),
         "unsat": unsatisfiable,
@@ -348,6 +353,34 @@ def _timed_explains(
         )
         times.append(time.perf_counter() - started)
     return times
+
+
+def _timed_capacity(
+    kind: Kind,
+    snapshot: ClusterSnapshot,
+    state: AllocatedState,
+    classes: dict[str, DeviceClass],
+    repeat: int,
+) -> tuple[float, int]:
+    """(median ms, copies that fit) of the service's Capacity count for the kind's claims."""
+    from services.allocator.answers import Query  # noqa: PLC0415 (service layer, not core)
+    from services.allocator.counting import count_capacity  # noqa: PLC0415
+    from services.allocator.solving import Deadline, Solver  # noqa: PLC0415
+
+    solver = Solver(SelectorCache())
+    query = Query(
+        claims=tuple(kind.claims),
+        topology_constraints=tuple(kind.solve_options.get("topology_constraints", ())),
+    )
+    times, total = [], 0
+    for _ in range(repeat):
+        started = time.perf_counter()
+        answer = count_capacity(
+            solver, snapshot, state, classes, query, Deadline(None), generation=0
+        )
+        times.append(time.perf_counter() - started)
+        total = answer.total
+    return _ms(statistics.median(times)), total
 
 
 def _peak_kib(
