@@ -2,6 +2,7 @@
 
     gpualloc solve -f examples/cluster -f examples/deviceclasses.yaml \\
                    -f examples/claims/one-h100.yaml [--node NAME] [--policy P] [-o json|yaml|text]
+                   [--gang N [--gang-label LABEL]] [--capacity]
     gpualloc solve --gang 2 --gang-label topology.kubernetes.io/zone -f examples/cluster \\
                    -f examples/deviceclasses.yaml -f examples/claims/eight-h100.yaml
 
@@ -12,8 +13,10 @@ order; claims with one hold their devices already. A claim's annotation
 `gpualloc.io/topology-constraints` adds topology constraints over its requests (see
 docs/placement.md). With `--gang N`, the claims go on each of N distinct nodes instead, all
 sharing one value of the node label `--gang-label` (without it, any N nodes), all or nothing
-(docs/placement.md, "Gangs"). Exit codes: 0 allocated, 3 unsatisfiable (the explanation says
-why), 2 invalid input or an allocation error such as a CEL error (message on stderr).
+(docs/placement.md, "Gangs"). `--capacity` counts how many more copies of the claims (or
+gangs of them) fit now, per node and GPU model, as the service's Capacity does. Exit codes: 0
+allocated (with --capacity: at least one fits), 3 unsatisfiable (the explanation says why), 2
+invalid input or an allocation error such as a CEL error (message on stderr).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from services.allocator.core import (
 )
 from services.allocator.core.gang import GangAllocated
 from services.allocator.core.topology_constraints import constraints_from_annotations
+from services.allocator.counting import count_capacity, count_gangs
 from services.allocator.gangs import allocated_explanation
 from services.allocator.solving import Deadline, Solver
 from services.allocator.topology_files import split_topologies
@@ -100,6 +104,12 @@ def register(subparsers: Any) -> None:
         help="with --gang: every node of the gang has the same value of this node label "
         "(e.g. nvidia.com/gpu.clique, a rack label); nodes without it are not used",
     )
+    parser.add_argument(
+        "--capacity",
+        action="store_true",
+        help="count how many more copies of the claims fit now (per node and GPU model; with "
+        "--gang, how many gangs) instead of allocating them once",
+    )
     parser.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
     parser.add_argument(
         "--max-steps",
@@ -119,6 +129,7 @@ def _main(args: argparse.Namespace) -> int:
         max_steps=args.max_steps,
         gang=args.gang,
         gang_label=args.gang_label,
+        capacity=args.capacity,
     )
 
 
@@ -131,6 +142,7 @@ def run_solve(
     max_steps: int = SearchBudget().max_steps,
     gang: int | None = None,
     gang_label: str = "",
+    capacity: bool = False,
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
     stdin: TextIO | None = None,
@@ -139,7 +151,10 @@ def run_solve(
     err = stderr or sys.stderr
     try:
         spec = _gang_spec(gang, gang_label, node)
-        report = _solve(paths, node, policy, max_steps, stdin, spec)
+        if capacity:
+            report = _capacity(paths, node, policy, max_steps, stdin, spec)
+        else:
+            report = _solve(paths, node, policy, max_steps, stdin, spec)
     except GpuallocError as error:
         print(f"gpualloc solve: {error}", file=err)
         return EXIT_INVALID
@@ -149,7 +164,7 @@ def run_solve(
     elif output == "yaml":
         yaml.safe_dump(report, out, sort_keys=False)
     else:
-        out.write(_text(report))
+        out.write(_capacity_text(report) if capacity else _text(report))
     return EXIT_ALLOCATED if report["outcome"] == "allocated" else EXIT_UNSATISFIABLE
 
 
@@ -165,14 +180,11 @@ def _gang_spec(count: int | None, label: str, node: str | None) -> GangSpec | No
     return GangSpec(count, label)
 
 
-def _solve(
-    paths: Sequence[str],
-    node: str | None,
-    policy: Policy,
-    max_steps: int,
-    stdin: TextIO | None,
-    gang: GangSpec | None = None,
-) -> dict[str, Any]:
+def _load(
+    paths: Sequence[str], stdin: TextIO | None
+) -> tuple[ClusterSnapshot, AllocatedState, dict[str, DeviceClass], list[ResourceClaim]]:
+    """The cluster, its state (claims with an allocation hold their devices), the classes and
+    the claims to place."""
     manifests, topologies = split_topologies(paths)
     objects = load_manifests(manifests, stdin) if manifests else []
     slices = [o for o in objects if isinstance(o, ResourceSlice)]
@@ -183,7 +195,70 @@ def _solve(
     if not pending:
         raise InvalidArgument("no ResourceClaim without status.allocation to allocate")
     snapshot = ClusterSnapshot.build(slices, nodes, topologies=topologies)
-    state = AllocatedState.from_claims(snapshot, claims)
+    return snapshot, AllocatedState.from_claims(snapshot, claims), classes, pending
+
+
+def _capacity(
+    paths: Sequence[str],
+    node: str | None,
+    policy: Policy,
+    max_steps: int,
+    stdin: TextIO | None,
+    gang: GangSpec | None,
+) -> dict[str, Any]:
+    """How many more copies of the pending claims (or gangs of them) fit: the service's
+    Capacity on files (services/allocator/counting.py)."""
+    snapshot, state, classes, pending = _load(paths, stdin)
+    solver = Solver(SelectorCache(), policy=policy, max_steps=max_steps)
+    query = Query(tuple(pending), node=node or "", gang=gang)
+    count = count_gangs if gang is not None else count_capacity
+    answer = count(solver, snapshot, state, classes, query, Deadline(None), generation=0)
+    report: dict[str, Any] = {
+        "outcome": "allocated" if answer.total else "unsatisfiable",
+        "capacity": {
+            "total": answer.total,
+            "accuracy": str(answer.accuracy),
+            "nodes": [
+                {"node": n.node, "count": n.count, "accuracy": str(n.accuracy)}
+                for n in answer.nodes
+            ],
+            "models": dict(answer.models),
+        },
+    }
+    if gang is not None:
+        report["capacity"]["gang"] = {
+            "nodeCount": gang.node_count,
+            "label": gang.group_by_label or None,
+        }
+    return report
+
+
+def _capacity_text(report: dict[str, Any]) -> str:
+    capacity = report["capacity"]
+    unit = "gangs" if "gang" in capacity else "copies"
+    bound = "" if capacity["accuracy"] == "exact" else " at least (the count was cut short)"
+    lines = [f"CAPACITY {capacity['total']} more {unit} of the claims fit{bound}"]
+    rows = [("NODE", "COPIES")] + [(n["node"], str(n["count"])) for n in capacity["nodes"]]
+    lines.extend(_table(rows))
+    if capacity["models"]:
+        lines.append("")
+        lines.extend(_table([("MODEL", "COPIES")] + list(map(_pair, capacity["models"].items()))))
+    return "\n".join(lines) + "\n"
+
+
+def _pair(item: tuple[str, int]) -> tuple[str, str]:
+    return item[0], str(item[1])
+
+
+def _solve(
+    paths: Sequence[str],
+    node: str | None,
+    policy: Policy,
+    max_steps: int,
+    stdin: TextIO | None,
+    gang: GangSpec | None = None,
+) -> dict[str, Any]:
+    snapshot, state, classes, pending = _load(paths, stdin)
     if gang is not None:
         return _solve_gang(snapshot, state, classes, pending, policy, max_steps, gang)
     result = solve(
