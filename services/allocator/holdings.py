@@ -311,12 +311,11 @@ class Holdings:
                 merged[change.added.id] = change.added
             if change.removed is not None:
                 merged.pop(change.removed.id, None)
-        if merged.keys() != self._by_id.keys():
-            self._by_id = merged
-            self._version += 1
-            self._journal = None
-        else:
-            self._by_id = merged
+        # Rebuilt even when the ids are the same: a refresh follows a conflict or the periodic
+        # resync, and is how any drift of the incremental state heals.
+        self._by_id = merged
+        self._version += 1
+        self._journal = None
 
     def _record(self, change: _Change) -> None:
         """Called with the lock held, for every change of the id set."""

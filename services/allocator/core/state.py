@@ -34,7 +34,9 @@ __all__ = ["AllocatedState"]
 _ZERO = Fraction(0)
 _FOLD_MIN = 32  # deltas up to 32 + sqrt(holdings) entries are copied, larger ones folded
 
-_Shares = Mapping[str, tuple[str, Mapping[str, Quantity]]]  # share id -> (owner, consumed)
+# (share id, owner) -> consumed: the same share may be held twice for a moment (a placement
+# pending in one process while its reservation arrives), each holder releasing its own.
+_Shares = Mapping[tuple[str, str], Mapping[str, Quantity]]
 _Device = tuple[tuple[str, ...], _Shares, Mapping[str, Fraction] | None]
 _NO_SHARES: _Shares = {}
 
@@ -183,7 +185,7 @@ class AllocatedState:
             owners, shares, consumed = self._device(device_id)
             was_in_use = bool(owners or shares)
             if result.share_id is not None:
-                shares = {**shares, result.share_id: (owner, result.consumed_capacity)}
+                shares = {**shares, (result.share_id, owner): result.consumed_capacity}
                 consumed = _plus(consumed, result.consumed_capacity, 1)
             else:
                 owners = (*owners, owner)
@@ -202,11 +204,12 @@ class AllocatedState:
             if not (owners or shares):
                 continue
             if result.share_id is not None:
-                if result.share_id not in shares:
+                key = (result.share_id, owner)
+                if key not in shares:
                     continue
-                held = shares[result.share_id]
-                shares = {k: v for k, v in shares.items() if k != result.share_id}
-                consumed = _plus(consumed, held[1], -1)
+                held = shares[key]
+                shares = {k: v for k, v in shares.items() if k != key}
+                consumed = _plus(consumed, held, -1)
             else:
                 if not owners:
                     continue
@@ -225,7 +228,7 @@ class AllocatedState:
         if not all(
             old in devices[r.device_id][0]
             if r.share_id is None
-            else devices[r.device_id][1].get(r.share_id, ("",))[0] == old
+            else (r.share_id, old) in devices[r.device_id][1]
             for r in held
         ):
             self._add(allocation, new)  # `old` does not hold it (not expected): just add
@@ -238,7 +241,9 @@ class AllocatedState:
                 renamed[renamed.index(old)] = new
                 owners = tuple(renamed)
             else:
-                shares = {**shares, result.share_id: (new, shares[result.share_id][1])}
+                moved = shares[(result.share_id, old)]
+                shares = {k: v for k, v in shares.items() if k != (result.share_id, old)}
+                shares[(result.share_id, new)] = moved
             self._delta[device_id] = (owners, shares, consumed)
 
     def _count(self, device_id: DeviceID, sign: int) -> None:
@@ -275,7 +280,7 @@ class AllocatedState:
     def owners(self, device_id: DeviceID) -> tuple[str, ...]:
         """Who holds the device (exclusive holders, then share holders), for explanations."""
         owners, shares, _ = self._device(device_id)
-        return owners + tuple(owner for owner, _ in shares.values())
+        return owners + tuple(owner for _, owner in shares)
 
     def consumed_capacity(self, device_id: DeviceID) -> Mapping[str, Fraction]:
         """Sum of the capacity shares other allocations hold on a multi-allocatable device."""
@@ -290,7 +295,7 @@ class AllocatedState:
         return self._counters.get(counter, 0) if found is None else found
 
     def share_ids(self, device_id: DeviceID) -> frozenset[str]:
-        return frozenset(self._device(device_id)[1])
+        return frozenset(share_id for share_id, _ in self._device(device_id)[1])
 
     @property
     def devices_in_use(self) -> frozenset[DeviceID]:

@@ -67,6 +67,23 @@ def test_updates_return_new_states_and_count_shared_counters_once() -> None:
     assert two.counter_used(COUNTER) == 2  # the older states are untouched
 
 
+def test_one_share_held_by_two_owners_is_released_by_each_on_its_own() -> None:
+    """A placement pending in this process and the reservation that settles it hold the same
+    share id for a moment; dropping the pending one must leave the reservation's."""
+    share = allocation(result("r", "shared", share_id="s1", consumed={"memory": "3"}))
+    both = AllocatedState(SNAP).with_allocation(share, "pending").with_allocation(share, "res-1")
+    assert both.owners(dev("shared")) == ("pending", "res-1")
+    assert both.share_ids(dev("shared")) == {"s1"}
+    settled = both.without_allocation(share, "pending")
+    assert settled.in_use(dev("shared"))
+    assert settled.owners(dev("shared")) == ("res-1",)
+    assert settled.consumed_capacity(dev("shared")) == {"memory": Fraction(3)}
+    assert settled.counter_used(COUNTER) == 2
+    released = settled.without_allocation(share, "res-1")
+    assert not released.in_use(dev("shared")) and released.counter_used(COUNTER) == 0
+    assert not any(released.consumed_capacity(dev("shared")).values())
+
+
 def test_removing_a_dedicated_device_frees_its_counters() -> None:
     held = AllocatedState(SNAP).with_allocation(allocation(result("r", "mig-a")), "a")
     assert held.counter_used(COUNTER) == 4
