@@ -273,18 +273,30 @@ def conflict_error(items: Sequence[DeviceTaken | UseExceeded]) -> Conflict:
     )
 
 
-def reserve_gang(store: ReservationStore, requests: Sequence[ReserveRequest]) -> list[Reservation]:
-    """Reserve in order; on the first failure release (newest first) what was taken, then
-    re-raise. A release that fails too is left to lease expiry: a gang is never committed
-    partially, because the caller only gets the reservations when all of them were taken."""
+def reserve_gang(
+    store: ReservationStore,
+    requests: Sequence[ReserveRequest],
+    grant: Callable[[ReserveRequest], tuple[Reservation, bool]] | None = None,
+) -> list[Reservation]:
+    """Reserve in order; on the first failure release (newest first) what this call created,
+    then re-raise. `grant` reserves one request and says whether it created the reservation
+    (False: an idempotency key returned an earlier call's, which is not ours to release);
+    without it every reservation counts as created. A release that fails too is left to lease
+    expiry: a gang is never committed partially, because the caller only gets the reservations
+    when all of them were taken."""
     for request in requests:
         validate_reserve_request(request)
+    take = grant or (lambda request: (store.reserve(request), True))
     taken: list[Reservation] = []
+    created: list[Reservation] = []
     try:
         for request in requests:
-            taken.append(store.reserve(request))
+            reservation, new = take(request)
+            taken.append(reservation)
+            if new:
+                created.append(reservation)
     except BaseException:
-        for reservation in reversed(taken):
+        for reservation in reversed(created):
             # NotFound (expired meanwhile) or Unavailable: then the lease runs out instead.
             with contextlib.suppress(GpuallocError):
                 store.release(reservation.id, reservation.owner, reservation.fencing_token)

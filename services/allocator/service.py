@@ -33,6 +33,7 @@ from opentelemetry.metrics import Counter
 from services.allocator.answers import (
     Answer,
     CapacityAnswer,
+    GangMember,
     Holder,
     LeaseOptions,
     Outcome,
@@ -130,6 +131,7 @@ class AllocatorService:
         if lease is not None and lease.idempotency_key:
             known = self.holdings.find_idempotent(lease.owner, lease.idempotency_key)
             if known:
+                _check_replay(query, known, lease.idempotency_key)
                 return self._reserved_answer(query, known, self.view.require(0).generation)
         attempts = 1 + (self.limits.reserve_retries if lease is not None else 0)
         conflict: Conflict | None = None
@@ -154,8 +156,10 @@ class AllocatorService:
                 for request in requests:
                     self.holdings.refresh(request.node)
                 continue
-            if query.gang is not None:
+            if query.gang is not None and _same_placement(reservations, answer.gang):
                 return replace(answer, reservations=tuple(reservations))
+            # One node's answer, or a gang for which the store answered (idempotency key) with
+            # an earlier call's reservations: the answer is what is held.
             return self._reserved_answer(query, reservations, view.generation)
         self._count(self._metrics.aborted if self._metrics else None)
         assert conflict is not None
@@ -489,6 +493,25 @@ def _bounded(conflict: Conflict) -> Conflict:
 
 def _with_holders(answer: Answer, holders: tuple[Holder, ...]) -> Answer:
     return replace(answer, holders=holders) if holders != answer.holders else answer
+
+
+def _same_placement(reservations: Sequence[Reservation], members: Sequence[GangMember]) -> bool:
+    """Whether a gang's reservations hold exactly the members' allocations."""
+    held = {m.node: m.allocations for m in members_of_reservations(reservations)}
+    return held == {m.node: m.allocations for m in members}
+
+
+def _check_replay(query: Query, known: Sequence[Reservation], key: str) -> None:
+    """A repeated key of a gang must still hold the whole gang: one whose members were partly
+    released or expired is not returned as ALLOCATED."""
+    if query.gang is None:
+        return
+    members = members_of_reservations(known)
+    if len(members) != query.gang.node_count:
+        raise FailedPrecondition(
+            f"idempotency key {key!r} holds {len(members)} node reservation(s), not a gang of "
+            f"{query.gang.node_count}: release them or allocate with a new key"
+        )
 
 
 def _check_fence(reservation: Reservation, owner: str, fencing_token: int) -> None:

@@ -419,6 +419,24 @@ def test_gang_is_all_or_nothing(store: Store) -> None:
     assert store.live() == taken
 
 
+def test_a_failed_gang_leaves_an_earlier_calls_reservation_of_the_same_key(store: Store) -> None:
+    """A retry with the same idempotency key gets the first call's reservation back for a
+    member; when another member then conflicts, only what the retry created is released."""
+    first = store.reserve(reserve_request(device("gpu-0", "node-1"), node="node-1", key="job-7"))
+    store.reserve(reserve_request(device("gpu-0", "node-2"), node="node-2", owner="bob"))
+    retry = [
+        reserve_request(device("gpu-1", "node-1"), node="node-1", key="job-7"),
+        reserve_request(device("gpu-9", "node-3"), node="node-3", key="job-7"),
+        reserve_request(device("gpu-0", "node-2"), node="node-2", key="job-7"),
+    ]
+
+    with pytest.raises(Conflict):
+        store.reserve_gang(retry)
+
+    assert store.get(first.id) == first
+    assert sorted(r.node for r in store.live()) == ["node-1", "node-2"]
+
+
 def test_gang_with_an_invalid_member_takes_nothing(store: Store) -> None:
     gang = [reserve_request(GPU0), reserve_request(GPU1, lease=-1)]
 

@@ -98,11 +98,17 @@ class MemoryReservationStore:
         with self._lock:
             now = self._expire_due()
             taken: list[Reservation] = []
+            created: list[Reservation] = []  # not those an idempotency key returned
             try:
                 for request, hold in zip(requests, holds, strict=True):
-                    taken.append(self._reserve(request, hold, now))
+                    key = (request.owner, request.node, request.idempotency_key)
+                    earlier = bool(request.idempotency_key) and key in self._idempotency
+                    reservation = self._reserve(request, hold, now)
+                    taken.append(reservation)
+                    if not earlier:
+                        created.append(reservation)
             except BaseException:
-                for reservation in reversed(taken):
+                for reservation in reversed(created):
                     self._free(reservation, ReservationEventOp.RELEASE)
                 raise
         self._deliver()

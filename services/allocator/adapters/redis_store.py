@@ -144,6 +144,10 @@ class RedisReservationStore:
     # --- the port ------------------------------------------------------------------------
 
     def reserve(self, request: ReserveRequest) -> Reservation:
+        return self._grant(request)[0]
+
+    def _grant(self, request: ReserveRequest) -> tuple[Reservation, bool]:
+        """The reservation, and whether this call created it (False: the idempotency key's)."""
         hold = validate_reserve_request(request)
         node = _check_node(request.node)
         minted = self._id_factory()
@@ -180,9 +184,9 @@ class RedisReservationStore:
         if status == "conflict":
             raise conflict_error([_conflict_item(item) for item in reply[1]])
         if status == "existing":
-            return self._decode(reply[1])
+            return self._decode(reply[1]), False
         fence, created, expires = (int(_text(value)) for value in reply[1])
-        return Reservation(
+        reservation = Reservation(
             id=reservation_id,
             owner=request.owner,
             node=node,
@@ -196,10 +200,11 @@ class RedisReservationStore:
             idempotency_key=request.idempotency_key,
             labels=tuple((key, value) for key, value in request.labels),
         )
+        return reservation, True
 
     def reserve_gang(self, requests: Sequence[ReserveRequest]) -> list[Reservation]:
         """Per node in order, releasing what was taken if one fails (see `reserve_gang`)."""
-        return reserve_gang(self, requests)
+        return reserve_gang(self, requests, self._grant)
 
     def commit(self, reservation_id: str, owner: str, fencing_token: int = 0) -> Reservation:
         node = self._node_of(reservation_id)

@@ -25,7 +25,7 @@ from services.allocator.service import AllocatorService, ServiceLimits
 from services.allocator.solving import Solver
 from services.allocator.view import ClusterView
 from services.common.dra.model import ResourceClaim
-from services.common.errors import InvalidArgument
+from services.common.errors import FailedPrecondition, InvalidArgument
 from services.common.pb.dra_mapping import to_pb_resource_claim
 from tests.builders import claim, classes, cls, device, node, node_selector, req, slice_
 
@@ -245,6 +245,14 @@ def test_idempotency_key_returns_the_same_reservations(service):
     assert sorted(r.id for r in again.reservations) == sorted(r.id for r in first.reservations)
     assert sorted(m.node for m in again.gang) == sorted(m.node for m in first.gang)
     assert len(service.list_reservations(owner="job-7")[0]) == 2
+
+
+def test_a_key_whose_gang_was_partly_released_is_not_allocated_again(service):
+    lease = LeaseOptions("job-7", idempotency_key="job-7-try-1")
+    first = service.allocate(_gang(2, ONE), lease)
+    service.release(first.reservations[0].id, "job-7")
+    with pytest.raises(FailedPrecondition, match="not a gang of 2"):
+        service.allocate(_gang(2, ONE), lease)
 
 
 def test_explain_names_the_gang_that_holds_the_rack(service):
