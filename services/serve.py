@@ -151,9 +151,10 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             )
         inventory = build_inventory(settings=inventory_settings)
         seeds = [*inventory_settings.seed_paths, *args.seed, *(DEMO_PATHS if args.demo else ())]
+        seeded: list[str] = []
         if seeds:
-            count = seed_inventory(inventory.service, seeds)
-            log.info("seeded the inventory with %d slices from %s", count, ", ".join(seeds))
+            seeded = seed_inventory(inventory.service, seeds)
+            log.info("seeded the inventory with %d slices from %s", len(seeded), ", ".join(seeds))
         if args.demo:
             seed_reports(inventory.service, list(DEMO_TOPOLOGY))
         allocator = build_allocator(allocator_settings, InProcessFeed(inventory.service))
@@ -166,7 +167,7 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             interceptors=allocator.interceptors(),
         )
         allocator.attach_health(health)
-        start_kube_watch(inventory, inventory_settings, health)
+        start_kube_watch(inventory, inventory_settings, health, seeded)
     except GpuallocError as error:
         print(f"gpualloc serve: {error}", file=sys.stderr)
         return 2

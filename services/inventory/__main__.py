@@ -41,14 +41,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure_logging(settings.server.log_level, settings.server.log_format)
         app = build_inventory(settings=settings)
         seeds = [*settings.seed_paths, *args.seed]
+        seeded: list[str] = []
         if seeds:
-            count = seed_inventory(app.service, seeds)
-            log.info("seeded inventory", extra={"slices": count, "paths": seeds})
+            seeded = seed_inventory(app.service, seeds)
+            log.info("seeded inventory", extra={"slices": len(seeded), "paths": seeds})
         health = Health()
         server, port = create_server(
             settings.server.listen_address, [app.registration], settings.server, health=health
         )
-        start_kube_watch(app, settings, health)
+        start_kube_watch(app, settings, health, seeded)
     except GpuallocError as err:
         print(f"gpualloc-inventory: {err}", file=sys.stderr)
         return 2

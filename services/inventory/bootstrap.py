@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from protos.inventory.v1 import inventory_pb2_grpc
@@ -111,11 +111,16 @@ def build_inventory(
 
 
 def start_kube_watch(
-    app: InventoryApp, settings: InventorySettings, health: Health | None = None
+    app: InventoryApp,
+    settings: InventorySettings,
+    health: Health | None = None,
+    seeded: Iterable[str] = (),
 ) -> KubeSliceWatch | None:
     """With GPUALLOC_KUBE_WATCH on, mirror the cluster's ResourceSlices into `app.service`
     (adapters/kube_slices.py) until `app.close()`. It owns the slices the app restored from its
-    repository. Raises InvalidArgument/FailedPrecondition when the client or its configuration
+    repository, except those `seeded` (GPUALLOC_SEED applies them again at every start: they
+    are not the cluster's unless it publishes the same names). Raises InvalidArgument or
+    FailedPrecondition when the client or its configuration
     cannot be loaded; the API server itself is only contacted by the watch's thread."""
     if settings.kube_watch == "off":
         return None
@@ -130,22 +135,23 @@ def start_kube_watch(
             else:
                 health.set_not_serving(KUBE_WATCH_HEALTH_NAME)
 
+    adopted = app.restored_slices - frozenset(seeded)
     watch = KubeSliceWatch(
-        app.service, ResourceSliceApi(api_client), adopt=app.restored_slices, on_serving=on_serving
+        app.service, ResourceSliceApi(api_client), adopt=adopted, on_serving=on_serving
     )
     app.background.append(watch.stop)
     log.info(
         "watching the cluster's ResourceSlices (%s, %d restored slices adopted)",
         settings.kube_watch,
-        len(app.restored_slices),
+        len(adopted),
     )
     return watch.start()
 
 
-def seed_inventory(service: InventoryService, paths: list[str] | tuple[str, ...]) -> int:
+def seed_inventory(service: InventoryService, paths: list[str] | tuple[str, ...]) -> list[str]:
     """Apply the ResourceSlices and Nodes found in `paths` (other kinds are skipped: a seed
     directory may hold DeviceClasses and claims too), in as few generations as the request size
-    limit allows. Returns the number of slices."""
+    limit allows. Returns the slices' names."""
     objects = load_manifests(paths)
     nodes = [o for o in objects if isinstance(o, Node)]
     slices = [o for o in objects if isinstance(o, ResourceSlice)]
@@ -153,7 +159,7 @@ def seed_inventory(service: InventoryService, paths: list[str] | tuple[str, ...]
         service.apply((), nodes[start : start + MAX_OBJECTS_PER_APPLY])
     for start in range(0, len(slices), MAX_OBJECTS_PER_APPLY):
         service.apply(slices[start : start + MAX_OBJECTS_PER_APPLY])
-    return len(slices)
+    return [s.name for s in slices]
 
 
 def seed_reports(service: InventoryService, paths: list[str] | tuple[str, ...]) -> int:

@@ -38,6 +38,7 @@ from services.inventory.adapters.kube_slices import (
 from services.inventory.bootstrap import (
     KUBE_WATCH_HEALTH_NAME,
     build_inventory,
+    seed_inventory,
     start_kube_watch,
 )
 from services.inventory.config import InventorySettings
@@ -460,3 +461,27 @@ def test_the_servers_mirror_the_cluster_and_stop_on_sigterm(kube_api, tmp_path, 
             process.kill()
             process.wait()
     assert "kube watch stopped" in log_path.read_text()
+
+
+def test_seeded_slices_survive_a_restart_with_the_watch_on(kube_api, tmp_path):
+    """The snapshot restores the seed's slices, and the seed applies them again: they are not
+    the cluster's, so the watch's first list must not delete them."""
+    kube_api.create(t4_slice())
+    seed = [str(Path(__file__).resolve().parents[2] / "examples" / "cluster" / "l40s-node.yaml")]
+    settings = InventorySettings.from_env(
+        {
+            "GPUALLOC_KUBE_WATCH": "kubeconfig",
+            "GPUALLOC_KUBECONFIG": str(write_kubeconfig(tmp_path / "config", kube_api.url)),
+            "GPUALLOC_KUBE_CONTEXT": "fake",
+            "GPUALLOC_INVENTORY_SNAPSHOT": str(tmp_path / "inventory.snapshot"),
+        }
+    )
+    for _ in range(2):  # the first start writes the snapshot, the second restores it
+        app = build_inventory(settings=settings, sweep=False)
+        try:
+            seeded = seed_inventory(app.service, seed)
+            watch = start_kube_watch(app, settings, seeded=seeded)
+            assert watch is not None and watch.wait_synced(DEADLINE_SECONDS)
+            assert slice_names(app.service) == sorted([T4_NAME, *seeded])
+        finally:
+            app.close()

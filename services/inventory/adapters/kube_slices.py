@@ -147,6 +147,7 @@ class WatchStream:
 
     def __iter__(self) -> Iterator[KubeObject]:
         buffer = b""
+        ended = False
         try:
             for chunk in self._response.stream(2**16, decode_content=True):
                 buffer += chunk
@@ -154,10 +155,14 @@ class WatchStream:
                 for line in lines:
                     if line.strip():
                         yield _event(line)
+            ended = True
             if buffer.strip():
                 yield _event(buffer)
         finally:
-            self._release()
+            if ended:
+                self._release()  # read to the end: the connection may serve another request
+            else:
+                self._discard()  # abandoned mid-stream: never hand it back to the pool
 
     def close(self) -> None:
         shutdown = getattr(self._response, "shutdown", None)  # urllib3 >= 2.3
@@ -174,6 +179,14 @@ class WatchStream:
     def _release(self) -> None:
         with contextlib.suppress(Exception):  # best effort: the connection is dropped anyway
             self._response.release_conn()
+
+    def _discard(self) -> None:
+        """Close the connection of a stream left unread (its watch would stay open on the
+        server until timeoutSeconds if it went back to the pool)."""
+        with contextlib.suppress(Exception):  # urllib3 refuses once it released it itself
+            self.close()
+        with contextlib.suppress(Exception):
+            self._response.close()
 
 
 def _event(line: bytes) -> KubeObject:
@@ -445,8 +458,9 @@ class KubeSliceWatch:
         log.info("kube watch stopped", extra={"kube": _fields(self.status())})
 
     def _progressed(self, before: KubeWatchStatus) -> bool:
-        now = self.status()
-        return now.lists > before.lists or now.events > before.events
+        """Whether events arrived since `before` (a list alone is not progress: a watch that
+        expires right after every list must back off, as client-go's does)."""
+        return self.status().events > before.events
 
     def _relist(self) -> str:
         listing = self._api.list()
