@@ -182,6 +182,7 @@ def query_from_pb(request: QueryRequest) -> Query:
 
 
 _CLAIMS_KEPT = 512
+_CLAIM_BYTES_KEPT = 8192  # larger claims are read every time: the memo stays under ~4 MiB
 _claims_read: dict[bytes, ResourceClaim] = {}
 
 
@@ -189,14 +190,16 @@ def _claim_from_pb(message: dra_pb2.ResourceClaim, path: str) -> ResourceClaim:
     """A claim message as a value, read once per distinct message: batch systems send the same
     few claim shapes over and over, and reading one costs more than serializing it to look it
     up. Values are immutable, so calls share them; only valid claims are kept (a bad one raises
-    with its field path every time); the memo starts over when full."""
+    with its field path every time); the memo starts over when full, and keeps no claim over
+    _CLAIM_BYTES_KEPT (a client must not be able to pin memory with a few huge claims)."""
     key = message.SerializeToString(deterministic=True)
     claim = _claims_read.get(key)
     if claim is None:
         claim = from_pb_resource_claim(message, path)
-        if len(_claims_read) >= _CLAIMS_KEPT:
-            _claims_read.clear()
-        _claims_read[key] = claim
+        if len(key) <= _CLAIM_BYTES_KEPT:
+            if len(_claims_read) >= _CLAIMS_KEPT:
+                _claims_read.clear()
+            _claims_read[key] = claim
     return claim
 
 
