@@ -56,6 +56,7 @@ def count_capacity(
     nodes = [query.node] if query.node else eligible_nodes(snapshot, query)
     budget = solver.budget(query, deadline)
     tally = _Tally()
+    errors: list[GpuallocError] = []
     for node in nodes:
         if deadline.passed() or tally.steps >= budget.max_steps:
             tally.cut = True
@@ -67,14 +68,19 @@ def count_capacity(
         except DeadlineExceeded:
             tally.cut = True
             break
-        except GpuallocError:
+        except GpuallocError as error:
             if query.node:
                 raise  # a pinned node's problem is the caller's to see
-            continue  # as Allocate: a node-only error (e.g. incomplete pool) skips the node
+            errors.append(error)  # as Allocate: a node-only error (e.g. incomplete pool)
+            continue  # skips the node
         tally.cut = tally.cut or cut
         if count:
             accuracy = Accuracy.LOWER_BOUND if cut else Accuracy.EXACT
             tally.nodes.append(NodeCount(node, count, accuracy))
+    if errors and not tally.nodes:
+        # As Allocate: an error of every node (an unknown device class, a CEL error) is the
+        # request's, not "nothing fits".
+        raise errors[0]
     return CapacityAnswer(
         total=sum(n.count for n in tally.nodes),
         accuracy=Accuracy.LOWER_BOUND if tally.cut else Accuracy.EXACT,

@@ -224,6 +224,14 @@ def test_capacity_counts_units_per_node_and_model(allocator):
     assert total.total == 16
 
 
+def test_capacity_of_an_unknown_device_class_is_invalid_not_zero(allocator):
+    request = pb.CapacityRequest(claims=pb_claims("one-h100"))
+    request.claims[0].requests[0].exactly.device_class_name = "no-such-class.example.com"
+    error = _error(allocator.stub.Capacity, request, timeout=10)
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "no-such-class.example.com" in error.details()
+
+
 # --- Reserve: conflicts, idempotency, owners ------------------------------------------------
 
 
