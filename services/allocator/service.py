@@ -23,8 +23,10 @@ generation, and a store call does not start once the deadline has passed.
 from __future__ import annotations
 
 import random
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from opentelemetry import trace
@@ -121,12 +123,21 @@ class AllocatorService:
         self.limits = limits
         self._metrics = metrics
         self._tracer = tracer or trace.NoOpTracer()
+        self._keys = _KeyedLocks()
 
     # --- Allocate / Explain / Capacity -------------------------------------------------------
 
     def allocate(self, query: Query, lease: LeaseOptions | None = None) -> Answer:
         """Place the claims (or the gang); with `lease`, reserve the placement too, one
-        reservation per node, retrying on Conflict."""
+        reservation per node, retrying on Conflict. Calls with the same owner and idempotency
+        key run one after another in this process, so a duplicate sent concurrently finds the
+        first one's reservations instead of reserving other devices."""
+        if lease is None or not lease.idempotency_key:
+            return self._allocate(query, lease)
+        with self._keys.held((lease.owner, lease.idempotency_key)):
+            return self._allocate(query, lease)
+
+    def _allocate(self, query: Query, lease: LeaseOptions | None) -> Answer:
         lease_seconds = self._lease_seconds(lease.lease_seconds, "lease_ttl") if lease else 0.0
         if lease is not None and lease.idempotency_key:
             known = self.holdings.find_idempotent(lease.owner, lease.idempotency_key)
@@ -436,6 +447,30 @@ class AllocatorService:
     def _count(counter: Counter | None) -> None:
         if counter is not None:
             counter.add(1)
+
+
+class _KeyedLocks:
+    """One lock per key while anyone holds or waits for it (then forgotten)."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[object, tuple[threading.Lock, int]] = {}
+
+    @contextmanager
+    def held(self, key: object) -> Iterator[None]:
+        with self._guard:
+            lock, users = self._locks.get(key, (threading.Lock(), 0))
+            self._locks[key] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._guard:
+                lock, users = self._locks[key]
+                if users == 1:
+                    del self._locks[key]
+                else:
+                    self._locks[key] = (lock, users - 1)
 
 
 def _requests(

@@ -3,7 +3,11 @@ shared pool once), idempotency, Explain's holders, and the Capacity bound."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
@@ -245,6 +249,47 @@ def test_idempotency_key_returns_the_same_reservations(service):
     assert sorted(r.id for r in again.reservations) == sorted(r.id for r in first.reservations)
     assert sorted(m.node for m in again.gang) == sorted(m.node for m in first.gang)
     assert len(service.list_reservations(owner="job-7")[0]) == 2
+
+
+class _SlowStore:
+    """The real store, taking 50 ms per reserve: duplicates overlap for sure."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def reserve(self, request: Any) -> Any:
+        time.sleep(0.05)
+        return self._store.reserve(request)
+
+    def reserve_gang(self, requests: Any) -> Any:
+        time.sleep(0.05)
+        return self._store.reserve_gang(requests)
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        pytest.param(Query((ONE,)), id="one-node"),
+        pytest.param(_gang(2, ONE), id="gang"),
+    ],
+)
+def test_the_same_key_sent_concurrently_reserves_once(service, query):
+    service.store = _SlowStore(service.store)
+    lease = LeaseOptions("job-9", idempotency_key="job-9-try-1")
+    start = threading.Barrier(8)
+
+    def call() -> list[str]:
+        start.wait()
+        return sorted(r.id for r in service.allocate(query, lease).reservations)
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: call(), range(8)))
+
+    assert all(answer == answers[0] for answer in answers)
+    assert sorted(r.id for r in service.list_reservations(owner="job-9")[0]) == answers[0]
 
 
 def test_a_key_whose_gang_was_partly_released_is_not_allocated_again(service):
