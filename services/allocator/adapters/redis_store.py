@@ -394,9 +394,12 @@ class RedisReservationStore:
             if attempt == 0 and _is_missing_function(reply):
                 self._load_library()
                 continue
-            for outcome in (registered, reply):
-                if isinstance(outcome, Exception):
-                    raise outcome
+            if isinstance(reply, Exception):
+                raise reply
+            if isinstance(registered, Exception):
+                # The grant happened: do not lose it over the registration (the janitor finds
+                # nodes by this set), try that once more on its own.
+                self._client.sadd(self._nodes_key, node)
             return reply
         raise Unavailable(f"redis: function {function} keeps disappearing")
 
