@@ -143,6 +143,11 @@ class FakeKubeApiServer:
             self._cond.notify_all()
             return str(self._rv)
 
+    def expire_every_watch(self) -> None:
+        """Answer 410 Gone to every watch from now on (a server whose watch cache lags)."""
+        with self._cond:
+            self._compacted = 10**18
+
     def compact(self) -> None:
         """Forget the history up to now: older resourceVersions are too old to watch from."""
         with self._cond:

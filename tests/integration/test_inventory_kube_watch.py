@@ -198,6 +198,19 @@ def test_410_gone_relists_and_applies_the_difference(kube_api, start_watch):
     assert service.snapshot().view("node-gone") is None
 
 
+def test_a_watch_expired_at_once_every_time_backs_off_between_lists(kube_api, start_watch):
+    kube_api.create(t4_slice())
+    kube_api.expire_every_watch()
+    _, watch = start_watch(backoff=Backoff(0.2, 0.2))  # 0.1-0.2 s between lists
+    eventually(lambda: watch.status().expired >= 3, "the watch keeps expiring")
+    time.sleep(1.0)
+    status = watch.status()
+    # Without backoff a relist followed at once (hundreds per second); with it, at most one
+    # list per 0.1 s of the time the test waited in all.
+    assert status.lists <= status.expired + 1
+    assert status.lists < 30
+
+
 def test_a_malformed_slice_is_skipped_counted_and_never_half_applied(kube_api, start_watch):
     kube_api.create(t4_slice())
     kube_api.create(malformed(t4_slice("t4-bad", "node-bad")))
