@@ -6,11 +6,8 @@ a rack of its own (`gpualloc.dev/rack`), an A100 node of 4 GPUs in the MIG layou
 
 from __future__ import annotations
 
-import io
-import json
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,29 +16,14 @@ from services.allocator.solve_cli import (
     EXIT_ALLOCATED,
     EXIT_INVALID,
     EXIT_UNSATISFIABLE,
-    run_solve,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
-CLUSTER = [str(ROOT / "examples" / "cluster"), str(ROOT / "examples" / "deviceclasses.yaml")]
-CLAIMS = ROOT / "examples" / "claims"
+from tests.cli.examples import CLAIMS, CLUSTER, ROOT, solve_claim
 
 
 def capacity(
     claim: str, *, node: str | None = None, gang: int | None = None, label: str = ""
 ) -> tuple[int, dict[str, Any], str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = run_solve(
-        [*CLUSTER, str(CLAIMS / claim)],
-        node=node,
-        gang=gang,
-        gang_label=label,
-        capacity=True,
-        output="json",
-        stdout=out,
-        stderr=err,
-    )
-    return code, json.loads(out.getvalue()) if out.getvalue() else {}, err.getvalue()
+    return solve_claim(claim, node=node, gang=gang, gang_label=label, capacity=True)
 
 
 @pytest.mark.parametrize(

@@ -6,11 +6,8 @@ and every node in a rack of its own (`gpualloc.dev/rack`).
 
 from __future__ import annotations
 
-import io
-import json
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,29 +17,16 @@ from services.allocator.solve_cli import (
     EXIT_ALLOCATED,
     EXIT_INVALID,
     EXIT_UNSATISFIABLE,
-    run_solve,
 )
+from tests.cli.examples import CLAIMS, CLUSTER, ROOT, solve_claim
 
-ROOT = Path(__file__).resolve().parents[2]
-CLUSTER = [str(ROOT / "examples" / "cluster"), str(ROOT / "examples" / "deviceclasses.yaml")]
-CLAIMS = ROOT / "examples" / "claims"
 ZONE = "topology.kubernetes.io/zone"
 
 
 def solve_gang(
     claim: str, count: int | None, label: str = "", node: str | None = None
 ) -> tuple[int, dict[str, Any], str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = run_solve(
-        [*CLUSTER, str(CLAIMS / claim)],
-        node=node,
-        gang=count,
-        gang_label=label,
-        output="json",
-        stdout=out,
-        stderr=err,
-    )
-    return code, json.loads(out.getvalue()) if out.getvalue() else {}, err.getvalue()
+    return solve_claim(claim, node=node, gang=count, gang_label=label)
 
 
 @pytest.mark.parametrize(
