@@ -21,8 +21,10 @@ copy so that Allocate never waits for Redis:
   is at-most-once; after the store was unreachable it refreshes at the first success.
 
 The copy may lag; that is safe: reserving re-checks everything atomically in the store, and a
-Conflict makes the service `refresh(node)` and solve again. Ids removed locally are remembered
-for a while (tombstones), so a late event or fetch cannot resurrect a released reservation.
+Conflict makes the service `refresh(node)` and solve again (what the node's refresh finds is
+applied like the events it stands for; a conflict it does not explain rebuilds the state).
+Ids removed locally are remembered for a while (tombstones), so a late event or fetch cannot
+resurrect a released reservation.
 
 `state_for(view)` turns the copy (and the pending placements) into an AllocatedState over a
 view's snapshot, owners being reservation ids (Explain names them; a pending placement is owned
@@ -284,8 +286,11 @@ class Holdings:
             if reservation.id in self._by_id:
                 self._by_id[reservation.id] = reservation
 
-    def refresh(self, node: str = "") -> None:
-        """Replace the copy (of one node's reservations, or all) with the store's."""
+    def refresh(self, node: str = "") -> bool:
+        """Replace the copy (of one node's reservations, or all) with the store's. A node's
+        refresh (after a conflict) applies what differs incrementally and returns whether
+        anything did; the full one rebuilds the state (how any drift of the incremental state
+        heals) and returns True."""
         with self._refreshing:
             with self._lock:
                 self._recording = []
@@ -297,12 +302,20 @@ class Holdings:
                 raise
             with self._lock:
                 recorded, self._recording = self._recording or [], None
-                self._replace(fresh, node, recorded)
+                changed = self._replace(fresh, node, recorded)
                 if not node:
                     self._synced = True
                 self._prune_tombstones()
+                return changed
 
-    def _replace(self, fresh: Sequence[Reservation], node: str, recorded: list[_Change]) -> None:
+    def rebuild(self) -> None:
+        """Rebuild the state at the next solve instead of applying changes to it: after a
+        conflict that a node's refresh did not explain (the copy held what the store holds)."""
+        with self._lock:
+            self._version += 1
+            self._journal = None
+
+    def _replace(self, fresh: Sequence[Reservation], node: str, recorded: list[_Change]) -> bool:
         merged = {r.id: r for r in fresh if r.id not in self._tombstones}
         if node:
             merged.update({i: r for i, r in self._by_id.items() if r.node != node})
@@ -311,11 +324,18 @@ class Holdings:
                 merged[change.added.id] = change.added
             if change.removed is not None:
                 merged.pop(change.removed.id, None)
-        # Rebuilt even when the ids are the same: a refresh follows a conflict or the periodic
-        # resync, and is how any drift of the incremental state heals.
-        self._by_id = merged
+        previous, self._by_id = self._by_id, merged
         self._version += 1
-        self._journal = None
+        if not node:
+            self._journal = None  # the periodic resync rebuilds: any drift heals here
+            return True
+        # A node's refresh follows a conflict, usually an event not applied yet: what it finds
+        # goes in like the events it stands for (a rebuild would cost a solve the whole
+        # cluster's holdings, under the lock, on every conflict).
+        changes = _differences(previous, merged)
+        if self._journal is not None:
+            self._journal.extend(changes)
+        return bool(changes)
 
     def _record(self, change: _Change) -> None:
         """Called with the lock held, for every change of the id set."""
@@ -431,6 +451,20 @@ class Holdings:
 
 
 Step = tuple[str | None, str | None, AllocationResult]  # AllocatedState.with_changes
+
+
+def _differences(before: dict[str, Reservation], after: dict[str, Reservation]) -> list[_Change]:
+    """From `before` to `after`: the reservations dropped, then those added (an id whose
+    allocations differ counts as both)."""
+    dropped = [r for i, r in before.items() if not _same_holding(r, after.get(i))]
+    added = [r for i, r in after.items() if not _same_holding(r, before.get(i))]
+    return [_Change(None, r) for r in dropped] + [_Change(r, None) for r in added]
+
+
+def _same_holding(reservation: Reservation, other: Reservation | None) -> bool:
+    return other is not None and (
+        other is reservation or other.allocations == reservation.allocations
+    )
 
 
 def _changes(change: _Change | _PendingChange) -> Iterator[Step]:

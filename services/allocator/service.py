@@ -164,8 +164,9 @@ class AllocatorService:
             except Conflict as error:
                 conflict = error
                 self._count(self._metrics.conflicts if self._metrics else None)
-                for request in requests:
-                    self.holdings.refresh(request.node)
+                explained = [self.holdings.refresh(request.node) for request in requests]
+                if not any(explained):
+                    self.holdings.rebuild()  # the copy agreed with the store: heal the state
                 continue
             if query.gang is not None and _same_placement(reservations, answer.gang):
                 return replace(answer, reservations=tuple(reservations))

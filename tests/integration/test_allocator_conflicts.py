@@ -7,6 +7,7 @@ node's reservations and solves again, up to GPUALLOC_RESERVE_RETRIES times.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import grpc
@@ -15,6 +16,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from protos.allocator.v1 import allocator_pb2 as pb
 from services.allocator.config import AllocatorSettings
+from services.allocator.core import AllocatedState
 from services.allocator.holds import placement_holds
 from services.allocator.reservations import ReserveRequest
 from services.allocator.telemetry import configure_telemetry
@@ -97,5 +99,37 @@ def test_without_retries_the_conflict_is_aborted_with_the_devices(grpc_channel_f
             timeout=10,
         )
         assert again.outcome == pb.OUTCOME_ALLOCATED
+    finally:
+        served.app.close()
+
+
+def test_a_conflict_the_refresh_does_not_explain_rebuilds_the_state(grpc_channel_factory, store):
+    """The copy holds what the store holds, but the state solved against drifted (simulated by
+    emptying the cached state): the node's refresh finds nothing, so the state is rebuilt and
+    the solve after the conflict avoids the held device."""
+    reader = InMemoryMetricReader()
+    served = _stale_allocator(grpc_channel_factory, store, retries=2, reader=reader)
+    try:
+        first = served.stub.Allocate(
+            allocate_request("one-h100", node_name=NODE, reserve=True),
+            metadata=owner("me"),
+            timeout=10,
+        )
+        [held] = first.allocations[0].allocation.results
+        holdings = served.app.holdings
+        holdings.state_for(served.app.view.current())  # the first reservation is in the state
+        cached = holdings._cached
+        assert cached is not None
+        empty = AllocatedState(cached.view.snapshot)
+        holdings._cached = dataclasses.replace(cached, state=empty, version=holdings.version)
+        second = served.stub.Allocate(
+            allocate_request("one-h100", node_name=NODE, reserve=True),
+            metadata=owner("me"),
+            timeout=10,
+        )
+        assert second.outcome == pb.OUTCOME_ALLOCATED
+        [result] = second.allocations[0].allocation.results
+        assert result.device != held.device
+        assert _counter(reader, "gpualloc.reservation.conflicts") == 1
     finally:
         served.app.close()

@@ -25,6 +25,7 @@ from services.allocator.reservations import (
 )
 from services.allocator.view import ViewSnapshot
 from services.common.dra.model import AllocationResult, DeviceID, DeviceRequestAllocationResult
+from services.common.errors import Conflict
 
 CLUSTER = Path(__file__).resolve().parents[3] / "examples" / "cluster"
 FEED = StaticFeed.from_paths([str(CLUSTER)]).update()
@@ -145,6 +146,74 @@ def test_refresh_of_a_node_replaces_only_that_node(store, holdings):
     holdings.refresh("h100-node-1")
     assert holdings.get("res-gone") is None
     assert holdings.get("res-local") is not None
+
+
+def test_a_nodes_refresh_applies_what_it_finds_without_a_rebuild(store):
+    holdings = Holdings(store, expire_interval=3600, refresh_interval=3600)
+    holdings.refresh()
+    before = holdings.state_for(VIEW)
+    missed = store.reserve(_request(A100, MIG[0]))  # another replica's: no event applied here
+    assert holdings.refresh(A100) is True
+    assert holdings._journal is not None  # the change goes in incrementally
+    state = holdings.state_for(VIEW)
+    assert MIG[0] in state.devices_in_use and MIG[0] not in before.devices_in_use
+    assert state.owners(MIG[0]) == (missed.id,)
+
+
+def test_a_nodes_refresh_that_finds_nothing_says_so_and_rebuild_heals(store):
+    holdings = Holdings(store, expire_interval=3600, refresh_interval=3600)
+    holdings.added([store.reserve(_request(A100, MIG[1]))])
+    holdings.state_for(VIEW)
+    assert holdings.refresh(A100) is False
+    holdings.rebuild()
+    assert holdings._journal is None  # the next solve builds the state from the copy
+    assert MIG[1] in holdings.state_for(VIEW).devices_in_use
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["theirs", "ours", "release", "refresh"]),
+            st.integers(0, 11),
+            st.lists(st.integers(0, len(MIG) - 1), min_size=1, max_size=3),
+        ),
+        max_size=60,
+    )
+)
+def test_node_refreshes_keep_the_incremental_state_exact(operations):
+    """Reservations made in the store by another replica (no events here), by this process,
+    and released in the store; node refreshes now and then: the state always equals one built
+    from scratch out of the copy, and after a refresh the copy is the store's."""
+    store = MemoryReservationStore()
+    holdings = Holdings(store, expire_interval=3600, refresh_interval=3600)
+    holdings.refresh()
+    for index, (op, slot, picks) in enumerate(operations):
+        devices = sorted({MIG[p] for p in picks})
+        if op in ("theirs", "ours"):
+            try:
+                made = store.reserve(_request(A100, *devices))
+            except Conflict:
+                continue
+            if op == "ours":
+                holdings.added([made])
+        elif op == "release":
+            live = sorted(r.id for r in store.live())
+            if live:
+                store.release(live[slot % len(live)], "o")
+        else:
+            holdings.refresh(A100)
+            assert {r.id for r in holdings.reservations()} == {r.id for r in store.live()}
+        if index % 3 == 0:
+            holdings.state_for(VIEW)  # cache now and then: later changes apply incrementally
+        got = holdings.state_for(VIEW)
+        held = [(r.id, a) for r in holdings.reservations() for a in r.allocations]
+        want = AllocatedState.build(SNAPSHOT, held)
+        assert got.devices_in_use == want.devices_in_use
+        counters = {c for e in SNAPSHOT.all_devices() for c, _ in e.counters}
+        assert {c: got.counter_used(c) for c in counters} == {
+            c: want.counter_used(c) for c in counters
+        }
 
 
 @settings(max_examples=40, deadline=None)
