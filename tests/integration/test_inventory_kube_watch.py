@@ -34,6 +34,7 @@ from services.inventory.adapters.kube_slices import (
     Backoff,
     KubeSliceWatch,
     ResourceSliceApi,
+    api_client_from_settings,
 )
 from services.inventory.bootstrap import (
     KUBE_WATCH_HEALTH_NAME,
@@ -370,6 +371,25 @@ def test_the_inventory_app_mirrors_the_cluster_from_a_kubeconfig(kube_api, tmp_p
     finally:
         app.close()
     assert health.status(KUBE_WATCH_HEALTH_NAME) is ServingStatus.NOT_SERVING
+
+
+def test_the_client_keeps_its_connections_alive_with_tcp_keepalive(kube_api, tmp_path):
+    """A watch whose connection died silently (a load balancer dropped it, the API server
+    vanished) must fail within minutes: the sockets carry client-go's keepalive timings."""
+    kube_api.create(t4_slice())
+    kubeconfig = write_kubeconfig(tmp_path / "config", kube_api.url)
+    client = api_client_from_settings("kubeconfig", str(kubeconfig), "fake")
+    try:
+        assert ResourceSliceApi(client).list().items  # one request: a pooled connection
+        pool = client.rest_client.pool_manager.connection_from_url(kube_api.url)
+        sockets = [c.sock for c in list(pool.pool.queue) if c is not None and c.sock]
+        assert sockets
+        for sock in sockets:
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 30
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    finally:
+        client.close()
 
 
 def test_the_watch_is_off_by_default(tmp_path):

@@ -50,10 +50,13 @@ class KubernetesKueueApi:
     def __init__(self, *, field_manager: str = FIELD_MANAGER, api_client: Any = None) -> None:
         self._k8s = _import_kubernetes()
         if api_client is None:
+            configuration = self._k8s.client.Configuration()
             try:
-                self._k8s.config.load_incluster_config()
+                self._k8s.config.load_incluster_config(client_configuration=configuration)
             except self._k8s.config.ConfigException:
-                self._k8s.config.load_kube_config()
+                self._k8s.config.load_kube_config(client_configuration=configuration)
+            configuration.keep_alive = True  # a silently dropped watch fails within minutes
+            api_client = self._k8s.client.ApiClient(configuration)
         self._custom = self._k8s.client.CustomObjectsApi(api_client)
         self._field_manager = field_manager
         self._resource_version = ""

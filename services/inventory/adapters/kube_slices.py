@@ -116,6 +116,10 @@ def api_client_from_settings(mode: str, kubeconfig: str = "", context: str = "")
     except Exception as error:  # ConfigException, OSError, YAML errors: all say "bad config"
         setting = "GPUALLOC_KUBE_WATCH" if mode == "in-cluster" else "GPUALLOC_KUBECONFIG"
         raise InvalidArgument.at(setting, f"{mode} configuration not loaded: {error}") from None
+    # TCP keepalive with client-go's timings: a watch on a connection that a load balancer
+    # dropped, or whose API server vanished, fails within minutes instead of after the watch's
+    # read timeout (timeoutSeconds + 60 s).
+    configuration.keep_alive = True
     return k8s.client.ApiClient(configuration)
 
 
