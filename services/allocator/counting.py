@@ -1,9 +1,11 @@
 """Capacity: how many more copies of a unit (claims placed together on one node) fit now.
 
 Per node, the solver places one unit, the unit is added to a private copy of the allocated
-state, and the next unit is placed, until one does not fit. The count is exact for the
-solver's packing (units are placed as Allocate would place them, one after another); it is a
-lower bound when a bound stopped it: the step budget, the deadline, or `max_units` per node.
+state, and the next unit is placed, until one does not fit. Nodes of one template in one free
+state (core/groups.py) answer alike: each such group is counted once, on its first node met.
+The count is exact for the solver's packing (units are placed as Allocate would place them, one
+after another); it is a lower bound when a bound stopped it: the step budget, the deadline, or
+`max_units` per node.
 
 Each unit is attributed to the product name of its first device (`productName` of the device's
 driver domain, as the NVIDIA driver publishes it), `unknown` without one.
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from services.allocator.answers import Accuracy, CapacityAnswer, NodeCount, Query
 from services.allocator.core import Allocated, AllocatedState, ClusterSnapshot
+from services.allocator.core.groups import GroupKey
 from services.allocator.solving import Deadline, Solver, eligible_nodes, unique_share_id
 from services.common.dra.model import AllocationResult, DeviceClass
 from services.common.errors import DeadlineExceeded, GpuallocError
@@ -31,6 +34,9 @@ from services.common.errors import DeadlineExceeded, GpuallocError
 __all__ = ["count_capacity", "count_gangs", "gangs_that_fit"]
 
 UNKNOWN_MODEL = "unknown"
+
+
+_Count = tuple[int, bool, dict[str, int]]  # units, cut short, units per model
 
 
 @dataclass
@@ -55,24 +61,34 @@ def count_capacity(
     """Count units per node (the pinned one, or every eligible node in name order)."""
     nodes = [query.node] if query.node else eligible_nodes(snapshot, query)
     budget = solver.budget(query, deadline)
+    groups = {} if query.node else solver.node_groups(snapshot, state, classes, query)
+    counted: dict[GroupKey, _Count] = {}  # per group of alike nodes: its members' count
     tally = _Tally()
     errors: list[GpuallocError] = []
     for node in nodes:
         if deadline.passed() or tally.steps >= budget.max_steps:
             tally.cut = True
             break
-        try:
-            count, cut = _count_node(
-                solver, snapshot, state, classes, query, node, deadline, tally, max_units
-            )
-        except DeadlineExceeded:
-            tally.cut = True
-            break
-        except GpuallocError as error:
-            if query.node:
-                raise  # a pinned node's problem is the caller's to see
-            errors.append(error)  # as Allocate: a node-only error (e.g. incomplete pool)
-            continue  # skips the node
+        group = groups.get(node)
+        found = counted.get(group) if group is not None else None
+        if found is None:
+            try:
+                found = _count_node(
+                    solver, snapshot, state, classes, query, node, deadline, tally, max_units
+                )
+            except DeadlineExceeded:
+                tally.cut = True
+                break
+            except GpuallocError as error:
+                if query.node:
+                    raise  # a pinned node's problem is the caller's to see
+                errors.append(error)  # as Allocate: a node-only error (e.g. incomplete pool)
+                continue  # skips the node
+            if group is not None:
+                counted[group] = found
+        count, cut, models = found
+        for model, units in models.items():
+            tally.models[model] = tally.models.get(model, 0) + units
         tally.cut = tally.cut or cut
         if count:
             accuracy = Accuracy.LOWER_BOUND if cut else Accuracy.EXACT
@@ -100,8 +116,9 @@ def _count_node(
     deadline: Deadline,
     tally: _Tally,
     max_units: int,
-) -> tuple[int, bool]:
-    """(units placed on `node`, whether a bound stopped the count)."""
+) -> _Count:
+    """(units placed on `node`, whether a bound stopped the count, units per model); the
+    steps taken go to `tally`."""
     pinned = Query(
         claims=query.claims,
         node=node,
@@ -110,17 +127,18 @@ def _count_node(
         topology_constraints=query.topology_constraints,
     )
     count = 0
+    models: dict[str, int] = {}
     while count < max_units:
         result = solver.run(snapshot, state, classes, pinned, deadline, share_id=unique_share_id)
         tally.steps += result.stats.steps
         if not isinstance(result, Allocated):
-            return count, result.budget_exhausted
+            return count, result.budget_exhausted, models
         count += 1
         model = _model(snapshot, result.allocations)
-        tally.models[model] = tally.models.get(model, 0) + 1
+        models[model] = models.get(model, 0) + 1
         for allocation in result.allocations:
             state = state.with_allocation(allocation, "capacity")
-    return count, True
+    return count, True, models
 
 
 def count_gangs(

@@ -41,8 +41,10 @@ from services.allocator.core import (
     solve,
 )
 from services.allocator.core.gang import GangResult, GangUnsatisfiable, solve_gang
+from services.allocator.core.groups import GroupKey
 from services.allocator.core.nodeselect import NodeAccess
 from services.allocator.core.scoring import node_key
+from services.allocator.core.solver import node_groups_of
 from services.allocator.core.topology_constraints import (
     TopologyConstraint,
     constraints_from_annotations,
@@ -139,6 +141,29 @@ class Solver:
         return _solve_each(
             snapshot, state, classes, query, nodes, policy, budget, explain, self, topology
         )
+
+    def node_groups(
+        self,
+        snapshot: ClusterSnapshot,
+        state: AllocatedState,
+        classes: Mapping[str, DeviceClass],
+        query: Query,
+    ) -> dict[str, GroupKey]:
+        """Per node, the key of the nodes that answer `query`'s claims alike (core
+        node_groups_of); empty when they cannot stand for each other, or when the claims are
+        in error (each node's own solve then reports it)."""
+        try:
+            return node_groups_of(
+                snapshot,
+                state,
+                classes,
+                query.claims,
+                policy=query.policy or self.policy,
+                selectors=self.selectors,
+                topology_constraints=topology_constraints(query),
+            )
+        except GpuallocError:
+            return {}
 
     def run_gang(
         self,

@@ -41,6 +41,7 @@ from services.allocator.core.fragmentation import (
     DEFAULT_MIX,
     FragmentationMix,
 )
+from services.allocator.core.groups import GroupKey
 from services.allocator.core.nodechoice import GroupedChoice, template_plan, usable
 from services.allocator.core.outcome import (
     Allocated,
@@ -74,7 +75,7 @@ from services.common.dra.model import (
 )
 from services.common.errors import GpuallocError
 
-__all__ = ["DEFAULT_BUDGET", "feasible_nodes", "solve"]
+__all__ = ["DEFAULT_BUDGET", "feasible_nodes", "node_groups_of", "solve"]
 
 DEFAULT_BUDGET = SearchBudget()
 
@@ -135,6 +136,27 @@ def feasible_nodes(
     run = _Run(ctx, StepCounter(budget.max_steps, budget.max_steps_per_node, budget.cancelled))
     keys = run.all_feasible(snapshot)
     return keys, run.stats(0)
+
+
+def node_groups_of(
+    snapshot: ClusterSnapshot,
+    state: AllocatedState,
+    classes: Mapping[str, DeviceClass],
+    claims: Sequence[ResourceClaim],
+    *,
+    policy: Policy = Policy.BINPACK,
+    selectors: SelectorCache,
+    topology_constraints: Sequence[TopologyConstraint] = (),
+) -> dict[str, GroupKey]:
+    """Per node, its group's key (one template, one free state, groups.py): nodes with one key
+    answer every solve of `claims` alike, pinned or not, so a question asked of each node
+    (Capacity) needs one answer per key. Empty when the claims read what templates abstract
+    away (every node answers for itself); nodes outside every template are not in it."""
+    ctx = _context(snapshot, state, classes, claims, policy, selectors, None, topology_constraints)
+    if not usable(ctx.plan, ctx, snapshot.templates()):
+        return {}
+    members = state.node_groups(snapshot).members
+    return {node: key for key, nodes in members.items() for node in nodes}
 
 
 def _context(

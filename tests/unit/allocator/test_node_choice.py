@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from services.allocator.answers import CapacityAnswer, Query
 from services.allocator.core import (
     Allocated,
     AllocatedState,
@@ -29,8 +30,10 @@ from services.allocator.core import (
     Unsatisfiable,
     solve,
 )
-from services.allocator.core.groups import GroupIndex
+from services.allocator.core.groups import GroupIndex, GroupKey
 from services.allocator.core.scoring import node_key
+from services.allocator.counting import count_capacity
+from services.allocator.solving import Deadline, Solver
 from services.common.dra.model import (
     AllocationResult,
     AttributeValue,
@@ -290,3 +293,33 @@ def test_explain_and_groups_choose_the_same_node(policy: Policy) -> None:
     )
     assert isinstance(fast, Allocated) and isinstance(slow, Allocated)
     assert (fast.node, fast.allocations) == (slow.node, slow.allocations)
+
+
+class _EveryNodeOnItsOwn(Solver):
+    """The reference: Capacity without groups, every node counted by its own solves."""
+
+    def node_groups(self, *args: object, **kwargs: object) -> dict[str, GroupKey]:
+        return {}
+
+
+@SETTINGS
+@given(cluster=clusters(), claims_=claims(), policy=st.sampled_from(list(Policy)))
+def test_capacity_counted_once_per_group_equals_counting_every_node(
+    cluster: tuple[ClusterSnapshot, list[tuple[str, AllocationResult]]],
+    claims_: list[ResourceClaim],
+    policy: Policy,
+) -> None:
+    snapshot, held = cluster
+    state = AllocatedState.build(snapshot, held)
+    query = Query(claims=tuple(claims_), policy=policy)
+
+    def count(solver: Solver) -> CapacityAnswer | str:
+        try:
+            return count_capacity(
+                solver, snapshot, state, CLASSES, query, Deadline(None), generation=1
+            )
+        except GpuallocError as error:
+            return error.message
+
+    grouped = count(Solver(SelectorCache()))
+    assert grouped == count(_EveryNodeOnItsOwn(SelectorCache()))
