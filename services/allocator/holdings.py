@@ -22,7 +22,8 @@ copy so that Allocate never waits for Redis:
 
 The copy may lag; that is safe: reserving re-checks everything atomically in the store, and a
 Conflict makes the service `refresh(node)` and solve again (what the node's refresh finds is
-applied like the events it stands for; a conflict it does not explain rebuilds the state).
+applied like the events it stands for; a conflict the refreshed state does not explain
+rebuilds it).
 Ids removed locally are remembered for a while (tombstones), so a late event or fetch cannot
 resurrect a released reservation.
 
@@ -310,7 +311,8 @@ class Holdings:
 
     def rebuild(self) -> None:
         """Rebuild the state at the next solve instead of applying changes to it: after a
-        conflict that a node's refresh did not explain (the copy held what the store holds)."""
+        conflict that the refreshed copy does not explain (the state still shows free what the
+        store holds: it drifted from the copy)."""
         with self._lock:
             self._version += 1
             self._journal = None

@@ -59,7 +59,7 @@ from services.allocator.gangs import (
     members_of_reservations,
 )
 from services.allocator.holdings import Holdings
-from services.allocator.holds import placement_holds
+from services.allocator.holds import device_key, placement_holds
 from services.allocator.paging import decode_token, encode_token, query_hash
 from services.allocator.reservations import (
     Hold,
@@ -164,9 +164,9 @@ class AllocatorService:
             except Conflict as error:
                 conflict = error
                 self._count(self._metrics.conflicts if self._metrics else None)
-                explained = [self.holdings.refresh(request.node) for request in requests]
-                if not any(explained):
-                    self.holdings.rebuild()  # the copy agreed with the store: heal the state
+                found = [self.holdings.refresh(request.node) for request in requests]
+                if self._drifted(error, requests, view, any(found)):
+                    self.holdings.rebuild()
                 continue
             if query.gang is not None and _same_placement(reservations, answer.gang):
                 return replace(answer, reservations=tuple(reservations))
@@ -310,6 +310,29 @@ class AllocatorService:
         return page, encode_token(page[-1].id, query) if more else ""
 
     # --- internals ---------------------------------------------------------------------------
+
+    def _drifted(
+        self,
+        conflict: Conflict,
+        requests: Sequence[ReserveRequest],
+        view: ViewSnapshot,
+        found: bool,
+    ) -> bool:
+        """After the nodes' refreshes: whether the state solved against disagrees with the
+        store. A device the store holds must now be in use in the state (whether the refresh,
+        an event or another caller's refresh brought its holder); without device conflicts
+        (counters, capacity), whether the refreshes found nothing that explains the conflict."""
+        ids = {
+            "device:" + device_key(result.device_id): result.device_id
+            for request in requests
+            for allocation in request.allocations
+            for result in allocation.results
+        }
+        taken = [ids[key] for key in conflict.conflicts if key in ids]
+        if not taken:
+            return not found
+        state = self.holdings.state_for(view)
+        return not all(state.in_use(device) for device in taken)
 
     def _read(self, query: Query) -> tuple[ViewSnapshot, AllocatedState]:
         self.holdings.require_synced()

@@ -133,3 +133,78 @@ def test_a_conflict_the_refresh_does_not_explain_rebuilds_the_state(grpc_channel
         assert _counter(reader, "gpualloc.reservation.conflicts") == 1
     finally:
         served.app.close()
+
+
+def test_drift_is_healed_even_when_the_refresh_also_finds_another_change(
+    grpc_channel_factory, store
+):
+    """The state drifted and the node's refresh finds an unrelated reservation too: the
+    conflicting device must still show in use afterwards, else the state is rebuilt."""
+    reader = InMemoryMetricReader()
+    served = _stale_allocator(grpc_channel_factory, store, retries=1, reader=reader)
+    try:
+        served.stub.Allocate(
+            allocate_request("one-h100", node_name=NODE, reserve=True),
+            metadata=owner("me"),
+            timeout=10,
+        )
+        _taken_behind_its_back(served, store)  # the unrelated change the refresh will find
+        holdings = served.app.holdings
+        holdings.state_for(served.app.view.current())
+        cached = holdings._cached
+        assert cached is not None
+        empty = AllocatedState(cached.view.snapshot)
+        holdings._cached = dataclasses.replace(cached, state=empty, version=holdings.version)
+        again = served.stub.Allocate(
+            allocate_request("one-h100", node_name=NODE, reserve=True),
+            metadata=owner("me"),
+            timeout=10,
+        )
+        assert again.outcome == pb.OUTCOME_ALLOCATED
+        assert _counter(reader, "gpualloc.reservation.conflicts") == 1
+    finally:
+        served.app.close()
+
+
+class _LearnsTheWinnerFirst(SilentStore):
+    """The first reserve loses to another replica, and this process learns the winner (its
+    event, or another caller's refresh) before its own refresh after the conflict."""
+
+    def __init__(self, store: Any) -> None:
+        super().__init__(store)
+        self.holdings: Any = None
+
+    def reserve(self, request: ReserveRequest) -> Any:
+        if self.holdings is not None:
+            winner = dataclasses.replace(request, owner="other-replica", idempotency_key="")
+            self.inner.reserve(winner)
+            self.holdings.refresh(request.node)
+            self.holdings = None
+        return self.inner.reserve(request)
+
+
+def test_a_conflict_already_explained_before_the_refresh_does_not_rebuild(
+    grpc_channel_factory, store
+):
+    racing = _LearnsTheWinnerFirst(store)
+    served = serve_allocator(
+        grpc_channel_factory,
+        racing,
+        settings=AllocatorSettings(reserve_retries=2, expire_interval=60.0, resync_interval=3600.0),
+    )
+    try:
+        holdings = served.app.holdings
+        rebuilds: list[int] = []
+        rebuild = holdings.rebuild
+        holdings.rebuild = lambda: (rebuilds.append(1), rebuild())[-1]  # type: ignore[method-assign]
+        racing.holdings = holdings
+        response = served.stub.Allocate(
+            allocate_request("one-h100", node_name=NODE, reserve=True),
+            metadata=owner("me"),
+            timeout=10,
+        )
+        assert response.outcome == pb.OUTCOME_ALLOCATED
+        assert racing.holdings is None  # the race happened
+        assert rebuilds == []  # the state already held the winner: nothing to heal
+    finally:
+        served.app.close()
