@@ -103,30 +103,36 @@ def test_without_retries_the_conflict_is_aborted_with_the_devices(grpc_channel_f
         served.app.close()
 
 
+def _reserve_one(served: Any) -> pb.AllocateResponse:
+    response: pb.AllocateResponse = served.stub.Allocate(
+        allocate_request("one-h100", node_name=NODE, reserve=True),
+        metadata=owner("me"),
+        timeout=10,
+    )
+    return response
+
+
+def _drift(served: Any) -> None:
+    """Make the state solved against drift from the copy of the reservations (which still
+    matches the store): the cached state, current in version, holds nothing."""
+    holdings = served.app.holdings
+    holdings.state_for(served.app.view.current())  # every reservation so far is in the state
+    cached = holdings._cached
+    assert cached is not None
+    empty = AllocatedState(cached.view.snapshot)
+    holdings._cached = dataclasses.replace(cached, state=empty, version=holdings.version)
+
+
 def test_a_conflict_the_refresh_does_not_explain_rebuilds_the_state(grpc_channel_factory, store):
     """The copy holds what the store holds, but the state solved against drifted (simulated by
-    emptying the cached state): the node's refresh finds nothing, so the state is rebuilt and
-    the solve after the conflict avoids the held device."""
+    emptying the cached state): after the node's refresh the held device still shows free, so
+    the state is rebuilt and the solve after the conflict avoids the device."""
     reader = InMemoryMetricReader()
     served = _stale_allocator(grpc_channel_factory, store, retries=2, reader=reader)
     try:
-        first = served.stub.Allocate(
-            allocate_request("one-h100", node_name=NODE, reserve=True),
-            metadata=owner("me"),
-            timeout=10,
-        )
-        [held] = first.allocations[0].allocation.results
-        holdings = served.app.holdings
-        holdings.state_for(served.app.view.current())  # the first reservation is in the state
-        cached = holdings._cached
-        assert cached is not None
-        empty = AllocatedState(cached.view.snapshot)
-        holdings._cached = dataclasses.replace(cached, state=empty, version=holdings.version)
-        second = served.stub.Allocate(
-            allocate_request("one-h100", node_name=NODE, reserve=True),
-            metadata=owner("me"),
-            timeout=10,
-        )
+        [held] = _reserve_one(served).allocations[0].allocation.results
+        _drift(served)
+        second = _reserve_one(served)
         assert second.outcome == pb.OUTCOME_ALLOCATED
         [result] = second.allocations[0].allocation.results
         assert result.device != held.device
@@ -143,23 +149,10 @@ def test_drift_is_healed_even_when_the_refresh_also_finds_another_change(
     reader = InMemoryMetricReader()
     served = _stale_allocator(grpc_channel_factory, store, retries=1, reader=reader)
     try:
-        served.stub.Allocate(
-            allocate_request("one-h100", node_name=NODE, reserve=True),
-            metadata=owner("me"),
-            timeout=10,
-        )
+        _reserve_one(served)
         _taken_behind_its_back(served, store)  # the unrelated change the refresh will find
-        holdings = served.app.holdings
-        holdings.state_for(served.app.view.current())
-        cached = holdings._cached
-        assert cached is not None
-        empty = AllocatedState(cached.view.snapshot)
-        holdings._cached = dataclasses.replace(cached, state=empty, version=holdings.version)
-        again = served.stub.Allocate(
-            allocate_request("one-h100", node_name=NODE, reserve=True),
-            metadata=owner("me"),
-            timeout=10,
-        )
+        _drift(served)
+        again = _reserve_one(served)
         assert again.outcome == pb.OUTCOME_ALLOCATED
         assert _counter(reader, "gpualloc.reservation.conflicts") == 1
     finally:
