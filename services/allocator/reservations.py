@@ -46,6 +46,7 @@ __all__ = [
     "Subscription",
     "UseExceeded",
     "conflict_error",
+    "device_conflict_key",
     "milli",
     "new_reservation_id",
     "reserve_gang",
@@ -237,6 +238,12 @@ def validate_reserve_request(request: ReserveRequest) -> Hold:
     return Hold(request.hold.devices, tuple(merged.values()))
 
 
+def device_conflict_key(device: str) -> str:
+    """The Conflict key of a hold's device (`driver/pool/device`) that another reservation
+    holds: `device:<driver>/<pool>/<device>`."""
+    return f"device:{device}"
+
+
 @dataclass(frozen=True)
 class DeviceTaken:
     """An exclusive device of the hold that another live reservation holds."""
@@ -246,7 +253,7 @@ class DeviceTaken:
 
     @property
     def key(self) -> str:
-        return f"device:{self.device}"
+        return device_conflict_key(self.device)
 
     def __str__(self) -> str:
         return f"{self.key} held by reservation {self.holder}"

@@ -67,6 +67,7 @@ from services.allocator.reservations import (
     ReservationState,
     ReservationStore,
     ReserveRequest,
+    device_conflict_key,
 )
 from services.allocator.solving import Deadline, Solver
 from services.allocator.telemetry import AllocatorMetrics
@@ -323,7 +324,7 @@ class AllocatorService:
         an event or another caller's refresh brought its holder); without device conflicts
         (counters, capacity), whether the refreshes found nothing that explains the conflict."""
         ids = {
-            "device:" + device_key(result.device_id): result.device_id
+            device_conflict_key(device_key(result.device_id)): result.device_id
             for request in requests
             for allocation in request.allocations
             for result in allocation.results
