@@ -27,9 +27,10 @@ from services.allocator.feed import Closeable, InventoryUpdate
 from services.common.config import ServerSettings
 from services.common.dra.model import Node
 from services.common.errors import GpuallocError
-from services.common.grpc_server import create_server, serve_until_signal
+from services.common.grpc_server import create_server, security_summary, serve_until_signal
 from services.common.health import Health
 from services.common.log import configure_logging
+from services.common.server_flags import add_security_flags, with_security_flags
 from services.inventory.adapters.pb_mapping import to_pb_node_topology
 from services.inventory.bootstrap import (
     build_inventory,
@@ -130,6 +131,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--redis-url", help="Redis for reservations and inventory state (env GPUALLOC_REDIS_URL)"
     )
+    add_security_flags(parser)
     parser.set_defaults(func=lambda args: run_serve(args, os.environ))
 
 
@@ -141,7 +143,9 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         server_settings = ServerSettings.from_env(env)
         if args.listen:
             server_settings = replace(server_settings, listen_address=args.listen)
+        server_settings = with_security_flags(server_settings, args)
         configure_logging(server_settings.log_level, server_settings.log_format)
+        log.info("gpualloc serve: %s", security_summary(server_settings))
         inventory_settings = replace(InventorySettings.from_env(env), server=server_settings)
         allocator_settings = replace(AllocatorSettings.from_env(env), server=server_settings)
         if args.demo:

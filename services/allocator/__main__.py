@@ -30,9 +30,10 @@ from services.allocator.bootstrap import build_allocator
 from services.allocator.config import AllocatorSettings
 from services.allocator.feed import InventoryFeed, StaticFeed
 from services.common.errors import GpuallocError, InvalidArgument
-from services.common.grpc_server import create_server, serve_until_signal
+from services.common.grpc_server import create_server, security_summary, serve_until_signal
 from services.common.health import Health
 from services.common.log import configure_logging
+from services.common.server_flags import add_security_flags, with_security_flags
 
 log = logging.getLogger("gpualloc.allocator")
 
@@ -62,6 +63,7 @@ def _parser() -> argparse.ArgumentParser:
         "--workers", type=int, help="processes sharing the port (env GPUALLOC_WORKERS, default 1)"
     )
     parser.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
+    add_security_flags(parser)
     return parser
 
 
@@ -70,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = _settings(args)
         configure_logging(settings.server.log_level, settings.server.log_format)
+        log.info("gpualloc-allocator: %s", security_summary(settings.server))
         if settings.workers > 1:
             return _supervise(settings, list(sys.argv[1:] if argv is None else argv))
         return _serve(settings, args.seed, reuse_port=args.reuse_port)
@@ -82,6 +85,7 @@ def _settings(args: argparse.Namespace) -> AllocatorSettings:
     settings = AllocatorSettings.from_env(os.environ)
     if args.listen:
         settings = replace(settings, server=replace(settings.server, listen_address=args.listen))
+    settings = replace(settings, server=with_security_flags(settings.server, args))
     if args.inventory:
         settings = replace(settings, inventory_address=args.inventory)
     if args.redis_url is not None:

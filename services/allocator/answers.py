@@ -96,6 +96,7 @@ class Holder:
     state: ReservationState
     expires_at: float | None
     devices: tuple[DeviceID, ...]
+    redacted: bool = False  # another tenant's: reservation_id and owner hidden (tenancy.py)
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ from collections.abc import Iterable
 
 from services.allocator.answers import Answer, Holder, Outcome
 from services.allocator.core import ReasonCode
-from services.allocator.core.explain import held_by
+from services.allocator.core.explain import RejectionGroup, held_by
 from services.allocator.reservations import Reservation
 
-__all__ = ["MAX_HOLDERS", "blocking_holders", "holder"]
+__all__ = ["MAX_HOLDERS", "blocking_holders", "holder", "holder_ids"]
 
 MAX_HOLDERS = 20
 _HELD_BY = held_by(["x"]).removesuffix("x")  # "in use by ": how the core names holders
@@ -32,8 +32,7 @@ def blocking_holders(
     ids: set[str] = set()
     for request in explanation.requests:
         for group in request.rejections:
-            if group.code is ReasonCode.IN_USE and group.detail.startswith(_HELD_BY):
-                ids.update(group.detail.removeprefix(_HELD_BY).split(", "))
+            ids.update(holder_ids(group))
     nodes = {
         miss.node
         for miss in explanation.nodes[:max_nodes]
@@ -42,6 +41,13 @@ def blocking_holders(
     found = [holder(r) for r in reservations if r.id in ids or r.node in nodes]
     found.sort(key=lambda h: (h.expires_at is None, h.expires_at or 0.0, h.reservation_id))
     return tuple(found[:MAX_HOLDERS])
+
+
+def holder_ids(group: RejectionGroup) -> tuple[str, ...]:
+    """The reservation ids an IN_USE rejection names (the core's `held_by` wording)."""
+    if group.code is not ReasonCode.IN_USE or not group.detail.startswith(_HELD_BY):
+        return ()
+    return tuple(group.detail.removeprefix(_HELD_BY).split(", "))
 
 
 def holder(reservation: Reservation) -> Holder:

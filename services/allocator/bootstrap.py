@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from protos.allocator.v1 import allocator_pb2_grpc
-from services.allocator.adapters.grpc_servicer import SERVICE_NAME, AllocatorServicer
+from services.allocator.adapters.grpc_servicer import ACCESS, SERVICE_NAME, AllocatorServicer
 from services.allocator.adapters.memory_store import MemoryReservationStore
 from services.allocator.adapters.redis_store import RedisReservationStore
 from services.allocator.classes import load_device_classes
@@ -46,6 +46,8 @@ from services.allocator.telemetry import Telemetry, configure_telemetry
 from services.allocator.view import ClusterView
 from services.common.grpc_server import ServiceRegistration
 from services.common.health import Health
+from services.common.security.audit import audit_event
+from services.common.security.principal import tenant_of_owner
 
 __all__ = ["FEED_HEALTH_NAME", "AllocatorApp", "build_allocator", "build_store"]
 
@@ -166,6 +168,17 @@ def build_allocator(
     def on_event(event: ReservationEvent) -> None:
         if event.op is ReservationEventOp.EXPIRE:
             metrics.lease_expiries.add(1)
+            known = holdings.get(event.id)  # still held here: events arrive before removal
+            audit_event(
+                "reservation.expire",
+                None,
+                reservation=event.id,
+                node=event.node,
+                owner=known.owner if known is not None else "",
+                tenant=tenant_of_owner(known.owner) if known is not None else "",
+                devices=known.hold.devices if known is not None else (),
+                fencing_token=event.fencing_token,
+            )
 
     selectors = SelectorCache()
     view = ClusterView(min_interval=settings.reindex_interval)
@@ -204,7 +217,10 @@ def build_allocator(
     )
     metrics.observe("gpualloc.inventory.connected", lambda: 1 if connected() else 0)
     registration = ServiceRegistration(
-        SERVICE_NAME, allocator_pb2_grpc.add_AllocatorServicer_to_server, AllocatorServicer(service)
+        SERVICE_NAME,
+        allocator_pb2_grpc.add_AllocatorServicer_to_server,
+        AllocatorServicer(service),
+        ACCESS,
     )
     return AllocatorApp(service, registration, telemetry, connected, closers)
 

@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from services.allocator.core import ClusterSnapshot, CounterID, DeviceEntry
+from services.allocator.core.candidates import taint_detail, untolerated_taint
 from services.allocator.reservations import Hold, LimitedUse, milli
 from services.common.dra.model import AllocationResult, DeviceID
 from services.common.dra.quantity import Quantity
-from services.common.errors import InvalidArgument
+from services.common.errors import FailedPrecondition, InvalidArgument
 
 __all__ = ["capacity_key", "counter_key", "device_key", "placement_holds", "scope_of"]
 
@@ -86,6 +87,12 @@ def placement_holds(
         for j, result in enumerate(allocation.results):
             where = f"{path}[{i}].{result_path}[{j}]"
             entry = _usable_entry(snapshot, result.device_id, usable, node, where)
+            taint = untolerated_taint(entry, result.tolerations)
+            if taint is not None:  # the rule Allocate's candidates apply, here for Reserve
+                raise FailedPrecondition(
+                    f"{where}: device {device_key(result.device_id)} is {taint_detail(taint)} "
+                    "by the allocation's tolerations"
+                )
             if result.admin_access:
                 continue
             builder = builders.setdefault(scope_of(entry), _Builder())

@@ -114,6 +114,7 @@ class Reservation:
     expires_at: float | None  # None once committed
     idempotency_key: str = ""
     labels: tuple[tuple[str, str], ...] = field(default=())
+    redacted: bool = False  # another tenant's, as a caller may see it (tenancy.py)
 
 
 class Subscription(Protocol):

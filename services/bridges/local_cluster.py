@@ -64,9 +64,11 @@ def start(
     *,
     settings: AllocatorSettings | None = None,
     listen: str = "127.0.0.1:0",
+    server: ServerSettings | None = None,
 ) -> LocalCluster:
-    """Start inventory + allocator on one port, seeded and ready to answer."""
-    server_settings = ServerSettings(listen_address=listen)
+    """Start inventory + allocator on one port, seeded and ready to answer; `server` sets TLS
+    and the access policy (plaintext, development mode by default)."""
+    server_settings = replace(server or ServerSettings(), listen_address=listen)
     allocator_settings = replace(
         settings or AllocatorSettings(expire_interval=0.2),
         server=server_settings,
@@ -80,7 +82,7 @@ def start(
             inventory.service.report(report)
     allocator = build_allocator(allocator_settings, InProcessFeed(inventory.service), environ={})
     health = Health()
-    server, port = create_server(
+    grpc_server, port = create_server(
         listen,
         [inventory.registration, allocator.registration],
         server_settings,
@@ -88,10 +90,10 @@ def start(
         interceptors=allocator.interceptors(),
     )
     allocator.attach_health(health)
-    server.start()
+    grpc_server.start()
     if not allocator.wait_ready(10.0):
-        server.stop(None)
+        grpc_server.stop(None)
         allocator.close()
         inventory.close()
         raise RuntimeError("the local allocator did not become ready within 10 s")
-    return LocalCluster(server, port, inventory, allocator)
+    return LocalCluster(grpc_server, port, inventory, allocator)

@@ -301,6 +301,46 @@ SERVER_SETTINGS: dict[str, Setting[Any]] = {
         env_duration,
         format_duration,
     ),
+    "tls_cert_file": Setting(
+        "GPUALLOC_TLS_CERT",
+        "",
+        "PEM certificate chain of the server (cert-manager's `tls.crt`); with the key it turns "
+        "TLS on; reloaded when the file changes",
+        env_str,
+    ),
+    "tls_key_file": Setting(
+        "GPUALLOC_TLS_KEY",
+        "",
+        "PEM private key of that certificate (`tls.key`)",
+        env_str,
+    ),
+    "tls_client_ca_file": Setting(
+        "GPUALLOC_TLS_CLIENT_CA",
+        "",
+        "PEM CA bundle (`ca.crt`) client certificates must chain to: set, mutual TLS is required",
+        env_str,
+    ),
+    "auth_policy_file": Setting(
+        "GPUALLOC_AUTH_POLICY",
+        "",
+        "AccessPolicy YAML (identities -> tenants and roles; hot reloaded); empty: development "
+        "mode (the `x-gpualloc-owner` header is believed), loopback only unless insecure",
+        env_str,
+    ),
+    "insecure": Setting(
+        "GPUALLOC_INSECURE",
+        False,
+        "allow a non-loopback listen address without TLS or without a policy (logs a warning)",
+        env_bool,
+        lambda value: "true" if value else "false",
+    ),
+    "health_listen_address": Setting(
+        "GPUALLOC_HEALTH_LISTEN",
+        "",
+        "host:port of an extra plaintext server with only grpc.health.v1 (kubelet gRPC probes "
+        "cannot do TLS); empty: none",
+        env_str,
+    ),
     "log_level": Setting(
         "GPUALLOC_LOG_LEVEL",
         "INFO",
@@ -327,11 +367,33 @@ class ServerSettings:
     max_concurrent_streams: int = SERVER_SETTINGS["max_concurrent_streams"].default
     max_call_seconds: float = SERVER_SETTINGS["max_call_seconds"].default
     grace_seconds: float = SERVER_SETTINGS["grace_seconds"].default
+    tls_cert_file: str = SERVER_SETTINGS["tls_cert_file"].default
+    tls_key_file: str = SERVER_SETTINGS["tls_key_file"].default
+    tls_client_ca_file: str = SERVER_SETTINGS["tls_client_ca_file"].default
+    auth_policy_file: str = SERVER_SETTINGS["auth_policy_file"].default
+    insecure: bool = SERVER_SETTINGS["insecure"].default
+    health_listen_address: str = SERVER_SETTINGS["health_listen_address"].default
     log_level: str = SERVER_SETTINGS["log_level"].default
     log_format: str = SERVER_SETTINGS["log_format"].default
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> ServerSettings:
         """Read `GPUALLOC_*`; raises InvalidArgument naming every bad variable."""
-        values = read_settings(environ, SERVER_SETTINGS)
-        return cls(**values)
+        return cls.checked(cls(**read_settings(environ, SERVER_SETTINGS)))
+
+    @staticmethod
+    def checked(settings: ServerSettings) -> ServerSettings:
+        """`settings`, or InvalidArgument for TLS files that do not go together."""
+        if bool(settings.tls_cert_file) != bool(settings.tls_key_file):
+            raise InvalidArgument.at(
+                "GPUALLOC_TLS_CERT", "a certificate and its key go together (GPUALLOC_TLS_KEY)"
+            )
+        if settings.tls_client_ca_file and not settings.tls_cert_file:
+            raise InvalidArgument.at(
+                "GPUALLOC_TLS_CLIENT_CA", "mutual TLS needs the server's own certificate too"
+            )
+        return settings
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_cert_file)

@@ -8,7 +8,8 @@ Tree::
     ├── NotFound               a named object does not exist (reservation, device class, node)
     ├── AlreadyExists          a create that collides with an existing object
     ├── Conflict               optimistic concurrency lost: the devices moved (ABORTED)
-    ├── PermissionDenied       the caller may not act on this object (owner mismatch)
+    ├── Unauthenticated        the caller proved no identity (no/invalid certificate or token)
+    ├── PermissionDenied       the caller may not do this (policy, owner, tenant)
     ├── FailedPrecondition     the system is not in a state to do this (incomplete pool for All)
     ├── ResourceExhausted      a bound was hit: message size, search budget, CEL cost
     ├── Unavailable            a dependency (Redis, inventory) cannot be reached
@@ -34,6 +35,7 @@ __all__ = [
     "ParseError",
     "PermissionDenied",
     "ResourceExhausted",
+    "Unauthenticated",
     "Unavailable",
 ]
 
@@ -103,6 +105,10 @@ class Conflict(GpuallocError):
 
 class PermissionDenied(GpuallocError):
     pass
+
+
+class Unauthenticated(GpuallocError):
+    """The call carries no identity the server can verify (UNAUTHENTICATED)."""
 
 
 class FailedPrecondition(GpuallocError):

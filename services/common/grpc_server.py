@@ -6,7 +6,14 @@ the port. Every server gets:
 * a thread pool of `settings.max_workers` (sync grpc: the solver is CPU-bound Python, so scale
   with replicas, not threads);
 * interceptors, outermost first: error mapping (typed errors -> status codes), the call deadline,
-  then any extra ones (telemetry) given by the caller;
+  any extra ones (telemetry) given by the caller, then authentication and authorization
+  (`services.common.security.edge`: the call's principal, checked against each method's access
+  rule, before the servicer runs);
+* TLS when the settings name a certificate (mutual TLS with a client CA), the files reloaded
+  when they change; plaintext otherwise, which a non-loopback address refuses unless
+  `insecure` (an exposed port without TLS or a policy lets anyone act as any tenant);
+* optionally a second, plaintext server with only the health service (`health_listen_address`)
+  for probes that cannot do TLS (kubelet's gRPC probes);
 * message size limits (oversized requests fail with RESOURCE_EXHAUSTED before reaching code),
   a per-connection stream limit, keepalive and a maximum connection age so that long-lived
   HTTP/2 connections rebalance across replicas behind a Kubernetes Service;
@@ -27,11 +34,12 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import Any
 
@@ -49,6 +57,13 @@ from services.common.grpc_errors import (
 )
 from services.common.health import SERVICE_NAME as HEALTH_SERVICE_NAME
 from services.common.health import Health, graceful_shutdown
+from services.common.security.edge import (
+    AccessRule,
+    Authenticator,
+    AuthInterceptor,
+    check_exposure,
+)
+from services.common.security.tls import ServerTls, server_credentials
 
 __all__ = [
     "CallDeadlineInterceptor",
@@ -56,6 +71,7 @@ __all__ = [
     "check_deadline",
     "create_server",
     "remaining_seconds",
+    "security_summary",
     "serve_until_signal",
 ]
 
@@ -76,12 +92,30 @@ _log = logging.getLogger(__name__)
 class ServiceRegistration:
     """One service to serve: its full proto name and how to add its servicer.
 
-    `add_to_server` is the generated `add_XxxServicer_to_server(servicer, server)`.
+    `add_to_server` is the generated `add_XxxServicer_to_server(servicer, server)`. `access`
+    maps each full method name (`/pkg.Service/Method`) to the access it needs; under an access
+    policy a method without one is denied.
     """
 
     name: str
     add_to_server: Callable[[Any, grpc.Server], None]
     servicer: object
+    access: Mapping[str, AccessRule] = field(default_factory=dict)
+
+
+def security_summary(settings: ServerSettings) -> str:
+    """One line on how a server with these settings is exposed (its first log line)."""
+    if settings.tls_client_ca_file:
+        transport = "mutual TLS"
+    elif settings.tls:
+        transport = "TLS"
+    else:
+        transport = "plaintext"
+    if settings.auth_policy_file:
+        identities = f"identities from certificates/tokens under {settings.auth_policy_file}"
+    else:
+        identities = "development mode: the x-gpualloc-owner header is believed, all allowed"
+    return f"{transport} on {settings.listen_address}; {identities}"
 
 
 def create_server(
@@ -103,8 +137,16 @@ def create_server(
     names = [service.name for service in services]
     if len(set(names)) != len(names):
         raise ValueError(f"a service is registered twice: {sorted(names)}")
+    exposure = check_exposure(
+        address,
+        tls=settings.tls,
+        policy=bool(settings.auth_policy_file),
+        insecure=settings.insecure,
+    )
+    authenticator = Authenticator(settings.auth_policy_file)
+    rules = {method: r for service in services for method, r in service.access.items()}
     health = health if health is not None else Health()
-    server = grpc.server(
+    server: grpc.Server = grpc.server(
         futures.ThreadPoolExecutor(
             max_workers=settings.max_workers, thread_name_prefix="grpc-worker"
         ),
@@ -112,6 +154,7 @@ def create_server(
             ErrorMappingInterceptor(),
             CallDeadlineInterceptor(settings.max_call_seconds),
             *interceptors,
+            AuthInterceptor(authenticator, rules),
         ],
         options=[
             ("grpc.max_receive_message_length", settings.max_receive_message_bytes),
@@ -128,14 +171,84 @@ def create_server(
     reflection.enable_server_reflection(
         [*names, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME], server
     )
+    port = _listen(server, address, settings)
+    if exposure is not None:
+        _log.warning("%s", exposure)
+    _log.info(
+        "gRPC server on %s (port %d) serving %s (%s)",
+        address,
+        port,
+        ", ".join(names),
+        security_summary(replace(settings, listen_address=address)),
+    )
+    if settings.health_listen_address:
+        server = _with_health_port(server, health, settings)
+    return server, port
+
+
+def _listen(server: grpc.Server, address: str, settings: ServerSettings) -> int:
     try:
-        port = server.add_insecure_port(address)
+        if settings.tls:
+            credentials, _ = server_credentials(
+                ServerTls(
+                    settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file
+                )
+            )
+            return server.add_secure_port(address, credentials)
+        return server.add_insecure_port(address)
     except RuntimeError:  # grpc says only "Failed to bind"; core logs the errno
         raise FailedPrecondition(
             f"cannot listen on {address}: the address is in use or not local"
         ) from None
-    _log.info("gRPC server on %s (port %d) serving %s", address, port, ", ".join(names))
-    return server, port
+
+
+def _with_health_port(main: grpc.Server, health: Health, settings: ServerSettings) -> grpc.Server:
+    probe = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="grpc-health"),
+        options=[("grpc.so_reuseport", 0)],
+    )
+    health.add_to_server(probe)
+    address = settings.health_listen_address
+    try:
+        port = probe.add_insecure_port(address)
+    except RuntimeError:
+        raise FailedPrecondition(
+            f"cannot listen on {address} (GPUALLOC_HEALTH_LISTEN): in use or not local"
+        ) from None
+    _log.info("health-only plaintext server on %s (port %d)", address, port)
+    return _ServerWithHealthPort(main, probe, port)
+
+
+class _ServerWithHealthPort(grpc.Server):
+    """The main server, with the health-only server started and stopped beside it."""
+
+    def __init__(self, main: grpc.Server, probe: grpc.Server, probe_port: int) -> None:
+        self._main = main
+        self._probe = probe
+        self.health_port = probe_port
+
+    def add_generic_rpc_handlers(self, generic_rpc_handlers: Any) -> None:
+        self._main.add_generic_rpc_handlers(generic_rpc_handlers)
+
+    def add_registered_method_handlers(self, service_name: Any, method_handlers: Any) -> None:
+        self._main.add_registered_method_handlers(service_name, method_handlers)
+
+    def add_insecure_port(self, address: str) -> int:
+        return self._main.add_insecure_port(address)
+
+    def add_secure_port(self, address: str, server_credentials: grpc.ServerCredentials) -> int:
+        return self._main.add_secure_port(address, server_credentials)
+
+    def start(self) -> None:
+        self._probe.start()
+        self._main.start()
+
+    def stop(self, grace: float | None) -> threading.Event:
+        self._probe.stop(grace)
+        return self._main.stop(grace)
+
+    def wait_for_termination(self, timeout: float | None = None) -> bool:
+        return self._main.wait_for_termination(timeout)
 
 
 def serve_until_signal(

@@ -10,9 +10,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from services.common.errors import GpuallocError
-from services.common.grpc_server import create_server, serve_until_signal
+from services.common.grpc_server import create_server, security_summary, serve_until_signal
 from services.common.health import Health
 from services.common.log import configure_logging
+from services.common.server_flags import add_security_flags, with_security_flags
 from services.inventory.bootstrap import build_inventory, seed_inventory, start_kube_watch
 from services.inventory.config import InventorySettings
 
@@ -31,6 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="PATH",
         help="ResourceSlices/Nodes to apply at start (file or dir; repeatable; env GPUALLOC_SEED)",
     )
+    add_security_flags(parser)
     args = parser.parse_args(argv)
     try:
         settings = InventorySettings.from_env(os.environ)
@@ -38,7 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             settings = replace(
                 settings, server=replace(settings.server, listen_address=args.listen)
             )
+        settings = replace(settings, server=with_security_flags(settings.server, args))
         configure_logging(settings.server.log_level, settings.server.log_format)
+        log.info("gpualloc-inventory: %s", security_summary(settings.server))
         app = build_inventory(settings=settings)
         seeds = [*settings.seed_paths, *args.seed]
         seeded: list[str] = []

@@ -17,7 +17,7 @@ from services.common.grpc_server import ServiceRegistration
 from services.common.health import Health
 from services.common.manifests import load_manifests
 from services.inventory.adapters.embedded_repository import EmbeddedInventoryRepository
-from services.inventory.adapters.grpc_servicer import SERVICE_NAME, InventoryServicer
+from services.inventory.adapters.grpc_servicer import ACCESS, SERVICE_NAME, InventoryServicer
 from services.inventory.adapters.kube_slices import (
     KubeSliceWatch,
     ResourceSliceApi,
@@ -105,7 +105,7 @@ def build_inventory(
             watch_min_interval=settings.watch_min_interval,
         )
     registration = ServiceRegistration(
-        SERVICE_NAME, inventory_pb2_grpc.add_InventoryServicer_to_server, servicer
+        SERVICE_NAME, inventory_pb2_grpc.add_InventoryServicer_to_server, servicer, ACCESS
     )
     return InventoryApp(service, registration, gc_policy, restored)
 

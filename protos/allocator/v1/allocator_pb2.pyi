@@ -843,6 +843,7 @@ class Holder(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     EXPIRES_AT_FIELD_NUMBER: _builtins.int
     DEVICES_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
     reservation_id: _builtins.str
     """The reservation id."""
     owner: _builtins.str
@@ -851,6 +852,8 @@ class Holder(_message.Message):
     """The node (the reservation's scope)."""
     state: Global___ReservationState.ValueType
     """RESERVED (a lease that may expire) or COMMITTED."""
+    tenant: _builtins.str
+    """The tenant that holds it; for another tenant's reservation the id and owner are empty."""
     @_builtins.property
     def expires_at(self) -> _timestamp_pb2.Timestamp:
         """When the lease runs out; unset once committed."""
@@ -868,10 +871,11 @@ class Holder(_message.Message):
         state: Global___ReservationState.ValueType = ...,
         expires_at: _timestamp_pb2.Timestamp | None = ...,
         devices: _abc.Iterable[_dra_pb2.DeviceID] | None = ...,
+        tenant: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["devices", b"devices", "expires_at", b"expires_at", "node_name", b"node_name", "owner", b"owner", "reservation_id", b"reservation_id", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["devices", b"devices", "expires_at", b"expires_at", "node_name", b"node_name", "owner", b"owner", "reservation_id", b"reservation_id", "state", b"state", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1169,6 +1173,7 @@ class Reservation(_message.Message):
     COMMITTED_AT_FIELD_NUMBER: _builtins.int
     DEVICES_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """The reservation id, assigned by the server."""
     owner: _builtins.str
@@ -1181,6 +1186,11 @@ class Reservation(_message.Message):
     """Strictly increasing per node across grants; pass it on so stale holders can be rejected."""
     idempotency_key: _builtins.str
     """The idempotency key it was created with, if any."""
+    tenant: _builtins.str
+    """The tenant that holds it (the part of `owner` before the first `/`). A reservation of
+    another tenant is shown with only this, its node, devices, state and expiry: id, owner,
+    fencing token, idempotency key, claim names and labels are left empty.
+    """
     @_builtins.property
     def allocations(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClaimAllocation]:
         """The claims' allocations it holds."""
@@ -1220,10 +1230,11 @@ class Reservation(_message.Message):
         committed_at: _timestamp_pb2.Timestamp | None = ...,
         devices: _abc.Iterable[_dra_pb2.DeviceID] | None = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        tenant: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["committed_at", b"committed_at", "created_at", b"created_at", "expires_at", b"expires_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "committed_at", b"committed_at", "created_at", b"created_at", "devices", b"devices", "expires_at", b"expires_at", "fencing_token", b"fencing_token", "id", b"id", "idempotency_key", b"idempotency_key", "labels", b"labels", "node_name", b"node_name", "owner", b"owner", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "committed_at", b"committed_at", "created_at", b"created_at", "devices", b"devices", "expires_at", b"expires_at", "fencing_token", b"fencing_token", "id", b"id", "idempotency_key", b"idempotency_key", "labels", b"labels", "node_name", b"node_name", "owner", b"owner", "state", b"state", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

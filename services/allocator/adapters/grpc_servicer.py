@@ -1,9 +1,12 @@
 """gpualloc.allocator.v1.Allocator over the AllocatorService: translate, call, translate back.
 
 No logic and no try/except here: the service raises typed errors, which the server's error
-interceptor maps to status codes. The caller's owner comes from the `x-gpualloc-owner` call
-metadata (set by a trusted proxy or the client library), else the request's `owner` field,
-else `anonymous`.
+interceptor maps to status codes. `ACCESS` says what each method needs; the auth interceptor
+checks it before a method runs and leaves the call's principal for `current_principal`. The
+principal decides the owner a call acts as (`Principal.owner`: under a policy
+`<tenant>/<name>`, in development mode the `x-gpualloc-owner` header, else the request's
+`owner`, else `anonymous`) and what it sees of other tenants (tenancy.py). Grants, commits,
+renewals and releases are audit events.
 """
 
 from __future__ import annotations
@@ -25,21 +28,61 @@ from services.allocator.adapters.pb_mapping import (
     reserve_claims_from_pb,
     seconds_from_pb,
 )
+from services.allocator.answers import Answer
+from services.allocator.reservations import Reservation
 from services.allocator.service import AllocatorService
+from services.allocator.tenancy import visible_answer, visible_reservation
+from services.common.security.edge import (
+    OWNER_METADATA,
+    AccessRule,
+    asks_admin_access,
+    audit_call,
+    current_principal,
+    rule,
+)
+from services.common.security.policy import Access
+from services.common.security.principal import DEVELOPMENT_ANONYMOUS, Permission, Principal
 
-__all__ = ["ANONYMOUS", "OWNER_METADATA", "SERVICE_NAME", "AllocatorServicer", "caller_owner"]
+__all__ = ["ACCESS", "ANONYMOUS", "OWNER_METADATA", "SERVICE_NAME", "AllocatorServicer"]
 
 SERVICE_NAME = "gpualloc.allocator.v1.Allocator"
-OWNER_METADATA = "x-gpualloc-owner"
-ANONYMOUS = "anonymous"
+ANONYMOUS = DEVELOPMENT_ANONYMOUS
 
 
-def caller_owner(context: grpc.ServicerContext, field: str) -> str:
-    """The owner a call acts as: metadata first, then the request field, else anonymous."""
-    for key, value in context.invocation_metadata():
-        if key == OWNER_METADATA and isinstance(value, str) and value:
-            return value
-    return field or ANONYMOUS
+def _placing(request: pb.AllocateRequest) -> Access:
+    permission = Permission.RESERVATIONS_CREATE if request.reserve else Permission.PLACEMENTS_READ
+    return Access("", permission, admin_access=request.reserve and asks_admin_access(request))
+
+
+def _reserving(request: pb.ReserveRequest) -> Access:
+    return Access("", Permission.RESERVATIONS_CREATE, admin_access=asks_admin_access(request))
+
+
+_PREFIX = f"/{SERVICE_NAME}/"
+ACCESS: dict[str, AccessRule] = {
+    _PREFIX + "Allocate": _placing,
+    _PREFIX + "Explain": rule(Permission.PLACEMENTS_READ),
+    _PREFIX + "Capacity": rule(Permission.PLACEMENTS_READ),
+    _PREFIX + "Reserve": _reserving,
+    _PREFIX + "Commit": rule(Permission.RESERVATIONS_UPDATE),
+    _PREFIX + "Renew": rule(Permission.RESERVATIONS_UPDATE),
+    _PREFIX + "Release": rule(Permission.RESERVATIONS_UPDATE),
+    _PREFIX + "GetReservation": rule(Permission.RESERVATIONS_READ),
+    _PREFIX + "ListReservations": rule(Permission.RESERVATIONS_READ),
+}
+"""What each method needs (a method missing here is denied under a policy)."""
+
+
+def _audit(context: grpc.ServicerContext, event: str, reservation: Reservation) -> None:
+    audit_call(
+        context,
+        event,
+        reservation=reservation.id,
+        owner=reservation.owner,
+        node=reservation.node,
+        devices=reservation.hold.devices,
+        state=reservation.state.value,
+    )
 
 
 class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
@@ -51,22 +94,26 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
     ) -> pb.AllocateResponse:
         with proto_field_paths(claims_path(request)):
             query = query_from_pb(request)
+            principal = current_principal(context)
             lease = None
             if request.reserve:
                 lease = lease_from_pb(
-                    caller_owner(context, request.owner),
+                    principal.owner(request.owner),
                     request.lease_ttl if request.HasField("lease_ttl") else None,
                     request.idempotency_key,
                     request.reservation_labels,
                 )
             answer = self._service.allocate(query, lease)
-        return allocate_response(answer)
+        for reservation in answer.reservations:
+            _audit(context, "reservation.grant", reservation)
+        return allocate_response(self._visible(answer, principal))
 
     def Explain(
         self, request: pb.ExplainRequest, context: grpc.ServicerContext
     ) -> pb.ExplainResponse:
         with proto_field_paths(claims_path(request)):
             answer = self._service.explain(query_from_pb(request), request.max_nodes_explained)
+        answer = self._visible(answer, current_principal(context))
         return explain_response(answer, request.max_nodes_explained or 10)
 
     def Capacity(
@@ -80,29 +127,32 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         self, request: pb.ReserveRequest, context: grpc.ServicerContext
     ) -> pb.ReserveResponse:
         lease = lease_from_pb(
-            caller_owner(context, request.owner),
+            current_principal(context).owner(request.owner),
             request.lease_ttl if request.HasField("lease_ttl") else None,
             request.idempotency_key,
             request.labels,
         )
         claims = reserve_claims_from_pb(request.allocations)
         reservations = self._service.reserve(request.node_name, claims, lease)
+        for reservation in reservations:
+            _audit(context, "reservation.grant", reservation)
         messages = [reservation_to_pb(r) for r in reservations]
         return pb.ReserveResponse(reservation=messages[0], reservations=messages)
 
     def Commit(self, request: pb.CommitRequest, context: grpc.ServicerContext) -> pb.CommitResponse:
-        reservation = self._service.commit(
-            request.reservation_id, caller_owner(context, request.owner), request.fencing_token
-        )
+        owner = self._owner(context, request.reservation_id, request.owner)
+        reservation = self._service.commit(request.reservation_id, owner, request.fencing_token)
+        _audit(context, "reservation.commit", reservation)
         return pb.CommitResponse(reservation=reservation_to_pb(reservation))
 
     def Renew(self, request: pb.RenewRequest, context: grpc.ServicerContext) -> pb.RenewResponse:
         reservation = self._service.renew(
             request.reservation_id,
-            caller_owner(context, request.owner),
+            self._owner(context, request.reservation_id, request.owner),
             seconds_from_pb(request.lease_ttl if request.HasField("lease_ttl") else None),
             request.fencing_token,
         )
+        _audit(context, "reservation.renew", reservation)
         return pb.RenewResponse(reservation=reservation_to_pb(reservation))
 
     def Release(
@@ -110,12 +160,13 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
     ) -> pb.ReleaseResponse:
         released = self._service.release(
             request.reservation_id,
-            caller_owner(context, request.owner),
+            self._owner(context, request.reservation_id, request.owner),
             request.fencing_token,
             request.allow_missing,
         )
         response = pb.ReleaseResponse()
         if released is not None:
+            _audit(context, "reservation.release", released)
             response.reservation.CopyFrom(reservation_to_pb(released))
         return response
 
@@ -123,18 +174,36 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         self, request: pb.GetReservationRequest, context: grpc.ServicerContext
     ) -> pb.GetReservationResponse:
         reservation = self._service.get(request.reservation_id)
-        return pb.GetReservationResponse(reservation=reservation_to_pb(reservation))
+        shown = visible_reservation(reservation, current_principal(context))
+        return pb.GetReservationResponse(reservation=reservation_to_pb(shown))
 
     def ListReservations(
         self, request: pb.ListReservationsRequest, context: grpc.ServicerContext
     ) -> pb.ListReservationsResponse:
+        principal = current_principal(context)
         page, token = self._service.list_reservations(
-            owner=request.owner,
+            owner=principal.qualified(request.owner),
             node=request.node_name,
             state=reservation_state_from_pb(request.state),
             page_size=request.page_size,
             page_token=request.page_token,
         )
         return pb.ListReservationsResponse(
-            reservations=[reservation_to_pb(r) for r in page], next_page_token=token
+            reservations=[reservation_to_pb(visible_reservation(r, principal)) for r in page],
+            next_page_token=token,
         )
+
+    def _owner(self, context: grpc.ServicerContext, reservation_id: str, requested: str) -> str:
+        """The owner a change of a reservation acts as: the caller's, or — for a principal
+        that may act on every tenant's reservations — the reservation's own."""
+        principal = current_principal(context)
+        if principal.sees_all_tenants and not principal.development:
+            return self._service.get(reservation_id).owner
+        return principal.owner(requested)
+
+    def _visible(self, answer: Answer, principal: Principal) -> Answer:
+        def owner_of(reservation_id: str) -> str | None:
+            found = self._service.holdings.get(reservation_id)
+            return found.owner if found is not None else None
+
+        return visible_answer(answer, principal, owner_of)

@@ -61,6 +61,7 @@ from services.common.pb.dra_mapping import (
     to_pb_allocation_result,
     to_pb_device_id,
 )
+from services.common.security.principal import tenant_of_owner
 
 __all__ = [
     "allocate_response",
@@ -370,7 +371,8 @@ def capacity_response(answer: CapacityAnswer) -> pb.CapacityResponse:
 def reservation_to_pb(reservation: Reservation) -> pb.Reservation:
     message = pb.Reservation(
         id=reservation.id,
-        owner=reservation.owner,
+        owner="" if reservation.redacted else reservation.owner,
+        tenant=tenant_of_owner(reservation.owner),
         node_name=reservation.node,
         allocations=[
             _claim_allocation(name, allocation)
@@ -431,7 +433,8 @@ def _devices(allocations: Iterable[AllocationResult]) -> list[DeviceID]:
 def _holder_to_pb(holder: Holder) -> pb.Holder:
     message = pb.Holder(
         reservation_id=holder.reservation_id,
-        owner=holder.owner,
+        owner="" if holder.redacted else holder.owner,
+        tenant=tenant_of_owner(holder.owner),
         node_name=holder.node,
         state=_STATES[holder.state],
         devices=[to_pb_device_id(d) for d in holder.devices],

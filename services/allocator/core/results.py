@@ -64,6 +64,7 @@ def _device_result(
         pool=device_id.pool,
         device=device_id.device,
         admin_access=True if alternative.admin else None,
+        tolerations=alternative.tolerations,  # as upstream: what let a tainted device in
         share_id=share_id(claim, request, device_id, position) if shared else None,
         consumed_capacity=dict(pick.consumed) if shared and pick.consumed else {},
     )

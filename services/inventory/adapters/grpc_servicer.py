@@ -1,7 +1,9 @@
 """gpualloc.inventory.v1.Inventory over the InventoryService: translate, call, translate back.
 
 No logic and no try/except for status codes here: the service raises typed errors and the
-server's error interceptor maps them to status codes.
+server's error interceptor maps them to status codes. `ACCESS` says what each method needs (the
+auth interceptor checks it first: an agent reports only its own node); every write is an audit
+event.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from services.common.dra.model import AttributeValue, Node, ResourceSlice
 from services.common.dra.parse import load_objects
 from services.common.errors import InvalidArgument
 from services.common.pb.dra_mapping import from_pb_device_attribute, from_pb_resource_slice
+from services.common.security.edge import AccessRule, audit_call, rule
+from services.common.security.policy import Access
+from services.common.security.principal import Permission
 from services.inventory.adapters.pb_mapping import (
     node_bytes,
     to_pb_cluster_pools,
@@ -29,9 +34,24 @@ from services.inventory.core.state import CLUSTER_SCOPE, InventoryState
 from services.inventory.core.view import NodeView, ViewDevice
 from services.inventory.service import InventoryService, WatchEvent
 
-__all__ = ["SERVICE_NAME", "SNAPSHOT_PART_BYTES", "InventoryServicer"]
+__all__ = ["ACCESS", "SERVICE_NAME", "SNAPSHOT_PART_BYTES", "InventoryServicer"]
 
 SERVICE_NAME = "gpualloc.inventory.v1.Inventory"
+
+
+def _reporting(request: inventory_pb2.ReportNodeRequest) -> Access:
+    return Access("", Permission.INVENTORY_REPORT_OWN, node=request.report.node_name)
+
+
+_PREFIX = f"/{SERVICE_NAME}/"
+ACCESS: dict[str, AccessRule] = {
+    _PREFIX + "ApplyResourceSlices": rule(Permission.INVENTORY_WRITE),
+    _PREFIX + "DeleteResourceSlices": rule(Permission.INVENTORY_WRITE),
+    _PREFIX + "ReportNode": _reporting,
+    _PREFIX + "GetInventory": rule(Permission.INVENTORY_READ),
+    _PREFIX + "WatchInventory": rule(Permission.INVENTORY_READ),
+}
+"""What each method needs (a method missing here is denied under a policy)."""
 SNAPSHOT_PART_BYTES = 4 * 2**20  # well under the default 16 MiB message limit
 
 
@@ -69,6 +89,14 @@ class InventoryServicer(inventory_pb2_grpc.InventoryServicer):
                         f"can only apply ResourceSlice and Node objects, not {type(obj).__name__}",
                     )
         result = self._service.apply(slices, nodes, dry_run=request.dry_run)
+        if not request.dry_run:
+            audit_call(
+                context,
+                "inventory.apply",
+                slices=sorted(s.name for s in slices),
+                nodes=sorted(n.name for n in nodes),
+                generation=result.generation,
+            )
         return inventory_pb2.ApplyResourceSlicesResponse(
             generation=result.generation,
             applied=result.applied,
@@ -95,6 +123,7 @@ class InventoryServicer(inventory_pb2_grpc.InventoryServicer):
         if request.allow_missing:
             names &= set(state.slice_keys)
         generation = self._service.delete_slices(sorted(names))
+        audit_call(context, "inventory.delete", slices=sorted(names), generation=generation)
         return inventory_pb2.DeleteResourceSlicesResponse(
             generation=generation, deleted=sorted(names)
         )
@@ -111,6 +140,14 @@ class InventoryServicer(inventory_pb2_grpc.InventoryServicer):
             raise InvalidArgument.at("report", str(error)) from None
         result = self._service.report(report)
         view = result.view
+        audit_call(
+            context,
+            "inventory.report",
+            node=request.report.node_name,
+            gpus=len(request.report.gpus),
+            tainted_devices=len(view.taints),
+            generation=result.generation,
+        )
         return inventory_pb2.ReportNodeResponse(
             generation=result.generation,
             matched_devices=to_pb_device_ids(view.matched),

@@ -29,6 +29,7 @@ from services.common.errors import (
     ParseError,
     PermissionDenied,
     ResourceExhausted,
+    Unauthenticated,
     Unavailable,
 )
 from services.common.grpc_errors import (
@@ -106,6 +107,11 @@ CASES: dict[str, Case] = {
     ),
     "permission-denied": Case(
         PermissionDenied("owner mismatch"), grpc.StatusCode.PERMISSION_DENIED, "owner mismatch"
+    ),
+    "unauthenticated": Case(
+        Unauthenticated("no client certificate"),
+        grpc.StatusCode.UNAUTHENTICATED,
+        "no client certificate",
     ),
     "failed-precondition": Case(
         FailedPrecondition("pool node-a is incomplete"),

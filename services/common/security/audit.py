@@ -1,0 +1,56 @@
+"""The audit trail: one structured log event per grant, change, expiry, inventory write, denial.
+
+Events go to the `gpualloc.audit` logger at INFO, so with `GPUALLOC_LOG_FORMAT=json` each is
+one JSON object per line that a log pipeline can route apart (`"logger": "gpualloc.audit"`):
+
+    {"ts": "...", "level": "INFO", "logger": "gpualloc.audit", "msg": "reservation.grant",
+     "event": "reservation.grant", "identity": "spiffe://fleet/ns/slurm/sa/bridge",
+     "tenant": "hpc", "method": "Allocate", "reservation": "res-…@node-1", "owner":
+     "hpc/slurm/job/42", "node": "node-1", "devices": ["gpu.nvidia.com/node-1/gpu-0"],
+     "trace_id": "…"}
+
+Event names: reservation.grant / .commit / .renew / .release / .expire, inventory.apply /
+.delete / .report, call.denied (with `code` UNAUTHENTICATED or PERMISSION_DENIED and `reason`).
+Every event of a call carries the call's trace id (the active span's, else the caller's W3C
+`traceparent`, else one made for the call) — the id in the server's other logs and traces.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from services.common.security.principal import Principal
+
+__all__ = ["AUDIT_LOGGER", "audit_event"]
+
+AUDIT_LOGGER = "gpualloc.audit"
+
+_log = logging.getLogger(AUDIT_LOGGER)
+
+
+def audit_event(
+    event: str,
+    principal: Principal | None,
+    *,
+    trace_id: str = "",
+    devices: Iterable[str] = (),
+    **fields: Any,
+) -> None:
+    """Log one audit event; `fields` (reservation, owner, node, method, ...) go in as given,
+    empty ones left out. `principal` None means the server itself (lease expiry)."""
+    record: dict[str, Any] = {
+        "event": event,
+        "identity": principal.name if principal is not None else "system",
+        "tenant": (principal.tenant if principal is not None else None) or "",
+    }
+    if principal is not None and principal.development:
+        record["auth"] = "development"
+    listed = sorted(devices)
+    if listed:
+        record["devices"] = listed
+    record.update({key: value for key, value in fields.items() if value not in ("", None)})
+    if trace_id:
+        record["trace_id"] = trace_id
+    _log.info(event, extra=record)

@@ -1,0 +1,381 @@
+"""The call's principal, computed once at the edge: authenticate, authorize, then hand it down.
+
+    TLS/mTLS handshake -> authenticate (bearer JWT, else the client certificate's names)
+      -> Principal (policy: tenant, roles) -> authorize(principal, the method's Access) -> handler
+
+`AuthInterceptor` does all of it for every RPC but health and reflection, in one place, before
+the servicer runs. Each servicer declares an `AccessRule` per method (what permission it needs
+and which facts of the request matter: the node a report is for, adminAccess); a method without
+a rule is denied (deny by default, so a new RPC cannot ship unguarded). The servicer reads the
+principal with `current_principal(context)` and passes it down as a value.
+
+Without a policy the server is in development mode: the `x-gpualloc-owner` header is believed
+and every call is allowed, as before identities existed. `Authenticator.for_settings` allows
+that only on a loopback address unless the operator says `--insecure`.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import logging
+import re
+import secrets
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
+from typing import Any
+
+import grpc
+import yaml
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+from google.protobuf.message import Message
+
+from services.common.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    PermissionDenied,
+    Unauthenticated,
+)
+from services.common.grpc_errors import (
+    StreamBehavior,
+    UnaryBehavior,
+    is_infrastructure_method,
+    rewrap_handler,
+    status_code_of,
+)
+from services.common.log import current_trace_ids
+from services.common.security.audit import audit_event
+from services.common.security.policy import Access, AccessPolicy, authorize, parse_policy
+from services.common.security.principal import (
+    Identity,
+    IdentityKind,
+    Permission,
+    Principal,
+    development_principal,
+)
+from services.common.security.tls import WatchedFiles
+from services.common.security.tokens import TokenVerifier
+
+__all__ = [
+    "OWNER_METADATA",
+    "AccessRule",
+    "AuthInterceptor",
+    "Authenticator",
+    "CallInfo",
+    "asks_admin_access",
+    "audit_call",
+    "call_info",
+    "certificate_identity",
+    "check_exposure",
+    "current_principal",
+    "is_loopback_address",
+    "load_policy_file",
+    "rule",
+]
+
+OWNER_METADATA = "x-gpualloc-owner"
+"""Development mode's owner header; under a policy only a sub-owner the policy allows."""
+
+AccessRule = Callable[[Any], Access]
+"""The access one method needs, from its decoded request (the method name is filled in)."""
+
+log = logging.getLogger("gpualloc.auth")
+
+
+def rule(permission: Permission) -> AccessRule:
+    """The rule of a method that needs `permission` whatever the request says."""
+    access = Access("", permission)
+    return lambda request: access
+
+
+@dataclass(frozen=True)
+class CallInfo:
+    principal: Principal
+    trace_id: str
+    method: str
+
+
+_current: ContextVar[CallInfo | None] = ContextVar("gpualloc_call_info", default=None)
+
+
+def call_info() -> CallInfo | None:
+    """The current call's principal, trace id and method (None outside an intercepted call)."""
+    return _current.get()
+
+
+def current_principal(context: grpc.ServicerContext) -> Principal:
+    """The principal the interceptor computed for this call. A servicer called without the
+    interceptor (a server not built by create_server) gets development mode's principal."""
+    info = _current.get()
+    if info is not None:
+        return info.principal
+    return development_principal(_owner_header(context))
+
+
+def audit_call(context: grpc.ServicerContext, event: str, **fields: Any) -> None:
+    """An audit event of the current call: its principal and trace id, and `fields`."""
+    info = _current.get()
+    principal = info.principal if info is not None else current_principal(context)
+    trace_id = info.trace_id if info is not None else _trace_id(context)
+    method = info.method if info is not None else ""
+    audit_event(event, principal, trace_id=trace_id, method=method, **fields)
+
+
+# --- authentication -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    policy: AccessPolicy
+    tokens: TokenVerifier
+
+
+def load_policy_file(path: str, contents: bytes) -> AccessPolicy:
+    """Parse an AccessPolicy file (YAML); InvalidArgument naming the file and the field."""
+    try:
+        document = yaml.safe_load(contents.decode("utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        raise InvalidArgument.at(path, f"not valid YAML: {error}") from None
+    return parse_policy(document, source=path)
+
+
+class Authenticator:
+    """Identity -> principal for each call, under the policy file (reloaded when it changes)
+    or in development mode."""
+
+    def __init__(self, policy_file: str = "", *, min_interval: float = 1.0) -> None:
+        self.policy_file = policy_file
+        self._watched: WatchedFiles[_Loaded] | None = None
+        if policy_file:
+
+            def load(contents: Sequence[bytes]) -> _Loaded:
+                policy = load_policy_file(policy_file, contents[0])
+                return _Loaded(policy, TokenVerifier(policy.jwt_issuers))
+
+            self._watched = WatchedFiles(
+                [policy_file], load, what="access policy", min_interval=min_interval
+            )
+
+    @property
+    def development(self) -> bool:
+        return self._watched is None
+
+    @property
+    def policy(self) -> AccessPolicy | None:
+        return self._watched.current().policy if self._watched is not None else None
+
+    def principal(self, context: grpc.ServicerContext) -> Principal:
+        if self._watched is None:
+            return development_principal(_owner_header(context))
+        loaded = self._watched.current()
+        identity = self._identity(context, loaded.tokens)
+        principal = loaded.policy.resolve(identity)
+        if principal is None:
+            raise PermissionDenied(
+                f"identity {identity.display} is not bound to any role by the access policy"
+            )
+        if principal.tenant is not None:
+            claimed = _owner_header(context)
+            if claimed:  # a sub-owner: checked by principal.owner() where owners are used
+                principal = replace(principal, claimed_owner=claimed)
+        return principal
+
+    def _identity(self, context: grpc.ServicerContext, tokens: TokenVerifier) -> Identity:
+        for key, value in context.invocation_metadata():
+            if key == "authorization" and isinstance(value, str):
+                scheme, _, token = value.partition(" ")
+                if scheme.lower() != "bearer" or not token.strip():
+                    raise Unauthenticated("the authorization metadata must be `Bearer <JWT>`")
+                return tokens.verify(token.strip())
+        pem = context.auth_context().get("x509_pem_cert")
+        if pem:
+            return certificate_identity(pem[0])
+        raise Unauthenticated(
+            "no client certificate and no bearer token: this server needs an identity "
+            "(mutual TLS or `authorization: Bearer <JWT>`; see docs/security.md)"
+        )
+
+
+@functools.lru_cache(maxsize=1024)
+def certificate_identity(pem: bytes) -> Identity:
+    """The names of a (verified) client certificate: SPIFFE ID, DNS SANs, common name."""
+    certificate = x509.load_pem_x509_certificate(pem)
+    names: list[str] = []
+    try:
+        sans = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        sans = x509.SubjectAlternativeName([])
+    spiffe = [
+        u
+        for u in sans.get_values_for_type(x509.UniformResourceIdentifier)
+        if u.startswith("spiffe://")
+    ]
+    names += [f"spiffe:{uri}" for uri in spiffe]
+    dns = sans.get_values_for_type(x509.DNSName)
+    names += [f"dns:{name}" for name in dns]
+    common = [
+        str(attribute.value)
+        for attribute in certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    ]
+    names += [f"cn:{name}" for name in common]
+    display = (spiffe or dns or common or [certificate.subject.rfc4514_string()])[0]
+    return Identity(IdentityKind.CERTIFICATE, display, tuple(names))
+
+
+def _owner_header(context: grpc.ServicerContext) -> str:
+    for key, value in context.invocation_metadata():
+        if key == OWNER_METADATA and isinstance(value, str) and value:
+            return value
+    return ""
+
+
+# --- the interceptor ------------------------------------------------------------------------
+
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
+
+
+class AuthInterceptor(grpc.ServerInterceptor):
+    """Authenticates and authorizes every call but health and reflection (module docstring)."""
+
+    def __init__(self, authenticator: Authenticator, rules: Mapping[str, AccessRule]) -> None:
+        self._authenticator = authenticator
+        self._rules = dict(rules)
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or is_infrastructure_method(method) or self._authenticator.development:
+            return handler  # development mode: `current_principal` reads the header itself
+        access_rule = self._rules.get(method)
+        admit = functools.partial(self._admit, method, access_rule)
+
+        def wrap_unary(behavior: UnaryBehavior) -> UnaryBehavior:
+            def call(request: Any, context: grpc.ServicerContext) -> Any:
+                token = _current.set(admit(request, context))
+                try:
+                    return behavior(request, context)
+                finally:
+                    _current.reset(token)
+
+            return call
+
+        def wrap_stream(behavior: StreamBehavior) -> StreamBehavior:
+            def call(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                info = admit(request, context)
+                token = _current.set(info)
+                try:
+                    responses = iter(behavior(request, context))
+                finally:
+                    _current.reset(token)
+                while True:
+                    token = _current.set(info)  # the generator body runs inside next()
+                    try:
+                        response = next(responses)
+                    except StopIteration:
+                        return
+                    finally:
+                        _current.reset(token)
+                    yield response
+
+            return call
+
+        return rewrap_handler(handler, wrap_unary, wrap_stream)
+
+    def _admit(
+        self,
+        method: str,
+        access_rule: AccessRule | None,
+        request: Any,
+        context: grpc.ServicerContext,
+    ) -> CallInfo:
+        short = method.rsplit("/", 1)[-1]
+        trace_id = _trace_id(context)
+        principal: Principal | None = None
+        try:
+            principal = self._authenticator.principal(context)
+            if access_rule is None:
+                raise PermissionDenied(f"{short}: no access rule for this method (deny by default)")
+            authorize(principal, replace(access_rule(request), method=short))
+        except (Unauthenticated, PermissionDenied) as error:
+            code = status_code_of(error)
+            audit_event(
+                "call.denied",
+                principal,
+                trace_id=trace_id,
+                method=short,
+                code=code.name if code is not None else "",
+                reason=error.message,
+            )
+            raise
+        return CallInfo(principal, trace_id, short)
+
+
+def _trace_id(context: grpc.ServicerContext) -> str:
+    ids = current_trace_ids()
+    if ids is not None:
+        return ids[0]
+    for key, value in context.invocation_metadata():
+        if key == "traceparent" and isinstance(value, str):
+            match = _TRACEPARENT.match(value.strip())
+            if match:
+                return match[1]
+    return secrets.token_hex(16)
+
+
+def asks_admin_access(message: Message) -> bool:
+    """Whether any request or result anywhere in `message` sets `admin_access` (claims, gangs,
+    reserved allocations alike), so the rule cannot miss a new place that carries it."""
+    for descriptor, value in message.ListFields():
+        if descriptor.name == "admin_access" and value is True:
+            return True
+        if descriptor.message_type is None:
+            continue
+        if descriptor.message_type.GetOptions().map_entry:
+            values = value.values()
+        elif descriptor.is_repeated:
+            values = value
+        else:
+            values = (value,)
+        for item in values:
+            if isinstance(item, Message) and asks_admin_access(item):
+                return True
+    return False
+
+
+def is_loopback_address(address: str) -> bool:
+    """Whether a listen address (host:port) is reachable from this machine only."""
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(address: str, *, tls: bool, policy: bool, insecure: bool) -> str | None:
+    """None when serving `address` this way is safe; else the warning to log (with
+    `insecure`) — raises FailedPrecondition when not even `insecure` was given."""
+    if is_loopback_address(address):
+        return None
+    missing = [
+        what for what, present in (("TLS", tls), ("an access policy", policy)) if not present
+    ]
+    if not missing:
+        return None
+    message = (
+        f"listening on {address} (not loopback) without {' and without '.join(missing)}: "
+        "anyone who reaches the port can act as any tenant"
+    )
+    if not insecure:
+        raise FailedPrecondition(
+            message + ". Configure GPUALLOC_TLS_CERT/GPUALLOC_TLS_KEY and GPUALLOC_AUTH_POLICY "
+            "(docs/security.md), or pass --insecure (GPUALLOC_INSECURE=true) to accept that"
+        )
+    return message

@@ -1,0 +1,420 @@
+"""The AccessPolicy file: tenants, bindings of subjects to roles, JWT issuers; and `authorize`.
+
+    apiVersion: gpualloc.dev/v1alpha1
+    kind: AccessPolicy
+    metadata: {name: fleet}
+    spec:
+      authentication:
+        jwt: [{issuer: https://kubernetes.default.svc, audiences: [gpualloc], jwksFile: ...}]
+      tenants: [{name: hpc}, {name: ml, allowAdminAccess: true}]
+      bindings:
+      - name: slurm-bridge
+        subjects: [{kind: SPIFFE, name: "spiffe://fleet/ns/slurm/sa/bridge"}]
+        tenant: hpc
+        roles: [scheduler]
+        actFor: ["slurm/job/*"]
+
+Kubernetes RBAC is the model: subjects bound to roles, deny by default, every matching binding
+adds its roles (an identity matched by bindings of two different tenants is refused: a call
+acts in one tenant). Subject kinds: SPIFFE (a client certificate's URI SAN), DNS (its DNS SANs),
+CommonName (its subject CN), JWT (a verified token's `sub`, for one `issuer`). A subject name may
+hold one `*`; for an `agent` binding the `*` part is the node the identity may report (or the
+binding lists `nodes`).
+
+Parsing is strict, as `kubectl apply --validate=strict`: unknown fields, unknown roles or
+tenants, duplicate names are errors with the field path. Pure: values in, values out; the file
+is read (and re-read when it changes) at the edge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from services.common.errors import FieldViolation, InvalidArgument, PermissionDenied
+from services.common.security.principal import (
+    ROLE_PERMISSIONS,
+    Identity,
+    Permission,
+    Principal,
+    Role,
+    glob_capture,
+)
+
+__all__ = [
+    "API_VERSION",
+    "KIND",
+    "Access",
+    "AccessPolicy",
+    "Binding",
+    "JwtIssuer",
+    "Subject",
+    "SubjectKind",
+    "Tenant",
+    "authorize",
+    "parse_policy",
+]
+
+API_VERSION = "gpualloc.dev/v1alpha1"
+KIND = "AccessPolicy"
+_NAME_LIMIT = 253  # a Kubernetes object name's limit; tenants are prefixes of owners
+
+
+class SubjectKind(StrEnum):
+    SPIFFE = "SPIFFE"
+    DNS = "DNS"
+    COMMON_NAME = "CommonName"
+    JWT = "JWT"
+
+
+_NAMESPACES = {
+    SubjectKind.SPIFFE: "spiffe:",
+    SubjectKind.DNS: "dns:",
+    SubjectKind.COMMON_NAME: "cn:",
+}
+
+
+@dataclass(frozen=True)
+class Subject:
+    kind: SubjectKind
+    name: str  # may hold one `*`
+    issuer: str = ""  # JWT only
+
+    @property
+    def pattern(self) -> str:
+        """The pattern over Identity.names (`spiffe:…`, `dns:…`, `cn:…`, `jwt:<iss>#<sub>`)."""
+        if self.kind is SubjectKind.JWT:
+            return f"jwt:{self.issuer}#{self.name}"
+        return _NAMESPACES[self.kind] + self.name
+
+    def capture(self, identity: Identity) -> str | None:
+        """What this subject's `*` matched in one of the identity's names, or None."""
+        for name in identity.names:
+            found = glob_capture(self.pattern, name)
+            if found is not None:
+                return found
+        return None
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str
+    allow_admin_access: bool = False
+
+
+@dataclass(frozen=True)
+class Binding:
+    name: str
+    subjects: tuple[Subject, ...]
+    roles: tuple[Role, ...]
+    tenant: str | None = None
+    act_for: tuple[str, ...] = ()
+    nodes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class JwtIssuer:
+    issuer: str
+    audiences: tuple[str, ...]
+    jwks_file: str
+
+
+@dataclass(frozen=True)
+class Access:
+    """What one call asks to do: a permission, and the facts of the request it depends on."""
+
+    method: str
+    permission: Permission
+    node: str = ""  # ReportNode: the node reported
+    admin_access: bool = False  # any request or result asks for adminAccess
+
+
+@dataclass(frozen=True)
+class AccessPolicy:
+    name: str
+    tenants: Mapping[str, Tenant]
+    bindings: tuple[Binding, ...]
+    jwt_issuers: tuple[JwtIssuer, ...] = ()
+
+    def resolve(self, identity: Identity) -> Principal | None:
+        """The principal of a proven identity; None when no binding names it (the edge then
+        answers PERMISSION_DENIED: authenticated, but nobody granted it anything)."""
+        matched: list[tuple[Binding, str]] = []
+        for binding in self.bindings:
+            for subject in binding.subjects:
+                captured = subject.capture(identity)
+                if captured is not None:
+                    matched.append((binding, captured))
+                    break
+        if not matched:
+            return None
+        tenants = sorted({b.tenant for b, _ in matched if b.tenant is not None})
+        if len(tenants) > 1:
+            raise PermissionDenied(
+                f"identity {identity.display} is bound to several tenants "
+                f"({', '.join(tenants)}) by bindings {', '.join(b.name for b, _ in matched)}; "
+                "a call acts in one tenant: fix the policy"
+            )
+        tenant = tenants[0] if tenants else None
+        roles = tuple(sorted({role for b, _ in matched for role in b.roles}))
+        nodes: set[str] = set()
+        for binding, captured in matched:
+            if Role.AGENT in binding.roles:
+                nodes.update(binding.nodes or ((captured,) if captured else ()))
+        return Principal(
+            identity,
+            tenant=tenant,
+            roles=roles,
+            permissions=frozenset(p for role in roles for p in ROLE_PERMISSIONS[role]),
+            act_for=tuple(sorted({p for b, _ in matched for p in b.act_for})),
+            nodes=tuple(sorted(nodes)),
+            allow_admin_access=tenant is not None and self.tenants[tenant].allow_admin_access,
+            bindings=tuple(b.name for b, _ in matched),
+        )
+
+
+def authorize(principal: Principal, access: Access) -> None:
+    """Allow the call or raise PermissionDenied naming what is missing. The one check."""
+    if access.permission is Permission.INVENTORY_REPORT_OWN:
+        if not principal.may_report(access.node):
+            if principal.can(Permission.INVENTORY_REPORT_OWN):
+                mine = ", ".join(principal.nodes) or "none"
+                raise PermissionDenied(
+                    f"{access.method}: identity {principal.name} may report only its own node "
+                    f"({mine}), not {access.node!r}"
+                )
+            _deny(principal, access, Permission.INVENTORY_REPORT_OWN)
+        return
+    if not principal.can(access.permission):
+        _deny(principal, access, access.permission)
+    if access.admin_access and not principal.allow_admin_access:
+        where = f"tenant {principal.tenant}" if principal.tenant else "callers without a tenant"
+        raise PermissionDenied(
+            f"{access.method}: adminAccess device requests are not allowed for {where} "
+            "(the policy's tenant allowAdminAccess)"
+        )
+
+
+def _deny(principal: Principal, access: Access, permission: Permission) -> None:
+    roles = ", ".join(principal.roles) or "none"
+    raise PermissionDenied(
+        f"{access.method}: identity {principal.name} lacks permission {permission} "
+        f"(its roles: {roles})"
+    )
+
+
+# --- parsing --------------------------------------------------------------------------------
+
+
+def parse_policy(document: object, source: str = "policy") -> AccessPolicy:
+    """An AccessPolicy from its decoded YAML; InvalidArgument listing every bad field."""
+    errors: list[FieldViolation] = []
+    reader = _Reader(errors)
+    root = reader.mapping(document, "", {"apiVersion", "kind", "metadata", "spec"})
+    if root.get("apiVersion") != API_VERSION:
+        errors.append(
+            FieldViolation("apiVersion", f"must be {API_VERSION}, got {root.get('apiVersion')!r}")
+        )
+    if root.get("kind") != KIND:
+        errors.append(FieldViolation("kind", f"must be {KIND}, got {root.get('kind')!r}"))
+    metadata = reader.mapping(root.get("metadata", {}), "metadata", {"name", "labels"})
+    name = reader.string(metadata.get("name", ""), "metadata.name", required=False)
+    spec = reader.mapping(root.get("spec"), "spec", {"authentication", "tenants", "bindings"})
+    tenants = _tenants(reader, spec.get("tenants", []))
+    bindings = _bindings(reader, spec.get("bindings", []), tenants)
+    issuers = _issuers(reader, spec.get("authentication", {}))
+    known_issuers = {issuer.issuer for issuer in issuers}
+    for i, binding in enumerate(bindings):
+        for j, subject in enumerate(binding.subjects):
+            if subject.kind is SubjectKind.JWT and subject.issuer not in known_issuers:
+                errors.append(
+                    FieldViolation(
+                        f"spec.bindings[{i}].subjects[{j}].issuer",
+                        f"{subject.issuer!r} is not in spec.authentication.jwt",
+                    )
+                )
+    if errors:
+        first = errors[0]
+        raise InvalidArgument(f"{source}: {first}" + _more(errors), errors)
+    return AccessPolicy(name, tenants, tuple(bindings), tuple(issuers))
+
+
+def _more(errors: Sequence[FieldViolation]) -> str:
+    return f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+
+
+def _tenants(reader: _Reader, value: object) -> dict[str, Tenant]:
+    tenants: dict[str, Tenant] = {}
+    for i, item in enumerate(reader.sequence(value, "spec.tenants")):
+        path = f"spec.tenants[{i}]"
+        fields = reader.mapping(item, path, {"name", "allowAdminAccess"})
+        name = reader.string(fields.get("name"), f"{path}.name")
+        if "/" in name:
+            reader.fail(f"{path}.name", "must not contain '/' (owners are <tenant>/<name>)")
+        if name in tenants:
+            reader.fail(f"{path}.name", f"duplicate tenant {name!r}")
+        admin = reader.boolean(fields.get("allowAdminAccess", False), f"{path}.allowAdminAccess")
+        tenants[name] = Tenant(name, admin)
+    return tenants
+
+
+def _bindings(reader: _Reader, value: object, tenants: Mapping[str, Tenant]) -> list[Binding]:
+    bindings: list[Binding] = []
+    names: set[str] = set()
+    allowed = {"name", "subjects", "roles", "tenant", "actFor", "nodes"}
+    for i, item in enumerate(reader.sequence(value, "spec.bindings")):
+        path = f"spec.bindings[{i}]"
+        fields = reader.mapping(item, path, allowed)
+        name = reader.string(fields.get("name"), f"{path}.name")
+        if name in names:
+            reader.fail(f"{path}.name", f"duplicate binding {name!r}")
+        names.add(name)
+        subjects = [
+            _subject(reader, s, f"{path}.subjects[{j}]")
+            for j, s in enumerate(reader.sequence(fields.get("subjects"), f"{path}.subjects"))
+        ]
+        if not subjects:
+            reader.fail(f"{path}.subjects", "must name at least one subject")
+        roles = [
+            _role(reader, r, f"{path}.roles[{j}]")
+            for j, r in enumerate(reader.sequence(fields.get("roles"), f"{path}.roles"))
+        ]
+        if not roles:
+            reader.fail(f"{path}.roles", "must name at least one role")
+        tenant = None
+        if "tenant" in fields:
+            tenant = reader.string(fields["tenant"], f"{path}.tenant")
+            if tenant not in tenants:
+                known = ", ".join(sorted(tenants)) or "none"
+                reader.fail(f"{path}.tenant", f"unknown tenant {tenant!r} (spec.tenants: {known})")
+        elif Role.SCHEDULER in roles:
+            reader.fail(f"{path}.tenant", "a scheduler binding needs a tenant to hold reservations")
+        act_for = tuple(
+            _pattern(reader, p, f"{path}.actFor[{j}]")
+            for j, p in enumerate(reader.sequence(fields.get("actFor", []), f"{path}.actFor"))
+        )
+        nodes = tuple(
+            reader.string(n, f"{path}.nodes[{j}]")
+            for j, n in enumerate(reader.sequence(fields.get("nodes", []), f"{path}.nodes"))
+        )
+        if Role.AGENT in roles and not nodes and not any("*" in s.name for s in subjects):
+            reader.fail(
+                f"{path}.nodes",
+                "an agent binding needs nodes, or a `*` in its subject names (the node's name)",
+            )
+        bindings.append(Binding(name, tuple(subjects), tuple(roles), tenant, act_for, nodes))
+    return bindings
+
+
+def _subject(reader: _Reader, value: object, path: str) -> Subject:
+    fields = reader.mapping(value, path, {"kind", "name", "issuer"})
+    raw_kind = reader.string(fields.get("kind"), f"{path}.kind")
+    try:
+        kind = SubjectKind(raw_kind)
+    except ValueError:
+        kinds = ", ".join(k.value for k in SubjectKind)
+        reader.fail(f"{path}.kind", f"unknown subject kind {raw_kind!r} (one of {kinds})")
+        kind = SubjectKind.DNS
+    name = _pattern(reader, fields.get("name"), f"{path}.name")
+    issuer = ""
+    if kind is SubjectKind.JWT:
+        issuer = reader.string(fields.get("issuer"), f"{path}.issuer")
+    elif "issuer" in fields:
+        reader.fail(f"{path}.issuer", "only JWT subjects have an issuer")
+    return Subject(kind, name, issuer)
+
+
+def _role(reader: _Reader, value: object, path: str) -> Role:
+    raw = reader.string(value, path)
+    try:
+        return Role(raw)
+    except ValueError:
+        roles = ", ".join(r.value for r in Role)
+        reader.fail(path, f"unknown role {raw!r} (one of {roles})")
+        return Role.READER
+
+
+def _pattern(reader: _Reader, value: object, path: str) -> str:
+    pattern = reader.string(value, path)
+    if pattern.count("*") > 1:
+        reader.fail(path, f"may hold one `*` at most, got {pattern!r}")
+    return pattern
+
+
+def _issuers(reader: _Reader, value: object) -> list[JwtIssuer]:
+    authentication = reader.mapping(value, "spec.authentication", {"jwt"})
+    issuers: list[JwtIssuer] = []
+    seen: set[str] = set()
+    allowed = {"issuer", "audiences", "jwksFile"}
+    for i, item in enumerate(
+        reader.sequence(authentication.get("jwt", []), "spec.authentication.jwt")
+    ):
+        path = f"spec.authentication.jwt[{i}]"
+        fields = reader.mapping(item, path, allowed)
+        issuer = reader.string(fields.get("issuer"), f"{path}.issuer")
+        if issuer in seen:
+            reader.fail(f"{path}.issuer", f"duplicate issuer {issuer!r}")
+        seen.add(issuer)
+        audiences = tuple(
+            reader.string(a, f"{path}.audiences[{j}]")
+            for j, a in enumerate(reader.sequence(fields.get("audiences"), f"{path}.audiences"))
+        )
+        if not audiences:
+            reader.fail(f"{path}.audiences", "must name at least one audience (checked as aud)")
+        jwks = reader.string(fields.get("jwksFile"), f"{path}.jwksFile")
+        issuers.append(JwtIssuer(issuer, audiences, jwks))
+    return issuers
+
+
+class _Reader:
+    """Typed field readers that record a violation and return a harmless value."""
+
+    def __init__(self, errors: list[FieldViolation]) -> None:
+        self.errors = errors
+
+    def fail(self, path: str, description: str) -> None:
+        self.errors.append(FieldViolation(path, description))
+
+    def mapping(self, value: object, path: str, allowed: Iterable[str]) -> Mapping[str, Any]:
+        if value is None and path:
+            self.fail(path, "Required value")
+            return {}
+        if not isinstance(value, Mapping):
+            self.fail(path or "(document)", f"must be a mapping, got {type(value).__name__}")
+            return {}
+        known = set(allowed)
+        for key in value:
+            if key not in known:
+                where = f"{path}.{key}" if path else str(key)
+                self.fail(where, f"unknown field (known: {', '.join(sorted(known))})")
+        return value
+
+    def sequence(self, value: object, path: str) -> Sequence[object]:
+        if value is None:
+            self.fail(path, "Required value")
+            return ()
+        if not isinstance(value, list):
+            self.fail(path, f"must be a list, got {type(value).__name__}")
+            return ()
+        return value
+
+    def string(self, value: object, path: str, *, required: bool = True) -> str:
+        if value is None or value == "":
+            if required:
+                self.fail(path, "Required value")
+            return ""
+        if not isinstance(value, str):
+            self.fail(path, f"must be a string, got {type(value).__name__}")
+            return ""
+        if len(value) > _NAME_LIMIT * 4:
+            self.fail(path, f"must be at most {_NAME_LIMIT * 4} characters")
+            return ""
+        return value
+
+    def boolean(self, value: object, path: str) -> bool:
+        if not isinstance(value, bool):
+            self.fail(path, f"must be true or false, got {value!r}")
+            return False
+        return value
