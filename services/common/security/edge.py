@@ -250,16 +250,20 @@ class AuthInterceptor(grpc.ServerInterceptor):
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = continuation(handler_call_details)
         method = handler_call_details.method
-        if handler is None or is_infrastructure_method(method) or self._authenticator.development:
-            return handler  # development mode: `current_principal` reads the header itself
+        if handler is None or is_infrastructure_method(method):
+            return handler
         access_rule = self._rules.get(method)
         admit = functools.partial(self._admit, method, access_rule)
 
         def wrap_unary(behavior: UnaryBehavior) -> UnaryBehavior:
             def call(request: Any, context: grpc.ServicerContext) -> Any:
-                token = _current.set(admit(request, context))
+                info = admit(request, context)
+                token = _current.set(info)
                 try:
                     return behavior(request, context)
+                except PermissionDenied as error:  # the use case's own denials (owners)
+                    _audit_denial(info.principal, info.trace_id, info.method, error)
+                    raise
                 finally:
                     _current.reset(token)
 
@@ -299,21 +303,33 @@ class AuthInterceptor(grpc.ServerInterceptor):
         principal: Principal | None = None
         try:
             principal = self._authenticator.principal(context)
-            if access_rule is None:
-                raise PermissionDenied(f"{short}: no access rule for this method (deny by default)")
-            authorize(principal, replace(access_rule(request), method=short))
+            if not principal.development:  # development mode allows every call
+                if access_rule is None:
+                    raise PermissionDenied(
+                        f"{short}: no access rule for this method (deny by default)"
+                    )
+                authorize(principal, replace(access_rule(request), method=short))
         except (Unauthenticated, PermissionDenied) as error:
-            code = status_code_of(error)
-            audit_event(
-                "call.denied",
-                principal,
-                trace_id=trace_id,
-                method=short,
-                code=code.name if code is not None else "",
-                reason=error.message,
-            )
+            _audit_denial(principal, trace_id, short, error)
             raise
         return CallInfo(principal, trace_id, short)
+
+
+def _audit_denial(
+    principal: Principal | None,
+    trace_id: str,
+    method: str,
+    error: Unauthenticated | PermissionDenied,
+) -> None:
+    code = status_code_of(error)
+    audit_event(
+        "call.denied",
+        principal,
+        trace_id=trace_id,
+        method=method,
+        code=code.name if code is not None else "",
+        reason=error.message,
+    )
 
 
 def _trace_id(context: grpc.ServicerContext) -> str:
