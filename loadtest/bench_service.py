@@ -55,6 +55,7 @@ from services.common.dra.model import ResourceClaim, ResourcePool, ResourceSlice
 from services.common.dra.serialize import to_dict
 from services.common.manifests import load_manifests
 from services.common.pb.dra_mapping import to_pb_resource_claim
+from services.common.security.devcerts import CertificateAuthority, write_certificate
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "examples" / "cluster"
@@ -120,9 +121,11 @@ def _free_port() -> int:
         return port
 
 
-def _wait_serving(target: str, process: subprocess.Popen[bytes], timeout: float) -> None:
+def _wait_serving(
+    target: str, process: subprocess.Popen[bytes], timeout: float, tls_dir: Path | None = None
+) -> None:
     deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(target) as channel:
+    with _channel(target, [], str(tls_dir) if tls_dir is not None else None) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         request = health_pb2.HealthCheckRequest(service="gpualloc.allocator.v1.Allocator")
         while time.monotonic() < deadline:
@@ -266,6 +269,18 @@ def _calls(
     }[phase]
 
 
+def _channel(target: str, options: Sequence[tuple[str, int]], tls_dir: str | None) -> grpc.Channel:
+    if tls_dir is None:
+        return grpc.insecure_channel(target, options)
+    directory = Path(tls_dir)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=(directory / "ca.crt").read_bytes(),
+        private_key=(directory / "client" / "tls.key").read_bytes(),
+        certificate_chain=(directory / "client" / "tls.crt").read_bytes(),
+    )
+    return grpc.secure_channel(target, credentials, options)
+
+
 def client_main(argv: Sequence[str]) -> int:
     """`--client TARGET --phase P --seconds S --threads T --nodes-file F [--ids-file I]
     [--max-calls N]`: one JSON line out. `allocate-reserve` writes the ids it made to I,
@@ -278,6 +293,7 @@ def client_main(argv: Sequence[str]) -> int:
     parser.add_argument("--nodes-file", required=True)
     parser.add_argument("--ids-file")
     parser.add_argument("--max-calls", type=int, default=0)
+    parser.add_argument("--tls-dir", help="mutual TLS: DIR/ca.crt and DIR/client/tls.{crt,key}")
     args = parser.parse_args(argv)
     nodes = json.loads(Path(args.nodes_file).read_text())
     ids: list[str] = []
@@ -286,7 +302,7 @@ def client_main(argv: Sequence[str]) -> int:
     aborted: list[int] = []
     call = _calls(args.phase, nodes, ids, args.max_calls, aborted)
     options = [("grpc.use_local_subchannel_pool", 1)]
-    channels = [grpc.insecure_channel(args.client, options) for _ in range(CHANNELS)]
+    channels = [_channel(args.client, options, args.tls_dir) for _ in range(CHANNELS)]
     for channel in channels:
         grpc.channel_ready_future(channel).result(timeout=30)
     call(channels[0], random.Random(-1))  # one untimed call first: lazy caches
@@ -351,12 +367,14 @@ def _client(
     cpus: set[int],
     threads: int = THREADS,
     max_calls: int = 0,
+    tls_dir: Path | None = None,
 ) -> dict[str, Any]:
     command = [
         sys.executable, "-m", "loadtest.bench_service",
         "--client", target, "--phase", phase, "--seconds", str(seconds),
         "--threads", str(threads), "--nodes-file", str(nodes_file),
         "--ids-file", str(nodes_file.with_name("ids.json")), "--max-calls", str(max_calls),
+        *(["--tls-dir", str(tls_dir)] if tls_dir is not None else []),
     ]  # fmt: skip
     output = subprocess.run(
         command, cwd=ROOT, capture_output=True, text=True, check=True, preexec_fn=_pinned(cpus)
@@ -379,6 +397,61 @@ PHASES = (
 )
 
 
+MTLS_PHASES = ("health-check", "allocate-any-node", "allocate-reserve")
+"""Measured again with mutual TLS and an access policy (issue 14: the cost of identities)."""
+
+BENCH_POLICY = """\
+apiVersion: gpualloc.dev/v1alpha1
+kind: AccessPolicy
+metadata: {name: bench}
+spec:
+  tenants: [{name: bench}]
+  bindings:
+  - name: bench-client
+    subjects: [{kind: CommonName, name: bench-client}]
+    tenant: bench
+    roles: [scheduler]
+    actFor: ["*"]
+"""
+
+
+def _write_pki(directory: Path) -> list[str]:
+    """A CA, a server and a client certificate, and the policy; the server's TLS flags."""
+    ca = CertificateAuthority.create("gpualloc bench CA")
+    ca.save(directory)
+    server = write_certificate(
+        directory / "server", ca.issue("server", ip_addresses=("127.0.0.1",), client=False)
+    )
+    write_certificate(directory / "client", ca.issue("bench-client", server=False))
+    (directory / "policy.yaml").write_text(BENCH_POLICY)
+    return [
+        "--tls-cert", str(server / "tls.crt"), "--tls-key", str(server / "tls.key"),
+        "--tls-client-ca", str(directory / "ca.crt"),
+        "--auth-policy", str(directory / "policy.yaml"),
+    ]  # fmt: skip
+
+
+def _server(
+    directory: Path, port: int, redis_url: str, cpus: set[int], extra: Sequence[str] = ()
+) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "GPUALLOC_LOG_LEVEL": "WARNING", "GPUALLOC_MAX_WORKERS": "16"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "services.allocator",
+         "--seed", str(directory / "inventory.json"),
+         "--listen", f"127.0.0.1:{port}", "--redis-url", redis_url, *extra],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        preexec_fn=_pinned(cpus),
+    )  # fmt: skip
+
+
+def _stop(server: subprocess.Popen[bytes]) -> None:
+    server.terminate()
+    try:
+        server.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        server.kill()
+
+
 def run(quick: bool) -> BenchReport:
     seconds = 2.0 if quick else 6.0
     scale = 0.1 if quick else 1.0
@@ -389,16 +462,6 @@ def run(quick: bool) -> BenchReport:
         nodes_file.write_text(json.dumps(h100_nodes))
         server_cpus, client_cpus = _cpu_split()
         redis = _Redis(directory, client_cpus)
-        port = _free_port()
-        env = {**os.environ, "GPUALLOC_LOG_LEVEL": "WARNING", "GPUALLOC_MAX_WORKERS": "16"}
-        server = subprocess.Popen(
-            [sys.executable, "-m", "services.allocator",
-             "--seed", str(directory / "inventory.json"),
-             "--listen", f"127.0.0.1:{port}", "--redis-url", redis.url],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            preexec_fn=_pinned(server_cpus),
-        )  # fmt: skip
-        target = f"127.0.0.1:{port}"
         report = BenchReport(
             "service",
             setup={
@@ -409,29 +472,38 @@ def run(quick: bool) -> BenchReport:
                 f"cpus {sorted(client_cpus)} (with Redis)",
                 "seconds_per_case": seconds,
                 "cpus": os.cpu_count() or 0,
+                "mtls": "rows mtls:*: the same server with mutual TLS (ECDSA P-256) and an "
+                "AccessPolicy, after the plaintext rows (development mode)",
             },
         )
+        max_calls = int(RESERVE_SHARE * H100_PER_NODE * len(h100_nodes))
+        tls_flags = _write_pki(directory / "pki")
         try:
-            _wait_serving(target, server, timeout=300)
-            for phase in PHASES:
-                result = _client(
-                    target, phase, seconds, nodes_file, client_cpus,
-                    max_calls=int(RESERVE_SHARE * H100_PER_NODE * len(h100_nodes)),
-                )  # fmt: skip
-                report.add(
-                    phase,
-                    rps=round(result["rps"], 1),
-                    p50_ms=round(result["p50_ms"], 2),
-                    p99_ms=round(result["p99_ms"], 2),
-                    calls=result["calls"],
-                    **({"aborted": result["aborted"]} if "reserve" in phase else {}),
-                )
+            for prefix, phases, extra, tls_dir in (
+                ("", PHASES, [], None),
+                ("mtls:", MTLS_PHASES, tls_flags, directory / "pki"),
+            ):
+                port = _free_port()
+                server = _server(directory, port, redis.url, server_cpus, extra)
+                target = f"127.0.0.1:{port}"
+                try:
+                    _wait_serving(target, server, timeout=300, tls_dir=tls_dir)
+                    for phase in phases:
+                        result = _client(
+                            target, phase, seconds, nodes_file, client_cpus,
+                            max_calls=max_calls, tls_dir=tls_dir,
+                        )  # fmt: skip
+                        report.add(
+                            prefix + phase,
+                            rps=round(result["rps"], 1),
+                            p50_ms=round(result["p50_ms"], 2),
+                            p99_ms=round(result["p99_ms"], 2),
+                            calls=result["calls"],
+                            **({"aborted": result["aborted"]} if "reserve" in phase else {}),
+                        )
+                finally:
+                    _stop(server)
         finally:
-            server.terminate()
-            try:
-                server.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                server.kill()
             redis.stop()
     _add_ratios(report)
     return report
@@ -445,6 +517,10 @@ def _add_ratios(report: BenchReport) -> None:
     for name in PHASES[1:]:
         if name in rps:
             report.add(f"{name}/check", ratio=round(rps[name] / check, 3))
+    for name in MTLS_PHASES:
+        plain, secured = rps.get(name, 0.0), rps.get(f"mtls:{name}", 0.0)
+        if plain > 0 and secured > 0:
+            report.add(f"mtls:{name}/plaintext", ratio=round(secured / plain, 3))
     report.targets.append(Target("allocate-any-node/check", "ratio", 0.5, at_least=True))
     report.targets.append(Target("allocate-reserve/check", "ratio", 0.3, at_least=True))
 

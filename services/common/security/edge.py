@@ -23,7 +23,7 @@ import re
 import secrets
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
@@ -90,11 +90,23 @@ def rule(permission: Permission) -> AccessRule:
     return lambda request: access
 
 
-@dataclass(frozen=True)
 class CallInfo:
-    principal: Principal
-    trace_id: str
-    method: str
+    """The current call's principal and method; its trace id, worked out when first needed
+    (only calls that are audited need one)."""
+
+    __slots__ = ("_context", "_trace_id", "method", "principal")
+
+    def __init__(self, principal: Principal, method: str, context: grpc.ServicerContext) -> None:
+        self.principal = principal
+        self.method = method
+        self._context = context
+        self._trace_id = ""
+
+    @property
+    def trace_id(self) -> str:
+        if not self._trace_id:
+            self._trace_id = _trace_id(self._context)
+        return self._trace_id
 
 
 _current: ContextVar[CallInfo | None] = ContextVar("gpualloc_call_info", default=None)
@@ -126,10 +138,29 @@ def audit_call(context: grpc.ServicerContext, event: str, **fields: Any) -> None
 # --- authentication -------------------------------------------------------------------------
 
 
+_RESOLVED_LIMIT = 4096  # distinct identities remembered per loaded policy
+
+
 @dataclass(frozen=True)
 class _Loaded:
+    """A loaded policy, its token verifier, and the principals it resolved: resolving is a
+    loop over the bindings, done once per identity until the file changes (a reload makes a
+    new `_Loaded`, so nothing stale survives it)."""
+
     policy: AccessPolicy
     tokens: TokenVerifier
+    resolved: dict[Identity, Principal | None] = field(default_factory=dict)
+
+    def resolve(self, identity: Identity) -> Principal | None:
+        try:
+            return self.resolved[identity]
+        except KeyError:
+            pass
+        principal = self.policy.resolve(identity)
+        if len(self.resolved) >= _RESOLVED_LIMIT:
+            self.resolved.clear()
+        self.resolved[identity] = principal
+        return principal
 
 
 def load_policy_file(path: str, contents: bytes) -> AccessPolicy:
@@ -171,7 +202,7 @@ class Authenticator:
             return development_principal(_owner_header(context))
         loaded = self._watched.current()
         identity = self._identity(context, loaded.tokens)
-        principal = loaded.policy.resolve(identity)
+        principal = loaded.resolve(identity)
         if principal is None:
             raise PermissionDenied(
                 f"identity {identity.display} is not bound to any role by the access policy"
@@ -299,7 +330,6 @@ class AuthInterceptor(grpc.ServerInterceptor):
         context: grpc.ServicerContext,
     ) -> CallInfo:
         short = method.rsplit("/", 1)[-1]
-        trace_id = _trace_id(context)
         principal: Principal | None = None
         try:
             principal = self._authenticator.principal(context)
@@ -310,9 +340,9 @@ class AuthInterceptor(grpc.ServerInterceptor):
                     )
                 authorize(principal, replace(access_rule(request), method=short))
         except (Unauthenticated, PermissionDenied) as error:
-            _audit_denial(principal, trace_id, short, error)
+            _audit_denial(principal, _trace_id(context), short, error)
             raise
-        return CallInfo(principal, trace_id, short)
+        return CallInfo(principal, short, context)
 
 
 def _audit_denial(
