@@ -51,6 +51,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from loadtest.report import BenchReport, Target, percentile
 from protos.allocator.v1 import allocator_pb2 as pb
 from protos.allocator.v1 import allocator_pb2_grpc
+from services.client.calls import open_channel
+from services.client.cli_flags import add_client_flags, client_settings
+from services.client.config import ClientSettings
 from services.common.dra.model import ResourceClaim, ResourcePool, ResourceSlice
 from services.common.dra.serialize import to_dict
 from services.common.manifests import load_manifests
@@ -113,6 +116,15 @@ def _renamed(template: ResourceSlice, old: str, new: str) -> ResourceSlice:
 # --- the server ------------------------------------------------------------------------------
 
 
+def bench_channel(
+    target: str, dial: ClientSettings, options: Sequence[tuple[str, Any]] = ()
+) -> grpc.Channel:
+    """A channel as the clients of gpualloc dial (services.client.calls.open_channel):
+    plaintext, or TLS / mutual TLS / bearer token per `dial` (ClientSettings, e.g. from
+    `client_settings(args, environ)`), so one bench can compare mTLS with plaintext."""
+    return open_channel(target, dial.tls, token_file=dial.token_file, options=options)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -120,9 +132,14 @@ def _free_port() -> int:
         return port
 
 
-def _wait_serving(target: str, process: subprocess.Popen[bytes], timeout: float) -> None:
+def _wait_serving(
+    target: str,
+    process: subprocess.Popen[bytes],
+    timeout: float,
+    dial: ClientSettings | None = None,
+) -> None:
     deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(target) as channel:
+    with bench_channel(target, dial or ClientSettings()) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         request = health_pb2.HealthCheckRequest(service="gpualloc.allocator.v1.Allocator")
         while time.monotonic() < deadline:
@@ -268,8 +285,9 @@ def _calls(
 
 def client_main(argv: Sequence[str]) -> int:
     """`--client TARGET --phase P --seconds S --threads T --nodes-file F [--ids-file I]
-    [--max-calls N]`: one JSON line out. `allocate-reserve` writes the ids it made to I,
-    `release` reads them from there."""
+    [--max-calls N] [--tls-ca ... --tls-cert ... --tls-key ... --token-file ...]`: one JSON
+    line out. `allocate-reserve` writes the ids it made to I, `release` reads them from there.
+    TLS flags default to GPUALLOC_CLIENT_TLS_* / GPUALLOC_CLIENT_TOKEN_FILE (cli_flags)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--client", required=True)
     parser.add_argument("--phase", required=True)
@@ -278,7 +296,9 @@ def client_main(argv: Sequence[str]) -> int:
     parser.add_argument("--nodes-file", required=True)
     parser.add_argument("--ids-file")
     parser.add_argument("--max-calls", type=int, default=0)
+    add_client_flags(parser)
     args = parser.parse_args(argv)
+    dial = client_settings(args, os.environ)
     nodes = json.loads(Path(args.nodes_file).read_text())
     ids: list[str] = []
     if args.phase == "release":
@@ -286,7 +306,7 @@ def client_main(argv: Sequence[str]) -> int:
     aborted: list[int] = []
     call = _calls(args.phase, nodes, ids, args.max_calls, aborted)
     options = [("grpc.use_local_subchannel_pool", 1)]
-    channels = [grpc.insecure_channel(args.client, options) for _ in range(CHANNELS)]
+    channels = [bench_channel(args.client, dial, options) for _ in range(CHANNELS)]
     for channel in channels:
         grpc.channel_ready_future(channel).result(timeout=30)
     call(channels[0], random.Random(-1))  # one untimed call first: lazy caches
@@ -351,12 +371,16 @@ def _client(
     cpus: set[int],
     threads: int = THREADS,
     max_calls: int = 0,
+    client_flags: Sequence[str] = (),
 ) -> dict[str, Any]:
+    """One phase in a client process; `client_flags` (e.g. `--tls-ca F --tls-cert F
+    --tls-key F`) make it dial with TLS."""
     command = [
         sys.executable, "-m", "loadtest.bench_service",
         "--client", target, "--phase", phase, "--seconds", str(seconds),
         "--threads", str(threads), "--nodes-file", str(nodes_file),
         "--ids-file", str(nodes_file.with_name("ids.json")), "--max-calls", str(max_calls),
+        *client_flags,
     ]  # fmt: skip
     output = subprocess.run(
         command, cwd=ROOT, capture_output=True, text=True, check=True, preexec_fn=_pinned(cpus)
