@@ -370,7 +370,8 @@ def tls_of(config: LoadConfig) -> TlsConfig | None:
         )
     except InvalidArgument as error:
         key = {"tls.ca": "cacert", "tls.cert": "cert", "tls.key": "key"}.get(error.field_path)
-        raise ConfigError(f"{key or 'cert'}: {error.message}") from None
+        why = error.violations[0].description if error.violations else error.message
+        raise ConfigError(f"{key or 'cert'}: {why}") from None
 
 
 def _check_data(data: Any) -> None:
