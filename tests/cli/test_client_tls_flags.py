@@ -182,11 +182,23 @@ def test_slurm_bridge_reads_gres_conf_over_mtls(pki, tls_server, inventory, toke
     assert_authenticated(served, pki, "/GetInventory")
 
 
-def test_slurm_bridge_refuses_a_token_without_tls(token) -> None:
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        pytest.param({"GPUALLOC_CLIENT_TOKEN_FILE": "TOKEN"}, "over TLS only",
+                     id="token-without-tls"),
+        pytest.param({"GPUALLOC_CLIENT_TLS_CA": "CA", "GPUALLOC_CLIENT_TOKEN_FILE": "/absent"},
+                     "cannot read /absent", id="missing-token-file"),
+        pytest.param({"GPUALLOC_CLIENT_TLS_CA": "/absent.pem"}, "cannot read /absent.pem",
+                     id="missing-ca-file"),
+    ],
+)  # fmt: skip
+def test_slurm_bridge_bad_tls_settings_are_bad_input(pki, token, settings, message) -> None:
     err = io.StringIO()
-    environ = {"GPUALLOC_CLIENT_TOKEN_FILE": str(token)}
+    swap = {"TOKEN": str(token), "CA": str(pki.ca)}
+    environ = {k: swap.get(v, v) for k, v in settings.items()}
     assert slurm_cli.main(["epilog", "--job-id", "1"], environ, io.StringIO(), err) == 2
-    assert "over TLS only" in err.getvalue()
+    assert message in err.getvalue()
 
 
 def test_kueue_bridge_dials_with_its_settings(pki, tls_server, token, monkeypatch) -> None:

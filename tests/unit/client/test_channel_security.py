@@ -15,10 +15,16 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.client import AllocatorClient, ClientSettings, InventoryClient, TlsConfig
+from services.client import (
+    AllocatorClient,
+    ClientSettings,
+    InventoryClient,
+    RetryPolicy,
+    TlsConfig,
+)
 from services.client.calls import open_channel
 from services.client.credentials import BearerTokenFile
-from services.common.errors import InvalidArgument
+from services.common.errors import InvalidArgument, Unavailable
 from tests.tls_fixtures import Pki, TlsServer
 
 
@@ -103,6 +109,25 @@ def test_handshakes_that_fail_are_unavailable(pki: Pki, tls_server, tmp_path, ma
     with open_channel(served.target, tls) as channel, pytest.raises(grpc.RpcError) as raised:
         check(channel)
     assert raised.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert served.calls == []
+
+
+def test_library_reports_a_failed_handshake_as_unavailable_after_retries(
+    pki: Pki, tls_server, tmp_path: Path
+) -> None:
+    served: TlsServer = tls_server(pki)
+    sleeps: list[float] = []
+    with (
+        AllocatorClient(
+            served.target,
+            tls=Pki.create(tmp_path / "other").client_tls(),
+            retry=RetryPolicy(max_attempts=3),
+            sleep=sleeps.append,
+        ) as client,
+        pytest.raises(Unavailable),
+    ):
+        client.list()
+    assert len(sleeps) == 2  # retried as any unreachable server
     assert served.calls == []
 
 
