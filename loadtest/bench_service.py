@@ -51,6 +51,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from loadtest.report import BenchReport, Target, percentile
 from protos.allocator.v1 import allocator_pb2 as pb
 from protos.allocator.v1 import allocator_pb2_grpc
+from services.client.calls import open_channel
+from services.client.cli_flags import add_client_flags, client_settings
+from services.client.config import ClientSettings, TlsConfig
 from services.common.dra.model import ResourceClaim, ResourcePool, ResourceSlice
 from services.common.dra.serialize import to_dict
 from services.common.manifests import load_manifests
@@ -114,6 +117,15 @@ def _renamed(template: ResourceSlice, old: str, new: str) -> ResourceSlice:
 # --- the server ------------------------------------------------------------------------------
 
 
+def bench_channel(
+    target: str, dial: ClientSettings, options: Sequence[tuple[str, Any]] = ()
+) -> grpc.Channel:
+    """A channel as the clients of gpualloc dial (services.client.calls.open_channel):
+    plaintext, or TLS / mutual TLS / bearer token per `dial` (ClientSettings, e.g. from
+    `client_settings(args, environ)`), so one bench can compare mTLS with plaintext."""
+    return open_channel(target, dial.tls, token_file=dial.token_file, options=options)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -122,10 +134,13 @@ def _free_port() -> int:
 
 
 def _wait_serving(
-    target: str, process: subprocess.Popen[bytes], timeout: float, tls_dir: Path | None = None
+    target: str,
+    process: subprocess.Popen[bytes],
+    timeout: float,
+    dial: ClientSettings | None = None,
 ) -> None:
     deadline = time.monotonic() + timeout
-    with _channel(target, [], str(tls_dir) if tls_dir is not None else None) as channel:
+    with bench_channel(target, dial or ClientSettings()) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         request = health_pb2.HealthCheckRequest(service="gpualloc.allocator.v1.Allocator")
         while time.monotonic() < deadline:
@@ -269,22 +284,11 @@ def _calls(
     }[phase]
 
 
-def _channel(target: str, options: Sequence[tuple[str, int]], tls_dir: str | None) -> grpc.Channel:
-    if tls_dir is None:
-        return grpc.insecure_channel(target, options)
-    directory = Path(tls_dir)
-    credentials = grpc.ssl_channel_credentials(
-        root_certificates=(directory / "ca.crt").read_bytes(),
-        private_key=(directory / "client" / "tls.key").read_bytes(),
-        certificate_chain=(directory / "client" / "tls.crt").read_bytes(),
-    )
-    return grpc.secure_channel(target, credentials, options)
-
-
 def client_main(argv: Sequence[str]) -> int:
     """`--client TARGET --phase P --seconds S --threads T --nodes-file F [--ids-file I]
-    [--max-calls N]`: one JSON line out. `allocate-reserve` writes the ids it made to I,
-    `release` reads them from there."""
+    [--max-calls N] [--tls-ca ... --tls-cert ... --tls-key ... --token-file ...]`: one JSON
+    line out. `allocate-reserve` writes the ids it made to I, `release` reads them from there.
+    TLS flags default to GPUALLOC_CLIENT_TLS_* / GPUALLOC_CLIENT_TOKEN_FILE (cli_flags)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--client", required=True)
     parser.add_argument("--phase", required=True)
@@ -293,8 +297,9 @@ def client_main(argv: Sequence[str]) -> int:
     parser.add_argument("--nodes-file", required=True)
     parser.add_argument("--ids-file")
     parser.add_argument("--max-calls", type=int, default=0)
-    parser.add_argument("--tls-dir", help="mutual TLS: DIR/ca.crt and DIR/client/tls.{crt,key}")
+    add_client_flags(parser)
     args = parser.parse_args(argv)
+    dial = client_settings(args, os.environ)
     nodes = json.loads(Path(args.nodes_file).read_text())
     ids: list[str] = []
     if args.phase == "release":
@@ -302,7 +307,7 @@ def client_main(argv: Sequence[str]) -> int:
     aborted: list[int] = []
     call = _calls(args.phase, nodes, ids, args.max_calls, aborted)
     options = [("grpc.use_local_subchannel_pool", 1)]
-    channels = [_channel(args.client, options, args.tls_dir) for _ in range(CHANNELS)]
+    channels = [bench_channel(args.client, dial, options) for _ in range(CHANNELS)]
     for channel in channels:
         grpc.channel_ready_future(channel).result(timeout=30)
     call(channels[0], random.Random(-1))  # one untimed call first: lazy caches
@@ -367,14 +372,16 @@ def _client(
     cpus: set[int],
     threads: int = THREADS,
     max_calls: int = 0,
-    tls_dir: Path | None = None,
+    client_flags: Sequence[str] = (),
 ) -> dict[str, Any]:
+    """One phase in a client process; `client_flags` (e.g. `--tls-ca F --tls-cert F
+    --tls-key F`) make it dial with TLS."""
     command = [
         sys.executable, "-m", "loadtest.bench_service",
         "--client", target, "--phase", phase, "--seconds", str(seconds),
         "--threads", str(threads), "--nodes-file", str(nodes_file),
         "--ids-file", str(nodes_file.with_name("ids.json")), "--max-calls", str(max_calls),
-        *(["--tls-dir", str(tls_dir)] if tls_dir is not None else []),
+        *client_flags,
     ]  # fmt: skip
     output = subprocess.run(
         command, cwd=ROOT, capture_output=True, text=True, check=True, preexec_fn=_pinned(cpus)
@@ -479,19 +486,32 @@ def run(quick: bool) -> BenchReport:
         max_calls = int(RESERVE_SHARE * H100_PER_NODE * len(h100_nodes))
         tls_flags = _write_pki(directory / "pki")
         try:
-            for prefix, phases, extra, tls_dir in (
-                ("", PHASES, [], None),
-                ("mtls:", MTLS_PHASES, tls_flags, directory / "pki"),
+            pki = directory / "pki"
+            mtls_client = [
+                "--tls-ca", str(pki / "ca.crt"),
+                "--tls-cert", str(pki / "client" / "tls.crt"),
+                "--tls-key", str(pki / "client" / "tls.key"),
+            ]  # fmt: skip
+            mtls_dial = ClientSettings(
+                tls=TlsConfig.from_files(
+                    str(pki / "ca.crt"),
+                    str(pki / "client" / "tls.crt"),
+                    str(pki / "client" / "tls.key"),
+                )
+            )
+            for prefix, phases, extra, client_flags, dial in (
+                ("", PHASES, [], [], None),
+                ("mtls:", MTLS_PHASES, tls_flags, mtls_client, mtls_dial),
             ):
                 port = _free_port()
                 server = _server(directory, port, redis.url, server_cpus, extra)
                 target = f"127.0.0.1:{port}"
                 try:
-                    _wait_serving(target, server, timeout=300, tls_dir=tls_dir)
+                    _wait_serving(target, server, timeout=300, dial=dial)
                     for phase in phases:
                         result = _client(
                             target, phase, seconds, nodes_file, client_cpus,
-                            max_calls=max_calls, tls_dir=tls_dir,
+                            max_calls=max_calls, client_flags=client_flags,
                         )  # fmt: skip
                         report.add(
                             prefix + phase,

@@ -27,6 +27,8 @@ from services.common.config import ServerSettings
 from services.common.grpc_server import ServiceRegistration, create_server
 from services.common.health import Health
 
+pytest_plugins = ("tests.tls_fixtures",)  # `pki` and `tls_server`: real certificates and TLS
+
 REDIS_MISSING = (
     "redis-server not found on PATH: install it (apt-get install redis-server) — .ci/run does this"
 )

@@ -5,8 +5,14 @@
     python -m loadtest --config loadtest/ghz/allocate-reserve.json --cycle release -z 10s --cpus 2
     ghz --config loadtest/ghz/allocate.json                               # the same run, with ghz
 
-Flags override the file, as ghz's do; the host may also be given last, as to ghz. Exit codes:
-0 the run completed (whatever the calls answered), 2 a bad config or an unreachable server.
+Flags override the file, as ghz's do; the host may also be given last, as to ghz. TLS as ghz:
+TLS with the system's roots unless `--insecure`; `--cacert` (the server's CA), `--cert` and
+`--key` (mutual TLS), `--cname` (the name to check), each of which also overrides the file's
+`"insecure": true` (ghz would stay plaintext); a bearer token goes as call metadata, best
+`-M token.json` holding `{"authorization": "Bearer <jwt>"}` (reports show it redacted). The
+config keys are the same (`insecure`, `cacert`, `cert`, `key`, `cname`, `metadata`,
+`metadata-file`). Exit codes: 0 the run completed (whatever the calls answered), 2 a bad config
+or an unreachable server.
 """
 
 from __future__ import annotations
@@ -17,7 +23,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadtest.ghzlike.config import FORMATS, ConfigError, LoadConfig, load_config, parse_go_duration
+from loadtest.ghzlike.config import (
+    FORMATS,
+    UNSUPPORTED_KEYS,
+    ConfigError,
+    LoadConfig,
+    load_config,
+    metadata_option,
+    parse_go_duration,
+)
 from loadtest.ghzlike.cycle import CYCLES
 from loadtest.ghzlike.engine import RunOutcome, run_load, unary_invoke
 from loadtest.ghzlike.report import Options, Report, build_report, report_json
@@ -73,12 +87,19 @@ def options_of(config: LoadConfig, processes: int) -> Options:
         dial_timeout_ns=int(config.connect_timeout * 1e9),
         keepalive_ns=int(config.keepalive * 1e9),
         data=config.data,
-        metadata=config.metadata,
+        metadata=_redacted(config.metadata),
         cpus=processes,
         name=config.name,
         skip_first=config.skip_first,
         count_errors=config.count_errors,
     )
+
+
+def _redacted(metadata: dict[str, str] | None) -> dict[str, str] | None:
+    """The metadata echo without credentials: reports are shared and kept (ghz writes them)."""
+    if metadata is None:
+        return None
+    return {k: "<redacted>" if k.lower() == "authorization" else v for k, v in metadata.items()}
 
 
 def render_report(report: dict[str, Any], output_format: str) -> str:
@@ -115,7 +136,27 @@ def _parser() -> argparse.ArgumentParser:
         "--cycle", choices=sorted(CYCLES), help="release: Release what each call reserved"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _tls_flags(parser)
     return parser
+
+
+def _tls_flags(parser: argparse.ArgumentParser) -> None:
+    """ghz's TLS and metadata flags (a bearer token goes in metadata, best from a file)."""
+    tls = parser.add_argument_group("TLS and metadata (ghz's flags)")
+    plain = "use plaintext (the config's `insecure`)"
+    tls.add_argument("--insecure", action="store_const", const=True, default=None, help=plain)
+    tls.add_argument("--cacert", metavar="PATH", help="PEM CA of the server's certificate")
+    tls.add_argument("--cert", metavar="PATH", help="PEM client certificate (with --key: mTLS)")
+    tls.add_argument("--key", metavar="PATH", help="PEM private key of --cert")
+    tls.add_argument("--cname", metavar="NAME", help="server name to check the certificate for")
+    tls.add_argument("--skipTLS", action="store_true", help="not supported (gRPC Python)")
+    tls.add_argument("-m", "--metadata", metavar="JSON", help='call metadata, e.g. \'{"k":"v"}\'')
+    tls.add_argument(
+        "-M",
+        "--metadata-file",
+        metavar="PATH",
+        help='call metadata from a JSON file, e.g. {"authorization": "Bearer <jwt>"}',
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -145,7 +186,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _configured(args: argparse.Namespace) -> LoadConfig:
     config = load_config(args.config)
+    if args.skipTLS:
+        raise ConfigError(
+            f"--skipTLS: the ghz option is not supported here ({UNSUPPORTED_KEYS['skipTLS'][1]})"
+        )
+    # A certificate flag asks for TLS: it overrides the file's `insecure` (flags win).
+    tls_flags = any((args.cacert, args.cert, args.key, args.cname))
     return config.with_overrides(
+        insecure=False if tls_flags and args.insecure is None else args.insecure,
+        cacert=args.cacert,
+        cert=args.cert,
+        key=args.key,
+        cname=args.cname,
+        metadata=metadata_option(args.metadata, args.metadata_file),
         host=args.host,
         call=args.call,
         concurrency=args.concurrency,

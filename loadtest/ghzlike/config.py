@@ -19,6 +19,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from services.client.config import TlsConfig
+from services.common.errors import InvalidArgument
+
 __all__ = [
     "FORMATS",
     "MAX_INT32",
@@ -28,7 +31,9 @@ __all__ = [
     "LoadConfig",
     "load_config",
     "parse_config",
+    "metadata_option",
     "parse_go_duration",
+    "tls_of",
 ]
 
 MAX_INT32 = 2**31 - 1  # ghz's `total` once a `duration` is set (runner/options.go)
@@ -47,6 +52,10 @@ class LoadConfig:
     call: str
     host: str
     insecure: bool = False
+    cacert: str = ""  # PEM CA the server's certificate must chain to ("": the system's roots)
+    cert: str = ""  # PEM client certificate: with `key`, mutual TLS
+    key: str = ""
+    cname: str = ""  # the name checked against the server's certificate
     concurrency: int = 50
     connections: int = 1
     total: int = 200
@@ -167,6 +176,10 @@ SUPPORTED_KEYS: dict[str, tuple[str, Any]] = {
     "call": ("call", _str),
     "host": ("host", _str),
     "insecure": ("insecure", _bool),
+    "cacert": ("cacert", _str),
+    "cert": ("cert", _str),
+    "key": ("key", _str),
+    "cname": ("cname", _str),
     "concurrency": ("concurrency", _uint),
     "connections": ("connections", _uint),
     "total": ("total", _uint),
@@ -195,17 +208,13 @@ SUPPORTED_KEYS: dict[str, tuple[str, Any]] = {
 
 # ghz keys the runner does not implement -> ghz's default (accepted) and why not.
 _SCHEMA = "the Python runner resolves methods by server reflection only"
-_TLS = "the Python runner speaks TLS with the system roots only (or insecure)"
+_SKIP_TLS = "gRPC Python always verifies the server's certificate: give its CA with cacert"
 _SCHEDULE = "the Python runner runs a constant load (rps) with constant concurrency"
 UNSUPPORTED_KEYS: dict[str, tuple[Any, str]] = {
     "proto": ("", _SCHEMA),
     "protoset": ("", _SCHEMA),
     "import-paths": ([], _SCHEMA),
-    "cacert": ("", _TLS),
-    "cert": ("", _TLS),
-    "key": ("", _TLS),
-    "cname": ("", _TLS),
-    "skipTLS": (False, _TLS),
+    "skipTLS": (False, _SKIP_TLS),
     "authority": ("", "the Python runner does not override :authority"),
     "async": (False, "the Python runner's workers wait for each reply (ghz's default)"),
     "load-schedule": ("const", _SCHEDULE),
@@ -289,6 +298,18 @@ def _read_key(key: str, value: Any, values: dict[str, Any]) -> None:
         values[target] = read(value, key)
 
 
+def metadata_option(text: str | None, path: str | None) -> dict[str, str] | None:
+    """ghz's `-m '{"k": "v"}'` (JSON text) or `-M file.json`; None when neither is given."""
+    if path:
+        return _str_map(_read_json_file(path, "-M"), "-M")
+    if text is None:
+        return None
+    try:
+        return _str_map(json.loads(text), "-m")
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"-m: not JSON: {error}") from None
+
+
 def _is_default(value: Any, default: Any, key: str) -> bool:
     if default == "0":  # a duration: any spelling of zero
         try:
@@ -318,6 +339,7 @@ def _check(config: LoadConfig) -> None:
         raise ConfigError("connections: must be at least 1")
     if config.connections > config.concurrency:
         raise ConfigError("connections: number of connections cannot be greater than concurrency")
+    _check_tls(config)
     if config.total < 1 and config.stop_after <= 0:
         raise ConfigError("total: must be at least 1 (or set duration)")
     for name in ("duration", "max_duration", "timeout", "connect_timeout", "keepalive"):
@@ -325,6 +347,31 @@ def _check(config: LoadConfig) -> None:
         if seconds < 0 or not math.isfinite(seconds):
             raise ConfigError(f"{name.replace('_', '-')}: must not be negative")
     _check_data(config.data)
+
+
+def _check_tls(config: LoadConfig) -> None:
+    """ghz ignores the certificate options of an insecure run; here that is an error, as a
+    plaintext run of a TLS config measures something else. A certificate needs its key."""
+    given = [k for k in ("cacert", "cert", "key", "cname") if getattr(config, k)]
+    if config.insecure and given:
+        raise ConfigError(f"insecure: a plaintext run cannot use {', '.join(given)}")
+    if bool(config.cert) != bool(config.key):
+        raise ConfigError("cert: a client certificate (cert) and its key (key) go together")
+
+
+def tls_of(config: LoadConfig) -> TlsConfig | None:
+    """The channel's TLS: None for `insecure`, else the config's files (system roots when no
+    `cacert`); ConfigError naming the key of a file that cannot be read."""
+    if config.insecure:
+        return None
+    try:
+        return TlsConfig.from_files(
+            config.cacert or None, config.cert or None, config.key or None, config.cname or None
+        )
+    except InvalidArgument as error:
+        key = {"tls.ca": "cacert", "tls.cert": "cert", "tls.key": "key"}.get(error.field_path)
+        why = error.violations[0].description if error.violations else error.message
+        raise ConfigError(f"{key or 'cert'}: {why}") from None
 
 
 def _check_data(data: Any) -> None:

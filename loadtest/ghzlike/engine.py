@@ -35,10 +35,11 @@ from typing import Any, Protocol
 
 import grpc
 
-from loadtest.ghzlike.config import ConfigError, LoadConfig
+from loadtest.ghzlike.config import ConfigError, LoadConfig, tls_of
 from loadtest.ghzlike.method import Method, RequestSource, resolve_method
 from loadtest.ghzlike.report import CallResult, error_text, go_status_name
 from loadtest.ghzlike.templates import TemplateError
+from services.client.calls import open_channel as open_client_channel
 
 __all__ = ["Invoke", "Progress", "RunOutcome", "open_channel", "run_load"]
 
@@ -87,8 +88,9 @@ class _Share:
 
 
 def open_channel(config: LoadConfig, *, own_connection: bool = True) -> grpc.Channel:
-    """A channel to `host` as ghz dials it: no message size limits, optional keepalive; each
-    channel its own TCP connection (gRPC Python shares subchannels between equal channels)."""
+    """A channel to `host` as ghz dials it: no message size limits, optional keepalive, TLS
+    unless `insecure` (`cacert`, `cert` + `key` for mutual TLS, `cname`); each channel its own
+    TCP connection (gRPC Python shares subchannels between equal channels)."""
     options: list[tuple[str, Any]] = [
         ("grpc.max_receive_message_length", -1),
         ("grpc.max_send_message_length", -1),
@@ -99,9 +101,7 @@ def open_channel(config: LoadConfig, *, own_connection: bool = True) -> grpc.Cha
         milliseconds = int(config.keepalive * 1000)
         options += [("grpc.keepalive_time_ms", milliseconds)]
         options += [("grpc.keepalive_timeout_ms", milliseconds)]
-    if config.insecure:
-        return grpc.insecure_channel(config.host, options=options)
-    return grpc.secure_channel(config.host, grpc.ssl_channel_credentials(), options=options)
+    return open_client_channel(config.host, tls_of(config), options=options)
 
 
 def unary_invoke(

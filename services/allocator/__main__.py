@@ -29,6 +29,7 @@ from services.allocator.adapters.inventory_client import InventoryClient
 from services.allocator.bootstrap import build_allocator
 from services.allocator.config import AllocatorSettings
 from services.allocator.feed import InventoryFeed, StaticFeed
+from services.client.config import ClientSettings
 from services.common.errors import GpuallocError, InvalidArgument
 from services.common.grpc_server import create_server, security_summary, serve_until_signal
 from services.common.health import Health
@@ -110,7 +111,8 @@ def _feed(
 ) -> tuple[InventoryFeed, InventoryClient | None]:
     if seeds:
         return StaticFeed.from_paths(seeds), None
-    client = InventoryClient(settings.inventory_address)
+    dial = ClientSettings.from_env(os.environ)  # GPUALLOC_CLIENT_TLS_*, _TOKEN_FILE
+    client = InventoryClient(settings.inventory_address, tls=dial.tls, token_file=dial.token_file)
     return client, client
 
 

@@ -1,5 +1,8 @@
 """One place where a client calls the wire: channel, deadline, owner metadata, retries, errors.
 
+`open_channel` is the one way every client of gpualloc (library, CLIs, agent, bridges, the
+allocator's inventory feed, the load runner) dials: plaintext, TLS, mutual TLS, bearer token.
+
 Every RPC of the client library goes through `Caller.call`, so the rules hold everywhere: each
 attempt has the client's deadline; UNAVAILABLE is retried (any call), DEADLINE_EXCEEDED only
 for reads, with the policy's backoff; a failure comes back as the typed error of
@@ -11,12 +14,14 @@ from __future__ import annotations
 import logging
 import random as random_module
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
 
-from services.client.config import RetryPolicy, TlsConfig
+from services.client.config import RetryPolicy, TlsConfig, check_token_needs_tls
+from services.client.credentials import BearerTokenFile
 from services.common.grpc_errors import error_from_rpc
 
 __all__ = ["OWNER_METADATA", "Caller", "is_retryable", "open_channel"]
@@ -37,19 +42,31 @@ def is_retryable(code: grpc.StatusCode, *, read: bool) -> bool:
     return code in (_RETRIED_FOR_READS if read else _ALWAYS_RETRIED)
 
 
-def open_channel(target: str, tls: TlsConfig | None) -> grpc.Channel:
-    """A plaintext channel, or a TLS one (mutual when the config has a client certificate)."""
+def open_channel(
+    target: str,
+    tls: TlsConfig | None,
+    *,
+    token_file: Path | str | None = None,
+    options: Sequence[tuple[str, Any]] = (),
+) -> grpc.Channel:
+    """A plaintext channel, or a TLS one (mutual when the config has a client certificate);
+    with `token_file`, every call carries `authorization: Bearer <token>` (re-read when the
+    file changes, see credentials.py). A token without TLS is refused (InvalidArgument)."""
+    check_token_needs_tls(tls, token_file)
     if tls is None:
-        return grpc.insecure_channel(target)
+        return grpc.insecure_channel(target, options=list(options))
     credentials = grpc.ssl_channel_credentials(
         root_certificates=tls.root_certificates,
         private_key=tls.client_key,
         certificate_chain=tls.client_certificate,
     )
-    options = []
+    if token_file:
+        token = grpc.metadata_call_credentials(BearerTokenFile(token_file), name="bearer-token")
+        credentials = grpc.composite_channel_credentials(credentials, token)
+    channel_options = list(options)
     if tls.server_name:
-        options.append(("grpc.ssl_target_name_override", tls.server_name))
-    return grpc.secure_channel(target, credentials, options=options)
+        channel_options.append(("grpc.ssl_target_name_override", tls.server_name))
+    return grpc.secure_channel(target, credentials, options=channel_options)
 
 
 class Caller:

@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 from types import TracebackType
 
 import grpc
@@ -93,6 +94,7 @@ class AllocatorClient:
         target: str,
         *,
         tls: TlsConfig | None = None,
+        token_file: Path | str | None = None,
         deadline_seconds: float = 10.0,
         retry: RetryPolicy | None = None,
         owner: str = "",
@@ -101,11 +103,14 @@ class AllocatorClient:
         random: Callable[[], float] = random_module.random,
     ) -> None:
         """`owner` is sent with every call (`x-gpualloc-owner`) unless a call names another.
+        `tls` and `token_file` (a bearer JWT, TLS only) secure the channel (calls.open_channel).
         Pass `channel` to share one (the client then does not close it)."""
         self.target = target
         self.owner = owner
         self._owns_channel = channel is None
-        self._channel = channel if channel is not None else open_channel(target, tls)
+        self._channel = (
+            channel if channel is not None else open_channel(target, tls, token_file=token_file)
+        )
         self._stub = allocator_pb2_grpc.AllocatorStub(self._channel)
         self._caller = Caller(
             self._channel,

@@ -1,4 +1,4 @@
-"""Connection settings of the client library: TLS, retries, and reading both from the environment.
+"""Connection settings of the client library: TLS, a bearer token, retries, read from the env.
 
 Frozen values, like the servers' settings, so one `RetryPolicy` can be shared by every client of a
 process. `ClientSettings.from_env` reads the `GPUALLOC_CLIENT_*` variables that the bridges'
@@ -15,7 +15,14 @@ from pathlib import Path
 from services.common.config import env_duration, env_int, env_str
 from services.common.errors import InvalidArgument
 
-__all__ = ["DEFAULT_TARGET", "NO_RETRY", "ClientSettings", "RetryPolicy", "TlsConfig"]
+__all__ = [
+    "DEFAULT_TARGET",
+    "NO_RETRY",
+    "ClientSettings",
+    "RetryPolicy",
+    "TlsConfig",
+    "check_token_needs_tls",
+]
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 """Where `gpualloc serve` (and `make run`) listens."""
@@ -48,10 +55,17 @@ class TlsConfig:
     ) -> TlsConfig:
         """PEM files as written by cert-manager or `openssl`; any of them may be omitted."""
 
-        def read(path: str | None) -> bytes | None:
-            return Path(path).read_bytes() if path else None
+        def read(path: str | None, what: str) -> bytes | None:
+            if not path:
+                return None
+            try:
+                return Path(path).read_bytes()
+            except OSError as error:
+                raise InvalidArgument.at(
+                    f"tls.{what}", f"cannot read {path}: {error.strerror}"
+                ) from None
 
-        return cls(read(ca_file), read(cert_file), read(key_file), server_name)
+        return cls(read(ca_file, "ca"), read(cert_file, "cert"), read(key_file, "key"), server_name)
 
 
 @dataclass(frozen=True)
@@ -99,6 +113,11 @@ class ClientSettings:
     deadline_seconds: float = 10.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     tls: TlsConfig | None = None
+    token_file: Path | None = None
+    """A bearer JWT sent with every call (re-read when it changes); TLS channels only."""
+
+    def __post_init__(self) -> None:
+        check_token_needs_tls(self.tls, self.token_file)
 
     @property
     def inventory(self) -> str:
@@ -110,7 +129,8 @@ class ClientSettings:
         defaults to the allocator's address, as `gpualloc serve` serves both),
         GPUALLOC_CLIENT_DEADLINE (a Go duration), GPUALLOC_CLIENT_RETRIES (attempts),
         GPUALLOC_CLIENT_TLS_CA / _CERT / _KEY / _SERVER_NAME (PEM paths; any of them turns TLS
-        on)."""
+        on; cert and key together: mutual TLS), GPUALLOC_CLIENT_TOKEN_FILE (a file holding a
+        bearer JWT, e.g. a projected service-account token; needs TLS)."""
         ca = env_str(environ, "GPUALLOC_CLIENT_TLS_CA", "")
         cert = env_str(environ, "GPUALLOC_CLIENT_TLS_CERT", "")
         key = env_str(environ, "GPUALLOC_CLIENT_TLS_KEY", "")
@@ -118,6 +138,7 @@ class ClientSettings:
         tls = None
         if ca or cert or key or server_name:
             tls = TlsConfig.from_files(ca or None, cert or None, key or None, server_name or None)
+        token_file = env_str(environ, "GPUALLOC_CLIENT_TOKEN_FILE", "")
         attempts = env_int(environ, "GPUALLOC_CLIENT_RETRIES", 4, minimum=1, maximum=20)
         return cls(
             target=env_str(environ, "GPUALLOC_ALLOCATOR_ADDR", DEFAULT_TARGET),
@@ -125,4 +146,16 @@ class ClientSettings:
             deadline_seconds=env_duration(environ, "GPUALLOC_CLIENT_DEADLINE", 10.0, minimum=0.001),
             retry=RetryPolicy(max_attempts=attempts),
             tls=tls,
+            token_file=Path(token_file) if token_file else None,
+        )
+
+
+def check_token_needs_tls(tls: TlsConfig | None, token_file: Path | str | None) -> None:
+    """A bearer token is a password: never on a plaintext channel (gRPC does not send call
+    credentials there, so the server would see an anonymous caller instead)."""
+    if token_file and tls is None:
+        raise InvalidArgument.at(
+            "token_file",
+            f"a bearer token ({token_file}) is sent over TLS only: set GPUALLOC_CLIENT_TLS_CA "
+            "(--tls-ca) or another GPUALLOC_CLIENT_TLS_* setting too",
         )

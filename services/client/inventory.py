@@ -12,6 +12,7 @@ import random as random_module
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 
 import grpc
@@ -120,6 +121,7 @@ class InventoryClient:
         target: str,
         *,
         tls: TlsConfig | None = None,
+        token_file: Path | str | None = None,
         deadline_seconds: float = 10.0,
         retry: RetryPolicy | None = None,
         channel: grpc.Channel | None = None,
@@ -127,7 +129,9 @@ class InventoryClient:
         random: Callable[[], float] = random_module.random,
     ) -> None:
         self._owns_channel = channel is None
-        self._channel = channel if channel is not None else open_channel(target, tls)
+        self._channel = (
+            channel if channel is not None else open_channel(target, tls, token_file=token_file)
+        )
         self._stub = inventory_pb2_grpc.InventoryStub(self._channel)
         self._caller = Caller(
             self._channel,

@@ -5,6 +5,8 @@
     gpualloc-agent --xml smi.xml --topo topo.txt --stdout
                                                   the same from saved `nvidia-smi -q -x` and
                                                   `nvidia-smi topo -m` output (no GPU needed)
+    gpualloc-agent --inventory ADDR --tls-ca ca.crt --tls-cert tls.crt --tls-key tls.key
+                                                  push over mutual TLS (or --token-file)
 
 NVML comes from nvidia-ml-py (`pip install 'gpualloc[agent]'`). Where it is missing or cannot
 initialise (no driver, no GPU) the agent exits 1 and says so. XID events are gathered between
@@ -34,7 +36,10 @@ from types import ModuleType
 import grpc
 
 from protos.inventory.v1 import inventory_pb2, inventory_pb2_grpc
-from services.common.errors import GpuallocError, Unavailable
+from services.client.calls import open_channel
+from services.client.cli_flags import add_client_flags, client_settings
+from services.client.config import ClientSettings, TlsConfig
+from services.common.errors import GpuallocError, InvalidArgument, Unavailable
 from services.inventory.adapters.nvidia_smi_xml import parse_nvidia_smi_xml
 from services.inventory.adapters.nvml_reader import XidWatcher, read_node_report
 from services.inventory.adapters.report_json import to_json
@@ -57,10 +62,17 @@ class InventoryPush:
     """A ReportSink that sends each report to the inventory's ReportNode RPC (one channel for
     the agent's life). RPC failures raise Unavailable with the status and its details."""
 
-    def __init__(self, address: str, timeout_s: float = _PUSH_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        address: str,
+        timeout_s: float = _PUSH_TIMEOUT_S,
+        *,
+        tls: TlsConfig | None = None,
+        token_file: Path | None = None,
+    ) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(address)
+        self._channel = open_channel(address, tls, token_file=token_file)
         self._stub = inventory_pb2_grpc.InventoryStub(self._channel)
 
     def __call__(self, report: NodeReport) -> None:
@@ -76,9 +88,11 @@ class InventoryPush:
         self._channel.close()
 
 
-def push_to_inventory(address: str) -> InventoryPush:
-    """The gRPC push hook: a sink for `address` (host:port of the inventory)."""
-    return InventoryPush(address)
+def push_to_inventory(address: str, settings: ClientSettings | None = None) -> InventoryPush:
+    """The gRPC push hook: a sink for `address` (host:port of the inventory), over TLS and
+    with a bearer token when `settings` say so."""
+    settings = settings or ClientSettings()
+    return InventoryPush(address, tls=settings.tls, token_file=settings.token_file)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--interval", type=float, default=30.0, metavar="SECONDS")
     parser.add_argument("--xml", type=Path, metavar="FILE", help="saved `nvidia-smi -q -x` output")
     parser.add_argument("--topo", type=Path, metavar="FILE", help="saved `nvidia-smi topo -m`")
+    add_client_flags(parser)
     return parser
 
 
@@ -111,7 +126,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--label {item!r} is not KEY=VALUE")
         labels[key] = value
     node = args.node or os.environ.get("NODE_NAME") or socket.gethostname()
-    sink = push_to_inventory(args.inventory) if args.inventory else None
+    try:  # bad TLS or token settings are bad flags (exit 2), found before the first report
+        settings = client_settings(args, os.environ)
+        sink = push_to_inventory(args.inventory, settings) if args.inventory else None
+    except InvalidArgument as error:
+        parser.error(str(error))
     try:
         periodic = sink is not None and not args.once
         with (

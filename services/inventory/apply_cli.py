@@ -12,6 +12,9 @@ or asked from the inventory), and is sent as that node's report. Prints
 `resourceslice/<name> configured|unchanged`, `node/<name> configured` and
 `nodereport/<node> configured` lines. The inventory address is `--inventory`, else
 $GPUALLOC_INVENTORY_ADDR, else 127.0.0.1:50051 (where `gpualloc serve` runs both services).
+TLS, mutual TLS and a bearer token: `--tls-ca --tls-cert --tls-key --tls-server-name
+--token-file` (defaults GPUALLOC_CLIENT_TLS_CA / _CERT / _KEY / _SERVER_NAME and
+GPUALLOC_CLIENT_TOKEN_FILE).
 Exit codes: 0 applied, 2 invalid input (locally or INVALID_ARGUMENT from the server, with the
 field path), 1 the inventory cannot be reached or failed.
 """
@@ -23,11 +26,15 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 import grpc
 
 from protos.inventory.v1 import inventory_pb2, inventory_pb2_grpc
+from services.client.calls import open_channel
+from services.client.cli_flags import add_client_flags, client_settings
+from services.client.config import TlsConfig
 from services.common.dra.model import ResourceSlice
 from services.common.dra.serialize import node_to_dict
 from services.common.errors import GpuallocError, InvalidArgument, ResourceExhausted
@@ -69,12 +76,25 @@ def register(subparsers: Any) -> None:
         help=f"host:port (env {ENV_ADDRESS}, default {DEFAULT_ADDRESS})",
     )
     parser.add_argument("--dry-run", action="store_true", help="validate on the server only")
+    add_client_flags(parser)
     parser.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:
     address = args.inventory or os.environ.get(ENV_ADDRESS) or DEFAULT_ADDRESS
-    return run_apply(args.filename, address, node=args.node, dry_run=args.dry_run)
+    try:
+        settings = client_settings(args, os.environ)
+    except InvalidArgument as error:
+        print(f"gpualloc apply: {error}", file=sys.stderr)
+        return EXIT_INVALID
+    return run_apply(
+        args.filename,
+        address,
+        node=args.node,
+        dry_run=args.dry_run,
+        tls=settings.tls,
+        token_file=settings.token_file,
+    )
 
 
 def run_apply(
@@ -83,12 +103,16 @@ def run_apply(
     *,
     node: str | None = None,
     dry_run: bool = False,
+    tls: TlsConfig | None = None,
+    token_file: Path | None = None,
     stdin: TextIO | None = None,
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
 ) -> int:
+    """Apply the inputs to the inventory at `address` (TLS and a bearer token as in
+    services/client: `tls`, `token_file`); returns the exit code."""
     out, err = stdout or sys.stdout, stderr or sys.stderr
-    with grpc.insecure_channel(address) as channel:
+    with open_channel(address, tls, token_file=token_file) as channel:
         stub = inventory_pb2_grpc.InventoryStub(channel)
         try:
             inputs = read_inputs(paths, node, stdin, lookup=_slices_on_server(stub))

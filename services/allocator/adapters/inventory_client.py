@@ -27,6 +27,7 @@ import random
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 
@@ -34,6 +35,8 @@ from protos.inventory.v1 import inventory_pb2, inventory_pb2_grpc
 from services.allocator.adapters.topology_pb import topology_from_pb
 from services.allocator.core.topology import NodeTopology
 from services.allocator.feed import CLUSTER_KEY, InventoryUpdate
+from services.client.calls import open_channel
+from services.client.config import TlsConfig
 from services.common.dra.model import Node, ResourceSlice
 from services.common.errors import InvalidArgument
 from services.common.pb.dra_mapping import from_pb_node, from_pb_resource_slice
@@ -80,7 +83,11 @@ class InventoryClient:
         initial_backoff: float = 0.1,
         max_backoff: float = 5.0,
         channel_options: list[tuple[str, int]] | None = None,
+        tls: TlsConfig | None = None,
+        token_file: Path | None = None,
     ) -> None:
+        """`tls` and `token_file` as in services/client (GPUALLOC_CLIENT_TLS_*,
+        GPUALLOC_CLIENT_TOKEN_FILE): the allocator is one more client of the inventory."""
         self._target = target
         self._initial_backoff = initial_backoff
         self._max_backoff = max_backoff
@@ -88,7 +95,7 @@ class InventoryClient:
             *(channel_options or _CHANNEL_OPTIONS),
             *_reconnect_options(initial_backoff, max_backoff),
         ]
-        self._channel = grpc.insecure_channel(target, options=options)
+        self._channel = open_channel(target, tls, token_file=token_file, options=options)
         self._stub = inventory_pb2_grpc.InventoryStub(self._channel)
         self._closed = threading.Event()
         self._lock = threading.Lock()

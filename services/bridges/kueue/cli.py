@@ -3,12 +3,16 @@
     gpualloc-kueue                       # watch and reconcile until SIGTERM
     gpualloc-kueue --once                # one pass, print what it did (debugging)
 
-Settings: GPUALLOC_ALLOCATOR_ADDR / GPUALLOC_INVENTORY_ADDR (host:port; TLS and deadlines as in
-services/client/config.py), GPUALLOC_KUEUE_CONTROLLER_NAME (default gpualloc.io/admission: the
-`spec.controllerName` of the AdmissionChecks it serves), GPUALLOC_KUEUE_LEASE (how long devices
-stay reserved between Ready and admission, default 5m), GPUALLOC_KUEUE_RESYNC (the longest
-pause between passes, default 10s). Kubernetes access is in-cluster (or ~/.kube/config) through
-the kubernetes Python client, which must be installed (`pip install kubernetes`).
+Settings: GPUALLOC_ALLOCATOR_ADDR / GPUALLOC_INVENTORY_ADDR (host:port), GPUALLOC_CLIENT_TLS_CA
+(the servers' CA; any TLS variable turns TLS on), GPUALLOC_CLIENT_TLS_CERT + _KEY (mutual TLS),
+GPUALLOC_CLIENT_TLS_SERVER_NAME, GPUALLOC_CLIENT_TOKEN_FILE (a bearer JWT such as a projected
+service-account token, re-read when the kubelet rotates it; TLS only; the --tls-* and
+--token-file flags override these), GPUALLOC_KUEUE_CONTROLLER_NAME (default
+gpualloc.io/admission: the `spec.controllerName` of the AdmissionChecks it serves),
+GPUALLOC_KUEUE_LEASE (how long devices stay reserved between Ready and admission, default 5m),
+GPUALLOC_KUEUE_RESYNC (the longest pause between passes, default 10s). Kubernetes access is
+in-cluster (or ~/.kube/config) through the kubernetes Python client, which must be installed
+(`pip install kubernetes`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from services.bridges.kueue.controller import CONTROLLER_NAME, AdmissionControll
 from services.bridges.kueue.k8s_adapter import KubernetesKueueApi
 from services.bridges.kueue.port import KueueApi
 from services.bridges.placing import Placer
+from services.client.cli_flags import add_client_flags, client_environ
 from services.client.client import AllocatorClient
 from services.client.config import ClientSettings
 from services.client.inventory import InventoryClient
@@ -45,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--once", action="store_true", help="run one pass and exit")
     parser.add_argument("--controller-name", help=f"default {CONTROLLER_NAME}")
+    add_client_flags(parser)
     return parser
 
 
@@ -66,12 +72,14 @@ def run(
         AllocatorClient(
             settings.target,
             tls=settings.tls,
+            token_file=settings.token_file,
             deadline_seconds=settings.deadline_seconds,
             retry=settings.retry,
         ) as client,
         InventoryClient(
             settings.inventory,
             tls=settings.tls,
+            token_file=settings.token_file,
             deadline_seconds=settings.deadline_seconds,
             retry=settings.retry,
         ) as inventory,
@@ -92,7 +100,7 @@ def run(
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    env = os.environ if environ is None else environ
+    env = client_environ(args, os.environ if environ is None else environ)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     stop = threading.Event()
     try:

@@ -9,9 +9,14 @@
 The job comes from Slurm's prolog environment (SLURM_JOB_ID, SLURMD_NODENAME,
 SLURM_JOB_NODELIST, SLURM_JOB_GRES / SLURM_GPUS_PER_NODE / SLURM_GPUS / SLURM_JOB_GPUS,
 SLURM_JOB_CONSTRAINTS); the sbatch-style flags override it. The allocator is
-GPUALLOC_ALLOCATOR_ADDR (default 127.0.0.1:50051; see services/client/config.py for TLS and
-deadlines). Exit status: 0 done; 1 the job's GPUs cannot be placed (the reason is on standard
-error, which slurmd logs); 2 bad input; 3 the allocator could not be reached or failed.
+GPUALLOC_ALLOCATOR_ADDR (default 127.0.0.1:50051), the inventory GPUALLOC_INVENTORY_ADDR
+(default: the allocator's address). TLS: GPUALLOC_CLIENT_TLS_CA (the servers' CA; any TLS
+variable turns TLS on), GPUALLOC_CLIENT_TLS_CERT + GPUALLOC_CLIENT_TLS_KEY (mutual TLS: the
+bridge's identity), GPUALLOC_CLIENT_TLS_SERVER_NAME; GPUALLOC_CLIENT_TOKEN_FILE (a bearer JWT,
+re-read when it changes, TLS only); the --tls-* and --token-file flags override them.
+GPUALLOC_CLIENT_DEADLINE and GPUALLOC_CLIENT_RETRIES bound each call. Exit status: 0 done;
+1 the job's GPUs cannot be placed (the reason is on standard error, which slurmd logs); 2 bad
+input (bad TLS or token settings too); 3 the allocator could not be reached or failed.
 """
 
 from __future__ import annotations
@@ -29,8 +34,8 @@ from services.bridges.slurm.claims import claim_for_node
 from services.bridges.slurm.gresconf import parse_mig_minors, render_gres_conf
 from services.bridges.slurm.prolog import SlurmJob, run_epilog, run_prolog, task_gpus
 from services.bridges.slurm.request import SlurmGpuRequest, request_from_options
+from services.client.cli_flags import add_client_flags, client_settings
 from services.client.client import AllocatorClient
-from services.client.config import ClientSettings
 from services.client.errors import Unplaceable
 from services.client.inventory import InventoryClient
 from services.common.dra.serialize import to_dict
@@ -64,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--inventory", help="host:port (env GPUALLOC_INVENTORY_ADDR; default allocator)"
     )
+    add_client_flags(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, text in (
         ("prolog", "reserve and commit the job's GPUs; print its GPU environment"),
@@ -133,7 +139,7 @@ def main(
     env = os.environ if environ is None else environ
     args = build_parser().parse_args(argv)
     try:
-        settings = ClientSettings.from_env(env)
+        settings = client_settings(args, env)
         if args.command == "translate":
             return _translate(args, env, out)
         target = args.allocator or settings.target
@@ -141,12 +147,14 @@ def main(
             AllocatorClient(
                 target,
                 tls=settings.tls,
+                token_file=settings.token_file,
                 deadline_seconds=settings.deadline_seconds,
                 retry=settings.retry,
             ) as client,
             InventoryClient(
                 args.inventory or settings.inventory_target or target,
                 tls=settings.tls,
+                token_file=settings.token_file,
                 deadline_seconds=settings.deadline_seconds,
                 retry=settings.retry,
             ) as inventory,

@@ -34,6 +34,8 @@ BASE = {"call": "pkg.Svc/Method", "host": "127.0.0.1:50051"}
 # ghz key, JSON value, LoadConfig field, parsed value
 SUPPORTED = [
     ("insecure", True, "insecure", True),
+    ("cacert", "pki/ca.crt", "cacert", "pki/ca.crt"),
+    ("cname", "gpualloc.test", "cname", "gpualloc.test"),
     ("concurrency", 8, "concurrency", 8),
     ("connections", 2, "connections", 2),
     ("total", 1000, "total", 1000),
@@ -72,8 +74,14 @@ def test_every_supported_key_is_read(key: str, value: Any, field: str, parsed: A
 
 
 def test_the_table_covers_every_supported_key() -> None:
-    covered = {row[0] for row in SUPPORTED} | {"data-file", "metadata-file"}
+    together = {"data-file", "metadata-file", "cert", "key"}  # tested on their own below
+    covered = {row[0] for row in SUPPORTED} | together
     assert covered == set(SUPPORTED_KEYS)
+
+
+def test_client_certificate_and_key_are_read_together() -> None:
+    config = parse_config({**BASE, "cert": "c/tls.crt", "key": "c/tls.key"})
+    assert (config.cert, config.key, config.insecure) == ("c/tls.crt", "c/tls.key", False)
 
 
 def test_defaults_are_ghz_s() -> None:
@@ -119,6 +127,14 @@ def test_files_are_read_relative_to_the_working_directory(
         pytest.param({**BASE, "insecure": "yes"}, "insecure: must be true or false",
                      id="booleans-are-json-booleans"),
         pytest.param({**BASE, "format": "html"}, "format: must be one of", id="html-format"),
+        pytest.param({**BASE, "insecure": True, "cacert": "ca.crt"},
+                     "insecure: a plaintext run cannot use cacert", id="insecure-with-a-ca"),
+        pytest.param({**BASE, "cert": "tls.crt"}, "cert: a client certificate (cert) and its key",
+                     id="cert-without-key"),
+        pytest.param({**BASE, "key": "tls.key"}, "cert: a client certificate (cert) and its key",
+                     id="key-without-cert"),
+        pytest.param({**BASE, "skipTLS": True}, "skipTLS: the ghz option is not supported",
+                     id="skip-tls-is-not-possible"),
         pytest.param({**BASE, "data": "@"}, "unsupported type for Data", id="stdin-data"),
         pytest.param({**BASE, "data": []}, "data array must not be empty", id="empty-array"),
         pytest.param({**BASE, "data": [1]}, "data array contains unsupported type",
