@@ -44,6 +44,7 @@ IDENTITIES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "admin": ("ops-admin", (), ()),
     "monitor": ("monitor", (), ()),  # a scheduler of a tenant allowed adminAccess
     "stranger": ("stranger", (), ()),  # a valid certificate nobody bound
+    "slurm-bridge": ("slurm-bridge", (), ("spiffe://fleet.test/ns/slurm/sa/bridge",)),
 }
 
 POLICY = f"""\
@@ -63,6 +64,7 @@ spec:
   - name: team-c
   - name: tools
     allowAdminAccess: true
+  - name: hpc
   bindings:
   - name: scheduler-a
     subjects: [{{kind: SPIFFE, name: "spiffe://fleet.test/ns/team-a/sa/scheduler"}}]
@@ -79,6 +81,11 @@ spec:
     tenant: team-c
     roles: [scheduler]
     actFor: ["kueue/*"]
+  - name: slurm-bridge
+    subjects: [{{kind: SPIFFE, name: "spiffe://fleet.test/ns/slurm/sa/bridge"}}]
+    tenant: hpc
+    roles: [scheduler]
+    actFor: ["slurm/job/*"]
   - name: readers
     subjects: [{{kind: CommonName, name: fleet-reader}}]
     roles: [reader]
@@ -128,6 +135,16 @@ class SecuredFleet:
         channel = grpc.secure_channel(target, credentials)
         self._channels.append(channel)
         return channel
+
+    def client_environ(self, who: str) -> dict[str, str]:
+        """The GPUALLOC_CLIENT_* variables a bridge or CLI dials the mTLS port with as `who`."""
+        directory = self.directory / who
+        return {
+            "GPUALLOC_ALLOCATOR_ADDR": f"127.0.0.1:{self.mtls_port}",
+            "GPUALLOC_CLIENT_TLS_CA": str(self.directory / "ca.crt"),
+            "GPUALLOC_CLIENT_TLS_CERT": str(directory / "tls.crt"),
+            "GPUALLOC_CLIENT_TLS_KEY": str(directory / "tls.key"),
+        }
 
     def token_channel(self) -> grpc.Channel:
         """A TLS channel (no client certificate) to the token port."""
