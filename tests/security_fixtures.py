@@ -33,6 +33,7 @@ from services.common.security.devcerts import (
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 AUDIENCE = "gpualloc"
 KUEUE_SUBJECT = "system:serviceaccount:kueue-system:gpualloc-kueue"
+AGENT_SUBJECT = "system:serviceaccount:gpualloc:gpualloc-agent"
 
 # name -> (common name, DNS SANs, URI SANs)
 IDENTITIES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
@@ -91,6 +92,9 @@ spec:
     roles: [reader]
   - name: agents
     subjects: [{{kind: DNS, name: "*.agents.fleet.test"}}]
+    roles: [agent]
+  - name: agent-tokens
+    subjects: [{{kind: JWT, issuer: "{ISSUER}", name: "{AGENT_SUBJECT}"}}]
     roles: [agent]
   - name: inventory-admins
     subjects: [{{kind: CommonName, name: inventory-admin}}]
@@ -159,15 +163,18 @@ class SecuredFleet:
         expires_in: float = 600,
         key: rsa.RSAPrivateKey | None = None,
         kid: str = "test-key",
+        node: str = "",
     ) -> str:
         now = int(time.time())
-        claims = {
+        claims: dict[str, object] = {
             "iss": issuer,
             "sub": subject,
             "aud": audience,
             "iat": now,
             "exp": now + int(expires_in),
         }
+        if node:  # as the tokens kubelet projects into a pod carry it
+            claims["kubernetes.io"] = {"namespace": "gpualloc", "node": {"name": node, "uid": "u"}}
         return jwt.encode(claims, key or self.signing_key, algorithm="RS256", headers={"kid": kid})
 
     def close(self) -> None:

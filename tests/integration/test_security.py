@@ -26,7 +26,7 @@ from protos.inventory.v1 import inventory_pb2 as ipb
 from protos.inventory.v1 import inventory_pb2_grpc
 from services.bridges.local_cluster import EXAMPLE_CLUSTER
 from services.inventory.core.report import XidEvent
-from tests.security_fixtures import KUEUE_SUBJECT, SecuredFleet, secured_fleet
+from tests.security_fixtures import AGENT_SUBJECT, KUEUE_SUBJECT, SecuredFleet, secured_fleet
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -481,6 +481,19 @@ TOKENS: dict[str, tuple[Callable[[SecuredFleet], str | None], grpc.StatusCode]] 
 @pytest.mark.parametrize(("make", "code"), TOKENS.values(), ids=TOKENS.keys())
 def test_bearer_tokens(fleet: SecuredFleet, make: Any, code: grpc.StatusCode):
     assert _token_call(fleet, make(fleet)) is code
+
+
+def test_an_agent_token_reports_only_the_node_its_pod_runs_on(fleet: SecuredFleet):
+    stub = _inv(fleet.token_channel())
+    metadata = (("authorization", f"Bearer {fleet.token(AGENT_SUBJECT, node='agent-node-3')}"),)
+    stub.ReportNode(_report("agent-node-3"), metadata=metadata, timeout=10)
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.ReportNode(_report("agent-node-4"), metadata=metadata, timeout=10)
+    assert caught.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    unbound = (("authorization", f"Bearer {fleet.token(AGENT_SUBJECT)}"),)  # no node claim
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.ReportNode(_report("agent-node-3"), metadata=unbound, timeout=10)
+    assert caught.value.code() is grpc.StatusCode.PERMISSION_DENIED
 
 
 def test_a_token_identity_owns_as_its_tenant(fleet: SecuredFleet):

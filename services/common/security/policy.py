@@ -18,8 +18,9 @@ Kubernetes RBAC is the model: subjects bound to roles, deny by default, every ma
 adds its roles (an identity matched by bindings of two different tenants is refused: a call
 acts in one tenant). Subject kinds: SPIFFE (a client certificate's URI SAN), DNS (its DNS SANs),
 CommonName (its subject CN), JWT (a verified token's `sub`, for one `issuer`). A subject name may
-hold one `*`; for an `agent` binding the `*` part is the node the identity may report (or the
-binding lists `nodes`).
+hold one `*`; for an `agent` binding the `*` part is the node the identity may report, else the
+node a Kubernetes service-account token is bound to (its `kubernetes.io.node.name` claim), or
+the binding lists `nodes`.
 
 Parsing is strict, as `kubectl apply --validate=strict`: unknown fields, unknown roles or
 tenants, duplicate names are errors with the field path. Pure: values in, values out; the file
@@ -162,7 +163,8 @@ class AccessPolicy:
         nodes: set[str] = set()
         for binding, captured in matched:
             if Role.AGENT in binding.roles:
-                nodes.update(binding.nodes or ((captured,) if captured else ()))
+                own = (captured,) if captured else (identity.node,) if identity.node else ()
+                nodes.update(binding.nodes or own)
         return Principal(
             identity,
             tenant=tenant,
@@ -299,10 +301,12 @@ def _bindings(reader: _Reader, value: object, tenants: Mapping[str, Tenant]) -> 
             reader.string(n, f"{path}.nodes[{j}]")
             for j, n in enumerate(reader.sequence(fields.get("nodes", []), f"{path}.nodes"))
         )
-        if Role.AGENT in roles and not nodes and not any("*" in s.name for s in subjects):
+        own_node = any("*" in s.name or s.kind is SubjectKind.JWT for s in subjects)
+        if Role.AGENT in roles and not nodes and not own_node:
             reader.fail(
                 f"{path}.nodes",
-                "an agent binding needs nodes, or a `*` in its subject names (the node's name)",
+                "an agent binding needs nodes, a `*` in its subject names (the node's name) "
+                "or a JWT subject (the node its service-account token is bound to)",
             )
         bindings.append(Binding(name, tuple(subjects), tuple(roles), tenant, act_for, nodes))
     return bindings

@@ -91,6 +91,7 @@ class Identity:
     kind: IdentityKind
     display: str
     names: tuple[str, ...] = ()
+    node: str = ""  # a token bound to a pod on a node (Kubernetes' kubernetes.io.node.name)
 
 
 @dataclass(frozen=True)

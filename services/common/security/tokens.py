@@ -7,7 +7,10 @@ that issuer's JWKS (chosen by `kid`), it names one of the issuer's audiences in 
 allowed: a shared-secret HS256 token could be minted by anyone who can read the JWKS file.
 The JWKS files are re-read when they change (issuers rotate keys).
 
-The identity is `jwt:<issuer>#<sub>`, which JWT subjects in the policy match.
+The identity is `jwt:<issuer>#<sub>`, which JWT subjects in the policy match; a Kubernetes
+token bound to a pod also names the pod's node (`kubernetes.io.node.name`), which is the node
+an agent bound by a JWT subject may report — one service account for every agent, each token
+good for its own node only.
 """
 
 from __future__ import annotations
@@ -34,6 +37,15 @@ def _load_jwks(contents: Sequence[bytes]) -> jwt.PyJWKSet:
         return jwt.PyJWKSet.from_dict(json.loads(contents[0]))
     except (ValueError, jwt.PyJWKError, jwt.PyJWKSetError) as error:
         raise InvalidArgument.at("jwksFile", f"not a JSON Web Key Set: {error}") from None
+
+
+def _bound_node(claims: dict[str, object]) -> str:
+    """The node of a pod-bound Kubernetes service-account token (`kubernetes.io.node.name`,
+    present since Kubernetes 1.30 for tokens projected into pods), else ""."""
+    kubernetes = claims.get("kubernetes.io")
+    node = kubernetes.get("node") if isinstance(kubernetes, dict) else None
+    name = node.get("name") if isinstance(node, dict) else None
+    return name if isinstance(name, str) else ""
 
 
 class TokenVerifier:
@@ -77,7 +89,9 @@ class TokenVerifier:
         subject = claims["sub"]
         if not isinstance(subject, str) or not subject:
             raise Unauthenticated("bearer token has no subject")
-        return Identity(IdentityKind.JWT, subject, (f"jwt:{issuer.issuer}#{subject}",))
+        return Identity(
+            IdentityKind.JWT, subject, (f"jwt:{issuer.issuer}#{subject}",), _bound_node(claims)
+        )
 
     def _key(self, issuer: str, kid: object) -> jwt.PyJWK:
         keys = self._keys[issuer].current()
