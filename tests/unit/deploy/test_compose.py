@@ -26,6 +26,7 @@ import pytest
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.allocator.classes import load_device_classes
@@ -325,7 +326,7 @@ def identity(certificate: x509.Certificate) -> tuple[str, str]:
     dns = names.get_values_for_type(x509.DNSName)
     if dns:
         return "DNS", dns[0]
-    (cn,) = certificate.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)
+    (cn,) = certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     return "CommonName", str(cn.value)
 
 
@@ -389,7 +390,7 @@ def test_clients_present_a_certificate_the_policy_binds_to_their_role(
     certificate = leaf(in_volume(issued, env["GPUALLOC_CLIENT_TLS_CERT"]))
     assert in_volume(issued, env["GPUALLOC_CLIENT_TLS_KEY"]).exists()
     usages = certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
-    assert x509.ExtendedKeyUsageOID.CLIENT_AUTH in usages
+    assert ExtendedKeyUsageOID.CLIENT_AUTH in usages
     ca = x509.load_pem_x509_certificate(
         in_volume(issued, env["GPUALLOC_CLIENT_TLS_CA"]).read_bytes()
     )
