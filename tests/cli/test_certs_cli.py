@@ -8,12 +8,16 @@ import ipaddress
 import stat
 import subprocess
 import sys
+from collections.abc import Iterator
+from concurrent import futures
 from pathlib import Path
 
+import grpc
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from cryptography.x509.verification import PolicyBuilder, Store
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.common.security.certs_cli import EXIT_INVALID, parse_spec, run_certs
 
@@ -250,3 +254,70 @@ def test_out_that_is_a_file_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     done = gpualloc_certs("--out", str(tmp_path / "file"), "--server", "api")
     assert done.returncode == EXIT_INVALID and "not a directory" in done.stderr
+
+
+# --- the certificates in gRPC's own TLS, as the servers and clients use them ----------------------
+
+
+@pytest.fixture
+def mtls_health_server(tmp_path: Path) -> Iterator[tuple[Path, int]]:
+    """A gRPC health server on 127.0.0.1 requiring client certificates from the CA `gpualloc
+    certs` made (the server certificate `inventory` from it too)."""
+    assert run(tmp_path, ["inventory:localhost,127.0.0.1"], ["dev"])[0] == 0
+    directory = tmp_path / "inventory"
+    credentials = grpc.ssl_server_credentials(
+        [((directory / "tls.key").read_bytes(), (directory / "tls.crt").read_bytes())],
+        root_certificates=(tmp_path / "ca.crt").read_bytes(),
+        require_client_auth=True,
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    port = server.add_secure_port("127.0.0.1:0", credentials)
+    server.start()
+    yield tmp_path, port
+    server.stop(grace=None).wait()
+
+
+def health_check(port: int, ca: Path, client: Path | None, server_name: str) -> grpc.StatusCode:
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=ca.read_bytes(),
+        private_key=(client / "tls.key").read_bytes() if client else None,
+        certificate_chain=(client / "tls.crt").read_bytes() if client else None,
+    )
+    options = [("grpc.ssl_target_name_override", server_name)]
+    with grpc.secure_channel(f"127.0.0.1:{port}", credentials, options=options) as channel:
+        try:
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        except grpc.RpcError as error:
+            return error.code()  # type: ignore[no-any-return]
+    return grpc.StatusCode.OK
+
+
+@pytest.mark.parametrize(
+    ("client", "server_name", "expected"),
+    [
+        pytest.param("dev", "localhost", grpc.StatusCode.OK, id="client-cert-and-dns-name"),
+        pytest.param("dev", "inventory", grpc.StatusCode.OK, id="client-cert-and-the-cn-name"),
+        pytest.param(None, "localhost", grpc.StatusCode.UNAVAILABLE, id="no-client-cert-refused"),
+        pytest.param("dev", "elsewhere", grpc.StatusCode.UNAVAILABLE,
+                     id="name-not-in-the-certificate-refused"),
+    ],
+)  # fmt: skip
+def test_the_certificates_work_in_grpc_mutual_tls(
+    mtls_health_server: tuple[Path, int],
+    client: str | None,
+    server_name: str,
+    expected: grpc.StatusCode,
+) -> None:
+    out, port = mtls_health_server
+    got = health_check(port, out / "ca.crt", out / client if client else None, server_name)
+    assert got == expected
+
+
+def test_a_client_of_another_ca_is_refused(
+    mtls_health_server: tuple[Path, int], tmp_path: Path
+) -> None:
+    out, port = mtls_health_server
+    assert run(tmp_path / "other", [], ["dev"])[0] == 0
+    got = health_check(port, out / "ca.crt", tmp_path / "other" / "dev", "localhost")
+    assert got == grpc.StatusCode.UNAVAILABLE
