@@ -32,6 +32,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from services.allocator.classes import load_device_classes
 from services.common.security.certs_cli import run_certs
 from services.inventory.inputs import read_inputs
+from tests.unit.deploy.accesspolicy import check_access_policy
 from tests.unit.deploy.manifests import (
     ALLOCATOR_PORT,
     ENV_PREFIXES,
@@ -332,7 +333,7 @@ def identity(certificate: x509.Certificate) -> tuple[str, str]:
 
 def policy() -> dict[str, Any]:
     (doc,) = yaml_documents(POLICY)
-    assert (doc["apiVersion"], doc["kind"]) == ("gpualloc.dev/v1alpha1", "AccessPolicy")
+    check_access_policy(doc)
     assert isinstance(doc, dict)
     return doc
 

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from services.allocator.adapters.grpc_servicer import SERVICE_NAME as ALLOCATOR_SERVICE
+from tests.unit.deploy.accesspolicy import check_access_policy
 from tests.unit.deploy.certmanager import is_cert_manager, validate_cert_manager
 from tests.unit.deploy.manifests import (
     ALLOCATOR_PORT,
@@ -595,6 +596,35 @@ def test_inventory_clients_present_a_projected_token_the_policy_binds(
         "secretName": "gpualloc-ca",
         "items": [{"key": "ca.crt", "path": ca_file}],
     }
+
+
+def test_the_access_policy_is_well_formed() -> None:
+    check_access_policy(access_policy())
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        pytest.param(lambda p: p["spec"]["bindings"][0].update(role=["x"]), "Additional properties",
+                     id="misspelt-field"),
+        pytest.param(lambda p: p["spec"]["bindings"][0].update(roles=["root"]), "is not one of",
+                     id="unknown-role"),
+        pytest.param(lambda p: p["spec"]["bindings"][0]["subjects"][0].pop("issuer"), "issuer",
+                     id="jwt-subject-without-issuer"),
+        pytest.param(lambda p: p["spec"]["bindings"][0]["subjects"][0].update(kind="SAN"),
+                     "spec.bindings.0.subjects.0", id="unknown-subject-kind"),
+        pytest.param(lambda p: p["spec"]["bindings"][0].update(tenant="nobody"),
+                     "undeclared tenant", id="undeclared-tenant"),
+        pytest.param(lambda p: p["spec"]["bindings"][0]["subjects"][0].update(issuer="https://x"),
+                     "no JWT issuer", id="jwt-subject-of-an-unconfigured-issuer"),
+    ],
+)  # fmt: skip
+def test_the_access_policy_check_catches_typos(edit: Any, message: str) -> None:
+    policy = copy.deepcopy(access_policy())
+    assert policy["spec"]["bindings"][0]["subjects"][0]["kind"] == "JWT"
+    edit(policy)
+    with pytest.raises((pytest.fail.Exception, AssertionError), match=message):
+        check_access_policy(policy)
 
 
 def test_the_policy_has_an_admin_and_binds_only_known_roles() -> None:
