@@ -767,3 +767,58 @@ def test_the_base_exports_nothing_and_production_exports_over_otlp() -> None:
     assert data["OTEL_TRACES_EXPORTER"] == data["OTEL_METRICS_EXPORTER"] == "otlp"
     endpoint = urlsplit(data["OTEL_EXPORTER_OTLP_ENDPOINT"])
     assert (endpoint.scheme, endpoint.port) == ("http", 4317)
+
+
+# --- deploy/k8s/kueue: the Kueue admission check as a client of both servers ----------------------
+
+KUEUE = K8S / "kueue"
+
+
+def kueue_objects() -> dict[tuple[str, str], dict[str, Any]]:
+    return {
+        (doc["kind"], doc["metadata"]["name"]): doc
+        for name in kustomization(KUEUE)["resources"]
+        for doc in yaml_documents(KUEUE / name)
+    }
+
+
+def test_kueue_workload_and_certificate_validate_against_their_schemas() -> None:
+    objects = kueue_objects()
+    validate(objects[("Deployment", "gpualloc-kueue")])
+    validate(objects[("Certificate", "gpualloc-kueue")])
+
+
+def test_kueue_presents_a_certificate_and_a_token_the_policy_binds_alike() -> None:
+    objects = kueue_objects()
+    workload = objects[("Deployment", "gpualloc-kueue")]
+    (container,) = containers(workload)
+    cert, key, ca = (
+        mounted_file(workload, container, env_value(container, f"GPUALLOC_CLIENT_TLS_{n}"))
+        for n in ("CERT", "KEY", "CA")
+    )
+    assert [f for _, f in (cert, key, ca)] == ["tls.crt", "tls.key", "ca.crt"]
+    certificate = objects[("Certificate", "gpualloc-kueue")]
+    assert cert[0]["secret"]["secretName"] == certificate["spec"]["secretName"]
+    assert "client auth" in certificate["spec"]["usages"]
+    assert certificate["spec"]["issuerRef"]["name"] in by_kind("Issuer")  # the base's CA
+    token, file = mounted_file(
+        workload, container, env_value(container, "GPUALLOC_CLIENT_TOKEN_FILE")
+    )
+    (source,) = token["projected"]["sources"]
+    assert (source["serviceAccountToken"]["audience"], source["serviceAccountToken"]["path"]) == (
+        "gpualloc",
+        file,
+    )
+    # whichever of the two the server takes as its identity, it lands in the same binding
+    (spiffe,) = certificate["spec"]["uris"]
+    account = workload["spec"]["template"]["spec"]["serviceAccountName"]
+    subjects = {(s["kind"], s["name"]) for s in kueue_binding()["subjects"]}
+    assert subjects == {("SPIFFE", spiffe), ("JWT", f"system:serviceaccount:gpualloc:{account}")}
+    assert {"scheduler", "reader"} <= set(kueue_binding()["roles"])  # Allocate; GetInventory
+    assert kueue_binding()["actFor"] == ["kueue/*"]  # services/bridges/placing.py: kueue_owner
+
+
+def kueue_binding() -> dict[str, Any]:
+    (binding,) = [b for b in access_policy()["spec"]["bindings"] if b["name"] == "kueue-admission"]
+    assert isinstance(binding, dict)
+    return binding
