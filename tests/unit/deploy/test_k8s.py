@@ -590,12 +590,22 @@ def test_inventory_clients_present_a_projected_token_the_policy_binds(
     }
     assert token["audience"] in audiences  # never the API server's: useless against it
     assert service_account_subject(workload) in jwt_subjects(role)
-    # and it checks the inventory's certificate against the CA, seeing only the CA's certificate
+    # and it checks the inventory's certificate against the CA, seeing only the CA's certificate:
+    # ca.crt beside its own certificate, or that one key of the CA's Secret (never its tls.key)
     ca, ca_file = mounted_file(workload, container, env_value(container, "GPUALLOC_CLIENT_TLS_CA"))
-    assert ca["secret"] == {
-        "secretName": "gpualloc-ca",
-        "items": [{"key": "ca.crt", "path": ca_file}],
-    }
+    inventory_ca = by_kind("Issuer")[
+        certificates()["gpualloc-inventory-tls"]["spec"]["issuerRef"]["name"]
+    ]
+    ca_secret = inventory_ca["spec"]["ca"]["secretName"]
+    if ca["secret"]["secretName"] == ca_secret:
+        assert ca["secret"]["items"] == [{"key": "ca.crt", "path": ca_file}]
+    else:
+        own = certificates()[ca["secret"]["secretName"]]
+        assert (
+            own["spec"]["issuerRef"]
+            == certificates()["gpualloc-inventory-tls"]["spec"]["issuerRef"]
+        )
+        assert ca_file == "ca.crt"
 
 
 def test_the_access_policy_is_well_formed() -> None:
