@@ -522,6 +522,10 @@ def test_servers_serve_tls_with_their_cert_manager_certificate(component_name: s
     namespace = kustomization(BASE)["namespace"]
     assert {service, f"{service}.{namespace}.svc"} <= set(certificate["spec"]["dnsNames"])
     assert "server auth" in certificate["spec"]["usages"]
+    # renewed well before it ends, with a new key each time (what docs/deploy.md says)
+    hours = {k: int(certificate["spec"][k].removesuffix("h")) for k in ("duration", "renewBefore")}
+    assert 0 < hours["renewBefore"] < hours["duration"]
+    assert certificate["spec"]["privateKey"]["rotationPolicy"] == "Always"
     issuer = by_kind("Issuer")[certificate["spec"]["issuerRef"]["name"]]
     ca_certificate = certificates()[issuer["spec"]["ca"]["secretName"]]
     assert ca_certificate["spec"]["isCA"] is True
