@@ -149,6 +149,7 @@ def test_a_server_certificate_verifies_for_each_of_its_names_and_serves_and_conn
     [
         pytest.param(f"bridge:{SPIFFE}", [f"URI:{SPIFFE}"], id="spiffe-id"),
         pytest.param(f"bridge={SPIFFE}", [f"URI:{SPIFFE}"], id="spiffe-id-with-equals"),
+        pytest.param(f"bridge,{SPIFFE}", [f"URI:{SPIFFE}"], id="spiffe-id-with-comma"),
         pytest.param("node-1:node-1.agents.fleet.example", ["DNS:node-1.agents.fleet.example"],
                      id="dns-name"),
         pytest.param("mixed:a.example,spiffe://fleet.example/x,10.0.0.1",

@@ -13,8 +13,8 @@ leaf, then the CA), `tls.key` (mode 0600) and `ca.crt`. Issuing a NAME again rep
 inventory's client too) with NAME as its CN and first DNS name, plus the SANs given (DNS names,
 IP addresses). `--client NAME[:SAN,...]`: a client certificate with NAME as its CN and the SANs
 given: `spiffe://` URIs, DNS names, IP addresses; none leaves the CN as its only identity.
-`=` may stand for `:` (`--client NAME=spiffe://...`). Every input is checked before anything is
-written. Exit codes: 0 written, 2 invalid input or an unreadable CA (nothing written), 1 a file
+`=` or `,` may stand for the `:` (`--client NAME=spiffe://...`, `--server NAME,SAN`). Every
+input is checked before anything is written. Exit codes: 0 written, 2 invalid input or an unreadable CA (nothing written), 1 a file
 could not be written.
 
 This is not a PKI: production uses cert-manager (deploy/k8s) or the site's own CA.
@@ -60,7 +60,8 @@ class CertificateSpec:
 
 
 def parse_spec(text: str, *, server: bool) -> CertificateSpec:
-    """`NAME[:SAN,SAN...]` (or `NAME=SAN,...`) as a CertificateSpec; CertsError when invalid."""
+    """`NAME[:SAN,SAN...]` (or `NAME=SAN,...`, `NAME,SAN,...`) as a CertificateSpec; CertsError
+    when invalid."""
     flag = "--server" if server else "--client"
     name, separator, rest = _split_name(text)
     if not _NAME.fullmatch(name) or name in _RESERVED_NAMES:
@@ -96,8 +97,8 @@ def parse_spec(text: str, *, server: bool) -> CertificateSpec:
 
 
 def _split_name(text: str) -> tuple[str, str, str]:
-    """NAME, separator, rest: split at the first ':' or '=' (a name holds neither)."""
-    positions = [i for i in (text.find(":"), text.find("=")) if i >= 0]
+    """NAME, separator, rest: split at the first ':', '=' or ',' (a name holds none)."""
+    positions = [i for i in (text.find(":"), text.find("="), text.find(",")) if i >= 0]
     if not positions:
         return text, "", ""
     at = min(positions)
