@@ -14,8 +14,8 @@ inventory's client too) with NAME as its CN and first DNS name, plus the SANs gi
 IP addresses). `--client NAME[:SAN,...]`: a client certificate with NAME as its CN and the SANs
 given: `spiffe://` URIs, DNS names, IP addresses; none leaves the CN as its only identity.
 `=` or `,` may stand for the `:` (`--client NAME=spiffe://...`, `--server NAME,SAN`). Every
-input is checked before anything is written. Exit codes: 0 written, 2 invalid input or an unreadable CA (nothing written), 1 a file
-could not be written.
+input is checked before anything is written. Exit codes: 0 written, 2 invalid input or an
+unreadable CA (nothing written), 1 a file could not be written.
 
 This is not a PKI: production uses cert-manager (deploy/k8s) or the site's own CA.
 """
