@@ -31,9 +31,12 @@ FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="gpualloc" \
       org.opencontainers.image.description="GPU allocation-as-a-service over gRPC (Kubernetes DRA semantics)" \
       org.opencontainers.image.licenses="Apache-2.0"
+# /certs: owned by the runtime user, so an empty named volume mounted there (docker compose's
+# `certs` service writes its throwaway CA into one) takes that owner and is writable.
 RUN groupadd --gid 10001 gpualloc \
  && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
-      --shell /usr/sbin/nologin gpualloc
+      --shell /usr/sbin/nologin gpualloc \
+ && install -d -o 10001 -g 10001 -m 0755 /certs
 COPY --from=builder /opt/venv /opt/venv
 # Read-only root filesystem friendly: bytecode was compiled at build time and nothing writes it
 # now; Python's tempfile uses /tmp, which deployments mount as an emptyDir / tmpfs.

@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, str] = {
     "solve": "services.allocator.solve_cli",
     "inventory": "services.inventory.inventory_cli",
     "apply": "services.inventory.apply_cli",
+    "certs": "services.common.security.certs_cli",
 }
 
 

@@ -72,6 +72,7 @@ class CertificateAuthority:
                 ),
                 critical=True,
             )
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
             .sign(key, hashes.SHA256())
         )
         return cls(key, certificate)
@@ -88,6 +89,13 @@ class CertificateAuthority:
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "ca.crt").write_bytes(self.certificate_pem)
         _write_private(directory / "ca.key", _key_pem(self.key))
+
+    def _authority_key_identifier(self) -> x509.AuthorityKeyIdentifier:
+        try:
+            ski = self.certificate.extensions.get_extension_for_class(x509.SubjectKeyIdentifier)
+        except x509.ExtensionNotFound:  # a CA made before the CA carried one
+            return x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key())
+        return x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski.value)
 
     @property
     def certificate_pem(self) -> bytes:
@@ -125,6 +133,9 @@ class CertificateAuthority:
             .not_valid_after(start + valid_for)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
+            # RFC 5280 requires it, and strict verifiers (cryptography's, Go's) refuse without it
+            .add_extension(self._authority_key_identifier(), critical=False)
         )
         if names:
             builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)

@@ -113,7 +113,7 @@ def production_environment() -> dict[str, str]:
     ]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     env = {**config["data"], **patch["data"]}
-    env.update({e["name"]: e["value"] for e in container["env"]})
+    env.update({e["name"]: e["value"] for e in container["env"] if "value" in e})  # not Secrets
     return {k: str(v) for k, v in env.items()}
 
 
