@@ -486,18 +486,6 @@ def deploy_setting_names() -> set[str]:
 # Issue 14's server and client settings (docs: SECURITY-SPEC), which the deploy files set while
 # the code that reads them lands from another branch. Tolerated only while unread: once a
 # service reads one, the test below fails until it is deleted here (delete the whole set then).
-AWAITING_ISSUE_14 = frozenset(
-    {
-        "GPUALLOC_TLS_CERT",
-        "GPUALLOC_TLS_KEY",
-        "GPUALLOC_TLS_CLIENT_CA",
-        "GPUALLOC_AUTH_POLICY",
-        "GPUALLOC_HEALTH_LISTEN",
-        "GPUALLOC_CLIENT_TOKEN_FILE",
-    }
-)
-
-
 def test_every_gpualloc_setting_in_the_deploy_files_is_read_by_the_services() -> None:
     services_dir = ROOT / "services"
     mains = [services_dir / "allocator" / "config.py", services_dir / "inventory" / "config.py"]
@@ -505,7 +493,5 @@ def test_every_gpualloc_setting_in_the_deploy_files_is_read_by_the_services() ->
         pytest.skip("the services' settings modules have not all landed yet")
     source = "\n".join(p.read_text(encoding="utf-8") for p in Path(services_dir).rglob("*.py"))
     read = {name for name in deploy_setting_names() if f'"{name}"' in source}
-    unread = sorted(deploy_setting_names() - read - AWAITING_ISSUE_14)
+    unread = sorted(deploy_setting_names() - read)
     assert not unread, f"deploy files set settings no service reads: {unread}"
-    landed = sorted(AWAITING_ISSUE_14 & read)
-    assert not landed, f"now read by the services: delete them from AWAITING_ISSUE_14: {landed}"

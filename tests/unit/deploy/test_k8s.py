@@ -619,18 +619,19 @@ def test_the_access_policy_is_well_formed() -> None:
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        pytest.param(lambda p: p["spec"]["bindings"][0].update(role=["x"]), "Additional properties",
-                     id="misspelt-field"),
-        pytest.param(lambda p: p["spec"]["bindings"][0].update(roles=["root"]), "is not one of",
-                     id="unknown-role"),
-        pytest.param(lambda p: p["spec"]["bindings"][0]["subjects"][0].pop("issuer"), "issuer",
-                     id="jwt-subject-without-issuer"),
+        pytest.param(lambda p: p["spec"]["bindings"][0].update(role=["x"]),
+                     r"spec.bindings\[0\].role: unknown field", id="misspelt-field"),
+        pytest.param(lambda p: p["spec"]["bindings"][0].update(roles=["root"]),
+                     "unknown role 'root'", id="unknown-role"),
+        pytest.param(lambda p: p["spec"]["bindings"][0]["subjects"][0].pop("issuer"),
+                     r"subjects\[0\].issuer: Required value", id="jwt-subject-without-issuer"),
         pytest.param(lambda p: p["spec"]["bindings"][0]["subjects"][0].update(kind="SAN"),
-                     "spec.bindings.0.subjects.0", id="unknown-subject-kind"),
+                     "unknown subject kind 'SAN'", id="unknown-subject-kind"),
         pytest.param(lambda p: p["spec"]["bindings"][0].update(tenant="nobody"),
-                     "undeclared tenant", id="undeclared-tenant"),
+                     "unknown tenant 'nobody'", id="undeclared-tenant"),
         pytest.param(lambda p: p["spec"]["bindings"][0]["subjects"][0].update(issuer="https://x"),
-                     "no JWT issuer", id="jwt-subject-of-an-unconfigured-issuer"),
+                     "is not in spec.authentication.jwt",
+                     id="jwt-subject-of-an-unconfigured-issuer"),
     ],
 )  # fmt: skip
 def test_the_access_policy_check_catches_typos(edit: Any, message: str) -> None:
