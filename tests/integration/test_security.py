@@ -554,3 +554,105 @@ def test_policy_changes_apply_without_a_restart(fleet: SecuredFleet):
     finally:
         fleet.policy_file.write_text(original)
         time.sleep(1.2)
+
+
+# --- the issue's attacks, replayed ----------------------------------------------------------
+
+
+def _attacks(fleet: SecuredFleet, held: Held) -> dict[str, Callable[[], object]]:
+    """What tenant B (and callers with no identity or the wrong role) tried against tenant A
+    before identities existed; each returns normally only if the attack worked."""
+    b = _alloc(fleet.channel("scheduler-b"))
+    b_inventory = _inv(fleet.channel("scheduler-b"))
+    as_a = (("x-gpualloc-owner", "team-a/job/1"),)
+    listed_token = next(
+        (r.fencing_token for r in b.ListReservations(pb.ListReservationsRequest(), timeout=10)
+         .reservations if r.tenant == "team-a" and r.fencing_token),
+        0,
+    )  # fmt: skip
+
+    def leaked(reservation: pb.Reservation) -> object:
+        if reservation.id or reservation.fencing_token or reservation.labels:
+            return reservation
+        raise AssertionError("redacted")
+
+    whole_node = _allocate(reserve=True, admin_access=True, owner="job/attack")
+    return {
+        "renew-a-lease-for-24h-with-a-spoofed-owner": lambda: b.Renew(
+            pb.RenewRequest(reservation_id=held.id, owner="job/1"), metadata=as_a, timeout=10
+        ),
+        "commit-a-reservation-with-a-token-read-from-list": lambda: b.Commit(
+            pb.CommitRequest(
+                reservation_id=held.id, owner="job/1", fencing_token=listed_token or held.token
+            ),
+            metadata=as_a,
+            timeout=10,
+        ),  # fmt: skip
+        "release-a-reservation": lambda: b.Release(
+            pb.ReleaseRequest(reservation_id=held.id, owner="job/1"), metadata=as_a, timeout=10
+        ),
+        "taint-a-node-by-reporting-xid-79": lambda: b_inventory.ReportNode(
+            _report("l40s-node-1"), timeout=10
+        ),
+        "delete-every-slice-of-the-driver": lambda: b_inventory.DeleteResourceSlices(
+            ipb.DeleteResourceSlicesRequest(driver="gpu.nvidia.com"), timeout=10
+        ),
+        "publish-a-fake-node": lambda: b_inventory.ApplyResourceSlices(
+            ipb.ApplyResourceSlicesRequest(
+                manifest=(EXAMPLE_CLUSTER / "l40s-node.yaml")
+                .read_text()
+                .replace("l40s-node-1", "fake-node")
+            ),
+            timeout=10,
+        ),
+        "read-ids-tokens-labels-with-list": lambda: leaked(
+            next(
+                r
+                for r in b.ListReservations(pb.ListReservationsRequest(), timeout=10).reservations
+                if r.tenant == "team-a"
+            )
+        ),  # fmt: skip
+        "read-any-reservation-by-id": lambda: leaked(
+            b.GetReservation(
+                pb.GetReservationRequest(reservation_id=held.id), timeout=10
+            ).reservation
+        ),  # fmt: skip
+        "learn-holders-from-explain": lambda: next(
+            h
+            for h in b.Explain(
+                pb.ExplainRequest(claims=[_claim()], node_name="l40s-node-1"), timeout=10
+            ).holders
+            if h.reservation_id == held.id
+        ),  # fmt: skip
+        "admin-access-on-a-reserved-node": lambda: b.Allocate(whole_node, timeout=10),
+        "report-as-an-agent-for-another-node": lambda: _inv(fleet.channel("agent")).ReportNode(
+            _report("l40s-node-1"), timeout=10
+        ),
+        "call-with-no-identity": lambda: _alloc(fleet.token_channel()).Allocate(
+            _allocate(reserve=True), timeout=10
+        ),
+        "call-with-a-valid-certificate-nobody-bound": lambda: _alloc(
+            fleet.channel("stranger")
+        ).Allocate(_allocate(reserve=True), timeout=10),
+    }
+
+
+def test_every_attack_of_the_issue_fails(fleet: SecuredFleet, held: Held):
+    succeeded = []
+    for name, attack in _attacks(fleet, held).items():
+        try:
+            attack()
+        except grpc.RpcError as error:
+            assert error.code() in (
+                grpc.StatusCode.PERMISSION_DENIED,
+                grpc.StatusCode.UNAUTHENTICATED,
+            ), (name, error.code(), error.details())
+            continue
+        except (AssertionError, StopIteration):
+            continue  # what it wanted to read was not there
+        succeeded.append(name)
+    assert succeeded == [], f"attacks that worked: {succeeded}"
+    got = _alloc(fleet.channel("scheduler-a")).GetReservation(
+        pb.GetReservationRequest(reservation_id=held.id), timeout=10
+    )
+    assert got.reservation.state == pb.RESERVATION_STATE_RESERVED
