@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextvars import ContextVar
 from typing import Any, NoReturn
 
 import grpc
@@ -57,6 +58,7 @@ __all__ = [
     "error_from_rpc",
     "is_infrastructure_method",
     "rewrap_handler",
+    "stream_in_context",
     "status_code_of",
     "to_rpc_status",
 ]
@@ -208,6 +210,28 @@ UnaryBehavior = Callable[[Any, grpc.ServicerContext], Any]
 
 StreamBehavior = Callable[[Any, grpc.ServicerContext], Iterator[Any]]
 """A handler answering a stream of responses (unary-stream or stream-stream)."""
+
+
+def stream_in_context(
+    variable: ContextVar[Any], value: Any, start: Callable[[], Iterable[Any]]
+) -> Iterator[Any]:
+    """The responses of a streaming handler (`start()`), with `variable` set to `value` while
+    it starts and around each step: a generator's body runs inside `next()`, in the context of
+    whoever calls it, so a context variable set once before would not be seen there."""
+    token = variable.set(value)
+    try:
+        responses = iter(start())
+    finally:
+        variable.reset(token)
+    while True:
+        token = variable.set(value)
+        try:
+            response = next(responses)
+        except StopIteration:
+            return
+        finally:
+            variable.reset(token)
+        yield response
 
 
 def rewrap_handler(

@@ -54,6 +54,7 @@ from services.common.grpc_errors import (
     UnaryBehavior,
     is_infrastructure_method,
     rewrap_handler,
+    stream_in_context,
 )
 from services.common.health import SERVICE_NAME as HEALTH_SERVICE_NAME
 from services.common.health import Health, graceful_shutdown
@@ -329,21 +330,7 @@ class CallDeadlineInterceptor(grpc.ServerInterceptor):
     def _wrap_stream(self, behavior: StreamBehavior) -> StreamBehavior:
         def call(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
             deadline = _deadline(context, None)
-            token = _call_deadline.set(deadline)
-            try:
-                responses = iter(behavior(request, context))
-            finally:
-                _call_deadline.reset(token)
-            while True:
-                # Set around each step: the generator body runs inside next().
-                token = _call_deadline.set(deadline)
-                try:
-                    response = next(responses)
-                except StopIteration:
-                    return
-                finally:
-                    _call_deadline.reset(token)
-                yield response
+            return stream_in_context(_call_deadline, deadline, lambda: behavior(request, context))
 
         return call
 

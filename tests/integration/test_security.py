@@ -164,6 +164,9 @@ CALLS: dict[str, Call] = {
     "delete-missing": lambda c, h: _inv(c).DeleteResourceSlices(
         ipb.DeleteResourceSlicesRequest(names=["no-such-slice"], allow_missing=True), timeout=10
     ),
+    "watch-inventory": lambda c, h: next(
+        iter(_inv(c).WatchInventory(ipb.WatchInventoryRequest(), timeout=10))
+    ),
     "report-own-node": lambda c, h: _inv(c).ReportNode(_report("agent-node-1"), timeout=10),
     "report-other-node": lambda c, h: _inv(c).ReportNode(_report("l40s-node-1"), timeout=10),
     "report-new-node": lambda c, h: _inv(c).ReportNode(_report("agent-node-2"), timeout=10),
@@ -188,6 +191,7 @@ TABLE: dict[str, dict[str, str]] = {
         "delete-missing": DENIED,
         "report-own-node": DENIED,
         "report-new-node": DENIED,
+        "watch-inventory": OK,
     },
     "scheduler-b": {
         "allocate": OK,
@@ -220,6 +224,7 @@ TABLE: dict[str, dict[str, str]] = {
         "apply-dry-run": DENIED,
         "delete-missing": DENIED,
         "report-own-node": DENIED,
+        "watch-inventory": OK,
     },
     "agent": {
         "allocate": DENIED,
@@ -236,6 +241,7 @@ TABLE: dict[str, dict[str, str]] = {
         "report-own-node": OK,
         "report-other-node": DENIED,
         "report-new-node": DENIED,
+        "watch-inventory": DENIED,
     },
     "inventory-admin": {
         "allocate": DENIED,
@@ -247,6 +253,7 @@ TABLE: dict[str, dict[str, str]] = {
         "apply-dry-run": OK,
         "delete-missing": OK,
         "report-new-node": OK,
+        "watch-inventory": OK,
     },
     "admin": {
         "allocate": OK,
@@ -260,6 +267,7 @@ TABLE: dict[str, dict[str, str]] = {
         "apply-dry-run": OK,
         "delete-missing": OK,
         "report-new-node": OK,
+        "watch-inventory": OK,
     },
     "monitor": {
         "allocate-reserve": OK,
@@ -278,6 +286,7 @@ TABLE: dict[str, dict[str, str]] = {
         "get-inventory": DENIED,
         "apply-dry-run": DENIED,
         "report-own-node": DENIED,
+        "watch-inventory": DENIED,
     },
 }
 

@@ -44,6 +44,7 @@ from services.common.grpc_errors import (
     is_infrastructure_method,
     rewrap_handler,
     status_code_of,
+    stream_in_context,
 )
 from services.common.log import current_trace_ids
 from services.common.security.audit import audit_event
@@ -303,20 +304,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
         def wrap_stream(behavior: StreamBehavior) -> StreamBehavior:
             def call(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
                 info = admit(request, context)
-                token = _current.set(info)
-                try:
-                    responses = iter(behavior(request, context))
-                finally:
-                    _current.reset(token)
-                while True:
-                    token = _current.set(info)  # the generator body runs inside next()
-                    try:
-                        response = next(responses)
-                    except StopIteration:
-                        return
-                    finally:
-                        _current.reset(token)
-                    yield response
+                return stream_in_context(_current, info, lambda: behavior(request, context))
 
             return call
 
