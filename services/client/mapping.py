@@ -111,6 +111,7 @@ def reservation_from_pb(message: pb.Reservation) -> Reservation:
         labels=dict(sorted(message.labels.items())),
         created_at=_time(message.created_at, message.HasField("created_at")),
         committed_at=_time(message.committed_at, message.HasField("committed_at")),
+        tenant=message.tenant,
     )
 
 
@@ -122,6 +123,7 @@ def _holder(message: pb.Holder) -> Holder:
         state=_STATES.get(message.state, ReservationState.RESERVED),
         devices=_devices(message.devices),
         expires_at=_time(message.expires_at, message.HasField("expires_at")),
+        tenant=message.tenant,
     )
 
 

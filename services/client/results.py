@@ -70,6 +70,7 @@ class Reservation:
     labels: Mapping[str, str] = field(default_factory=dict)
     created_at: datetime | None = None
     committed_at: datetime | None = None
+    tenant: str = ""  # of another tenant, only this, node, devices, state and expiry are shown
 
 
 @dataclass(frozen=True)
@@ -82,11 +83,14 @@ class Holder:
     state: ReservationState
     devices: tuple[DeviceID, ...] = ()
     expires_at: datetime | None = None
+    tenant: str = ""  # another tenant's holder has no reservation_id or owner
 
     def __str__(self) -> str:
         state = "committed" if self.state is ReservationState.COMMITTED else "reserved"
         shown = ", ".join(d.device for d in self.devices[:4])
         more = f" (+{len(self.devices) - 4} more)" if len(self.devices) > 4 else ""
+        if not self.reservation_id:
+            return f"tenant {self.tenant} holds {shown}{more} on {self.node_name} ({state})"
         return (
             f"{self.owner} holds {shown}{more} on {self.node_name} ({state}, {self.reservation_id})"
         )
