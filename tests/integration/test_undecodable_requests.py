@@ -54,19 +54,22 @@ METHODS = {
 def test_an_undecodable_request_is_invalid_argument(cluster, method):
     with grpc.insecure_channel(cluster.target) as channel:
         if method.endswith("WatchInventory"):
-            call = channel.unary_stream(method)
+            stream: grpc.UnaryStreamMultiCallable[bytes, bytes] = channel.unary_stream(method)
             with pytest.raises(grpc.RpcError) as caught:
-                next(iter(call(GARBAGE, timeout=5)))
+                next(iter(stream(GARBAGE, timeout=5)))
         else:
+            unary: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(method)
             with pytest.raises(grpc.RpcError) as caught:
-                channel.unary_unary(method)(GARBAGE, timeout=5)
+                unary(GARBAGE, timeout=5)
     assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert "not a valid protobuf message" in str(caught.value.details())
 
 
 def test_thousands_of_undecodable_requests_leave_the_connection_and_memory_as_they_were(cluster):
     with grpc.insecure_channel(cluster.target) as channel:
-        call = channel.unary_unary(METHODS["get-reservation"])
+        call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+            METHODS["get-reservation"]
+        )
         for _ in range(200):  # warm: allocator caches, grpc's pools
             with pytest.raises(grpc.RpcError):
                 call(GARBAGE, timeout=5)
