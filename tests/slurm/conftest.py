@@ -20,6 +20,7 @@ that use the fixture get the `slurm` marker, so `pytest -m "not slurm"` deselect
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -27,6 +28,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -75,14 +77,89 @@ def _binary(name: str) -> str:
     return found
 
 
+class TcpProxy:
+    """127.0.0.1:<port> -> gpualloc, so a test can take gpualloc away from Slurm's scripts
+    (`down()`: every connection is closed at once, as by a load balancer without backends)
+    and give it back (`up()`), while the server and its reservations stay as they were."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._up = threading.Event()
+        self._up.set()
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, name="slurm-test-proxy", daemon=True).start()
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def down(self) -> None:
+        self._up.clear()
+        with self._lock:
+            for sock in self._open:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def up(self) -> None:
+        self._up.set()
+
+    def close(self) -> None:
+        self.down()
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            if not self._up.is_set():
+                client.close()
+                continue
+            try:
+                server = socket.create_connection(self.upstream, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._open.update((client, server))
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+            with self._lock:
+                self._open.discard(source)
+                self._open.discard(sink)
+
+
 @dataclass
 class SlurmCluster:
     """The running daemons, the gpualloc server they use, and helpers to run jobs."""
 
     directory: Path
     gpualloc: local_cluster.LocalCluster
+    proxy: TcpProxy
     env: dict[str, str]
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    epilog_may_fail: bool = False
+    """Set by a test that makes EpilogSlurmctld fail; any other failure fails the test."""
+
+    def controller_log(self) -> str:
+        path = self.directory / "log" / "slurmctld.log"
+        return path.read_text(errors="replace") if path.exists() else ""
 
     @property
     def target(self) -> str:
@@ -290,7 +367,9 @@ def _wait_for_idle_node(cluster: SlurmCluster) -> None:
     pytest.fail(f"slurmd did not come up idle\n{cluster.log_tail()}", pytrace=False)
 
 
-def start_slurm(directory: Path, gpualloc: local_cluster.LocalCluster) -> SlurmCluster:
+def start_slurm(
+    directory: Path, gpualloc: local_cluster.LocalCluster, proxy: TcpProxy
+) -> SlurmCluster:
     if os.geteuid() != 0:
         pytest.fail(NOT_ROOT, pytrace=False)
     programs = {name: _binary(name) for name in _PROGRAMS}
@@ -312,7 +391,7 @@ def start_slurm(directory: Path, gpualloc: local_cluster.LocalCluster) -> SlurmC
     replacements = {
         "/etc/slurm/gpualloc/": f"{directory}/gpualloc/",
         "/opt/gpualloc/bin/": f"{bin_dir}/",
-        "gpualloc.example.com:50051": gpualloc.target,
+        "gpualloc.example.com:50051": proxy.target,
         "/etc/slurm/slurm.conf": str(conf),
     }
     for script in ("prolog-slurmctld.sh", "taskprolog.sh", "epilog-slurmctld.sh"):
@@ -324,7 +403,7 @@ def start_slurm(directory: Path, gpualloc: local_cluster.LocalCluster) -> SlurmC
     (directory / "gres.conf").write_text(_gres_conf(gpualloc.target, directory / "dev"))
 
     env = {"PATH": f"{bin_dir}:{_SBIN}", "SLURM_CONF": str(conf), "HOME": str(directory)}
-    cluster = SlurmCluster(directory, gpualloc, env)
+    cluster = SlurmCluster(directory, gpualloc, proxy, env)
     munge = directory / "munge"
     _start(
         cluster,
@@ -350,19 +429,32 @@ def start_slurm(directory: Path, gpualloc: local_cluster.LocalCluster) -> SlurmC
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     """The real Slurm of a test module, with its own gpualloc."""
     with local_cluster.start() as gpualloc:
-        cluster = start_slurm(tmp_path_factory.mktemp("slurm"), gpualloc)
+        proxy = TcpProxy(("127.0.0.1", gpualloc.port))
+        cluster = start_slurm(tmp_path_factory.mktemp("slurm"), gpualloc, proxy)
         try:
             yield cluster
         finally:
             cluster.stop()
+            proxy.close()
 
 
 @pytest.fixture
 def slurm(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
     """The module's Slurm, idle, and gpualloc without reservations, before and after the test."""
+    slurm_cluster.proxy.up()
     slurm_cluster.wait_until_idle()
     release_everything(slurm_cluster.target)
+    slurm_cluster.epilog_may_fail = False
+    start = len(slurm_cluster.controller_log())
     yield slurm_cluster
+    slurm_cluster.proxy.up()
     slurm_cluster.run("scancel", "--full", "--user=root", check=False)
     slurm_cluster.wait_until_idle()
     release_everything(slurm_cluster.target)
+    failed = [
+        line
+        for line in slurm_cluster.controller_log()[start:].splitlines()
+        if "EpilogSlurmctld exit status" in line
+    ]
+    if failed and not slurm_cluster.epilog_may_fail:
+        pytest.fail("EpilogSlurmctld failed:\n" + "\n".join(failed), pytrace=False)

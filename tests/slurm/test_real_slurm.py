@@ -271,3 +271,48 @@ def test_a_step_whose_reservation_is_gone_does_not_run_without_gpus(slurm):
         or f"gpualloc holds none for slurm/job/{job_id}" in out
     ), out
     assert_node_not_drained(slurm)
+
+
+def wait_requeued(slurm: SlurmCluster, job_id: str) -> dict[str, str]:
+    """The job's fields once its PrologSlurmctld failed and Slurm requeued it (pending)."""
+    deadline = time.monotonic() + 60
+    fields = slurm.job(job_id)
+    while time.monotonic() < deadline and (
+        fields.get("Restarts", "0") == "0" or fields.get("JobState") != "PENDING"
+    ):
+        time.sleep(0.2)
+        fields = slurm.job(job_id)
+    assert fields["JobState"] == "PENDING" and fields["Restarts"] == "1", fields
+    return fields
+
+
+def test_gpualloc_unreachable_at_the_prolog_requeues_without_draining(slurm):
+    slurm.epilog_may_fail = True  # the requeue's EpilogSlurmctld cannot reach gpualloc either
+    slurm.proxy.down()
+    job_id = slurm.sbatch("--gres=gpu:1", script=f"{report(slurm)} batch\n")
+    fields = wait_requeued(slurm, job_id)
+    assert fields["Comment"].startswith("gpualloc: Unavailable: "), fields
+    assert_node_not_drained(slurm)
+    assert slurm.reservations() == []
+    slurm.proxy.up()
+    slurm.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+    assert slurm.wait_for(job_id, ["COMPLETED", "FAILED"])["JobState"] == "COMPLETED"
+    wait_released(slurm, job_id)
+
+
+def test_gpualloc_unreachable_at_the_epilog_is_released_by_a_later_epilog(slurm):
+    job_id = slurm.sbatch("--gres=gpu:2", script=f"{hold(slurm)}\n")
+    slurm.wait_for_file(slurm.out / f"ready-{job_id}")
+    slurm.epilog_may_fail = True
+    slurm.proxy.down()
+    (slurm.out / f"go-{job_id}").touch()
+    assert slurm.wait_for(job_id, ["COMPLETED"])["JobState"] == "COMPLETED"
+    slurm.wait_until_idle()
+    # the EpilogSlurmctld could not reach gpualloc: the job is done, no node drained, and its
+    # GPUs are still held (committed reservations do not expire) ...
+    assert_node_not_drained(slurm)
+    assert len(held_devices(slurm, job_id)) == 2
+    # ... until the next job's EpilogSlurmctld (`epilog --sweep`) reaches gpualloc again
+    slurm.proxy.up()
+    slurm.run("srun", "true")
+    wait_released(slurm, job_id)

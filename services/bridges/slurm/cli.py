@@ -39,6 +39,7 @@ from services.bridges.slurm.prolog import (
     SlurmJob,
     run_epilog,
     run_prolog,
+    sweep,
     task_gpus,
 )
 from services.bridges.slurm.request import SlurmGpuRequest, request_from_options
@@ -57,6 +58,7 @@ EXIT_FAILED = 3
 EXIT_NO_RESERVATION = 4
 SLURMCTLD_CONTEXT = "prolog_slurmctld"
 SCONTROL = "/usr/bin/scontrol"
+SQUEUE = "/usr/bin/squeue"
 SCONTROL_TIMEOUT_SECONDS = 30.0
 COMMENT_LIMIT = 400
 
@@ -93,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     epilog.add_argument("--node", help="this node only (default SLURMD_NODENAME)")
     epilog.add_argument(
         "--all-nodes", action="store_true", help="release on every node (EpilogSlurmctld)"
+    )
+    epilog.add_argument(
+        "--sweep",
+        action="store_true",
+        help="also release the reservations of this cluster's ended jobs (from squeue): what "
+        "an earlier epilog could not release (EpilogSlurmctld)",
     )
     epilog.add_argument(
         "--ignore-errors",
@@ -136,7 +144,12 @@ def _slurmctld(environ: Mapping[str, str]) -> bool:
 
 def _scontrol(environ: Mapping[str, str], *argv: str) -> str:
     """Run scontrol (PrologSlurmctld may: it runs beside slurmctld, not inside slurmd)."""
-    command = [environ.get("GPUALLOC_SCONTROL") or SCONTROL, *argv]
+    return _slurm_command(environ, "GPUALLOC_SCONTROL", SCONTROL, *argv)
+
+
+def _slurm_command(environ: Mapping[str, str], variable: str, default: str, *argv: str) -> str:
+    """A Slurm command's standard output; FailedPrecondition when it fails or hangs."""
+    command = [environ.get(variable) or default, *argv]
     try:
         done = subprocess.run(
             command,
@@ -153,6 +166,12 @@ def _scontrol(environ: Mapping[str, str], *argv: str) -> str:
             f"{' '.join(command)} exited {done.returncode}: {done.stderr.strip()}"
         )
     return done.stdout
+
+
+def _live_jobs(environ: Mapping[str, str]) -> dict[str, str]:
+    """Job id -> state of every job slurmctld still lists."""
+    text = _slurm_command(environ, "GPUALLOC_SQUEUE", SQUEUE, "-h", "-t", "all", "-o", "%A %T")
+    return dict(line.split(None, 1) for line in text.splitlines() if " " in line.strip())
 
 
 def _job(args: argparse.Namespace, environ: Mapping[str, str]) -> SlurmJob:
@@ -261,6 +280,14 @@ def _run(
         print(
             f"gpualloc-slurm: job {job.job_id}: released {len(released)} reservation(s)", file=err
         )
+        if args.sweep:
+            if not job.cluster:
+                raise InvalidArgument.at("SLURM_CLUSTER_NAME", "--sweep needs the cluster's name")
+            swept = sweep(client, job.cluster, _live_jobs(environ), keep=job.job_id)
+            if swept:
+                print(
+                    f"gpualloc-slurm: released {len(swept)} reservation(s) of ended jobs", file=err
+                )
         return 0
     if args.command == "prolog":
         found = run_prolog(client, inventory, job)

@@ -60,10 +60,25 @@ __all__ = [
     "run_epilog",
     "run_prolog",
     "slurm_devices",
+    "sweep",
     "task_gpus",
 ]
 
 PROLOG_LEASE_SECONDS = 120.0
+CLUSTER_LABEL = "slurm.cluster"
+ENDED_STATES = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "TIMEOUT",
+    }
+)
 
 
 class NoReservation(FailedPrecondition):
@@ -79,6 +94,8 @@ class SlurmJob:
     nodes: tuple[str, ...]
     request: SlurmGpuRequest
     gpu_ids: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    cluster: str = ""
+    """SLURM_CLUSTER_NAME: labels the reservations, so a sweep touches its own cluster's only."""
 
     @property
     def owner(self) -> str:
@@ -114,8 +131,9 @@ class SlurmJob:
                     "SLURMD_NODENAME", "neither SLURMD_NODENAME nor SLURM_JOB_NODELIST is set"
                 )
             nodes = tuple(expand_hostlist(nodelist))
+        cluster = environ.get("SLURM_CLUSTER_NAME", "").strip()
         if request is not None:
-            return cls(job_id.strip(), nodes, request)
+            return cls(job_id.strip(), nodes, request, cluster=cluster)
         gpu_ids: dict[str, tuple[int, ...]] = {}
         if details is not None:
             gpu_ids = {n: ids for n, ids in gpu_ids_from_job_details(details).items() if n in nodes}
@@ -124,7 +142,7 @@ class SlurmJob:
             name = "SLURM_STEP_GPUS" if stepped else "SLURM_JOB_GPUS"
             ids = parse_gpu_ids(environ.get(name, ""), name)
             gpu_ids = {nodes[0]: ids} if ids else {}
-        return cls(job_id.strip(), nodes, request_from_environ(environ), gpu_ids)
+        return cls(job_id.strip(), nodes, request_from_environ(environ), gpu_ids, cluster)
 
 
 def idempotency_key(job_id: str, node: str) -> str:
@@ -249,6 +267,13 @@ def _claim(job: SlurmJob, inventory: InventoryClient, node: str) -> ResourceClai
     return claim_for_node(job.job_id, job.request)
 
 
+def _labels(job: SlurmJob, node: str) -> dict[str, str]:
+    labels = {"slurm.job_id": job.job_id, "slurm.node": node}
+    if job.cluster:
+        labels[CLUSTER_LABEL] = job.cluster
+    return labels
+
+
 def run_prolog(client: AllocatorClient, inventory: InventoryClient, job: SlurmJob) -> list[JobGpus]:
     """Reserve and commit the job's GPUs on each of its nodes (all or none); [] when the job
     asks for no GPU. Raises Unplaceable with the allocator's reason when a node has no room
@@ -270,7 +295,7 @@ def run_prolog(client: AllocatorClient, inventory: InventoryClient, job: SlurmJo
                     idempotency_key=idempotency_key(job.job_id, node),
                     node_name=node,
                     lease_ttl_seconds=PROLOG_LEASE_SECONDS,
-                    labels={"slurm.job_id": job.job_id, "slurm.node": node},
+                    labels=_labels(job, node),
                 )
 
             lease = Lease(client, place, owner=job.owner, lease_ttl_seconds=PROLOG_LEASE_SECONDS)
@@ -341,4 +366,24 @@ def run_epilog(client: AllocatorClient, job: SlurmJob, *, all_nodes: bool = Fals
         if all_nodes or reservation.node_name in job.nodes:
             client.release(reservation, owner=job.owner, allow_missing=True)
             released.append(reservation.id)
+    return released
+
+
+def sweep(
+    client: AllocatorClient, cluster: str, live_jobs: Mapping[str, str], *, keep: str = ""
+) -> list[str]:
+    """Release the reservations of this cluster's Slurm jobs that have ended: those an epilog
+    could not release (gpualloc was unreachable then). `live_jobs`: job id -> state, as
+    `squeue -t all` shows them; a job slurmctld no longer lists has ended. Reservations without
+    this cluster's label are left alone (another cluster may share the allocator)."""
+    released = []
+    for reservation in client.list():
+        owner = reservation.owner
+        if not owner.startswith("slurm/job/") or reservation.labels.get(CLUSTER_LABEL) != cluster:
+            continue
+        job_id = owner.removeprefix("slurm/job/")
+        if job_id == keep or live_jobs.get(job_id, "COMPLETED") not in ENDED_STATES:
+            continue
+        client.release(reservation, owner=owner, allow_missing=True)
+        released.append(reservation.id)
     return released
