@@ -17,9 +17,10 @@ COUNT defaults to 1. Several choices make a DRA `firstAvailable` request (tried 
 with the count); one choice makes an `exactly` request. Devices come from the NVIDIA DRA
 driver's classes, `gpu.nvidia.com` for whole GPUs and `mig.nvidia.com` for MIG devices.
 
-MODEL matching follows Slurm's GRES types: the product name is lower-cased with spaces turned
-into underscores, and MODEL must be a substring of it (`h100` matches `NVIDIA H100 80GB HBM3`,
-`a100-sxm4` matches `NVIDIA A100-SXM4-40GB`). `nvlink` is the gpualloc topology extension
+MODEL matching: the product name is lower-cased with spaces turned into underscores, and MODEL
+must be a substring of it (`h100` matches `NVIDIA H100 80GB HBM3`,
+`a100-sxm4` matches `NVIDIA A100-SXM4-40GB`); `DeviceChoice(exact_model=True)` matches a Slurm
+GRES type exactly instead (a whole word of the name). `nvlink` is the gpualloc topology extension
 (services/client/topology.py); it is left out for a single device, which is trivially connected.
 """
 

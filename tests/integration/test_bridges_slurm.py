@@ -15,6 +15,7 @@ import pytest
 from services.bridges import local_cluster
 from services.bridges.slurm import cli
 from services.client import AllocatorClient, InventoryClient, ReservationState
+from services.client.specs import DeviceChoice, RequestSpec, build_claim
 from tests.unit.bridges.support import ROOT, release_everything
 
 
@@ -313,3 +314,21 @@ def test_gpu_types_match_exactly(target, gres, node, outcome):
         assert "the known types are a100, a100_1g.10gb, " in err and ", h100, l40s" in err
     else:
         assert code == 0, err
+
+
+@pytest.mark.parametrize(
+    ("model", "node", "fits"),
+    [
+        pytest.param("a10", "a100-node-1", False, id="a10-selects-no-a100"),
+        pytest.param("a100", "a100-node-1", True, id="a100-selects-a100"),
+        pytest.param("l4", "l40s-node-1", False, id="l4-selects-no-l40s"),
+        pytest.param("l40s", "l40s-node-1", True, id="l40s-selects-l40s"),
+        pytest.param("h10", "h100-node-1", False, id="h10-selects-no-h100"),
+        pytest.param("hbm3", "h100-node-1", True, id="any-whole-word-of-the-name"),
+    ],
+)
+def test_exact_type_selector_on_the_real_allocator(target, model, node, fits):
+    choice = DeviceChoice(model=model, exact_model=True)
+    claim = build_claim("c", [RequestSpec("gpus", 1, (choice,))], namespace="slurm")
+    with AllocatorClient(target) as client:
+        assert client.allocate([claim], node_name=node).fits is fits

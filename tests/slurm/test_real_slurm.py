@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import subprocess
 import time
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -196,6 +197,9 @@ def test_gpus_another_owner_holds_requeue_the_job_without_draining(slurm, held):
     assert fields["JobState"] == "PENDING" and fields["Restarts"] == "1", fields
     assert fields["Comment"].startswith(f"gpualloc: job {job_id} on {NODE}"), fields
     assert "cannot be placed" in fields["Comment"] and OTHER_OWNER in fields["Comment"]
+    # tried again after Slurm's requeue delay, not at once
+    eligible = datetime.fromisoformat(fields["EligibleTime"])
+    assert eligible - datetime.now() > timedelta(seconds=60), fields
     squeue = slurm.run("squeue", "-h", "-j", job_id, "-o", "%T|%k").stdout
     assert squeue.startswith("PENDING|gpualloc: ") and OTHER_OWNER in squeue
     assert_node_not_drained(slurm)
