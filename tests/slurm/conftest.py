@@ -199,7 +199,7 @@ class SlurmCluster:
         done = self.run("scontrol", "show", "job", "-o", job_id, check=False)
         if done.returncode != 0:
             return {}
-        return dict(re.findall(r"(\w+)=(.*?)(?= \w+=|$)", done.stdout.strip()))
+        return _fields(done.stdout)
 
     def job_details(self, job_id: str) -> str:
         return self.run("scontrol", "show", "job", "-d", job_id).stdout
@@ -229,8 +229,7 @@ class SlurmCluster:
         pytest.fail(f"{path} did not appear within {timeout:g}s\n{self.log_tail()}", pytrace=False)
 
     def node(self) -> dict[str, str]:
-        done = self.run("scontrol", "show", "node", "-o", NODE)
-        return dict(re.findall(r"(\w+)=(.*?)(?= \w+=|$)", done.stdout.strip()))
+        return _fields(self.run("scontrol", "show", "node", "-o", NODE).stdout)
 
     def reservations(self, owner: str = "") -> list[Reservation]:
         with AllocatorClient(self.target) as client:
@@ -267,6 +266,11 @@ class SlurmCluster:
                     process.kill()
                     process.wait()
         _remove_cgroups()
+
+
+def _fields(text: str) -> dict[str, str]:
+    """`scontrol show … -o`'s one line as {field: value}."""
+    return {k: v.strip() for k, v in re.findall(r"(\w+)=(.*?)(?= \w+=|$)", text.strip())}
 
 
 def _remove_cgroups() -> None:

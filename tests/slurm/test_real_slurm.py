@@ -130,10 +130,11 @@ def assert_node_not_drained(slurm: SlurmCluster) -> None:
         pytest.param(["--gres=gpu:h100:4", "--constraint=nvlink"], None, id="gres-h100-4-nvlink"),
         pytest.param(["--gres=gpu:2"], "--gres=gpu:1", id="step-gres-1-of-2"),
         pytest.param(["--gpus=3"], "--gpus=2", id="step-gpus-2-of-3"),
+        pytest.param(["--gres=gpu:2"], "", id="step-without-a-gpu-option"),
     ],
 )
 def test_batch_job_slurm_gpualloc_cuda_and_cgroup_agree(slurm, options, step):
-    step_line = f"srun -n1 {step} {report(slurm)} step\n" if step else ""
+    step_line = f"srun -n1 {step} {report(slurm)} step\n" if step is not None else ""
     job_id = slurm.sbatch(*options, script=f"{report(slurm)} batch\n{step_line}{hold(slurm)}\n")
     slurm.wait_for_file(slurm.out / f"ready-{job_id}")
 
@@ -149,6 +150,9 @@ def test_batch_job_slurm_gpualloc_cuda_and_cgroup_agree(slurm, options, step):
         step_ids = ids(tasks["step"]["STEP_GPUS"])
         assert step_ids and set(step_ids) < set(slurm_ids)
         assert_agree(slurm, tasks["step"], step_ids)
+    elif step is not None:  # a step that names no GPU gets the job's (Slurm's default)
+        assert ids(tasks["step"]["STEP_GPUS"]) == slurm_ids
+        assert_agree(slurm, tasks["step"], slurm_ids)
     wait_released(slurm, job_id)
 
 
@@ -209,9 +213,12 @@ def test_gpus_another_owner_holds_requeue_the_job_without_draining(slurm, held):
     # the other owner lets go; the requeued job runs when it is next tried, and releases after
     release_owner(slurm, OTHER_OWNER)
     slurm.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
-    assert slurm.wait_for(job_id, ["COMPLETED", "FAILED"])["JobState"] == "COMPLETED"
+    done = slurm.wait_for(job_id, ["COMPLETED", "FAILED"])
+    assert done["JobState"] == "COMPLETED"
     task = lines((slurm.out / f"{job_id}.out").read_text())["batch"]
     assert_agree(slurm, task, ids(task["JOB_GPUS"]))
+    placed = ",".join(names(task["DEVICES"]))
+    assert done["Comment"] == f"gpualloc: reserved {NODE}: {placed}", done  # the old reason gone
     assert len(others) == held
     wait_released(slurm, job_id)
 

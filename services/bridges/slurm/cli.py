@@ -195,7 +195,7 @@ def _job(args: argparse.Namespace, environ: Mapping[str, str]) -> SlurmJob:
 def _tell_the_job(
     args: argparse.Namespace, environ: Mapping[str, str], text: str, err: TextIO
 ) -> None:
-    """PrologSlurmctld failed: put the reason where the user sees it (the job's Comment)."""
+    """PrologSlurmctld: put the outcome where the user sees it (the job's Comment)."""
     if args.command != "prolog" or not _slurmctld(environ):
         return
     job_id = (args.job_id or environ.get("SLURM_JOB_ID", "")).strip()
@@ -293,6 +293,10 @@ def _run(
         found = run_prolog(client, inventory, job)
         if not found:
             print(f"gpualloc-slurm: job {job.job_id} requests no GPU", file=err)
+        elif environ.get("SLURM_JOB_RESTART_COUNT", "0").strip() not in ("", "0"):
+            # a requeued job's Comment still says why an earlier try failed
+            held = "; ".join(f"{g.node}: {','.join(d.device for d in g.devices)}" for g in found)
+            _tell_the_job(args, environ, f"reserved {held}", err)
     else:
         found = task_gpus(client, inventory, job)
     for gpus in found:
