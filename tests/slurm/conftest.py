@@ -7,7 +7,8 @@ name. cgroup.conf constrains devices (cgroup v1, as this machine mounts it), so 
 exactly the stand-ins of the GPUs Slurm gave it: opening an allowed one fails with ENXIO (no
 driver behind it), a denied one with EPERM (the cgroup).
 
-The node is `h100-node-1` of the demo inventory; gpualloc is the project's own in-process
+The nodes are `h100-node-1` and `h100-node-2` of the demo inventory (two slurmd on this
+machine, sharing the stand-ins); gpualloc is the project's own in-process
 server (services.bridges.local_cluster) on a free port; gres.conf is what
 `gpualloc-slurm gres-conf --node h100-node-1` writes, and slurm.conf's gpualloc lines, the
 cgroup.conf and the PrologSlurmctld / TaskProlog / EpilogSlurmctld scripts are the ones in
@@ -21,6 +22,7 @@ that use the fixture get the `slurm` marker, so `pytest -m "not slurm"` deselect
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
 import shutil
@@ -48,6 +50,9 @@ SLURM_MISSING = (
 NOT_ROOT = "the real-Slurm tests need root (slurmd, mknod and cgroups); run them as root"
 EXAMPLES = ROOT / "examples" / "bridges" / "slurm"
 NODE = "h100-node-1"
+NODES = (NODE, "h100-node-2")
+"""Two slurmd on this machine (Debian's slurmd runs one per `-N` name, on its own port); the
+default partition `gpu` is NODE alone, partition `multi` both (for multi-node jobs)."""
 GPUS = 8
 NVIDIA_MAJOR = 195
 START_TIMEOUT_SECONDS = 30.0
@@ -228,28 +233,28 @@ class SlurmCluster:
             time.sleep(0.1)
         pytest.fail(f"{path} did not appear within {timeout:g}s\n{self.log_tail()}", pytrace=False)
 
-    def node(self) -> dict[str, str]:
-        return _fields(self.run("scontrol", "show", "node", "-o", NODE).stdout)
+    def node(self, name: str = NODE) -> dict[str, str]:
+        return _fields(self.run("scontrol", "show", "node", "-o", name).stdout)
 
     def reservations(self, owner: str = "") -> list[Reservation]:
         with AllocatorClient(self.target) as client:
             return client.list(owner=owner)
 
     def wait_until_idle(self, timeout: float = JOB_TIMEOUT_SECONDS) -> None:
-        """No job left and the node idle (and never drained)."""
+        """No job left and the nodes idle (and never drained)."""
         deadline = time.monotonic() + timeout
-        state = ""
+        states: list[str] = []
         while time.monotonic() < deadline:
             jobs = self.run("squeue", "-h", "-o", "%i").stdout.split()
-            state = self.node().get("State", "")
-            if not jobs and state == "IDLE":
+            states = [self.node(n).get("State", "") for n in NODES]
+            if not jobs and states == ["IDLE"] * len(NODES):
                 return
             time.sleep(0.2)
-        pytest.fail(f"node {NODE} is {state}, not IDLE\n{self.log_tail()}", pytrace=False)
+        pytest.fail(f"nodes {NODES} are {states}, not IDLE\n{self.log_tail()}", pytrace=False)
 
     def log_tail(self, lines: int = 30) -> str:
         shown = []
-        for name in ("slurmctld.log", "slurmd.log"):
+        for name in ("slurmctld.log", *(f"slurmd-{n}.log" for n in NODES)):
             path = self.directory / "log" / name
             text = path.read_text(errors="replace") if path.exists() else "(no log)"
             shown.append(f"--- {name}\n" + "\n".join(text.splitlines()[-lines:]))
@@ -275,7 +280,7 @@ def _fields(text: str) -> dict[str, str]:
 
 def _remove_cgroups() -> None:
     """slurmd's cgroup v1 directories (`slurm_<node>`), deepest first."""
-    for top in Path("/sys/fs/cgroup").glob(f"*/slurm_{NODE}"):
+    for top in (t for n in NODES for t in Path("/sys/fs/cgroup").glob(f"*/slurm_{n}")):
         for directory in sorted(top.rglob("*"), key=lambda p: len(p.parts), reverse=True):
             if directory.is_dir():
                 directory.rmdir()
@@ -296,24 +301,23 @@ def _gpualloc_lines(replacements: dict[str, str]) -> list[str]:
 
 
 def _slurm_conf(directory: Path, replacements: dict[str, str]) -> str:
-    ctld_port, slurmd_port = _free_port(), _free_port()
+    ctld_port = _free_port()
     return "\n".join(
         [
             "ClusterName=gpualloc-test",
             "SlurmctldHost=localhost(127.0.0.1)",
             f"SlurmctldPort={ctld_port}",
-            f"SlurmdPort={slurmd_port}",
             "SlurmUser=root",
             "SlurmdUser=root",
             "AuthType=auth/munge",
             f"AuthInfo=socket={directory}/munge/munge.socket",
             "CredType=cred/munge",
             f"StateSaveLocation={directory}/state",
-            f"SlurmdSpoolDir={directory}/spool",
+            f"SlurmdSpoolDir={directory}/spool/%n",
             f"SlurmctldPidFile={directory}/slurmctld.pid",
-            f"SlurmdPidFile={directory}/slurmd.pid",
+            f"SlurmdPidFile={directory}/slurmd-%n.pid",
             f"SlurmctldLogFile={directory}/log/slurmctld.log",
-            f"SlurmdLogFile={directory}/log/slurmd.log",
+            f"SlurmdLogFile={directory}/log/slurmd-%n.log",
             "SlurmctldDebug=info",
             "SlurmdDebug=info",
             "JobAcctGatherType=jobacct_gather/none",
@@ -325,21 +329,27 @@ def _slurm_conf(directory: Path, replacements: dict[str, str]) -> str:
             # the node says 16 CPUs whatever this machine has, so jobs run side by side
             "SlurmdParameters=config_overrides",
             *_gpualloc_lines(replacements),
-            f"NodeName={NODE} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs=16 "
-            f"RealMemory=1000 Gres=gpu:h100:{GPUS} Features=nvlink State=UNKNOWN",
+            *(
+                f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={_free_port()} "
+                f"CPUs=16 RealMemory=1000 Gres=gpu:h100:{GPUS} Features=nvlink State=UNKNOWN"
+                for n in NODES
+            ),
             f"PartitionName=gpu Nodes={NODE} Default=YES MaxTime=INFINITE State=UP",
+            f"PartitionName=multi Nodes={','.join(NODES)} MaxTime=INFINITE State=UP",
             "",
         ]
     )
 
 
 def _gres_conf(target: str, dev: Path) -> str:
-    import io
-
-    out, err = io.StringIO(), io.StringIO()
-    code = cli.main(["gres-conf", "--node", NODE], {"GPUALLOC_ALLOCATOR_ADDR": target}, out, err)
-    assert code == 0, err.getvalue()
-    return out.getvalue().replace("File=/dev/nvidia", f"File={dev}/nvidia")
+    text = ""
+    for node in NODES:
+        out, err = io.StringIO(), io.StringIO()
+        environ = {"GPUALLOC_ALLOCATOR_ADDR": target}
+        code = cli.main(["gres-conf", "--node", node], environ, out, err)
+        assert code == 0, err.getvalue()
+        text += out.getvalue()
+    return text.replace("File=/dev/nvidia", f"File={dev}/nvidia")
 
 
 def _start(cluster: SlurmCluster, argv: Sequence[str], name: str) -> None:
@@ -363,8 +373,8 @@ def _wait_for_idle_node(cluster: SlurmCluster) -> None:
                     f"{process.args!r} exited {process.returncode} at start\n{cluster.log_tail()}",
                     pytrace=False,
                 )
-        done = cluster.run("sinfo", "-h", "-N", "-o", "%T", check=False)
-        if done.returncode == 0 and done.stdout.strip() == "idle":
+        done = cluster.run("sinfo", "-h", "-N", "-p", "multi", "-o", "%T", check=False)
+        if done.returncode == 0 and done.stdout.split() == ["idle"] * len(NODES):
             return
         time.sleep(0.2)
     cluster.stop()
@@ -377,7 +387,7 @@ def start_slurm(
     if os.geteuid() != 0:
         pytest.fail(NOT_ROOT, pytrace=False)
     programs = {name: _binary(name) for name in _PROGRAMS}
-    for sub in ("munge", "state", "spool", "log", "dev", "out", "gpualloc"):
+    for sub in ("munge", "state", "log", "dev", "out", "gpualloc", *(f"spool/{n}" for n in NODES)):
         (directory / sub).mkdir(parents=True, exist_ok=True)
     directory.chmod(0o755)
     (directory / "out").chmod(0o777)
@@ -424,7 +434,8 @@ def start_slurm(
         time.sleep(0.05)
     _remove_cgroups()  # left by a killed run
     _start(cluster, [programs["slurmctld"], "-D", "-i", "-f", str(conf)], "slurmctld")
-    _start(cluster, [programs["slurmd"], "-D", "-N", NODE, "-f", str(conf)], "slurmd")
+    for node in NODES:
+        _start(cluster, [programs["slurmd"], "-D", "-N", node, "-f", str(conf)], f"slurmd-{node}")
     _wait_for_idle_node(cluster)
     return cluster
 

@@ -20,7 +20,7 @@ from services.bridges.slurm.request import gpu_ids_from_job_details
 from services.client import AllocatorClient, ReservationState
 from services.client.inventory import InventoryClient
 from services.client.specs import RequestSpec, build_claim
-from tests.slurm.conftest import GPUS, NODE, SlurmCluster
+from tests.slurm.conftest import GPUS, NODE, NODES, SlurmCluster
 
 OTHER_OWNER = "kueue/team-a/train"
 _REPORT = """#!/bin/sh
@@ -30,7 +30,8 @@ for i in {gpus}; do
   if ! cat {dev}/nvidia$i 2>&1 | grep -q "not permitted"; then allowed="$allowed$i,"; fi
 done
 echo "$1 JOB_GPUS=${{SLURM_JOB_GPUS-}} STEP_GPUS=${{SLURM_STEP_GPUS-}}" \
-  "CVD=${{CUDA_VISIBLE_DEVICES-unset}} DEVICES=${{GPUALLOC_DEVICES-}} ALLOWED=$allowed"
+  "CVD=${{CUDA_VISIBLE_DEVICES-unset}} DEVICES=${{GPUALLOC_DEVICES-}} ALLOWED=$allowed" \
+  "NODE=${{SLURMD_NODENAME-}}"
 """
 _HOLD = """#!/bin/sh
 # the job is running: let the test look, and wait until it says go
@@ -56,9 +57,9 @@ def hold(slurm: SlurmCluster) -> str:
     return _script(slurm, "hold.sh", _HOLD)
 
 
-def uuids(slurm: SlurmCluster) -> dict[str, str]:
+def uuids(slurm: SlurmCluster, node: str = NODE) -> dict[str, str]:
     with InventoryClient(slurm.target) as inventory:
-        found = inventory.node(NODE)
+        found = inventory.node(node)
         assert found is not None
         return {d.id.device: d.uuid or "" for d in found.devices}
 
@@ -89,9 +90,11 @@ def wait_released(slurm: SlurmCluster, job_id: str, timeout: float = 30.0) -> No
         time.sleep(0.2)
 
 
-def assert_agree(slurm: SlurmCluster, task: dict[str, str], slurm_ids: list[int]) -> None:
+def assert_agree(
+    slurm: SlurmCluster, task: dict[str, str], slurm_ids: list[int], node: str = NODE
+) -> None:
     """One task's GPUs: Slurm's ids == GPUALLOC_DEVICES == CUDA_VISIBLE_DEVICES == cgroup."""
-    by_name = uuids(slurm)
+    by_name = uuids(slurm, node)
     expected = [f"gpu-{i}" for i in slurm_ids]  # gres.conf line i is /dev/nvidia<i>, gpu-<i>
     assert names(task["DEVICES"]) == expected
     assert task["CVD"].split(",") == [by_name[d] for d in expected]
@@ -104,20 +107,20 @@ def held_devices(slurm: SlurmCluster, job_id: str) -> list[str]:
     return sorted(d.device for d in held.devices)
 
 
-def hold_for_another_owner(slurm: SlurmCluster, count: int) -> None:
+def hold_for_another_owner(slurm: SlurmCluster, count: int, node: str = NODE) -> None:
     """Another system (a Kueue workload, say) holds `count` GPUs of the node."""
     claim = build_claim("train", [RequestSpec("gpus", count)], namespace="team-a")
     with AllocatorClient(slurm.target) as client:
         placement = client.allocate(
-            [claim], node_name=NODE, reserve=True, owner=OTHER_OWNER, idempotency_key="train"
+            [claim], node_name=node, reserve=True, owner=OTHER_OWNER, idempotency_key="train"
         )
         assert placement.fits
         for reservation in placement.reservations:
             client.commit(reservation, owner=OTHER_OWNER)
 
 
-def assert_node_not_drained(slurm: SlurmCluster) -> None:
-    node = slurm.node()
+def assert_node_not_drained(slurm: SlurmCluster, name: str = NODE) -> None:
+    node = slurm.node(name)
     assert "DRAIN" not in node["State"] and node.get("Reason", "") in ("", "(null)"), node
 
 
@@ -327,3 +330,33 @@ def test_gpualloc_unreachable_at_the_epilog_is_released_by_a_later_epilog(slurm)
     slurm.proxy.up()
     slurm.run("srun", "true")
     wait_released(slurm, job_id)
+
+
+def test_a_two_node_job_gets_slurms_gpus_on_each_node(slurm):
+    script = f"srun -N2 -n2 {report(slurm)} step\n{hold(slurm)}\n"
+    job_id = slurm.sbatch("-p", "multi", "-N2", "--gpus-per-node=2", script=script)
+    slurm.wait_for_file(slurm.out / f"ready-{job_id}")
+    picked = gpu_ids_from_job_details(slurm.job_details(job_id))
+    assert sorted(picked) == list(NODES)
+    held = {r.node_name: sorted(d.device for d in r.devices) for r in
+            slurm.reservations(owner=f"slurm/job/{job_id}")}  # fmt: skip
+    assert held == {n: sorted(f"gpu-{i}" for i in picked[n]) for n in NODES}
+    (slurm.out / f"go-{job_id}").touch()
+    assert slurm.wait_for(job_id, ["COMPLETED", "FAILED"])["JobState"] == "COMPLETED"
+    out = (slurm.out / f"{job_id}.out").read_text()
+    tasks = [dict(f.split("=", 1) for f in line.split(" ")[1:]) for line in out.splitlines()]
+    assert sorted(t["NODE"] for t in tasks) == list(NODES)
+    for task in tasks:
+        assert_agree(slurm, task, ids(task["STEP_GPUS"]), task["NODE"])
+        assert ids(task["STEP_GPUS"]) == list(picked[task["NODE"]])
+    wait_released(slurm, job_id)
+
+
+def test_a_two_node_job_is_placed_on_all_nodes_or_none(slurm):
+    hold_for_another_owner(slurm, GPUS, node=NODES[1])
+    job_id = slurm.sbatch("-p", "multi", "-N2", "--gpus-per-node=1", script="true\n")
+    fields = wait_requeued(slurm, job_id)
+    assert f"on {NODES[1]}" in fields["Comment"] and OTHER_OWNER in fields["Comment"]
+    assert [r.owner for r in slurm.reservations()] == [OTHER_OWNER]  # NODE's was given back
+    for node in NODES:
+        assert_node_not_drained(slurm, node)
