@@ -255,10 +255,11 @@ def _claim(job: SlurmJob, inventory: InventoryClient, node: str) -> ResourceClai
     no UUID to pin, e.g. a MIG device not created yet), else the request; None: no GPU here."""
     ids = job.gpu_ids.get(node, ())
     if ids:
-        devices = slurm_devices(_node(inventory, node), ids)
+        found = _node(inventory, node)
+        devices = slurm_devices(found, ids)
         if all(d.uuid is not None for d in devices):
             return pinned_claim(job.job_id, devices, nvlink=job.request.nvlink)
-        entries, _ = gres_entries(_node(inventory, node))
+        entries, _ = gres_entries(found)
         typed = with_types(replace(job.request, gpu_ids=tuple(ids)), [e.type for e in entries])
         return claim_for_node(job.job_id, typed)
     if not job.request.per_node:
