@@ -17,9 +17,10 @@ COUNT defaults to 1. Several choices make a DRA `firstAvailable` request (tried 
 with the count); one choice makes an `exactly` request. Devices come from the NVIDIA DRA
 driver's classes, `gpu.nvidia.com` for whole GPUs and `mig.nvidia.com` for MIG devices.
 
-MODEL matching follows Slurm's GRES types: the product name is lower-cased with spaces turned
-into underscores, and MODEL must be a substring of it (`h100` matches `NVIDIA H100 80GB HBM3`,
-`a100-sxm4` matches `NVIDIA A100-SXM4-40GB`). `nvlink` is the gpualloc topology extension
+MODEL matching: the product name is lower-cased with spaces turned into underscores, and MODEL
+must be a substring of it (`h100` matches `NVIDIA H100 80GB HBM3`,
+`a100-sxm4` matches `NVIDIA A100-SXM4-40GB`); `DeviceChoice(exact_model=True)` matches a Slurm
+GRES type exactly instead (a whole word of the name). `nvlink` is the gpualloc topology extension
 (services/client/topology.py); it is left out for a single device, which is trivially connected.
 """
 
@@ -59,6 +60,7 @@ __all__ = [
     "memory_selector",
     "mig_profile_selector",
     "product_selector",
+    "product_type_selector",
 ]
 
 DRIVER = "gpu.nvidia.com"
@@ -91,6 +93,17 @@ def product_selector(model: str) -> str:
     )
 
 
+def product_type_selector(gres_type: str) -> str:
+    """CEL: `gres_type` is a whole word of the product name (lower-cased, spaces as `_`; words
+    split at `_` and `-`), as a Slurm GRES type names its gres.conf lines exactly: `a10` matches
+    `NVIDIA A10`, not `NVIDIA A100 80GB`; `l4` does not match `NVIDIA L40S`."""
+    token = re.escape(gres_type.lower().replace(" ", "_"))
+    return (
+        f"device.attributes['{DRIVER}'].productName.lowerAscii().replace(' ', '_')"
+        f".matches({_cel_string(f'(^|[_-]){token}([_-]|$)')})"
+    )
+
+
 def mig_profile_selector(profile: str) -> str:
     """CEL: the MIG device has exactly this profile."""
     return f"device.attributes['{DRIVER}'].profile == {_cel_string(profile.lower())}"
@@ -112,6 +125,8 @@ class DeviceChoice:
 
     mig_profile: str | None = None
     model: str | None = None
+    exact_model: bool = False
+    """The model is a Slurm GRES type: a whole word of the product name (else: contained)."""
 
     @property
     def device_class(self) -> str:
@@ -127,7 +142,8 @@ class DeviceChoice:
     def selectors(self, min_memory: Quantity | None = None) -> tuple[DeviceSelector, ...]:
         cel = []
         if self.model:
-            cel.append(product_selector(self.model))
+            exact = self.exact_model
+            cel.append(product_type_selector(self.model) if exact else product_selector(self.model))
         if self.mig_profile:
             cel.append(mig_profile_selector(self.mig_profile))
         if min_memory is not None:

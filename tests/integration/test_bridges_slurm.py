@@ -15,6 +15,7 @@ import pytest
 from services.bridges import local_cluster
 from services.bridges.slurm import cli
 from services.client import AllocatorClient, InventoryClient, ReservationState
+from services.client.specs import DeviceChoice, RequestSpec, build_claim
 from tests.unit.bridges.support import ROOT, release_everything
 
 
@@ -69,7 +70,7 @@ def test_prolog_again_is_the_same_job(target):
     environ = {"SLURM_JOB_ID": "18", "SLURMD_NODENAME": "l40s-node-1", "SLURM_JOB_GPUS": "0,1"}
     first = slurm(target, "prolog", **environ)
     again = slurm(target, "prolog", **environ)
-    task = slurm(target, "task-prolog", SLURM_JOB_ID="18", SLURMD_NODENAME="l40s-node-1")
+    task = slurm(target, "task-prolog", **environ)
     assert first[0] == again[0] == task[0] == 0
     assert exports(first[1]) == exports(again[1]) == exports(task[1])
 
@@ -206,3 +207,128 @@ def test_runs_as_a_module(cluster):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "Type=l40s File=/dev/nvidia3" in done.stdout
+
+
+def devices_of(out: str) -> list[str]:
+    return [d.rsplit("/", 1)[1] for d in exports(out)["GPUALLOC_DEVICES"].split(",")]
+
+
+@pytest.mark.parametrize(
+    ("job_gpus", "devices"),
+    [
+        pytest.param("0,6,7", ["gpu-0", "gpu-6", "gpu-7"], id="slurms-ids-not-the-solvers"),
+        pytest.param("3", ["gpu-3"], id="one-gpu"),
+        pytest.param("7,2", ["gpu-7", "gpu-2"], id="slurms-order-kept"),
+    ],
+)
+def test_prolog_reserves_exactly_the_gpus_slurm_picked(target, job_gpus, devices):
+    environ = {"SLURM_JOB_ID": "50", "SLURMD_NODENAME": "h100-node-1", "SLURM_JOB_GPUS": job_gpus}
+    code, out, err = slurm(target, "prolog", **environ)
+    assert code == 0, err
+    assert devices_of(out) == devices
+    by_name = uuids(target, "h100-node-1")
+    assert exports(out)["CUDA_VISIBLE_DEVICES"].split(",") == [by_name[d] for d in devices]
+    with AllocatorClient(target) as client:
+        (held,) = client.list(owner="slurm/job/50")
+    assert sorted(d.device for d in held.devices) == sorted(devices)
+
+
+def test_a_gpu_slurm_picked_that_another_owner_holds_is_refused(target):
+    with AllocatorClient(target) as client:
+        # another system (Kueue, say) holds gpu-0 and gpu-1 of h100-node-1
+        placed = slurm(target, "prolog", "--gres=gpu:h100:2", SLURM_JOB_ID="60",
+                       SLURMD_NODENAME="h100-node-1")  # fmt: skip
+        assert placed[0] == 0 and devices_of(placed[1]) == ["gpu-0", "gpu-1"]
+        code, out, err = slurm(target, "prolog", SLURM_JOB_ID="61",
+                               SLURMD_NODENAME="h100-node-1", SLURM_JOB_GPUS="1,2")  # fmt: skip
+        assert code == cli.EXIT_UNPLACEABLE and out == ""
+        assert "job 61 on h100-node-1 (Slurm's GPU ids 1,2) cannot be placed" in err
+        assert "slurm/job/60" in err
+        assert client.list(owner="slurm/job/61") == []
+
+
+def test_an_id_beyond_the_gres_conf_is_bad_input(target):
+    code, _, err = slurm(target, "prolog", SLURM_JOB_ID="62", SLURMD_NODENAME="l40s-node-1",
+                         SLURM_JOB_GPUS="4")  # fmt: skip
+    assert code == cli.EXIT_INVALID
+    assert "Slurm's GPU id 4 on l40s-node-1" in err and "4 gres.conf GPU line(s)" in err
+
+
+def test_task_prolog_exports_only_the_steps_gpus(target):
+    job = {"SLURM_JOB_ID": "70", "SLURMD_NODENAME": "h100-node-1"}
+    assert slurm(target, "prolog", SLURM_JOB_GPUS="2,3", **job)[0] == 0
+    code, out, err = slurm(target, "task-prolog", SLURM_JOB_GPUS="2,3", SLURM_STEP_GPUS="3", **job)
+    assert code == 0, err
+    assert devices_of(out) == ["gpu-3"]
+    assert exports(out)["CUDA_VISIBLE_DEVICES"] == uuids(target, "h100-node-1")["gpu-3"]
+    code, out, _ = slurm(target, "task-prolog", SLURM_JOB_GPUS="2,3", **job)  # the batch step
+    assert devices_of(out) == ["gpu-2", "gpu-3"]
+
+
+@pytest.mark.parametrize(
+    ("environ", "holds"),
+    [
+        pytest.param({"SLURM_JOB_GPUS": "0,1"}, "holds none", id="no-reservation"),
+        pytest.param({"SLURM_GPUS_PER_NODE": "2"}, "holds none", id="no-reservation-no-ids"),
+    ],
+)
+def test_task_prolog_refuses_a_gpu_job_without_a_reservation(target, environ, holds):
+    code, out, err = slurm(target, "task-prolog", SLURM_JOB_ID="71",
+                           SLURMD_NODENAME="h100-node-1", **environ)  # fmt: skip
+    assert code == cli.EXIT_NO_RESERVATION
+    assert "CUDA_VISIBLE_DEVICES" not in out
+    assert out.startswith("print gpualloc-slurm: job 71") and holds in out
+    assert "not running it without its GPUs" in err
+
+
+def test_task_prolog_refuses_when_the_reservation_lacks_slurms_gpu(target):
+    job = {"SLURM_JOB_ID": "72", "SLURMD_NODENAME": "h100-node-1"}
+    assert slurm(target, "prolog", SLURM_JOB_GPUS="0", **job)[0] == 0
+    code, out, _ = slurm(target, "task-prolog", SLURM_STEP_GPUS="5", SLURM_JOB_GPUS="0", **job)
+    assert code == cli.EXIT_NO_RESERVATION
+    assert "Slurm gave it GPU ids 5 (gpu-5) but gpualloc holds gpu-0" in out
+
+
+def test_a_job_without_gpus_gets_no_gpu_variable(target):
+    code, out, err = slurm(target, "task-prolog", SLURM_JOB_ID="73", SLURMD_NODENAME="h100-node-1")
+    assert (code, out, err) == (0, "", "")
+
+
+@pytest.mark.parametrize(
+    ("gres", "node", "outcome"),
+    [
+        pytest.param("gpu:a10:1", "a100-node-1", "unknown GPU type 'a10'", id="a10-is-not-a100"),
+        pytest.param("gpu:l4:1", "l40s-node-1", "unknown GPU type 'l4'", id="l4-is-not-l40s"),
+        pytest.param("gpu:h10:4", "h100-node-1", "unknown GPU type 'h10'", id="h10-is-not-h100"),
+        pytest.param("gpu:H100:1", "h100-node-1", "", id="case-does-not-matter"),
+        pytest.param("gpu:l40s:1", "l40s-node-1", "", id="exact-type"),
+        pytest.param("gpu:a100_1g.5gb:1", "a100-node-1", "", id="mig-type"),
+        pytest.param("gpu:a100_9g.99gb:1", "a100-node-1", "unknown GPU type", id="unknown-mig"),
+    ],
+)
+def test_gpu_types_match_exactly(target, gres, node, outcome):
+    code, _, err = slurm(target, "prolog", f"--gres={gres}", SLURM_JOB_ID="74",
+                         SLURMD_NODENAME=node)  # fmt: skip
+    if outcome:
+        assert code == cli.EXIT_INVALID and outcome in err
+        assert "the known types are a100, a100_1g.10gb, " in err and ", h100, l40s" in err
+    else:
+        assert code == 0, err
+
+
+@pytest.mark.parametrize(
+    ("model", "node", "fits"),
+    [
+        pytest.param("a10", "a100-node-1", False, id="a10-selects-no-a100"),
+        pytest.param("a100", "a100-node-1", True, id="a100-selects-a100"),
+        pytest.param("l4", "l40s-node-1", False, id="l4-selects-no-l40s"),
+        pytest.param("l40s", "l40s-node-1", True, id="l40s-selects-l40s"),
+        pytest.param("h10", "h100-node-1", False, id="h10-selects-no-h100"),
+        pytest.param("hbm3", "h100-node-1", True, id="any-whole-word-of-the-name"),
+    ],
+)
+def test_exact_type_selector_on_the_real_allocator(target, model, node, fits):
+    choice = DeviceChoice(model=model, exact_model=True)
+    claim = build_claim("c", [RequestSpec("gpus", 1, (choice,))], namespace="slurm")
+    with AllocatorClient(target) as client:
+        assert client.allocate([claim], node_name=node).fits is fits

@@ -1,6 +1,9 @@
 #!/bin/sh
-# slurm.conf: TaskProlog=/etc/slurm/gpualloc/taskprolog.sh — runs as the user before each task.
-# Prints `export CUDA_VISIBLE_DEVICES=GPU-…,MIG-…` (and GPUALLOC_*) for Slurm to apply.
+# slurm.conf: TaskProlog=/etc/slurm/gpualloc/taskprolog.sh — runs as the job's user before each
+# task. Prints `export CUDA_VISIBLE_DEVICES=GPU-…` (the UUIDs of the step's GPUs, the ones Slurm
+# gave the step and gpualloc holds for the job) and GPUALLOC_* for Slurm to apply. A task of a
+# job that asked for GPUs but holds no reservation fails (exit 4) with a `print` line saying
+# why; a job that asked for no GPU gets no GPU variable.
 GPUALLOC_ALLOCATOR_ADDR=${GPUALLOC_ALLOCATOR_ADDR:-gpualloc.example.com:50051}
 export GPUALLOC_ALLOCATOR_ADDR
 exec /opt/gpualloc/bin/gpualloc-slurm task-prolog

@@ -1,28 +1,35 @@
 """`gpualloc-slurm`: the Slurm bridge's command line (prolog, task-prolog, epilog, gres-conf).
 
-    gpualloc-slurm prolog        # slurm.conf Prolog= (or PrologSlurmctld=): reserve + commit
+    gpualloc-slurm prolog        # slurm.conf PrologSlurmctld= (or Prolog=): reserve + commit
     gpualloc-slurm task-prolog   # slurm.conf TaskProlog=: export CUDA_VISIBLE_DEVICES=GPU-...
-    gpualloc-slurm epilog        # slurm.conf Epilog=: release
+    gpualloc-slurm epilog --all-nodes  # slurm.conf EpilogSlurmctld= (or Epilog=): release
     gpualloc-slurm gres-conf --node h100-node-1 > /etc/slurm/gres.conf
     gpualloc-slurm translate --gres=gpu:h100:4 -C nvlink   # print the claim (YAML)
 
 The job comes from Slurm's prolog environment (SLURM_JOB_ID, SLURMD_NODENAME,
 SLURM_JOB_NODELIST, SLURM_JOB_GRES / SLURM_GPUS_PER_NODE / SLURM_GPUS / SLURM_JOB_GPUS,
-SLURM_JOB_CONSTRAINTS); the sbatch-style flags override it. The allocator is
-GPUALLOC_ALLOCATOR_ADDR (default 127.0.0.1:50051), the inventory GPUALLOC_INVENTORY_ADDR
-(default: the allocator's address). TLS: GPUALLOC_CLIENT_TLS_CA (the servers' CA; any TLS
-variable turns TLS on), GPUALLOC_CLIENT_TLS_CERT + GPUALLOC_CLIENT_TLS_KEY (mutual TLS: the
-bridge's identity), GPUALLOC_CLIENT_TLS_SERVER_NAME; GPUALLOC_CLIENT_TOKEN_FILE (a bearer JWT,
-re-read when it changes, TLS only); the --tls-* and --token-file flags override them.
-GPUALLOC_CLIENT_DEADLINE and GPUALLOC_CLIENT_RETRIES bound each call. Exit status: 0 done;
-1 the job's GPUs cannot be placed (the reason is on standard error, which slurmd logs); 2 bad
-input (bad TLS or token settings too); 3 the allocator could not be reached or failed.
+SLURM_JOB_CONSTRAINTS, SLURM_STEP_GPUS); as PrologSlurmctld (SLURM_SCRIPT_CONTEXT=
+prolog_slurmctld) Slurm's GPU ids per node come from `scontrol show job -d` (GPUALLOC_SCONTROL,
+default /usr/bin/scontrol), and a failure also writes `gpualloc: <why>` into the job's Comment
+(`squeue -o %k`, `scontrol show job`). The sbatch-style flags override the environment. The
+allocator is GPUALLOC_ALLOCATOR_ADDR (default 127.0.0.1:50051), the inventory
+GPUALLOC_INVENTORY_ADDR (default: the allocator's address). TLS: GPUALLOC_CLIENT_TLS_CA (the
+servers' CA; any TLS variable turns TLS on), GPUALLOC_CLIENT_TLS_CERT + GPUALLOC_CLIENT_TLS_KEY
+(mutual TLS: the bridge's identity), GPUALLOC_CLIENT_TLS_SERVER_NAME; GPUALLOC_CLIENT_TOKEN_FILE
+(a bearer JWT, re-read when it changes, TLS only); the --tls-* and --token-file flags override
+them. GPUALLOC_CLIENT_DEADLINE and GPUALLOC_CLIENT_RETRIES bound each call. Exit status:
+0 done; 1 the job's GPUs cannot be placed (the reason is on standard error, which
+slurmd/slurmctld log); 2 bad input (bad TLS or token settings too); 3 the allocator could not
+be reached or failed; 4 (task-prolog) the job asked for GPUs and gpualloc holds none for it
+(a `print` line tells the job's output why).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -32,20 +39,33 @@ import yaml
 
 from services.bridges.slurm.claims import claim_for_node
 from services.bridges.slurm.gresconf import parse_mig_minors, render_gres_conf
-from services.bridges.slurm.prolog import SlurmJob, run_epilog, run_prolog, task_gpus
+from services.bridges.slurm.prolog import (
+    NoReservation,
+    SlurmJob,
+    run_epilog,
+    run_prolog,
+    sweep,
+    task_gpus,
+)
 from services.bridges.slurm.request import SlurmGpuRequest, request_from_options
 from services.client.cli_flags import add_client_flags, client_settings
 from services.client.client import AllocatorClient
 from services.client.errors import Unplaceable
 from services.client.inventory import InventoryClient
 from services.common.dra.serialize import to_dict
-from services.common.errors import GpuallocError, InvalidArgument
+from services.common.errors import FailedPrecondition, GpuallocError, InvalidArgument
 
 __all__ = ["main"]
 
 EXIT_UNPLACEABLE = 1
 EXIT_INVALID = 2
 EXIT_FAILED = 3
+EXIT_NO_RESERVATION = 4
+SLURMCTLD_CONTEXT = "prolog_slurmctld"
+SCONTROL = "/usr/bin/scontrol"
+SQUEUE = "/usr/bin/squeue"
+SCONTROL_TIMEOUT_SECONDS = 30.0
+COMMENT_LIMIT = 400
 
 
 def _request_flags(parser: argparse.ArgumentParser) -> None:
@@ -83,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--all-nodes", action="store_true", help="release on every node (EpilogSlurmctld)"
     )
     epilog.add_argument(
+        "--sweep",
+        action="store_true",
+        help="also release the reservations of this cluster's ended jobs (from squeue): what "
+        "an earlier epilog could not release (EpilogSlurmctld)",
+    )
+    epilog.add_argument(
         "--ignore-errors",
         action="store_true",
         help="exit 0 even when the allocator cannot be reached (Slurm drains a node whose "
@@ -118,6 +144,42 @@ def _request(args: argparse.Namespace) -> SlurmGpuRequest | None:
     )
 
 
+def _slurmctld(environ: Mapping[str, str]) -> bool:
+    return environ.get("SLURM_SCRIPT_CONTEXT", "") == SLURMCTLD_CONTEXT
+
+
+def _scontrol(environ: Mapping[str, str], *argv: str) -> str:
+    """Run scontrol (PrologSlurmctld may: it runs beside slurmctld, not inside slurmd)."""
+    return _slurm_command(environ, "GPUALLOC_SCONTROL", SCONTROL, *argv)
+
+
+def _slurm_command(environ: Mapping[str, str], variable: str, default: str, *argv: str) -> str:
+    """A Slurm command's standard output; FailedPrecondition when it fails or hangs."""
+    command = [environ.get(variable) or default, *argv]
+    try:
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=SCONTROL_TIMEOUT_SECONDS,
+            env=dict(environ),
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise FailedPrecondition(f"{' '.join(command)}: {error}") from None
+    if done.returncode != 0:
+        raise FailedPrecondition(
+            f"{' '.join(command)} exited {done.returncode}: {done.stderr.strip()}"
+        )
+    return done.stdout
+
+
+def _live_jobs(environ: Mapping[str, str]) -> dict[str, str]:
+    """Job id -> state of every job slurmctld still lists."""
+    text = _slurm_command(environ, "GPUALLOC_SQUEUE", SQUEUE, "-h", "-t", "all", "-o", "%A %T")
+    return dict(line.split(None, 1) for line in text.splitlines() if " " in line.strip())
+
+
 def _job(args: argparse.Namespace, environ: Mapping[str, str]) -> SlurmJob:
     env = dict(environ)
     if args.job_id:
@@ -126,7 +188,30 @@ def _job(args: argparse.Namespace, environ: Mapping[str, str]) -> SlurmJob:
         env["GPUALLOC_NVLINK"] = "1"
     if getattr(args, "constraint", None):
         env["SLURM_JOB_CONSTRAINTS"] = args.constraint
-    return SlurmJob.from_environ(env, node=args.node, request=_request(args))
+    request = _request(args)
+    details = None
+    if args.command == "prolog" and request is None and not args.node and _slurmctld(env):
+        job_id = env.get("SLURM_JOB_ID", "").strip()
+        if job_id:
+            details = _scontrol(env, "show", "job", "-d", job_id)
+    step = args.command == "task-prolog"
+    return SlurmJob.from_environ(env, node=args.node, request=request, details=details, step=step)
+
+
+def _tell_the_job(
+    args: argparse.Namespace, environ: Mapping[str, str], text: str, err: TextIO
+) -> None:
+    """PrologSlurmctld: put the outcome where the user sees it (the job's Comment)."""
+    if args.command != "prolog" or not _slurmctld(environ):
+        return
+    job_id = (args.job_id or environ.get("SLURM_JOB_ID", "")).strip()
+    if not job_id:
+        return
+    comment = re.sub(r"\s+", " ", f"gpualloc: {text}").strip()[:COMMENT_LIMIT]
+    try:
+        _scontrol(environ, "update", f"JobId={job_id}", f"Comment={comment}")
+    except FailedPrecondition as error:
+        print(f"gpualloc-slurm: could not set the job's Comment: {error}", file=err)
 
 
 def main(
@@ -162,15 +247,22 @@ def main(
             return _run(args, env, client, inventory, out, err)
     except Unplaceable as error:
         print(f"gpualloc-slurm: {error}", file=err)
+        _tell_the_job(args, env, str(error), err)
         return EXIT_UNPLACEABLE
     except InvalidArgument as error:
         print(f"gpualloc-slurm: {error}", file=err)
+        _tell_the_job(args, env, str(error), err)
         return EXIT_INVALID
+    except NoReservation as error:
+        print(f"gpualloc-slurm: {error}", file=err)
+        out.write(f"print gpualloc-slurm: {error}\n")
+        return EXIT_NO_RESERVATION
     except GpuallocError as error:
         if args.command == "epilog" and args.ignore_errors:
             print(f"gpualloc-slurm: epilog: {error} (ignored)", file=err)
             return 0
         print(f"gpualloc-slurm: {type(error).__name__}: {error}", file=err)
+        _tell_the_job(args, env, f"{type(error).__name__}: {error}", err)
         return EXIT_FAILED
 
 
@@ -196,11 +288,23 @@ def _run(
         print(
             f"gpualloc-slurm: job {job.job_id}: released {len(released)} reservation(s)", file=err
         )
+        if args.sweep:
+            if not job.cluster:
+                raise InvalidArgument.at("SLURM_CLUSTER_NAME", "--sweep needs the cluster's name")
+            swept = sweep(client, job.cluster, _live_jobs(environ), keep=job.job_id)
+            if swept:
+                print(
+                    f"gpualloc-slurm: released {len(swept)} reservation(s) of ended jobs", file=err
+                )
         return 0
     if args.command == "prolog":
         found = run_prolog(client, inventory, job)
         if not found:
             print(f"gpualloc-slurm: job {job.job_id} requests no GPU", file=err)
+        elif environ.get("SLURM_JOB_RESTART_COUNT", "0").strip() not in ("", "0"):
+            # a requeued job's Comment still says why an earlier try failed
+            held = "; ".join(f"{g.node}: {','.join(d.device for d in g.devices)}" for g in found)
+            _tell_the_job(args, environ, f"reserved {held}", err)
     else:
         found = task_gpus(client, inventory, job)
     for gpus in found:

@@ -73,6 +73,8 @@ class GresEntry:
     files: tuple[str, ...]
     links: tuple[int, ...] = ()
     mig: bool = False
+    device: str = ""
+    """The inventory device the line is (`gpu-3`): what Slurm's GPU id of this line names."""
 
     def render(self, node: str) -> str:
         key = "MultipleFiles" if self.mig else "File"
@@ -133,7 +135,9 @@ def _mig_entry(device: InventoryDevice, minors: Mapping[str, int]) -> GresEntry 
         f"/dev/nvidia-caps/nvidia-cap{minors[gi_key]}",
         f"/dev/nvidia-caps/nvidia-cap{minors[ci_key]}",
     )
-    return GresEntry(f"{gpu_type(_product(device))}_{profile}", files, mig=True)
+    return GresEntry(
+        f"{gpu_type(_product(device))}_{profile}", files, mig=True, device=device.id.device
+    )
 
 
 def gres_entries(
@@ -153,6 +157,7 @@ def gres_entries(
             gpu_type(_product(d)),
             (f"/dev/nvidia{_minor(d)}",),
             links.get(d.id.device, ()),
+            device=d.id.device,
         )
         for d in sorted(whole, key=_minor)
     ]

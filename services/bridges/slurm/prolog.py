@@ -1,63 +1,109 @@
 """Slurm prolog / task prolog / epilog: a job's GPUs come from gpualloc, on the job's nodes.
 
+One GPU choice: Slurm picks the GPUs (its ids index the node's gres.conf GPU lines, which
+`gpualloc-slurm gres-conf` writes from the inventory, one line per device, so id -> line ->
+inventory device), and gpualloc reserves exactly those devices or nothing. Slurm's cgroups
+(ConstrainDevices), its variables (SLURM_JOB_GPUS, SLURM_STEP_GPUS, GPU_DEVICE_ORDINAL) and
+the CUDA_VISIBLE_DEVICES the task prolog writes then name the same devices.
+
 - prolog: for each node the prolog acts for (SLURMD_NODENAME in slurmd's Prolog; every node of
-  SLURM_JOB_NODELIST in PrologSlurmctld), allocate and reserve the job's claim pinned to that
-  node, owner `slurm/job/<id>`, idempotency key `slurm-<id>-<node>` (a re-run returns the same
-  devices), then commit: the devices are the job's until the epilog. All nodes or none: when
-  one node cannot be placed, the others are released and `Unplaceable` carries Explain's
-  reason (which names who holds the devices: `slurm/job/...` or `kueue/...`).
-- task prolog: reads the job's reservation on this node (no allocation) and says which GPUs
-  the task may use.
+  SLURM_JOB_NODELIST in PrologSlurmctld, Slurm's ids per node from `scontrol show job -d`),
+  reserve the devices Slurm picked (or, given sbatch-style flags instead of Slurm's ids,
+  allocate the request on that node), owner `slurm/job/<id>`, idempotency key
+  `slurm-<id>-<node>` (a re-run returns the same devices), then commit: the devices are the
+  job's until the epilog. All nodes or none: when one node cannot be placed, the others are
+  released and `Unplaceable` carries Explain's reason (which names who holds the devices:
+  `slurm/job/...` or `kueue/...`).
+- task prolog: maps the step's Slurm ids (SLURM_STEP_GPUS, else SLURM_JOB_GPUS) to devices,
+  checks the job's reservation holds them (`NoReservation` otherwise: no task runs without its
+  GPUs) and says which GPUs the task may use. A job that asked for no GPU gets nothing.
 - epilog: releases every reservation of the job (on this node, or on all nodes), idempotently.
 
 The job's GPU environment is CUDA_VISIBLE_DEVICES with the devices' UUIDs (`GPU-…`, `MIG-…`,
-from the inventory's `uuid` attributes), written as Slurm's TaskProlog reads its standard
-output: `export NAME=value` lines (and `print ...` for messages to the task's output).
+from the inventory's `uuid` attributes) in Slurm's id order, written as Slurm's TaskProlog
+reads its standard output: `export NAME=value` lines (and `print ...` for messages to the
+task's output).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from services.bridges.placing import Placer, slurm_owner
-from services.bridges.slurm.claims import claim_for_node
-from services.bridges.slurm.gresconf import gres_entries
+from services.bridges.slurm.claims import claim_for_node, pinned_claim
+from services.bridges.slurm.gresconf import gpu_type, gres_entries
 from services.bridges.slurm.hostlist import expand_hostlist
-from services.bridges.slurm.request import SlurmGpuRequest, request_from_environ, with_types
+from services.bridges.slurm.request import (
+    SlurmGpuRequest,
+    gpu_ids_from_job_details,
+    parse_gpu_ids,
+    request_from_environ,
+    with_types,
+)
 from services.client.client import AllocatorClient
 from services.client.errors import Unplaceable
-from services.client.inventory import InventoryClient, NodeInventory
+from services.client.inventory import InventoryClient, InventoryDevice, NodeInventory
 from services.client.lease import Lease
 from services.client.results import Placement, Reservation
 from services.common.dra.model import DeviceID, ResourceClaim
-from services.common.errors import InvalidArgument
+from services.common.errors import FailedPrecondition, InvalidArgument
 
 __all__ = [
     "JobGpus",
+    "NoReservation",
     "SlurmJob",
+    "gres_types",
     "idempotency_key",
     "job_gpus",
     "run_epilog",
     "run_prolog",
+    "slurm_devices",
+    "sweep",
     "task_gpus",
 ]
 
 PROLOG_LEASE_SECONDS = 120.0
+CLUSTER_LABEL = "slurm.cluster"
+ENDED_STATES = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "TIMEOUT",
+    }
+)
+
+
+class NoReservation(FailedPrecondition):
+    """The job asked for GPUs but gpualloc holds none (or not those Slurm gave) for it."""
 
 
 @dataclass(frozen=True)
 class SlurmJob:
-    """The job a prolog runs for: its id, the nodes this invocation acts for, its request."""
+    """The job a prolog runs for: its id, the nodes this invocation acts for, its request, and
+    the GPU ids Slurm picked per node (empty when the prolog was given flags instead)."""
 
     job_id: str
     nodes: tuple[str, ...]
     request: SlurmGpuRequest
+    gpu_ids: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    cluster: str = ""
+    """SLURM_CLUSTER_NAME: labels the reservations, so a sweep touches its own cluster's only."""
 
     @property
     def owner(self) -> str:
         return slurm_owner(self.job_id)
+
+    @property
+    def asks_for_gpus(self) -> bool:
+        return bool(self.request.per_node) or any(self.gpu_ids.values())
 
     @classmethod
     def from_environ(
@@ -66,7 +112,12 @@ class SlurmJob:
         *,
         node: str | None = None,
         request: SlurmGpuRequest | None = None,
+        details: str | None = None,
+        step: bool = False,
     ) -> SlurmJob:
+        """The job of a prolog's environment. `details`: `scontrol show job -d` (Slurm's GPU ids
+        per node, for PrologSlurmctld); `step`: a TaskProlog (the step's ids, SLURM_STEP_GPUS,
+        win over the job's). A `request` (from flags) overrides the environment entirely."""
         job_id = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID") or ""
         if not job_id.strip():
             raise InvalidArgument.at("SLURM_JOB_ID", "not set: run from a Slurm prolog or epilog")
@@ -80,7 +131,18 @@ class SlurmJob:
                     "SLURMD_NODENAME", "neither SLURMD_NODENAME nor SLURM_JOB_NODELIST is set"
                 )
             nodes = tuple(expand_hostlist(nodelist))
-        return cls(job_id.strip(), nodes, request or request_from_environ(environ))
+        cluster = environ.get("SLURM_CLUSTER_NAME", "").strip()
+        if request is not None:
+            return cls(job_id.strip(), nodes, request, cluster=cluster)
+        gpu_ids: dict[str, tuple[int, ...]] = {}
+        if details is not None:
+            gpu_ids = {n: ids for n, ids in gpu_ids_from_job_details(details).items() if n in nodes}
+        elif len(nodes) == 1:
+            stepped = step and environ.get("SLURM_STEP_GPUS")
+            name = "SLURM_STEP_GPUS" if stepped else "SLURM_JOB_GPUS"
+            ids = parse_gpu_ids(environ.get(name, ""), name)
+            gpu_ids = {nodes[0]: ids} if ids else {}
+        return cls(job_id.strip(), nodes, request_from_environ(environ), gpu_ids, cluster)
 
 
 def idempotency_key(job_id: str, node: str) -> str:
@@ -128,16 +190,104 @@ def job_gpus(node: NodeInventory | None, node_name: str, held: Sequence[Reservat
     return JobGpus(node_name, tuple(r.id for r in held), devices, tuple(uuids), tuple(missing))
 
 
+def gres_types(inventory: InventoryClient) -> list[str]:
+    """Every GRES type the inventory's devices have, as gres.conf names them: `h100` for whole
+    GPUs, `a100_3g.20gb` for MIG devices (created or not), sorted."""
+    types: set[str] = set()
+    for node in inventory.nodes():
+        for device in node.devices:
+            model = gpu_type(str(device.attribute("productName") or ""))
+            if device.type == "gpu":
+                types.add(model)
+            elif device.type == "mig" and device.attribute("profile"):
+                types.add(f"{model}_{device.attribute('profile')}")
+    return sorted(types)
+
+
+def _check_types(request: SlurmGpuRequest, inventory: InventoryClient) -> None:
+    """InvalidArgument naming the known types when the request names a type no device has
+    (types match exactly, as in Slurm: `a10` is not `a100`)."""
+    typed = [g for g in request.per_node if g.type is not None]
+    if not typed:
+        return
+    known = gres_types(inventory)
+    profiles = {t.rsplit("_", 1)[1] for t in known if "_" in t}
+    for gres in typed:
+        if gres.mig_profile is not None and gres.model is None:
+            ok = gres.mig_profile in profiles
+        elif gres.mig_profile is not None:
+            ok = f"{gres.model}_{gres.mig_profile}" in known
+        else:
+            ok = gres.model in known
+        if not ok:
+            raise InvalidArgument.at(
+                "gres", f"unknown GPU type {gres.type!r}: the known types are {', '.join(known)}"
+            )
+
+
+def slurm_devices(node: NodeInventory, ids: Sequence[int]) -> list[InventoryDevice]:
+    """The inventory devices Slurm's GPU ids name on a node: id i is the node's i-th GPU line
+    of the gres.conf `gpualloc-slurm gres-conf` writes from this inventory."""
+    entries, _ = gres_entries(node)
+    by_name = {d.id.device: d for d in node.devices}
+    devices = []
+    for gpu_id in ids:
+        if gpu_id >= len(entries):
+            raise InvalidArgument.at(
+                "SLURM_JOB_GPUS",
+                f"Slurm's GPU id {gpu_id} on {node.name}: the inventory gives the node "
+                f"{len(entries)} gres.conf GPU line(s); regenerate gres.conf with "
+                "`gpualloc-slurm gres-conf`",
+            )
+        devices.append(by_name[entries[gpu_id].device])
+    return devices
+
+
+def _node(inventory: InventoryClient, name: str) -> NodeInventory:
+    found = inventory.node(name, topology=False)
+    if found is None:
+        raise InvalidArgument.at("node", f"node {name!r} is not in the gpualloc inventory")
+    return found
+
+
+def _claim(job: SlurmJob, inventory: InventoryClient, node: str) -> ResourceClaim | None:
+    """The node's claim: Slurm's own devices when known (typed by gres.conf when a device has
+    no UUID to pin, e.g. a MIG device not created yet), else the request; None: no GPU here."""
+    ids = job.gpu_ids.get(node, ())
+    if ids:
+        found = _node(inventory, node)
+        devices = slurm_devices(found, ids)
+        if all(d.uuid is not None for d in devices):
+            return pinned_claim(job.job_id, devices, nvlink=job.request.nvlink)
+        entries, _ = gres_entries(found)
+        typed = with_types(replace(job.request, gpu_ids=tuple(ids)), [e.type for e in entries])
+        return claim_for_node(job.job_id, typed)
+    if not job.request.per_node:
+        return None
+    _check_types(job.request, inventory)
+    return claim_for_node(job.job_id, job.request)
+
+
+def _labels(job: SlurmJob, node: str) -> dict[str, str]:
+    labels = {"slurm.job_id": job.job_id, "slurm.node": node}
+    if job.cluster:
+        labels[CLUSTER_LABEL] = job.cluster
+    return labels
+
+
 def run_prolog(client: AllocatorClient, inventory: InventoryClient, job: SlurmJob) -> list[JobGpus]:
     """Reserve and commit the job's GPUs on each of its nodes (all or none); [] when the job
-    asks for no GPU. Raises Unplaceable with the allocator's reason when a node has no room."""
-    if not job.request.per_node:
+    asks for no GPU. Raises Unplaceable with the allocator's reason when a node has no room
+    (or, with Slurm's ids, when another owner holds one of the GPUs Slurm picked)."""
+    if not job.asks_for_gpus:
         return []
     placer = Placer(client, inventory)
     leases: list[tuple[str, Lease]] = []
     with ExitStack() as stack:
         for node in job.nodes:
-            claim = claim_for_node(job.job_id, _typed(job.request, inventory, node))
+            claim = _claim(job, inventory, node)
+            if claim is None:
+                continue
 
             def place(node: str = node, claim: ResourceClaim = claim) -> Placement:
                 return placer.allocate(
@@ -146,46 +296,67 @@ def run_prolog(client: AllocatorClient, inventory: InventoryClient, job: SlurmJo
                     idempotency_key=idempotency_key(job.job_id, node),
                     node_name=node,
                     lease_ttl_seconds=PROLOG_LEASE_SECONDS,
-                    labels={"slurm.job_id": job.job_id, "slurm.node": node},
+                    labels=_labels(job, node),
                 )
 
             lease = Lease(client, place, owner=job.owner, lease_ttl_seconds=PROLOG_LEASE_SECONDS)
             try:
                 stack.enter_context(lease)
             except Unplaceable as error:
-                raise Unplaceable(error.placement, f"job {job.job_id} on {node}") from None
+                ids = job.gpu_ids.get(node, ())
+                picked = f" (Slurm's GPU ids {','.join(map(str, ids))})" if ids else ""
+                raise Unplaceable(error.placement, f"job {job.job_id} on {node}{picked}") from None
             leases.append((node, lease))
         for _, lease in leases:
             lease.commit()
         stack.pop_all()  # committed: nothing to release on the way out
     return [
-        job_gpus(inventory.node(node, topology=False), node, lease.reservations)
+        _job_gpus(job, inventory.node(node, topology=False), node, lease.reservations)
         for node, lease in leases
     ]
 
 
-def _typed(request: SlurmGpuRequest, inventory: InventoryClient, node: str) -> SlurmGpuRequest:
-    """Slurm's GPU ids made typed by the node's gres.conf, as generated from the inventory."""
-    if not request.gpu_ids:
-        return request
-    found = inventory.node(node, topology=True)
-    if found is None:
-        return request
-    entries, _ = gres_entries(found)
-    return with_types(request, [e.type for e in entries])
+def _job_gpus(
+    job: SlurmJob, node: NodeInventory | None, node_name: str, held: Sequence[Reservation]
+) -> JobGpus:
+    """The GPUs of the job on the node, in Slurm's id order when Slurm's ids are known."""
+    ids = job.gpu_ids.get(node_name, ())
+    if not ids or node is None:
+        return job_gpus(node, node_name, held)
+    wanted = slurm_devices(node, ids)
+    held_ids = {d for r in held for d in r.devices}
+    missing = [d.id for d in wanted if d.id not in held_ids]
+    if missing:
+        holds = ", ".join(str(d.device) for d in sorted(held_ids, key=str)) or "nothing"
+        raise NoReservation(
+            f"job {job.job_id} on {node_name}: Slurm gave it GPU ids "
+            f"{','.join(map(str, ids))} ({', '.join(d.id.device for d in wanted)}) but gpualloc "
+            f"holds {holds} for {job.owner}; not running it without its GPUs (did the "
+            "PrologSlurmctld run? see slurmctld's log)"
+        )
+    gpus = job_gpus(node, node_name, held)
+    uuids = tuple(d.uuid for d in wanted if d.uuid is not None)
+    without = tuple(d.id for d in wanted if d.uuid is None)
+    return replace(gpus, devices=tuple(d.id for d in wanted), uuids=uuids, without_uuid=without)
 
 
 def task_gpus(client: AllocatorClient, inventory: InventoryClient, job: SlurmJob) -> list[JobGpus]:
-    """What the prolog holds for the job on each of its nodes (read only)."""
+    """What the prolog holds for the job (its step's GPUs) on each of its nodes (read only);
+    [] when the job asked for no GPU. NoReservation when it asked and gpualloc holds none."""
+    if not job.asks_for_gpus:
+        return []
     held = client.list(owner=job.owner)
-    return [
-        job_gpus(
-            inventory.node(node, topology=False),
-            node,
-            [r for r in held if r.node_name == node],
-        )
-        for node in job.nodes
-    ]
+    found = []
+    for node in job.nodes:
+        mine = [r for r in held if r.node_name == node]
+        if not mine:
+            raise NoReservation(
+                f"job {job.job_id} asked for GPUs on {node} but gpualloc holds none for "
+                f"{job.owner}; not running it without its GPUs (did the PrologSlurmctld run? "
+                "see slurmctld's log)"
+            )
+        found.append(_job_gpus(job, inventory.node(node, topology=False), node, mine))
+    return found
 
 
 def run_epilog(client: AllocatorClient, job: SlurmJob, *, all_nodes: bool = False) -> list[str]:
@@ -196,4 +367,24 @@ def run_epilog(client: AllocatorClient, job: SlurmJob, *, all_nodes: bool = Fals
         if all_nodes or reservation.node_name in job.nodes:
             client.release(reservation, owner=job.owner, allow_missing=True)
             released.append(reservation.id)
+    return released
+
+
+def sweep(
+    client: AllocatorClient, cluster: str, live_jobs: Mapping[str, str], *, keep: str = ""
+) -> list[str]:
+    """Release the reservations of this cluster's Slurm jobs that have ended: those an epilog
+    could not release (gpualloc was unreachable then). `live_jobs`: job id -> state, as
+    `squeue -t all` shows them; a job slurmctld no longer lists has ended. Reservations without
+    this cluster's label are left alone (another cluster may share the allocator)."""
+    released = []
+    for reservation in client.list():
+        owner = reservation.owner
+        if not owner.startswith("slurm/job/") or reservation.labels.get(CLUSTER_LABEL) != cluster:
+            continue
+        job_id = owner.removeprefix("slurm/job/")
+        if job_id == keep or live_jobs.get(job_id, "COMPLETED") not in ENDED_STATES:
+            continue
+        client.release(reservation, owner=owner, allow_missing=True)
+        released.append(reservation.id)
     return released

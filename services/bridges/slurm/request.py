@@ -14,8 +14,15 @@ Read from sbatch/srun options, or from the job's environment in a prolog:
   `-C "nvlink&ib"`), or GPUALLOC_NVLINK=1 in the prolog's environment. Slurm has no NVLink
   request of its own (its gres.conf `Links` only steer which GPUs it picks).
 
-Types follow Slurm's rule for GRES types: a type matches a GPU whose name, lower-cased with
-spaces as underscores, contains it (`h100` matches `NVIDIA H100 80GB HBM3`).
+Types match exactly, as Slurm matches GRES types: a type names the GPUs whose gres.conf `Type`
+(`gresconf.gpu_type` of the product name: `h100` for `NVIDIA H100 80GB HBM3`) is that type;
+`a10` is not `a100`, `l4` is not `l40s`. The prolog checks a type against the inventory's
+types and refuses an unknown one, listing the known ones.
+
+Slurm's own GPU choice: the ids of the GPUs Slurm picked on a node come from SLURM_JOB_GPUS
+(node Prolog, batch TaskProlog), SLURM_STEP_GPUS (a step's TaskProlog) or the `GRES=...(IDX:...)`
+lines of `scontrol show job -d` (PrologSlurmctld; `gpu_ids_from_job_details`). Each id indexes
+the node's GPU lines in gres.conf.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from services.bridges.slurm.hostlist import expand_hostlist
 from services.client.specs import is_mig_profile
 from services.common.errors import InvalidArgument
 
@@ -32,6 +40,8 @@ __all__ = [
     "GpuGres",
     "SlurmGpuRequest",
     "constraint_wants_nvlink",
+    "gpu_ids_from_job_details",
+    "parse_gpu_ids",
     "parse_gpus",
     "parse_gres",
     "request_from_environ",
@@ -42,6 +52,9 @@ __all__ = [
 _COUNT = re.compile(r"^(\d+)$")
 _TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 _TRUE = frozenset({"1", "true", "yes", "on"})
+_DETAIL_NODES = re.compile(r"^\s+Nodes=(\S+)(?:\s.*)?$", re.M)
+_DETAIL_GPU = re.compile(r"(?:^|,)gpu(?::[^:(,]+)?:\d+\(IDX:([^)]*)\)")
+_IDS = re.compile(r"^\d+(-\d+)?$")
 
 
 @dataclass(frozen=True)
@@ -254,7 +267,7 @@ def request_from_environ(environ: Mapping[str, str]) -> SlurmGpuRequest:
             constraint=constraint,
             nvlink=nvlink,
         )
-    ids = tuple(int(g) for g in job_gpus.split(",") if g.strip().isdigit())
+    ids = parse_gpu_ids(job_gpus)
     per_node = (GpuGres(None, len(ids)),) if ids else ()
     wants_nvlink = nvlink or bool(constraint and constraint_wants_nvlink(constraint))
     return SlurmGpuRequest(per_node, nodes, wants_nvlink, ids)
@@ -269,3 +282,38 @@ def with_types(request: SlurmGpuRequest, types: Sequence[str]) -> SlurmGpuReques
     counts = Counter(types[i] for i in request.gpu_ids)
     per_node = tuple(GpuGres(t, n) for t, n in sorted(counts.items()))
     return replace(request, per_node=per_node)
+
+
+def parse_gpu_ids(text: str, option: str = "SLURM_JOB_GPUS") -> tuple[int, ...]:
+    """Slurm's GPU ids: `0,6,7` (SLURM_JOB_GPUS) or `0,6-7` (scontrol's IDX), in order."""
+    ids: list[int] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        if not _IDS.match(item):
+            raise _bad(option, text, f"{item!r} is not a GPU id or id range")
+        low, _, high = item.partition("-")
+        ids.extend(range(int(low), int(high or low) + 1))
+    if len(set(ids)) != len(ids):
+        raise _bad(option, text, "a GPU id repeats")
+    return tuple(ids)
+
+
+def gpu_ids_from_job_details(text: str) -> dict[str, tuple[int, ...]]:
+    """Per node, the GPU ids Slurm gave the job, from `scontrol show job -d` (what slurmctld
+    knows when PrologSlurmctld runs): lines like
+    `     Nodes=h100-node-[1-2] CPU_IDs=0-1 Mem=0 GRES=gpu:h100:3(IDX:0,6-7)`.
+    Nodes without GPUs are left out."""
+    found: dict[str, tuple[int, ...]] = {}
+    for match in _DETAIL_NODES.finditer(text):
+        hosts, line = match.group(1), match.group(0)
+        _, _, gres = line.partition(" GRES=")
+        ids = tuple(
+            i
+            for idx in _DETAIL_GPU.findall(gres.split()[0] if gres.strip() else "")
+            for i in parse_gpu_ids(idx, "scontrol show job -d")
+        )
+        if ids:
+            for host in expand_hostlist(hosts):
+                found[host] = ids
+    return found

@@ -12,6 +12,8 @@ from services.bridges.slurm.request import (
     GpuGres,
     SlurmGpuRequest,
     constraint_wants_nvlink,
+    gpu_ids_from_job_details,
+    parse_gpu_ids,
     parse_gres,
     request_from_environ,
     request_from_options,
@@ -237,3 +239,57 @@ def test_bad_hostlists(hostlist):
 def test_slurm_gpu_ids_take_the_types_of_their_gres_conf_lines(ids, types, expected):
     request = SlurmGpuRequest((GpuGres(None, len(ids)),), 1, False, ids)
     assert with_types(request, types).per_node == expected
+
+
+def test_gpu_ids_per_node_from_real_scontrol_show_job_d():
+    text = (SLURM / "scontrol-show-job-d.txt").read_text()
+    jobs = ["JobId=" + part for part in text.split("JobId=")[1:]]
+    found = [gpu_ids_from_job_details(job) for job in jobs]
+    assert found == [{"h100-node-1": (0, 6, 7)}, {"h100-node-1": (1,)}, {"h100-node-1": (2, 3)}]
+
+
+@pytest.mark.parametrize(
+    ("details", "expected"),
+    [
+        pytest.param(
+            "   JOB_GRES=gpu:h100:4\n     Nodes=h100-node-[1-2] CPU_IDs=0-1 Mem=0 "
+            "GRES=gpu:h100:2(IDX:0-1)\n",
+            {"h100-node-1": (0, 1), "h100-node-2": (0, 1)},
+            id="a-hostlist-shares-one-line",
+        ),
+        pytest.param(
+            "     Nodes=n1 CPU_IDs=0 Mem=0 GRES=gpu:a100:1(IDX:3),gpu:a100_1g.5gb:2(IDX:4-5)\n",
+            {"n1": (3, 4, 5)},
+            id="two-gpu-entries",
+        ),
+        pytest.param(
+            "     Nodes=n1 CPU_IDs=0 Mem=0 GRES=shard:2(IDX:0),gpu:1(IDX:2)\n",
+            {"n1": (2,)},
+            id="other-gres-ignored",
+        ),
+        pytest.param("     Nodes=n1 CPU_IDs=0 Mem=0 GRES=\n", {}, id="no-gpu"),
+        pytest.param("     Nodes=n1 CPU_IDs=0 Mem=0\n", {}, id="no-gres-field"),
+        pytest.param("   NodeList=n1\n   ReqNodeList=(null)\n", {}, id="not-a-detail-line"),
+    ],
+)
+def test_gpu_ids_from_job_details(details, expected):
+    assert gpu_ids_from_job_details(details) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param("0,6,7", (0, 6, 7), id="env-list"),
+        pytest.param("0,6-7", (0, 6, 7), id="idx-range"),
+        pytest.param("", (), id="empty"),
+        pytest.param("3", (3,), id="one"),
+    ],
+)
+def test_gpu_ids(text, expected):
+    assert parse_gpu_ids(text) == expected
+
+
+@pytest.mark.parametrize("text", ["0,a", "1-", "0,0", "-1", "N/A"])
+def test_bad_gpu_ids(text):
+    with pytest.raises(InvalidArgument, match="SLURM_JOB_GPUS"):
+        parse_gpu_ids(text)

@@ -1,0 +1,11 @@
+#!/bin/sh
+# slurm.conf: EpilogSlurmctld=/etc/slurm/gpualloc/epilog-slurmctld.sh — runs on the controller
+# (as SlurmUser) when the job ends (completed, failed, cancelled, requeued). Releases the job's
+# GPUs in gpualloc on every node (idempotent), then (--sweep) those of this cluster's jobs that
+# ended while gpualloc was unreachable. A failing EpilogSlurmctld drains nothing: if gpualloc
+# cannot be told, the reservation stays held until the next EpilogSlurmctld that reaches it.
+# Slurm runs it without PATH: name everything in full.
+GPUALLOC_ALLOCATOR_ADDR=${GPUALLOC_ALLOCATOR_ADDR:-gpualloc.example.com:50051}
+SLURM_CONF=${SLURM_CONF:-/etc/slurm/slurm.conf}
+export GPUALLOC_ALLOCATOR_ADDR SLURM_CONF
+exec /opt/gpualloc/bin/gpualloc-slurm epilog --all-nodes --sweep

@@ -1,0 +1,475 @@
+"""A real Slurm for the bridge: munged, slurmctld and one slurmd from Debian's slurm-wlm.
+
+Everything runs on loopback with free ports in a private directory: the munge key and socket,
+slurmctld's state, slurmd's spool, the logs, and character-device stand-ins for the node's
+GPUs (`mknod dev/nvidia<N> c 195 <N>`, the NVIDIA major number) that gres.conf's `File=` lines
+name. cgroup.conf constrains devices (cgroup v1, as this machine mounts it), so a job can open
+exactly the stand-ins of the GPUs Slurm gave it: opening an allowed one fails with ENXIO (no
+driver behind it), a denied one with EPERM (the cgroup).
+
+The nodes are `h100-node-1` and `h100-node-2` of the demo inventory (two slurmd on this
+machine, sharing the stand-ins); gpualloc is the project's own in-process
+server (services.bridges.local_cluster) on a free port; gres.conf is what
+`gpualloc-slurm gres-conf --node h100-node-1` writes, and slurm.conf's gpualloc lines, the
+cgroup.conf and the PrologSlurmctld / TaskProlog / EpilogSlurmctld scripts are the ones in
+examples/bridges/slurm, with only their paths and address replaced.
+
+The binaries are never faked or skipped: if they are missing (or the run is not root: slurmd,
+mknod and cgroups need it) the tests FAIL with what to install — .ci/run installs them. Tests
+that use the fixture get the `slurm` marker, so `pytest -m "not slurm"` deselects them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from services.bridges import local_cluster
+from services.bridges.slurm import cli
+from services.client import AllocatorClient, Reservation
+from tests.unit.bridges.support import ROOT, release_everything
+
+SLURM_MISSING = (
+    "{name} not found: install Debian's Slurm and MUNGE (apt-get install slurm-wlm munge) — "
+    ".ci/run does this"
+)
+NOT_ROOT = "the real-Slurm tests need root (slurmd, mknod and cgroups); run them as root"
+EXAMPLES = ROOT / "examples" / "bridges" / "slurm"
+NODE = "h100-node-1"
+NODES = (NODE, "h100-node-2")
+"""Two slurmd on this machine (Debian's slurmd runs one per `-N` name, on its own port); the
+default partition `gpu` is NODE alone, partition `multi` both (for multi-node jobs)."""
+GPUS = 8
+NVIDIA_MAJOR = 195
+START_TIMEOUT_SECONDS = 30.0
+JOB_TIMEOUT_SECONDS = 60.0
+_SBIN = "/usr/sbin:/usr/bin:/sbin:/bin"
+_PROGRAMS = ("munged", "slurmctld", "slurmd", "slurmstepd", "sbatch", "srun", "scontrol", "squeue")
+_SLURM_FIXTURES = frozenset({"slurm_cluster", "slurm"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _SLURM_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slurm)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _binary(name: str) -> str:
+    found = shutil.which(name, path=f"{os.environ.get('PATH', '')}:{_SBIN}")
+    if found is None:
+        pytest.fail(SLURM_MISSING.format(name=name), pytrace=False)
+    return found
+
+
+class TcpProxy:
+    """127.0.0.1:<port> -> gpualloc, so a test can take gpualloc away from Slurm's scripts
+    (`down()`: every connection is closed at once, as by a load balancer without backends)
+    and give it back (`up()`), while the server and its reservations stay as they were."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._up = threading.Event()
+        self._up.set()
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, name="slurm-test-proxy", daemon=True).start()
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def down(self) -> None:
+        self._up.clear()
+        with self._lock:
+            for sock in self._open:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def up(self) -> None:
+        self._up.set()
+
+    def close(self) -> None:
+        self.down()
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            if not self._up.is_set():
+                client.close()
+                continue
+            try:
+                server = socket.create_connection(self.upstream, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._open.update((client, server))
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+            with self._lock:
+                self._open.discard(source)
+                self._open.discard(sink)
+
+
+@dataclass
+class SlurmCluster:
+    """The running daemons, the gpualloc server they use, and helpers to run jobs."""
+
+    directory: Path
+    gpualloc: local_cluster.LocalCluster
+    proxy: TcpProxy
+    env: dict[str, str]
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    epilog_may_fail: bool = False
+    """Set by a test that makes EpilogSlurmctld fail; any other failure fails the test."""
+
+    def controller_log(self) -> str:
+        path = self.directory / "log" / "slurmctld.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    @property
+    def target(self) -> str:
+        return self.gpualloc.target
+
+    @property
+    def dev(self) -> Path:
+        return self.directory / "dev"
+
+    @property
+    def out(self) -> Path:
+        return self.directory / "out"
+
+    def run(
+        self, *argv: str, check: bool = True, timeout: float = JOB_TIMEOUT_SECONDS
+    ) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            list(argv), env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if check and done.returncode != 0:
+            pytest.fail(
+                f"{' '.join(argv)} exited {done.returncode}:\n{done.stdout}{done.stderr}\n"
+                f"{self.log_tail()}",
+                pytrace=False,
+            )
+        return done
+
+    def sbatch(self, *options: str, script: str) -> str:
+        path = self.out / f"job-{time.monotonic_ns()}.sh"
+        path.write_text("#!/bin/sh\n" + script)
+        path.chmod(0o755)
+        done = self.run("sbatch", "--parsable", f"--output={self.out}/%j.out", *options, str(path))
+        return done.stdout.strip().split(";")[0]
+
+    def job(self, job_id: str) -> dict[str, str]:
+        """`scontrol show job -o` as fields (empty once slurmctld forgot the job)."""
+        done = self.run("scontrol", "show", "job", "-o", job_id, check=False)
+        if done.returncode != 0:
+            return {}
+        return _fields(done.stdout)
+
+    def job_details(self, job_id: str) -> str:
+        return self.run("scontrol", "show", "job", "-d", job_id).stdout
+
+    def wait_for(
+        self, job_id: str, states: Sequence[str], timeout: float = JOB_TIMEOUT_SECONDS
+    ) -> dict[str, str]:
+        """The job's fields once its state is one of `states`."""
+        deadline = time.monotonic() + timeout
+        seen: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            seen = self.job(job_id)
+            if seen.get("JobState") in states:
+                return seen
+            time.sleep(0.2)
+        pytest.fail(
+            f"job {job_id} not {'/'.join(states)} after {timeout:g}s: {seen}\n{self.log_tail()}",
+            pytrace=False,
+        )
+
+    def wait_for_file(self, path: Path, timeout: float = JOB_TIMEOUT_SECONDS) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if path.exists():
+                return path.read_text()
+            time.sleep(0.1)
+        pytest.fail(f"{path} did not appear within {timeout:g}s\n{self.log_tail()}", pytrace=False)
+
+    def node(self, name: str = NODE) -> dict[str, str]:
+        return _fields(self.run("scontrol", "show", "node", "-o", name).stdout)
+
+    def reservations(self, owner: str = "") -> list[Reservation]:
+        with AllocatorClient(self.target) as client:
+            return client.list(owner=owner)
+
+    def wait_until_idle(self, timeout: float = JOB_TIMEOUT_SECONDS) -> None:
+        """No job left and the nodes idle (and never drained)."""
+        deadline = time.monotonic() + timeout
+        states: list[str] = []
+        while time.monotonic() < deadline:
+            jobs = self.run("squeue", "-h", "-o", "%i").stdout.split()
+            states = [self.node(n).get("State", "") for n in NODES]
+            if not jobs and states == ["IDLE"] * len(NODES):
+                return
+            time.sleep(0.2)
+        pytest.fail(f"nodes {NODES} are {states}, not IDLE\n{self.log_tail()}", pytrace=False)
+
+    def log_tail(self, lines: int = 30) -> str:
+        shown = []
+        for name in ("slurmctld.log", *(f"slurmd-{n}.log" for n in NODES)):
+            path = self.directory / "log" / name
+            text = path.read_text(errors="replace") if path.exists() else "(no log)"
+            shown.append(f"--- {name}\n" + "\n".join(text.splitlines()[-lines:]))
+        return "\n".join(shown)
+
+    def stop(self) -> None:
+        self.run("scancel", "--full", "--user=root", check=False)
+        for process in reversed(self.processes):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+        _remove_cgroups()
+
+
+def _fields(text: str) -> dict[str, str]:
+    """`scontrol show … -o`'s one line as {field: value}."""
+    return {k: v.strip() for k, v in re.findall(r"(\w+)=(.*?)(?= \w+=|$)", text.strip())}
+
+
+def _remove_cgroups() -> None:
+    """slurmd's cgroup v1 directories (`slurm_<node>`), deepest first."""
+    for top in (t for n in NODES for t in Path("/sys/fs/cgroup").glob(f"*/slurm_{n}")):
+        for directory in sorted(top.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+            if directory.is_dir():
+                directory.rmdir()
+        top.rmdir()
+
+
+def _render(text: str, replacements: dict[str, str]) -> str:
+    for old, new in replacements.items():
+        text = text.replace(old, new)
+    return text
+
+
+def _gpualloc_lines(replacements: dict[str, str]) -> list[str]:
+    """examples/bridges/slurm/slurm.conf's settings (not its example NodeName lines)."""
+    lines = (EXAMPLES / "slurm.conf").read_text().splitlines()
+    settings = [line for line in lines if line and not line.startswith(("#", "NodeName="))]
+    return [_render(line, replacements) for line in settings]
+
+
+def _slurm_conf(directory: Path, replacements: dict[str, str]) -> str:
+    ctld_port = _free_port()
+    return "\n".join(
+        [
+            "ClusterName=gpualloc-test",
+            "SlurmctldHost=localhost(127.0.0.1)",
+            f"SlurmctldPort={ctld_port}",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            f"AuthInfo=socket={directory}/munge/munge.socket",
+            "CredType=cred/munge",
+            f"StateSaveLocation={directory}/state",
+            f"SlurmdSpoolDir={directory}/spool/%n",
+            f"SlurmctldPidFile={directory}/slurmctld.pid",
+            f"SlurmdPidFile={directory}/slurmd-%n.pid",
+            f"SlurmctldLogFile={directory}/log/slurmctld.log",
+            f"SlurmdLogFile={directory}/log/slurmd-%n.log",
+            "SlurmctldDebug=info",
+            "SlurmdDebug=info",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "SchedulerType=sched/backfill",
+            "SelectTypeParameters=CR_Core",
+            "ReturnToService=2",
+            "MpiDefault=none",
+            # the node says 16 CPUs whatever this machine has, so jobs run side by side
+            "SlurmdParameters=config_overrides",
+            *_gpualloc_lines(replacements),
+            *(
+                f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={_free_port()} "
+                f"CPUs=16 RealMemory=1000 Gres=gpu:h100:{GPUS} Features=nvlink State=UNKNOWN"
+                for n in NODES
+            ),
+            f"PartitionName=gpu Nodes={NODE} Default=YES MaxTime=INFINITE State=UP",
+            f"PartitionName=multi Nodes={','.join(NODES)} MaxTime=INFINITE State=UP",
+            "",
+        ]
+    )
+
+
+def _gres_conf(target: str, dev: Path) -> str:
+    text = ""
+    for node in NODES:
+        out, err = io.StringIO(), io.StringIO()
+        environ = {"GPUALLOC_ALLOCATOR_ADDR": target}
+        code = cli.main(["gres-conf", "--node", node], environ, out, err)
+        assert code == 0, err.getvalue()
+        text += out.getvalue()
+    return text.replace("File=/dev/nvidia", f"File={dev}/nvidia")
+
+
+def _start(cluster: SlurmCluster, argv: Sequence[str], name: str) -> None:
+    with (cluster.directory / "log" / f"{name}.out").open("ab") as log:
+        process = subprocess.Popen(
+            list(argv),
+            env=cluster.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    cluster.processes.append(process)
+
+
+def _wait_for_idle_node(cluster: SlurmCluster) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        for process in cluster.processes:
+            if process.poll() is not None:
+                pytest.fail(
+                    f"{process.args!r} exited {process.returncode} at start\n{cluster.log_tail()}",
+                    pytrace=False,
+                )
+        done = cluster.run("sinfo", "-h", "-N", "-p", "multi", "-o", "%T", check=False)
+        if done.returncode == 0 and done.stdout.split() == ["idle"] * len(NODES):
+            return
+        time.sleep(0.2)
+    cluster.stop()
+    pytest.fail(f"slurmd did not come up idle\n{cluster.log_tail()}", pytrace=False)
+
+
+def start_slurm(
+    directory: Path, gpualloc: local_cluster.LocalCluster, proxy: TcpProxy
+) -> SlurmCluster:
+    if os.geteuid() != 0:
+        pytest.fail(NOT_ROOT, pytrace=False)
+    programs = {name: _binary(name) for name in _PROGRAMS}
+    for sub in ("munge", "state", "log", "dev", "out", "gpualloc", *(f"spool/{n}" for n in NODES)):
+        (directory / sub).mkdir(parents=True, exist_ok=True)
+    directory.chmod(0o755)
+    (directory / "out").chmod(0o777)
+    for index in range(GPUS):
+        os.mknod(
+            directory / "dev" / f"nvidia{index}", 0o666 | 0o020000, os.makedev(NVIDIA_MAJOR, index)
+        )
+    key = directory / "munge" / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)
+    (directory / "munge").chmod(0o755)  # the socket is for every job user; munged checks it
+
+    conf = directory / "slurm.conf"
+    bin_dir = Path(sys.executable).parent
+    replacements = {
+        "/etc/slurm/gpualloc/": f"{directory}/gpualloc/",
+        "/opt/gpualloc/bin/": f"{bin_dir}/",
+        "gpualloc.example.com:50051": proxy.target,
+        "/etc/slurm/slurm.conf": str(conf),
+    }
+    for script in ("prolog-slurmctld.sh", "taskprolog.sh", "epilog-slurmctld.sh"):
+        path = directory / "gpualloc" / script
+        path.write_text(_render((EXAMPLES / script).read_text(), replacements))
+        path.chmod(0o755)
+    conf.write_text(_slurm_conf(directory, replacements))
+    (directory / "cgroup.conf").write_text((EXAMPLES / "cgroup.conf").read_text())
+    (directory / "gres.conf").write_text(_gres_conf(gpualloc.target, directory / "dev"))
+
+    env = {"PATH": f"{bin_dir}:{_SBIN}", "SLURM_CONF": str(conf), "HOME": str(directory)}
+    cluster = SlurmCluster(directory, gpualloc, proxy, env)
+    munge = directory / "munge"
+    _start(
+        cluster,
+        [
+            programs["munged"], "--foreground", "--force",
+            f"--socket={munge}/munge.socket", f"--key-file={key}",
+            f"--pid-file={munge}/munged.pid", f"--log-file={munge}/munged.log",
+            f"--seed-file={munge}/munged.seed",
+        ],
+        "munged",
+    )  # fmt: skip
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    while not (munge / "munge.socket").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _remove_cgroups()  # left by a killed run
+    _start(cluster, [programs["slurmctld"], "-D", "-i", "-f", str(conf)], "slurmctld")
+    for node in NODES:
+        _start(cluster, [programs["slurmd"], "-D", "-N", node, "-f", str(conf)], f"slurmd-{node}")
+    _wait_for_idle_node(cluster)
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """The real Slurm of a test module, with its own gpualloc."""
+    with local_cluster.start() as gpualloc:
+        proxy = TcpProxy(("127.0.0.1", gpualloc.port))
+        cluster = start_slurm(tmp_path_factory.mktemp("slurm"), gpualloc, proxy)
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+            proxy.close()
+
+
+@pytest.fixture
+def slurm(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    """The module's Slurm, idle, and gpualloc without reservations, before and after the test."""
+    slurm_cluster.proxy.up()
+    slurm_cluster.wait_until_idle()
+    release_everything(slurm_cluster.target)
+    slurm_cluster.epilog_may_fail = False
+    start = len(slurm_cluster.controller_log())
+    yield slurm_cluster
+    slurm_cluster.proxy.up()
+    slurm_cluster.run("scancel", "--full", "--user=root", check=False)
+    slurm_cluster.wait_until_idle()
+    release_everything(slurm_cluster.target)
+    failed = [
+        line
+        for line in slurm_cluster.controller_log()[start:].splitlines()
+        if "EpilogSlurmctld exit status" in line
+    ]
+    if failed and not slurm_cluster.epilog_may_fail:
+        pytest.fail("EpilogSlurmctld failed:\n" + "\n".join(failed), pytrace=False)

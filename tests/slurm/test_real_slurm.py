@@ -1,0 +1,362 @@
+"""The Slurm bridge under a real slurmctld and slurmd (tests/slurm/conftest.py): real jobs, the
+example PrologSlurmctld / TaskProlog / EpilogSlurmctld, gpualloc's reservations, cgroups.
+
+"The GPUs a job has" is checked four ways and must agree: the ids Slurm picked (`scontrol show
+job -d`, SLURM_JOB_GPUS / SLURM_STEP_GPUS), the devices gpualloc holds for `slurm/job/<id>`,
+CUDA_VISIBLE_DEVICES / GPUALLOC_DEVICES in the task, and the device files the task's cgroup
+lets it open.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from datetime import datetime, timedelta
+
+import pytest
+
+from services.bridges.slurm.request import gpu_ids_from_job_details
+from services.client import AllocatorClient, ReservationState
+from services.client.inventory import InventoryClient
+from services.client.specs import RequestSpec, build_claim
+from tests.slurm.conftest import GPUS, NODE, NODES, SlurmCluster
+
+OTHER_OWNER = "kueue/team-a/train"
+_REPORT = """#!/bin/sh
+# one line per task: what Slurm, gpualloc and the cgroup say about its GPUs
+allowed=""
+for i in {gpus}; do
+  if ! cat {dev}/nvidia$i 2>&1 | grep -q "not permitted"; then allowed="$allowed$i,"; fi
+done
+echo "$1 JOB_GPUS=${{SLURM_JOB_GPUS-}} STEP_GPUS=${{SLURM_STEP_GPUS-}}" \
+  "CVD=${{CUDA_VISIBLE_DEVICES-unset}} DEVICES=${{GPUALLOC_DEVICES-}} ALLOWED=$allowed" \
+  "NODE=${{SLURMD_NODENAME-}}"
+"""
+_HOLD = """#!/bin/sh
+# the job is running: let the test look, and wait until it says go
+touch {out}/ready-$SLURM_JOB_ID
+while [ ! -e {out}/go-$SLURM_JOB_ID ]; do sleep 0.1; done
+"""
+
+
+def _script(slurm: SlurmCluster, name: str, text: str) -> str:
+    path = slurm.out / name
+    if not path.exists():
+        path.write_text(text.format(gpus=" ".join(map(str, range(GPUS))), dev=slurm.dev,
+                                    out=slurm.out))  # fmt: skip
+        path.chmod(0o755)
+    return str(path)
+
+
+def report(slurm: SlurmCluster) -> str:
+    return _script(slurm, "report.sh", _REPORT)
+
+
+def hold(slurm: SlurmCluster) -> str:
+    return _script(slurm, "hold.sh", _HOLD)
+
+
+def uuids(slurm: SlurmCluster, node: str = NODE) -> dict[str, str]:
+    with InventoryClient(slurm.target) as inventory:
+        found = inventory.node(node)
+        assert found is not None
+        return {d.id.device: d.uuid or "" for d in found.devices}
+
+
+def lines(text: str) -> dict[str, dict[str, str]]:
+    """report.sh's lines by label: {"batch": {"JOB_GPUS": "0,1", ...}}."""
+    found = {}
+    for line in text.splitlines():
+        label, *fields = line.split(" ")
+        if fields and "=" in fields[0]:
+            found[label] = dict(f.split("=", 1) for f in fields)
+    return found
+
+
+def ids(text: str) -> list[int]:
+    return [int(i) for i in text.split(",") if i]
+
+
+def names(devices: str) -> list[str]:
+    return [d.rsplit("/", 1)[1] for d in devices.split(",") if d]
+
+
+def wait_released(slurm: SlurmCluster, job_id: str, timeout: float = 30.0) -> None:
+    """EpilogSlurmctld runs after the job ends: its reservations go soon after."""
+    deadline = time.monotonic() + timeout
+    while slurm.reservations(owner=f"slurm/job/{job_id}"):
+        assert time.monotonic() < deadline, f"job {job_id}'s reservation was never released"
+        time.sleep(0.2)
+
+
+def assert_agree(
+    slurm: SlurmCluster, task: dict[str, str], slurm_ids: list[int], node: str = NODE
+) -> None:
+    """One task's GPUs: Slurm's ids == GPUALLOC_DEVICES == CUDA_VISIBLE_DEVICES == cgroup."""
+    by_name = uuids(slurm, node)
+    expected = [f"gpu-{i}" for i in slurm_ids]  # gres.conf line i is /dev/nvidia<i>, gpu-<i>
+    assert names(task["DEVICES"]) == expected
+    assert task["CVD"].split(",") == [by_name[d] for d in expected]
+    assert sorted(ids(task["ALLOWED"])) == sorted(slurm_ids)
+
+
+def held_devices(slurm: SlurmCluster, job_id: str) -> list[str]:
+    (held,) = slurm.reservations(owner=f"slurm/job/{job_id}")
+    assert held.state is ReservationState.COMMITTED and held.node_name == NODE
+    return sorted(d.device for d in held.devices)
+
+
+def hold_for_another_owner(slurm: SlurmCluster, count: int, node: str = NODE) -> None:
+    """Another system (a Kueue workload, say) holds `count` GPUs of the node."""
+    claim = build_claim("train", [RequestSpec("gpus", count)], namespace="team-a")
+    with AllocatorClient(slurm.target) as client:
+        placement = client.allocate(
+            [claim], node_name=node, reserve=True, owner=OTHER_OWNER, idempotency_key="train"
+        )
+        assert placement.fits
+        for reservation in placement.reservations:
+            client.commit(reservation, owner=OTHER_OWNER)
+
+
+def assert_node_not_drained(slurm: SlurmCluster, name: str = NODE) -> None:
+    node = slurm.node(name)
+    assert "DRAIN" not in node["State"] and node.get("Reason", "") in ("", "(null)"), node
+
+
+@pytest.mark.parametrize(
+    ("options", "step"),
+    [
+        pytest.param(["--gres=gpu:2"], None, id="gres-2"),
+        pytest.param(["--gpus=3"], None, id="gpus-3"),
+        pytest.param(["--gpus-per-node=h100:2"], None, id="gpus-per-node-h100-2"),
+        pytest.param(["--gres=gpu:h100:4", "--constraint=nvlink"], None, id="gres-h100-4-nvlink"),
+        pytest.param(["--gres=gpu:2"], "--gres=gpu:1", id="step-gres-1-of-2"),
+        pytest.param(["--gpus=3"], "--gpus=2", id="step-gpus-2-of-3"),
+        pytest.param(["--gres=gpu:2"], "", id="step-without-a-gpu-option"),
+    ],
+)
+def test_batch_job_slurm_gpualloc_cuda_and_cgroup_agree(slurm, options, step):
+    step_line = f"srun -n1 {step} {report(slurm)} step\n" if step is not None else ""
+    job_id = slurm.sbatch(*options, script=f"{report(slurm)} batch\n{step_line}{hold(slurm)}\n")
+    slurm.wait_for_file(slurm.out / f"ready-{job_id}")
+
+    slurm_ids = list(gpu_ids_from_job_details(slurm.job_details(job_id))[NODE])
+    assert held_devices(slurm, job_id) == sorted(f"gpu-{i}" for i in slurm_ids)
+    (slurm.out / f"go-{job_id}").touch()
+    assert slurm.wait_for(job_id, ["COMPLETED", "FAILED"])["JobState"] == "COMPLETED"
+
+    tasks = lines((slurm.out / f"{job_id}.out").read_text())
+    assert ids(tasks["batch"]["JOB_GPUS"]) == slurm_ids
+    assert_agree(slurm, tasks["batch"], slurm_ids)
+    if step:
+        step_ids = ids(tasks["step"]["STEP_GPUS"])
+        assert step_ids and set(step_ids) < set(slurm_ids)
+        assert_agree(slurm, tasks["step"], step_ids)
+    elif step is not None:  # a step that names no GPU gets the job's (Slurm's default)
+        assert ids(tasks["step"]["STEP_GPUS"]) == slurm_ids
+        assert_agree(slurm, tasks["step"], slurm_ids)
+    wait_released(slurm, job_id)
+
+
+def test_interactive_srun_gets_the_gpus_slurm_picked(slurm):
+    command = f"{report(slurm)} srun && {hold(slurm)}"
+    before = set(slurm.out.glob("ready-*"))
+    with subprocess.Popen(
+        ["srun", "--gpus=3", "sh", "-c", command], env=slurm.env, stdout=subprocess.PIPE, text=True
+    ) as srun:
+        ready = None
+        for _ in range(300):
+            ready = next(iter(set(slurm.out.glob("ready-*")) - before), None)
+            if ready is not None:
+                break
+            time.sleep(0.1)
+        assert ready is not None, slurm.log_tail()
+        job_id = ready.name.removeprefix("ready-")
+        slurm_ids = list(gpu_ids_from_job_details(slurm.job_details(job_id))[NODE])
+        assert held_devices(slurm, job_id) == sorted(f"gpu-{i}" for i in slurm_ids)
+        (slurm.out / f"go-{job_id}").touch()
+        out, _ = srun.communicate(timeout=60)
+    assert srun.returncode == 0
+    assert_agree(slurm, lines(out)["srun"], slurm_ids)
+    wait_released(slurm, job_id)
+
+
+def test_a_job_without_gpus_gets_none(slurm):
+    done = slurm.run("srun", report(slurm), "srun")
+    task = lines(done.stdout)["srun"]
+    assert task["CVD"] == "unset" and task["DEVICES"] == "" and task["ALLOWED"] == ""
+    assert slurm.reservations() == []
+
+
+@pytest.mark.parametrize("held", [GPUS, 2], ids=["all-gpus-held", "slurms-first-pick-held"])
+def test_gpus_another_owner_holds_requeue_the_job_without_draining(slurm, held):
+    hold_for_another_owner(slurm, held)
+    job_id = slurm.sbatch("--gres=gpu:2", script=f"{report(slurm)} batch\n")
+    deadline = time.monotonic() + 60
+    fields = slurm.job(job_id)
+    while time.monotonic() < deadline and (
+        fields.get("Restarts", "0") == "0" or fields.get("JobState") != "PENDING"
+    ):
+        time.sleep(0.2)
+        fields = slurm.job(job_id)
+    # requeued, pending (not held), with gpualloc's reason for the user; the node stays up
+    assert fields["JobState"] == "PENDING" and fields["Restarts"] == "1", fields
+    assert fields["Comment"].startswith(f"gpualloc: job {job_id} on {NODE}"), fields
+    assert "cannot be placed" in fields["Comment"] and OTHER_OWNER in fields["Comment"]
+    # tried again after Slurm's requeue delay, not at once
+    eligible = datetime.fromisoformat(fields["EligibleTime"])
+    assert eligible - datetime.now() > timedelta(seconds=60), fields
+    squeue = slurm.run("squeue", "-h", "-j", job_id, "-o", "%T|%k").stdout
+    assert squeue.startswith("PENDING|gpualloc: ") and OTHER_OWNER in squeue
+    assert_node_not_drained(slurm)
+    assert slurm.reservations(owner=f"slurm/job/{job_id}") == []
+    others = {d.device for r in slurm.reservations(owner=OTHER_OWNER) for d in r.devices}
+
+    # the other owner lets go; the requeued job runs when it is next tried, and releases after
+    release_owner(slurm, OTHER_OWNER)
+    slurm.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+    done = slurm.wait_for(job_id, ["COMPLETED", "FAILED"])
+    assert done["JobState"] == "COMPLETED"
+    task = lines((slurm.out / f"{job_id}.out").read_text())["batch"]
+    assert_agree(slurm, task, ids(task["JOB_GPUS"]))
+    placed = ",".join(names(task["DEVICES"]))
+    assert done["Comment"] == f"gpualloc: reserved {NODE}: {placed}", done  # the old reason gone
+    assert len(others) == held
+    wait_released(slurm, job_id)
+
+
+def release_owner(slurm: SlurmCluster, owner: str) -> None:
+    with AllocatorClient(slurm.target) as client:
+        for reservation in client.list(owner=owner):
+            client.release(reservation, owner=owner)
+
+
+def test_interactive_srun_on_a_shortage_is_cancelled_without_draining(slurm):
+    hold_for_another_owner(slurm, GPUS)
+    done = slurm.run("srun", "--gres=gpu:1", "true", check=False)
+    assert done.returncode != 0 and "PrologSlurmctld failed" in done.stderr
+    assert_node_not_drained(slurm)
+    assert [r.owner for r in slurm.reservations()] == [OTHER_OWNER]
+
+
+def test_cancel_releases(slurm):
+    job_id = slurm.sbatch("--gres=gpu:2", script=f"{hold(slurm)}\n")
+    slurm.wait_for_file(slurm.out / f"ready-{job_id}")
+    assert len(held_devices(slurm, job_id)) == 2
+    slurm.run("scancel", job_id)
+    wait_released(slurm, job_id)
+    assert_node_not_drained(slurm)
+
+
+def test_requeue_releases_and_reserves_again(slurm):
+    job_id = slurm.sbatch("--gres=gpu:2", "--requeue", script=f"{hold(slurm)}\n")
+    ready = slurm.out / f"ready-{job_id}"
+    slurm.wait_for_file(ready)
+    first = held_devices(slurm, job_id)
+    ready.unlink()
+    slurm.run("scontrol", "requeue", job_id)
+    wait_released(slurm, job_id)
+    slurm.wait_for(job_id, ["PENDING"])
+    slurm.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+    slurm.wait_for_file(ready)
+    again = held_devices(slurm, job_id)
+    assert len(again) == len(first) == 2
+    (slurm.out / f"go-{job_id}").touch()
+    slurm.wait_for(job_id, ["COMPLETED"])
+    wait_released(slurm, job_id)
+
+
+def test_a_step_whose_reservation_is_gone_does_not_run_without_gpus(slurm):
+    script = f"{hold(slurm)}\nsrun -n1 --gres=gpu:1 {report(slurm)} step\n"
+    job_id = slurm.sbatch("--gres=gpu:1", script=script)
+    slurm.wait_for_file(slurm.out / f"ready-{job_id}")
+    release_owner(slurm, f"slurm/job/{job_id}")  # e.g. an operator released it by hand
+    (slurm.out / f"go-{job_id}").touch()
+    assert slurm.wait_for(job_id, ["COMPLETED", "FAILED"])["JobState"] == "FAILED"
+    out = (slurm.out / f"{job_id}.out").read_text()
+    assert "step " not in out  # the step's task never ran
+    assert (
+        re.search(
+            rf"gpualloc-slurm: job {job_id} on {NODE}: Slurm gave it GPU ids \d+ \(gpu-\d+\) but "
+            rf"gpualloc holds nothing for slurm/job/{job_id}",
+            out,
+        )
+        or f"gpualloc holds none for slurm/job/{job_id}" in out
+    ), out
+    assert_node_not_drained(slurm)
+
+
+def wait_requeued(slurm: SlurmCluster, job_id: str) -> dict[str, str]:
+    """The job's fields once its PrologSlurmctld failed and Slurm requeued it (pending)."""
+    deadline = time.monotonic() + 60
+    fields = slurm.job(job_id)
+    while time.monotonic() < deadline and (
+        fields.get("Restarts", "0") == "0" or fields.get("JobState") != "PENDING"
+    ):
+        time.sleep(0.2)
+        fields = slurm.job(job_id)
+    assert fields["JobState"] == "PENDING" and fields["Restarts"] == "1", fields
+    return fields
+
+
+def test_gpualloc_unreachable_at_the_prolog_requeues_without_draining(slurm):
+    slurm.epilog_may_fail = True  # the requeue's EpilogSlurmctld cannot reach gpualloc either
+    slurm.proxy.down()
+    job_id = slurm.sbatch("--gres=gpu:1", script=f"{report(slurm)} batch\n")
+    fields = wait_requeued(slurm, job_id)
+    assert fields["Comment"].startswith("gpualloc: Unavailable: "), fields
+    assert_node_not_drained(slurm)
+    assert slurm.reservations() == []
+    slurm.proxy.up()
+    slurm.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+    assert slurm.wait_for(job_id, ["COMPLETED", "FAILED"])["JobState"] == "COMPLETED"
+    wait_released(slurm, job_id)
+
+
+def test_gpualloc_unreachable_at_the_epilog_is_released_by_a_later_epilog(slurm):
+    job_id = slurm.sbatch("--gres=gpu:2", script=f"{hold(slurm)}\n")
+    slurm.wait_for_file(slurm.out / f"ready-{job_id}")
+    slurm.epilog_may_fail = True
+    slurm.proxy.down()
+    (slurm.out / f"go-{job_id}").touch()
+    assert slurm.wait_for(job_id, ["COMPLETED"])["JobState"] == "COMPLETED"
+    slurm.wait_until_idle()
+    # the EpilogSlurmctld could not reach gpualloc: the job is done, no node drained, and its
+    # GPUs are still held (committed reservations do not expire) ...
+    assert_node_not_drained(slurm)
+    assert len(held_devices(slurm, job_id)) == 2
+    # ... until the next job's EpilogSlurmctld (`epilog --sweep`) reaches gpualloc again
+    slurm.proxy.up()
+    slurm.run("srun", "true")
+    wait_released(slurm, job_id)
+
+
+def test_a_two_node_job_gets_slurms_gpus_on_each_node(slurm):
+    script = f"srun -N2 -n2 {report(slurm)} step\n{hold(slurm)}\n"
+    job_id = slurm.sbatch("-p", "multi", "-N2", "--gpus-per-node=2", script=script)
+    slurm.wait_for_file(slurm.out / f"ready-{job_id}")
+    picked = gpu_ids_from_job_details(slurm.job_details(job_id))
+    assert sorted(picked) == list(NODES)
+    held = {r.node_name: sorted(d.device for d in r.devices) for r in
+            slurm.reservations(owner=f"slurm/job/{job_id}")}  # fmt: skip
+    assert held == {n: sorted(f"gpu-{i}" for i in picked[n]) for n in NODES}
+    (slurm.out / f"go-{job_id}").touch()
+    assert slurm.wait_for(job_id, ["COMPLETED", "FAILED"])["JobState"] == "COMPLETED"
+    out = (slurm.out / f"{job_id}.out").read_text()
+    tasks = [dict(f.split("=", 1) for f in line.split(" ")[1:]) for line in out.splitlines()]
+    assert sorted(t["NODE"] for t in tasks) == list(NODES)
+    for task in tasks:
+        assert_agree(slurm, task, ids(task["STEP_GPUS"]), task["NODE"])
+        assert ids(task["STEP_GPUS"]) == list(picked[task["NODE"]])
+    wait_released(slurm, job_id)
+
+
+def test_a_two_node_job_is_placed_on_all_nodes_or_none(slurm):
+    hold_for_another_owner(slurm, GPUS, node=NODES[1])
+    job_id = slurm.sbatch("-p", "multi", "-N2", "--gpus-per-node=1", script="true\n")
+    fields = wait_requeued(slurm, job_id)
+    assert f"on {NODES[1]}" in fields["Comment"] and OTHER_OWNER in fields["Comment"]
+    assert [r.owner for r in slurm.reservations()] == [OTHER_OWNER]  # NODE's was given back
+    for node in NODES:
+        assert_node_not_drained(slurm, node)
