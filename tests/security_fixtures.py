@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import jwt
@@ -203,7 +204,8 @@ def write_jwks(path: Path, keys: Sequence[tuple[str, rsa.RSAPrivateKey]]) -> Non
 
 
 @contextmanager
-def secured_fleet(directory: Path) -> Iterator[SecuredFleet]:
+def secured_fleet(directory: Path, **server: Any) -> Iterator[SecuredFleet]:
+    """The fleet; `server` overrides ServerSettings fields of the mTLS port (limits)."""
     ca = CertificateAuthority.create("gpualloc test CA")
     ca.save(directory)
     certificates = issue_all(ca, directory)
@@ -212,12 +214,13 @@ def secured_fleet(directory: Path) -> Iterator[SecuredFleet]:
     write_jwks(jwks, [("test-key", signing_key)])
     policy_file = directory / "policy.yaml"
     policy_file.write_text(POLICY.replace("JWKS_FILE", str(jwks)))
-    server = directory / "server"
+    server_dir = directory / "server"
     mtls = ServerSettings(
-        tls_cert_file=str(server / "tls.crt"),
-        tls_key_file=str(server / "tls.key"),
+        tls_cert_file=str(server_dir / "tls.crt"),
+        tls_key_file=str(server_dir / "tls.key"),
         tls_client_ca_file=str(directory / "ca.crt"),
         auth_policy_file=str(policy_file),
+        **server,
     )
     cluster = local_cluster.start(server=mtls)
     tls_only = ServerSettings(

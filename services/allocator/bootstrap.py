@@ -181,7 +181,10 @@ def build_allocator(
             )
 
     selectors = SelectorCache()
-    view = ClusterView(min_interval=settings.reindex_interval)
+    view = ClusterView(
+        min_interval=settings.reindex_interval,
+        max_waiters=max(1, settings.server.max_workers // 4),  # the rest serve other calls
+    )
     closers.append(view.close)
     holdings = Holdings(
         store,

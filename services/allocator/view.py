@@ -52,8 +52,11 @@ class ClusterView:
         *,
         min_interval: float = DEFAULT_MIN_INTERVAL,
         on_publish: Callable[[ViewSnapshot], None] | None = None,
+        max_waiters: int = 4,
     ) -> None:
         self._min_interval = min_interval
+        self._max_waiters = max_waiters  # calls parked for a future generation, at most
+        self._waiters = 0
         self._on_publish = on_publish
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # builder waits for updates
@@ -111,18 +114,30 @@ class ClusterView:
 
     def require(self, min_generation: int = 0, timeout: float | None = 0.0) -> ViewSnapshot:
         """The current view, waiting up to `timeout` seconds (None: forever) for one at
-        `min_generation` or later. Raises Unavailable when there is none in time."""
+        `min_generation` or later. Raises Unavailable when there is none in time, or at once
+        when `max_waiters` calls already wait (each holds a server thread while it waits)."""
         current = self._current
         if current is not None and current.generation >= min_generation:
             return current
         with self._published:
-            self._published.wait_for(
-                lambda: (
-                    self._closed
-                    or (self._current is not None and self._current.generation >= min_generation)
-                ),
-                timeout,
-            )
+            if timeout != 0.0 and self._waiters >= self._max_waiters:
+                raise Unavailable(
+                    f"{self._waiters} calls already wait for a newer inventory generation (at "
+                    f"most {self._max_waiters} wait at once); retry shortly"
+                )
+            self._waiters += 1
+            try:
+                self._published.wait_for(
+                    lambda: (
+                        self._closed
+                        or (
+                            self._current is not None and self._current.generation >= min_generation
+                        )
+                    ),
+                    timeout,
+                )
+            finally:
+                self._waiters -= 1
             current = self._current
         if current is None:
             raise Unavailable("the allocator has no inventory snapshot yet; retry shortly")

@@ -287,6 +287,27 @@ SERVER_SETTINGS: dict[str, Setting[Any]] = {
         "concurrent calls one client connection may have open (HTTP/2 streams)",
         lambda env, name, default: env_int(env, name, default, minimum=1),
     ),
+    "max_streams": Setting(
+        "GPUALLOC_MAX_STREAMS",
+        32,
+        "streams (WatchInventory) open at once; they get threads of their own, so unary calls "
+        "keep GPUALLOC_MAX_WORKERS; more: RESOURCE_EXHAUSTED",
+        lambda env, name, default: env_int(env, name, default, minimum=1, maximum=4096),
+    ),
+    "max_calls_per_caller": Setting(
+        "GPUALLOC_MAX_CALLS_PER_CALLER",
+        0,
+        "unary calls one identity may have in flight (more: RESOURCE_EXHAUSTED with RetryInfo); "
+        "0: half of GPUALLOC_MAX_WORKERS under an access policy, no limit in development mode",
+        lambda env, name, default: env_int(env, name, default, minimum=0, maximum=65536),
+    ),
+    "max_calls_per_tenant": Setting(
+        "GPUALLOC_MAX_CALLS_PER_TENANT",
+        0,
+        "unary calls one tenant's identities may have in flight together; 0: three quarters of "
+        "GPUALLOC_MAX_WORKERS under an access policy, no limit in development mode",
+        lambda env, name, default: env_int(env, name, default, minimum=0, maximum=65536),
+    ),
     "max_call_seconds": Setting(
         "GPUALLOC_MAX_CALL_DURATION",
         30.0,
@@ -365,6 +386,9 @@ class ServerSettings:
     max_receive_message_bytes: int = SERVER_SETTINGS["max_receive_message_bytes"].default
     max_send_message_bytes: int = SERVER_SETTINGS["max_send_message_bytes"].default
     max_concurrent_streams: int = SERVER_SETTINGS["max_concurrent_streams"].default
+    max_streams: int = SERVER_SETTINGS["max_streams"].default
+    max_calls_per_caller: int = SERVER_SETTINGS["max_calls_per_caller"].default
+    max_calls_per_tenant: int = SERVER_SETTINGS["max_calls_per_tenant"].default
     max_call_seconds: float = SERVER_SETTINGS["max_call_seconds"].default
     grace_seconds: float = SERVER_SETTINGS["grace_seconds"].default
     tls_cert_file: str = SERVER_SETTINGS["tls_cert_file"].default
@@ -397,3 +421,12 @@ class ServerSettings:
     @property
     def tls(self) -> bool:
         return bool(self.tls_cert_file)
+
+    @property
+    def caller_limits(self) -> tuple[int, int]:
+        """(per caller, per tenant) in-flight unary calls; 0: no limit (see the settings)."""
+        per_caller, per_tenant = self.max_calls_per_caller, self.max_calls_per_tenant
+        if self.auth_policy_file:
+            per_caller = per_caller or max(1, self.max_workers // 2)
+            per_tenant = per_tenant or max(1, (3 * self.max_workers) // 4)
+        return per_caller, per_tenant

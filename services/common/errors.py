@@ -116,7 +116,12 @@ class FailedPrecondition(GpuallocError):
 
 
 class ResourceExhausted(GpuallocError):
-    pass
+    """A bound was hit. `retry_after_seconds` > 0: the bound is momentary (concurrency), and
+    the client may retry after that long (sent as google.rpc.RetryInfo)."""
+
+    def __init__(self, message: str, retry_after_seconds: float = 0.0) -> None:
+        super().__init__(message)
+        self.retry_after_seconds = retry_after_seconds
 
 
 class Unavailable(GpuallocError):

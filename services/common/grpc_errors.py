@@ -141,6 +141,10 @@ def to_rpc_status(error: GpuallocError, code: grpc.StatusCode) -> status_pb2.Sta
             details.append(_parse_error_info(error))
     if isinstance(error, Conflict) and error.conflicts:
         details.extend(_conflict_details(error.conflicts))
+    if isinstance(error, ResourceExhausted) and error.retry_after_seconds > 0:
+        retry = error_details_pb2.RetryInfo()
+        retry.retry_delay.FromMilliseconds(round(error.retry_after_seconds * 1000))
+        details.append(retry)
     status = status_pb2.Status(code=code.value[0], message=message)
     for detail in details:
         status.details.add().Pack(detail)

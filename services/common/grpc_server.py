@@ -46,6 +46,7 @@ from typing import Any
 import grpc
 from grpc_reflection.v1alpha import reflection
 
+from services.common.admission import Admission, AdmissionLimits
 from services.common.config import ServerSettings
 from services.common.errors import DeadlineExceeded, FailedPrecondition
 from services.common.grpc_errors import (
@@ -146,16 +147,20 @@ def create_server(
     )
     authenticator = Authenticator(settings.auth_policy_file)
     rules = {method: r for service in services for method, r in service.access.items()}
+    per_caller, per_tenant = settings.caller_limits
+    admission = Admission(AdmissionLimits(settings.max_streams, per_caller, per_tenant))
     health = health if health is not None else Health()
     server: grpc.Server = grpc.server(
         futures.ThreadPoolExecutor(
-            max_workers=settings.max_workers, thread_name_prefix="grpc-worker"
+            # streams hold a thread each while open: they get their own share (admission.py)
+            max_workers=settings.max_workers + settings.max_streams,
+            thread_name_prefix="grpc-worker",
         ),
         interceptors=[
             ErrorMappingInterceptor(),
             CallDeadlineInterceptor(settings.max_call_seconds),
             *interceptors,
-            AuthInterceptor(authenticator, rules),
+            AuthInterceptor(authenticator, rules, admission),
         ],
         options=[
             ("grpc.max_receive_message_length", settings.max_receive_message_bytes),

@@ -32,6 +32,7 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 from google.protobuf.message import Message
 
+from services.common.admission import Admission, AdmissionLimits
 from services.common.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -271,9 +272,15 @@ _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}
 class AuthInterceptor(grpc.ServerInterceptor):
     """Authenticates and authorizes every call but health and reflection (module docstring)."""
 
-    def __init__(self, authenticator: Authenticator, rules: Mapping[str, AccessRule]) -> None:
+    def __init__(
+        self,
+        authenticator: Authenticator,
+        rules: Mapping[str, AccessRule],
+        admission: Admission | None = None,
+    ) -> None:
         self._authenticator = authenticator
         self._rules = dict(rules)
+        self._admission = admission or Admission(AdmissionLimits())
 
     def intercept_service(
         self,
@@ -286,25 +293,31 @@ class AuthInterceptor(grpc.ServerInterceptor):
             return handler
         access_rule = self._rules.get(method)
         admit = functools.partial(self._admit, method, access_rule)
+        admission = self._admission
 
         def wrap_unary(behavior: UnaryBehavior) -> UnaryBehavior:
             def call(request: Any, context: grpc.ServicerContext) -> Any:
                 info = admit(request, context)
-                token = _current.set(info)
-                try:
-                    return behavior(request, context)
-                except PermissionDenied as error:  # the use case's own denials (owners)
-                    _audit_denial(info.principal, info.trace_id, info.method, error)
-                    raise
-                finally:
-                    _current.reset(token)
+                principal = info.principal
+                caller = context.peer() if principal.development else principal.name
+                tenant = None if principal.development else principal.tenant
+                with admission.unary(info.method, caller, tenant):
+                    token = _current.set(info)
+                    try:
+                        return behavior(request, context)
+                    except PermissionDenied as error:  # the use case's own denials (owners)
+                        _audit_denial(info.principal, info.trace_id, info.method, error)
+                        raise
+                    finally:
+                        _current.reset(token)
 
             return call
 
         def wrap_stream(behavior: StreamBehavior) -> StreamBehavior:
             def call(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
                 info = admit(request, context)
-                return stream_in_context(_current, info, lambda: behavior(request, context))
+                with admission.stream(info.method):
+                    yield from stream_in_context(_current, info, lambda: behavior(request, context))
 
             return call
 
