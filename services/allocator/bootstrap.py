@@ -196,7 +196,12 @@ def build_allocator(
         view,
         holdings,
         store,
-        Solver(selectors, policy=settings.policy, max_steps=settings.max_search_steps),
+        Solver(
+            selectors,
+            policy=settings.policy,
+            max_steps=settings.max_search_steps,
+            max_cel_cost=settings.max_cel_cost,
+        ),
         load_device_classes(settings.device_classes),
         limits=ServiceLimits(
             lease_seconds=settings.lease_seconds,

@@ -90,6 +90,13 @@ ALLOCATOR_SETTINGS: dict[str, Setting[Any]] = {
         "search steps one solve may take (requests can only lower it); past it: BUDGET_EXHAUSTED",
         lambda env, name, default: env_int(env, name, default, minimum=1),
     ),
+    "max_cel_cost": Setting(
+        "GPUALLOC_MAX_CEL_COST",
+        2_000_000,
+        "CEL cost units all of one request's selector evaluations may spend together (each "
+        "expression stays bounded at upstream's 1,000,000); past it: RESOURCE_EXHAUSTED",
+        lambda env, name, default: env_int(env, name, default, minimum=1000),
+    ),
     "policy": Setting(
         "GPUALLOC_POLICY",
         Policy.BINPACK.value,
@@ -139,6 +146,7 @@ class AllocatorSettings:
     max_lease_seconds: float = ALLOCATOR_SETTINGS["max_lease_seconds"].default
     reserve_retries: int = ALLOCATOR_SETTINGS["reserve_retries"].default
     max_search_steps: int = ALLOCATOR_SETTINGS["max_search_steps"].default
+    max_cel_cost: int = ALLOCATOR_SETTINGS["max_cel_cost"].default
     policy: Policy = Policy.BINPACK
     workers: int = ALLOCATOR_SETTINGS["workers"].default
     expire_interval: float = ALLOCATOR_SETTINGS["expire_interval"].default

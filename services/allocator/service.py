@@ -82,7 +82,7 @@ from services.common.errors import (
     NotFound,
     PermissionDenied,
 )
-from services.common.grpc_server import check_deadline, remaining_seconds
+from services.common.grpc_server import call_ended, check_deadline, remaining_seconds
 
 __all__ = ["AllocatorService", "ServiceLimits"]
 
@@ -197,7 +197,7 @@ class AllocatorService:
                 state,
                 with_inline(self.classes, query.device_classes),
                 query,
-                Deadline.within(remaining_seconds()),
+                Deadline.within(remaining_seconds(), cancelled=call_ended()),
                 generation=view.generation,
                 max_units=self.limits.max_capacity_units,
             )
@@ -339,7 +339,7 @@ class AllocatorService:
         self.holdings.require_synced()
         wait = 0.0
         if query.min_generation > 0:
-            left = Deadline.within(remaining_seconds()).left()
+            left = Deadline.within(remaining_seconds(), cancelled=call_ended()).left()
             wait = min(self.limits.max_generation_wait, left if left is not None else 1e9)
         view = self.view.require(query.min_generation, wait)
         return view, self.holdings.state_for(view)
@@ -356,7 +356,7 @@ class AllocatorService:
             "solve" if query.gang is None else "solve_gang"
         ) as span:
             span.set_attribute("gpualloc.inventory.generation", view.generation)
-            deadline = Deadline.within(remaining_seconds())
+            deadline = Deadline.within(remaining_seconds(), cancelled=call_ended())
             result: SolveResult | GangResult | None
             try:
                 if query.gang is None:

@@ -18,6 +18,7 @@ client, instead of the client's own DEADLINE_EXCEEDED.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -40,6 +41,7 @@ from services.allocator.core import (
     Unsatisfiable,
     solve,
 )
+from services.allocator.core.cel import DEFAULT_REQUEST_COST
 from services.allocator.core.gang import GangResult, GangUnsatisfiable, solve_gang
 from services.allocator.core.groups import GroupKey
 from services.allocator.core.nodeselect import NodeAccess
@@ -65,18 +67,31 @@ def unique_share_id(claim: ResourceClaim, request: str, device: DeviceID, positi
 
 @dataclass(frozen=True)
 class Deadline:
-    """When a search must stop: `at` on the monotonic clock (None: never)."""
+    """When a search must stop: `at` on the monotonic clock (None: never), or as soon as
+    `cancelled` is set (the client went away)."""
 
     at: float | None
+    cancelled: threading.Event | None = None
 
     @classmethod
-    def within(cls, remaining: float | None, margin: float = 0.1) -> Deadline:
+    def within(
+        cls,
+        remaining: float | None,
+        margin: float = 0.1,
+        cancelled: threading.Event | None = None,
+    ) -> Deadline:
         """`remaining` seconds from now, less a margin for answering (at most 10%)."""
         if remaining is None:
-            return cls(None)
-        return cls(time.monotonic() + remaining - min(margin, remaining * 0.1))
+            return cls(None, cancelled)
+        return cls(time.monotonic() + remaining - min(margin, remaining * 0.1), cancelled)
+
+    @property
+    def bounded(self) -> bool:
+        return self.at is not None or self.cancelled is not None
 
     def passed(self) -> bool:
+        if self.cancelled is not None and self.cancelled.is_set():
+            return True
         return self.at is not None and time.monotonic() >= self.at
 
     def left(self) -> float | None:
@@ -93,18 +108,21 @@ class Solver:
         policy: Policy = Policy.BINPACK,
         max_steps: int = 1_000_000,
         max_steps_per_node: int = 100_000,
+        max_cel_cost: int = DEFAULT_REQUEST_COST,
     ) -> None:
         self.selectors = selectors
         self.policy = policy
         self.max_steps = max_steps
         self.max_steps_per_node = max_steps_per_node
+        self.max_cel_cost = max_cel_cost
 
     def budget(self, query: Query, deadline: Deadline) -> SearchBudget:
         steps = min(query.max_steps, self.max_steps) if query.max_steps > 0 else self.max_steps
         return SearchBudget(
             max_steps=steps,
             max_steps_per_node=min(steps, self.max_steps_per_node),
-            cancelled=deadline.passed if deadline.at is not None else None,
+            cancelled=deadline.passed if deadline.bounded else None,
+            max_cel_cost=self.max_cel_cost,
         )
 
     def run(

@@ -70,6 +70,7 @@ from services.common.security.tls import ServerTls, server_credentials
 __all__ = [
     "CallDeadlineInterceptor",
     "ServiceRegistration",
+    "call_ended",
     "check_deadline",
     "create_server",
     "remaining_seconds",
@@ -289,6 +290,13 @@ def serve_until_signal(
 # --- call deadlines ---------------------------------------------------------------------------
 
 _call_deadline: ContextVar[float | None] = ContextVar("gpualloc_call_deadline", default=None)
+_call_ended: ContextVar[threading.Event | None] = ContextVar("gpualloc_call_ended", default=None)
+
+
+def call_ended() -> threading.Event | None:
+    """Set when the current call ends — in particular when its client cancels it or goes
+    away — so that work done for it can stop at once (None outside a call)."""
+    return _call_ended.get()
 
 
 def remaining_seconds() -> float | None:
@@ -324,10 +332,14 @@ class CallDeadlineInterceptor(grpc.ServerInterceptor):
         cap = self._max_call_seconds
 
         def call(request: Any, context: grpc.ServicerContext) -> Any:
+            ended = threading.Event()
+            context.add_callback(ended.set)  # grpc calls it on completion and on cancellation
             token = _call_deadline.set(_deadline(context, cap))
+            ended_token = _call_ended.set(ended)
             try:
                 return behavior(request, context)
             finally:
+                _call_ended.reset(ended_token)
                 _call_deadline.reset(token)
 
         return call

@@ -44,16 +44,20 @@ from services.allocator.core.cel_values import (
     DomainMap,
     EvalError,
     Frame,
+    Stopped,
     type_name,
 )
 from services.common.dra.model import AttributeType, AttributeValue, Device
 from services.common.dra.quantity import Quantity
-from services.common.errors import InvalidArgument
+from services.common.errors import DeadlineExceeded, InvalidArgument
 
 __all__ = [
     "DEFAULT_COST_LIMIT",
     "MAX_EXPRESSION_LENGTH",
+    "DEFAULT_REQUEST_COST",
+    "CelBudgetExhausted",
     "CelCostExceeded",
+    "CelMeter",
     "CelDevice",
     "CelError",
     "CompiledSelector",
@@ -83,6 +87,34 @@ class CelError(InvalidArgument):
 
 class CelCostExceeded(CelError):
     """The evaluation ran past the cost limit (upstream: "actual cost limit exceeded")."""
+
+
+DEFAULT_REQUEST_COST = 2_000_000
+"""CEL cost units one request may spend over all its evaluations: what two expressions at
+upstream's per-expression limit may cost (here ~5 s of CPU each at ~180,000 units/s), while a
+typical request — a few selectors of tens of units over a few hundred device profiles — spends
+well under 1% of it. Upstream bounds each expression only; a service that evaluates on behalf
+of many callers must bound the request too."""
+
+
+class CelMeter:
+    """One request's CEL spending: units left over all its evaluations, and its `stop` check
+    (deadline or cancellation, the caller's), consulted during long evaluations."""
+
+    __slots__ = ("limit", "remaining", "stop")
+
+    def __init__(self, limit: int = DEFAULT_REQUEST_COST, stop: Callable[[], bool] | None = None):
+        self.limit = limit
+        self.remaining = limit
+        self.stop = stop
+
+
+class CelBudgetExhausted(Exception):  # noqa: N818 - the request's, not the expression's
+    """The request's CEL evaluations spent its CelMeter (see DEFAULT_REQUEST_COST)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"CEL evaluations of this request ran past {limit:,} cost units")
+        self.limit = limit
 
 
 # --- the device projection ---------------------------------------------------------------
@@ -295,15 +327,18 @@ class CompiledSelector:
             return parts[0](device)
         return tuple(part(device) for part in parts)
 
-    def matches(self, device: CelDevice) -> bool:
-        """True/False, or CelError (CelCostExceeded) for a runtime error on this device."""
+    def matches(self, device: CelDevice, meter: CelMeter | None = None) -> bool:
+        """True/False, or CelError (CelCostExceeded) for a runtime error on this device.
+        With `meter`, a real evaluation spends from it (CelBudgetExhausted when it cannot)
+        and stops with DeadlineExceeded when the meter's `stop` says so; neither is
+        remembered as the device profile's outcome."""
         invalid = device.invalid_version()
         if invalid:
             raise CelError(self.expression, invalid)
         key = self.profile_key(device)
         outcome = self._memo.get(key)
         if outcome is None:
-            outcome = self._evaluate(device.projection())
+            outcome = self._evaluate(device.projection(), meter)
             with self._lock:
                 if len(self._memo) >= self._max_profiles:
                     del self._memo[next(iter(self._memo))]
@@ -315,23 +350,39 @@ class CompiledSelector:
             raise outcome.error_type(self.expression, outcome.detail)
         return outcome
 
-    def _evaluate(self, projection: DeviceValue) -> _Outcome:
+    def _evaluate(self, projection: DeviceValue, meter: CelMeter | None) -> _Outcome:
         with self._stats.lock:
             self._stats.evaluations += 1
-        frame = Frame({DEVICE_SLOT: projection}, self._cost_limit)
+        limit = self._cost_limit
+        if meter is not None:
+            if meter.stop is not None and meter.stop():
+                raise DeadlineExceeded("CEL evaluation: the request's time ran out")
+            if meter.remaining <= 0:
+                raise CelBudgetExhausted(meter.limit)
+            limit = min(limit, meter.remaining)
+        frame = Frame({DEVICE_SLOT: projection}, limit, meter.stop if meter else None)
         try:
             result = self._run(frame)
+        except Stopped:
+            raise DeadlineExceeded("CEL evaluation: the request's time ran out") from None
+        except CostExceeded:
+            if limit < self._cost_limit:  # the request's budget, not the expression's limit
+                assert meter is not None
+                meter.remaining = 0
+                raise CelBudgetExhausted(meter.limit) from None
+            return _Failure(
+                CelCostExceeded, f"actual cost limit exceeded (limit {self._cost_limit} units)"
+            )
         except EvalError as exc:
             detail = str(exc)
             if detail.startswith("no such key"):
                 detail += _NO_SUCH_KEY_HINT
             return _Failure(CelError, detail)
-        except CostExceeded:
-            return _Failure(
-                CelCostExceeded, f"actual cost limit exceeded (limit {self._cost_limit} units)"
-            )
         except RecursionError:
             return _Failure(CelError, "evaluation nests too deeply")
+        finally:
+            if meter is not None:
+                meter.remaining -= max(0, limit - frame.budget)
         if type(result) is not bool:
             return _Failure(CelError, f"must evaluate to bool, not {type_name(result)}")
         return result

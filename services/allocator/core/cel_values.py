@@ -27,6 +27,7 @@ __all__ = [
     "EMPTY_MAP",
     "INT64_MAX",
     "INT64_MIN",
+    "STOP_CHECK_UNITS",
     "UINT64_MAX",
     "CelType",
     "CostExceeded",
@@ -36,6 +37,7 @@ __all__ = [
     "Frame",
     "Function",
     "Impl",
+    "Stopped",
     "Uint",
     "add",
     "check_int",
@@ -128,19 +130,38 @@ class DeviceValue:
         raise EvalError(f"no such field: {name}")
 
 
+class Stopped(Exception):  # noqa: N818 - a signal, like StopIteration, not an error of CEL
+    """The request's `stop` check said so (its deadline passed, its client went away)."""
+
+
+STOP_CHECK_UNITS = 16_384  # ~0.1 ms of evaluation between two looks at `stop`
+
+
 class Frame:
-    """One evaluation: variable bindings and the remaining cost budget."""
+    """One evaluation: variable bindings, the remaining cost budget, and the request's `stop`
+    check, looked at every STOP_CHECK_UNITS units so that one long expression cannot outlive
+    its request (the core reads no clock: `stop` is the caller's)."""
 
-    __slots__ = ("budget", "vars")
+    __slots__ = ("_stop", "_until_check", "budget", "vars")
 
-    def __init__(self, variables: dict[str, Any], budget: int) -> None:
+    def __init__(
+        self, variables: dict[str, Any], budget: int, stop: Callable[[], bool] | None = None
+    ) -> None:
         self.vars = variables
         self.budget = budget
+        self._stop = stop
+        self._until_check = STOP_CHECK_UNITS
 
     def charge(self, units: int) -> None:
         self.budget -= units
         if self.budget < 0:
             raise CostExceeded()
+        if self._stop is not None:
+            self._until_check -= units
+            if self._until_check <= 0:
+                self._until_check = STOP_CHECK_UNITS
+                if self._stop():
+                    raise Stopped()
 
 
 # --- type names -------------------------------------------------------------------------

@@ -15,13 +15,16 @@ __all__ = ["Allocated", "SearchBudget", "SolveResult", "Stats", "Unsatisfiable"]
 @dataclass(frozen=True)
 class SearchBudget:
     """Bounds on one solve. A step is one attempt at a choice point (upstream counts
-    `allocateOne` calls the same way). `cancelled` is polled every 1,024 steps — the service
-    passes a deadline check there, since the core reads no clock — and raises
-    DeadlineExceeded when it returns True."""
+    `allocateOne` calls the same way). `cancelled` is polled every 1,024 steps and during
+    long CEL evaluations — the service passes a deadline and cancellation check there, since
+    the core reads no clock — and raises DeadlineExceeded when it returns True. `max_cel_cost`
+    bounds the CEL cost units of all the request's evaluations together (ResourceExhausted
+    past it)."""
 
     max_steps: int = 1_000_000
     max_steps_per_node: int = 100_000
     cancelled: Callable[[], bool] | None = None
+    max_cel_cost: int = 2_000_000  # cel.DEFAULT_REQUEST_COST
 
 
 @dataclass(frozen=True)

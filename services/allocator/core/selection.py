@@ -11,12 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
 
-from services.allocator.core.cel import CelError, CompiledSelector, SelectorCache
+from services.allocator.core.cel import (
+    CelBudgetExhausted,
+    CelError,
+    CelMeter,
+    CompiledSelector,
+    SelectorCache,
+)
 from services.allocator.core.constraints import lookup_attribute
 from services.allocator.core.plan import Alternative, Plan
 from services.allocator.core.snapshot import DeviceEntry
 from services.common.dra.model import DeviceSelector
-from services.common.errors import InvalidArgument
+from services.common.errors import InvalidArgument, ResourceExhausted
 
 __all__ = ["Equivalence", "Selection"]
 
@@ -26,8 +32,10 @@ _ALL_TRUE = -1
 class Selection:
     """Per-solve memo of selector outcomes: -1 when all selectors hold, else the first false one."""
 
-    def __init__(self, cache: SelectorCache) -> None:
+    def __init__(self, cache: SelectorCache, meter: CelMeter | None = None) -> None:
+        """`meter`: the request's CEL budget and stop check (none: unmetered, e.g. tests)."""
         self._cache = cache
+        self._meter = meter
         self._compiled: dict[str, CompiledSelector] = {}
         self._by_class: dict[tuple[str, int], int] = {}
         self._by_request: dict[tuple[int, int], int] = {}
@@ -69,7 +77,12 @@ class Selection:
             where = f"{path}[{i}].cel.expression"
             compiled = self._compile(selector.cel, where, f"{owner}: selector #{i}")
             try:
-                matched = compiled.matches(entry.cel)
+                matched = compiled.matches(entry.cel, self._meter)
+            except CelBudgetExhausted as err:
+                raise ResourceExhausted(
+                    f"{err}: {owner} was being evaluated (per-request CEL budget, "
+                    "GPUALLOC_MAX_CEL_COST; simpler selectors or fewer device profiles fit it)"
+                ) from None
             except CelError as err:
                 raise InvalidArgument.at(
                     where, f"{owner}: selector #{i}: CEL runtime error: {err.detail}"

@@ -28,7 +28,7 @@ from services.allocator.core.candidates import (
     Prepared,
     SolveContext,
 )
-from services.allocator.core.cel import SelectorCache
+from services.allocator.core.cel import CelMeter, SelectorCache
 from services.allocator.core.explain import (
     Explanation,
     NodeChoice,
@@ -102,7 +102,7 @@ def solve(
     evaluations_before = selectors.evaluations
     recorder = Recorder() if explain else None
     ctx = _context(
-        snapshot, state, classes, claims, policy, selectors, recorder, topology_constraints
+        snapshot, state, classes, claims, policy, selectors, recorder, topology_constraints, budget
     )
     ctx = replace(ctx, mix=fragmentation_mix)
     run = _Run(ctx, StepCounter(budget.max_steps, budget.max_steps_per_node, budget.cancelled))
@@ -131,7 +131,9 @@ def feasible_nodes(
 ) -> tuple[dict[str, NodeKey], Stats]:
     """Every node where `claims` fit on their own, with its node key (scoring.node_key): one
     search per node group, not per node. For gangs (gang.py) and capacity questions."""
-    ctx = _context(snapshot, state, classes, claims, policy, selectors, None, topology_constraints)
+    ctx = _context(
+        snapshot, state, classes, claims, policy, selectors, None, topology_constraints, budget
+    )
     ctx = replace(ctx, mix=fragmentation_mix)
     run = _Run(ctx, StepCounter(budget.max_steps, budget.max_steps_per_node, budget.cancelled))
     keys = run.all_feasible(snapshot)
@@ -168,11 +170,12 @@ def _context(
     selectors: SelectorCache,
     recorder: Recorder | None,
     topology_constraints: Sequence[TopologyConstraint],
+    budget: SearchBudget = DEFAULT_BUDGET,
 ) -> SolveContext:
     plan = build_plan(claims, classes)
     implicit = policy is not Policy.FIRST_FIT and bool(snapshot.topologies)
     topology = TopologyPlan(plan, topology_constraints, implicit_nvlink=implicit)
-    selection = Selection(selectors)
+    selection = Selection(selectors, CelMeter(budget.max_cel_cost, budget.cancelled))
     return SolveContext(
         plan,
         state,
