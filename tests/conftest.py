@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 import pytest
 import redis
+from hypothesis import HealthCheck, settings
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -28,6 +29,12 @@ from services.common.grpc_server import ServiceRegistration, create_server
 from services.common.health import Health
 
 pytest_plugins = ("tests.tls_fixtures",)  # `pki` and `tls_server`: real certificates and TLS
+
+# Property tests judge generated inputs, not speed: on a shared 2-core machine input generation
+# can be slow (HealthCheck.too_slow) and one example can take longer than Hypothesis' default
+# 200 ms deadline while the suite's other servers run. Example counts stay as each test sets.
+settings.register_profile("gpualloc", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("gpualloc")
 
 REDIS_MISSING = (
     "redis-server not found on PATH: install it (apt-get install redis-server) — .ci/run does this"
