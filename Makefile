@@ -8,7 +8,7 @@ PY     := $(BIN)/python
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test lint fmt protos protos-check bench loadtest demo clean
+.PHONY: help install run test lint fmt protos protos-check bench loadtest demo fuzz clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -51,6 +51,9 @@ bench: $(STAMP) ## benchmarks (solver, quality, inventory, service); pass ARGS=-
 
 loadtest: $(STAMP) ## ~30 s load smoke on loopback (embedded + Redis): ghz-format reports + PNGs in loadtest/out/
 	$(PY) -m loadtest.smoke $(ARGS)
+
+fuzz: $(STAMP) ## the RPC fuzzer at 10,000 requests (the suite runs 300): no INTERNAL/UNKNOWN, no late answer
+	GPUALLOC_FUZZ_EXAMPLES=$${GPUALLOC_FUZZ_EXAMPLES:-10000} $(BIN)/pytest -s -p no:cacheprovider tests/integration/test_rpc_fuzz.py
 
 demo: $(STAMP) ## the Slurm bridge and the Kueue sidecar sharing one allocator on the example cluster
 	$(PY) -m services.bridges.demo
