@@ -7,6 +7,7 @@ The loads are the issue's (20 WatchInventory streams; 16 Allocates waiting for g
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections import Counter
@@ -146,3 +147,43 @@ def test_admission_refuses_the_call_past_each_limit_and_frees_it_after(limits, k
     with enter():  # type: ignore[attr-defined]
         pass
     assert admission.in_flight() == (0, 0)
+
+
+def test_probes_on_the_health_port_answer_while_cel_heavy_calls_fill_every_worker():
+    """The issue's CEL load: 16 Allocates of near-limit selectors with a 3 s deadline. Every
+    worker is busy, so a probe on the main port would queue; the health port (what the
+    manifests' probes use) answers throughout, and the work stops with the deadlines."""
+    from services.common.config import ServerSettings
+    from tests.integration.test_request_budget import claim, expensive
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        health_port = sock.getsockname()[1]
+    server = ServerSettings(health_listen_address=f"127.0.0.1:{health_port}")
+    with local_cluster.start(server=server) as cluster:
+        outcomes: Counter[str] = Counter()
+
+        def heavy(index: int) -> None:
+            selectors = [expensive(50, -(100 * index + i)) for i in range(4)]
+            request = pb.AllocateRequest(claims=[claim(*selectors)], node_name="h100-node-1")
+            with grpc.insecure_channel(cluster.target) as channel:
+                try:
+                    answer = allocator_pb2_grpc.AllocatorStub(channel).Allocate(request, timeout=3)
+                    outcomes[pb.Outcome.Name(answer.outcome)] += 1
+                except grpc.RpcError as error:
+                    outcomes[error.code().name] += 1
+
+        callers = [threading.Thread(target=heavy, args=(i,)) for i in range(16)]
+        for caller in callers:
+            caller.start()
+        time.sleep(0.5)
+        probes = _health_checks(f"127.0.0.1:{health_port}", 20, timeout=1.0)
+        for caller in callers:
+            caller.join()
+        after = time.process_time()
+        time.sleep(1.0)
+        burned = time.process_time() - after
+    assert probes == {"SERVING": 20}
+    assert sum(outcomes.values()) == 16
+    assert set(outcomes) <= {"OUTCOME_BUDGET_EXHAUSTED", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"}
+    assert burned < 0.5, f"the server burned {burned:.2f}s of CPU after its clients were answered"
