@@ -199,7 +199,9 @@ def _call(
 
 
 @settings(
-    max_examples=EXAMPLES, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+    max_examples=EXAMPLES,
+    deadline=None,  # each call has its own deadline, checked below
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(payload=payloads())
 def _fuzz_one(channel: grpc.Channel, payload: tuple[str, bool, bytes]) -> None:
@@ -220,5 +222,8 @@ def test_every_rpc_survives_fuzzed_requests(served):
     check = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
     assert check.status == health_pb2.HealthCheckResponse.SERVING
     assert OUTCOMES["INTERNAL"] == 0 and OUTCOMES["UNKNOWN"] == 0, dict(OUTCOMES)
-    assert grown < 200, f"RSS grew {grown:.0f} MiB over {sum(OUTCOMES.values())} requests"
+    # the bound grows with the examples: most of the growth is Hypothesis' own (its choice
+    # records and character tables, as tracemalloc shows), not the server's
+    bound = 64 + EXAMPLES / 40
+    assert grown < bound, f"RSS grew {grown:.0f} MiB over {sum(OUTCOMES.values())} requests"
     print(f"fuzz: {sum(OUTCOMES.values())} requests, {dict(OUTCOMES)}, RSS +{grown:.1f} MiB")
