@@ -29,7 +29,6 @@ __all__ = [
     "check_yaml_node",
     "checked_json_loads",
     "check_value",
-    "clip",
 ]
 
 MAX_DEPTH = 100
@@ -65,16 +64,6 @@ class DocumentLimits:
 
 def _mib(size: int) -> str:
     return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size:,} bytes"
-
-
-def clip(value: object, limit: int = 200) -> str:
-    """`value` as text of at most `limit` characters (an ellipsis and the full length when cut),
-    for error messages that echo what a client sent: an 8,000-character id must not make the
-    error larger than the metadata a client accepts."""
-    text = value if isinstance(value, str) else str(value)
-    if len(text) <= limit:
-        return text
-    return f"{text[: max(limit - 1, 0)]}… ({len(text):,} characters)"
 
 
 def check_size(text: str, source: str, limits: DocumentLimits) -> None:

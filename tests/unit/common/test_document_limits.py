@@ -9,10 +9,12 @@ from typing import TextIO
 
 import pytest
 
-from services.common.dra.limits import DocumentLimits, checked_json_loads, clip
+from services.common.config import read_document_limits
+from services.common.dra.limits import DocumentLimits, checked_json_loads
 from services.common.dra.parse import load_objects, read_stdin, read_text
-from services.common.errors import InvalidArgument, ParseError
+from services.common.errors import InvalidArgument, ParseError, clip
 from services.common.manifests import load_manifests
+from services.inventory.config import InventorySettings
 
 SMALL = DocumentLimits(max_bytes=4096, max_nodes=500, max_depth=20)
 
@@ -115,9 +117,40 @@ def test_stdin_only_once() -> None:
     [
         pytest.param("short", "short", id="short-unchanged"),
         pytest.param("x" * 200, "x" * 200, id="at-the-limit"),
-        pytest.param("x" * 8000, "x" * 199 + "… (8,000 characters)", id="long-clipped"),
+        pytest.param("x" * 8000, "x" * 200 + "… (8,000 characters)", id="long-clipped"),
         pytest.param(12345, "12345", id="not-a-string"),
     ],
 )
 def test_clip(value: object, expected: str) -> None:
     assert clip(value) == expected
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        pytest.param({}, DocumentLimits(), id="defaults"),
+        pytest.param(
+            {"GPUALLOC_MAX_DOCUMENT_BYTES": "64Ki", "GPUALLOC_MAX_DOCUMENT_NODES": "5000"},
+            DocumentLimits(max_bytes=65536, max_nodes=5000),
+            id="both-set",
+        ),
+    ],
+)
+def test_limits_from_the_environment(environ: dict[str, str], expected: DocumentLimits) -> None:
+    assert read_document_limits(environ) == expected
+
+
+@pytest.mark.parametrize(
+    ("environ", "variable"),
+    [
+        pytest.param(
+            {"GPUALLOC_MAX_DOCUMENT_BYTES": "lots"}, "GPUALLOC_MAX_DOCUMENT_BYTES", id="b"
+        ),
+        pytest.param({"GPUALLOC_MAX_DOCUMENT_NODES": "10"}, "GPUALLOC_MAX_DOCUMENT_NODES", id="n"),
+        pytest.param({"GPUALLOC_INVENTORY_MAX_NODES": "0"}, "GPUALLOC_INVENTORY_MAX_NODES", id="i"),
+    ],
+)
+def test_bad_limit_settings_name_the_variable(variable: str, value: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        InventorySettings.from_env({variable: value})
+    assert caught.value.field_path == variable
