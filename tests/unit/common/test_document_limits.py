@@ -141,7 +141,7 @@ def test_limits_from_the_environment(environ: dict[str, str], expected: Document
 
 
 @pytest.mark.parametrize(
-    ("environ", "variable"),
+    ("variable", "value"),
     [
         pytest.param(
             {"GPUALLOC_MAX_DOCUMENT_BYTES": "lots"}, "GPUALLOC_MAX_DOCUMENT_BYTES", id="b"
