@@ -143,11 +143,9 @@ def test_limits_from_the_environment(environ: dict[str, str], expected: Document
 @pytest.mark.parametrize(
     ("variable", "value"),
     [
-        pytest.param(
-            {"GPUALLOC_MAX_DOCUMENT_BYTES": "lots"}, "GPUALLOC_MAX_DOCUMENT_BYTES", id="b"
-        ),
-        pytest.param({"GPUALLOC_MAX_DOCUMENT_NODES": "10"}, "GPUALLOC_MAX_DOCUMENT_NODES", id="n"),
-        pytest.param({"GPUALLOC_INVENTORY_MAX_NODES": "0"}, "GPUALLOC_INVENTORY_MAX_NODES", id="i"),
+        pytest.param("GPUALLOC_MAX_DOCUMENT_BYTES", "lots", id="bytes-not-a-quantity"),
+        pytest.param("GPUALLOC_MAX_DOCUMENT_NODES", "10", id="nodes-below-minimum"),
+        pytest.param("GPUALLOC_INVENTORY_MAX_NODES", "0", id="inventory-nodes-zero"),
     ],
 )
 def test_bad_limit_settings_name_the_variable(variable: str, value: str) -> None:
