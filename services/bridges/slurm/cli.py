@@ -38,6 +38,7 @@ from services.client.cli_flags import add_client_flags, client_settings
 from services.client.client import AllocatorClient
 from services.client.errors import Unplaceable
 from services.client.inventory import InventoryClient
+from services.common.console import console_main
 from services.common.dra.serialize import to_dict
 from services.common.errors import GpuallocError, InvalidArgument
 
@@ -129,6 +130,7 @@ def _job(args: argparse.Namespace, environ: Mapping[str, str]) -> SlurmJob:
     return SlurmJob.from_environ(env, node=args.node, request=_request(args))
 
 
+@console_main
 def main(
     argv: Sequence[str] | None = None,
     environ: Mapping[str, str] | None = None,
