@@ -3,15 +3,19 @@ and going over is a ParseError naming the limit, never a RecursionError or minut
 
 from __future__ import annotations
 
+import base64
 import io
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
 import pytest
 
+from services.allocator.paging import decode_token
 from services.common.config import read_document_limits
 from services.common.dra.limits import DocumentLimits, checked_json_loads
 from services.common.dra.parse import load_objects, read_stdin, read_text
+from services.common.dra.topology_annotation import annotation_path, parse_annotation
 from services.common.errors import InvalidArgument, ParseError, clip
 from services.common.manifests import load_manifests
 from services.inventory.config import InventorySettings
@@ -152,3 +156,26 @@ def test_bad_limit_settings_name_the_variable(variable: str, value: str) -> None
     with pytest.raises(InvalidArgument) as caught:
         InventorySettings.from_env({variable: value})
     assert caught.value.field_path == variable
+
+
+@pytest.mark.parametrize(
+    ("decode", "text", "path"),
+    [
+        pytest.param(parse_annotation, "[" * 3000, annotation_path(), id="annotation-recursion"),
+        pytest.param(
+            parse_annotation, "[" * 150 + "]" * 150, annotation_path(), id="annotation-deep"
+        ),
+        pytest.param(
+            lambda text: decode_token(text, "q"),
+            base64.urlsafe_b64encode(b"[" * 5000).decode(),
+            "page_token",
+            id="page-token-recursion",
+        ),
+    ],
+)
+def test_json_in_request_fields_is_invalid_argument_when_deep(
+    decode: Callable[[str], object], text: str, path: str
+) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        decode(text)
+    assert caught.value.field_path == path
