@@ -132,7 +132,7 @@ def status_code_of(error: BaseException) -> grpc.StatusCode | None:
 # --- server side: error -> google.rpc.Status ------------------------------------------------
 
 
-MAX_MESSAGE_CHARS = 1024
+MAX_MESSAGE_CHARS = 512
 """The longest status message sent. The message travels twice in the trailers (grpc-message and
 inside grpc-status-details-bin), which clients cap at 8 KiB by default: an error that echoes a
 client's 8,000-character id would otherwise reach the client as RESOURCE_EXHAUSTED (metadata
@@ -140,7 +140,7 @@ too large) instead of its own code. Values echoed inside messages are clipped to
 where they are written (`clip`); this is the bound for everything together."""
 MAX_VIOLATION_DETAILS = 16
 """Field violations listed in BadRequest (the rest are counted in the last one)."""
-MAX_VIOLATION_CHARS = 160
+MAX_VIOLATION_CHARS = 100
 """The longest field path or description of one listed violation."""
 
 
