@@ -11,6 +11,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from services.common.console import console_main
+
 # subcommand name -> module with `register(subparsers) -> None`; the parser's `func(args) -> int`
 # does the work. Modules are imported lazily so `gpualloc --help` stays fast.
 SUBCOMMANDS: dict[str, str] = {
@@ -37,6 +39,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+@console_main
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     chosen = next((a for a in args_list if a in SUBCOMMANDS), None)

@@ -7,7 +7,7 @@ in sync with it.
 from __future__ import annotations
 
 from services.allocator.config import ALLOCATOR_SETTINGS
-from services.common.config import SERVER_SETTINGS, settings_table_markdown
+from services.common.config import DOCUMENT_SETTINGS, SERVER_SETTINGS, settings_table_markdown
 from services.inventory.config import INVENTORY_SETTINGS
 
 __all__ = ["settings_markdown"]
@@ -27,6 +27,10 @@ def settings_markdown() -> str:
             settings_table_markdown(
                 s for s in INVENTORY_SETTINGS.values() if s.name != "GPUALLOC_REDIS_URL"
             ),
+            "Input limits (the inventory's ApplyResourceSlices manifest, and the `-f` files of "
+            '`gpualloc solve`, `inventory` and `apply`; docs/operations.md, "Limits"):',
+            "",
+            settings_table_markdown(DOCUMENT_SETTINGS.values()),
         ]
     )
 

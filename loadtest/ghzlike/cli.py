@@ -36,6 +36,7 @@ from loadtest.ghzlike.cycle import CYCLES
 from loadtest.ghzlike.engine import RunOutcome, run_load, unary_invoke
 from loadtest.ghzlike.report import Options, Report, build_report, report_json
 from loadtest.ghzlike.summary import client_line, csv_text, make_progress, summary_text
+from services.common.console import console_main
 
 __all__ = ["execute", "main", "options_of", "render_report"]
 
@@ -159,6 +160,7 @@ def _tls_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+@console_main
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:

@@ -245,6 +245,9 @@ UNSUPPORTED_KEYS: dict[str, tuple[Any, str]] = {
 # --- reading -------------------------------------------------------------------------------------
 
 
+_TOO_DEEP = "nested too deeply"  # json.loads hit the recursion limit: bad input, not a crash
+
+
 def load_config(path: str | Path) -> LoadConfig:
     """Read a ghz JSON config file. Relative `data-file`/`metadata-file` paths are relative to
     the working directory, as in ghz (run from the repository root)."""
@@ -253,8 +256,10 @@ def load_config(path: str | Path) -> LoadConfig:
         raw = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as error:
         raise ConfigError(f"{source}: cannot read: {error.strerror}") from None
-    except json.JSONDecodeError as error:
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ConfigError(f"{source}: not JSON: {error}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: not JSON: {_TOO_DEEP}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: a ghz config file is a JSON object")
     return parse_config(raw, source=source)
@@ -308,6 +313,8 @@ def metadata_option(text: str | None, path: str | None) -> dict[str, str] | None
         return _str_map(json.loads(text), "-m")
     except json.JSONDecodeError as error:
         raise ConfigError(f"-m: not JSON: {error}") from None
+    except RecursionError:
+        raise ConfigError(f"-m: not JSON: {_TOO_DEEP}") from None
 
 
 def _is_default(value: Any, default: Any, key: str) -> bool:
@@ -327,8 +334,10 @@ def _read_json_file(path: str, key: str) -> Any:
             f"{key}: cannot read {path!r} ({error.strerror}); relative paths are relative to "
             "the working directory, as in ghz"
         ) from None
-    except json.JSONDecodeError as error:
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ConfigError(f"{key}: {path!r} is not JSON: {error}") from None
+    except RecursionError:
+        raise ConfigError(f"{key}: {path!r} is not JSON: {_TOO_DEEP}") from None
 
 
 def _check(config: LoadConfig) -> None:

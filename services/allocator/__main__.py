@@ -30,6 +30,7 @@ from services.allocator.bootstrap import build_allocator
 from services.allocator.config import AllocatorSettings
 from services.allocator.feed import InventoryFeed, StaticFeed
 from services.client.config import ClientSettings
+from services.common.console import console_main
 from services.common.errors import GpuallocError, InvalidArgument
 from services.common.grpc_server import create_server, security_summary, serve_until_signal
 from services.common.health import Health
@@ -68,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+@console_main
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -210,7 +212,15 @@ def _hold_port(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host.strip("[]") or "0.0.0.0", port))
+    try:
+        sock.bind((host.strip("[]") or "0.0.0.0", port))
+    except OSError as error:  # the same words as a single worker's (grpc_server.py)
+        sock.close()
+        raise InvalidArgument.at(
+            "--listen",
+            f"cannot listen on {host}:{port}: the address is in use or not local "
+            f"({error.strerror})",
+        ) from None
     return sock
 
 

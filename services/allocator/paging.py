@@ -37,7 +37,7 @@ def decode_token(token: str, query: str) -> str:
         padded = token + "=" * (-len(token) % 4)
         data = json.loads(base64.urlsafe_b64decode(padded.encode()))
         after, issued_for = data["after"], data["q"]
-    except (ValueError, KeyError, TypeError, binascii.Error):
+    except (ValueError, KeyError, TypeError, RecursionError, binascii.Error):
         raise InvalidArgument.at("page_token", "not a page token of this server") from None
     if issued_for != query or not isinstance(after, str):
         raise InvalidArgument.at("page_token", "was issued for a different filter")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
@@ -49,6 +50,8 @@ from services.allocator.counting import count_capacity, count_gangs
 from services.allocator.gangs import allocated_explanation
 from services.allocator.solving import Deadline, Solver
 from services.allocator.topology_files import split_topologies
+from services.common.config import read_document_limits
+from services.common.dra.limits import DocumentLimits
 from services.common.dra.model import DeviceClass, Node, ResourceClaim, ResourceSlice
 from services.common.dra.serialize import allocation_result_to_dict
 from services.common.errors import GpuallocError, InvalidArgument
@@ -121,6 +124,11 @@ def register(subparsers: Any) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
+    try:
+        limits = read_document_limits(os.environ)  # GPUALLOC_MAX_DOCUMENT_*
+    except InvalidArgument as error:
+        print(f"gpualloc solve: {error}", file=sys.stderr)
+        return EXIT_INVALID
     return run_solve(
         args.filename,
         node=args.node,
@@ -130,6 +138,7 @@ def _main(args: argparse.Namespace) -> int:
         gang=args.gang,
         gang_label=args.gang_label,
         capacity=args.capacity,
+        limits=limits,
     )
 
 
@@ -146,15 +155,16 @@ def run_solve(
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
     stdin: TextIO | None = None,
+    limits: DocumentLimits | None = None,
 ) -> int:
     out = stdout or sys.stdout
     err = stderr or sys.stderr
     try:
         spec = _gang_spec(gang, gang_label, node)
         if capacity:
-            report = _capacity(paths, node, policy, max_steps, stdin, spec)
+            report = _capacity(paths, node, policy, max_steps, stdin, spec, limits)
         else:
-            report = _solve(paths, node, policy, max_steps, stdin, spec)
+            report = _solve(paths, node, policy, max_steps, stdin, spec, limits)
     except GpuallocError as error:
         print(f"gpualloc solve: {error}", file=err)
         return EXIT_INVALID
@@ -181,12 +191,12 @@ def _gang_spec(count: int | None, label: str, node: str | None) -> GangSpec | No
 
 
 def _load(
-    paths: Sequence[str], stdin: TextIO | None
+    paths: Sequence[str], stdin: TextIO | None, limits: DocumentLimits | None = None
 ) -> tuple[ClusterSnapshot, AllocatedState, dict[str, DeviceClass], list[ResourceClaim]]:
     """The cluster, its state (claims with an allocation hold their devices), the classes and
     the claims to place."""
     manifests, topologies = split_topologies(paths)
-    objects = load_manifests(manifests, stdin) if manifests else []
+    objects = load_manifests(manifests, stdin, limits) if manifests else []
     slices = [o for o in objects if isinstance(o, ResourceSlice)]
     nodes = [o for o in objects if isinstance(o, Node)]
     classes = {o.name: o for o in objects if isinstance(o, DeviceClass)}
@@ -205,10 +215,11 @@ def _capacity(
     max_steps: int,
     stdin: TextIO | None,
     gang: GangSpec | None,
+    limits: DocumentLimits | None = None,
 ) -> dict[str, Any]:
     """How many more copies of the pending claims (or gangs of them) fit: the service's
     Capacity on files (services/allocator/counting.py)."""
-    snapshot, state, classes, pending = _load(paths, stdin)
+    snapshot, state, classes, pending = _load(paths, stdin, limits)
     solver = Solver(SelectorCache(), policy=policy, max_steps=max_steps)
     query = Query(tuple(pending), node=node or "", gang=gang)
     count = count_gangs if gang is not None else count_capacity
@@ -257,8 +268,9 @@ def _solve(
     max_steps: int,
     stdin: TextIO | None,
     gang: GangSpec | None = None,
+    limits: DocumentLimits | None = None,
 ) -> dict[str, Any]:
-    snapshot, state, classes, pending = _load(paths, stdin)
+    snapshot, state, classes, pending = _load(paths, stdin, limits)
     if gang is not None:
         return _solve_gang(snapshot, state, classes, pending, policy, max_steps, gang)
     result = solve(

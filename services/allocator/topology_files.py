@@ -26,11 +26,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import yaml
-
 from services.allocator.core.topology import NicInfo, NodeTopology, PcieRelation
-from services.common.dra.parse import read_text
-from services.common.errors import InvalidArgument, ParseError
+from services.common.dra.parse import read_documents, read_text
+from services.common.errors import InvalidArgument
 from services.common.manifests import expand_paths
 
 __all__ = ["API_VERSION", "KIND", "parse_node_topology", "split_topologies"]
@@ -53,10 +51,7 @@ def split_topologies(paths: Iterable[str]) -> tuple[list[str], dict[str, NodeTop
         if KIND not in text:
             others.append(path)
             continue
-        try:
-            documents = [d for d in yaml.safe_load_all(text) if d is not None]
-        except yaml.YAMLError as err:
-            raise ParseError(f"invalid YAML: {err}", path) from None
+        documents: list[Any] = [d for _, d in read_documents(text, path) if d is not None]
         kinds = [isinstance(d, dict) and d.get("kind") == KIND for d in documents]
         if not any(kinds):
             others.append(path)

@@ -18,10 +18,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from services.common.dra.limits import DocumentLimits
 from services.common.dra.quantity import Quantity
 from services.common.errors import FieldViolation, InvalidArgument
 
 __all__ = [
+    "DOCUMENT_SETTINGS",
     "SERVER_SETTINGS",
     "ServerSettings",
     "Setting",
@@ -33,6 +35,7 @@ __all__ = [
     "env_int",
     "env_str",
     "format_duration",
+    "read_document_limits",
     "read_settings",
     "settings_table_markdown",
 ]
@@ -375,6 +378,37 @@ SERVER_SETTINGS: dict[str, Setting[Any]] = {
         lambda env, name, default: env_choice(env, name, default, _LOG_FORMATS),
     ),
 }
+
+
+def _show_bytes(count: int) -> str:
+    return f"{count // 2**20}Mi" if count % 2**20 == 0 else str(count)
+
+
+# Field name of DocumentLimits -> the variable that sets it: read by the servers (the manifest
+# of ApplyResourceSlices) and by the CLIs that read `-f` files (solve, inventory, apply).
+DOCUMENT_SETTINGS: dict[str, Setting[Any]] = {
+    "max_bytes": Setting(
+        "GPUALLOC_MAX_DOCUMENT_BYTES",
+        DocumentLimits.max_bytes,
+        "largest YAML/JSON text read (a `-f` file, stdin, an ApplyResourceSlices manifest; a "
+        "quantity: `8Mi`); larger ones are refused (INVALID_ARGUMENT, exit 2) unread",
+        lambda env, name, default: env_bytes(env, name, default, minimum=1024, maximum=2**31 - 1),
+        _show_bytes,
+    ),
+    "max_nodes": Setting(
+        "GPUALLOC_MAX_DOCUMENT_NODES",
+        DocumentLimits.max_nodes,
+        "most values (mappings, lists, scalars; a YAML alias each time it is used) one such text "
+        "may hold",
+        lambda env, name, default: env_int(env, name, default, minimum=100),
+        lambda n: f"{n:_}".replace("_", ","),
+    ),
+}
+
+
+def read_document_limits(environ: Mapping[str, str]) -> DocumentLimits:
+    """`GPUALLOC_MAX_DOCUMENT_*`; InvalidArgument naming every bad variable."""
+    return DocumentLimits(**read_settings(environ, DOCUMENT_SETTINGS))
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ __all__ = [
     "ResourceExhausted",
     "Unauthenticated",
     "Unavailable",
+    "clip",
 ]
 
 
@@ -130,3 +131,13 @@ class Unavailable(GpuallocError):
 
 class DeadlineExceeded(GpuallocError):
     pass
+
+
+def clip(value: object, limit: int = 200) -> str:
+    """`value` as text, cut after `limit` characters (then an ellipsis and the full length):
+    for error messages that echo what a client sent, since an 8,000-character id must not make
+    the error larger than the metadata a client accepts. The one helper for that."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text):,} characters)"

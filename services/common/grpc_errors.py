@@ -43,9 +43,13 @@ from services.common.errors import (
     ResourceExhausted,
     Unauthenticated,
     Unavailable,
+    clip,
 )
 
 __all__ = [
+    "MAX_MESSAGE_CHARS",
+    "MAX_VIOLATION_CHARS",
+    "MAX_VIOLATION_DETAILS",
     "CONFLICT_REASON",
     "CONFLICT_RESOURCE_TYPE",
     "DOMAIN",
@@ -128,8 +132,21 @@ def status_code_of(error: BaseException) -> grpc.StatusCode | None:
 # --- server side: error -> google.rpc.Status ------------------------------------------------
 
 
+MAX_MESSAGE_CHARS = 512
+"""The longest status message sent. The message travels twice in the trailers (grpc-message and
+inside grpc-status-details-bin), which clients cap at 8 KiB by default: an error that echoes a
+client's 8,000-character id would otherwise reach the client as RESOURCE_EXHAUSTED (metadata
+too large) instead of its own code. Values echoed inside messages are clipped to 200 characters
+where they are written (`clip`); this is the bound for everything together."""
+MAX_VIOLATION_DETAILS = 16
+"""Field violations listed in BadRequest (the rest are counted in the last one)."""
+MAX_VIOLATION_CHARS = 100
+"""The longest field path or description of one listed violation."""
+
+
 def to_rpc_status(error: GpuallocError, code: grpc.StatusCode) -> status_pb2.Status:
-    """The rich status for a typed error: code, message and the details described above."""
+    """The rich status for a typed error: code, message and the details described above, each
+    clipped so that the trailers fit what a client accepts."""
     message = error.message
     details: list[Message] = []
     if isinstance(error, InvalidArgument):
@@ -145,23 +162,30 @@ def to_rpc_status(error: GpuallocError, code: grpc.StatusCode) -> status_pb2.Sta
         retry = error_details_pb2.RetryInfo()
         retry.retry_delay.FromMilliseconds(round(error.retry_after_seconds * 1000))
         details.append(retry)
-    status = status_pb2.Status(code=code.value[0], message=message)
+    status = status_pb2.Status(code=code.value[0], message=clip(message, MAX_MESSAGE_CHARS))
     for detail in details:
         status.details.add().Pack(detail)
     return status
 
 
 def _bad_request(violations: tuple[FieldViolation, ...]) -> error_details_pb2.BadRequest:
+    shown = list(violations[:MAX_VIOLATION_DETAILS])
+    if len(violations) > len(shown):
+        more = len(violations) - len(shown) + 1
+        shown[-1] = FieldViolation("", f"and {more} more violations (the message has the first)")
     return error_details_pb2.BadRequest(
         field_violations=[
-            error_details_pb2.BadRequest.FieldViolation(field=v.path, description=v.description)
-            for v in violations
+            error_details_pb2.BadRequest.FieldViolation(
+                field=clip(v.path, MAX_VIOLATION_CHARS),
+                description=clip(v.description, MAX_VIOLATION_CHARS),
+            )
+            for v in shown
         ]
     )
 
 
 def _parse_error_info(error: ParseError) -> error_details_pb2.ErrorInfo:
-    metadata = {"source": error.source}
+    metadata = {"source": clip(error.source, MAX_VIOLATION_CHARS)}
     if error.line is not None:
         metadata["line"] = str(error.line)
     return error_details_pb2.ErrorInfo(reason=PARSE_ERROR_REASON, domain=DOMAIN, metadata=metadata)

@@ -1,7 +1,8 @@
 """Reading Kubernetes manifests from the command line's `-f` arguments: files, directories, stdin.
 
 Like `kubectl -f`: a directory contributes its `*.yaml`, `*.yml` and `*.json` files (recursively,
-sorted by path), `-` is standard input. Objects come back in argument order.
+sorted by path), `-` is standard input (once: a second `-` would read nothing). Objects come
+back in argument order. Each file and stdin is bounded by `DocumentLimits` (dra/limits.py).
 """
 
 from __future__ import annotations
@@ -11,18 +12,21 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TextIO
 
-from services.common.dra.parse import KubeObject, load_objects, read_text
+from services.common.dra.limits import DocumentLimits
+from services.common.dra.parse import KubeObject, load_objects, read_stdin, read_text
 from services.common.errors import InvalidArgument
 
-__all__ = ["MANIFEST_SUFFIXES", "expand_paths", "load_manifests"]
+__all__ = ["MANIFEST_SUFFIXES", "expand_paths", "load_manifests", "refuse_second_stdin"]
 
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 
 
 def expand_paths(paths: Iterable[str]) -> Iterator[str]:
     """Each argument as files: `-` stays `-`, a directory becomes its manifest files."""
+    stdin_seen = False
     for raw in paths:
         if raw == "-":
+            stdin_seen = refuse_second_stdin(stdin_seen)
             yield raw
             continue
         path = Path(raw)
@@ -39,12 +43,22 @@ def expand_paths(paths: Iterable[str]) -> Iterator[str]:
             raise InvalidArgument(f"{raw}: no such file or directory")
 
 
-def load_manifests(paths: Iterable[str], stdin: TextIO | None = None) -> list[KubeObject]:
+def refuse_second_stdin(seen: bool) -> bool:
+    """True (stdin is now taken), or InvalidArgument when it already was."""
+    if seen:
+        raise InvalidArgument.at("-f", "`-` (standard input) can be given only once")
+    return True
+
+
+def load_manifests(
+    paths: Iterable[str], stdin: TextIO | None = None, limits: DocumentLimits | None = None
+) -> list[KubeObject]:
     """Every object of every path, in order; errors name the file (and line, field path)."""
     objects: list[KubeObject] = []
     for path in expand_paths(paths):
         if path == "-":
-            objects.extend(load_objects((stdin or sys.stdin).read(), "<stdin>"))
+            text = read_stdin(stdin or sys.stdin, limits)
+            objects.extend(load_objects(text, "<stdin>", limits))
         else:
-            objects.extend(load_objects(read_text(path), path))
+            objects.extend(load_objects(read_text(path, limits), path, limits))
     return objects

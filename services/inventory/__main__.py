@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 
+from services.common.console import console_main
 from services.common.errors import GpuallocError
 from services.common.grpc_server import create_server, security_summary, serve_until_signal
 from services.common.health import Health
@@ -20,6 +21,7 @@ from services.inventory.config import InventorySettings
 log = logging.getLogger("gpualloc.inventory")
 
 
+@console_main
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="gpualloc-inventory", description="Serve the gpualloc inventory over gRPC."

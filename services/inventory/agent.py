@@ -39,6 +39,7 @@ from protos.inventory.v1 import inventory_pb2, inventory_pb2_grpc
 from services.client.calls import open_channel
 from services.client.cli_flags import add_client_flags, client_settings
 from services.client.config import ClientSettings, TlsConfig
+from services.common.console import console_main
 from services.common.errors import GpuallocError, InvalidArgument, Unavailable
 from services.inventory.adapters.nvidia_smi_xml import parse_nvidia_smi_xml
 from services.inventory.adapters.nvml_reader import XidWatcher, read_node_report
@@ -112,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@console_main
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)

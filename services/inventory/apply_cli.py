@@ -35,6 +35,8 @@ from protos.inventory.v1 import inventory_pb2, inventory_pb2_grpc
 from services.client.calls import open_channel
 from services.client.cli_flags import add_client_flags, client_settings
 from services.client.config import TlsConfig
+from services.common.config import read_document_limits
+from services.common.dra.limits import DocumentLimits
 from services.common.dra.model import ResourceSlice
 from services.common.dra.serialize import node_to_dict
 from services.common.errors import GpuallocError, InvalidArgument, ResourceExhausted
@@ -84,6 +86,7 @@ def _main(args: argparse.Namespace) -> int:
     address = args.inventory or os.environ.get(ENV_ADDRESS) or DEFAULT_ADDRESS
     try:
         settings = client_settings(args, os.environ)
+        limits = read_document_limits(os.environ)  # GPUALLOC_MAX_DOCUMENT_*
     except InvalidArgument as error:
         print(f"gpualloc apply: {error}", file=sys.stderr)
         return EXIT_INVALID
@@ -94,6 +97,7 @@ def _main(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         tls=settings.tls,
         token_file=settings.token_file,
+        limits=limits,
     )
 
 
@@ -108,6 +112,7 @@ def run_apply(
     stdin: TextIO | None = None,
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
+    limits: DocumentLimits | None = None,
 ) -> int:
     """Apply the inputs to the inventory at `address` (TLS and a bearer token as in
     services/client: `tls`, `token_file`); returns the exit code."""
@@ -115,7 +120,7 @@ def run_apply(
     with open_channel(address, tls, token_file=token_file) as channel:
         stub = inventory_pb2_grpc.InventoryStub(channel)
         try:
-            inputs = read_inputs(paths, node, stdin, lookup=_slices_on_server(stub))
+            inputs = read_inputs(paths, node, stdin, lookup=_slices_on_server(stub), limits=limits)
             _send(stub, inputs, dry_run, out, err)
         except GpuallocError as error:
             print(f"gpualloc apply: {error}", file=err)

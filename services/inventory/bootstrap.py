@@ -91,7 +91,12 @@ def build_inventory(
         if state is not None:
             state = refresh_observed(state, time.time())
             restored = frozenset(state.slice_keys)
-        service = InventoryService(state, repository=repository, report_ttl=settings.report_ttl)
+        service = InventoryService(
+            state,
+            repository=repository,
+            report_ttl=settings.report_ttl,
+            max_nodes=settings.max_nodes,
+        )
         if sweep:
             service.start_sweeper(settings.sweep_interval)
             gc_policy = GcPolicy().start()
@@ -103,6 +108,7 @@ def build_inventory(
             service,
             heartbeat_seconds=settings.watch_heartbeat,
             watch_min_interval=settings.watch_min_interval,
+            document_limits=settings.documents,
         )
     registration = ServiceRegistration(
         SERVICE_NAME, inventory_pb2_grpc.add_InventoryServicer_to_server, servicer, ACCESS

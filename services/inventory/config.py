@@ -11,15 +11,27 @@ from services.common.config import (
     Setting,
     env_choice,
     env_duration,
+    env_int,
     env_str,
     format_duration,
+    read_document_limits,
     read_settings,
 )
+from services.common.dra.limits import DocumentLimits
 
-__all__ = ["DEFAULT_LISTEN", "INVENTORY_SETTINGS", "KUBE_WATCH_MODES", "InventorySettings"]
+__all__ = [
+    "DEFAULT_LISTEN",
+    "DEFAULT_MAX_NODES",
+    "INVENTORY_SETTINGS",
+    "KUBE_WATCH_MODES",
+    "InventorySettings",
+]
 
 DEFAULT_LISTEN = "127.0.0.1:50052"  # when run apart; `gpualloc serve` shares the allocator's port
 KUBE_WATCH_MODES = ("off", "in-cluster", "kubeconfig")
+DEFAULT_MAX_NODES = 10_000  # the scale `make bench` proves (bench_inventory: 10,000 nodes),
+# twice the largest cluster Kubernetes documents (5,000): no real inventory is refused, and
+# made-up node names cannot grow the state without bound
 
 
 def _positive_duration(environ: Mapping[str, str], name: str, default: float) -> float:
@@ -74,6 +86,13 @@ INVENTORY_SETTINGS: dict[str, Setting[Any]] = {
         lambda env, name, default: env_duration(env, name, default, minimum=0.0, maximum=1.0),
         format_duration,
     ),
+    "max_nodes": Setting(
+        "GPUALLOC_INVENTORY_MAX_NODES",
+        DEFAULT_MAX_NODES,
+        "most nodes the inventory holds: an apply or report that would add one more fails with "
+        "RESOURCE_EXHAUSTED (the Kubernetes mirror is not limited)",
+        lambda env, name, default: env_int(env, name, default, minimum=1),
+    ),
     "kube_watch": Setting(
         "GPUALLOC_KUBE_WATCH",
         "off",
@@ -109,6 +128,8 @@ class InventorySettings:
     kube_watch: str = INVENTORY_SETTINGS["kube_watch"].default
     kubeconfig: str = INVENTORY_SETTINGS["kubeconfig"].default
     kube_context: str = INVENTORY_SETTINGS["kube_context"].default
+    max_nodes: int = INVENTORY_SETTINGS["max_nodes"].default
+    documents: DocumentLimits = DocumentLimits()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> InventorySettings:
@@ -118,4 +139,5 @@ class InventorySettings:
             server = replace(server, listen_address=DEFAULT_LISTEN)
         values = read_settings(environ, INVENTORY_SETTINGS)
         seeds = tuple(p.strip() for p in values.pop("seed_paths").split(",") if p.strip())
-        return cls(server=server, seed_paths=seeds, **values)
+        documents = read_document_limits(environ)
+        return cls(server=server, seed_paths=seeds, documents=documents, **values)

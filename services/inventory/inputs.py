@@ -23,9 +23,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
+from services.common.dra.limits import DocumentLimits, checked_json_loads
 from services.common.dra.model import Device, Node, ResourceSlice
-from services.common.dra.parse import load_objects, read_text
+from services.common.dra.parse import load_objects, read_stdin, read_text
 from services.common.errors import InvalidArgument
+from services.common.manifests import refuse_second_stdin
 from services.inventory.adapters.nvidia_smi_xml import parse_nvidia_smi_xml
 from services.inventory.adapters.report_json import KIND, from_json
 from services.inventory.adapters.topo_matrix import parse_topo_matrix
@@ -57,10 +59,14 @@ class Inputs:
 
 
 def expand_inputs(paths: Iterable[str]) -> Iterator[str]:
-    """Each argument as files: `-` stays `-`, a directory becomes its input files."""
+    """Each argument as files: `-` stays `-` (once), a directory becomes its input files."""
+    stdin_seen = False
     for raw in paths:
         path = Path(raw)
-        if raw == "-" or path.is_file():
+        if raw == "-":
+            stdin_seen = refuse_second_stdin(stdin_seen)
+            yield raw
+        elif path.is_file():
             yield raw
         elif path.is_dir():
             found = sorted(p for p in path.rglob("*") if p.suffix in INPUT_SUFFIXES and p.is_file())
@@ -79,23 +85,26 @@ def read_inputs(
     node: str | None = None,
     stdin: TextIO | None = None,
     lookup: SliceLookup | None = None,
+    limits: DocumentLimits | None = None,
 ) -> Inputs:
     """Read and recognise every input; one report per node. XML and `topo -m` inputs belong to
     `node`; without it, to the node their file is named after (`h100-node-1.topo.txt`) when
-    the other inputs (or `lookup`, a running inventory's slices of a node) know that node."""
+    the other inputs (or `lookup`, a running inventory's slices of a node) know that node.
+    Every file is bounded by `limits` (dra/limits.py)."""
+    limits = limits or DocumentLimits()
     inputs = Inputs()
     nvml: list[tuple[str, str, str]] = []  # (kind, source, text) of node-less inputs
     sources: dict[str, str] = {}  # node -> the file its report came from
     for path in expand_inputs(paths):
         source = "<stdin>" if path == "-" else path
-        text = (stdin or sys.stdin).read() if path == "-" else read_text(path)
-        kind = _kind(text)
+        text = read_stdin(stdin or sys.stdin, limits) if path == "-" else read_text(path, limits)
+        kind, report = _kind(text, source, limits)
         if kind in ("xml", "topo"):
             nvml.append((kind, source, text))
-        elif kind == "report":
-            _add_report(inputs, sources, _json_report(text, source, node), source)
+        elif report is not None:
+            _add_report(inputs, sources, _json_report(report, source, node), source)
         else:
-            _add_objects(inputs, text, source)
+            _add_objects(inputs, text, source, limits)
     known = {s.node_name for s in inputs.slices} | {n.name for n in inputs.nodes} | set(sources)
     matrices: list[tuple[str, str, TopologyMatrix]] = []
     for kind, source, text in nvml:
@@ -118,21 +127,22 @@ def _named_after(source: str, known: set[str | None], lookup: SliceLookup | None
     return None
 
 
-def _kind(text: str) -> str:
+def _kind(text: str, source: str, limits: DocumentLimits) -> tuple[str, object]:
+    """The input's kind, and for an agent report its decoded JSON (decoded once, bounded)."""
     if "<nvidia_smi_log" in text:
-        return "xml"
+        return "xml", None
     first = next((line for line in text.splitlines() if line.strip()), "")
     if _ANSI.sub("", first).strip().startswith("GPU0"):
-        return "topo"
+        return "topo", None
     stripped = text.lstrip()
     if stripped.startswith("{"):
         try:
-            data = json.loads(stripped)
+            data = checked_json_loads(stripped, source, limits)
         except json.JSONDecodeError:
-            return "objects"  # the manifest parser reports where the JSON breaks
+            return "objects", None  # the manifest parser reports where the JSON breaks
         if isinstance(data, dict) and data.get("kind") == KIND:
-            return "report"
-    return "objects"
+            return "report", data
+    return "objects", None
 
 
 def _need_node(node: str | None, source: str, what: str) -> str:
@@ -145,8 +155,7 @@ def _need_node(node: str | None, source: str, what: str) -> str:
     return node
 
 
-def _json_report(text: str, source: str, node: str | None) -> NodeReport:
-    data = json.loads(text)
+def _json_report(data: object, source: str, node: str | None) -> NodeReport:
     if isinstance(data, dict) and not data.get("node") and node:
         data["node"] = node
     try:
@@ -165,8 +174,8 @@ def _add_report(inputs: Inputs, sources: dict[str, str], report: NodeReport, sou
     inputs.reports.append(report)
 
 
-def _add_objects(inputs: Inputs, text: str, source: str) -> None:
-    for obj in load_objects(text, source):
+def _add_objects(inputs: Inputs, text: str, source: str, limits: DocumentLimits) -> None:
+    for obj in load_objects(text, source, limits):
         if isinstance(obj, ResourceSlice):
             inputs.slices.append(obj)
         elif isinstance(obj, Node):

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
 import yaml
 
-from services.common.errors import GpuallocError
+from services.common.config import read_document_limits
+from services.common.dra.limits import DocumentLimits
+from services.common.errors import GpuallocError, InvalidArgument
 from services.inventory.core.state import InventoryState, apply, record_report
 from services.inventory.inputs import Inputs, read_inputs
 from services.inventory.view_json import inventory_text, inventory_to_json
@@ -53,7 +56,12 @@ def register(subparsers: Any) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    return run_inventory(args.filename, args.node, args.output)
+    try:
+        limits = read_document_limits(os.environ)  # GPUALLOC_MAX_DOCUMENT_*
+    except InvalidArgument as error:
+        print(f"gpualloc inventory: {error}", file=sys.stderr)
+        return EXIT_INVALID
+    return run_inventory(args.filename, args.node, args.output, limits=limits)
 
 
 def build_state(inputs: Inputs) -> InventoryState:
@@ -72,10 +80,11 @@ def run_inventory(
     stdin: TextIO | None = None,
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
+    limits: DocumentLimits | None = None,
 ) -> int:
     out, err = stdout or sys.stdout, stderr or sys.stderr
     try:
-        state = build_state(read_inputs(paths, node, stdin))
+        state = build_state(read_inputs(paths, node, stdin, limits=limits))
     except GpuallocError as error:
         print(f"gpualloc inventory: {error}", file=err)
         return EXIT_INVALID

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 from services.common.dra.model import Node, ResourceSlice
 from services.common.dra.validate import validate_resource_slice
+from services.common.errors import ResourceExhausted
+from services.inventory.config import DEFAULT_MAX_NODES
 from services.inventory.core.checks import MAX_OBJECTS_PER_APPLY, check_apply
 from services.inventory.core.report import NodeReport
 from services.inventory.core.repository import InventoryRepository
@@ -80,12 +82,14 @@ class InventoryService:
         clock: Clock = time.time,
         report_ttl: float = DEFAULT_REPORT_TTL,
         max_objects_per_apply: int = MAX_OBJECTS_PER_APPLY,
+        max_nodes: int | None = DEFAULT_MAX_NODES,
     ) -> None:
         self._state = state or InventoryState()
         self._repository = repository
         self._clock = clock
         self.report_ttl = report_ttl
         self._max_objects = max_objects_per_apply
+        self.max_nodes = max_nodes  # None: no limit
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._listeners: list[Listener] = []
@@ -114,6 +118,7 @@ class InventoryService:
         with self._lock:
             before = self._state
             after, change = apply(before, slices, nodes)
+            self._check_node_limit(before, after)
             applied: list[str] = []
             unchanged: list[str] = []
             for s in slices:
@@ -162,6 +167,7 @@ class InventoryService:
         """Record a node's report (observed now, on the service's clock)."""
         with self._lock:
             after, change = record_report(self._state, report, self._clock())
+            self._check_node_limit(self._state, after)
             if change is None:
                 self._state = after  # only the node's observed time moved
             else:
@@ -169,6 +175,18 @@ class InventoryService:
             view = after.view(report.node)
             assert view is not None
             return ReportResult(after.generation, view)
+
+    def _check_node_limit(self, before: InventoryState, after: InventoryState) -> None:
+        """ResourceExhausted when a change would grow the inventory past its node limit (a
+        change that adds no node passes even when an operator lowered the limit below the
+        count): made-up node names cannot grow the state, its views and watches without bound."""
+        limit = self.max_nodes
+        if limit is None or after.node_count <= max(limit, before.node_count):
+            return
+        raise ResourceExhausted(
+            f"the inventory holds at most {limit:,} nodes (GPUALLOC_INVENTORY_MAX_NODES); this "
+            f"change would make {after.node_count:,} (it holds {before.node_count:,})"
+        )
 
     def sweep(self) -> Change | None:
         """Mark stale the reports older than the TTL; returns the change, if any."""

@@ -33,7 +33,13 @@ from services.allocator.reservations import (
     new_reservation_id,
     validate_reserve_request,
 )
-from services.common.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
+from services.common.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    clip,
+)
 
 __all__ = ["MemoryReservationStore", "MemorySubscription"]
 
@@ -157,7 +163,7 @@ class MemoryReservationStore:
             reservation = self._reservations.get(reservation_id)
         self._deliver()
         if reservation is None:
-            raise NotFound(f"reservation {reservation_id} not found (released or expired)")
+            raise NotFound(f"reservation {clip(reservation_id)} not found (released or expired)")
         return reservation
 
     def list(self, owner: str = "", node: str = "") -> Sequence[Reservation]:
@@ -247,7 +253,7 @@ class MemoryReservationStore:
     def _owned(self, reservation_id: str, owner: str, fencing_token: int) -> Reservation:
         reservation = self._reservations.get(reservation_id)
         if reservation is None:
-            raise NotFound(f"reservation {reservation_id} not found (released or expired)")
+            raise NotFound(f"reservation {clip(reservation_id)} not found (released or expired)")
         if reservation.owner != owner:
             raise PermissionDenied(f"reservation {reservation_id} belongs to another owner")
         if fencing_token and fencing_token != reservation.fencing_token:

@@ -64,6 +64,7 @@ from services.common.errors import (
     NotFound,
     PermissionDenied,
     Unavailable,
+    clip,
 )
 
 __all__ = [
@@ -235,7 +236,7 @@ class RedisReservationStore:
             retry=True,
         )
         if not found:
-            raise NotFound(f"reservation {reservation_id} not found (released or expired)")
+            raise NotFound(f"reservation {clip(reservation_id)} not found (released or expired)")
         return self._decode(found[0])
 
     def list(self, owner: str = "", node: str = "") -> Sequence[Reservation]:
@@ -317,11 +318,11 @@ class RedisReservationStore:
         head, separator, node = reservation_id.partition(NODE_SEPARATOR)
         if separator:
             if not head or not node or "{" in node or "}" in node:
-                raise NotFound(f"reservation {reservation_id} not found (no such id)")
+                raise NotFound(f"reservation {clip(reservation_id)} not found (no such id)")
             return node
         found = self._attempt(lambda: self._client.hget(self._index_key, reservation_id), True)
         if found is None:
-            raise NotFound(f"reservation {reservation_id} not found (released or expired)")
+            raise NotFound(f"reservation {clip(reservation_id)} not found (released or expired)")
         return _text(found)
 
     def _mutate(self, function: str, node: str, reservation_id: str, args: Strings) -> Any:
@@ -334,7 +335,7 @@ class RedisReservationStore:
         if status == "ok":
             return reply
         if status == "notfound":
-            raise NotFound(f"reservation {reservation_id} not found (released or expired)")
+            raise NotFound(f"reservation {clip(reservation_id)} not found (released or expired)")
         if status == "denied":
             raise PermissionDenied(f"reservation {reservation_id} belongs to another owner")
         if status == "fence":

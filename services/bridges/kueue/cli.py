@@ -35,6 +35,7 @@ from services.client.client import AllocatorClient
 from services.client.config import ClientSettings
 from services.client.inventory import InventoryClient
 from services.common.config import env_duration, env_str
+from services.common.console import console_main
 from services.common.errors import GpuallocError
 
 __all__ = ["main"]
@@ -98,6 +99,7 @@ def run(
     return 0
 
 
+@console_main
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     env = client_environ(args, os.environ if environ is None else environ)

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from services.bridges.kueue.objects import GROUP, VERSION
-from services.common.errors import FailedPrecondition
+from services.common.errors import FailedPrecondition, Unavailable
 
 __all__ = ["FIELD_MANAGER", "KubernetesKueueApi"]
 
@@ -54,12 +54,22 @@ class KubernetesKueueApi:
             try:
                 self._k8s.config.load_incluster_config(client_configuration=configuration)
             except self._k8s.config.ConfigException:
-                self._k8s.config.load_kube_config(client_configuration=configuration)
+                self._load_kube_config(configuration)
             configuration.keep_alive = True  # a silently dropped watch fails within minutes
             api_client = self._k8s.client.ApiClient(configuration)
         self._custom = self._k8s.client.CustomObjectsApi(api_client)
         self._field_manager = field_manager
         self._resource_version = ""
+
+    def _load_kube_config(self, configuration: Any) -> None:
+        """~/.kube/config; without one (not in a pod either) the cluster is Unavailable, a
+        message and an exit code, not the client library's traceback."""
+        try:
+            self._k8s.config.load_kube_config(client_configuration=configuration)
+        except (self._k8s.config.ConfigException, OSError) as error:
+            raise Unavailable(
+                f"no Kubernetes cluster: not in a pod, and no usable kubeconfig ({error})"
+            ) from None
 
     def _items(self, plural: str) -> list[KubeObject]:
         response = self._custom.list_cluster_custom_object(GROUP, VERSION, plural)

@@ -52,6 +52,7 @@ from services.client.cli_flags import add_client_flags, client_settings
 from services.client.client import AllocatorClient
 from services.client.errors import Unplaceable
 from services.client.inventory import InventoryClient
+from services.common.console import console_main
 from services.common.dra.serialize import to_dict
 from services.common.errors import FailedPrecondition, GpuallocError, InvalidArgument
 
@@ -214,6 +215,7 @@ def _tell_the_job(
         print(f"gpualloc-slurm: could not set the job's Comment: {error}", file=err)
 
 
+@console_main
 def main(
     argv: Sequence[str] | None = None,
     environ: Mapping[str, str] | None = None,

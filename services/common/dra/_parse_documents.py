@@ -22,6 +22,7 @@ from services.common.dra._parse_claims import (
 )
 from services.common.dra._parse_fields import Fields, Invalid, json_type, unsupported
 from services.common.dra._parse_slices import decode_node, decode_resource_slice
+from services.common.dra.limits import DocumentLimits, check_size, check_value, check_yaml_node
 from services.common.dra.model import DeviceClass, Node, ResourceClaim, ResourceSlice
 from services.common.errors import FieldViolation, InvalidArgument, ParseError
 
@@ -66,17 +67,24 @@ _EXACTLY_FIELDS = (
 _PATH_SEGMENT = re.compile(r'\.?([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]|\[("(?:[^"\\]|\\.)*")\]')
 
 
-def read_documents(text: str, source: str) -> list[tuple[int, object]]:
+def read_documents(
+    text: str, source: str, limits: DocumentLimits | None = None
+) -> list[tuple[int, object]]:
     """(document number, value) for each document. Text that starts like JSON is JSON only, as
-    kubectl's YAML-or-JSON decoder does; anything else is a YAML stream."""
+    kubectl's YAML-or-JSON decoder does; anything else is a YAML stream. Size, depth and value
+    count are bounded by `limits` (limits.py) before and while decoding."""
+    limits = limits or DocumentLimits()
+    check_size(text, source, limits)
     if text.lstrip()[:1] in ("{", "["):
         try:
-            return list(enumerate(_json_documents(text), start=1))
+            return list(enumerate(_json_documents(text, source, limits), start=1))
         except json.JSONDecodeError as exc:
             raise ParseError(f"invalid JSON: {exc.msg}", source, exc.lineno) from None
+        except RecursionError:
+            raise ParseError(limits.depth_message(), source) from None
     documents: list[tuple[int, object]] = []
     try:
-        for number, document in enumerate(yaml.load_all(text, Loader=_Loader), start=1):
+        for number, document in enumerate(_yaml_documents(text, source, limits), start=1):
             documents.append((number, document))
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -88,16 +96,31 @@ def read_documents(text: str, source: str) -> list[tuple[int, object]]:
     return documents
 
 
-def _json_documents(text: str) -> Iterator[object]:
+def _json_documents(text: str, source: str, limits: DocumentLimits) -> Iterator[object]:
     decoder = json.JSONDecoder()
-    position = 0
+    position = used = 0
     while True:
         while position < len(text) and text[position].isspace():
             position += 1
         if position == len(text):
             return
         document, position = decoder.raw_decode(text, position)
+        used = check_value(document, source, limits, used)
         yield document
+
+
+def _yaml_documents(text: str, source: str, limits: DocumentLimits) -> Iterator[object]:
+    """`yaml.load_all`, with each composed document checked before it is constructed (the
+    check walks aliases as used, which constructing alone would not reveal)."""
+    loader = _Loader(text)
+    used = 0
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            used = check_yaml_node(node, source, limits, used)
+            yield loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 class Where:

@@ -16,7 +16,7 @@ the document and the object, then the field path, e.g. `slices.yaml:57: document
 of int, bool, string, version`. Malformed YAML/JSON raises ParseError;
 anything else InvalidArgument with every violation in `.violations`.
 
-Only `read_text` touches the file system; everything else works on text or decoded values.
+Only `read_text` and `read_stdin` do I/O; everything else works on text or decoded values.
 
 This module is the public face; the work lives in private modules by kind: `_parse_documents`
 (documents, Lists, kinds, the v1beta1 upgrade, error locations), `_parse_slices` (ResourceSlice,
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from pathlib import PurePath
-from typing import Any
+from typing import IO, Any, TextIO
 
 from services.common.dra import validate
 from services.common.dra._parse_claims import decode_allocation
@@ -41,6 +41,7 @@ from services.common.dra._parse_documents import (
     read_documents,
 )
 from services.common.dra._parse_fields import Fields, Invalid, json_type
+from services.common.dra.limits import DocumentLimits, check_size
 from services.common.dra.model import AllocationResult
 from services.common.errors import FieldViolation, InvalidArgument, ParseError
 
@@ -51,30 +52,63 @@ __all__ = [
     "decode_object",
     "load_files",
     "load_objects",
+    "read_documents",
+    "read_stdin",
     "read_text",
 ]
 
 
-def read_text(path: str | PurePath) -> str:
-    """The one place that reads a file: its text, or InvalidArgument/ParseError naming it."""
+def read_text(path: str | PurePath, limits: DocumentLimits | None = None) -> str:
+    """The one place that reads a file: its text, or InvalidArgument/ParseError naming it. No
+    more than the size limit is read, so a huge file costs no memory."""
     try:
-        with open(path, encoding="utf-8") as file:
-            return file.read()
-    except UnicodeDecodeError as exc:
-        raise ParseError(f"not UTF-8 text: {exc.reason}", str(path)) from exc
+        with open(path, "rb") as file:
+            return decode_text(file, str(path), limits)
     except OSError as exc:
         raise InvalidArgument(f"{path}: cannot read: {exc.strerror}") from exc
 
 
-def load_files(paths: Iterable[str | PurePath]) -> list[KubeObject]:
+def read_stdin(stdin: TextIO, limits: DocumentLimits | None = None) -> str:
+    """Standard input as text, as `read_text` reads a file: bounded, and invalid UTF-8 is a
+    ParseError. A text stream without a byte buffer (a test's StringIO) is read as text."""
+    binary = getattr(stdin, "buffer", None)
+    if binary is not None:
+        return decode_text(binary, "<stdin>", limits)
+    limits = limits or DocumentLimits()
+    text = str(stdin.read(limits.max_bytes + 1))
+    check_size(text, "<stdin>", limits)
+    return text
+
+
+def decode_text(file: IO[bytes], source: str, limits: DocumentLimits | None = None) -> str:
+    """At most the size limit of bytes from `file` (one more tells that there is more), as
+    UTF-8 text; ParseError naming `source` otherwise."""
+    limits = limits or DocumentLimits()
+    data = file.read(limits.max_bytes + 1)
+    if len(data) > limits.max_bytes:
+        raise ParseError(limits.size_message(), source)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ParseError(f"not UTF-8 text: {exc.reason} at byte {exc.start}", source) from None
+
+
+def load_files(
+    paths: Iterable[str | PurePath], limits: DocumentLimits | None = None
+) -> list[KubeObject]:
     """Every object of every file, in order."""
-    return [obj for path in paths for obj in load_objects(read_text(path), str(path))]
+    return [
+        obj for path in paths for obj in load_objects(read_text(path, limits), str(path), limits)
+    ]
 
 
-def load_objects(text: str, source: str = "<input>") -> list[KubeObject]:
-    """Every object of a YAML or JSON text (one object, a List, or a stream of documents)."""
+def load_objects(
+    text: str, source: str = "<input>", limits: DocumentLimits | None = None
+) -> list[KubeObject]:
+    """Every object of a YAML or JSON text (one object, a List, or a stream of documents),
+    within `limits` (limits.py; the defaults when None)."""
     objects: list[KubeObject] = []
-    for number, document in read_documents(text, source):
+    for number, document in read_documents(text, source, limits):
         if document is not None:
             objects.extend(decode_document(document, Where(source, text, number)))
     return objects

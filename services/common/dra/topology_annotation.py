@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from services.common.errors import InvalidArgument
+from services.common.dra.limits import checked_json_loads
+from services.common.errors import InvalidArgument, ParseError
 
 __all__ = [
     "ANNOTATION",
@@ -85,9 +86,11 @@ def parse_annotation(text: str, where: str = "") -> tuple[TopologyConstraint, ..
     the annotation's own path) when it is malformed."""
     where = where or annotation_path()
     try:
-        raw = json.loads(text)
+        raw = checked_json_loads(text, where)
     except json.JSONDecodeError as err:
         raise InvalidArgument.at(where, f"not JSON: {err.msg}") from None
+    except ParseError as err:  # too large or too deep: the field path, not a source and line
+        raise InvalidArgument.at(where, err.message.removeprefix(f"{where}: ")) from None
     if not isinstance(raw, list):
         raise InvalidArgument.at(where, "must be a JSON list of constraints")
     return tuple(_entry(item, f"{where}[{i}]") for i, item in enumerate(raw))

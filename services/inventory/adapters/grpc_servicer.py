@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import grpc
 
 from protos.inventory.v1 import inventory_pb2, inventory_pb2_grpc
+from services.common.dra.limits import DocumentLimits
 from services.common.dra.model import AttributeValue, Node, ResourceSlice
 from services.common.dra.parse import load_objects
 from services.common.errors import InvalidArgument
@@ -53,6 +54,7 @@ ACCESS: dict[str, AccessRule] = {
 }
 """What each method needs (a method missing here is denied under a policy)."""
 SNAPSHOT_PART_BYTES = 4 * 2**20  # well under the default 16 MiB message limit
+_CACHE_SLACK = 64  # GPU caches of deleted nodes kept before they are swept out
 
 
 class InventoryServicer(inventory_pb2_grpc.InventoryServicer):
@@ -62,8 +64,10 @@ class InventoryServicer(inventory_pb2_grpc.InventoryServicer):
         heartbeat_seconds: float | None = 15.0,
         snapshot_part_bytes: int = SNAPSHOT_PART_BYTES,
         watch_min_interval: float = 0.0,
+        document_limits: DocumentLimits | None = None,
     ) -> None:
         self._service = service
+        self._document_limits = document_limits or DocumentLimits()
         self._heartbeat_seconds = heartbeat_seconds
         self._watch_min_interval = watch_min_interval
         self._snapshot_part_bytes = snapshot_part_bytes
@@ -78,7 +82,7 @@ class InventoryServicer(inventory_pb2_grpc.InventoryServicer):
         slices = [from_pb_resource_slice(s, f"slices[{i}]") for i, s in enumerate(request.slices)]
         nodes: list[Node] = []
         if request.manifest:
-            for obj in load_objects(request.manifest, source="manifest"):
+            for obj in load_objects(request.manifest, "manifest", self._document_limits):
                 if isinstance(obj, ResourceSlice):
                     slices.append(obj)
                 elif isinstance(obj, Node):
@@ -133,12 +137,13 @@ class InventoryServicer(inventory_pb2_grpc.InventoryServicer):
     ) -> inventory_pb2.ReportNodeResponse:
         if not request.HasField("report"):
             raise InvalidArgument.at("report", "required")
-        cache = self._gpu_caches.setdefault(request.report.node_name, GpuCache())
+        cache = self._gpu_caches.get(request.report.node_name) or GpuCache()
         try:
             report = from_pb_node_report(request.report, cache)
         except ValueError as error:
             raise InvalidArgument.at("report", str(error)) from None
         result = self._service.report(report)
+        self._remember(request.report.node_name, cache)
         view = result.view
         audit_call(
             context,
@@ -155,6 +160,15 @@ class InventoryServicer(inventory_pb2_grpc.InventoryServicer):
             taints=to_pb_device_taints(view),
             warnings=view.warnings,
         )
+
+    def _remember(self, node: str, cache: GpuCache) -> None:
+        """Keep the cache of a node whose report was accepted; when nodes were deleted since,
+        drop theirs, so the caches never outnumber the (bounded) nodes by much."""
+        self._gpu_caches[node] = cache
+        state = self._service.snapshot()
+        if len(self._gpu_caches) > state.node_count + _CACHE_SLACK:
+            kept = state.entries
+            self._gpu_caches = {n: c for n, c in self._gpu_caches.items() if n in kept}
 
     def GetInventory(
         self, request: inventory_pb2.GetInventoryRequest, context: grpc.ServicerContext

@@ -196,7 +196,7 @@ class WatchStream:
 def _event(line: bytes) -> KubeObject:
     try:
         event = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than json can go
         raise WatchError(f"not a watch event: {line[:200]!r}") from None
     if not isinstance(event, dict) or not isinstance(event.get("type"), str):
         raise WatchError(f"not a watch event: {line[:200]!r}")

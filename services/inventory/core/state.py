@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from services.common.dra.model import Node, ResourceSlice
-from services.common.errors import NotFound
+from services.common.errors import NotFound, clip
 from services.inventory.core.checks import check_apply, check_report
 from services.inventory.core.persistent import ChunkedLog, ShardedMap
 from services.inventory.core.pools import PoolStatus, pool_status
@@ -135,6 +135,11 @@ class InventoryState:
     def node_keys(self) -> frozenset[str]:
         return frozenset(self.entries)
 
+    @property
+    def node_count(self) -> int:
+        """Nodes held (the cluster-scoped slices' key is not a node); O(1)."""
+        return len(self.entries) - (CLUSTER_SCOPE in self.entries)
+
     # --- writes -------------------------------------------------------------------------
 
     def _commit(
@@ -223,7 +228,7 @@ def delete_slices(
     """Delete slices by name, atomically: a missing name fails the whole call (NotFound)."""
     missing = sorted(set(names) - set(state.slice_keys))
     if missing:
-        raise NotFound(f"resourceslices not found: {', '.join(missing)}")
+        raise NotFound(f"resourceslices not found: {clip(', '.join(missing))}")
     if not names:
         return state, None
     by_key: dict[str, dict[str, ResourceSlice]] = {}

@@ -37,10 +37,14 @@ from services.common.grpc_errors import (
     CONFLICT_RESOURCE_TYPE,
     DOMAIN,
     MAX_CONFLICT_DETAILS,
+    MAX_MESSAGE_CHARS,
+    MAX_VIOLATION_CHARS,
+    MAX_VIOLATION_DETAILS,
     STATUS_CODES,
     RemoteError,
     error_from_rpc,
     status_code_of,
+    to_rpc_status,
 )
 from services.common.grpc_server import ServiceRegistration
 from tests.conftest import GrpcChannelFactory
@@ -349,3 +353,31 @@ def test_servicer_abort_keeps_its_own_status(grpc_channel_factory: GrpcChannelFa
 )
 def test_status_code_of(error: Exception, code: grpc.StatusCode | None) -> None:
     assert status_code_of(error) == code
+
+
+_MANY = [FieldViolation(f"spec.devices[{i}].{'x' * 500}", "y" * 1000) for i in range(40)]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        pytest.param(NotFound(f"reservation {'r' * 8000} not found"), id="long-not-found"),
+        pytest.param(InvalidArgument("z" * 20000, _MANY), id="forty-long-violations"),
+        pytest.param(ParseError("bad", "s" * 5000, 3), id="long-parse-source"),
+    ],
+)
+def test_a_status_fits_the_trailers_a_client_accepts(error: GpuallocError) -> None:
+    code = status_code_of(error)
+    assert code is not None
+    status = to_rpc_status(error, code)
+    assert len(status.message) <= MAX_MESSAGE_CHARS + 30
+    assert status.message.endswith("characters)")  # cut, saying how long it was
+    # grpc-message (ASCII here) + grpc-status-details-bin (base64): under 7 of the 8 KiB
+    assert len(status.message) + 4 * len(status.SerializeToString()) // 3 < 7 * 1024
+    for detail in status.details:
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            assert len(bad.field_violations) == MAX_VIOLATION_DETAILS
+            assert "and 25 more violations" in bad.field_violations[-1].description
+            assert all(len(v.field) <= MAX_VIOLATION_CHARS + 30 for v in bad.field_violations)

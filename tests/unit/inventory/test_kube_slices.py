@@ -11,7 +11,12 @@ import pytest
 import yaml
 
 from services.common.errors import InvalidArgument
-from services.inventory.adapters.kube_slices import Backoff, slice_from_object
+from services.inventory.adapters.kube_slices import (
+    Backoff,
+    WatchError,
+    _event,
+    slice_from_object,
+)
 
 T4_FILE = Path(__file__).parents[2] / "data" / "resourceslices"
 T4_FILE = T4_FILE / "openshift-v1.35_2x-tesla-t4_condensed.yaml"
@@ -59,3 +64,16 @@ def test_objects_gpualloc_cannot_use_are_invalid_and_name_the_slice(change: dict
     with pytest.raises(InvalidArgument) as info:
         slice_from_object({**list_item(), **change}, "resource.k8s.io/v1")
     assert "resourceslices/harpatil4220c-g9kfm-gpu-c-rd8r8-gpu.nvidia.com-wvrlc" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        pytest.param(b"{not json", id="not-json"),
+        pytest.param(b"[" * 5000, id="nested-past-the-recursion-limit"),
+        pytest.param(b'{"object": {}}', id="no-type"),
+    ],
+)
+def test_a_bad_watch_line_is_a_watch_error(line: bytes) -> None:
+    with pytest.raises(WatchError, match="not a watch event"):
+        _event(line)
