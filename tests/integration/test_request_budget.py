@@ -9,6 +9,7 @@ clients gave up. The expensive selectors here are nested comprehensions whose co
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -118,3 +119,24 @@ def test_a_long_evaluation_stops_when_its_client_goes_away(unbudgeted):
     time.sleep(0.4)
     future.cancel()
     assert _cpu_after(1.0) < 0.35, "the server kept evaluating after the client cancelled"
+
+
+def test_compiling_many_long_selectors_stops_with_the_deadline(unbudgeted):
+    """Eight calls of thirty-two distinct long selectors take seconds to compile alone (~20 ms
+    each): compiling stops with each call's time as evaluating does."""
+
+    def call(index: int) -> None:
+        selectors = [expensive(50, -(1000 * index + i)) for i in range(32)]
+        request = pb.AllocateRequest(claims=[claim(*selectors)], node_name="h100-node-2")
+        try:
+            answer = _stub(unbudgeted).Allocate(request, timeout=1.0)
+            assert answer.outcome == pb.OUTCOME_BUDGET_EXHAUSTED
+        except grpc.RpcError as error:
+            assert error.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+
+    callers = [threading.Thread(target=call, args=(i + 1,)) for i in range(8)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join()
+    assert _cpu_after(1.5) < 0.35, "the server kept compiling after the deadlines"

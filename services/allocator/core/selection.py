@@ -22,7 +22,7 @@ from services.allocator.core.constraints import lookup_attribute
 from services.allocator.core.plan import Alternative, Plan
 from services.allocator.core.snapshot import DeviceEntry
 from services.common.dra.model import DeviceSelector
-from services.common.errors import InvalidArgument, ResourceExhausted
+from services.common.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
 
 __all__ = ["Equivalence", "Selection"]
 
@@ -97,6 +97,11 @@ class Selection:
     def _compile(self, expression: str, where: str, owner: str) -> CompiledSelector:
         compiled = self._compiled.get(expression)
         if compiled is None:
+            meter = self._meter
+            if meter is not None and meter.stop is not None and meter.stop():
+                # compiling a long expression takes a while too: a request with many of them
+                # must not go on compiling after its time is up
+                raise DeadlineExceeded("compiling CEL selectors: the request's time ran out")
             try:
                 compiled = self._cache.compile(expression)
             except CelError as err:
