@@ -25,7 +25,8 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
-from redis.backoff import NoBackoff
+from redis._parsers import CommandsParser
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import (
     AskError,
@@ -41,7 +42,7 @@ from redis.exceptions import (
 from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError, Sentinel
 
-from services.common.errors import InvalidArgument
+from services.common.errors import InvalidArgument, Unavailable
 
 __all__ = [
     "CLUSTER_SCHEMES",
@@ -154,14 +155,22 @@ def connect(
     if layout.tls:
         auth["ssl"] = True
     if layout.kind == "cluster":
-        return RedisCluster(
-            startup_nodes=[ClusterNode(h, p) for h, p in layout.nodes],  # type: ignore[no-untyped-call]
-            max_connections=max_connections or 2**31,
-            # the cluster client's own retry loop (connection errors, CLUSTERDOWN) stays off:
-            # MOVED/ASK/TRYAGAIN redirections are followed regardless
-            **auth,
-            **common,
-        )
+        # Construction asks a node for the command table: retried (over other nodes) so that a
+        # client can start while a primary is down; afterwards the cluster client's own retry
+        # loop (connection errors, CLUSTERDOWN) is off, MOVED/ASK/TRYAGAIN are still followed.
+        common["retry"] = Retry(ExponentialBackoff(cap=1.0, base=0.05), 8)
+        try:
+            cluster = RedisCluster(
+                startup_nodes=[ClusterNode(h, p) for h, p in layout.nodes],  # type: ignore[no-untyped-call]
+                max_connections=max_connections or 2**31,
+                **auth,
+                **common,
+            )
+        except UNAVAILABLE_ERRORS as error:
+            raise Unavailable(f"redis cluster {_redact(url)}: {error}") from error
+        cluster.set_retry(Retry(NoBackoff(), 0))
+        cluster.commands_parser.__class__ = _FcallKeysParser
+        return cluster
     options = dict(layout.options)
     sentinel_kwargs: dict[str, Any] = {
         "socket_timeout": socket_timeout,
@@ -175,6 +184,17 @@ def connect(
         layout.service, db=layout.db, max_connections=max_connections, **auth, **common
     )
     return client
+
+
+class _FcallKeysParser(CommandsParser):
+    """redis-py finds the keys of FCALL by asking the default node `COMMAND GETKEYS`: a round
+    trip more per call, and while that node is down every FCALL fails before it is routed (the
+    default node is only replaced after a routed call fails). FCALL names its keys itself."""
+
+    def get_keys(self, redis_conn: Any, *args: Any) -> Any:
+        if len(args) >= 3 and str(args[0]).upper() in ("FCALL", "FCALL_RO"):
+            return list(args[3 : 3 + int(args[2])]) or None
+        return super().get_keys(redis_conn, *args)  # type: ignore[no-untyped-call]
 
 
 def is_cluster(client: RedisClient) -> bool:

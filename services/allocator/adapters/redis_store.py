@@ -23,6 +23,7 @@ success. The client's own retries are switched off for that reason when the stor
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import hashlib
 import json
@@ -134,6 +135,12 @@ class RedisReservationStore:
             self._owns_client = False
         if wait_replicas < 0 or not (math.isfinite(wait_timeout) and wait_timeout > 0):
             raise InvalidArgument.at("wait_replicas", "must be >= 0 with a timeout > 0")
+        if wait_replicas and wait_timeout >= socket_timeout:
+            # WAIT blocks the connection: the socket would time out first and hide its answer
+            raise InvalidArgument.at(
+                "wait_timeout",
+                f"{wait_timeout:g}s must be shorter than the socket timeout {socket_timeout:g}s",
+            )
         self._cluster = is_cluster(self._client)
         self._prefix = key_prefix
         self._retries = retries
@@ -150,6 +157,7 @@ class RedisReservationStore:
         # nodes known to be in the nodes index (read from it, or added by this process): a grant
         # on one of them skips the SADD. Replaced by every walk, so a lost index heals.
         self._registered: set[str] = set()
+        self._pending: set[str] = set()  # granted on, not yet in the index (cluster)
         self._fanout_pool: ThreadPoolExecutor | None = None
         self._fanout_lock = threading.Lock()
 
@@ -188,7 +196,9 @@ class RedisReservationStore:
         ]
 
         def step() -> list[Any]:
-            return cast(list[Any], self._write("gpualloc_grant", keys, args, register=node))
+            return cast(
+                list[Any], self._write("gpualloc_grant", keys, args, register=node, wait=True)
+            )
 
         reply = self._attempt(step, retry=bool(request.idempotency_key))
         status, expired = _text(reply[0]), reply[-1]
@@ -271,7 +281,8 @@ class RedisReservationStore:
         """Run every node's expiry step (a pipeline per shard and batch, shards in parallel);
         returns how many leases were freed. A shard that cannot answer is skipped (logged):
         its nodes wait for the next run; only when none answers is the call UNAVAILABLE."""
-        nodes = self._attempt(lambda: self._read_nodes(), retry=True)
+        self._register_pending()
+        nodes = self._attempt(lambda: self._read_nodes(tolerant=True), retry=True)
         calls = [([self._base(n) + "leases"], self._context(n)) for n in nodes]
         replies, failed = self._attempt(
             lambda: self._fanout("gpualloc_expire", calls, True), retry=False
@@ -331,6 +342,14 @@ class RedisReservationStore:
     def _context(self, node: str) -> Strings:
         return [self._base(node), node, self.channel]
 
+    def _register_pending(self) -> None:
+        for node in sorted(self._pending):
+            try:
+                self._client.sadd(self._nodes_key(node), node)
+            except _UNAVAILABLE:
+                continue
+            self._pending.discard(node)
+
     def _nodes_key(self, node: str) -> str:
         """The nodes index set of `node`: one of NODE_BUCKETS sets, each its own slot."""
         return self._bucket_key(zlib.crc32(node.encode()) % NODE_BUCKETS)
@@ -338,20 +357,69 @@ class RedisReservationStore:
     def _bucket_key(self, bucket: int) -> str:
         return f"{self._prefix}:nodes:{{{bucket}}}"
 
-    def _read_nodes(self) -> Strings:
-        """Every node in the index: the buckets, and the single set older versions wrote."""
+    def _read_nodes(self, tolerant: bool = False) -> Strings:
+        """Every node in the index: the buckets, and the single set older versions wrote; one
+        pipeline per shard. `tolerant`: the sets of shards that cannot answer are skipped
+        (unless none answers)."""
         keys = [self._legacy_nodes_key, *(self._bucket_key(b) for b in range(NODE_BUCKETS))]
-        with self._client.pipeline(transaction=False) as pipe:
-            for key in keys:
-                pipe.smembers(key)
-            replies = pipe.execute(raise_on_error=False)
+
+        def read(group: Strings) -> Replies:
+            with self._client.pipeline(transaction=False) as pipe:
+                for key in group:
+                    pipe.smembers(key)
+                replies = pipe.execute(raise_on_error=False)
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            return replies
+
+        results = self._per_shard(read, self._by_shard(keys, lambda key: key))
         found: set[str] = set()
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-            found.update(_text(node) for node in reply)
-        self._registered = set(found)
+        failures = [result for result in results if isinstance(result, BaseException)]
+        if failures and (not tolerant or len(failures) == len(results)):
+            raise failures[0]
+        for result in results:
+            if not isinstance(result, BaseException):
+                for reply in result:
+                    found.update(_text(node) for node in reply)
+        if failures:
+            log.warning("nodes index: %d shard(s) unavailable, their nodes skipped", len(failures))
+            self._registered |= found
+        else:
+            self._registered = set(found)
         return sorted(found)
+
+    def _by_shard(self, items: Sequence[T], key_of: Callable[[T], str]) -> Sequence[Sequence[T]]:
+        """`items` grouped by the primary serving their key (one group off a cluster), in
+        groups of at most FANOUT_BATCH."""
+        groups: dict[str, builtins.list[T]] = {}
+        if self._cluster:
+            cluster: Any = self._client
+            for item in items:
+                groups.setdefault(cluster.get_node_from_key(key_of(item)).name, []).append(item)
+        else:
+            groups[""] = list(items)
+        return [
+            group[i : i + FANOUT_BATCH]
+            for group in groups.values()
+            for i in range(0, len(group), FANOUT_BATCH)
+        ]
+
+    def _per_shard(
+        self, action: Callable[[Any], Replies], groups: Sequence[Any]
+    ) -> Sequence[Replies | BaseException]:
+        """`action` on each group, at most FANOUT_SHARDS at once; an unavailable group's
+        result is its exception."""
+
+        def run(group: Any) -> Replies | BaseException:
+            try:
+                return action(group)
+            except _UNAVAILABLE as error:
+                return error
+
+        if len(groups) <= 1:
+            return [run(group) for group in groups]
+        return tuple(self._pool().map(run, groups))
 
     def _node_of(self, reservation_id: str) -> str:
         """The node an id names; ids without one (older versions) are looked up in the index."""
@@ -405,7 +473,9 @@ class RedisReservationStore:
                 return action()
             except _UNAVAILABLE as error:
                 if attempt + 1 >= attempts:
-                    raise Unavailable(f"redis unavailable: {error}") from error
+                    raise Unavailable(
+                        f"redis unavailable ({type(error).__name__}): {error}"
+                    ) from error
                 time.sleep(self._backoff_seconds * 2**attempt)
         raise AssertionError("unreachable")
 
@@ -439,8 +509,14 @@ class RedisReservationStore:
         if register in self._registered:
             register = ""
         if register and self._cluster:
-            self._client.sadd(self._nodes_key(register), register)
-            self._registered.add(register)
+            try:
+                self._client.sadd(self._nodes_key(register), register)
+                self._registered.add(register)
+            except _UNAVAILABLE as error:
+                # The index set lives on another shard, which is down: the node's own shard
+                # may be up, so grant anyway; the janitor adds the node once it can.
+                log.warning("nodes index: %s not added yet: %s", register, error)
+                self._pending.add(register)
             register = ""
         wait = wait and self._wait_replicas > 0
         if not register and not wait:
@@ -450,21 +526,25 @@ class RedisReservationStore:
             if self._cluster:  # WAIT must follow the step on the same connection: its primary
                 cluster: Any = self._client  # redis-py's cluster API is untyped
                 client = cluster.get_redis_connection(cluster.get_node_from_key(keys[0]))
-            with client.pipeline(transaction=False) as pipe:
-                if register:
-                    pipe.sadd(self._nodes_key(register), register)
-                pipe.fcall(function, len(keys), *keys, *args)
-                if wait:
-                    pipe.wait(self._wait_replicas, self._wait_ms)
-                replies = pipe.execute(raise_on_error=False)
+            try:
+                with client.pipeline(transaction=False) as pipe:
+                    if register:
+                        pipe.sadd(self._nodes_key(register), register)
+                    pipe.fcall(function, len(keys), *keys, *args)
+                    if wait:
+                        pipe.wait(self._wait_replicas, self._wait_ms)
+                    replies = pipe.execute(raise_on_error=False)
+            except _UNAVAILABLE:
+                if self._cluster:  # we went around the cluster client: refresh its layout
+                    self._refresh_topology()
+                raise
             reply = replies[1 if register else 0]
             if attempt < 2 and _is_missing_function(reply):
                 self._load_library()
                 continue
             if attempt < 2 and self._cluster and isinstance(reply, MovedError | AskError):
                 # not executed: the slot moved (failover, resharding); learn the new layout
-                cluster = self._client
-                cluster.nodes_manager.initialize()
+                self._refresh_topology()
                 continue
             if isinstance(reply, Exception):
                 raise reply
@@ -485,47 +565,32 @@ class RedisReservationStore:
             return reply
         raise Unavailable(f"redis: {function} keeps failing over")
 
+    def _refresh_topology(self) -> None:
+        """Ask the cluster for its slots again (after a failover or resharding)."""
+        cluster: Any = self._client
+        with contextlib.suppress(*_UNAVAILABLE):
+            cluster.nodes_manager.initialize()
+
     def _fanout(
         self, function: str, calls: Sequence[tuple[Strings, Strings]], tolerant: bool
     ) -> tuple[Replies, int]:
-        """The same function on many nodes: grouped by shard (cluster), in pipelines of at most
-        FANOUT_BATCH, at most FANOUT_SHARDS at once. Returns the replies (in no particular
-        order) and how many calls failed; `tolerant`: a batch that cannot answer is counted,
-        not raised, unless every batch failed."""
-        groups: dict[str, list[tuple[Strings, Strings]]] = {}
-        if self._cluster:
-            cluster: Any = self._client  # redis-py's cluster API is untyped
-            for call in calls:
-                groups.setdefault(cluster.get_node_from_key(call[0][0]).name, []).append(call)
-        else:
-            groups[""] = list(calls)
-        batches = [
-            group[i : i + FANOUT_BATCH]
-            for group in groups.values()
-            for i in range(0, len(group), FANOUT_BATCH)
-        ]
-        if len(batches) <= 1:
-            return (self._fcall_many(function, batches[0]) if batches else []), 0
-
-        def run(batch: Sequence[tuple[Strings, Strings]]) -> Replies | BaseException:
-            try:
-                return self._fcall_many(function, batch)
-            except _UNAVAILABLE as error:
-                return error
-
-        results = list(self._pool().map(run, batches))
+        """The same function on many nodes: a pipeline per shard (and per FANOUT_BATCH nodes),
+        at most FANOUT_SHARDS at once. Returns the replies (in no particular order) and how
+        many calls failed; `tolerant`: a batch that cannot answer is counted, not raised,
+        unless every batch failed."""
+        batches = self._by_shard(calls, lambda call: call[0][0])
+        results = self._per_shard(lambda batch: self._fcall_many(function, batch), batches)
         replies: Replies = []
+        failures: list[BaseException] = []
         failed = 0
         for batch, result in zip(batches, results, strict=True):
             if isinstance(result, BaseException):
-                if not tolerant:
-                    raise result
+                failures.append(result)
                 failed += len(batch)
-                last: BaseException = result
             else:
                 replies.extend(result)
-        if failed == len(calls):
-            raise last
+        if failures and (not tolerant or len(failures) == len(batches)):
+            raise failures[0]
         return replies, failed
 
     def _pool(self) -> ThreadPoolExecutor:
@@ -558,7 +623,7 @@ class RedisReservationStore:
             if self._library_ready:
                 return
             if self._cluster:
-                self._load_library()  # on every primary (REPLACE: the same code is a no-op)
+                self._load_library(quiet=True)  # every primary (REPLACE: same code, no change)
                 self._library_ready = True
                 return
             try:
@@ -571,11 +636,12 @@ class RedisReservationStore:
                 self._client.function_load(_LIBRARY_CODE, replace=True)
             self._library_ready = True
 
-    def _load_library(self) -> None:
+    def _load_library(self, quiet: bool = False) -> None:
         """After FUNCTION FLUSH, a restart without persistence, a failover to a bare node, or a
         resharding onto a new primary. On a cluster: on every primary that answers (an
         unreachable one gets it when a call there finds it missing); none answering raises."""
-        log.warning("redis functions missing or stale: loading library %s", LIBRARY_NAME)
+        if not quiet:
+            log.warning("redis functions missing: loading library %s", LIBRARY_NAME)
         if not self._cluster:
             self._client.function_load(_LIBRARY_CODE, replace=True)
             return
