@@ -8,7 +8,7 @@ PY     := $(BIN)/python
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test lint fmt protos protos-check bench loadtest demo clean
+.PHONY: help install run test lint fmt protos protos-check bench loadtest demo chaos clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -28,6 +28,10 @@ run: $(STAMP) ## start inventory + allocator in one process on 127.0.0.1:50051 (
 
 test: $(STAMP) ## run the whole test suite (starts its own redis-server)
 	$(BIN)/pytest
+
+chaos: $(STAMP) ## kill a Redis Cluster primary mid-race, longer than in `make test` (figures printed)
+	GPUALLOC_CHAOS_SECONDS=$${GPUALLOC_CHAOS_SECONDS:-60} GPUALLOC_CHAOS_THREADS=$${GPUALLOC_CHAOS_THREADS:-32} \
+	  $(BIN)/pytest -p no:cacheprovider -s -q --timeout 900 tests/e2e/test_store_chaos.py $(ARGS)
 
 lint: $(STAMP) protos-check ## ruff, mypy, import contracts, proto lint, generated code up to date
 	$(BIN)/ruff check .
