@@ -7,9 +7,11 @@ that is down making only its own nodes unavailable.
 
 from __future__ import annotations
 
+import subprocess
 import time
 import zlib
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -19,7 +21,7 @@ from services.allocator.adapters.redis_store import NODE_BUCKETS, RedisReservati
 from services.allocator.reservations import Reservation, ReservationState
 from services.common.errors import Unavailable
 from services.common.redis_layout import connect
-from tests.conftest import RedisServerFactory, RedisTopologyFactory
+from tests.conftest import RedisServer, RedisServerFactory, RedisTopologyFactory, free_port
 from tests.contract.conftest import device, reserve_request
 from tests.redis_topologies import RedisClusterGroup, SentinelGroup
 
@@ -277,3 +279,76 @@ def test_a_shard_that_is_down_makes_only_its_nodes_unavailable(
     finally:
         client.close()
         store.close()
+
+
+def test_resharding_onto_a_new_primary_keeps_every_reservation(
+    redis_topology_factory: RedisTopologyFactory, tmp_path: Path
+) -> None:
+    """`redis-cli --cluster add-node` + `reshard`: a shard's slots move, with their keys, to a
+    new primary (here without the function library); every reservation is still there and
+    usable, and the library is loaded where a call found it missing."""
+    group = redis_topology_factory.cluster()
+    store = RedisReservationStore(group.url, socket_timeout=2.0)
+    try:
+        nodes = [f"node-{i}" for i in range(20)]
+        held = {n: store.reserve(reserve_request(device("gpu-0", n), node=n)) for n in nodes}
+        committed = store.commit(held[nodes[0]].id, "alice")
+        before = {r.id for r in store.list()}
+
+        new = RedisServer(
+            group.servers[0].binary,
+            free_port(),
+            tmp_path / "new-primary",
+            extra_args=group.servers[0].extra_args[:6] + ("--cluster-port", str(free_port())),
+        )
+        new.start()
+        group.servers.append(new)
+        source = group.primaries()[0]
+        seed = f"{source.host}:{source.port}"
+        _cli("--cluster", "add-node", f"{new.host}:{new.port}", seed)
+        with source.client() as client:
+            source_id = client.cluster("MYID")
+            owned = sum(
+                int(entry[1]) - int(entry[0]) + 1
+                for entry in client.execute_command("CLUSTER", "SLOTS")
+                if entry[2][2] == source_id
+            )
+        with new.client() as client:
+            new_id = client.cluster("MYID")
+        for server in group.servers:  # every node must know the new one before resharding
+            with server.client() as client:
+                _wait(lambda c=client: len(c.cluster("NODES")) == 7)  # type: ignore[misc]
+                _wait(lambda c=client: c.cluster("INFO")["cluster_state"] == "ok")  # type: ignore[misc]
+        _cli(
+            "--cluster", "reshard", seed, "--cluster-from", source_id, "--cluster-to", new_id,
+            "--cluster-slots", str(owned), "--cluster-yes",
+        )  # fmt: skip
+        with new.client() as client:
+            assert client.dbsize() > 0  # the keys moved with their slots
+            # redis-cli's add-node copies the function library; other tooling may not
+            client.function_flush()
+
+        assert {r.id for r in store.list()} == before
+        assert store.get(committed.id).state is ReservationState.COMMITTED
+        for node in nodes[1:]:
+            store.release(held[node].id, "alice")
+            store.reserve(reserve_request(device("gpu-1", node), node=node))
+        assert len(store.list()) == len(nodes)
+        with new.client() as client:
+            assert len(client.function_list()) == 1  # loaded where a call found it missing
+    finally:
+        store.close()
+
+
+def _cli(*args: str) -> None:
+    done = subprocess.run(
+        ["redis-cli", *args], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _wait(ready: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, "not ready"
+        time.sleep(0.1)
