@@ -8,7 +8,7 @@ PY     := $(BIN)/python
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test lint fmt protos protos-check bench loadtest demo chaos clean
+.PHONY: help install run run-cluster test lint fmt protos protos-check bench loadtest demo chaos clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -25,6 +25,11 @@ install: $(STAMP) ## create .venv and install gpualloc with its dev toolchain
 
 run: $(STAMP) ## start inventory + allocator in one process on 127.0.0.1:50051 (embedded store, demo inventory)
 	$(BIN)/gpualloc serve --demo
+
+run-cluster: $(STAMP) ## `make run` on a local 3+3 Redis Cluster (loopback ports 7000-7005; stopped on exit)
+	@url=$$(deploy/local/redis-cluster.sh start) && echo "redis cluster: $$url" && \
+	  trap 'deploy/local/redis-cluster.sh stop' EXIT INT TERM && \
+	  $(BIN)/gpualloc serve --demo --redis-url "$$url"
 
 test: $(STAMP) ## run the whole test suite (starts its own redis-server)
 	$(BIN)/pytest
@@ -53,7 +58,12 @@ protos-check: $(STAMP) ## fail when the committed generated code is stale
 bench: $(STAMP) ## benchmarks (solver, quality, inventory, service); pass ARGS=--json for machine-readable output
 	$(PY) -m loadtest.bench $(ARGS)
 
-loadtest: $(STAMP) ## ~30 s load smoke on loopback (embedded + Redis): ghz-format reports + PNGs in loadtest/out/
+loadrun-cluster: $(STAMP) ## `make run` on a local 3+3 Redis Cluster (loopback ports 7000-7005; stopped on exit)
+	@url=$$(deploy/local/redis-cluster.sh start) && echo "redis cluster: $$url" && \
+	  trap 'deploy/local/redis-cluster.sh stop' EXIT INT TERM && \
+	  $(BIN)/gpualloc serve --demo --redis-url "$$url"
+
+test: $(STAMP) ## ~30 s load smoke on loopback (embedded + Redis): ghz-format reports + PNGs in loadtest/out/
 	$(PY) -m loadtest.smoke $(ARGS)
 
 demo: $(STAMP) ## the Slurm bridge and the Kueue sidecar sharing one allocator on the example cluster
