@@ -352,3 +352,34 @@ def _wait(ready: Callable[[], bool], timeout: float = 20.0) -> None:
     while not ready():
         assert time.monotonic() < deadline, "not ready"
         time.sleep(0.1)
+
+
+def test_the_documented_acl_user_runs_the_store_and_the_inventory(
+    redis_server_factory: RedisServerFactory,
+) -> None:
+    """docs/operations.md's `ACL SETUSER` line, as written, is enough for both services."""
+    from services.inventory.adapters.redis_repository import RedisInventoryRepository
+    from tests.contract.test_inventory_repository import busy_service
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    (line,) = [s.strip() for s in text.splitlines() if s.strip().startswith("ACL SETUSER gpualloc")]
+    server = redis_server_factory()
+    with server.client() as admin:
+        admin.execute_command(*line.replace(">PASSWORD", ">s3cret").split())
+    url = f"redis://gpualloc:s3cret@{server.host}:{server.port}/0"
+    store = RedisReservationStore(url, wait_replicas=1, wait_timeout=0.05)
+    try:
+        with pytest.raises(Unavailable, match="confirmed by 0 of 1"):  # WAIT ran, no replica
+            store.reserve(reserve_request(GPU0, key="k"))
+        [held] = store.list()
+        store.release(held.id, "alice")
+        assert store.expire() == 0
+    finally:
+        store.close()
+    service = busy_service(RedisInventoryRepository(url))
+    generation = service.generation
+    service.close()
+    repository = RedisInventoryRepository(url)
+    loaded = repository.load()
+    repository.close()
+    assert loaded is not None and loaded.generation == generation
