@@ -58,12 +58,7 @@ protos-check: $(STAMP) ## fail when the committed generated code is stale
 bench: $(STAMP) ## benchmarks (solver, quality, inventory, service); pass ARGS=--json for machine-readable output
 	$(PY) -m loadtest.bench $(ARGS)
 
-loadrun-cluster: $(STAMP) ## `make run` on a local 3+3 Redis Cluster (loopback ports 7000-7005; stopped on exit)
-	@url=$$(deploy/local/redis-cluster.sh start) && echo "redis cluster: $$url" && \
-	  trap 'deploy/local/redis-cluster.sh stop' EXIT INT TERM && \
-	  $(BIN)/gpualloc serve --demo --redis-url "$$url"
-
-test: $(STAMP) ## ~30 s load smoke on loopback (embedded + Redis): ghz-format reports + PNGs in loadtest/out/
+loadtest: $(STAMP) ## ~30 s load smoke on loopback (embedded + Redis): ghz-format reports + PNGs in loadtest/out/
 	$(PY) -m loadtest.smoke $(ARGS)
 
 demo: $(STAMP) ## the Slurm bridge and the Kueue sidecar sharing one allocator on the example cluster
