@@ -8,7 +8,7 @@ PY     := $(BIN)/python
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test lint fmt protos protos-check bench loadtest demo fuzz clean
+.PHONY: help install run run-cluster test lint fmt protos protos-check bench loadtest demo fuzz chaos clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -26,8 +26,17 @@ install: $(STAMP) ## create .venv and install gpualloc with its dev toolchain
 run: $(STAMP) ## start inventory + allocator in one process on 127.0.0.1:50051 (embedded store, demo inventory)
 	$(BIN)/gpualloc serve --demo
 
+run-cluster: $(STAMP) ## `make run` on a local 3+3 Redis Cluster (loopback ports 7000-7005; stopped on exit)
+	@url=$$(deploy/local/redis-cluster.sh start) && echo "redis cluster: $$url" && \
+	  trap 'deploy/local/redis-cluster.sh stop' EXIT INT TERM && \
+	  $(BIN)/gpualloc serve --demo --redis-url "$$url"
+
 test: $(STAMP) ## run the whole test suite (starts its own redis-server)
 	$(BIN)/pytest
+
+chaos: $(STAMP) ## kill a Redis Cluster primary mid-race, longer than in `make test` (figures printed)
+	GPUALLOC_CHAOS_SECONDS=$${GPUALLOC_CHAOS_SECONDS:-60} GPUALLOC_CHAOS_THREADS=$${GPUALLOC_CHAOS_THREADS:-32} \
+	  $(BIN)/pytest -p no:cacheprovider -s -q --timeout 900 tests/e2e/test_store_chaos.py $(ARGS)
 
 lint: $(STAMP) protos-check ## ruff, mypy, import contracts, proto lint, generated code up to date
 	$(BIN)/ruff check .

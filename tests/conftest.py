@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 import pytest
@@ -36,10 +37,24 @@ pytest_plugins = ("tests.tls_fixtures",)  # `pki` and `tls_server`: real certifi
 settings.register_profile("gpualloc", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("gpualloc")
 
+if TYPE_CHECKING:
+    from tests.redis_topologies import RedisClusterGroup, SentinelGroup
+
 REDIS_MISSING = (
     "redis-server not found on PATH: install it (apt-get install redis-server) — .ci/run does this"
 )
-_REDIS_FIXTURES = frozenset({"redis_server", "redis_url", "redis_server_factory"})
+_REDIS_FIXTURES = frozenset(
+    {
+        "redis_server",
+        "redis_url",
+        "redis_server_factory",
+        "redis_cluster",
+        "redis_cluster_url",
+        "redis_sentinel",
+        "redis_sentinel_url",
+        "redis_topology_factory",
+    }
+)
 _START_TIMEOUT_SECONDS = 10.0
 _STOP_TIMEOUT_SECONDS = 10.0
 
@@ -53,7 +68,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # --- Redis ------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
@@ -163,7 +178,7 @@ class RedisServer:
         return "\n".join(text.splitlines()[-lines:])
 
 
-def _redis_binary() -> str:
+def redis_binary() -> str:
     binary = shutil.which("redis-server")
     if binary is None:
         pytest.fail(REDIS_MISSING, pytrace=False)
@@ -175,10 +190,10 @@ def _start_redis(
 ) -> RedisServer:
     """A started server on a free port; retries with another port if one was taken meanwhile
     (another process may grab the free port between the probe and redis-server's bind)."""
-    binary = _redis_binary()
+    binary = redis_binary()
     attempts = 3
     for attempt in range(1, attempts + 1):
-        server = RedisServer(binary, _free_port(), directory, appendonly, tuple(extra_args))
+        server = RedisServer(binary, free_port(), directory, appendonly, tuple(extra_args))
         try:
             server.start()
         except pytest.fail.Exception:
@@ -235,6 +250,82 @@ def redis_url(redis_server: RedisServer) -> str:
     with redis.Redis.from_url(redis_server.url) as client:
         client.flushall()
     return redis_server.url
+
+
+class RedisTopologyFactory:
+    """Private clusters and Sentinel groups that a test may break (kill a primary, ...)."""
+
+    def __init__(self, base: Path) -> None:
+        self._base = base
+        self._groups: list[RedisClusterGroup | SentinelGroup] = []
+
+    def cluster(self, *, extra_args: Sequence[str] = ()) -> RedisClusterGroup:
+        from tests.redis_topologies import start_cluster
+
+        group = start_cluster(self._base / f"cluster-{len(self._groups)}", extra_args=extra_args)
+        self._groups.append(group)
+        return group
+
+    def sentinel(self, *, replicas: int = 1, extra_args: Sequence[str] = ()) -> SentinelGroup:
+        from tests.redis_topologies import start_sentinel_group
+
+        directory = self._base / f"sentinel-{len(self._groups)}"
+        group = start_sentinel_group(directory, replicas=replicas, extra_args=extra_args)
+        self._groups.append(group)
+        return group
+
+    def close(self) -> None:
+        for group in self._groups:
+            group.stop()
+
+
+@pytest.fixture
+def redis_topology_factory(tmp_path: Path) -> Iterator[RedisTopologyFactory]:
+    factory = RedisTopologyFactory(tmp_path)
+    try:
+        yield factory
+    finally:
+        factory.close()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterGroup]:
+    """The shared 3-primary + 3-replica Redis Cluster of the whole run."""
+    from tests.redis_topologies import start_cluster
+
+    group = start_cluster(tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        yield group
+    finally:
+        group.stop()
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster: RedisClusterGroup) -> str:
+    """`redis+cluster://…` of the shared cluster, emptied (data and functions) before the test."""
+    redis_cluster.wait_ok()
+    redis_cluster.flush()
+    return redis_cluster.url
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelGroup]:
+    """The shared Sentinel group (primary, replica, 3 Sentinels) of the whole run."""
+    from tests.redis_topologies import start_sentinel_group
+
+    group = start_sentinel_group(tmp_path_factory.mktemp("redis-sentinel"))
+    try:
+        yield group
+    finally:
+        group.stop()
+
+
+@pytest.fixture
+def redis_sentinel_url(redis_sentinel: SentinelGroup) -> str:
+    """`redis+sentinel://…/gpualloc/0` of the shared group, emptied before the test."""
+    redis_sentinel.wait_ready()
+    redis_sentinel.flush()
+    return redis_sentinel.url
 
 
 # --- gRPC -------------------------------------------------------------------------------------

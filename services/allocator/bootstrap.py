@@ -141,6 +141,8 @@ def build_store(settings: AllocatorSettings) -> ReservationStore:
             key_prefix=settings.redis_key_prefix,
             socket_timeout=settings.redis_timeout,
             max_connections=max(16, settings.server.max_workers * 2),
+            wait_replicas=settings.redis_wait_replicas,
+            wait_timeout=settings.redis_wait_timeout,
         )
     return MemoryReservationStore()
 

@@ -31,7 +31,9 @@ ALLOCATOR_SETTINGS: dict[str, Setting[Any]] = {
     "redis_url": Setting(
         "GPUALLOC_REDIS_URL",
         "",
-        "reservation store: `redis://[user:password@]host:6379/0` or `rediss://…` (TLS); "
+        "reservation store: `redis://[user:password@]host:6379/0` or `rediss://…` (TLS), "
+        "`redis+sentinel://h:26379[,h:p…]/<service>[/db]` (Sentinel), "
+        "`redis+cluster://h:6379[,h:p…]` (Redis Cluster); "
         "empty: the embedded store (one process, lost on restart)",
         env_str,
         lambda v: v or "(embedded)",
@@ -42,6 +44,20 @@ ALLOCATOR_SETTINGS: dict[str, Setting[Any]] = {
         "socket timeout of every Redis call (connect included): a hung Redis fails calls "
         "with UNAVAILABLE after this",
         lambda env, name, default: env_duration(env, name, default, minimum=0.01),
+        format_duration,
+    ),
+    "redis_wait_replicas": Setting(
+        "GPUALLOC_REDIS_WAIT_REPLICAS",
+        0,
+        "acknowledge Reserve/Commit only after `WAIT` confirms this many replicas have the step "
+        "(else UNAVAILABLE, retry it); 0: as soon as the primary has it (a failover may lose it)",
+        lambda env, name, default: env_int(env, name, default, minimum=0, maximum=16),
+    ),
+    "redis_wait_timeout": Setting(
+        "GPUALLOC_REDIS_WAIT_TIMEOUT",
+        0.5,
+        "how long a Reserve/Commit waits for GPUALLOC_REDIS_WAIT_REPLICAS replicas",
+        lambda env, name, default: env_duration(env, name, default, minimum=0.001),
         format_duration,
     ),
     "redis_key_prefix": Setting(
@@ -139,6 +155,8 @@ class AllocatorSettings:
     server: ServerSettings = ServerSettings()
     redis_url: str = ALLOCATOR_SETTINGS["redis_url"].default
     redis_timeout: float = ALLOCATOR_SETTINGS["redis_timeout"].default
+    redis_wait_replicas: int = ALLOCATOR_SETTINGS["redis_wait_replicas"].default
+    redis_wait_timeout: float = ALLOCATOR_SETTINGS["redis_wait_timeout"].default
     redis_key_prefix: str = ALLOCATOR_SETTINGS["redis_key_prefix"].default
     inventory_address: str = ALLOCATOR_SETTINGS["inventory_address"].default
     device_classes: tuple[str, ...] = ()

@@ -49,7 +49,8 @@ INVENTORY_SETTINGS: dict[str, Setting[Any]] = {
     "redis_url": Setting(
         "GPUALLOC_REDIS_URL",
         "",
-        "Redis holding the inventory state (`redis://host:6379/0`); empty: embedded (in memory)",
+        "Redis holding the inventory state (`redis://host:6379/0`, `redis+sentinel://…`, "
+        "`redis+cluster://…`); empty: embedded (in memory)",
         env_str,
     ),
     "snapshot_path": Setting(

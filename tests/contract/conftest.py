@@ -1,8 +1,9 @@
 """The reservation store under test, one per implementation, and builders for its requests.
 
 `store_under_test` is parametrized over the embedded store (driven by a fake clock, so leases
-expire instantly when the test says so) and the Redis store (a real redis-server; leases expire
-by the server's own TIME, so the test sleeps just past a short lease).
+expire instantly when the test says so) and the Redis store on each layout: a real standalone
+redis-server, a Sentinel group and a 3+3 Redis Cluster (leases expire by the server's own TIME,
+so the test sleeps just past a short lease).
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ DRIVER = "gpu.nvidia.com"
 SHORT_LEASE = 0.5  # seconds: many Redis round trips even on a busy machine
 PAST_SHORT_LEASE = 0.6
 LONG_LEASE = 60.0
+
+# The Redis layouts every Redis-backed contract runs on, by the fixture giving the URL.
+REDIS_URL_FIXTURES = {
+    "redis": "redis_url",
+    "redis-sentinel": "redis_sentinel_url",
+    "redis-cluster": "redis_cluster_url",
+}
 
 Store = ReservationStore  # both stores must satisfy the port: mypy checks the fixture below
 
@@ -48,6 +56,8 @@ class StoreUnderTest:
     params=[
         pytest.param("memory", id="memory"),
         pytest.param("redis", id="redis", marks=pytest.mark.redis),
+        pytest.param("redis-sentinel", id="redis-sentinel", marks=pytest.mark.redis),
+        pytest.param("redis-cluster", id="redis-cluster", marks=pytest.mark.redis),
     ]
 )
 def store_under_test(request: pytest.FixtureRequest) -> Iterator[StoreUnderTest]:
@@ -55,10 +65,10 @@ def store_under_test(request: pytest.FixtureRequest) -> Iterator[StoreUnderTest]
         clock = FakeClock()
         yield StoreUnderTest("memory", MemoryReservationStore(clock=clock), clock.advance)
         return
-    url: str = request.getfixturevalue("redis_url")
+    url: str = request.getfixturevalue(REDIS_URL_FIXTURES[request.param])
     store = RedisReservationStore(url, socket_timeout=2.0)
     try:
-        yield StoreUnderTest("redis", store, time.sleep)
+        yield StoreUnderTest(request.param, store, time.sleep)
     finally:
         store.close()
 

@@ -21,6 +21,7 @@ from services.inventory.core.report import XidEvent
 from services.inventory.core.repository import InventoryRepository
 from services.inventory.core.state import InventoryState
 from services.inventory.service import InventoryService
+from tests.contract.conftest import REDIS_URL_FIXTURES
 
 DATA = Path(__file__).parents[1] / "data"
 T4_SLICE_FILE = DATA / "resourceslices" / "openshift-v1.35_2x-tesla-t4_condensed.yaml"
@@ -40,6 +41,8 @@ class RepositoryUnderTest:
         pytest.param("embedded", id="embedded"),
         pytest.param("snapshot-file", id="snapshot-file"),
         pytest.param("redis", id="redis", marks=pytest.mark.redis),
+        pytest.param("redis-sentinel", id="redis-sentinel", marks=pytest.mark.redis),
+        pytest.param("redis-cluster", id="redis-cluster", marks=pytest.mark.redis),
     ]
 )
 def under_test(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RepositoryUnderTest]:
@@ -59,9 +62,11 @@ def under_test(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Repos
             "snapshot-file", first, lambda: track(EmbeddedInventoryRepository(path))
         )
     else:
-        url: str = request.getfixturevalue("redis_url")
+        url: str = request.getfixturevalue(REDIS_URL_FIXTURES[request.param])
         first = track(RedisInventoryRepository(url))
-        yield RepositoryUnderTest("redis", first, lambda: track(RedisInventoryRepository(url)))
+        yield RepositoryUnderTest(
+            request.param, first, lambda: track(RedisInventoryRepository(url))
+        )
     for repository in opened:
         repository.close()
 
@@ -156,7 +161,30 @@ def test_redis_writes_one_transaction_per_change(redis_url: str) -> None:
     before = execs()
     service = busy_service(repository)
     assert execs() - before == service.generation
-    assert int(client.get("gpualloc:inventory:generation") or 0) == service.generation
-    assert client.hlen("gpualloc:inventory:reports") == 2
+    assert int(client.get("{gpualloc:inventory}:generation") or 0) == service.generation
+    assert client.hlen("{gpualloc:inventory}:reports") == 2
     service.close()
     client.close()
+
+
+@pytest.mark.redis
+def test_redis_state_of_an_older_version_is_moved_to_the_tagged_keys(redis_url: str) -> None:
+    """Older versions wrote `gpualloc:inventory:<name>`: the first load moves it, whole."""
+    saved = busy_service(RedisInventoryRepository(redis_url))
+    state = saved.snapshot()
+    saved.close()
+    with redis.Redis.from_url(redis_url) as client:
+        for name in ("generation", "slices", "nodes", "reports"):
+            client.rename("{gpualloc:inventory}:" + name, "gpualloc:inventory:" + name)
+
+        repository = RedisInventoryRepository(redis_url)
+        loaded = repository.load()
+        assert loaded is not None
+        assert_same_content(loaded, state)
+        assert sorted(k.decode() for k in client.keys("*inventory*")) == [
+            "{gpualloc:inventory}:generation",
+            "{gpualloc:inventory}:nodes",
+            "{gpualloc:inventory}:reports",
+            "{gpualloc:inventory}:slices",
+        ]
+        repository.close()

@@ -6,13 +6,18 @@ import json
 import os
 import signal
 import time
+import zlib
 from collections.abc import Callable, Iterator
 
 import pytest
 import redis
 from redis.crc import key_slot
 
-from services.allocator.adapters.redis_store import LIBRARY_VERSION, RedisReservationStore
+from services.allocator.adapters.redis_store import (
+    LIBRARY_VERSION,
+    NODE_BUCKETS,
+    RedisReservationStore,
+)
 from services.allocator.reservations import ReservationState
 from services.common.errors import Conflict, InvalidArgument, NotFound, Unavailable
 from tests.conftest import RedisServer, RedisServerFactory
@@ -44,9 +49,10 @@ def test_one_node_keys_share_a_slot(store: RedisReservationStore, raw: redis.Red
     )
 
     base = "gpualloc:{node-1}:"
+    bucket = f"gpualloc:nodes:{{{zlib.crc32(b'node-1') % NODE_BUCKETS}}}"
     assert reservation.id.endswith("@node-1")  # the id names its node: no index to keep
     assert set(raw.keys("gpualloc:*")) == {
-        "gpualloc:nodes",
+        bucket,
         base + "res:" + reservation.id,
         base + "dev:" + GPU0,
         base + "use:" + counter(),
@@ -57,7 +63,7 @@ def test_one_node_keys_share_a_slot(store: RedisReservationStore, raw: redis.Red
         base + "idem",
     }
     assert len({key_slot(str(key).encode()) for key in raw.keys(base + "*")}) == 1
-    assert raw.smembers("gpualloc:nodes") == {"node-1"}
+    assert raw.smembers(bucket) == {"node-1"}
     assert raw.get(base + "dev:" + GPU0) == reservation.id
     assert raw.hgetall(base + "use:" + counter()) == {reservation.id: "1000"}
 
@@ -127,7 +133,23 @@ def test_stale_index_entries_read_as_not_found(
     assert raw.hkeys("gpualloc:reservations") == ["res-crashed"]
 
 
-def _legacy_reserve(raw: redis.Redis, reservation_id: str, device_key: str) -> None:
+def test_nodes_an_older_version_indexed_are_walked(
+    store: RedisReservationStore, raw: redis.Redis
+) -> None:
+    """Older versions kept every node in one set `<prefix>:nodes`: List and expiry read it too."""
+    mine = store.reserve(reserve_request(device("gpu-9")))  # loads the library
+    raw.delete(f"gpualloc:nodes:{{{zlib.crc32(b'node-1') % NODE_BUCKETS}}}")
+    _legacy_reserve(raw, "res-legacy-2", device("gpu-1"))
+    _legacy_reserve(raw, "res-legacy", GPU0, lease_ms=1)
+    time.sleep(0.01)
+
+    assert store.expire() == 1  # res-legacy, found through the older set only
+    assert {r.id for r in store.list()} == {mine.id, "res-legacy-2"}
+
+
+def _legacy_reserve(
+    raw: redis.Redis, reservation_id: str, device_key: str, lease_ms: int = 60000
+) -> None:
     """What an older version does: an id without `@node`, indexed in `<prefix>:reservations`,
     reserved with the function it calls (still in the library for replicas of both versions)."""
     base = "gpualloc:{node-1}:"
@@ -137,7 +159,7 @@ def _legacy_reserve(raw: redis.Redis, reservation_id: str, device_key: str) -> N
            "idempotencyKey": "", "labels": []}  # fmt: skip
     keys = [base + "res:" + reservation_id, base + "leases", base + "ids", base + "fence",
             base + "idem", base + "dev:" + device_key]  # fmt: skip
-    args = [base, "node-1", "gpualloc:events", reservation_id, "alice", "", "60000",
+    args = [base, "node-1", "gpualloc:events", reservation_id, "alice", "", str(lease_ms),
             json.dumps([device_key]), "[]", json.dumps(doc)]  # fmt: skip
     status, fields, _ = raw.fcall("gpualloc_reserve", len(keys), *keys, *args)
     assert status == "ok" and "doc" in fields  # the older reply shape: every field

@@ -6,6 +6,8 @@ same MIG memory slices. While it runs and at the end, an independent audit reads
 reservation back from Redis and checks, from the ResourceSlices themselves (not from the
 holds the allocator computed): no device is held twice, no counter is used past its total.
 Every call must end in a reservation, ABORTED (a lost race) or an unsatisfiable answer.
+It runs on a standalone Redis and on a 3-primary + 3-replica Redis Cluster (the audit then reads
+every shard through the cluster client).
 """
 
 from __future__ import annotations
@@ -128,7 +130,15 @@ class Hammer:
                 self.unexpected.append(f"{kind}: {error.details() if error else ''}")
 
 
-def test_two_workers_never_give_a_device_or_counter_twice(allocator_processes, redis_url):
+@pytest.mark.parametrize(
+    "layout",
+    [
+        pytest.param("redis_url", id="redis", marks=pytest.mark.redis),
+        pytest.param("redis_cluster_url", id="redis-cluster", marks=pytest.mark.redis),
+    ],
+)
+def test_two_workers_never_give_a_device_or_counter_twice(allocator_processes, layout, request):
+    redis_url = request.getfixturevalue(layout)
     allocator = allocator_processes(redis_url, workers=2)
     workers = allocator.children()
     assert len(workers) == 2

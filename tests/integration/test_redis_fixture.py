@@ -15,7 +15,7 @@ from tests.conftest import (
     REDIS_MISSING,
     RedisServer,
     RedisServerFactory,
-    _redis_binary,
+    redis_binary,
 )
 
 
@@ -25,7 +25,7 @@ def test_redis_url_talks_to_the_real_redis_server(redis_url: str) -> None:
         assert client.get("gpualloc:test") == "hello"
         version = client.info("server")["redis_version"]
     printed = subprocess.run(
-        [_redis_binary(), "--version"], capture_output=True, text=True, check=True
+        [redis_binary(), "--version"], capture_output=True, text=True, check=True
     ).stdout
     match = re.search(r"v=(\S+)", printed)
     assert match is not None
@@ -91,5 +91,5 @@ def test_server_that_cannot_start_fails_with_its_log(
 def test_missing_binary_fails_with_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "")
     with pytest.raises(pytest.fail.Exception) as caught:
-        _redis_binary()
+        redis_binary()
     assert str(caught.value) == REDIS_MISSING

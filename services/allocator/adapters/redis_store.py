@@ -23,6 +23,7 @@ success. The client's own retries are switched off for that reason when the stor
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import hashlib
 import json
@@ -30,16 +31,16 @@ import logging
 import math
 import threading
 import time
+import zlib
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import redis
-from redis.backoff import NoBackoff
 from redis.client import PubSubWorkerThread
-from redis.exceptions import ClusterDownError, OutOfMemoryError, ReadOnlyError, TryAgainError
-from redis.retry import Retry
+from redis.exceptions import AskError, MovedError
 
 from services.allocator.adapters.reservation_codec import allocation_from_dict
 from services.allocator.reservations import (
@@ -66,6 +67,7 @@ from services.common.errors import (
     Unavailable,
     clip,
 )
+from services.common.redis_layout import UNAVAILABLE_ERRORS, RedisClient, connect, is_cluster
 
 __all__ = [
     "LIBRARY_NAME",
@@ -83,14 +85,10 @@ _TEMPLATE = Path(__file__).with_name("redis_functions.lua").read_text(encoding="
 LIBRARY_VERSION = hashlib.sha256(_TEMPLATE.encode()).hexdigest()[:16]
 _LIBRARY_CODE = _TEMPLATE.replace("@VERSION@", LIBRARY_VERSION)
 
-_UNAVAILABLE = (
-    redis.ConnectionError,  # includes BusyLoadingError, AuthenticationError
-    redis.TimeoutError,
-    ReadOnlyError,  # a replica promoted away from us
-    OutOfMemoryError,  # maxmemory reached: the write was refused, nothing changed
-    ClusterDownError,
-    TryAgainError,
-)
+_UNAVAILABLE = UNAVAILABLE_ERRORS
+NODE_BUCKETS = 16  # the nodes index: this many sets, spread over the slots (cluster shards)
+FANOUT_BATCH = 256  # nodes per pipeline when a List or the janitor walks every node
+FANOUT_SHARDS = 8  # shards walked at once
 EventCallback = Callable[[ReservationEvent], None]
 NODE_SEPARATOR = "@"  # reservation id = <id_factory()>@<node>
 _RESUBSCRIBE_S = 0.5  # pause between reconnect attempts of an event subscription
@@ -99,14 +97,19 @@ Replies = list[Any]
 
 
 class RedisReservationStore:
-    """Reservations in Redis >= 7.0. `client_or_url` is a URL (`redis://`, `rediss://` for TLS,
-    `user:password@` for AUTH/ACL, `/db`; see redis-py `from_url`) or a ready client, which the
-    store then neither configures nor closes (disable its retries: see the module docstring).
-    `id_factory` mints the part of an id before `@<node>` (it must not contain `@`)."""
+    """Reservations in Redis >= 7.0. `client_or_url` is a URL (services/common/redis_layout.py:
+    `redis://`, `rediss://` for TLS, `user:password@` for AUTH/ACL, `/db`; `redis+sentinel://`
+    and `redis+cluster://` for the HA layouts) or a ready client (`redis.Redis` or
+    `redis.RedisCluster`), which the store then neither configures nor closes (disable its
+    retries: see the module docstring).
+    `id_factory` mints the part of an id before `@<node>` (it must not contain `@`).
+    `wait_replicas` > 0: a reserve or commit is acknowledged only once `WAIT wait_replicas
+    wait_timeout` confirms that many replicas have it, else the call fails UNAVAILABLE (the
+    step itself happened on the primary: retry it, with the idempotency key for a reserve)."""
 
     def __init__(
         self,
-        client_or_url: redis.Redis | str,
+        client_or_url: RedisClient | str,
         *,
         key_prefix: str = "gpualloc",
         socket_timeout: float = 2.0,
@@ -116,31 +119,48 @@ class RedisReservationStore:
         backoff_seconds: float = 0.05,
         health_check_interval: int = 30,
         id_factory: Callable[[], str] = new_reservation_id,
+        wait_replicas: int = 0,
+        wait_timeout: float = 0.5,
     ) -> None:
         if isinstance(client_or_url, str):
-            self._client = redis.Redis.from_url(
+            self._client: RedisClient = connect(
                 client_or_url,
                 socket_timeout=socket_timeout,
-                socket_connect_timeout=socket_connect_timeout or socket_timeout,
+                socket_connect_timeout=socket_connect_timeout,
                 max_connections=max_connections,
                 health_check_interval=health_check_interval,
-                retry=Retry(NoBackoff(), 0),
-                decode_responses=True,
             )
             self._owns_client = True
         else:
             self._client = client_or_url
             self._owns_client = False
+        if wait_replicas < 0 or not (math.isfinite(wait_timeout) and wait_timeout > 0):
+            raise InvalidArgument.at("wait_replicas", "must be >= 0 with a timeout > 0")
+        if wait_replicas and wait_timeout >= socket_timeout:
+            # WAIT blocks the connection: the socket would time out first and hide its answer
+            raise InvalidArgument.at(
+                "wait_timeout",
+                f"{wait_timeout:g}s must be shorter than the socket timeout {socket_timeout:g}s",
+            )
+        self._cluster = is_cluster(self._client)
         self._prefix = key_prefix
         self._retries = retries
         self._backoff_seconds = backoff_seconds
         self._id_factory = id_factory
+        self._wait_replicas = wait_replicas
+        self._wait_ms = max(1, math.ceil(wait_timeout * 1000))
         self._index_key = f"{key_prefix}:reservations"
-        self._nodes_key = f"{key_prefix}:nodes"
+        self._legacy_nodes_key = f"{key_prefix}:nodes"
         self.channel = f"{key_prefix}:events"
         self._library_ready = False
         self._library_lock = threading.Lock()
         self._subscriptions: list[RedisSubscription] = []
+        # nodes known to be in the nodes index (read from it, or added by this process): a grant
+        # on one of them skips the SADD. Replaced by every walk, so a lost index heals.
+        self._registered: set[str] = set()
+        self._pending: set[str] = set()  # granted on, not yet in the index (cluster)
+        self._fanout_pool: ThreadPoolExecutor | None = None
+        self._fanout_lock = threading.Lock()
 
     # --- the port ------------------------------------------------------------------------
 
@@ -177,7 +197,9 @@ class RedisReservationStore:
         ]
 
         def step() -> list[Any]:
-            return cast(list[Any], self._fcall("gpualloc_grant", keys, args, register=node))
+            return cast(
+                list[Any], self._write("gpualloc_grant", keys, args, register=node, wait=True)
+            )
 
         reply = self._attempt(step, retry=bool(request.idempotency_key))
         status, expired = _text(reply[0]), reply[-1]
@@ -210,7 +232,7 @@ class RedisReservationStore:
     def commit(self, reservation_id: str, owner: str, fencing_token: int = 0) -> Reservation:
         node = self._node_of(reservation_id)
         args = [*self._context(node), reservation_id, owner, str(fencing_token)]
-        reply = self._mutate("gpualloc_commit", node, reservation_id, args)
+        reply = self._mutate("gpualloc_commit", node, reservation_id, args, wait=True)
         return self._decode(reply[1])
 
     def renew(self, reservation_id: str, owner: str, lease_seconds: float) -> Reservation:
@@ -240,12 +262,14 @@ class RedisReservationStore:
         return self._decode(found[0])
 
     def list(self, owner: str = "", node: str = "") -> Sequence[Reservation]:
+        """One node: that node's keys only. Every node: the nodes index, then each shard's
+        nodes in pipelines, shards in parallel; any shard that cannot answer fails the call."""
         if node:
             nodes = [_check_node(node)]
         else:
-            nodes = sorted(self._attempt(lambda: self._read_nodes(), retry=True))
+            nodes = self._attempt(lambda: self._read_nodes(), retry=True)
         calls = [([self._base(n) + "ids"], self._context(n)) for n in nodes]
-        replies = self._attempt(lambda: self._fcall_many("gpualloc_list", calls), retry=True)
+        replies, _ = self._attempt(lambda: self._fanout("gpualloc_list", calls, False), retry=True)
         found = [self._decode(fields) for reply in replies for fields in reply]
         return sorted(
             (r for r in found if not owner or r.owner == owner), key=lambda r: (r.node, r.id)
@@ -255,10 +279,17 @@ class RedisReservationStore:
         return self.list()
 
     def expire(self) -> int:
-        """Run every node's expiry step (one pipeline); returns how many leases were freed."""
-        nodes = sorted(self._attempt(lambda: self._read_nodes(), retry=True))
+        """Run every node's expiry step (a pipeline per shard and batch, shards in parallel);
+        returns how many leases were freed. A shard that cannot answer is skipped (logged):
+        its nodes wait for the next run; only when none answers is the call UNAVAILABLE."""
+        self._register_pending()
+        nodes = self._attempt(lambda: self._read_nodes(tolerant=True), retry=True)
         calls = [([self._base(n) + "leases"], self._context(n)) for n in nodes]
-        replies = self._attempt(lambda: self._fcall_many("gpualloc_expire", calls), retry=False)
+        replies, failed = self._attempt(
+            lambda: self._fanout("gpualloc_expire", calls, True), retry=False
+        )
+        if failed:
+            log.warning("expire: %d node(s) on unavailable shards skipped", failed)
         expired = [reservation_id for reply in replies for reservation_id in reply]
         self._unindex(expired)
         return len(expired)
@@ -266,6 +297,8 @@ class RedisReservationStore:
     def close(self) -> None:
         for subscription in tuple(self._subscriptions):
             subscription.close()
+        if self._fanout_pool is not None:
+            self._fanout_pool.shutdown(wait=False)
         if self._owns_client:
             self._client.close()
 
@@ -310,8 +343,84 @@ class RedisReservationStore:
     def _context(self, node: str) -> Strings:
         return [self._base(node), node, self.channel]
 
-    def _read_nodes(self) -> Strings:
-        return [_text(node) for node in cast(set[Any], self._client.smembers(self._nodes_key))]
+    def _register_pending(self) -> None:
+        for node in sorted(self._pending):
+            try:
+                self._client.sadd(self._nodes_key(node), node)
+            except _UNAVAILABLE:
+                continue
+            self._pending.discard(node)
+
+    def _nodes_key(self, node: str) -> str:
+        """The nodes index set of `node`: one of NODE_BUCKETS sets, each its own slot."""
+        return self._bucket_key(zlib.crc32(node.encode()) % NODE_BUCKETS)
+
+    def _bucket_key(self, bucket: int) -> str:
+        return f"{self._prefix}:nodes:{{{bucket}}}"
+
+    def _read_nodes(self, tolerant: bool = False) -> Strings:
+        """Every node in the index: the buckets, and the single set older versions wrote; one
+        pipeline per shard. `tolerant`: the sets of shards that cannot answer are skipped
+        (unless none answers)."""
+        keys = [self._legacy_nodes_key, *(self._bucket_key(b) for b in range(NODE_BUCKETS))]
+
+        def read(group: Strings) -> Replies:
+            with self._client.pipeline(transaction=False) as pipe:
+                for key in group:
+                    pipe.smembers(key)
+                replies = pipe.execute(raise_on_error=False)
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            return replies
+
+        results = self._per_shard(read, self._by_shard(keys, lambda key: key))
+        found: set[str] = set()
+        failures = [result for result in results if isinstance(result, BaseException)]
+        if failures and (not tolerant or len(failures) == len(results)):
+            raise failures[0]
+        for result in results:
+            if not isinstance(result, BaseException):
+                for reply in result:
+                    found.update(_text(node) for node in reply)
+        if failures:
+            log.warning("nodes index: %d shard(s) unavailable, their nodes skipped", len(failures))
+            self._registered |= found
+        else:
+            self._registered = set(found)
+        return sorted(found)
+
+    def _by_shard(self, items: Sequence[T], key_of: Callable[[T], str]) -> Sequence[Sequence[T]]:
+        """`items` grouped by the primary serving their key (one group off a cluster), in
+        groups of at most FANOUT_BATCH."""
+        groups: dict[str, builtins.list[T]] = {}
+        if self._cluster:
+            cluster: Any = self._client
+            for item in items:
+                groups.setdefault(cluster.get_node_from_key(key_of(item)).name, []).append(item)
+        else:
+            groups[""] = list(items)
+        return [
+            group[i : i + FANOUT_BATCH]
+            for group in groups.values()
+            for i in range(0, len(group), FANOUT_BATCH)
+        ]
+
+    def _per_shard(
+        self, action: Callable[[Any], Replies], groups: Sequence[Any]
+    ) -> Sequence[Replies | BaseException]:
+        """`action` on each group, at most FANOUT_SHARDS at once; an unavailable group's
+        result is its exception."""
+
+        def run(group: Any) -> Replies | BaseException:
+            try:
+                return action(group)
+            except _UNAVAILABLE as error:
+                return error
+
+        if len(groups) <= 1:
+            return [run(group) for group in groups]
+        return tuple(self._pool().map(run, groups))
 
     def _node_of(self, reservation_id: str) -> str:
         """The node an id names; ids without one (older versions) are looked up in the index."""
@@ -325,11 +434,14 @@ class RedisReservationStore:
             raise NotFound(f"reservation {clip(reservation_id)} not found (released or expired)")
         return _text(found)
 
-    def _mutate(self, function: str, node: str, reservation_id: str, args: Strings) -> Any:
-        """One commit/renew/release step; translates the Lua side's refusals into errors."""
+    def _mutate(
+        self, function: str, node: str, reservation_id: str, args: Strings, wait: bool = False
+    ) -> Any:
+        """One commit/renew/release step; translates the Lua side's refusals into errors.
+        `wait`: acknowledged after WAIT (when configured)."""
         base = self._base(node)
         keys = [base + "res:" + reservation_id, base + "leases", base + "ids", base + "idem"]
-        reply = self._attempt(lambda: self._fcall(function, keys, args), retry=False)
+        reply = self._attempt(lambda: self._write(function, keys, args, wait=wait), retry=False)
         status = _text(reply[0])
         self._unindex(reply[-1])
         if status == "ok":
@@ -362,18 +474,15 @@ class RedisReservationStore:
                 return action()
             except _UNAVAILABLE as error:
                 if attempt + 1 >= attempts:
-                    raise Unavailable(f"redis unavailable: {error}") from error
+                    raise Unavailable(
+                        f"redis unavailable ({type(error).__name__}): {error}"
+                    ) from error
                 time.sleep(self._backoff_seconds * 2**attempt)
         raise AssertionError("unreachable")
 
-    def _fcall(
-        self, function: str, keys: Sequence[str], args: Sequence[str], register: str = ""
-    ) -> Any:
-        """FCALL (FCALL_RO for the read-only functions), loading the library when missing.
-        `register`: a node to add to the nodes set first, in the same round trip."""
+    def _fcall(self, function: str, keys: Sequence[str], args: Sequence[str]) -> Any:
+        """FCALL (FCALL_RO for the read-only functions), loading the library when missing."""
         self._ensure_library()
-        if register:
-            return self._registered_fcall(function, keys, args, register)
         call = self._client.fcall_ro if function in _READ_ONLY else self._client.fcall
         try:
             return call(function, len(keys), *keys, *args)
@@ -383,29 +492,116 @@ class RedisReservationStore:
         self._load_library()
         return call(function, len(keys), *keys, *args)
 
-    def _registered_fcall(
-        self, function: str, keys: Sequence[str], args: Sequence[str], node: str
+    def _write(
+        self,
+        function: str,
+        keys: Sequence[str],
+        args: Sequence[str],
+        *,
+        register: str = "",
+        wait: bool = False,
     ) -> Any:
-        """SADD the node to the nodes set, then FCALL: one pipeline, executed in that order."""
-        for attempt in range(2):
-            with self._client.pipeline(transaction=False) as pipe:
-                pipe.sadd(self._nodes_key, node)
-                pipe.fcall(function, len(keys), *keys, *args)
-                registered, reply = pipe.execute(raise_on_error=False)
-            if attempt == 0 and _is_missing_function(reply):
+        """FCALL a writing step. `register`: a node to have in the nodes index first (in the
+        same round trip on one server; a round trip before on a cluster, since the index set
+        lives in another slot, and only the first time this process sees the node).
+        `wait`: with `wait_replicas`, `WAIT` on the connection that ran the step; fewer
+        replicas than asked within the timeout -> Unavailable (the step happened)."""
+        self._ensure_library()
+        if register in self._registered:
+            register = ""
+        if register and self._cluster:
+            try:
+                self._client.sadd(self._nodes_key(register), register)
+                self._registered.add(register)
+            except _UNAVAILABLE as error:
+                # The index set lives on another shard, which is down: the node's own shard
+                # may be up, so grant anyway; the janitor adds the node once it can.
+                log.warning("nodes index: %s not added yet: %s", register, error)
+                self._pending.add(register)
+            register = ""
+        wait = wait and self._wait_replicas > 0
+        if not register and not wait:
+            return self._fcall(function, keys, args)
+        for attempt in range(3):
+            client: Any = self._client
+            if self._cluster:  # WAIT must follow the step on the same connection: its primary
+                cluster: Any = self._client  # redis-py's cluster API is untyped
+                client = cluster.get_redis_connection(cluster.get_node_from_key(keys[0]))
+            try:
+                with client.pipeline(transaction=False) as pipe:
+                    if register:
+                        pipe.sadd(self._nodes_key(register), register)
+                    pipe.fcall(function, len(keys), *keys, *args)
+                    if wait:
+                        pipe.wait(self._wait_replicas, self._wait_ms)
+                    replies = pipe.execute(raise_on_error=False)
+            except _UNAVAILABLE:
+                if self._cluster:  # we went around the cluster client: refresh its layout
+                    self._refresh_topology()
+                raise
+            reply = replies[1 if register else 0]
+            if attempt < 2 and _is_missing_function(reply):
                 self._load_library()
+                continue
+            if attempt < 2 and self._cluster and isinstance(reply, MovedError | AskError):
+                # not executed: the slot moved (failover, resharding); learn the new layout
+                self._refresh_topology()
                 continue
             if isinstance(reply, Exception):
                 raise reply
-            if isinstance(registered, Exception):
-                # The grant happened: do not lose it over the registration (the janitor finds
-                # nodes by this set), try that once more on its own.
-                self._client.sadd(self._nodes_key, node)
+            if register:
+                if isinstance(replies[0], Exception):
+                    # The grant happened: do not lose it over the registration (the janitor
+                    # finds nodes by this set); the next grant on the node tries again.
+                    log.warning("nodes index: %s not added: %s", register, replies[0])
+                else:
+                    self._registered.add(register)
+            if wait:
+                acked = replies[-1]
+                if isinstance(acked, Exception) or int(acked) < self._wait_replicas:
+                    raise Unavailable(
+                        f"redis: {function} done on the primary but confirmed by {acked} of "
+                        f"{self._wait_replicas} replica(s) within {self._wait_ms} ms; retry it"
+                    )
             return reply
-        raise Unavailable(f"redis: function {function} keeps disappearing")
+        raise Unavailable(f"redis: {function} keeps failing over")
+
+    def _refresh_topology(self) -> None:
+        """Ask the cluster for its slots again (after a failover or resharding)."""
+        cluster: Any = self._client
+        with contextlib.suppress(*_UNAVAILABLE):
+            cluster.nodes_manager.initialize()
+
+    def _fanout(
+        self, function: str, calls: Sequence[tuple[Strings, Strings]], tolerant: bool
+    ) -> tuple[Replies, int]:
+        """The same function on many nodes: a pipeline per shard (and per FANOUT_BATCH nodes),
+        at most FANOUT_SHARDS at once. Returns the replies (in no particular order) and how
+        many calls failed; `tolerant`: a batch that cannot answer is counted, not raised,
+        unless every batch failed."""
+        batches = self._by_shard(calls, lambda call: call[0][0])
+        results = self._per_shard(lambda batch: self._fcall_many(function, batch), batches)
+        replies: Replies = []
+        failures: list[BaseException] = []
+        failed = 0
+        for batch, result in zip(batches, results, strict=True):
+            if isinstance(result, BaseException):
+                failures.append(result)
+                failed += len(batch)
+            else:
+                replies.extend(result)
+        if failures and (not tolerant or len(failures) == len(batches)):
+            raise failures[0]
+        return replies, failed
+
+    def _pool(self) -> ThreadPoolExecutor:
+        with self._fanout_lock:
+            if self._fanout_pool is None:
+                self._fanout_pool = ThreadPoolExecutor(FANOUT_SHARDS, "gpualloc-redis-fanout")
+            return self._fanout_pool
 
     def _fcall_many(self, function: str, calls: Sequence[tuple[Strings, Strings]]) -> Replies:
-        """The same function on many nodes in one round trip."""
+        """The same function on many nodes in one round trip (per shard)."""
         self._ensure_library()
         for _ in range(2):
             with self._client.pipeline(transaction=False) as pipe:
@@ -427,6 +623,10 @@ class RedisReservationStore:
         with self._library_lock:
             if self._library_ready:
                 return
+            if self._cluster:
+                self._load_library(quiet=True)  # every primary (REPLACE: same code, no change)
+                self._library_ready = True
+                return
             try:
                 loaded = self._client.fcall_ro("gpualloc_version", 0)
             except redis.ResponseError as error:
@@ -437,10 +637,28 @@ class RedisReservationStore:
                 self._client.function_load(_LIBRARY_CODE, replace=True)
             self._library_ready = True
 
-    def _load_library(self) -> None:
-        """After FUNCTION FLUSH, a restart without persistence, or a failover to a bare node."""
-        log.warning("redis functions missing: loading library %s", LIBRARY_NAME)
-        self._client.function_load(_LIBRARY_CODE, replace=True)
+    def _load_library(self, quiet: bool = False) -> None:
+        """After FUNCTION FLUSH, a restart without persistence, a failover to a bare node, or a
+        resharding onto a new primary. On a cluster: on every primary that answers (an
+        unreachable one gets it when a call there finds it missing); none answering raises."""
+        if not quiet:
+            log.warning("redis functions missing: loading library %s", LIBRARY_NAME)
+        if not self._cluster:
+            self._client.function_load(_LIBRARY_CODE, replace=True)
+            return
+        cluster: Any = self._client  # redis-py's cluster API is untyped
+        failure: BaseException | None = None
+        loaded = 0
+        for primary in cluster.get_primaries():
+            try:
+                cluster.execute_command(
+                    "FUNCTION", "LOAD", "REPLACE", _LIBRARY_CODE, target_nodes=primary
+                )
+                loaded += 1
+            except _UNAVAILABLE as error:
+                failure = error
+        if not loaded and failure is not None:
+            raise failure
 
     def _decode(self, flat: Sequence[Any]) -> Reservation:
         fields = {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
