@@ -404,6 +404,10 @@ PHASES = (
 )
 
 
+SEED_DOCUMENT_LIMIT = "64Mi"
+"""The seed file is one JSON List of every slice: over the 8 MiB a document may be by default,
+as an operator seeding a file this large sets GPUALLOC_MAX_DOCUMENT_BYTES too."""
+
 MTLS_PHASES = ("health-check", "allocate-any-node", "allocate-reserve")
 """Measured again with mutual TLS and an access policy (issue 14: the cost of identities)."""
 
@@ -442,6 +446,7 @@ def _server(
     directory: Path, port: int, redis_url: str, cpus: set[int], extra: Sequence[str] = ()
 ) -> subprocess.Popen[bytes]:
     env = {**os.environ, "GPUALLOC_LOG_LEVEL": "WARNING", "GPUALLOC_MAX_WORKERS": "16"}
+    env["GPUALLOC_MAX_DOCUMENT_BYTES"] = SEED_DOCUMENT_LIMIT  # the 10,000-GPU seed is ~36 MiB
     return subprocess.Popen(
         [sys.executable, "-m", "services.allocator",
          "--seed", str(directory / "inventory.json"),
