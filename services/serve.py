@@ -24,7 +24,7 @@ from services.allocator.bootstrap import build_allocator
 from services.allocator.config import AllocatorSettings
 from services.allocator.core.topology import NodeTopology
 from services.allocator.feed import Closeable, InventoryUpdate
-from services.common.config import ServerSettings
+from services.common.config import ServerSettings, read_document_limits
 from services.common.dra.model import Node
 from services.common.errors import GpuallocError
 from services.common.grpc_server import create_server, security_summary, serve_until_signal
@@ -157,7 +157,7 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         seeds = [*inventory_settings.seed_paths, *args.seed, *(DEMO_PATHS if args.demo else ())]
         seeded: list[str] = []
         if seeds:
-            seeded = seed_inventory(inventory.service, seeds)
+            seeded = seed_inventory(inventory.service, seeds, read_document_limits(env))
             log.info("seeded the inventory with %d slices from %s", len(seeded), ", ".join(seeds))
         if args.demo:
             seed_reports(inventory.service, list(DEMO_TOPOLOGY))

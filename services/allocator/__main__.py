@@ -30,6 +30,7 @@ from services.allocator.bootstrap import build_allocator
 from services.allocator.config import AllocatorSettings
 from services.allocator.feed import InventoryFeed, StaticFeed
 from services.client.config import ClientSettings
+from services.common.config import read_document_limits
 from services.common.console import console_main
 from services.common.errors import GpuallocError, InvalidArgument
 from services.common.grpc_server import create_server, security_summary, serve_until_signal
@@ -112,7 +113,7 @@ def _feed(
     settings: AllocatorSettings, seeds: Sequence[str]
 ) -> tuple[InventoryFeed, InventoryClient | None]:
     if seeds:
-        return StaticFeed.from_paths(seeds), None
+        return StaticFeed.from_paths(seeds, read_document_limits(os.environ)), None
     dial = ClientSettings.from_env(os.environ)  # GPUALLOC_CLIENT_TLS_*, _TOKEN_FILE
     client = InventoryClient(settings.inventory_address, tls=dial.tls, token_file=dial.token_file)
     return client, client

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from services.allocator.core.topology import NodeTopology
+from services.common.dra.limits import DocumentLimits
 from services.common.dra.model import Node, ResourceSlice
 from services.common.manifests import load_manifests
 
@@ -90,10 +91,10 @@ class StaticFeed:
         self._generation = generation
 
     @classmethod
-    def from_paths(cls, paths: Sequence[str]) -> StaticFeed:
+    def from_paths(cls, paths: Sequence[str], limits: DocumentLimits | None = None) -> StaticFeed:
         """The ResourceSlices and Nodes in manifest files or directories (other kinds, e.g.
-        DeviceClasses or claims next to them, are skipped)."""
-        objects = load_manifests(paths)
+        DeviceClasses or claims next to them, are skipped); each file within `limits`."""
+        objects = load_manifests(paths, limits=limits)
         return cls(
             (o for o in objects if isinstance(o, ResourceSlice)),
             (o for o in objects if isinstance(o, Node)),

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 
+from services.common.config import read_document_limits
 from services.common.console import console_main
 from services.common.errors import GpuallocError
 from services.common.grpc_server import create_server, security_summary, serve_until_signal
@@ -49,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seeds = [*settings.seed_paths, *args.seed]
         seeded: list[str] = []
         if seeds:
-            seeded = seed_inventory(app.service, seeds)
+            seeded = seed_inventory(app.service, seeds, read_document_limits(os.environ))
             log.info("seeded inventory", extra={"slices": len(seeded), "paths": seeds})
         health = Health()
         server, port = create_server(

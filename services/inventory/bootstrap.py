@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from protos.inventory.v1 import inventory_pb2_grpc
+from services.common.dra.limits import DocumentLimits
 from services.common.dra.model import Node, ResourceSlice
 from services.common.grpc_server import ServiceRegistration
 from services.common.health import Health
@@ -154,11 +155,15 @@ def start_kube_watch(
     return watch.start()
 
 
-def seed_inventory(service: InventoryService, paths: list[str] | tuple[str, ...]) -> list[str]:
+def seed_inventory(
+    service: InventoryService,
+    paths: list[str] | tuple[str, ...],
+    limits: DocumentLimits | None = None,
+) -> list[str]:
     """Apply the ResourceSlices and Nodes found in `paths` (other kinds are skipped: a seed
     directory may hold DeviceClasses and claims too), in as few generations as the request size
-    limit allows. Returns the slices' names."""
-    objects = load_manifests(paths)
+    limit allows; each file within `limits`. Returns the slices' names."""
+    objects = load_manifests(paths, limits=limits)
     nodes = [o for o in objects if isinstance(o, Node)]
     slices = [o for o in objects if isinstance(o, ResourceSlice)]
     for start in range(0, max(len(nodes), 1), MAX_OBJECTS_PER_APPLY):
