@@ -29,7 +29,7 @@ from loadtest.bench_service import (
     H100_PER_NODE,
     RESERVE_SHARE,
     ROOT,
-    SEED_DOCUMENT_LIMIT,
+    SEED_DOCUMENT_LIMITS,
     _client,
     _cpu_split,
     _free_port,
@@ -122,7 +122,7 @@ def run(quick: bool) -> BenchReport:
                 for wait in (0, 1):
                     env = {**os.environ, "GPUALLOC_LOG_LEVEL": "WARNING"}
                     env["GPUALLOC_MAX_WORKERS"] = "16"
-                    env["GPUALLOC_MAX_DOCUMENT_BYTES"] = SEED_DOCUMENT_LIMIT
+                    env.update(SEED_DOCUMENT_LIMITS)
                     env["GPUALLOC_REDIS_WAIT_REPLICAS"] = str(wait)
                     env["GPUALLOC_REDIS_WAIT_TIMEOUT"] = "500ms"
                     env["GPUALLOC_REDIS_PREFIX"] = f"bench-{layout}-{wait}"
