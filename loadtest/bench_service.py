@@ -450,6 +450,8 @@ def _server(
     directory: Path, port: int, redis_url: str, cpus: set[int], extra: Sequence[str] = ()
 ) -> subprocess.Popen[bytes]:
     env = {**os.environ, "GPUALLOC_LOG_LEVEL": "WARNING", "GPUALLOC_MAX_WORKERS": "16"}
+    # one identity drives the whole server here: its share of calls is all of them
+    env["GPUALLOC_MAX_CALLS_PER_CALLER"] = env["GPUALLOC_MAX_CALLS_PER_TENANT"] = str(THREADS)
     env.update(SEED_DOCUMENT_LIMITS)  # the 10,000-GPU seed is ~36 MiB
     return subprocess.Popen(
         [sys.executable, "-m", "services.allocator",
