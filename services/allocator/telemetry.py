@@ -61,6 +61,7 @@ from services.common.errors import GpuallocError, InvalidArgument
 from services.common.grpc_errors import (
     StreamBehavior,
     UnaryBehavior,
+    WrappedHandlers,
     is_infrastructure_method,
     rewrap_handler,
     status_code_of,
@@ -231,6 +232,7 @@ class TracingInterceptor(grpc.ServerInterceptor):
     it sees the typed errors themselves and records the status code they will become."""
 
     def __init__(self, tracer: trace.Tracer, metrics: AllocatorMetrics) -> None:
+        self._wrapped = WrappedHandlers()
         self._tracer = tracer
         self._metrics = metrics
 
@@ -243,8 +245,14 @@ class TracingInterceptor(grpc.ServerInterceptor):
         method = handler_call_details.method
         if handler is None or is_infrastructure_method(method):
             return handler
-        return rewrap_handler(
-            handler, lambda b: self._wrap_unary(method, b), lambda b: self._wrap_stream(method, b)
+        return self._wrapped.get(
+            method,
+            handler,
+            lambda: rewrap_handler(
+                handler,
+                lambda b: self._wrap_unary(method, b),
+                lambda b: self._wrap_stream(method, b),
+            ),
         )
 
     def _wrap_unary(self, method: str, behavior: UnaryBehavior) -> UnaryBehavior:

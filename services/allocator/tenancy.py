@@ -50,8 +50,8 @@ def visible_answer(
 ) -> Answer:
     """`answer` with other tenants' holders and reservation ids hidden. `owner_of` gives the
     owner of a reservation id named in a rejection (None: unknown here, shown as is)."""
-    if viewer.sees_all_tenants:
-        return answer
+    if viewer.sees_all_tenants or (not answer.holders and answer.explanation is None):
+        return answer  # nothing of anyone's to hide: the common case of a placement
     explanation = answer.explanation
     if explanation is not None:
         explanation = _visible_explanation(explanation, viewer, owner_of)

@@ -59,6 +59,7 @@ __all__ = [
     "RemoteError",
     "StreamBehavior",
     "UnaryBehavior",
+    "WrappedHandlers",
     "error_from_rpc",
     "is_infrastructure_method",
     "rewrap_handler",
@@ -240,6 +241,36 @@ StreamBehavior = Callable[[Any, grpc.ServicerContext], Iterator[Any]]
 """A handler answering a stream of responses (unary-stream or stream-stream)."""
 
 
+class WrappedHandlers:
+    """Each (method, handler) an interceptor wraps, wrapped once.
+
+    grpc runs `intercept_service` for every call, but the handler the rest of the chain answers
+    for a method does not change; rebuilding the wrapped handler per call cost every call a few
+    closures and handler objects per interceptor. Bounded: a chain that did hand out a new
+    handler per call only makes this forget and wrap again."""
+
+    _LIMIT = 1024
+
+    def __init__(self) -> None:
+        self._by_key: dict[tuple[str, int], tuple[object, grpc.RpcMethodHandler[Any, Any]]] = {}
+
+    def get(
+        self,
+        method: str,
+        handler: grpc.RpcMethodHandler[Any, Any],
+        build: Callable[[], grpc.RpcMethodHandler[Any, Any]],
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        key = (method, id(handler))
+        found = self._by_key.get(key)
+        if found is not None and found[0] is handler:  # the same object, not a reused id
+            return found[1]
+        wrapped = build()
+        if len(self._by_key) >= self._LIMIT:
+            self._by_key.clear()
+        self._by_key[key] = (handler, wrapped)
+        return wrapped
+
+
 def stream_in_context(
     variable: ContextVar[Any], value: Any, start: Callable[[], Iterable[Any]]
 ) -> Iterator[Any]:
@@ -307,6 +338,9 @@ class ErrorMappingInterceptor(grpc.ServerInterceptor):
     ordinary INVALID_ARGUMENT, logged at DEBUG without a traceback. Health checks get the same
     decoding (their other behaviour is left alone)."""
 
+    def __init__(self) -> None:
+        self._wrapped = WrappedHandlers()
+
     def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
@@ -316,6 +350,11 @@ class ErrorMappingInterceptor(grpc.ServerInterceptor):
         method = handler_call_details.method
         if handler is None:
             return handler
+        return self._wrapped.get(method, handler, lambda: self._wrap(method, handler))
+
+    def _wrap(
+        self, method: str, handler: grpc.RpcMethodHandler[Any, Any]
+    ) -> grpc.RpcMethodHandler[Any, Any]:
         decode = _decoder(method, handler)
         if is_infrastructure_method(method):
             if handler.request_streaming or handler.response_streaming or decode is None:

@@ -53,6 +53,7 @@ from services.common.grpc_errors import (
     ErrorMappingInterceptor,
     StreamBehavior,
     UnaryBehavior,
+    WrappedHandlers,
     is_infrastructure_method,
     rewrap_handler,
     stream_in_context,
@@ -317,6 +318,7 @@ class CallDeadlineInterceptor(grpc.ServerInterceptor):
 
     def __init__(self, max_call_seconds: float | None) -> None:
         self._max_call_seconds = max_call_seconds
+        self._wrapped = WrappedHandlers()
 
     def intercept_service(
         self,
@@ -324,9 +326,12 @@ class CallDeadlineInterceptor(grpc.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = continuation(handler_call_details)
-        if handler is None or is_infrastructure_method(handler_call_details.method):
+        method = handler_call_details.method
+        if handler is None or is_infrastructure_method(method):
             return handler
-        return rewrap_handler(handler, self._wrap_unary, self._wrap_stream)
+        return self._wrapped.get(
+            method, handler, lambda: rewrap_handler(handler, self._wrap_unary, self._wrap_stream)
+        )
 
     def _wrap_unary(self, behavior: UnaryBehavior) -> UnaryBehavior:
         cap = self._max_call_seconds

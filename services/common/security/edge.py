@@ -28,8 +28,6 @@ from typing import Any
 
 import grpc
 import yaml
-from cryptography import x509
-from cryptography.x509.oid import NameOID
 from google.protobuf.message import Message
 
 from services.common.admission import Admission, AdmissionLimits
@@ -42,6 +40,7 @@ from services.common.errors import (
 from services.common.grpc_errors import (
     StreamBehavior,
     UnaryBehavior,
+    WrappedHandlers,
     is_infrastructure_method,
     rewrap_handler,
     status_code_of,
@@ -222,39 +221,37 @@ class Authenticator:
                 if scheme.lower() != "bearer" or not token.strip():
                     raise Unauthenticated("the authorization metadata must be `Bearer <JWT>`")
                 return tokens.verify(token.strip())
-        pem = context.auth_context().get("x509_pem_cert")
-        if pem:
-            return certificate_identity(pem[0])
+        values = context.peer_identities()
+        if values:
+            return certificate_identity(context.peer_identity_key() or "", tuple(values))
         raise Unauthenticated(
             "no client certificate and no bearer token: this server needs an identity "
             "(mutual TLS or `authorization: Bearer <JWT>`; see docs/security.md)"
         )
 
 
-@functools.lru_cache(maxsize=1024)
-def certificate_identity(pem: bytes) -> Identity:
-    """The names of a (verified) client certificate: SPIFFE ID, DNS SANs, common name."""
-    certificate = x509.load_pem_x509_certificate(pem)
-    names: list[str] = []
+@functools.lru_cache(maxsize=4096)
+def certificate_identity(property_name: str, values: tuple[bytes, ...]) -> Identity:
+    """A verified client certificate's identity, as gRPC reports the peer: its subject
+    alternative names when it has any — a `spiffe://` URI is its SPIFFE ID, other names are DNS
+    names (IP and e-mail SANs are not identities here) — else its subject common name. Cheap
+    (gRPC keeps these per connection; `auth_context()` would copy the whole PEM per call)."""
+    texts = [v.decode("utf-8", "replace") for v in values]
+    if property_name == "x509_common_name":
+        return Identity(IdentityKind.CERTIFICATE, texts[0], tuple(f"cn:{t}" for t in texts))
+    spiffe = [t for t in texts if t.startswith("spiffe://")]
+    dns = [t for t in texts if "://" not in t and "@" not in t and not _is_ip(t)]
+    names = (*(f"spiffe:{t}" for t in spiffe), *(f"dns:{t}" for t in dns))
+    display = (spiffe or dns or texts or ["(no name)"])[0]
+    return Identity(IdentityKind.CERTIFICATE, display, names)
+
+
+def _is_ip(text: str) -> bool:
     try:
-        sans = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        sans = x509.SubjectAlternativeName([])
-    spiffe = [
-        u
-        for u in sans.get_values_for_type(x509.UniformResourceIdentifier)
-        if u.startswith("spiffe://")
-    ]
-    names += [f"spiffe:{uri}" for uri in spiffe]
-    dns = sans.get_values_for_type(x509.DNSName)
-    names += [f"dns:{name}" for name in dns]
-    common = [
-        str(attribute.value)
-        for attribute in certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    ]
-    names += [f"cn:{name}" for name in common]
-    display = (spiffe or dns or common or [certificate.subject.rfc4514_string()])[0]
-    return Identity(IdentityKind.CERTIFICATE, display, tuple(names))
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _owner_header(context: grpc.ServicerContext) -> str:
@@ -281,6 +278,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
         self._authenticator = authenticator
         self._rules = dict(rules)
         self._admission = admission or Admission(AdmissionLimits())
+        self._wrapped = WrappedHandlers()
 
     def intercept_service(
         self,
@@ -291,6 +289,11 @@ class AuthInterceptor(grpc.ServerInterceptor):
         method = handler_call_details.method
         if handler is None or is_infrastructure_method(method):
             return handler
+        return self._wrapped.get(method, handler, lambda: self._wrap(method, handler))
+
+    def _wrap(
+        self, method: str, handler: grpc.RpcMethodHandler[Any, Any]
+    ) -> grpc.RpcMethodHandler[Any, Any]:
         access_rule = self._rules.get(method)
         admit = functools.partial(self._admit, method, access_rule)
         admission = self._admission
