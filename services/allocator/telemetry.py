@@ -59,10 +59,10 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from services.common.errors import GpuallocError, InvalidArgument
 from services.common.grpc_errors import (
+    Handler,
+    HandlerInterceptor,
     StreamBehavior,
     UnaryBehavior,
-    WrappedHandlers,
-    is_infrastructure_method,
     rewrap_handler,
     status_code_of,
 )
@@ -225,34 +225,22 @@ def _metadata_getter() -> Any:
 _GETTER = _metadata_getter()
 
 
-class TracingInterceptor(grpc.ServerInterceptor):
+class TracingInterceptor(HandlerInterceptor):
     """A SERVER span and a latency sample for every RPC but health and reflection.
 
     Runs inside the error-mapping interceptor (create_server puts extra interceptors last), so
     it sees the typed errors themselves and records the status code they will become."""
 
     def __init__(self, tracer: trace.Tracer, metrics: AllocatorMetrics) -> None:
-        self._wrapped = WrappedHandlers()
+        super().__init__()
         self._tracer = tracer
         self._metrics = metrics
 
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or is_infrastructure_method(method):
-            return handler
-        return self._wrapped.get(
-            method,
+    def wrap(self, method: str, handler: Handler) -> Handler:
+        return rewrap_handler(
             handler,
-            lambda: rewrap_handler(
-                handler,
-                lambda b: self._wrap_unary(method, b),
-                lambda b: self._wrap_stream(method, b),
-            ),
+            lambda b: self._wrap_unary(method, b),
+            lambda b: self._wrap_stream(method, b),
         )
 
     def _wrap_unary(self, method: str, behavior: UnaryBehavior) -> UnaryBehavior:

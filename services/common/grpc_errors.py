@@ -22,7 +22,7 @@ import logging
 import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeAlias
 
 import grpc
 from google.protobuf.message import Message
@@ -56,6 +56,8 @@ __all__ = [
     "PARSE_ERROR_REASON",
     "STATUS_CODES",
     "ErrorMappingInterceptor",
+    "Handler",
+    "HandlerInterceptor",
     "RemoteError",
     "StreamBehavior",
     "UnaryBehavior",
@@ -271,6 +273,34 @@ class WrappedHandlers:
         return wrapped
 
 
+Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"  # generic in the stubs only
+
+
+class HandlerInterceptor(grpc.ServerInterceptor):
+    """The shape every gpualloc interceptor shares: wrap each method's handler once
+    (WrappedHandlers), leaving health and reflection alone unless `covers_infrastructure`.
+    Subclasses say how in `wrap`."""
+
+    covers_infrastructure = False
+
+    def __init__(self) -> None:
+        self._wrapped = WrappedHandlers()
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Handler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Handler | None:
+        handler = continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or (not self.covers_infrastructure and is_infrastructure_method(method)):
+            return handler
+        return self._wrapped.get(method, handler, lambda: self.wrap(method, handler))
+
+    def wrap(self, method: str, handler: Handler) -> Handler:
+        raise NotImplementedError
+
+
 def stream_in_context(
     variable: ContextVar[Any], value: Any, start: Callable[[], Iterable[Any]]
 ) -> Iterator[Any]:
@@ -327,7 +357,7 @@ def rewrap_handler(
     )
 
 
-class ErrorMappingInterceptor(grpc.ServerInterceptor):
+class ErrorMappingInterceptor(HandlerInterceptor):
     """Turns exceptions raised by servicers into statuses (see the module docstring), and
     decodes unary requests itself.
 
@@ -338,23 +368,9 @@ class ErrorMappingInterceptor(grpc.ServerInterceptor):
     ordinary INVALID_ARGUMENT, logged at DEBUG without a traceback. Health checks get the same
     decoding (their other behaviour is left alone)."""
 
-    def __init__(self) -> None:
-        self._wrapped = WrappedHandlers()
+    covers_infrastructure = True
 
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None:
-            return handler
-        return self._wrapped.get(method, handler, lambda: self._wrap(method, handler))
-
-    def _wrap(
-        self, method: str, handler: grpc.RpcMethodHandler[Any, Any]
-    ) -> grpc.RpcMethodHandler[Any, Any]:
+    def wrap(self, method: str, handler: Handler) -> Handler:
         decode = _decoder(method, handler)
         if is_infrastructure_method(method):
             if handler.request_streaming or handler.response_streaming or decode is None:

@@ -51,10 +51,10 @@ from services.common.config import ServerSettings
 from services.common.errors import DeadlineExceeded, FailedPrecondition
 from services.common.grpc_errors import (
     ErrorMappingInterceptor,
+    Handler,
+    HandlerInterceptor,
     StreamBehavior,
     UnaryBehavior,
-    WrappedHandlers,
-    is_infrastructure_method,
     rewrap_handler,
     stream_in_context,
 )
@@ -313,25 +313,15 @@ def check_deadline(doing: str = "call") -> None:
         raise DeadlineExceeded(f"{doing}: ran out of time")
 
 
-class CallDeadlineInterceptor(grpc.ServerInterceptor):
+class CallDeadlineInterceptor(HandlerInterceptor):
     """Records each call's deadline for `remaining_seconds()` (see the module docstring)."""
 
     def __init__(self, max_call_seconds: float | None) -> None:
+        super().__init__()
         self._max_call_seconds = max_call_seconds
-        self._wrapped = WrappedHandlers()
 
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or is_infrastructure_method(method):
-            return handler
-        return self._wrapped.get(
-            method, handler, lambda: rewrap_handler(handler, self._wrap_unary, self._wrap_stream)
-        )
+    def wrap(self, method: str, handler: Handler) -> Handler:
+        return rewrap_handler(handler, self._wrap_unary, self._wrap_stream)
 
     def _wrap_unary(self, behavior: UnaryBehavior) -> UnaryBehavior:
         cap = self._max_call_seconds

@@ -38,10 +38,10 @@ from services.common.errors import (
     Unauthenticated,
 )
 from services.common.grpc_errors import (
+    Handler,
+    HandlerInterceptor,
     StreamBehavior,
     UnaryBehavior,
-    WrappedHandlers,
-    is_infrastructure_method,
     rewrap_handler,
     status_code_of,
     stream_in_context,
@@ -266,7 +266,7 @@ def _owner_header(context: grpc.ServicerContext) -> str:
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
 
 
-class AuthInterceptor(grpc.ServerInterceptor):
+class AuthInterceptor(HandlerInterceptor):
     """Authenticates and authorizes every call but health and reflection (module docstring)."""
 
     def __init__(
@@ -275,25 +275,12 @@ class AuthInterceptor(grpc.ServerInterceptor):
         rules: Mapping[str, AccessRule],
         admission: Admission | None = None,
     ) -> None:
+        super().__init__()
         self._authenticator = authenticator
         self._rules = dict(rules)
         self._admission = admission or Admission(AdmissionLimits())
-        self._wrapped = WrappedHandlers()
 
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or is_infrastructure_method(method):
-            return handler
-        return self._wrapped.get(method, handler, lambda: self._wrap(method, handler))
-
-    def _wrap(
-        self, method: str, handler: grpc.RpcMethodHandler[Any, Any]
-    ) -> grpc.RpcMethodHandler[Any, Any]:
+    def wrap(self, method: str, handler: Handler) -> Handler:
         access_rule = self._rules.get(method)
         admit = functools.partial(self._admit, method, access_rule)
         admission = self._admission
