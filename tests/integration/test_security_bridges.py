@@ -67,46 +67,40 @@ def test_a_bridge_certificate_of_another_tenant_cannot_run_the_prolog_for_slurm_
     assert "may not act for owner" in err
 
 
+def load(fleet: SecuredFleet, who: str, tmp_path: Path, **run: object) -> tuple[int, dict]:
+    """gpualloc-load (ghz's flags) against the mTLS port with `who`'s certificate; `run` is
+    the config (call, total, concurrency, data). Returns the exit code and the JSON report."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"host": "unused:1", **run}))
+    report = tmp_path / "report.json"
+    directory = fleet.directory / who
+    argv = [
+        f"127.0.0.1:{fleet.mtls_port}", "--config", str(config), "--no-progress",
+        "-O", "json", "-o", str(report),
+        "--cacert", str(fleet.directory / "ca.crt"),
+        "--cert", str(directory / "tls.crt"), "--key", str(directory / "tls.key"),
+    ]  # fmt: skip
+    code = load_cli.main(argv)
+    return code, json.loads(report.read_text())
+
+
 def test_the_load_runner_over_mtls_as_a_scheduler(fleet: SecuredFleet, tmp_path: Path):
     claim = {
         "name": "c",
         "requests": [{"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com"}}],
     }
-    config = tmp_path / "capacity.json"
-    config.write_text(json.dumps({
-        "call": "gpualloc.allocator.v1.Allocator/Capacity", "host": "unused:1", "total": 20,
-        "concurrency": 2,
-        "data": {"claims": [claim]},
-    }))  # fmt: skip
-    report = tmp_path / "report.json"
-    directory = fleet.directory / "scheduler-a"
-    argv = [
-        f"127.0.0.1:{fleet.mtls_port}", "--config", str(config), "--no-progress",
-        "-O", "json", "-o", str(report),
-        "--cacert", str(fleet.directory / "ca.crt"),
-        "--cert", str(directory / "tls.crt"), "--key", str(directory / "tls.key"),
-    ]  # fmt: skip
-    assert load_cli.main(argv) == 0
-    written = json.loads(report.read_text())
+    code, written = load(
+        fleet, "scheduler-a", tmp_path, call="gpualloc.allocator.v1.Allocator/Capacity",
+        total=20, concurrency=2, data={"claims": [claim]},
+    )  # fmt: skip
+    assert code == 0
     assert written["count"] == 20 and not written.get("errorDistribution")
     assert written["statusCodeDistribution"] == {"OK": 20}
 
 
 def test_the_load_runner_sees_permission_denied_for_an_agent(fleet: SecuredFleet, tmp_path: Path):
-    config = tmp_path / "explain.json"
-    config.write_text(json.dumps({
-        "call": "gpualloc.allocator.v1.Allocator/Explain", "host": "unused:1", "total": 4,
-        "concurrency": 1,
-        "data": {"claims": []},
-    }))  # fmt: skip
-    report = tmp_path / "report.json"
-    directory = fleet.directory / "agent"
-    argv = [
-        f"127.0.0.1:{fleet.mtls_port}", "--config", str(config), "--no-progress",
-        "-O", "json", "-o", str(report),
-        "--cacert", str(fleet.directory / "ca.crt"),
-        "--cert", str(directory / "tls.crt"), "--key", str(directory / "tls.key"),
-    ]  # fmt: skip
-    load_cli.main(argv)
-    written = json.loads(report.read_text())
+    _, written = load(
+        fleet, "agent", tmp_path, call="gpualloc.allocator.v1.Allocator/Explain",
+        total=4, concurrency=1, data={"claims": []},
+    )  # fmt: skip
     assert written["statusCodeDistribution"] == {"PermissionDenied": 4}
