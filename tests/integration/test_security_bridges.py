@@ -7,6 +7,7 @@ import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -67,7 +68,7 @@ def test_a_bridge_certificate_of_another_tenant_cannot_run_the_prolog_for_slurm_
     assert "may not act for owner" in err
 
 
-def load(fleet: SecuredFleet, who: str, tmp_path: Path, **run: object) -> tuple[int, dict]:
+def load(fleet: SecuredFleet, who: str, tmp_path: Path, **run: object) -> tuple[int, Any]:
     """gpualloc-load (ghz's flags) against the mTLS port with `who`'s certificate; `run` is
     the config (call, total, concurrency, data). Returns the exit code and the JSON report."""
     config = tmp_path / "config.json"
