@@ -44,7 +44,8 @@ SCRIPT = ROOT / "deploy" / "local" / "redis-cluster.sh"
 PHASE = "reserve-release-cycle"
 
 
-def _free_cluster_base() -> int:
+def free_cluster_base() -> int:
+    """A base port with base..base+5 and their cluster bus ports (+100) free."""
     for base in range(21000, 60000, 211):
         try:
             for port in [*range(base, base + 6), *range(base + 100, base + 106)]:
@@ -110,7 +111,7 @@ def run(quick: bool) -> BenchReport:
         (directory / "standalone").mkdir()
         primary = _Redis(directory / "standalone", client_cpus)
         replica = _Replica(directory / "replica", client_cpus, primary)
-        cluster_env = {**os.environ, "GPUALLOC_CLUSTER_PORT": str(_free_cluster_base())}
+        cluster_env = {**os.environ, "GPUALLOC_CLUSTER_PORT": str(free_cluster_base())}
         cluster_dir = str(directory / "cluster")
         try:
             started = subprocess.run(

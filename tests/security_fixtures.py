@@ -124,10 +124,6 @@ class SecuredFleet:
     tls_server: grpc.Server
     _channels: list[grpc.Channel] = field(default_factory=list)
 
-    @property
-    def server_dir(self) -> Path:
-        return self.directory / "server"
-
     def channel(self, who: str | None, *, port: int | None = None) -> grpc.Channel:
         """A TLS channel to the mTLS port, with `who`'s client certificate (None: none)."""
         issued = self.certificates[who] if who is not None else None

@@ -197,7 +197,7 @@ def create_server(
 def _listen(server: grpc.Server, address: str, settings: ServerSettings) -> int:
     try:
         if settings.tls:
-            credentials, _ = server_credentials(
+            credentials = server_credentials(
                 ServerTls(
                     settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file
                 )

@@ -4,8 +4,6 @@ loopback and `gpualloc serve --demo` runs on it (reserve, commit, release throug
 from __future__ import annotations
 
 import os
-import random
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +14,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from loadtest.bench_store import free_cluster_base
 from protos.allocator.v1 import allocator_pb2 as pb
 from protos.allocator.v1 import allocator_pb2_grpc
 from services.common.redis_layout import connect, parse_layout
@@ -28,23 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy" / "local" / "redis-cluster.sh"
 
 
-def _free_base() -> int:
-    """A base port with base..base+5 and their bus ports (+100) free."""
-    for _ in range(50):
-        base = random.randrange(20000, 40000)
-        try:
-            for port in [*range(base, base + 6), *range(base + 100, base + 106)]:
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise AssertionError("no free port range")
-
-
 @pytest.fixture
 def local_cluster(tmp_path: Path) -> Iterator[str]:
-    env = {**os.environ, "GPUALLOC_CLUSTER_PORT": str(_free_base())}
+    env = {**os.environ, "GPUALLOC_CLUSTER_PORT": str(free_cluster_base())}
     directory = str(tmp_path / "cluster")
     try:
         done = subprocess.run(

@@ -173,7 +173,6 @@ class AccessPolicy:
             act_for=tuple(sorted({p for b, _ in matched for p in b.act_for})),
             nodes=tuple(sorted(nodes)),
             allow_admin_access=tenant is not None and self.tenants[tenant].allow_admin_access,
-            bindings=tuple(b.name for b, _ in matched),
         )
 
 

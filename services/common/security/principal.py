@@ -105,7 +105,6 @@ class Principal:
     act_for: tuple[str, ...] = ()  # owner patterns (one `*` each) it may name, sans tenant
     nodes: tuple[str, ...] = ()  # nodes it may report (agent)
     allow_admin_access: bool = False
-    bindings: tuple[str, ...] = ()  # names of the policy bindings that matched (for audit)
     development: bool = False
     claimed_owner: str = ""  # development mode: the x-gpualloc-owner header, if any
 

@@ -61,7 +61,6 @@ class WatchedFiles(Generic[T]):
         self._stamps = self._stat()
         self._value = load(self._read())
         self._checked = clock()
-        self.reloads = 0
 
     def current(self) -> T:
         self.poll()
@@ -91,7 +90,6 @@ class WatchedFiles(Generic[T]):
                 )
                 return False
             self._stamps, self._value = stamps, value
-            self.reloads += 1
             log.info("%s reloaded from %s", self._what, ", ".join(self._paths))
             return True
 
@@ -171,11 +169,9 @@ def _load_material(contents: Sequence[bytes]) -> _Material:
     return _Material(chain, key, client_ca)
 
 
-def server_credentials(
-    tls: ServerTls, *, min_interval: float = 1.0
-) -> tuple[grpc.ServerCredentials, WatchedFiles[_Material]]:
-    """Credentials serving the files' current certificate at every handshake, and the watcher
-    (its `reloads` counts rotations). Raises InvalidArgument/FailedPrecondition at start."""
+def server_credentials(tls: ServerTls, *, min_interval: float = 1.0) -> grpc.ServerCredentials:
+    """Credentials serving the files' current certificate at every handshake. Raises
+    InvalidArgument/FailedPrecondition at start."""
     paths = [tls.cert_file, tls.key_file, *([tls.client_ca_file] if tls.mutual else [])]
     watched = WatchedFiles(paths, _load_material, what="TLS certificate", min_interval=min_interval)
 
@@ -193,4 +189,4 @@ def server_credentials(
     credentials = grpc.dynamic_ssl_server_credentials(
         configuration(watched.current()), fetcher, require_client_authentication=tls.mutual
     )
-    return credentials, watched
+    return credentials
