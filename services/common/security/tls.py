@@ -8,7 +8,7 @@ picked up by the next connection while calls on existing connections carry on.
 
 A rotation caught half-way (the new certificate beside the old key) is not applied: the pair is
 checked to belong together first, and the old one keeps serving until the files agree.
-TLS versions are grpc's: 1.2 and 1.3 (grpc core refuses anything older).
+TLS versions are grpc's defaults: 1.2 and 1.3 are served (tested); older ones are left to grpc.
 """
 
 from __future__ import annotations
