@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from services.allocator.adapters.topology_pb import topology_from_pb
-from services.allocator.bootstrap import build_allocator
+from services.allocator.bootstrap import build_allocator, start_web_view
 from services.allocator.config import AllocatorSettings
 from services.allocator.core.topology import NodeTopology
 from services.allocator.feed import Closeable, InventoryUpdate
@@ -50,6 +50,7 @@ _ROOT = Path(__file__).resolve().parents[1]
 DEMO_PATHS = (str(_ROOT / "examples" / "cluster"),)
 DEMO_TOPOLOGY = (str(_ROOT / "examples" / "nvml"),)  # `nvidia-smi topo -m` of the demo nodes
 DEMO_CLASSES = (str(_ROOT / "examples" / "deviceclasses.yaml"),)
+DEMO_WEB_LISTEN = "127.0.0.1:8080"  # the web view of `--demo` (`make run`) unless set
 
 
 class InProcessFeed:
@@ -131,6 +132,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--redis-url", help="Redis for reservations and inventory state (env GPUALLOC_REDIS_URL)"
     )
+    parser.add_argument(
+        "--web-listen",
+        metavar="ADDR",
+        help="host:port of the read-only web view of the fleet (env GPUALLOC_WEB_LISTEN; "
+        f"with --demo default {DEMO_WEB_LISTEN}; '' turns it off)",
+    )
     add_security_flags(parser)
     parser.set_defaults(func=lambda args: run_serve(args, os.environ))
 
@@ -153,6 +160,7 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
                 allocator_settings,
                 device_classes=(*allocator_settings.device_classes, *DEMO_CLASSES),
             )
+        allocator_settings = _with_web_listen(allocator_settings, args, env)
         inventory = build_inventory(settings=inventory_settings)
         seeds = [*inventory_settings.seed_paths, *args.seed, *(DEMO_PATHS if args.demo else ())]
         seeded: list[str] = []
@@ -172,6 +180,7 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         )
         allocator.attach_health(health)
         start_kube_watch(inventory, inventory_settings, health, seeded)
+        web = start_web_view(allocator, allocator_settings, read_document_limits(env))
     except GpuallocError as error:
         print(f"gpualloc serve: {error}", file=sys.stderr)
         return 2
@@ -182,9 +191,22 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         port,
         allocator.wait_ready(10.0),
     )
+    if web is not None:
+        log.info("web view of the fleet on %s", web.url)
     try:
         serve_until_signal(server, health, server_settings.grace_seconds)
     finally:
         allocator.close()
         inventory.close()
     return 0
+
+
+def _with_web_listen(
+    settings: AllocatorSettings, args: argparse.Namespace, env: Mapping[str, str]
+) -> AllocatorSettings:
+    """--web-listen wins, then GPUALLOC_WEB_LISTEN; with --demo and neither, DEMO_WEB_LISTEN."""
+    if args.web_listen is not None:
+        return replace(settings, web_listen_address=args.web_listen)
+    if args.demo and "GPUALLOC_WEB_LISTEN" not in env:
+        return replace(settings, web_listen_address=DEMO_WEB_LISTEN)
+    return settings
