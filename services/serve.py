@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from services.allocator.adapters.topology_pb import topology_from_pb
-from services.allocator.bootstrap import build_allocator, start_web_view
+from services.allocator.adapters.web import WebView
+from services.allocator.bootstrap import AllocatorApp, build_allocator, start_web_view
 from services.allocator.config import AllocatorSettings
 from services.allocator.core.topology import NodeTopology
 from services.allocator.feed import Closeable, InventoryUpdate
 from services.common.config import ServerSettings, read_document_limits
 from services.common.dra.model import Node
-from services.common.errors import GpuallocError
+from services.common.errors import GpuallocError, InvalidArgument
 from services.common.grpc_server import create_server, security_summary, serve_until_signal
 from services.common.health import Health
 from services.common.log import configure_logging
@@ -180,7 +181,7 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         )
         allocator.attach_health(health)
         start_kube_watch(inventory, inventory_settings, health, seeded)
-        web = start_web_view(allocator, allocator_settings, read_document_limits(env))
+        web = _start_web(allocator, allocator_settings, env, demo_default=_demo_web(args, env))
     except GpuallocError as error:
         print(f"gpualloc serve: {error}", file=sys.stderr)
         return 2
@@ -199,6 +200,29 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         allocator.close()
         inventory.close()
     return 0
+
+
+def _demo_web(args: argparse.Namespace, env: Mapping[str, str]) -> bool:
+    return bool(args.demo) and args.web_listen is None and "GPUALLOC_WEB_LISTEN" not in env
+
+
+def _start_web(
+    allocator: AllocatorApp,
+    settings: AllocatorSettings,
+    env: Mapping[str, str],
+    *,
+    demo_default: bool,
+) -> WebView | None:
+    """The web view; when it is only the demo's default and its port is busy (a second `make
+    run`), a warning instead of a refusal to start."""
+    limits = read_document_limits(env)
+    try:
+        return start_web_view(allocator, settings, limits)
+    except InvalidArgument as error:
+        if not demo_default:
+            raise
+        log.warning("no web view: %s; choose another with --web-listen", error)
+        return None
 
 
 def _with_web_listen(
