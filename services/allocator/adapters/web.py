@@ -3,7 +3,7 @@
     web = WebView(service, WebSettings("127.0.0.1:8080", tenants_only=False))
     web.start()          # serves until web.close()
 
-Routes: `GET /` (the page), `GET /fleet` (the fleet part, which web.js polls twice a second
+Routes: `GET /` (the page), `GET /fleet` (the fleet part, which web.js polls 4 times a second
 with the last ETag: 304 while nothing changed), `POST /explain` (the Explain box), and the two
 static files. It reads the allocator in process — the same view, holdings and Explain the RPCs
 use (fleet.py; `AllocatorService.explain`) — and changes nothing.
@@ -145,6 +145,7 @@ class WebView:
         self._loopback = is_loopback_address(settings.listen_address)
         self._server = _bind(settings, reuse_port, self)
         self._thread: threading.Thread | None = None
+        self._drawn: tuple[object, bytes, str] | None = None  # the last fleet_fragment
 
     @property
     def port(self) -> int:
@@ -179,6 +180,21 @@ class WebView:
         state = holdings.state_for(view)
         reservations = {r.id: r for r in holdings.reservations()}
         return fleet_of(view, state, reservations, self.viewer)
+
+    def fleet_fragment(self) -> tuple[bytes, str]:
+        """The fleet's HTML and its ETag, drawn again only when the view, the holdings or a
+        reservation's state or lease changed (every viewer polls it several times a second)."""
+        view = self._service.view.require(0)
+        holdings = self._service.holdings
+        leases = tuple(sorted((r.id, r.state, r.expires_at) for r in holdings.reservations()))
+        key = (id(view), holdings.version, leases)
+        cached = self._drawn
+        if cached is not None and cached[0] == key:
+            return cached[1], cached[2]
+        body = fleet_fragment(self.fleet()).encode()
+        etag = '"' + hashlib.sha256(body).hexdigest()[:20] + '"'
+        self._drawn = (key, body, etag)
+        return body, etag
 
     def explain(self, text: str) -> Answer:
         """Explain the claims of `text` (DeviceClasses in it are used for this call only), as
@@ -292,8 +308,7 @@ class _Handler(BaseHTTPRequestHandler):
             text = page(self._fleet(), tenants_only=web.settings.tenants_only)
             self._send(HTTPStatus.OK, text.encode(), "text/html; charset=utf-8")
         elif path == "/fleet":
-            body = fleet_fragment(self._fleet()).encode()
-            etag = '"' + hashlib.sha256(body).hexdigest()[:20] + '"'
+            body, etag = self.server.web.fleet_fragment()
             if self.headers.get("If-None-Match") == etag:
                 self._send(HTTPStatus.NOT_MODIFIED, b"", "", etag=etag)
             else:

@@ -4,19 +4,21 @@ Every value that comes from the inventory, a reservation or a pasted claim goes 
 `html.escape`; the page has no inline script or style (web.css and web.js are served beside
 it, so the Content-Security-Policy can forbid everything else). Positions and colours are
 classes (`c3 w2`: column 3, two wide; `h5`: holder colour 5), not inline styles, for the same
-reason. A holder's colour comes from a CRC of its name, so it stays the same across refreshes.
+reason. A holder's colour comes from a CRC of its name, so it stays the same across refreshes
+(`holder_colours`).
 """
 
 from __future__ import annotations
 
 import time
 import zlib
+from collections.abc import Iterable, Mapping
 from html import escape
 
 from services.allocator.answers import Answer, Holder, Outcome, claim_ref
 from services.allocator.fleet import Fleet, FleetGpu, FleetHolder, FleetNode, FleetPlacement
 
-__all__ = ["answer_fragment", "error_fragment", "fleet_fragment", "page"]
+__all__ = ["answer_fragment", "error_fragment", "fleet_fragment", "holder_colours", "page"]
 
 HOLDER_COLOURS = 12  # classes h0 .. h11 in web.css
 MAX_COLUMNS = 16  # classes c0 .. c15, w1 .. w16 and cols1 .. cols16 in web.css
@@ -78,29 +80,46 @@ def page(fleet: Fleet, *, tenants_only: bool, explain: str = "", claim: str = ""
 
 def fleet_fragment(fleet: Fleet) -> str:
     """The part web.js replaces on every change: legend, then one card per node."""
-    nodes = "".join(_node(node) for node in fleet.nodes)
+    colours = holder_colours(fleet.holders())
+    nodes = "".join(_node(node, colours) for node in fleet.nodes)
     gpus = sum(len(n.gpus) for n in fleet.nodes)
     free = sum(n.free_gpus for n in fleet.nodes)
     return (
         f'<div class="summary" data-generation="{fleet.generation}">'
         f"{len(fleet.nodes)} nodes, {gpus} GPUs, {free} with nothing held; "
         f"inventory generation {fleet.generation}</div>"
-        f'{_legend(fleet)}<div class="nodes">{nodes}</div>'
+        f'{_legend(fleet, colours)}<div class="nodes">{nodes}</div>'
     )
 
 
-def _legend(fleet: Fleet) -> str:
+def holder_colours(holders: Iterable[str]) -> dict[str, str]:
+    """A colour class per holder: the CRC of its name picks one (the same on every refresh),
+    the next free one when another holder on the page has it (distinct up to 12 holders)."""
+    colours: dict[str, str] = {}
+    taken: set[int] = set()
+    for owner in sorted(holders):
+        number = zlib.crc32(owner.encode()) % HOLDER_COLOURS
+        for step in range(HOLDER_COLOURS):
+            if (number + step) % HOLDER_COLOURS not in taken:
+                number = (number + step) % HOLDER_COLOURS
+                break
+        taken.add(number)
+        colours[owner] = f"h{number}"
+    return colours
+
+
+def _legend(fleet: Fleet, colours: Mapping[str, str]) -> str:
     items = ['<li><span class="swatch free"></span>free</li>']
     for owner, count in fleet.holders().items():
         items.append(
-            f'<li data-holder="{escape(owner)}"><span class="swatch {_colour(owner)}"></span>'
+            f'<li data-holder="{escape(owner)}"><span class="swatch {colours[owner]}"></span>'
             f"{escape(owner)} <small>({count} device{'s' if count != 1 else ''})</small></li>"
         )
     return f'<ul class="legend">{"".join(items)}</ul>'
 
 
-def _node(node: FleetNode) -> str:
-    gpus = "".join(_gpu(gpu) for gpu in node.gpus)
+def _node(node: FleetNode, colours: Mapping[str, str]) -> str:
+    gpus = "".join(_gpu(gpu, colours) for gpu in node.gpus)
     return (
         f'<article class="node" data-node="{escape(node.name)}">'
         f"<h3>{escape(node.name)}</h3>"
@@ -112,9 +131,9 @@ def _node(node: FleetNode) -> str:
     )
 
 
-def _gpu(gpu: FleetGpu) -> str:
+def _gpu(gpu: FleetGpu, colours: Mapping[str, str]) -> str:
     columns = min(gpu.columns, MAX_COLUMNS)
-    placements = "".join(_placement(p, columns) for p in gpu.placements)
+    placements = "".join(_placement(p, columns, colours) for p in gpu.placements)
     tainted = f" tainted: {', '.join(gpu.tainted)}" if gpu.tainted else ""
     title = f"{gpu.name} ({gpu.model or 'unknown model'}) in pool {gpu.pool}{tainted}"
     state = "free" if gpu.free else "held"
@@ -127,15 +146,15 @@ def _gpu(gpu: FleetGpu) -> str:
     )
 
 
-def _placement(placement: FleetPlacement, columns: int) -> str:
+def _placement(placement: FleetPlacement, columns: int, colours: Mapping[str, str]) -> str:
     start = min(placement.start, columns - 1)
     width = max(1, min(placement.width, columns - start))
     first = placement.holders[0]
     lines = [placement.device + (f" ({placement.profile})" if placement.profile else "")]
     lines.extend(_holder_line(h) for h in placement.holders)
-    label = placement.profile or ""
+    label = placement.profile if width > 1 else ""  # the title names it anyway
     return (
-        f'<div class="slot c{start} w{width} {_colour(first.owner)}" '
+        f'<div class="slot c{start} w{width} {colours.get(first.owner, "h0")}" '
         f'data-device="{escape(placement.device)}" data-holder="{escape(first.owner)}" '
         f'title="{escape(chr(10).join(lines))}">{escape(label)}</div>'
     )
@@ -152,10 +171,6 @@ def _expiry(expires_at: float | None) -> str:
         return "no lease (committed)"
     stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(expires_at))
     return f"lease expires {stamp}"
-
-
-def _colour(owner: str) -> str:
-    return f"h{zlib.crc32(owner.encode()) % HOLDER_COLOURS}"
 
 
 def _short_model(model: str) -> str:

@@ -2,7 +2,7 @@
 // The server renders every piece of HTML; this file only fetches it (no build step).
 "use strict";
 
-const POLL_MS = 500;
+const POLL_MS = 250; // a change shows within a second (tests/integration/test_web_browser.py)
 
 function startPolling() {
   const fleet = document.getElementById("fleet");
