@@ -26,6 +26,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from protos.allocator.v1 import allocator_pb2 as pb
 from protos.allocator.v1 import allocator_pb2_grpc
+from protos.common.v1 import dra_pb2
 from services.allocator.adapters.web import WebSettings, WebView
 from services.bridges import local_cluster
 from tests.e2e.allocator_harness import ROOT, pb_claims
@@ -67,11 +68,25 @@ class DemoWeb:
     stub: allocator_pb2_grpc.AllocatorStub
 
     def reserve(self, claim: str, owner: str, **fields: object) -> pb.AllocateResponse:
-        request = pb.AllocateRequest(claims=pb_claims(claim), reserve=True, **fields)
+        """Allocate(reserve) examples/claims/<claim>.yaml, or a `profile:<MIG profile>` slice."""
+        claims = mig_claim(claim.split(":", 1)[1]) if claim.startswith("profile:") else None
+        request = pb.AllocateRequest(claims=claims or pb_claims(claim), reserve=True, **fields)
         response: pb.AllocateResponse = self.stub.Allocate(
             request, metadata=(("x-gpualloc-owner", owner),), timeout=30
         )
         return response
+
+
+def mig_claim(profile: str) -> list[dra_pb2.ResourceClaim]:
+    """One MIG slice of `profile` (e.g. `3g.20gb`)."""
+    selector = f"device.attributes['gpu.nvidia.com'].profile == '{profile}'"
+    exactly = dra_pb2.ExactDeviceRequest(
+        device_class_name="mig.nvidia.com",
+        count=1,
+        selectors=[dra_pb2.DeviceSelector(cel=selector)],
+    )
+    request = dra_pb2.DeviceRequest(name="slice", exactly=exactly)
+    return [dra_pb2.ResourceClaim(name=f"mig-{profile}", namespace="default", requests=[request])]
 
 
 @contextmanager
@@ -107,6 +122,9 @@ def draw_screenshot(path: Path) -> None:
         demo.reserve("four-nvlink-gpus", "team-b/finetune", idempotency_key="shot-2")
         for i in range(3):
             demo.reserve("mig-small-else-medium", "team-c/notebooks", idempotency_key=f"mig-{i}")
+        demo.reserve("profile:3g.20gb", "team-d/eval", idempotency_key="mig-3g")
+        demo.reserve("profile:2g.10gb", "team-c/notebooks", idempotency_key="mig-2g")
+        demo.reserve("profile:4g.20gb", "team-a/train-llm", idempotency_key="mig-4g")
         demo.reserve("two-gpus-same-pcie-root", "team-b/inference", idempotency_key="shot-3")
         driver = chromium_driver(1440, 1050)
         try:
