@@ -67,10 +67,12 @@ class DemoWeb:
     web: WebView
     stub: allocator_pb2_grpc.AllocatorStub
 
-    def reserve(self, claim: str, owner: str, **fields: object) -> pb.AllocateResponse:
+    def reserve(self, claim: str, owner: str, idempotency_key: str = "") -> pb.AllocateResponse:
         """Allocate(reserve) examples/claims/<claim>.yaml, or a `profile:<MIG profile>` slice."""
         claims = mig_claim(claim.split(":", 1)[1]) if claim.startswith("profile:") else None
-        request = pb.AllocateRequest(claims=claims or pb_claims(claim), reserve=True, **fields)
+        request = pb.AllocateRequest(
+            claims=claims or pb_claims(claim), reserve=True, idempotency_key=idempotency_key
+        )
         response: pb.AllocateResponse = self.stub.Allocate(
             request, metadata=(("x-gpualloc-owner", owner),), timeout=30
         )

@@ -9,6 +9,7 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import Any
 from urllib.parse import urlencode
 
 import pytest
@@ -67,7 +68,7 @@ def allocator(grpc_channel_factory):
 
 
 @pytest.fixture
-def web_factory(allocator) -> Iterator:
+def web_factory(allocator) -> Iterator[Any]:
     started: list[WebView] = []
 
     def make(**fields) -> WebView:
