@@ -14,6 +14,7 @@ from urllib.parse import urlencode
 
 import pytest
 
+from protos.allocator.v1 import allocator_pb2 as pb
 from services.allocator.adapters.memory_store import MemoryReservationStore
 from services.allocator.adapters.web import WebSettings, WebView
 from services.allocator.bootstrap import start_web_view
@@ -108,6 +109,20 @@ def test_the_fleet_is_304_until_a_reservation_over_grpc_changes_it(web_factory, 
     assert 'data-holder="alice"' in after.text
     assert reservation.id in after.text  # the lease's id, on hover
     assert "lease expires" in after.text
+
+
+def test_a_commit_over_grpc_redraws_the_lease_as_committed(web_factory, allocator):
+    web = web_factory()
+    reply = allocator.stub.Allocate(
+        allocate_request("one-h100", reserve=True), metadata=owner("bob")
+    )
+    (reservation,) = reply.reservations
+    before = request(web, "GET", "/fleet")
+    assert "RESERVED, lease expires" in before.text
+    allocator.stub.Commit(pb.CommitRequest(reservation_id=reservation.id), metadata=owner("bob"))
+    after = request(web, "GET", "/fleet", headers={"If-None-Match": before.headers["etag"]})
+    assert after.status == 200
+    assert "COMMITTED, no lease (committed)" in after.text
 
 
 EXPLAINED = {

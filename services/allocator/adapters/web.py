@@ -49,6 +49,7 @@ from services.allocator.answers import Answer, Query
 from services.allocator.fleet import Fleet, fleet_of
 from services.allocator.service import AllocatorService
 from services.allocator.tenancy import visible_answer
+from services.allocator.view import ViewSnapshot
 from services.common.dra.limits import DocumentLimits
 from services.common.dra.model import DeviceClass, ResourceClaim
 from services.common.dra.parse import load_objects
@@ -174,8 +175,9 @@ class WebView:
 
     # --- what the pages read -------------------------------------------------------------
 
-    def fleet(self) -> Fleet:
-        view = self._service.view.require(0)
+    def fleet(self, view: ViewSnapshot | None = None) -> Fleet:
+        """The fleet of `view` (default: the current one) as the viewer may see it."""
+        view = view or self._service.view.require(0)
         holdings = self._service.holdings
         state = holdings.state_for(view)
         reservations = {r.id: r for r in holdings.reservations()}
@@ -187,11 +189,11 @@ class WebView:
         view = self._service.view.require(0)
         holdings = self._service.holdings
         leases = tuple(sorted((r.id, r.state, r.expires_at) for r in holdings.reservations()))
-        key = (id(view), holdings.version, leases)
+        key = (view, holdings.version, leases)  # a ViewSnapshot compares by identity
         cached = self._drawn
         if cached is not None and cached[0] == key:
             return cached[1], cached[2]
-        body = fleet_fragment(self.fleet()).encode()
+        body = fleet_fragment(self.fleet(view)).encode()
         etag = '"' + hashlib.sha256(body).hexdigest()[:20] + '"'
         self._drawn = (key, body, etag)
         return body, etag
