@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from services.allocator.adapters.topology_pb import topology_from_pb
-from services.allocator.bootstrap import build_allocator
+from services.allocator.adapters.web import WebView
+from services.allocator.bootstrap import AllocatorApp, build_allocator, start_web_view
 from services.allocator.config import AllocatorSettings
 from services.allocator.core.topology import NodeTopology
 from services.allocator.feed import Closeable, InventoryUpdate
 from services.common.config import ServerSettings, read_document_limits
 from services.common.dra.model import Node
-from services.common.errors import GpuallocError
+from services.common.errors import GpuallocError, InvalidArgument
 from services.common.grpc_server import create_server, security_summary, serve_until_signal
 from services.common.health import Health
 from services.common.log import configure_logging
@@ -50,6 +51,7 @@ _ROOT = Path(__file__).resolve().parents[1]
 DEMO_PATHS = (str(_ROOT / "examples" / "cluster"),)
 DEMO_TOPOLOGY = (str(_ROOT / "examples" / "nvml"),)  # `nvidia-smi topo -m` of the demo nodes
 DEMO_CLASSES = (str(_ROOT / "examples" / "deviceclasses.yaml"),)
+DEMO_WEB_LISTEN = "127.0.0.1:8080"  # the web view of `--demo` (`make run`) unless set
 
 
 class InProcessFeed:
@@ -131,6 +133,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--redis-url", help="Redis for reservations and inventory state (env GPUALLOC_REDIS_URL)"
     )
+    parser.add_argument(
+        "--web-listen",
+        metavar="ADDR",
+        help="host:port of the read-only web view of the fleet (env GPUALLOC_WEB_LISTEN; "
+        f"with --demo default {DEMO_WEB_LISTEN}; '' turns it off)",
+    )
     add_security_flags(parser)
     parser.set_defaults(func=lambda args: run_serve(args, os.environ))
 
@@ -153,6 +161,7 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
                 allocator_settings,
                 device_classes=(*allocator_settings.device_classes, *DEMO_CLASSES),
             )
+        allocator_settings = _with_web_listen(allocator_settings, args, env)
         inventory = build_inventory(settings=inventory_settings)
         seeds = [*inventory_settings.seed_paths, *args.seed, *(DEMO_PATHS if args.demo else ())]
         seeded: list[str] = []
@@ -172,6 +181,7 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         )
         allocator.attach_health(health)
         start_kube_watch(inventory, inventory_settings, health, seeded)
+        web = _start_web(allocator, allocator_settings, env, demo_default=_demo_web(args, env))
     except GpuallocError as error:
         print(f"gpualloc serve: {error}", file=sys.stderr)
         return 2
@@ -182,9 +192,45 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         port,
         allocator.wait_ready(10.0),
     )
+    if web is not None:
+        log.info("web view of the fleet on %s", web.url)
     try:
         serve_until_signal(server, health, server_settings.grace_seconds)
     finally:
         allocator.close()
         inventory.close()
     return 0
+
+
+def _demo_web(args: argparse.Namespace, env: Mapping[str, str]) -> bool:
+    return bool(args.demo) and args.web_listen is None and "GPUALLOC_WEB_LISTEN" not in env
+
+
+def _start_web(
+    allocator: AllocatorApp,
+    settings: AllocatorSettings,
+    env: Mapping[str, str],
+    *,
+    demo_default: bool,
+) -> WebView | None:
+    """The web view; when it is only the demo's default and its port is busy (a second `make
+    run`), a warning instead of a refusal to start."""
+    limits = read_document_limits(env)
+    try:
+        return start_web_view(allocator, settings, limits)
+    except InvalidArgument as error:
+        if not demo_default:
+            raise
+        log.warning("no web view: %s; choose another with --web-listen", error)
+        return None
+
+
+def _with_web_listen(
+    settings: AllocatorSettings, args: argparse.Namespace, env: Mapping[str, str]
+) -> AllocatorSettings:
+    """--web-listen wins, then GPUALLOC_WEB_LISTEN; with --demo and neither, DEMO_WEB_LISTEN."""
+    if args.web_listen is not None:
+        return replace(settings, web_listen_address=args.web_listen)
+    if args.demo and "GPUALLOC_WEB_LISTEN" not in env:
+        return replace(settings, web_listen_address=DEMO_WEB_LISTEN)
+    return settings

@@ -26,7 +26,7 @@ from dataclasses import replace
 from types import FrameType
 
 from services.allocator.adapters.inventory_client import InventoryClient
-from services.allocator.bootstrap import build_allocator
+from services.allocator.bootstrap import build_allocator, start_web_view
 from services.allocator.config import AllocatorSettings
 from services.allocator.feed import InventoryFeed, StaticFeed
 from services.client.config import ClientSettings
@@ -65,6 +65,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--workers", type=int, help="processes sharing the port (env GPUALLOC_WORKERS, default 1)"
     )
+    parser.add_argument(
+        "--web-listen",
+        metavar="ADDR",
+        help="host:port of the read-only web view of the fleet (env GPUALLOC_WEB_LISTEN)",
+    )
     parser.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     add_security_flags(parser)
     return parser
@@ -94,6 +99,8 @@ def _settings(args: argparse.Namespace) -> AllocatorSettings:
         settings = replace(settings, inventory_address=args.inventory)
     if args.redis_url is not None:
         settings = replace(settings, redis_url=args.redis_url)
+    if args.web_listen is not None:
+        settings = replace(settings, web_listen_address=args.web_listen)
     if args.workers is not None:
         if args.workers < 1:
             raise InvalidArgument.at("--workers", f"must be >= 1, got {args.workers}")
@@ -135,6 +142,7 @@ def _serve(settings: AllocatorSettings, seeds: Sequence[str], *, reuse_port: boo
             reuse_port=reuse_port,
         )
         app.attach_health(health)
+        web = start_web_view(app, settings, read_document_limits(os.environ), reuse_port=reuse_port)
         server.start()
         log.info(
             "allocator serving",
@@ -144,6 +152,7 @@ def _serve(settings: AllocatorSettings, seeds: Sequence[str], *, reuse_port: boo
                 "pid": os.getpid(),
                 "store": "redis" if settings.redis_url else "embedded",
                 "ready": app.wait_ready(_READY_WAIT_SECONDS),
+                "web": web.url if web is not None else "",
             },
         )
         serve_until_signal(server, health, settings.server.grace_seconds)

@@ -34,6 +34,7 @@ from protos.allocator.v1 import allocator_pb2_grpc
 from services.allocator.adapters.grpc_servicer import ACCESS, SERVICE_NAME, AllocatorServicer
 from services.allocator.adapters.memory_store import MemoryReservationStore
 from services.allocator.adapters.redis_store import RedisReservationStore
+from services.allocator.adapters.web import WebSettings, WebView
 from services.allocator.classes import load_device_classes
 from services.allocator.config import AllocatorSettings
 from services.allocator.core import SelectorCache
@@ -44,12 +45,13 @@ from services.allocator.service import AllocatorService, ServiceLimits
 from services.allocator.solving import Solver
 from services.allocator.telemetry import Telemetry, configure_telemetry
 from services.allocator.view import ClusterView
+from services.common.dra.limits import DocumentLimits
 from services.common.grpc_server import ServiceRegistration
 from services.common.health import Health
 from services.common.security.audit import audit_event
 from services.common.security.principal import tenant_of_owner
 
-__all__ = ["FEED_HEALTH_NAME", "AllocatorApp", "build_allocator", "build_store"]
+__all__ = ["FEED_HEALTH_NAME", "AllocatorApp", "build_allocator", "build_store", "start_web_view"]
 
 log = logging.getLogger(__name__)
 
@@ -233,6 +235,33 @@ def build_allocator(
         ACCESS,
     )
     return AllocatorApp(service, registration, telemetry, connected, closers)
+
+
+def start_web_view(
+    app: AllocatorApp,
+    settings: AllocatorSettings,
+    limits: DocumentLimits,
+    *,
+    reuse_port: bool = False,
+) -> WebView | None:
+    """Serve the read-only web view of `app` on GPUALLOC_WEB_LISTEN (None when empty); it is
+    closed with the app. Tenants only under an access policy (adapters/web.py)."""
+    if not settings.web_listen_address:
+        return None
+    web = WebView(
+        app.service,
+        WebSettings(
+            settings.web_listen_address,
+            tenants_only=bool(settings.server.auth_policy_file),
+            insecure=settings.server.insecure,
+            document_limits=limits,
+            explain_seconds=settings.server.max_call_seconds,
+        ),
+        reuse_port=reuse_port,
+    )
+    web.start()
+    app._closers.append(web.close)
+    return web
 
 
 def _generation(view: ClusterView) -> int:

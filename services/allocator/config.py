@@ -140,6 +140,15 @@ ALLOCATOR_SETTINGS: dict[str, Setting[Any]] = {
         lambda env, name, default: env_duration(env, name, default, minimum=0.1),
         format_duration,
     ),
+    "web_listen_address": Setting(
+        "GPUALLOC_WEB_LISTEN",
+        "",
+        "host:port of the read-only web view of the fleet (HTTP; `gpualloc serve --demo`: "
+        "`127.0.0.1:8080`); empty: none. Not loopback: needs GPUALLOC_INSECURE; under "
+        'GPUALLOC_AUTH_POLICY it shows tenants only (docs/operations.md, "Web view")',
+        env_str,
+        lambda v: v or "(off)",
+    ),
     "reindex_interval": Setting(
         "GPUALLOC_REINDEX_INTERVAL",
         0.05,
@@ -170,6 +179,7 @@ class AllocatorSettings:
     expire_interval: float = ALLOCATOR_SETTINGS["expire_interval"].default
     resync_interval: float = ALLOCATOR_SETTINGS["resync_interval"].default
     reindex_interval: float = ALLOCATOR_SETTINGS["reindex_interval"].default
+    web_listen_address: str = ALLOCATOR_SETTINGS["web_listen_address"].default
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> AllocatorSettings:

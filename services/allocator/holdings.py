@@ -174,6 +174,11 @@ class Holdings:
     def get(self, reservation_id: str) -> Reservation | None:
         return self._by_id.get(reservation_id)
 
+    def owner_of(self, reservation_id: str) -> str | None:
+        """The owner of a live reservation known here (None: unknown), for tenancy.py."""
+        found = self._by_id.get(reservation_id)
+        return found.owner if found is not None else None
+
     def reservations(self) -> list[Reservation]:
         with self._lock:
             return list(self._by_id.values())

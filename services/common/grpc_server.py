@@ -38,6 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from types import FrameType
@@ -71,6 +72,7 @@ from services.common.security.tls import ServerTls, server_credentials
 __all__ = [
     "CallDeadlineInterceptor",
     "ServiceRegistration",
+    "call_budget",
     "call_ended",
     "check_deadline",
     "create_server",
@@ -311,6 +313,21 @@ def check_deadline(doing: str = "call") -> None:
     remaining = remaining_seconds()
     if remaining is not None and remaining <= 0:
         raise DeadlineExceeded(f"{doing}: ran out of time")
+
+
+@contextmanager
+def call_budget(seconds: float | None) -> Iterator[threading.Event]:
+    """Run work that is not a gRPC call (the web view's Explain) under the same budget: inside,
+    `remaining_seconds()` counts down from `seconds` and `call_ended()` is the event returned
+    (set it to stop the work, as a client's cancellation would)."""
+    ended = threading.Event()
+    token = _call_deadline.set(None if seconds is None else time.monotonic() + seconds)
+    ended_token = _call_ended.set(ended)
+    try:
+        yield ended
+    finally:
+        _call_ended.reset(ended_token)
+        _call_deadline.reset(token)
 
 
 class CallDeadlineInterceptor(HandlerInterceptor):

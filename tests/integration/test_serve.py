@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +32,9 @@ def _free_port() -> int:
         return port
 
 
+WEB_PORT = _free_port()  # the web view `--demo` turns on, here on a port of the test's
+
+
 @pytest.fixture(scope="module")
 def served(
     tmp_path_factory: pytest.TempPathFactory,
@@ -40,7 +44,10 @@ def served(
     log_file = log_path.open("w")
     env = {**os.environ, "GPUALLOC_LOG_FORMAT": "text", "GPUALLOC_REDIS_URL": ""}
     process = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "serve", "--demo", "--listen", f"127.0.0.1:{port}"],
+        [
+            *(sys.executable, "-m", "services.cli", "serve", "--demo"),
+            *("--listen", f"127.0.0.1:{port}", "--web-listen", f"127.0.0.1:{WEB_PORT}"),
+        ],
         cwd=ROOT,
         env=env,
         stdout=log_file,
@@ -248,6 +255,59 @@ def test_first_fit_with_a_node_limit_still_prefers_the_first_subrequest(served):
 
 
 # Last: it stops the module's server.
+def test_the_demo_serves_the_web_view_of_its_fleet(served):
+    with urllib.request.urlopen(f"http://127.0.0.1:{WEB_PORT}/", timeout=10) as response:
+        page = response.read().decode()
+    assert response.status == 200
+    for node in ("a100-node-1", "h100-node-1", "h100-node-2", "l40s-node-1"):
+        assert f'data-node="{node}"' in page
+
+
+def test_a_busy_demo_web_port_is_a_warning_not_a_failure(tmp_path):
+    """`make run` twice: the second has no web view (its port is the first's) but serves."""
+    from services.serve import DEMO_WEB_LISTEN
+
+    host, _, port = DEMO_WEB_LISTEN.rpartition(":")
+    holder = socket.socket()
+    try:
+        holder.bind((host, int(port)))
+        holder.listen()
+    except OSError:
+        pass  # busy already: the condition under test holds anyway
+    grpc_port = _free_port()
+    env = {**os.environ, "GPUALLOC_LOG_FORMAT": "text", "GPUALLOC_REDIS_URL": ""}
+    env.pop("GPUALLOC_WEB_LISTEN", None)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "services.cli",
+            "serve",
+            "--demo",
+            "--listen",
+            f"127.0.0.1:{grpc_port}",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        lines = []
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append(line)
+            if "serving inventory and allocator" in line:
+                break
+        assert any("no web view" in line and "--web-listen" in line for line in lines), lines
+        assert process.poll() is None
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=20)  # drains and closes its output
+        holder.close()
+
+
 def test_sigterm_shuts_down_cleanly(served):
     process, _ = served
     process.send_signal(signal.SIGTERM)

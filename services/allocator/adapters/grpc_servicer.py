@@ -202,8 +202,4 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         return principal.owner(requested)
 
     def _visible(self, answer: Answer, principal: Principal) -> Answer:
-        def owner_of(reservation_id: str) -> str | None:
-            found = self._service.holdings.get(reservation_id)
-            return found.owner if found is not None else None
-
-        return visible_answer(answer, principal, owner_of)
+        return visible_answer(answer, principal, self._service.holdings.owner_of)

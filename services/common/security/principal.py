@@ -80,6 +80,7 @@ class IdentityKind(StrEnum):
     CERTIFICATE = "certificate"
     JWT = "jwt"
     DEVELOPMENT = "development"  # the owner header, believed (no policy configured)
+    ANONYMOUS = "anonymous"  # proved nothing: the web view's reader (no tenant, no permission)
 
 
 @dataclass(frozen=True)

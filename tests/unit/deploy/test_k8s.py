@@ -837,3 +837,11 @@ def kueue_binding() -> dict[str, Any]:
     (binding,) = [b for b in access_policy()["spec"]["bindings"] if b["name"] == "kueue-admission"]
     assert isinstance(binding, dict)
     return binding
+
+
+def test_the_web_view_is_off_in_every_manifest() -> None:
+    """The web view has no login (docs/operations.md, "Web view"): a cluster turns it on
+    deliberately, on loopback behind `kubectl port-forward`, never by default."""
+    for path in sorted(K8S.rglob("*.yaml")):
+        text = path.read_text()
+        assert "GPUALLOC_WEB_LISTEN" not in text and "--web-listen" not in text, path

@@ -1,0 +1,111 @@
+"""The web view in a real browser: Debian's headless Chromium (Selenium, tests/web_browser.py)
+on the demo cluster served in process, reservations made over real gRPC.
+
+Skipped only when /usr/bin/chromium or its chromedriver is missing (.ci/run installs both).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
+
+from protos.allocator.v1 import allocator_pb2 as pb
+from tests.e2e.allocator_harness import ROOT
+from tests.web_browser import DemoWeb, chromium_driver, demo_web, missing_browser, paste_and_explain
+
+pytestmark = [
+    pytest.mark.skipif(missing_browser() is not None, reason=str(missing_browser())),
+    pytest.mark.timeout(120),
+]
+
+CLAIMS = ROOT / "examples" / "claims"
+
+
+@pytest.fixture(scope="module")
+def demo() -> Iterator[DemoWeb]:
+    with demo_web() as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[WebDriver]:
+    driver = chromium_driver()
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture
+def page(demo: DemoWeb, browser: WebDriver) -> WebDriver:
+    browser.get(demo.web.url)
+    WebDriverWait(browser, 10).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".node"))
+    return browser
+
+
+def test_the_page_shows_the_demo_fleet(page):
+    nodes = [e.get_attribute("data-node") for e in page.find_elements(By.CSS_SELECTOR, ".node")]
+    assert nodes == ["a100-node-1", "h100-node-1", "h100-node-2", "l40s-node-1"]
+    assert len(page.find_elements(By.CSS_SELECTOR, ".gpu")) == 24
+    a100 = page.find_element(By.CSS_SELECTOR, '.node[data-node="a100-node-1"]')
+    assert "fragmentation" in a100.text and "A100-SXM4-40GB" in a100.text
+    assert page.find_element(By.ID, "status").text == "live"
+
+
+def test_a_reservation_over_grpc_shows_within_a_second(page, demo):
+    response = demo.reserve("mig-small-else-medium", "browser-test", idempotency_key="b-1")
+    reserved = time.monotonic()
+    device = response.allocations[0].allocation.results[0].device
+    selector = f'.slot[data-device="{device}"][data-holder="browser-test"]'
+    slot = WebDriverWait(page, 1.0, poll_frequency=0.02).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, selector)
+    )[0]
+    seen = time.monotonic() - reserved
+    assert seen < 1.0
+    ActionChains(page).move_to_element(slot).perform()  # what a user hovers over
+    hover = slot.get_attribute("title") or ""
+    assert device in hover and "held by browser-test" in hover
+    assert response.reservations[0].id in hover and "lease expires" in hover
+    legend = page.find_element(By.CSS_SELECTOR, '.legend li[data-holder="browser-test"]')
+    assert "1 device" in legend.text
+    print(f"reservation visible in the browser {seen * 1000:.0f} ms after Allocate returned")
+
+
+def test_a_release_over_grpc_frees_the_slot_again(page, demo):
+    response = demo.reserve("one-h100", "release-test", idempotency_key="b-2")
+    (reservation,) = response.reservations
+    selector = '.slot[data-holder="release-test"]'
+    WebDriverWait(page, 2.0, poll_frequency=0.02).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, selector)
+    )
+    demo.stub.Release(
+        pb.ReleaseRequest(reservation_id=reservation.id),
+        metadata=(("x-gpualloc-owner", "release-test"),),
+    )
+    WebDriverWait(page, 2.0, poll_frequency=0.02).until(
+        lambda d: not d.find_elements(By.CSS_SELECTOR, selector)
+    )
+
+
+EXPLAINS = {
+    "a-claim-that-does-not-fit": ("sixteen-h100-one-node.yaml", "UNSATISFIABLE", "8 of 16 devices"),
+    "a-claim-that-fits": ("mig-small-else-medium.yaml", "ALLOCATED", "a100-node-1"),
+}
+
+
+@pytest.mark.parametrize("name, outcome, words", EXPLAINS.values(), ids=EXPLAINS.keys())
+def test_a_pasted_claim_gets_an_explain_answer(page, name, outcome, words):
+    shown = paste_and_explain(page, (CLAIMS / name).read_text())
+    assert shown.startswith(outcome)
+    answer = page.find_element(By.CSS_SELECTOR, "#explain-result .answer").text
+    assert words in answer
+
+
+def test_bad_text_gets_the_parsers_message_not_a_traceback(page):
+    shown = paste_and_explain(page, "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\n")
+    assert shown.startswith("400: <pasted claim>:")
+    assert "Traceback" not in page.page_source
