@@ -204,6 +204,11 @@ def _fail(verb: str, kind: str, error: GpuallocError, code: int) -> int:
     return code
 
 
+def _bare(name: str, kind: str) -> str:
+    """`reservation/ID` (what `-o name` prints, as kubectl takes `kind/name`) or a bare ID."""
+    return name.removeprefix(f"{kind}/")
+
+
 def _did_you_mean(name: str, known: Sequence[str]) -> str:
     close = difflib.get_close_matches(name, known, n=1)
     return f" (did you mean {close[0]}?)" if close else ""
@@ -250,6 +255,7 @@ def _named(nodes: list[NodeInventory], names: Sequence[str]) -> list[NodeInvento
     if not names:
         return nodes
     by_name = {n.name: n for n in nodes}
+    names = [_bare(name, "node") for name in names]
     for name in names:
         if name not in by_name:
             raise NotFound(f'node "{name}" not found{_did_you_mean(name, list(by_name))}')
@@ -328,7 +334,7 @@ def _get_reservations(args: argparse.Namespace, session: Session, out: TextIO) -
     state = {"reserved": ReservationState.RESERVED, "committed": ReservationState.COMMITTED}
     with session.allocator() as allocator:
         if args.names:
-            found = [allocator.get(name) for name in args.names]
+            found = [allocator.get(_bare(name, "reservation")) for name in args.names]
         else:
             found = allocator.list(
                 owner=args.filter_owner or "",
@@ -409,7 +415,7 @@ def register_get(subparsers: Any) -> None:
 
 
 def _describe_node(name: str, session: Session, out: TextIO) -> None:
-    (node,) = _fleet(session, [name], topology=True)
+    (node,) = _fleet(session, [_bare(name, "node")], topology=True)
     inventory = node.inventory
     lines = [f"Name:          {node.name}"]
     labels = [f"{k}={v}" for k, v in sorted(node.labels.items())] or ["<none>"]
@@ -517,7 +523,7 @@ def _indent(text: str) -> str:
 
 def _describe_reservation(reservation_id: str, session: Session, out: TextIO) -> None:
     with session.allocator() as allocator:
-        r = allocator.get(reservation_id)
+        r = allocator.get(_bare(reservation_id, "reservation"))
     fields = [
         ("ID", r.id),
         ("Owner", r.owner or f"tenant {r.tenant}"),
@@ -756,7 +762,7 @@ def register_capacity(subparsers: Any) -> None:
 def _lifecycle(verb: str) -> Verb:
     def body(args: argparse.Namespace, session: Session, out: TextIO) -> int:
         with session.allocator() as allocator:
-            for reservation_id in args.ids:
+            for reservation_id in (_bare(i, "reservation") for i in args.ids):
                 done: Reservation | None
                 if verb == "commit":
                     done = allocator.commit(reservation_id, fencing_token=args.fencing_token)

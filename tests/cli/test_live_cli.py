@@ -290,6 +290,11 @@ def test_completion_scripts_name_the_verbs(shell: str, home: Path) -> None:
         pytest.param("gpualloc ", {"get", "describe", "allocate", "completion"}, id="verbs"),
         pytest.param("gpualloc get ", {"nodes", "devices", "reservations"}, id="get-resources"),
         pytest.param("gpualloc get nodes -o ", {"wide", "json", "yaml", "name"}, id="outputs"),
+        pytest.param(
+            "gpualloc allocate -f examples/claims/one",
+            {"examples/claims/one-h100.yaml"},
+            id="file-names",
+        ),
     ],
 )
 def test_bash_completes(line: str, words: set[str], home: Path) -> None:
@@ -301,5 +306,7 @@ def test_bash_completes(line: str, words: set[str], home: Path) -> None:
         " COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); _shtab_gpualloc;"
         " printf '%s\\n' \"${COMPREPLY[@]}\""
     )
-    done = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        ["bash", "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=30
+    )
     assert words <= set(done.stdout.split()), done.stdout + done.stderr
