@@ -131,7 +131,7 @@ def test_the_live_tour_runs_in_order(served, tmp_path):  # noqa: F811
     bin_dir = f"{Path(sys.executable).parent}/"
     keep = {k: v for k, v in os.environ.items() if not k.startswith("GPUALLOC_")}
     env = {**keep, "HOME": str(tmp_path), "GPUALLOC_ALLOCATOR_ADDR": address}
-    outputs = {}
+    outputs: dict[str, str] = {}
     for line in _live_lines():
         command = bin_dir + line.replace(".venv/bin/", bin_dir)  # line starts "gpualloc "
         done = subprocess.run(
