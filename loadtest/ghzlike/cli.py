@@ -137,6 +137,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-x", "--max-duration", help="stop after this long, -n still respected")
     parser.add_argument("-r", "--rps", type=int, help="calls per second, all workers together")
     parser.add_argument("--connections", type=int, help="gRPC connections the workers share")
+    parser.add_argument("-t", "--timeout", help="each call's timeout, e.g. 20s")
+    parser.add_argument("--connect-timeout", help="how long to wait for the connection, e.g. 10s")
     parser.add_argument("--cpus", type=int, help="client processes (ghz: CPU cores)")
     parser.add_argument("--name", help="run name")
     parser.add_argument("-d", "--data", metavar="JSON", help="the request message(s) as JSON")
@@ -225,6 +227,10 @@ def _configured(args: argparse.Namespace) -> LoadConfig:
         else parse_go_duration(args.max_duration, "-x"),
         rps=args.rps,
         connections=args.connections,
+        timeout=None if args.timeout is None else parse_go_duration(args.timeout, "-t"),
+        connect_timeout=None
+        if args.connect_timeout is None
+        else parse_go_duration(args.connect_timeout, "--connect-timeout"),
         cpus=args.cpus,
         name=args.name,
         data=None if args.data is None and args.data_file is None else _data(args),
