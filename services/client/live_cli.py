@@ -118,29 +118,23 @@ class Session:
         owner = merged.get(OWNER_VARIABLE, "").strip() or f"cli/{_user()}"
         return cls(ClientSettings.from_env(merged), owner)
 
+    def _dial(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "tls": s.tls,
+            "token_file": s.token_file,
+            "deadline_seconds": s.deadline_seconds,
+            "retry": s.retry,
+        }
+
     @contextmanager
     def allocator(self) -> Iterator[AllocatorClient]:
-        s = self.settings
-        with AllocatorClient(
-            s.target,
-            tls=s.tls,
-            token_file=s.token_file,
-            deadline_seconds=s.deadline_seconds,
-            retry=s.retry,
-            owner=self.owner,
-        ) as client:
+        with AllocatorClient(self.settings.target, owner=self.owner, **self._dial()) as client:
             yield client
 
     @contextmanager
     def inventory(self) -> Iterator[InventoryClient]:
-        s = self.settings
-        with InventoryClient(
-            s.inventory,
-            tls=s.tls,
-            token_file=s.token_file,
-            deadline_seconds=s.deadline_seconds,
-            retry=s.retry,
-        ) as client:
+        with InventoryClient(self.settings.inventory, **self._dial()) as client:
             yield client
 
 
@@ -267,7 +261,9 @@ def _get_nodes(args: argparse.Namespace, session: Session, out: TextIO) -> int:
     nodes = [n for n in _fleet(session, args.names) if selector(n.labels)]
     headers = ["NAME", "MODEL", "GPUS", "FREE", "RESERVED", "COMMITTED", "MIG-FREE"]
     if args.output == "wide":
-        headers += ["DEVICES", "BLOCKED", "TAINTED", "LABELS"]
+        headers += ["DEVICES", "BLOCKED", "TAINTED", "RESERVATIONS"]
+    if args.show_labels:
+        headers.append("LABELS")
     rows: list[Sequence[object]] = []
     for node in nodes:
         slices = [d for d in node.devices if d.type == "mig"]
@@ -286,8 +282,10 @@ def _get_nodes(args: argparse.Namespace, session: Session, out: TextIO) -> int:
                 len(node.devices),
                 node.count(Use.BLOCKED),
                 node.count(Use.TAINTED),
-                label_text(node.labels),
+                len(node.reservations),
             ]
+        if args.show_labels:
+            row.append(label_text(node.labels))
         rows.append(row)
     items = [fleet_node_to_dict(n) for n in nodes]
     _outputs(args, items, [f"node/{n.name}" for n in nodes], headers, rows, out)
@@ -407,6 +405,7 @@ def register_get(subparsers: Any) -> None:
         help="devices in this state; reservations: reserved or committed",
     )
     parser.add_argument("--owner", dest="filter_owner", metavar="OWNER", help="reservations of")
+    parser.add_argument("--show-labels", action="store_true", help="nodes: a LABELS column")
     _connection_flags(parser)
     parser.set_defaults(func=_run("get", lambda a, s, o: _resource(a.resource).run(a, s, o)))
 
@@ -612,6 +611,12 @@ def _claims(args: argparse.Namespace) -> tuple[list[ResourceClaim], list[DeviceC
     return claims, classes
 
 
+def _where(args: argparse.Namespace, classes: list[DeviceClass]) -> dict[str, Any]:
+    """What allocate, explain and capacity share: the node, the policy, the files' classes."""
+    policy = Policy(args.policy) if args.policy else None
+    return {"node_name": args.node, "policy": policy, "device_classes": classes}
+
+
 def _query_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-f",
@@ -660,9 +665,7 @@ def _allocate(args: argparse.Namespace, session: Session, out: TextIO) -> int:
     with session.allocator() as allocator:
         placement = allocator.allocate(
             claims,
-            node_name=args.node,
-            policy=Policy(args.policy) if args.policy else None,
-            device_classes=classes,
+            **_where(args, classes),
             explain=True,
             reserve=args.reserve,
             lease_ttl_seconds=lease,
@@ -707,13 +710,7 @@ def register_allocate(subparsers: Any) -> None:
 def _explain(args: argparse.Namespace, session: Session, out: TextIO) -> int:
     claims, classes = _claims(args)
     with session.allocator() as allocator:
-        placement = allocator.explain(
-            claims,
-            node_name=args.node,
-            policy=Policy(args.policy) if args.policy else None,
-            device_classes=classes,
-            max_nodes=args.max_nodes,
-        )
+        placement = allocator.explain(claims, **_where(args, classes), max_nodes=args.max_nodes)
     return _answer(placement, args.output, out)
 
 
@@ -729,11 +726,7 @@ def _capacity(args: argparse.Namespace, session: Session, out: TextIO) -> int:
     claims, classes = _claims(args)
     with session.allocator() as allocator:
         capacity = allocator.capacity(
-            claims,
-            node_name=args.node,
-            policy=Policy(args.policy) if args.policy else None,
-            device_classes=classes,
-            ignore_reservations=args.ignore_reservations,
+            claims, **_where(args, classes), ignore_reservations=args.ignore_reservations
         )
     if args.output != "text":
         write_structured(capacity_to_dict(capacity), args.output, out)

@@ -34,6 +34,7 @@ XML = "tests/data/nvidia-smi-xml/2x-rtx-a5000_drv590.44.01_telegraf.xml"
 BUSY = "{busy}"  # replaced by the address of a port some socket already holds
 SERVER = "{server}"  # replaced by the address of a running `gpualloc serve --demo`
 NOWHERE = ("-s", "127.0.0.1:1")  # a port nothing listens on
+LOAD_HEALTH = ("gpualloc-load", "--insecure", "--call", "grpc.health.v1.Health/Check", "-n", "5")
 
 
 @dataclass(frozen=True)
@@ -206,34 +207,11 @@ CASES = {
         stderr="host: required",
     ),
     "load-flag-only-into-a-closed-pipe": Case(
-        (
-            "gpualloc-load",
-            "--insecure",
-            "--call",
-            "grpc.health.v1.Health/Check",
-            "-n",
-            "5",
-            "--no-progress",
-            SERVER,
-        ),
-        EXIT_CLOSED_PIPE,
-        closed_pipe=True,
-    ),  # fmt: skip
+        (*LOAD_HEALTH, "--no-progress", SERVER), EXIT_CLOSED_PIPE, closed_pipe=True
+    ),
     "load-without-a-server": Case(
-        (
-            "gpualloc-load",
-            "--insecure",
-            "--call",
-            "grpc.health.v1.Health/Check",
-            "-n",
-            "5",
-            "--connect-timeout",
-            "1s",
-            "127.0.0.1:1",
-        ),
-        2,
-        stderr="cannot connect",
-    ),  # fmt: skip
+        (*LOAD_HEALTH, "--connect-timeout", "1s", "127.0.0.1:1"), 2, stderr="cannot connect"
+    ),
 }
 
 

@@ -83,7 +83,15 @@ QUERIES = {
         stdout=("node/a100-node-1\nnode/l40s-node-1\n",),
         lines=2,
     ),
-    "get-nodes-wide": Query(("get", "nodes", "-o", "wide"), stdout=("DEVICES", "BLOCKED")),
+    "get-nodes-wide": Query(
+        ("get", "nodes", "-o", "wide"),
+        stdout=("DEVICES", "BLOCKED", "RESERVATIONS"),
+        absent=("LABELS",),
+    ),
+    "get-nodes-show-labels": Query(
+        ("get", "nodes", "l40s-node-1", "--show-labels"),
+        stdout=("LABELS", "topology.kubernetes.io/zone=zone-b"),
+    ),
     "get-one-node-by-name": Query(("get", "node", "l40s-node-1"), lines=2),
     "get-unknown-node-is-not-found": Query(
         ("get", "nodes", "l40s-node-9"), 4, stderr='NotFound: node "l40s-node-9" not found'
