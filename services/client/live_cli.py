@@ -238,11 +238,23 @@ def _outputs(
 
 
 def _fleet(session: Session, names: Sequence[str], topology: bool = False) -> list[FleetNode]:
+    """The named nodes (all when none is named) with their holders. One name asks the
+    services for that node only; the whole list is read only to suggest a name."""
+    only = _bare(names[0], "node") if len(names) == 1 else ""
     with session.inventory() as inventory:
-        nodes = inventory.nodes(topology=topology)
+        nodes = _nodes_named(inventory, only, topology) if only else []
+        if not any(n.name == only for n in nodes):
+            nodes = inventory.nodes(topology=topology and not only)
     with session.allocator() as allocator:
-        reservations = allocator.list()
+        reservations = allocator.list(node_name=only)
     return fleet_view(_named(nodes, names), reservations)
+
+
+def _nodes_named(inventory: InventoryClient, name: str, topology: bool) -> list[NodeInventory]:
+    try:
+        return inventory.nodes(name, topology=topology)
+    except NotFound:  # an inventory that answers NOT_FOUND for an unknown node
+        return []
 
 
 def _named(nodes: list[NodeInventory], names: Sequence[str]) -> list[NodeInventory]:

@@ -233,6 +233,20 @@ def test_a_held_mig_slice_blocks_the_slices_it_overlaps(address: str, home: Path
         gpualloc("release", reservation[1], *as_owner, home=home)
 
 
+def test_the_same_idempotency_key_gives_the_same_reservation(address: str, home: Path) -> None:
+    argv = ("allocate", "-f", ONE_H100, "--reserve", "--idempotency-key", "cli-key-1")
+    as_owner = ("-s", address, "--as", "team-c/retry")
+    first, again = (gpualloc(*argv, *as_owner, home=home).stdout for _ in range(2))
+    ids = [re.findall(r"reservation/(\S+) reserved", text) for text in (first, again)]
+    try:
+        assert len(ids[0]) == 1 and ids[0] == ids[1], (first, again)
+        listed = gpualloc("get", "res", "--owner", "team-c/retry", "-o", "name", *as_owner[:2],
+                          home=home)  # fmt: skip
+        assert listed.stdout == f"reservation/{ids[0][0]}\n"
+    finally:
+        gpualloc("release", *ids[0], *as_owner, home=home)
+
+
 def test_contexts_pick_the_server(address: str, home: Path) -> None:
     config = {"GPUALLOC_CONFIG": str(home / "gpualloc.yaml")}
     steps = [
