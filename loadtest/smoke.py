@@ -140,8 +140,9 @@ def run_mode(
     """Every step against `target`; returns the reports by config name."""
     reports: dict[str, dict[str, Any]] = {}
     for step in STEPS:
-        config = load_config(CONFIGS / step.config).with_overrides(
-            host=target, duration=duration_s, cpus=cpus
+        config = load_config(CONFIGS / step.config)
+        config = config.with_overrides(
+            host=target, duration=duration_s, cpus=cpus, tags={**(config.tags or {}), "store": mode}
         )
         report, outcome = execute(config, cycle=step.cycle)
         stem = f"{mode}-{Path(step.config).stem}"

@@ -13,14 +13,27 @@ from collections.abc import Sequence
 
 from services.common.console import console_main
 
-# subcommand name -> module with `register(subparsers) -> None`; the parser's `func(args) -> int`
-# does the work. Modules are imported lazily so `gpualloc --help` stays fast.
+# subcommand name -> module with `register(subparsers) -> None` (or `module:function` naming
+# another registering function); the parser's `func(args) -> int` does the work. Modules are
+# imported lazily so `gpualloc --help` stays fast.
 SUBCOMMANDS: dict[str, str] = {
     "serve": "services.serve",
     "solve": "services.allocator.solve_cli",
     "inventory": "services.inventory.inventory_cli",
     "apply": "services.inventory.apply_cli",
     "certs": "services.common.security.certs_cli",
+    # the live service, kubectl-shaped (services/client/live_cli.py); `module:function`
+    # registers one verb of a module that holds several
+    "get": "services.client.live_cli:register_get",
+    "describe": "services.client.live_cli:register_describe",
+    "allocate": "services.client.live_cli:register_allocate",
+    "explain": "services.client.live_cli:register_explain",
+    "capacity": "services.client.live_cli:register_capacity",
+    "commit": "services.client.live_cli:register_commit",
+    "renew": "services.client.live_cli:register_renew",
+    "release": "services.client.live_cli:register_release",
+    "config": "services.client.live_cli:register_config",
+    "completion": "services.completion",
 }
 
 
@@ -34,8 +47,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         if only is not None and name != only:
             subparsers.add_parser(name, help=f"see `gpualloc {name} --help`")
             continue
-        module = importlib.import_module(module_name)
-        module.register(subparsers)
+        module_path, _, function = module_name.partition(":")
+        register = getattr(importlib.import_module(module_path), function or "register")
+        register(subparsers)
     return parser
 
 

@@ -1,11 +1,18 @@
-"""`gpualloc-load` / `python -m loadtest`: run a ghz config file, write a ghz report.
+"""`gpualloc-load` / `python -m loadtest`: run a ghz config file or ghz's flags, write a ghz
+report.
 
+    gpualloc-load --insecure --call grpc.health.v1.Health/Check -n 20000 127.0.0.1:50051
     python -m loadtest --config loadtest/ghz/allocate.json                # ghz's summary
     python -m loadtest --config loadtest/ghz/allocate.json -O pretty -o out/a.json --png out/a.png
     python -m loadtest --config loadtest/ghz/allocate-reserve.json --cycle release -z 10s --cpus 2
     ghz --config loadtest/ghz/allocate.json                               # the same run, with ghz
 
-Flags override the file, as ghz's do; the host may also be given last, as to ghz. TLS as ghz:
+Flags override the file, as ghz's do; the host may also be given last, as to ghz. Without
+`--config`, the flags are the whole run, as ghz's flag-only form: `--call` and the host are
+then required, the rest has ghz's defaults (`-c 50`, `-n 200`). `-n` given without `-z` stops
+after n calls even when the file sets a duration (a flag asks for n calls; ghz's `-z` ignores
+`-n`, so `-z` still wins when both are given). `--tags '{"store": "redis"}'` goes into the
+report, and the `--png` plot's title names the target host and that store. TLS as ghz:
 TLS with the system's roots unless `--insecure`; `--cacert` (the server's CA), `--cert` and
 `--key` (mutual TLS), `--cname` (the name to check), each of which also overrides the file's
 `"insecure": true` (ghz would stay plaintext); a bearer token goes as call metadata, best
@@ -18,6 +25,7 @@ or an unreachable server.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +38,7 @@ from loadtest.ghzlike.config import (
     LoadConfig,
     load_config,
     metadata_option,
+    parse_config,
     parse_go_duration,
 )
 from loadtest.ghzlike.cycle import CYCLES
@@ -120,7 +129,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("host", nargs="?", help="host:port (overrides the config's host)")
-    parser.add_argument("--config", required=True, help="a ghz JSON config file")
+    parser.add_argument("--config", help="a ghz JSON config file (without it: ghz's flags only)")
     parser.add_argument("--call", help="package.Service/Method")
     parser.add_argument("-c", "--concurrency", type=int, help="workers")
     parser.add_argument("-n", "--total", type=int, help="calls")
@@ -128,8 +137,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-x", "--max-duration", help="stop after this long, -n still respected")
     parser.add_argument("-r", "--rps", type=int, help="calls per second, all workers together")
     parser.add_argument("--connections", type=int, help="gRPC connections the workers share")
+    parser.add_argument("-t", "--timeout", help="each call's timeout, e.g. 20s")
+    parser.add_argument("--connect-timeout", help="how long to wait for the connection, e.g. 10s")
     parser.add_argument("--cpus", type=int, help="client processes (ghz: CPU cores)")
     parser.add_argument("--name", help="run name")
+    parser.add_argument("-d", "--data", metavar="JSON", help="the request message(s) as JSON")
+    parser.add_argument("-D", "--data-file", metavar="PATH", help="the request(s) from a file")
+    parser.add_argument(
+        "--tags", metavar="JSON", help='report tags, e.g. \'{"store": "redis"}\' (plot title)'
+    )
     parser.add_argument("-O", "--format", choices=FORMATS, help="summary, csv, json or pretty")
     parser.add_argument("-o", "--output", help="write the report here instead of stdout")
     parser.add_argument("--png", help="also write a latency histogram + timeline PNG here")
@@ -187,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _configured(args: argparse.Namespace) -> LoadConfig:
-    config = load_config(args.config)
+    config = load_config(args.config) if args.config else _from_flags(args)
     if args.skipTLS:
         raise ConfigError(
             f"--skipTLS: the ghz option is not supported here ({UNSUPPORTED_KEYS['skipTLS'][1]})"
@@ -205,14 +221,57 @@ def _configured(args: argparse.Namespace) -> LoadConfig:
         call=args.call,
         concurrency=args.concurrency,
         total=args.total,
-        duration=None if args.duration is None else parse_go_duration(args.duration, "-z"),
+        duration=_duration(args),
         max_duration=None
         if args.max_duration is None
         else parse_go_duration(args.max_duration, "-x"),
         rps=args.rps,
         connections=args.connections,
+        timeout=None if args.timeout is None else parse_go_duration(args.timeout, "-t"),
+        connect_timeout=None
+        if args.connect_timeout is None
+        else parse_go_duration(args.connect_timeout, "--connect-timeout"),
         cpus=args.cpus,
         name=args.name,
+        data=None if args.data is None and args.data_file is None else _data(args),
+        tags=None if args.tags is None else {**(config.tags or {}), **_json_map(args.tags)},
         format=args.format,
         output=args.output,
     )
+
+
+def _from_flags(args: argparse.Namespace) -> LoadConfig:
+    """ghz's flag-only form: what the config file would hold comes from the flags."""
+    for flag, value in (("--call", args.call), ("host", args.host)):
+        if not value:
+            raise ConfigError(f"{flag}: required without --config (as with ghz)")
+    return parse_config({"call": args.call, "host": args.host}, source="the command line")
+
+
+def _duration(args: argparse.Namespace) -> float | None:
+    """`-z`; `-n` alone clears the file's duration, so that the run stops after n calls."""
+    if args.duration is not None:
+        return parse_go_duration(args.duration, "-z")
+    return 0.0 if args.total is not None else None
+
+
+def _data(args: argparse.Namespace) -> Any:
+    key = "data-file" if args.data_file else "data"
+    raw = {"data-file": args.data_file} if args.data_file else {"data": _json(args.data, "-d")}
+    return parse_config({"call": "x", "host": "x", **raw}, source=f"--{key}").data
+
+
+def _json(text: str, flag: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{flag}: not JSON: {error}") from None
+    except RecursionError:
+        raise ConfigError(f"{flag}: not JSON: nested too deeply") from None
+
+
+def _json_map(text: str) -> dict[str, str]:
+    value = _json(text, "--tags")
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise ConfigError(f"--tags: an object of string values, got {text!r}")
+    return {str(k): v for k, v in value.items()}

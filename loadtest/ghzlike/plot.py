@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["plot_report"]
+__all__ = ["plot_report", "plot_title"]
 
 _BINS = 60
 
@@ -41,7 +41,7 @@ def plot_report(report: dict[str, Any], path: str | Path, *, title: str = "") ->
     ]
 
     figure, (histogram, timeline) = plt.subplots(1, 2, figsize=(13, 4.8))
-    figure.suptitle(title or _title(report))
+    figure.suptitle(title or plot_title(report))
     _draw_histogram(histogram, [ms for _, ms in ok], report)
     _draw_timeline(timeline, ok, failed, [end - first for end in ends])
     figure.tight_layout()
@@ -52,9 +52,14 @@ def plot_report(report: dict[str, Any], path: str | Path, *, title: str = "") ->
     return target
 
 
-def _title(report: dict[str, Any]) -> str:
-    call = report.get("options", {}).get("call", "")
-    return f"{report.get('name') or call}: {report['count']} calls, {report['rps']:.0f} calls/s"
+def plot_title(report: dict[str, Any]) -> str:
+    """What was measured where: the call, the target host and the store behind it (the
+    report's `store` tag; "store not stated" without one), then the count and rate."""
+    options = report.get("options", {})
+    what = report.get("name") or options.get("call", "")
+    store = (report.get("tags") or {}).get("store")
+    where = f"{options.get('host', '?')}, " + (f"store {store}" if store else "store not stated")
+    return f"{what} on {where}: {report['count']} calls, {report['rps']:.0f} calls/s"
 
 
 def _draw_histogram(axes: Any, latencies_ms: list[float], report: dict[str, Any]) -> None:

@@ -137,6 +137,40 @@ def test_apply_over_mtls_with_a_token(pki, tls_server, inventory, token, capsys)
     assert inventory.service.snapshot().slices
 
 
+@pytest.mark.parametrize("how", ["flags", "env", "context"])
+def test_live_verbs_over_mtls_with_a_token(
+    pki, tls_server, inventory, token, capsys, monkeypatch, tmp_path, how
+) -> None:
+    """`gpualloc get nodes` dials both services with the certificate and the token, whether
+    they come from flags, the variables or a context of the config file."""
+    served: TlsServer = tls_server(pki, [inventory.registration])
+    apply = ["apply", "-f", str(CLUSTER), "--inventory", served.target, *tls_flags(pki)]
+    assert gpualloc_cli.main(apply) == 0
+    capsys.readouterr()
+    for name in [n for n in os.environ if n.startswith("GPUALLOC_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    argv = ["get", "nodes", "-o", "name"]
+    if how == "flags":
+        argv += ["-s", served.target, *tls_flags(pki, token)]
+    elif how == "env":
+        for name, value in {
+            "GPUALLOC_ALLOCATOR_ADDR": served.target,
+            **tls_env(pki, token),
+        }.items():
+            monkeypatch.setenv(name, value)
+    else:
+        context = {"server": served.target, "tls-ca": str(pki.ca), "tls-cert": str(pki.client.cert),
+                   "tls-key": str(pki.client.key), "token-file": str(token)}  # fmt: skip
+        config = {"current-context": "fleet", "contexts": [{"name": "fleet", "context": context}]}
+        (tmp_path / "config.yaml").write_text(json.dumps(config))
+        monkeypatch.setenv("GPUALLOC_CONFIG", str(tmp_path / "config.yaml"))
+    assert gpualloc_cli.main(argv) == 0, capsys.readouterr().err
+    assert "node/h100-node-1\n" in capsys.readouterr().out
+    assert_authenticated(served, pki, "/GetInventory")
+    assert_authenticated(served, pki, "/ListReservations")
+
+
 @pytest.mark.parametrize(
     ("extra", "code", "message"),
     [

@@ -1,5 +1,10 @@
 """The README keeps its promises: its settings table is the code's, and its tour runs.
 
+The tour's live lines (`.venv/bin/gpualloc get|describe|allocate|explain|capacity|...`) run in
+order, as a shell runs them, against a real `gpualloc serve --demo` that
+GPUALLOC_ALLOCATOR_ADDR points at (the only thing the test adds: the server's free port); they
+run first, on the fresh demo fleet, so the README's `get nodes` sample is what the first line
+prints.
 Every `grpcurl ... -d '{...}' HOST service/Method` call of the README is sent (as grpcurl would,
 JSON through the request type) to a real `gpualloc serve --demo`; every offline `gpualloc
 solve|inventory` line is run. grpcurl itself is not installable here, so the JSON-to-message
@@ -8,6 +13,7 @@ step uses protobuf's json_format, as grpcurl does with reflection.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -39,6 +45,45 @@ def test_settings_section_is_generated_from_the_code():
 
 def test_readme_shows_the_two_commands():
     assert "make run" in README and "make test" in README
+
+
+_LIVE_VERBS = "get|describe|allocate|explain|capacity|commit|renew|release"
+
+
+def _live_lines() -> list[str]:
+    pattern = rf"^\.venv/bin/(gpualloc (?:{_LIVE_VERBS}) [^\n]+)$"
+    return re.findall(pattern, README, re.MULTILINE)
+
+
+def test_the_tour_uses_the_live_verbs():
+    verbs = {line.split()[1] for line in _live_lines()}
+    assert verbs >= {"get", "describe", "allocate", "explain", "capacity", "release"}
+
+
+def test_the_live_tour_runs_in_order(served, tmp_path):  # noqa: F811
+    process, _ = served
+    args = list(process.args)
+    address = args[args.index("--listen") + 1]
+    bin_dir = f"{Path(sys.executable).parent}/"
+    keep = {k: v for k, v in os.environ.items() if not k.startswith("GPUALLOC_")}
+    env = {**keep, "HOME": str(tmp_path), "GPUALLOC_ALLOCATOR_ADDR": address}
+    outputs: dict[str, str] = {}
+    for line in _live_lines():
+        command = bin_dir + line.replace(".venv/bin/", bin_dir)  # line starts "gpualloc "
+        done = subprocess.run(
+            ["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert "Traceback" not in done.stderr, done.stderr
+        assert done.returncode == (3 if "sixteen" in line else 0), f"{line}\n{done.stderr}"
+        assert done.stdout, line
+        outputs[line.split()[1]] = outputs.get(line.split()[1], "") + done.stdout
+    sample = README.split(".venv/bin/gpualloc get nodes\n", 1)[1].split("```text\n", 1)[1]
+    assert outputs["get"].startswith(sample.split("```", 1)[0])  # the README's sample, as is
+    assert "MIG layout:" in outputs["describe"]
+    assert re.search(r"reservation/res-\S+ reserved for tour until", outputs["allocate"])
+    assert "8 of 16 devices" in outputs["explain"] and "held: tour holds" in outputs["explain"]
+    assert "more copies fit" in outputs["capacity"]
+    assert re.search(r"reservation/res-\S+ released", outputs["release"])
 
 
 def _calls() -> list[tuple[str, str, dict[str, str]]]:

@@ -10,6 +10,7 @@ virtualenv's scripts first on PATH; the only thing the test adds is a free port 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -121,3 +122,7 @@ def test_the_five_minute_setup_runs_as_written(tmp_path: Path):
     denied = next(o for c, o in outputs.items() if c.startswith("!"))
     assert "lacks permission inventory.write" in denied
     assert any("CUDA_VISIBLE_DEVICES" in o for o in outputs.values())
+    listed = outputs["gpualloc get reservations"]
+    assert re.search(r"hpc/slurm/job/7\s+h100-node-1\s+Committed\s+gpu-\d,gpu-\d", listed), listed
+    described = outputs["gpualloc describe node h100-node-1"]
+    assert described.count("hpc/slurm/job/7 (res-") == 2, described

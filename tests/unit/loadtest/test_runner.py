@@ -186,3 +186,81 @@ def test_the_command_exits_2_on_a_bad_config(tmp_path: Path, capsys: Any) -> Non
     config.write_text(json.dumps({"call": ALLOCATE, "host": "h:1", "protoset": "x.bin"}))
     assert main(["--config", str(config)]) == 2
     assert "protoset: the ghz option is not supported" in capsys.readouterr().err
+
+
+HEALTH = "grpc.health.v1.Health/Check"
+
+
+def _run_flags(argv: list[str], tmp_path: Path) -> dict[str, Any]:
+    out = tmp_path / "r.json"
+    assert main([*argv, "-O", "json", "-o", str(out), "--no-progress"]) == 0
+    report: dict[str, Any] = json.loads(out.read_text())
+    return report
+
+
+def test_ghz_flag_only_form_as_in_the_readme(allocator: str, tmp_path: Path) -> None:
+    """`ghz --insecure --call grpc.health.v1.Health/Check -n N HOST`: no --config needed."""
+    report = _run_flags(
+        ["--insecure", "--call", HEALTH, "-n", "30", "-c", "3", allocator], tmp_path
+    )
+    assert report["statusCodeDistribution"] == {"OK": 30}
+    assert (report["options"]["host"], report["options"]["total"]) == (allocator, 30)
+    assert report["endReason"] == "normal"
+
+
+def test_total_without_duration_overrides_the_files_duration(
+    allocator: str, tmp_path: Path
+) -> None:
+    """-n alone stops after n calls even though the file says 30s; -z still wins over -n."""
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"call": HEALTH, "insecure": True, "host": allocator,
+                                  "duration": "30s"}))  # fmt: skip
+    counted = _run_flags(["--config", str(config), "-n", "12", "-c", "2"], tmp_path)
+    assert counted["count"] == 12 and counted["endReason"] == "normal"
+    timed = _run_flags(["--config", str(config), "-n", "12", "-z", "300ms"], tmp_path)
+    assert timed["endReason"] == "timeout"
+
+
+def test_data_and_tags_flags_reach_the_report(allocator: str, tmp_path: Path) -> None:
+    data = json.dumps({"claims": [claim()]})
+    argv = ["--insecure", "--call", ALLOCATE, "-n", "4", "-c", "2", "-d", data,
+            "--tags", '{"store": "embedded"}', allocator]  # fmt: skip
+    report = _run_flags(argv, tmp_path)
+    assert report["statusCodeDistribution"] == {"OK": 4}
+    assert report["tags"] == {"store": "embedded"}
+
+
+def test_the_plot_title_names_the_target_and_the_store() -> None:
+    from loadtest.ghzlike.plot import plot_title
+
+    report = {"options": {"call": HEALTH, "host": "10.0.0.5:50051"}, "count": 5, "rps": 2.0,
+              "tags": {"store": "redis+cluster"}}  # fmt: skip
+    assert plot_title(report) == (
+        f"{HEALTH} on 10.0.0.5:50051, store redis+cluster: 5 calls, 2 calls/s"
+    )
+    untagged = {**report, "tags": None}
+    assert "10.0.0.5:50051, store not stated" in plot_title(untagged)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        pytest.param(
+            ["--insecure", "127.0.0.1:1"], "--call: required without --config", id="no-call"
+        ),  # fmt: skip
+        pytest.param(
+            ["--insecure", "--call", HEALTH], "host: required without --config", id="no-host"
+        ),  # fmt: skip
+        pytest.param(
+            ["--insecure", "--call", HEALTH, "-d", "{", "h:1"], "-d: not JSON", id="data-not-json"
+        ),  # fmt: skip
+        pytest.param(
+            ["--insecure", "--call", HEALTH, "--tags", "[1]", "h:1"],
+            "--tags",
+            id="tags-not-an-object",
+        ),  # fmt: skip
+    ],
+)
+def test_flag_only_mistakes_exit_2(argv: list[str], message: str, capsys: Any) -> None:
+    assert main([*argv, "--no-progress"]) == 2
+    assert message in capsys.readouterr().err

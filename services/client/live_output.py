@@ -1,0 +1,213 @@
+"""How the live verbs print: kubectl's columns, `-o wide|json|yaml|name`, and plain values.
+
+Tables are left-aligned columns separated by three spaces (kubectl's printer); JSON and YAML
+are a `kind: List` of items in Kubernetes spelling (camelCase, AllocationResult as in a
+ResourceClaim's status.allocation), so `jq` and `yq` read them as they read kubectl's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+import yaml
+
+from services.client.fleet import DeviceState, FleetNode, Use
+from services.client.results import (
+    Capacity,
+    ClaimAllocation,
+    Holder,
+    Placement,
+    Reservation,
+)
+from services.common.dra.serialize import allocation_result_to_dict
+
+__all__ = [
+    "API_VERSION",
+    "capacity_to_dict",
+    "device_to_dict",
+    "expiry",
+    "fleet_node_to_dict",
+    "placement_to_dict",
+    "reservation_to_dict",
+    "table",
+    "write_structured",
+]
+
+API_VERSION = "gpualloc.io/v1alpha1"
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """Columns as kubectl prints them (no trailing spaces); `<none>` for empty cells."""
+    cells = [list(headers), *([str(c) if str(c) else "<none>" for c in row] for row in rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["   ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    return "".join(line.rstrip() + "\n" for line in lines)
+
+
+def write_structured(data: Any, output: str, out: TextIO) -> None:
+    if output == "json":
+        json.dump(data, out, indent=2)
+        out.write("\n")
+    else:
+        yaml.safe_dump(data, out, sort_keys=False)
+
+
+def as_list(items: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"apiVersion": API_VERSION, "kind": "List", "items": items}
+
+
+def expiry(when: datetime | None, now: datetime | None = None) -> str:
+    """`in 1m52s`, `expired 3s ago`, or `never` (committed)."""
+    if when is None:
+        return "never"
+    seconds = int((when - (now or datetime.now(UTC))).total_seconds())
+    text = _age(abs(seconds))
+    return f"in {text}" if seconds >= 0 else f"expired {text} ago"
+
+
+def _age(seconds: int) -> str:
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes}m"
+    return f"{minutes}m{secs}s" if minutes else f"{secs}s"
+
+
+def _time(when: datetime | None) -> str | None:
+    return None if when is None else when.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _compact(**fields: Any) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if v not in (None, "", (), [], {})}
+
+
+# --- items --------------------------------------------------------------------------------
+
+
+def claim_allocation_to_dict(allocation: ClaimAllocation) -> dict[str, Any]:
+    return _compact(
+        namespace=allocation.namespace,
+        name=allocation.name,
+        uid=allocation.uid,
+        allocation=allocation_result_to_dict(allocation.allocation),
+    )
+
+
+def reservation_to_dict(reservation: Reservation) -> dict[str, Any]:
+    return {
+        "kind": "Reservation",
+        **_compact(
+            id=reservation.id,
+            owner=reservation.owner,
+            tenant=reservation.tenant,
+            nodeName=reservation.node_name,
+            state=reservation.state.value,
+            fencingToken=reservation.fencing_token,
+            expiresAt=_time(reservation.expires_at),
+            createdAt=_time(reservation.created_at),
+            committedAt=_time(reservation.committed_at),
+            idempotencyKey=reservation.idempotency_key,
+            labels=dict(reservation.labels),
+            devices=[str(d) for d in reservation.devices],
+            claims=[claim_allocation_to_dict(a) for a in reservation.allocations],
+        ),
+    }
+
+
+def device_to_dict(state: DeviceState) -> dict[str, Any]:
+    holder = state.holder
+    return {
+        "kind": "Device",
+        **_compact(
+            nodeName=state.node,
+            driver=state.id.driver,
+            pool=state.id.pool,
+            device=state.id.device,
+            type=state.type,
+            model=state.model,
+            memory=state.memory,
+            uuid=state.device.uuid,
+            gpuUUID=state.device.gpu_uuid,
+            state=state.use.value,
+            reservation=None if holder is None else holder.id,
+            owner=None if holder is None else holder.owner,
+            expiresAt=_time(state.expires_at),
+        ),
+    }
+
+
+def fleet_node_to_dict(node: FleetNode) -> dict[str, Any]:
+    return {
+        "kind": "FleetNode",
+        "name": node.name,
+        "labels": dict(node.labels),
+        "models": list(node.models),
+        "gpus": len(node.gpus),
+        "freeGPUs": sum(1 for g in node.gpus if g.free),
+        "devices": {use.value: node.count(use) for use in Use},
+        "reservations": [r.id for r in node.reservations],
+    }
+
+
+def _holder_to_dict(holder: Holder) -> dict[str, Any]:
+    return _compact(
+        reservationId=holder.reservation_id,
+        owner=holder.owner,
+        tenant=holder.tenant,
+        nodeName=holder.node_name,
+        state=holder.state.value,
+        devices=[str(d) for d in holder.devices],
+        expiresAt=_time(holder.expires_at),
+    )
+
+
+def placement_to_dict(placement: Placement) -> dict[str, Any]:
+    explanation = placement.explanation
+    return {
+        "kind": "Placement",
+        **_compact(
+            outcome=placement.outcome.value,
+            nodeName=placement.node_name,
+            score=placement.score or None,
+            claims=[claim_allocation_to_dict(a) for a in placement.allocations],
+            gang=[
+                {
+                    "nodeName": m.node_name,
+                    "claims": [claim_allocation_to_dict(a) for a in m.allocations],
+                }
+                for m in placement.gang
+            ],
+            reservations=[reservation_to_dict(r) for r in placement.reservations],
+            holders=[_holder_to_dict(h) for h in placement.holders],
+            explanation=None
+            if explanation is None
+            else _compact(
+                messages=list(explanation.messages),
+                nodes=[
+                    _compact(
+                        nodeName=n.node_name, message=n.message, missingDevices=n.missing_devices
+                    )
+                    for n in explanation.nodes
+                ],
+            ),
+            inventoryGeneration=placement.inventory_generation,
+        ),
+    }
+
+
+def capacity_to_dict(capacity: Capacity) -> dict[str, Any]:
+    return {
+        "kind": "Capacity",
+        "total": capacity.total,
+        "exact": capacity.exact,
+        "nodes": dict(capacity.nodes),
+        "models": dict(capacity.models),
+        "inventoryGeneration": capacity.inventory_generation,
+    }
+
+
+def label_text(labels: Mapping[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))

@@ -1,0 +1,334 @@
+"""`gpualloc get|describe|allocate|explain|capacity|commit|renew|release|config|completion`, run
+as console scripts against a real `gpualloc serve --demo` (tests/integration/test_serve.py's
+fixture, on a free port), with HOME pointed at a scratch folder so no user config leaks in.
+
+The cases of one module share the server, so each one that reserves releases what it took.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration.test_serve import served  # noqa: F401 - the running server fixture
+
+ROOT = Path(__file__).resolve().parents[2]
+GPUALLOC = str(Path(sys.executable).parent / "gpualloc")
+ONE_H100 = "examples/claims/one-h100.yaml"
+MIG = "examples/claims/mig-small-else-medium.yaml"
+SIXTEEN = "examples/claims/sixteen-h100-one-node.yaml"
+
+
+@pytest.fixture(scope="module")
+def address(served) -> str:  # noqa: F811
+    process, _ = served
+    args = list(process.args)
+    return str(args[args.index("--listen") + 1])
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+def gpualloc(
+    *args: str, home: Path, env: dict[str, str] | None = None, stdin: str = ""
+) -> subprocess.CompletedProcess[str]:
+    keep = {k: v for k, v in os.environ.items() if not k.startswith("GPUALLOC_")}
+    done = subprocess.run(
+        [GPUALLOC, *args],
+        cwd=ROOT,
+        env={**keep, "HOME": str(home), "XDG_CONFIG_HOME": "", **(env or {})},
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    return done
+
+
+@dataclass(frozen=True)
+class Query:
+    args: tuple[str, ...]
+    code: int = 0
+    stdout: tuple[str, ...] = ()  # each must be in stdout
+    absent: tuple[str, ...] = ()  # none may be in stdout
+    stderr: str = ""
+    lines: int | None = None  # stdout lines, when it matters
+    env: dict[str, str] = field(default_factory=dict)
+
+
+QUERIES = {
+    "get-nodes-table": Query(
+        ("get", "nodes"),
+        stdout=("NAME", "MIG-FREE", "a100-node-1", "h100-node-1", "h100-node-2", "l40s-node-1"),
+        lines=5,
+    ),
+    "get-nodes-by-zone-label": Query(
+        ("get", "nodes", "-l", "topology.kubernetes.io/zone=zone-a"),
+        stdout=("h100-node-1", "h100-node-2"),
+        absent=("a100-node-1", "l40s-node-1"),
+    ),
+    "get-nodes-set-selector": Query(
+        ("get", "no", "-l", "gpualloc.dev/rack in (rack-b1, rack-b2),!missing", "-o", "name"),
+        stdout=("node/a100-node-1\nnode/l40s-node-1\n",),
+        lines=2,
+    ),
+    "get-nodes-wide": Query(
+        ("get", "nodes", "-o", "wide"),
+        stdout=("DEVICES", "BLOCKED", "RESERVATIONS"),
+        absent=("LABELS",),
+    ),
+    "get-nodes-show-labels": Query(
+        ("get", "nodes", "l40s-node-1", "--show-labels"),
+        stdout=("LABELS", "topology.kubernetes.io/zone=zone-b"),
+    ),
+    "get-one-node-by-name": Query(("get", "node", "l40s-node-1"), lines=2),
+    "get-unknown-node-is-not-found": Query(
+        ("get", "nodes", "l40s-node-9"), 4, stderr='NotFound: node "l40s-node-9" not found'
+    ),
+    "get-devices-of-a-node": Query(
+        ("get", "devices", "--node", "l40s-node-1"), stdout=("NVIDIA L40S", "46068Mi"), lines=5
+    ),
+    "get-devices-by-state": Query(
+        ("get", "dev", "--state", "free", "--node", "h100-node-2", "-o", "name"),
+        stdout=("device/h100-node-2/gpu-0\n",),
+        lines=8,
+    ),
+    "get-unknown-resource": Query(("get", "pods"), 2, stderr="invalid choice: 'pods'"),
+    "get-bad-selector": Query(("get", "nodes", "-l", "zone in ("), 2, stderr="--selector"),
+    "describe-node-with-topology": Query(
+        ("describe", "node", "h100-node-1"),
+        stdout=("Name:          h100-node-1", "PCIE-ROOT", "NVLink", "NV18", "Holders:"),
+    ),
+    "describe-mig-node-draws-the-layout": Query(
+        ("describe", "node", "a100-node-1"),
+        stdout=("MIG layout:", "gpu-0-mig-1g5gb-19-0", "1g.5gb", "Counters:"),
+    ),
+    "describe-unknown-node-suggests": Query(
+        ("describe", "node", "h100-nod-1"), 4, stderr="did you mean h100-node-1?"
+    ),
+    "describe-unknown-reservation": Query(
+        ("describe", "reservation", "res-00000000"), 4, stderr="NotFound"
+    ),
+    "explain-sixteen-h100": Query(
+        ("explain", "-f", SIXTEEN), 3, stdout=("outcome: Unsatisfiable", "8 of 16 devices")
+    ),
+    "explain-one-h100-json": Query(
+        ("explain", "-f", ONE_H100, "-o", "json"), stdout=('"outcome": "Allocated"',)
+    ),
+    "allocate-without-reserving": Query(
+        ("allocate", "-f", ONE_H100), stdout=("ALLOCATED on node h100-node-", "default/one-h100")
+    ),
+    "capacity-of-one-h100": Query(
+        ("capacity", "-f", ONE_H100), stdout=("16 more copies fit", "NVIDIA H100 80GB HBM3")
+    ),
+    "allocate-lease-needs-reserve": Query(
+        ("allocate", "-f", ONE_H100, "--lease", "2m"), 2, stderr="--lease: needs --reserve"
+    ),
+    "allocate-bad-lease": Query(
+        ("allocate", "-f", ONE_H100, "--reserve", "--lease", "soon"), 2, stderr="duration"
+    ),
+    "allocate-files-without-claims": Query(
+        ("allocate", "-f", "examples/cluster"), 2, stderr="no ResourceClaim"
+    ),
+    "allocate-missing-file": Query(
+        ("allocate", "-f", "no-such.yaml"), 2, stderr="no-such.yaml: no such file"
+    ),
+    "commit-unknown-reservation": Query(("commit", "res-00000000"), 4, stderr="NotFound"),
+    "release-unknown-ignored": Query(
+        ("release", "res-00000000", "--ignore-not-found"), stdout=("not found (ignored)",)
+    ),
+    "token-without-tls": Query(
+        ("get", "nodes", "--token-file", "x"), 2, stderr="sent over TLS only"
+    ),
+}
+
+
+@pytest.mark.parametrize("case", [pytest.param(q, id=n) for n, q in QUERIES.items()])
+def test_query(case: Query, address: str, home: Path) -> None:
+    done = gpualloc(*case.args, "-s", address, home=home, env=case.env)
+    assert done.returncode == case.code, done.stderr
+    for text in case.stdout:
+        assert text in done.stdout
+    for text in case.absent:
+        assert text not in done.stdout
+    assert case.stderr in done.stderr
+    if case.lines is not None:
+        assert len(done.stdout.splitlines()) == case.lines, done.stdout
+
+
+def test_server_that_is_not_there(home: Path) -> None:
+    done = gpualloc("get", "nodes", "-s", "127.0.0.1:1", home=home)
+    assert done.returncode == 1
+    assert "gpualloc get: cannot reach gpualloc at 127.0.0.1:1" in done.stderr
+
+
+def test_a_reservation_from_allocate_to_release(address: str, home: Path) -> None:
+    """allocate --reserve --lease 2m, then every view shows the holder with its lease expiry,
+    then renew, commit and release move it through its states."""
+    as_owner = ("-s", address, "--as", "team-a/alice")
+    done = gpualloc("allocate", "-f", ONE_H100, "--reserve", "--lease", "2m", *as_owner, home=home)
+    assert done.returncode == 0, done.stderr
+    match = re.search(
+        r"reservation/(\S+) reserved for team-a/alice until \S+ \(in 1m(\d+)s\)", done.stdout
+    )
+    assert match, done.stdout
+    reservation = match[1]
+    try:
+        listed = gpualloc(
+            "get", "reservations", "--owner", "team-a/alice", "-s", address, home=home
+        )
+        row = next(line for line in listed.stdout.splitlines() if reservation in line)
+        assert re.search(r"team-a/alice\s+h100-node-\d\s+Reserved\s+gpu-\d\s+in 1m\d+s", row), row
+        node = row.split()[2]
+        described = gpualloc("describe", "node", node, "-s", address, home=home).stdout
+        assert re.search(rf"reserved\s+team-a/alice \({reservation}, in 1m\d+s\)", described)
+        devices = gpualloc("get", "devices", "--node", node, "--state", "reserved", "-o", "json",
+                           "-s", address, home=home)  # fmt: skip
+        (item,) = json.loads(devices.stdout)["items"]
+        assert (item["reservation"], item["owner"], item["state"]) == (
+            reservation, "team-a/alice", "reserved"
+        )  # fmt: skip
+        renewed = gpualloc("renew", reservation, "--lease", "10m", *as_owner, home=home)
+        assert re.search(r"renewed \(expires in 9m5\ds\)", renewed.stdout), renewed.stdout
+        committed = gpualloc("commit", reservation, *as_owner, home=home)
+        assert committed.stdout == f"reservation/{reservation} committed\n", committed.stderr
+        shown = gpualloc("describe", "reservation", reservation, "-s", address, home=home).stdout
+        assert "State:           Committed" in shown and "Expires:         never" in shown
+        as_yaml = gpualloc("get", "res", reservation, "-o", "yaml", "-s", address, home=home)
+        (data,) = yaml.safe_load(as_yaml.stdout)["items"]
+        assert data["claims"][0]["allocation"]["devices"]["results"][0]["driver"] == (
+            "gpu.nvidia.com"
+        )
+    finally:
+        released = gpualloc("release", reservation, *as_owner, home=home)
+    assert released.stdout == f"reservation/{reservation} released\n", released.stderr
+    gone = gpualloc("describe", "reservation", reservation, "-s", address, home=home)
+    assert gone.returncode == 4
+
+
+def test_a_held_mig_slice_blocks_the_slices_it_overlaps(address: str, home: Path) -> None:
+    as_owner = ("-s", address, "--as", "team-b/mig")
+    done = gpualloc("allocate", "-f", MIG, "--reserve", *as_owner, home=home)
+    reservation = re.search(r"reservation/(\S+)", done.stdout)
+    assert reservation, done.stdout + done.stderr
+    try:
+        blocked = gpualloc("get", "devices", "--node", "a100-node-1", "--state", "blocked",
+                           "-o", "json", "-s", address, home=home)  # fmt: skip
+        items = json.loads(blocked.stdout)["items"]
+        assert items and {i["reservation"] for i in items} == {reservation[1]}
+        nodes = gpualloc("get", "nodes", "a100-node-1", "-s", address, home=home).stdout
+        assert re.search(r"a100-node-1\s+NVIDIA A100-SXM4-40GB\s+4\s+3\s+1\s+0\s+9\d/100", nodes)
+    finally:
+        gpualloc("release", reservation[1], *as_owner, home=home)
+
+
+def test_the_same_idempotency_key_gives_the_same_reservation(address: str, home: Path) -> None:
+    argv = ("allocate", "-f", ONE_H100, "--reserve", "--idempotency-key", "cli-key-1")
+    as_owner = ("-s", address, "--as", "team-c/retry")
+    first, again = (gpualloc(*argv, *as_owner, home=home).stdout for _ in range(2))
+    ids = [re.findall(r"reservation/(\S+) reserved", text) for text in (first, again)]
+    try:
+        assert len(ids[0]) == 1 and ids[0] == ids[1], (first, again)
+        listed = gpualloc("get", "res", "--owner", "team-c/retry", "-o", "name", *as_owner[:2],
+                          home=home)  # fmt: skip
+        assert listed.stdout == f"reservation/{ids[0][0]}\n"
+    finally:
+        gpualloc("release", *ids[0], *as_owner, home=home)
+
+
+def test_contexts_pick_the_server(address: str, home: Path) -> None:
+    config = {"GPUALLOC_CONFIG": str(home / "gpualloc.yaml")}
+    steps = [
+        (("config", "set-context", "demo", "--server", address, "--owner", "ctx/me"), 0),
+        (("config", "set-context", "nowhere", "--server", "127.0.0.1:1"), 0),
+        (("config", "use-context", "demo"), 0),
+        (("config", "use-context", "missing"), 4),
+    ]
+    for args, code in steps:
+        assert gpualloc(*args, home=home, env=config).returncode == code, args
+    contexts = gpualloc("config", "get-contexts", home=home, env=config).stdout
+    assert re.search(rf"\*\s+demo\s+{re.escape(address)}\s+ctx/me", contexts), contexts
+    view = yaml.safe_load(gpualloc("config", "view", home=home, env=config).stdout)
+    assert view["current-context"] == "demo" and len(view["contexts"]) == 2
+    assert gpualloc("get", "nodes", "-o", "name", home=home, env=config).stdout.count("node/") == 4
+    other = gpualloc("get", "nodes", "--context", "nowhere", home=home, env=config)
+    assert other.returncode == 1 and "127.0.0.1:1" in other.stderr
+    # a variable wins over the context, a flag over the variable
+    variable = {**config, "GPUALLOC_ALLOCATOR_ADDR": "127.0.0.1:1"}
+    assert gpualloc("get", "nodes", home=home, env=variable).returncode == 1
+    assert gpualloc("get", "nodes", "-s", address, home=home, env=variable).returncode == 0
+
+
+def test_the_default_config_file_lives_under_home(address: str, home: Path) -> None:
+    assert gpualloc("config", "set-context", "d", "--server", address, home=home).returncode == 0
+    assert gpualloc("config", "use-context", "d", home=home).returncode == 0
+    assert (home / ".config" / "gpualloc" / "config.yaml").exists()
+    assert gpualloc("get", "nodes", home=home).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        pytest.param("contexts: 7\n", "needs a name", id="contexts-not-a-list"),
+        pytest.param(
+            "contexts:\n- name: a\n  context: {sever: x}\n",
+            "unknown key 'sever'",
+            id="unknown-context-key",
+        ),  # fmt: skip
+        pytest.param("kind: [\n", "not YAML", id="not-yaml"),
+        pytest.param("colour: blue\n", "unknown field 'colour'", id="unknown-top-level-field"),
+    ],
+)
+def test_a_bad_config_file_is_named(home: Path, text: str, message: str) -> None:
+    path = home / "bad.yaml"
+    path.write_text(text)
+    done = gpualloc("get", "nodes", home=home, env={"GPUALLOC_CONFIG": str(path)})
+    assert done.returncode == 2
+    assert str(path) in done.stderr and message in done.stderr
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_completion_scripts_name_the_verbs(shell: str, home: Path) -> None:
+    done = gpualloc("completion", shell, home=home)
+    assert done.returncode == 0
+    for word in ("describe", "reservations", "wide", "fragmentation-aware", "use-context"):
+        assert word in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        pytest.param("gpualloc ", {"get", "describe", "allocate", "completion"}, id="verbs"),
+        pytest.param("gpualloc get ", {"nodes", "devices", "reservations"}, id="get-resources"),
+        pytest.param("gpualloc get nodes -o ", {"wide", "json", "yaml", "name"}, id="outputs"),
+        pytest.param(
+            "gpualloc allocate -f examples/claims/one",
+            {"examples/claims/one-h100.yaml"},
+            id="file-names",
+        ),
+    ],
+)
+def test_bash_completes(line: str, words: set[str], home: Path) -> None:
+    script = gpualloc("completion", "bash", home=home).stdout
+    (home / "completion.bash").write_text(script)
+    probe = (
+        f"source {home / 'completion.bash'}; COMP_LINE='{line}'; COMP_POINT=${{#COMP_LINE}};"
+        f" read -ra COMP_WORDS <<< '{line}'; [[ '{line}' == *' ' ]] && COMP_WORDS+=('');"
+        " COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); _shtab_gpualloc;"
+        " printf '%s\\n' \"${COMPREPLY[@]}\""
+    )
+    done = subprocess.run(
+        ["bash", "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=30
+    )
+    assert words <= set(done.stdout.split()), done.stdout + done.stderr
