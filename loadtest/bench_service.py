@@ -562,7 +562,7 @@ def run(quick: bool) -> BenchReport:
 
 
 def _add_ratios(report: BenchReport) -> None:
-    rps = {row.name: float(row.values["rps"]) for row in report.rows}
+    rps = {row.name: float(row.values["rps"]) for row in report.rows if "rps" in row.values}
     check = rps.get("health-check", 0.0)
     if check <= 0:
         return
