@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, cast
@@ -37,8 +36,14 @@ from typing import Any, cast
 import redis
 
 from services.common.dra.model import Node, ResourceSlice
-from services.common.errors import InvalidArgument, Unavailable
-from services.common.redis_layout import UNAVAILABLE_ERRORS, RedisClient, connect, is_cluster
+from services.common.errors import Unavailable
+from services.common.redis_layout import (
+    UNAVAILABLE_ERRORS,
+    RedisClient,
+    connect,
+    is_cluster,
+    wait_milliseconds,
+)
 from services.inventory.adapters.state_codec import (
     decode_node,
     decode_record,
@@ -80,19 +85,11 @@ class RedisInventoryRepository:
     ) -> None:
         """`url`: any store URL (services/common/redis_layout.py: standalone, Sentinel, Cluster).
         `wait_replicas`/`wait_timeout`: acknowledge a save after WAIT (module docstring)."""
-        if wait_replicas < 0 or not (math.isfinite(wait_timeout) and wait_timeout > 0):
-            raise InvalidArgument.at("wait_replicas", "must be >= 0 with a timeout > 0")
-        if wait_replicas and wait_timeout >= socket_timeout:
-            # WAIT blocks the connection: the socket would time out first and hide its answer
-            raise InvalidArgument.at(
-                "wait_timeout",
-                f"{wait_timeout:g}s must be shorter than the socket timeout {socket_timeout:g}s",
-            )
+        self._wait_ms = wait_milliseconds(wait_replicas, wait_timeout, socket_timeout)
+        self._wait_replicas = wait_replicas
         self._client: RedisClient = client or connect(
             url, socket_timeout=socket_timeout, decode_responses=False
         )
-        self._wait_replicas = wait_replicas
-        self._wait_ms = max(1, math.ceil(wait_timeout * 1000))
         tag = "{" + prefix + "}"
         self._generation_key = f"{tag}:generation"
         self._slices_key = f"{tag}:slices"
