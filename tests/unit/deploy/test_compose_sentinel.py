@@ -3,8 +3,9 @@ docker-compose.yml -f deploy/compose/sentinel.yml up`): merged onto the base fil
 merges an override, it adds a replica and three Sentinels and points every server at them, with
 WAIT; the URL, the Sentinels' `monitor` line, the password and the replica agree; and the data
 nodes' and the Sentinels' commands, run here for real on loopback (addresses, ports and
-directories localized, RDB snapshots off), make a Sentinel group on which the Sentinels' own health check
-passes and the allocator's store and the inventory's repository work through the servers' URL.
+directories localized, RDB snapshots off), make a Sentinel group on which the Sentinels' own
+health check passes and the allocator's store and the inventory's repository work through the
+servers' URL.
 
 No Docker engine runs in CI: the files are read as YAML (test_compose.py's interpolation).
 """
