@@ -16,6 +16,12 @@ One run measures, against the same server and in the same conditions:
 - `release`: Release of every reservation `allocate-reserve` made, measured on its own;
 - `reserve-release-cycle`: Allocate(reserve=true) on a named node, then Release (one cycle =
   both calls; RPS counts cycles, i.e. half the calls per second).
+- `store:<layout>-wait-<off|on>:allocate-reserve`: `allocate-reserve` again with two allocator
+  processes (`--workers 2`) on standalone Redis (with one replica) and on a 3-shard Redis
+  Cluster (deploy/local/redis-cluster.sh), with GPUALLOC_REDIS_WAIT_REPLICAS 0 and 1, a fresh
+  server and key prefix per case (loadtest/bench_store.py's `measure_layouts`), then the ratios
+  side by side: `store:cluster/standalone-wait-<mode>:…` and `store:<layout>-wait-on/off:…`
+  (RPS ratio `ratio`, p99 ratio `p99_ratio`).
 
 The server is `python -m services.allocator --seed <generated inventory>` (one process); the
 client is another process (`python -m loadtest.bench_service --client ...`) running threads
@@ -24,7 +30,8 @@ pinned to the first half of them and the client and Redis to the rest, so the RP
 server, not the client's share of the machine. The inventory is generated
 from examples/cluster: 1,000 nodes with 8 H100, 250 with 4 L40S, 250 with 4 A100 as DynamicMIG
 partitions (10,000 GPUs, ~35,000 devices). Targets (issue 6): Allocate (`allocate-any-node`)
->= 50% and Allocate+Reserve (`allocate-reserve`) >= 30% of the Check RPS of the same run.
+>= 50% and Allocate+Reserve (`allocate-reserve`) >= 30% of the Check RPS of the same run. Issue
+17: on the cluster, `allocate-reserve` >= 85% of its RPS on standalone Redis (WAIT off).
 """
 
 from __future__ import annotations
@@ -412,6 +419,9 @@ SEED_DOCUMENT_LIMITS = {
 document may be by default, so the bench raises the limits as an operator seeding such a file
 would."""
 
+STORE_PHASES = ("allocate-reserve",)
+"""Measured again on each store layout x WAIT (issue 17), 2 allocator processes per case."""
+
 MTLS_PHASES = ("health-check", "allocate-any-node", "allocate-reserve")
 """Measured again with mutual TLS and an access policy (issue 14: the cost of identities)."""
 
@@ -536,12 +546,23 @@ def run(quick: bool) -> BenchReport:
                     _stop(server)
         finally:
             redis.stop()
+        # the store layout as a dimension: bench_store builds on this module's client and server
+        from loadtest.bench_store import CLUSTER, STANDALONE, measure_layouts
+
+        report.setup["store"] = (
+            f"rows store:*: allocate-reserve on 2 allocator processes (--workers 2) per case, "
+            f"standalone ({STANDALONE}) vs cluster ({CLUSTER}), WAIT off vs on "
+            "(GPUALLOC_REDIS_WAIT_REPLICAS=1, 500 ms)"
+        )
+        measure_layouts(
+            report, directory, STORE_PHASES, seconds, (server_cpus, client_cpus), prefix="store:"
+        )
     _add_ratios(report)
     return report
 
 
 def _add_ratios(report: BenchReport) -> None:
-    rps = {row.name: float(row.values["rps"]) for row in report.rows}
+    rps = {row.name: float(row.values["rps"]) for row in report.rows if "rps" in row.values}
     check = rps.get("health-check", 0.0)
     if check <= 0:
         return

@@ -11,6 +11,10 @@ cluster is deploy/local/redis-cluster.sh's 3 primaries + 3 replicas. WAIT on is
 GPUALLOC_REDIS_WAIT_REPLICAS=1 (timeout 500 ms). Redis and the client share the client's CPUs,
 the allocator processes the server's. Target (issue 17): the cluster costs no more than ~15% per
 call (cycle RPS on the cluster >= 0.85 x standalone, WAIT off).
+
+`measure_layouts` is the layout dimension itself: the service benchmark
+(`make bench ARGS=service`) runs it too, for `allocate-reserve` (Allocate(reserve=true) of one
+H100 on any node, reservations kept).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +48,10 @@ from loadtest.report import BenchReport, Target
 
 SCRIPT = ROOT / "deploy" / "local" / "redis-cluster.sh"
 PHASE = "reserve-release-cycle"
+LAYOUTS = ("standalone", "cluster")
+WAITS = {"off": 0, "on": 1}  # GPUALLOC_REDIS_WAIT_REPLICAS
+STANDALONE = "redis-server + 1 replica"
+CLUSTER = "3 primaries + 3 replicas (deploy/local/redis-cluster.sh)"
 
 
 def free_cluster_base() -> int:
@@ -69,6 +79,27 @@ class _Replica(_Redis):
         time.sleep(1.0)  # the first sync of an empty primary
 
 
+@contextmanager
+def store_layouts(directory: Path, cpus: set[int]) -> Iterator[dict[str, str]]:
+    """Both layouts started on `cpus` (standalone with its replica, the cluster by
+    deploy/local/redis-cluster.sh): {layout: GPUALLOC_REDIS_URL}; stopped on exit."""
+    (directory / "standalone").mkdir(parents=True)
+    primary = _Redis(directory / "standalone", cpus)
+    replica = _Replica(directory / "replica", cpus, primary)
+    cluster_env = {**os.environ, "GPUALLOC_CLUSTER_PORT": str(free_cluster_base())}
+    cluster_dir = str(directory / "cluster")
+    try:
+        started = subprocess.run(
+            [str(SCRIPT), "start", cluster_dir], env=cluster_env, capture_output=True,
+            text=True, check=True, preexec_fn=_pinned(cpus),
+        )  # fmt: skip
+        yield {"standalone": primary.url, "cluster": started.stdout.strip()}
+    finally:
+        subprocess.run([str(SCRIPT), "stop", cluster_dir], env=cluster_env, check=False)
+        replica.stop()
+        primary.stop()
+
+
 def _serve(url: str, inventory: Path, cpus: set[int], env: dict[str, str]) -> Any:
     port = _free_port()
     with (inventory.parent / f"allocator-{port}.log").open("wb") as log:
@@ -88,6 +119,83 @@ def _serve(url: str, inventory: Path, cpus: set[int], env: dict[str, str]) -> An
     return server, target
 
 
+def measure_layouts(
+    report: BenchReport,
+    directory: Path,
+    phases: Sequence[str],
+    seconds: float,
+    cpus: tuple[set[int], set[int]],
+    prefix: str = "",
+) -> None:
+    """Rows `<prefix><layout>-wait-<off|on>:<phase>` (rps, p50/p99 ms, calls, aborted) for each
+    layout x WAIT, one fresh 2-process allocator per case on `directory`'s inventory.json and
+    nodes.json (generate_inventory), then the ratios (`_add_layout_ratios`)."""
+    server_cpus, client_cpus = cpus
+    nodes_file = directory / "nodes.json"
+    max_calls = int(RESERVE_SHARE * H100_PER_NODE * len(json.loads(nodes_file.read_text())))
+    with store_layouts(directory / "layouts", client_cpus) as urls:
+        for layout, url in urls.items():
+            for mode, replicas in WAITS.items():
+                env = {**os.environ, "GPUALLOC_LOG_LEVEL": "WARNING"}
+                env["GPUALLOC_MAX_WORKERS"] = "16"
+                env.update(SEED_DOCUMENT_LIMITS)
+                env["GPUALLOC_REDIS_WAIT_REPLICAS"] = str(replicas)
+                env["GPUALLOC_REDIS_WAIT_TIMEOUT"] = "500ms"
+                env["GPUALLOC_REDIS_PREFIX"] = f"bench-{layout}-{mode}"  # a fresh store each
+                server, target = _serve(url, directory / "inventory.json", server_cpus, env)
+                try:
+                    for phase in phases:
+                        result = _client(
+                            target, phase, seconds, nodes_file, client_cpus, max_calls=max_calls
+                        )
+                        report.add(
+                            f"{prefix}{layout}-wait-{mode}:{phase}",
+                            rps=round(result["rps"], 1),
+                            p50_ms=round(result["p50_ms"], 2),
+                            p99_ms=round(result["p99_ms"], 2),
+                            calls=result["calls"],
+                            aborted=result["aborted"],
+                        )
+                finally:
+                    server.terminate()
+                    server.wait(timeout=30)
+    _add_layout_ratios(report, phases, prefix)
+
+
+def _add_layout_ratios(report: BenchReport, phases: Sequence[str], prefix: str) -> None:
+    """Side by side: `<prefix>cluster/standalone-wait-<mode>:<phase>` and
+    `<prefix><layout>-wait-on/off:<phase>`, each with the ratio of RPS (`ratio`) and of p99
+    (`p99_ratio`), and the target on the cluster's RPS with WAIT off (>= 0.85 x standalone)."""
+    rows = {row.name: row.values for row in report.rows}
+
+    def add(name: str, over: str, under: str) -> None:
+        top, bottom = rows.get(prefix + over), rows.get(prefix + under)
+        if top is None or bottom is None or not float(bottom["rps"]) > 0:
+            return
+        p99 = float(bottom["p99_ms"])
+        report.add(
+            prefix + name,
+            ratio=round(float(top["rps"]) / float(bottom["rps"]), 3),
+            p99_ratio=round(float(top["p99_ms"]) / p99, 3) if p99 > 0 else 0.0,
+        )
+
+    for phase in phases:
+        for mode in WAITS:
+            add(
+                f"cluster/standalone-wait-{mode}:{phase}",
+                f"cluster-wait-{mode}:{phase}",
+                f"standalone-wait-{mode}:{phase}",
+            )
+        for layout in LAYOUTS:
+            add(
+                f"{layout}-wait-on/off:{phase}",
+                f"{layout}-wait-on:{phase}",
+                f"{layout}-wait-off:{phase}",
+            )
+        target = f"{prefix}cluster/standalone-wait-off:{phase}"
+        report.targets.append(Target(target, "ratio", 0.85, at_least=True))
+
+
 def run(quick: bool) -> BenchReport:
     seconds = 2.0 if quick else 6.0
     scale = 0.1 if quick else 1.0
@@ -97,8 +205,8 @@ def run(quick: bool) -> BenchReport:
         setup={
             "server": f"gpualloc-allocator --workers 2, cpus {sorted(server_cpus)}",
             "client": f"the service benchmark's {PHASE}, cpus {sorted(client_cpus)} (with Redis)",
-            "standalone": "redis-server + 1 replica",
-            "cluster": "3 primaries + 3 replicas (deploy/local/redis-cluster.sh)",
+            "standalone": STANDALONE,
+            "cluster": CLUSTER,
             "seconds_per_case": seconds,
             "cpus": os.cpu_count() or 0,
         },
@@ -106,56 +214,6 @@ def run(quick: bool) -> BenchReport:
     with tempfile.TemporaryDirectory(prefix="gpualloc-bench-store-") as tmp:
         directory = Path(tmp)
         _, h100_nodes = generate_inventory(directory, scale)
-        nodes_file = directory / "nodes.json"
-        nodes_file.write_text(json.dumps(h100_nodes))
-        (directory / "standalone").mkdir()
-        primary = _Redis(directory / "standalone", client_cpus)
-        replica = _Replica(directory / "replica", client_cpus, primary)
-        cluster_env = {**os.environ, "GPUALLOC_CLUSTER_PORT": str(free_cluster_base())}
-        cluster_dir = str(directory / "cluster")
-        try:
-            started = subprocess.run(
-                [str(SCRIPT), "start", cluster_dir], env=cluster_env, capture_output=True,
-                text=True, check=True, preexec_fn=_pinned(client_cpus),
-            )  # fmt: skip
-            urls = {"standalone": primary.url, "cluster": started.stdout.strip()}
-            for layout, url in urls.items():
-                for wait in (0, 1):
-                    env = {**os.environ, "GPUALLOC_LOG_LEVEL": "WARNING"}
-                    env["GPUALLOC_MAX_WORKERS"] = "16"
-                    env.update(SEED_DOCUMENT_LIMITS)
-                    env["GPUALLOC_REDIS_WAIT_REPLICAS"] = str(wait)
-                    env["GPUALLOC_REDIS_WAIT_TIMEOUT"] = "500ms"
-                    env["GPUALLOC_REDIS_PREFIX"] = f"bench-{layout}-{wait}"
-                    server, target = _serve(url, directory / "inventory.json", server_cpus, env)
-                    try:
-                        result = _client(
-                            target, PHASE, seconds, nodes_file, client_cpus,
-                            max_calls=int(RESERVE_SHARE * H100_PER_NODE * len(h100_nodes)),
-                        )  # fmt: skip
-                    finally:
-                        server.terminate()
-                        server.wait(timeout=30)
-                    report.add(
-                        f"{layout}-wait-{'on' if wait else 'off'}",
-                        rps=round(result["rps"], 1),
-                        p50_ms=round(result["p50_ms"], 2),
-                        p99_ms=round(result["p99_ms"], 2),
-                        calls=result["calls"],
-                    )
-        finally:
-            subprocess.run([str(SCRIPT), "stop", cluster_dir], env=cluster_env, check=False)
-            replica.stop()
-            primary.stop()
-    rps = {row.name: float(row.values["rps"]) for row in report.rows}
-    for mode in ("off", "on"):
-        base = rps.get(f"standalone-wait-{mode}", 0.0)
-        if base > 0:
-            ratio = rps.get(f"cluster-wait-{mode}", 0.0) / base
-            report.add(f"cluster/standalone-wait-{mode}", ratio=round(ratio, 3))
-    for layout in ("standalone", "cluster"):
-        off = rps.get(f"{layout}-wait-off", 0.0)
-        if off > 0:
-            report.add(f"{layout}-wait-on/off", ratio=round(rps[f"{layout}-wait-on"] / off, 3))
-    report.targets.append(Target("cluster/standalone-wait-off", "ratio", 0.85, at_least=True))
+        (directory / "nodes.json").write_text(json.dumps(h100_nodes))
+        measure_layouts(report, directory, [PHASE], seconds, (server_cpus, client_cpus))
     return report

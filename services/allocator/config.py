@@ -13,6 +13,7 @@ from typing import Any
 
 from services.allocator.core import Policy
 from services.common.config import (
+    REDIS_WAIT_SETTINGS,
     ServerSettings,
     Setting,
     env_choice,
@@ -46,20 +47,7 @@ ALLOCATOR_SETTINGS: dict[str, Setting[Any]] = {
         lambda env, name, default: env_duration(env, name, default, minimum=0.01),
         format_duration,
     ),
-    "redis_wait_replicas": Setting(
-        "GPUALLOC_REDIS_WAIT_REPLICAS",
-        0,
-        "acknowledge Reserve/Commit only after `WAIT` confirms this many replicas have the step "
-        "(else UNAVAILABLE, retry it); 0: as soon as the primary has it (a failover may lose it)",
-        lambda env, name, default: env_int(env, name, default, minimum=0, maximum=16),
-    ),
-    "redis_wait_timeout": Setting(
-        "GPUALLOC_REDIS_WAIT_TIMEOUT",
-        0.5,
-        "how long a Reserve/Commit waits for GPUALLOC_REDIS_WAIT_REPLICAS replicas",
-        lambda env, name, default: env_duration(env, name, default, minimum=0.001),
-        format_duration,
-    ),
+    **REDIS_WAIT_SETTINGS,
     "redis_key_prefix": Setting(
         "GPUALLOC_REDIS_PREFIX",
         "gpualloc",

@@ -24,6 +24,7 @@ from services.common.errors import FieldViolation, InvalidArgument
 
 __all__ = [
     "DOCUMENT_SETTINGS",
+    "REDIS_WAIT_SETTINGS",
     "SERVER_SETTINGS",
     "ServerSettings",
     "Setting",
@@ -409,6 +410,27 @@ DOCUMENT_SETTINGS: dict[str, Setting[Any]] = {
 def read_document_limits(environ: Mapping[str, str]) -> DocumentLimits:
     """`GPUALLOC_MAX_DOCUMENT_*`; InvalidArgument naming every bad variable."""
     return DocumentLimits(**read_settings(environ, DOCUMENT_SETTINGS))
+
+
+# Durability of the Redis writes, read by both services (the allocator's Reserve/Commit, the
+# inventory's saves): one definition, so the two cannot drift apart.
+REDIS_WAIT_SETTINGS: dict[str, Setting[Any]] = {
+    "redis_wait_replicas": Setting(
+        "GPUALLOC_REDIS_WAIT_REPLICAS",
+        0,
+        "acknowledge Reserve/Commit, and the inventory's changes, only after `WAIT` confirms this "
+        "many replicas have the write (else UNAVAILABLE, retry it); 0: as soon as the primary "
+        "has it (a failover may lose it)",
+        lambda env, name, default: env_int(env, name, default, minimum=0, maximum=16),
+    ),
+    "redis_wait_timeout": Setting(
+        "GPUALLOC_REDIS_WAIT_TIMEOUT",
+        0.5,
+        "how long a write waits for GPUALLOC_REDIS_WAIT_REPLICAS replicas",
+        lambda env, name, default: env_duration(env, name, default, minimum=0.001),
+        format_duration,
+    ),
+}
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ node); `UNAVAILABLE_ERRORS` are the exceptions that mean "the store cannot answe
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -53,6 +54,7 @@ __all__ = [
     "connect",
     "is_cluster",
     "parse_layout",
+    "wait_milliseconds",
 ]
 
 RedisClient = redis.Redis | RedisCluster
@@ -195,6 +197,20 @@ class _FcallKeysParser(CommandsParser):
         if len(args) >= 3 and str(args[0]).upper() in ("FCALL", "FCALL_RO"):
             return list(args[3 : 3 + int(args[2])]) or None
         return super().get_keys(redis_conn, *args)  # type: ignore[no-untyped-call]
+
+
+def wait_milliseconds(replicas: int, timeout: float, socket_timeout: float) -> int:
+    """The timeout of `WAIT replicas <ms>` for a wait of `timeout` seconds (the stores'
+    `wait_replicas`/`wait_timeout`); InvalidArgument when the values make no sense, or when the
+    socket (`socket_timeout`) would time out before WAIT answers (WAIT blocks the connection)."""
+    if replicas < 0 or not (math.isfinite(timeout) and timeout > 0):
+        raise InvalidArgument.at("wait_replicas", "must be >= 0 with a timeout > 0")
+    if replicas and timeout >= socket_timeout:
+        raise InvalidArgument.at(
+            "wait_timeout",
+            f"{timeout:g}s must be shorter than the socket timeout {socket_timeout:g}s",
+        )
+    return max(1, math.ceil(timeout * 1000))
 
 
 def is_cluster(client: RedisClient) -> bool:

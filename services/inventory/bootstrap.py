@@ -69,7 +69,11 @@ class InventoryApp:
 def build_repository(settings: InventorySettings) -> InventoryRepository:
     """Redis when GPUALLOC_REDIS_URL is set, else embedded (with the snapshot file, if any)."""
     if settings.redis_url:
-        return RedisInventoryRepository(settings.redis_url)
+        return RedisInventoryRepository(
+            settings.redis_url,
+            wait_replicas=settings.redis_wait_replicas,
+            wait_timeout=settings.redis_wait_timeout,
+        )
     return EmbeddedInventoryRepository(settings.snapshot_path or None)
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from services.common.config import (
+    REDIS_WAIT_SETTINGS,
     ServerSettings,
     Setting,
     env_choice,
@@ -53,6 +54,7 @@ INVENTORY_SETTINGS: dict[str, Setting[Any]] = {
         "`redis+cluster://…`); empty: embedded (in memory)",
         env_str,
     ),
+    **REDIS_WAIT_SETTINGS,
     "snapshot_path": Setting(
         "GPUALLOC_INVENTORY_SNAPSHOT",
         "",
@@ -121,6 +123,8 @@ class InventorySettings:
     server: ServerSettings
     seed_paths: tuple[str, ...] = ()
     redis_url: str = INVENTORY_SETTINGS["redis_url"].default
+    redis_wait_replicas: int = INVENTORY_SETTINGS["redis_wait_replicas"].default
+    redis_wait_timeout: float = INVENTORY_SETTINGS["redis_wait_timeout"].default
     snapshot_path: str = INVENTORY_SETTINGS["snapshot_path"].default
     report_ttl: float = INVENTORY_SETTINGS["report_ttl"].default
     sweep_interval: float = INVENTORY_SETTINGS["sweep_interval"].default

@@ -5,6 +5,7 @@ so a restarted or standby inventory resumes where the last one stopped."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -14,6 +15,7 @@ import redis
 
 from services.common.dra.model import Node, ResourceSlice
 from services.common.dra.parse import load_objects
+from services.common.errors import InvalidArgument, Unavailable
 from services.inventory.adapters.embedded_repository import EmbeddedInventoryRepository
 from services.inventory.adapters.nvidia_smi_xml import parse_nvidia_smi_xml
 from services.inventory.adapters.redis_repository import RedisInventoryRepository
@@ -21,6 +23,7 @@ from services.inventory.core.report import XidEvent
 from services.inventory.core.repository import InventoryRepository
 from services.inventory.core.state import InventoryState
 from services.inventory.service import InventoryService
+from tests.conftest import RedisServerFactory, RedisTopologyFactory
 from tests.contract.conftest import REDIS_URL_FIXTURES
 
 DATA = Path(__file__).parents[1] / "data"
@@ -43,6 +46,8 @@ class RepositoryUnderTest:
         pytest.param("redis", id="redis", marks=pytest.mark.redis),
         pytest.param("redis-sentinel", id="redis-sentinel", marks=pytest.mark.redis),
         pytest.param("redis-cluster", id="redis-cluster", marks=pytest.mark.redis),
+        pytest.param("redis-sentinel-wait", id="redis-sentinel-wait", marks=pytest.mark.redis),
+        pytest.param("redis-cluster-wait", id="redis-cluster-wait", marks=pytest.mark.redis),
     ]
 )
 def under_test(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RepositoryUnderTest]:
@@ -61,12 +66,15 @@ def under_test(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Repos
         yield RepositoryUnderTest(
             "snapshot-file", first, lambda: track(EmbeddedInventoryRepository(path))
         )
-    else:
-        url: str = request.getfixturevalue(REDIS_URL_FIXTURES[request.param])
-        first = track(RedisInventoryRepository(url))
-        yield RepositoryUnderTest(
-            request.param, first, lambda: track(RedisInventoryRepository(url))
-        )
+    else:  # `-wait`: every save acknowledged after WAIT 1 (GPUALLOC_REDIS_WAIT_REPLICAS=1)
+        layout = request.param.removesuffix("-wait")
+        url: str = request.getfixturevalue(REDIS_URL_FIXTURES[layout])
+        wait = 1 if layout != request.param else 0
+
+        def redis_repository() -> InventoryRepository:
+            return track(RedisInventoryRepository(url, wait_replicas=wait, wait_timeout=2.0))
+
+        yield RepositoryUnderTest(request.param, redis_repository(), redis_repository)
     for repository in opened:
         repository.close()
 
@@ -188,3 +196,89 @@ def test_redis_state_of_an_older_version_is_moved_to_the_tagged_keys(redis_url: 
             "{gpualloc:inventory}:slices",
         ]
         repository.close()
+
+
+# --- WAIT (GPUALLOC_REDIS_WAIT_REPLICAS): the inventory's saves, as the reservations ----------
+
+
+def _slice_on(node: str, name: str) -> ResourceSlice:
+    t4 = t4_slice()
+    return replace(t4, name=name, node_name=node, pool=replace(t4.pool, name=node))
+
+
+@pytest.mark.redis
+def test_a_save_no_replica_confirms_is_unavailable_and_the_next_one_rewrites_it(
+    redis_server_factory: RedisServerFactory,
+) -> None:
+    """No replica: the change is on the primary, the caller gets UNAVAILABLE and the service
+    does not publish it; once a replica follows, the next save also undoes the unpublished
+    change, so Redis holds what the service published."""
+    primary = redis_server_factory()
+    repository = RedisInventoryRepository(primary.url, wait_replicas=1, wait_timeout=0.05)
+    service = InventoryService(repository=repository)
+    with pytest.raises(Unavailable, match="confirmed by 0 of 1 replica"):
+        service.apply([_slice_on("node-a", "unpublished")])
+    assert service.generation == 0 and not service.snapshot().slices
+    with primary.client() as client:  # the primary has it, unpublished
+        assert client.hexists("{gpualloc:inventory}:slices", "unpublished")
+
+    replica = redis_server_factory(extra_args=("--replicaof", primary.host, str(primary.port)))
+    with replica.client() as client:
+        deadline = time.monotonic() + 10
+        while client.info("replication")["master_link_status"] != "up":
+            assert time.monotonic() < deadline, "the replica did not sync"
+            time.sleep(0.05)
+    result = service.apply([_slice_on("node-b", "published")])
+    assert result.generation == 1
+    with replica.client() as client:  # acknowledged: the replica has it already
+        assert client.get("{gpualloc:inventory}:generation") == "1"
+    loaded = RedisInventoryRepository(primary.url).load()
+    assert loaded is not None
+    assert_same_content(loaded, service.snapshot())
+    assert set(loaded.slices) == {"published"}
+    service.close()
+
+
+@pytest.mark.redis
+def test_waited_saves_survive_the_primary_s_death(
+    redis_topology_factory: RedisTopologyFactory,
+) -> None:
+    """Sentinel, WAIT 1: every change acknowledged before the primary is killed is on the
+    promoted replica, and the generation continues from there."""
+    group = redis_topology_factory.sentinel()
+    service = busy_service(RedisInventoryRepository(group.url, wait_replicas=1, wait_timeout=2.0))
+    saved = service.snapshot()
+    service.close()
+    old = group.primary()
+    old.stop(kill=True)
+    deadline = time.monotonic() + 30
+    while group.primary_address() in (None, (old.host, old.port)):
+        assert time.monotonic() < deadline, "no failover within 30 s"
+        time.sleep(0.1)
+    while True:
+        try:
+            loaded = RedisInventoryRepository(group.url, socket_timeout=1.0).load()
+            break
+        except Unavailable:
+            assert time.monotonic() < deadline, "the promoted replica does not answer"
+            time.sleep(0.1)
+    assert loaded is not None
+    assert_same_content(loaded, saved)
+
+
+@pytest.mark.parametrize(
+    ("replicas", "timeout", "field"),
+    [
+        pytest.param(-1, 0.5, "wait_replicas", id="negative-replicas"),
+        pytest.param(1, 0.0, "wait_replicas", id="zero-timeout"),
+        pytest.param(1, 5.0, "wait_timeout", id="timeout-not-below-the-socket-s"),
+    ],
+)
+def test_wait_settings_the_socket_cannot_honour_are_refused(
+    replicas: int, timeout: float, field: str
+) -> None:
+    with pytest.raises(InvalidArgument) as raised:
+        RedisInventoryRepository(
+            "redis://127.0.0.1:1/0", wait_replicas=replicas, wait_timeout=timeout
+        )
+    assert field in str(raised.value)

@@ -325,11 +325,12 @@ def test_resharding_onto_a_new_primary_keeps_every_reservation(
         )  # fmt: skip
         with new.client() as client:
             assert client.dbsize() > 0  # the keys moved with their slots
-            # redis-cli's add-node copies the function library; other tooling may not
-            client.function_flush()
+            assert len(client.function_list()) == 1  # redis-cli's add-node copied the library
+            client.function_flush()  # other tooling may not
 
         assert {r.id for r in store.list()} == before
         assert store.get(committed.id).state is ReservationState.COMMITTED
+        assert store.commit(held[nodes[1]].id, "alice").state is ReservationState.COMMITTED
         for node in nodes[1:]:
             store.release(held[node].id, "alice")
             store.reserve(reserve_request(device("gpu-1", node), node=node))

@@ -67,7 +67,13 @@ from services.common.errors import (
     Unavailable,
     clip,
 )
-from services.common.redis_layout import UNAVAILABLE_ERRORS, RedisClient, connect, is_cluster
+from services.common.redis_layout import (
+    UNAVAILABLE_ERRORS,
+    RedisClient,
+    connect,
+    is_cluster,
+    wait_milliseconds,
+)
 
 __all__ = [
     "LIBRARY_NAME",
@@ -134,21 +140,14 @@ class RedisReservationStore:
         else:
             self._client = client_or_url
             self._owns_client = False
-        if wait_replicas < 0 or not (math.isfinite(wait_timeout) and wait_timeout > 0):
-            raise InvalidArgument.at("wait_replicas", "must be >= 0 with a timeout > 0")
-        if wait_replicas and wait_timeout >= socket_timeout:
-            # WAIT blocks the connection: the socket would time out first and hide its answer
-            raise InvalidArgument.at(
-                "wait_timeout",
-                f"{wait_timeout:g}s must be shorter than the socket timeout {socket_timeout:g}s",
-            )
+        wait_ms = wait_milliseconds(wait_replicas, wait_timeout, socket_timeout)
         self._cluster = is_cluster(self._client)
         self._prefix = key_prefix
         self._retries = retries
         self._backoff_seconds = backoff_seconds
         self._id_factory = id_factory
         self._wait_replicas = wait_replicas
-        self._wait_ms = max(1, math.ceil(wait_timeout * 1000))
+        self._wait_ms = wait_ms
         self._index_key = f"{key_prefix}:reservations"
         self._legacy_nodes_key = f"{key_prefix}:nodes"
         self.channel = f"{key_prefix}:events"

@@ -82,3 +82,18 @@ def test_the_readme_table_lists_every_inventory_variable() -> None:
     for setting in INVENTORY_SETTINGS.values():
         assert f"| `{setting.name}` |" in table
     assert "| `GPUALLOC_REPORT_TTL` | `120s` |" in table
+
+
+def test_the_redis_repository_gets_the_shared_wait_settings() -> None:
+    """GPUALLOC_REDIS_WAIT_* reach the inventory's repository: a WAIT timeout its socket
+    timeout (5 s) cannot honour is refused when the repository is built, as the allocator's."""
+    settings = InventorySettings.from_env(
+        {
+            "GPUALLOC_REDIS_URL": "redis://127.0.0.1:1/0",
+            "GPUALLOC_REDIS_WAIT_REPLICAS": "1",
+            "GPUALLOC_REDIS_WAIT_TIMEOUT": "5s",
+        }
+    )
+    assert (settings.redis_wait_replicas, settings.redis_wait_timeout) == (1, 5.0)
+    with pytest.raises(InvalidArgument, match="wait_timeout"):
+        build_repository(settings)
