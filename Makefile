@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 	  { echo "gpualloc needs Python >= 3.11 (found $$($(PYTHON) --version))"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,agent,otlp,loadtest,kube]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,agent,otlp,prometheus,loadtest,kube]'
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install gpualloc with its dev toolchain
