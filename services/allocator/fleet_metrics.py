@@ -7,7 +7,7 @@ one scrape, and scrapes of an idle fleet, cost a lookup.
 
 | name | labels | what |
 |---|---|---|
-| `gpualloc.fleet.gpus` | node, pool, model, state | GPUs `free`, `reserved` or `committed` |
+| `gpualloc.fleet.gpus` | node, pool, model, state | GPUs `free`, `reserved`, `committed` (0s too) |
 | `gpualloc.fleet.gpus.capacity` | node, pool, model | GPUs published, whatever their state |
 | `gpualloc.fleet.partitions.free` | node, pool, model, profile | MIG partitions free per profile |
 | `gpualloc.fleet.fragmentation` | node | free capacity outside free whole GPUs, 0..1 |
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
-from services.allocator.core.fleet import COMMITTED, RESERVED, FleetCount, count_fleet
+from services.allocator.core.fleet import COMMITTED, RESERVED, STATES, FleetCount, count_fleet
 from services.allocator.holdings import Holdings
 from services.allocator.reservations import ReservationState
 from services.allocator.view import ClusterView, ViewSnapshot
@@ -106,9 +106,12 @@ class FleetGauges:
         counted = self.current()
         if counted is None:
             return []
-        return [
-            (count, {"node": node, "pool": pool, "model": model, "state": state})
-            for (node, pool, model, state), count in sorted(counted.count.gpus.items())
+        gpus = counted.count.gpus
+        return [  # every state of every (node, pool, model), 0 too: "none free" is a series
+            (gpus.get((node, pool, model, state), 0), labels | {"state": state})
+            for node, pool, model in sorted(counted.count.capacity())
+            for labels in [{"node": node, "pool": pool, "model": model}]
+            for state in STATES
         ]
 
     def _capacity(self) -> Labelled:

@@ -29,7 +29,19 @@ from opentelemetry.sdk.trace import SpanProcessor
 from services.common.telemetry import Telemetry
 from services.common.telemetry import configure_telemetry as _configure
 
-__all__ = ["AllocatorMetrics", "Telemetry", "configure_telemetry"]
+__all__ = ["STORE_OPERATIONS", "AllocatorMetrics", "Telemetry", "configure_telemetry"]
+
+STORE_OPERATIONS = (
+    "reserve",
+    "reserve_gang",
+    "commit",
+    "renew",
+    "release",
+    "get",
+    "list",
+    "live",
+    "expire",
+)  # what metered_store.py times, by ReservationStore's method names
 
 
 class AllocatorMetrics:
@@ -62,14 +74,10 @@ class AllocatorMetrics:
         )
         # Counters exist from the start at 0, so rate() and alerts see a series before the
         # first event instead of none.
-        for counter in (
-            self.conflicts,
-            self.aborted,
-            self.lease_expiries,
-            self.disconnects,
-            self.store_errors,
-        ):
+        for counter in (self.conflicts, self.aborted, self.lease_expiries, self.disconnects):
             counter.add(0)
+        for operation in STORE_OPERATIONS:
+            self.store_errors.add(0, {"operation": operation, "outcome": "Unavailable"})
 
 
 def configure_telemetry(

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from protos.allocator.v1 import allocator_pb2, allocator_pb2_grpc
 from tests.e2e.allocator_harness import free_port, pb_claims, wait_serving
+from tests.unit.deploy.monitoring import TARGET_LABELS, every_expr, grouping_labels, selectors
 
 ROOT = Path(__file__).resolve().parents[2]
 OWNER = "team-a/job-1"
@@ -175,3 +176,23 @@ def test_rpc_latency_and_store_latency_are_histograms(served):
     ) == value(samples, "gpualloc_rpc_server_duration_milliseconds_count", **allocate)
     assert value(samples, "gpualloc_store_duration_milliseconds_count", operation="reserve") >= 1
     assert ("gpualloc_reservation_conflicts_total", frozenset()) in samples  # 0 from the start
+
+
+def test_every_metric_and_label_the_dashboard_and_alerts_use_is_exported(served):
+    # every histogram has samples once a reservation was made; per-tenant series while held
+    reservation = served.reserve("one-h100", owner="team-d/x").reservations[0]
+    labels: dict[str, set[str]] = {}
+    for name, found in served.scrape():
+        labels.setdefault(name, set()).update(label for label, _ in found)
+    served.stub.Release(
+        allocator_pb2.ReleaseRequest(reservation_id=reservation.id, owner="team-d/x"), timeout=5
+    )
+    added = TARGET_LABELS | {"le"}  # Prometheus' target labels; the buckets' bound
+    for where, expr in every_expr():
+        named = selectors(expr)
+        assert named, f"{where}: names no gpualloc metric"
+        for metric, matched in named:
+            assert metric in labels, f"{where}: {metric} is not exported"
+            assert matched <= labels[metric] | added, f"{where}: {metric}{{{sorted(matched)}}}"
+        known = set().union(*(labels[metric] for metric, _ in named)) | added
+        assert grouping_labels(expr) <= known, f"{where}: by/without {grouping_labels(expr)}"

@@ -38,6 +38,7 @@ GpuKey = tuple[str, str, str]  # node, pool, model
 UNKNOWN_MODEL = "unknown"
 PROFILE_ATTRIBUTE = "profile"
 FREE, RESERVED, COMMITTED = "free", "reserved", "committed"
+STATES = (FREE, RESERVED, COMMITTED)
 
 
 @dataclass
