@@ -102,7 +102,7 @@ def _count_node(
         count.gpus[key] = count.gpus.get(key, 0) + 1
         for entry in gpu:
             profile = entry.device.attributes.get(PROFILE_ATTRIBUTE)
-            if profile is not None and entry.counters and entry.size < 1:
+            if profile is not None and entry.counters:
                 key = (node, pool, model, str(profile.value))
                 count.partitions_free[key] = count.partitions_free.get(key, 0) + _free(state, entry)
             for owner in state.owners(entry.id):
