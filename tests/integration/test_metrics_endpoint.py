@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,14 @@ OWNER = "team-a/job-1"
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
+def fleet(samples: Samples) -> Samples:
+    return {
+        key: v
+        for key, v in samples.items()
+        if key[0].startswith("gpualloc_fleet_") and key[0] != "gpualloc_fleet_count_duration"
+    }
+
+
 class Served:
     def __init__(self, stub: allocator_pb2_grpc.AllocatorStub, metrics_url: str) -> None:
         self.stub = stub
@@ -42,6 +51,27 @@ class Served:
             for family in text_string_to_metric_families(text)
             for sample in family.samples
         }
+
+    def scrape_after(self, before: Samples, timeout: float = 2.0) -> Samples:
+        """The first scrape whose fleet gauges differ from `before`'s (a recount waits ten times
+        the last count's duration: fleet_metrics.py), or the last one after `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            samples = self.scrape()
+            if fleet(samples) != fleet(before) or time.monotonic() > deadline:
+                return samples
+            time.sleep(0.05)
+
+    def settled(self) -> Samples:
+        """A scrape once the fleet gauges stopped changing (earlier tests' changes counted)."""
+        samples = self.scrape()
+        for _ in range(20):
+            time.sleep(0.2)
+            again = self.scrape()
+            if fleet(again) == fleet(samples):
+                return again
+            samples = again
+        raise AssertionError("the fleet gauges do not settle")
 
     def reserve(self, *claim_names: str, owner: str = OWNER) -> allocator_pb2.AllocateResponse:
         response = self.stub.Allocate(
@@ -115,10 +145,10 @@ def test_the_demo_fleet_is_counted_per_node_pool_and_model(served):
 
 
 def test_a_reservation_moves_the_reserved_then_the_committed_gauge(served):
-    before = served.scrape()
+    before = served.settled()
     response = served.reserve("one-h100")
     reservation = response.reservations[0]
-    reserved = served.scrape()
+    reserved = served.scrape_after(before)
     for state, change in (("reserved", 1), ("free", -1), ("committed", 0)):
         moved = value(reserved, "gpualloc_fleet_gpus", state=state, **H100) - value(
             before, "gpualloc_fleet_gpus", state=state, **H100
@@ -128,7 +158,7 @@ def test_a_reservation_moves_the_reserved_then_the_committed_gauge(served):
     served.stub.Commit(
         allocator_pb2.CommitRequest(reservation_id=reservation.id, owner=OWNER), timeout=5
     )
-    committed = served.scrape()
+    committed = served.scrape_after(reserved)
     assert (
         value(committed, "gpualloc_fleet_gpus", state="committed", **H100)
         == value(before, "gpualloc_fleet_gpus", state="committed", **H100) + 1
@@ -137,7 +167,7 @@ def test_a_reservation_moves_the_reserved_then_the_committed_gauge(served):
     served.stub.Release(
         allocator_pb2.ReleaseRequest(reservation_id=reservation.id, owner=OWNER), timeout=5
     )
-    released = served.scrape()
+    released = served.scrape_after(committed)
     assert value(released, "gpualloc_fleet_gpus", state="free", **H100) == value(
         before, "gpualloc_fleet_gpus", state="free", **H100
     )
@@ -145,10 +175,10 @@ def test_a_reservation_moves_the_reserved_then_the_committed_gauge(served):
 
 def test_a_mig_slice_takes_a_partition_and_fragments_its_node(served):
     mig = {"node": "a100-node-1", "profile": "1g.5gb"}
-    before = served.scrape()
+    before = served.settled()
     assert value(before, "gpualloc_fleet_fragmentation", node="a100-node-1") == 0
     response = served.reserve("mig-small-else-medium", owner="team-b/notebook")
-    after = served.scrape()
+    after = served.scrape_after(before)
     assert value(after, "gpualloc_fleet_partitions_free", **mig) == (
         value(before, "gpualloc_fleet_partitions_free", **mig) - 1
     )
@@ -180,9 +210,10 @@ def test_rpc_latency_and_store_latency_are_histograms(served):
 
 def test_every_metric_and_label_the_dashboard_and_alerts_use_is_exported(served):
     # every histogram has samples once a reservation was made; per-tenant series while held
+    before = served.settled()
     reservation = served.reserve("one-h100", owner="team-d/x").reservations[0]
     labels: dict[str, set[str]] = {}
-    for name, found in served.scrape():
+    for name, found in served.scrape_after(before):
         labels.setdefault(name, set()).update(label for label, _ in found)
     served.stub.Release(
         allocator_pb2.ReleaseRequest(reservation_id=reservation.id, owner="team-d/x"), timeout=5
