@@ -7,6 +7,7 @@ HTTP and parsed with prometheus-client's own text parser.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -227,3 +228,30 @@ def test_every_metric_and_label_the_dashboard_and_alerts_use_is_exported(served)
             assert matched <= labels[metric] | added, f"{where}: {metric}{{{sorted(matched)}}}"
         known = set().union(*(labels[metric] for metric, _ in named)) | added
         assert grouping_labels(expr) <= known, f"{where}: by/without {grouping_labels(expr)}"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param(["services.cli", "serve", "--demo"], id="gpualloc-serve"),
+        pytest.param(["services.allocator", "--seed", "examples/cluster"], id="gpualloc-allocator"),
+        pytest.param(["services.inventory"], id="gpualloc-inventory"),
+    ],
+)
+def test_a_busy_metrics_port_stops_the_server_with_one_line(command):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        address = f"127.0.0.1:{busy.getsockname()[1]}"
+        done = subprocess.run(
+            [sys.executable, "-m", *command, "--listen", f"127.0.0.1:{free_port()}"]
+            + ["--metrics-listen", address],
+            cwd=ROOT,
+            env={**os.environ, "GPUALLOC_LOG_FORMAT": "text", "GPUALLOC_REDIS_URL": ""},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 2, done.stderr
+    assert f"cannot listen on {address} (GPUALLOC_METRICS_LISTEN)" in done.stderr
+    assert "Traceback" not in done.stderr
