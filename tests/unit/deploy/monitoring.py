@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.unit.deploy.certmanager import custom_object
 from tests.unit.deploy.manifests import ROOT, yaml_documents
 
 MONITORING = ROOT / "deploy" / "k8s" / "monitoring"
@@ -27,15 +28,8 @@ SEVERITIES = ("critical", "warning", "info")
 # Labels Prometheus adds to every series of a PodMonitor target (not on the server's /metrics).
 TARGET_LABELS = frozenset({"namespace", "pod", "container", "endpoint", "instance", "job"})
 
-_NAME = {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"}
 _DURATION = {"type": "string", "pattern": r"^([0-9]+(ms|s|m|h|d|w|y))+$"}
 _LABELS = {"type": "object", "additionalProperties": {"type": "string"}}
-_METADATA = {
-    "type": "object",
-    "required": ["name"],
-    "properties": {"name": _NAME, "namespace": {"type": "string"}, "labels": _LABELS},
-    "additionalProperties": False,
-}
 _EXPRESSIONS = {
     "type": "array",
     "minItems": 1,
@@ -53,17 +47,7 @@ _EXPRESSIONS = {
 
 
 def _object(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "required": ["apiVersion", "kind", "metadata", "spec"],
-        "properties": {
-            "apiVersion": {"const": API_VERSION},
-            "kind": {"const": kind},
-            "metadata": _METADATA,
-            "spec": spec,
-        },
-        "additionalProperties": False,
-    }
+    return custom_object(API_VERSION, kind, spec)
 
 
 POD_MONITOR = _object(

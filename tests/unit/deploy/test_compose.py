@@ -448,35 +448,30 @@ def run_health_check(port: int, name: str = "allocator-1") -> int:
     return done.returncode
 
 
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+ALLOCATOR = "gpualloc.allocator.v1.Allocator"
+
+
 @pytest.mark.parametrize(
-    ("status", "expected_exit"),
+    ("name", "statuses", "expected_exit"),
     [
-        pytest.param(health_pb2.HealthCheckResponse.SERVING, 0, id="serving-is-healthy"),
-        pytest.param(health_pb2.HealthCheckResponse.NOT_SERVING, 1, id="not-serving-is-unhealthy"),
+        pytest.param("inventory", {"": SERVING}, 0, id="serving-is-healthy"),
+        pytest.param("inventory", {"": NOT_SERVING}, 1, id="not-serving-is-unhealthy"),
+        # the allocator asks for its service: the process runs before it has a view
+        pytest.param("allocator-1", {"": SERVING, ALLOCATOR: SERVING}, 0, id="ready-is-healthy"),
+        pytest.param(
+            "allocator-1", {"": SERVING, ALLOCATOR: NOT_SERVING}, 1, id="no-view-is-unhealthy"
+        ),
     ],
 )
 def test_health_check_reports_the_servers_health(
-    health_server: Any, status: Any, expected_exit: int
+    health_server: Any, name: str, statuses: dict[str, Any], expected_exit: int
 ) -> None:
     servicer, port = health_server
-    servicer.set("", status)
-    assert run_health_check(port, "inventory") == expected_exit
-
-
-@pytest.mark.parametrize(
-    ("status", "expected_exit"),
-    [
-        pytest.param(health_pb2.HealthCheckResponse.SERVING, 0, id="ready-is-healthy"),
-        pytest.param(health_pb2.HealthCheckResponse.NOT_SERVING, 1, id="no-view-is-unhealthy"),
-    ],
-)
-def test_allocator_health_check_asks_the_allocator_service(
-    health_server: Any, status: Any, expected_exit: int
-) -> None:
-    servicer, port = health_server
-    servicer.set("", health_pb2.HealthCheckResponse.SERVING)  # the process runs
-    servicer.set("gpualloc.allocator.v1.Allocator", status)
-    assert run_health_check(port, "allocator-1") == expected_exit
+    for service, status in statuses.items():
+        servicer.set(service, status)
+    assert run_health_check(port, name) == expected_exit
 
 
 def test_health_check_fails_when_nothing_listens() -> None:

@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
-import subprocess
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.unit.deploy.monitoring import (
     DASHBOARD,
@@ -26,7 +23,7 @@ from tests.unit.deploy.monitoring import (
     promql_problems,
     validate_prometheus_operator,
 )
-from tests.unit.deploy.test_k8s import METRICS_PORT, by_kind, containers, kustomization
+from tests.unit.deploy.test_k8s import METRICS_PORT, by_kind, containers, kustomization, render
 
 GRID_COLUMNS = 24
 PANEL_TYPES = {"row", "stat", "timeseries", "table", "bargauge", "gauge"}
@@ -150,14 +147,7 @@ def test_the_kustomization_ships_the_dashboard_to_grafana_unchanged() -> None:
     spec = kustomization(MONITORING)
     for entry in spec["resources"]:
         assert (MONITORING / entry).exists(), entry
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl is not installed")
-    done = subprocess.run(
-        [kubectl, "kustomize", str(MONITORING)], capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    objects = {o["kind"]: o for o in yaml.safe_load_all(done.stdout) if o is not None}
+    objects = {o["kind"]: o for o in render(MONITORING)}
     config_map = objects["ConfigMap"]
     assert config_map["metadata"]["name"] == "gpualloc-dashboard"  # a stable name, no hash
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
