@@ -6,8 +6,8 @@
 #   docker run --rm gpualloc:dev gpualloc-allocator           # overrides need --entrypoint
 #
 # Stage 1 builds the wheel and installs it with its runtime dependencies into /opt/venv (extras:
-# `agent` for NVML, `otlp` for OpenTelemetry export, `kube` for the inventory's watch of the
-# cluster's ResourceSlices); stage 2 copies only that venv onto a slim
+# `agent` for NVML, `otlp` for OpenTelemetry export, `prometheus` for the /metrics endpoint,
+# `kube` for the inventory's watch of the cluster's ResourceSlices); stage 2 copies only that venv onto a slim
 # Python, so no compiler, pip cache or source tree ships.
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
@@ -23,7 +23,7 @@ COPY services ./services
 COPY loadtest ./loadtest
 RUN python -m pip wheel --no-deps --wheel-dir /dist . \
  && python -m venv /opt/venv \
- && /opt/venv/bin/pip install --constraint constraints.txt "$(ls /dist/gpualloc-*.whl)[agent,otlp,kube]" \
+ && /opt/venv/bin/pip install --constraint constraints.txt "$(ls /dist/gpualloc-*.whl)[agent,otlp,prometheus,kube]" \
  && /opt/venv/bin/pip uninstall --yes pip \
  && /opt/venv/bin/python -m compileall -q /opt/venv
 

@@ -18,13 +18,13 @@ $(STAMP): pyproject.toml constraints.txt
 	  { echo "gpualloc needs Python >= 3.11 (found $$($(PYTHON) --version))"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,agent,otlp,loadtest,kube,cli]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,agent,otlp,prometheus,loadtest,kube,cli]'
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install gpualloc with its dev toolchain
 
-run: $(STAMP) ## start inventory + allocator in one process on 127.0.0.1:50051 (embedded store, demo inventory; web view on 127.0.0.1:8080)
-	$(BIN)/gpualloc serve --demo
+run: $(STAMP) ## start inventory + allocator in one process on 127.0.0.1:50051 (embedded store, demo inventory; web view on 127.0.0.1:8080, metrics on 127.0.0.1:9464)
+	$(BIN)/gpualloc serve --demo --metrics-listen 127.0.0.1:9464
 
 run-cluster: $(STAMP) ## `make run` on a local 3+3 Redis Cluster (loopback ports 7000-7005; stopped on exit)
 	@url=$$(deploy/local/redis-cluster.sh start) && echo "redis cluster: $$url" && \

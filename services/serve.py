@@ -4,7 +4,8 @@ This is the only module that imports both services: it plugs the inventory servi
 allocator's feed port in process (no WatchInventory round trip), then serves both gRPC services,
 health and reflection on one address (default 127.0.0.1:50051). `--demo` seeds the inventory
 with the example cluster so a newcomer can call it at once; `GPUALLOC_REDIS_URL` switches
-reservations and inventory state from embedded to Redis.
+reservations and inventory state from embedded to Redis. Both services share one telemetry,
+so `--metrics-listen` (GPUALLOC_METRICS_LISTEN) serves the metrics of both on one `/metrics`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from services.common.grpc_server import create_server, security_summary, serve_u
 from services.common.health import Health
 from services.common.log import configure_logging
 from services.common.server_flags import add_security_flags, with_security_flags
+from services.common.telemetry import configure_telemetry
 from services.inventory.adapters.pb_mapping import to_pb_node_topology
 from services.inventory.bootstrap import (
     build_inventory,
@@ -42,6 +44,7 @@ from services.inventory.bootstrap import (
 from services.inventory.config import InventorySettings
 from services.inventory.core.state import Change, InventoryState
 from services.inventory.service import InventoryService
+from services.inventory.telemetry import instrument_inventory
 
 __all__ = ["DEMO_PATHS", "InProcessFeed", "register", "run_serve"]
 
@@ -162,7 +165,12 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
                 device_classes=(*allocator_settings.device_classes, *DEMO_CLASSES),
             )
         allocator_settings = _with_web_listen(allocator_settings, args, env)
+        telemetry = configure_telemetry(
+            env, service_name="gpualloc", metrics_listen=server_settings.metrics_listen_address
+        )
         inventory = build_inventory(settings=inventory_settings)
+        inventory.background.append(telemetry.shutdown)
+        instrument_inventory(inventory.service, telemetry)
         seeds = [*inventory_settings.seed_paths, *args.seed, *(DEMO_PATHS if args.demo else ())]
         seeded: list[str] = []
         if seeds:
@@ -170,7 +178,9 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             log.info("seeded the inventory with %d slices from %s", len(seeded), ", ".join(seeds))
         if args.demo:
             seed_reports(inventory.service, list(DEMO_TOPOLOGY))
-        allocator = build_allocator(allocator_settings, InProcessFeed(inventory.service))
+        allocator = build_allocator(
+            allocator_settings, InProcessFeed(inventory.service), telemetry=telemetry
+        )
         health = Health()
         server, port = create_server(
             server_settings.listen_address,

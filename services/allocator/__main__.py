@@ -9,6 +9,7 @@ ResourceSlices and Nodes, no inventory needed). With `--workers N` the parent st
 processes that listen on the same port (SO_REUSEPORT: the kernel spreads connections), each
 with its own view and reservation copy, all sharing one Redis; the parent restarts a worker
 that dies and stops them all on SIGTERM. Workers need Redis: embedded stores are per process.
+Each worker serves its own metrics (GPUALLOC_METRICS_LISTEN host:P: worker k on P + k).
 """
 
 from __future__ import annotations
@@ -129,7 +130,10 @@ def _feed(
 def _serve(settings: AllocatorSettings, seeds: Sequence[str], *, reuse_port: bool) -> int:
     feed, client = _feed(settings, seeds)
     app = build_allocator(
-        settings, feed, feed_connected=(lambda: client.status().connected) if client else None
+        settings,
+        feed,
+        feed_connected=(lambda: client.status().connected) if client else None,
+        feed_target=settings.inventory_address,
     )
     try:
         health = Health()
@@ -171,21 +175,24 @@ def _supervise(settings: AllocatorSettings, argv: list[str]) -> int:
     holder = _hold_port(host, int(port_text))  # port 0: pick one the workers will share
     port = holder.getsockname()[1]
     child_argv = [
-        *_without_flags(argv, ("--workers", "--listen")),
+        *_without_flags(argv, ("--workers", "--listen", "--metrics-listen")),
         "--workers",
         "1",
         "--listen",
         f"{host}:{port}",
         "--reuse-port",
     ]
-    command = [sys.executable, "-m", "services.allocator", *child_argv]
+    commands = [
+        [sys.executable, "-m", "services.allocator", *child_argv, *_metrics_flag(settings, i)]
+        for i in range(settings.workers)
+    ]
     stopping: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stopping.append(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    workers = [subprocess.Popen(command) for _ in range(settings.workers)]
+    workers = [subprocess.Popen(command) for command in commands]
     log.info(
         "allocator workers started",
         extra={"port": port, "workers": [w.pid for w in workers]},
@@ -200,7 +207,7 @@ def _supervise(settings: AllocatorSettings, argv: list[str]) -> int:
                         extra={"pid": worker.pid, "code": worker.returncode},
                     )
                     time.sleep(_RESTART_PAUSE_SECONDS)
-                    workers[index] = subprocess.Popen(command)
+                    workers[index] = subprocess.Popen(commands[index])
     finally:
         holder.close()
         for signum, handler in previous.items():
@@ -214,6 +221,17 @@ def _supervise(settings: AllocatorSettings, argv: list[str]) -> int:
             except subprocess.TimeoutExpired:
                 worker.kill()
     return 0
+
+
+def _metrics_flag(settings: AllocatorSettings, index: int) -> list[str]:
+    """Worker `index`'s metrics address: one port each (a scrape must reach one process, or its
+    counters would jump between workers): the configured port + index (0: any free port)."""
+    address = settings.server.metrics_listen_address
+    if not address:
+        return []
+    host, _, port_text = address.rpartition(":")
+    port = int(port_text) if port_text.isdigit() else 0
+    return ["--metrics-listen", f"{host}:{port + index if port else 0}"]
 
 
 def _hold_port(host: str, port: int) -> socket.socket:

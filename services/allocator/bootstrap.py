@@ -16,7 +16,11 @@ Health: the allocator's service name reports SERVING once it has an inventory vi
 loaded the live reservations, NOT_SERVING before (so a Kubernetes readiness probe waits). The
 extra name `gpualloc.allocator.v1.Allocator/inventory` reports whether the inventory feed is
 connected: a broken feed does not stop serving (the last view stays valid), it is only
-reported there, in the logs and in the `gpualloc.inventory.connected` metric.
+reported there, in the logs (once when it is lost, once when it is back: feed_watch.py) and in
+the `gpualloc.inventory.connected` and `.disconnects` metrics.
+
+Metrics: with telemetry on, the store is timed (metered_store.py) and the fleet gauges are
+registered (fleet_metrics.py); `GPUALLOC_METRICS_LISTEN` serves them all on `/metrics`.
 """
 
 from __future__ import annotations
@@ -39,11 +43,14 @@ from services.allocator.classes import load_device_classes
 from services.allocator.config import AllocatorSettings
 from services.allocator.core import SelectorCache
 from services.allocator.feed import Closeable, InventoryFeed
+from services.allocator.feed_watch import FeedWatch
+from services.allocator.fleet_metrics import FleetGauges
 from services.allocator.holdings import Holdings
+from services.allocator.metered_store import MeteredStore
 from services.allocator.reservations import ReservationEvent, ReservationEventOp, ReservationStore
 from services.allocator.service import AllocatorService, ServiceLimits
 from services.allocator.solving import Solver
-from services.allocator.telemetry import Telemetry, configure_telemetry
+from services.allocator.telemetry import AllocatorMetrics, Telemetry, configure_telemetry
 from services.allocator.view import ClusterView
 from services.common.dra.limits import DocumentLimits
 from services.common.grpc_server import ServiceRegistration
@@ -157,17 +164,26 @@ def build_allocator(
     telemetry: Telemetry | None = None,
     environ: Mapping[str, str] | None = None,
     feed_connected: Callable[[], bool] | None = None,
+    feed_target: str = "",
 ) -> AllocatorApp:
     """Build and start an allocator following `feed`. `store` defaults to `build_store`
     (closed by `app.close()` only when built here); `telemetry` to the OTEL_* variables of
-    `environ` (os.environ); `feed_connected` says whether the feed is live (default: always)."""
+    `environ` (os.environ) and GPUALLOC_METRICS_LISTEN (closed by `app.close()` only when
+    built here); `feed_connected` says whether the feed is live (default: always), and
+    `feed_target` names it in the logs."""
     closers: list[Callable[[], None]] = []
-    telemetry = telemetry or configure_telemetry(os.environ if environ is None else environ)
-    closers.append(telemetry.shutdown)
+    if telemetry is None:
+        telemetry = configure_telemetry(
+            os.environ if environ is None else environ,
+            metrics_listen=settings.server.metrics_listen_address,
+        )
+        closers.append(telemetry.shutdown)
     if store is None:
         store = build_store(settings)
         closers.append(store.close)
-    metrics = telemetry.metrics
+    metrics = AllocatorMetrics(telemetry)
+    if telemetry.enabled:
+        store = MeteredStore(store, metrics)
 
     def on_event(event: ReservationEvent) -> None:
         if event.op is ReservationEventOp.EXPIRE:
@@ -220,14 +236,22 @@ def build_allocator(
     following: Closeable = feed.follow(view.apply)
     closers.append(following.close)
     connected = feed_connected or (lambda: True)
-    metrics.observe("gpualloc.cel.evaluations", lambda: selectors.evaluations, gauge=False)
-    metrics.observe("gpualloc.cel.profile_hits", lambda: selectors.profile_hits, gauge=False)
-    metrics.observe("gpualloc.inventory.generation", lambda: _generation(view))
-    metrics.observe(
+    watch = FeedWatch(
+        connected,
+        metrics.disconnects,
+        target=feed_target or "the inventory",
+        has_view=lambda: view.current() is not None,
+    )
+    closers.append(watch.close)
+    telemetry.observe("gpualloc.cel.evaluations", lambda: selectors.evaluations, gauge=False)
+    telemetry.observe("gpualloc.cel.profile_hits", lambda: selectors.profile_hits, gauge=False)
+    telemetry.observe("gpualloc.inventory.generation", lambda: _generation(view))
+    telemetry.observe(
         "gpualloc.inventory.generation_lag",
         lambda: max(0, view.received_generation - _generation(view)),
     )
-    metrics.observe("gpualloc.inventory.connected", lambda: 1 if connected() else 0)
+    telemetry.observe("gpualloc.inventory.connected", lambda: 1 if connected() else 0)
+    FleetGauges(view, holdings).register(telemetry)
     registration = ServiceRegistration(
         SERVICE_NAME,
         allocator_pb2_grpc.add_AllocatorServicer_to_server,

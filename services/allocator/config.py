@@ -2,7 +2,8 @@
 
 Declared once as `Setting`s (services/common/config.py): the defaults, `from_env` and the table
 in docs/operations.md (`settings_table_markdown(ALLOCATOR_SETTINGS.values())`) come from here.
-OpenTelemetry is configured by the standard `OTEL_*` variables instead (see telemetry.py).
+OpenTelemetry is configured by the standard `OTEL_*` variables instead, and the Prometheus endpoint
+by the shared GPUALLOC_METRICS_LISTEN (services/common/telemetry.py).
 """
 
 from __future__ import annotations

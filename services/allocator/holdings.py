@@ -109,6 +109,7 @@ class Holdings:
         self._refreshing = threading.Lock()  # one refresh at a time
         self._by_id: dict[str, Reservation] = {}
         self._version = 0
+        self._commits = 0  # commits applied: they change states, not what is held
         self._journal: list[_Change | _PendingChange] | None = []  # since the cached state
         self._pending: dict[str, tuple[AllocationResult, ...]] = {}
         self._pending_nodes: dict[str, tuple[str, ...]] = {}  # token -> its nodes
@@ -170,6 +171,10 @@ class Holdings:
     @property
     def version(self) -> int:
         return self._version
+
+    @property
+    def commits(self) -> int:
+        return self._commits
 
     def get(self, reservation_id: str) -> Reservation | None:
         return self._by_id.get(reservation_id)
@@ -287,10 +292,11 @@ class Holdings:
             self._journal.append(_PendingChange(token, allocations, False))
 
     def committed(self, reservation: Reservation) -> None:
-        """A state change that holds the same devices: no new version."""
+        """A state change that holds the same devices: no new version (`commits` counts it)."""
         with self._lock:
             if reservation.id in self._by_id:
                 self._by_id[reservation.id] = reservation
+                self._commits += 1
 
     def refresh(self, node: str = "") -> bool:
         """Replace the copy (of one node's reservations, or all) with the store's. A node's

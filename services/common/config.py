@@ -366,6 +366,14 @@ SERVER_SETTINGS: dict[str, Setting[Any]] = {
         "cannot do TLS); empty: none",
         env_str,
     ),
+    "metrics_listen_address": Setting(
+        "GPUALLOC_METRICS_LISTEN",
+        "",
+        "host:port of a plaintext HTTP server with Prometheus `GET /metrics` (the gRPC health "
+        "port cannot share it: another protocol); empty: none, unless OTEL_METRICS_EXPORTER "
+        "names `prometheus` (then 127.0.0.1:9464)",
+        env_str,
+    ),
     "log_level": Setting(
         "GPUALLOC_LOG_LEVEL",
         "INFO",
@@ -453,6 +461,7 @@ class ServerSettings:
     auth_policy_file: str = SERVER_SETTINGS["auth_policy_file"].default
     insecure: bool = SERVER_SETTINGS["insecure"].default
     health_listen_address: str = SERVER_SETTINGS["health_listen_address"].default
+    metrics_listen_address: str = SERVER_SETTINGS["metrics_listen_address"].default
     log_level: str = SERVER_SETTINGS["log_level"].default
     log_format: str = SERVER_SETTINGS["log_format"].default
 

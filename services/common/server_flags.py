@@ -35,6 +35,11 @@ def add_security_flags(parser: argparse.ArgumentParser) -> None:
         metavar="ADDR",
         help="extra plaintext health-only host:port for probes (GPUALLOC_HEALTH_LISTEN)",
     )
+    group.add_argument(
+        "--metrics-listen",
+        metavar="ADDR",
+        help="plaintext HTTP host:port serving Prometheus /metrics (GPUALLOC_METRICS_LISTEN)",
+    )
 
 
 def with_security_flags(settings: ServerSettings, args: argparse.Namespace) -> ServerSettings:
@@ -48,6 +53,7 @@ def with_security_flags(settings: ServerSettings, args: argparse.Namespace) -> S
             ("auth_policy_file", args.auth_policy),
             ("insecure", args.insecure),
             ("health_listen_address", args.health_listen),
+            ("metrics_listen_address", args.metrics_listen),
         )
         if value is not None
     }

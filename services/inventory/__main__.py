@@ -16,8 +16,10 @@ from services.common.grpc_server import create_server, security_summary, serve_u
 from services.common.health import Health
 from services.common.log import configure_logging
 from services.common.server_flags import add_security_flags, with_security_flags
+from services.common.telemetry import configure_telemetry
 from services.inventory.bootstrap import build_inventory, seed_inventory, start_kube_watch
 from services.inventory.config import InventorySettings
+from services.inventory.telemetry import instrument_inventory
 
 log = logging.getLogger("gpualloc.inventory")
 
@@ -52,9 +54,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if seeds:
             seeded = seed_inventory(app.service, seeds, read_document_limits(os.environ))
             log.info("seeded inventory", extra={"slices": len(seeded), "paths": seeds})
+        telemetry = configure_telemetry(
+            os.environ,
+            service_name="gpualloc-inventory",
+            metrics_listen=settings.server.metrics_listen_address,
+        )
+        app.background.append(telemetry.shutdown)
+        instrument_inventory(app.service, telemetry)
         health = Health()
         server, port = create_server(
-            settings.server.listen_address, [app.registration], settings.server, health=health
+            settings.server.listen_address,
+            [app.registration],
+            settings.server,
+            health=health,
+            interceptors=telemetry.interceptors(),
         )
         start_kube_watch(app, settings, health, seeded)
     except GpuallocError as err:

@@ -32,6 +32,7 @@ from fractions import Fraction
 from typing import Any
 
 from services.allocator.core.leftover import by_slice
+from services.allocator.core.scoring import free_capacity
 from services.allocator.core.snapshot import Amount, CounterID, DeviceEntry, SliceEntry
 from services.common.dra.model import DeviceID
 
@@ -39,6 +40,7 @@ __all__ = [
     "DEFAULT_MIX",
     "FragmentationMix",
     "Usable",
+    "node_fragmentation",
     "node_usable",
     "node_usable_change",
     "placement_loss",
@@ -315,3 +317,19 @@ def set_loss(
     if whole_before and not whole_after:
         lost += mix.whole_value(1)
     return max(_ZERO, lost)
+
+
+def node_fragmentation(
+    devices: Sequence[DeviceEntry],
+    taken: Callable[[DeviceEntry], bool],
+    counter_used: Callable[[CounterID], Amount],
+) -> Fraction:
+    """How fragmented a node's free capacity is, 0..1: the share of it (scoring's device
+    equivalents: a free GPU is 1, a partitioned one its free share) that is not in free whole
+    GPUs (`node_usable`'s `whole`), so a whole-GPU request cannot use it. 0 with nothing free:
+    a full node is not fragmented."""
+    free = free_capacity(devices, lambda entry: not taken(entry), counter_used)
+    if free <= 0:
+        return _ZERO
+    whole = node_usable(devices, taken, counter_used).whole
+    return max(_ZERO, 1 - Fraction(whole) / free)

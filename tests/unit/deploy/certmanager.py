@@ -39,18 +39,24 @@ _METADATA = {
 }
 
 
-def _object(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+def custom_object(api_version: str, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """The schema of a namespaced custom object: these apiVersion and kind, name, labels and
+    annotations, and `spec` (also deploy/k8s/monitoring's, monitoring.py)."""
     return {
         "type": "object",
         "required": ["apiVersion", "kind", "metadata", "spec"],
         "properties": {
-            "apiVersion": {"const": API_VERSION},
+            "apiVersion": {"const": api_version},
             "kind": {"const": kind},
             "metadata": _METADATA,
             "spec": spec,
         },
         "additionalProperties": False,
     }
+
+
+def _object(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return custom_object(API_VERSION, kind, spec)
 
 
 CERTIFICATE = _object(

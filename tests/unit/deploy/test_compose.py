@@ -142,7 +142,14 @@ def test_servers_listen_and_health_check_on_their_default_port(name: str) -> Non
     # the health check asks the plaintext health-only port on loopback: the gRPC port is TLS
     assert environment(service)["GPUALLOC_HEALTH_LISTEN"] == f"127.0.0.1:{HEALTH_PORT}"
     test = service["healthcheck"]["test"]
-    assert test[:3] == ["CMD", "python", "-c"] and test[-1] == str(HEALTH_PORT)
+    assert test[:3] == ["CMD", "python", "-c"] and test[4] == str(HEALTH_PORT)
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in SERVER_PORTS])
+def test_allocators_are_healthy_when_their_service_is_ready(name: str) -> None:
+    # the server's own status says SERVING while the Allocator has no inventory view yet
+    expected = ["gpualloc.allocator.v1.Allocator"] if name.startswith("allocator") else []
+    assert services()[name]["healthcheck"]["test"][5:] == expected
 
 
 def test_published_host_ports_are_distinct_and_the_first_allocator_has_the_default() -> None:
@@ -428,28 +435,43 @@ def health_server() -> Any:
     server.stop(grace=None).wait()
 
 
-def run_health_check(port: int) -> int:
-    test = services()["allocator-1"]["healthcheck"]["test"]
-    program = test[3]
+def run_health_check(port: int, name: str = "allocator-1") -> int:
+    """The compose health check of service `name`, against `port`."""
+    test = services()[name]["healthcheck"]["test"]
+    program, arguments = test[3], test[5:]
     done = subprocess.run(
-        [sys.executable, "-c", program, str(port)], capture_output=True, timeout=30, check=False
+        [sys.executable, "-c", program, str(port), *arguments],
+        capture_output=True,
+        timeout=30,
+        check=False,
     )
     return done.returncode
 
 
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+ALLOCATOR = "gpualloc.allocator.v1.Allocator"
+
+
 @pytest.mark.parametrize(
-    ("status", "expected_exit"),
+    ("name", "statuses", "expected_exit"),
     [
-        pytest.param(health_pb2.HealthCheckResponse.SERVING, 0, id="serving-is-healthy"),
-        pytest.param(health_pb2.HealthCheckResponse.NOT_SERVING, 1, id="not-serving-is-unhealthy"),
+        pytest.param("inventory", {"": SERVING}, 0, id="serving-is-healthy"),
+        pytest.param("inventory", {"": NOT_SERVING}, 1, id="not-serving-is-unhealthy"),
+        # the allocator asks for its service: the process runs before it has a view
+        pytest.param("allocator-1", {"": SERVING, ALLOCATOR: SERVING}, 0, id="ready-is-healthy"),
+        pytest.param(
+            "allocator-1", {"": SERVING, ALLOCATOR: NOT_SERVING}, 1, id="no-view-is-unhealthy"
+        ),
     ],
 )
 def test_health_check_reports_the_servers_health(
-    health_server: Any, status: Any, expected_exit: int
+    health_server: Any, name: str, statuses: dict[str, Any], expected_exit: int
 ) -> None:
     servicer, port = health_server
-    servicer.set("", status)
-    assert run_health_check(port) == expected_exit
+    for service, status in statuses.items():
+        servicer.set(service, status)
+    assert run_health_check(port, name) == expected_exit
 
 
 def test_health_check_fails_when_nothing_listens() -> None:

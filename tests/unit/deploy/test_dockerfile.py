@@ -129,8 +129,9 @@ def test_builder_installs_the_wheel_with_its_extras_under_constraints() -> None:
     assert "pip wheel --no-deps" in runs
     assert "--constraint constraints.txt" in runs
     # NVML for the node agent; the OTLP exporter the deploy files' OTEL_*_EXPORTER=otlp needs;
-    # the kubernetes client the inventory's GPUALLOC_KUBE_WATCH=in-cluster needs
-    assert installed_extras() == {"agent", "otlp", "kube"}
+    # the kubernetes client the inventory's GPUALLOC_KUBE_WATCH=in-cluster needs; the
+    # Prometheus endpoint the manifests' GPUALLOC_METRICS_LISTEN opens
+    assert installed_extras() == {"agent", "otlp", "prometheus", "kube"}
 
 
 def test_every_extra_the_image_installs_is_declared() -> None:

@@ -60,10 +60,13 @@ KNOWN_KINDS = {
     ("kueue.x-k8s.io/v1beta2", "AdmissionCheck"),  # deploy/k8s/kueue: the Kueue bridge's check
     ("cert-manager.io/v1", "Issuer"),  # the servers' TLS (base/tls.yaml)
     ("cert-manager.io/v1", "Certificate"),
+    ("monitoring.coreos.com/v1", "PodMonitor"),  # deploy/k8s/monitoring: Prometheus Operator
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
 }
 WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet"}
 SERVERS = ("allocator", "inventory")
 HEALTH_PORT = 8086  # GPUALLOC_HEALTH_LISTEN: plaintext grpc.health.v1 only, for the kubelet
+METRICS_PORT = 9464  # GPUALLOC_METRICS_LISTEN: plaintext Prometheus /metrics
 
 
 # --- loading -----------------------------------------------------------------------------------
@@ -305,9 +308,12 @@ def test_servers_listen_probe_and_serve_on_their_default_port(
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
         "grpc": port,
         "health": HEALTH_PORT,
+        "metrics": METRICS_PORT,
     }
+    assert env_value(container, "GPUALLOC_METRICS_LISTEN") == f"0.0.0.0:{METRICS_PORT}"
     (service,) = [s for s in by_kind("Service").values() if component(s) == component_name]
-    assert [p["port"] for p in service["spec"]["ports"]] == [port]  # health stays in the pod
+    # health and metrics stay in the pod (a PodMonitor scrapes each pod: deploy/k8s/monitoring)
+    assert [p["port"] for p in service["spec"]["ports"]] == [port]
 
 
 @pytest.mark.parametrize(
@@ -676,9 +682,18 @@ def test_servers_admit_only_their_clients_and_the_health_port_from_anywhere(
     policy = by_kind("NetworkPolicy")[name]
     assert policy["spec"]["podSelector"] == by_kind("Deployment")[name]["spec"]["selector"]
     ports = ingress_ports(policy)
-    assert set(ports) == {port, HEALTH_PORT}
+    assert set(ports) == {port, HEALTH_PORT, METRICS_PORT}
     assert ports[HEALTH_PORT] is None
     assert ports[port], "the gRPC port must name who may connect"
+    # the metrics name tenants: only Prometheus' namespace (by the label nobody can forge)
+    (peer,) = ports[METRICS_PORT]
+    assert peer == {
+        "namespaceSelector": {
+            "matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["monitoring"]}
+            ]
+        }
+    }
 
 
 def test_the_inventory_admits_only_the_allocators_and_the_agents() -> None:
