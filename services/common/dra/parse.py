@@ -7,8 +7,11 @@ ResourceSlice, DeviceClass, ResourceClaim (spec.devices and status.allocation),
 ResourceClaimTemplate (its spec.spec, as the ResourceClaim it stamps out) and core/v1 Node (name
 and labels). API versions resource.k8s.io/v1 and v1beta2 (same shape); v1beta1 (devices under
 `basic`, requests without `exactly`) is converted to the v1 shape first, so its errors use v1
-field paths, as the API server's do. Fields gpualloc does not model (managedFields, status of
-slices, creationTimestamp, newer alpha fields) are ignored.
+field paths, as the API server's do. Fields of the 1.34 API that gpualloc does not model
+(managedFields, creationTimestamp, alpha fields) are ignored; a field that API lacks is an
+error, `unknown field "<path>"` with the closest known name, as kubectl's strict validation
+(_schema.py). Only `decode_object`, for objects read back from an API server, ignores those
+too.
 
 Every object is validated (validate.py). Errors name the source, the line (when it can be found),
 the document and the object, then the field path, e.g. `slices.yaml:57: document 2
@@ -115,8 +118,9 @@ def load_objects(
 
 
 def decode_object(data: Mapping[str, Any], source: str = "<object>") -> KubeObject:
-    """One already-decoded object (e.g. from a watch event or `json.loads`), validated."""
-    return decode_kube_object(dict(data), Where(source, "", 1), None, None)
+    """One already-decoded object (e.g. from a watch event or `json.loads`), validated; fields
+    gpualloc does not know are ignored (a newer API server may send them)."""
+    return decode_kube_object(dict(data), Where(source, "", 1, strict=False), None, None)
 
 
 def allocation_result_from_dict(
