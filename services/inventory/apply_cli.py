@@ -136,7 +136,12 @@ def _slices_on_server(stub: inventory_pb2_grpc.InventoryStub) -> SliceLookup:
 
     def lookup(node: str) -> list[ResourceSlice]:
         request = inventory_pb2.GetInventoryRequest(node_name=node, include_slices=True)
-        found = stub.GetInventory(request, timeout=_TIMEOUT_S).inventory.nodes
+        try:
+            found = stub.GetInventory(request, timeout=_TIMEOUT_S).inventory.nodes
+        except grpc.RpcError as error:
+            if isinstance(error, grpc.Call) and error.code() == grpc.StatusCode.NOT_FOUND:
+                return []  # a node the inventory does not hold: no slices
+            raise
         slices = [s for message in found for s in slices_from_pb_node(message)]
         return [s for s in slices if s.pool.name != node + NVML_POOL_SUFFIX]
 
