@@ -13,10 +13,16 @@ from pathlib import Path
 from typing import TextIO
 
 from services.common.dra.limits import DocumentLimits
-from services.common.dra.parse import KubeObject, load_objects, read_stdin, read_text
+from services.common.dra.parse import KubeObject, Where, load_located_objects, read_stdin, read_text
 from services.common.errors import InvalidArgument
 
-__all__ = ["MANIFEST_SUFFIXES", "expand_paths", "load_manifests", "refuse_second_stdin"]
+__all__ = [
+    "MANIFEST_SUFFIXES",
+    "expand_paths",
+    "load_located_manifests",
+    "load_manifests",
+    "refuse_second_stdin",
+]
 
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -54,11 +60,18 @@ def load_manifests(
     paths: Iterable[str], stdin: TextIO | None = None, limits: DocumentLimits | None = None
 ) -> list[KubeObject]:
     """Every object of every path, in order; errors name the file (and line, field path)."""
-    objects: list[KubeObject] = []
+    return [obj for obj, _ in load_located_manifests(paths, stdin, limits)]
+
+
+def load_located_manifests(
+    paths: Iterable[str], stdin: TextIO | None = None, limits: DocumentLimits | None = None
+) -> list[tuple[KubeObject, Where]]:
+    """`load_manifests`, each object with where it is (parse.load_located_objects)."""
+    located: list[tuple[KubeObject, Where]] = []
     for path in expand_paths(paths):
         if path == "-":
             text = read_stdin(stdin or sys.stdin, limits)
-            objects.extend(load_objects(text, "<stdin>", limits))
+            located.extend(load_located_objects(text, "<stdin>", limits))
         else:
-            objects.extend(load_objects(read_text(path, limits), path, limits))
-    return objects
+            located.extend(load_located_objects(read_text(path, limits), path, limits))
+    return located

@@ -249,7 +249,8 @@ def test_topology_explains_the_partial_mesh(tmp_path):
                 "spec:\n  devices:\n    requests:\n    - name: g\n      exactly:\n"
                 "        deviceClassName: gpu.nvidia.com\n"
             },
-            'claims[0].metadata.annotations["gpualloc.io/topology-constraints"][0].kind',
+            'claim.yaml:6: document 1 (ResourceClaim "c"): '
+            'metadata.annotations["gpualloc.io/topology-constraints"][0].kind',
             id="bad-annotation",
         ),
     ],

@@ -181,8 +181,9 @@ def _child_node(node: yaml.Node | None, segment: str | int) -> tuple[yaml.Node, 
     return None
 
 
-def decode_document(document: object, where: Where) -> list[KubeObject]:
-    """One document: an object, or a List whose items are decoded one by one."""
+def decode_document(document: object, where: Where) -> list[tuple[KubeObject, Where]]:
+    """One document: an object, or a List whose items are decoded one by one; each object with
+    where it is (for errors found later, e.g. a class the claim names that does not exist)."""
     if not isinstance(document, dict):
         got = json_type(document)
         detail = f"must be a Kubernetes object (a mapping with apiVersion and kind), got {got}"
@@ -190,16 +191,14 @@ def decode_document(document: object, where: Where) -> list[KubeObject]:
     kind = document.get("kind")
     typed_list = isinstance(kind, str) and kind.endswith("List") and kind[:-4] in _DECODERS
     if kind != "List" and not typed_list:
-        return [decode_kube_object(document, where, None, None)]
+        return [(decode_kube_object(document, where, None, None), where)]
     items = document.get("items") or []
     if not isinstance(items, list):
         raise where.fail([FieldViolation("items", f"must be a list, got {json_type(items)}")])
     item_kind = str(kind)[:-4] if typed_list else None
     item_version = document.get("apiVersion") if typed_list else None
-    return [
-        decode_kube_object(item, where.at_item(i), item_kind, item_version)
-        for i, item in enumerate(items)
-    ]
+    located = [(item, where.at_item(i)) for i, item in enumerate(items)]
+    return [(decode_kube_object(item, at, item_kind, item_version), at) for item, at in located]
 
 
 def decode_kube_object(

@@ -52,8 +52,10 @@ __all__ = [
     "RESOURCE_API_VERSIONS",
     "KubeObject",
     "allocation_result_from_dict",
+    "Where",
     "decode_object",
     "load_files",
+    "load_located_objects",
     "load_objects",
     "read_documents",
     "read_stdin",
@@ -110,11 +112,20 @@ def load_objects(
 ) -> list[KubeObject]:
     """Every object of a YAML or JSON text (one object, a List, or a stream of documents),
     within `limits` (limits.py; the defaults when None)."""
-    objects: list[KubeObject] = []
+    return [obj for obj, _ in load_located_objects(text, source, limits)]
+
+
+def load_located_objects(
+    text: str, source: str = "<input>", limits: DocumentLimits | None = None
+) -> list[tuple[KubeObject, Where]]:
+    """`load_objects`, each object with where it is: `where.fail(violations)` words a later
+    error about it as one found while decoding (`file:line: document N (Kind "name"): ...`,
+    the line that of the violation's field path)."""
+    located: list[tuple[KubeObject, Where]] = []
     for number, document in read_documents(text, source, limits):
         if document is not None:
-            objects.extend(decode_document(document, Where(source, text, number)))
-    return objects
+            located.extend(decode_document(document, Where(source, text, number)))
+    return located
 
 
 def decode_object(data: Mapping[str, Any], source: str = "<object>") -> KubeObject:
