@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import TextIO
 
 from services.common.dra.limits import DocumentLimits, checked_json_loads
-from services.common.dra.model import Device, Node, ResourceSlice
-from services.common.dra.parse import load_objects, read_stdin, read_text
-from services.common.errors import InvalidArgument
+from services.common.dra.model import Device, DeviceClass, Node, ResourceSlice
+from services.common.dra.parse import load_located_objects, read_stdin, read_text
+from services.common.errors import FieldViolation, InvalidArgument
 from services.common.manifests import refuse_second_stdin
 from services.inventory.adapters.nvidia_smi_xml import parse_nvidia_smi_xml
 from services.inventory.adapters.report_json import KIND, from_json
@@ -175,16 +175,16 @@ def _add_report(inputs: Inputs, sources: dict[str, str], report: NodeReport, sou
 
 
 def _add_objects(inputs: Inputs, text: str, source: str, limits: DocumentLimits) -> None:
-    for obj in load_objects(text, source, limits):
+    for obj, where in load_located_objects(text, source, limits):
         if isinstance(obj, ResourceSlice):
             inputs.slices.append(obj)
         elif isinstance(obj, Node):
             inputs.nodes.append(obj)
         else:
-            raise InvalidArgument.at(
-                f"{source}: kind",
-                f"the inventory holds ResourceSlices and Nodes, not {type(obj).__name__}",
-            )
+            detail = f"the inventory holds ResourceSlices and Nodes, not a {type(obj).__name__}"
+            if isinstance(obj, DeviceClass):
+                detail += " (DeviceClasses are the allocator's: GPUALLOC_DEVICE_CLASSES)"
+            raise where.fail([FieldViolation("kind", detail)])
 
 
 def _fold(
