@@ -82,6 +82,30 @@ def test_the_contract_covers_the_served_packages() -> None:
     assert len(recorded["messages"]) > 50
 
 
+def test_a_reader_skips_fields_it_does_not_know_and_keeps_the_rest() -> None:
+    """What an older server or client does with a field added after it was built."""
+    from protos.allocator.v1 import allocator_pb2
+
+    known = allocator_pb2.ReleaseRequest(reservation_id="res-1@node-1", fencing_token=7)
+    newer = known.SerializeToString() + _unknown_string_field(999, b"from a newer version")
+
+    read = allocator_pb2.ReleaseRequest.FromString(newer)
+
+    assert (read.reservation_id, read.fencing_token) == ("res-1@node-1", 7)
+
+
+def _unknown_string_field(number: int, value: bytes) -> bytes:
+    """A length-delimited field `number` on the wire (tag varint, length, bytes)."""
+    tag = (number << 3) | 2
+    varint = bytearray()
+    while True:
+        byte, tag = tag & 0x7F, tag >> 7
+        varint.append(byte | (0x80 if tag else 0))
+        if not tag:
+            break
+    return bytes(varint) + bytes([len(value)]) + value
+
+
 if __name__ == "__main__":
     CONTRACT.parent.mkdir(parents=True, exist_ok=True)
     CONTRACT.write_text(json.dumps(current_contract(), indent=1, sort_keys=True) + "\n")
