@@ -18,6 +18,7 @@ from services.allocator.solve_cli import (
     EXIT_UNSATISFIABLE,
     run_solve,
 )
+from services.common.dra.model import ResourceClaim
 from services.common.dra.parse import load_objects
 from tests.cli.examples import CLAIMS, CLUSTER
 
@@ -188,6 +189,7 @@ def test_emitted_claims_keep_earlier_allocations_and_read_back_as_objects() -> N
     )
     assert code == EXIT_ALLOCATED, err.getvalue()
     held, placed = load_objects(out.getvalue(), "emitted.json")
+    assert isinstance(held, ResourceClaim) and isinstance(placed, ResourceClaim)
     assert held.allocation is not None and placed.allocation is not None
     assert [r.device for r in held.allocation.results] == ["gpu-0"]
     assert placed.allocation.results[0].pool == "h100-node-1"

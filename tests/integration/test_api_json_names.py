@@ -30,7 +30,7 @@ MEMORY = 'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("40Gi")) >
 
 
 def grpc_claim(name: str, count: int) -> dict[str, Any]:
-    exactly = {"deviceClassName": "gpu.nvidia.com", "count": str(count)}
+    exactly: dict[str, Any] = {"deviceClassName": "gpu.nvidia.com", "count": str(count)}
     if count == 2:
         exactly["selectors"] = [{"cel": MEMORY}]  # `{"cel": "<expression>"}`
     return {"name": name, "requests": [{"name": "gpus", "exactly": exactly}]}
@@ -53,7 +53,8 @@ def solve(tmp_path: Path, name: str, count: int, **options: Any) -> dict[str, An
     path.write_text(yaml.safe_dump(kube_claim(name, count)))
     out = io.StringIO()
     run_solve([*CLUSTER, str(path)], output="json", stdout=out, stderr=io.StringIO(), **options)
-    return json.loads(out.getvalue())
+    report: dict[str, Any] = json.loads(out.getvalue())
+    return report
 
 
 @pytest.fixture
@@ -65,7 +66,8 @@ def allocator(grpc_channel_factory):
 
 def call(stub_method, request_type, body: dict[str, Any]) -> dict[str, Any]:
     request = json_format.Parse(json.dumps(body), request_type())
-    return json_format.MessageToDict(stub_method(request, timeout=10))
+    answer: dict[str, Any] = json_format.MessageToDict(stub_method(request, timeout=10))
+    return answer
 
 
 def test_an_allocation_is_results_over_grpc_and_devices_results_in_the_cli(allocator, tmp_path):

@@ -83,7 +83,9 @@ def _run(args: tuple[str, ...], tmp: Path, redirect: str | None = None) -> tuple
 
 
 @pytest.fixture(scope="module")
-def offline_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple]]:
+def offline_runs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, tuple[int, str, str]]]:
     tmp = tmp_path_factory.mktemp("examples-readme")
     yield {c.id: _run(c.args, tmp, c.redirect) for c in OFFLINE}
 

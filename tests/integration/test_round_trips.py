@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -31,14 +32,15 @@ def inventory(*args: str, output: str = "yaml", node: str | None = None) -> str:
     return out.getvalue()
 
 
-def solve(*paths: str) -> dict:
+def solve(*paths: str) -> dict[str, Any]:
     out, err = io.StringIO(), io.StringIO()
     code = run_solve([*paths, CLASSES], output="json", stdout=out, stderr=err)
     assert code == EXIT_ALLOCATED, err.getvalue()
-    return json.loads(out.getvalue())
+    report: dict[str, Any] = json.loads(out.getvalue())
+    return report
 
 
-def placement(report: dict) -> tuple[str, list[tuple[str, str]]]:
+def placement(report: dict[str, Any]) -> tuple[str, list[tuple[str, str]]]:
     results = report["claims"][0]["allocation"]["devices"]["results"]
     return report["node"], [(r["pool"], r["device"]) for r in results]
 

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -94,14 +95,14 @@ def test_the_capacity_plan_quotes_only_listed_figures() -> None:
             assert listed or "derived" in line, f"{number!r} in {line!r}"
 
 
-def _manifest(path: str, kind: str) -> dict:
-    docs = [d for d in yaml.safe_load_all((ROOT / path).read_text()) if d]
+def _manifest(path: str, kind: str) -> dict[str, Any]:
+    docs: list[dict[str, Any]] = [d for d in yaml.safe_load_all((ROOT / path).read_text()) if d]
     return next(d for d in docs if d["kind"] == kind)
 
 
 def _memory_limit(path: str) -> str:
     text = (ROOT / path).read_text()
-    return re.findall(r"limits:\s*\n(?:\s+cpu: .*\n)?\s+memory: (\S+)", text)[0]
+    return str(re.findall(r"limits:\s*\n(?:\s+cpu: .*\n)?\s+memory: (\S+)", text)[0])
 
 
 def test_the_manifests_say_what_the_docs_say() -> None:
@@ -149,7 +150,7 @@ def test_nvidia_driver_samples_are_the_versions_named() -> None:
     assert "driverVersion: {version: 580.95.5}" in example and "driver 580.95.5" in COMPATIBILITY
     assert "pcieBusID" in PCI_BUS_ID_ATTRIBUTES
     xml = sorted(p.name for p in (ROOT / "tests/data/nvidia-smi-xml").glob("*.xml"))
-    assert [re.search(r"drv(\d+)", n)[1] for n in xml] == ["590", "510", "515"]
+    assert [re.findall(r"drv(\d+)", n) for n in xml] == [["590"], ["510"], ["515"]]
 
 
 def test_bridge_versions_are_the_samples_and_the_code() -> None:
