@@ -264,6 +264,12 @@ class _Inputs:
     pending: list[ResourceClaim]
     where: list[Where]  # of each pending claim
 
+    def parts(
+        self,
+    ) -> tuple[ClusterSnapshot, AllocatedState, dict[str, DeviceClass], list[ResourceClaim]]:
+        """What a solve takes: the snapshot, its state, the classes and the pending claims."""
+        return self.snapshot, self.state, self.classes, self.pending
+
     def locate(self, error: InvalidArgument) -> InvalidArgument:
         """An error about `claims[i].<path>` (the allocator's words) as one about the file and
         line of that claim, as decoding errors read; any other error as it is."""
@@ -303,12 +309,7 @@ def _capacity(
 ) -> dict[str, Any]:
     """How many more copies of the pending claims (or gangs of them) fit: the service's
     Capacity on files (services/allocator/counting.py)."""
-    snapshot, state, classes, pending = (
-        inputs.snapshot,
-        inputs.state,
-        inputs.classes,
-        inputs.pending,
-    )
+    snapshot, state, classes, pending = inputs.parts()
     if not pending:
         raise InvalidArgument.at(
             "--capacity", "no ResourceClaim without status.allocation to count"
@@ -361,12 +362,7 @@ def _solve(
     max_steps: int,
     gang: GangSpec | None = None,
 ) -> dict[str, Any]:
-    snapshot, state, classes, pending = (
-        inputs.snapshot,
-        inputs.state,
-        inputs.classes,
-        inputs.pending,
-    )
+    snapshot, state, classes, pending = inputs.parts()
     if not pending:
         return _nothing_to_allocate(gang)
     if gang is not None:
