@@ -68,7 +68,7 @@ from services.common.dra.model import (
 from services.common.dra.parse import Where
 from services.common.dra.serialize import allocation_result_to_dict, resource_claim_to_dict
 from services.common.errors import FieldViolation, GpuallocError, InvalidArgument
-from services.common.manifests import load_located_manifests
+from services.common.manifests import add_validate_flag, load_located_manifests
 
 __all__ = ["EXIT_ALLOCATED", "EXIT_INVALID", "EXIT_UNSATISFIABLE", "register", "run_solve"]
 
@@ -127,6 +127,7 @@ def register(subparsers: Any) -> None:
         "--gang, how many gangs) instead of allocating them once",
     )
     parser.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
+    add_validate_flag(parser)
     parser.add_argument(
         "--emit",
         choices=("report", "claims"),
@@ -160,6 +161,7 @@ def _main(args: argparse.Namespace) -> int:
         capacity=args.capacity,
         limits=limits,
         emit=args.emit,
+        strict=args.validate == "strict",
     )
 
 
@@ -178,13 +180,14 @@ def run_solve(
     stdin: TextIO | None = None,
     limits: DocumentLimits | None = None,
     emit: str = "report",
+    strict: bool = True,
 ) -> int:
     out = stdout or sys.stdout
     err = stderr or sys.stderr
     try:
         spec = _gang_spec(gang, gang_label, node)
         _check_emit(emit, output, spec, capacity)
-        inputs = _load(paths, stdin, limits)
+        inputs = _load(paths, stdin, limits, strict)
         try:
             if capacity:
                 report = _capacity(inputs, node, policy, max_steps, spec)
@@ -280,9 +283,11 @@ class _Inputs:
         return self.where[int(match[1])].fail([violation, *error.violations[1:]])
 
 
-def _load(paths: Sequence[str], stdin: TextIO | None, limits: DocumentLimits | None) -> _Inputs:
+def _load(
+    paths: Sequence[str], stdin: TextIO | None, limits: DocumentLimits | None, strict: bool
+) -> _Inputs:
     manifests, topologies = split_topologies(paths)
-    located = load_located_manifests(manifests, stdin, limits) if manifests else []
+    located = load_located_manifests(manifests, stdin, limits, strict=strict) if manifests else []
     objects = [o for o, _ in located]
     slices = [o for o in objects if isinstance(o, ResourceSlice)]
     nodes = [o for o in objects if isinstance(o, Node)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from services.common.dra.limits import DocumentLimits
 from services.common.dra.parse import KubeObject, Where, load_located_objects, read_stdin, read_text
@@ -18,6 +18,8 @@ from services.common.errors import InvalidArgument
 
 __all__ = [
     "MANIFEST_SUFFIXES",
+    "VALIDATE_CHOICES",
+    "add_validate_flag",
     "expand_paths",
     "load_located_manifests",
     "load_manifests",
@@ -64,14 +66,31 @@ def load_manifests(
 
 
 def load_located_manifests(
-    paths: Iterable[str], stdin: TextIO | None = None, limits: DocumentLimits | None = None
+    paths: Iterable[str],
+    stdin: TextIO | None = None,
+    limits: DocumentLimits | None = None,
+    *,
+    strict: bool = True,
 ) -> list[tuple[KubeObject, Where]]:
-    """`load_manifests`, each object with where it is (parse.load_located_objects)."""
+    """`load_manifests`, each object with where it is (parse.load_located_objects); `strict`
+    as there."""
     located: list[tuple[KubeObject, Where]] = []
     for path in expand_paths(paths):
-        if path == "-":
-            text = read_stdin(stdin or sys.stdin, limits)
-            located.extend(load_located_objects(text, "<stdin>", limits))
-        else:
-            located.extend(load_located_objects(read_text(path, limits), path, limits))
+        source = "<stdin>" if path == "-" else path
+        text = read_stdin(stdin or sys.stdin, limits) if path == "-" else read_text(path, limits)
+        located.extend(load_located_objects(text, source, limits, strict=strict))
     return located
+
+
+VALIDATE_CHOICES = ("strict", "ignore")
+
+
+def add_validate_flag(parser: Any) -> None:
+    """`--validate strict|ignore`, as kubectl's: unknown fields refused (default) or ignored."""
+    parser.add_argument(
+        "--validate",
+        choices=VALIDATE_CHOICES,
+        default="strict",
+        help="strict (default): a field the Kubernetes 1.34 API lacks is an error; ignore: "
+        "such fields are skipped (objects from a newer cluster)",
+    )

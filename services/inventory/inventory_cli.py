@@ -33,6 +33,7 @@ import yaml
 from services.common.config import read_document_limits
 from services.common.dra.limits import DocumentLimits
 from services.common.errors import GpuallocError, InvalidArgument
+from services.common.manifests import add_validate_flag
 from services.inventory.core.state import InventoryState, apply, record_report
 from services.inventory.inputs import Inputs, read_inputs
 from services.inventory.view_json import inventory_objects, inventory_text, inventory_to_json
@@ -58,6 +59,7 @@ def register(subparsers: Any) -> None:
         help="file, directory or - (stdin); repeatable",
     )
     parser.add_argument("--node", help="the node of nvidia-smi XML / topo inputs")
+    add_validate_flag(parser)
     parser.add_argument(
         "-o",
         "--output",
@@ -75,7 +77,8 @@ def _main(args: argparse.Namespace) -> int:
     except InvalidArgument as error:
         print(f"gpualloc inventory: {error}", file=sys.stderr)
         return EXIT_INVALID
-    return run_inventory(args.filename, args.node, args.output, limits=limits)
+    strict = args.validate == "strict"
+    return run_inventory(args.filename, args.node, args.output, limits=limits, strict=strict)
 
 
 def build_state(inputs: Inputs) -> InventoryState:
@@ -95,10 +98,11 @@ def run_inventory(
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
     limits: DocumentLimits | None = None,
+    strict: bool = True,
 ) -> int:
     out, err = stdout or sys.stdout, stderr or sys.stderr
     try:
-        state = build_state(read_inputs(paths, node, stdin, limits=limits))
+        state = build_state(read_inputs(paths, node, stdin, limits=limits, strict=strict))
     except GpuallocError as error:
         print(f"gpualloc inventory: {error}", file=err)
         return EXIT_INVALID

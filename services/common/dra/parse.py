@@ -108,15 +108,24 @@ def load_files(
 
 
 def load_objects(
-    text: str, source: str = "<input>", limits: DocumentLimits | None = None
+    text: str,
+    source: str = "<input>",
+    limits: DocumentLimits | None = None,
+    *,
+    strict: bool = True,
 ) -> list[KubeObject]:
     """Every object of a YAML or JSON text (one object, a List, or a stream of documents),
-    within `limits` (limits.py; the defaults when None)."""
-    return [obj for obj, _ in load_located_objects(text, source, limits)]
+    within `limits` (limits.py; the defaults when None). `strict=False` ignores fields the
+    1.34 API lacks instead of refusing them (kubectl's `--validate=ignore`)."""
+    return [obj for obj, _ in load_located_objects(text, source, limits, strict=strict)]
 
 
 def load_located_objects(
-    text: str, source: str = "<input>", limits: DocumentLimits | None = None
+    text: str,
+    source: str = "<input>",
+    limits: DocumentLimits | None = None,
+    *,
+    strict: bool = True,
 ) -> list[tuple[KubeObject, Where]]:
     """`load_objects`, each object with where it is: `where.fail(violations)` words a later
     error about it as one found while decoding (`file:line: document N (Kind "name"): ...`,
@@ -124,7 +133,8 @@ def load_located_objects(
     located: list[tuple[KubeObject, Where]] = []
     for number, document in read_documents(text, source, limits):
         if document is not None:
-            located.extend(decode_document(document, Where(source, text, number)))
+            where = Where(source, text, number, strict=strict)
+            located.extend(decode_document(document, where))
     return located
 
 
