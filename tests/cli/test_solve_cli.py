@@ -234,6 +234,14 @@ def test_topology_explains_the_partial_mesh(tmp_path):
         ),
         pytest.param(
             {
+                "shape.yaml": "apiVersion: gpualloc.io/v1alpha1\nkind: NodeTopology\n"
+                "metadata:\n  name: n1\nspec:\n  gpus: 3\n"
+            },
+            'shape.yaml:6: document 1 (NodeTopology "n1"): spec.gpus: must be a list',
+            id="topology-error-names-file-line-and-object",
+        ),
+        pytest.param(
+            {
                 "mixed.yaml": "apiVersion: gpualloc.io/v1alpha1\nkind: NodeTopology\n"
                 "metadata: {name: n}\nspec: {}\n---\napiVersion: v1\nkind: Node\n"
                 "metadata: {name: n}\n"
