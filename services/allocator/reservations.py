@@ -48,7 +48,9 @@ __all__ = [
     "conflict_error",
     "device_conflict_key",
     "milli",
+    "NODE_SEPARATOR",
     "new_reservation_id",
+    "node_reservation_id",
     "reserve_gang",
     "validate_reserve_request",
 ]
@@ -197,9 +199,20 @@ class ReservationEvent:
     fencing_token: int
 
 
+NODE_SEPARATOR = "@"  # reservation id = <minted>@<node>
+
+
 def new_reservation_id() -> str:
     """Random, unguessable and unique without coordination (ids are minted by the client)."""
     return "res-" + secrets.token_hex(16)  # 128 random bits, as 32 hex digits
+
+
+def node_reservation_id(minted: str, node: str) -> str:
+    """The id every store hands out: `<minted>@<node>` (`res-<32 hex>@<node>`), so an id says
+    which node holds it (docs/reservations.md, "Ids")."""
+    if NODE_SEPARATOR in minted:
+        raise ValueError(f"id_factory minted {minted!r}: ids must not contain {NODE_SEPARATOR!r}")
+    return minted + NODE_SEPARATOR + node
 
 
 def validate_reserve_request(request: ReserveRequest) -> Hold:

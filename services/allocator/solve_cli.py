@@ -2,7 +2,7 @@
 
     gpualloc solve -f examples/cluster -f examples/deviceclasses.yaml \\
                    -f examples/claims/one-h100.yaml [--node NAME] [--policy P] [-o json|yaml|text]
-                   [--gang N [--gang-label LABEL]] [--capacity]
+                   [--gang N [--gang-label LABEL]] [--capacity] [--emit claims -o yaml|json]
     gpualloc solve --gang 2 --gang-label topology.kubernetes.io/zone -f examples/cluster \\
                    -f examples/deviceclasses.yaml -f examples/claims/eight-h100.yaml
 
@@ -14,16 +14,22 @@ order; claims with one hold their devices already. A claim's annotation
 docs/placement.md). With `--gang N`, the claims go on each of N distinct nodes instead, all
 sharing one value of the node label `--gang-label` (without it, any N nodes), all or nothing
 (docs/placement.md, "Gangs"). `--capacity` counts how many more copies of the claims (or
-gangs of them) fit now, per node and GPU model, as the service's Capacity does. Exit codes: 0
-allocated (with --capacity: at least one fits), 3 unsatisfiable (the explanation says why), 2
-invalid input or an allocation error such as a CEL error (message on stderr).
+gangs of them) fit now, per node and GPU model, as the service's Capacity does. With no claim
+left to allocate (every one has status.allocation), the answer is an empty result, as
+upstream's allocator gives. `--emit claims` prints, instead of the report, every input claim as
+a ResourceClaim (a `v1 List`), the new ones with their `status.allocation`: the state to replay
+in a later `solve -f`. Exit codes: 0 allocated (with --capacity: at least one fits), 3
+unsatisfiable (the explanation says why), 2 invalid input or an allocation error such as a CEL
+error (message on stderr, with the file and line of the claim it is about).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
@@ -52,10 +58,17 @@ from services.allocator.solving import Deadline, Solver
 from services.allocator.topology_files import split_topologies
 from services.common.config import read_document_limits
 from services.common.dra.limits import DocumentLimits
-from services.common.dra.model import DeviceClass, Node, ResourceClaim, ResourceSlice
-from services.common.dra.serialize import allocation_result_to_dict
-from services.common.errors import GpuallocError, InvalidArgument
-from services.common.manifests import load_manifests
+from services.common.dra.model import (
+    AllocationResult,
+    DeviceClass,
+    Node,
+    ResourceClaim,
+    ResourceSlice,
+)
+from services.common.dra.parse import Where
+from services.common.dra.serialize import allocation_result_to_dict, resource_claim_to_dict
+from services.common.errors import FieldViolation, GpuallocError, InvalidArgument
+from services.common.manifests import add_validate_flag, load_located_manifests
 
 __all__ = ["EXIT_ALLOCATED", "EXIT_INVALID", "EXIT_UNSATISFIABLE", "register", "run_solve"]
 
@@ -114,6 +127,14 @@ def register(subparsers: Any) -> None:
         "--gang, how many gangs) instead of allocating them once",
     )
     parser.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
+    add_validate_flag(parser)
+    parser.add_argument(
+        "--emit",
+        choices=("report", "claims"),
+        default="report",
+        help="what to print: the report (default), or the claims as ResourceClaims with their "
+        "status.allocation, to replay (needs -o yaml or -o json)",
+    )
     parser.add_argument(
         "--max-steps",
         type=int,
@@ -139,6 +160,8 @@ def _main(args: argparse.Namespace) -> int:
         gang_label=args.gang_label,
         capacity=args.capacity,
         limits=limits,
+        emit=args.emit,
+        strict=args.validate == "strict",
     )
 
 
@@ -156,18 +179,32 @@ def run_solve(
     stderr: TextIO | None = None,
     stdin: TextIO | None = None,
     limits: DocumentLimits | None = None,
+    emit: str = "report",
+    strict: bool = True,
 ) -> int:
     out = stdout or sys.stdout
     err = stderr or sys.stderr
     try:
         spec = _gang_spec(gang, gang_label, node)
-        if capacity:
-            report = _capacity(paths, node, policy, max_steps, stdin, spec, limits)
-        else:
-            report = _solve(paths, node, policy, max_steps, stdin, spec, limits)
+        _check_emit(emit, output, spec, capacity)
+        inputs = _load(paths, stdin, limits, strict)
+        try:
+            if capacity:
+                report = _capacity(inputs, node, policy, max_steps, spec)
+            else:
+                report = _solve(inputs, node, policy, max_steps, spec)
+        except InvalidArgument as error:
+            raise inputs.locate(error) from None
     except GpuallocError as error:
         print(f"gpualloc solve: {error}", file=err)
         return EXIT_INVALID
+    allocations: list[AllocationResult] = report.pop("allocations", [])
+    code = EXIT_ALLOCATED if report["outcome"] == "allocated" else EXIT_UNSATISFIABLE
+    if emit == "claims":
+        if code != EXIT_ALLOCATED:
+            err.write(_text(report))  # nothing to replay: why, where a person reads it
+            return code
+        report = _claims_list(inputs, allocations)
     if output == "json":
         json.dump(report, out, indent=2)
         out.write("\n")
@@ -175,7 +212,32 @@ def run_solve(
         yaml.safe_dump(report, out, sort_keys=False)
     else:
         out.write(_capacity_text(report) if capacity else _text(report))
-    return EXIT_ALLOCATED if report["outcome"] == "allocated" else EXIT_UNSATISFIABLE
+    return code
+
+
+def _check_emit(emit: str, output: str, gang: GangSpec | None, capacity: bool) -> None:
+    if emit != "claims":
+        return
+    if output == "text":
+        raise InvalidArgument.at("--emit", "claims are printed as objects: add -o yaml or -o json")
+    if gang is not None or capacity:
+        flag = "--gang" if gang is not None else "--capacity"
+        raise InvalidArgument.at("--emit", f"claims cannot be emitted with {flag}")
+
+
+def _claims_list(inputs: _Inputs, allocations: Sequence[AllocationResult]) -> dict[str, Any]:
+    """Every input claim as a ResourceClaim, in input order; those just allocated with their
+    `status.allocation` (so the list, given back to `solve -f`, holds their devices)."""
+    solved = dict(zip(map(id, inputs.pending), allocations, strict=True))
+    items = [
+        resource_claim_to_dict(
+            dataclasses.replace(claim, allocation=solved[id(claim)])
+            if id(claim) in solved
+            else claim
+        )
+        for claim in inputs.claims
+    ]
+    return {"apiVersion": "v1", "kind": "List", "items": items}
 
 
 def _gang_spec(count: int | None, label: str, node: str | None) -> GangSpec | None:
@@ -190,36 +252,73 @@ def _gang_spec(count: int | None, label: str, node: str | None) -> GangSpec | No
     return GangSpec(count, label)
 
 
+_CLAIM_PATH = re.compile(r"claims\[(\d+)\]\.(.*)")
+
+
+@dataclasses.dataclass
+class _Inputs:
+    """The cluster, its state (claims with an allocation hold their devices), the classes, every
+    claim and those to place (with where each came from)."""
+
+    snapshot: ClusterSnapshot
+    state: AllocatedState
+    classes: dict[str, DeviceClass]
+    claims: list[ResourceClaim]
+    pending: list[ResourceClaim]
+    where: list[Where]  # of each pending claim
+
+    def parts(
+        self,
+    ) -> tuple[ClusterSnapshot, AllocatedState, dict[str, DeviceClass], list[ResourceClaim]]:
+        """What a solve takes: the snapshot, its state, the classes and the pending claims."""
+        return self.snapshot, self.state, self.classes, self.pending
+
+    def locate(self, error: InvalidArgument) -> InvalidArgument:
+        """An error about `claims[i].<path>` (the allocator's words) as one about the file and
+        line of that claim, as decoding errors read; any other error as it is."""
+        match = _CLAIM_PATH.fullmatch(error.field_path)
+        if match is None or int(match[1]) >= len(self.where):
+            return error
+        violation = FieldViolation(match[2], error.violations[0].description)
+        return self.where[int(match[1])].fail([violation, *error.violations[1:]])
+
+
 def _load(
-    paths: Sequence[str], stdin: TextIO | None, limits: DocumentLimits | None = None
-) -> tuple[ClusterSnapshot, AllocatedState, dict[str, DeviceClass], list[ResourceClaim]]:
-    """The cluster, its state (claims with an allocation hold their devices), the classes and
-    the claims to place."""
+    paths: Sequence[str], stdin: TextIO | None, limits: DocumentLimits | None, strict: bool
+) -> _Inputs:
     manifests, topologies = split_topologies(paths)
-    objects = load_manifests(manifests, stdin, limits) if manifests else []
+    located = load_located_manifests(manifests, stdin, limits, strict=strict) if manifests else []
+    objects = [o for o, _ in located]
     slices = [o for o in objects if isinstance(o, ResourceSlice)]
     nodes = [o for o in objects if isinstance(o, Node)]
     classes = {o.name: o for o in objects if isinstance(o, DeviceClass)}
     claims = [o for o in objects if isinstance(o, ResourceClaim)]
-    pending = [c for c in claims if c.allocation is None]
-    if not pending:
-        raise InvalidArgument("no ResourceClaim without status.allocation to allocate")
+    pending = [(o, w) for o, w in located if isinstance(o, ResourceClaim) and o.allocation is None]
     snapshot = ClusterSnapshot.build(slices, nodes, topologies=topologies)
-    return snapshot, AllocatedState.from_claims(snapshot, claims), classes, pending
+    return _Inputs(
+        snapshot,
+        AllocatedState.from_claims(snapshot, claims),
+        classes,
+        claims,
+        [c for c, _ in pending],
+        [w for _, w in pending],
+    )
 
 
 def _capacity(
-    paths: Sequence[str],
+    inputs: _Inputs,
     node: str | None,
     policy: Policy,
     max_steps: int,
-    stdin: TextIO | None,
     gang: GangSpec | None,
-    limits: DocumentLimits | None = None,
 ) -> dict[str, Any]:
     """How many more copies of the pending claims (or gangs of them) fit: the service's
     Capacity on files (services/allocator/counting.py)."""
-    snapshot, state, classes, pending = _load(paths, stdin, limits)
+    snapshot, state, classes, pending = inputs.parts()
+    if not pending:
+        raise InvalidArgument.at(
+            "--capacity", "no ResourceClaim without status.allocation to count"
+        )
     solver = Solver(SelectorCache(), policy=policy, max_steps=max_steps)
     query = Query(tuple(pending), node=node or "", gang=gang)
     count = count_gangs if gang is not None else count_capacity
@@ -262,15 +361,15 @@ def _pair(item: tuple[str, int]) -> tuple[str, str]:
 
 
 def _solve(
-    paths: Sequence[str],
+    inputs: _Inputs,
     node: str | None,
     policy: Policy,
     max_steps: int,
-    stdin: TextIO | None,
     gang: GangSpec | None = None,
-    limits: DocumentLimits | None = None,
 ) -> dict[str, Any]:
-    snapshot, state, classes, pending = _load(paths, stdin, limits)
+    snapshot, state, classes, pending = inputs.parts()
+    if not pending:
+        return _nothing_to_allocate(gang)
     if gang is not None:
         return _solve_gang(snapshot, state, classes, pending, policy, max_steps, gang)
     result = solve(
@@ -296,11 +395,23 @@ def _solve(
             {"name": f"{c.namespace}/{c.name}", "allocation": allocation_result_to_dict(a)}
             for c, a in zip(pending, result.allocations, strict=True)
         ]
+        report["allocations"] = list(result.allocations)  # for --emit claims (run_solve pops)
     else:
         report["budgetExhausted"] = result.budget_exhausted
     if result.explanation is not None:
         report["explanation"] = explanation_to_dict(result.explanation)
     report["stats"] = stats_to_dict(result.stats)
+    return report
+
+
+def _nothing_to_allocate(gang: GangSpec | None) -> dict[str, Any]:
+    """Every claim has status.allocation: an empty result, as upstream's allocator answers."""
+    report: dict[str, Any] = {"outcome": "allocated", "node": None, "claims": []}
+    if gang is not None:
+        report["gang"] = {"nodeCount": gang.node_count, "label": gang.group_by_label or None}
+        report["gang"] |= {"domain": None, "members": []}
+    report["allocations"] = []
+    report["stats"] = stats_to_dict(Stats(0, 0, 0, 0, 0, 0, False))
     return report
 
 
@@ -423,7 +534,10 @@ def stats_to_dict(stats: Stats) -> dict[str, Any]:
 
 def _text(report: dict[str, Any]) -> str:
     lines: list[str] = []
-    if report["outcome"] == "allocated" and "gang" in report:
+    gang_members = report.get("gang", {}).get("members")
+    if report["outcome"] == "allocated" and not report["claims"] and not gang_members:
+        lines.append("ALLOCATED nothing: every ResourceClaim has status.allocation already")
+    elif report["outcome"] == "allocated" and "gang" in report:
         lines.extend(_gang_text(report["gang"]))
     elif report["outcome"] == "allocated":
         lines.append(f"ALLOCATED on node {report['node']}")

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from services.allocator.core.topology import NicInfo, NodeTopology, PcieRelation
-from services.common.dra.parse import read_documents, read_text
+from services.common.dra.parse import Where, read_documents, read_text
 from services.common.errors import InvalidArgument
 from services.common.manifests import expand_paths
 
@@ -51,17 +51,29 @@ def split_topologies(paths: Iterable[str]) -> tuple[list[str], dict[str, NodeTop
         if KIND not in text:
             others.append(path)
             continue
-        documents: list[Any] = [d for _, d in read_documents(text, path) if d is not None]
-        kinds = [isinstance(d, dict) and d.get("kind") == KIND for d in documents]
+        documents = [(n, d) for n, d in read_documents(text, path) if d is not None]
+        kinds = [isinstance(d, dict) and d.get("kind") == KIND for _, d in documents]
         if not any(kinds):
             others.append(path)
             continue
         if not all(kinds):
             raise InvalidArgument(f"{path}: keep NodeTopology objects in files of their own")
-        for i, document in enumerate(documents):
-            name, topology = parse_node_topology(document, f"{path}: document {i + 1}")
+        for number, document in documents:
+            name, topology = _located_topology(document, Where(path, text, number))
             topologies[name] = topology
     return others, topologies
+
+
+def _located_topology(document: Any, where: Where) -> tuple[str, NodeTopology]:
+    """`parse_node_topology`, its error worded as decoding errors are: `file:line: document N
+    (NodeTopology "name"): path: detail`."""
+    try:
+        return parse_node_topology(document)
+    except InvalidArgument as error:
+        metadata = document.get("metadata")
+        name = metadata.get("name") if isinstance(metadata, dict) else None
+        where.kind, where.name = KIND, name if isinstance(name, str) else ""
+        raise where.fail(list(error.violations)) from None
 
 
 def parse_node_topology(document: Mapping[str, Any], where: str = "") -> tuple[str, NodeTopology]:

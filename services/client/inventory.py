@@ -24,6 +24,7 @@ from services.client.calls import Caller, open_channel
 from services.client.config import RetryPolicy, TlsConfig
 from services.common.dra.model import AttributeType, Device, DeviceID
 from services.common.dra.quantity import Quantity
+from services.common.errors import NotFound
 from services.common.pb.dra_mapping import from_pb_device, from_pb_device_id, from_pb_quantity
 
 __all__ = [
@@ -163,7 +164,11 @@ class InventoryClient:
         return [_node(n) for n in response.inventory.nodes]
 
     def node(self, node_name: str, *, topology: bool = True) -> NodeInventory | None:
-        found = [n for n in self.nodes(node_name, topology=topology) if n.name == node_name]
+        """The node, or None when the inventory does not hold it (NOT_FOUND)."""
+        try:
+            found = [n for n in self.nodes(node_name, topology=topology) if n.name == node_name]
+        except NotFound:
+            return None
         return found[0] if found else None
 
 

@@ -10,13 +10,21 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from services.common.dra.limits import DocumentLimits
-from services.common.dra.parse import KubeObject, load_objects, read_stdin, read_text
+from services.common.dra.parse import KubeObject, Where, load_located_objects, read_stdin, read_text
 from services.common.errors import InvalidArgument
 
-__all__ = ["MANIFEST_SUFFIXES", "expand_paths", "load_manifests", "refuse_second_stdin"]
+__all__ = [
+    "MANIFEST_SUFFIXES",
+    "VALIDATE_CHOICES",
+    "add_validate_flag",
+    "expand_paths",
+    "load_located_manifests",
+    "load_manifests",
+    "refuse_second_stdin",
+]
 
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -54,11 +62,35 @@ def load_manifests(
     paths: Iterable[str], stdin: TextIO | None = None, limits: DocumentLimits | None = None
 ) -> list[KubeObject]:
     """Every object of every path, in order; errors name the file (and line, field path)."""
-    objects: list[KubeObject] = []
+    return [obj for obj, _ in load_located_manifests(paths, stdin, limits)]
+
+
+def load_located_manifests(
+    paths: Iterable[str],
+    stdin: TextIO | None = None,
+    limits: DocumentLimits | None = None,
+    *,
+    strict: bool = True,
+) -> list[tuple[KubeObject, Where]]:
+    """`load_manifests`, each object with where it is (parse.load_located_objects); `strict`
+    as there."""
+    located: list[tuple[KubeObject, Where]] = []
     for path in expand_paths(paths):
-        if path == "-":
-            text = read_stdin(stdin or sys.stdin, limits)
-            objects.extend(load_objects(text, "<stdin>", limits))
-        else:
-            objects.extend(load_objects(read_text(path, limits), path, limits))
-    return objects
+        source = "<stdin>" if path == "-" else path
+        text = read_stdin(stdin or sys.stdin, limits) if path == "-" else read_text(path, limits)
+        located.extend(load_located_objects(text, source, limits, strict=strict))
+    return located
+
+
+VALIDATE_CHOICES = ("strict", "ignore")
+
+
+def add_validate_flag(parser: Any) -> None:
+    """`--validate strict|ignore`, as kubectl's: unknown fields refused (default) or ignored."""
+    parser.add_argument(
+        "--validate",
+        choices=VALIDATE_CHOICES,
+        default="strict",
+        help="strict (default): a field the Kubernetes 1.34 API lacks is an error; ignore: "
+        "such fields are skipped (objects from a newer cluster)",
+    )

@@ -41,6 +41,7 @@ from services.common.dra.model import ResourceSlice
 from services.common.dra.serialize import node_to_dict
 from services.common.errors import GpuallocError, InvalidArgument, ResourceExhausted
 from services.common.grpc_errors import error_from_rpc
+from services.common.manifests import add_validate_flag
 from services.common.pb.dra_mapping import to_pb_resource_slice
 from services.inventory.adapters.pb_mapping import slices_from_pb_node
 from services.inventory.adapters.report_pb import to_pb_node_report
@@ -78,6 +79,7 @@ def register(subparsers: Any) -> None:
         help=f"host:port (env {ENV_ADDRESS}, default {DEFAULT_ADDRESS})",
     )
     parser.add_argument("--dry-run", action="store_true", help="validate on the server only")
+    add_validate_flag(parser)
     add_client_flags(parser)
     parser.set_defaults(func=_main)
 
@@ -98,6 +100,7 @@ def _main(args: argparse.Namespace) -> int:
         tls=settings.tls,
         token_file=settings.token_file,
         limits=limits,
+        strict=args.validate == "strict",
     )
 
 
@@ -113,6 +116,7 @@ def run_apply(
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
     limits: DocumentLimits | None = None,
+    strict: bool = True,
 ) -> int:
     """Apply the inputs to the inventory at `address` (TLS and a bearer token as in
     services/client: `tls`, `token_file`); returns the exit code."""
@@ -120,7 +124,8 @@ def run_apply(
     with open_channel(address, tls, token_file=token_file) as channel:
         stub = inventory_pb2_grpc.InventoryStub(channel)
         try:
-            inputs = read_inputs(paths, node, stdin, lookup=_slices_on_server(stub), limits=limits)
+            lookup = _slices_on_server(stub)
+            inputs = read_inputs(paths, node, stdin, lookup=lookup, limits=limits, strict=strict)
             _send(stub, inputs, dry_run, out, err)
         except GpuallocError as error:
             print(f"gpualloc apply: {error}", file=err)
@@ -136,7 +141,12 @@ def _slices_on_server(stub: inventory_pb2_grpc.InventoryStub) -> SliceLookup:
 
     def lookup(node: str) -> list[ResourceSlice]:
         request = inventory_pb2.GetInventoryRequest(node_name=node, include_slices=True)
-        found = stub.GetInventory(request, timeout=_TIMEOUT_S).inventory.nodes
+        try:
+            found = stub.GetInventory(request, timeout=_TIMEOUT_S).inventory.nodes
+        except grpc.RpcError as error:
+            if isinstance(error, grpc.Call) and error.code() == grpc.StatusCode.NOT_FOUND:
+                return []  # a node the inventory does not hold: no slices
+            raise
         slices = [s for message in found for s in slices_from_pb_node(message)]
         return [s for s in slices if s.pool.name != node + NVML_POOL_SUFFIX]
 

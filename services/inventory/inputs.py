@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import TextIO
 
 from services.common.dra.limits import DocumentLimits, checked_json_loads
-from services.common.dra.model import Device, Node, ResourceSlice
-from services.common.dra.parse import load_objects, read_stdin, read_text
-from services.common.errors import InvalidArgument
+from services.common.dra.model import Device, DeviceClass, Node, ResourceSlice
+from services.common.dra.parse import load_located_objects, read_stdin, read_text
+from services.common.errors import FieldViolation, InvalidArgument
 from services.common.manifests import refuse_second_stdin
 from services.inventory.adapters.nvidia_smi_xml import parse_nvidia_smi_xml
 from services.inventory.adapters.report_json import KIND, from_json
@@ -86,11 +86,14 @@ def read_inputs(
     stdin: TextIO | None = None,
     lookup: SliceLookup | None = None,
     limits: DocumentLimits | None = None,
+    *,
+    strict: bool = True,
 ) -> Inputs:
     """Read and recognise every input; one report per node. XML and `topo -m` inputs belong to
     `node`; without it, to the node their file is named after (`h100-node-1.topo.txt`) when
     the other inputs (or `lookup`, a running inventory's slices of a node) know that node.
-    Every file is bounded by `limits` (dra/limits.py)."""
+    Every file is bounded by `limits` (dra/limits.py); `strict=False` ignores fields the 1.34
+    API lacks (`--validate ignore`)."""
     limits = limits or DocumentLimits()
     inputs = Inputs()
     nvml: list[tuple[str, str, str]] = []  # (kind, source, text) of node-less inputs
@@ -104,7 +107,7 @@ def read_inputs(
         elif report is not None:
             _add_report(inputs, sources, _json_report(report, source, node), source)
         else:
-            _add_objects(inputs, text, source, limits)
+            _add_objects(inputs, text, source, limits, strict)
     known = {s.node_name for s in inputs.slices} | {n.name for n in inputs.nodes} | set(sources)
     matrices: list[tuple[str, str, TopologyMatrix]] = []
     for kind, source, text in nvml:
@@ -174,17 +177,19 @@ def _add_report(inputs: Inputs, sources: dict[str, str], report: NodeReport, sou
     inputs.reports.append(report)
 
 
-def _add_objects(inputs: Inputs, text: str, source: str, limits: DocumentLimits) -> None:
-    for obj in load_objects(text, source, limits):
+def _add_objects(
+    inputs: Inputs, text: str, source: str, limits: DocumentLimits, strict: bool
+) -> None:
+    for obj, where in load_located_objects(text, source, limits, strict=strict):
         if isinstance(obj, ResourceSlice):
             inputs.slices.append(obj)
         elif isinstance(obj, Node):
             inputs.nodes.append(obj)
         else:
-            raise InvalidArgument.at(
-                f"{source}: kind",
-                f"the inventory holds ResourceSlices and Nodes, not {type(obj).__name__}",
-            )
+            detail = f"the inventory holds ResourceSlices and Nodes, not a {type(obj).__name__}"
+            if isinstance(obj, DeviceClass):
+                detail += " (DeviceClasses are the allocator's: GPUALLOC_DEVICE_CLASSES)"
+            raise where.fail([FieldViolation("kind", detail)])
 
 
 def _fold(

@@ -1,4 +1,8 @@
-"""The inventory as JSON and as a readable table (what `gpualloc inventory` prints).
+"""The inventory as JSON, as Kubernetes objects and as a readable table (what `gpualloc
+inventory` prints).
+
+Objects (`inventory_objects`): a `v1 List` of the Nodes, then every ResourceSlice the
+inventory publishes (node by node, then those of no single node), as kubectl prints them.
 
 JSON::
 
@@ -22,12 +26,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.common.dra.serialize import device_to_dict, resource_slice_to_dict
+from services.common.dra.serialize import device_to_dict, node_to_dict, resource_slice_to_dict
 from services.inventory.core.state import CLUSTER_SCOPE, InventoryState
 from services.inventory.core.topology_view import NodeTopology
 from services.inventory.core.view import NodeView
 
-__all__ = ["inventory_text", "inventory_to_json", "node_to_json", "topology_to_json"]
+__all__ = [
+    "inventory_objects",
+    "inventory_text",
+    "inventory_to_json",
+    "node_to_json",
+    "topology_to_json",
+]
 
 JSON = dict[str, Any]
 
@@ -43,6 +53,16 @@ def inventory_to_json(state: InventoryState) -> JSON:
     if cluster:
         data["clusterSlices"] = [resource_slice_to_dict(s) for s in cluster]
     return data
+
+
+def inventory_objects(state: InventoryState) -> JSON:
+    """The Nodes and effective ResourceSlices as one `List`: what `solve -f` / `apply -f` read."""
+    views = [state.view(key) for key in sorted(state.node_keys() - {CLUSTER_SCOPE})]
+    nodes = [v for v in views if v is not None]
+    items = [node_to_dict(v.node) for v in nodes]
+    items += [resource_slice_to_dict(s) for v in nodes for s in v.slices]
+    items += [resource_slice_to_dict(s) for s in state.slices_of(CLUSTER_SCOPE)]
+    return {"apiVersion": "v1", "kind": "List", "items": items}
 
 
 def node_to_json(view: NodeView) -> JSON:

@@ -234,6 +234,14 @@ def test_topology_explains_the_partial_mesh(tmp_path):
         ),
         pytest.param(
             {
+                "shape.yaml": "apiVersion: gpualloc.io/v1alpha1\nkind: NodeTopology\n"
+                "metadata:\n  name: n1\nspec:\n  gpus: 3\n"
+            },
+            'shape.yaml:6: document 1 (NodeTopology "n1"): spec.gpus: must be a list',
+            id="topology-error-names-file-line-and-object",
+        ),
+        pytest.param(
+            {
                 "mixed.yaml": "apiVersion: gpualloc.io/v1alpha1\nkind: NodeTopology\n"
                 "metadata: {name: n}\nspec: {}\n---\napiVersion: v1\nkind: Node\n"
                 "metadata: {name: n}\n"
@@ -249,7 +257,8 @@ def test_topology_explains_the_partial_mesh(tmp_path):
                 "spec:\n  devices:\n    requests:\n    - name: g\n      exactly:\n"
                 "        deviceClassName: gpu.nvidia.com\n"
             },
-            'claims[0].metadata.annotations["gpualloc.io/topology-constraints"][0].kind',
+            'claim.yaml:6: document 1 (ResourceClaim "c"): '
+            'metadata.annotations["gpualloc.io/topology-constraints"][0].kind',
             id="bad-annotation",
         ),
     ],

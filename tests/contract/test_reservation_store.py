@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import random
+import re
 import threading
 import time
 from collections import Counter, defaultdict
@@ -100,6 +101,23 @@ def test_reserve_round_trips_every_field(store: Store) -> None:
     assert reservation.expires_at - reservation.created_at == pytest.approx(30.0, abs=0.002)
     assert store.get(reservation.id) == reservation
     assert store.live() == [reservation]
+
+
+RESERVATION_ID = re.compile(r"res-[0-9a-f]{32}@(?P<node>.+)")
+
+
+@pytest.mark.parametrize(
+    "node",
+    [pytest.param("node-1", id="short-node"), pytest.param("a100-node-1.rack-2", id="dotted-node")],
+)
+def test_ids_are_res_hex_at_node_in_every_store(store: Store, node: str) -> None:
+    """docs/reservations.md, "Ids": `res-<32 random hex>@<node>`, whichever store mints it."""
+    reservation = store.reserve(reserve_request(device("gpu-0", pool=node), node=node))
+
+    match = RESERVATION_ID.fullmatch(reservation.id)
+    assert match is not None, reservation.id
+    assert match["node"] == node
+    assert store.get(reservation.id) == reservation
 
 
 def test_list_filters_by_owner_and_node_sorted_by_node_then_id(store: Store) -> None:

@@ -147,3 +147,28 @@ def test_deleting_a_missing_slice_is_not_found_and_deletes_nothing(inventory):
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
     assert isinstance(error_from_rpc(info.value), NotFound)
     assert existing in app.service.snapshot().slices
+
+
+@pytest.mark.parametrize(
+    ("node", "message"),
+    [
+        pytest.param(
+            "l40s-nod-1",
+            'node l40s-nod-1 is not in the inventory (did you mean "l40s-node-1"?)',
+            id="typo-gets-the-closest-node",
+        ),
+        pytest.param("zz", "node zz is not in the inventory", id="nothing-close"),
+    ],
+)
+def test_get_inventory_of_an_unknown_node_is_not_found(inventory, node, message):
+    """Not an empty inventory: a typo'd node name must not read as "no GPUs there"."""
+    _, stub = inventory
+    stub.ApplyResourceSlices(
+        inventory_pb2.ApplyResourceSlicesRequest(manifest=_manifest("l40s-node.yaml"))
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        stub.GetInventory(inventory_pb2.GetInventoryRequest(node_name=node))
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert info.value.details() == message
+    found = stub.GetInventory(inventory_pb2.GetInventoryRequest(node_name="l40s-node-1"))
+    assert [n.node.name for n in found.inventory.nodes] == ["l40s-node-1"]

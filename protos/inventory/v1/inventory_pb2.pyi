@@ -1315,7 +1315,7 @@ class GetInventoryRequest(_message.Message):
     OMIT_TOPOLOGY_FIELD_NUMBER: _builtins.int
     INCLUDE_SLICES_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
-    """Only this node."""
+    """Only this node; NOT_FOUND (with the closest known name) when the inventory lacks it."""
     driver: _builtins.str
     """Only devices of this driver."""
     omit_topology: _builtins.bool

@@ -31,6 +31,7 @@ from services.allocator.reservations import (
     UseExceeded,
     conflict_error,
     new_reservation_id,
+    node_reservation_id,
     validate_reserve_request,
 )
 from services.common.errors import (
@@ -226,7 +227,7 @@ class MemoryReservationStore:
         # Seeded from the clock in ms (as in Redis): a restarted process never reissues a token.
         holds.fence = holds.fence + 1 if holds.fence else int(now * 1000) + 1
         reservation = Reservation(
-            id=self._id_factory(),
+            id=node_reservation_id(self._id_factory(), request.node),
             owner=request.owner,
             node=request.node,
             claim_names=request.claim_names,

@@ -44,6 +44,7 @@ from redis.exceptions import AskError, MovedError
 
 from services.allocator.adapters.reservation_codec import allocation_from_dict
 from services.allocator.reservations import (
+    NODE_SEPARATOR,
     DeviceTaken,
     Hold,
     LimitedUse,
@@ -55,6 +56,7 @@ from services.allocator.reservations import (
     UseExceeded,
     conflict_error,
     new_reservation_id,
+    node_reservation_id,
     reserve_gang,
     validate_reserve_request,
 )
@@ -96,7 +98,6 @@ NODE_BUCKETS = 16  # the nodes index: this many sets, spread over the slots (clu
 FANOUT_BATCH = 256  # nodes per pipeline when a List or the janitor walks every node
 FANOUT_SHARDS = 8  # shards walked at once
 EventCallback = Callable[[ReservationEvent], None]
-NODE_SEPARATOR = "@"  # reservation id = <id_factory()>@<node>
 _RESUBSCRIBE_S = 0.5  # pause between reconnect attempts of an event subscription
 Strings = list[str]  # aliases: inside the class `list` is the port's method
 Replies = list[Any]
@@ -170,12 +171,7 @@ class RedisReservationStore:
         """The reservation, and whether this call created it (False: the idempotency key's)."""
         hold = validate_reserve_request(request)
         node = _check_node(request.node)
-        minted = self._id_factory()
-        if NODE_SEPARATOR in minted:
-            raise ValueError(
-                f"id_factory minted {minted!r}: ids must not contain {NODE_SEPARATOR!r}"
-            )
-        reservation_id = minted + NODE_SEPARATOR + node
+        reservation_id = node_reservation_id(self._id_factory(), node)
         base = self._base(node)
         idem = (
             json.dumps([request.owner, request.idempotency_key]) if request.idempotency_key else ""

@@ -18,10 +18,12 @@ import math
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from services.allocator.core.cel_semver import Version
 from services.common.dra.quantity import Quantity
+from services.common.dra.suggest import did_you_mean
 
 __all__ = [
     "EMPTY_MAP",
@@ -337,10 +339,21 @@ def select(value: Any, field: str) -> Any:
         try:
             return value[field]
         except KeyError:
-            raise EvalError(f"no such key: {field}") from None
+            raise EvalError(f"no such key: {field}{_known_key_hint(field, value)}") from None
     if type(value) is DeviceValue:
         return value.field(field)
     raise EvalError(f"type '{type_name(value)}' does not support field selection")
+
+
+def _known_key_hint(field: str, value: dict[Any, Any]) -> str:
+    """` (did you mean "productName"?)` when a key of the map (a device's attributes in one
+    domain, its capacities) is close; cached, as the same miss repeats on every device."""
+    return _closest_key(field, tuple(k for k in value if type(k) is str))
+
+
+@lru_cache(maxsize=1024)
+def _closest_key(field: str, keys: tuple[str, ...]) -> str:
+    return did_you_mean(field, keys)
 
 
 def index(value: Any, key: Any) -> Any:

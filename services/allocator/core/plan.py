@@ -25,6 +25,7 @@ from services.common.dra.model import (
     ResourceClaim,
 )
 from services.common.dra.quantity import Quantity
+from services.common.dra.suggest import did_you_mean
 from services.common.errors import InvalidArgument
 
 __all__ = [
@@ -237,7 +238,9 @@ class _PlanBuilder:
         device_class = self.classes.get(class_name)
         if device_class is None:
             raise InvalidArgument.at(
-                f"{path}.deviceClassName", f"{where}: could not retrieve device class {class_name}"
+                f"{path}.deviceClassName",
+                f"{where}: could not retrieve device class {class_name}"
+                + did_you_mean(class_name, self.classes),
             )
         for i, selector in enumerate(device_class.selectors):
             if not selector.cel:

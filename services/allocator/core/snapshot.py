@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from services.allocator.core.cel import CelDevice
 from services.allocator.core.nodeselect import InvalidNodeSelector, NodeAccess, check_node_selector
 from services.common.dra.model import Device, DeviceID, Node, NodeSelector, ResourceSlice
+from services.common.dra.suggest import did_you_mean
 from services.common.errors import NotFound
 
 if TYPE_CHECKING:
@@ -246,7 +247,7 @@ class ClusterSnapshot:
     def view(self, node_name: str) -> NodeView:
         found = self._views.get(node_name)
         if found is None:
-            raise NotFound(f"node {node_name} not found")
+            raise NotFound(f"node {node_name} not found{did_you_mean(node_name, self._views)}")
         return found
 
     def views(self) -> Iterator[NodeView]:

@@ -22,6 +22,7 @@ from services.common.dra._parse_claims import (
 )
 from services.common.dra._parse_fields import Fields, Invalid, json_type, unsupported
 from services.common.dra._parse_slices import decode_node, decode_resource_slice
+from services.common.dra._schema import unknown_fields
 from services.common.dra.limits import DocumentLimits, check_size, check_value, check_yaml_node
 from services.common.dra.model import DeviceClass, Node, ResourceClaim, ResourceSlice
 from services.common.errors import FieldViolation, InvalidArgument, ParseError
@@ -124,15 +125,16 @@ def _yaml_documents(text: str, source: str, limits: DocumentLimits) -> Iterator[
 
 
 class Where:
-    """Where an object came from, for error messages; finds the line only when one is needed."""
+    """Where an object came from, for error messages; finds the line only when one is needed.
+    `strict`: unknown fields are errors (input from a user); else ignored (from a server)."""
 
-    def __init__(self, source: str, text: str, document: int) -> None:
-        self.source, self.text, self.document = source, text, document
+    def __init__(self, source: str, text: str, document: int, *, strict: bool = True) -> None:
+        self.source, self.text, self.document, self.strict = source, text, document, strict
         self.item: int | None = None
         self.kind = self.name = ""
 
     def at_item(self, item: int) -> Where:
-        where = Where(self.source, self.text, self.document)
+        where = Where(self.source, self.text, self.document, strict=self.strict)
         where.item = item
         return where
 
@@ -179,8 +181,9 @@ def _child_node(node: yaml.Node | None, segment: str | int) -> tuple[yaml.Node, 
     return None
 
 
-def decode_document(document: object, where: Where) -> list[KubeObject]:
-    """One document: an object, or a List whose items are decoded one by one."""
+def decode_document(document: object, where: Where) -> list[tuple[KubeObject, Where]]:
+    """One document: an object, or a List whose items are decoded one by one; each object with
+    where it is (for errors found later, e.g. a class the claim names that does not exist)."""
     if not isinstance(document, dict):
         got = json_type(document)
         detail = f"must be a Kubernetes object (a mapping with apiVersion and kind), got {got}"
@@ -188,16 +191,14 @@ def decode_document(document: object, where: Where) -> list[KubeObject]:
     kind = document.get("kind")
     typed_list = isinstance(kind, str) and kind.endswith("List") and kind[:-4] in _DECODERS
     if kind != "List" and not typed_list:
-        return [decode_kube_object(document, where, None, None)]
+        return [(decode_kube_object(document, where, None, None), where)]
     items = document.get("items") or []
     if not isinstance(items, list):
         raise where.fail([FieldViolation("items", f"must be a list, got {json_type(items)}")])
     item_kind = str(kind)[:-4] if typed_list else None
     item_version = document.get("apiVersion") if typed_list else None
-    return [
-        decode_kube_object(item, where.at_item(i), item_kind, item_version)
-        for i, item in enumerate(items)
-    ]
+    located = [(item, where.at_item(i)) for i, item in enumerate(items)]
+    return [(decode_kube_object(item, at, item_kind, item_version), at) for item, at in located]
 
 
 def decode_kube_object(
@@ -216,6 +217,9 @@ def decode_kube_object(
             data = _upgrade_v1beta1(str(kind), data)
         elif "apiVersion" not in data:  # an item of a typed list: the list's version
             data = dict(data, apiVersion=version)
+        unknown = unknown_fields(str(kind), data) if where.strict else []
+        if unknown:  # as kubectl's strict decoding: before, and instead of, validation
+            raise where.fail(unknown)
         obj, violations = decoder(Fields(data, ""))
     except Invalid as exc:
         raise where.fail([exc.violation]) from None

@@ -7,8 +7,11 @@ ResourceSlice, DeviceClass, ResourceClaim (spec.devices and status.allocation),
 ResourceClaimTemplate (its spec.spec, as the ResourceClaim it stamps out) and core/v1 Node (name
 and labels). API versions resource.k8s.io/v1 and v1beta2 (same shape); v1beta1 (devices under
 `basic`, requests without `exactly`) is converted to the v1 shape first, so its errors use v1
-field paths, as the API server's do. Fields gpualloc does not model (managedFields, status of
-slices, creationTimestamp, newer alpha fields) are ignored.
+field paths, as the API server's do. Fields of the 1.34 API that gpualloc does not model
+(managedFields, creationTimestamp, alpha fields) are ignored; a field that API lacks is an
+error, `unknown field "<path>"` with the closest known name, as kubectl's strict validation
+(_schema.py). Only `decode_object`, for objects read back from an API server, ignores those
+too.
 
 Every object is validated (validate.py). Errors name the source, the line (when it can be found),
 the document and the object, then the field path, e.g. `slices.yaml:57: document 2
@@ -49,8 +52,10 @@ __all__ = [
     "RESOURCE_API_VERSIONS",
     "KubeObject",
     "allocation_result_from_dict",
+    "Where",
     "decode_object",
     "load_files",
+    "load_located_objects",
     "load_objects",
     "read_documents",
     "read_stdin",
@@ -103,20 +108,40 @@ def load_files(
 
 
 def load_objects(
-    text: str, source: str = "<input>", limits: DocumentLimits | None = None
+    text: str,
+    source: str = "<input>",
+    limits: DocumentLimits | None = None,
+    *,
+    strict: bool = True,
 ) -> list[KubeObject]:
     """Every object of a YAML or JSON text (one object, a List, or a stream of documents),
-    within `limits` (limits.py; the defaults when None)."""
-    objects: list[KubeObject] = []
+    within `limits` (limits.py; the defaults when None). `strict=False` ignores fields the
+    1.34 API lacks instead of refusing them (kubectl's `--validate=ignore`)."""
+    return [obj for obj, _ in load_located_objects(text, source, limits, strict=strict)]
+
+
+def load_located_objects(
+    text: str,
+    source: str = "<input>",
+    limits: DocumentLimits | None = None,
+    *,
+    strict: bool = True,
+) -> list[tuple[KubeObject, Where]]:
+    """`load_objects`, each object with where it is: `where.fail(violations)` words a later
+    error about it as one found while decoding (`file:line: document N (Kind "name"): ...`,
+    the line that of the violation's field path)."""
+    located: list[tuple[KubeObject, Where]] = []
     for number, document in read_documents(text, source, limits):
         if document is not None:
-            objects.extend(decode_document(document, Where(source, text, number)))
-    return objects
+            where = Where(source, text, number, strict=strict)
+            located.extend(decode_document(document, where))
+    return located
 
 
 def decode_object(data: Mapping[str, Any], source: str = "<object>") -> KubeObject:
-    """One already-decoded object (e.g. from a watch event or `json.loads`), validated."""
-    return decode_kube_object(dict(data), Where(source, "", 1), None, None)
+    """One already-decoded object (e.g. from a watch event or `json.loads`), validated; fields
+    gpualloc does not know are ignored (a newer API server may send them)."""
+    return decode_kube_object(dict(data), Where(source, "", 1, strict=False), None, None)
 
 
 def allocation_result_from_dict(

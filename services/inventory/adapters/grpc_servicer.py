@@ -17,7 +17,8 @@ from protos.inventory.v1 import inventory_pb2, inventory_pb2_grpc
 from services.common.dra.limits import DocumentLimits
 from services.common.dra.model import AttributeValue, Node, ResourceSlice
 from services.common.dra.parse import load_objects
-from services.common.errors import InvalidArgument
+from services.common.dra.suggest import did_you_mean
+from services.common.errors import InvalidArgument, NotFound, clip
 from services.common.pb.dra_mapping import from_pb_device_attribute, from_pb_resource_slice
 from services.common.security.edge import AccessRule, audit_call, rule
 from services.common.security.policy import Access
@@ -178,6 +179,12 @@ class InventoryServicer(inventory_pb2_grpc.InventoryServicer):
             f.name: from_pb_device_attribute(f.value, f"attributes[{i}].value")
             for i, f in enumerate(request.attributes)
         }
+        if request.node_name and state.view(request.node_name) is None:
+            known = state.node_keys() - {CLUSTER_SCOPE}
+            raise NotFound(
+                f"node {clip(request.node_name)} is not in the inventory"
+                + did_you_mean(request.node_name, known)
+            )
         whole = not request.node_name and not request.driver and not filters
         if whole:
             snapshot = to_pb_snapshot(state, include_slices=request.include_slices)

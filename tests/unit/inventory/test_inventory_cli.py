@@ -10,7 +10,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import yaml
 
 from services.inventory import inventory_cli
 from services.inventory.adapters.nvidia_smi_xml import parse_nvidia_smi_xml
@@ -79,10 +78,10 @@ def test_an_agent_report_joins_the_slice_and_taints_the_device(tmp_path: Path) -
     assert any("by PCI bus id 0000:00:04.0" in w for w in node["warnings"])
 
 
-def test_xml_and_topology_give_devices_and_an_nvlink_edge_as_yaml() -> None:
-    code, out, _ = run("-f", str(A5000_XML), "-f", str(NV2_TOPO), "--node", "n1", "-o", "yaml")
+def test_xml_and_topology_give_devices_and_an_nvlink_edge_in_the_view() -> None:
+    code, out, _ = run("-f", str(A5000_XML), "-f", str(NV2_TOPO), "--node", "n1", "-o", "view")
     assert code == 0
-    [node] = yaml.safe_load(out)["nodes"]
+    [node] = json.loads(out)["nodes"]
     assert [d["name"] for d in node["devices"]] == ["gpu-0", "gpu-1"]
     assert {d["pool"] for d in node["devices"]} == {"n1-nvml"}
     assert node["topology"]["nvlink"] == [
