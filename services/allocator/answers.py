@@ -22,6 +22,7 @@ from services.common.dra.model import (
     NodeSelector,
     ResourceClaim,
 )
+from services.common.security.quota import QuotaRefusal
 
 __all__ = [
     "Accuracy",
@@ -84,6 +85,7 @@ class Outcome(StrEnum):
     ALLOCATED = "allocated"
     UNSATISFIABLE = "unsatisfiable"
     BUDGET_EXHAUSTED = "budget-exhausted"  # the step budget or the deadline ran out
+    QUOTA_EXCEEDED = "quota-exceeded"  # it fits, but not within the tenant's quota
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,7 @@ class Answer:
     reservations: tuple[Reservation, ...] = ()
     holders: tuple[Holder, ...] = ()
     gang: tuple[GangMember, ...] = ()  # one per member node when a gang is ALLOCATED
+    quota: tuple[QuotaRefusal, ...] = ()  # why the tenant's quota refuses it (QUOTA_EXCEEDED)
 
 
 class Accuracy(StrEnum):

@@ -61,6 +61,7 @@ from services.allocator.gangs import (
 from services.allocator.holdings import Holdings
 from services.allocator.holds import device_key, placement_holds
 from services.allocator.paging import decode_token, encode_token, query_hash
+from services.allocator.quotas import Grant, QuotaExceeded, QuotaGuard
 from services.allocator.reservations import (
     Hold,
     Reservation,
@@ -83,6 +84,7 @@ from services.common.errors import (
     PermissionDenied,
 )
 from services.common.grpc_server import call_ended, check_deadline, remaining_seconds
+from services.common.security.quota import QuotaRefusal, TenantStatus
 
 __all__ = ["AllocatorService", "ServiceLimits"]
 
@@ -115,8 +117,10 @@ class AllocatorService:
         limits: ServiceLimits = ServiceLimits(),
         metrics: AllocatorMetrics | None = None,
         tracer: trace.Tracer | None = None,
+        quotas: QuotaGuard | None = None,
     ) -> None:
         self.view = view
+        self.quotas = quotas
         self.holdings = holdings
         self.store = store
         self.solver = solver
@@ -161,7 +165,9 @@ class AllocatorService:
                 holds = placement_holds(view.snapshot, answer.node or "", answer.allocations)
                 requests = _requests(holds, names, answer.allocations, lease, lease_seconds)
             try:
-                reservations = self._store_reserve(requests)
+                reservations = self._store_reserve(requests, view)
+            except QuotaExceeded as refused:
+                return replace(answer, outcome=Outcome.QUOTA_EXCEEDED, quota=refused.refusals)
             except Conflict as error:
                 conflict = error
                 self._count(self._metrics.conflicts if self._metrics else None)
@@ -178,10 +184,15 @@ class AllocatorService:
         assert conflict is not None
         raise _bounded(conflict)
 
-    def explain(self, query: Query, max_nodes: int = 0) -> Answer:
-        """Allocate's search with reasons recorded, plus the reservations that blocked it."""
+    def explain(self, query: Query, max_nodes: int = 0, owner: str = "") -> Answer:
+        """Allocate's search with reasons recorded, plus the reservations that blocked it;
+        with `owner`, a placement found is checked against its tenant's quota too."""
         view, state = self._read(query)
         answer = self._answer(view, state, query, explain=True)
+        if owner and self.quotas is not None and answer.outcome is Outcome.ALLOCATED:
+            refusals = self._quota_check(view, query, answer, owner)
+            if refusals:
+                answer = replace(answer, outcome=Outcome.QUOTA_EXCEEDED, quota=refusals)
         shown = max_nodes or self.limits.max_nodes_explained
         return _with_holders(answer, blocking_holders(answer, self.holdings.reservations(), shown))
 
@@ -223,7 +234,7 @@ class AllocatorService:
         names = tuple(name for name, _ in claims)
         requests = _requests(holds, names, allocations, lease, lease_seconds)
         try:
-            reservations = self._store_reserve(requests)
+            reservations = self._store_reserve(requests, view)
         except Conflict as conflict:
             self._count(self._metrics.conflicts if self._metrics else None)
             for scope in holds:
@@ -239,6 +250,10 @@ class AllocatorService:
 
     def commit(self, reservation_id: str, owner: str, fencing_token: int = 0) -> Reservation:
         check_deadline("commit")
+        if self.quotas is not None:  # the ledger first: its entry must outlive the lease
+            current = self.holdings.get(reservation_id) or self.store.get(reservation_id)
+            if current.owner == owner:
+                self.quotas.committing(current)
         reservation = self.store.commit(reservation_id, owner, fencing_token)
         self.holdings.committed(reservation)
         return reservation
@@ -255,6 +270,8 @@ class AllocatorService:
         if fencing_token:
             current = self.store.get(reservation_id)
             _check_fence(current, owner, fencing_token)
+        if self.quotas is not None:  # the ledger first: its entry must outlive the lease
+            self.quotas.renewing(reservation_id, owner, seconds)
         reservation = self.store.renew(reservation_id, owner, seconds)
         self.holdings.committed(reservation)
         return reservation
@@ -277,7 +294,16 @@ class AllocatorService:
                 return None
             raise
         self.holdings.removed([reservation_id])
+        if self.quotas is not None:
+            self.quotas.released([reservation_id], owner)
         return current
+
+    def quota_status(self, tenants: Sequence[str] = ()) -> tuple[list[TenantStatus], bool]:
+        """Each tenant's standing (those given, else every tenant with quotas) and whether
+        quotas are enforced."""
+        if self.quotas is None or not self.quotas.model.enabled:
+            return [], False
+        return self.quotas.status(tenants), True
 
     def get(self, reservation_id: str) -> Reservation:
         check_deadline("get")
@@ -414,8 +440,50 @@ class AllocatorService:
             stats=result.stats,
         )
 
-    def _store_reserve(self, requests: Sequence[ReserveRequest]) -> list[Reservation]:
+    def _store_reserve(
+        self, requests: Sequence[ReserveRequest], view: ViewSnapshot
+    ) -> list[Reservation]:
+        """Take the tenant's quota (quotas.py, step one), then the devices (step two)."""
         check_deadline("reserve")
+        grant = self._take_quota(requests, view)
+        try:
+            reservations = self._take_devices(requests)
+        except BaseException:
+            if grant is not None and self.quotas is not None:
+                self.quotas.abandon(grant)
+            raise
+        if grant is not None and self.quotas is not None:
+            self.quotas.bind(grant, reservations)
+        return reservations
+
+    def _take_quota(self, requests: Sequence[ReserveRequest], view: ViewSnapshot) -> Grant | None:
+        if self.quotas is None:
+            return None
+        amounts = [self.quotas.usage(view.snapshot, request) for request in requests]
+        taken = self.quotas.take(requests[0].owner, amounts, requests[0].lease_seconds)
+        if isinstance(taken, tuple):
+            raise QuotaExceeded(taken)
+        return taken
+
+    def _quota_check(
+        self, view: ViewSnapshot, query: Query, answer: Answer, owner: str
+    ) -> tuple[QuotaRefusal, ...]:
+        """What the quota says of reserving `answer` for `owner` now (read-only)."""
+        assert self.quotas is not None
+        lease = LeaseOptions(owner)
+        names = tuple(claim_ref(claim.namespace, claim.name) for claim in query.claims)
+        if query.gang is not None:
+            requests = gang_requests(view.snapshot, answer.gang, names, lease, 1.0)
+        else:
+            holds = placement_holds(view.snapshot, answer.node or "", answer.allocations)
+            requests = _requests(holds, names, answer.allocations, lease, 1.0)
+        total: dict[str, int] = {}
+        for request in requests:
+            for name, amount in self.quotas.usage(view.snapshot, request).items():
+                total[name] = total.get(name, 0) + amount
+        return self.quotas.check(owner, total)
+
+    def _take_devices(self, requests: Sequence[ReserveRequest]) -> list[Reservation]:
         # Held for this process's other solves while the store decides (holdings.py).
         placed = {id(a): a for request in requests for a in request.allocations}
         pending = self.holdings.hold_pending([r.node for r in requests], tuple(placed.values()))

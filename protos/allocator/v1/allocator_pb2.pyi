@@ -141,6 +141,10 @@ class _OutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Outcome.Value
     """No placement exists in the current inventory and reservations; see the explanation."""
     OUTCOME_BUDGET_EXHAUSTED: _Outcome.ValueType  # 3
     """The search budget or the deadline ran out before an answer; retrying may succeed."""
+    OUTCOME_QUOTA_EXCEEDED: _Outcome.ValueType  # 4
+    """A placement exists, but granting it would take the caller's tenant over its quota (plus
+    what its cohort lends); see `quota_refusals`.
+    """
 
 class Outcome(_Outcome, metaclass=_OutcomeEnumTypeWrapper):
     """The result of an allocation attempt."""
@@ -153,6 +157,10 @@ OUTCOME_UNSATISFIABLE: Outcome.ValueType  # 2
 """No placement exists in the current inventory and reservations; see the explanation."""
 OUTCOME_BUDGET_EXHAUSTED: Outcome.ValueType  # 3
 """The search budget or the deadline ran out before an answer; retrying may succeed."""
+OUTCOME_QUOTA_EXCEEDED: Outcome.ValueType  # 4
+"""A placement exists, but granting it would take the caller's tenant over its quota (plus
+what its cohort lends); see `quota_refusals`.
+"""
 Global___Outcome: _TypeAlias = Outcome  # noqa: Y015
 
 class _RejectionReason:
@@ -571,6 +579,58 @@ class AllocateRequest(_message.Message):
 Global___AllocateRequest: _TypeAlias = AllocateRequest  # noqa: Y015
 
 @_typing.final
+class QuotaRefusal(_message.Message):
+    """Why a grant does not fit one of the tenant's quotas. Amounts are Kubernetes quantities: a
+    device-count resource counts devices, a counter resource the counter's unit (bytes).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    COHORT_FIELD_NUMBER: _builtins.int
+    REQUESTED_FIELD_NUMBER: _builtins.int
+    USED_FIELD_NUMBER: _builtins.int
+    NOMINAL_FIELD_NUMBER: _builtins.int
+    BORROWED_FIELD_NUMBER: _builtins.int
+    LEFT_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    """The tenant whose quota would be exceeded."""
+    resource: _builtins.str
+    """The quota resource (the access policy's spec.quota.resources[].name)."""
+    cohort: _builtins.str
+    """The tenant's cohort; empty when it has none."""
+    requested: _builtins.str
+    """What the placement would add."""
+    used: _builtins.str
+    """What the tenant holds now."""
+    nominal: _builtins.str
+    """The tenant's nominal quota."""
+    borrowed: _builtins.str
+    """What the tenant holds above nominal (borrowed from its cohort)."""
+    left: _builtins.str
+    """The most it could be granted now."""
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        resource: _builtins.str = ...,
+        cohort: _builtins.str = ...,
+        requested: _builtins.str = ...,
+        used: _builtins.str = ...,
+        nominal: _builtins.str = ...,
+        borrowed: _builtins.str = ...,
+        left: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["borrowed", b"borrowed", "cohort", b"cohort", "left", b"left", "nominal", b"nominal", "requested", b"requested", "resource", b"resource", "tenant", b"tenant", "used", b"used"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QuotaRefusal: _TypeAlias = QuotaRefusal  # noqa: Y015
+
+@_typing.final
 class ClaimAllocation(_message.Message):
     """One claim's allocation."""
 
@@ -653,6 +713,7 @@ class AllocateResponse(_message.Message):
     RESERVATIONS_FIELD_NUMBER: _builtins.int
     INVENTORY_GENERATION_FIELD_NUMBER: _builtins.int
     HOLDERS_FIELD_NUMBER: _builtins.int
+    QUOTA_REFUSALS_FIELD_NUMBER: _builtins.int
     outcome: Global___Outcome.ValueType
     """What happened."""
     node_name: _builtins.str
@@ -681,6 +742,10 @@ class AllocateResponse(_message.Message):
     def holders(self) -> _containers.RepeatedCompositeFieldContainer[Global___Holder]:
         """The reservations holding devices that blocked the claims (when not ALLOCATED)."""
 
+    @_builtins.property
+    def quota_refusals(self) -> _containers.RepeatedCompositeFieldContainer[Global___QuotaRefusal]:
+        """The quotas the placement would exceed (QUOTA_EXCEEDED)."""
+
     def __init__(
         self,
         *,
@@ -693,10 +758,11 @@ class AllocateResponse(_message.Message):
         reservations: _abc.Iterable[Global___Reservation] | None = ...,
         inventory_generation: _builtins.int = ...,
         holders: _abc.Iterable[Global___Holder] | None = ...,
+        quota_refusals: _abc.Iterable[Global___QuotaRefusal] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["explanation", b"explanation"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "explanation", b"explanation", "gang_placements", b"gang_placements", "holders", b"holders", "inventory_generation", b"inventory_generation", "node_name", b"node_name", "outcome", b"outcome", "reservations", b"reservations", "score", b"score"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "explanation", b"explanation", "gang_placements", b"gang_placements", "holders", b"holders", "inventory_generation", b"inventory_generation", "node_name", b"node_name", "outcome", b"outcome", "quota_refusals", b"quota_refusals", "reservations", b"reservations", "score", b"score"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -788,6 +854,7 @@ class ExplainResponse(_message.Message):
     GANG_PLACEMENTS_FIELD_NUMBER: _builtins.int
     INVENTORY_GENERATION_FIELD_NUMBER: _builtins.int
     HOLDERS_FIELD_NUMBER: _builtins.int
+    QUOTA_REFUSALS_FIELD_NUMBER: _builtins.int
     outcome: Global___Outcome.ValueType
     """The outcome Allocate would have had."""
     node_name: _builtins.str
@@ -812,6 +879,10 @@ class ExplainResponse(_message.Message):
         (in use, counters or capacity taken) on the nodes explained, soonest expiry first.
         """
 
+    @_builtins.property
+    def quota_refusals(self) -> _containers.RepeatedCompositeFieldContainer[Global___QuotaRefusal]:
+        """The quotas the placement would exceed for the caller's tenant (QUOTA_EXCEEDED)."""
+
     def __init__(
         self,
         *,
@@ -822,10 +893,11 @@ class ExplainResponse(_message.Message):
         gang_placements: _abc.Iterable[Global___NodePlacement] | None = ...,
         inventory_generation: _builtins.int = ...,
         holders: _abc.Iterable[Global___Holder] | None = ...,
+        quota_refusals: _abc.Iterable[Global___QuotaRefusal] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["explanation", b"explanation"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "explanation", b"explanation", "gang_placements", b"gang_placements", "holders", b"holders", "inventory_generation", b"inventory_generation", "node_name", b"node_name", "outcome", b"outcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "explanation", b"explanation", "gang_placements", b"gang_placements", "holders", b"holders", "inventory_generation", b"inventory_generation", "node_name", b"node_name", "outcome", b"outcome", "quota_refusals", b"quota_refusals"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1804,3 +1876,118 @@ class CapacityResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CapacityResponse: _TypeAlias = CapacityResponse  # noqa: Y015
+
+@_typing.final
+class QuotaStatusRequest(_message.Message):
+    """--- QuotaStatus ----------------------------------------------------------------------------
+
+    Whose quotas to show.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tenants(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Tenants to show; empty shows every tenant the caller may see (its own, or all for a
+        caller that sees every tenant).
+        """
+
+    def __init__(
+        self,
+        *,
+        tenants: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenants", b"tenants"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QuotaStatusRequest: _TypeAlias = QuotaStatusRequest  # noqa: Y015
+
+@_typing.final
+class TenantQuotaStatus(_message.Message):
+    """One tenant's standing on one quota resource. Amounts are Kubernetes quantities."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    COHORT_FIELD_NUMBER: _builtins.int
+    NOMINAL_FIELD_NUMBER: _builtins.int
+    USED_FIELD_NUMBER: _builtins.int
+    BORROWED_FIELD_NUMBER: _builtins.int
+    LENT_FIELD_NUMBER: _builtins.int
+    LEFT_FIELD_NUMBER: _builtins.int
+    BORROWING_LIMIT_FIELD_NUMBER: _builtins.int
+    LENDING_LIMIT_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    """The tenant."""
+    resource: _builtins.str
+    """The quota resource."""
+    cohort: _builtins.str
+    """The tenant's cohort; empty when it has none."""
+    nominal: _builtins.str
+    """The nominal quota."""
+    used: _builtins.str
+    """What the tenant's live reservations (and grants under way) hold."""
+    borrowed: _builtins.str
+    """What it holds above nominal."""
+    lent: _builtins.str
+    """What other tenants of the cohort borrow of its unused quota now."""
+    left: _builtins.str
+    """What it could still be granted now."""
+    borrowing_limit: _builtins.str
+    """The borrowing limit; empty when only the cohort limits borrowing."""
+    lending_limit: _builtins.str
+    """The lending limit; empty when all of nominal may be lent."""
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        resource: _builtins.str = ...,
+        cohort: _builtins.str = ...,
+        nominal: _builtins.str = ...,
+        used: _builtins.str = ...,
+        borrowed: _builtins.str = ...,
+        lent: _builtins.str = ...,
+        left: _builtins.str = ...,
+        borrowing_limit: _builtins.str = ...,
+        lending_limit: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["borrowed", b"borrowed", "borrowing_limit", b"borrowing_limit", "cohort", b"cohort", "left", b"left", "lending_limit", b"lending_limit", "lent", b"lent", "nominal", b"nominal", "resource", b"resource", "tenant", b"tenant", "used", b"used"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TenantQuotaStatus: _TypeAlias = TenantQuotaStatus  # noqa: Y015
+
+@_typing.final
+class QuotaStatusResponse(_message.Message):
+    """The quotas."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANTS_FIELD_NUMBER: _builtins.int
+    ENABLED_FIELD_NUMBER: _builtins.int
+    enabled: _builtins.bool
+    """Whether quotas are enforced at all (an access policy with spec.quota and tenant quotas)."""
+    @_builtins.property
+    def tenants(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantQuotaStatus]:
+        """Sorted by tenant, then by resource in the policy's order."""
+
+    def __init__(
+        self,
+        *,
+        tenants: _abc.Iterable[Global___TenantQuotaStatus] | None = ...,
+        enabled: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["enabled", b"enabled", "tenants", b"tenants"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QuotaStatusResponse: _TypeAlias = QuotaStatusResponse  # noqa: Y015

@@ -62,8 +62,11 @@ from services.common.pb.dra_mapping import (
     to_pb_device_id,
 )
 from services.common.security.principal import tenant_of_owner
+from services.common.security.quota import QuotaRefusal, TenantStatus, quantity_text
 
 __all__ = [
+    "quota_refusal_to_pb",
+    "quota_status_response",
     "allocate_response",
     "capacity_response",
     "claims_path",
@@ -89,6 +92,7 @@ _OUTCOMES = {
     Outcome.ALLOCATED: pb.OUTCOME_ALLOCATED,
     Outcome.UNSATISFIABLE: pb.OUTCOME_UNSATISFIABLE,
     Outcome.BUDGET_EXHAUSTED: pb.OUTCOME_BUDGET_EXHAUSTED,
+    Outcome.QUOTA_EXCEEDED: pb.OUTCOME_QUOTA_EXCEEDED,
 }
 _REASONS = {
     ReasonCode.CLASS_SELECTOR: pb.REJECTION_REASON_CLASS_SELECTOR_MISMATCH,
@@ -333,6 +337,7 @@ def allocate_response(answer: Answer, max_nodes: int = 10) -> pb.AllocateRespons
         reservations=[reservation_to_pb(r) for r in answer.reservations],
         inventory_generation=answer.generation,
         holders=[_holder_to_pb(h) for h in answer.holders],
+        quota_refusals=[quota_refusal_to_pb(r) for r in answer.quota],
     )
     if answer.explanation is not None:
         response.explanation.CopyFrom(_explanation(answer, max_nodes))
@@ -347,9 +352,50 @@ def explain_response(answer: Answer, max_nodes: int = 10) -> pb.ExplainResponse:
         gang_placements=[_node_placement(answer, m) for m in answer.gang],
         inventory_generation=answer.generation,
         holders=[_holder_to_pb(h) for h in answer.holders],
+        quota_refusals=[quota_refusal_to_pb(r) for r in answer.quota],
     )
     response.explanation.CopyFrom(_explanation(answer, max_nodes))
     return response
+
+
+def quota_refusal_to_pb(refusal: QuotaRefusal) -> pb.QuotaRefusal:
+    def text(milli: int) -> str:
+        return quantity_text(milli, refusal.binary)
+
+    return pb.QuotaRefusal(
+        tenant=refusal.tenant,
+        resource=refusal.resource,
+        cohort=refusal.cohort,
+        requested=text(refusal.requested),
+        used=text(refusal.used),
+        nominal=text(refusal.nominal),
+        borrowed=text(refusal.borrowed),
+        left=text(refusal.left),
+    )
+
+
+def quota_status_response(rows: Sequence[TenantStatus], enabled: bool) -> pb.QuotaStatusResponse:
+    def limit(milli: int | None, binary: bool) -> str:
+        return "" if milli is None else quantity_text(milli, binary)
+
+    return pb.QuotaStatusResponse(
+        enabled=enabled,
+        tenants=[
+            pb.TenantQuotaStatus(
+                tenant=row.tenant,
+                resource=row.resource,
+                cohort=row.cohort,
+                nominal=quantity_text(row.nominal, row.binary),
+                used=quantity_text(row.used, row.binary),
+                borrowed=quantity_text(row.borrowed, row.binary),
+                lent=quantity_text(row.lent, row.binary),
+                left=quantity_text(row.left, row.binary),
+                borrowing_limit=limit(row.borrowing_limit, row.binary),
+                lending_limit=limit(row.lending_limit, row.binary),
+            )
+            for row in rows
+        ],
+    )
 
 
 def capacity_response(answer: CapacityAnswer) -> pb.CapacityResponse:

@@ -566,6 +566,19 @@ class RedisReservationStore:
             return reply
         raise Unavailable(f"redis: {function} keeps failing over")
 
+    def call_function(
+        self, function: str, keys: Sequence[str], args: Sequence[str], *, write: bool
+    ) -> Any:
+        """One step of this library on `keys` (one hash slot) for another store sharing the
+        connection (the quota ledger): reads are retried, writes are not (Unavailable)."""
+        if write:
+            return self._attempt(lambda: self._write(function, keys, args), retry=False)
+        return self._attempt(lambda: self._fcall(function, keys, args), retry=True)
+
+    @property
+    def key_prefix(self) -> str:
+        return self._prefix
+
     def _refresh_topology(self) -> None:
         """Ask the cluster for its slots again (after a failover or resharding)."""
         cluster: Any = self._client
@@ -683,7 +696,7 @@ class RedisReservationStore:
         )
 
 
-_READ_ONLY = frozenset({"gpualloc_get", "gpualloc_list", "gpualloc_version"})
+_READ_ONLY = frozenset({"gpualloc_get", "gpualloc_list", "gpualloc_version", "gpualloc_quota_read"})
 
 
 @dataclass
