@@ -21,6 +21,7 @@ import grpc
 import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from services.allocator.config import AllocatorSettings
 from services.bridges import local_cluster
 from services.common.config import ServerSettings
 from services.common.grpc_server import create_server
@@ -200,8 +201,16 @@ def write_jwks(path: Path, keys: Sequence[tuple[str, rsa.RSAPrivateKey]]) -> Non
 
 
 @contextmanager
-def secured_fleet(directory: Path, **server: Any) -> Iterator[SecuredFleet]:
-    """The fleet; `server` overrides ServerSettings fields of the mTLS port (limits)."""
+def secured_fleet(
+    directory: Path,
+    *,
+    policy: str = POLICY,
+    allocator: AllocatorSettings | None = None,
+    **server: Any,
+) -> Iterator[SecuredFleet]:
+    """The fleet; `policy` replaces the policy file's text (JWKS_FILE is filled in),
+    `allocator` the allocator's settings (e.g. a Redis URL), `server` overrides ServerSettings
+    fields of the mTLS port (limits)."""
     ca = CertificateAuthority.create("gpualloc test CA")
     ca.save(directory)
     certificates = issue_all(ca, directory)
@@ -209,7 +218,7 @@ def secured_fleet(directory: Path, **server: Any) -> Iterator[SecuredFleet]:
     jwks = directory / "jwks.json"
     write_jwks(jwks, [("test-key", signing_key)])
     policy_file = directory / "policy.yaml"
-    policy_file.write_text(POLICY.replace("JWKS_FILE", str(jwks)))
+    policy_file.write_text(policy.replace("JWKS_FILE", str(jwks)))
     server_dir = directory / "server"
     mtls = ServerSettings(
         tls_cert_file=str(server_dir / "tls.crt"),
@@ -218,7 +227,7 @@ def secured_fleet(directory: Path, **server: Any) -> Iterator[SecuredFleet]:
         auth_policy_file=str(policy_file),
         **server,
     )
-    cluster = local_cluster.start(server=mtls)
+    cluster = local_cluster.start(server=mtls, settings=allocator)
     tls_only = ServerSettings(
         tls_cert_file=mtls.tls_cert_file,
         tls_key_file=mtls.tls_key_file,

@@ -256,7 +256,7 @@ def build_allocator(
     holdings.start()
     closers.append(holdings.close)
     if quotas is not None:
-        quotas.start(store, lambda reservation_id: holdings.get(reservation_id) is not None)
+        quotas.start(store, holdings.reservations, service.reservation_usage)
     following: Closeable = feed.follow(view.apply)
     closers.append(following.close)
     connected = feed_connected or (lambda: True)

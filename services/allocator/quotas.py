@@ -38,8 +38,8 @@ from services.allocator.core import ClusterSnapshot, DeviceEntry, SelectorCache
 from services.allocator.core.cel import CelError
 from services.allocator.holds import scope_of
 from services.allocator.quota_ledger import QuotaEntry, QuotaLedger, usage_by_tenant
-from services.allocator.reservations import Reservation, ReservationStore, ReserveRequest
-from services.common.dra.model import DeviceClass
+from services.allocator.reservations import Reservation, ReservationState, ReservationStore
+from services.common.dra.model import AllocationResult, DeviceClass
 from services.common.errors import GpuallocError, NotFound, ResourceExhausted, Unavailable
 from services.common.security.principal import tenant_of_owner
 from services.common.security.quota import (
@@ -106,19 +106,22 @@ class QuotaGuard:
 
     # --- what a placement counts ------------------------------------------------------------
 
-    def usage(self, snapshot: ClusterSnapshot, request: ReserveRequest) -> dict[str, int]:
-        """Per quota resource, what `request` (one scope's part of a placement) holds."""
+    def usage(
+        self, snapshot: ClusterSnapshot, scope: str, allocations: Sequence[AllocationResult]
+    ) -> dict[str, int]:
+        """Per quota resource, what the part of `allocations` taken under `scope` (a store
+        request's or a reservation's node: holds.py) holds."""
         model = self.model
         amounts: dict[str, int] = {}
         if not model.enabled:
             return amounts
         charged: set[tuple[str, object]] = set()
-        for allocation in request.allocations:
+        for allocation in allocations:
             for result in allocation.results:
                 if result.admin_access:
                     continue
                 entry = snapshot.device(result.device_id)
-                if entry is None or scope_of(entry) != request.node:
+                if entry is None or scope_of(entry) != scope:
                     continue
                 for resource in model.resources:
                     key = (resource.name, entry.id)
@@ -242,15 +245,29 @@ class QuotaGuard:
             usage.update(usage_by_tenant(self.ledger.read(cohort).entries))
         return model.status(usage, wanted)
 
-    def reconcile(self, store: ReservationStore, known: Callable[[str], bool]) -> int:
-        """Drop the entries of reservations the store no longer has; returns how many.
-        `known(id)`: this process holds it (no store read needed). Tickets are left to expire:
-        their grant may still be under way."""
-        dropped = 0
-        for cohort in self.model.cohorts():
+    def reconcile(
+        self,
+        store: ReservationStore,
+        live: Callable[[], Sequence[Reservation]],
+        usage_of: Callable[[Reservation], Usage],
+    ) -> tuple[int, int]:
+        """Make the ledger match the reservations; returns (entries dropped, entries added).
+
+        Dropped: entries of reservations the store no longer has (a release whose ledger step
+        failed). Added: live reservations of limited tenants that no entry covers (granted
+        before quotas were on, or before the tenant had quotas), with their lease plus the
+        grace period; they count from now on, even over quota (nothing held is taken away).
+        `live()`: this process's copy of the live reservations; tickets are left to expire,
+        since their grant may still be under way."""
+        model = self.model
+        reservations = {r.id: r for r in live()}
+        dropped = added = 0
+        for cohort in model.cohorts():
+            read = self.ledger.read(cohort)
+            covered = {entry.id for entry in read.entries}
             gone = []
-            for entry in self.ledger.read(cohort).entries:
-                if entry.id.startswith("ticket:") or known(entry.id):
+            for entry in read.entries:
+                if entry.id.startswith("ticket:") or entry.id in reservations:
                     continue
                 try:
                     store.get(entry.id)
@@ -259,18 +276,52 @@ class QuotaGuard:
             if gone:
                 self.ledger.drop(cohort, gone)
                 dropped += len(gone)
-        return dropped
+            for reservation in reservations.values():
+                quota = model.quota_of(tenant_of_owner(reservation.owner))
+                if quota is None or cohort_key(quota) != cohort or reservation.id in covered:
+                    continue
+                if self._backfill(cohort, quota.tenant, reservation, usage_of(reservation)):
+                    added += 1
+        return dropped, added
 
-    def start(self, store: ReservationStore, known: Callable[[str], bool]) -> None:
+    def _backfill(self, cohort: str, tenant: str, reservation: Reservation, amounts: Usage) -> bool:
+        if not any(amount > 0 for amount in amounts.values()):
+            return False
+        lease = self.settings.grace_seconds
+        if reservation.expires_at is not None:
+            lease += max(0.0, reservation.expires_at - time.time())
+        entry = QuotaEntry(reservation.id, tenant, dict(amounts), None)
+        for _ in range(self.settings.take_attempts):
+            version = self.ledger.read(cohort).version
+            if self.ledger.take(cohort, version, entry, lease):
+                if reservation.state is ReservationState.COMMITTED:
+                    self.ledger.commit(cohort, reservation.id)
+                return True
+        return False
+
+    def start(
+        self,
+        store: ReservationStore,
+        live: Callable[[], Sequence[Reservation]],
+        usage_of: Callable[[Reservation], Usage],
+    ) -> None:
+        """Reconcile now and then every reconcile_interval, in a thread, until `close`."""
+
         def run() -> None:
-            while not self._stop.wait(self.settings.reconcile_interval):
+            while True:
                 try:
-                    dropped = self.reconcile(store, known)
+                    dropped, added = self.reconcile(store, live, usage_of)
                 except GpuallocError as error:
                     log.warning("quota reconcile failed: %s", error)
-                    continue
-                if dropped:
-                    log.info("quota reconcile dropped %d stale entries", dropped)
+                else:
+                    if dropped or added:
+                        log.info(
+                            "quota reconcile: %d stale entries dropped, %d reservations added",
+                            dropped,
+                            added,
+                        )
+                if self._stop.wait(self.settings.reconcile_interval):
+                    return
 
         self._thread = threading.Thread(target=run, name="gpualloc-quota-reconcile", daemon=True)
         self._thread.start()

@@ -298,6 +298,13 @@ class AllocatorService:
             self.quotas.released([reservation_id], owner)
         return current
 
+    def reservation_usage(self, reservation: Reservation) -> dict[str, int]:
+        """What a held reservation counts against its tenant's quota (on the current view)."""
+        current = self.view.current()
+        if self.quotas is None or current is None:
+            return {}
+        return self.quotas.usage(current.snapshot, reservation.node, reservation.allocations)
+
     def quota_status(self, tenants: Sequence[str] = ()) -> tuple[list[TenantStatus], bool]:
         """Each tenant's standing (those given, else every tenant with quotas) and whether
         quotas are enforced."""
@@ -459,7 +466,10 @@ class AllocatorService:
     def _take_quota(self, requests: Sequence[ReserveRequest], view: ViewSnapshot) -> Grant | None:
         if self.quotas is None:
             return None
-        amounts = [self.quotas.usage(view.snapshot, request) for request in requests]
+        amounts = [
+            self.quotas.usage(view.snapshot, request.node, request.allocations)
+            for request in requests
+        ]
         taken = self.quotas.take(requests[0].owner, amounts, requests[0].lease_seconds)
         if isinstance(taken, tuple):
             raise QuotaExceeded(taken)
@@ -479,7 +489,8 @@ class AllocatorService:
             requests = _requests(holds, names, answer.allocations, lease, 1.0)
         total: dict[str, int] = {}
         for request in requests:
-            for name, amount in self.quotas.usage(view.snapshot, request).items():
+            usage = self.quotas.usage(view.snapshot, request.node, request.allocations)
+            for name, amount in usage.items():
                 total[name] = total.get(name, 0) + amount
         return self.quotas.check(owner, total)
 
