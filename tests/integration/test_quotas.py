@@ -175,7 +175,7 @@ def test_reserve_over_quota_is_resource_exhausted(fleet: SecuredFleet) -> None:
     with pytest.raises(grpc.RpcError) as caught:
         hpc.Reserve(request, timeout=20)
     assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "tenant hpc quota gpus: requested 3, used 0 of nominal 2" in caught.value.details()
+    assert "tenant hpc quota gpus: requested 3, used 0 of nominal 2" in str(caught.value.details())
 
 
 def test_a_committed_reservation_keeps_counting_and_a_lapsed_lease_stops(
