@@ -79,6 +79,7 @@ class LeaseOptions:
     lease_seconds: float | None = None  # None: the server's default
     idempotency_key: str = ""
     labels: tuple[tuple[str, str], ...] = ()
+    request_digest: str = ""  # a digest of what was asked: a reused key must ask the same
 
 
 class Outcome(StrEnum):

@@ -78,6 +78,7 @@ def gang_requests(
             lease_seconds=lease_seconds,
             idempotency_key=lease.idempotency_key,
             labels=lease.labels,
+            request_digest=lease.request_digest,
         )
         for scope, entry in scopes.items()
     ]

@@ -98,6 +98,7 @@ class ReserveRequest:
     lease_seconds: float
     idempotency_key: str = ""
     labels: tuple[tuple[str, str], ...] = ()  # free-form (e.g. ("slurm.job", "1234"))
+    request_digest: str = ""  # what the idempotency key was first used for (answers.py)
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,7 @@ class Reservation:
     expires_at: float | None  # None once committed
     idempotency_key: str = ""
     labels: tuple[tuple[str, str], ...] = field(default=())
+    request_digest: str = ""  # of the Allocate request that made it ("" for Reserve)
     redacted: bool = False  # another tenant's, as a caller may see it (tenancy.py)
 
 

@@ -75,7 +75,6 @@ from services.allocator.telemetry import AllocatorMetrics
 from services.allocator.view import ClusterView, ViewSnapshot
 from services.common.dra.model import AllocationResult, DeviceClass
 from services.common.errors import (
-    AlreadyExists,
     Conflict,
     DeadlineExceeded,
     FailedPrecondition,
@@ -147,7 +146,7 @@ class AllocatorService:
         if lease is not None and lease.idempotency_key:
             known = self.holdings.find_idempotent(lease.owner, lease.idempotency_key)
             if known:
-                _check_replay(query, known, lease.idempotency_key)
+                _check_replay(query, known, lease)
                 return self._reserved_answer(query, known, self.view.require(0).generation)
         attempts = 1 + (self.limits.reserve_retries if lease is not None else 0)
         conflict: Conflict | None = None
@@ -175,6 +174,8 @@ class AllocatorService:
                 if self._drifted(error, requests, view, any(found)):
                     self.holdings.rebuild()
                 continue
+            if lease.idempotency_key:  # the store may answer with another replica's first call
+                _check_same_request(reservations, lease)
             if query.gang is not None and _same_placement(reservations, answer.gang):
                 return replace(answer, reservations=tuple(reservations))
             # One node's answer, or a gang for which the store answered (idempotency key) with
@@ -242,9 +243,9 @@ class AllocatorService:
             raise _bounded(conflict) from None
         for request, reservation in zip(requests, reservations, strict=True):
             if lease.idempotency_key and set(reservation.hold.devices) != set(request.hold.devices):
-                raise AlreadyExists(
-                    f"idempotency key {lease.idempotency_key!r} was used for another placement "
-                    f"(reservation {reservation.id})"
+                raise FailedPrecondition(
+                    f"idempotency key {lease.idempotency_key!r} was first used for another "
+                    f"placement (reservation {reservation.id}): use a new key"
                 )
         return reservations
 
@@ -595,6 +596,7 @@ def _requests(
             lease_seconds=lease_seconds,
             idempotency_key=lease.idempotency_key,
             labels=lease.labels,
+            request_digest=lease.request_digest,
         )
         for scope, hold in holds.items()
     ]
@@ -640,9 +642,26 @@ def _same_placement(reservations: Sequence[Reservation], members: Sequence[GangM
     return held == {m.node: m.allocations for m in members}
 
 
-def _check_replay(query: Query, known: Sequence[Reservation], key: str) -> None:
-    """A repeated key of a gang must still hold the whole gang: one whose members were partly
-    released or expired is not returned as ALLOCATED."""
+def _check_same_request(known: Sequence[Reservation], lease: LeaseOptions) -> None:
+    """A reused idempotency key must come with the request it was first used for: a retry, not
+    a new request that would silently get the first one's devices (FAILED_PRECONDITION)."""
+    first = known[0]
+    if (
+        first.request_digest
+        and lease.request_digest
+        and first.request_digest != lease.request_digest
+    ):
+        raise FailedPrecondition(
+            f"idempotency key {lease.idempotency_key!r} was first used for another request "
+            f"(reservation {first.id}): retry with the same request, or use a new key"
+        )
+
+
+def _check_replay(query: Query, known: Sequence[Reservation], lease: LeaseOptions) -> None:
+    """A repeated key must repeat its request, and a gang's must still hold the whole gang:
+    one whose members were partly released or expired is not returned as ALLOCATED."""
+    _check_same_request(known, lease)
+    key = lease.idempotency_key
     if query.gang is None:
         return
     members = members_of_reservations(known)

@@ -86,6 +86,7 @@ def test_reserve_round_trips_every_field(store: Store) -> None:
         lease_seconds=30.0,
         idempotency_key="attempt-1",
         labels=(("slurm.job", "1234"),),
+        request_digest="d1g3st",
     )
 
     reservation = store.reserve(request)
@@ -94,7 +95,7 @@ def test_reserve_round_trips_every_field(store: Store) -> None:
     assert (reservation.owner, reservation.node) == ("slurm/job-1234", "node-1")
     assert (reservation.claim_names, reservation.allocations) == (("claim-a",), (allocation,))
     assert (reservation.hold, reservation.labels) == (request.hold, request.labels)
-    assert reservation.idempotency_key == "attempt-1"
+    assert (reservation.idempotency_key, reservation.request_digest) == ("attempt-1", "d1g3st")
     assert reservation.fencing_token >= 1
     assert reservation.expires_at is not None
     assert reservation.expires_at - reservation.created_at == pytest.approx(30.0, abs=0.002)

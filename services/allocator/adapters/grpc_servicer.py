@@ -24,6 +24,7 @@ from services.allocator.adapters.pb_mapping import (
     proto_field_paths,
     query_from_pb,
     quota_status_response,
+    request_digest,
     reservation_state_from_pb,
     reservation_to_pb,
     reserve_claims_from_pb,
@@ -105,6 +106,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                     request.lease_ttl if request.HasField("lease_ttl") else None,
                     request.idempotency_key,
                     request.reservation_labels,
+                    request_digest(request) if request.idempotency_key else "",
                 )
             answer = self._service.allocate(query, lease)
         for reservation in answer.reservations:

@@ -238,6 +238,7 @@ class MemoryReservationStore:
             expires_at=now + request.lease_seconds,
             idempotency_key=request.idempotency_key,
             labels=request.labels,
+            request_digest=request.request_digest,
         )
         for device in hold.devices:
             holds.devices[device] = reservation.id

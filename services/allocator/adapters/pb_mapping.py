@@ -11,6 +11,7 @@ The core reports field paths of claims in Kubernetes form (`claims[0].spec.devic
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -65,6 +66,7 @@ from services.common.security.principal import tenant_of_owner
 from services.common.security.quota import QuotaRefusal, TenantStatus, quantity_text
 
 __all__ = [
+    "request_digest",
     "quota_refusal_to_pb",
     "quota_status_response",
     "allocate_response",
@@ -251,13 +253,30 @@ def lease_from_pb(
     lease_ttl: duration_pb2.Duration | None,
     idempotency_key: str = "",
     labels: Mapping[str, str] | None = None,
+    request_digest: str = "",
 ) -> LeaseOptions:
     return LeaseOptions(
         owner=owner,
         lease_seconds=seconds_from_pb(lease_ttl),
         idempotency_key=idempotency_key,
         labels=tuple(sorted((labels or {}).items())),
+        request_digest=request_digest,
     )
+
+
+def request_digest(request: pb.AllocateRequest) -> str:
+    """What an idempotency key is bound to: the request's placement fields (claims, classes,
+    where, how, labels), not its lease, owner, budget or explain flags; deterministic bytes."""
+    kept = pb.AllocateRequest()
+    kept.CopyFrom(request)
+    kept.ClearField("budget")
+    kept.ClearField("min_inventory_generation")
+    kept.ClearField("explain")
+    kept.ClearField("reserve")
+    kept.ClearField("lease_ttl")
+    kept.ClearField("owner")
+    kept.ClearField("idempotency_key")
+    return hashlib.sha256(kept.SerializeToString(deterministic=True)).hexdigest()[:32]
 
 
 def seconds_from_pb(duration: duration_pb2.Duration | None) -> float | None:

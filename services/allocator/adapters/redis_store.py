@@ -222,6 +222,7 @@ class RedisReservationStore:
             expires_at=expires / 1000,
             idempotency_key=request.idempotency_key,
             labels=tuple((key, value) for key, value in request.labels),
+            request_digest=request.request_digest,
         )
         return reservation, True
 
@@ -693,6 +694,7 @@ class RedisReservationStore:
             expires_at=int(fields["expires"]) / 1000 if fields["expires"] else None,
             idempotency_key=doc["idempotencyKey"],
             labels=tuple((key, value) for key, value in doc["labels"]),
+            request_digest=doc.get("requestDigest", ""),  # absent: written by an older version
         )
 
 
@@ -721,6 +723,7 @@ def _doc(request: ReserveRequest) -> dict[str, Any]:
         "allocations": [allocation_result_to_dict(item) for item in request.allocations],
         "idempotencyKey": request.idempotency_key,
         "labels": [list(label) for label in request.labels],
+        "requestDigest": request.request_digest,
     }
 
 
