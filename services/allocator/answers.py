@@ -80,6 +80,8 @@ class LeaseOptions:
     idempotency_key: str = ""
     labels: tuple[tuple[str, str], ...] = ()
     request_digest: str = ""  # a digest of what was asked: a reused key must ask the same
+    priority_class: str = ""  # the policy's priority class ("" : its default)
+    preempt: bool = False  # revoke the victims of a preemption proposal, then reserve
 
 
 class Outcome(StrEnum):

@@ -79,6 +79,7 @@ def gang_requests(
             idempotency_key=lease.idempotency_key,
             labels=lease.labels,
             request_digest=lease.request_digest,
+            priority_class=lease.priority_class,
         )
         for scope, entry in scopes.items()
     ]

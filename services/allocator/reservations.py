@@ -31,7 +31,7 @@ from typing import Protocol
 
 from services.common.dra.model import AllocationResult
 from services.common.dra.quantity import Quantity
-from services.common.errors import Conflict, GpuallocError, InvalidArgument
+from services.common.errors import Conflict, FailedPrecondition, GpuallocError, InvalidArgument
 
 __all__ = [
     "DeviceTaken",
@@ -48,7 +48,9 @@ __all__ = [
     "conflict_error",
     "device_conflict_key",
     "milli",
+    "PREEMPTED_MEMORY_SECONDS",
     "new_reservation_id",
+    "preempted_error",
     "reserve_gang",
     "validate_reserve_request",
 ]
@@ -99,6 +101,7 @@ class ReserveRequest:
     idempotency_key: str = ""
     labels: tuple[tuple[str, str], ...] = ()  # free-form (e.g. ("slurm.job", "1234"))
     request_digest: str = ""  # what the idempotency key was first used for (answers.py)
+    priority_class: str = ""  # "" : the policy's default (docs/tenancy.md)
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,7 @@ class Reservation:
     idempotency_key: str = ""
     labels: tuple[tuple[str, str], ...] = field(default=())
     request_digest: str = ""  # of the Allocate request that made it ("" for Reserve)
+    priority_class: str = ""
     redacted: bool = False  # another tenant's, as a caller may see it (tenancy.py)
 
 
@@ -154,6 +158,12 @@ class ReservationStore(Protocol):
 
     def release(self, reservation_id: str, owner: str, fencing_token: int = 0) -> None:
         """Free the hold now."""
+        ...
+
+    def revoke(self, reservation_id: str, fencing_token: int, by: str) -> None:
+        """Free a reservation for a preemption, whoever owns it, if its fencing token is still
+        `fencing_token` (else FailedPrecondition: it changed hands since it was chosen). For a
+        day after, commit/renew/release of it answer FailedPrecondition naming `by`."""
         ...
 
     def get(self, reservation_id: str) -> Reservation: ...
@@ -197,6 +207,13 @@ class ReservationEvent:
     id: str
     node: str
     fencing_token: int
+
+
+PREEMPTED_MEMORY_SECONDS = 86_400.0  # how long a revoked id answers "preempted by ..."
+
+
+def preempted_error(reservation_id: str, by: str) -> FailedPrecondition:
+    return FailedPrecondition(f"reservation {reservation_id} was preempted by {by}")
 
 
 def new_reservation_id() -> str:

@@ -597,6 +597,7 @@ def _requests(
             idempotency_key=lease.idempotency_key,
             labels=lease.labels,
             request_digest=lease.request_digest,
+            priority_class=lease.priority_class,
         )
         for scope, hold in holds.items()
     ]

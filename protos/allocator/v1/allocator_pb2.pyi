@@ -495,6 +495,8 @@ class AllocateRequest(_message.Message):
     OWNER_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     RESERVATION_LABELS_FIELD_NUMBER: _builtins.int
+    PRIORITY_CLASS_NAME_FIELD_NUMBER: _builtins.int
+    PREEMPT_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     """Allocate on this node only; empty lets the allocator choose."""
     policy: Global___AllocationPolicy.ValueType
@@ -514,6 +516,15 @@ class AllocateRequest(_message.Message):
     idempotency_key: _builtins.str
     """Makes a reserving call safe to retry: the same key and owner return the first call's
     reservations instead of reserving twice.
+    """
+    priority_class_name: _builtins.str
+    """The reservation's priority class (the access policy's spec.quota.priorityClasses); empty
+    means the policy's default class (docs/tenancy.md).
+    """
+    preempt: _builtins.bool
+    """With `reserve`: when the claims fit only if other reservations go (reclaiming quota lent to
+    other tenants, or lower-priority reservations of the caller's tenant), revoke them and
+    reserve. Without it such an answer carries the `preemption` proposal and reserves nothing.
     """
     @_builtins.property
     def claims(self) -> _containers.RepeatedCompositeFieldContainer[_dra_pb2.ResourceClaim]:
@@ -569,10 +580,12 @@ class AllocateRequest(_message.Message):
         owner: _builtins.str = ...,
         idempotency_key: _builtins.str = ...,
         reservation_labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        priority_class_name: _builtins.str = ...,
+        preempt: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "gang", b"gang", "lease_ttl", b"lease_ttl", "node_selector", b"node_selector"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "claims", b"claims", "device_classes", b"device_classes", "explain", b"explain", "gang", b"gang", "idempotency_key", b"idempotency_key", "lease_ttl", b"lease_ttl", "min_inventory_generation", b"min_inventory_generation", "node_name", b"node_name", "node_selector", b"node_selector", "owner", b"owner", "policy", b"policy", "reservation_labels", b"reservation_labels", "reserve", b"reserve", "topology_constraints", b"topology_constraints"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "claims", b"claims", "device_classes", b"device_classes", "explain", b"explain", "gang", b"gang", "idempotency_key", b"idempotency_key", "lease_ttl", b"lease_ttl", "min_inventory_generation", b"min_inventory_generation", "node_name", b"node_name", "node_selector", b"node_selector", "owner", b"owner", "policy", b"policy", "preempt", b"preempt", "priority_class_name", b"priority_class_name", "reservation_labels", b"reservation_labels", "reserve", b"reserve", "topology_constraints", b"topology_constraints"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -714,6 +727,7 @@ class AllocateResponse(_message.Message):
     INVENTORY_GENERATION_FIELD_NUMBER: _builtins.int
     HOLDERS_FIELD_NUMBER: _builtins.int
     QUOTA_REFUSALS_FIELD_NUMBER: _builtins.int
+    PREEMPTION_FIELD_NUMBER: _builtins.int
     outcome: Global___Outcome.ValueType
     """What happened."""
     node_name: _builtins.str
@@ -746,6 +760,13 @@ class AllocateResponse(_message.Message):
     def quota_refusals(self) -> _containers.RepeatedCompositeFieldContainer[Global___QuotaRefusal]:
         """The quotas the placement would exceed (QUOTA_EXCEEDED)."""
 
+    @_builtins.property
+    def preemption(self) -> Global___Preemption:
+        """When the claims do not fit (UNSATISFIABLE or QUOTA_EXCEEDED) but would if these
+        reservations went: the victims a `preempt` call would revoke. With `preempt`, the victims
+        that were revoked to make the reservations.
+        """
+
     def __init__(
         self,
         *,
@@ -759,14 +780,73 @@ class AllocateResponse(_message.Message):
         inventory_generation: _builtins.int = ...,
         holders: _abc.Iterable[Global___Holder] | None = ...,
         quota_refusals: _abc.Iterable[Global___QuotaRefusal] | None = ...,
+        preemption: Global___Preemption | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["explanation", b"explanation"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["explanation", b"explanation", "preemption", b"preemption"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "explanation", b"explanation", "gang_placements", b"gang_placements", "holders", b"holders", "inventory_generation", b"inventory_generation", "node_name", b"node_name", "outcome", b"outcome", "quota_refusals", b"quota_refusals", "reservations", b"reservations", "score", b"score"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "explanation", b"explanation", "gang_placements", b"gang_placements", "holders", b"holders", "inventory_generation", b"inventory_generation", "node_name", b"node_name", "outcome", b"outcome", "preemption", b"preemption", "quota_refusals", b"quota_refusals", "reservations", b"reservations", "score", b"score"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AllocateResponse: _TypeAlias = AllocateResponse  # noqa: Y015
+
+@_typing.final
+class Preemption(_message.Message):
+    """Reservations whose release makes a placement fit, chosen by the rules of docs/tenancy.md."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VICTIMS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def victims(self) -> _containers.RepeatedCompositeFieldContainer[Global___PreemptionVictim]:
+        """The victims, in the order the rules chose them."""
+
+    def __init__(
+        self,
+        *,
+        victims: _abc.Iterable[Global___PreemptionVictim] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["victims", b"victims"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Preemption: _TypeAlias = Preemption  # noqa: Y015
+
+@_typing.final
+class PreemptionVictim(_message.Message):
+    """One reservation a preemption revokes."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOLDER_FIELD_NUMBER: _builtins.int
+    PRIORITY_CLASS_NAME_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    priority_class_name: _builtins.str
+    """Its priority class ("" for the default)."""
+    reason: _builtins.str
+    """Why it may be revoked: `reclaim` (its tenant borrows quota the caller's tenant lends) or
+    `priority` (a lower-priority reservation of the caller's tenant).
+    """
+    @_builtins.property
+    def holder(self) -> Global___Holder:
+        """The reservation (its id and owner are empty when it is another tenant's)."""
+
+    def __init__(
+        self,
+        *,
+        holder: Global___Holder | None = ...,
+        priority_class_name: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["holder", b"holder"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["holder", b"holder", "priority_class_name", b"priority_class_name", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PreemptionVictim: _TypeAlias = PreemptionVictim  # noqa: Y015
 
 @_typing.final
 class ExplainRequest(_message.Message):
@@ -787,6 +867,7 @@ class ExplainRequest(_message.Message):
     BUDGET_FIELD_NUMBER: _builtins.int
     MIN_INVENTORY_GENERATION_FIELD_NUMBER: _builtins.int
     MAX_NODES_EXPLAINED_FIELD_NUMBER: _builtins.int
+    PRIORITY_CLASS_NAME_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     """Explain for this node only; empty considers every node."""
     policy: Global___AllocationPolicy.ValueType
@@ -795,6 +876,10 @@ class ExplainRequest(_message.Message):
     """Wait until the snapshot has at least this inventory generation; 0 means any."""
     max_nodes_explained: _builtins.int
     """How many nodes to list in Explanation.nodes; 0 means the server's default (10)."""
+    priority_class_name: _builtins.str
+    """The priority class the placement would be reserved with: what a preemption proposal may
+    revoke depends on it.
+    """
     @_builtins.property
     def claims(self) -> _containers.RepeatedCompositeFieldContainer[_dra_pb2.ResourceClaim]:
         """The claims to allocate together on one node; empty when `gang` is set."""
@@ -832,10 +917,11 @@ class ExplainRequest(_message.Message):
         budget: Global___SearchBudget | None = ...,
         min_inventory_generation: _builtins.int = ...,
         max_nodes_explained: _builtins.int = ...,
+        priority_class_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "gang", b"gang", "node_selector", b"node_selector"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "claims", b"claims", "device_classes", b"device_classes", "gang", b"gang", "max_nodes_explained", b"max_nodes_explained", "min_inventory_generation", b"min_inventory_generation", "node_name", b"node_name", "node_selector", b"node_selector", "policy", b"policy", "topology_constraints", b"topology_constraints"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "claims", b"claims", "device_classes", b"device_classes", "gang", b"gang", "max_nodes_explained", b"max_nodes_explained", "min_inventory_generation", b"min_inventory_generation", "node_name", b"node_name", "node_selector", b"node_selector", "policy", b"policy", "priority_class_name", b"priority_class_name", "topology_constraints", b"topology_constraints"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -855,6 +941,7 @@ class ExplainResponse(_message.Message):
     INVENTORY_GENERATION_FIELD_NUMBER: _builtins.int
     HOLDERS_FIELD_NUMBER: _builtins.int
     QUOTA_REFUSALS_FIELD_NUMBER: _builtins.int
+    PREEMPTION_FIELD_NUMBER: _builtins.int
     outcome: Global___Outcome.ValueType
     """The outcome Allocate would have had."""
     node_name: _builtins.str
@@ -883,6 +970,10 @@ class ExplainResponse(_message.Message):
     def quota_refusals(self) -> _containers.RepeatedCompositeFieldContainer[Global___QuotaRefusal]:
         """The quotas the placement would exceed for the caller's tenant (QUOTA_EXCEEDED)."""
 
+    @_builtins.property
+    def preemption(self) -> Global___Preemption:
+        """The victims whose revocation would make it fit (see AllocateResponse.preemption)."""
+
     def __init__(
         self,
         *,
@@ -894,10 +985,11 @@ class ExplainResponse(_message.Message):
         inventory_generation: _builtins.int = ...,
         holders: _abc.Iterable[Global___Holder] | None = ...,
         quota_refusals: _abc.Iterable[Global___QuotaRefusal] | None = ...,
+        preemption: Global___Preemption | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["explanation", b"explanation"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["explanation", b"explanation", "preemption", b"preemption"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "explanation", b"explanation", "gang_placements", b"gang_placements", "holders", b"holders", "inventory_generation", b"inventory_generation", "node_name", b"node_name", "outcome", b"outcome", "quota_refusals", b"quota_refusals"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "explanation", b"explanation", "gang_placements", b"gang_placements", "holders", b"holders", "inventory_generation", b"inventory_generation", "node_name", b"node_name", "outcome", b"outcome", "preemption", b"preemption", "quota_refusals", b"quota_refusals"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1246,6 +1338,7 @@ class Reservation(_message.Message):
     DEVICES_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
     TENANT_FIELD_NUMBER: _builtins.int
+    PRIORITY_CLASS_NAME_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """The reservation id, assigned by the server."""
     owner: _builtins.str
@@ -1263,6 +1356,8 @@ class Reservation(_message.Message):
     another tenant is shown with only this, its node, devices, state and expiry: id, owner,
     fencing token, idempotency key, claim names and labels are left empty.
     """
+    priority_class_name: _builtins.str
+    """Its priority class ("" for the policy's default)."""
     @_builtins.property
     def allocations(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClaimAllocation]:
         """The claims' allocations it holds."""
@@ -1303,10 +1398,11 @@ class Reservation(_message.Message):
         devices: _abc.Iterable[_dra_pb2.DeviceID] | None = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         tenant: _builtins.str = ...,
+        priority_class_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["committed_at", b"committed_at", "created_at", b"created_at", "expires_at", b"expires_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "committed_at", b"committed_at", "created_at", b"created_at", "devices", b"devices", "expires_at", b"expires_at", "fencing_token", b"fencing_token", "id", b"id", "idempotency_key", b"idempotency_key", "labels", b"labels", "node_name", b"node_name", "owner", b"owner", "state", b"state", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "committed_at", b"committed_at", "created_at", b"created_at", "devices", b"devices", "expires_at", b"expires_at", "fencing_token", b"fencing_token", "id", b"id", "idempotency_key", b"idempotency_key", "labels", b"labels", "node_name", b"node_name", "owner", b"owner", "priority_class_name", b"priority_class_name", "state", b"state", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1344,6 +1440,7 @@ class ReserveRequest(_message.Message):
     OWNER_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    PRIORITY_CLASS_NAME_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     """The node the allocations are on."""
     owner: _builtins.str
@@ -1352,6 +1449,8 @@ class ReserveRequest(_message.Message):
     """
     idempotency_key: _builtins.str
     """Makes the call safe to retry: the same key and owner return the first reservation."""
+    priority_class_name: _builtins.str
+    """The reservation's priority class; empty means the policy's default."""
     @_builtins.property
     def allocations(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClaimAllocation]:
         """The allocations, as Allocate returned them."""
@@ -1373,10 +1472,11 @@ class ReserveRequest(_message.Message):
         owner: _builtins.str = ...,
         idempotency_key: _builtins.str = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        priority_class_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease_ttl", b"lease_ttl"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "idempotency_key", b"idempotency_key", "labels", b"labels", "lease_ttl", b"lease_ttl", "node_name", b"node_name", "owner", b"owner"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "idempotency_key", b"idempotency_key", "labels", b"labels", "lease_ttl", b"lease_ttl", "node_name", b"node_name", "owner", b"owner", "priority_class_name", b"priority_class_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

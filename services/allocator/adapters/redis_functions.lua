@@ -82,7 +82,11 @@ end
 -- Reservation checks shared by commit, renew and release: {'notfound'} | {'denied'} | {'fence'}.
 local function owned(ctx, id, owner, fence)
   local r = redis.call('HMGET', ctx.base .. 'res:' .. id, 'owner', 'fence', 'state')
-  if not r[1] then return nil, {'notfound'} end
+  if not r[1] then
+    local by = redis.call('GET', ctx.base .. 'preempted:' .. id)
+    if by then return nil, {'preempted', by} end
+    return nil, {'notfound'}
+  end
   if r[1] ~= owner then return nil, {'denied'} end
   if fence ~= 0 and fence ~= tonumber(r[2]) then return nil, {'fence', r[2]} end
   return {owner = r[1], fence = r[2], state = r[3]}, nil
@@ -199,6 +203,22 @@ local function release(keys, args)
   if err then table.insert(err, expired) return err end
   free(ctx, id)
   publish(ctx, 'release', id, current.fence)
+  return {'ok', expired}
+end
+
+-- A preemption: free id whoever owns it, if its token is still fence, and remember for ttl_ms
+-- who preempted it (commit/renew/release then answer 'preempted').
+-- ARGV: base node channel id fence by ttl_ms -> {'ok', expired} | {error..., expired}
+local function revoke(keys, args)
+  local ctx = context(args)
+  local id, fence, by = args[4], tonumber(args[5]), args[6]
+  local expired = expire_due(ctx, now_ms())
+  local current = redis.call('HGET', ctx.base .. 'res:' .. id, 'fence')
+  if not current then return {'notfound', expired} end
+  if tonumber(current) ~= fence then return {'fence', current, expired} end
+  free(ctx, id)
+  redis.call('SET', ctx.base .. 'preempted:' .. id, by, 'PX', args[7])
+  publish(ctx, 'release', id, current)
   return {'ok', expired}
 end
 
@@ -320,6 +340,7 @@ redis.register_function('gpualloc_commit', commit)
 redis.register_function('gpualloc_renew', renew)
 redis.register_function('gpualloc_release', release)
 redis.register_function('gpualloc_expire', expire)
+redis.register_function('gpualloc_revoke', revoke)
 redis.register_function('gpualloc_quota_take', quota_take)
 redis.register_function('gpualloc_quota_bind', quota_bind)
 redis.register_function('gpualloc_quota_extend', quota_extend)

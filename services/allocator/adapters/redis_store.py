@@ -44,6 +44,7 @@ from redis.exceptions import AskError, MovedError
 
 from services.allocator.adapters.reservation_codec import allocation_from_dict
 from services.allocator.reservations import (
+    PREEMPTED_MEMORY_SECONDS,
     DeviceTaken,
     Hold,
     LimitedUse,
@@ -55,6 +56,7 @@ from services.allocator.reservations import (
     UseExceeded,
     conflict_error,
     new_reservation_id,
+    preempted_error,
     reserve_gang,
     validate_reserve_request,
 )
@@ -223,6 +225,7 @@ class RedisReservationStore:
             idempotency_key=request.idempotency_key,
             labels=tuple((key, value) for key, value in request.labels),
             request_digest=request.request_digest,
+            priority_class=request.priority_class,
         )
         return reservation, True
 
@@ -249,6 +252,13 @@ class RedisReservationStore:
         node = self._node_of(reservation_id)
         args = [*self._context(node), reservation_id, owner, str(fencing_token)]
         self._mutate("gpualloc_release", node, reservation_id, args)
+        self._unindex([reservation_id])
+
+    def revoke(self, reservation_id: str, fencing_token: int, by: str) -> None:
+        node = self._node_of(reservation_id)
+        ttl = str(int(PREEMPTED_MEMORY_SECONDS * 1000))
+        args = [*self._context(node), reservation_id, str(fencing_token), by, ttl]
+        self._mutate("gpualloc_revoke", node, reservation_id, args, wait=True)
         self._unindex([reservation_id])
 
     def get(self, reservation_id: str) -> Reservation:
@@ -442,6 +452,7 @@ class RedisReservationStore:
         `wait`: acknowledged after WAIT (when configured)."""
         base = self._base(node)
         keys = [base + "res:" + reservation_id, base + "leases", base + "ids", base + "idem"]
+        keys.append(base + "preempted:" + reservation_id)
         reply = self._attempt(lambda: self._write(function, keys, args, wait=wait), retry=False)
         status = _text(reply[0])
         self._unindex(reply[-1])
@@ -458,6 +469,8 @@ class RedisReservationStore:
             )
         if status == "committed":
             raise FailedPrecondition(f"reservation {reservation_id} is committed: no lease")
+        if status == "preempted":
+            raise preempted_error(reservation_id, _text(reply[1]))
         raise AssertionError(f"{function}: unexpected reply {status!r}")
 
     def _unindex(self, reservation_ids: Sequence[Any]) -> None:
@@ -695,6 +708,7 @@ class RedisReservationStore:
             idempotency_key=doc["idempotencyKey"],
             labels=tuple((key, value) for key, value in doc["labels"]),
             request_digest=doc.get("requestDigest", ""),  # absent: written by an older version
+            priority_class=doc.get("priorityClass", ""),
         )
 
 
@@ -724,6 +738,7 @@ def _doc(request: ReserveRequest) -> dict[str, Any]:
         "idempotencyKey": request.idempotency_key,
         "labels": [list(label) for label in request.labels],
         "requestDigest": request.request_digest,
+        "priorityClass": request.priority_class,
     }
 
 

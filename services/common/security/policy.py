@@ -52,7 +52,14 @@ from services.common.security.principal import (
     Role,
     glob_capture,
 )
-from services.common.security.quota import QuotaLimits, QuotaModel, QuotaResource, TenantQuota
+from services.common.security.quota import (
+    DEFAULT_PRIORITY,
+    PriorityClass,
+    QuotaLimits,
+    QuotaModel,
+    QuotaResource,
+    TenantQuota,
+)
 
 __all__ = [
     "API_VERSION",
@@ -236,7 +243,9 @@ def parse_policy(document: object, source: str = "policy") -> AccessPolicy:
     spec = reader.mapping(
         root.get("spec"), "spec", {"authentication", "tenants", "bindings", "quota"}
     )
-    resources = _quota_resources(reader, spec.get("quota", {}))
+    quota = reader.mapping(spec.get("quota", {}), "spec.quota", {"resources", "priorityClasses"})
+    resources = _quota_resources(reader, quota.get("resources", []))
+    priorities, default_priority = _priority_classes(reader, quota.get("priorityClasses", []))
     tenants, quotas = _tenants(reader, spec.get("tenants", []), resources)
     bindings = _bindings(reader, spec.get("bindings", []), tenants)
     issuers = _issuers(reader, spec.get("authentication", {}))
@@ -254,7 +263,11 @@ def parse_policy(document: object, source: str = "policy") -> AccessPolicy:
         first = errors[0]
         raise InvalidArgument(f"{source}: {first}" + _more(errors), errors)
     return AccessPolicy(
-        name, tenants, tuple(bindings), tuple(issuers), QuotaModel(tuple(resources), quotas)
+        name,
+        tenants,
+        tuple(bindings),
+        tuple(issuers),
+        QuotaModel(tuple(resources), quotas, priorities, default_priority),
     )
 
 
@@ -289,11 +302,42 @@ def _tenants(
     return tenants, quotas
 
 
+def _priority_classes(
+    reader: _Reader, value: object
+) -> tuple[dict[str, PriorityClass], PriorityClass]:
+    classes: dict[str, PriorityClass] = {}
+    default = DEFAULT_PRIORITY
+    allowed = {"name", "value", "globalDefault", "preemptionPolicy", "preemptible"}
+    items = reader.sequence(value, "spec.quota.priorityClasses")
+    for i, item in enumerate(items):
+        path = f"spec.quota.priorityClasses[{i}]"
+        fields = reader.mapping(item, path, allowed)
+        name = reader.string(fields.get("name"), f"{path}.name")
+        if name in classes:
+            reader.fail(f"{path}.name", f"duplicate priority class {name!r}")
+        number = fields.get("value")
+        if isinstance(number, bool) or not isinstance(number, int):
+            reader.fail(f"{path}.value", f"must be an integer, got {number!r}")
+            number = 0
+        policy = fields.get("preemptionPolicy", "PreemptLowerPriority")
+        if policy not in ("PreemptLowerPriority", "Never"):
+            reader.fail(
+                f"{path}.preemptionPolicy", f"must be PreemptLowerPriority or Never, got {policy!r}"
+            )
+        preemptible = reader.boolean(fields.get("preemptible", True), f"{path}.preemptible")
+        made = PriorityClass(name, number, policy != "Never", preemptible)
+        classes[name] = made
+        if reader.boolean(fields.get("globalDefault", False), f"{path}.globalDefault"):
+            if default is not DEFAULT_PRIORITY:
+                reader.fail(f"{path}.globalDefault", "only one priority class may be the default")
+            default = made
+    return classes, default
+
+
 def _quota_resources(reader: _Reader, value: object) -> list[QuotaResource]:
-    section = reader.mapping(value, "spec.quota", {"resources"})
     resources: list[QuotaResource] = []
     allowed = {"name", "deviceClassNames", "counter"}
-    for i, item in enumerate(reader.sequence(section.get("resources", []), "spec.quota.resources")):
+    for i, item in enumerate(reader.sequence(value, "spec.quota.resources")):
         path = f"spec.quota.resources[{i}]"
         fields = reader.mapping(item, path, allowed)
         name = reader.string(fields.get("name"), f"{path}.name")

@@ -32,7 +32,9 @@ from fractions import Fraction
 from services.common.dra.quantity import Quantity, QuantityFormat
 
 __all__ = [
+    "DEFAULT_PRIORITY",
     "NO_QUOTAS",
+    "PriorityClass",
     "QuotaLimits",
     "QuotaModel",
     "QuotaRefusal",
@@ -56,6 +58,21 @@ class QuotaResource:
     name: str
     device_classes: tuple[str, ...]
     counter: str = ""
+
+
+@dataclass(frozen=True)
+class PriorityClass:
+    """A reservation's priority, as Kubernetes PriorityClasses: `value` orders them; a class
+    with `preempts` False never preempts (preemptionPolicy: Never); one with `preemptible`
+    False is never a victim."""
+
+    name: str
+    value: int
+    preempts: bool = True
+    preemptible: bool = True
+
+
+DEFAULT_PRIORITY = PriorityClass("", 0)
 
 
 @dataclass(frozen=True)
@@ -142,6 +159,8 @@ def cohort_key(quota: TenantQuota) -> str:
 class QuotaModel:
     resources: tuple[QuotaResource, ...]
     tenants: Mapping[str, TenantQuota]  # only tenants with quotas
+    priority_classes: Mapping[str, PriorityClass] = field(default_factory=dict)
+    default_priority: PriorityClass = DEFAULT_PRIORITY
     _members: Mapping[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -161,6 +180,15 @@ class QuotaModel:
     def members(self, quota: TenantQuota) -> tuple[str, ...]:
         """The tenants sharing `quota`'s cohort (itself included)."""
         return self._members.get(cohort_key(quota), (quota.tenant,))
+
+    def priority(self, name: str) -> PriorityClass:
+        """The class a reservation names; "" or a class the policy no longer has: the
+        default (a reload must not make old reservations unpreemptible or unranked)."""
+        return (
+            self.priority_classes.get(name, self.default_priority)
+            if name
+            else (self.default_priority)
+        )
 
     def cohorts(self) -> tuple[str, ...]:
         return tuple(sorted(self._members))
