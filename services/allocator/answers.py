@@ -35,6 +35,7 @@ __all__ = [
     "NodeCount",
     "Outcome",
     "Query",
+    "Victim",
     "claim_ref",
 ]
 
@@ -105,6 +106,15 @@ class Holder:
 
 
 @dataclass(frozen=True)
+class Victim:
+    """A reservation a preemption revokes (or would): who holds it, and by which rule."""
+
+    holder: Holder
+    priority_class: str
+    reason: str  # "reclaim" or "priority" (services/common/security/quota.py)
+
+
+@dataclass(frozen=True)
 class GangMember:
     """One node of a gang placement: the claims' allocations there, in claim order."""
 
@@ -133,6 +143,7 @@ class Answer:
     holders: tuple[Holder, ...] = ()
     gang: tuple[GangMember, ...] = ()  # one per member node when a gang is ALLOCATED
     quota: tuple[QuotaRefusal, ...] = ()  # why the tenant's quota refuses it (QUOTA_EXCEEDED)
+    preemption: tuple[Victim, ...] = ()  # who would go (not ALLOCATED) or went (ALLOCATED)
 
 
 class Accuracy(StrEnum):

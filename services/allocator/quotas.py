@@ -161,6 +161,13 @@ class QuotaGuard:
         read = self.ledger.read(cohort_key(quota))
         return model.admit(quota.tenant, amounts, usage_by_tenant(read.entries))
 
+    def usage_around(self, owner: str) -> dict[str, dict[str, int]]:
+        """tenant -> usage, for the cohort of `owner`'s tenant ({} when it is not limited)."""
+        quota = self.model.quota_of(tenant_of_owner(owner))
+        if quota is None:
+            return {}
+        return usage_by_tenant(self.ledger.read(cohort_key(quota)).entries)
+
     def take(
         self, owner: str, amounts: Sequence[Usage], lease_seconds: float
     ) -> Grant | tuple[QuotaRefusal, ...] | None:

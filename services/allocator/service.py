@@ -22,6 +22,7 @@ generation, and a store call does not start once the deadline has passed.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -40,9 +41,10 @@ from services.allocator.answers import (
     LeaseOptions,
     Outcome,
     Query,
+    Victim,
     claim_ref,
 )
-from services.allocator.blockers import blocking_holders
+from services.allocator.blockers import blocking_holders, holder
 from services.allocator.classes import with_inline
 from services.allocator.core import (
     AllocatedState,
@@ -83,7 +85,15 @@ from services.common.errors import (
     PermissionDenied,
 )
 from services.common.grpc_server import call_ended, check_deadline, remaining_seconds
-from services.common.security.quota import QuotaRefusal, TenantStatus
+from services.common.security.principal import tenant_of_owner
+from services.common.security.quota import (
+    Candidate,
+    Holding,
+    QuotaRefusal,
+    TenantStatus,
+    fewest_victims,
+    preemption_candidates,
+)
 
 __all__ = ["AllocatorService", "ServiceLimits"]
 
@@ -102,6 +112,14 @@ class ServiceLimits:
     max_generation_wait: float = 10.0  # seconds a call may wait for min_inventory_generation
     max_capacity_units: int = 1024  # units counted per node at most
     max_nodes_explained: int = 10
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A preemption: the victims as answers show them, and the reservations to revoke."""
+
+    victims: tuple[Victim, ...]
+    reservations: tuple[Reservation, ...]
 
 
 class AllocatorService:
@@ -143,6 +161,8 @@ class AllocatorService:
 
     def _allocate(self, query: Query, lease: LeaseOptions | None) -> Answer:
         lease_seconds = self._lease_seconds(lease.lease_seconds, "lease_ttl") if lease else 0.0
+        if lease is not None:
+            self._check_priority_class(lease.priority_class)
         if lease is not None and lease.idempotency_key:
             known = self.holdings.find_idempotent(lease.owner, lease.idempotency_key)
             if known:
@@ -150,14 +170,21 @@ class AllocatorService:
                 return self._reserved_answer(query, known, self.view.require(0).generation)
         attempts = 1 + (self.limits.reserve_retries if lease is not None else 0)
         conflict: Conflict | None = None
+        revoked: tuple[Victim, ...] = ()
         names = tuple(claim_ref(claim.namespace, claim.name) for claim in query.claims)
         for attempt in range(attempts):
-            if attempt:
+            if attempt and not (revoked and attempt == 1):
                 _back_off(attempt)
             view, state = self._read(query)
             answer = self._answer(view, state, query, explain=query.explain)
-            if lease is None or answer.outcome is not Outcome.ALLOCATED:
+            if lease is None:
                 return answer
+            if answer.outcome is not Outcome.ALLOCATED:
+                proposal = self._proposal(view, state, query, answer, lease, revoked)
+                if proposal is None or revoked or not lease.preempt:
+                    return replace(answer, preemption=proposal.victims) if proposal else answer
+                revoked = self._revoke(proposal, lease.owner)
+                continue
             if query.gang is not None:
                 requests = gang_requests(view.snapshot, answer.gang, names, lease, lease_seconds)
             else:
@@ -166,7 +193,12 @@ class AllocatorService:
             try:
                 reservations = self._store_reserve(requests, view)
             except QuotaExceeded as refused:
-                return replace(answer, outcome=Outcome.QUOTA_EXCEEDED, quota=refused.refusals)
+                answer = replace(answer, outcome=Outcome.QUOTA_EXCEEDED, quota=refused.refusals)
+                proposal = self._proposal(view, state, query, answer, lease, revoked)
+                if proposal is None or revoked or not lease.preempt:
+                    return replace(answer, preemption=proposal.victims) if proposal else answer
+                revoked = self._revoke(proposal, lease.owner)
+                continue
             except Conflict as error:
                 conflict = error
                 self._count(self._metrics.conflicts if self._metrics else None)
@@ -177,23 +209,32 @@ class AllocatorService:
             if lease.idempotency_key:  # the store may answer with another replica's first call
                 _check_same_request(reservations, lease)
             if query.gang is not None and _same_placement(reservations, answer.gang):
-                return replace(answer, reservations=tuple(reservations))
+                return replace(answer, reservations=tuple(reservations), preemption=revoked)
             # One node's answer, or a gang for which the store answered (idempotency key) with
             # an earlier call's reservations: the answer is what is held.
-            return self._reserved_answer(query, reservations, view.generation)
+            held = self._reserved_answer(query, reservations, view.generation)
+            return replace(held, preemption=revoked)
         self._count(self._metrics.aborted if self._metrics else None)
         assert conflict is not None
         raise _bounded(conflict)
 
-    def explain(self, query: Query, max_nodes: int = 0, owner: str = "") -> Answer:
+    def explain(
+        self, query: Query, max_nodes: int = 0, owner: str = "", priority_class: str = ""
+    ) -> Answer:
         """Allocate's search with reasons recorded, plus the reservations that blocked it;
-        with `owner`, a placement found is checked against its tenant's quota too."""
+        with `owner`, a placement found is checked against its tenant's quota too, and one not
+        found (or refused by the quota) comes with the preemption that would make it fit."""
         view, state = self._read(query)
         answer = self._answer(view, state, query, explain=True)
         if owner and self.quotas is not None and answer.outcome is Outcome.ALLOCATED:
             refusals = self._quota_check(view, query, answer, owner)
             if refusals:
                 answer = replace(answer, outcome=Outcome.QUOTA_EXCEEDED, quota=refusals)
+        if owner and self.quotas is not None and answer.outcome is not Outcome.ALLOCATED:
+            lease = LeaseOptions(owner, priority_class=priority_class)
+            proposal = self._proposal(view, state, query, answer, lease, ())
+            if proposal is not None:
+                answer = replace(answer, preemption=proposal.victims)
         shown = max_nodes or self.limits.max_nodes_explained
         return _with_holders(answer, blocking_holders(answer, self.holdings.reservations(), shown))
 
@@ -228,6 +269,7 @@ class AllocatorService:
         if not claims:
             raise InvalidArgument.at("allocations", "must not be empty")
         lease_seconds = self._lease_seconds(lease.lease_seconds, "lease_ttl")
+        self._check_priority_class(lease.priority_class)
         self.holdings.require_synced()
         view = self.view.require(0)
         allocations = tuple(allocation for _, allocation in claims)
@@ -481,6 +523,98 @@ class AllocatorService:
     ) -> tuple[QuotaRefusal, ...]:
         """What the quota says of reserving `answer` for `owner` now (read-only)."""
         assert self.quotas is not None
+        return self.quotas.check(owner, self._placement_usage(view, query, answer, owner))
+
+    # --- preemption --------------------------------------------------------------------------
+
+    def _proposal(
+        self,
+        view: ViewSnapshot,
+        state: AllocatedState,
+        query: Query,
+        answer: Answer,
+        lease: LeaseOptions,
+        revoked: tuple[Victim, ...],
+    ) -> Proposal | None:
+        """The fewest reservations whose revocation makes `query` fit for `lease.owner`
+        (quota.py's rules), or None. Only for an answer that is UNSATISFIABLE or
+        QUOTA_EXCEEDED, under quotas, and once per call."""
+        if self.quotas is None or revoked:
+            return None
+        if answer.outcome not in (Outcome.UNSATISFIABLE, Outcome.QUOTA_EXCEEDED):
+            return None
+        quotas = self.quotas
+        model = quotas.model
+        priority = model.priority(lease.priority_class)
+        if not priority.preempts:
+            return None
+        tenant = tenant_of_owner(lease.owner)
+        empty = self._answer(view, AllocatedState(view.snapshot), query, explain=False)
+        if empty.outcome is not Outcome.ALLOCATED:
+            return None  # it does not fit an empty fleet: no victim helps
+        live = {r.id: r for r in self.holdings.reservations()}
+        amounts = {r.id: self.reservation_usage(r) for r in live.values()}
+        holdings = [
+            Holding(
+                r.id,
+                tenant_of_owner(r.owner),
+                model.priority(r.priority_class),
+                r.created_at,
+                amounts[r.id],
+            )
+            for r in live.values()
+        ]
+        usage = quotas.usage_around(lease.owner)
+        wanted = self._placement_usage(view, query, empty, lease.owner)
+        candidates = preemption_candidates(model, tenant, priority, wanted, holdings, usage)
+        if not candidates:
+            return None
+
+        def placement(chosen: Sequence[Candidate]) -> Answer | None:
+            gone = [live[c.holding.id] for c in chosen]
+            trial = state.with_changes((r.id, None, a) for r in gone for a in r.allocations)
+            found = self._answer(view, trial, query, explain=False)
+            if found.outcome is not Outcome.ALLOCATED:
+                return None
+            left = {t: dict(u) for t, u in usage.items()}
+            for c in chosen:
+                for name, amount in c.holding.amounts.items():
+                    mine = left.setdefault(c.holding.tenant, {})
+                    mine[name] = mine.get(name, 0) - amount
+            placed = self._placement_usage(view, query, found, lease.owner)
+            return None if model.admit(tenant, placed, left) else found
+
+        victims = fewest_victims(candidates, lambda chosen: placement(chosen) is not None)
+        if victims is None:
+            return None
+        chosen = tuple(
+            Victim(holder(live[c.holding.id]), live[c.holding.id].priority_class, c.reason)
+            for c in victims
+        )
+        return Proposal(chosen, tuple(live[c.holding.id] for c in victims))
+
+    def _revoke(self, proposal: Proposal, by: str) -> tuple[Victim, ...]:
+        """Revoke the victims (each only if its fencing token is the one chosen: a stale one
+        fails the call with FAILED_PRECONDITION, nothing more is revoked); free their quota."""
+        check_deadline("preempt")
+        done: list[Reservation] = []
+        try:
+            for reservation in proposal.reservations:
+                with contextlib.suppress(NotFound):  # gone meanwhile: freed anyway
+                    self.store.revoke(reservation.id, reservation.fencing_token, by)
+                done.append(reservation)
+        finally:
+            self.holdings.removed([r.id for r in done])
+            if self.quotas is not None:
+                for reservation in done:
+                    self.quotas.released([reservation.id], reservation.owner)
+        return proposal.victims
+
+    def _placement_usage(
+        self, view: ViewSnapshot, query: Query, answer: Answer, owner: str
+    ) -> dict[str, int]:
+        """What reserving `answer` would count against `owner`'s tenant's quota."""
+        assert self.quotas is not None
         lease = LeaseOptions(owner)
         names = tuple(claim_ref(claim.namespace, claim.name) for claim in query.claims)
         if query.gang is not None:
@@ -493,7 +627,7 @@ class AllocatorService:
             usage = self.quotas.usage(view.snapshot, request.node, request.allocations)
             for name, amount in usage.items():
                 total[name] = total.get(name, 0) + amount
-        return self.quotas.check(owner, total)
+        return total
 
     def _take_devices(self, requests: Sequence[ReserveRequest]) -> list[Reservation]:
         # Held for this process's other solves while the store decides (holdings.py).
@@ -536,6 +670,18 @@ class AllocatorService:
             policy=query.policy or self.solver.policy,
             reservations=tuple(reservations),
         )
+
+    def _check_priority_class(self, name: str) -> None:
+        if not name:
+            return
+        known = self.quotas.model.priority_classes if self.quotas is not None else {}
+        if name not in known:
+            listed = (
+                ", ".join(sorted(known)) or "none: the access policy defines no priority classes"
+            )
+            raise InvalidArgument.at(
+                "priority_class_name", f"unknown priority class {name!r} (known: {listed})"
+            )
 
     def _lease_seconds(self, requested: float | None, path: str) -> float:
         if requested is None:

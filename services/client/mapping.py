@@ -158,7 +158,15 @@ def placement_from_pb(message: pb.AllocateResponse | pb.ExplainResponse) -> Plac
             for p in message.gang_placements
         ),
         quota_refusals=tuple(_quota_refusal(r) for r in message.quota_refusals),
+        preemption=tuple(_victim(v) for v in message.preemption.victims),
     )
+
+
+def _victim(victim: pb.PreemptionVictim) -> str:
+    held = victim.holder
+    who = held.reservation_id or f"a reservation of tenant {held.tenant}"
+    priority = victim.priority_class_name or "default"
+    return f"{victim.reason}: {who} on {held.node_name} (priority {priority})"
 
 
 def _quota_refusal(refusal: pb.QuotaRefusal) -> str:

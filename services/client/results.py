@@ -138,6 +138,7 @@ class Placement:
     score: float = 0.0
     gang: tuple[NodePlacement, ...] = ()
     quota_refusals: tuple[str, ...] = ()  # QUOTA_EXCEEDED: each quota the grant would exceed
+    preemption: tuple[str, ...] = ()  # the victims a preempt call would revoke (or revoked)
 
     @property
     def fits(self) -> bool:
@@ -155,6 +156,7 @@ class Placement:
         messages = self.explanation.messages if self.explanation is not None else ()
         lines = [f"outcome: {self.outcome.value}", *messages[:1]]
         lines.extend(f"quota: {refusal}" for refusal in self.quota_refusals)
+        lines.extend(f"preempt: {victim}" for victim in self.preemption)
         lines.extend(f"held: {holder}" for holder in self.holders)
         lines.extend(messages[1:])
         if len(lines) > max_lines:

@@ -37,6 +37,12 @@ QUOTAS = """\
     resources:
     - {name: gpus, deviceClassNames: [gpu.nvidia.com]}
     - {name: mig-memory, deviceClassNames: [mig.nvidia.com], counter: memory}
+    priorityClasses:
+    - {name: low, value: 0}
+    - {name: standard, value: 100, globalDefault: true}
+    - {name: guarded, value: 500, preemptible: false}
+    - {name: high, value: 1000}
+    - {name: polite, value: 1000, preemptionPolicy: Never}
   tenants:
   - name: team-a
     cohort: research
@@ -81,8 +87,18 @@ def reserve(
     owner: str = "job/q",
     lease: int = 120,
     device_class: str = "gpu.nvidia.com",
+    priority: str = "",
+    preempt: bool = False,
+    node: str = "",
 ) -> pb.AllocateResponse:
-    request = pb.AllocateRequest(claims=[claim(count, device_class)], reserve=True, owner=owner)
+    request = pb.AllocateRequest(
+        claims=[claim(count, device_class)],
+        reserve=True,
+        owner=owner,
+        priority_class_name=priority,
+        preempt=preempt,
+        node_name=node,
+    )
     request.lease_ttl.FromSeconds(lease)
     return stub.Allocate(request, timeout=20)
 
@@ -319,3 +335,161 @@ def test_quotas_turned_on_count_what_is_already_held(tmp_path: Path) -> None:
         assert reserve(hpc, 1, owner="slurm/job/after").outcome == pb.OUTCOME_QUOTA_EXCEEDED
         release_all(hpc, held)
         assert status(stub(fleet, "admin"), "hpc")["hpc", "gpus"].used == "0"
+
+
+# --- priorities and preemption --------------------------------------------------------------
+
+WHO = {"team-a": "scheduler-a", "team-b": "scheduler-b", "hpc": "slurm-bridge", "tools": "monitor"}
+OWNER_PREFIX = {"team-a": "job", "team-b": "job", "hpc": "slurm/job", "tools": "job"}
+
+# (id, holdings made in order as (tenant, name, priority, node), the preemptor as (tenant,
+#  count, priority, node), the names expected revoked, the reasons)
+PREEMPTION_CASES = [
+    (
+        "reclaim-takes-the-borrowers-newest",
+        [("team-a", f"a{i}", "", "") for i in range(1, 7)],  # 4 own + 2 borrowed from team-b
+        ("team-b", 3, "", ""),
+        ["a6"],
+        ["reclaim"],
+    ),
+    (
+        "reclaim-takes-lowest-priority-first",
+        [("team-a", "a1", "low", ""), *[("team-a", f"a{i}", "", "") for i in range(2, 7)]],
+        ("team-b", 4, "", ""),
+        ["a1", "a6"],
+        ["reclaim", "reclaim"],
+    ),
+    (
+        "priority-within-the-tenant",
+        [("hpc", "h1", "low", ""), ("hpc", "h2", "low", "")],
+        ("hpc", 1, "high", ""),
+        ["h2"],
+        ["priority"],
+    ),
+    (
+        "devices-held-on-a-pinned-node",
+        [("tools", f"t{i}", "low", "l40s-node-1") for i in range(1, 5)],
+        ("tools", 2, "", "l40s-node-1"),
+        ["t4", "t3"],
+        ["priority", "priority"],
+    ),
+    (
+        "guarded-is-never-revoked",
+        [("hpc", "h1", "guarded", ""), ("hpc", "h2", "guarded", "")],
+        ("hpc", 1, "high", ""),
+        [],
+        [],
+    ),
+    (
+        "a-polite-class-never-preempts",
+        [("hpc", "h1", "low", ""), ("hpc", "h2", "low", "")],
+        ("hpc", 1, "polite", ""),
+        [],
+        [],
+    ),
+    (
+        "equal-priority-is-never-revoked",
+        [("hpc", "h1", "", ""), ("hpc", "h2", "", "")],
+        ("hpc", 1, "", ""),
+        [],
+        [],
+    ),
+]
+
+
+def _everything(fleet: SecuredFleet) -> dict[str, pb.Reservation]:
+    answer = stub(fleet, "admin").ListReservations(
+        pb.ListReservationsRequest(page_size=1000), timeout=10
+    )
+    return {r.owner: r for r in answer.reservations}
+
+
+def _release_everything(fleet: SecuredFleet) -> None:
+    admin = stub(fleet, "admin")
+    for reservation in _everything(fleet).values():
+        admin.Release(pb.ReleaseRequest(reservation_id=reservation.id), timeout=10)
+
+
+@pytest.mark.parametrize(
+    ("holdings", "preemptor", "revoked", "reasons"),
+    [pytest.param(*case[1:], id=case[0]) for case in PREEMPTION_CASES],
+)
+def test_preemption_table(
+    fleet: SecuredFleet,
+    holdings: list[tuple[str, str, str, str]],
+    preemptor: tuple[str, int, str, str],
+    revoked: list[str],
+    reasons: list[str],
+) -> None:
+    _release_everything(fleet)
+    try:
+        owners = {}
+        for tenant, name, priority, node in holdings:
+            owner = f"{OWNER_PREFIX[tenant]}/{name}"
+            made = reserve(stub(fleet, WHO[tenant]), 1, owner=owner, priority=priority, node=node)
+            assert made.outcome == pb.OUTCOME_ALLOCATED, name
+            owners[name] = made.reservations[0].owner
+        tenant, count, priority, node = preemptor
+        caller = stub(fleet, WHO[tenant])
+        owner = f"{OWNER_PREFIX[tenant]}/preemptor"
+        asked = reserve(caller, count, owner=owner, priority=priority, node=node)  # no preempt
+        assert asked.outcome in (pb.OUTCOME_QUOTA_EXCEEDED, pb.OUTCOME_UNSATISFIABLE)
+        assert not asked.reservations
+        assert len(asked.preemption.victims) == len(revoked)  # the proposal, nothing revoked
+        assert set(_everything(fleet)) == set(owners.values())
+        done = reserve(caller, count, owner=owner, priority=priority, node=node, preempt=True)
+        left = set(_everything(fleet))
+        gone = {name for name, full in owners.items() if full not in left}
+        if not revoked:
+            assert done.outcome != pb.OUTCOME_ALLOCATED and not done.preemption.victims
+            assert not gone
+            return
+        assert done.outcome == pb.OUTCOME_ALLOCATED, done
+        assert gone == set(revoked)
+        assert [v.reason for v in done.preemption.victims] == reasons
+        assert f"{tenant}/{owner}" in left
+    finally:
+        _release_everything(fleet)
+
+
+def test_a_preempted_holder_learns_who_preempted_it(fleet: SecuredFleet) -> None:
+    _release_everything(fleet)
+    hpc = stub(fleet, "slurm-bridge")
+    try:
+        first = reserve(hpc, 2, owner="slurm/job/low", priority="low")
+        victim = first.reservations[0]
+        taken = reserve(hpc, 2, owner="slurm/job/urgent", priority="high", preempt=True)
+        assert taken.outcome == pb.OUTCOME_ALLOCATED
+        with pytest.raises(grpc.RpcError) as caught:
+            hpc.Renew(pb.RenewRequest(reservation_id=victim.id, owner=victim.owner), timeout=10)
+        assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "was preempted by hpc/slurm/job/urgent" in str(caught.value.details())
+        assert status(hpc)["hpc", "gpus"].used == "2"  # the victim's quota went with it
+    finally:
+        _release_everything(fleet)
+
+
+def test_explain_proposes_without_revoking(fleet: SecuredFleet) -> None:
+    _release_everything(fleet)
+    hpc = stub(fleet, "slurm-bridge")
+    try:
+        reserve(hpc, 2, owner="slurm/job/low", priority="low")
+        explained = hpc.Explain(
+            pb.ExplainRequest(claims=[claim(1)], priority_class_name="high"), timeout=20
+        )
+        assert explained.outcome == pb.OUTCOME_QUOTA_EXCEEDED
+        [victim] = explained.preemption.victims
+        assert (victim.reason, victim.priority_class_name) == ("priority", "low")
+        assert victim.holder.owner == "hpc/slurm/job/low"  # its own tenant's: shown in full
+        assert len(_everything(fleet)) == 1
+    finally:
+        _release_everything(fleet)
+
+
+def test_an_unknown_priority_class_is_invalid(fleet: SecuredFleet) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        reserve(stub(fleet, "slurm-bridge"), 1, owner="slurm/job/x", priority="urgent")
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "unknown priority class 'urgent' (known: guarded, high, low, polite, standard)" in str(
+        caught.value.details()
+    )

@@ -107,8 +107,20 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                     request.idempotency_key,
                     request.reservation_labels,
                     request_digest(request) if request.idempotency_key else "",
+                    request.priority_class_name,
+                    request.preempt,
                 )
             answer = self._service.allocate(query, lease)
+        if answer.reservations:
+            for victim in answer.preemption:
+                audit_call(
+                    context,
+                    "reservation.preempt",
+                    reservation=victim.holder.reservation_id,
+                    owner=victim.holder.owner,
+                    node=victim.holder.node,
+                    reason=victim.reason,
+                )
         for reservation in answer.reservations:
             _audit(context, "reservation.grant", reservation)
         return allocate_response(self._visible(answer, principal))
@@ -119,7 +131,10 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         principal = current_principal(context)
         with proto_field_paths(claims_path(request)):
             answer = self._service.explain(
-                query_from_pb(request), request.max_nodes_explained, _quota_owner(principal)
+                query_from_pb(request),
+                request.max_nodes_explained,
+                _quota_owner(principal),
+                request.priority_class_name,
             )
         answer = self._visible(answer, principal)
         return explain_response(answer, request.max_nodes_explained or 10)
@@ -139,6 +154,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
             request.lease_ttl if request.HasField("lease_ttl") else None,
             request.idempotency_key,
             request.labels,
+            priority_class=request.priority_class_name,
         )
         claims = reserve_claims_from_pb(request.allocations)
         reservations = self._service.reserve(request.node_name, claims, lease)

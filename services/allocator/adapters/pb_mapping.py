@@ -254,6 +254,8 @@ def lease_from_pb(
     idempotency_key: str = "",
     labels: Mapping[str, str] | None = None,
     request_digest: str = "",
+    priority_class: str = "",
+    preempt: bool = False,
 ) -> LeaseOptions:
     return LeaseOptions(
         owner=owner,
@@ -261,6 +263,8 @@ def lease_from_pb(
         idempotency_key=idempotency_key,
         labels=tuple(sorted((labels or {}).items())),
         request_digest=request_digest,
+        priority_class=priority_class,
+        preempt=preempt,
     )
 
 
@@ -358,6 +362,8 @@ def allocate_response(answer: Answer, max_nodes: int = 10) -> pb.AllocateRespons
         holders=[_holder_to_pb(h) for h in answer.holders],
         quota_refusals=[quota_refusal_to_pb(r) for r in answer.quota],
     )
+    if answer.preemption:
+        response.preemption.CopyFrom(_preemption(answer))
     if answer.explanation is not None:
         response.explanation.CopyFrom(_explanation(answer, max_nodes))
     return response
@@ -373,8 +379,23 @@ def explain_response(answer: Answer, max_nodes: int = 10) -> pb.ExplainResponse:
         holders=[_holder_to_pb(h) for h in answer.holders],
         quota_refusals=[quota_refusal_to_pb(r) for r in answer.quota],
     )
+    if answer.preemption:
+        response.preemption.CopyFrom(_preemption(answer))
     response.explanation.CopyFrom(_explanation(answer, max_nodes))
     return response
+
+
+def _preemption(answer: Answer) -> pb.Preemption:
+    return pb.Preemption(
+        victims=[
+            pb.PreemptionVictim(
+                holder=_holder_to_pb(victim.holder),
+                priority_class_name=victim.priority_class,
+                reason=victim.reason,
+            )
+            for victim in answer.preemption
+        ]
+    )
 
 
 def quota_refusal_to_pb(refusal: QuotaRefusal) -> pb.QuotaRefusal:
@@ -450,6 +471,7 @@ def reservation_to_pb(reservation: Reservation) -> pb.Reservation:
         idempotency_key=reservation.idempotency_key,
         devices=[to_pb_device_id(d) for d in _devices(reservation.allocations)],
         labels=dict(reservation.labels),
+        priority_class_name=reservation.priority_class,
     )
     message.created_at.CopyFrom(_timestamp(reservation.created_at))
     if reservation.expires_at is not None:

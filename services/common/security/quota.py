@@ -25,13 +25,19 @@ Pure: values in, values out. Amounts are integer milli-units (a device counts 10
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
 from services.common.dra.quantity import Quantity, QuantityFormat
 
 __all__ = [
+    "PRIORITY",
+    "RECLAIM",
+    "Candidate",
+    "Holding",
+    "fewest_victims",
+    "preemption_candidates",
     "DEFAULT_PRIORITY",
     "NO_QUOTAS",
     "PriorityClass",
@@ -311,3 +317,126 @@ def quantity_text(milli: int, binary: bool = False) -> str:
     """Milli-units as a Kubernetes quantity (`8`, `1500m`, `80Gi` for binary amounts)."""
     fmt = QuantityFormat.BINARY_SI if binary else QuantityFormat.DECIMAL_SI
     return str(Quantity.of(Fraction(milli, 1000), fmt))
+
+
+# --- preemption -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Holding:
+    """A live reservation as the preemption rules see it."""
+
+    id: str
+    tenant: str
+    priority: PriorityClass
+    created_at: float
+    amounts: Usage  # what it counts against its tenant's quota
+
+
+@dataclass(frozen=True)
+class Candidate:
+    holding: Holding
+    reason: str  # RECLAIM or PRIORITY
+
+
+RECLAIM = "reclaim"
+PRIORITY = "priority"
+
+
+def preemption_candidates(
+    model: QuotaModel,
+    tenant: str,
+    priority: PriorityClass,
+    amounts: Usage,
+    holdings: Sequence[Holding],
+    usage: Mapping[str, Usage],
+) -> list[Candidate]:
+    """Who may be revoked so that `tenant` gets `amounts` at `priority`, in the order the
+    rules take them (docs/tenancy.md):
+
+    1. *reclaim*, when the grant keeps the tenant within its nominal quota: reservations of
+       other tenants of its cohort that borrow (hold more than nominal of a resource the
+       reservation counts), the most borrowing tenant first (dominant share: borrowed over the
+       cohort's pool, the largest over the resources), then lowest priority, newest first;
+    2. *priority*: the tenant's own reservations of a lower priority, lowest first, newest
+       first.
+
+    Never a reservation of a class that is not preemptible, and nothing for a priority class
+    whose preemptionPolicy is Never."""
+    if not priority.preempts:
+        return []
+    quota = model.quota_of(tenant)
+    found: list[Candidate] = []
+    if quota is not None and _within_nominal(quota, amounts, usage.get(tenant, {})):
+        members = set(model.members(quota)) - {tenant}
+        shares = {member: _borrowed_share(model, member, usage) for member in members}
+        reclaimable = [
+            h
+            for h in holdings
+            if h.tenant in members
+            and h.priority.preemptible
+            and _borrows_what_it_holds(model, h, usage.get(h.tenant, {}))
+        ]
+        reclaimable.sort(key=lambda h: (-shares[h.tenant], h.priority.value, -h.created_at, h.id))
+        found += [Candidate(h, RECLAIM) for h in reclaimable]
+    own = [
+        h
+        for h in holdings
+        if h.tenant == tenant and h.priority.preemptible and h.priority.value < priority.value
+    ]
+    own.sort(key=lambda h: (h.priority.value, -h.created_at, h.id))
+    found += [Candidate(h, PRIORITY) for h in own]
+    return found
+
+
+def fewest_victims(
+    candidates: Sequence[Candidate], fits: Callable[[Sequence[Candidate]], bool], limit: int = 64
+) -> list[Candidate] | None:
+    """The victims: candidates taken in order until `fits` says the grant fits without them,
+    then each dropped again (latest first) if it still fits without it. The result is minimal
+    (no victim can be spared) though not always the smallest possible set; None when even
+    the first `limit` candidates together are not enough."""
+    chosen: list[Candidate] = []
+    for candidate in candidates[:limit]:
+        chosen.append(candidate)
+        if fits(chosen):
+            break
+    else:
+        return None
+    for candidate in list(reversed(chosen)):
+        trial = [c for c in chosen if c is not candidate]
+        if trial and fits(trial):
+            chosen = trial
+    return chosen
+
+
+def _within_nominal(quota: TenantQuota, amounts: Usage, used: Usage) -> bool:
+    return all(
+        used.get(name, 0) + amount <= quota.of(name).nominal
+        for name, amount in amounts.items()
+        if amount > 0
+    )
+
+
+def _borrows_what_it_holds(model: QuotaModel, holding: Holding, used: Usage) -> bool:
+    quota = model.quota_of(holding.tenant)
+    if quota is None:
+        return False
+    return any(
+        amount > 0 and used.get(name, 0) > quota.of(name).nominal
+        for name, amount in holding.amounts.items()
+    )
+
+
+def _borrowed_share(model: QuotaModel, tenant: str, usage: Mapping[str, Usage]) -> Fraction:
+    quota = model.quota_of(tenant)
+    if quota is None:
+        return Fraction(0)
+    used = usage.get(tenant, {})
+    share = Fraction(0)
+    for resource in model.resources:
+        name = resource.name
+        pool = sum(model.tenants[m].of(name).lendable for m in model.members(quota))
+        borrowed = max(0, used.get(name, 0) - quota.of(name).nominal)
+        share = max(share, Fraction(borrowed, max(1, pool)))
+    return share

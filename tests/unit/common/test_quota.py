@@ -7,7 +7,8 @@ and what the tenants hold above nominal fits in what the others leave unused of 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -18,10 +19,17 @@ from hypothesis import strategies as st
 from services.common.errors import InvalidArgument
 from services.common.security.policy import parse_policy
 from services.common.security.quota import (
+    PRIORITY,
+    RECLAIM,
+    Candidate,
+    Holding,
+    PriorityClass,
     QuotaLimits,
     QuotaModel,
     QuotaResource,
     TenantQuota,
+    fewest_victims,
+    preemption_candidates,
     quantity_text,
 )
 
@@ -298,3 +306,118 @@ def test_policy_refuses_bad_quotas(path: str, value: Any, message: str) -> None:
     with pytest.raises(InvalidArgument) as caught:
         parse_policy(yaml.safe_load(_edit(path, value)))
     assert message in str(caught.value) or any(message in str(v) for v in caught.value.violations)
+
+
+# --- preemption: who may go, in which order, and the fewest of them --------------------------
+
+LOW = PriorityClass("low", 0)
+STANDARD = PriorityClass("standard", 100)
+HIGH = PriorityClass("high", 1000)
+GUARDED = PriorityClass("guarded", 500, preemptible=False)
+POLITE = PriorityClass("polite", 1000, preempts=False)
+
+
+def holding(name: str, who: str, priority: PriorityClass = STANDARD, age: int = 0) -> Holding:
+    return Holding(name, who, priority, created_at=1000.0 - age, amounts={"gpus": GPU})
+
+
+COHORT = model(tenant("a", 4), tenant("b", 4), tenant("c", 4, cohort=""))
+
+ORDER_CASES = [
+    (
+        "reclaim-newest-of-the-borrower",
+        "b",
+        STANDARD,
+        [holding("a1", "a", age=3), holding("a2", "a", age=2), holding("a3", "a", age=1)],
+        used(a=6),
+        ["a3", "a2", "a1"],
+    ),
+    (
+        "reclaim-lowest-priority-first",
+        "b",
+        STANDARD,
+        [holding("a1", "a", LOW, age=3), holding("a2", "a", age=2), holding("a3", "a", HIGH)],
+        used(a=6),
+        ["a1", "a2", "a3"],  # reclaim takes any priority: the lent quota is b's
+    ),
+    (
+        "no-reclaim-from-a-tenant-within-nominal",
+        "b",
+        STANDARD,
+        [holding("a1", "a")],
+        used(a=4),
+        [],
+    ),
+    (
+        "no-reclaim-when-the-grant-borrows",
+        "b",
+        HIGH,
+        [holding("a1", "a"), holding("b1", "b", LOW)],
+        used(a=6, b=4),
+        ["b1"],  # b asks beyond its nominal: only its own lower priority may go
+    ),
+    (
+        "own-lower-priority-lowest-then-newest",
+        "c",
+        HIGH,
+        [holding("c1", "c", LOW, age=2), holding("c2", "c", STANDARD), holding("c3", "c", LOW)],
+        used(c=4),
+        ["c3", "c1", "c2"],
+    ),
+    ("never-an-equal-or-higher-priority", "c", STANDARD, [holding("c1", "c")], used(c=4), []),
+    ("guarded-is-never-a-victim", "c", HIGH, [holding("c1", "c", GUARDED)], used(c=4), []),
+    ("a-polite-class-never-preempts", "c", POLITE, [holding("c1", "c", LOW)], used(c=4), []),
+    ("other-cohorts-are-never-reclaimed", "c", HIGH, [holding("a1", "a", LOW)], used(a=6), []),
+]
+
+
+@pytest.mark.parametrize(
+    ("who", "priority", "holdings", "usage", "expected"),
+    [pytest.param(*case[1:], id=case[0]) for case in ORDER_CASES],
+)
+def test_preemption_candidates_table(
+    who: str,
+    priority: PriorityClass,
+    holdings: list[Holding],
+    usage: dict[str, dict[str, int]],
+    expected: list[str],
+) -> None:
+    found = preemption_candidates(COHORT, who, priority, {"gpus": GPU}, holdings, usage)
+    assert [c.holding.id for c in found] == expected
+
+
+def test_reclaim_takes_the_most_borrowing_tenant_first() -> None:
+    quotas = model(tenant("a", 4), tenant("b", 4), tenant("d", 4))
+    holdings = [holding("a1", "a", LOW), holding("b1", "b")]
+    found = preemption_candidates(quotas, "d", STANDARD, {"gpus": GPU}, holdings, used(a=5, b=6))
+    assert [(c.holding.id, c.reason) for c in found] == [("b1", RECLAIM), ("a1", RECLAIM)]
+
+
+@given(
+    st.lists(st.integers(1, 4), min_size=1, max_size=7),
+    st.integers(1, 12),
+)
+def test_fewest_victims_is_minimal_and_needed(sizes: list[int], need: int) -> None:
+    """Victims free `size` GPUs each; the grant needs `need`. The answer fits, no victim can
+    be spared, and it is None exactly when all of them together are not enough — checked
+    against every subset."""
+    candidates = [Candidate(holding(f"v{i}", "c"), PRIORITY) for i in range(len(sizes))]
+    size = {c.holding.id: s for c, s in zip(candidates, sizes, strict=True)}
+
+    def fits(chosen: Sequence[Candidate]) -> bool:
+        return sum(size[c.holding.id] for c in chosen) >= need
+
+    found = fewest_victims(candidates, fits)
+    if sum(sizes) < need:
+        assert found is None
+        return
+    assert found is not None and fits(found)
+    for victim in found:
+        assert not fits([c for c in found if c is not victim])
+    smallest = min(
+        len(subset)
+        for r in range(1, len(candidates) + 1)
+        for subset in itertools.combinations(candidates, r)
+        if fits(subset)
+    )
+    assert len(found) <= smallest + 2  # greedy-then-prune: minimal, close to the minimum
