@@ -22,7 +22,7 @@ from services.common.dra.model import (
     NodeSelector,
     ResourceClaim,
 )
-from services.common.security.quota import QuotaRefusal
+from services.common.security.quota import QuotaRefusal, TenantStatus
 
 __all__ = [
     "Accuracy",
@@ -165,3 +165,5 @@ class CapacityAnswer:
     nodes: tuple[NodeCount, ...]  # nodes with a non-zero count, by name
     models: Mapping[str, int] = field(default_factory=dict)  # product name -> units
     generation: int = 0
+    quota: tuple[TenantStatus, ...] = ()  # the caller's tenant's quotas, when it has any
+    within_quota: int | None = None  # units its quota headroom allows (None: not limited)

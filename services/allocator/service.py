@@ -238,10 +238,32 @@ class AllocatorService:
         shown = max_nodes or self.limits.max_nodes_explained
         return _with_holders(answer, blocking_holders(answer, self.holdings.reservations(), shown))
 
-    def capacity(self, query: Query, ignore_reservations: bool = False) -> CapacityAnswer:
+    def capacity(
+        self, query: Query, ignore_reservations: bool = False, owner: str = ""
+    ) -> CapacityAnswer:
+        """How many units fit; with `owner` of a limited tenant, also its quotas and how many
+        units its quota headroom allows (each unit counted as the first placement would)."""
         view, state = self._read(query)
         if ignore_reservations:
             state = AllocatedState(view.snapshot)
+        counted = self._count_units(view, state, query)
+        if not owner or self.quotas is None or not self.quotas.model.enabled:
+            return counted
+        rows = tuple(self.quotas.status([tenant_of_owner(owner)]))
+        if not rows:
+            return counted
+        first = self._answer(view, state, query, explain=False)
+        within = 0
+        if first.outcome is Outcome.ALLOCATED:
+            unit = self._placement_usage(view, query, first, owner)
+            left = {row.resource: row.left for row in rows}
+            bounds = [left.get(name, 0) // amount for name, amount in unit.items() if amount > 0]
+            within = min([counted.total, *bounds])
+        return replace(counted, quota=rows, within_quota=within)
+
+    def _count_units(
+        self, view: ViewSnapshot, state: AllocatedState, query: Query
+    ) -> CapacityAnswer:
         with self._tracer.start_as_current_span("capacity"):
             count = count_gangs if query.gang is not None else count_capacity
             return count(

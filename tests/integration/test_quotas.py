@@ -493,3 +493,24 @@ def test_an_unknown_priority_class_is_invalid(fleet: SecuredFleet) -> None:
     assert "unknown priority class 'urgent' (known: guarded, high, low, polite, standard)" in str(
         caught.value.details()
     )
+
+
+def test_capacity_tells_a_tenant_what_its_quota_still_allows(fleet: SecuredFleet) -> None:
+    _release_everything(fleet)
+    request = pb.CapacityRequest(claims=[claim(1)])
+    fleet_wide = stub(fleet, "monitor").Capacity(request, timeout=20)  # tools: not limited
+    assert fleet_wide.total >= 24 and not fleet_wide.HasField("total_within_quota")
+    a = stub(fleet, "scheduler-a").Capacity(request, timeout=20)
+    assert a.total == fleet_wide.total
+    assert a.total_within_quota == 6  # 4 nominal + the 2 team-b lends (its borrowing limit is 4)
+    rows = {(q.tenant, q.resource): q.left for q in a.quota}
+    # mig-memory: nominal 0 for team-a (not listed), but it may borrow team-b's 10Gi
+    assert rows == {("team-a", "gpus"): "6", ("team-a", "mig-memory"): "10Gi"}
+    hpc = stub(fleet, "slurm-bridge")
+    held = [reserve(hpc, 1, owner="slurm/job/cap")]
+    try:
+        pair = pb.CapacityRequest(claims=[claim(2)])
+        assert hpc.Capacity(pair, timeout=20).total_within_quota == 0  # 1 of 2 left: no pair
+        assert hpc.Capacity(request, timeout=20).total_within_quota == 1
+    finally:
+        release_all(hpc, held)

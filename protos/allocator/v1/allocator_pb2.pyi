@@ -1946,12 +1946,19 @@ class CapacityResponse(_message.Message):
     NODES_FIELD_NUMBER: _builtins.int
     MODELS_FIELD_NUMBER: _builtins.int
     INVENTORY_GENERATION_FIELD_NUMBER: _builtins.int
+    QUOTA_FIELD_NUMBER: _builtins.int
+    TOTAL_WITHIN_QUOTA_FIELD_NUMBER: _builtins.int
     total: _builtins.int
     """The total over all nodes; for a gang, how many gangs fit."""
     accuracy: Global___CountAccuracy.ValueType
     """How exact the total is."""
     inventory_generation: _builtins.int
     """The inventory generation the count was computed from."""
+    total_within_quota: _builtins.int
+    """How many of the units its quota headroom still allows: `total` capped by each quota's
+    `left` over what one unit counts (the first placement's). Unset when the tenant is not
+    limited.
+    """
     @_builtins.property
     def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeCapacity]:
         """Per node with a non-zero count, sorted by name."""
@@ -1959,6 +1966,10 @@ class CapacityResponse(_message.Message):
     @_builtins.property
     def models(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelCapacity]:
         """Per GPU model, sorted by product name (empty for a gang)."""
+
+    @_builtins.property
+    def quota(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantQuotaStatus]:
+        """The caller's tenant's quotas, when it has any (as QuotaStatus shows them)."""
 
     def __init__(
         self,
@@ -1968,12 +1979,16 @@ class CapacityResponse(_message.Message):
         nodes: _abc.Iterable[Global___NodeCapacity] | None = ...,
         models: _abc.Iterable[Global___ModelCapacity] | None = ...,
         inventory_generation: _builtins.int = ...,
+        quota: _abc.Iterable[Global___TenantQuotaStatus] | None = ...,
+        total_within_quota: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_total_within_quota", b"_total_within_quota", "total_within_quota", b"total_within_quota"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accuracy", b"accuracy", "inventory_generation", b"inventory_generation", "models", b"models", "nodes", b"nodes", "total", b"total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_total_within_quota", b"_total_within_quota", "accuracy", b"accuracy", "inventory_generation", b"inventory_generation", "models", b"models", "nodes", b"nodes", "quota", b"quota", "total", b"total", "total_within_quota", b"total_within_quota"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__total_within_quota: _TypeAlias = _typing.Literal["total_within_quota"]  # noqa: Y015
+    _WhichOneofArgType__total_within_quota: _TypeAlias = _typing.Literal["_total_within_quota", b"_total_within_quota"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__total_within_quota) -> _WhichOneofReturnType__total_within_quota | None: ...
 
 Global___CapacityResponse: _TypeAlias = CapacityResponse  # noqa: Y015
 

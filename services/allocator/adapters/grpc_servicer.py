@@ -142,8 +142,11 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
     def Capacity(
         self, request: pb.CapacityRequest, context: grpc.ServicerContext
     ) -> pb.CapacityResponse:
+        owner = _quota_owner(current_principal(context))
         with proto_field_paths(claims_path(request)):
-            answer = self._service.capacity(query_from_pb(request), request.ignore_reservations)
+            answer = self._service.capacity(
+                query_from_pb(request), request.ignore_reservations, owner
+            )
         return capacity_response(answer)
 
     def Reserve(

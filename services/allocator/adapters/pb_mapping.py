@@ -439,6 +439,15 @@ def quota_status_response(rows: Sequence[TenantStatus], enabled: bool) -> pb.Quo
 
 
 def capacity_response(answer: CapacityAnswer) -> pb.CapacityResponse:
+    response = _capacity_counts(answer)
+    if answer.quota:
+        response.quota.extend(quota_status_response(answer.quota, True).tenants)
+    if answer.within_quota is not None:
+        response.total_within_quota = answer.within_quota
+    return response
+
+
+def _capacity_counts(answer: CapacityAnswer) -> pb.CapacityResponse:
     return pb.CapacityResponse(
         total=answer.total,
         accuracy=_ACCURACY[answer.accuracy],
