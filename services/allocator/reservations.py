@@ -49,6 +49,7 @@ __all__ = [
     "device_conflict_key",
     "milli",
     "PREEMPTED_MEMORY_SECONDS",
+    "Preempted",
     "new_reservation_id",
     "preempted_error",
     "reserve_gang",
@@ -212,8 +213,16 @@ class ReservationEvent:
 PREEMPTED_MEMORY_SECONDS = 86_400.0  # how long a revoked id answers "preempted by ..."
 
 
-def preempted_error(reservation_id: str, by: str) -> FailedPrecondition:
-    return FailedPrecondition(f"reservation {reservation_id} was preempted by {by}")
+class Preempted(FailedPrecondition):
+    """A change of a reservation that a preemption revoked (FAILED_PRECONDITION)."""
+
+    def __init__(self, reservation_id: str, by: str) -> None:
+        super().__init__(f"reservation {reservation_id} was preempted by {by}")
+        self.by = by
+
+
+def preempted_error(reservation_id: str, by: str) -> Preempted:
+    return Preempted(reservation_id, by)
 
 
 def new_reservation_id() -> str:

@@ -66,6 +66,7 @@ from services.allocator.paging import decode_token, encode_token, query_hash
 from services.allocator.quotas import Grant, QuotaExceeded, QuotaGuard
 from services.allocator.reservations import (
     Hold,
+    Preempted,
     Reservation,
     ReservationState,
     ReservationStore,
@@ -316,8 +317,8 @@ class AllocatorService:
     def commit(self, reservation_id: str, owner: str, fencing_token: int = 0) -> Reservation:
         check_deadline("commit")
         if self.quotas is not None:  # the ledger first: its entry must outlive the lease
-            current = self.holdings.get(reservation_id) or self.store.get(reservation_id)
-            if current.owner == owner:
+            current = self._known(reservation_id)
+            if current is not None and current.owner == owner:
                 self.quotas.committing(current)
         reservation = self.store.commit(reservation_id, owner, fencing_token)
         self.holdings.committed(reservation)
@@ -351,10 +352,10 @@ class AllocatorService:
         """Free the reservation; returns it as this allocator last saw it (None when missing
         and allowed). A reservation unknown here is read from the store first."""
         check_deadline("release")
+        current = self._known(reservation_id)
         try:
-            current = self.holdings.get(reservation_id) or self.store.get(reservation_id)
             self.store.release(reservation_id, owner, fencing_token)
-        except NotFound:
+        except (NotFound, Preempted):  # a preempted one is missing too, with who took it
             if allow_missing:
                 return None
             raise
@@ -376,6 +377,17 @@ class AllocatorService:
         if self.quotas is None or not self.quotas.model.enabled:
             return [], False
         return self.quotas.status(tenants), True
+
+    def _known(self, reservation_id: str) -> Reservation | None:
+        """The reservation as this allocator last saw it, else as the store has it; None when
+        gone (the store's own step then says how: released, expired, preempted)."""
+        found = self.holdings.get(reservation_id)
+        if found is not None:
+            return found
+        try:
+            return self.store.get(reservation_id)
+        except NotFound:
+            return None
 
     def get(self, reservation_id: str) -> Reservation:
         check_deadline("get")
