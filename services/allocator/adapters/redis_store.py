@@ -584,9 +584,10 @@ class RedisReservationStore:
         self, function: str, keys: Sequence[str], args: Sequence[str], *, write: bool
     ) -> Any:
         """One step of this library on `keys` (one hash slot) for another store sharing the
-        connection (the quota ledger): reads are retried, writes are not (Unavailable)."""
+        connection (the quota ledger): reads are retried, writes are not (Unavailable), and
+        writes are acknowledged after WAIT when the store is configured to wait."""
         if write:
-            return self._attempt(lambda: self._write(function, keys, args), retry=False)
+            return self._attempt(lambda: self._write(function, keys, args, wait=True), retry=False)
         return self._attempt(lambda: self._fcall(function, keys, args), retry=True)
 
     @property
