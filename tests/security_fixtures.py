@@ -50,6 +50,16 @@ IDENTITIES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "slurm-bridge": ("slurm-bridge", (), ("spiffe://fleet.test/ns/slurm/sa/bridge",)),
 }
 
+TENANTS = """\
+  tenants:
+  - name: team-a
+  - name: team-b
+  - name: team-c
+  - name: tools
+    allowAdminAccess: true
+  - name: hpc
+"""
+
 POLICY = f"""\
 apiVersion: gpualloc.dev/v1alpha1
 kind: AccessPolicy
@@ -61,14 +71,7 @@ spec:
     - issuer: {ISSUER}
       audiences: [{AUDIENCE}]
       jwksFile: JWKS_FILE
-  tenants:
-  - name: team-a
-  - name: team-b
-  - name: team-c
-  - name: tools
-    allowAdminAccess: true
-  - name: hpc
-  bindings:
+{TENANTS}  bindings:
   - name: scheduler-a
     subjects: [{{kind: SPIFFE, name: "spiffe://fleet.test/ns/team-a/sa/scheduler"}}]
     tenant: team-a
@@ -110,6 +113,11 @@ spec:
     roles: [scheduler]
     actFor: ["job/*"]
 """
+
+
+def policy_with(section: str) -> str:
+    """POLICY with its `tenants` section replaced by `section` (quotas, cohorts...)."""
+    return POLICY.replace(TENANTS, section)
 
 
 @dataclass

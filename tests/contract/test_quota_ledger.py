@@ -19,7 +19,7 @@ from services.allocator.quota_ledger import (
     QuotaLedger,
     usage_by_tenant,
 )
-from tests.contract.conftest import REDIS_URL_FIXTURES, FakeClock
+from tests.contract.conftest import REDIS_URL_FIXTURES, STORE_KINDS, FakeClock
 
 SHORT = 0.5
 PAST_SHORT = 0.6
@@ -31,14 +31,7 @@ class LedgerUnderTest:
     wait: Callable[[float], None]
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("memory", id="memory"),
-        pytest.param("redis", id="redis", marks=pytest.mark.redis),
-        pytest.param("redis-sentinel", id="redis-sentinel", marks=pytest.mark.redis),
-        pytest.param("redis-cluster", id="redis-cluster", marks=pytest.mark.redis),
-    ]
-)
+@pytest.fixture(params=STORE_KINDS)
 def under_test(request: pytest.FixtureRequest) -> Iterator[LedgerUnderTest]:
     if request.param == "memory":
         clock = FakeClock()

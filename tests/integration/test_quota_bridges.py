@@ -29,22 +29,13 @@ from services.bridges.slurm import cli as slurm_cli
 from services.client import AllocatorClient, InventoryClient
 from services.client.config import ClientSettings
 from tests.integration.test_bridges_slurm import exports
-from tests.security_fixtures import POLICY, SecuredFleet, secured_fleet
+from tests.security_fixtures import SecuredFleet, policy_with, secured_fleet
 from tests.unit.bridges.support import ROOT, documents
 
 pytestmark = pytest.mark.timeout(180)
 
 EXAMPLES = ROOT / "examples" / "bridges" / "kueue"
 OUR_CHECK = ROOT / "deploy" / "k8s" / "kueue" / "admission-check.yaml"
-_TENANTS = """\
-  tenants:
-  - name: team-a
-  - name: team-b
-  - name: team-c
-  - name: tools
-    allowAdminAccess: true
-  - name: hpc
-"""
 SHARED = """\
   quota:
     resources: [{name: gpus, deviceClassNames: [gpu.nvidia.com]}]
@@ -61,9 +52,8 @@ JOB = {"SLURM_JOB_ID": "7001", "SLURMD_NODENAME": "h100-node-1", "SLURM_JOB_GRES
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredFleet]:
-    assert _TENANTS in POLICY
     with secured_fleet(
-        tmp_path_factory.mktemp("pki-quota-bridges"), policy=POLICY.replace(_TENANTS, SHARED)
+        tmp_path_factory.mktemp("pki-quota-bridges"), policy=policy_with(SHARED)
     ) as made:
         yield made
 

@@ -28,7 +28,7 @@ from services.allocator.quota_ledger import usage_by_tenant
 from services.client.mapping import placement_from_pb
 from services.common.security.policy import parse_policy
 from services.common.security.quota import cohort_key
-from tests.security_fixtures import POLICY, SecuredFleet, secured_fleet
+from tests.security_fixtures import TENANTS, SecuredFleet, policy_with, secured_fleet
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -58,17 +58,7 @@ QUOTAS = """\
   - name: hpc
     quotas: [{resource: gpus, nominal: 2}]
 """
-_TENANTS = """\
-  tenants:
-  - name: team-a
-  - name: team-b
-  - name: team-c
-  - name: tools
-    allowAdminAccess: true
-  - name: hpc
-"""
-assert _TENANTS in POLICY
-QUOTA_POLICY = POLICY.replace(_TENANTS, QUOTAS)
+QUOTA_POLICY = policy_with(QUOTAS)
 
 
 def claim(count: int = 1, device_class: str = "gpu.nvidia.com") -> dra_pb2.ResourceClaim:
@@ -321,7 +311,7 @@ def test_quotas_turned_on_count_what_is_already_held(tmp_path: Path) -> None:
         assert status(stub(fleet, "admin")) == {}  # no quotas yet
         text = fleet.policy_file.read_text()
         time.sleep(1.1)  # a new mtime, past the watcher's 1 s between looks
-        fleet.policy_file.write_text(text.replace(_TENANTS, QUOTAS))
+        fleet.policy_file.write_text(text.replace(TENANTS, QUOTAS))
         service = fleet.cluster.allocator.service
         assert service.quotas is not None
         deadline = time.monotonic() + 10
