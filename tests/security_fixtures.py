@@ -21,6 +21,7 @@ import grpc
 import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from services.allocator.config import AllocatorSettings
 from services.bridges import local_cluster
 from services.common.config import ServerSettings
 from services.common.grpc_server import create_server
@@ -49,6 +50,16 @@ IDENTITIES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "slurm-bridge": ("slurm-bridge", (), ("spiffe://fleet.test/ns/slurm/sa/bridge",)),
 }
 
+TENANTS = """\
+  tenants:
+  - name: team-a
+  - name: team-b
+  - name: team-c
+  - name: tools
+    allowAdminAccess: true
+  - name: hpc
+"""
+
 POLICY = f"""\
 apiVersion: gpualloc.dev/v1alpha1
 kind: AccessPolicy
@@ -60,14 +71,7 @@ spec:
     - issuer: {ISSUER}
       audiences: [{AUDIENCE}]
       jwksFile: JWKS_FILE
-  tenants:
-  - name: team-a
-  - name: team-b
-  - name: team-c
-  - name: tools
-    allowAdminAccess: true
-  - name: hpc
-  bindings:
+{TENANTS}  bindings:
   - name: scheduler-a
     subjects: [{{kind: SPIFFE, name: "spiffe://fleet.test/ns/team-a/sa/scheduler"}}]
     tenant: team-a
@@ -109,6 +113,11 @@ spec:
     roles: [scheduler]
     actFor: ["job/*"]
 """
+
+
+def policy_with(section: str) -> str:
+    """POLICY with its `tenants` section replaced by `section` (quotas, cohorts...)."""
+    return POLICY.replace(TENANTS, section)
 
 
 @dataclass
@@ -200,8 +209,16 @@ def write_jwks(path: Path, keys: Sequence[tuple[str, rsa.RSAPrivateKey]]) -> Non
 
 
 @contextmanager
-def secured_fleet(directory: Path, **server: Any) -> Iterator[SecuredFleet]:
-    """The fleet; `server` overrides ServerSettings fields of the mTLS port (limits)."""
+def secured_fleet(
+    directory: Path,
+    *,
+    policy: str = POLICY,
+    allocator: AllocatorSettings | None = None,
+    **server: Any,
+) -> Iterator[SecuredFleet]:
+    """The fleet; `policy` replaces the policy file's text (JWKS_FILE is filled in),
+    `allocator` the allocator's settings (e.g. a Redis URL), `server` overrides ServerSettings
+    fields of the mTLS port (limits)."""
     ca = CertificateAuthority.create("gpualloc test CA")
     ca.save(directory)
     certificates = issue_all(ca, directory)
@@ -209,7 +226,7 @@ def secured_fleet(directory: Path, **server: Any) -> Iterator[SecuredFleet]:
     jwks = directory / "jwks.json"
     write_jwks(jwks, [("test-key", signing_key)])
     policy_file = directory / "policy.yaml"
-    policy_file.write_text(POLICY.replace("JWKS_FILE", str(jwks)))
+    policy_file.write_text(policy.replace("JWKS_FILE", str(jwks)))
     server_dir = directory / "server"
     mtls = ServerSettings(
         tls_cert_file=str(server_dir / "tls.crt"),
@@ -218,7 +235,7 @@ def secured_fleet(directory: Path, **server: Any) -> Iterator[SecuredFleet]:
         auth_policy_file=str(policy_file),
         **server,
     )
-    cluster = local_cluster.start(server=mtls)
+    cluster = local_cluster.start(server=mtls, settings=allocator)
     tls_only = ServerSettings(
         tls_cert_file=mtls.tls_cert_file,
         tls_key_file=mtls.tls_key_file,

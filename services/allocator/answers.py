@@ -22,6 +22,7 @@ from services.common.dra.model import (
     NodeSelector,
     ResourceClaim,
 )
+from services.common.security.quota import QuotaRefusal, TenantStatus
 
 __all__ = [
     "Accuracy",
@@ -34,6 +35,7 @@ __all__ = [
     "NodeCount",
     "Outcome",
     "Query",
+    "Victim",
     "claim_ref",
 ]
 
@@ -78,12 +80,16 @@ class LeaseOptions:
     lease_seconds: float | None = None  # None: the server's default
     idempotency_key: str = ""
     labels: tuple[tuple[str, str], ...] = ()
+    request_digest: str = ""  # a digest of what was asked: a reused key must ask the same
+    priority_class: str = ""  # the policy's priority class ("" : its default)
+    preempt: bool = False  # revoke the victims of a preemption proposal, then reserve
 
 
 class Outcome(StrEnum):
     ALLOCATED = "allocated"
     UNSATISFIABLE = "unsatisfiable"
     BUDGET_EXHAUSTED = "budget-exhausted"  # the step budget or the deadline ran out
+    QUOTA_EXCEEDED = "quota-exceeded"  # it fits, but not within the tenant's quota
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,15 @@ class Holder:
     expires_at: float | None
     devices: tuple[DeviceID, ...]
     redacted: bool = False  # another tenant's: reservation_id and owner hidden (tenancy.py)
+
+
+@dataclass(frozen=True)
+class Victim:
+    """A reservation a preemption revokes (or would): who holds it, and by which rule."""
+
+    holder: Holder
+    priority_class: str
+    reason: str  # "reclaim" or "priority" (services/common/security/quota.py)
 
 
 @dataclass(frozen=True)
@@ -127,6 +142,8 @@ class Answer:
     reservations: tuple[Reservation, ...] = ()
     holders: tuple[Holder, ...] = ()
     gang: tuple[GangMember, ...] = ()  # one per member node when a gang is ALLOCATED
+    quota: tuple[QuotaRefusal, ...] = ()  # why the tenant's quota refuses it (QUOTA_EXCEEDED)
+    preemption: tuple[Victim, ...] = ()  # who would go (not ALLOCATED) or went (ALLOCATED)
 
 
 class Accuracy(StrEnum):
@@ -148,3 +165,5 @@ class CapacityAnswer:
     nodes: tuple[NodeCount, ...]  # nodes with a non-zero count, by name
     models: Mapping[str, int] = field(default_factory=dict)  # product name -> units
     generation: int = 0
+    quota: tuple[TenantStatus, ...] = ()  # the caller's tenant's quotas, when it has any
+    within_quota: int | None = None  # units its quota headroom allows (None: not limited)

@@ -37,6 +37,7 @@ import grpc
 from protos.allocator.v1 import allocator_pb2_grpc
 from services.allocator.adapters.grpc_servicer import ACCESS, SERVICE_NAME, AllocatorServicer
 from services.allocator.adapters.memory_store import MemoryReservationStore
+from services.allocator.adapters.redis_quota import RedisQuotaLedger
 from services.allocator.adapters.redis_store import RedisReservationStore
 from services.allocator.adapters.web import WebSettings, WebView
 from services.allocator.classes import load_device_classes
@@ -47,16 +48,21 @@ from services.allocator.feed_watch import FeedWatch
 from services.allocator.fleet_metrics import FleetGauges
 from services.allocator.holdings import Holdings
 from services.allocator.metered_store import MeteredStore
+from services.allocator.quota_ledger import MemoryQuotaLedger, QuotaLedger
+from services.allocator.quotas import QuotaGuard, QuotaSettings
 from services.allocator.reservations import ReservationEvent, ReservationEventOp, ReservationStore
 from services.allocator.service import AllocatorService, ServiceLimits
 from services.allocator.solving import Solver
 from services.allocator.telemetry import AllocatorMetrics, Telemetry, configure_telemetry
 from services.allocator.view import ClusterView
 from services.common.dra.limits import DocumentLimits
+from services.common.dra.model import DeviceClass
 from services.common.grpc_server import ServiceRegistration
 from services.common.health import Health
 from services.common.security.audit import audit_event
+from services.common.security.edge import load_policy_file
 from services.common.security.principal import tenant_of_owner
+from services.common.security.tls import WatchedFiles
 
 __all__ = ["FEED_HEALTH_NAME", "AllocatorApp", "build_allocator", "build_store", "start_web_view"]
 
@@ -156,6 +162,38 @@ def build_store(settings: AllocatorSettings) -> ReservationStore:
     return MemoryReservationStore()
 
 
+def build_quotas(
+    settings: AllocatorSettings,
+    store: ReservationStore,
+    classes: Mapping[str, DeviceClass],
+    selectors: SelectorCache,
+) -> QuotaGuard | None:
+    """Quotas come with the access policy (its spec.quota and tenants' quotas; reloaded when
+    the file changes); their ledger lives in the reservation store's Redis, or in process."""
+    policy_file = settings.server.auth_policy_file
+    if not policy_file:
+        return None
+    watched = WatchedFiles(
+        [policy_file],
+        lambda contents: load_policy_file(policy_file, contents[0]).quotas,
+        what="access policy (quotas)",
+    )
+    backing = store.inner if isinstance(store, MeteredStore) else store
+    ledger: QuotaLedger = (
+        RedisQuotaLedger(backing)
+        if isinstance(backing, RedisReservationStore)
+        else MemoryQuotaLedger()
+    )
+    known = dict(classes)
+    return QuotaGuard(
+        watched.current,
+        ledger,
+        lambda: known,
+        selectors,
+        QuotaSettings(grace_seconds=settings.quota_grace_seconds),
+    )
+
+
 def build_allocator(
     settings: AllocatorSettings,
     feed: InventoryFeed,
@@ -212,6 +250,10 @@ def build_allocator(
         refresh_interval=settings.resync_interval,
         on_event=on_event,
     )
+    classes = load_device_classes(settings.device_classes)
+    quotas = build_quotas(settings, store, classes, selectors)
+    if quotas is not None:
+        closers.append(quotas.close)
     service = AllocatorService(
         view,
         holdings,
@@ -222,7 +264,7 @@ def build_allocator(
             max_steps=settings.max_search_steps,
             max_cel_cost=settings.max_cel_cost,
         ),
-        load_device_classes(settings.device_classes),
+        classes,
         limits=ServiceLimits(
             lease_seconds=settings.lease_seconds,
             max_lease_seconds=settings.max_lease_seconds,
@@ -230,9 +272,12 @@ def build_allocator(
         ),
         metrics=metrics,
         tracer=telemetry.tracer,
+        quotas=quotas,
     )
     holdings.start()
     closers.append(holdings.close)
+    if quotas is not None:
+        quotas.start(store, holdings.reservations, service.reservation_usage)
     following: Closeable = feed.follow(view.apply)
     closers.append(following.close)
     connected = feed_connected or (lambda: True)

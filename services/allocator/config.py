@@ -83,6 +83,14 @@ ALLOCATOR_SETTINGS: dict[str, Setting[Any]] = {
         lambda env, name, default: env_duration(env, name, default, minimum=0.001),
         format_duration,
     ),
+    "quota_grace_seconds": Setting(
+        "GPUALLOC_QUOTA_GRACE",
+        10.0,
+        "how much longer a quota ledger entry lives than the lease it covers (clock skew "
+        "between Redis primaries, the time between a grant's two steps; docs/tenancy.md)",
+        lambda env, name, default: env_duration(env, name, default, minimum=0.001),
+        format_duration,
+    ),
     "reserve_retries": Setting(
         "GPUALLOC_RESERVE_RETRIES",
         3,
@@ -161,6 +169,7 @@ class AllocatorSettings:
     lease_seconds: float = ALLOCATOR_SETTINGS["lease_seconds"].default
     max_lease_seconds: float = ALLOCATOR_SETTINGS["max_lease_seconds"].default
     reserve_retries: int = ALLOCATOR_SETTINGS["reserve_retries"].default
+    quota_grace_seconds: float = ALLOCATOR_SETTINGS["quota_grace_seconds"].default
     max_search_steps: int = ALLOCATOR_SETTINGS["max_search_steps"].default
     max_cel_cost: int = ALLOCATOR_SETTINGS["max_cel_cost"].default
     policy: Policy = Policy.BINPACK

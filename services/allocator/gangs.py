@@ -78,6 +78,8 @@ def gang_requests(
             lease_seconds=lease_seconds,
             idempotency_key=lease.idempotency_key,
             labels=lease.labels,
+            request_digest=lease.request_digest,
+            priority_class=lease.priority_class,
         )
         for scope, entry in scopes.items()
     ]

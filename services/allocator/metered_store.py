@@ -73,6 +73,9 @@ class MeteredStore:
     def release(self, reservation_id: str, owner: str, fencing_token: int = 0) -> None:
         self._timed("release", lambda: self.inner.release(reservation_id, owner, fencing_token))
 
+    def revoke(self, reservation_id: str, fencing_token: int, by: str) -> None:
+        self._timed("revoke", lambda: self.inner.revoke(reservation_id, fencing_token, by))
+
     def get(self, reservation_id: str) -> Reservation:
         return self._timed("get", lambda: self.inner.get(reservation_id))
 

@@ -31,7 +31,7 @@ from typing import Protocol
 
 from services.common.dra.model import AllocationResult
 from services.common.dra.quantity import Quantity
-from services.common.errors import Conflict, GpuallocError, InvalidArgument
+from services.common.errors import Conflict, FailedPrecondition, GpuallocError, InvalidArgument
 
 __all__ = [
     "DeviceTaken",
@@ -49,8 +49,11 @@ __all__ = [
     "device_conflict_key",
     "milli",
     "NODE_SEPARATOR",
+    "PREEMPTED_MEMORY_SECONDS",
+    "Preempted",
     "new_reservation_id",
     "node_reservation_id",
+    "preempted_error",
     "reserve_gang",
     "validate_reserve_request",
 ]
@@ -100,6 +103,8 @@ class ReserveRequest:
     lease_seconds: float
     idempotency_key: str = ""
     labels: tuple[tuple[str, str], ...] = ()  # free-form (e.g. ("slurm.job", "1234"))
+    request_digest: str = ""  # what the idempotency key was first used for (answers.py)
+    priority_class: str = ""  # "" : the policy's default (docs/tenancy.md)
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,8 @@ class Reservation:
     expires_at: float | None  # None once committed
     idempotency_key: str = ""
     labels: tuple[tuple[str, str], ...] = field(default=())
+    request_digest: str = ""  # of the Allocate request that made it ("" for Reserve)
+    priority_class: str = ""
     redacted: bool = False  # another tenant's, as a caller may see it (tenancy.py)
 
 
@@ -154,6 +161,12 @@ class ReservationStore(Protocol):
 
     def release(self, reservation_id: str, owner: str, fencing_token: int = 0) -> None:
         """Free the hold now."""
+        ...
+
+    def revoke(self, reservation_id: str, fencing_token: int, by: str) -> None:
+        """Free a reservation for a preemption, whoever owns it, if its fencing token is still
+        `fencing_token` (else FailedPrecondition: it changed hands since it was chosen). For a
+        day after, commit/renew/release of it answer FailedPrecondition naming `by`."""
         ...
 
     def get(self, reservation_id: str) -> Reservation: ...
@@ -200,6 +213,20 @@ class ReservationEvent:
 
 
 NODE_SEPARATOR = "@"  # reservation id = <minted>@<node>
+
+PREEMPTED_MEMORY_SECONDS = 86_400.0  # how long a revoked id answers "preempted by ..."
+
+
+class Preempted(FailedPrecondition):
+    """A change of a reservation that a preemption revoked (FAILED_PRECONDITION)."""
+
+    def __init__(self, reservation_id: str, by: str) -> None:
+        super().__init__(f"reservation {reservation_id} was preempted by {by}")
+        self.by = by
+
+
+def preempted_error(reservation_id: str, by: str) -> Preempted:
+    return Preempted(reservation_id, by)
 
 
 def new_reservation_id() -> str:

@@ -22,6 +22,7 @@ generation, and a store call does not start once the deadline has passed.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -40,9 +41,10 @@ from services.allocator.answers import (
     LeaseOptions,
     Outcome,
     Query,
+    Victim,
     claim_ref,
 )
-from services.allocator.blockers import blocking_holders
+from services.allocator.blockers import blocking_holders, holder
 from services.allocator.classes import with_inline
 from services.allocator.core import (
     AllocatedState,
@@ -61,8 +63,10 @@ from services.allocator.gangs import (
 from services.allocator.holdings import Holdings
 from services.allocator.holds import device_key, placement_holds
 from services.allocator.paging import decode_token, encode_token, query_hash
+from services.allocator.quotas import Grant, QuotaExceeded, QuotaGuard
 from services.allocator.reservations import (
     Hold,
+    Preempted,
     Reservation,
     ReservationState,
     ReservationStore,
@@ -74,7 +78,6 @@ from services.allocator.telemetry import AllocatorMetrics
 from services.allocator.view import ClusterView, ViewSnapshot
 from services.common.dra.model import AllocationResult, DeviceClass
 from services.common.errors import (
-    AlreadyExists,
     Conflict,
     DeadlineExceeded,
     FailedPrecondition,
@@ -83,6 +86,15 @@ from services.common.errors import (
     PermissionDenied,
 )
 from services.common.grpc_server import call_ended, check_deadline, remaining_seconds
+from services.common.security.principal import tenant_of_owner
+from services.common.security.quota import (
+    Candidate,
+    Holding,
+    QuotaRefusal,
+    TenantStatus,
+    fewest_victims,
+    preemption_candidates,
+)
 
 __all__ = ["AllocatorService", "ServiceLimits"]
 
@@ -103,6 +115,14 @@ class ServiceLimits:
     max_nodes_explained: int = 10
 
 
+@dataclass(frozen=True)
+class Proposal:
+    """A preemption: the victims as answers show them, and the reservations to revoke."""
+
+    victims: tuple[Victim, ...]
+    reservations: tuple[Reservation, ...]
+
+
 class AllocatorService:
     def __init__(
         self,
@@ -115,8 +135,10 @@ class AllocatorService:
         limits: ServiceLimits = ServiceLimits(),
         metrics: AllocatorMetrics | None = None,
         tracer: trace.Tracer | None = None,
+        quotas: QuotaGuard | None = None,
     ) -> None:
         self.view = view
+        self.quotas = quotas
         self.holdings = holdings
         self.store = store
         self.solver = solver
@@ -140,28 +162,44 @@ class AllocatorService:
 
     def _allocate(self, query: Query, lease: LeaseOptions | None) -> Answer:
         lease_seconds = self._lease_seconds(lease.lease_seconds, "lease_ttl") if lease else 0.0
+        if lease is not None:
+            self._check_priority_class(lease.priority_class)
         if lease is not None and lease.idempotency_key:
             known = self.holdings.find_idempotent(lease.owner, lease.idempotency_key)
             if known:
-                _check_replay(query, known, lease.idempotency_key)
+                _check_replay(query, known, lease)
                 return self._reserved_answer(query, known, self.view.require(0).generation)
         attempts = 1 + (self.limits.reserve_retries if lease is not None else 0)
         conflict: Conflict | None = None
+        revoked: tuple[Victim, ...] = ()
         names = tuple(claim_ref(claim.namespace, claim.name) for claim in query.claims)
         for attempt in range(attempts):
-            if attempt:
+            if attempt and not (revoked and attempt == 1):
                 _back_off(attempt)
             view, state = self._read(query)
             answer = self._answer(view, state, query, explain=query.explain)
-            if lease is None or answer.outcome is not Outcome.ALLOCATED:
+            if lease is None:
                 return answer
+            if answer.outcome is not Outcome.ALLOCATED:
+                proposal = self._proposal(view, state, query, answer, lease, revoked)
+                if proposal is None or revoked or not lease.preempt:
+                    return replace(answer, preemption=proposal.victims) if proposal else answer
+                revoked = self._revoke(proposal, lease.owner)
+                continue
             if query.gang is not None:
                 requests = gang_requests(view.snapshot, answer.gang, names, lease, lease_seconds)
             else:
                 holds = placement_holds(view.snapshot, answer.node or "", answer.allocations)
                 requests = _requests(holds, names, answer.allocations, lease, lease_seconds)
             try:
-                reservations = self._store_reserve(requests)
+                reservations = self._store_reserve(requests, view)
+            except QuotaExceeded as refused:
+                answer = replace(answer, outcome=Outcome.QUOTA_EXCEEDED, quota=refused.refusals)
+                proposal = self._proposal(view, state, query, answer, lease, revoked)
+                if proposal is None or revoked or not lease.preempt:
+                    return replace(answer, preemption=proposal.victims) if proposal else answer
+                revoked = self._revoke(proposal, lease.owner)
+                continue
             except Conflict as error:
                 conflict = error
                 self._count(self._metrics.conflicts if self._metrics else None)
@@ -169,26 +207,64 @@ class AllocatorService:
                 if self._drifted(error, requests, view, any(found)):
                     self.holdings.rebuild()
                 continue
+            if lease.idempotency_key:  # the store may answer with another replica's first call
+                _check_same_request(reservations, lease)
             if query.gang is not None and _same_placement(reservations, answer.gang):
-                return replace(answer, reservations=tuple(reservations))
+                return replace(answer, reservations=tuple(reservations), preemption=revoked)
             # One node's answer, or a gang for which the store answered (idempotency key) with
             # an earlier call's reservations: the answer is what is held.
-            return self._reserved_answer(query, reservations, view.generation)
+            held = self._reserved_answer(query, reservations, view.generation)
+            return replace(held, preemption=revoked)
         self._count(self._metrics.aborted if self._metrics else None)
         assert conflict is not None
         raise _bounded(conflict)
 
-    def explain(self, query: Query, max_nodes: int = 0) -> Answer:
-        """Allocate's search with reasons recorded, plus the reservations that blocked it."""
+    def explain(
+        self, query: Query, max_nodes: int = 0, owner: str = "", priority_class: str = ""
+    ) -> Answer:
+        """Allocate's search with reasons recorded, plus the reservations that blocked it;
+        with `owner`, a placement found is checked against its tenant's quota too, and one not
+        found (or refused by the quota) comes with the preemption that would make it fit."""
         view, state = self._read(query)
         answer = self._answer(view, state, query, explain=True)
+        if owner and self.quotas is not None and answer.outcome is Outcome.ALLOCATED:
+            refusals = self._quota_check(view, query, answer, owner)
+            if refusals:
+                answer = replace(answer, outcome=Outcome.QUOTA_EXCEEDED, quota=refusals)
+        if owner and self.quotas is not None and answer.outcome is not Outcome.ALLOCATED:
+            lease = LeaseOptions(owner, priority_class=priority_class)
+            proposal = self._proposal(view, state, query, answer, lease, ())
+            if proposal is not None:
+                answer = replace(answer, preemption=proposal.victims)
         shown = max_nodes or self.limits.max_nodes_explained
         return _with_holders(answer, blocking_holders(answer, self.holdings.reservations(), shown))
 
-    def capacity(self, query: Query, ignore_reservations: bool = False) -> CapacityAnswer:
+    def capacity(
+        self, query: Query, ignore_reservations: bool = False, owner: str = ""
+    ) -> CapacityAnswer:
+        """How many units fit; with `owner` of a limited tenant, also its quotas and how many
+        units its quota headroom allows (each unit counted as the first placement would)."""
         view, state = self._read(query)
         if ignore_reservations:
             state = AllocatedState(view.snapshot)
+        counted = self._count_units(view, state, query)
+        if not owner or self.quotas is None or not self.quotas.model.enabled:
+            return counted
+        rows = tuple(self.quotas.status([tenant_of_owner(owner)]))
+        if not rows:
+            return counted
+        first = self._answer(view, state, query, explain=False)
+        within = 0
+        if first.outcome is Outcome.ALLOCATED:
+            unit = self._placement_usage(view, query, first, owner)
+            left = {row.resource: row.left for row in rows}
+            bounds = [left.get(name, 0) // amount for name, amount in unit.items() if amount > 0]
+            within = min([counted.total, *bounds])
+        return replace(counted, quota=rows, within_quota=within)
+
+    def _count_units(
+        self, view: ViewSnapshot, state: AllocatedState, query: Query
+    ) -> CapacityAnswer:
         with self._tracer.start_as_current_span("capacity"):
             count = count_gangs if query.gang is not None else count_capacity
             return count(
@@ -216,6 +292,7 @@ class AllocatorService:
         if not claims:
             raise InvalidArgument.at("allocations", "must not be empty")
         lease_seconds = self._lease_seconds(lease.lease_seconds, "lease_ttl")
+        self._check_priority_class(lease.priority_class)
         self.holdings.require_synced()
         view = self.view.require(0)
         allocations = tuple(allocation for _, allocation in claims)
@@ -223,7 +300,7 @@ class AllocatorService:
         names = tuple(name for name, _ in claims)
         requests = _requests(holds, names, allocations, lease, lease_seconds)
         try:
-            reservations = self._store_reserve(requests)
+            reservations = self._store_reserve(requests, view)
         except Conflict as conflict:
             self._count(self._metrics.conflicts if self._metrics else None)
             for scope in holds:
@@ -231,14 +308,18 @@ class AllocatorService:
             raise _bounded(conflict) from None
         for request, reservation in zip(requests, reservations, strict=True):
             if lease.idempotency_key and set(reservation.hold.devices) != set(request.hold.devices):
-                raise AlreadyExists(
-                    f"idempotency key {lease.idempotency_key!r} was used for another placement "
-                    f"(reservation {reservation.id})"
+                raise FailedPrecondition(
+                    f"idempotency key {lease.idempotency_key!r} was first used for another "
+                    f"placement (reservation {reservation.id}): use a new key"
                 )
         return reservations
 
     def commit(self, reservation_id: str, owner: str, fencing_token: int = 0) -> Reservation:
         check_deadline("commit")
+        if self.quotas is not None:  # the ledger first: its entry must outlive the lease
+            current = self._known(reservation_id)
+            if current is not None and current.owner == owner:
+                self.quotas.committing(current)
         reservation = self.store.commit(reservation_id, owner, fencing_token)
         self.holdings.committed(reservation)
         return reservation
@@ -255,6 +336,8 @@ class AllocatorService:
         if fencing_token:
             current = self.store.get(reservation_id)
             _check_fence(current, owner, fencing_token)
+        if self.quotas is not None:  # the ledger first: its entry must outlive the lease
+            self.quotas.renewing(reservation_id, owner, seconds)
         reservation = self.store.renew(reservation_id, owner, seconds)
         self.holdings.committed(reservation)
         return reservation
@@ -269,15 +352,42 @@ class AllocatorService:
         """Free the reservation; returns it as this allocator last saw it (None when missing
         and allowed). A reservation unknown here is read from the store first."""
         check_deadline("release")
+        current = self._known(reservation_id)
         try:
-            current = self.holdings.get(reservation_id) or self.store.get(reservation_id)
             self.store.release(reservation_id, owner, fencing_token)
-        except NotFound:
+        except (NotFound, Preempted):  # a preempted one is missing too, with who took it
             if allow_missing:
                 return None
             raise
         self.holdings.removed([reservation_id])
+        if self.quotas is not None:
+            self.quotas.released([reservation_id], owner)
         return current
+
+    def reservation_usage(self, reservation: Reservation) -> dict[str, int]:
+        """What a held reservation counts against its tenant's quota (on the current view)."""
+        current = self.view.current()
+        if self.quotas is None or current is None:
+            return {}
+        return self.quotas.usage(current.snapshot, reservation.node, reservation.allocations)
+
+    def quota_status(self, tenants: Sequence[str] = ()) -> tuple[list[TenantStatus], bool]:
+        """Each tenant's standing (those given, else every tenant with quotas) and whether
+        quotas are enforced."""
+        if self.quotas is None or not self.quotas.model.enabled:
+            return [], False
+        return self.quotas.status(tenants), True
+
+    def _known(self, reservation_id: str) -> Reservation | None:
+        """The reservation as this allocator last saw it, else as the store has it; None when
+        gone (the store's own step then says how: released, expired, preempted)."""
+        found = self.holdings.get(reservation_id)
+        if found is not None:
+            return found
+        try:
+            return self.store.get(reservation_id)
+        except NotFound:
+            return None
 
     def get(self, reservation_id: str) -> Reservation:
         check_deadline("get")
@@ -414,8 +524,146 @@ class AllocatorService:
             stats=result.stats,
         )
 
-    def _store_reserve(self, requests: Sequence[ReserveRequest]) -> list[Reservation]:
+    def _store_reserve(
+        self, requests: Sequence[ReserveRequest], view: ViewSnapshot
+    ) -> list[Reservation]:
+        """Take the tenant's quota (quotas.py, step one), then the devices (step two)."""
         check_deadline("reserve")
+        grant = self._take_quota(requests, view)
+        try:
+            reservations = self._take_devices(requests)
+        except BaseException:
+            if grant is not None and self.quotas is not None:
+                self.quotas.abandon(grant)
+            raise
+        if grant is not None and self.quotas is not None:
+            self.quotas.bind(grant, reservations)
+        return reservations
+
+    def _take_quota(self, requests: Sequence[ReserveRequest], view: ViewSnapshot) -> Grant | None:
+        if self.quotas is None:
+            return None
+        amounts = [
+            self.quotas.usage(view.snapshot, request.node, request.allocations)
+            for request in requests
+        ]
+        taken = self.quotas.take(requests[0].owner, amounts, requests[0].lease_seconds)
+        if isinstance(taken, tuple):
+            raise QuotaExceeded(taken)
+        return taken
+
+    def _quota_check(
+        self, view: ViewSnapshot, query: Query, answer: Answer, owner: str
+    ) -> tuple[QuotaRefusal, ...]:
+        """What the quota says of reserving `answer` for `owner` now (read-only)."""
+        assert self.quotas is not None
+        return self.quotas.check(owner, self._placement_usage(view, query, answer, owner))
+
+    # --- preemption --------------------------------------------------------------------------
+
+    def _proposal(
+        self,
+        view: ViewSnapshot,
+        state: AllocatedState,
+        query: Query,
+        answer: Answer,
+        lease: LeaseOptions,
+        revoked: tuple[Victim, ...],
+    ) -> Proposal | None:
+        """The fewest reservations whose revocation makes `query` fit for `lease.owner`
+        (quota.py's rules), or None. Only for an answer that is UNSATISFIABLE or
+        QUOTA_EXCEEDED, under quotas, and once per call."""
+        if self.quotas is None or revoked:
+            return None
+        if answer.outcome not in (Outcome.UNSATISFIABLE, Outcome.QUOTA_EXCEEDED):
+            return None
+        quotas = self.quotas
+        model = quotas.model
+        priority = model.priority(lease.priority_class)
+        if not priority.preempts:
+            return None
+        tenant = tenant_of_owner(lease.owner)
+        empty = self._answer(view, AllocatedState(view.snapshot), query, explain=False)
+        if empty.outcome is not Outcome.ALLOCATED:
+            return None  # it does not fit an empty fleet: no victim helps
+        live = {r.id: r for r in self.holdings.reservations()}
+        amounts = {r.id: self.reservation_usage(r) for r in live.values()}
+        holdings = [
+            Holding(
+                r.id,
+                tenant_of_owner(r.owner),
+                model.priority(r.priority_class),
+                r.created_at,
+                amounts[r.id],
+            )
+            for r in live.values()
+        ]
+        usage = quotas.usage_around(lease.owner)
+        wanted = self._placement_usage(view, query, empty, lease.owner)
+        candidates = preemption_candidates(model, tenant, priority, wanted, holdings, usage)
+        if not candidates:
+            return None
+
+        def placement(chosen: Sequence[Candidate]) -> Answer | None:
+            gone = [live[c.holding.id] for c in chosen]
+            trial = state.with_changes((r.id, None, a) for r in gone for a in r.allocations)
+            found = self._answer(view, trial, query, explain=False)
+            if found.outcome is not Outcome.ALLOCATED:
+                return None
+            left = {t: dict(u) for t, u in usage.items()}
+            for c in chosen:
+                for name, amount in c.holding.amounts.items():
+                    mine = left.setdefault(c.holding.tenant, {})
+                    mine[name] = mine.get(name, 0) - amount
+            placed = self._placement_usage(view, query, found, lease.owner)
+            return None if model.admit(tenant, placed, left) else found
+
+        victims = fewest_victims(candidates, lambda chosen: placement(chosen) is not None)
+        if victims is None:
+            return None
+        chosen = tuple(
+            Victim(holder(live[c.holding.id]), live[c.holding.id].priority_class, c.reason)
+            for c in victims
+        )
+        return Proposal(chosen, tuple(live[c.holding.id] for c in victims))
+
+    def _revoke(self, proposal: Proposal, by: str) -> tuple[Victim, ...]:
+        """Revoke the victims (each only if its fencing token is the one chosen: a stale one
+        fails the call with FAILED_PRECONDITION, nothing more is revoked); free their quota."""
+        check_deadline("preempt")
+        done: list[Reservation] = []
+        try:
+            for reservation in proposal.reservations:
+                with contextlib.suppress(NotFound):  # gone meanwhile: freed anyway
+                    self.store.revoke(reservation.id, reservation.fencing_token, by)
+                done.append(reservation)
+        finally:
+            self.holdings.removed([r.id for r in done])
+            if self.quotas is not None:
+                for reservation in done:
+                    self.quotas.released([reservation.id], reservation.owner)
+        return proposal.victims
+
+    def _placement_usage(
+        self, view: ViewSnapshot, query: Query, answer: Answer, owner: str
+    ) -> dict[str, int]:
+        """What reserving `answer` would count against `owner`'s tenant's quota."""
+        assert self.quotas is not None
+        lease = LeaseOptions(owner)
+        names = tuple(claim_ref(claim.namespace, claim.name) for claim in query.claims)
+        if query.gang is not None:
+            requests = gang_requests(view.snapshot, answer.gang, names, lease, 1.0)
+        else:
+            holds = placement_holds(view.snapshot, answer.node or "", answer.allocations)
+            requests = _requests(holds, names, answer.allocations, lease, 1.0)
+        total: dict[str, int] = {}
+        for request in requests:
+            usage = self.quotas.usage(view.snapshot, request.node, request.allocations)
+            for name, amount in usage.items():
+                total[name] = total.get(name, 0) + amount
+        return total
+
+    def _take_devices(self, requests: Sequence[ReserveRequest]) -> list[Reservation]:
         # Held for this process's other solves while the store decides (holdings.py).
         placed = {id(a): a for request in requests for a in request.allocations}
         pending = self.holdings.hold_pending([r.node for r in requests], tuple(placed.values()))
@@ -456,6 +704,18 @@ class AllocatorService:
             policy=query.policy or self.solver.policy,
             reservations=tuple(reservations),
         )
+
+    def _check_priority_class(self, name: str) -> None:
+        if not name:
+            return
+        known = self.quotas.model.priority_classes if self.quotas is not None else {}
+        if name not in known:
+            listed = (
+                ", ".join(sorted(known)) or "none: the access policy defines no priority classes"
+            )
+            raise InvalidArgument.at(
+                "priority_class_name", f"unknown priority class {name!r} (known: {listed})"
+            )
 
     def _lease_seconds(self, requested: float | None, path: str) -> float:
         if requested is None:
@@ -516,6 +776,8 @@ def _requests(
             lease_seconds=lease_seconds,
             idempotency_key=lease.idempotency_key,
             labels=lease.labels,
+            request_digest=lease.request_digest,
+            priority_class=lease.priority_class,
         )
         for scope, hold in holds.items()
     ]
@@ -561,9 +823,26 @@ def _same_placement(reservations: Sequence[Reservation], members: Sequence[GangM
     return held == {m.node: m.allocations for m in members}
 
 
-def _check_replay(query: Query, known: Sequence[Reservation], key: str) -> None:
-    """A repeated key of a gang must still hold the whole gang: one whose members were partly
-    released or expired is not returned as ALLOCATED."""
+def _check_same_request(known: Sequence[Reservation], lease: LeaseOptions) -> None:
+    """A reused idempotency key must come with the request it was first used for: a retry, not
+    a new request that would silently get the first one's devices (FAILED_PRECONDITION)."""
+    first = known[0]
+    if (
+        first.request_digest
+        and lease.request_digest
+        and first.request_digest != lease.request_digest
+    ):
+        raise FailedPrecondition(
+            f"idempotency key {lease.idempotency_key!r} was first used for another request "
+            f"(reservation {first.id}): retry with the same request, or use a new key"
+        )
+
+
+def _check_replay(query: Query, known: Sequence[Reservation], lease: LeaseOptions) -> None:
+    """A repeated key must repeat its request, and a gang's must still hold the whole gang:
+    one whose members were partly released or expired is not returned as ALLOCATED."""
+    _check_same_request(known, lease)
+    key = lease.idempotency_key
     if query.gang is None:
         return
     members = members_of_reservations(known)

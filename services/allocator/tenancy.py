@@ -50,7 +50,8 @@ def visible_answer(
 ) -> Answer:
     """`answer` with other tenants' holders and reservation ids hidden. `owner_of` gives the
     owner of a reservation id named in a rejection (None: unknown here, shown as is)."""
-    if viewer.sees_all_tenants or (not answer.holders and answer.explanation is None):
+    nothing = not answer.holders and answer.explanation is None and not answer.preemption
+    if viewer.sees_all_tenants or nothing:
         return answer  # nothing of anyone's to hide: the common case of a placement
     explanation = answer.explanation
     if explanation is not None:
@@ -59,6 +60,9 @@ def visible_answer(
         answer,
         holders=tuple(visible_holder(h, viewer) for h in answer.holders),
         explanation=explanation,
+        preemption=tuple(
+            replace(v, holder=visible_holder(v.holder, viewer)) for v in answer.preemption
+        ),
     )
 
 

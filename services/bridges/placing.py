@@ -110,8 +110,11 @@ class Placer:
         node_selector: NodeSelector | None = None,
         lease_ttl_seconds: float | None = None,
         labels: Mapping[str, str] | None = None,
+        priority_class: str = "",
+        preempt: bool = False,
     ) -> Placement:
-        """Allocate and reserve; an unsatisfiable answer comes with Explain's reasons."""
+        """Allocate and reserve (preempting, with `preempt`, as the server's rules allow); an
+        unsatisfiable answer comes with Explain's reasons."""
 
         def call(sent: Sequence[ResourceClaim], selector: NodeSelector | None) -> Placement:
             return self.client.allocate(
@@ -124,6 +127,8 @@ class Placer:
                 owner=owner,
                 idempotency_key=idempotency_key,
                 labels=labels,
+                priority_class=priority_class,
+                preempt=preempt,
             )
 
         placement = self._with_fallback(claims, node_name, node_selector, call)

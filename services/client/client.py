@@ -156,13 +156,18 @@ class AllocatorClient:
         idempotency_key: str = "",
         labels: Mapping[str, str] | None = None,
         gang: Gang | None = None,
+        priority_class: str = "",
+        preempt: bool = False,
     ) -> Placement:
         """A placement for the claims together on one node (on each node of a `gang`),
-        reserved when `reserve` is set."""
+        reserved when `reserve` is set; with `preempt` too, revoking the reservations the
+        server's preemption rules choose when that is what makes it fit (docs/tenancy.md)."""
         request = pb.AllocateRequest(explain=explain, reserve=reserve)
         _fill_query(request, claims, node_name, node_selector, policy, device_classes, gang)
         who = self._owner(owner)
+        request.priority_class_name = priority_class
         if reserve:
+            request.preempt = preempt
             request.owner = who
             request.idempotency_key = idempotency_key or f"client-{uuid.uuid4().hex}"
             request.reservation_labels.update(labels or {})
@@ -181,9 +186,13 @@ class AllocatorClient:
         device_classes: Sequence[DeviceClass] = (),
         max_nodes: int = 0,
         gang: Gang | None = None,
+        priority_class: str = "",
     ) -> Placement:
-        """Why the claims fit or not (the same search as allocate, never reserving)."""
-        request = pb.ExplainRequest(max_nodes_explained=max_nodes)
+        """Why the claims fit or not (the same search as allocate, never reserving), and
+        which reservations a preempting allocate at `priority_class` would revoke."""
+        request = pb.ExplainRequest(
+            max_nodes_explained=max_nodes, priority_class_name=priority_class
+        )
         _fill_query(request, claims, node_name, node_selector, policy, device_classes, gang)
         return placement_from_pb(self._caller.call(self._stub.Explain, request, read=True))
 
@@ -214,6 +223,7 @@ class AllocatorClient:
         owner: str | None = None,
         idempotency_key: str = "",
         labels: Mapping[str, str] | None = None,
+        priority_class: str = "",
     ) -> list[Reservation]:
         """Take a placement from allocate(); Conflict (ABORTED) when something moved since."""
         who = self._owner(owner)
@@ -223,6 +233,7 @@ class AllocatorClient:
             owner=who,
             idempotency_key=idempotency_key or f"client-{uuid.uuid4().hex}",
             labels=dict(labels or {}),
+            priority_class_name=priority_class,
         )
         if lease_ttl_seconds is not None:
             request.lease_ttl.CopyFrom(duration_to_pb(lease_ttl_seconds))

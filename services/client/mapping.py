@@ -45,6 +45,7 @@ _OUTCOMES = {
     pb.OUTCOME_ALLOCATED: Outcome.ALLOCATED,
     pb.OUTCOME_UNSATISFIABLE: Outcome.UNSATISFIABLE,
     pb.OUTCOME_BUDGET_EXHAUSTED: Outcome.BUDGET_EXHAUSTED,
+    pb.OUTCOME_QUOTA_EXCEEDED: Outcome.QUOTA_EXCEEDED,
 }
 _STATES = {
     pb.RESERVATION_STATE_RESERVED: ReservationState.RESERVED,
@@ -156,6 +157,24 @@ def placement_from_pb(message: pb.AllocateResponse | pb.ExplainResponse) -> Plac
             NodePlacement(p.node_name, tuple(_claim_allocation(a) for a in p.allocations), p.score)
             for p in message.gang_placements
         ),
+        quota_refusals=tuple(_quota_refusal(r) for r in message.quota_refusals),
+        preemption=tuple(_victim(v) for v in message.preemption.victims),
+    )
+
+
+def _victim(victim: pb.PreemptionVictim) -> str:
+    held = victim.holder
+    who = held.reservation_id or f"a reservation of tenant {held.tenant}"
+    priority = victim.priority_class_name or "default"
+    return f"{victim.reason}: {who} on {held.node_name} (priority {priority})"
+
+
+def _quota_refusal(refusal: pb.QuotaRefusal) -> str:
+    where = f" in cohort {refusal.cohort}" if refusal.cohort else ""
+    return (
+        f"tenant {refusal.tenant} quota {refusal.resource}{where}: requested "
+        f"{refusal.requested}, used {refusal.used} of nominal {refusal.nominal} "
+        f"(borrowed {refusal.borrowed}), {refusal.left} left"
     )
 
 

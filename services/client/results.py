@@ -33,6 +33,7 @@ class Outcome(StrEnum):
     ALLOCATED = "Allocated"
     UNSATISFIABLE = "Unsatisfiable"
     BUDGET_EXHAUSTED = "BudgetExhausted"
+    QUOTA_EXCEEDED = "QuotaExceeded"
 
 
 class ReservationState(StrEnum):
@@ -136,6 +137,8 @@ class Placement:
     inventory_generation: int = 0
     score: float = 0.0
     gang: tuple[NodePlacement, ...] = ()
+    quota_refusals: tuple[str, ...] = ()  # QUOTA_EXCEEDED: each quota the grant would exceed
+    preemption: tuple[str, ...] = ()  # the victims a preempt call would revoke (or revoked)
 
     @property
     def fits(self) -> bool:
@@ -152,6 +155,8 @@ class Placement:
         other lines (per node, per request): the most telling first, for short logs."""
         messages = self.explanation.messages if self.explanation is not None else ()
         lines = [f"outcome: {self.outcome.value}", *messages[:1]]
+        lines.extend(f"quota: {refusal}" for refusal in self.quota_refusals)
+        lines.extend(f"preempt: {victim}" for victim in self.preemption)
         lines.extend(f"held: {holder}" for holder in self.holders)
         lines.extend(messages[1:])
         if len(lines) > max_lines:

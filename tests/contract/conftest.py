@@ -52,14 +52,16 @@ class StoreUnderTest:
     wait: Callable[[float], None]  # let this many seconds pass on the store's clock
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("memory", id="memory"),
-        pytest.param("redis", id="redis", marks=pytest.mark.redis),
-        pytest.param("redis-sentinel", id="redis-sentinel", marks=pytest.mark.redis),
-        pytest.param("redis-cluster", id="redis-cluster", marks=pytest.mark.redis),
-    ]
-)
+# Every contract runs on the embedded implementation and on each Redis layout.
+STORE_KINDS = [
+    pytest.param("memory", id="memory"),
+    pytest.param("redis", id="redis", marks=pytest.mark.redis),
+    pytest.param("redis-sentinel", id="redis-sentinel", marks=pytest.mark.redis),
+    pytest.param("redis-cluster", id="redis-cluster", marks=pytest.mark.redis),
+]
+
+
+@pytest.fixture(params=STORE_KINDS)
 def store_under_test(request: pytest.FixtureRequest) -> Iterator[StoreUnderTest]:
     if request.param == "memory":
         clock = FakeClock()

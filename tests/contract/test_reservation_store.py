@@ -87,6 +87,8 @@ def test_reserve_round_trips_every_field(store: Store) -> None:
         lease_seconds=30.0,
         idempotency_key="attempt-1",
         labels=(("slurm.job", "1234"),),
+        request_digest="d1g3st",
+        priority_class="batch-low",
     )
 
     reservation = store.reserve(request)
@@ -95,7 +97,8 @@ def test_reserve_round_trips_every_field(store: Store) -> None:
     assert (reservation.owner, reservation.node) == ("slurm/job-1234", "node-1")
     assert (reservation.claim_names, reservation.allocations) == (("claim-a",), (allocation,))
     assert (reservation.hold, reservation.labels) == (request.hold, request.labels)
-    assert reservation.idempotency_key == "attempt-1"
+    assert (reservation.idempotency_key, reservation.request_digest) == ("attempt-1", "d1g3st")
+    assert reservation.priority_class == "batch-low"
     assert reservation.fencing_token >= 1
     assert reservation.expires_at is not None
     assert reservation.expires_at - reservation.created_at == pytest.approx(30.0, abs=0.002)
@@ -352,6 +355,29 @@ def test_release_frees_once(store: Store) -> None:
     with pytest.raises(NotFound):
         store.get(reservation.id)
     assert store.reserve(reserve_request(GPU0, owner="bob")).owner == "bob"
+
+
+@pytest.mark.parametrize("op", ["commit", "renew", "release"])
+def test_revoke_frees_and_later_changes_say_who_preempted(store: Store, op: str) -> None:
+    reservation = store.reserve(reserve_request(GPU0, owner="alice"))
+    with pytest.raises(FailedPrecondition, match="stale"):
+        store.revoke(reservation.id, reservation.fencing_token + 1, by="team-b/job/9")
+    assert store.get(reservation.id) == reservation  # a stale token revokes nothing
+
+    store.revoke(reservation.id, reservation.fencing_token, by="team-b/job/9")
+
+    assert store.reserve(reserve_request(GPU0, owner="bob")).owner == "bob"
+    with pytest.raises(NotFound):
+        store.get(reservation.id)
+    with pytest.raises(FailedPrecondition, match="was preempted by team-b/job/9"):
+        if op == "commit":
+            store.commit(reservation.id, "alice")
+        elif op == "renew":
+            store.renew(reservation.id, "alice", 30)
+        else:
+            store.release(reservation.id, "alice")
+    with pytest.raises(NotFound):
+        store.revoke(reservation.id, reservation.fencing_token, by="again")
 
 
 # --- fencing ----------------------------------------------------------------------------------

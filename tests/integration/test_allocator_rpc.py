@@ -166,9 +166,39 @@ def test_mig_partitions_consume_counters_until_none_fit(allocator):
 def test_allocate_reserve_is_idempotent_by_key(allocator):
     request = allocate_request("one-h100", reserve=True, idempotency_key="k1")
     first = allocator.stub.Allocate(request, metadata=owner("o"), timeout=10)
+    request.lease_ttl.FromSeconds(77)  # the lease, budget and explain flags are not the request
+    request.explain = True
     second = allocator.stub.Allocate(request, metadata=owner("o"), timeout=10)
     assert [r.id for r in second.reservations] == [r.id for r in first.reservations]
     assert second.allocations == first.allocations
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param("claims", id="other-claims"),
+        pytest.param("node", id="other-node"),
+        pytest.param("labels", id="other-labels"),
+    ],
+)
+def test_allocate_key_reused_for_another_request_is_failed_precondition(allocator, change):
+    """A reused key with another request (2 GPUs instead of 4, say) must not silently get the
+    first request's reservation."""
+    request = allocate_request("one-h100", reserve=True, idempotency_key=f"reuse-{change}")
+    first = allocator.stub.Allocate(request, metadata=owner("o"), timeout=10)
+    [reservation] = first.reservations
+    if change == "claims":
+        other = allocate_request("eight-h100", reserve=True, idempotency_key=f"reuse-{change}")
+    else:
+        other = pb.AllocateRequest()
+        other.CopyFrom(request)
+        if change == "node":
+            other.node_name = "h100-node-2"
+        else:
+            other.reservation_labels["job"] = "another"
+    error = _error(allocator.stub.Allocate, other, metadata=owner("o"), timeout=10)
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"was first used for another request (reservation {reservation.id})" in error.details()
 
 
 def test_explain_names_the_reservation_holding_the_devices(allocator):
@@ -270,14 +300,15 @@ def test_concurrent_reserves_with_one_key_make_one_reservation(allocator):
     assert len(ids) == 1
 
 
-def test_reserve_key_reused_for_another_placement_is_already_exists(allocator):
+def test_reserve_key_reused_for_another_placement_is_failed_precondition(allocator):
     first = _placement(allocator, node="h100-node-1")
     first.idempotency_key = "k"
     allocator.stub.Reserve(first, metadata=owner("o"), timeout=5)
     other = _placement(allocator, node="h100-node-1")  # the next free GPU
     other.idempotency_key = "k"
     error = _error(allocator.stub.Reserve, other, metadata=owner("o"), timeout=5)
-    assert error.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "was first used for another placement" in error.details()
 
 
 @pytest.mark.parametrize(

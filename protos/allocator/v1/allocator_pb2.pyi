@@ -141,6 +141,10 @@ class _OutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Outcome.Value
     """No placement exists in the current inventory and reservations; see the explanation."""
     OUTCOME_BUDGET_EXHAUSTED: _Outcome.ValueType  # 3
     """The search budget or the deadline ran out before an answer; retrying may succeed."""
+    OUTCOME_QUOTA_EXCEEDED: _Outcome.ValueType  # 4
+    """A placement exists, but granting it would take the caller's tenant over its quota (plus
+    what its cohort lends); see `quota_refusals`.
+    """
 
 class Outcome(_Outcome, metaclass=_OutcomeEnumTypeWrapper):
     """The result of an allocation attempt."""
@@ -153,6 +157,10 @@ OUTCOME_UNSATISFIABLE: Outcome.ValueType  # 2
 """No placement exists in the current inventory and reservations; see the explanation."""
 OUTCOME_BUDGET_EXHAUSTED: Outcome.ValueType  # 3
 """The search budget or the deadline ran out before an answer; retrying may succeed."""
+OUTCOME_QUOTA_EXCEEDED: Outcome.ValueType  # 4
+"""A placement exists, but granting it would take the caller's tenant over its quota (plus
+what its cohort lends); see `quota_refusals`.
+"""
 Global___Outcome: _TypeAlias = Outcome  # noqa: Y015
 
 class _RejectionReason:
@@ -487,6 +495,8 @@ class AllocateRequest(_message.Message):
     OWNER_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     RESERVATION_LABELS_FIELD_NUMBER: _builtins.int
+    PRIORITY_CLASS_NAME_FIELD_NUMBER: _builtins.int
+    PREEMPT_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     """Allocate on this node only; empty lets the allocator choose."""
     policy: Global___AllocationPolicy.ValueType
@@ -506,6 +516,15 @@ class AllocateRequest(_message.Message):
     idempotency_key: _builtins.str
     """Makes a reserving call safe to retry: the same key and owner return the first call's
     reservations instead of reserving twice.
+    """
+    priority_class_name: _builtins.str
+    """The reservation's priority class (the access policy's spec.quota.priorityClasses); empty
+    means the policy's default class (docs/tenancy.md).
+    """
+    preempt: _builtins.bool
+    """With `reserve`: when the claims fit only if other reservations go (reclaiming quota lent to
+    other tenants, or lower-priority reservations of the caller's tenant), revoke them and
+    reserve. Without it such an answer carries the `preemption` proposal and reserves nothing.
     """
     @_builtins.property
     def claims(self) -> _containers.RepeatedCompositeFieldContainer[_dra_pb2.ResourceClaim]:
@@ -561,14 +580,68 @@ class AllocateRequest(_message.Message):
         owner: _builtins.str = ...,
         idempotency_key: _builtins.str = ...,
         reservation_labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        priority_class_name: _builtins.str = ...,
+        preempt: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "gang", b"gang", "lease_ttl", b"lease_ttl", "node_selector", b"node_selector"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "claims", b"claims", "device_classes", b"device_classes", "explain", b"explain", "gang", b"gang", "idempotency_key", b"idempotency_key", "lease_ttl", b"lease_ttl", "min_inventory_generation", b"min_inventory_generation", "node_name", b"node_name", "node_selector", b"node_selector", "owner", b"owner", "policy", b"policy", "reservation_labels", b"reservation_labels", "reserve", b"reserve", "topology_constraints", b"topology_constraints"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "claims", b"claims", "device_classes", b"device_classes", "explain", b"explain", "gang", b"gang", "idempotency_key", b"idempotency_key", "lease_ttl", b"lease_ttl", "min_inventory_generation", b"min_inventory_generation", "node_name", b"node_name", "node_selector", b"node_selector", "owner", b"owner", "policy", b"policy", "preempt", b"preempt", "priority_class_name", b"priority_class_name", "reservation_labels", b"reservation_labels", "reserve", b"reserve", "topology_constraints", b"topology_constraints"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AllocateRequest: _TypeAlias = AllocateRequest  # noqa: Y015
+
+@_typing.final
+class QuotaRefusal(_message.Message):
+    """Why a grant does not fit one of the tenant's quotas. Amounts are Kubernetes quantities: a
+    device-count resource counts devices, a counter resource the counter's unit (bytes).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    COHORT_FIELD_NUMBER: _builtins.int
+    REQUESTED_FIELD_NUMBER: _builtins.int
+    USED_FIELD_NUMBER: _builtins.int
+    NOMINAL_FIELD_NUMBER: _builtins.int
+    BORROWED_FIELD_NUMBER: _builtins.int
+    LEFT_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    """The tenant whose quota would be exceeded."""
+    resource: _builtins.str
+    """The quota resource (the access policy's spec.quota.resources[].name)."""
+    cohort: _builtins.str
+    """The tenant's cohort; empty when it has none."""
+    requested: _builtins.str
+    """What the placement would add."""
+    used: _builtins.str
+    """What the tenant holds now."""
+    nominal: _builtins.str
+    """The tenant's nominal quota."""
+    borrowed: _builtins.str
+    """What the tenant holds above nominal (borrowed from its cohort)."""
+    left: _builtins.str
+    """The most it could be granted now."""
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        resource: _builtins.str = ...,
+        cohort: _builtins.str = ...,
+        requested: _builtins.str = ...,
+        used: _builtins.str = ...,
+        nominal: _builtins.str = ...,
+        borrowed: _builtins.str = ...,
+        left: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["borrowed", b"borrowed", "cohort", b"cohort", "left", b"left", "nominal", b"nominal", "requested", b"requested", "resource", b"resource", "tenant", b"tenant", "used", b"used"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QuotaRefusal: _TypeAlias = QuotaRefusal  # noqa: Y015
 
 @_typing.final
 class ClaimAllocation(_message.Message):
@@ -653,6 +726,8 @@ class AllocateResponse(_message.Message):
     RESERVATIONS_FIELD_NUMBER: _builtins.int
     INVENTORY_GENERATION_FIELD_NUMBER: _builtins.int
     HOLDERS_FIELD_NUMBER: _builtins.int
+    QUOTA_REFUSALS_FIELD_NUMBER: _builtins.int
+    PREEMPTION_FIELD_NUMBER: _builtins.int
     outcome: Global___Outcome.ValueType
     """What happened."""
     node_name: _builtins.str
@@ -681,6 +756,17 @@ class AllocateResponse(_message.Message):
     def holders(self) -> _containers.RepeatedCompositeFieldContainer[Global___Holder]:
         """The reservations holding devices that blocked the claims (when not ALLOCATED)."""
 
+    @_builtins.property
+    def quota_refusals(self) -> _containers.RepeatedCompositeFieldContainer[Global___QuotaRefusal]:
+        """The quotas the placement would exceed (QUOTA_EXCEEDED)."""
+
+    @_builtins.property
+    def preemption(self) -> Global___Preemption:
+        """When the claims do not fit (UNSATISFIABLE or QUOTA_EXCEEDED) but would if these
+        reservations went: the victims a `preempt` call would revoke. With `preempt`, the victims
+        that were revoked to make the reservations.
+        """
+
     def __init__(
         self,
         *,
@@ -693,14 +779,74 @@ class AllocateResponse(_message.Message):
         reservations: _abc.Iterable[Global___Reservation] | None = ...,
         inventory_generation: _builtins.int = ...,
         holders: _abc.Iterable[Global___Holder] | None = ...,
+        quota_refusals: _abc.Iterable[Global___QuotaRefusal] | None = ...,
+        preemption: Global___Preemption | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["explanation", b"explanation"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["explanation", b"explanation", "preemption", b"preemption"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "explanation", b"explanation", "gang_placements", b"gang_placements", "holders", b"holders", "inventory_generation", b"inventory_generation", "node_name", b"node_name", "outcome", b"outcome", "reservations", b"reservations", "score", b"score"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "explanation", b"explanation", "gang_placements", b"gang_placements", "holders", b"holders", "inventory_generation", b"inventory_generation", "node_name", b"node_name", "outcome", b"outcome", "preemption", b"preemption", "quota_refusals", b"quota_refusals", "reservations", b"reservations", "score", b"score"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AllocateResponse: _TypeAlias = AllocateResponse  # noqa: Y015
+
+@_typing.final
+class Preemption(_message.Message):
+    """Reservations whose release makes a placement fit, chosen by the rules of docs/tenancy.md."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VICTIMS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def victims(self) -> _containers.RepeatedCompositeFieldContainer[Global___PreemptionVictim]:
+        """The victims, in the order the rules chose them."""
+
+    def __init__(
+        self,
+        *,
+        victims: _abc.Iterable[Global___PreemptionVictim] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["victims", b"victims"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Preemption: _TypeAlias = Preemption  # noqa: Y015
+
+@_typing.final
+class PreemptionVictim(_message.Message):
+    """One reservation a preemption revokes."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOLDER_FIELD_NUMBER: _builtins.int
+    PRIORITY_CLASS_NAME_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    priority_class_name: _builtins.str
+    """Its priority class ("" for the default)."""
+    reason: _builtins.str
+    """Why it may be revoked: `reclaim` (its tenant borrows quota the caller's tenant lends) or
+    `priority` (a lower-priority reservation of the caller's tenant).
+    """
+    @_builtins.property
+    def holder(self) -> Global___Holder:
+        """The reservation (its id and owner are empty when it is another tenant's)."""
+
+    def __init__(
+        self,
+        *,
+        holder: Global___Holder | None = ...,
+        priority_class_name: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["holder", b"holder"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["holder", b"holder", "priority_class_name", b"priority_class_name", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PreemptionVictim: _TypeAlias = PreemptionVictim  # noqa: Y015
 
 @_typing.final
 class ExplainRequest(_message.Message):
@@ -721,6 +867,7 @@ class ExplainRequest(_message.Message):
     BUDGET_FIELD_NUMBER: _builtins.int
     MIN_INVENTORY_GENERATION_FIELD_NUMBER: _builtins.int
     MAX_NODES_EXPLAINED_FIELD_NUMBER: _builtins.int
+    PRIORITY_CLASS_NAME_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     """Explain for this node only; empty considers every node."""
     policy: Global___AllocationPolicy.ValueType
@@ -729,6 +876,10 @@ class ExplainRequest(_message.Message):
     """Wait until the snapshot has at least this inventory generation; 0 means any."""
     max_nodes_explained: _builtins.int
     """How many nodes to list in Explanation.nodes; 0 means the server's default (10)."""
+    priority_class_name: _builtins.str
+    """The priority class the placement would be reserved with: what a preemption proposal may
+    revoke depends on it.
+    """
     @_builtins.property
     def claims(self) -> _containers.RepeatedCompositeFieldContainer[_dra_pb2.ResourceClaim]:
         """The claims to allocate together on one node; empty when `gang` is set."""
@@ -766,10 +917,11 @@ class ExplainRequest(_message.Message):
         budget: Global___SearchBudget | None = ...,
         min_inventory_generation: _builtins.int = ...,
         max_nodes_explained: _builtins.int = ...,
+        priority_class_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "gang", b"gang", "node_selector", b"node_selector"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "claims", b"claims", "device_classes", b"device_classes", "gang", b"gang", "max_nodes_explained", b"max_nodes_explained", "min_inventory_generation", b"min_inventory_generation", "node_name", b"node_name", "node_selector", b"node_selector", "policy", b"policy", "topology_constraints", b"topology_constraints"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "claims", b"claims", "device_classes", b"device_classes", "gang", b"gang", "max_nodes_explained", b"max_nodes_explained", "min_inventory_generation", b"min_inventory_generation", "node_name", b"node_name", "node_selector", b"node_selector", "policy", b"policy", "priority_class_name", b"priority_class_name", "topology_constraints", b"topology_constraints"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -788,6 +940,8 @@ class ExplainResponse(_message.Message):
     GANG_PLACEMENTS_FIELD_NUMBER: _builtins.int
     INVENTORY_GENERATION_FIELD_NUMBER: _builtins.int
     HOLDERS_FIELD_NUMBER: _builtins.int
+    QUOTA_REFUSALS_FIELD_NUMBER: _builtins.int
+    PREEMPTION_FIELD_NUMBER: _builtins.int
     outcome: Global___Outcome.ValueType
     """The outcome Allocate would have had."""
     node_name: _builtins.str
@@ -812,6 +966,14 @@ class ExplainResponse(_message.Message):
         (in use, counters or capacity taken) on the nodes explained, soonest expiry first.
         """
 
+    @_builtins.property
+    def quota_refusals(self) -> _containers.RepeatedCompositeFieldContainer[Global___QuotaRefusal]:
+        """The quotas the placement would exceed for the caller's tenant (QUOTA_EXCEEDED)."""
+
+    @_builtins.property
+    def preemption(self) -> Global___Preemption:
+        """The victims whose revocation would make it fit (see AllocateResponse.preemption)."""
+
     def __init__(
         self,
         *,
@@ -822,10 +984,12 @@ class ExplainResponse(_message.Message):
         gang_placements: _abc.Iterable[Global___NodePlacement] | None = ...,
         inventory_generation: _builtins.int = ...,
         holders: _abc.Iterable[Global___Holder] | None = ...,
+        quota_refusals: _abc.Iterable[Global___QuotaRefusal] | None = ...,
+        preemption: Global___Preemption | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["explanation", b"explanation"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["explanation", b"explanation", "preemption", b"preemption"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "explanation", b"explanation", "gang_placements", b"gang_placements", "holders", b"holders", "inventory_generation", b"inventory_generation", "node_name", b"node_name", "outcome", b"outcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "explanation", b"explanation", "gang_placements", b"gang_placements", "holders", b"holders", "inventory_generation", b"inventory_generation", "node_name", b"node_name", "outcome", b"outcome", "preemption", b"preemption", "quota_refusals", b"quota_refusals"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1174,6 +1338,7 @@ class Reservation(_message.Message):
     DEVICES_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
     TENANT_FIELD_NUMBER: _builtins.int
+    PRIORITY_CLASS_NAME_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """The reservation id, assigned by the server."""
     owner: _builtins.str
@@ -1191,6 +1356,8 @@ class Reservation(_message.Message):
     another tenant is shown with only this, its node, devices, state and expiry: id, owner,
     fencing token, idempotency key, claim names and labels are left empty.
     """
+    priority_class_name: _builtins.str
+    """Its priority class ("" for the policy's default)."""
     @_builtins.property
     def allocations(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClaimAllocation]:
         """The claims' allocations it holds."""
@@ -1231,10 +1398,11 @@ class Reservation(_message.Message):
         devices: _abc.Iterable[_dra_pb2.DeviceID] | None = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         tenant: _builtins.str = ...,
+        priority_class_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["committed_at", b"committed_at", "created_at", b"created_at", "expires_at", b"expires_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "committed_at", b"committed_at", "created_at", b"created_at", "devices", b"devices", "expires_at", b"expires_at", "fencing_token", b"fencing_token", "id", b"id", "idempotency_key", b"idempotency_key", "labels", b"labels", "node_name", b"node_name", "owner", b"owner", "state", b"state", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "committed_at", b"committed_at", "created_at", b"created_at", "devices", b"devices", "expires_at", b"expires_at", "fencing_token", b"fencing_token", "id", b"id", "idempotency_key", b"idempotency_key", "labels", b"labels", "node_name", b"node_name", "owner", b"owner", "priority_class_name", b"priority_class_name", "state", b"state", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1272,6 +1440,7 @@ class ReserveRequest(_message.Message):
     OWNER_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    PRIORITY_CLASS_NAME_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     """The node the allocations are on."""
     owner: _builtins.str
@@ -1280,6 +1449,8 @@ class ReserveRequest(_message.Message):
     """
     idempotency_key: _builtins.str
     """Makes the call safe to retry: the same key and owner return the first reservation."""
+    priority_class_name: _builtins.str
+    """The reservation's priority class; empty means the policy's default."""
     @_builtins.property
     def allocations(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClaimAllocation]:
         """The allocations, as Allocate returned them."""
@@ -1301,10 +1472,11 @@ class ReserveRequest(_message.Message):
         owner: _builtins.str = ...,
         idempotency_key: _builtins.str = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        priority_class_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease_ttl", b"lease_ttl"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "idempotency_key", b"idempotency_key", "labels", b"labels", "lease_ttl", b"lease_ttl", "node_name", b"node_name", "owner", b"owner"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "idempotency_key", b"idempotency_key", "labels", b"labels", "lease_ttl", b"lease_ttl", "node_name", b"node_name", "owner", b"owner", "priority_class_name", b"priority_class_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1774,12 +1946,19 @@ class CapacityResponse(_message.Message):
     NODES_FIELD_NUMBER: _builtins.int
     MODELS_FIELD_NUMBER: _builtins.int
     INVENTORY_GENERATION_FIELD_NUMBER: _builtins.int
+    QUOTA_FIELD_NUMBER: _builtins.int
+    TOTAL_WITHIN_QUOTA_FIELD_NUMBER: _builtins.int
     total: _builtins.int
     """The total over all nodes; for a gang, how many gangs fit."""
     accuracy: Global___CountAccuracy.ValueType
     """How exact the total is."""
     inventory_generation: _builtins.int
     """The inventory generation the count was computed from."""
+    total_within_quota: _builtins.int
+    """How many of the units its quota headroom still allows: `total` capped by each quota's
+    `left` over what one unit counts (the first placement's). Unset when the tenant is not
+    limited.
+    """
     @_builtins.property
     def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeCapacity]:
         """Per node with a non-zero count, sorted by name."""
@@ -1787,6 +1966,10 @@ class CapacityResponse(_message.Message):
     @_builtins.property
     def models(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelCapacity]:
         """Per GPU model, sorted by product name (empty for a gang)."""
+
+    @_builtins.property
+    def quota(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantQuotaStatus]:
+        """The caller's tenant's quotas, when it has any (as QuotaStatus shows them)."""
 
     def __init__(
         self,
@@ -1796,11 +1979,130 @@ class CapacityResponse(_message.Message):
         nodes: _abc.Iterable[Global___NodeCapacity] | None = ...,
         models: _abc.Iterable[Global___ModelCapacity] | None = ...,
         inventory_generation: _builtins.int = ...,
+        quota: _abc.Iterable[Global___TenantQuotaStatus] | None = ...,
+        total_within_quota: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_total_within_quota", b"_total_within_quota", "total_within_quota", b"total_within_quota"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_total_within_quota", b"_total_within_quota", "accuracy", b"accuracy", "inventory_generation", b"inventory_generation", "models", b"models", "nodes", b"nodes", "quota", b"quota", "total", b"total", "total_within_quota", b"total_within_quota"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__total_within_quota: _TypeAlias = _typing.Literal["total_within_quota"]  # noqa: Y015
+    _WhichOneofArgType__total_within_quota: _TypeAlias = _typing.Literal["_total_within_quota", b"_total_within_quota"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__total_within_quota) -> _WhichOneofReturnType__total_within_quota | None: ...
+
+Global___CapacityResponse: _TypeAlias = CapacityResponse  # noqa: Y015
+
+@_typing.final
+class QuotaStatusRequest(_message.Message):
+    """--- QuotaStatus ----------------------------------------------------------------------------
+
+    Whose quotas to show.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tenants(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Tenants to show; empty shows every tenant the caller may see (its own, or all for a
+        caller that sees every tenant).
+        """
+
+    def __init__(
+        self,
+        *,
+        tenants: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accuracy", b"accuracy", "inventory_generation", b"inventory_generation", "models", b"models", "nodes", b"nodes", "total", b"total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenants", b"tenants"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___CapacityResponse: _TypeAlias = CapacityResponse  # noqa: Y015
+Global___QuotaStatusRequest: _TypeAlias = QuotaStatusRequest  # noqa: Y015
+
+@_typing.final
+class TenantQuotaStatus(_message.Message):
+    """One tenant's standing on one quota resource. Amounts are Kubernetes quantities."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    COHORT_FIELD_NUMBER: _builtins.int
+    NOMINAL_FIELD_NUMBER: _builtins.int
+    USED_FIELD_NUMBER: _builtins.int
+    BORROWED_FIELD_NUMBER: _builtins.int
+    LENT_FIELD_NUMBER: _builtins.int
+    LEFT_FIELD_NUMBER: _builtins.int
+    BORROWING_LIMIT_FIELD_NUMBER: _builtins.int
+    LENDING_LIMIT_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    """The tenant."""
+    resource: _builtins.str
+    """The quota resource."""
+    cohort: _builtins.str
+    """The tenant's cohort; empty when it has none."""
+    nominal: _builtins.str
+    """The nominal quota."""
+    used: _builtins.str
+    """What the tenant's live reservations (and grants under way) hold."""
+    borrowed: _builtins.str
+    """What it holds above nominal."""
+    lent: _builtins.str
+    """What other tenants of the cohort borrow of its unused quota now."""
+    left: _builtins.str
+    """What it could still be granted now."""
+    borrowing_limit: _builtins.str
+    """The borrowing limit; empty when only the cohort limits borrowing."""
+    lending_limit: _builtins.str
+    """The lending limit; empty when all of nominal may be lent."""
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        resource: _builtins.str = ...,
+        cohort: _builtins.str = ...,
+        nominal: _builtins.str = ...,
+        used: _builtins.str = ...,
+        borrowed: _builtins.str = ...,
+        lent: _builtins.str = ...,
+        left: _builtins.str = ...,
+        borrowing_limit: _builtins.str = ...,
+        lending_limit: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["borrowed", b"borrowed", "borrowing_limit", b"borrowing_limit", "cohort", b"cohort", "left", b"left", "lending_limit", b"lending_limit", "lent", b"lent", "nominal", b"nominal", "resource", b"resource", "tenant", b"tenant", "used", b"used"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TenantQuotaStatus: _TypeAlias = TenantQuotaStatus  # noqa: Y015
+
+@_typing.final
+class QuotaStatusResponse(_message.Message):
+    """The quotas."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANTS_FIELD_NUMBER: _builtins.int
+    ENABLED_FIELD_NUMBER: _builtins.int
+    enabled: _builtins.bool
+    """Whether quotas are enforced at all (an access policy with spec.quota and tenant quotas)."""
+    @_builtins.property
+    def tenants(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantQuotaStatus]:
+        """Sorted by tenant, then by resource in the policy's order."""
+
+    def __init__(
+        self,
+        *,
+        tenants: _abc.Iterable[Global___TenantQuotaStatus] | None = ...,
+        enabled: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["enabled", b"enabled", "tenants", b"tenants"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QuotaStatusResponse: _TypeAlias = QuotaStatusResponse  # noqa: Y015

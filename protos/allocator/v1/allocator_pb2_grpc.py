@@ -82,6 +82,11 @@ class AllocatorStub:
                 request_serializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.CapacityRequest.SerializeToString,
                 response_deserializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.CapacityResponse.FromString,
                 _registered_method=True)
+        self.QuotaStatus = channel.unary_unary(
+                '/gpualloc.allocator.v1.Allocator/QuotaStatus',
+                request_serializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.QuotaStatusRequest.SerializeToString,
+                response_deserializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.QuotaStatusResponse.FromString,
+                _registered_method=True)
 
 
 class AllocatorServicer:
@@ -156,6 +161,13 @@ class AllocatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def QuotaStatus(self, request, context):
+        """Each tenant's quotas: nominal, used, borrowed, lent and what is left (docs/tenancy.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AllocatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -203,6 +215,11 @@ def add_AllocatorServicer_to_server(servicer, server):
                     servicer.Capacity,
                     request_deserializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.CapacityRequest.FromString,
                     response_serializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.CapacityResponse.SerializeToString,
+            ),
+            'QuotaStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.QuotaStatus,
+                    request_deserializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.QuotaStatusRequest.FromString,
+                    response_serializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.QuotaStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -451,6 +468,33 @@ class Allocator:
             '/gpualloc.allocator.v1.Allocator/Capacity',
             protos_dot_allocator_dot_v1_dot_allocator__pb2.CapacityRequest.SerializeToString,
             protos_dot_allocator_dot_v1_dot_allocator__pb2.CapacityResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QuotaStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpualloc.allocator.v1.Allocator/QuotaStatus',
+            protos_dot_allocator_dot_v1_dot_allocator__pb2.QuotaStatusRequest.SerializeToString,
+            protos_dot_allocator_dot_v1_dot_allocator__pb2.QuotaStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -65,6 +65,8 @@ class AllocatorStub:
     """Lists reservations, filtered and paged."""
     Capacity: _grpc.UnaryUnaryMultiCallable[_allocator_pb2.CapacityRequest, _allocator_pb2.CapacityResponse]
     """Counts how many times a set of claims fits now, per node and per GPU model."""
+    QuotaStatus: _grpc.UnaryUnaryMultiCallable[_allocator_pb2.QuotaStatusRequest, _allocator_pb2.QuotaStatusResponse]
+    """Each tenant's quotas: nominal, used, borrowed, lent and what is left (docs/tenancy.md)."""
 
 @_typing.type_check_only
 class AllocatorAsyncStub(AllocatorStub):
@@ -98,6 +100,8 @@ class AllocatorAsyncStub(AllocatorStub):
     """Lists reservations, filtered and paged."""
     Capacity: _aio.UnaryUnaryMultiCallable[_allocator_pb2.CapacityRequest, _allocator_pb2.CapacityResponse]  # type: ignore[assignment]
     """Counts how many times a set of claims fits now, per node and per GPU model."""
+    QuotaStatus: _aio.UnaryUnaryMultiCallable[_allocator_pb2.QuotaStatusRequest, _allocator_pb2.QuotaStatusResponse]  # type: ignore[assignment]
+    """Each tenant's quotas: nominal, used, borrowed, lent and what is left (docs/tenancy.md)."""
 
 class AllocatorServicer(metaclass=_abc_1.ABCMeta):
     """Allocator answers from a snapshot of the inventory plus the current reservations. Allocate,
@@ -182,5 +186,13 @@ class AllocatorServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_allocator_pb2.CapacityResponse, _abc.Awaitable[_allocator_pb2.CapacityResponse]]:
         """Counts how many times a set of claims fits now, per node and per GPU model."""
+
+    @_abc_1.abstractmethod
+    def QuotaStatus(
+        self,
+        request: _allocator_pb2.QuotaStatusRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_allocator_pb2.QuotaStatusResponse, _abc.Awaitable[_allocator_pb2.QuotaStatusResponse]]:
+        """Each tenant's quotas: nominal, used, borrowed, lent and what is left (docs/tenancy.md)."""
 
 def add_AllocatorServicer_to_server(servicer: AllocatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

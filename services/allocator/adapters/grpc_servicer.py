@@ -23,6 +23,8 @@ from services.allocator.adapters.pb_mapping import (
     lease_from_pb,
     proto_field_paths,
     query_from_pb,
+    quota_status_response,
+    request_digest,
     reservation_state_from_pb,
     reservation_to_pb,
     reserve_claims_from_pb,
@@ -32,6 +34,7 @@ from services.allocator.answers import Answer
 from services.allocator.reservations import Reservation
 from services.allocator.service import AllocatorService
 from services.allocator.tenancy import visible_answer, visible_reservation
+from services.common.errors import PermissionDenied
 from services.common.security.edge import (
     OWNER_METADATA,
     AccessRule,
@@ -69,6 +72,7 @@ ACCESS: dict[str, AccessRule] = {
     _PREFIX + "Release": rule(Permission.RESERVATIONS_UPDATE),
     _PREFIX + "GetReservation": rule(Permission.RESERVATIONS_READ),
     _PREFIX + "ListReservations": rule(Permission.RESERVATIONS_READ),
+    _PREFIX + "QuotaStatus": rule(Permission.PLACEMENTS_READ),
 }
 """What each method needs (a method missing here is denied under a policy)."""
 
@@ -102,8 +106,21 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                     request.lease_ttl if request.HasField("lease_ttl") else None,
                     request.idempotency_key,
                     request.reservation_labels,
+                    request_digest(request) if request.idempotency_key else "",
+                    request.priority_class_name,
+                    request.preempt,
                 )
             answer = self._service.allocate(query, lease)
+        if answer.reservations:
+            for victim in answer.preemption:
+                audit_call(
+                    context,
+                    "reservation.preempt",
+                    reservation=victim.holder.reservation_id,
+                    owner=victim.holder.owner,
+                    node=victim.holder.node,
+                    reason=victim.reason,
+                )
         for reservation in answer.reservations:
             _audit(context, "reservation.grant", reservation)
         return allocate_response(self._visible(answer, principal))
@@ -111,16 +128,25 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
     def Explain(
         self, request: pb.ExplainRequest, context: grpc.ServicerContext
     ) -> pb.ExplainResponse:
+        principal = current_principal(context)
         with proto_field_paths(claims_path(request)):
-            answer = self._service.explain(query_from_pb(request), request.max_nodes_explained)
-        answer = self._visible(answer, current_principal(context))
+            answer = self._service.explain(
+                query_from_pb(request),
+                request.max_nodes_explained,
+                _quota_owner(principal),
+                request.priority_class_name,
+            )
+        answer = self._visible(answer, principal)
         return explain_response(answer, request.max_nodes_explained or 10)
 
     def Capacity(
         self, request: pb.CapacityRequest, context: grpc.ServicerContext
     ) -> pb.CapacityResponse:
+        owner = _quota_owner(current_principal(context))
         with proto_field_paths(claims_path(request)):
-            answer = self._service.capacity(query_from_pb(request), request.ignore_reservations)
+            answer = self._service.capacity(
+                query_from_pb(request), request.ignore_reservations, owner
+            )
         return capacity_response(answer)
 
     def Reserve(
@@ -131,6 +157,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
             request.lease_ttl if request.HasField("lease_ttl") else None,
             request.idempotency_key,
             request.labels,
+            priority_class=request.priority_class_name,
         )
         claims = reserve_claims_from_pb(request.allocations)
         reservations = self._service.reserve(request.node_name, claims, lease)
@@ -193,6 +220,25 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
             next_page_token=token,
         )
 
+    def QuotaStatus(
+        self, request: pb.QuotaStatusRequest, context: grpc.ServicerContext
+    ) -> pb.QuotaStatusResponse:
+        principal = current_principal(context)
+        asked = list(request.tenants)
+        if not principal.sees_all_tenants:
+            own = principal.tenant or ""
+            others = sorted(set(asked) - {own})
+            if others:
+                raise PermissionDenied(
+                    f"QuotaStatus: identity {principal.name} may see only its own tenant's "
+                    f"quotas ({own or 'none'}), not {', '.join(others)}"
+                )
+            asked = [own] if own else []
+            if not asked:
+                return pb.QuotaStatusResponse()
+        rows, enabled = self._service.quota_status(asked)
+        return quota_status_response(rows, enabled)
+
     def _owner(self, context: grpc.ServicerContext, reservation_id: str, requested: str) -> str:
         """The owner a change of a reservation acts as: the caller's, or — for a principal
         that may act on every tenant's reservations — the reservation's own."""
@@ -203,3 +249,10 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
 
     def _visible(self, answer: Answer, principal: Principal) -> Answer:
         return visible_answer(answer, principal, self._service.holdings.owner_of)
+
+
+def _quota_owner(principal: Principal) -> str:
+    """The owner whose tenant's quota Explain checks: the caller's, if it may hold any."""
+    if principal.development:
+        return principal.owner()
+    return principal.owner() if principal.tenant is not None else ""

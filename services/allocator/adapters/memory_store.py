@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from services.allocator.reservations import (
+    PREEMPTED_MEMORY_SECONDS,
     DeviceTaken,
     Hold,
     Reservation,
@@ -32,6 +33,7 @@ from services.allocator.reservations import (
     conflict_error,
     new_reservation_id,
     node_reservation_id,
+    preempted_error,
     validate_reserve_request,
 )
 from services.common.errors import (
@@ -89,6 +91,7 @@ class MemoryReservationStore:
         self._leases: list[tuple[float, str]] = []  # heap of (expires_at, id), stale allowed
         self._callbacks: list[EventCallback] = []
         self._pending: list[ReservationEvent] = []
+        self._preempted: dict[str, tuple[str, float]] = {}  # id -> (by whom, until)
 
     # --- the port ------------------------------------------------------------------------
 
@@ -239,6 +242,8 @@ class MemoryReservationStore:
             expires_at=now + request.lease_seconds,
             idempotency_key=request.idempotency_key,
             labels=request.labels,
+            request_digest=request.request_digest,
+            priority_class=request.priority_class,
         )
         for device in hold.devices:
             holds.devices[device] = reservation.id
@@ -251,9 +256,30 @@ class MemoryReservationStore:
         self._emit(ReservationEventOp.RESERVE, reservation)
         return reservation
 
+    def revoke(self, reservation_id: str, fencing_token: int, by: str) -> None:
+        with self._lock:
+            now = self._expire_due()
+            current = self._reservations.get(reservation_id)
+            if current is None:
+                raise NotFound(
+                    f"reservation {clip(reservation_id)} not found (released or expired)"
+                )
+            if fencing_token != current.fencing_token:
+                raise FailedPrecondition(
+                    f"reservation {reservation_id}: fencing token {fencing_token} is stale "
+                    f"(current {current.fencing_token})"
+                )
+            self._free(current, ReservationEventOp.RELEASE)
+            self._preempted[reservation_id] = (by, now + PREEMPTED_MEMORY_SECONDS)
+            self._preempted = {k: v for k, v in self._preempted.items() if v[1] > now}
+        self._deliver()
+
     def _owned(self, reservation_id: str, owner: str, fencing_token: int) -> Reservation:
         reservation = self._reservations.get(reservation_id)
         if reservation is None:
+            preempted = self._preempted.get(reservation_id)
+            if preempted is not None and preempted[1] > self._clock():
+                raise preempted_error(reservation_id, preempted[0])
             raise NotFound(f"reservation {clip(reservation_id)} not found (released or expired)")
         if reservation.owner != owner:
             raise PermissionDenied(f"reservation {reservation_id} belongs to another owner")

@@ -11,6 +11,7 @@ The core reports field paths of claims in Kubernetes form (`claims[0].spec.devic
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -62,8 +63,12 @@ from services.common.pb.dra_mapping import (
     to_pb_device_id,
 )
 from services.common.security.principal import tenant_of_owner
+from services.common.security.quota import QuotaRefusal, TenantStatus, quantity_text
 
 __all__ = [
+    "request_digest",
+    "quota_refusal_to_pb",
+    "quota_status_response",
     "allocate_response",
     "capacity_response",
     "claims_path",
@@ -89,6 +94,7 @@ _OUTCOMES = {
     Outcome.ALLOCATED: pb.OUTCOME_ALLOCATED,
     Outcome.UNSATISFIABLE: pb.OUTCOME_UNSATISFIABLE,
     Outcome.BUDGET_EXHAUSTED: pb.OUTCOME_BUDGET_EXHAUSTED,
+    Outcome.QUOTA_EXCEEDED: pb.OUTCOME_QUOTA_EXCEEDED,
 }
 _REASONS = {
     ReasonCode.CLASS_SELECTOR: pb.REJECTION_REASON_CLASS_SELECTOR_MISMATCH,
@@ -247,13 +253,34 @@ def lease_from_pb(
     lease_ttl: duration_pb2.Duration | None,
     idempotency_key: str = "",
     labels: Mapping[str, str] | None = None,
+    request_digest: str = "",
+    priority_class: str = "",
+    preempt: bool = False,
 ) -> LeaseOptions:
     return LeaseOptions(
         owner=owner,
         lease_seconds=seconds_from_pb(lease_ttl),
         idempotency_key=idempotency_key,
         labels=tuple(sorted((labels or {}).items())),
+        request_digest=request_digest,
+        priority_class=priority_class,
+        preempt=preempt,
     )
+
+
+def request_digest(request: pb.AllocateRequest) -> str:
+    """What an idempotency key is bound to: the request's placement fields (claims, classes,
+    where, how, labels), not its lease, owner, budget or explain flags; deterministic bytes."""
+    kept = pb.AllocateRequest()
+    kept.CopyFrom(request)
+    kept.ClearField("budget")
+    kept.ClearField("min_inventory_generation")
+    kept.ClearField("explain")
+    kept.ClearField("reserve")
+    kept.ClearField("lease_ttl")
+    kept.ClearField("owner")
+    kept.ClearField("idempotency_key")
+    return hashlib.sha256(kept.SerializeToString(deterministic=True)).hexdigest()[:32]
 
 
 def seconds_from_pb(duration: duration_pb2.Duration | None) -> float | None:
@@ -333,7 +360,10 @@ def allocate_response(answer: Answer, max_nodes: int = 10) -> pb.AllocateRespons
         reservations=[reservation_to_pb(r) for r in answer.reservations],
         inventory_generation=answer.generation,
         holders=[_holder_to_pb(h) for h in answer.holders],
+        quota_refusals=[quota_refusal_to_pb(r) for r in answer.quota],
     )
+    if answer.preemption:
+        response.preemption.CopyFrom(_preemption(answer))
     if answer.explanation is not None:
         response.explanation.CopyFrom(_explanation(answer, max_nodes))
     return response
@@ -347,12 +377,77 @@ def explain_response(answer: Answer, max_nodes: int = 10) -> pb.ExplainResponse:
         gang_placements=[_node_placement(answer, m) for m in answer.gang],
         inventory_generation=answer.generation,
         holders=[_holder_to_pb(h) for h in answer.holders],
+        quota_refusals=[quota_refusal_to_pb(r) for r in answer.quota],
     )
+    if answer.preemption:
+        response.preemption.CopyFrom(_preemption(answer))
     response.explanation.CopyFrom(_explanation(answer, max_nodes))
     return response
 
 
+def _preemption(answer: Answer) -> pb.Preemption:
+    return pb.Preemption(
+        victims=[
+            pb.PreemptionVictim(
+                holder=_holder_to_pb(victim.holder),
+                priority_class_name=victim.priority_class,
+                reason=victim.reason,
+            )
+            for victim in answer.preemption
+        ]
+    )
+
+
+def quota_refusal_to_pb(refusal: QuotaRefusal) -> pb.QuotaRefusal:
+    def text(milli: int) -> str:
+        return quantity_text(milli, refusal.binary)
+
+    return pb.QuotaRefusal(
+        tenant=refusal.tenant,
+        resource=refusal.resource,
+        cohort=refusal.cohort,
+        requested=text(refusal.requested),
+        used=text(refusal.used),
+        nominal=text(refusal.nominal),
+        borrowed=text(refusal.borrowed),
+        left=text(refusal.left),
+    )
+
+
+def quota_status_response(rows: Sequence[TenantStatus], enabled: bool) -> pb.QuotaStatusResponse:
+    def limit(milli: int | None, binary: bool) -> str:
+        return "" if milli is None else quantity_text(milli, binary)
+
+    return pb.QuotaStatusResponse(
+        enabled=enabled,
+        tenants=[
+            pb.TenantQuotaStatus(
+                tenant=row.tenant,
+                resource=row.resource,
+                cohort=row.cohort,
+                nominal=quantity_text(row.nominal, row.binary),
+                used=quantity_text(row.used, row.binary),
+                borrowed=quantity_text(row.borrowed, row.binary),
+                lent=quantity_text(row.lent, row.binary),
+                left=quantity_text(row.left, row.binary),
+                borrowing_limit=limit(row.borrowing_limit, row.binary),
+                lending_limit=limit(row.lending_limit, row.binary),
+            )
+            for row in rows
+        ],
+    )
+
+
 def capacity_response(answer: CapacityAnswer) -> pb.CapacityResponse:
+    response = _capacity_counts(answer)
+    if answer.quota:
+        response.quota.extend(quota_status_response(answer.quota, True).tenants)
+    if answer.within_quota is not None:
+        response.total_within_quota = answer.within_quota
+    return response
+
+
+def _capacity_counts(answer: CapacityAnswer) -> pb.CapacityResponse:
     return pb.CapacityResponse(
         total=answer.total,
         accuracy=_ACCURACY[answer.accuracy],
@@ -385,6 +480,7 @@ def reservation_to_pb(reservation: Reservation) -> pb.Reservation:
         idempotency_key=reservation.idempotency_key,
         devices=[to_pb_device_id(d) for d in _devices(reservation.allocations)],
         labels=dict(reservation.labels),
+        priority_class_name=reservation.priority_class,
     )
     message.created_at.CopyFrom(_timestamp(reservation.created_at))
     if reservation.expires_at is not None:

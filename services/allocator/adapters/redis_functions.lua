@@ -82,7 +82,11 @@ end
 -- Reservation checks shared by commit, renew and release: {'notfound'} | {'denied'} | {'fence'}.
 local function owned(ctx, id, owner, fence)
   local r = redis.call('HMGET', ctx.base .. 'res:' .. id, 'owner', 'fence', 'state')
-  if not r[1] then return nil, {'notfound'} end
+  if not r[1] then
+    local by = redis.call('GET', ctx.base .. 'preempted:' .. id)
+    if by then return nil, {'preempted', by} end
+    return nil, {'notfound'}
+  end
   if r[1] ~= owner then return nil, {'denied'} end
   if fence ~= 0 and fence ~= tonumber(r[2]) then return nil, {'fence', r[2]} end
   return {owner = r[1], fence = r[2], state = r[3]}, nil
@@ -202,6 +206,22 @@ local function release(keys, args)
   return {'ok', expired}
 end
 
+-- A preemption: free id whoever owns it, if its token is still fence, and remember for ttl_ms
+-- who preempted it (commit/renew/release then answer 'preempted').
+-- ARGV: base node channel id fence by ttl_ms -> {'ok', expired} | {error..., expired}
+local function revoke(keys, args)
+  local ctx = context(args)
+  local id, fence, by = args[4], tonumber(args[5]), args[6]
+  local expired = expire_due(ctx, now_ms())
+  local current = redis.call('HGET', ctx.base .. 'res:' .. id, 'fence')
+  if not current then return {'notfound', expired} end
+  if tonumber(current) ~= fence then return {'fence', current, expired} end
+  free(ctx, id)
+  redis.call('SET', ctx.base .. 'preempted:' .. id, by, 'PX', args[7])
+  publish(ctx, 'release', id, current)
+  return {'ok', expired}
+end
+
 -- ARGV: base node channel -> ids freed
 local function expire(keys, args)
   return expire_due(context(args), now_ms())
@@ -226,6 +246,90 @@ local function list(keys, args)
   return get(keys, args)
 end
 
+--[[
+The quota ledger of one cohort (services/allocator/quota_ledger.py), all under one hash tag,
+base = "<prefix>:{quota:<cohort>}:":
+  base..'entries'  HASH    entry id -> JSON {"tenant":..., "amounts":{resource: milli}}
+  base..'expires'  ZSET    the leased entries by expiry (ms, server TIME); committed ones absent
+  base..'version'  STRING  grows with every take: the compare-and-set of a grant's check
+The rule is checked by the caller on a read; a take adds only if nothing was taken since.
+]]
+
+local function quota_prune(base, now)
+  local due = redis.call('ZRANGEBYSCORE', base .. 'expires', '-inf', string.format('%d', now))
+  if #due == 0 then return end
+  for _, id in ipairs(due) do redis.call('HDEL', base .. 'entries', id) end
+  redis.call('ZREMRANGEBYSCORE', base .. 'expires', '-inf', string.format('%d', now))
+end
+
+-- Read-only. ARGV: base -> {now, version, entries (flat), expiries (flat, with scores)}
+local function quota_read(keys, args)
+  local base = args[1]
+  return {string.format('%d', now_ms()), redis.call('GET', base .. 'version') or '0',
+    redis.call('HGETALL', base .. 'entries'),
+    redis.call('ZRANGE', base .. 'expires', 0, -1, 'WITHSCORES')}
+end
+
+-- ARGV: base version id json lease_ms -> {'ok'} | {'stale'}
+local function quota_take(keys, args)
+  local base, id, json, lease_ms = args[1], args[3], args[4], tonumber(args[5])
+  local now = now_ms()
+  quota_prune(base, now)
+  if (redis.call('GET', base .. 'version') or '0') ~= args[2] then return {'stale'} end
+  redis.call('HSET', base .. 'entries', id, json)
+  redis.call('ZADD', base .. 'expires', string.format('%d', now + lease_ms), id)
+  redis.call('INCR', base .. 'version')
+  return {'ok'}
+end
+
+-- ARGV: base ticket lease_ms (id json)... -> {'ok'}: the ticket's parts replace it, keeping its
+-- expiry; an entry that already exists (an idempotent replay) is left as it is.
+local function quota_bind(keys, args)
+  local base, ticket = args[1], args[2]
+  local now = now_ms()
+  quota_prune(base, now)
+  local expires = redis.call('ZSCORE', base .. 'expires', ticket)
+  if not expires then expires = string.format('%d', now + tonumber(args[3])) end
+  redis.call('HDEL', base .. 'entries', ticket)
+  redis.call('ZREM', base .. 'expires', ticket)
+  for i = 4, #args, 2 do
+    if redis.call('HSETNX', base .. 'entries', args[i], args[i + 1]) == 1 then
+      redis.call('ZADD', base .. 'expires', expires, args[i])
+    end
+  end
+  return {'ok'}
+end
+
+-- ARGV: base id lease_ms -> 1 when the leased entry now expires lease_ms from now, else 0
+local function quota_extend(keys, args)
+  local base, id = args[1], args[2]
+  local now = now_ms()
+  quota_prune(base, now)
+  if not redis.call('ZSCORE', base .. 'expires', id) then return 0 end
+  redis.call('ZADD', base .. 'expires', string.format('%d', now + tonumber(args[3])), id)
+  return 1
+end
+
+-- ARGV: base id -> 1 when the entry exists (it no longer expires), else 0
+local function quota_commit(keys, args)
+  local base, id = args[1], args[2]
+  quota_prune(base, now_ms())
+  if redis.call('HEXISTS', base .. 'entries', id) == 0 then return 0 end
+  redis.call('ZREM', base .. 'expires', id)
+  return 1
+end
+
+-- ARGV: base id... -> how many entries were dropped
+local function quota_drop(keys, args)
+  local base = args[1]
+  local dropped = 0
+  for i = 2, #args do
+    dropped = dropped + redis.call('HDEL', base .. 'entries', args[i])
+    redis.call('ZREM', base .. 'expires', args[i])
+  end
+  return dropped
+end
+
 local function version()
   return VERSION
 end
@@ -236,6 +340,14 @@ redis.register_function('gpualloc_commit', commit)
 redis.register_function('gpualloc_renew', renew)
 redis.register_function('gpualloc_release', release)
 redis.register_function('gpualloc_expire', expire)
+redis.register_function('gpualloc_revoke', revoke)
+redis.register_function('gpualloc_quota_take', quota_take)
+redis.register_function('gpualloc_quota_bind', quota_bind)
+redis.register_function('gpualloc_quota_extend', quota_extend)
+redis.register_function('gpualloc_quota_commit', quota_commit)
+redis.register_function('gpualloc_quota_drop', quota_drop)
+redis.register_function{function_name = 'gpualloc_quota_read', callback = quota_read,
+  flags = {'no-writes'}}
 redis.register_function{function_name = 'gpualloc_get', callback = get, flags = {'no-writes'}}
 redis.register_function{function_name = 'gpualloc_list', callback = list, flags = {'no-writes'}}
 redis.register_function{function_name = 'gpualloc_version', callback = version,

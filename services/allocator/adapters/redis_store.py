@@ -45,6 +45,7 @@ from redis.exceptions import AskError, MovedError
 from services.allocator.adapters.reservation_codec import allocation_from_dict
 from services.allocator.reservations import (
     NODE_SEPARATOR,
+    PREEMPTED_MEMORY_SECONDS,
     DeviceTaken,
     Hold,
     LimitedUse,
@@ -57,6 +58,7 @@ from services.allocator.reservations import (
     conflict_error,
     new_reservation_id,
     node_reservation_id,
+    preempted_error,
     reserve_gang,
     validate_reserve_request,
 )
@@ -217,6 +219,8 @@ class RedisReservationStore:
             expires_at=expires / 1000,
             idempotency_key=request.idempotency_key,
             labels=tuple((key, value) for key, value in request.labels),
+            request_digest=request.request_digest,
+            priority_class=request.priority_class,
         )
         return reservation, True
 
@@ -243,6 +247,13 @@ class RedisReservationStore:
         node = self._node_of(reservation_id)
         args = [*self._context(node), reservation_id, owner, str(fencing_token)]
         self._mutate("gpualloc_release", node, reservation_id, args)
+        self._unindex([reservation_id])
+
+    def revoke(self, reservation_id: str, fencing_token: int, by: str) -> None:
+        node = self._node_of(reservation_id)
+        ttl = str(int(PREEMPTED_MEMORY_SECONDS * 1000))
+        args = [*self._context(node), reservation_id, str(fencing_token), by, ttl]
+        self._mutate("gpualloc_revoke", node, reservation_id, args, wait=True)
         self._unindex([reservation_id])
 
     def get(self, reservation_id: str) -> Reservation:
@@ -436,6 +447,7 @@ class RedisReservationStore:
         `wait`: acknowledged after WAIT (when configured)."""
         base = self._base(node)
         keys = [base + "res:" + reservation_id, base + "leases", base + "ids", base + "idem"]
+        keys.append(base + "preempted:" + reservation_id)
         reply = self._attempt(lambda: self._write(function, keys, args, wait=wait), retry=False)
         status = _text(reply[0])
         self._unindex(reply[-1])
@@ -452,6 +464,8 @@ class RedisReservationStore:
             )
         if status == "committed":
             raise FailedPrecondition(f"reservation {reservation_id} is committed: no lease")
+        if status == "preempted":
+            raise preempted_error(reservation_id, _text(reply[1]))
         raise AssertionError(f"{function}: unexpected reply {status!r}")
 
     def _unindex(self, reservation_ids: Sequence[Any]) -> None:
@@ -560,6 +574,20 @@ class RedisReservationStore:
                     )
             return reply
         raise Unavailable(f"redis: {function} keeps failing over")
+
+    def call_function(
+        self, function: str, keys: Sequence[str], args: Sequence[str], *, write: bool
+    ) -> Any:
+        """One step of this library on `keys` (one hash slot) for another store sharing the
+        connection (the quota ledger): reads are retried, writes are not (Unavailable), and
+        writes are acknowledged after WAIT when the store is configured to wait."""
+        if write:
+            return self._attempt(lambda: self._write(function, keys, args, wait=True), retry=False)
+        return self._attempt(lambda: self._fcall(function, keys, args), retry=True)
+
+    @property
+    def key_prefix(self) -> str:
+        return self._prefix
 
     def _refresh_topology(self) -> None:
         """Ask the cluster for its slots again (after a failover or resharding)."""
@@ -675,10 +703,12 @@ class RedisReservationStore:
             expires_at=int(fields["expires"]) / 1000 if fields["expires"] else None,
             idempotency_key=doc["idempotencyKey"],
             labels=tuple((key, value) for key, value in doc["labels"]),
+            request_digest=doc.get("requestDigest", ""),  # absent: written by an older version
+            priority_class=doc.get("priorityClass", ""),
         )
 
 
-_READ_ONLY = frozenset({"gpualloc_get", "gpualloc_list", "gpualloc_version"})
+_READ_ONLY = frozenset({"gpualloc_get", "gpualloc_list", "gpualloc_version", "gpualloc_quota_read"})
 
 
 @dataclass
@@ -703,6 +733,8 @@ def _doc(request: ReserveRequest) -> dict[str, Any]:
         "allocations": [allocation_result_to_dict(item) for item in request.allocations],
         "idempotencyKey": request.idempotency_key,
         "labels": [list(label) for label in request.labels],
+        "requestDigest": request.request_digest,
+        "priorityClass": request.priority_class,
     }
 
 

@@ -10,7 +10,10 @@ service-account token, re-read when the kubelet rotates it; TLS only; the --tls-
 --token-file flags override these), GPUALLOC_KUEUE_CONTROLLER_NAME (default
 gpualloc.io/admission: the `spec.controllerName` of the AdmissionChecks it serves),
 GPUALLOC_KUEUE_LEASE (how long devices stay reserved between Ready and admission, default 5m),
-GPUALLOC_KUEUE_RESYNC (the longest pause between passes, default 10s). Kubernetes access is
+GPUALLOC_KUEUE_RESYNC (the longest pause between passes, default 10s),
+GPUALLOC_KUEUE_PRIORITY_CLASS (the gpualloc priority class of the Workloads' reservations,
+default the policy's default) and GPUALLOC_KUEUE_PREEMPT (`true`: preempt as gpualloc's rules
+allow when that is what makes a Workload fit; docs/tenancy.md). Kubernetes access is
 in-cluster (or ~/.kube/config) through the kubernetes Python client, which must be installed
 (`pip install kubernetes`).
 """
@@ -34,7 +37,7 @@ from services.client.cli_flags import add_client_flags, client_environ
 from services.client.client import AllocatorClient
 from services.client.config import ClientSettings
 from services.client.inventory import InventoryClient
-from services.common.config import env_duration, env_str
+from services.common.config import env_bool, env_duration, env_str
 from services.common.console import console_main
 from services.common.errors import GpuallocError
 
@@ -69,6 +72,8 @@ def run(
     name = controller_name or env_str(environ, "GPUALLOC_KUEUE_CONTROLLER_NAME", CONTROLLER_NAME)
     lease = env_duration(environ, "GPUALLOC_KUEUE_LEASE", 300.0, minimum=1.0)
     resync = env_duration(environ, "GPUALLOC_KUEUE_RESYNC", 10.0, minimum=0.05)
+    priority_class = env_str(environ, "GPUALLOC_KUEUE_PRIORITY_CLASS", "")
+    preempt = env_bool(environ, "GPUALLOC_KUEUE_PREEMPT", False)
     with (
         AllocatorClient(
             settings.target,
@@ -86,7 +91,12 @@ def run(
         ) as inventory,
     ):
         controller = AdmissionController(
-            api, Placer(client, inventory), controller_name=name, lease_ttl_seconds=lease
+            api,
+            Placer(client, inventory),
+            controller_name=name,
+            lease_ttl_seconds=lease,
+            priority_class=priority_class,
+            preempt=preempt,
         )
         if once:
             for decision in controller.reconcile_all():

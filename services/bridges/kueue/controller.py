@@ -15,7 +15,13 @@ Workload is admitted. This controller owns the checks whose `spec.controllerName
   - `Rejected` when it can never fit (not even on an empty cluster), or cannot be translated;
 - check `Ready`, not yet admitted: renews the leases (a lease lost meanwhile sends the
   Workload back to `Pending` handling); Workload `Admitted`: commits the reservations;
-- Workload finished, evicted, deactivated, without quota, or deleted: releases its devices.
+- Workload finished, evicted, deactivated, without quota, or deleted: releases its devices;
+- a reservation gone from under a Ready or admitted Workload (lease lost, or revoked by a
+  gpualloc preemption): the check goes back to `Retry`, which makes Kueue evict the Workload
+  and requeue it.
+
+Reservations are made with the controller's priority class and, when it is configured to,
+with preemption (GPUALLOC_KUEUE_PRIORITY_CLASS, GPUALLOC_KUEUE_PREEMPT; docs/tenancy.md).
 
 A reservation that outlives its Workload (deleted while the controller was down) is released
 on the next pass: every `kueue/...` owner without a live Workload is garbage.
@@ -80,11 +86,17 @@ class AdmissionController:
         controller_name: str = CONTROLLER_NAME,
         lease_ttl_seconds: float = 300.0,
         clock: Callable[[], str] = _now,
+        priority_class: str = "",
+        preempt: bool = False,
     ) -> None:
+        """`priority_class`, `preempt`: how workloads' reservations are made (gpualloc's
+        priority classes and preemption rules, docs/tenancy.md)."""
         self.api = api
         self.placer = placer
         self.controller_name = controller_name
         self.lease_ttl_seconds = lease_ttl_seconds
+        self.priority_class = priority_class
+        self.preempt = preempt
         self._clock = clock
 
     # --- one pass -----------------------------------------------------------------------------
@@ -156,6 +168,8 @@ class AdmissionController:
                 node_selector=unit.node_selector,
                 lease_ttl_seconds=self.lease_ttl_seconds,
                 labels={"kueue.workload": workload.key, "kueue.podset": unit.pod_set},
+                priority_class=self.priority_class,
+                preempt=self.preempt,
             )
             if not placement.fits:
                 self._release(owner, placed)
@@ -207,8 +221,9 @@ class AdmissionController:
                 raise NotFound(f"no reservation of {owner}")
             return Decision(workload.key, "renewed", check.state)
         except NotFound as error:
-            # The lease ran out (or the allocator lost it): the devices may be someone else's.
-            message = f"gpualloc: the reservation was lost ({error}); placing again"
+            # The lease ran out, a preemption revoked it, or the allocator lost it: the devices
+            # may be someone else's. Retry makes Kueue evict an admitted Workload and requeue it.
+            message = f"gpualloc: the reservation was lost or preempted ({error}); placing again"
             self._release(owner, held)
             return self._set(workload, check, CheckState.RETRY, message)
 

@@ -6,7 +6,11 @@
     spec:
       authentication:
         jwt: [{issuer: https://kubernetes.default.svc, audiences: [gpualloc], jwksFile: ...}]
-      tenants: [{name: hpc}, {name: ml, allowAdminAccess: true}]
+      tenants:
+      - {name: hpc, cohort: research, quotas: [{resource: gpus, nominal: 8, borrowingLimit: 4}]}
+      - {name: ml, allowAdminAccess: true, cohort: research, quotas: [{resource: gpus, nominal: 8}]}
+      quota:
+        resources: [{name: gpus, deviceClassNames: [gpu.nvidia.com]}]
       bindings:
       - name: slurm-bridge
         subjects: [{kind: SPIFFE, name: "spiffe://fleet/ns/slurm/sa/bridge"}]
@@ -22,6 +26,9 @@ hold one `*`; for an `agent` binding the `*` part is the node the identity may r
 node a Kubernetes service-account token is bound to (its `kubernetes.io.node.name` claim), or
 the binding lists `nodes`.
 
+Quotas (`spec.quota.resources`, a tenant's `cohort` and `quotas`) are modelled and ruled in
+quota.py; docs/tenancy.md explains them.
+
 Parsing is strict, as `kubectl apply --validate=strict`: unknown fields, unknown roles or
 tenants, duplicate names are errors with the field path. Pure: values in, values out; the file
 is read (and re-read when it changes) at the edge.
@@ -29,11 +36,13 @@ is read (and re-read when it changes) at the edge.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from services.common.dra.quantity import Quantity
 from services.common.errors import FieldViolation, InvalidArgument, PermissionDenied
 from services.common.security.principal import (
     ROLE_PERMISSIONS,
@@ -42,6 +51,14 @@ from services.common.security.principal import (
     Principal,
     Role,
     glob_capture,
+)
+from services.common.security.quota import (
+    DEFAULT_PRIORITY,
+    PriorityClass,
+    QuotaLimits,
+    QuotaModel,
+    QuotaResource,
+    TenantQuota,
 )
 
 __all__ = [
@@ -138,6 +155,7 @@ class AccessPolicy:
     tenants: Mapping[str, Tenant]
     bindings: tuple[Binding, ...]
     jwt_issuers: tuple[JwtIssuer, ...] = ()
+    quotas: QuotaModel = QuotaModel((), {})
 
     def resolve(self, identity: Identity) -> Principal | None:
         """The principal of a proven identity; None when no binding names it (the edge then
@@ -222,8 +240,13 @@ def parse_policy(document: object, source: str = "policy") -> AccessPolicy:
         errors.append(FieldViolation("kind", f"must be {KIND}, got {root.get('kind')!r}"))
     metadata = reader.mapping(root.get("metadata", {}), "metadata", {"name", "labels"})
     name = reader.string(metadata.get("name", ""), "metadata.name", required=False)
-    spec = reader.mapping(root.get("spec"), "spec", {"authentication", "tenants", "bindings"})
-    tenants = _tenants(reader, spec.get("tenants", []))
+    spec = reader.mapping(
+        root.get("spec"), "spec", {"authentication", "tenants", "bindings", "quota"}
+    )
+    quota = reader.mapping(spec.get("quota", {}), "spec.quota", {"resources", "priorityClasses"})
+    resources = _quota_resources(reader, quota.get("resources", []))
+    priorities, default_priority = _priority_classes(reader, quota.get("priorityClasses", []))
+    tenants, quotas = _tenants(reader, spec.get("tenants", []), resources)
     bindings = _bindings(reader, spec.get("bindings", []), tenants)
     issuers = _issuers(reader, spec.get("authentication", {}))
     known_issuers = {issuer.issuer for issuer in issuers}
@@ -239,18 +262,28 @@ def parse_policy(document: object, source: str = "policy") -> AccessPolicy:
     if errors:
         first = errors[0]
         raise InvalidArgument(f"{source}: {first}" + _more(errors), errors)
-    return AccessPolicy(name, tenants, tuple(bindings), tuple(issuers))
+    return AccessPolicy(
+        name,
+        tenants,
+        tuple(bindings),
+        tuple(issuers),
+        QuotaModel(tuple(resources), quotas, priorities, default_priority),
+    )
 
 
 def _more(errors: Sequence[FieldViolation]) -> str:
     return f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
 
 
-def _tenants(reader: _Reader, value: object) -> dict[str, Tenant]:
+def _tenants(
+    reader: _Reader, value: object, resources: Sequence[QuotaResource]
+) -> tuple[dict[str, Tenant], dict[str, TenantQuota]]:
     tenants: dict[str, Tenant] = {}
+    quotas: dict[str, TenantQuota] = {}
+    allowed = {"name", "allowAdminAccess", "cohort", "quotas"}
     for i, item in enumerate(reader.sequence(value, "spec.tenants")):
         path = f"spec.tenants[{i}]"
-        fields = reader.mapping(item, path, {"name", "allowAdminAccess"})
+        fields = reader.mapping(item, path, allowed)
         name = reader.string(fields.get("name"), f"{path}.name")
         if "/" in name:
             reader.fail(f"{path}.name", "must not contain '/' (owners are <tenant>/<name>)")
@@ -258,7 +291,118 @@ def _tenants(reader: _Reader, value: object) -> dict[str, Tenant]:
             reader.fail(f"{path}.name", f"duplicate tenant {name!r}")
         admin = reader.boolean(fields.get("allowAdminAccess", False), f"{path}.allowAdminAccess")
         tenants[name] = Tenant(name, admin)
-    return tenants
+        cohort = reader.string(fields.get("cohort", ""), f"{path}.cohort", required=False)
+        if any(c in cohort for c in "{}"):
+            reader.fail(f"{path}.cohort", "must not contain '{' or '}' (a store hash tag)")
+        if "quotas" in fields:
+            limits = _quota_limits(reader, fields["quotas"], f"{path}.quotas", resources)
+            quotas[name] = TenantQuota(name, cohort, limits)
+        elif cohort:
+            reader.fail(f"{path}.cohort", "a tenant without quotas is in no cohort")
+    return tenants, quotas
+
+
+def _priority_classes(
+    reader: _Reader, value: object
+) -> tuple[dict[str, PriorityClass], PriorityClass]:
+    classes: dict[str, PriorityClass] = {}
+    default = DEFAULT_PRIORITY
+    allowed = {"name", "value", "globalDefault", "preemptionPolicy", "preemptible"}
+    items = reader.sequence(value, "spec.quota.priorityClasses")
+    for i, item in enumerate(items):
+        path = f"spec.quota.priorityClasses[{i}]"
+        fields = reader.mapping(item, path, allowed)
+        name = reader.string(fields.get("name"), f"{path}.name")
+        if name in classes:
+            reader.fail(f"{path}.name", f"duplicate priority class {name!r}")
+        number = fields.get("value")
+        if isinstance(number, bool) or not isinstance(number, int):
+            reader.fail(f"{path}.value", f"must be an integer, got {number!r}")
+            number = 0
+        policy = fields.get("preemptionPolicy", "PreemptLowerPriority")
+        if policy not in ("PreemptLowerPriority", "Never"):
+            reader.fail(
+                f"{path}.preemptionPolicy", f"must be PreemptLowerPriority or Never, got {policy!r}"
+            )
+        preemptible = reader.boolean(fields.get("preemptible", True), f"{path}.preemptible")
+        made = PriorityClass(name, number, policy != "Never", preemptible)
+        classes[name] = made
+        if reader.boolean(fields.get("globalDefault", False), f"{path}.globalDefault"):
+            if default is not DEFAULT_PRIORITY:
+                reader.fail(f"{path}.globalDefault", "only one priority class may be the default")
+            default = made
+    return classes, default
+
+
+def _quota_resources(reader: _Reader, value: object) -> list[QuotaResource]:
+    resources: list[QuotaResource] = []
+    allowed = {"name", "deviceClassNames", "counter"}
+    for i, item in enumerate(reader.sequence(value, "spec.quota.resources")):
+        path = f"spec.quota.resources[{i}]"
+        fields = reader.mapping(item, path, allowed)
+        name = reader.string(fields.get("name"), f"{path}.name")
+        if any(resource.name == name for resource in resources):
+            reader.fail(f"{path}.name", f"duplicate quota resource {name!r}")
+        classes = tuple(
+            reader.string(c, f"{path}.deviceClassNames[{j}]")
+            for j, c in enumerate(
+                reader.sequence(fields.get("deviceClassNames"), f"{path}.deviceClassNames")
+            )
+        )
+        if not classes:
+            reader.fail(f"{path}.deviceClassNames", "must name at least one DeviceClass")
+        counter = reader.string(fields.get("counter", ""), f"{path}.counter", required=False)
+        resources.append(QuotaResource(name, classes, counter))
+    return resources
+
+
+def _quota_limits(
+    reader: _Reader, value: object, path: str, resources: Sequence[QuotaResource]
+) -> dict[str, QuotaLimits]:
+    known = {resource.name for resource in resources}
+    limits: dict[str, QuotaLimits] = {}
+    allowed = {"resource", "nominal", "borrowingLimit", "lendingLimit"}
+    for j, item in enumerate(reader.sequence(value, path)):
+        where = f"{path}[{j}]"
+        fields = reader.mapping(item, where, allowed)
+        resource = reader.string(fields.get("resource"), f"{where}.resource")
+        if resource and resource not in known:
+            names = ", ".join(sorted(known)) or "none"
+            reader.fail(
+                f"{where}.resource",
+                f"unknown quota resource {resource!r} (spec.quota.resources: {names})",
+            )
+        if resource in limits:
+            reader.fail(f"{where}.resource", f"duplicate quota for {resource!r}")
+        nominal = _amount(reader, fields.get("nominal"), f"{where}.nominal")
+        borrowing = lending = None
+        if "borrowingLimit" in fields:
+            borrowing = _amount(reader, fields["borrowingLimit"], f"{where}.borrowingLimit")
+        if "lendingLimit" in fields:
+            lending = _amount(reader, fields["lendingLimit"], f"{where}.lendingLimit")
+            if lending > nominal:
+                reader.fail(f"{where}.lendingLimit", "must not exceed nominal")
+        limits[resource] = QuotaLimits(nominal, borrowing, lending)
+    return limits
+
+
+def _amount(reader: _Reader, value: object, path: str) -> int:
+    """A quantity (`8`, `320Gi`) in milli-units, rounded up; >= 0."""
+    if value is None:
+        reader.fail(path, "Required value")
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        reader.fail(path, f"must be a quantity such as 8 or 320Gi, got {value!r}")
+        return 0
+    try:
+        quantity = Quantity.parse(str(value))
+    except ValueError:
+        reader.fail(path, f"must be a quantity such as 8 or 320Gi, got {value!r}")
+        return 0
+    if quantity.value < 0:
+        reader.fail(path, "must not be negative")
+        return 0
+    return math.ceil(quantity.value * 1000)
 
 
 def _bindings(reader: _Reader, value: object, tenants: Mapping[str, Tenant]) -> list[Binding]:

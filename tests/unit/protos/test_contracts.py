@@ -33,6 +33,7 @@ SERVICES = {
         "GetReservation",
         "ListReservations",
         "Capacity",
+        "QuotaStatus",
     ],
 }
 _GRPCURL_RE = re.compile(

@@ -1,0 +1,442 @@
+"""Tenant quotas: what each tenant may hold, cohorts that lend unused quota, and the one rule.
+
+The model is Kueue's ClusterQueue, per tenant instead of per queue, and it holds across every
+batch system because every grant passes through the allocator:
+
+- A *quota resource* counts what a reservation holds, as Kueue's `deviceClassMappings` do:
+  devices of some DeviceClasses (each device counts 1), or a consumed counter of those devices
+  (a MIG slice counts its `memory`, in bytes; a whole partitionable GPU counts all of it).
+- A tenant has, per quota resource, a `nominal` quota, a `borrowingLimit` (how much above
+  nominal it may borrow from its cohort; unset: no limit but the cohort's) and a
+  `lendingLimit` (how much of its unused nominal quota others may borrow; unset: all of it).
+  A tenant with quotas is limited on every quota resource: one it does not list has nominal 0.
+  A tenant without `quotas` is not limited.
+- A *cohort* pools what its tenants lend. Tenant t's guaranteed part is `nominal - lendingLimit`;
+  the cohort's pool is the sum of the lending limits; a tenant's usage above its guaranteed part
+  draws from the pool. A tenant without a cohort is a cohort of one (it can never borrow).
+
+The rule (`admit`), per quota resource with a positive amount: the tenant's usage after the
+grant stays within `nominal + borrowingLimit`, and the cohort's draws on its pool stay within
+the pool. Both are checks over values: the store supplies the usage (its live entries) and takes
+the grant atomically with the same check (see services/allocator/quotas.py).
+
+Pure: values in, values out. Amounts are integer milli-units (a device counts 1000).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from services.common.dra.quantity import Quantity, QuantityFormat
+
+__all__ = [
+    "PRIORITY",
+    "RECLAIM",
+    "Candidate",
+    "Holding",
+    "fewest_victims",
+    "preemption_candidates",
+    "DEFAULT_PRIORITY",
+    "NO_QUOTAS",
+    "PriorityClass",
+    "QuotaLimits",
+    "QuotaModel",
+    "QuotaRefusal",
+    "QuotaResource",
+    "TenantQuota",
+    "TenantStatus",
+    "Usage",
+    "add_usage",
+    "cohort_key",
+    "quantity_text",
+]
+
+Usage = Mapping[str, int]  # quota resource -> milli-units
+
+
+@dataclass(frozen=True)
+class QuotaResource:
+    """What one quota resource counts: the devices of `device_classes`, each counting 1, or
+    (with `counter`) the amount of that consumed counter the devices take."""
+
+    name: str
+    device_classes: tuple[str, ...]
+    counter: str = ""
+
+
+@dataclass(frozen=True)
+class PriorityClass:
+    """A reservation's priority, as Kubernetes PriorityClasses: `value` orders them; a class
+    with `preempts` False never preempts (preemptionPolicy: Never); one with `preemptible`
+    False is never a victim."""
+
+    name: str
+    value: int
+    preempts: bool = True
+    preemptible: bool = True
+
+
+DEFAULT_PRIORITY = PriorityClass("", 0)
+
+
+@dataclass(frozen=True)
+class QuotaLimits:
+    nominal: int
+    borrowing_limit: int | None = None  # None: only the cohort's pool limits borrowing
+    lending_limit: int | None = None  # None: all of nominal may be lent
+
+    @property
+    def lendable(self) -> int:
+        lent = self.nominal if self.lending_limit is None else self.lending_limit
+        return min(lent, self.nominal)
+
+    @property
+    def guaranteed(self) -> int:
+        return self.nominal - self.lendable
+
+
+_NO_QUOTA = QuotaLimits(0)
+
+
+@dataclass(frozen=True)
+class TenantQuota:
+    tenant: str
+    cohort: str  # "" when the tenant is a cohort of its own
+    limits: Mapping[str, QuotaLimits]
+
+    def of(self, resource: str) -> QuotaLimits:
+        return self.limits.get(resource, _NO_QUOTA)
+
+
+@dataclass(frozen=True)
+class QuotaRefusal:
+    """Why a grant does not fit one quota resource (all amounts in milli-units)."""
+
+    tenant: str
+    resource: str
+    requested: int
+    used: int
+    nominal: int
+    borrowed: int
+    left: int
+    cohort: str = ""
+    binary: bool = False  # amounts of a counter (bytes): shown as 80Gi rather than 85899345920
+
+    def __str__(self) -> str:
+        where = f" in cohort {self.cohort}" if self.cohort else ""
+
+        def units(milli: int) -> str:
+            return quantity_text(milli, self.binary)
+
+        return (
+            f"tenant {self.tenant} quota {self.resource}{where}: requested "
+            f"{units(self.requested)}, used {units(self.used)} of nominal "
+            f"{units(self.nominal)} (borrowed {units(self.borrowed)}), "
+            f"{units(self.left)} left"
+        )
+
+
+@dataclass(frozen=True)
+class TenantStatus:
+    """One tenant's standing on one quota resource (milli-units)."""
+
+    tenant: str
+    resource: str
+    cohort: str
+    nominal: int
+    used: int
+    borrowed: int  # used above nominal
+    lent: int  # of its unused nominal quota, what other tenants of the cohort use now
+    left: int  # what it could still be granted now
+    borrowing_limit: int | None
+    lending_limit: int | None
+    binary: bool = False
+
+
+def cohort_key(quota: TenantQuota) -> str:
+    """The name under which the store keeps a cohort's usage: `cohort:<name>`, or
+    `tenant:<name>` for a tenant that is a cohort of its own."""
+    return f"cohort:{quota.cohort}" if quota.cohort else f"tenant:{quota.tenant}"
+
+
+@dataclass(frozen=True)
+class QuotaModel:
+    resources: tuple[QuotaResource, ...]
+    tenants: Mapping[str, TenantQuota]  # only tenants with quotas
+    priority_classes: Mapping[str, PriorityClass] = field(default_factory=dict)
+    default_priority: PriorityClass = DEFAULT_PRIORITY
+    _members: Mapping[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        members: dict[str, list[str]] = {}
+        for quota in self.tenants.values():
+            members.setdefault(cohort_key(quota), []).append(quota.tenant)
+        object.__setattr__(self, "_members", {k: tuple(sorted(v)) for k, v in members.items()})
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.resources) and bool(self.tenants)
+
+    def quota_of(self, tenant: str) -> TenantQuota | None:
+        """The tenant's quota; None: the tenant is not limited."""
+        return self.tenants.get(tenant)
+
+    def members(self, quota: TenantQuota) -> tuple[str, ...]:
+        """The tenants sharing `quota`'s cohort (itself included)."""
+        return self._members.get(cohort_key(quota), (quota.tenant,))
+
+    def priority(self, name: str) -> PriorityClass:
+        """The class a reservation names; "" or a class the policy no longer has: the
+        default (a reload must not make old reservations unpreemptible or unranked)."""
+        return (
+            self.priority_classes.get(name, self.default_priority)
+            if name
+            else (self.default_priority)
+        )
+
+    def cohorts(self) -> tuple[str, ...]:
+        return tuple(sorted(self._members))
+
+    def admit(
+        self, tenant: str, amounts: Usage, usage: Mapping[str, Usage]
+    ) -> tuple[QuotaRefusal, ...]:
+        """Whether `tenant` may be granted `amounts` on top of `usage` (tenant -> its usage, the
+        cohort's tenants at least): () when it may, else one refusal per resource that does
+        not fit."""
+        quota = self.quota_of(tenant)
+        if quota is None:
+            return ()
+        refusals = []
+        for resource in self.resources:
+            amount = amounts.get(resource.name, 0)
+            if amount <= 0:
+                continue
+            left = self._left(quota, resource.name, usage)
+            if amount > left:
+                used = usage.get(tenant, {}).get(resource.name, 0)
+                nominal = quota.of(resource.name).nominal
+                refusals.append(
+                    QuotaRefusal(
+                        tenant,
+                        resource.name,
+                        requested=amount,
+                        used=used,
+                        nominal=nominal,
+                        borrowed=max(0, used - nominal),
+                        left=left,
+                        cohort=quota.cohort,
+                        binary=bool(resource.counter),
+                    )
+                )
+        return tuple(refusals)
+
+    def status(self, usage: Mapping[str, Usage], tenants: Iterable[str] = ()) -> list[TenantStatus]:
+        """Per tenant (those given, else every tenant with quotas) and quota resource."""
+        rows: list[TenantStatus] = []
+        for tenant in sorted(tenants) if tenants else sorted(self.tenants):
+            quota = self.quota_of(tenant)
+            if quota is None:
+                continue
+            for resource in self.resources:
+                name = resource.name
+                limits = quota.of(name)
+                used = usage.get(tenant, {}).get(name, 0)
+                rows.append(
+                    TenantStatus(
+                        tenant,
+                        name,
+                        quota.cohort,
+                        nominal=limits.nominal,
+                        used=used,
+                        borrowed=max(0, used - limits.nominal),
+                        lent=self._lent(quota, name, usage),
+                        left=self._left(quota, name, usage),
+                        borrowing_limit=limits.borrowing_limit,
+                        lending_limit=limits.lending_limit,
+                        binary=bool(resource.counter),
+                    )
+                )
+        return rows
+
+    # --- the rule ---------------------------------------------------------------------------
+
+    def _left(self, quota: TenantQuota, resource: str, usage: Mapping[str, Usage]) -> int:
+        """The largest amount `admit` grants the tenant now.
+
+        With u its usage, g its guaranteed part, P the cohort's pool and E the other tenants'
+        draws on it (their usage above their guaranteed parts): a grant a fits when
+        u + a <= nominal + borrowingLimit and max(0, u + a - g) + E <= P, so
+        a <= min(nominal + borrowingLimit - u, g - u + max(0, P - E))."""
+        limits = quota.of(resource)
+        used = usage.get(quota.tenant, {}).get(resource, 0)
+        pool, others = 0, 0
+        for member in self.members(quota):
+            member_limits = self.tenants[member].of(resource)
+            pool += member_limits.lendable
+            if member != quota.tenant:
+                member_used = usage.get(member, {}).get(resource, 0)
+                others += max(0, member_used - member_limits.guaranteed)
+        left = limits.guaranteed - used + max(0, pool - others)
+        if limits.borrowing_limit is not None:
+            left = min(left, limits.nominal + limits.borrowing_limit - used)
+        return max(0, left)
+
+    def _lent(self, quota: TenantQuota, resource: str, usage: Mapping[str, Usage]) -> int:
+        """How much of the tenant's unused lendable quota the cohort's borrowers use now:
+        the borrowers' draws beyond the other lenders' unused lendable parts are charged to
+        the lenders in name order (a deterministic, documented attribution)."""
+        borrowed = 0
+        unused: list[tuple[str, int]] = []
+        for member in self.members(quota):
+            limits = self.tenants[member].of(resource)
+            used = usage.get(member, {}).get(resource, 0)
+            borrowed += max(0, used - limits.nominal)
+            spare = min(limits.lendable, max(0, limits.nominal - used))
+            unused.append((member, spare))
+        for member, spare in unused:
+            charged = min(spare, borrowed)
+            borrowed -= charged
+            if member == quota.tenant:
+                return charged
+        return 0
+
+
+NO_QUOTAS = QuotaModel((), {})
+
+
+def add_usage(total: dict[str, dict[str, int]], tenant: str, amounts: Usage) -> None:
+    """Add one grant's amounts to a tenant -> usage table."""
+    mine = total.setdefault(tenant, {})
+    for resource, amount in amounts.items():
+        mine[resource] = mine.get(resource, 0) + amount
+
+
+def quantity_text(milli: int, binary: bool = False) -> str:
+    """Milli-units as a Kubernetes quantity (`8`, `1500m`, `80Gi` for binary amounts)."""
+    fmt = QuantityFormat.BINARY_SI if binary else QuantityFormat.DECIMAL_SI
+    return str(Quantity.of(Fraction(milli, 1000), fmt))
+
+
+# --- preemption -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Holding:
+    """A live reservation as the preemption rules see it."""
+
+    id: str
+    tenant: str
+    priority: PriorityClass
+    created_at: float
+    amounts: Usage  # what it counts against its tenant's quota
+
+
+@dataclass(frozen=True)
+class Candidate:
+    holding: Holding
+    reason: str  # RECLAIM or PRIORITY
+
+
+RECLAIM = "reclaim"
+PRIORITY = "priority"
+
+
+def preemption_candidates(
+    model: QuotaModel,
+    tenant: str,
+    priority: PriorityClass,
+    amounts: Usage,
+    holdings: Sequence[Holding],
+    usage: Mapping[str, Usage],
+) -> list[Candidate]:
+    """Who may be revoked so that `tenant` gets `amounts` at `priority`, in the order the
+    rules take them (docs/tenancy.md):
+
+    1. *reclaim*, when the grant keeps the tenant within its nominal quota: reservations of
+       other tenants of its cohort that borrow (hold more than nominal of a resource the
+       reservation counts), the most borrowing tenant first (dominant share: borrowed over the
+       cohort's pool, the largest over the resources), then lowest priority, newest first;
+    2. *priority*: the tenant's own reservations of a lower priority, lowest first, newest
+       first.
+
+    Never a reservation of a class that is not preemptible, and nothing for a priority class
+    whose preemptionPolicy is Never."""
+    if not priority.preempts:
+        return []
+    quota = model.quota_of(tenant)
+    found: list[Candidate] = []
+    if quota is not None and _within_nominal(quota, amounts, usage.get(tenant, {})):
+        members = set(model.members(quota)) - {tenant}
+        shares = {member: _borrowed_share(model, member, usage) for member in members}
+        reclaimable = [
+            h
+            for h in holdings
+            if h.tenant in members
+            and h.priority.preemptible
+            and _borrows_what_it_holds(model, h, usage.get(h.tenant, {}))
+        ]
+        reclaimable.sort(key=lambda h: (-shares[h.tenant], h.priority.value, -h.created_at, h.id))
+        found += [Candidate(h, RECLAIM) for h in reclaimable]
+    own = [
+        h
+        for h in holdings
+        if h.tenant == tenant and h.priority.preemptible and h.priority.value < priority.value
+    ]
+    own.sort(key=lambda h: (h.priority.value, -h.created_at, h.id))
+    found += [Candidate(h, PRIORITY) for h in own]
+    return found
+
+
+def fewest_victims(
+    candidates: Sequence[Candidate], fits: Callable[[Sequence[Candidate]], bool], limit: int = 64
+) -> list[Candidate] | None:
+    """The victims: candidates taken in order until `fits` says the grant fits without them,
+    then each dropped again (latest first) if it still fits without it. The result is minimal
+    (no victim can be spared) though not always the smallest possible set; None when even
+    the first `limit` candidates together are not enough."""
+    chosen: list[Candidate] = []
+    for candidate in candidates[:limit]:
+        chosen.append(candidate)
+        if fits(chosen):
+            break
+    else:
+        return None
+    for candidate in list(reversed(chosen)):
+        trial = [c for c in chosen if c is not candidate]
+        if trial and fits(trial):
+            chosen = trial
+    return chosen
+
+
+def _within_nominal(quota: TenantQuota, amounts: Usage, used: Usage) -> bool:
+    return all(
+        used.get(name, 0) + amount <= quota.of(name).nominal
+        for name, amount in amounts.items()
+        if amount > 0
+    )
+
+
+def _borrows_what_it_holds(model: QuotaModel, holding: Holding, used: Usage) -> bool:
+    quota = model.quota_of(holding.tenant)
+    if quota is None:
+        return False
+    return any(
+        amount > 0 and used.get(name, 0) > quota.of(name).nominal
+        for name, amount in holding.amounts.items()
+    )
+
+
+def _borrowed_share(model: QuotaModel, tenant: str, usage: Mapping[str, Usage]) -> Fraction:
+    quota = model.quota_of(tenant)
+    if quota is None:
+        return Fraction(0)
+    used = usage.get(tenant, {})
+    share = Fraction(0)
+    for resource in model.resources:
+        name = resource.name
+        pool = sum(model.tenants[m].of(name).lendable for m in model.members(quota))
+        borrowed = max(0, used.get(name, 0) - quota.of(name).nominal)
+        share = max(share, Fraction(borrowed, max(1, pool)))
+    return share

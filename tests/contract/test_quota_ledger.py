@@ -1,0 +1,132 @@
+"""The quota ledger's contract, on the embedded ledger and on Redis (standalone, Sentinel,
+Cluster): compare-and-set takes, tickets bound to reservations, leases, commits and drops, and
+a race where many threads take one cohort's quota at once without overrunning it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from services.allocator.adapters.redis_quota import RedisQuotaLedger
+from services.allocator.adapters.redis_store import RedisReservationStore
+from services.allocator.quota_ledger import (
+    MemoryQuotaLedger,
+    QuotaEntry,
+    QuotaLedger,
+    usage_by_tenant,
+)
+from tests.contract.conftest import REDIS_URL_FIXTURES, STORE_KINDS, FakeClock
+
+SHORT = 0.5
+PAST_SHORT = 0.6
+
+
+@dataclass
+class LedgerUnderTest:
+    ledger: QuotaLedger
+    wait: Callable[[float], None]
+
+
+@pytest.fixture(params=STORE_KINDS)
+def under_test(request: pytest.FixtureRequest) -> Iterator[LedgerUnderTest]:
+    if request.param == "memory":
+        clock = FakeClock()
+        yield LedgerUnderTest(MemoryQuotaLedger(clock), clock.advance)
+        return
+    url: str = request.getfixturevalue(REDIS_URL_FIXTURES[request.param])
+    prefix = f"quota-test-{time.monotonic_ns()}"  # a fresh keyspace per test on shared servers
+    store = RedisReservationStore(url, key_prefix=prefix, socket_timeout=2.0)
+    try:
+        yield LedgerUnderTest(RedisQuotaLedger(store), time.sleep)
+    finally:
+        store.close()
+
+
+def entry(entry_id: str, tenant: str = "a", gpus: int = 1000) -> QuotaEntry:
+    return QuotaEntry(entry_id, tenant, {"gpus": gpus}, None)
+
+
+def test_take_is_a_compare_and_set_on_the_version(under_test: LedgerUnderTest) -> None:
+    ledger = under_test.ledger
+    first = ledger.read("cohort:x")
+    assert first.entries == ()
+    assert ledger.take("cohort:x", first.version, entry("ticket:1"), 60)
+    assert not ledger.take("cohort:x", first.version, entry("ticket:2"), 60)  # stale
+    second = ledger.read("cohort:x")
+    assert second.version > first.version
+    assert [e.id for e in second.entries] == ["ticket:1"]
+    assert ledger.read("cohort:y").entries == ()  # cohorts are apart
+
+
+def test_bind_replaces_the_ticket_and_keeps_its_expiry(under_test: LedgerUnderTest) -> None:
+    ledger = under_test.ledger
+    ledger.take("c", ledger.read("c").version, entry("ticket:t", gpus=3000), SHORT)
+    ledger.bind("c", "ticket:t", [entry("res-1@n1", gpus=2000), entry("res-2@pool", gpus=1000)], 60)
+    found = ledger.read("c").entries
+    assert [(e.id, e.amounts["gpus"]) for e in found] == [("res-1@n1", 2000), ("res-2@pool", 1000)]
+    under_test.wait(PAST_SHORT)
+    assert ledger.read("c").entries == ()  # the ticket's short expiry, not the fallback
+
+
+def test_bind_leaves_an_existing_entry_alone(under_test: LedgerUnderTest) -> None:
+    ledger = under_test.ledger
+    ledger.take("c", ledger.read("c").version, entry("ticket:t1"), 60)
+    ledger.bind("c", "ticket:t1", [entry("res-1@n")], 60)
+    assert ledger.commit("c", "res-1@n")
+    ledger.take("c", ledger.read("c").version, entry("ticket:t2"), SHORT)  # a replay's ticket
+    ledger.bind("c", "ticket:t2", [entry("res-1@n")], SHORT)
+    under_test.wait(PAST_SHORT)
+    assert [(e.id, e.expires_at) for e in ledger.read("c").entries] == [("res-1@n", None)]
+
+
+def test_leases_extend_commit_and_drop(under_test: LedgerUnderTest) -> None:
+    ledger = under_test.ledger
+    for name in ("ticket:a", "ticket:b", "ticket:c"):
+        assert ledger.take("c", ledger.read("c").version, entry(name), SHORT)
+    assert ledger.extend("c", "ticket:a", 60)
+    assert ledger.commit("c", "ticket:b")
+    assert not ledger.extend("c", "ticket:b", 60)  # committed: no lease to extend
+    under_test.wait(PAST_SHORT)
+    live = {e.id: e for e in ledger.read("c").entries}
+    assert sorted(live) == ["ticket:a", "ticket:b"]  # c expired
+    assert live["ticket:b"].expires_at is None
+    assert not ledger.extend("c", "ticket:c", 60) and not ledger.commit("c", "ticket:c")
+    ledger.drop("c", ["ticket:a", "ticket:b", "ticket:unknown"])
+    assert ledger.read("c").entries == ()
+
+
+def test_usage_sums_per_tenant(under_test: LedgerUnderTest) -> None:
+    ledger = under_test.ledger
+    for name, tenant, gpus in [("t:1", "a", 2000), ("t:2", "b", 1000), ("t:3", "a", 500)]:
+        ledger.take("c", ledger.read("c").version, entry(name, tenant, gpus), 60)
+    assert usage_by_tenant(ledger.read("c").entries) == {"a": {"gpus": 2500}, "b": {"gpus": 1000}}
+
+
+def test_racing_takes_never_overrun_a_limit(under_test: LedgerUnderTest) -> None:
+    """16 threads each try to take 1 of 10 units by read-check-take: exactly 10 succeed."""
+    ledger = under_test.ledger
+    limit, won = 10_000, []
+    lock = threading.Lock()
+
+    def worker(index: int) -> None:
+        while True:
+            read = ledger.read("race")
+            held = sum(e.amounts["gpus"] for e in read.entries)
+            if held + 1000 > limit:
+                return
+            if ledger.take("race", read.version, entry(f"ticket:{index}"), 60):
+                with lock:
+                    won.append(index)
+                return
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(won) == 10
+    assert sum(e.amounts["gpus"] for e in ledger.read("race").entries) == limit

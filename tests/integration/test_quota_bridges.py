@@ -1,0 +1,132 @@
+"""One quota across batch systems: a Kueue workload reclaims, through the bridges, the quota its
+tenant lent to a Slurm job.
+
+Real mTLS servers under a policy where `hpc` (the Slurm bridge's tenant) and `team-c` (the Kueue
+sidecar's, by its service-account token) share a cohort with 4 GPUs of nominal quota each. The
+Slurm bridge's prolog takes all 8 GPUs of an H100 node for a job (4 of them borrowed from
+team-c); then a Kueue Workload of team-c asking for 4 H100 GPUs runs through the admission
+controller with preemption on: gpualloc revokes the Slurm job's reservation (team-c is within
+its nominal quota, hpc borrows), the Workload is Ready on an H100 node, and the Slurm
+job's next Commit learns who preempted it.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from protos.allocator.v1 import allocator_pb2 as pb
+from protos.allocator.v1 import allocator_pb2_grpc
+from services.bridges.kueue.controller import AdmissionController
+from services.bridges.kueue.memory_api import KueueStandIn, MemoryKueueApi, workload_for_job
+from services.bridges.kueue.objects import CheckState, Workload
+from services.bridges.placing import Placer
+from services.bridges.slurm import cli as slurm_cli
+from services.client import AllocatorClient, InventoryClient
+from services.client.config import ClientSettings
+from tests.integration.test_bridges_slurm import exports
+from tests.security_fixtures import SecuredFleet, policy_with, secured_fleet
+from tests.unit.bridges.support import ROOT, documents
+
+pytestmark = pytest.mark.timeout(180)
+
+EXAMPLES = ROOT / "examples" / "bridges" / "kueue"
+OUR_CHECK = ROOT / "deploy" / "k8s" / "kueue" / "admission-check.yaml"
+SHARED = """\
+  quota:
+    resources: [{name: gpus, deviceClassNames: [gpu.nvidia.com]}]
+  tenants:
+  - name: team-a
+  - name: team-b
+  - {name: team-c, cohort: shared, quotas: [{resource: gpus, nominal: 4}]}
+  - name: tools
+    allowAdminAccess: true
+  - {name: hpc, cohort: shared, quotas: [{resource: gpus, nominal: 4}]}
+"""
+JOB = {"SLURM_JOB_ID": "7001", "SLURMD_NODENAME": "h100-node-1", "SLURM_JOB_GRES": "gpu:h100:8"}
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredFleet]:
+    with secured_fleet(
+        tmp_path_factory.mktemp("pki-quota-bridges"), policy=policy_with(SHARED)
+    ) as made:
+        yield made
+
+
+def slurm(fleet: SecuredFleet, *argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = slurm_cli.main(list(argv), {**fleet.client_environ("slurm-bridge"), **JOB}, out, err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def kueue_settings(fleet: SecuredFleet, token_file: Path) -> ClientSettings:
+    token_file.write_text(fleet.token())  # the sidecar's service-account token: team-c
+    target = f"127.0.0.1:{fleet.tls_port}"
+    return ClientSettings.from_env(
+        {
+            "GPUALLOC_ALLOCATOR_ADDR": target,
+            "GPUALLOC_INVENTORY_ADDR": target,
+            "GPUALLOC_CLIENT_TLS_CA": str(fleet.directory / "ca.crt"),
+            "GPUALLOC_CLIENT_TOKEN_FILE": str(token_file),
+        }
+    )
+
+
+def test_a_kueue_workload_reclaims_quota_lent_to_a_slurm_job(
+    fleet: SecuredFleet, tmp_path: Path
+) -> None:
+    code, out, err = slurm(fleet, "prolog")
+    assert code == 0, err
+    assert len(exports(out)["CUDA_VISIBLE_DEVICES"].split(",")) == 8
+    admin = allocator_pb2_grpc.AllocatorStub(fleet.channel("admin"))
+    quotas = admin.QuotaStatus(pb.QuotaStatusRequest(), timeout=10).tenants
+    assert {(q.tenant, q.used, q.borrowed) for q in quotas} == {
+        ("hpc", "8", "4"),
+        ("team-c", "0", "0"),
+    }
+    (job,) = admin.ListReservations(pb.ListReservationsRequest(), timeout=10).reservations
+
+    settings = kueue_settings(fleet, tmp_path / "token")
+    api = MemoryKueueApi()
+    for path in (OUR_CHECK, EXAMPLES / "cluster-queue.yml"):
+        for document in documents(path):
+            api.apply(document)
+    name = ""
+    for document in documents(EXAMPLES / "h100-nvlink-job.yml"):
+        if document["kind"] == "Job":
+            name = api.apply(workload_for_job(document))["metadata"]["name"]
+    with (
+        AllocatorClient(
+            settings.target, tls=settings.tls, token_file=settings.token_file
+        ) as client,
+        InventoryClient(
+            settings.inventory, tls=settings.tls, token_file=settings.token_file
+        ) as inv,
+    ):
+        controller = AdmissionController(
+            api, Placer(client, inv), lease_ttl_seconds=60, preempt=True
+        )
+        KueueStandIn(api).step()  # Kueue reserves its own quota; the check is Pending
+        controller.reconcile_all()
+        workload = Workload.from_dict(api.get("Workload", "team-a", name))
+        check = workload.check("gpualloc")
+        assert check is not None and check.state is CheckState.READY, check
+        (update,) = check.pod_set_updates
+        assert update.node_selector["kubernetes.io/hostname"].startswith("h100-node-")
+
+    left = admin.ListReservations(pb.ListReservationsRequest(), timeout=10).reservations
+    assert [r.owner.split("/")[0] for r in left] == ["team-c"]  # the Slurm job's is gone
+    quotas = admin.QuotaStatus(pb.QuotaStatusRequest(), timeout=10).tenants
+    assert {(q.tenant, q.used) for q in quotas} == {("hpc", "0"), ("team-c", "4")}
+    bridge = allocator_pb2_grpc.AllocatorStub(fleet.channel("slurm-bridge"))
+    with pytest.raises(grpc.RpcError) as caught:
+        bridge.Commit(pb.CommitRequest(reservation_id=job.id, owner="slurm/job/7001"), timeout=10)
+    assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "was preempted by team-c/kueue/team-a/" in str(caught.value.details())
+    code, _, err = slurm(fleet, "epilog")  # the job ends: nothing left to release, no error
+    assert code == 0, err

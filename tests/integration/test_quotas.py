@@ -1,0 +1,506 @@
+"""Tenant quotas end to end: real mTLS servers under an access policy with quotas, reservations
+made over gRPC, the ledger on the embedded store and on real Redis with two replicas racing.
+
+The policy (QUOTA_POLICY): team-a and team-b share the cohort `research`; team-a has 4 GPUs and
+may borrow up to 4 more, team-b has 4 and lends at most 2; hpc has 2 and no cohort. tools has
+no quotas (not limited). MIG memory is a second quota resource (a counter: bytes)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+
+from protos.allocator.v1 import allocator_pb2 as pb
+from protos.allocator.v1 import allocator_pb2_grpc
+from protos.common.v1 import dra_pb2
+from services.allocator.adapters.redis_quota import RedisQuotaLedger
+from services.allocator.adapters.redis_store import RedisReservationStore
+from services.allocator.config import AllocatorSettings
+from services.allocator.quota_ledger import usage_by_tenant
+from services.client.mapping import placement_from_pb
+from services.common.security.policy import parse_policy
+from services.common.security.quota import cohort_key
+from tests.security_fixtures import TENANTS, SecuredFleet, policy_with, secured_fleet
+
+pytestmark = pytest.mark.timeout(300)
+
+QUOTAS = """\
+  quota:
+    resources:
+    - {name: gpus, deviceClassNames: [gpu.nvidia.com]}
+    - {name: mig-memory, deviceClassNames: [mig.nvidia.com], counter: memory}
+    priorityClasses:
+    - {name: low, value: 0}
+    - {name: standard, value: 100, globalDefault: true}
+    - {name: guarded, value: 500, preemptible: false}
+    - {name: high, value: 1000}
+    - {name: polite, value: 1000, preemptionPolicy: Never}
+  tenants:
+  - name: team-a
+    cohort: research
+    quotas: [{resource: gpus, nominal: 4, borrowingLimit: 4}]
+  - name: team-b
+    cohort: research
+    quotas:
+    - {resource: gpus, nominal: 4, lendingLimit: 2}
+    - {resource: mig-memory, nominal: 10Gi}
+  - name: team-c
+  - name: tools
+    allowAdminAccess: true
+  - name: hpc
+    quotas: [{resource: gpus, nominal: 2}]
+"""
+QUOTA_POLICY = policy_with(QUOTAS)
+
+
+def claim(count: int = 1, device_class: str = "gpu.nvidia.com") -> dra_pb2.ResourceClaim:
+    exactly = dra_pb2.ExactDeviceRequest(device_class_name=device_class, count=count)
+    return dra_pb2.ResourceClaim(
+        name="gpus",
+        namespace="default",
+        requests=[dra_pb2.DeviceRequest(name="gpu", exactly=exactly)],
+    )
+
+
+def reserve(
+    stub: allocator_pb2_grpc.AllocatorStub,
+    count: int = 1,
+    *,
+    owner: str = "job/q",
+    lease: int = 120,
+    device_class: str = "gpu.nvidia.com",
+    priority: str = "",
+    preempt: bool = False,
+    node: str = "",
+) -> pb.AllocateResponse:
+    request = pb.AllocateRequest(
+        claims=[claim(count, device_class)],
+        reserve=True,
+        owner=owner,
+        priority_class_name=priority,
+        preempt=preempt,
+        node_name=node,
+    )
+    request.lease_ttl.FromSeconds(lease)
+    return stub.Allocate(request, timeout=20)
+
+
+def release_all(stub: allocator_pb2_grpc.AllocatorStub, answers: list[pb.AllocateResponse]) -> None:
+    for answer in answers:
+        for reservation in answer.reservations:
+            stub.Release(
+                pb.ReleaseRequest(reservation_id=reservation.id, owner=reservation.owner),
+                timeout=10,
+            )
+    answers.clear()
+
+
+def status(
+    stub: allocator_pb2_grpc.AllocatorStub, *tenants: str
+) -> dict[tuple[str, str], pb.TenantQuotaStatus]:
+    answer = stub.QuotaStatus(pb.QuotaStatusRequest(tenants=list(tenants)), timeout=10)
+    return {(row.tenant, row.resource): row for row in answer.tenants}
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredFleet]:
+    settings = AllocatorSettings(expire_interval=0.2, quota_grace_seconds=0.5)
+    with secured_fleet(
+        tmp_path_factory.mktemp("quota-pki"), policy=QUOTA_POLICY, allocator=settings
+    ) as made:
+        yield made
+
+
+def stub(fleet: SecuredFleet, who: str) -> allocator_pb2_grpc.AllocatorStub:
+    return allocator_pb2_grpc.AllocatorStub(fleet.channel(who))
+
+
+def test_a_tenant_borrows_what_its_cohort_lends_and_no_more(fleet: SecuredFleet) -> None:
+    a, b = stub(fleet, "scheduler-a"), stub(fleet, "scheduler-b")
+    held: list[pb.AllocateResponse] = []
+    try:
+        held.append(reserve(a, 4, owner="job/nominal"))
+        held.append(reserve(a, 2, owner="job/borrowed"))  # team-b lends at most 2
+        assert [h.outcome for h in held] == [pb.OUTCOME_ALLOCATED] * 2
+        refused = reserve(a, 1, owner="job/over")
+        assert refused.outcome == pb.OUTCOME_QUOTA_EXCEEDED and not refused.reservations
+        (refusal,) = refused.quota_refusals
+        assert (refusal.tenant, refusal.resource, refusal.cohort) == ("team-a", "gpus", "research")
+        assert (refusal.requested, refusal.used, refusal.nominal) == ("1", "6", "4")
+        assert (refusal.borrowed, refusal.left) == ("2", "0")
+        reason = placement_from_pb(refused).reason()  # what the bridges log
+        assert "quota: tenant team-a quota gpus in cohort research: requested 1, used 6" in reason
+        # Explain says the same, without reserving
+        explained = a.Explain(pb.ExplainRequest(claims=[claim(1)]), timeout=20)
+        assert explained.outcome == pb.OUTCOME_QUOTA_EXCEEDED
+        assert explained.quota_refusals[0].left == "0"
+        # team-b keeps its guaranteed 2; the 2 it lent are in team-a's hands (no preemption)
+        rows = status(stub(fleet, "admin"))
+        assert (rows["team-b", "gpus"].left, rows["team-b", "gpus"].lent) == ("2", "2")
+        assert (rows["team-a", "gpus"].used, rows["team-a", "gpus"].borrowed) == ("6", "2")
+        held.append(reserve(b, 2, owner="job/guaranteed"))
+        assert held[-1].outcome == pb.OUTCOME_ALLOCATED
+        assert reserve(b, 1, owner="job/more").outcome == pb.OUTCOME_QUOTA_EXCEEDED
+        # the fleet is not what stops them: a tenant without quotas still gets GPUs
+        tools = reserve(stub(fleet, "monitor"), 4, owner="job/unlimited")
+        assert tools.outcome == pb.OUTCOME_ALLOCATED
+        held.append(tools)
+    finally:
+        for who, answers in (("scheduler-a", held[:2]), ("scheduler-b", held[2:3])):
+            release_all(stub(fleet, who), answers)
+        release_all(stub(fleet, "monitor"), held[3:])
+    assert status(stub(fleet, "admin"), "team-a")["team-a", "gpus"].used == "0"
+
+
+def test_release_gives_the_quota_back(fleet: SecuredFleet) -> None:
+    hpc = stub(fleet, "slurm-bridge")
+    first = [reserve(hpc, 2, owner="slurm/job/1")]
+    assert first[0].outcome == pb.OUTCOME_ALLOCATED
+    assert reserve(hpc, 1, owner="slurm/job/2").outcome == pb.OUTCOME_QUOTA_EXCEEDED
+    release_all(hpc, first)
+    again = [reserve(hpc, 2, owner="slurm/job/3")]
+    assert again[0].outcome == pb.OUTCOME_ALLOCATED
+    release_all(hpc, again)
+
+
+def test_reserve_over_quota_is_resource_exhausted(fleet: SecuredFleet) -> None:
+    hpc = stub(fleet, "slurm-bridge")
+    placed = hpc.Allocate(pb.AllocateRequest(claims=[claim(3)]), timeout=20)
+    assert placed.outcome == pb.OUTCOME_ALLOCATED
+    request = pb.ReserveRequest(
+        node_name=placed.node_name, allocations=placed.allocations, owner="slurm/job/direct"
+    )
+    with pytest.raises(grpc.RpcError) as caught:
+        hpc.Reserve(request, timeout=20)
+    assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "tenant hpc quota gpus: requested 3, used 0 of nominal 2" in str(caught.value.details())
+
+
+def test_a_committed_reservation_keeps_counting_and_a_lapsed_lease_stops(
+    fleet: SecuredFleet,
+) -> None:
+    hpc = stub(fleet, "slurm-bridge")
+    committed = reserve(hpc, 1, owner="slurm/job/c", lease=1)
+    lapsing = reserve(hpc, 1, owner="slurm/job/l", lease=1)
+    reservation = committed.reservations[0]
+    hpc.Commit(pb.CommitRequest(reservation_id=reservation.id, owner=reservation.owner), timeout=10)
+    time.sleep(2.0)  # past the lease and the 0.5 s grace
+    assert status(stub(fleet, "admin"), "hpc")["hpc", "gpus"].used == "1"
+    assert lapsing.reservations  # it was granted, then lapsed with its ledger entry
+    release_all(hpc, [committed])
+    assert status(stub(fleet, "admin"), "hpc")["hpc", "gpus"].used == "0"
+
+
+def test_mig_memory_counts_the_bytes_a_slice_consumes(fleet: SecuredFleet) -> None:
+    b = stub(fleet, "scheduler-b")
+    held = [reserve(b, 1, owner="job/mig", device_class="mig.nvidia.com")]
+    try:
+        assert held[0].outcome == pb.OUTCOME_ALLOCATED
+        row = status(b)["team-b", "mig-memory"]
+        assert row.nominal == "10Gi" and row.used.endswith(("Gi", "Mi")) and row.used != "0"
+        assert reserve(b, 3, owner="job/mig-more", device_class="mig.nvidia.com").outcome == (
+            pb.OUTCOME_QUOTA_EXCEEDED
+        )
+    finally:
+        release_all(b, held)
+
+
+def test_quota_status_shows_a_tenant_only_its_own(fleet: SecuredFleet) -> None:
+    a = stub(fleet, "scheduler-a")
+    assert {t for t, _ in status(a)} == {"team-a"}
+    with pytest.raises(grpc.RpcError) as caught:
+        status(a, "team-b")
+    assert caught.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    everyone = status(stub(fleet, "admin"))
+    assert {t for t, _ in everyone} == {"team-a", "team-b", "hpc"}
+    assert everyone["team-a", "gpus"].borrowing_limit == "4"
+    assert everyone["team-b", "gpus"].lending_limit == "2"
+    assert everyone["team-a", "gpus"].lending_limit == ""  # all of nominal may be lent
+
+
+# --- two replicas, 32 clients, real Redis ---------------------------------------------------
+
+
+@pytest.mark.redis
+def test_two_replicas_racing_never_overrun_a_quota(tmp_path: Path, redis_url: str) -> None:
+    """16 clients per replica, half team-a and half team-b, reserve and release single GPUs
+    for a few seconds; an auditor reads the reservations from Redis throughout. Quota limits:
+    team-a at most 8 (4 + borrowing 4), team-b 8 (2 guaranteed + the pool of 6), both together
+    at most 8 (the guaranteed 2 + the pool)."""
+    settings = AllocatorSettings(expire_interval=0.2, redis_url=redis_url)
+    model = parse_policy(yaml.safe_load(QUOTA_POLICY.replace("JWKS_FILE", "/dev/null"))).quotas
+    with (
+        secured_fleet(tmp_path / "one", policy=QUOTA_POLICY, allocator=settings) as one,
+        secured_fleet(tmp_path / "two", policy=QUOTA_POLICY, allocator=settings) as two,
+    ):
+        audit = RedisReservationStore(redis_url)
+        stop = threading.Event()
+        outcomes: Counter[str] = Counter()
+        worst: Counter[str] = Counter()
+        lock = threading.Lock()
+
+        def client(fleet: SecuredFleet, who: str, index: int) -> None:
+            allocator = stub(fleet, who)
+            mine: list[pb.AllocateResponse] = []
+            rng = random.Random(index)
+            while not stop.is_set():
+                try:
+                    if mine and rng.random() < 0.4:
+                        release_all(allocator, [mine.pop(rng.randrange(len(mine)))])
+                        continue
+                    answer = reserve(allocator, 1, owner=f"job/{index}-{rng.randrange(10**9)}")
+                except grpc.RpcError as error:
+                    with lock:
+                        outcomes[error.code().name] += 1
+                    continue
+                with lock:
+                    outcomes[pb.Outcome.Name(answer.outcome)] += 1
+                if answer.outcome == pb.OUTCOME_ALLOCATED:
+                    mine.append(answer)
+            release_all(allocator, mine)
+
+        def auditor() -> None:
+            while not stop.is_set():
+                held = Counter(r.owner.split("/")[0] for r in audit.list())
+                with lock:
+                    for tenant, count in held.items():
+                        worst[tenant] = max(worst[tenant], count)
+                    worst["cohort"] = max(worst["cohort"], held["team-a"] + held["team-b"])
+                time.sleep(0.01)
+
+        threads = [threading.Thread(target=auditor)]
+        for i in range(32):
+            fleet = one if i % 2 else two
+            who = "scheduler-a" if i % 4 < 2 else "scheduler-b"
+            threads.append(threading.Thread(target=client, args=(fleet, who, i)))
+        for thread in threads:
+            thread.start()
+        time.sleep(6)
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+        ledger = RedisQuotaLedger(audit)
+        research = model.quota_of("team-a")
+        assert research is not None
+        left = usage_by_tenant(ledger.read(cohort_key(research)).entries)
+        audit.close()
+    print(f"\nquota race: outcomes {dict(outcomes)}, most held {dict(worst)}")
+    assert outcomes["OUTCOME_ALLOCATED"] > 50 and outcomes["OUTCOME_QUOTA_EXCEEDED"] > 0
+    assert set(outcomes) <= {"OUTCOME_ALLOCATED", "OUTCOME_QUOTA_EXCEEDED", "ABORTED"}
+    assert worst["team-a"] <= 8 and worst["team-b"] <= 8 and worst["cohort"] <= 8
+    assert worst["cohort"] == 8  # the quota, not the fleet (24 GPUs), was the limit
+    assert left.get("team-a", {}).get("gpus", 0) == 0 and left.get("team-b", {}).get("gpus", 0) == 0
+
+
+def test_quotas_turned_on_count_what_is_already_held(tmp_path: Path) -> None:
+    """A policy that gains quotas while reservations are held (hot reload): the reconciler
+    adds them to the ledger, so the tenant's next grant sees them."""
+    settings = AllocatorSettings(expire_interval=0.2, quota_grace_seconds=0.5)
+    with secured_fleet(tmp_path, allocator=settings) as fleet:
+        hpc = stub(fleet, "slurm-bridge")
+        held = [reserve(hpc, 2, owner="slurm/job/before")]
+        assert held[0].outcome == pb.OUTCOME_ALLOCATED
+        assert status(stub(fleet, "admin")) == {}  # no quotas yet
+        text = fleet.policy_file.read_text()
+        time.sleep(1.1)  # a new mtime, past the watcher's 1 s between looks
+        fleet.policy_file.write_text(text.replace(TENANTS, QUOTAS))
+        service = fleet.cluster.allocator.service
+        assert service.quotas is not None
+        deadline = time.monotonic() + 10
+        while not service.quotas.model.enabled and time.monotonic() < deadline:
+            time.sleep(0.2)
+        dropped, added = service.quotas.reconcile(
+            service.store, service.holdings.reservations, service.reservation_usage
+        )
+        assert (dropped, added) == (0, 1)
+        assert status(stub(fleet, "admin"), "hpc")["hpc", "gpus"].used == "2"
+        assert reserve(hpc, 1, owner="slurm/job/after").outcome == pb.OUTCOME_QUOTA_EXCEEDED
+        release_all(hpc, held)
+        assert status(stub(fleet, "admin"), "hpc")["hpc", "gpus"].used == "0"
+
+
+# --- priorities and preemption --------------------------------------------------------------
+
+WHO = {"team-a": "scheduler-a", "team-b": "scheduler-b", "hpc": "slurm-bridge", "tools": "monitor"}
+OWNER_PREFIX = {"team-a": "job", "team-b": "job", "hpc": "slurm/job", "tools": "job"}
+
+# (id, holdings made in order as (tenant, name, priority, node), the preemptor as (tenant,
+#  count, priority, node), the names expected revoked, the reasons)
+PREEMPTION_CASES = [
+    (
+        "reclaim-takes-the-borrowers-newest",
+        [("team-a", f"a{i}", "", "") for i in range(1, 7)],  # 4 own + 2 borrowed from team-b
+        ("team-b", 3, "", ""),
+        ["a6"],
+        ["reclaim"],
+    ),
+    (
+        "reclaim-takes-lowest-priority-first",
+        [("team-a", "a1", "low", ""), *[("team-a", f"a{i}", "", "") for i in range(2, 7)]],
+        ("team-b", 4, "", ""),
+        ["a1", "a6"],
+        ["reclaim", "reclaim"],
+    ),
+    (
+        "priority-within-the-tenant",
+        [("hpc", "h1", "low", ""), ("hpc", "h2", "low", "")],
+        ("hpc", 1, "high", ""),
+        ["h2"],
+        ["priority"],
+    ),
+    (
+        "devices-held-on-a-pinned-node",
+        [("tools", f"t{i}", "low", "l40s-node-1") for i in range(1, 5)],
+        ("tools", 2, "", "l40s-node-1"),
+        ["t4", "t3"],
+        ["priority", "priority"],
+    ),
+    (
+        "guarded-is-never-revoked",
+        [("hpc", "h1", "guarded", ""), ("hpc", "h2", "guarded", "")],
+        ("hpc", 1, "high", ""),
+        [],
+        [],
+    ),
+    (
+        "a-polite-class-never-preempts",
+        [("hpc", "h1", "low", ""), ("hpc", "h2", "low", "")],
+        ("hpc", 1, "polite", ""),
+        [],
+        [],
+    ),
+    (
+        "equal-priority-is-never-revoked",
+        [("hpc", "h1", "", ""), ("hpc", "h2", "", "")],
+        ("hpc", 1, "", ""),
+        [],
+        [],
+    ),
+]
+
+
+def _everything(fleet: SecuredFleet) -> dict[str, pb.Reservation]:
+    answer = stub(fleet, "admin").ListReservations(
+        pb.ListReservationsRequest(page_size=1000), timeout=10
+    )
+    return {r.owner: r for r in answer.reservations}
+
+
+def _release_everything(fleet: SecuredFleet) -> None:
+    admin = stub(fleet, "admin")
+    for reservation in _everything(fleet).values():
+        admin.Release(pb.ReleaseRequest(reservation_id=reservation.id), timeout=10)
+
+
+@pytest.mark.parametrize(
+    ("holdings", "preemptor", "revoked", "reasons"),
+    [pytest.param(*case[1:], id=case[0]) for case in PREEMPTION_CASES],
+)
+def test_preemption_table(
+    fleet: SecuredFleet,
+    holdings: list[tuple[str, str, str, str]],
+    preemptor: tuple[str, int, str, str],
+    revoked: list[str],
+    reasons: list[str],
+) -> None:
+    _release_everything(fleet)
+    try:
+        owners = {}
+        for tenant, name, priority, node in holdings:
+            owner = f"{OWNER_PREFIX[tenant]}/{name}"
+            made = reserve(stub(fleet, WHO[tenant]), 1, owner=owner, priority=priority, node=node)
+            assert made.outcome == pb.OUTCOME_ALLOCATED, name
+            owners[name] = made.reservations[0].owner
+        tenant, count, priority, node = preemptor
+        caller = stub(fleet, WHO[tenant])
+        owner = f"{OWNER_PREFIX[tenant]}/preemptor"
+        asked = reserve(caller, count, owner=owner, priority=priority, node=node)  # no preempt
+        assert asked.outcome in (pb.OUTCOME_QUOTA_EXCEEDED, pb.OUTCOME_UNSATISFIABLE)
+        assert not asked.reservations
+        assert len(asked.preemption.victims) == len(revoked)  # the proposal, nothing revoked
+        assert set(_everything(fleet)) == set(owners.values())
+        done = reserve(caller, count, owner=owner, priority=priority, node=node, preempt=True)
+        left = set(_everything(fleet))
+        gone = {name for name, full in owners.items() if full not in left}
+        if not revoked:
+            assert done.outcome != pb.OUTCOME_ALLOCATED and not done.preemption.victims
+            assert not gone
+            return
+        assert done.outcome == pb.OUTCOME_ALLOCATED, done
+        assert gone == set(revoked)
+        assert [v.reason for v in done.preemption.victims] == reasons
+        assert f"{tenant}/{owner}" in left
+    finally:
+        _release_everything(fleet)
+
+
+def test_a_preempted_holder_learns_who_preempted_it(fleet: SecuredFleet) -> None:
+    _release_everything(fleet)
+    hpc = stub(fleet, "slurm-bridge")
+    try:
+        first = reserve(hpc, 2, owner="slurm/job/low", priority="low")
+        victim = first.reservations[0]
+        taken = reserve(hpc, 2, owner="slurm/job/urgent", priority="high", preempt=True)
+        assert taken.outcome == pb.OUTCOME_ALLOCATED
+        with pytest.raises(grpc.RpcError) as caught:
+            hpc.Renew(pb.RenewRequest(reservation_id=victim.id, owner=victim.owner), timeout=10)
+        assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "was preempted by hpc/slurm/job/urgent" in str(caught.value.details())
+        assert status(hpc)["hpc", "gpus"].used == "2"  # the victim's quota went with it
+    finally:
+        _release_everything(fleet)
+
+
+def test_explain_proposes_without_revoking(fleet: SecuredFleet) -> None:
+    _release_everything(fleet)
+    hpc = stub(fleet, "slurm-bridge")
+    try:
+        reserve(hpc, 2, owner="slurm/job/low", priority="low")
+        explained = hpc.Explain(
+            pb.ExplainRequest(claims=[claim(1)], priority_class_name="high"), timeout=20
+        )
+        assert explained.outcome == pb.OUTCOME_QUOTA_EXCEEDED
+        [victim] = explained.preemption.victims
+        assert (victim.reason, victim.priority_class_name) == ("priority", "low")
+        assert victim.holder.owner == "hpc/slurm/job/low"  # its own tenant's: shown in full
+        assert len(_everything(fleet)) == 1
+    finally:
+        _release_everything(fleet)
+
+
+def test_an_unknown_priority_class_is_invalid(fleet: SecuredFleet) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        reserve(stub(fleet, "slurm-bridge"), 1, owner="slurm/job/x", priority="urgent")
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "unknown priority class 'urgent' (known: guarded, high, low, polite, standard)" in str(
+        caught.value.details()
+    )
+
+
+def test_capacity_tells_a_tenant_what_its_quota_still_allows(fleet: SecuredFleet) -> None:
+    _release_everything(fleet)
+    request = pb.CapacityRequest(claims=[claim(1)])
+    fleet_wide = stub(fleet, "monitor").Capacity(request, timeout=20)  # tools: not limited
+    assert fleet_wide.total >= 24 and not fleet_wide.HasField("total_within_quota")
+    a = stub(fleet, "scheduler-a").Capacity(request, timeout=20)
+    assert a.total == fleet_wide.total
+    assert a.total_within_quota == 6  # 4 nominal + the 2 team-b lends (its borrowing limit is 4)
+    rows = {(q.tenant, q.resource): q.left for q in a.quota}
+    # mig-memory: nominal 0 for team-a (not listed), but it may borrow team-b's 10Gi
+    assert rows == {("team-a", "gpus"): "6", ("team-a", "mig-memory"): "10Gi"}
+    hpc = stub(fleet, "slurm-bridge")
+    held = [reserve(hpc, 1, owner="slurm/job/cap")]
+    try:
+        pair = pb.CapacityRequest(claims=[claim(2)])
+        assert hpc.Capacity(pair, timeout=20).total_within_quota == 0  # 1 of 2 left: no pair
+        assert hpc.Capacity(request, timeout=20).total_within_quota == 1
+    finally:
+        release_all(hpc, held)

@@ -1,0 +1,423 @@
+"""Tenant quotas as pure values: the policy section, the one rule, and a brute-force model of it.
+
+The model below states the rule the way docs/tenancy.md does, without the closed form of
+`QuotaModel._left`: a cohort is feasible when every tenant stays within nominal + borrowingLimit
+and what the tenants hold above nominal fits in what the others leave unused of what they lend.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.common.errors import InvalidArgument
+from services.common.security.policy import parse_policy
+from services.common.security.quota import (
+    PRIORITY,
+    RECLAIM,
+    Candidate,
+    Holding,
+    PriorityClass,
+    QuotaLimits,
+    QuotaModel,
+    QuotaResource,
+    TenantQuota,
+    fewest_victims,
+    preemption_candidates,
+    quantity_text,
+)
+
+GPU = 1000  # one device, in milli-units
+GPUS = QuotaResource("gpus", ("gpu.nvidia.com",))
+
+
+def model(*tenants: TenantQuota) -> QuotaModel:
+    return QuotaModel((GPUS,), {t.tenant: t for t in tenants})
+
+
+def tenant(
+    name: str, nominal: int, cohort: str = "c", borrow: int | None = None, lend: int | None = None
+) -> TenantQuota:
+    limits = QuotaLimits(
+        nominal * GPU,
+        None if borrow is None else borrow * GPU,
+        None if lend is None else lend * GPU,
+    )
+    return TenantQuota(name, cohort, {"gpus": limits})
+
+
+def used(**gpus: int) -> dict[str, dict[str, int]]:
+    return {name: {"gpus": count * GPU} for name, count in gpus.items()}
+
+
+# --- the rule, case by case ------------------------------------------------------------------
+
+CASES = [
+    # (id, tenants, usage, who asks, how many, admitted, left before)
+    ("within-nominal", [tenant("a", 4), tenant("b", 4)], used(), "a", 4, True, 8),
+    ("borrow-from-idle-cohort", [tenant("a", 4), tenant("b", 4)], used(a=4), "a", 4, True, 4),
+    ("cohort-exhausted", [tenant("a", 4), tenant("b", 4)], used(a=4, b=4), "a", 1, False, 0),
+    (
+        "borrowing-limit-caps",
+        [tenant("a", 4, borrow=2), tenant("b", 4)],
+        used(a=4),
+        "a",
+        3,
+        False,
+        2,
+    ),
+    (
+        "lending-limit-keeps-guaranteed",
+        [tenant("a", 4), tenant("b", 4, lend=1)],
+        used(a=4),
+        "a",
+        2,
+        False,
+        1,
+    ),
+    (
+        "guaranteed-part-always-fits",
+        [tenant("a", 4), tenant("b", 4, lend=1)],
+        used(a=7),
+        "b",
+        3,
+        True,
+        3,
+    ),
+    (
+        "nominal-reclaimable-only-when-free",  # b borrowed all of a's quota: a gets nothing now
+        [tenant("a", 4), tenant("b", 4)],
+        used(b=8),
+        "a",
+        1,
+        False,
+        0,
+    ),
+    ("lone-tenant-never-borrows", [tenant("a", 4, cohort="")], used(a=3), "a", 2, False, 1),
+    ("unlisted-tenant-unlimited", [tenant("a", 1)], used(a=1), "z", 100, True, None),
+    ("zero-amount-always-fits", [tenant("a", 0)], used(), "a", 0, True, 0),
+]
+
+
+@pytest.mark.parametrize(
+    ("tenants", "usage", "asker", "count", "admitted", "left"),
+    [pytest.param(*case[1:], id=case[0]) for case in CASES],
+)
+def test_admit_table(
+    tenants: list[TenantQuota],
+    usage: dict[str, dict[str, int]],
+    asker: str,
+    count: int,
+    admitted: bool,
+    left: int | None,
+) -> None:
+    quotas = model(*tenants)
+    refusals = quotas.admit(asker, {"gpus": count * GPU}, usage)
+    assert (refusals == ()) is admitted
+    if left is not None:
+        row = next(r for r in quotas.status(usage) if r.tenant == asker)
+        assert row.left == left * GPU
+    if refusals:
+        refusal = refusals[0]
+        assert refusal.requested == count * GPU and refusal.left == left * GPU  # type: ignore[operator]
+        assert "requested" in str(refusal) and f"{left} left" in str(refusal)
+
+
+def test_status_reports_borrowed_and_lent() -> None:
+    quotas = model(tenant("a", 4), tenant("b", 4), tenant("c", 2))
+    rows = {r.tenant: r for r in quotas.status(used(a=7, b=1))}
+    assert rows["a"].borrowed == 3 * GPU
+    # a's 3 borrowed GPUs are charged to the lenders in name order: b's 3 unused, then c's
+    assert (rows["b"].lent, rows["c"].lent, rows["a"].lent) == (3 * GPU, 0, 0)
+    assert rows["c"].left == 2 * GPU  # its guaranteed part is lendable, and unused: free
+    assert rows["a"].left == 2 * GPU  # 10 in the cohort, 8 held
+
+
+# --- the rule against a brute-force model -----------------------------------------------------
+
+
+def feasible(quotas: QuotaModel, usage: Mapping[str, Mapping[str, int]]) -> bool:
+    for members in _cohorts(quotas):
+        above = 0  # held above nominal
+        spare = 0  # unused and lendable
+        for name in members:
+            limits = quotas.tenants[name].of("gpus")
+            u = usage.get(name, {}).get("gpus", 0)
+            if limits.borrowing_limit is not None and u > limits.nominal + limits.borrowing_limit:
+                return False
+            above += max(0, u - limits.nominal)
+            spare += min(limits.lendable, max(0, limits.nominal - u))
+        if above > spare:
+            return False
+    return True
+
+
+def _cohorts(quotas: QuotaModel) -> list[list[str]]:
+    groups: dict[str, list[str]] = {}
+    for quota in quotas.tenants.values():
+        groups.setdefault(quota.cohort or "lone:" + quota.tenant, []).append(quota.tenant)
+    return list(groups.values())
+
+
+limits_st = st.tuples(
+    st.integers(0, 4), st.none() | st.integers(0, 4), st.none() | st.integers(0, 4)
+)
+
+
+@st.composite
+def cohorts(draw: Any) -> QuotaModel:
+    count = draw(st.integers(1, 4))
+    tenants = []
+    for i in range(count):
+        nominal, borrow, lend = draw(limits_st)
+        lend = None if lend is None else min(lend, nominal)
+        cohort = draw(st.sampled_from(["x", "x", "y", ""]))
+        tenants.append(tenant(f"t{i}", nominal, cohort, borrow, lend))
+    return model(*tenants)
+
+
+@given(cohorts(), st.lists(st.tuples(st.integers(0, 3), st.integers(1, 3)), max_size=12))
+def test_admit_never_overruns_and_never_refuses_needlessly(
+    quotas: QuotaModel, steps: list[tuple[int, int]]
+) -> None:
+    """Grants from an empty ledger: each is admitted exactly when the cohorts stay feasible."""
+    names = sorted(quotas.tenants)
+    usage: dict[str, dict[str, int]] = {}
+    for who, count in steps:
+        name = names[who % len(names)]
+        amount = count * GPU
+        after = {k: dict(v) for k, v in usage.items()}
+        after.setdefault(name, {})["gpus"] = after.get(name, {}).get("gpus", 0) + amount
+        admitted = quotas.admit(name, {"gpus": amount}, usage) == ()
+        assert admitted == feasible(quotas, after), (name, amount, usage)
+        if admitted:
+            usage = after
+        assert feasible(quotas, usage)
+
+
+@given(cohorts(), st.lists(st.integers(0, 6), min_size=4, max_size=4))
+def test_left_is_the_largest_admitted_grant(quotas: QuotaModel, held: list[int]) -> None:
+    names = sorted(quotas.tenants)
+    usage = {n: {"gpus": held[i] * GPU} for i, n in enumerate(names)}
+    if not feasible(quotas, usage):
+        return  # usage above quota (a shrunk policy): nothing more is granted, checked below
+    for row in quotas.status(usage):
+        assert quotas.admit(row.tenant, {"gpus": row.left}, usage) == () or row.left == 0
+        assert quotas.admit(row.tenant, {"gpus": row.left + 1}, usage) != ()
+
+
+def test_over_quota_after_a_policy_shrink_refuses_new_grants() -> None:
+    quotas = model(tenant("a", 2, cohort=""))
+    assert quotas.admit("a", {"gpus": GPU}, used(a=5)) != ()
+    row = quotas.status(used(a=5))[0]
+    assert (row.borrowed, row.left) == (3 * GPU, 0)
+
+
+# --- the policy section ------------------------------------------------------------------------
+
+POLICY = """
+apiVersion: gpualloc.dev/v1alpha1
+kind: AccessPolicy
+metadata: {name: t}
+spec:
+  quota:
+    resources:
+    - {name: gpus, deviceClassNames: [gpu.nvidia.com]}
+    - {name: mig-memory, deviceClassNames: [mig.nvidia.com], counter: memory}
+  tenants:
+  - name: hpc
+    cohort: research
+    quotas:
+    - {resource: gpus, nominal: 8, borrowingLimit: 4, lendingLimit: 2}
+    - {resource: mig-memory, nominal: 160Gi}
+  - {name: ml, cohort: research, quotas: [{resource: gpus, nominal: 8}]}
+  - {name: ops}
+  bindings: []
+"""
+
+
+def test_policy_declares_quotas() -> None:
+    quotas = parse_policy(yaml.safe_load(POLICY)).quotas
+    assert quotas.enabled
+    assert [r.name for r in quotas.resources] == ["gpus", "mig-memory"]
+    hpc = quotas.quota_of("hpc")
+    assert hpc is not None and hpc.cohort == "research"
+    assert hpc.of("gpus") == QuotaLimits(8 * GPU, 4 * GPU, 2 * GPU)
+    assert hpc.of("mig-memory").nominal == 160 * 2**30 * 1000
+    assert quantity_text(hpc.of("mig-memory").nominal, binary=True) == "160Gi"
+    assert quotas.quota_of("ops") is None  # no quotas: not limited
+    assert quotas.members(hpc) == ("hpc", "ml")
+
+
+def _edit(path: str, value: Any) -> str:
+    document = yaml.safe_load(POLICY)
+    target = document
+    keys = path.split(".")
+    for key in keys[:-1]:
+        target = target[int(key)] if isinstance(target, list) else target[key]
+    last = keys[-1]
+    if isinstance(target, list):
+        target[int(last)] = value
+    else:
+        target[last] = value
+    return yaml.safe_dump(document)
+
+
+BAD = [
+    ("unknown-resource", "spec.tenants.1.quotas.0.resource", "cpus", "unknown quota resource"),
+    ("negative-nominal", "spec.tenants.1.quotas.0.nominal", "-1", "must not be negative"),
+    ("not-a-quantity", "spec.tenants.1.quotas.0.nominal", "lots", "must be a quantity"),
+    (
+        "lending-above-nominal",
+        "spec.tenants.1.quotas.0",
+        {"resource": "gpus", "nominal": 1, "lendingLimit": 2},
+        "must not exceed nominal",
+    ),
+    (
+        "unknown-field",
+        "spec.tenants.1.quotas.0",
+        {"resource": "gpus", "nominal": 1, "borowingLimit": 2},
+        "unknown field",
+    ),
+    (
+        "cohort-without-quotas",
+        "spec.tenants.2",
+        {"name": "ops", "cohort": "research"},
+        "a tenant without quotas is in no cohort",
+    ),
+    ("hash-tag-in-cohort", "spec.tenants.1.cohort", "a{b}", "hash tag"),
+    (
+        "no-classes",
+        "spec.quota.resources.0",
+        {"name": "gpus", "deviceClassNames": []},
+        "at least one DeviceClass",
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "message"), [pytest.param(*b[1:], id=b[0]) for b in BAD])
+def test_policy_refuses_bad_quotas(path: str, value: Any, message: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        parse_policy(yaml.safe_load(_edit(path, value)))
+    assert message in str(caught.value) or any(message in str(v) for v in caught.value.violations)
+
+
+# --- preemption: who may go, in which order, and the fewest of them --------------------------
+
+LOW = PriorityClass("low", 0)
+STANDARD = PriorityClass("standard", 100)
+HIGH = PriorityClass("high", 1000)
+GUARDED = PriorityClass("guarded", 500, preemptible=False)
+POLITE = PriorityClass("polite", 1000, preempts=False)
+
+
+def holding(name: str, who: str, priority: PriorityClass = STANDARD, age: int = 0) -> Holding:
+    return Holding(name, who, priority, created_at=1000.0 - age, amounts={"gpus": GPU})
+
+
+COHORT = model(tenant("a", 4), tenant("b", 4), tenant("c", 4, cohort=""))
+
+ORDER_CASES = [
+    (
+        "reclaim-newest-of-the-borrower",
+        "b",
+        STANDARD,
+        [holding("a1", "a", age=3), holding("a2", "a", age=2), holding("a3", "a", age=1)],
+        used(a=6),
+        ["a3", "a2", "a1"],
+    ),
+    (
+        "reclaim-lowest-priority-first",
+        "b",
+        STANDARD,
+        [holding("a1", "a", LOW, age=3), holding("a2", "a", age=2), holding("a3", "a", HIGH)],
+        used(a=6),
+        ["a1", "a2", "a3"],  # reclaim takes any priority: the lent quota is b's
+    ),
+    (
+        "no-reclaim-from-a-tenant-within-nominal",
+        "b",
+        STANDARD,
+        [holding("a1", "a")],
+        used(a=4),
+        [],
+    ),
+    (
+        "no-reclaim-when-the-grant-borrows",
+        "b",
+        HIGH,
+        [holding("a1", "a"), holding("b1", "b", LOW)],
+        used(a=6, b=4),
+        ["b1"],  # b asks beyond its nominal: only its own lower priority may go
+    ),
+    (
+        "own-lower-priority-lowest-then-newest",
+        "c",
+        HIGH,
+        [holding("c1", "c", LOW, age=2), holding("c2", "c", STANDARD), holding("c3", "c", LOW)],
+        used(c=4),
+        ["c3", "c1", "c2"],
+    ),
+    ("never-an-equal-or-higher-priority", "c", STANDARD, [holding("c1", "c")], used(c=4), []),
+    ("guarded-is-never-a-victim", "c", HIGH, [holding("c1", "c", GUARDED)], used(c=4), []),
+    ("a-polite-class-never-preempts", "c", POLITE, [holding("c1", "c", LOW)], used(c=4), []),
+    ("other-cohorts-are-never-reclaimed", "c", HIGH, [holding("a1", "a", LOW)], used(a=6), []),
+]
+
+
+@pytest.mark.parametrize(
+    ("who", "priority", "holdings", "usage", "expected"),
+    [pytest.param(*case[1:], id=case[0]) for case in ORDER_CASES],
+)
+def test_preemption_candidates_table(
+    who: str,
+    priority: PriorityClass,
+    holdings: list[Holding],
+    usage: dict[str, dict[str, int]],
+    expected: list[str],
+) -> None:
+    found = preemption_candidates(COHORT, who, priority, {"gpus": GPU}, holdings, usage)
+    assert [c.holding.id for c in found] == expected
+
+
+def test_reclaim_takes_the_most_borrowing_tenant_first() -> None:
+    quotas = model(tenant("a", 4), tenant("b", 4), tenant("d", 4))
+    holdings = [holding("a1", "a", LOW), holding("b1", "b")]
+    found = preemption_candidates(quotas, "d", STANDARD, {"gpus": GPU}, holdings, used(a=5, b=6))
+    assert [(c.holding.id, c.reason) for c in found] == [("b1", RECLAIM), ("a1", RECLAIM)]
+
+
+@given(
+    st.lists(st.integers(1, 4), min_size=1, max_size=7),
+    st.integers(1, 12),
+)
+def test_fewest_victims_is_minimal_and_needed(sizes: list[int], need: int) -> None:
+    """Victims free `size` GPUs each; the grant needs `need`. The answer fits, no victim can
+    be spared, and it is None exactly when all of them together are not enough — checked
+    against every subset."""
+    candidates = [Candidate(holding(f"v{i}", "c"), PRIORITY) for i in range(len(sizes))]
+    size = {c.holding.id: s for c, s in zip(candidates, sizes, strict=True)}
+
+    def fits(chosen: Sequence[Candidate]) -> bool:
+        return sum(size[c.holding.id] for c in chosen) >= need
+
+    found = fewest_victims(candidates, fits)
+    if sum(sizes) < need:
+        assert found is None
+        return
+    assert found is not None and fits(found)
+    for victim in found:
+        assert not fits([c for c in found if c is not victim])
+    smallest = min(
+        len(subset)
+        for r in range(1, len(candidates) + 1)
+        for subset in itertools.combinations(candidates, r)
+        if fits(subset)
+    )
+    assert len(found) <= smallest + 2  # greedy-then-prune: minimal, close to the minimum
