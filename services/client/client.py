@@ -41,7 +41,13 @@ from services.client.mapping import (
     state_to_pb,
     to_pb_claim_allocations,
 )
-from services.client.results import Capacity, Placement, Reservation, ReservationState
+from services.client.results import (
+    Capacity,
+    Placement,
+    Reservation,
+    ReservationState,
+    TenantQuota,
+)
 from services.client.topology import to_pb_topology_constraints
 from services.common.dra.model import DeviceClass, NodeSelector, ResourceClaim
 from services.common.pb.dra_mapping import (
@@ -321,6 +327,26 @@ class AllocatorClient:
             token = response.next_page_token
             if not token:
                 return found
+
+    def quotas(self, tenants: Sequence[str] = ()) -> tuple[TenantQuota, ...]:
+        """The tenants' quotas the caller may see (docs/tenancy.md); [] when none are set."""
+        request = pb.QuotaStatusRequest(tenants=list(tenants))
+        response = self._caller.call(self._stub.QuotaStatus, request, read=True)
+        return tuple(
+            TenantQuota(
+                q.tenant,
+                q.resource,
+                q.cohort,
+                q.nominal,
+                q.used,
+                q.borrowed,
+                q.lent,
+                q.left,
+                q.borrowing_limit,
+                q.lending_limit,
+            )
+            for q in response.tenants
+        )
 
     # --- the lifecycle ------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ reached, refused or failed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import getpass
 import os
@@ -380,12 +381,37 @@ def _devices_text(reservation: Reservation, shown: int = 3) -> str:
     return ",".join(names[:shown]) + more
 
 
+def _get_quotas(args: argparse.Namespace, session: Session, out: TextIO) -> int:
+    with session.allocator() as allocator:
+        quotas = allocator.quotas(args.names)
+    headers = ["TENANT", "RESOURCE", "COHORT", "NOMINAL", "USED", "BORROWED", "LENT", "LEFT"]
+    if args.output == "wide":
+        headers += ["BORROWING-LIMIT", "LENDING-LIMIT"]
+    rows: list[Sequence[object]] = []
+    for q in quotas:
+        row: list[object] = [
+            q.tenant,
+            q.resource,
+            q.cohort or "-",
+            q.nominal,
+            q.used,
+            q.borrowed,
+            q.lent,
+            q.left,
+        ]
+        if args.output == "wide":
+            row += [q.borrowing_limit or "-", q.lending_limit or "-"]
+        rows.append(row)
+    items = [dataclasses.asdict(q) for q in quotas]
+    _outputs(args, items, [f"quota/{q.tenant}/{q.resource}" for q in quotas], headers, rows, out)
+    return 0
+
+
 GET_RESOURCES: dict[str, GetResource] = {
     "nodes": GetResource(("nodes", "node", "no"), _get_nodes),
     "devices": GetResource(("devices", "device", "dev"), _get_devices),
     "reservations": GetResource(("reservations", "reservation", "res"), _get_reservations),
-    # "quotas": the tenants' quotas, added with the quota API (GetQuota/ListQuotas) — one entry
-    # here, a `_get_quotas(args, session, out)` beside the others, and its columns.
+    "quotas": GetResource(("quotas", "quota"), _get_quotas),  # QuotaStatus: docs/tenancy.md
 }
 
 
@@ -394,7 +420,9 @@ def _resource(name: str) -> GetResource:
 
 
 def register_get(subparsers: Any) -> None:
-    parser = _parser(subparsers, "get", "list nodes, devices or reservations of a running service")
+    parser = _parser(
+        subparsers, "get", "list nodes, devices, reservations or quotas of a running service"
+    )
     kinds = [alias for resource in GET_RESOURCES.values() for alias in resource.aliases]
     parser.add_argument(
         "resource", metavar="RESOURCE", choices=kinds, help=f"one of {', '.join(GET_RESOURCES)}"

@@ -124,6 +124,23 @@ class NodePlacement:
 
 
 @dataclass(frozen=True)
+class TenantQuota:
+    """One tenant's standing on one quota resource, as QuotaStatus answers it (Kubernetes
+    quantities; an empty limit is unlimited)."""
+
+    tenant: str
+    resource: str
+    cohort: str
+    nominal: str
+    used: str
+    borrowed: str
+    lent: str
+    left: str
+    borrowing_limit: str = ""
+    lending_limit: str = ""
+
+
+@dataclass(frozen=True)
 class Placement:
     """The answer of Allocate or Explain: where the claims go (`gang`: one NodePlacement per
     node of a gang, `node_name` and `allocations` then empty), or why they do not fit."""

@@ -21,6 +21,7 @@ import yaml
 from protos.allocator.v1 import allocator_pb2 as pb
 from protos.allocator.v1 import allocator_pb2_grpc
 from protos.common.v1 import dra_pb2
+from services import cli as gpualloc_cli
 from services.allocator.adapters.redis_quota import RedisQuotaLedger
 from services.allocator.adapters.redis_store import RedisReservationStore
 from services.allocator.config import AllocatorSettings
@@ -504,3 +505,42 @@ def test_capacity_tells_a_tenant_what_its_quota_still_allows(fleet: SecuredFleet
         assert hpc.Capacity(request, timeout=20).total_within_quota == 1
     finally:
         release_all(hpc, held)
+
+
+def test_gpualloc_get_quotas_shows_a_tenant_its_quotas(
+    fleet: SecuredFleet, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _release_everything(fleet)
+    held = [reserve(stub(fleet, "slurm-bridge"), 1, owner="slurm/job/cli")]
+    try:
+        certs = fleet.directory / "slurm-bridge"
+        argv = [
+            "get",
+            "quotas",
+            "-s",
+            f"127.0.0.1:{fleet.mtls_port}",
+            "--tls-ca",
+            str(fleet.directory / "ca.crt"),
+            "--tls-cert",
+            str(certs / "tls.crt"),
+            "--tls-key",
+            str(certs / "tls.key"),
+        ]
+        assert gpualloc_cli.main(argv) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0].split() == [
+            "TENANT",
+            "RESOURCE",
+            "COHORT",
+            "NOMINAL",
+            "USED",
+            "BORROWED",
+            "LENT",
+            "LEFT",
+        ]
+        assert [line.split() for line in lines[1:]] == [
+            ["hpc", "gpus", "-", "2", "1", "0", "0", "1"],
+            ["hpc", "mig-memory", "-", "0", "0", "0", "0", "0"],
+        ]
+    finally:
+        release_all(stub(fleet, "slurm-bridge"), held)

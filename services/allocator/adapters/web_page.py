@@ -204,6 +204,8 @@ def _outcome(answer: Answer) -> str:
         return f"ALLOCATED: it fits now, on {escape(where)}"
     if answer.outcome is Outcome.BUDGET_EXHAUSTED:
         return "BUDGET EXHAUSTED: the search stopped before it found an answer"
+    if answer.outcome is Outcome.QUOTA_EXCEEDED:
+        return "QUOTA EXCEEDED: it fits, but not within the tenant's quota"
     return "UNSATISFIABLE: it does not fit now"
 
 
