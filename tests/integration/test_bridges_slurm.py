@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 
@@ -48,10 +49,21 @@ def uuids(target: str, node: str) -> dict[str, str]:
         return {d.id.device: d.uuid or "" for d in found.devices}
 
 
-def test_prolog_reserves_commits_and_exports_uuids(target):
+LEASE = "GPUALLOC_SLURM_LEASE"
+
+
+@pytest.mark.parametrize(
+    ("lease", "state", "expires_in"),
+    [
+        pytest.param({}, ReservationState.RESERVED, 600, id="default-lease-10m"),
+        pytest.param({LEASE: "90s"}, ReservationState.RESERVED, 90, id="lease-90s"),
+        pytest.param({LEASE: "0"}, ReservationState.COMMITTED, None, id="lease-0-commits"),
+    ],
+)
+def test_prolog_reserves_with_the_jobs_lease_and_exports_uuids(target, lease, state, expires_in):
     code, out, err = slurm(
         target, "prolog", SLURM_JOB_ID="17", SLURMD_NODENAME="h100-node-1",
-        SLURM_JOB_GRES="gpu:h100:4", SLURM_JOB_CONSTRAINTS="nvlink",
+        SLURM_JOB_GRES="gpu:h100:4", SLURM_JOB_CONSTRAINTS="nvlink", **lease,
     )  # fmt: skip
     assert code == 0, err
     env = exports(out)
@@ -61,7 +73,13 @@ def test_prolog_reserves_commits_and_exports_uuids(target):
     assert len(devices) == 4
     with AllocatorClient(target) as client:
         (held,) = client.list(owner="slurm/job/17")
-    assert held.state is ReservationState.COMMITTED and held.node_name == "h100-node-1"
+    assert held.state is state and held.node_name == "h100-node-1"
+    if expires_in is None:
+        assert held.expires_at is None
+    else:
+        assert held.expires_at is not None
+        left = (held.expires_at - datetime.now(UTC)).total_seconds()
+        assert expires_in - 30 < left <= expires_in
     assert held.idempotency_key == "slurm-17-h100-node-1"
     assert held.labels == {"slurm.job_id": "17", "slurm.node": "h100-node-1"}
 

@@ -254,11 +254,42 @@ class SlurmCluster:
 
     def log_tail(self, lines: int = 30) -> str:
         shown = []
-        for name in ("slurmctld.log", *(f"slurmd-{n}.log" for n in NODES)):
+        for name in ("slurmctld.log", *(f"slurmd-{n}.log" for n in NODES), "sync.log"):
             path = self.directory / "log" / name
             text = path.read_text(errors="replace") if path.exists() else "(no log)"
             shown.append(f"--- {name}\n" + "\n".join(text.splitlines()[-lines:]))
         return "\n".join(shown)
+
+    @contextlib.contextmanager
+    def syncing(self, *options: str, **environ: str) -> Iterator[subprocess.Popen[bytes]]:
+        """`gpualloc-slurm sync` running (as the controller's service would), with
+        `environ` added (GPUALLOC_SLURM_LEASE=...); stopped (SIGTERM) on the way out or by
+        the test. Its log is log/sync.log."""
+        argv = [str(Path(sys.executable).parent / "gpualloc-slurm"), "sync", *options]
+        env = {**self.env, "GPUALLOC_ALLOCATOR_ADDR": self.proxy.target, **environ}
+        with (self.directory / "log" / "sync.log").open("ab") as log:
+            process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            yield process
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                process.wait(timeout=30)
+
+    @contextlib.contextmanager
+    def script(self, name: str, text: str) -> Iterator[None]:
+        """One of the gpualloc scripts replaced by `text` (Slurm runs it anew for every job)
+        for the block, then restored."""
+        path = self.directory / "gpualloc" / name
+        before = path.read_text()
+        path.write_text(text)
+        try:
+            yield
+        finally:
+            path.write_text(before)
+
+    def script_text(self, name: str) -> str:
+        return (self.directory / "gpualloc" / name).read_text()
 
     def stop(self) -> None:
         self.run("scancel", "--full", "--user=root", check=False)
@@ -369,6 +400,7 @@ def _wait_for_idle_node(cluster: SlurmCluster) -> None:
     while time.monotonic() < deadline:
         for process in cluster.processes:
             if process.poll() is not None:
+                cluster.stop()  # the daemons that did start
                 pytest.fail(
                     f"{process.args!r} exited {process.returncode} at start\n{cluster.log_tail()}",
                     pytrace=False,

@@ -103,7 +103,8 @@ def assert_agree(
 
 def held_devices(slurm: SlurmCluster, job_id: str) -> list[str]:
     (held,) = slurm.reservations(owner=f"slurm/job/{job_id}")
-    assert held.state is ReservationState.COMMITTED and held.node_name == NODE
+    # leased, not committed: `sync` renews it while the job runs (test_sync.py)
+    assert held.state is ReservationState.RESERVED and held.node_name == NODE
     return sorted(d.device for d in held.devices)
 
 
@@ -323,10 +324,10 @@ def test_gpualloc_unreachable_at_the_epilog_is_released_by_a_later_epilog(slurm)
     assert slurm.wait_for(job_id, ["COMPLETED"])["JobState"] == "COMPLETED"
     slurm.wait_until_idle()
     # the EpilogSlurmctld could not reach gpualloc: the job is done, no node drained, and its
-    # GPUs are still held (committed reservations do not expire) ...
+    # GPUs are still held (until their lease expires, 10 minutes here; test_sync.py) ...
     assert_node_not_drained(slurm)
     assert len(held_devices(slurm, job_id)) == 2
-    # ... until the next job's EpilogSlurmctld (`epilog --sweep`) reaches gpualloc again
+    # ... or until the next job's EpilogSlurmctld (`epilog --sweep`) reaches gpualloc again
     slurm.proxy.up()
     slurm.run("srun", "true")
     wait_released(slurm, job_id)

@@ -6,8 +6,12 @@
 # cannot place them (another owner holds one, or gpualloc is unreachable after its retries), it
 # exits non-zero: Slurm requeues a batch job (cancels an interactive one) without draining any
 # node, and the reason is in the job's Comment (`squeue -o "%i %T %k"`, `scontrol show job`).
+# The reservation has a lease (GPUALLOC_SLURM_LEASE) that `gpualloc-slurm sync` renews while
+# the job runs, so a lost EpilogSlurmctld frees the GPUs by itself; it must match sync's. Jobs
+# named gpualloc-held submitted by root are sync's holder jobs: let through, nothing reserved.
 # Slurm runs it without PATH: name everything in full.
 GPUALLOC_ALLOCATOR_ADDR=${GPUALLOC_ALLOCATOR_ADDR:-gpualloc.example.com:50051}
+GPUALLOC_SLURM_LEASE=${GPUALLOC_SLURM_LEASE:-10m}
 SLURM_CONF=${SLURM_CONF:-/etc/slurm/slurm.conf}
-export GPUALLOC_ALLOCATOR_ADDR SLURM_CONF
+export GPUALLOC_ALLOCATOR_ADDR GPUALLOC_SLURM_LEASE SLURM_CONF
 exec /opt/gpualloc/bin/gpualloc-slurm prolog
