@@ -71,10 +71,18 @@ def wait_for_holders(slurm: SlurmCluster, wanted: list[int]) -> dict[str, tuple[
 
 def test_gpus_another_owner_holds_are_never_offered_by_slurm(slurm):
     hold_devices(slurm, ["gpu-3", "gpu-6"])  # not Slurm's first picks (it starts at 0)
-    with slurm.syncing("--interval=0.5s"):
+    with slurm.syncing("--interval=0.5s") as sync:
         holders = wait_for_holders(slurm, [3, 6])
         comments = {slurm.job(j)["Comment"] for j in holders}
         assert comments == {f"gpualloc: gpu-{i} held by {OTHER_OWNER}" for i in (3, 6)}
+
+        # gpualloc unreachable: sync's passes fail and are retried; the holders stay (Slurm
+        # keeps off those GPUs rather than risk them), nothing is drained
+        slurm.proxy.down()
+        time.sleep(3)
+        assert sync.poll() is None and holder_jobs(slurm) == holders
+        assert "sync pass failed: Unavailable" in (slurm.directory / "log/sync.log").read_text()
+        slurm.proxy.up()
 
         # a job asking for all the rest gets exactly the six free GPUs, at once
         job_id = slurm.sbatch("--gres=gpu:6", script=f"{report(slurm)} batch\n{hold(slurm)}\n")
