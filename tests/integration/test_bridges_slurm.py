@@ -350,3 +350,31 @@ def test_exact_type_selector_on_the_real_allocator(target, model, node, fits):
     claim = build_claim("c", [RequestSpec("gpus", 1, (choice,))], namespace="slurm")
     with AllocatorClient(target) as client:
         assert client.allocate([claim], node_name=node).fits is fits
+
+
+@pytest.mark.parametrize(
+    ("command", "uid", "held"),
+    [
+        pytest.param("prolog", "0", 0, id="roots-holder-job-reserves-nothing"),
+        pytest.param("task-prolog", "0", 0, id="roots-holder-job-task-gets-no-gpu-variable"),
+        pytest.param("prolog", "1000", 1, id="same-name-by-another-user-is-an-ordinary-job"),
+    ],
+)
+def test_syncs_holder_jobs_pass_the_prologs(target, command, uid, held):
+    code, out, err = slurm(
+        target, command, SLURM_JOB_ID="60", SLURMD_NODENAME="l40s-node-1", SLURM_JOB_GPUS="0",
+        SLURM_JOB_NAME="gpualloc-held", SLURM_JOB_UID=uid,
+    )  # fmt: skip
+    assert code == 0, err
+    assert ("CUDA_VISIBLE_DEVICES" in out) == bool(held)
+    with AllocatorClient(target) as client:
+        assert len(client.list(owner="slurm/job/60")) == held
+
+
+def test_sync_refuses_an_interval_that_cannot_keep_the_lease(target):
+    code, _, err = slurm(
+        target, "sync", "--once", "--interval=30s",
+        GPUALLOC_SLURM_LEASE="1m", SLURM_CLUSTER_NAME="c1",
+    )  # fmt: skip
+    assert code == 2
+    assert "a pass every 30s cannot keep a 60s lease" in err and "Traceback" not in err
