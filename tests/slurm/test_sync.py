@@ -72,7 +72,9 @@ def wait_for_holders(slurm: SlurmCluster, wanted: list[int]) -> dict[str, tuple[
 def test_gpus_another_owner_holds_are_never_offered_by_slurm(slurm):
     hold_devices(slurm, ["gpu-3", "gpu-6"])  # not Slurm's first picks (it starts at 0)
     with slurm.syncing("--interval=0.5s") as sync:
+        began = time.monotonic()
         holders = wait_for_holders(slurm, [3, 6])
+        print(f"holders on 3,6 after {time.monotonic() - began:.1f}s")
         comments = {slurm.job(j)["Comment"] for j in holders}
         assert comments == {f"gpualloc: gpu-{i} held by {OTHER_OWNER}" for i in (3, 6)}
 
@@ -111,7 +113,10 @@ def test_gpus_another_owner_holds_are_never_offered_by_slurm(slurm):
 
         # the other owner lets go: the holders go and Slurm offers those GPUs again
         release_owner(slurm, OTHER_OWNER)
+        released = time.monotonic()
         done = slurm.wait_for(big, ["COMPLETED", "FAILED"])
+        took = time.monotonic() - released
+        print(f"GPUs offered again: job {big} completed {took:.1f}s after the release")
         assert done["JobState"] == "COMPLETED" and done["Restarts"] == "0", done
         task = lines((slurm.out / f"{big}.out").read_text())["batch"]
         assert {3, 6} <= set(ids(task["JOB_GPUS"])) and len(ids(task["JOB_GPUS"])) == 7

@@ -14,13 +14,13 @@ What does name particular GPUs is a running job: Slurm never gives a GPU id that
 another job. So for every GPU another owner holds, `sync` keeps a *holder job* running on that
 GPU: a one-GPU batch job named `gpualloc-held`, submitted by root, running `sleep infinity`
 (its Comment names the device and its owner). Slurm picks a holder's GPU itself, so `sync`
-takes the ids it wants by submitting one-GPU holders on the node until every wanted id is
-covered (each new holder lands on a GPU no earlier one has), then cancels the holders that
-landed elsewhere; when the other owner lets go, the holder is cancelled and Slurm offers the
-GPU again. The bridge's own prologs let holder jobs through without a reservation (they hold
-GPUs that gpualloc has already given to someone else). "Another owner" is every reservation
-that is not a `slurm/job/*` reservation of this cluster (`slurm.cluster` label): Kueue
-workloads, other Slurm clusters, anything reserved by hand.
+takes the ids it wants by submitting one-GPU holders for every GPU of the node at once (those
+beyond the free GPUs wait), keeping the ones that landed on the wanted ids as soon as they
+cover them and cancelling the rest; when the other owner lets go, the holder is cancelled and
+Slurm offers the GPU again. The bridge's own prologs let holder jobs through without a
+reservation (they hold GPUs that gpualloc has already given to someone else). "Another
+owner" is every reservation that is not a `slurm/job/*` reservation of this cluster
+(`slurm.cluster` label): Kueue workloads, other Slurm clusters, anything reserved by hand.
 
 Leases. The prolog reserves a job's GPUs with a lease (GPUALLOC_SLURM_LEASE) instead of
 committing them. Each pass renews the leases of this cluster's jobs that Slurm lists as
@@ -213,7 +213,7 @@ class Syncer:
         report.cancelled += len(pending)
         holders = [h for h in holders if h.gpu_id is not None]
         for node in sorted(slurm_nodes.keys() & (outside.keys() | {h.node for h in holders})):
-            wanted = self._wanted_ids(node, outside.get(node, {}))
+            wanted, gpu_lines = self._wanted_ids(node, outside.get(node, {}))
             mine = [h for h in holders if h.node == node]
             kept = {h.gpu_id: h.job_id for h in mine if h.gpu_id in wanted}
             stale = [h.job_id for h in mine if h.gpu_id not in wanted]
@@ -221,26 +221,27 @@ class Syncer:
             report.cancelled += len(stale)
             missing = set(wanted) - set(kept)
             if missing:
-                taken = self._take(node, slurm_nodes[node], missing, wanted, report)
+                room = gpu_lines - len(kept)  # at most this many GPUs can be free
+                taken = self._take(node, slurm_nodes[node], room, missing, wanted, report)
                 missing -= set(taken)
                 kept.update(taken)
             report.held[node] = tuple(sorted(i for i in kept if i is not None))
             if missing:
                 report.missing[node] = tuple(sorted(missing))
 
-    def _wanted_ids(self, node: str, devices: Mapping[str, str]) -> dict[int, str]:
-        """Slurm GPU id -> `<device> held by <owner>` for the node's outside-held devices."""
-        if not devices:
-            return {}
-        found = self.inventory.node(node, topology=False)
+    def _wanted_ids(self, node: str, devices: Mapping[str, str]) -> tuple[dict[int, str], int]:
+        """Slurm GPU id -> `<device> held by <owner>` for the node's outside-held devices,
+        and how many GPU lines the node's gres.conf has."""
+        found = self.inventory.node(node, topology=False) if devices else None
         if found is None:
-            return {}
+            return {}, 0
         entries, _ = gres_entries(found)
-        return {
+        wanted = {
             i: f"{e.device} held by {devices[e.device]}"
             for i, e in enumerate(entries)
             if e.device in devices
         }
+        return wanted, len(entries)
 
     def _holders(self, jobs: Sequence[SlurmJobRow]) -> list[_Holder]:
         holders = []
@@ -259,34 +260,28 @@ class Syncer:
         self,
         node: str,
         partitions: Sequence[str],
+        room: int,
         missing: set[int],
         wanted: Mapping[int, str],
         report: SyncReport,
     ) -> dict[int, str]:
-        """Submit one-GPU holders on `node` until they cover `missing` (or none can start);
-        returns id -> holder job of the ones kept. Holders that landed elsewhere are
-        cancelled once done."""
+        """Take every free GPU of `node` with one-GPU holders at once (`room` of them: the
+        ones beyond the free GPUs just wait), keep those that landed on `missing` ids, cancel
+        the rest; returns id -> holder job of the ones kept. Slurm picks each holder's GPU,
+        so only taking them all is sure to cover the wanted ones in one scheduling pass."""
         taken: dict[int, str] = {}
-        elsewhere: list[str] = []
+        submitted: list[str] = []
         try:
-            while missing - taken.keys():
-                count = len(missing - taken.keys())
-                submitted = [self._submit(node, partitions) for _ in range(count)]
-                report.submitted += count
-                started = self._wait_started(submitted)
-                unstarted = [j for j in submitted if j not in started]
-                for job_id, gpu_id in started.items():
-                    if gpu_id in missing and gpu_id not in taken:
-                        taken[gpu_id] = job_id
-                        self.slurm.set_comment(job_id, f"gpualloc: {wanted[gpu_id]}")
-                    else:
-                        elsewhere.append(job_id)
-                if unstarted:  # no room for more holders on this node now
-                    elsewhere.extend(unstarted)
-                    break
+            submitted = [self._submit(node, partitions) for _ in range(room)]
+            report.submitted += len(submitted)
+            for job_id, gpu_id in self._wait_started(submitted, missing).items():
+                if gpu_id in missing and gpu_id not in taken:
+                    taken[gpu_id] = job_id
+                    self.slurm.set_comment(job_id, f"gpualloc: {wanted[gpu_id]}")
         finally:
-            self.slurm.cancel(elsewhere)
-            report.cancelled += len(elsewhere)
+            strays = [j for j in submitted if j not in taken.values()]
+            self.slurm.cancel(strays)
+            report.cancelled += len(strays)
         return taken
 
     def _submit(self, node: str, partitions: Sequence[str]) -> str:
@@ -306,12 +301,14 @@ class Syncer:
             options.append(f"--partition={','.join(partitions)}")
         return self.slurm.submit(*options, wrap="exec sleep infinity")
 
-    def _wait_started(self, job_ids: Sequence[str]) -> dict[str, int]:
-        """Job id -> the GPU id Slurm gave it, for those that started within the timeout."""
+    def _wait_started(self, job_ids: Sequence[str], wanted: set[int]) -> dict[str, int]:
+        """Job id -> the GPU id Slurm gave it, for those that started; waits until the
+        started ones cover `wanted`, or every job started or ended, at most the start timeout
+        (a job still pending then had no GPU free for it)."""
         deadline = self._clock() + self.start_timeout
         started: dict[str, int] = {}
         waiting = set(job_ids)
-        while waiting:
+        while waiting and not wanted <= set(started.values()):
             states = {row.job_id: row.state for row in self.slurm.jobs()}
             for job_id in sorted(waiting):
                 if states.get(job_id) in _HOLDING:
@@ -322,7 +319,7 @@ class Syncer:
                         waiting.discard(job_id)
                 elif states.get(job_id, "COMPLETED") in ENDED_STATES | {"COMPLETING"}:
                     waiting.discard(job_id)
-            if not waiting or self._clock() > deadline:
+            if self._clock() > deadline:
                 break
             time.sleep(_POLL_SECONDS)
         return started
