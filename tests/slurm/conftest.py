@@ -313,13 +313,28 @@ def _fields(text: str) -> dict[str, str]:
     return {k: v.strip() for k, v in re.findall(r"(\w+)=(.*?)(?= \w+=|$)", text.strip())}
 
 
-def _remove_cgroups() -> None:
-    """slurmd's cgroup v1 directories (`slurm_<node>`), deepest first."""
+def _remove_cgroups(timeout: float = 10.0) -> None:
+    """slurmd's cgroup v1 directories (`slurm_<node>`), deepest first. A job process that
+    outlived its slurmstepd (being killed, say) keeps its cgroup busy: it is killed, and the
+    removal retried until `timeout`."""
+    deadline = time.monotonic() + timeout
     for top in (t for n in NODES for t in Path("/sys/fs/cgroup").glob(f"*/slurm_{n}")):
-        for directory in sorted(top.rglob("*"), key=lambda p: len(p.parts), reverse=True):
-            if directory.is_dir():
-                directory.rmdir()
-        top.rmdir()
+        for directory in [*sorted(top.rglob("*"), key=lambda p: len(p.parts), reverse=True), top]:
+            while directory.is_dir():
+                try:
+                    directory.rmdir()
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    _kill_members(directory)
+                    time.sleep(0.1)
+
+
+def _kill_members(cgroup: Path) -> None:
+    procs = cgroup / "cgroup.procs"
+    for pid in procs.read_text().split() if procs.exists() else ():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
 
 
 def _render(text: str, replacements: dict[str, str]) -> str:

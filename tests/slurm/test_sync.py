@@ -59,14 +59,17 @@ def holder_jobs(slurm: SlurmCluster) -> dict[str, tuple[int, ...]]:
 
 
 def wait_for_holders(slurm: SlurmCluster, wanted: list[int]) -> dict[str, tuple[int, ...]]:
-    """The holder jobs once exactly `wanted` are held, one holder each (no stray holder)."""
+    """The holder jobs once exactly `wanted` are held, one kept holder each (sync writes a
+    kept holder's Comment; a stray is about to be cancelled)."""
     deadline = time.monotonic() + WAIT_SECONDS
-    found = holder_jobs(slurm)
-    while sorted(i for held in found.values() for i in held) != wanted or len(found) != len(wanted):
+    while True:
+        found = holder_jobs(slurm)
+        held = sorted(i for ids in found.values() for i in ids)
+        kept = all(slurm.job(j).get("Comment", "").startswith("gpualloc: gpu-") for j in found)
+        if held == wanted and len(found) == len(wanted) and kept:
+            return found
         assert time.monotonic() < deadline, f"holders {found}, not {wanted}\n{slurm.log_tail()}"
         time.sleep(0.2)
-        found = holder_jobs(slurm)
-    return found
 
 
 def test_gpus_another_owner_holds_are_never_offered_by_slurm(slurm):
@@ -82,7 +85,7 @@ def test_gpus_another_owner_holds_are_never_offered_by_slurm(slurm):
         # keeps off those GPUs rather than risk them), nothing is drained
         slurm.proxy.down()
         time.sleep(3)
-        assert sync.poll() is None and holder_jobs(slurm) == holders
+        assert sync.poll() is None and holder_jobs(slurm) == holders, slurm.log_tail(60)
         assert "sync pass failed: Unavailable" in (slurm.directory / "log/sync.log").read_text()
         slurm.proxy.up()
 

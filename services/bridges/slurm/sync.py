@@ -88,8 +88,9 @@ def outside_holdings(
     for reservation in reservations:
         if is_ours(reservation, cluster):
             continue
+        owner = reservation.owner or "another tenant"  # whose owner the allocator does not show
         for device in reservation.devices:
-            held.setdefault(reservation.node_name, {})[device.device] = reservation.owner
+            held.setdefault(reservation.node_name, {})[device.device] = owner
     return held
 
 
@@ -129,6 +130,7 @@ class _Holder:
     node: str
     gpu_id: int | None
     """None while pending (Slurm has not picked its GPU yet)."""
+    pending: bool = False
 
 
 class Syncer:
@@ -208,10 +210,10 @@ class Syncer:
         outside = outside_holdings(reservations, self.cluster)
         slurm_nodes = {n.name: n.partitions for n in self.slurm.nodes()}
         holders = self._holders(jobs)
-        pending = [h.job_id for h in holders if h.gpu_id is None]  # left by a pass cut short
+        pending = [h.job_id for h in holders if h.pending]  # left by a pass cut short
         self.slurm.cancel(pending)
         report.cancelled += len(pending)
-        holders = [h for h in holders if h.gpu_id is not None]
+        holders = [h for h in holders if h.gpu_id is not None]  # started, its GPU known
         for node in sorted(slurm_nodes.keys() & (outside.keys() | {h.node for h in holders})):
             wanted, gpu_lines = self._wanted_ids(node, outside.get(node, {}))
             mine = [h for h in holders if h.node == node]
@@ -253,7 +255,9 @@ class Syncer:
             if row.state in _HOLDING:
                 picked = gpu_ids_from_job_details(self.slurm.job_details(row.job_id))
                 node, ids = next(iter(picked.items()), (row.nodes, ()))
-            holders.append(_Holder(row.job_id, node, ids[0] if ids else None))
+            holders.append(
+                _Holder(row.job_id, node, ids[0] if ids else None, pending=row.state == "PENDING")
+            )
         return holders
 
     def _take(
