@@ -9,7 +9,8 @@ themselves. While the block runs, a background thread renews every reservation a
 its TTL, so a slow job start does not lose the devices; once committed there is nothing left
 to renew. `commit_on_exit=False` is for a block that is the whole job: the devices are
 released when it ends (call `lease.commit()` inside if the job must outlive a crash of the
-caller). A renewal that fails (the lease expired, someone released it) is kept in `lost` and
+caller; `keep()` leaves them reserved, their lease running on, for another process to renew).
+A renewal that fails (the lease expired, someone released it) is kept in `lost` and
 ends the renewals; the following commit then fails with that reservation's NotFound.
 """
 
@@ -57,6 +58,7 @@ class Lease:
         self.placement: Placement | None = None
         self.reservations: tuple[Reservation, ...] = ()
         self.committed = False
+        self.kept = False
         self.released = False
         self.lost: GpuallocError | None = None
         self.renewals = 0
@@ -83,7 +85,7 @@ class Lease:
     ) -> None:
         if exc is not None or not self.commit_on_exit:
             self.release()
-        elif not self.committed:
+        elif not (self.committed or self.kept):
             self.commit()
 
     def commit(self) -> tuple[Reservation, ...]:
@@ -94,6 +96,14 @@ class Lease:
             for r in self.reservations
         )
         self.committed = True
+        return self.reservations
+
+    def keep(self) -> tuple[Reservation, ...]:
+        """Stop renewing and leave the devices reserved: their lease runs on (to
+        `lease_ttl_seconds` from the last renewal) until someone else renews, commits or
+        releases them. The block's exit then neither commits nor releases."""
+        self._stop_renewing()
+        self.kept = True
         return self.reservations
 
     def release(self) -> None:

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 
@@ -48,10 +49,21 @@ def uuids(target: str, node: str) -> dict[str, str]:
         return {d.id.device: d.uuid or "" for d in found.devices}
 
 
-def test_prolog_reserves_commits_and_exports_uuids(target):
+LEASE = "GPUALLOC_SLURM_LEASE"
+
+
+@pytest.mark.parametrize(
+    ("lease", "state", "expires_in"),
+    [
+        pytest.param({}, ReservationState.RESERVED, 600, id="default-lease-10m"),
+        pytest.param({LEASE: "90s"}, ReservationState.RESERVED, 90, id="lease-90s"),
+        pytest.param({LEASE: "0"}, ReservationState.COMMITTED, None, id="lease-0-commits"),
+    ],
+)
+def test_prolog_reserves_with_the_jobs_lease_and_exports_uuids(target, lease, state, expires_in):
     code, out, err = slurm(
         target, "prolog", SLURM_JOB_ID="17", SLURMD_NODENAME="h100-node-1",
-        SLURM_JOB_GRES="gpu:h100:4", SLURM_JOB_CONSTRAINTS="nvlink",
+        SLURM_JOB_GRES="gpu:h100:4", SLURM_JOB_CONSTRAINTS="nvlink", **lease,
     )  # fmt: skip
     assert code == 0, err
     env = exports(out)
@@ -61,7 +73,13 @@ def test_prolog_reserves_commits_and_exports_uuids(target):
     assert len(devices) == 4
     with AllocatorClient(target) as client:
         (held,) = client.list(owner="slurm/job/17")
-    assert held.state is ReservationState.COMMITTED and held.node_name == "h100-node-1"
+    assert held.state is state and held.node_name == "h100-node-1"
+    if expires_in is None:
+        assert held.expires_at is None
+    else:
+        assert held.expires_at is not None
+        left = (held.expires_at - datetime.now(UTC)).total_seconds()
+        assert expires_in - 30 < left <= expires_in
     assert held.idempotency_key == "slurm-17-h100-node-1"
     assert held.labels == {"slurm.job_id": "17", "slurm.node": "h100-node-1"}
 
@@ -332,3 +350,31 @@ def test_exact_type_selector_on_the_real_allocator(target, model, node, fits):
     claim = build_claim("c", [RequestSpec("gpus", 1, (choice,))], namespace="slurm")
     with AllocatorClient(target) as client:
         assert client.allocate([claim], node_name=node).fits is fits
+
+
+@pytest.mark.parametrize(
+    ("command", "uid", "held"),
+    [
+        pytest.param("prolog", "0", 0, id="roots-holder-job-reserves-nothing"),
+        pytest.param("task-prolog", "0", 0, id="roots-holder-job-task-gets-no-gpu-variable"),
+        pytest.param("prolog", "1000", 1, id="same-name-by-another-user-is-an-ordinary-job"),
+    ],
+)
+def test_syncs_holder_jobs_pass_the_prologs(target, command, uid, held):
+    code, out, err = slurm(
+        target, command, SLURM_JOB_ID="60", SLURMD_NODENAME="l40s-node-1", SLURM_JOB_GPUS="0",
+        SLURM_JOB_NAME="gpualloc-held", SLURM_JOB_UID=uid,
+    )  # fmt: skip
+    assert code == 0, err
+    assert ("CUDA_VISIBLE_DEVICES" in out) == bool(held)
+    with AllocatorClient(target) as client:
+        assert len(client.list(owner="slurm/job/60")) == held
+
+
+def test_sync_refuses_an_interval_that_cannot_keep_the_lease(target):
+    code, _, err = slurm(
+        target, "sync", "--once", "--interval=30s",
+        GPUALLOC_SLURM_LEASE="1m", SLURM_CLUSTER_NAME="c1",
+    )  # fmt: skip
+    assert code == 2
+    assert "a pass every 30s cannot keep a 60s lease" in err and "Traceback" not in err

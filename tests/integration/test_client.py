@@ -169,6 +169,17 @@ def test_lease_renews_in_the_background(client):
     assert client.list(owner="test/client") == []
 
 
+def test_a_kept_lease_stays_reserved_and_then_expires(client):
+    claim = claim_from_spec("1 x l40s", name="handed-on")
+    with client.lease([claim], lease_ttl_seconds=0.6) as lease:
+        kept = lease.keep()  # someone else renews it from here on (the Slurm bridge's sync)
+    assert lease.kept and not lease.committed and not lease.released
+    (held,) = client.list(owner="test/client")
+    assert held.id == kept[0].id and held.state is ReservationState.RESERVED
+    time.sleep(1.0)  # nobody renewed it: the lease ran out
+    assert client.list(owner="test/client") == []
+
+
 def test_lease_that_cannot_be_placed_says_why(client):
     with (
         pytest.raises(Unplaceable) as raised,

@@ -44,7 +44,7 @@ def test_the_slurm_bridge_reserves_as_its_tenant_and_releases_over_mtls(fleet: S
     admin = allocator_pb2_grpc.AllocatorStub(fleet.channel("admin"))
     listed = admin.ListReservations(pb.ListReservationsRequest(), timeout=10).reservations
     (held,) = [r for r in listed if r.owner == "hpc/slurm/job/4242"]
-    assert held.tenant == "hpc" and held.state == pb.RESERVATION_STATE_COMMITTED
+    assert held.tenant == "hpc" and held.state == pb.RESERVATION_STATE_RESERVED  # sync renews
     # another tenant's scheduler naming the same job cannot end it
     other = allocator_pb2_grpc.AllocatorStub(fleet.channel("scheduler-a"))
     with pytest.raises(grpc.RpcError) as caught:

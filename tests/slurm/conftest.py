@@ -30,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -59,7 +60,7 @@ START_TIMEOUT_SECONDS = 30.0
 JOB_TIMEOUT_SECONDS = 60.0
 _SBIN = "/usr/sbin:/usr/bin:/sbin:/bin"
 _PROGRAMS = ("munged", "slurmctld", "slurmd", "slurmstepd", "sbatch", "srun", "scontrol", "squeue")
-_SLURM_FIXTURES = frozenset({"slurm_cluster", "slurm"})
+_SLURM_FIXTURES = frozenset({"slurm_cluster", "slurm", "system_install"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -192,11 +193,14 @@ class SlurmCluster:
             )
         return done
 
-    def sbatch(self, *options: str, script: str) -> str:
+    def sbatch(self, *options: str, script: str, user: str = "") -> str:
+        """Submit a batch job (as `user`, when given, through runuser); its id."""
         path = self.out / f"job-{time.monotonic_ns()}.sh"
         path.write_text("#!/bin/sh\n" + script)
         path.chmod(0o755)
-        done = self.run("sbatch", "--parsable", f"--output={self.out}/%j.out", *options, str(path))
+        run_as = ["runuser", "-u", user, "--"] if user else []
+        argv = [*run_as, "sbatch", "--parsable", f"--output={self.out}/%j.out", *options]
+        done = self.run(*argv, str(path))
         return done.stdout.strip().split(";")[0]
 
     def job(self, job_id: str) -> dict[str, str]:
@@ -254,11 +258,42 @@ class SlurmCluster:
 
     def log_tail(self, lines: int = 30) -> str:
         shown = []
-        for name in ("slurmctld.log", *(f"slurmd-{n}.log" for n in NODES)):
+        for name in ("slurmctld.log", *(f"slurmd-{n}.log" for n in NODES), "sync.log"):
             path = self.directory / "log" / name
             text = path.read_text(errors="replace") if path.exists() else "(no log)"
             shown.append(f"--- {name}\n" + "\n".join(text.splitlines()[-lines:]))
         return "\n".join(shown)
+
+    @contextlib.contextmanager
+    def syncing(self, *options: str, **environ: str) -> Iterator[subprocess.Popen[bytes]]:
+        """`gpualloc-slurm sync` running (as the controller's service would), with
+        `environ` added (GPUALLOC_SLURM_LEASE=...); stopped (SIGTERM) on the way out or by
+        the test. Its log is log/sync.log."""
+        argv = [str(Path(sys.executable).parent / "gpualloc-slurm"), "sync", *options]
+        env = {**self.env, "GPUALLOC_ALLOCATOR_ADDR": self.proxy.target, **environ}
+        with (self.directory / "log" / "sync.log").open("ab") as log:
+            process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            yield process
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                process.wait(timeout=30)
+
+    @contextlib.contextmanager
+    def script(self, name: str, text: str) -> Iterator[None]:
+        """One of the gpualloc scripts replaced by `text` (Slurm runs it anew for every job)
+        for the block, then restored."""
+        path = self.directory / "gpualloc" / name
+        before = path.read_text()
+        path.write_text(text)
+        try:
+            yield
+        finally:
+            path.write_text(before)
+
+    def script_text(self, name: str) -> str:
+        return (self.directory / "gpualloc" / name).read_text()
 
     def stop(self) -> None:
         self.run("scancel", "--full", "--user=root", check=False)
@@ -278,13 +313,28 @@ def _fields(text: str) -> dict[str, str]:
     return {k: v.strip() for k, v in re.findall(r"(\w+)=(.*?)(?= \w+=|$)", text.strip())}
 
 
-def _remove_cgroups() -> None:
-    """slurmd's cgroup v1 directories (`slurm_<node>`), deepest first."""
+def _remove_cgroups(timeout: float = 10.0) -> None:
+    """slurmd's cgroup v1 directories (`slurm_<node>`), deepest first. A job process that
+    outlived its slurmstepd (being killed, say) keeps its cgroup busy: it is killed, and the
+    removal retried until `timeout`."""
+    deadline = time.monotonic() + timeout
     for top in (t for n in NODES for t in Path("/sys/fs/cgroup").glob(f"*/slurm_{n}")):
-        for directory in sorted(top.rglob("*"), key=lambda p: len(p.parts), reverse=True):
-            if directory.is_dir():
-                directory.rmdir()
-        top.rmdir()
+        for directory in [*sorted(top.rglob("*"), key=lambda p: len(p.parts), reverse=True), top]:
+            while directory.is_dir():
+                try:
+                    directory.rmdir()
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    _kill_members(directory)
+                    time.sleep(0.1)
+
+
+def _kill_members(cgroup: Path) -> None:
+    procs = cgroup / "cgroup.procs"
+    for pid in procs.read_text().split() if procs.exists() else ():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
 
 
 def _render(text: str, replacements: dict[str, str]) -> str:
@@ -369,6 +419,7 @@ def _wait_for_idle_node(cluster: SlurmCluster) -> None:
     while time.monotonic() < deadline:
         for process in cluster.processes:
             if process.poll() is not None:
+                cluster.stop()  # the daemons that did start
                 pytest.fail(
                     f"{process.args!r} exited {process.returncode} at start\n{cluster.log_tail()}",
                     pytrace=False,
@@ -440,12 +491,62 @@ def start_slurm(
     return cluster
 
 
+@contextlib.contextmanager
+def _shared_directory(prefix: str) -> Iterator[Path]:
+    """A fresh directory every job user can enter (pytest's own temporary directories are
+    root's alone, so a job user could reach neither the munge socket nor an install there)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def system_install() -> Iterator[Path]:
+    """gpualloc installed as docs/bridges.md's setup says (a wheel into a venv of the system's
+    python3, root-owned, world-readable): the directory that stands for /opt/gpualloc."""
+    with _shared_directory("gpualloc-install-") as top:
+        yield _install(top)
+
+
+def _install(top: Path) -> Path:
+    opt = top / "opt-gpualloc"
+    python3 = shutil.which("python3", path=_SBIN)  # the system's, as `sudo python3` finds it
+    if python3 is None:
+        pytest.fail("python3 not found in /usr/bin (Debian's python3-venv)", pytrace=False)
+    steps = [
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "-w",
+            str(top / "dist"),
+            ".",
+        ],
+        [python3, "-m", "venv", str(opt)],
+    ]
+    for argv in steps:
+        subprocess.run(argv, cwd=ROOT, check=True, capture_output=True, timeout=300)
+    (wheel,) = (top / "dist").glob("gpualloc-*.whl")
+    subprocess.run(
+        [str(opt / "bin" / "pip"), "install", "--quiet", str(wheel)],
+        check=True, capture_output=True, timeout=600,
+    )  # fmt: skip
+    subprocess.run(["chmod", "-R", "a+rX", str(opt)], check=True)
+    return opt
+
+
 @pytest.fixture(scope="module")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+def slurm_cluster() -> Iterator[SlurmCluster]:
     """The real Slurm of a test module, with its own gpualloc."""
-    with local_cluster.start() as gpualloc:
+    with local_cluster.start() as gpualloc, _shared_directory("gpualloc-slurm-") as directory:
         proxy = TcpProxy(("127.0.0.1", gpualloc.port))
-        cluster = start_slurm(tmp_path_factory.mktemp("slurm"), gpualloc, proxy)
+        cluster = start_slurm(directory, gpualloc, proxy)
         try:
             yield cluster
         finally:

@@ -9,6 +9,7 @@ lets it open.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import time
@@ -103,7 +104,8 @@ def assert_agree(
 
 def held_devices(slurm: SlurmCluster, job_id: str) -> list[str]:
     (held,) = slurm.reservations(owner=f"slurm/job/{job_id}")
-    assert held.state is ReservationState.COMMITTED and held.node_name == NODE
+    # leased, not committed: `sync` renews it while the job runs (test_sync.py)
+    assert held.state is ReservationState.RESERVED and held.node_name == NODE
     return sorted(d.device for d in held.devices)
 
 
@@ -303,8 +305,13 @@ def wait_requeued(slurm: SlurmCluster, job_id: str) -> dict[str, str]:
 def test_gpualloc_unreachable_at_the_prolog_requeues_without_draining(slurm):
     slurm.epilog_may_fail = True  # the requeue's EpilogSlurmctld cannot reach gpualloc either
     slurm.proxy.down()
+    submitted = time.monotonic()
     job_id = slurm.sbatch("--gres=gpu:1", script=f"{report(slurm)} batch\n")
     fields = wait_requeued(slurm, job_id)
+    took = time.monotonic() - submitted
+    # bounded: the client's retries (4 attempts, backoff from 0.1s) then a clear failure
+    print(f"gpualloc unreachable: job {job_id} requeued {took:.1f}s after sbatch")
+    assert took < 20, took
     assert fields["Comment"].startswith("gpualloc: Unavailable: "), fields
     assert_node_not_drained(slurm)
     assert slurm.reservations() == []
@@ -323,10 +330,10 @@ def test_gpualloc_unreachable_at_the_epilog_is_released_by_a_later_epilog(slurm)
     assert slurm.wait_for(job_id, ["COMPLETED"])["JobState"] == "COMPLETED"
     slurm.wait_until_idle()
     # the EpilogSlurmctld could not reach gpualloc: the job is done, no node drained, and its
-    # GPUs are still held (committed reservations do not expire) ...
+    # GPUs are still held (until their lease expires, 10 minutes here; test_sync.py) ...
     assert_node_not_drained(slurm)
     assert len(held_devices(slurm, job_id)) == 2
-    # ... until the next job's EpilogSlurmctld (`epilog --sweep`) reaches gpualloc again
+    # ... or until the next job's EpilogSlurmctld (`epilog --sweep`) reaches gpualloc again
     slurm.proxy.up()
     slurm.run("srun", "true")
     wait_released(slurm, job_id)
@@ -360,3 +367,27 @@ def test_a_two_node_job_is_placed_on_all_nodes_or_none(slurm):
     assert [r.owner for r in slurm.reservations()] == [OTHER_OWNER]  # NODE's was given back
     for node in NODES:
         assert_node_not_drained(slurm, node)
+
+
+def test_a_job_of_an_unprivileged_user_runs_with_the_system_wide_install(slurm, system_install):
+    """The TaskProlog runs as the job's user: from the docs' install (not the test's venv,
+    which that user cannot execute) it gives `nobody`'s job exactly Slurm's GPUs."""
+    installed = f"{system_install}/bin/gpualloc-slurm"
+    scripts = ("prolog-slurmctld.sh", "taskprolog.sh", "epilog-slurmctld.sh")
+    with contextlib.ExitStack() as stack:
+        for name in scripts:
+            text = re.sub(r"\S+/gpualloc-slurm ", f"{installed} ", slurm.script_text(name))
+            assert installed in text
+            stack.enter_context(slurm.script(name, text))
+        script = f"{report(slurm)} batch\n{hold(slurm)}\n"
+        job_id = slurm.sbatch("--gres=gpu:2", script=script, user="nobody")
+        slurm.wait_for_file(slurm.out / f"ready-{job_id}")
+        slurm_ids = list(gpu_ids_from_job_details(slurm.job_details(job_id))[NODE])
+        assert held_devices(slurm, job_id) == sorted(f"gpu-{i}" for i in slurm_ids)
+        (slurm.out / f"go-{job_id}").touch()
+        done = slurm.wait_for(job_id, ["COMPLETED", "FAILED"])
+    assert done["JobState"] == "COMPLETED" and done["UserId"].startswith("nobody("), done
+    task = lines((slurm.out / f"{job_id}.out").read_text())["batch"]
+    assert ids(task["JOB_GPUS"]) == slurm_ids
+    assert_agree(slurm, task, slurm_ids)
+    wait_released(slurm, job_id)

@@ -1,13 +1,19 @@
 #!/bin/sh
 # slurm.conf: PrologSlurmctld=/etc/slurm/gpualloc/prolog-slurmctld.sh — runs on the controller
 # (as SlurmUser) once Slurm has allocated the job, before anything of it starts on a node.
-# Reserves and commits in gpualloc exactly the GPUs Slurm picked on each node (owner
+# Reserves in gpualloc exactly the GPUs Slurm picked on each node (owner
 # slurm/job/$SLURM_JOB_ID; the ids from `scontrol show job -d`), all nodes or none. When gpualloc
 # cannot place them (another owner holds one, or gpualloc is unreachable after its retries), it
 # exits non-zero: Slurm requeues a batch job (cancels an interactive one) without draining any
 # node, and the reason is in the job's Comment (`squeue -o "%i %T %k"`, `scontrol show job`).
+# The reservation has a lease (GPUALLOC_SLURM_LEASE) that `gpualloc-slurm sync` renews while
+# the job runs, so a lost EpilogSlurmctld frees the GPUs by itself; it must match sync's.
 # Slurm runs it without PATH: name everything in full.
 GPUALLOC_ALLOCATOR_ADDR=${GPUALLOC_ALLOCATOR_ADDR:-gpualloc.example.com:50051}
+GPUALLOC_SLURM_LEASE=${GPUALLOC_SLURM_LEASE:-10m}
 SLURM_CONF=${SLURM_CONF:-/etc/slurm/slurm.conf}
-export GPUALLOC_ALLOCATOR_ADDR SLURM_CONF
+export GPUALLOC_ALLOCATOR_ADDR GPUALLOC_SLURM_LEASE SLURM_CONF
+# gpualloc-slurm sync's holder jobs (named gpualloc-held, submitted by root) need nothing
+# here; skipping them in the shell spares the controller a Python start per holder.
+[ "${SLURM_JOB_NAME-}:${SLURM_JOB_UID-}" = "gpualloc-held:0" ] && exit 0
 exec /opt/gpualloc/bin/gpualloc-slurm prolog

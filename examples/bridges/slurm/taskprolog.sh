@@ -6,4 +6,7 @@
 # why; a job that asked for no GPU gets no GPU variable.
 GPUALLOC_ALLOCATOR_ADDR=${GPUALLOC_ALLOCATOR_ADDR:-gpualloc.example.com:50051}
 export GPUALLOC_ALLOCATOR_ADDR
+# gpualloc-slurm sync's holder jobs (named gpualloc-held, submitted by root) need nothing
+# here; skipping them in the shell spares the controller a Python start per holder.
+[ "${SLURM_JOB_NAME-}:${SLURM_JOB_UID-}" = "gpualloc-held:0" ] && exit 0
 exec /opt/gpualloc/bin/gpualloc-slurm task-prolog

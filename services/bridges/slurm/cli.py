@@ -4,6 +4,7 @@
     gpualloc-slurm task-prolog   # slurm.conf TaskProlog=: export CUDA_VISIBLE_DEVICES=GPU-...
     gpualloc-slurm epilog --all-nodes  # slurm.conf EpilogSlurmctld= (or Epilog=): release
     gpualloc-slurm gres-conf --node h100-node-1 > /etc/slurm/gres.conf
+    gpualloc-slurm sync          # on the controller, as root: holder jobs, leases (a service)
     gpualloc-slurm translate --gres=gpu:h100:4 -C nvlink   # print the claim (YAML)
 
 The job comes from Slurm's prolog environment (SLURM_JOB_ID, SLURMD_NODENAME,
@@ -12,6 +13,9 @@ SLURM_JOB_CONSTRAINTS, SLURM_STEP_GPUS); as PrologSlurmctld (SLURM_SCRIPT_CONTEX
 prolog_slurmctld) Slurm's GPU ids per node come from `scontrol show job -d` (GPUALLOC_SCONTROL,
 default /usr/bin/scontrol), and a failure also writes `gpualloc: <why>` into the job's Comment
 (`squeue -o %k`, `scontrol show job`). The sbatch-style flags override the environment. The
+prolog reserves with a lease of GPUALLOC_SLURM_LEASE (default 10m; 0 commits instead), which
+`sync` renews while the job runs (GPUALLOC_SLURM_SYNC_INTERVAL between passes, default 10s;
+see services/bridges/slurm/sync.py). The
 allocator is GPUALLOC_ALLOCATOR_ADDR (default 127.0.0.1:50051), the inventory
 GPUALLOC_INVENTORY_ADDR (default: the allocator's address). TLS: GPUALLOC_CLIENT_TLS_CA (the
 servers' CA; any TLS variable turns TLS on), GPUALLOC_CLIENT_TLS_CERT + GPUALLOC_CLIENT_TLS_KEY
@@ -27,10 +31,12 @@ be reached or failed; 4 (task-prolog) the job asked for GPUs and gpualloc holds 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
-import subprocess
+import signal
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
@@ -38,8 +44,10 @@ from typing import TextIO
 import yaml
 
 from services.bridges.slurm.claims import claim_for_node
+from services.bridges.slurm.commands import SlurmCommands
 from services.bridges.slurm.gresconf import parse_mig_minors, render_gres_conf
 from services.bridges.slurm.prolog import (
+    JOB_LEASE_SECONDS,
     NoReservation,
     SlurmJob,
     run_epilog,
@@ -48,10 +56,12 @@ from services.bridges.slurm.prolog import (
     task_gpus,
 )
 from services.bridges.slurm.request import SlurmGpuRequest, request_from_options
+from services.bridges.slurm.sync import HOLDER_NAME, Syncer, is_holder
 from services.client.cli_flags import add_client_flags, client_settings
 from services.client.client import AllocatorClient
 from services.client.errors import Unplaceable
 from services.client.inventory import InventoryClient
+from services.common.config import env_duration
 from services.common.console import console_main
 from services.common.dra.serialize import to_dict
 from services.common.errors import FailedPrecondition, GpuallocError, InvalidArgument
@@ -63,10 +73,8 @@ EXIT_INVALID = 2
 EXIT_FAILED = 3
 EXIT_NO_RESERVATION = 4
 SLURMCTLD_CONTEXT = "prolog_slurmctld"
-SCONTROL = "/usr/bin/scontrol"
-SQUEUE = "/usr/bin/squeue"
-SCONTROL_TIMEOUT_SECONDS = 30.0
 COMMENT_LIMIT = 400
+SYNC_INTERVAL_SECONDS = 10.0
 
 
 def _request_flags(parser: argparse.ArgumentParser) -> None:
@@ -124,6 +132,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="the node's /proc/driver/nvidia-caps/mig-minors, to pin MIG devices' files",
     )
+    sync = commands.add_parser(
+        "sync",
+        help="keep Slurm off the GPUs other owners hold (holder jobs) and renew the leases of "
+        "running jobs; a service on the controller, as root",
+    )
+    sync.add_argument("--once", action="store_true", help="one pass; print what it did")
+    sync.add_argument(
+        "--interval",
+        help="pause between passes (a duration; env GPUALLOC_SLURM_SYNC_INTERVAL, default 10s)",
+    )
+    sync.add_argument("--cluster", help="this Slurm's ClusterName (default: scontrol's)")
     translate = commands.add_parser("translate", help="print the claim a request becomes")
     _request_flags(translate)
     return parser
@@ -149,36 +168,9 @@ def _slurmctld(environ: Mapping[str, str]) -> bool:
     return environ.get("SLURM_SCRIPT_CONTEXT", "") == SLURMCTLD_CONTEXT
 
 
-def _scontrol(environ: Mapping[str, str], *argv: str) -> str:
-    """Run scontrol (PrologSlurmctld may: it runs beside slurmctld, not inside slurmd)."""
-    return _slurm_command(environ, "GPUALLOC_SCONTROL", SCONTROL, *argv)
-
-
-def _slurm_command(environ: Mapping[str, str], variable: str, default: str, *argv: str) -> str:
-    """A Slurm command's standard output; FailedPrecondition when it fails or hangs."""
-    command = [environ.get(variable) or default, *argv]
-    try:
-        done = subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            timeout=SCONTROL_TIMEOUT_SECONDS,
-            env=dict(environ),
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as error:
-        raise FailedPrecondition(f"{' '.join(command)}: {error}") from None
-    if done.returncode != 0:
-        raise FailedPrecondition(
-            f"{' '.join(command)} exited {done.returncode}: {done.stderr.strip()}"
-        )
-    return done.stdout
-
-
 def _live_jobs(environ: Mapping[str, str]) -> dict[str, str]:
     """Job id -> state of every job slurmctld still lists."""
-    text = _slurm_command(environ, "GPUALLOC_SQUEUE", SQUEUE, "-h", "-t", "all", "-o", "%A %T")
-    return dict(line.split(None, 1) for line in text.splitlines() if " " in line.strip())
+    return {row.job_id: row.state for row in SlurmCommands(environ).jobs()}
 
 
 def _job(args: argparse.Namespace, environ: Mapping[str, str]) -> SlurmJob:
@@ -194,7 +186,7 @@ def _job(args: argparse.Namespace, environ: Mapping[str, str]) -> SlurmJob:
     if args.command == "prolog" and request is None and not args.node and _slurmctld(env):
         job_id = env.get("SLURM_JOB_ID", "").strip()
         if job_id:
-            details = _scontrol(env, "show", "job", "-d", job_id)
+            details = SlurmCommands(env).job_details(job_id)
     step = args.command == "task-prolog"
     return SlurmJob.from_environ(env, node=args.node, request=request, details=details, step=step)
 
@@ -210,7 +202,7 @@ def _tell_the_job(
         return
     comment = re.sub(r"\s+", " ", f"gpualloc: {text}").strip()[:COMMENT_LIMIT]
     try:
-        _scontrol(environ, "update", f"JobId={job_id}", f"Comment={comment}")
+        SlurmCommands(environ).set_comment(job_id, comment)
     except FailedPrecondition as error:
         print(f"gpualloc-slurm: could not set the job's Comment: {error}", file=err)
 
@@ -283,6 +275,14 @@ def _run(
             raise InvalidArgument.at("--node", f"node {args.node!r} is not in the inventory")
         out.write("\n".join(render_gres_conf(n, minors) for n in nodes if n is not None))
         return 0
+    if args.command == "sync":
+        return _sync(args, environ, client, inventory, out)
+    if is_holder(environ):
+        job_id = environ.get("SLURM_JOB_ID", "")
+        print(
+            f"gpualloc-slurm: job {job_id} is a {HOLDER_NAME} holder job: nothing to do", file=err
+        )
+        return 0
     job = _job(args, environ)
     client.owner = job.owner
     if args.command == "epilog":
@@ -300,7 +300,8 @@ def _run(
                 )
         return 0
     if args.command == "prolog":
-        found = run_prolog(client, inventory, job)
+        lease = env_duration(environ, "GPUALLOC_SLURM_LEASE", JOB_LEASE_SECONDS, minimum=0.0)
+        found = run_prolog(client, inventory, job, lease_seconds=lease)
         if not found:
             print(f"gpualloc-slurm: job {job.job_id} requests no GPU", file=err)
         elif environ.get("SLURM_JOB_RESTART_COUNT", "0").strip() not in ("", "0"):
@@ -315,6 +316,47 @@ def _run(
     if len(found) == 1:
         out.write("\n".join(found[0].exports()) + "\n")
     return 0
+
+
+def _sync(
+    args: argparse.Namespace,
+    environ: Mapping[str, str],
+    client: AllocatorClient,
+    inventory: InventoryClient,
+    out: TextIO,
+) -> int:
+    slurm = SlurmCommands(environ)
+    cluster = args.cluster or environ.get("SLURM_CLUSTER_NAME", "").strip() or _cluster(slurm)
+    lease = env_duration(environ, "GPUALLOC_SLURM_LEASE", JOB_LEASE_SECONDS, minimum=0.0)
+    given = {"GPUALLOC_SLURM_SYNC_INTERVAL": args.interval} if args.interval else {}
+    interval = env_duration(
+        {**environ, **given}, "GPUALLOC_SLURM_SYNC_INTERVAL", SYNC_INTERVAL_SECONDS, minimum=0.1
+    )
+    if lease and interval > lease / 3:
+        raise InvalidArgument.at(
+            "GPUALLOC_SLURM_SYNC_INTERVAL",
+            f"a pass every {interval:g}s cannot keep a {lease:g}s lease (GPUALLOC_SLURM_LEASE) "
+            "renewed: make the interval at most a third of the lease",
+        )
+    syncer = Syncer(client, inventory, slurm, cluster, lease_seconds=lease)
+    if args.once:
+        out.write("\n".join(syncer.sync_once().lines()) + "\n")
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    syncer.run(stop, interval)
+    return 0
+
+
+def _cluster(slurm: SlurmCommands) -> str:
+    """ClusterName from `scontrol show config`."""
+    for line in slurm.run("scontrol", "show", "config").splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "ClusterName" and value.strip():
+            return value.strip()
+    raise FailedPrecondition("scontrol show config names no ClusterName; pass --cluster")
 
 
 def _translate(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO) -> int:

@@ -10,10 +10,12 @@ the CUDA_VISIBLE_DEVICES the task prolog writes then name the same devices.
   SLURM_JOB_NODELIST in PrologSlurmctld, Slurm's ids per node from `scontrol show job -d`),
   reserve the devices Slurm picked (or, given sbatch-style flags instead of Slurm's ids,
   allocate the request on that node), owner `slurm/job/<id>`, idempotency key
-  `slurm-<id>-<node>` (a re-run returns the same devices), then commit: the devices are the
-  job's until the epilog. All nodes or none: when one node cannot be placed, the others are
-  released and `Unplaceable` carries Explain's reason (which names who holds the devices:
-  `slurm/job/...` or `kueue/...`).
+  `slurm-<id>-<node>` (a re-run returns the same devices), with the job's lease
+  (GPUALLOC_SLURM_LEASE): `gpualloc-slurm sync` renews it while Slurm lists the job as
+  started, so the devices are the job's until the epilog, and come back by themselves when the
+  epilog is lost (lease 0: commit instead, held until released). All nodes or none: when one
+  node cannot be placed, the others are released and `Unplaceable` carries Explain's reason
+  (which names who holds the devices: `slurm/job/...` or `kueue/...`).
 - task prolog: maps the step's Slurm ids (SLURM_STEP_GPUS, else SLURM_JOB_GPUS) to devices,
   checks the job's reservation holds them (`NoReservation` otherwise: no task runs without its
   GPUs) and says which GPUs the task may use. A job that asked for no GPU gets nothing.
@@ -65,6 +67,7 @@ __all__ = [
 ]
 
 PROLOG_LEASE_SECONDS = 120.0
+JOB_LEASE_SECONDS = 600.0
 CLUSTER_LABEL = "slurm.cluster"
 ENDED_STATES = frozenset(
     {
@@ -275,12 +278,20 @@ def _labels(job: SlurmJob, node: str) -> dict[str, str]:
     return labels
 
 
-def run_prolog(client: AllocatorClient, inventory: InventoryClient, job: SlurmJob) -> list[JobGpus]:
-    """Reserve and commit the job's GPUs on each of its nodes (all or none); [] when the job
-    asks for no GPU. Raises Unplaceable with the allocator's reason when a node has no room
-    (or, with Slurm's ids, when another owner holds one of the GPUs Slurm picked)."""
+def run_prolog(
+    client: AllocatorClient,
+    inventory: InventoryClient,
+    job: SlurmJob,
+    *,
+    lease_seconds: float = JOB_LEASE_SECONDS,
+) -> list[JobGpus]:
+    """Reserve the job's GPUs on each of its nodes (all or none) with a lease of
+    `lease_seconds` (0: commit them); [] when the job asks for no GPU. Raises Unplaceable with
+    the allocator's reason when a node has no room (or, with Slurm's ids, when another owner
+    holds one of the GPUs Slurm picked)."""
     if not job.asks_for_gpus:
         return []
+    ttl = lease_seconds or PROLOG_LEASE_SECONDS
     placer = Placer(client, inventory)
     leases: list[tuple[str, Lease]] = []
     with ExitStack() as stack:
@@ -295,11 +306,11 @@ def run_prolog(client: AllocatorClient, inventory: InventoryClient, job: SlurmJo
                     owner=job.owner,
                     idempotency_key=idempotency_key(job.job_id, node),
                     node_name=node,
-                    lease_ttl_seconds=PROLOG_LEASE_SECONDS,
+                    lease_ttl_seconds=ttl,
                     labels=_labels(job, node),
                 )
 
-            lease = Lease(client, place, owner=job.owner, lease_ttl_seconds=PROLOG_LEASE_SECONDS)
+            lease = Lease(client, place, owner=job.owner, lease_ttl_seconds=ttl)
             try:
                 stack.enter_context(lease)
             except Unplaceable as error:
@@ -308,8 +319,11 @@ def run_prolog(client: AllocatorClient, inventory: InventoryClient, job: SlurmJo
                 raise Unplaceable(error.placement, f"job {job.job_id} on {node}{picked}") from None
             leases.append((node, lease))
         for _, lease in leases:
-            lease.commit()
-        stack.pop_all()  # committed: nothing to release on the way out
+            if lease_seconds:
+                lease.keep()
+            else:
+                lease.commit()
+        stack.pop_all()  # the job's now: nothing to release on the way out
     return [
         _job_gpus(job, inventory.node(node, topology=False), node, lease.reservations)
         for node, lease in leases
