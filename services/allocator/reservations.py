@@ -31,7 +31,12 @@ from typing import Protocol
 
 from services.common.dra.model import AllocationResult
 from services.common.dra.quantity import Quantity
-from services.common.errors import Conflict, FailedPrecondition, GpuallocError, InvalidArgument
+from services.common.errors import (
+    Conflict,
+    GpuallocError,
+    InvalidArgument,
+    Preempted,
+)
 
 __all__ = [
     "DeviceTaken",
@@ -215,14 +220,6 @@ class ReservationEvent:
 NODE_SEPARATOR = "@"  # reservation id = <minted>@<node>
 
 PREEMPTED_MEMORY_SECONDS = 86_400.0  # how long a revoked id answers "preempted by ..."
-
-
-class Preempted(FailedPrecondition):
-    """A change of a reservation that a preemption revoked (FAILED_PRECONDITION)."""
-
-    def __init__(self, reservation_id: str, by: str) -> None:
-        super().__init__(f"reservation {reservation_id} was preempted by {by}")
-        self.by = by
 
 
 def preempted_error(reservation_id: str, by: str) -> Preempted:

@@ -35,14 +35,29 @@ __all__ = [
     "kueue_owner",
     "needs_nvlink",
     "nvlink_meshed_nodes",
+    "slurm_job_of",
     "slurm_owner",
 ]
 
 log = logging.getLogger("gpualloc.bridges")
 
 
+_SLURM_JOB = "slurm/job/"
+
+
 def slurm_owner(job_id: str) -> str:
-    return f"slurm/job/{job_id}"
+    return f"{_SLURM_JOB}{job_id}"
+
+
+def slurm_job_of(owner: str) -> str | None:
+    """The Slurm job id of a reservation owner: `slurm/job/<id>`, or `<tenant>/slurm/job/<id>`
+    as a server under an access policy stores and lists it; None for any other owner."""
+    if owner.startswith(_SLURM_JOB):
+        return owner.removeprefix(_SLURM_JOB) or None
+    _, slash, rest = owner.partition("/")
+    if slash and rest.startswith(_SLURM_JOB):
+        return rest.removeprefix(_SLURM_JOB) or None
+    return None
 
 
 def kueue_owner(namespace: str, workload: str) -> str:

@@ -34,6 +34,7 @@ __all__ = [
     "NotFound",
     "ParseError",
     "PermissionDenied",
+    "Preempted",
     "ResourceExhausted",
     "Unauthenticated",
     "Unavailable",
@@ -114,6 +115,17 @@ class Unauthenticated(GpuallocError):
 
 class FailedPrecondition(GpuallocError):
     pass
+
+
+class Preempted(FailedPrecondition):
+    """A change of a reservation that a preemption revoked: `by` is the owner it went to.
+    Travels as FAILED_PRECONDITION with ErrorInfo reason RESERVATION_PREEMPTED, so a holder
+    (the Slurm bridge's sync, say) tells it from a stale token without reading the message."""
+
+    def __init__(self, reservation_id: str, by: str, message: str = "") -> None:
+        super().__init__(message or f"reservation {reservation_id} was preempted by {by}")
+        self.reservation_id = reservation_id
+        self.by = by
 
 
 class ResourceExhausted(GpuallocError):

@@ -40,6 +40,7 @@ from services.common.errors import (
     NotFound,
     ParseError,
     PermissionDenied,
+    Preempted,
     ResourceExhausted,
     Unauthenticated,
     Unavailable,
@@ -51,6 +52,7 @@ __all__ = [
     "MAX_VIOLATION_CHARS",
     "MAX_VIOLATION_DETAILS",
     "CONFLICT_REASON",
+    "PREEMPTED_REASON",
     "CONFLICT_RESOURCE_TYPE",
     "DOMAIN",
     "PARSE_ERROR_REASON",
@@ -90,6 +92,7 @@ DOMAIN = "gpualloc"
 
 PARSE_ERROR_REASON = "PARSE_ERROR"
 CONFLICT_REASON = "RESERVATION_CONFLICT"
+PREEMPTED_REASON = "RESERVATION_PREEMPTED"
 CONFLICT_RESOURCE_TYPE = "gpualloc.device"
 
 # The client rebuilds the first (most general) type listed for a code.
@@ -161,6 +164,11 @@ def to_rpc_status(error: GpuallocError, code: grpc.StatusCode) -> status_pb2.Sta
             details.append(_parse_error_info(error))
     if isinstance(error, Conflict) and error.conflicts:
         details.extend(_conflict_details(error.conflicts))
+    if isinstance(error, Preempted):
+        metadata = {"reservation": error.reservation_id, "by": clip(error.by, 512)}
+        details.append(
+            error_details_pb2.ErrorInfo(reason=PREEMPTED_REASON, domain=DOMAIN, metadata=metadata)
+        )
     if isinstance(error, ResourceExhausted) and error.retry_after_seconds > 0:
         retry = error_details_pb2.RetryInfo()
         retry.retry_delay.FromMilliseconds(round(error.retry_after_seconds * 1000))
@@ -454,6 +462,12 @@ def error_from_rpc(error: grpc.RpcError) -> GpuallocError:
             and d.resource_type == CONFLICT_RESOURCE_TYPE
         ]
         return Conflict(message, conflicts)
+    if error_type is FailedPrecondition:
+        for d in details:
+            if isinstance(d, error_details_pb2.ErrorInfo) and d.reason == PREEMPTED_REASON:
+                return Preempted(
+                    d.metadata.get("reservation", ""), d.metadata.get("by", ""), message
+                )
     return error_type(message)
 
 

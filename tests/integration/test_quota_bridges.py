@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -26,6 +27,8 @@ from services.bridges.kueue.memory_api import KueueStandIn, MemoryKueueApi, work
 from services.bridges.kueue.objects import CheckState, Workload
 from services.bridges.placing import Placer
 from services.bridges.slurm import cli as slurm_cli
+from services.bridges.slurm.commands import SlurmCommands, SlurmJobRow, SlurmNodeRow
+from services.bridges.slurm.sync import Syncer
 from services.client import AllocatorClient, InventoryClient
 from services.client.config import ClientSettings
 from tests.integration.test_bridges_slurm import exports
@@ -47,7 +50,31 @@ SHARED = """\
     allowAdminAccess: true
   - {name: hpc, cohort: shared, quotas: [{resource: gpus, nominal: 4}]}
 """
-JOB = {"SLURM_JOB_ID": "7001", "SLURMD_NODENAME": "h100-node-1", "SLURM_JOB_GRES": "gpu:h100:8"}
+JOB = {
+    "SLURM_JOB_ID": "7001",
+    "SLURMD_NODENAME": "h100-node-1",
+    "SLURM_JOB_GRES": "gpu:h100:8",
+    "SLURM_CLUSTER_NAME": "quota-test",
+}
+
+
+@dataclass(frozen=True)
+class SlurmStandIn(SlurmCommands):
+    """Slurm as `gpualloc-slurm sync` sees it: job 7001 running, no node to hold GPUs on, and
+    a record of the commands sync runs. A stand-in only here: tests/slurm runs the real one
+    (without an access policy, so without quotas and preemption)."""
+
+    ran: list[tuple[str, ...]] = field(default_factory=list)
+
+    def jobs(self) -> list[SlurmJobRow]:
+        return [SlurmJobRow("7001", "train", "RUNNING", "alice", "h100-node-1")]
+
+    def nodes(self) -> list[SlurmNodeRow]:
+        return []
+
+    def run(self, program: str, *argv: str) -> str:
+        self.ran.append((program, *argv))
+        return ""
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +110,14 @@ def test_a_kueue_workload_reclaims_quota_lent_to_a_slurm_job(
     code, out, err = slurm(fleet, "prolog")
     assert code == 0, err
     assert len(exports(out)["CUDA_VISIBLE_DEVICES"].split(",")) == 8
+    bridge_settings = ClientSettings.from_env(fleet.client_environ("slurm-bridge"))
+    stand_in = SlurmStandIn({})
+    bridge_client = AllocatorClient(
+        bridge_settings.target, tls=bridge_settings.tls, owner="slurm/job/7001"
+    )
+    bridge_inventory = InventoryClient(bridge_settings.inventory, tls=bridge_settings.tls)
+    syncer = Syncer(bridge_client, bridge_inventory, stand_in, "quota-test", lease_seconds=600)
+    assert syncer.sync_once().requeued == []  # it learns the job's reservation
     admin = allocator_pb2_grpc.AllocatorStub(fleet.channel("admin"))
     quotas = admin.QuotaStatus(pb.QuotaStatusRequest(), timeout=10).tenants
     assert {(q.tenant, q.used, q.borrowed) for q in quotas} == {
@@ -128,5 +163,13 @@ def test_a_kueue_workload_reclaims_quota_lent_to_a_slurm_job(
         bridge.Commit(pb.CommitRequest(reservation_id=job.id, owner="slurm/job/7001"), timeout=10)
     assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
     assert "was preempted by team-c/kueue/team-a/" in str(caught.value.details())
+    # the Slurm bridge's sync finds the job's reservation revoked and requeues the job
+    report = syncer.sync_once()
+    bridge_client.close()
+    bridge_inventory.close()
+    assert report.requeued == ["7001"]
+    (comment,) = [c for c in stand_in.ran if c[:2] == ("scontrol", "update")]
+    assert comment[2] == "JobId=7001" and "GPUs preempted by team-c/kueue/team-a/" in comment[3]
+    assert ("scontrol", "requeue", "7001") in stand_in.ran
     code, _, err = slurm(fleet, "epilog")  # the job ends: nothing left to release, no error
     assert code == 0, err

@@ -105,6 +105,11 @@ class SlurmCommands:
         out = self.run("sbatch", "--parsable", *options, f"--wrap={wrap}")
         return out.strip().split(";")[0]
 
+    def requeue(self, job_id: str) -> None:
+        """`scontrol requeue`: back to pending (the job must be requeueable, as batch jobs are
+        by default), to run again from the start when Slurm schedules it."""
+        self.run("scontrol", "requeue", job_id)
+
     def cancel(self, job_ids: Sequence[str]) -> None:
         if job_ids:
             self.run("scancel", *job_ids)

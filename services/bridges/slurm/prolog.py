@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 
-from services.bridges.placing import Placer, slurm_owner
+from services.bridges.placing import Placer, slurm_job_of, slurm_owner
 from services.bridges.slurm.claims import claim_for_node, pinned_claim
 from services.bridges.slurm.gresconf import gpu_type, gres_entries
 from services.bridges.slurm.hostlist import expand_hostlist
@@ -394,9 +394,9 @@ def sweep(
     released = []
     for reservation in client.list():
         owner = reservation.owner
-        if not owner.startswith("slurm/job/") or reservation.labels.get(CLUSTER_LABEL) != cluster:
+        job_id = slurm_job_of(owner)
+        if job_id is None or reservation.labels.get(CLUSTER_LABEL) != cluster:
             continue
-        job_id = owner.removeprefix("slurm/job/")
         if job_id == keep or live_jobs.get(job_id, "COMPLETED") not in ENDED_STATES:
             continue
         client.release(reservation, owner=owner, allow_missing=True)

@@ -28,6 +28,13 @@ started and not ended (once a third of the lease has passed), and releases those
 (`sweep`). A reservation whose epilog was lost is released by the next pass, or, if `sync` is
 not running either, comes back when its lease expires; a pending (requeued) job's old
 reservation is not renewed.
+
+Preemption. A job's reservation that gpualloc revoked for a preemption (docs/tenancy.md)
+disappears from List. Each pass remembers this cluster's job reservations; a started job whose
+remembered reservation is gone is asked about it (a Renew), and when gpualloc answers that it
+was preempted (ErrorInfo RESERVATION_PREEMPTED), the job is requeued (`scontrol requeue`) with
+a Comment naming who took its GPUs, so it runs again when it fits. Memory of one `sync`
+process: a reservation revoked while no `sync` ran is found by the job's next step or epilog.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from services.bridges.placing import slurm_job_of
 from services.bridges.slurm.commands import SlurmCommands, SlurmJobRow
 from services.bridges.slurm.gresconf import gres_entries
 from services.bridges.slurm.prolog import CLUSTER_LABEL, ENDED_STATES, sweep
@@ -46,7 +54,7 @@ from services.bridges.slurm.request import gpu_ids_from_job_details
 from services.client.client import AllocatorClient
 from services.client.inventory import InventoryClient
 from services.client.results import Reservation, ReservationState
-from services.common.errors import FailedPrecondition, GpuallocError, NotFound
+from services.common.errors import FailedPrecondition, GpuallocError, NotFound, Preempted
 
 __all__ = ["HOLDER_NAME", "SyncReport", "Syncer", "is_holder", "outside_holdings"]
 
@@ -75,7 +83,7 @@ def _is_holder_row(row: SlurmJobRow) -> bool:
 
 def is_ours(reservation: Reservation, cluster: str) -> bool:
     """A reservation of this cluster's Slurm jobs (unlabelled ones count as ours)."""
-    return reservation.owner.startswith("slurm/job/") and (
+    return slurm_job_of(reservation.owner) is not None and (
         reservation.labels.get(CLUSTER_LABEL, cluster) == cluster
     )
 
@@ -107,6 +115,8 @@ class SyncReport:
     cancelled: int = 0
     renewed: int = 0
     released: int = 0
+    requeued: list[str] = field(default_factory=list)
+    """Jobs requeued because a preemption revoked their reservation."""
 
     def lines(self) -> list[str]:
         shown = [
@@ -121,6 +131,7 @@ class SyncReport:
             f"holders submitted {self.submitted}, cancelled {self.cancelled}; "
             f"leases renewed {self.renewed}, released {self.released}"
         )
+        shown += [f"requeued {job} (preempted)" for job in self.requeued]
         return shown
 
 
@@ -154,6 +165,7 @@ class Syncer:
         self.lease_seconds = lease_seconds
         self.start_timeout = start_timeout
         self._clock = clock
+        self._known: dict[str, Reservation] = {}  # this cluster's job reservations, last pass
 
     def run(self, stop: threading.Event, interval: float) -> None:
         """Pass after pass until `stop`; a pass that fails is logged and tried again."""
@@ -168,9 +180,43 @@ class Syncer:
     def sync_once(self) -> SyncReport:
         report = SyncReport()
         jobs = self.slurm.jobs()
+        self._requeue_preempted(jobs, report)
         self._keep_leases(jobs, report)
         self._reflect(self.client.list(), jobs, report)
         return report
+
+    # --- preemption -----------------------------------------------------------------------
+
+    def _requeue_preempted(self, jobs: Sequence[SlurmJobRow], report: SyncReport) -> None:
+        states = {row.job_id: row.state for row in jobs}
+        current = {r.id: r for r in self.client.list() if is_ours(r, self.cluster)}
+        for reservation_id, reservation in sorted(self._known.items()):
+            job_id = slurm_job_of(reservation.owner) or ""
+            if reservation_id in current or states.get(job_id) not in _STARTED:
+                continue
+            try:  # gone from List: ask the allocator what became of it
+                self.client.renew(
+                    reservation,
+                    lease_ttl_seconds=self.lease_seconds or 60.0,
+                    owner=reservation.owner,
+                )
+            except Preempted as preempted:
+                self._requeue(job_id, preempted.by, report)
+            except (NotFound, FailedPrecondition):
+                pass  # released or expired: the job's next step or its epilog says so
+        self._known = current
+
+    def _requeue(self, job_id: str, by: str, report: SyncReport) -> None:
+        try:
+            self.slurm.set_comment(job_id, f"gpualloc: GPUs preempted by {by}; requeued")
+            self.slurm.requeue(job_id)
+        except FailedPrecondition as error:
+            log.warning(
+                "job %s was preempted by %s but could not be requeued: %s", job_id, by, error
+            )
+            return
+        log.info("job %s requeued: its GPUs were preempted by %s", job_id, by)
+        report.requeued.append(job_id)
 
     # --- leases ---------------------------------------------------------------------------
 
@@ -181,7 +227,7 @@ class Syncer:
             return
         now = datetime.now(UTC)
         for reservation in self.client.list():
-            job_id = reservation.owner.removeprefix("slurm/job/")
+            job_id = slurm_job_of(reservation.owner) or ""
             if (
                 not is_ours(reservation, self.cluster)
                 or reservation.state is not ReservationState.RESERVED

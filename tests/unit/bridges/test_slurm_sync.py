@@ -34,6 +34,8 @@ def held(owner: str, *devices: str, cluster: str | None = None) -> Reservation:
         pytest.param(held("slurm/job/7", "gpu-0", cluster="c1"), {},
                      id="this-clusters-job-is-ours"),
         pytest.param(held("slurm/job/7", "gpu-0"), {}, id="an-unlabelled-slurm-job-is-ours"),
+        pytest.param(held("hpc/slurm/job/7", "gpu-0", cluster="c1"), {},
+                     id="a-job-listed-with-its-tenant-is-ours"),
         pytest.param(held("slurm/job/7", "gpu-1", cluster="c2"), {"gpu-1": "slurm/job/7"},
                      id="another-clusters-job-is-outside"),
         pytest.param(held("", "gpu-2"), {"gpu-2": "another tenant"},
@@ -43,6 +45,8 @@ def held(owner: str, *devices: str, cluster: str | None = None) -> Reservation:
     ],
 )  # fmt: skip
 def test_outside_holdings(reservation, outside):
+    # under an access policy the server lists owners as <tenant>/<name>: the bridge's own jobs
+    # must still be its own, or sync would hold their GPUs away from themselves
     expected = {NODE: outside} if outside else {}
     assert outside_holdings([reservation], "c1") == expected
 
