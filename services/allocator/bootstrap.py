@@ -297,6 +297,8 @@ def build_allocator(
     )
     telemetry.observe("gpualloc.inventory.connected", lambda: 1 if connected() else 0)
     FleetGauges(view, holdings).register(telemetry)
+    if quotas is not None:
+        quotas.register(telemetry)
     registration = ServiceRegistration(
         SERVICE_NAME,
         allocator_pb2_grpc.add_AllocatorServicer_to_server,

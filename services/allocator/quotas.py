@@ -50,6 +50,7 @@ from services.common.security.quota import (
     Usage,
     cohort_key,
 )
+from services.common.telemetry import Labelled, Telemetry
 
 __all__ = ["Grant", "QuotaExceeded", "QuotaGuard", "QuotaSettings"]
 
@@ -251,6 +252,27 @@ class QuotaGuard:
         for cohort in sorted({cohort_key(q) for t in wanted if (q := model.quota_of(t))}):
             usage.update(usage_by_tenant(self.ledger.read(cohort).entries))
         return model.status(usage, wanted)
+
+    def register(self, telemetry: Telemetry) -> None:
+        """`gpualloc.quota` (tenant, resource, cohort, kind: nominal, used, borrowed, lent,
+        left; in the resource's units: devices, or the counter's, bytes for memory), read from
+        the ledger at each collection: one read per cohort the policy names."""
+
+        def read() -> Labelled:
+            try:
+                rows = self.status() if self.model.enabled else []
+            except GpuallocError as error:  # an unreachable ledger: no series, not a failure
+                log.warning("quota gauges: %s", error)
+                return []
+            series = []
+            for row in rows:
+                labels = {"tenant": row.tenant, "resource": row.resource, "cohort": row.cohort}
+                for kind in ("nominal", "used", "borrowed", "lent", "left"):
+                    value = getattr(row, kind) / 1000
+                    series.append((value, {**labels, "kind": kind}))
+            return series
+
+        telemetry.observe_labelled("gpualloc.quota", read, description="tenant quotas")
 
     def reconcile(
         self,

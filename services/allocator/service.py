@@ -639,6 +639,14 @@ class AllocatorService:
                 done.append(reservation)
         finally:
             self.holdings.removed([r.id for r in done])
+            reasons = {v.holder.reservation_id: v.reason for v in proposal.victims}
+            for reservation in done:
+                if self._metrics is not None:
+                    labels = {
+                        "tenant": tenant_of_owner(reservation.owner),
+                        "reason": reasons.get(reservation.id, ""),
+                    }
+                    self._metrics.preemptions.add(1, labels)
             if self.quotas is not None:
                 for reservation in done:
                     self.quotas.released([reservation.id], reservation.owner)

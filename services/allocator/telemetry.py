@@ -72,6 +72,10 @@ class AllocatorMetrics:
         self.store_errors = meter.create_counter(
             "gpualloc.store.errors", description="reservation-store operations that failed"
         )
+        self.preemptions = meter.create_counter(
+            "gpualloc.reservation.preemptions",
+            description="reservations revoked by preemptions, by the victim's tenant and rule",
+        )
         # Counters exist from the start at 0, so rate() and alerts see a series before the
         # first event instead of none.
         for counter in (self.conflicts, self.aborted, self.lease_expiries, self.disconnects):

@@ -29,6 +29,8 @@ from services.allocator.quota_ledger import usage_by_tenant
 from services.client.mapping import placement_from_pb
 from services.common.security.policy import parse_policy
 from services.common.security.quota import cohort_key
+from tests.e2e.allocator_harness import free_port
+from tests.integration.test_metrics_endpoint import Served, value
 from tests.security_fixtures import TENANTS, SecuredFleet, policy_with, secured_fleet
 
 pytestmark = pytest.mark.timeout(300)
@@ -544,3 +546,31 @@ def test_gpualloc_get_quotas_shows_a_tenant_its_quotas(
         ]
     finally:
         release_all(stub(fleet, "slurm-bridge"), held)
+
+
+def test_quota_gauges_and_preemptions_are_exported(tmp_path: Path) -> None:
+    """Prometheus on a policy server: gpualloc_quota per tenant, resource and kind, and the
+    preemption counter by the victim's tenant and rule."""
+    port = free_port()
+    settings = AllocatorSettings(expire_interval=0.2, quota_grace_seconds=0.5)
+    with secured_fleet(
+        tmp_path,
+        policy=QUOTA_POLICY,
+        allocator=settings,
+        metrics_listen_address=f"127.0.0.1:{port}",
+    ) as fleet:
+        scraper = Served(stub(fleet, "admin"), f"http://127.0.0.1:{port}/metrics")
+        hpc = stub(fleet, "slurm-bridge")
+        reserve(hpc, 2, owner="slurm/job/low", priority="low")
+        reserve(hpc, 1, owner="slurm/job/urgent", priority="high", preempt=True)
+        samples = scraper.scrape()
+        gpus = {"tenant": "hpc", "resource": "gpus"}
+        assert value(samples, "gpualloc_quota", kind="nominal", **gpus) == 2
+        assert value(samples, "gpualloc_quota", kind="used", **gpus) == 1
+        assert value(samples, "gpualloc_quota", kind="left", **gpus) == 1
+        assert value(samples, "gpualloc_quota", kind="nominal", tenant="team-b",
+                     resource="mig-memory") == 10 * 2**30  # fmt: skip
+        preempted = value(
+            samples, "gpualloc_reservation_preemptions_total", tenant="hpc", reason="priority"
+        )
+        assert preempted == 1
