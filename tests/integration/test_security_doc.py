@@ -123,6 +123,6 @@ def test_the_five_minute_setup_runs_as_written(tmp_path: Path):
     assert "lacks permission inventory.write" in denied
     assert any("CUDA_VISIBLE_DEVICES" in o for o in outputs.values())
     listed = outputs["gpualloc get reservations"]
-    assert re.search(r"hpc/slurm/job/7\s+h100-node-1\s+Committed\s+gpu-\d,gpu-\d", listed), listed
+    assert re.search(r"hpc/slurm/job/7\s+h100-node-1\s+Reserved\s+gpu-\d,gpu-\d", listed), listed
     described = outputs["gpualloc describe node h100-node-1"]
     assert described.count("hpc/slurm/job/7 (res-") == 2, described
