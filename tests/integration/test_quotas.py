@@ -235,7 +235,8 @@ def test_quota_status_shows_a_tenant_only_its_own(fleet: SecuredFleet) -> None:
 @pytest.mark.redis
 def test_two_replicas_racing_never_overrun_a_quota(tmp_path: Path, redis_url: str) -> None:
     """16 clients per replica, half team-a and half team-b, reserve and release single GPUs
-    for a few seconds; an auditor reads the reservations from Redis throughout. Quota limits:
+    for a few seconds, then only reserve until each is refused; an auditor reads the
+    reservations from Redis throughout, and once more when all are full. Quota limits:
     team-a at most 8 (4 + borrowing 4), team-b 8 (2 guaranteed + the pool of 6), both together
     at most 8 (the guaranteed 2 + the pool)."""
     settings = AllocatorSettings(expire_interval=0.2, redis_url=redis_url)
@@ -246,6 +247,8 @@ def test_two_replicas_racing_never_overrun_a_quota(tmp_path: Path, redis_url: st
     ):
         audit = RedisReservationStore(redis_url)
         stop = threading.Event()
+        filling = threading.Event()
+        refused_once: dict[int, bool] = {}
         outcomes: Counter[str] = Counter()
         worst: Counter[str] = Counter()
         lock = threading.Lock()
@@ -256,7 +259,10 @@ def test_two_replicas_racing_never_overrun_a_quota(tmp_path: Path, redis_url: st
             rng = random.Random(index)
             while not stop.is_set():
                 try:
-                    if mine and rng.random() < 0.4:
+                    if filling.is_set() and refused_once.get(index):
+                        time.sleep(0.01)  # full: hold what it has until the end
+                        continue
+                    if mine and rng.random() < 0.4 and not filling.is_set():
                         release_all(allocator, [mine.pop(rng.randrange(len(mine)))])
                         continue
                     answer = reserve(allocator, 1, owner=f"job/{index}-{rng.randrange(10**9)}")
@@ -268,6 +274,8 @@ def test_two_replicas_racing_never_overrun_a_quota(tmp_path: Path, redis_url: st
                     outcomes[pb.Outcome.Name(answer.outcome)] += 1
                 if answer.outcome == pb.OUTCOME_ALLOCATED:
                     mine.append(answer)
+                elif filling.is_set():
+                    refused_once[index] = True
             release_all(allocator, mine)
 
         def auditor() -> None:
@@ -287,6 +295,12 @@ def test_two_replicas_racing_never_overrun_a_quota(tmp_path: Path, redis_url: st
         for thread in threads:
             thread.start()
         time.sleep(6)
+        filling.set()  # the last phase: nobody releases, everyone reserves until refused
+        deadline = time.monotonic() + 30
+        while len(refused_once) < 32 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        held = Counter(r.owner.split("/")[0] for r in audit.list())
+        full = held["team-a"] + held["team-b"]
         stop.set()
         for thread in threads:
             thread.join(timeout=60)
@@ -295,11 +309,11 @@ def test_two_replicas_racing_never_overrun_a_quota(tmp_path: Path, redis_url: st
         assert research is not None
         left = usage_by_tenant(ledger.read(cohort_key(research)).entries)
         audit.close()
-    print(f"\nquota race: outcomes {dict(outcomes)}, most held {dict(worst)}")
+    print(f"\nquota race: outcomes {dict(outcomes)}, most held {dict(worst)}, filled {full}")
     assert outcomes["OUTCOME_ALLOCATED"] > 50 and outcomes["OUTCOME_QUOTA_EXCEEDED"] > 0
     assert set(outcomes) <= {"OUTCOME_ALLOCATED", "OUTCOME_QUOTA_EXCEEDED", "ABORTED"}
     assert worst["team-a"] <= 8 and worst["team-b"] <= 8 and worst["cohort"] <= 8
-    assert worst["cohort"] == 8  # the quota, not the fleet (24 GPUs), was the limit
+    assert full == 8  # filled to the quota, not the fleet (24 GPUs), and never past it
     assert left.get("team-a", {}).get("gpus", 0) == 0 and left.get("team-b", {}).get("gpus", 0) == 0
 
 
