@@ -48,6 +48,7 @@ from services.common.security.quota import (
     QuotaResource,
     TenantStatus,
     Usage,
+    add_usage,
     cohort_key,
 )
 from services.common.telemetry import Labelled, Telemetry
@@ -179,22 +180,39 @@ class QuotaGuard:
         quota = model.quota_of(tenant)
         if quota is None:
             return None
-        total: dict[str, int] = {}
+        total: dict[str, dict[str, int]] = {}
         for part in amounts:
-            for name, amount in part.items():
-                total[name] = total.get(name, 0) + amount
+            add_usage(total, tenant, part)
+        wanted = total.get(tenant, {})
         cohort = cohort_key(quota)
-        ticket = "ticket:" + secrets.token_hex(12)
+        ticket = QuotaEntry("ticket:" + secrets.token_hex(12), tenant, wanted, None)
+
+        def refuse(entries: Sequence[QuotaEntry]) -> tuple[QuotaRefusal, ...]:
+            return model.admit(tenant, wanted, usage_by_tenant(entries))
+
         hold_for = lease_seconds + self.settings.grace_seconds
+        refusals = self._take_entry(cohort, ticket, hold_for, refuse)
+        if refusals:
+            return refusals
+        return Grant(ticket.id, cohort, tenant, tuple(amounts), lease_seconds)
+
+    def _take_entry(
+        self,
+        cohort: str,
+        entry: QuotaEntry,
+        lease_seconds: float,
+        refuse: Callable[[Sequence[QuotaEntry]], tuple[QuotaRefusal, ...]],
+    ) -> tuple[QuotaRefusal, ...]:
+        """Add `entry` by compare-and-set: read, ask `refuse`, take if nothing was taken in
+        between, else read again (with a short random pause). () once added, or the refusals;
+        Unavailable when the ledger stays contended."""
         for attempt in range(self.settings.take_attempts):
             read = self.ledger.read(cohort)
-            refusals = model.admit(tenant, total, usage_by_tenant(read.entries))
+            refusals = refuse(read.entries)
             if refusals:
                 return refusals
-            if self.ledger.take(
-                cohort, read.version, QuotaEntry(ticket, tenant, total, None), hold_for
-            ):
-                return Grant(ticket, cohort, tenant, tuple(amounts), lease_seconds)
+            if self.ledger.take(cohort, read.version, entry, lease_seconds):
+                return ()
             time.sleep(random.uniform(0, 0.0005 * 2 ** min(attempt, 6)))
         raise Unavailable(
             f"quota ledger of {cohort} is contended: {self.settings.take_attempts} attempts "
@@ -320,13 +338,13 @@ class QuotaGuard:
         if reservation.expires_at is not None:
             lease += max(0.0, reservation.expires_at - time.time())
         entry = QuotaEntry(reservation.id, tenant, dict(amounts), None)
-        for _ in range(self.settings.take_attempts):
-            version = self.ledger.read(cohort).version
-            if self.ledger.take(cohort, version, entry, lease):
-                if reservation.state is ReservationState.COMMITTED:
-                    self.ledger.commit(cohort, reservation.id)
-                return True
-        return False
+        try:  # already held: counted whatever the quota says
+            self._take_entry(cohort, entry, lease, lambda entries: ())
+        except Unavailable:
+            return False
+        if reservation.state is ReservationState.COMMITTED:
+            self.ledger.commit(cohort, reservation.id)
+        return True
 
     def start(
         self,
