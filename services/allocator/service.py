@@ -586,7 +586,13 @@ class AllocatorService:
         empty = self._answer(view, AllocatedState(view.snapshot), query, explain=False)
         if empty.outcome is not Outcome.ALLOCATED:
             return None  # it does not fit an empty fleet: no victim helps
-        live = {r.id: r for r in self.holdings.reservations()}
+        # only the caller's tenant and its cohort can lose reservations to it (quota.py's
+        # rules): nobody else's usage needs counting
+        quota = model.quota_of(tenant)
+        eligible = {tenant, *(model.members(quota) if quota is not None else ())}
+        live = {
+            r.id: r for r in self.holdings.reservations() if tenant_of_owner(r.owner) in eligible
+        }
         amounts = {r.id: self.reservation_usage(r) for r in live.values()}
         holdings = [
             Holding(
