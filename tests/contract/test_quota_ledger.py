@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from services.allocator.adapters.memory_store import MemoryReservationStore
 from services.allocator.adapters.redis_quota import RedisQuotaLedger
 from services.allocator.adapters.redis_store import RedisReservationStore
 from services.allocator.quota_ledger import (
@@ -19,7 +20,16 @@ from services.allocator.quota_ledger import (
     QuotaLedger,
     usage_by_tenant,
 )
-from tests.contract.conftest import REDIS_URL_FIXTURES, STORE_KINDS, FakeClock
+from services.allocator.reservations import PREEMPTED_MEMORY_SECONDS
+from services.common.errors import NotFound, Preempted, Unavailable
+from tests.conftest import RedisServerFactory
+from tests.contract.conftest import (
+    REDIS_URL_FIXTURES,
+    STORE_KINDS,
+    FakeClock,
+    device,
+    reserve_request,
+)
 
 SHORT = 0.5
 PAST_SHORT = 0.6
@@ -130,3 +140,35 @@ def test_racing_takes_never_overrun_a_limit(under_test: LedgerUnderTest) -> None
         thread.join()
     assert len(won) == 10
     assert sum(e.amounts["gpus"] for e in ledger.read("race").entries) == limit
+
+
+@pytest.mark.redis
+def test_ledger_writes_wait_for_replicas_like_the_store(
+    redis_server_factory: RedisServerFactory,
+) -> None:
+    """With GPUALLOC_REDIS_WAIT_REPLICAS, a quota take that no replica confirms is
+    UNAVAILABLE (the step happened on the primary), as a reserve is."""
+    server = redis_server_factory()
+    store = RedisReservationStore(server.url, wait_replicas=1, wait_timeout=0.05)
+    try:
+        ledger = RedisQuotaLedger(store)
+        with pytest.raises(Unavailable, match="confirmed by 0 of 1"):
+            ledger.take("c", ledger.read("c").version, entry("ticket:w"), 60)
+        assert [e.id for e in ledger.read("c").entries] == ["ticket:w"]
+    finally:
+        store.close()
+
+
+def test_a_revocation_is_remembered_for_a_day() -> None:
+    """Commit of a revoked reservation: 'preempted' for PREEMPTED_MEMORY_SECONDS, then
+    NOT_FOUND (the embedded store's clock; Redis sets the same expiry on its marker)."""
+    clock = FakeClock()
+    store = MemoryReservationStore(clock=clock)
+    held = store.reserve(reserve_request(device("gpu-0")))
+    store.revoke(held.id, held.fencing_token, by="team-b/job/1")
+    clock.advance(PREEMPTED_MEMORY_SECONDS - 1)
+    with pytest.raises(Preempted):
+        store.commit(held.id, "alice")
+    clock.advance(2)
+    with pytest.raises(NotFound):
+        store.commit(held.id, "alice")
