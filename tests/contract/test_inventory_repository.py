@@ -228,6 +228,10 @@ def test_a_save_no_replica_confirms_is_unavailable_and_the_next_one_rewrites_it(
         while client.info("replication")["master_link_status"] != "up":
             assert time.monotonic() < deadline, "the replica did not sync"
             time.sleep(0.05)
+    with primary.client() as client:  # and the primary counts it (WAIT asks the primary)
+        while "online" not in str(client.info("replication").get("slave0", "")):
+            assert time.monotonic() < deadline, "the primary does not see the replica online"
+            time.sleep(0.05)
     result = service.apply([_slice_on("node-b", "published")])
     assert result.generation == 1
     with replica.client() as client:  # acknowledged: the replica has it already
