@@ -45,12 +45,12 @@ from dataclasses import dataclass, field, replace
 from loadtest.clusters import A100, GPUS_PER_NODE, H100, device_classes, generate
 from loadtest.replay import MIX, Kind
 from loadtest.report import BenchReport, Target, percentile
+from services.allocator.adapters.memory_quota import MemoryQuotaLedger
 from services.allocator.adapters.memory_store import MemoryReservationStore
 from services.allocator.answers import LeaseOptions, Outcome, Query
 from services.allocator.core import ClusterSnapshot, Policy, SelectorCache
 from services.allocator.feed import InventoryUpdate
 from services.allocator.holdings import Holdings
-from services.allocator.quota_ledger import MemoryQuotaLedger
 from services.allocator.quotas import QuotaExceeded, QuotaGuard
 from services.allocator.service import AllocatorService, ServiceLimits
 from services.allocator.solving import Solver

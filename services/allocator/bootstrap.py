@@ -36,6 +36,7 @@ import grpc
 
 from protos.allocator.v1 import allocator_pb2_grpc
 from services.allocator.adapters.grpc_servicer import ACCESS, SERVICE_NAME, AllocatorServicer
+from services.allocator.adapters.memory_quota import MemoryQuotaLedger
 from services.allocator.adapters.memory_store import MemoryReservationStore
 from services.allocator.adapters.redis_quota import RedisQuotaLedger
 from services.allocator.adapters.redis_store import RedisReservationStore
@@ -48,7 +49,7 @@ from services.allocator.feed_watch import FeedWatch
 from services.allocator.fleet_metrics import FleetGauges
 from services.allocator.holdings import Holdings
 from services.allocator.metered_store import MeteredStore
-from services.allocator.quota_ledger import MemoryQuotaLedger, QuotaLedger
+from services.allocator.quota_ledger import QuotaLedger
 from services.allocator.quotas import QuotaGuard, QuotaSettings
 from services.allocator.reservations import ReservationEvent, ReservationEventOp, ReservationStore
 from services.allocator.service import AllocatorService, ServiceLimits

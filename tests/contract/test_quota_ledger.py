@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 import pytest
 
+from services.allocator.adapters.memory_quota import MemoryQuotaLedger
 from services.allocator.adapters.memory_store import MemoryReservationStore
 from services.allocator.adapters.redis_quota import RedisQuotaLedger
 from services.allocator.adapters.redis_store import RedisReservationStore
 from services.allocator.quota_ledger import (
-    MemoryQuotaLedger,
     QuotaEntry,
     QuotaLedger,
     usage_by_tenant,
