@@ -63,6 +63,7 @@ from services.allocator.core.search import BudgetExhausted, NodeSearch, StepCoun
 from services.allocator.core.selection import Equivalence, Selection
 from services.allocator.core.snapshot import ClusterSnapshot, DeviceEntry, NodeView
 from services.allocator.core.state import AllocatedState
+from services.allocator.core.templates import node_templates
 from services.allocator.core.topology_constraints import (
     TopologyConstraint,
     TopologyPlan,
@@ -155,7 +156,7 @@ def node_groups_of(
     (Capacity) needs one answer per key. Empty when the claims read what templates abstract
     away (every node answers for itself); nodes outside every template are not in it."""
     ctx = _context(snapshot, state, classes, claims, policy, selectors, None, topology_constraints)
-    if not usable(ctx.plan, ctx, snapshot.templates()):
+    if not usable(ctx.plan, ctx, node_templates(snapshot)):
         return {}
     members = state.node_groups(snapshot).members
     return {node: key for key, nodes in members.items() for node in nodes}
@@ -238,7 +239,7 @@ class _Run:
         when explaining: the per-device reasons come from the checks themselves)."""
         if self.ctx.recorder is not None or view.name is None:
             return None
-        templates = snapshot.templates()
+        templates = node_templates(snapshot)
         template = templates.of_node.get(view.name)
         if template is None or not usable(self.ctx.plan, self.ctx, templates):
             return None
@@ -262,7 +263,7 @@ class _Run:
 
     def all_feasible(self, snapshot: ClusterSnapshot) -> dict[str, NodeKey]:
         """Every feasible node's key: by groups when they may stand for their nodes."""
-        templates = snapshot.templates()
+        templates = node_templates(snapshot)
         if usable(self.ctx.plan, self.ctx, templates):
             choice = GroupedChoice(
                 self.ctx,
@@ -291,7 +292,7 @@ class _Run:
     def choose_by_groups(self, snapshot: ClusterSnapshot) -> bool:
         """Best-first over node groups (nodechoice.py); False when groups cannot stand for
         their nodes in this solve (the caller then searches every node)."""
-        templates = snapshot.templates()
+        templates = node_templates(snapshot)
         if not usable(self.ctx.plan, self.ctx, templates):
             return False
         choice = GroupedChoice(
