@@ -16,6 +16,7 @@ import grpc
 from protos.allocator.v1 import allocator_pb2 as pb
 from protos.allocator.v1 import allocator_pb2_grpc
 from services.allocator.adapters.pb_mapping import (
+    ClaimReader,
     allocate_response,
     capacity_response,
     claims_path,
@@ -90,14 +91,17 @@ def _audit(context: grpc.ServicerContext, event: str, reservation: Reservation) 
 
 
 class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
-    def __init__(self, service: AllocatorService) -> None:
+    def __init__(self, service: AllocatorService, *, claims: ClaimReader | None = None) -> None:
+        """`claims` reads the requests' claim messages (its memo is this servicer's: a new,
+        default-sized ClaimReader when not given)."""
         self._service = service
+        self._claims = claims if claims is not None else ClaimReader()
 
     def Allocate(
         self, request: pb.AllocateRequest, context: grpc.ServicerContext
     ) -> pb.AllocateResponse:
         with proto_field_paths(claims_path(request)):
-            query = query_from_pb(request)
+            query = query_from_pb(request, self._claims)
             principal = current_principal(context)
             lease = None
             if request.reserve:
@@ -131,7 +135,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         principal = current_principal(context)
         with proto_field_paths(claims_path(request)):
             answer = self._service.explain(
-                query_from_pb(request),
+                query_from_pb(request, self._claims),
                 request.max_nodes_explained,
                 _quota_owner(principal),
                 request.priority_class_name,
@@ -145,7 +149,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         owner = _quota_owner(current_principal(context))
         with proto_field_paths(claims_path(request)):
             answer = self._service.capacity(
-                query_from_pb(request), request.ignore_reservations, owner
+                query_from_pb(request, self._claims), request.ignore_reservations, owner
             )
         return capacity_response(answer)
 
