@@ -460,7 +460,6 @@ class AllocatorService:
         """The solver's answer to `query` (a gang's with `solve_gang`) on this view and state."""
         classes = with_inline(self.classes, query.device_classes)
         policy = query.policy or self.solver.policy
-        hits_before = self.solver.selectors.profile_hits
         started = time.perf_counter()
         with self._tracer.start_as_current_span(
             "solve" if query.gang is None else "solve_gang"
@@ -489,7 +488,7 @@ class AllocatorService:
             generation=view.generation,
             claims=query.claims,
             policy=policy,
-            cel_cache_hits=self.solver.selectors.profile_hits - hits_before,
+            cel_cache_hits=result.stats.cel_profile_hits if result is not None else 0,
             elapsed_seconds=elapsed,
             explanation=Explanation(
                 summary="the call's deadline ran out during the search: retry with more time",

@@ -366,6 +366,7 @@ def _merge(
         nodes_searched=sum(r.stats.nodes_searched for r in results),
         nodes_feasible=len(found),
         budget_exhausted=exhausted,
+        cel_profile_hits=sum(r.stats.cel_profile_hits for r in results),
     )
     misses = tuple(sorted((n for m in missed for n in m.explanation.nodes), key=NodeMiss.rank))
     explanations = [r.explanation for r in results if r.explanation is not None]

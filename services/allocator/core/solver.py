@@ -100,7 +100,6 @@ def solve(
     fields are ignored: pass what is held in `state`). `topology_constraints` relate the
     devices of requests (topology_constraints.py); node topologies come from the snapshot.
     `fragmentation_mix`: the requests FRAGMENTATION_AWARE keeps room for (fragmentation.py)."""
-    evaluations_before = selectors.evaluations
     recorder = Recorder() if explain else None
     ctx = _context(
         snapshot, state, classes, claims, policy, selectors, recorder, topology_constraints, budget
@@ -115,7 +114,7 @@ def solve(
     elif recorder is not None or not run.choose_by_groups(snapshot):
         views = list(snapshot.views()) if snapshot.node_names else [snapshot.nil_view]
         run.choose([v for v in views if v.device_count > 0] or views[:1])
-    return run.result(selectors.evaluations - evaluations_before, share_id)
+    return run.result(share_id)
 
 
 def feasible_nodes(
@@ -381,7 +380,7 @@ class _Run:
             self.misses.append(search.miss)
         return None
 
-    def stats(self, cel_evaluations: int) -> Stats:
+    def stats(self, cel_evaluations: int, cel_profile_hits: int = 0) -> Stats:
         return Stats(
             steps=self.steps.steps,
             cel_evaluations=cel_evaluations,
@@ -390,10 +389,13 @@ class _Run:
             nodes_searched=self.searched,
             nodes_feasible=len(self.found) if self.feasible is None else self.feasible,
             budget_exhausted=self.exhausted,
+            cel_profile_hits=cel_profile_hits,
         )
 
-    def result(self, cel_evaluations: int, share_id: ShareIdFactory) -> SolveResult:
-        stats = self.stats(cel_evaluations)
+    def result(self, share_id: ShareIdFactory) -> SolveResult:
+        """The solve's answer; its CEL counts are this solve's own (its meter's)."""
+        selection = self.ctx.selection
+        stats = self.stats(selection.cel_evaluations, selection.cel_profile_hits)
         if not self.found:
             return Unsatisfiable(self._unsatisfiable_explanation(), stats, self.exhausted)
         ranked = sorted(self.found, key=lambda f: f.key)
