@@ -303,7 +303,9 @@ def build_allocator(
     registration = ServiceRegistration(
         SERVICE_NAME,
         allocator_pb2_grpc.add_AllocatorServicer_to_server,
-        AllocatorServicer(service, claims=ClaimReader()),
+        AllocatorServicer(
+            service, claims=ClaimReader(), max_call_seconds=settings.server.max_call_seconds
+        ),
         ACCESS,
     )
     return AllocatorApp(service, registration, telemetry, connected, closers)
