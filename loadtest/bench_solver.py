@@ -51,6 +51,7 @@ from services.allocator.core import (
     solve,
 )
 from services.allocator.core.gang import GangAllocated, solve_gang
+from services.allocator.core.templates import node_templates
 from services.common.dra.model import (
     AllocationResult,
     DeviceClass,
@@ -174,7 +175,7 @@ def _run_size(
     snapshot = ClusterSnapshot.build(cluster.slices, cluster.nodes, topologies=cluster.topologies)
     built = time.perf_counter()
     state = AllocatedState.build(snapshot, cluster.held)
-    snapshot.templates()
+    node_templates(snapshot)
     state.node_groups(snapshot)
     indexed = time.perf_counter()
     gc.collect()
@@ -186,7 +187,7 @@ def _run_size(
         generate_s=round(generated - started, 2),
         snapshot_s=round(built - generated, 2),
         groups_s=round(indexed - built, 2),
-        templates=len(snapshot.templates().templates),
+        templates=len(node_templates(snapshot).templates),
         groups=len(state.node_groups(snapshot).members),
         rss_mib=round(_rss_mib() - rss_before, 1),
     )

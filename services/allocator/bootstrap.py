@@ -38,6 +38,7 @@ from protos.allocator.v1 import allocator_pb2_grpc
 from services.allocator.adapters.grpc_servicer import ACCESS, SERVICE_NAME, AllocatorServicer
 from services.allocator.adapters.memory_quota import MemoryQuotaLedger
 from services.allocator.adapters.memory_store import MemoryReservationStore
+from services.allocator.adapters.pb_mapping import ClaimReader
 from services.allocator.adapters.redis_quota import RedisQuotaLedger
 from services.allocator.adapters.redis_store import RedisReservationStore
 from services.allocator.adapters.web import WebSettings, WebView
@@ -303,7 +304,9 @@ def build_allocator(
     registration = ServiceRegistration(
         SERVICE_NAME,
         allocator_pb2_grpc.add_AllocatorServicer_to_server,
-        AllocatorServicer(service),
+        AllocatorServicer(
+            service, claims=ClaimReader(), max_call_seconds=settings.server.max_call_seconds
+        ),
         ACCESS,
     )
     return AllocatorApp(service, registration, telemetry, connected, closers)

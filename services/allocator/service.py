@@ -15,9 +15,12 @@ A gang (`Query.gang`: the same claims on N nodes of one domain) is solved by the
 `solve_gang` on the same state and reserved as one reservation per member node, all or
 nothing (`store.reserve_gang`, gangs.py), with the same retries on Conflict.
 
-Time: `remaining_seconds()` of the current gRPC call bounds every wait — the search
-(`SearchBudget.cancelled`, answered as BUDGET_EXHAUSTED), waiting for an inventory
-generation, and a store call does not start once the deadline has passed.
+Time: every use case takes the call's `Deadline` (services.common.deadline) as a value —
+the servicer makes it from the gRPC call; in-process callers pass their own or get UNBOUNDED.
+It bounds every wait — the search (`SearchBudget.cancelled`, a little before the deadline so
+that BUDGET_EXHAUSTED still reaches the client; stopped at once when the client cancels),
+waiting for an inventory generation, back-off — and a store call does not start once the
+deadline has passed.
 """
 
 from __future__ import annotations
@@ -73,9 +76,10 @@ from services.allocator.reservations import (
     ReserveRequest,
     device_conflict_key,
 )
-from services.allocator.solving import Deadline, Solver
+from services.allocator.solving import Solver
 from services.allocator.telemetry import AllocatorMetrics
 from services.allocator.view import ClusterView, ViewSnapshot
+from services.common.deadline import UNBOUNDED, Deadline
 from services.common.dra.model import AllocationResult, DeviceClass
 from services.common.errors import (
     Conflict,
@@ -85,7 +89,6 @@ from services.common.errors import (
     NotFound,
     PermissionDenied,
 )
-from services.common.grpc_server import call_ended, check_deadline, remaining_seconds
 from services.common.security.principal import tenant_of_owner
 from services.common.security.quota import (
     Candidate,
@@ -150,17 +153,19 @@ class AllocatorService:
 
     # --- Allocate / Explain / Capacity -------------------------------------------------------
 
-    def allocate(self, query: Query, lease: LeaseOptions | None = None) -> Answer:
+    def allocate(
+        self, query: Query, lease: LeaseOptions | None = None, *, deadline: Deadline = UNBOUNDED
+    ) -> Answer:
         """Place the claims (or the gang); with `lease`, reserve the placement too, one
         reservation per node, retrying on Conflict. Calls with the same owner and idempotency
         key run one after another in this process, so a duplicate sent concurrently finds the
         first one's reservations instead of reserving other devices."""
         if lease is None or not lease.idempotency_key:
-            return self._allocate(query, lease)
+            return self._allocate(query, lease, deadline)
         with self._keys.held((lease.owner, lease.idempotency_key)):
-            return self._allocate(query, lease)
+            return self._allocate(query, lease, deadline)
 
-    def _allocate(self, query: Query, lease: LeaseOptions | None) -> Answer:
+    def _allocate(self, query: Query, lease: LeaseOptions | None, deadline: Deadline) -> Answer:
         lease_seconds = self._lease_seconds(lease.lease_seconds, "lease_ttl") if lease else 0.0
         if lease is not None:
             self._check_priority_class(lease.priority_class)
@@ -175,16 +180,16 @@ class AllocatorService:
         names = tuple(claim_ref(claim.namespace, claim.name) for claim in query.claims)
         for attempt in range(attempts):
             if attempt and not (revoked and attempt == 1):
-                _back_off(attempt)
-            view, state = self._read(query)
-            answer = self._answer(view, state, query, explain=query.explain)
+                _back_off(attempt, deadline)
+            view, state = self._read(query, deadline)
+            answer = self._answer(view, state, query, deadline, explain=query.explain)
             if lease is None:
                 return answer
             if answer.outcome is not Outcome.ALLOCATED:
-                proposal = self._proposal(view, state, query, answer, lease, revoked)
+                proposal = self._proposal(view, state, query, answer, lease, revoked, deadline)
                 if proposal is None or revoked or not lease.preempt:
                     return replace(answer, preemption=proposal.victims) if proposal else answer
-                revoked = self._revoke(proposal, lease.owner)
+                revoked = self._revoke(proposal, lease.owner, deadline)
                 continue
             if query.gang is not None:
                 requests = gang_requests(view.snapshot, answer.gang, names, lease, lease_seconds)
@@ -192,13 +197,13 @@ class AllocatorService:
                 holds = placement_holds(view.snapshot, answer.node or "", answer.allocations)
                 requests = _requests(holds, names, answer.allocations, lease, lease_seconds)
             try:
-                reservations = self._store_reserve(requests, view)
+                reservations = self._store_reserve(requests, view, deadline)
             except QuotaExceeded as refused:
                 answer = replace(answer, outcome=Outcome.QUOTA_EXCEEDED, quota=refused.refusals)
-                proposal = self._proposal(view, state, query, answer, lease, revoked)
+                proposal = self._proposal(view, state, query, answer, lease, revoked, deadline)
                 if proposal is None or revoked or not lease.preempt:
                     return replace(answer, preemption=proposal.victims) if proposal else answer
-                revoked = self._revoke(proposal, lease.owner)
+                revoked = self._revoke(proposal, lease.owner, deadline)
                 continue
             except Conflict as error:
                 conflict = error
@@ -220,40 +225,51 @@ class AllocatorService:
         raise _bounded(conflict)
 
     def explain(
-        self, query: Query, max_nodes: int = 0, owner: str = "", priority_class: str = ""
+        self,
+        query: Query,
+        max_nodes: int = 0,
+        owner: str = "",
+        priority_class: str = "",
+        *,
+        deadline: Deadline = UNBOUNDED,
     ) -> Answer:
         """Allocate's search with reasons recorded, plus the reservations that blocked it;
         with `owner`, a placement found is checked against its tenant's quota too, and one not
         found (or refused by the quota) comes with the preemption that would make it fit."""
-        view, state = self._read(query)
-        answer = self._answer(view, state, query, explain=True)
+        view, state = self._read(query, deadline)
+        answer = self._answer(view, state, query, deadline, explain=True)
         if owner and self.quotas is not None and answer.outcome is Outcome.ALLOCATED:
             refusals = self._quota_check(view, query, answer, owner)
             if refusals:
                 answer = replace(answer, outcome=Outcome.QUOTA_EXCEEDED, quota=refusals)
         if owner and self.quotas is not None and answer.outcome is not Outcome.ALLOCATED:
             lease = LeaseOptions(owner, priority_class=priority_class)
-            proposal = self._proposal(view, state, query, answer, lease, ())
+            proposal = self._proposal(view, state, query, answer, lease, (), deadline)
             if proposal is not None:
                 answer = replace(answer, preemption=proposal.victims)
         shown = max_nodes or self.limits.max_nodes_explained
         return _with_holders(answer, blocking_holders(answer, self.holdings.reservations(), shown))
 
     def capacity(
-        self, query: Query, ignore_reservations: bool = False, owner: str = ""
+        self,
+        query: Query,
+        ignore_reservations: bool = False,
+        owner: str = "",
+        *,
+        deadline: Deadline = UNBOUNDED,
     ) -> CapacityAnswer:
         """How many units fit; with `owner` of a limited tenant, also its quotas and how many
         units its quota headroom allows (each unit counted as the first placement would)."""
-        view, state = self._read(query)
+        view, state = self._read(query, deadline)
         if ignore_reservations:
             state = AllocatedState(view.snapshot)
-        counted = self._count_units(view, state, query)
+        counted = self._count_units(view, state, query, deadline)
         if not owner or self.quotas is None or not self.quotas.model.enabled:
             return counted
         rows = tuple(self.quotas.status([tenant_of_owner(owner)]))
         if not rows:
             return counted
-        first = self._answer(view, state, query, explain=False)
+        first = self._answer(view, state, query, deadline, explain=False)
         within = 0
         if first.outcome is Outcome.ALLOCATED:
             unit = self._placement_usage(view, query, first, owner)
@@ -263,7 +279,7 @@ class AllocatorService:
         return replace(counted, quota=rows, within_quota=within)
 
     def _count_units(
-        self, view: ViewSnapshot, state: AllocatedState, query: Query
+        self, view: ViewSnapshot, state: AllocatedState, query: Query, deadline: Deadline
     ) -> CapacityAnswer:
         with self._tracer.start_as_current_span("capacity"):
             count = count_gangs if query.gang is not None else count_capacity
@@ -273,7 +289,7 @@ class AllocatorService:
                 state,
                 with_inline(self.classes, query.device_classes),
                 query,
-                Deadline.within(remaining_seconds(), cancelled=call_ended()),
+                deadline.answering(),
                 generation=view.generation,
                 max_units=self.limits.max_capacity_units,
             )
@@ -285,6 +301,8 @@ class AllocatorService:
         node: str,
         claims: Sequence[tuple[str, AllocationResult]],
         lease: LeaseOptions,
+        *,
+        deadline: Deadline = UNBOUNDED,
     ) -> list[Reservation]:
         """Reserve a placement the client sends (`(claim name, allocation)` pairs on `node`)."""
         if not node:
@@ -300,7 +318,7 @@ class AllocatorService:
         names = tuple(name for name, _ in claims)
         requests = _requests(holds, names, allocations, lease, lease_seconds)
         try:
-            reservations = self._store_reserve(requests, view)
+            reservations = self._store_reserve(requests, view, deadline)
         except Conflict as conflict:
             self._count(self._metrics.conflicts if self._metrics else None)
             for scope in holds:
@@ -314,8 +332,15 @@ class AllocatorService:
                 )
         return reservations
 
-    def commit(self, reservation_id: str, owner: str, fencing_token: int = 0) -> Reservation:
-        check_deadline("commit")
+    def commit(
+        self,
+        reservation_id: str,
+        owner: str,
+        fencing_token: int = 0,
+        *,
+        deadline: Deadline = UNBOUNDED,
+    ) -> Reservation:
+        deadline.check("commit")
         if self.quotas is not None:  # the ledger first: its entry must outlive the lease
             current = self._known(reservation_id)
             if current is not None and current.owner == owner:
@@ -330,9 +355,11 @@ class AllocatorService:
         owner: str,
         lease_seconds: float | None = None,
         fencing_token: int = 0,
+        *,
+        deadline: Deadline = UNBOUNDED,
     ) -> Reservation:
         seconds = self._lease_seconds(lease_seconds, "lease_ttl")
-        check_deadline("renew")
+        deadline.check("renew")
         if fencing_token:
             current = self.store.get(reservation_id)
             _check_fence(current, owner, fencing_token)
@@ -348,10 +375,12 @@ class AllocatorService:
         owner: str,
         fencing_token: int = 0,
         allow_missing: bool = False,
+        *,
+        deadline: Deadline = UNBOUNDED,
     ) -> Reservation | None:
         """Free the reservation; returns it as this allocator last saw it (None when missing
         and allowed). A reservation unknown here is read from the store first."""
-        check_deadline("release")
+        deadline.check("release")
         current = self._known(reservation_id)
         try:
             self.store.release(reservation_id, owner, fencing_token)
@@ -389,8 +418,8 @@ class AllocatorService:
         except NotFound:
             return None
 
-    def get(self, reservation_id: str) -> Reservation:
-        check_deadline("get")
+    def get(self, reservation_id: str, *, deadline: Deadline = UNBOUNDED) -> Reservation:
+        deadline.check("get")
         return self.store.get(reservation_id)
 
     def list_reservations(
@@ -400,6 +429,8 @@ class AllocatorService:
         state: ReservationState | None = None,
         page_size: int = 0,
         page_token: str = "",
+        *,
+        deadline: Deadline = UNBOUNDED,
     ) -> tuple[list[Reservation], str]:
         """One page of live reservations sorted by id, and the next page's token ("" at end)."""
         if page_size < 0:
@@ -407,7 +438,7 @@ class AllocatorService:
         size = min(page_size or _DEFAULT_PAGE, _MAX_PAGE)
         query = query_hash(owner, node, state)
         after = decode_token(page_token, query)
-        check_deadline("list")
+        deadline.check("list")
         found = sorted(
             (
                 r
@@ -445,38 +476,43 @@ class AllocatorService:
         state = self.holdings.state_for(view)
         return not all(state.in_use(device) for device in taken)
 
-    def _read(self, query: Query) -> tuple[ViewSnapshot, AllocatedState]:
+    def _read(self, query: Query, deadline: Deadline) -> tuple[ViewSnapshot, AllocatedState]:
         self.holdings.require_synced()
         wait = 0.0
         if query.min_generation > 0:
-            left = Deadline.within(remaining_seconds(), cancelled=call_ended()).left()
+            left = deadline.answering().left()
             wait = min(self.limits.max_generation_wait, left if left is not None else 1e9)
         view = self.view.require(query.min_generation, wait)
         return view, self.holdings.state_for(view)
 
     def _answer(
-        self, view: ViewSnapshot, state: AllocatedState, query: Query, *, explain: bool
+        self,
+        view: ViewSnapshot,
+        state: AllocatedState,
+        query: Query,
+        deadline: Deadline,
+        *,
+        explain: bool,
     ) -> Answer:
         """The solver's answer to `query` (a gang's with `solve_gang`) on this view and state."""
         classes = with_inline(self.classes, query.device_classes)
         policy = query.policy or self.solver.policy
-        hits_before = self.solver.selectors.profile_hits
         started = time.perf_counter()
         with self._tracer.start_as_current_span(
             "solve" if query.gang is None else "solve_gang"
         ) as span:
             span.set_attribute("gpualloc.inventory.generation", view.generation)
-            deadline = Deadline.within(remaining_seconds(), cancelled=call_ended())
+            searching = deadline.answering()
             result: SolveResult | GangResult | None
             try:
                 if query.gang is None:
                     result = self.solver.run(
-                        view.snapshot, state, classes, query, deadline, explain=explain
+                        view.snapshot, state, classes, query, searching, explain=explain
                     )
                 else:
                     span.set_attribute("gpualloc.gang.nodes", query.gang.node_count)
                     result = self.solver.run_gang(
-                        view.snapshot, state, classes, query, deadline, explain=explain
+                        view.snapshot, state, classes, query, searching, explain=explain
                     )
             except DeadlineExceeded:
                 result = None
@@ -489,7 +525,7 @@ class AllocatorService:
             generation=view.generation,
             claims=query.claims,
             policy=policy,
-            cel_cache_hits=self.solver.selectors.profile_hits - hits_before,
+            cel_cache_hits=result.stats.cel_profile_hits if result is not None else 0,
             elapsed_seconds=elapsed,
             explanation=Explanation(
                 summary="the call's deadline ran out during the search: retry with more time",
@@ -525,10 +561,10 @@ class AllocatorService:
         )
 
     def _store_reserve(
-        self, requests: Sequence[ReserveRequest], view: ViewSnapshot
+        self, requests: Sequence[ReserveRequest], view: ViewSnapshot, deadline: Deadline
     ) -> list[Reservation]:
         """Take the tenant's quota (quotas.py, step one), then the devices (step two)."""
-        check_deadline("reserve")
+        deadline.check("reserve")
         grant = self._take_quota(requests, view)
         try:
             reservations = self._take_devices(requests)
@@ -569,6 +605,7 @@ class AllocatorService:
         answer: Answer,
         lease: LeaseOptions,
         revoked: tuple[Victim, ...],
+        deadline: Deadline,
     ) -> Proposal | None:
         """The fewest reservations whose revocation makes `query` fit for `lease.owner`
         (quota.py's rules), or None. Only for an answer that is UNSATISFIABLE or
@@ -583,7 +620,7 @@ class AllocatorService:
         if not priority.preempts:
             return None
         tenant = tenant_of_owner(lease.owner)
-        empty = self._answer(view, AllocatedState(view.snapshot), query, explain=False)
+        empty = self._answer(view, AllocatedState(view.snapshot), query, deadline, explain=False)
         if empty.outcome is not Outcome.ALLOCATED:
             return None  # it does not fit an empty fleet: no victim helps
         # only the caller's tenant and its cohort can lose reservations to it (quota.py's
@@ -613,7 +650,7 @@ class AllocatorService:
         def placement(chosen: Sequence[Candidate]) -> Answer | None:
             gone = [live[c.holding.id] for c in chosen]
             trial = state.with_changes((r.id, None, a) for r in gone for a in r.allocations)
-            found = self._answer(view, trial, query, explain=False)
+            found = self._answer(view, trial, query, deadline, explain=False)
             if found.outcome is not Outcome.ALLOCATED:
                 return None
             left = {t: dict(u) for t, u in usage.items()}
@@ -633,10 +670,10 @@ class AllocatorService:
         )
         return Proposal(chosen, tuple(live[c.holding.id] for c in victims))
 
-    def _revoke(self, proposal: Proposal, by: str) -> tuple[Victim, ...]:
+    def _revoke(self, proposal: Proposal, by: str, deadline: Deadline) -> tuple[Victim, ...]:
         """Revoke the victims (each only if its fencing token is the one chosen: a stale one
         fails the call with FAILED_PRECONDITION, nothing more is revoked); free their quota."""
-        check_deadline("preempt")
+        deadline.check("preempt")
         done: list[Reservation] = []
         try:
             for reservation in proposal.reservations:
@@ -800,7 +837,7 @@ def _requests(
 _BACKOFF_SECONDS = 0.002
 
 
-def _back_off(attempt: int) -> None:
+def _back_off(attempt: int, deadline: Deadline) -> None:
     """Sleep a random share of 2 ms x 2^attempt before solving again after a conflict.
 
     Callers that lost the same race would otherwise solve again at once, see the same refreshed
@@ -808,7 +845,7 @@ def _back_off(attempt: int) -> None:
     sees the reservations of those that went first. Bounded by the call's remaining time.
     """
     pause = random.uniform(0, _BACKOFF_SECONDS * 2**attempt)
-    left = remaining_seconds()
+    left = deadline.left()
     time.sleep(pause if left is None else min(pause, left / 4))
 
 

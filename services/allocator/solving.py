@@ -18,11 +18,9 @@ client, instead of the client's own DEADLINE_EXCEEDED.
 
 from __future__ import annotations
 
-import threading
-import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from services.allocator.answers import GangSpec, Query
 from services.allocator.core import (
@@ -51,6 +49,7 @@ from services.allocator.core.topology_constraints import (
     TopologyConstraint,
     constraints_from_annotations,
 )
+from services.common.deadline import Deadline
 from services.common.dra.model import DeviceClass, DeviceID, ResourceClaim
 from services.common.errors import DeadlineExceeded, GpuallocError
 
@@ -63,39 +62,6 @@ def unique_share_id(claim: ResourceClaim, request: str, device: DeviceID, positi
     """A fresh share id per result: two callers allocating claims of the same name on one
     multi-allocatable device must not get the same share (the core's default is deterministic)."""
     return str(uuid.uuid4())
-
-
-@dataclass(frozen=True)
-class Deadline:
-    """When a search must stop: `at` on the monotonic clock (None: never), or as soon as
-    `cancelled` is set (the client went away)."""
-
-    at: float | None
-    cancelled: threading.Event | None = None
-
-    @classmethod
-    def within(
-        cls,
-        remaining: float | None,
-        margin: float = 0.1,
-        cancelled: threading.Event | None = None,
-    ) -> Deadline:
-        """`remaining` seconds from now, less a margin for answering (at most 10%)."""
-        if remaining is None:
-            return cls(None, cancelled)
-        return cls(time.monotonic() + remaining - min(margin, remaining * 0.1), cancelled)
-
-    @property
-    def bounded(self) -> bool:
-        return self.at is not None or self.cancelled is not None
-
-    def passed(self) -> bool:
-        if self.cancelled is not None and self.cancelled.is_set():
-            return True
-        return self.at is not None and time.monotonic() >= self.at
-
-    def left(self) -> float | None:
-        return None if self.at is None else max(0.0, self.at - time.monotonic())
 
 
 class Solver:
@@ -366,6 +332,7 @@ def _merge(
         nodes_searched=sum(r.stats.nodes_searched for r in results),
         nodes_feasible=len(found),
         budget_exhausted=exhausted,
+        cel_profile_hits=sum(r.stats.cel_profile_hits for r in results),
     )
     misses = tuple(sorted((n for m in missed for n in m.explanation.nodes), key=NodeMiss.rank))
     explanations = [r.explanation for r in results if r.explanation is not None]

@@ -20,18 +20,42 @@ import logging
 import threading
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from services.client.errors import Unplaceable
 from services.client.results import Placement, Reservation
 from services.common.errors import GpuallocError
 
-if TYPE_CHECKING:
-    from services.client.client import AllocatorClient
-
-__all__ = ["Lease"]
+__all__ = ["Lease", "LeaseCalls"]
 
 log = logging.getLogger("gpualloc.client.lease")
+
+
+class LeaseCalls(Protocol):
+    """What a lease asks of its client (client.AllocatorClient): a Protocol here, so that this
+    module does not import the client that builds leases."""
+
+    def commit(
+        self, reservation: Reservation, *, owner: str | None = None, fencing_token: int = 0
+    ) -> Reservation: ...
+
+    def release(
+        self,
+        reservation: Reservation,
+        *,
+        owner: str | None = None,
+        fencing_token: int = 0,
+        allow_missing: bool = False,
+    ) -> Reservation | None: ...
+
+    def renew(
+        self,
+        reservation: Reservation,
+        *,
+        lease_ttl_seconds: float | None = None,
+        owner: str | None = None,
+        fencing_token: int = 0,
+    ) -> Reservation: ...
 
 
 class Lease:
@@ -39,7 +63,7 @@ class Lease:
 
     def __init__(
         self,
-        client: AllocatorClient,
+        client: LeaseCalls,
         place: Callable[[], Placement],
         *,
         owner: str,

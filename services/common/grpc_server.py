@@ -5,8 +5,8 @@ the port. Every server gets:
 
 * a thread pool of `settings.max_workers` (sync grpc: the solver is CPU-bound Python, so scale
   with replicas, not threads);
-* interceptors, outermost first: error mapping (typed errors -> status codes), the call deadline,
-  any extra ones (telemetry) given by the caller, then authentication and authorization
+* interceptors, outermost first: error mapping (typed errors -> status codes), any extra ones
+  (telemetry) given by the caller, then authentication and authorization
   (`services.common.security.edge`: the call's principal, checked against each method's access
   rule, before the servicer runs);
 * TLS when the settings name a certificate (mutual TLS with a client CA), the files reloaded
@@ -21,10 +21,11 @@ the port. Every server gets:
 * server reflection listing every registered service, health and reflection (grpcurl, ghz).
 
 Call deadlines. A sync grpc server cannot preempt a running handler thread, so a cap is a budget
-the service layer honours, not a kill switch: for each unary-response call the interceptor
-records deadline = now + min(client deadline, `settings.max_call_seconds`), and the service reads
-it with `remaining_seconds()` (timeouts for Redis and downstream gRPC calls, the solver's budget)
-or `check_deadline()` (raises DeadlineExceeded, which the error interceptor maps). Streaming
+the service layer honours, not a kill switch: a servicer turns each call's deadline into a value,
+`call_deadline(context, cap)` = now + min(client deadline, cap) with an event set when the call
+ends or is cancelled, and passes it down explicitly (services.common.deadline: the solver's
+budget, waits, and `Deadline.check()` before store calls, which raises DeadlineExceeded for the
+error interceptor to map). The allocator's cap is `settings.max_call_seconds`; streaming
 responses (watches) are bounded by the client's deadline only; `stop()` ends them at shutdown.
 
 `serve_until_signal` blocks until SIGTERM/SIGINT, then reports NOT_SERVING and drains.
@@ -36,10 +37,8 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent import futures
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import Any
@@ -49,15 +48,10 @@ from grpc_reflection.v1alpha import reflection
 
 from services.common.admission import Admission, AdmissionLimits
 from services.common.config import ServerSettings
-from services.common.errors import DeadlineExceeded, FailedPrecondition
+from services.common.deadline import Deadline
+from services.common.errors import FailedPrecondition
 from services.common.grpc_errors import (
     ErrorMappingInterceptor,
-    Handler,
-    HandlerInterceptor,
-    StreamBehavior,
-    UnaryBehavior,
-    rewrap_handler,
-    stream_in_context,
 )
 from services.common.health import SERVICE_NAME as HEALTH_SERVICE_NAME
 from services.common.health import Health, graceful_shutdown
@@ -70,13 +64,9 @@ from services.common.security.edge import (
 from services.common.security.tls import ServerTls, server_credentials
 
 __all__ = [
-    "CallDeadlineInterceptor",
     "ServiceRegistration",
-    "call_budget",
-    "call_ended",
-    "check_deadline",
+    "call_deadline",
     "create_server",
-    "remaining_seconds",
     "security_summary",
     "serve_until_signal",
 ]
@@ -162,7 +152,6 @@ def create_server(
         ),
         interceptors=[
             ErrorMappingInterceptor(),
-            CallDeadlineInterceptor(settings.max_call_seconds),
             *interceptors,
             AuthInterceptor(authenticator, rules, admission),
         ],
@@ -292,76 +281,15 @@ def serve_until_signal(
 
 # --- call deadlines ---------------------------------------------------------------------------
 
-_call_deadline: ContextVar[float | None] = ContextVar("gpualloc_call_deadline", default=None)
-_call_ended: ContextVar[threading.Event | None] = ContextVar("gpualloc_call_ended", default=None)
 
-
-def call_ended() -> threading.Event | None:
-    """Set when the current call ends — in particular when its client cancels it or goes
-    away — so that work done for it can stop at once (None outside a call)."""
-    return _call_ended.get()
-
-
-def remaining_seconds() -> float | None:
-    """Seconds left for the current call (>= 0), or None outside a call or with no bound."""
-    deadline = _call_deadline.get()
-    return None if deadline is None else max(0.0, deadline - time.monotonic())
-
-
-def check_deadline(doing: str = "call") -> None:
-    """Raise DeadlineExceeded when the current call's time is up; call it in long loops."""
-    remaining = remaining_seconds()
-    if remaining is not None and remaining <= 0:
-        raise DeadlineExceeded(f"{doing}: ran out of time")
-
-
-@contextmanager
-def call_budget(seconds: float | None) -> Iterator[threading.Event]:
-    """Run work that is not a gRPC call (the web view's Explain) under the same budget: inside,
-    `remaining_seconds()` counts down from `seconds` and `call_ended()` is the event returned
-    (set it to stop the work, as a client's cancellation would)."""
+def call_deadline(context: grpc.ServicerContext, cap: float | None = None) -> Deadline:
+    """The call's deadline as a value, for the servicer to pass down: now + the shorter of the
+    client's deadline and `cap` (None: no bound without a client deadline), and an event that
+    grpc sets when the call ends, in particular when its client cancels it or goes away, so
+    that work done for it can stop at once."""
     ended = threading.Event()
-    token = _call_deadline.set(None if seconds is None else time.monotonic() + seconds)
-    ended_token = _call_ended.set(ended)
-    try:
-        yield ended
-    finally:
-        _call_ended.reset(ended_token)
-        _call_deadline.reset(token)
-
-
-class CallDeadlineInterceptor(HandlerInterceptor):
-    """Records each call's deadline for `remaining_seconds()` (see the module docstring)."""
-
-    def __init__(self, max_call_seconds: float | None) -> None:
-        super().__init__()
-        self._max_call_seconds = max_call_seconds
-
-    def wrap(self, method: str, handler: Handler) -> Handler:
-        return rewrap_handler(handler, self._wrap_unary, self._wrap_stream)
-
-    def _wrap_unary(self, behavior: UnaryBehavior) -> UnaryBehavior:
-        cap = self._max_call_seconds
-
-        def call(request: Any, context: grpc.ServicerContext) -> Any:
-            ended = threading.Event()
-            context.add_callback(ended.set)  # grpc calls it on completion and on cancellation
-            token = _call_deadline.set(_deadline(context, cap))
-            ended_token = _call_ended.set(ended)
-            try:
-                return behavior(request, context)
-            finally:
-                _call_ended.reset(ended_token)
-                _call_deadline.reset(token)
-
-        return call
-
-    def _wrap_stream(self, behavior: StreamBehavior) -> StreamBehavior:
-        def call(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-            deadline = _deadline(context, None)
-            return stream_in_context(_call_deadline, deadline, lambda: behavior(request, context))
-
-        return call
+    context.add_callback(ended.set)  # grpc calls it on completion and on cancellation
+    return Deadline(_deadline(context, cap), ended)
 
 
 _NO_CLIENT_DEADLINE = 1e9  # grpc reports ~9.2e18 s remaining when the client set none

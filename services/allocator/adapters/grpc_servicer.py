@@ -6,7 +6,9 @@ checks it before a method runs and leaves the call's principal for `current_prin
 principal decides the owner a call acts as (`Principal.owner`: under a policy
 `<tenant>/<name>`, in development mode the `x-gpualloc-owner` header, else the request's
 `owner`, else `anonymous`) and what it sees of other tenants (tenancy.py). Grants, commits,
-renewals and releases are audit events.
+renewals and releases are audit events. Identity and time enter here and travel down as
+values: each method makes the call's Deadline (`call_deadline`: the client's deadline capped at
+`max_call_seconds`, cancelled when the call ends) and passes it to the service.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import grpc
 from protos.allocator.v1 import allocator_pb2 as pb
 from protos.allocator.v1 import allocator_pb2_grpc
 from services.allocator.adapters.pb_mapping import (
+    ClaimReader,
     allocate_response,
     capacity_response,
     claims_path,
@@ -34,7 +37,9 @@ from services.allocator.answers import Answer
 from services.allocator.reservations import Reservation
 from services.allocator.service import AllocatorService
 from services.allocator.tenancy import visible_answer, visible_reservation
+from services.common.deadline import Deadline
 from services.common.errors import PermissionDenied
+from services.common.grpc_server import call_deadline
 from services.common.security.edge import (
     OWNER_METADATA,
     AccessRule,
@@ -90,14 +95,28 @@ def _audit(context: grpc.ServicerContext, event: str, reservation: Reservation) 
 
 
 class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
-    def __init__(self, service: AllocatorService) -> None:
+    def __init__(
+        self,
+        service: AllocatorService,
+        *,
+        claims: ClaimReader | None = None,
+        max_call_seconds: float | None = None,
+    ) -> None:
+        """`claims` reads the requests' claim messages (its memo is this servicer's: a new,
+        default-sized ClaimReader when not given). Each call's deadline — the client's, at
+        most `max_call_seconds` — goes down to the service as a value (call_deadline)."""
         self._service = service
+        self._claims = claims if claims is not None else ClaimReader()
+        self._max_call_seconds = max_call_seconds
+
+    def _deadline(self, context: grpc.ServicerContext) -> Deadline:
+        return call_deadline(context, self._max_call_seconds)
 
     def Allocate(
         self, request: pb.AllocateRequest, context: grpc.ServicerContext
     ) -> pb.AllocateResponse:
         with proto_field_paths(claims_path(request)):
-            query = query_from_pb(request)
+            query = query_from_pb(request, self._claims)
             principal = current_principal(context)
             lease = None
             if request.reserve:
@@ -110,7 +129,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                     request.priority_class_name,
                     request.preempt,
                 )
-            answer = self._service.allocate(query, lease)
+            answer = self._service.allocate(query, lease, deadline=self._deadline(context))
         if answer.reservations:
             for victim in answer.preemption:
                 audit_call(
@@ -131,10 +150,11 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         principal = current_principal(context)
         with proto_field_paths(claims_path(request)):
             answer = self._service.explain(
-                query_from_pb(request),
+                query_from_pb(request, self._claims),
                 request.max_nodes_explained,
                 _quota_owner(principal),
                 request.priority_class_name,
+                deadline=self._deadline(context),
             )
         answer = self._visible(answer, principal)
         return explain_response(answer, request.max_nodes_explained or 10)
@@ -145,7 +165,10 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         owner = _quota_owner(current_principal(context))
         with proto_field_paths(claims_path(request)):
             answer = self._service.capacity(
-                query_from_pb(request), request.ignore_reservations, owner
+                query_from_pb(request, self._claims),
+                request.ignore_reservations,
+                owner,
+                deadline=self._deadline(context),
             )
         return capacity_response(answer)
 
@@ -160,24 +183,31 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
             priority_class=request.priority_class_name,
         )
         claims = reserve_claims_from_pb(request.allocations)
-        reservations = self._service.reserve(request.node_name, claims, lease)
+        reservations = self._service.reserve(
+            request.node_name, claims, lease, deadline=self._deadline(context)
+        )
         for reservation in reservations:
             _audit(context, "reservation.grant", reservation)
         messages = [reservation_to_pb(r) for r in reservations]
         return pb.ReserveResponse(reservation=messages[0], reservations=messages)
 
     def Commit(self, request: pb.CommitRequest, context: grpc.ServicerContext) -> pb.CommitResponse:
-        owner = self._owner(context, request.reservation_id, request.owner)
-        reservation = self._service.commit(request.reservation_id, owner, request.fencing_token)
+        deadline = self._deadline(context)
+        owner = self._owner(context, request.reservation_id, request.owner, deadline)
+        reservation = self._service.commit(
+            request.reservation_id, owner, request.fencing_token, deadline=deadline
+        )
         _audit(context, "reservation.commit", reservation)
         return pb.CommitResponse(reservation=reservation_to_pb(reservation))
 
     def Renew(self, request: pb.RenewRequest, context: grpc.ServicerContext) -> pb.RenewResponse:
+        deadline = self._deadline(context)
         reservation = self._service.renew(
             request.reservation_id,
-            self._owner(context, request.reservation_id, request.owner),
+            self._owner(context, request.reservation_id, request.owner, deadline),
             seconds_from_pb(request.lease_ttl if request.HasField("lease_ttl") else None),
             request.fencing_token,
+            deadline=deadline,
         )
         _audit(context, "reservation.renew", reservation)
         return pb.RenewResponse(reservation=reservation_to_pb(reservation))
@@ -185,11 +215,13 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
     def Release(
         self, request: pb.ReleaseRequest, context: grpc.ServicerContext
     ) -> pb.ReleaseResponse:
+        deadline = self._deadline(context)
         released = self._service.release(
             request.reservation_id,
-            self._owner(context, request.reservation_id, request.owner),
+            self._owner(context, request.reservation_id, request.owner, deadline),
             request.fencing_token,
             request.allow_missing,
+            deadline=deadline,
         )
         response = pb.ReleaseResponse()
         if released is not None:
@@ -200,7 +232,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
     def GetReservation(
         self, request: pb.GetReservationRequest, context: grpc.ServicerContext
     ) -> pb.GetReservationResponse:
-        reservation = self._service.get(request.reservation_id)
+        reservation = self._service.get(request.reservation_id, deadline=self._deadline(context))
         shown = visible_reservation(reservation, current_principal(context))
         return pb.GetReservationResponse(reservation=reservation_to_pb(shown))
 
@@ -214,6 +246,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
             state=reservation_state_from_pb(request.state),
             page_size=request.page_size,
             page_token=request.page_token,
+            deadline=self._deadline(context),
         )
         return pb.ListReservationsResponse(
             reservations=[reservation_to_pb(visible_reservation(r, principal)) for r in page],
@@ -239,12 +272,18 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         rows, enabled = self._service.quota_status(asked)
         return quota_status_response(rows, enabled)
 
-    def _owner(self, context: grpc.ServicerContext, reservation_id: str, requested: str) -> str:
+    def _owner(
+        self,
+        context: grpc.ServicerContext,
+        reservation_id: str,
+        requested: str,
+        deadline: Deadline,
+    ) -> str:
         """The owner a change of a reservation acts as: the caller's, or — for a principal
         that may act on every tenant's reservations — the reservation's own."""
         principal = current_principal(context)
         if principal.sees_all_tenants and not principal.development:
-            return self._service.get(reservation_id).owner
+            return self._service.get(reservation_id, deadline=deadline).owner
         return principal.owner(requested)
 
     def _visible(self, answer: Answer, principal: Principal) -> Answer:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
@@ -66,6 +68,7 @@ from services.common.security.principal import tenant_of_owner
 from services.common.security.quota import QuotaRefusal, TenantStatus, quantity_text
 
 __all__ = [
+    "ClaimReader",
     "request_digest",
     "quota_refusal_to_pb",
     "quota_status_response",
@@ -148,15 +151,16 @@ def topology_constraint_from_pb(message: pb.TopologyConstraint, path: str) -> To
     )
 
 
-def query_from_pb(request: QueryRequest) -> Query:
-    """The shared part of Allocate, Explain and Capacity requests."""
+def query_from_pb(request: QueryRequest, claims: ClaimReader | None = None) -> Query:
+    """The shared part of Allocate, Explain and Capacity requests; its claims read by `claims`
+    (each message afresh without one)."""
     gang = _gang_from_pb(request) if request.HasField("gang") else None
     path = claims_path(request)
     messages = request.gang.claims_per_node if gang is not None else request.claims
     if not messages:
         raise InvalidArgument.at(path, "must not be empty")
-    claims = tuple(_claim_from_pb(c, f"{path}[{i}]") for i, c in enumerate(messages))
-    _check_unique_names(claims, path)
+    read = tuple(_claim_from_pb(c, f"{path}[{i}]", claims) for i, c in enumerate(messages))
+    _check_unique_names(read, path)
     if request.budget.max_steps < 0:
         raise InvalidArgument.at("budget.max_steps", "must not be negative")
     if request.budget.max_nodes < 0:
@@ -171,7 +175,7 @@ def query_from_pb(request: QueryRequest) -> Query:
         for i, c in enumerate(request.topology_constraints)
     )
     return Query(
-        claims=claims,
+        claims=read,
         topology_constraints=topology,
         device_classes=tuple(
             from_pb_device_class(c, f"device_classes[{i}]")
@@ -188,26 +192,49 @@ def query_from_pb(request: QueryRequest) -> Query:
     )
 
 
-_CLAIMS_KEPT = 512
-_CLAIM_BYTES_KEPT = 8192  # larger claims are read every time: the memo stays under ~4 MiB
-_claims_read: dict[bytes, ResourceClaim] = {}
-
-
-def _claim_from_pb(message: dra_pb2.ResourceClaim, path: str) -> ResourceClaim:
-    """A claim message as a value, read once per distinct message: batch systems send the same
+class ClaimReader:
+    """Reads claim messages as values, each distinct message once: batch systems send the same
     few claim shapes over and over, and reading one costs more than serializing it to look it
     up. Values are immutable, so calls share them; only valid claims are kept (a bad one raises
-    with its field path every time); the memo starts over when full, and keeps no claim over
-    _CLAIM_BYTES_KEPT (a client must not be able to pin memory with a few huge claims)."""
-    key = message.SerializeToString(deterministic=True)
-    claim = _claims_read.get(key)
-    if claim is None:
+    with its field path every time). Bounded: at most `max_claims`, the least recently used
+    forgotten first, and no claim over `max_claim_bytes` serialized (a client must not be able
+    to pin memory with a few huge claims; the defaults keep it under ~4 MiB). The servicer owns
+    one; safe to share between threads."""
+
+    def __init__(self, max_claims: int = 512, max_claim_bytes: int = 8192) -> None:
+        if max_claims < 1 or max_claim_bytes < 0:
+            raise ValueError("max_claims must be >= 1 and max_claim_bytes >= 0")
+        self.max_claims = max_claims
+        self.max_claim_bytes = max_claim_bytes
+        self._read: OrderedDict[bytes, ResourceClaim] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def read(self, message: dra_pb2.ResourceClaim, path: str) -> ResourceClaim:
+        """The claim of `message`; InvalidArgument at `path` when it is not a valid claim."""
+        key = message.SerializeToString(deterministic=True)
+        with self._lock:
+            claim = self._read.get(key)
+            if claim is not None:
+                self._read.move_to_end(key)
+                return claim
         claim = from_pb_resource_claim(message, path)
-        if len(key) <= _CLAIM_BYTES_KEPT:
-            if len(_claims_read) >= _CLAIMS_KEPT:
-                _claims_read.clear()
-            _claims_read[key] = claim
-    return claim
+        if len(key) <= self.max_claim_bytes:
+            with self._lock:
+                self._read[key] = claim
+                while len(self._read) > self.max_claims:
+                    self._read.popitem(last=False)
+        return claim
+
+    def kept(self) -> list[bytes]:
+        """The serialized claims kept, least recently used first."""
+        with self._lock:
+            return list(self._read)
+
+
+def _claim_from_pb(
+    message: dra_pb2.ResourceClaim, path: str, claims: ClaimReader | None
+) -> ResourceClaim:
+    return from_pb_resource_claim(message, path) if claims is None else claims.read(message, path)
 
 
 def claims_path(request: QueryRequest) -> str:

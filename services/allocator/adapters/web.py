@@ -50,12 +50,12 @@ from services.allocator.fleet import Fleet, fleet_of
 from services.allocator.service import AllocatorService
 from services.allocator.tenancy import visible_answer
 from services.allocator.view import ViewSnapshot
+from services.common.deadline import Deadline
 from services.common.dra.limits import DocumentLimits
 from services.common.dra.model import DeviceClass, ResourceClaim
 from services.common.dra.parse import load_objects
 from services.common.errors import FailedPrecondition, GpuallocError, InvalidArgument
 from services.common.grpc_errors import status_code_of
-from services.common.grpc_server import call_budget
 from services.common.security.edge import is_loopback_address
 from services.common.security.principal import (
     Identity,
@@ -211,8 +211,8 @@ class WebView:
         if not self._explains.acquire(blocking=False):
             raise _Busy()
         try:
-            with call_budget(self.settings.explain_seconds):
-                answer = self._service.explain(Query(claims, device_classes=classes))
+            deadline = Deadline.after(self.settings.explain_seconds)
+            answer = self._service.explain(Query(claims, device_classes=classes), deadline=deadline)
         finally:
             self._explains.release()
         return visible_answer(answer, self.viewer, self._service.holdings.owner_of)

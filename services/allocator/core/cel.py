@@ -99,14 +99,18 @@ of many callers must bound the request too."""
 
 class CelMeter:
     """One request's CEL spending: units left over all its evaluations, and its `stop` check
-    (deadline or cancellation, the caller's), consulted during long evaluations."""
+    (deadline or cancellation, the caller's), consulted during long evaluations. It counts the
+    request's own real evaluations and memo hits too (`evaluations`, `profile_hits`): the
+    cache's totals are shared by every thread, so their deltas are no request's."""
 
-    __slots__ = ("limit", "remaining", "stop")
+    __slots__ = ("evaluations", "limit", "profile_hits", "remaining", "stop")
 
     def __init__(self, limit: int = DEFAULT_REQUEST_COST, stop: Callable[[], bool] | None = None):
         self.limit = limit
         self.remaining = limit
         self.stop = stop
+        self.evaluations = 0
+        self.profile_hits = 0
 
 
 class CelBudgetExhausted(Exception):  # noqa: N818 - the request's, not the expression's
@@ -329,9 +333,10 @@ class CompiledSelector:
 
     def matches(self, device: CelDevice, meter: CelMeter | None = None) -> bool:
         """True/False, or CelError (CelCostExceeded) for a runtime error on this device.
-        With `meter`, a real evaluation spends from it (CelBudgetExhausted when it cannot)
-        and stops with DeadlineExceeded when the meter's `stop` says so; neither is
-        remembered as the device profile's outcome."""
+        With `meter`, the call counts in it (a real evaluation or a memo hit), a real
+        evaluation spends from it (CelBudgetExhausted when it cannot) and stops with
+        DeadlineExceeded when the meter's `stop` says so; neither is remembered as the device
+        profile's outcome."""
         invalid = device.invalid_version()
         if invalid:
             raise CelError(self.expression, invalid)
@@ -346,6 +351,8 @@ class CompiledSelector:
         else:
             with self._stats.lock:
                 self._stats.profile_hits += 1
+            if meter is not None:
+                meter.profile_hits += 1
         if isinstance(outcome, _Failure):
             raise outcome.error_type(self.expression, outcome.detail)
         return outcome
@@ -355,6 +362,7 @@ class CompiledSelector:
             self._stats.evaluations += 1
         limit = self._cost_limit
         if meter is not None:
+            meter.evaluations += 1
             if meter.stop is not None and meter.stop():
                 raise DeadlineExceeded("CEL evaluation: the request's time ran out")
             if meter.remaining <= 0:

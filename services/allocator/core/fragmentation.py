@@ -31,9 +31,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from services.allocator.core.leftover import by_slice
 from services.allocator.core.scoring import free_capacity
-from services.allocator.core.snapshot import Amount, CounterID, DeviceEntry, SliceEntry
+from services.allocator.core.snapshot import Amount, CounterID, DeviceEntry, SliceEntry, by_slice
 from services.common.dra.model import DeviceID
 
 __all__ = [

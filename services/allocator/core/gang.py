@@ -214,4 +214,5 @@ def _sum(*all_stats: Stats) -> Stats:
         nodes_searched=sum(s.nodes_searched for s in all_stats),
         nodes_feasible=all_stats[0].nodes_feasible,
         budget_exhausted=any(s.budget_exhausted for s in all_stats),
+        cel_profile_hits=sum(s.cel_profile_hits for s in all_stats),
     )

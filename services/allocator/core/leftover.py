@@ -9,22 +9,60 @@ by the cheap key (capacity taken, scoring.capacity_key).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
+from services.allocator.core.candidates import NodeCandidates, SolveContext
+from services.allocator.core.plan import Alternative
 from services.allocator.core.scoring import Score, measure_counts
-from services.allocator.core.snapshot import Amount, CounterID, DeviceEntry, SliceEntry
+from services.allocator.core.snapshot import (
+    Amount,
+    CounterID,
+    DeviceEntry,
+    NodeView,
+    SliceEntry,
+    by_slice,
+)
 from services.common.dra.model import DeviceID
+from services.common.dra.quantity import Quantity
 
-if TYPE_CHECKING:
-    from services.allocator.core.search import NodeSearch
-
-__all__ = ["by_slice", "leftover_score"]
+__all__ = ["NodePlacement", "leftover_score"]
 
 _SLICE_MEMO = 256
 
 
-def leftover_score(search: NodeSearch) -> Score:
+class _Pick(Protocol):
+    @property
+    def alternative(self) -> Alternative: ...
+    @property
+    def entry(self) -> DeviceEntry: ...
+    @property
+    def consumed(self) -> Mapping[str, Quantity] | None: ...
+
+
+class NodePlacement(Protocol):
+    """What scoring a placement reads of the node search that found it (search.NodeSearch):
+    a Protocol here, so that this module does not import the search that calls it."""
+
+    @property
+    def ctx(self) -> SolveContext: ...
+    @property
+    def cands(self) -> NodeCandidates: ...
+    @property
+    def view(self) -> NodeView: ...
+    @property
+    def picks(self) -> Sequence[Sequence[_Pick]]: ...
+    @property
+    def consuming(self) -> set[DeviceID]: ...
+    @property
+    def totals(self) -> Mapping[CounterID, Amount]: ...
+
+    def counters_used(self) -> dict[CounterID, Amount]: ...
+    def ranks(self) -> tuple[int, ...]: ...
+    def consuming_device(self, entry: DeviceEntry) -> bool: ...
+
+
+def leftover_score(search: NodePlacement) -> Score:
     """What the placement found leaves free on its node."""
     held = {
         p.entry.id
@@ -42,7 +80,7 @@ def leftover_score(search: NodeSearch) -> Score:
 
 
 def _slice_free(
-    search: NodeSearch,
+    search: NodePlacement,
     slice_: SliceEntry,
     entries: list[DeviceEntry],
     held: set[DeviceID],
@@ -73,7 +111,7 @@ def _slice_free(
 
 
 def _availability(
-    search: NodeSearch, held: set[DeviceID], used: dict[CounterID, Amount]
+    search: NodePlacement, held: set[DeviceID], used: dict[CounterID, Amount]
 ) -> Callable[[DeviceEntry], bool]:
     state, totals = search.ctx.state, search.totals
 
@@ -91,17 +129,3 @@ def _availability(
         return fits and search.cands.overdrawn(entry.slice) is None
 
     return available
-
-
-def by_slice(entries: Iterable[DeviceEntry]) -> Iterator[tuple[SliceEntry, list[DeviceEntry]]]:
-    """Consecutive devices of one slice (a node's devices come slice by slice)."""
-    current: SliceEntry | None = None
-    run: list[DeviceEntry] = []
-    for entry in entries:
-        if current is not None and entry.slice is not current:
-            yield current, run
-            run = []
-        current = entry.slice
-        run.append(entry)
-    if current is not None:
-        yield current, run

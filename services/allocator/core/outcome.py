@@ -36,6 +36,7 @@ class Stats:
     nodes_searched: int
     nodes_feasible: int
     budget_exhausted: bool  # some node's search stopped early
+    cel_profile_hits: int = 0  # CEL outcomes taken from a selector's per-profile memo
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,16 @@ class Selection:
         self._by_class: dict[tuple[str, int], int] = {}
         self._by_request: dict[tuple[int, int], int] = {}
 
+    @property
+    def cel_evaluations(self) -> int:
+        """Real CEL evaluations of this solve (its meter's count; 0 unmetered)."""
+        return self._meter.evaluations if self._meter is not None else 0
+
+    @property
+    def cel_profile_hits(self) -> int:
+        """CEL outcomes this solve took from a selector's per-profile memo (0 unmetered)."""
+        return self._meter.profile_hits if self._meter is not None else 0
+
     def class_miss(self, alternative: Alternative, entry: DeviceEntry) -> int:
         """Index of the first class selector that is false for the device, or -1."""
         device_class = alternative.device_class

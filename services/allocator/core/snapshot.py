@@ -14,10 +14,10 @@ projection and one `profile` number, so a selector is evaluated once per profile
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 from services.allocator.core.cel import CelDevice
 from services.allocator.core.nodeselect import InvalidNodeSelector, NodeAccess, check_node_selector
@@ -26,7 +26,6 @@ from services.common.dra.suggest import did_you_mean
 from services.common.errors import NotFound
 
 if TYPE_CHECKING:
-    from services.allocator.core.templates import NodeTemplates
     from services.allocator.core.topology import NodeTopology
 
 __all__ = [
@@ -38,9 +37,11 @@ __all__ = [
     "NodeView",
     "PoolView",
     "SliceEntry",
+    "by_slice",
     "exact",
 ]
 
+_T = TypeVar("_T")
 
 Amount = int | Fraction
 """A counter amount as the solver computes with it: an int when whole (fast), else a Fraction."""
@@ -97,6 +98,20 @@ class DeviceEntry:
 
     def __repr__(self) -> str:
         return f"DeviceEntry({self.id})"
+
+
+def by_slice(entries: Iterable[DeviceEntry]) -> Iterator[tuple[SliceEntry, list[DeviceEntry]]]:
+    """Consecutive devices of one slice (a node's devices come slice by slice)."""
+    current: SliceEntry | None = None
+    run: list[DeviceEntry] = []
+    for entry in entries:
+        if current is not None and entry.slice is not current:
+            yield current, run
+            run = []
+        current = entry.slice
+        run.append(entry)
+    if current is not None:
+        yield current, run
 
 
 @dataclass(frozen=True, eq=False)
@@ -207,7 +222,7 @@ class ClusterSnapshot:
         self._devices = dict(devices)
         self.warnings: tuple[str, ...] = tuple(warnings)
         self._topologies = dict(topologies or {})
-        self._templates: NodeTemplates | None = None
+        self._derived: dict[Callable[[ClusterSnapshot], object], object] = {}
 
     @classmethod
     def build(
@@ -232,13 +247,14 @@ class ClusterSnapshot:
     def topologies(self) -> Mapping[str, NodeTopology]:
         return self._topologies
 
-    def templates(self) -> NodeTemplates:
-        """Nodes grouped by machine shape (built on first use; see templates.py)."""
-        if self._templates is None:
-            from services.allocator.core.templates import NodeTemplates
-
-            self._templates = NodeTemplates(self)
-        return self._templates
+    def derived(self, build: Callable[[ClusterSnapshot], _T]) -> _T:
+        """`build(self)`, built on first use and kept with this (immutable) snapshot: an index
+        a higher module derives from it (templates.node_templates) without this module
+        knowing it."""
+        found = self._derived.get(build)
+        if found is None:
+            found = self._derived[build] = build(self)
+        return cast(_T, found)
 
     @property
     def node_names(self) -> tuple[str, ...]:

@@ -63,6 +63,7 @@ from services.allocator.core.search import BudgetExhausted, NodeSearch, StepCoun
 from services.allocator.core.selection import Equivalence, Selection
 from services.allocator.core.snapshot import ClusterSnapshot, DeviceEntry, NodeView
 from services.allocator.core.state import AllocatedState
+from services.allocator.core.templates import node_templates
 from services.allocator.core.topology_constraints import (
     TopologyConstraint,
     TopologyPlan,
@@ -99,7 +100,6 @@ def solve(
     fields are ignored: pass what is held in `state`). `topology_constraints` relate the
     devices of requests (topology_constraints.py); node topologies come from the snapshot.
     `fragmentation_mix`: the requests FRAGMENTATION_AWARE keeps room for (fragmentation.py)."""
-    evaluations_before = selectors.evaluations
     recorder = Recorder() if explain else None
     ctx = _context(
         snapshot, state, classes, claims, policy, selectors, recorder, topology_constraints, budget
@@ -114,7 +114,7 @@ def solve(
     elif recorder is not None or not run.choose_by_groups(snapshot):
         views = list(snapshot.views()) if snapshot.node_names else [snapshot.nil_view]
         run.choose([v for v in views if v.device_count > 0] or views[:1])
-    return run.result(selectors.evaluations - evaluations_before, share_id)
+    return run.result(share_id)
 
 
 def feasible_nodes(
@@ -155,7 +155,7 @@ def node_groups_of(
     (Capacity) needs one answer per key. Empty when the claims read what templates abstract
     away (every node answers for itself); nodes outside every template are not in it."""
     ctx = _context(snapshot, state, classes, claims, policy, selectors, None, topology_constraints)
-    if not usable(ctx.plan, ctx, snapshot.templates()):
+    if not usable(ctx.plan, ctx, node_templates(snapshot)):
         return {}
     members = state.node_groups(snapshot).members
     return {node: key for key, nodes in members.items() for node in nodes}
@@ -238,7 +238,7 @@ class _Run:
         when explaining: the per-device reasons come from the checks themselves)."""
         if self.ctx.recorder is not None or view.name is None:
             return None
-        templates = snapshot.templates()
+        templates = node_templates(snapshot)
         template = templates.of_node.get(view.name)
         if template is None or not usable(self.ctx.plan, self.ctx, templates):
             return None
@@ -262,7 +262,7 @@ class _Run:
 
     def all_feasible(self, snapshot: ClusterSnapshot) -> dict[str, NodeKey]:
         """Every feasible node's key: by groups when they may stand for their nodes."""
-        templates = snapshot.templates()
+        templates = node_templates(snapshot)
         if usable(self.ctx.plan, self.ctx, templates):
             choice = GroupedChoice(
                 self.ctx,
@@ -291,7 +291,7 @@ class _Run:
     def choose_by_groups(self, snapshot: ClusterSnapshot) -> bool:
         """Best-first over node groups (nodechoice.py); False when groups cannot stand for
         their nodes in this solve (the caller then searches every node)."""
-        templates = snapshot.templates()
+        templates = node_templates(snapshot)
         if not usable(self.ctx.plan, self.ctx, templates):
             return False
         choice = GroupedChoice(
@@ -380,7 +380,7 @@ class _Run:
             self.misses.append(search.miss)
         return None
 
-    def stats(self, cel_evaluations: int) -> Stats:
+    def stats(self, cel_evaluations: int, cel_profile_hits: int = 0) -> Stats:
         return Stats(
             steps=self.steps.steps,
             cel_evaluations=cel_evaluations,
@@ -389,10 +389,13 @@ class _Run:
             nodes_searched=self.searched,
             nodes_feasible=len(self.found) if self.feasible is None else self.feasible,
             budget_exhausted=self.exhausted,
+            cel_profile_hits=cel_profile_hits,
         )
 
-    def result(self, cel_evaluations: int, share_id: ShareIdFactory) -> SolveResult:
-        stats = self.stats(cel_evaluations)
+    def result(self, share_id: ShareIdFactory) -> SolveResult:
+        """The solve's answer; its CEL counts are this solve's own (its meter's)."""
+        selection = self.ctx.selection
+        stats = self.stats(selection.cel_evaluations, selection.cel_profile_hits)
         if not self.found:
             return Unsatisfiable(self._unsatisfiable_explanation(), stats, self.exhausted)
         ranked = sorted(self.found, key=lambda f: f.key)

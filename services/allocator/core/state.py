@@ -26,6 +26,7 @@ from math import isqrt
 
 from services.allocator.core.groups import GroupIndex
 from services.allocator.core.snapshot import Amount, ClusterSnapshot, CounterID
+from services.allocator.core.templates import node_templates
 from services.common.dra.model import AllocationResult, DeviceID, ResourceClaim
 from services.common.dra.quantity import Quantity
 
@@ -260,9 +261,9 @@ class AllocatedState:
         """Nodes grouped by template and free state (built on first use, then kept up to date
         by `with_allocation` / `without_allocation`); built afresh for another snapshot."""
         if snapshot is not self._snapshot:
-            return GroupIndex.build(snapshot.templates(), self.devices_in_use)
+            return GroupIndex.build(node_templates(snapshot), self.devices_in_use)
         if self._groups is None:
-            self._groups = GroupIndex.build(snapshot.templates(), self.devices_in_use)
+            self._groups = GroupIndex.build(node_templates(snapshot), self.devices_in_use)
         return self._groups
 
     def is_exclusive(self, device_id: DeviceID) -> bool:

@@ -29,7 +29,12 @@ if TYPE_CHECKING:
     from services.allocator.core.snapshot import ClusterSnapshot
     from services.allocator.core.topology import NodeTopology
 
-__all__ = ["NodeTemplate", "NodeTemplates", "split_name"]
+__all__ = ["NodeTemplate", "NodeTemplates", "node_templates", "split_name"]
+
+
+def node_templates(snapshot: ClusterSnapshot) -> NodeTemplates:
+    """The snapshot's nodes grouped by machine shape, built on first use and kept with it."""
+    return snapshot.derived(NodeTemplates)
 
 
 @dataclass(eq=False)

@@ -32,6 +32,7 @@ from services.allocator.core import (
 )
 from services.allocator.core.groups import GroupIndex, GroupKey
 from services.allocator.core.scoring import node_key
+from services.allocator.core.templates import node_templates
 from services.allocator.counting import count_capacity
 from services.allocator.solving import Deadline, Solver
 from services.common.dra.model import (
@@ -166,7 +167,7 @@ def test_group_index_follows_allocations(
         if data.draw(st.booleans()):
             state = state.without_allocation(allocation_, owner)
     kept = state.node_groups(snapshot)
-    fresh = GroupIndex.build(snapshot.templates(), state.devices_in_use)
+    fresh = GroupIndex.build(node_templates(snapshot), state.devices_in_use)
     assert kept.in_use == fresh.in_use
     assert kept.members == fresh.members
     assert kept.order == fresh.order
@@ -197,7 +198,7 @@ def held_on(node: str, *devices: str) -> tuple[str, AllocationResult]:
 
 def test_identical_nodes_share_a_template_and_uuid_is_abstracted() -> None:
     snapshot = ClusterSnapshot.build([machine(f"node-{i}") for i in range(5)])
-    templates = snapshot.templates()
+    templates = node_templates(snapshot)
     assert len(templates.templates) == 1
     assert templates.templates[0].nodes == [f"node-{i}" for i in range(5)]
     assert templates.abstracted == frozenset({(DRIVER, "uuid")})
@@ -210,7 +211,7 @@ def test_nodes_seeing_shared_or_multi_allocatable_devices_stay_ungrouped() -> No
     snapshot = ClusterSnapshot.build(
         [machine("node-a"), shared, multi], [Node("node-a"), Node("node-m")]
     )
-    assert sorted(snapshot.templates().ungrouped) == ["node-a", "node-m"]
+    assert sorted(node_templates(snapshot).ungrouped) == ["node-a", "node-m"]
 
 
 def test_binpack_searches_only_the_fullest_group() -> None:

@@ -3,6 +3,8 @@ and proto field paths."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from services.allocator.adapters.memory_store import MemoryReservationStore
@@ -16,7 +18,8 @@ from services.allocator.reservations import Hold, LimitedUse, ReservationState
 from services.allocator.service import AllocatorService, ServiceLimits
 from services.allocator.solving import Solver
 from services.allocator.view import ClusterView
-from services.common.errors import InvalidArgument
+from services.common.deadline import Deadline
+from services.common.errors import DeadlineExceeded, InvalidArgument
 from tests.builders import (
     allocation,
     claim,
@@ -241,3 +244,48 @@ def test_list_pages_and_filters_by_state(service):
     with pytest.raises(InvalidArgument) as caught:
         service.list_reservations(owner="someone-else", page_token=token)
     assert caught.value.field_path == "page_token"
+
+
+# --- the call's deadline, passed as a value ---------------------------------------------------
+
+
+def _cancelled() -> Deadline:
+    ended = threading.Event()
+    ended.set()
+    return Deadline.after(60.0, ended)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda: Deadline.after(0.0), id="deadline-passed"),
+        pytest.param(_cancelled, id="client-cancelled"),
+    ],
+)
+def test_a_spent_deadline_answers_budget_exhausted(service, make):
+    answer = service.allocate(Query((ONE,)), deadline=make())
+    assert answer.outcome is Outcome.BUDGET_EXHAUSTED
+    assert answer.explanation is not None and answer.explanation.budget_exhausted
+    reserving = service.allocate(Query((ONE,)), LeaseOptions("o"), deadline=make())
+    assert reserving.outcome is Outcome.BUDGET_EXHAUSTED and not reserving.reservations
+    assert service.explain(Query((ONE,)), deadline=make()).outcome is Outcome.BUDGET_EXHAUSTED
+    assert service.allocate(Query((ONE,))).outcome is Outcome.ALLOCATED  # UNBOUNDED by default
+
+
+@pytest.mark.parametrize(
+    ("call", "doing"),
+    [
+        pytest.param(lambda s, rid, d: s.commit(rid, "o", deadline=d), "commit", id="commit"),
+        pytest.param(lambda s, rid, d: s.renew(rid, "o", deadline=d), "renew", id="renew"),
+        pytest.param(lambda s, rid, d: s.release(rid, "o", deadline=d), "release", id="release"),
+        pytest.param(lambda s, rid, d: s.get(rid, deadline=d), "get", id="get"),
+        pytest.param(
+            lambda s, rid, d: s.list_reservations(owner="o", deadline=d), "list", id="list"
+        ),
+    ],
+)
+def test_a_store_call_does_not_start_once_the_deadline_has_passed(service, call, doing):
+    [reservation] = service.allocate(Query((ONE,)), LeaseOptions("o")).reservations
+    with pytest.raises(DeadlineExceeded, match=f"{doing}: ran out of time"):
+        call(service, reservation.id, Deadline.after(0.0))
+    assert service.get(reservation.id).state is ReservationState.RESERVED  # nothing done

@@ -9,7 +9,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -20,12 +20,12 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 
 from services.common.config import ServerSettings
-from services.common.errors import FailedPrecondition
+from services.common.deadline import UNBOUNDED, Deadline
+from services.common.errors import DeadlineExceeded, FailedPrecondition
 from services.common.grpc_server import (
     ServiceRegistration,
-    check_deadline,
+    call_deadline,
     create_server,
-    remaining_seconds,
     serve_until_signal,
 )
 from services.common.health import Health, ServingStatus, graceful_shutdown
@@ -53,22 +53,29 @@ def _echo(request: bytes, context: grpc.ServicerContext) -> bytes:
     return request
 
 
-def _remaining(request: bytes, context: grpc.ServicerContext) -> bytes:
-    time.sleep(float(request or b"0"))
-    check_deadline("echo")
-    return repr(remaining_seconds()).encode()
-
-
 def _remaining_stream(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
-    yield repr(remaining_seconds()).encode()
+    yield repr(call_deadline(context).left()).encode()  # a stream: no server cap
 
 
-def _echo_service() -> ServiceRegistration:
+def _echo_service(
+    max_call_seconds: float | None = None, seen: list[Deadline] | None = None
+) -> ServiceRegistration:
+    """Echo, and Remaining: sleeps for the request's seconds, then answers the time left of
+    the call's deadline (capped at `max_call_seconds`, as a servicer caps it), kept in `seen`."""
+
+    def remaining(request: bytes, context: grpc.ServicerContext) -> bytes:
+        deadline = call_deadline(context, max_call_seconds)
+        if seen is not None:
+            seen.append(deadline)
+        time.sleep(float(request or b"0"))
+        deadline.check("echo")
+        return repr(deadline.left()).encode()
+
     return _generic(
         ECHO,
         {
             "Echo": grpc.unary_unary_rpc_method_handler(_echo),
-            "Remaining": grpc.unary_unary_rpc_method_handler(_remaining),
+            "Remaining": grpc.unary_unary_rpc_method_handler(remaining),
             "RemainingStream": grpc.unary_stream_rpc_method_handler(_remaining_stream),
         },
     )
@@ -266,23 +273,22 @@ def test_duplicate_registration_is_refused() -> None:
         pytest.param(2.0, 20.0, 2.0, id="server-cap-shorter"),
     ],
 )
-def test_remaining_seconds_is_the_shorter_of_client_deadline_and_server_cap(
+def test_the_call_deadline_is_the_shorter_of_client_deadline_and_server_cap(
     grpc_channel_factory: GrpcChannelFactory,
     max_call_seconds: float,
     client_timeout: float | None,
     upper_bound: float,
 ) -> None:
-    settings = ServerSettings(max_call_seconds=max_call_seconds)
-    remaining = grpc_channel_factory([_echo_service()], settings).unary(f"/{ECHO}/Remaining")
+    served = grpc_channel_factory([_echo_service(max_call_seconds)])
+    remaining = served.unary(f"/{ECHO}/Remaining")
     seconds = float(remaining(b"", timeout=client_timeout))
     assert upper_bound - 1.0 < seconds <= upper_bound + 0.05  # grpc adds a few ms of slack
 
 
-def test_check_deadline_raises_deadline_exceeded_once_the_cap_is_spent(
+def test_check_raises_deadline_exceeded_once_the_cap_is_spent(
     grpc_channel_factory: GrpcChannelFactory,
 ) -> None:
-    settings = ServerSettings(max_call_seconds=0.01)
-    remaining = grpc_channel_factory([_echo_service()], settings).unary(f"/{ECHO}/Remaining")
+    remaining = grpc_channel_factory([_echo_service(0.01)]).unary(f"/{ECHO}/Remaining")
     with pytest.raises(grpc.RpcError) as caught:
         remaining(b"0.05", timeout=5)
     assert (caught.value.code(), caught.value.details()) == (
@@ -312,9 +318,54 @@ def test_streams_are_bounded_by_the_client_deadline_only(
         assert 1.0 < float(answer) <= 2.05
 
 
-def test_remaining_seconds_outside_a_call_is_none() -> None:
-    assert remaining_seconds() is None
-    check_deadline()  # no call, no deadline: never raises
+def test_the_deadlines_event_is_set_when_the_call_ends(
+    grpc_channel_factory: GrpcChannelFactory,
+) -> None:
+    seen: list[Deadline] = []
+    remaining = grpc_channel_factory([_echo_service(seen=seen)]).unary(f"/{ECHO}/Remaining")
+    remaining(b"", timeout=5)
+    [deadline] = seen
+    assert deadline.cancelled is not None and deadline.cancelled.wait(5)
+    assert deadline.passed()  # work still going on for the call stops
+
+
+def test_an_unbounded_deadline_never_runs_out() -> None:
+    assert UNBOUNDED.left() is None
+    assert not UNBOUNDED.bounded and not UNBOUNDED.passed()
+    UNBOUNDED.check()  # no call, no deadline: never raises
+
+
+@pytest.mark.parametrize(
+    ("make", "left", "passed"),
+    [
+        pytest.param(lambda: Deadline.after(None), None, False, id="after-none-is-unbounded"),
+        pytest.param(lambda: Deadline.after(0.0), 0.0, True, id="after-zero-has-passed"),
+        pytest.param(lambda: Deadline.after(60.0), 60.0, False, id="after-a-minute"),
+        pytest.param(lambda: Deadline.after(60.0).answering(), 59.9, False, id="answering-margin"),
+        pytest.param(
+            lambda: Deadline.after(0.5).answering(), 0.45, False, id="margin-at-most-10pc"
+        ),
+    ],
+)
+def test_deadline_values(make: Callable[[], Deadline], left: float | None, passed: bool) -> None:
+    deadline = make()
+    if left is None:
+        assert deadline.left() is None
+    else:
+        seconds = deadline.left()
+        assert seconds is not None and left - 0.05 <= seconds <= left
+    assert deadline.passed() is passed
+
+
+def test_a_cancelled_deadline_has_passed_but_check_only_counts_time() -> None:
+    ended = threading.Event()
+    deadline = Deadline.after(60.0, ended)
+    assert not deadline.passed()
+    ended.set()
+    assert deadline.passed() and deadline.answering().passed()
+    deadline.check()  # the time is not up: check raises only for time (the search stops)
+    with pytest.raises(DeadlineExceeded, match="commit: ran out of time"):
+        Deadline.after(0.0).check("commit")
 
 
 def test_health_object_can_be_shared_and_owned_by_the_caller() -> None:
