@@ -167,7 +167,7 @@ class PlacementPolicy:
     policy: Policy
     orders_candidates = True  # False: candidates are tried in the snapshot's order
     implicit_topology = True  # adds its own NVLink preferences when topologies are known
-    weighs_fragmentation = False  # the node key needs the fragmentation a placement adds
+    weighs_fragmentation = False  # weighs the fragmentation a placement (a device) adds
     prefers_used = True  # within a pool, partitions of GPUs in use first (else fresh ones)
     room_sign = 1  # gang domains: +1 fewest feasible nodes first, -1 most first, 0 neither
 
@@ -215,12 +215,10 @@ class PlacementPolicy:
         else:
             in_use = has_shares
         fresh = 0 if in_use == self.prefers_used else 1
-        return CandidateKey(fresh, self._added(entry, set_loss), float(entry.size), entry.position)
-
-    def _added(
-        self, entry: DeviceEntry, set_loss: Callable[[DeviceEntry], Fraction] | None
-    ) -> float:
-        return 0.0
+        added = 0.0  # FRAGMENTATION_AWARE: the fragmentation taking it adds to its GPU
+        if set_loss is not None and self.weighs_fragmentation:
+            added = float(set_loss(entry))
+        return CandidateKey(fresh, added, float(entry.size), entry.position)
 
     def final(self, key: NodeKey) -> bool:
         """Whether no node searched after this one (nodes come by name) can beat `key`."""
@@ -323,11 +321,6 @@ class FragmentationAware(PlacementPolicy):
         floor = -facts.loss_weight * facts.most  # once per template, not per group
         for entry in order[_first_at_least(order, facts.least) :]:
             yield self._bound(facts, entry, floor), entry
-
-    def _added(
-        self, entry: DeviceEntry, set_loss: Callable[[DeviceEntry], Fraction] | None
-    ) -> float:
-        return 0.0 if set_loss is None else float(set_loss(entry))
 
 
 class FirstFit(PlacementPolicy):
