@@ -84,3 +84,9 @@ def test_groups_come_in_bound_order_and_none_that_may_fit_is_left_out(
     may_fit = {e for e in order if e.capacity >= facts.least}
     assert may_fit <= {entry for _, entry in walked} <= set(order)
     assert len(walked) == len({entry for _, entry in walked})
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_each_policy_name_has_its_own_rules(policy: Policy) -> None:
+    assert policy.rules.policy is policy
+    assert Policy(str(policy)).rules is policy.rules
