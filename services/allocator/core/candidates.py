@@ -27,7 +27,12 @@ from services.allocator.core.constraints import lookup_attribute, show_value
 from services.allocator.core.explain import ReasonCode, Recorder, held_by
 from services.allocator.core.fragmentation import DEFAULT_MIX, FragmentationMix, set_loss
 from services.allocator.core.plan import MAX_DEVICES_PER_CLAIM, Alternative, ConstraintKind, Plan
-from services.allocator.core.scoring import Policy, candidate_key, counter_sets_used
+from services.allocator.core.scoring import (
+    CandidateKey,
+    PlacementPolicy,
+    Policy,
+    counter_sets_used,
+)
 from services.allocator.core.selection import Equivalence, Selection
 from services.allocator.core.snapshot import (
     Amount,
@@ -93,6 +98,10 @@ class SolveContext:
     topology: TopologyPlan | None = None  # topology constraints, when the solve has any
     mix: FragmentationMix = DEFAULT_MIX  # FRAGMENTATION_AWARE's expected requests
     snapshot: ClusterSnapshot | None = None  # for node topologies
+    rules: PlacementPolicy = field(init=False, repr=False)  # the policy's rules (scoring.py)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rules", self.policy.rules)
 
     def node_topology(self, view: NodeView) -> NodeTopology | None:
         return self.snapshot.topology(view.name) if self.snapshot is not None else None
@@ -345,7 +354,7 @@ class NodeCandidates:
                 candidate = self._check(alternative, entry, taints=True)
                 if candidate is not None:
                     found.append(candidate)
-            if self.ctx.policy is not Policy.FIRST_FIT and any(
+            if self.ctx.rules.orders_candidates and any(
                 c.entry.counters or c.entry.multi for c in found
             ):
                 found.sort(key=self._order_key)
@@ -378,7 +387,7 @@ class NodeCandidates:
         return [Candidate(devices[index], None) for index in order]
 
     def _order(self, indices: tuple[int, ...], devices: tuple[DeviceEntry, ...]) -> tuple[int, ...]:
-        if self.ctx.policy is Policy.FIRST_FIT:
+        if not self.ctx.rules.orders_candidates:
             return indices
         pool_of = self._prepared.pool_of if self._prepared else ()
         order: list[int] = []
@@ -474,16 +483,15 @@ class NodeCandidates:
         problem = capacity_problem(alternative.capacity, entry.device.capacity, held)
         return None if problem is None else (ReasonCode.CAPACITY, problem)
 
-    def _order_key(self, candidate: Candidate) -> tuple[int, float, float, int]:
+    def _order_key(self, candidate: Candidate) -> CandidateKey:
         state = self.ctx.state
         entry = candidate.entry
-        return candidate_key(
-            self.ctx.policy,
+        return self.ctx.rules.candidate_key(
             entry,
             state.counter_amount,
             bool(state.share_ids(entry.id)),
             self._set_in_use,
-            self._set_loss if self.ctx.policy is Policy.FRAGMENTATION_AWARE else None,
+            self._set_loss,
         )
 
     def _set_loss(self, entry: DeviceEntry) -> Fraction:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 
 from services.allocator.core.cel import SelectorCache
 from services.allocator.core.explain import Explanation
@@ -92,10 +91,9 @@ def solve_gang(
         keys = {name: key for name, key in keys.items() if name in allowed}
     domains = _domains(snapshot, keys, group_by_label)
     fitting = [(label, members) for label, members in domains.items() if len(members) >= node_count]
+    rules = policy.rules
     fitting.sort(
-        key=lambda item: _domain_key(
-            policy, item[0], item[1], [keys[m] for m in item[1][:node_count]]
-        )
+        key=lambda item: rules.domain_key(item[0], item[1], [keys[m] for m in item[1][:node_count]])
     )
     for label, members in fitting:
         placed = _place(
@@ -134,22 +132,6 @@ def _domains(
     for members in found.values():
         members.sort(key=keys.__getitem__)
     return found
-
-
-def _domain_key(
-    policy: Policy, label: str | None, members: Sequence[str], chosen: Sequence[NodeKey]
-) -> tuple[tuple[int, ...], int, int, Fraction, int, str]:
-    """The domain's rank from its chosen members' node keys (smaller is better), then how many
-    of its nodes fit (BINPACK: fewest, keeping roomy domains whole; SPREAD: most)."""
-    ranks = max(k[0] for k in chosen)
-    missed = (sum(k[1] for k in chosen), sum(k[2] for k in chosen))
-    if policy is Policy.FIRST_FIT:
-        term = Fraction(0)
-    else:  # the members' capacity terms (negated free capacity for SPREAD), summed
-        term = sum((k[3][-1] for k in chosen if k[3]), Fraction(0))
-    room = 0 if policy is Policy.FIRST_FIT else len(members)
-    room = -room if policy is Policy.SPREAD else room
-    return (ranks, missed[0], missed[1], term, room, label or "")
 
 
 def _place(

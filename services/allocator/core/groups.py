@@ -17,6 +17,7 @@ import bisect
 from collections.abc import Iterable
 from fractions import Fraction
 from math import isqrt
+from typing import NamedTuple
 
 from services.allocator.core.templates import NodeTemplates
 from services.common.dra.model import DeviceID
@@ -26,7 +27,14 @@ __all__ = ["EMPTY", "GroupIndex", "GroupKey", "OrderEntry"]
 EMPTY: frozenset[int] = frozenset()
 _FOLD_MIN = 32  # moved nodes up to 32 + sqrt(nodes in use) are copied, more are folded
 GroupKey = tuple[int, frozenset[int]]  # (template id, device indices in use)
-OrderEntry = tuple[Fraction, str, frozenset[int]]  # (free capacity, first node, in use)
+
+
+class OrderEntry(NamedTuple):
+    """One group in a template's order (sorted: by free capacity, then first node)."""
+
+    capacity: Fraction  # free capacity of each of its nodes
+    node: str  # its first node by name
+    used: frozenset[int]  # the template's device indices in use
 
 
 class GroupIndex:
@@ -59,7 +67,9 @@ class GroupIndex:
                 index.members.setdefault(key, []).append(node)
         for (template_id, used), nodes in index.members.items():
             template = templates.templates[template_id]
-            index.order[template_id].append((template.free_capacity(used), nodes[0], used))
+            index.order[template_id].append(
+                OrderEntry(template.free_capacity(used), nodes[0], used)
+            )
         for entries in index.order:
             entries.sort()
         return index
@@ -121,12 +131,12 @@ class GroupIndex:
         key = (template_id, used)
         nodes = self.members[key]
         capacity = self.templates.templates[template_id].free_capacity(used)
-        _remove(order, (capacity, nodes[0], used))
+        _remove(order, OrderEntry(capacity, nodes[0], used))
         position = bisect.bisect_left(nodes, node)  # member lists are sorted: slice, not scan
         rest = nodes[:position] + nodes[position + 1 :]
         if rest:
             self.members[key] = rest
-            bisect.insort(order, (capacity, rest[0], used))
+            bisect.insort(order, OrderEntry(capacity, rest[0], used))
         else:
             del self.members[key]
 
@@ -137,13 +147,13 @@ class GroupIndex:
         nodes = self.members.get(key)
         capacity = self.templates.templates[template_id].free_capacity(used)
         if nodes:
-            _remove(order, (capacity, nodes[0], used))
+            _remove(order, OrderEntry(capacity, nodes[0], used))
             joined = list(nodes)
             bisect.insort(joined, node)
         else:
             joined = [node]
         self.members[key] = joined
-        bisect.insort(order, (capacity, joined[0], used))
+        bisect.insort(order, OrderEntry(capacity, joined[0], used))
 
 
 def _remove(order: list[OrderEntry], entry: OrderEntry) -> None:

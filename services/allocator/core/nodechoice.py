@@ -11,17 +11,17 @@ would pick, found after a handful of searches:
 - preferences missed: >= 0 for the asked-for ones; for the policy's NVLink taste, >= the
   requests no node of the template can give NVLink-connected GPUs (too small a clique);
 - capacity: a placement with those ranks takes at most `most` device-equivalents (count x the
-  largest candidate), so BINPACK's free capacity after it is >= free capacity before - `most`;
-  SPREAD's negated capacity is >= `least` - free capacity before;
-- FRAGMENTATION_AWARE: the fragmentation a placement adds is at least minus what it takes
-  (its usable-capacity loss is never negative), then BINPACK's bound;
-- FIRST_FIT: the group's first node name.
+  largest candidate), any placement at least `least`; what each policy's term makes of that
+  (and of fragmentation, and FIRST_FIT's node names) is its `bound`, next to its node key
+  (scoring.PlacementPolicy; tests/unit/allocator/test_policy_bounds.py checks each is
+  admissible).
 
-Per template, the groups come in bound order from the index's capacity order (FIRST_FIT: the
-template's nodes by name), merged across templates by a heap. Groups that cannot hold what the
-plan needs (too little free capacity, too few free matching devices) are skipped unsearched.
-Nodes outside every template are searched one by one, first. In `exhaustive` mode (gangs)
-every group that may fit is searched and each feasible node gets its key.
+Per template, the policy's `groups` gives the groups in bound order from the index's capacity
+order (FIRST_FIT: the template's nodes by name), merged across templates by a heap. Groups that
+cannot hold what the plan needs (too little free capacity, too few free matching devices) are
+skipped unsearched. Nodes outside every template are searched one by one, first. In
+`exhaustive` mode (gangs) every group that may fit is searched and each feasible node gets its
+key.
 
 The per-template facts (matching devices per alternative) come from static checks on the
 template's first node and are cached on the template by the alternatives' content, so a repeated
@@ -46,7 +46,7 @@ from services.allocator.core.candidates import (
 from services.allocator.core.explain import ReasonCode
 from services.allocator.core.groups import GroupIndex, OrderEntry
 from services.allocator.core.plan import Alternative, ConstraintKind, Plan
-from services.allocator.core.scoring import NodeKey, Policy
+from services.allocator.core.scoring import GroupFacts, NodeKey, Policy
 from services.allocator.core.snapshot import ClusterSnapshot, NodeView
 from services.allocator.core.templates import NodeTemplate, NodeTemplates, split_name
 from services.common.dra.model import AllocationMode
@@ -145,10 +145,9 @@ class GroupedChoice:
             cursor, template, facts, entry = item
             self._advance(cursor, template, facts)
             if self._fits(template, facts, entry):
-                key = (template.id, entry[2])
-                view = self.snapshot.view(entry[1])
-                members = self.groups.members[key]
-                self._search(view, entry[0], facts.prepared, entry[2], members)
+                view = self.snapshot.view(entry.node)
+                members = self.groups.members[template.id, entry.used]
+                self._search(view, entry.capacity, facts.prepared, entry.used, members)
                 if self.out_of_steps():
                     return
 
@@ -167,7 +166,7 @@ class GroupedChoice:
             heapq.heappush(self._heap, (key, next(self._seq), None))
             if self.exhaustive:
                 for name in members:  # every member scores alike, under its own name
-                    self.keys[name] = (*key[:4], name)
+                    self.keys[name] = key.named(name)
 
     def _advance(
         self,
@@ -183,8 +182,8 @@ class GroupedChoice:
     def _fits(self, template: NodeTemplate, facts: TemplatePlan, entry: OrderEntry) -> bool:
         """Cheap necessary conditions: enough free capacity, and per request an alternative
         with enough matching devices that nobody holds."""
-        capacity, _, used = entry
-        if capacity < facts.least:
+        used = entry.used
+        if entry.capacity < facts.least:
             return False
         alternatives = iter(zip(self.ctx.plan.alternatives(), facts.candidates, strict=True))
         for claim in self.ctx.plan.claims:
@@ -197,47 +196,21 @@ class GroupedChoice:
     def _cursor(
         self, template: NodeTemplate, facts: TemplatePlan
     ) -> Iterator[tuple[NodeKey, OrderEntry]]:
-        ranks = facts.ranks
-        assert ranks is not None
+        assert facts.ranks is not None
+        bounds = GroupFacts(
+            facts.ranks, facts.implicit_missed, facts.most, facts.least, self.ctx.mix.capacity
+        )
         order = self.groups.order[template.id]
-        policy = self.ctx.policy
-        implicit = facts.implicit_missed
-        if policy is Policy.BINPACK:
-            start = _first_at_least(order, facts.least)
-            for entry in order[start:]:
-                yield (ranks, 0, implicit, (entry[0] - facts.most,), entry[1]), entry
-        elif policy is Policy.FRAGMENTATION_AWARE:  # loss >= 0: added >= -total * most
-            start = _first_at_least(order, facts.least)
-            floor = -self.ctx.mix.capacity * facts.most
-            for entry in order[start:]:
-                term = (floor, entry[0] - facts.most)
-                yield (ranks, 0, implicit, term, entry[1]), entry
-        elif policy is Policy.SPREAD:
-            high = len(order)
-            while high > 0 and order[high - 1][0] >= facts.least:
-                low = _first_at_least(order, order[high - 1][0])
-                for entry in order[low:high]:
-                    yield (ranks, 0, implicit, (facts.least - entry[0],), entry[1]), entry
-                high = low
-        else:
-            seen: set[frozenset[int]] = set()
-            for node in template.nodes:
-                used = self.groups.node_in_use(node)
-                if used not in seen:
-                    seen.add(used)
-                    entry = (template.free_capacity(used), node, used)
-                    yield (ranks, 0, implicit, (), node), entry
+        return self.ctx.rules.groups(bounds, order, lambda: self._by_name(template))
 
-
-def _first_at_least(order: Sequence[OrderEntry], capacity: Fraction) -> int:
-    low, high = 0, len(order)
-    while low < high:
-        middle = (low + high) // 2
-        if order[middle][0] < capacity:
-            low = middle + 1
-        else:
-            high = middle
-    return low
+    def _by_name(self, template: NodeTemplate) -> Iterator[OrderEntry]:
+        """The template's groups by first node name."""
+        seen: set[frozenset[int]] = set()
+        for node in template.nodes:
+            used = self.groups.node_in_use(node)
+            if used not in seen:
+                seen.add(used)
+                yield OrderEntry(template.free_capacity(used), node, used)
 
 
 def _room(

@@ -17,7 +17,6 @@ from fractions import Fraction
 
 from services.allocator.core.candidates import Candidate, NodeCandidates, SolveContext
 from services.allocator.core.fragmentation import node_usable_change, placement_loss
-from services.allocator.core.scoring import Policy
 from services.allocator.core.search import NodeSearch
 from services.allocator.core.snapshot import DeviceEntry
 from services.allocator.core.topology import NodeTopology
@@ -94,7 +93,7 @@ def _could_hold(
 def added_fragmentation(ctx: SolveContext, search: NodeSearch, taken: Fraction) -> Fraction:
     """FRAGMENTATION_AWARE: the fragmentation the placement adds (FGD's delta): usable
     capacity the request mix loses, less the capacity the placement takes itself."""
-    if ctx.policy is not Policy.FRAGMENTATION_AWARE:
+    if not ctx.rules.weighs_fragmentation:
         return Fraction(0)
     state = ctx.state
     picked = {

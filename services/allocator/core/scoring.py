@@ -1,4 +1,4 @@
-"""Placement policies as pure key functions: which node wins, which device is tried first.
+"""Placement policies: which node wins, which device is tried first, which gang domain.
 
 Upstream has no scoring (first fit; KEP-4970 is open). We keep first fit as `FIRST_FIT` and add:
 
@@ -19,19 +19,33 @@ Before any policy: `firstAvailable` ranks. A node where a request gets its first
 beats every node where it gets a later one (the vector of chosen subrequest indices, claim and
 request order, compares first), so a worse-ranked subrequest is never chosen while a better one
 fits anywhere. Ties always break by node name, then by the snapshot's device order.
+
+Each policy is one class (`PlacementPolicy`: BinPack, Spread, FragmentationAware, FirstFit) that
+holds all its rules: its node key and, next to it, the key's lower bound over a node group with
+the order its groups come in (nodechoice.py's best-first walk), its candidate order, its gang
+domain key (gang.py), and what it asks of the search (candidate order or snapshot order, its own
+NVLink preferences, the fragmentation a placement adds, stopping at the first unbeatable fit).
+`Policy` is the public name (API, config, CLI); `Policy.X.rules` is the policy. Keys are
+NamedTuples with named fields: they compare as tuples, at C speed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
+from typing import NamedTuple
 
+from services.allocator.core.groups import OrderEntry
 from services.allocator.core.snapshot import Amount, CounterID, DeviceEntry, SliceEntry
 
 __all__ = [
+    "CandidateKey",
+    "DomainKey",
+    "GroupFacts",
     "NodeKey",
+    "PlacementPolicy",
     "Policy",
     "Score",
     "candidate_key",
@@ -43,12 +57,20 @@ __all__ = [
     "node_key",
 ]
 
+_ZERO = Fraction(0)  # one object: equal terms of keys compare by identity, no Fraction.__eq__
+
 
 class Policy(StrEnum):
+    """The policies' public names (API, config, CLI); `rules` is the policy itself."""
+
     FIRST_FIT = "FirstFit"
     BINPACK = "BinPack"
     SPREAD = "Spread"
     FRAGMENTATION_AWARE = "FragmentationAware"
+
+    @property
+    def rules(self) -> PlacementPolicy:
+        return _RULES[self]
 
 
 @dataclass(frozen=True)
@@ -80,14 +102,293 @@ class Score:
         return text
 
 
-NodeKey = tuple[tuple[int, ...], int, int, tuple[Fraction, ...], str]
+class NodeKey(NamedTuple):
+    """A placement's rank among nodes; smaller is better, compared field by field."""
+
+    ranks: tuple[int, ...]  # chosen subrequest per request
+    preferred_missed: int  # preferred topology constraints asked for and missed
+    implicit_missed: int  # the policy's own NVLink preferences missed
+    fragmentation: Fraction  # FRAGMENTATION_AWARE: fragmentation added; 0 for the others
+    capacity: Fraction  # the policy's capacity term (free capacity after; module doc)
+    name: str  # the node; "" for none
+
+    def named(self, name: str) -> NodeKey:
+        """The same key for another node of its group."""
+        return NodeKey(
+            self.ranks,
+            self.preferred_missed,
+            self.implicit_missed,
+            self.fragmentation,
+            self.capacity,
+            name,
+        )
+
+
+class CandidateKey(NamedTuple):
+    """Order of candidates within one pool; smaller is tried first."""
+
+    fresh: int  # 0: its GPU is in use (SPREAD: not in use), 1: otherwise
+    added: float  # FRAGMENTATION_AWARE: the fragmentation taking it adds to its GPU
+    size: float  # the partition's size (floats keep the order)
+    position: int  # the snapshot's device order
+
+
+class DomainKey(NamedTuple):
+    """A gang domain's rank from its chosen members' node keys; smaller is better."""
+
+    ranks: tuple[int, ...]  # the worst member's subrequest ranks
+    preferred_missed: int  # summed over the members
+    implicit_missed: int  # summed over the members
+    capacity: Fraction  # the members' capacity terms, summed
+    room: int  # the domain's feasible nodes, signed by the policy (PlacementPolicy.room_sign)
+    label: str
+
+
+class GroupFacts(NamedTuple):
+    """What the bounds of one template's node groups start from (nodechoice.py)."""
+
+    ranks: tuple[int, ...]  # the best subrequest ranks any node of the template can get
+    implicit_missed: int  # the policy's NVLink preferences no node of it can meet
+    most: Fraction  # most capacity a placement with `ranks` takes
+    least: Fraction  # least capacity any placement takes
+    loss_weight: Fraction  # FRAGMENTATION_AWARE: the mix's weight of capacity taken (>= 0)
+
+
+class PlacementPolicy:
+    """One placement policy, all its rules in one class: its node key and, next to it, the
+    lower bound of that key over a node group (nodechoice.py's A*), the order of its groups,
+    its candidate and gang domain keys, and what it asks of the search.
+
+    A bound is admissible: no placement on a node of the group has a smaller node key
+    (tests/unit/allocator/test_policy_bounds.py checks it for every policy). This base class
+    is BINPACK's; the others override what differs."""
+
+    __slots__ = ()
+    policy: Policy
+    orders_candidates = True  # False: candidates are tried in the snapshot's order
+    implicit_topology = True  # adds its own NVLink preferences when topologies are known
+    weighs_fragmentation = False  # weighs the fragmentation a placement (a device) adds
+    prefers_used = True  # within a pool, partitions of GPUs in use first (else fresh ones)
+    room_sign = 1  # gang domains: +1 fewest feasible nodes first, -1 most first, 0 neither
+
+    def node_key(
+        self,
+        node: str | None,
+        ranks: tuple[int, ...],
+        free_capacity: Fraction,
+        missed: tuple[int, int],
+        fragmentation: Fraction,
+    ) -> NodeKey:
+        """Smaller is better: subrequest ranks, preferred topology constraints missed (asked
+        for, then the policy's own), the policy's terms, then the name."""
+        return NodeKey(ranks, missed[0], missed[1], _ZERO, free_capacity, node or "")
+
+    def bound(self, facts: GroupFacts, entry: OrderEntry) -> NodeKey:
+        """A placement with the best ranks takes at most `most`: the free capacity after it
+        is >= the group's free capacity - `most`."""
+        capacity = entry.capacity - facts.most
+        return NodeKey(facts.ranks, 0, facts.implicit_missed, _ZERO, capacity, entry.node)
+
+    def groups(
+        self,
+        facts: GroupFacts,
+        order: Sequence[OrderEntry],
+        by_name: Callable[[], Iterator[OrderEntry]],
+    ) -> Iterator[tuple[NodeKey, OrderEntry]]:
+        """One template's groups that may fit, with their bounds, in bound order. `order`:
+        its groups by free capacity; `by_name`: by first node, one per free state."""
+        for entry in order[_first_at_least(order, facts.least) :]:
+            yield self.bound(facts, entry), entry
+
+    def candidate_key(
+        self,
+        entry: DeviceEntry,
+        counter_used: Callable[[CounterID], Amount],
+        has_shares: bool,
+        set_in_use: Callable[[DeviceEntry], bool] | None = None,
+        set_loss: Callable[[DeviceEntry], Fraction] | None = None,
+    ) -> CandidateKey:
+        """A partition counts as "in use" when its GPU is, i.e. any counter of the counter
+        sets it draws from is used (`set_in_use` answers that, memoised, when given)."""
+        if entry.counters:
+            in_use = set_in_use(entry) if set_in_use else counter_sets_used(entry, counter_used)
+        else:
+            in_use = has_shares
+        fresh = 0 if in_use == self.prefers_used else 1
+        added = 0.0  # FRAGMENTATION_AWARE: the fragmentation taking it adds to its GPU
+        if set_loss is not None and self.weighs_fragmentation:
+            added = float(set_loss(entry))
+        return CandidateKey(fresh, added, float(entry.size), entry.position)
+
+    def final(self, key: NodeKey) -> bool:
+        """Whether no node searched after this one (nodes come by name) can beat `key`."""
+        return False
+
+    def domain_key(
+        self, label: str | None, members: Sequence[str], chosen: Sequence[NodeKey]
+    ) -> DomainKey:
+        """The domain's rank from its chosen members' node keys (smaller is better), then how
+        many of its nodes fit (BINPACK: fewest, keeping roomy domains whole)."""
+        return DomainKey(
+            max(k.ranks for k in chosen),
+            sum(k.preferred_missed for k in chosen),
+            sum(k.implicit_missed for k in chosen),
+            sum((k.capacity for k in chosen), _ZERO),
+            self.room_sign * len(members),
+            label or "",
+        )
+
+
+class BinPack(PlacementPolicy):
+    """Fill what is in use: the node left with the least free capacity wins."""
+
+    __slots__ = ()
+    policy = Policy.BINPACK
+
+
+class Spread(PlacementPolicy):
+    """The node left with the most free capacity wins; fresh GPUs first."""
+
+    __slots__ = ()
+    policy = Policy.SPREAD
+    prefers_used = False
+    room_sign = -1
+
+    def node_key(
+        self,
+        node: str | None,
+        ranks: tuple[int, ...],
+        free_capacity: Fraction,
+        missed: tuple[int, int],
+        fragmentation: Fraction,
+    ) -> NodeKey:
+        return NodeKey(ranks, missed[0], missed[1], _ZERO, -free_capacity, node or "")
+
+    def bound(self, facts: GroupFacts, entry: OrderEntry) -> NodeKey:
+        """A placement takes at least `least`: the negated free capacity after it is >=
+        `least` - the group's free capacity."""
+        capacity = facts.least - entry.capacity
+        return NodeKey(facts.ranks, 0, facts.implicit_missed, _ZERO, capacity, entry.node)
+
+    def groups(
+        self,
+        facts: GroupFacts,
+        order: Sequence[OrderEntry],
+        by_name: Callable[[], Iterator[OrderEntry]],
+    ) -> Iterator[tuple[NodeKey, OrderEntry]]:
+        """Most free capacity first; among equals, by first node."""
+        high = len(order)
+        while high > 0 and order[high - 1].capacity >= facts.least:
+            low = _first_at_least(order, order[high - 1].capacity)
+            for entry in order[low:high]:
+                yield self.bound(facts, entry), entry
+            high = low
+
+
+class FragmentationAware(PlacementPolicy):
+    """The placement that adds the least fragmentation wins, then BINPACK's order."""
+
+    __slots__ = ()
+    policy = Policy.FRAGMENTATION_AWARE
+    weighs_fragmentation = True
+
+    def node_key(
+        self,
+        node: str | None,
+        ranks: tuple[int, ...],
+        free_capacity: Fraction,
+        missed: tuple[int, int],
+        fragmentation: Fraction,
+    ) -> NodeKey:
+        return NodeKey(ranks, missed[0], missed[1], fragmentation, free_capacity, node or "")
+
+    def bound(self, facts: GroupFacts, entry: OrderEntry) -> NodeKey:
+        return self._bound(facts, entry, -facts.loss_weight * facts.most)
+
+    def _bound(self, facts: GroupFacts, entry: OrderEntry, floor: Fraction) -> NodeKey:
+        """The fragmentation a placement adds is its usable-capacity loss (never negative)
+        less `loss_weight` x the capacity it takes (at most `most`): >= `floor`, the least
+        `-loss_weight * most`. Then BINPACK's bound."""
+        capacity = entry.capacity - facts.most
+        return NodeKey(facts.ranks, 0, facts.implicit_missed, floor, capacity, entry.node)
+
+    def groups(
+        self,
+        facts: GroupFacts,
+        order: Sequence[OrderEntry],
+        by_name: Callable[[], Iterator[OrderEntry]],
+    ) -> Iterator[tuple[NodeKey, OrderEntry]]:
+        floor = -facts.loss_weight * facts.most  # once per template, not per group
+        for entry in order[_first_at_least(order, facts.least) :]:
+            yield self._bound(facts, entry, floor), entry
+
+
+class FirstFit(PlacementPolicy):
+    """Upstream's: the first node by name that fits, devices in the snapshot's order."""
+
+    __slots__ = ()
+    policy = Policy.FIRST_FIT
+    orders_candidates = False
+    implicit_topology = False
+    room_sign = 0
+
+    def node_key(
+        self,
+        node: str | None,
+        ranks: tuple[int, ...],
+        free_capacity: Fraction,
+        missed: tuple[int, int],
+        fragmentation: Fraction,
+    ) -> NodeKey:
+        return NodeKey(ranks, missed[0], missed[1], _ZERO, _ZERO, node or "")
+
+    def bound(self, facts: GroupFacts, entry: OrderEntry) -> NodeKey:
+        """The group's first node by name."""
+        return NodeKey(facts.ranks, 0, facts.implicit_missed, _ZERO, _ZERO, entry.node)
+
+    def groups(
+        self,
+        facts: GroupFacts,
+        order: Sequence[OrderEntry],
+        by_name: Callable[[], Iterator[OrderEntry]],
+    ) -> Iterator[tuple[NodeKey, OrderEntry]]:
+        for entry in by_name():
+            yield self.bound(facts, entry), entry
+
+    def candidate_key(
+        self,
+        entry: DeviceEntry,
+        counter_used: Callable[[CounterID], Amount],
+        has_shares: bool,
+        set_in_use: Callable[[DeviceEntry], bool] | None = None,
+        set_loss: Callable[[DeviceEntry], Fraction] | None = None,
+    ) -> CandidateKey:
+        return CandidateKey(0, 0.0, 0.0, entry.position)
+
+    def final(self, key: NodeKey) -> bool:
+        """First subrequests everywhere and every preference met."""
+        return not any(key.ranks) and not key.preferred_missed and not key.implicit_missed
+
+
+_RULES: dict[Policy, PlacementPolicy] = {
+    rules.policy: rules for rules in (FirstFit(), BinPack(), Spread(), FragmentationAware())
+}
+
+
+def _first_at_least(order: Sequence[OrderEntry], capacity: Fraction) -> int:
+    low, high = 0, len(order)
+    while low < high:
+        middle = (low + high) // 2
+        if order[middle].capacity < capacity:
+            low = middle + 1
+        else:
+            high = middle
+    return low
 
 
 def node_key(policy: Policy, node: str | None, score: Score) -> NodeKey:
-    """Smaller is better: subrequest ranks, preferred topology constraints missed (asked for,
-    then the policy's own), the policy's capacity term, then the name."""
-    return capacity_key(
-        policy,
+    """The policy's node key of a scored placement."""
+    return policy.rules.node_key(
         node,
         score.ranks,
         score.free_capacity,
@@ -102,20 +403,10 @@ def capacity_key(
     ranks: tuple[int, ...],
     free_capacity: Fraction,
     missed: tuple[int, int] = (0, 0),
-    fragmentation: Fraction = Fraction(0),
+    fragmentation: Fraction = _ZERO,
 ) -> NodeKey:
     """`node_key` from its inputs, for ranking before the full Score is computed."""
-    name = node or ""
-    term: tuple[Fraction, ...]
-    if policy is Policy.BINPACK:
-        term = (free_capacity,)
-    elif policy is Policy.SPREAD:
-        term = (-free_capacity,)
-    elif policy is Policy.FRAGMENTATION_AWARE:
-        term = (fragmentation, free_capacity)
-    else:
-        term = ()
-    return (ranks, missed[0], missed[1], term, name)
+    return policy.rules.node_key(node, ranks, free_capacity, missed, fragmentation)
 
 
 def candidate_key(
@@ -125,21 +416,9 @@ def candidate_key(
     has_shares: bool,
     set_in_use: Callable[[DeviceEntry], bool] | None = None,
     set_loss: Callable[[DeviceEntry], Fraction] | None = None,
-) -> tuple[int, float, float, int]:
-    """Order of candidates within one pool; smaller is tried first. A partition counts as
-    "in use" when its GPU is, i.e. any counter of the counter sets it draws from is used
-    (`set_in_use` answers that, memoised, when given)."""
-    if policy is Policy.FIRST_FIT:
-        return (0, 0.0, 0.0, entry.position)
-    if entry.counters:
-        in_use = set_in_use(entry) if set_in_use else counter_sets_used(entry, counter_used)
-    else:
-        in_use = has_shares
-    first = 0 if in_use == (policy is not Policy.SPREAD) else 1
-    added = 0.0  # FRAGMENTATION_AWARE: the fragmentation taking it adds to its GPU
-    if set_loss is not None and policy is Policy.FRAGMENTATION_AWARE:
-        added = float(set_loss(entry))
-    return (first, added, float(entry.size), entry.position)  # floats keep the order
+) -> CandidateKey:
+    """The policy's order of candidates within one pool (PlacementPolicy.candidate_key)."""
+    return policy.rules.candidate_key(entry, counter_used, has_shares, set_in_use, set_loss)
 
 
 def counter_sets_used(entry: DeviceEntry, counter_used: Callable[[CounterID], Amount]) -> bool:

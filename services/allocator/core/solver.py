@@ -58,7 +58,7 @@ from services.allocator.core.preferences import (
     topology_fit,
 )
 from services.allocator.core.results import ShareIdFactory, allocation_result, default_share_id
-from services.allocator.core.scoring import NodeKey, Policy, Score, capacity_key, free_capacity
+from services.allocator.core.scoring import NodeKey, Policy, Score, free_capacity
 from services.allocator.core.search import BudgetExhausted, NodeSearch, StepCounter
 from services.allocator.core.selection import Equivalence, Selection
 from services.allocator.core.snapshot import ClusterSnapshot, DeviceEntry, NodeView
@@ -173,7 +173,7 @@ def _context(
     budget: SearchBudget = DEFAULT_BUDGET,
 ) -> SolveContext:
     plan = build_plan(claims, classes)
-    implicit = policy is not Policy.FIRST_FIT and bool(snapshot.topologies)
+    implicit = policy.rules.implicit_topology and bool(snapshot.topologies)
     topology = TopologyPlan(plan, topology_constraints, implicit_nvlink=implicit)
     selection = Selection(selectors, CelMeter(budget.max_cel_cost, budget.cancelled))
     return SolveContext(
@@ -247,12 +247,13 @@ class _Run:
     def choose(self, views: Sequence[NodeView]) -> None:
         self.nodes_total = len(views)
         for view in views:
+            found = None
             try:
-                self._node(view)
+                found = self._node(view)
             except NodeError as err:
                 self.errors.append(err.error)
                 self.misses.append(_error_miss(view, err.error))
-            if self.ctx.policy is Policy.FIRST_FIT and any(_unbeatable(f.key) for f in self.found):
+            if found is not None and self.ctx.rules.final(found.key):
                 return  # nodes come by name: no later one can beat it
             if self.steps.steps >= self.steps.max_steps:
                 self.exhausted = True
@@ -372,7 +373,7 @@ class _Run:
             fit = topology_fit(self.ctx, search)
             missed = (fit.preferred_missed, fit.implicit_missed)
             added = added_fragmentation(self.ctx, search, before - capacity)
-            key = capacity_key(self.ctx.policy, view.name, search.ranks(), capacity, missed, added)
+            key = self.ctx.rules.node_key(view.name, search.ranks(), capacity, missed, added)
             found = _Found(view, search, key, fit, added)
             self.found.append(found)
             return found
@@ -457,12 +458,6 @@ class _Run:
             notes=recorder.notes(),
             budget_exhausted=self.exhausted,
         )
-
-
-def _unbeatable(key: NodeKey) -> bool:
-    """FIRST_FIT: first subrequests everywhere and every preference met."""
-    ranks, explicit, implicit, _, _ = key
-    return not any(ranks) and not explicit and not implicit
 
 
 def _cheap_miss(plan: Plan, cands: NodeCandidates, search: NodeSearch) -> NodeMiss | None:
