@@ -24,7 +24,7 @@ from typing import Any
 
 from services.allocator.core.capacity import capacity_problem, consumed_capacity
 from services.allocator.core.constraints import lookup_attribute, show_value
-from services.allocator.core.explain import ReasonCode, Recorder, held_by
+from services.allocator.core.explain import ReasonCode, Recorder, holders
 from services.allocator.core.fragmentation import DEFAULT_MIX, FragmentationMix, set_loss
 from services.allocator.core.plan import MAX_DEVICES_PER_CLAIM, Alternative, ConstraintKind, Plan
 from services.allocator.core.scoring import Policy, candidate_key, counter_sets_used
@@ -264,8 +264,8 @@ class NodeCandidates:
                 continue
             busy[ReasonCode.IN_USE] = busy.get(ReasonCode.IN_USE, 0) + 1
             if self.ctx.recorder is not None:
-                detail = held_by(state.owners(entry.id))
-                self.ctx.recorder.reject(alternative, entry.id, ReasonCode.IN_USE, detail)
+                held = holders(state.owners(entry.id))
+                self.ctx.recorder.reject(alternative, entry.id, ReasonCode.IN_USE, "", held)
         most = len(free)
         if not unbounded:
             most = min(

@@ -21,12 +21,16 @@ __all__ = [
     "Explanation",
     "NodeChoice",
     "NodeMiss",
+    "NodeReason",
     "ReasonCode",
+    "detail_text",
     "held_by",
+    "holders",
     "Recorder",
     "RejectionGroup",
     "RequestExplanation",
     "phrase",
+    "rejection_order",
     "tally_reasons",
 ]
 
@@ -68,9 +72,14 @@ _PHRASES = {
 }
 
 
+def holders(owners: Iterable[str]) -> tuple[str, ...]:
+    """The owners a state names for a device (reservation ids), once each, sorted."""
+    return tuple(sorted({owner for owner in owners if owner}))
+
+
 def held_by(owners: Iterable[str]) -> str:
-    """`in use by a, b` for the owners a state knows, else `in use`."""
-    named = sorted({owner for owner in owners if owner})
+    """`in use by a, b` for the owners a state knows, else `in use` (text: edges only)."""
+    named = holders(owners)
     return f"in use by {', '.join(named)}" if named else "in use"
 
 
@@ -81,15 +90,36 @@ def phrase(code: ReasonCode) -> str:
 
 @dataclass(frozen=True)
 class RejectionGroup:
-    """`count` devices rejected for the same reason; a few of them as examples."""
+    """`count` devices rejected for the same reason; a few of them as examples.
+
+    `holders`: for IN_USE, the owners the allocated state names for the devices (reservation
+    ids), sorted; `detail`: the free-text part of the reason (empty for IN_USE)."""
 
     code: ReasonCode
     detail: str
     count: int
     examples: tuple[str, ...]
+    holders: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> tuple[ReasonCode, str, tuple[str, ...]]:
+        """What makes two groups the same reason (devices of both may be merged)."""
+        return (self.code, self.detail, self.holders)
 
     def message(self) -> str:
-        return f"{self.count} {self.detail}{_examples(self)}"
+        return f"{self.count} {detail_text(self)}{_examples(self)}"
+
+
+def detail_text(group: RejectionGroup) -> str:
+    """The reason of a group in words: `in use by <holders>` for IN_USE, else the detail."""
+    if group.code is ReasonCode.IN_USE and not group.detail:
+        return held_by(group.holders)
+    return group.detail
+
+
+def rejection_order(group: RejectionGroup) -> tuple[int, str, str, str]:
+    """Most frequent first, then by reason; holders compare as their `a, b` text did."""
+    return (-group.count, group.code, group.detail, ", ".join(group.holders))
 
 
 def _examples(group: RejectionGroup) -> str:
@@ -126,8 +156,16 @@ class ConstraintExplanation:
             more = ", ..." if len(self.values) > MAX_VALUES else ""
             head += f" (values seen: {', '.join(self.values[:MAX_VALUES])}{more})"
         return "; ".join(
-            [head, *(f"{g.count} devices: {g.detail}" + _examples(g) for g in self.problems)]
+            [head, *(f"{g.count} devices: {detail_text(g)}" + _examples(g) for g in self.problems)]
         )
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReason:
+    """`count` of the devices a request still lacked on a node are out for `code`."""
+
+    code: ReasonCode
+    count: int
 
 
 @dataclass(frozen=True)
@@ -141,7 +179,7 @@ class NodeMiss:
     request: str
     request_placed: int
     request_needed: int
-    reasons: tuple[tuple[str, int], ...]  # (phrase, count), most frequent first
+    reasons: tuple[NodeReason, ...]  # most frequent first
     error: str | None = None
     budget_exhausted: bool = False
 
@@ -157,7 +195,9 @@ class NodeMiss:
             f"{self.request} of claim {self.claim}"
         )
         if self.reasons:
-            text += "; the others are " + ", ".join(f"{p} ({n})" for p, n in self.reasons)
+            text += "; the others are " + ", ".join(
+                f"{phrase(r.code)} ({r.count})" for r in self.reasons
+            )
         return text
 
     def rank(self) -> tuple[int, int, int, str]:
@@ -216,7 +256,7 @@ class Recorder:
         self._alternatives: dict[int, Alternative] = {}
         self._claims: dict[int, str] = {}
         self._considered: dict[int, set[DeviceID]] = {}
-        self._rejected: dict[tuple[int, ReasonCode, str], set[DeviceID]] = {}
+        self._rejected: dict[tuple[int, ReasonCode, str, tuple[str, ...]], set[DeviceID]] = {}
         self._constraints: dict[tuple[str, int], ConstraintSpec] = {}
         self._constraint_values: dict[tuple[str, int], set[str]] = {}
         self._constraint_problems: dict[tuple[str, int, str], set[DeviceID]] = {}
@@ -228,9 +268,15 @@ class Recorder:
         self._considered.setdefault(alternative.key, set()).add(device)
 
     def reject(
-        self, alternative: Alternative, device: DeviceID, code: ReasonCode, detail: str
+        self,
+        alternative: Alternative,
+        device: DeviceID,
+        code: ReasonCode,
+        detail: str,
+        holders: tuple[str, ...] = (),
     ) -> None:
-        self._rejected.setdefault((alternative.key, code, detail), set()).add(device)
+        """`holders`: for IN_USE, who holds the device (`holders(state.owners(device))`)."""
+        self._rejected.setdefault((alternative.key, code, detail, holders), set()).add(device)
 
     def constraint(
         self,
@@ -249,8 +295,8 @@ class Recorder:
 
     def requests(self) -> tuple[RequestExplanation, ...]:
         grouped: dict[int, list[RejectionGroup]] = {}
-        for (key, code, detail), devices in self._rejected.items():
-            grouped.setdefault(key, []).append(_group(code, detail, devices))
+        for (key, code, detail, held), devices in self._rejected.items():
+            grouped.setdefault(key, []).append(_group(code, detail, devices, held))
         explained = [
             RequestExplanation(
                 claim=self._claims[key],
@@ -284,19 +330,22 @@ class Recorder:
         return tuple(sorted(self._notes))
 
 
-def _group(code: ReasonCode, detail: str, devices: Iterable[DeviceID]) -> RejectionGroup:
+def _group(
+    code: ReasonCode, detail: str, devices: Iterable[DeviceID], held: tuple[str, ...] = ()
+) -> RejectionGroup:
     ordered = sorted(devices)
-    return RejectionGroup(code, detail, len(ordered), tuple(str(d) for d in ordered[:MAX_EXAMPLES]))
+    examples = tuple(str(d) for d in ordered[:MAX_EXAMPLES])
+    return RejectionGroup(code, detail, len(ordered), examples, held)
 
 
 def _sorted(groups: Iterable[RejectionGroup]) -> tuple[RejectionGroup, ...]:
-    return tuple(sorted(groups, key=lambda g: (-g.count, g.code, g.detail)))
+    return tuple(sorted(groups, key=rejection_order))
 
 
 _SELECTORS = frozenset({ReasonCode.CLASS_SELECTOR, ReasonCode.REQUEST_SELECTOR})
 
 
-def tally_reasons(tally: Mapping[ReasonCode, int], missing: int) -> tuple[tuple[str, int], ...]:
+def tally_reasons(tally: Mapping[ReasonCode, int], missing: int) -> tuple[NodeReason, ...]:
     """NodeMiss.reasons: why the devices a request still lacked were not available, most
     frequent first. Devices the selectors did not pick are not "the others" of a request, so
     they only count when nothing else explains the gap; `missing` devices nobody rejected
@@ -306,4 +355,4 @@ def tally_reasons(tally: Mapping[ReasonCode, int], missing: int) -> tuple[tuple[
     if unexplained > 0:
         relevant[ReasonCode.NO_DEVICES] = unexplained
     items = sorted(relevant.items(), key=lambda item: (-item[1], item[0]))
-    return tuple((phrase(code), count) for code, count in items)
+    return tuple(NodeReason(code, count) for code, count in items)

@@ -34,7 +34,7 @@ from services.allocator.core.candidates import (
     untolerated_taint,
 )
 from services.allocator.core.constraints import ConstraintState
-from services.allocator.core.explain import NodeMiss, ReasonCode, held_by, tally_reasons
+from services.allocator.core.explain import NodeMiss, ReasonCode, holders, tally_reasons
 from services.allocator.core.leftover import leftover_score
 from services.allocator.core.plan import MAX_DEVICES_PER_CLAIM, Alternative
 from services.allocator.core.scoring import Score
@@ -278,7 +278,11 @@ class NodeSearch:
             code, detail = problem
             frame.tally[code] = frame.tally.get(code, 0) + 1
             if self.ctx.recorder is not None:
-                self.ctx.recorder.reject(frame.alternative, entry.id, code, str(detail))
+                if code is ReasonCode.IN_USE:
+                    held = holders(self.ctx.state.owners(entry.id))
+                    self.ctx.recorder.reject(frame.alternative, entry.id, code, "", held)
+                else:
+                    self.ctx.recorder.reject(frame.alternative, entry.id, code, str(detail))
             return None
         pick = Pick(frame.alternative, entry, candidate.consumed, newly_consuming)
         self._apply(pick)
@@ -339,7 +343,7 @@ class NodeSearch:
         state, device_id = self.ctx.state, entry.id
         if entry.multi:
             if not alternative.admin and state.is_exclusive(device_id):
-                return ReasonCode.IN_USE, held_by(state.owners(device_id))
+                return ReasonCode.IN_USE, ""  # the holders are recorded from the state
             return None
         claims = self.picked.get(device_id)
         if alternative.admin:
@@ -347,7 +351,7 @@ class NodeSearch:
                 return ReasonCode.PICKED, "picked for another request of the same claim"
             return None
         if state.in_use(device_id):
-            return ReasonCode.IN_USE, held_by(state.owners(device_id))
+            return ReasonCode.IN_USE, ""
         if claims:
             return ReasonCode.PICKED, "picked for another request in this solve"
         return None

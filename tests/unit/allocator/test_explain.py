@@ -18,6 +18,7 @@ from services.allocator.core import (
     Unsatisfiable,
     solve,
 )
+from services.allocator.core.explain import NodeReason, detail_text
 from services.common.dra.model import AllocationResult, ResourceClaim
 from tests.builders import (
     DRIVER,
@@ -82,7 +83,7 @@ def test_request_groups_name_every_reason_with_examples() -> None:
     )
     (request,) = why.requests
     assert (request.claim, request.request, request.considered) == ("default/c", "gpus", 6)
-    groups = {(g.code, g.detail): (g.count, g.examples) for g in request.rejections}
+    groups = {(g.code, detail_text(g)): (g.count, g.examples) for g in request.rejections}
     assert groups == {
         (
             ReasonCode.CLASS_SELECTOR,
@@ -104,6 +105,12 @@ def test_request_groups_name_every_reason_with_examples() -> None:
         "node-1: 2 of 3 devices for request gpus of claim default/c; "
         "the others are in use (2), tainted (1)"
     )
+    (in_use,) = (g for g in request.rejections if g.code is ReasonCode.IN_USE)
+    assert (in_use.holders, in_use.detail) == (("default/train",), "")
+    assert why.nodes[0].reasons == (
+        NodeReason(ReasonCode.IN_USE, 2),
+        NodeReason(ReasonCode.TAINTED, 1),
+    )
 
 
 def test_counters_and_capacity_say_what_is_needed_and_free() -> None:
@@ -113,7 +120,7 @@ def test_counters_and_capacity_say_what_is_needed_and_free() -> None:
     ]
     snap = snapshot(MIXED)
     why = unsatisfiable(explain(claims, snap, held))
-    details = {g.detail for g in why.requests[0].rejections}
+    details = {detail_text(g) for g in why.requests[0].rejections}
     assert "counter memory of set gpu-3 exhausted (needs 80Gi, free 40Gi)" in details
     assert "tainted xid=79:NoExecute, not tolerated" in details
     shared = snapshot(slice_("s", device("gpu-0").multi().capacity("memory", "80Gi")))
@@ -123,7 +130,7 @@ def test_counters_and_capacity_say_what_is_needed_and_free() -> None:
     why = unsatisfiable(
         explain([claim("c").request("g", capacity={"memory": "40Gi"}).build()], shared, held_share)
     )
-    assert why.requests[0].rejections[0].detail == "capacity memory: needs 40Gi, free 20Gi"
+    assert detail_text(why.requests[0].rejections[0]) == "capacity memory: needs 40Gi, free 20Gi"
 
 
 def test_constraint_explanation_lists_the_values_that_disagreed() -> None:
@@ -141,7 +148,7 @@ def test_constraint_explanation_lists_the_values_that_disagreed() -> None:
         f"{DRIVER}/numa",
         ("0", "1"),
     )
-    assert constraint.problems[0].detail == "value differs from the devices already picked"
+    assert detail_text(constraint.problems[0]) == "value differs from the devices already picked"
 
 
 def test_nodes_are_ranked_closest_miss_first_then_by_name() -> None:
