@@ -24,7 +24,7 @@ from typing import Any
 
 from services.allocator.core.capacity import capacity_problem, consumed_capacity
 from services.allocator.core.constraints import lookup_attribute, show_value
-from services.allocator.core.explain import ReasonCode, Recorder, holders
+from services.allocator.core.explain import ReasonCode, Recorder, Shortage, ShortageKind, holders
 from services.allocator.core.fragmentation import DEFAULT_MIX, FragmentationMix, set_loss
 from services.allocator.core.plan import MAX_DEVICES_PER_CLAIM, Alternative, ConstraintKind, Plan
 from services.allocator.core.scoring import Policy, candidate_key, counter_sets_used
@@ -98,9 +98,12 @@ class SolveContext:
         return self.snapshot.topology(view.name) if self.snapshot is not None else None
 
 
+_UNKNOWN = Shortage(ShortageKind.OVERDRAWN, "")  # NodeCandidates._overdrawn: not looked at yet
+
+
 @dataclass(frozen=True, slots=True)
 class _Static:
-    problem: tuple[ReasonCode, str] | None
+    problem: tuple[ReasonCode, str | Shortage] | None
     consumed: dict[str, Quantity] | None
 
 
@@ -184,7 +187,7 @@ class NodeCandidates:
         self._exact: dict[int, list[Candidate | InvalidPoolMarker]] = {}
         self._all: dict[int, list[Candidate]] = {}
         self._tally: dict[int, dict[ReasonCode, int]] = {}
-        self._overdrawn: dict[int, str | None] = {}
+        self._overdrawn: dict[int, Shortage | None] = {}
         self._labels = {c.index: c.label for c in ctx.plan.claims}
         self._sets_used: dict[tuple[int, Any], bool] = {}
         self._device_tuple: tuple[DeviceEntry, ...] | None = None
@@ -223,17 +226,17 @@ class NodeCandidates:
             found = self._exact[alternative.key] = self._exact_list(alternative)
         return found
 
-    def overdrawn(self, slice_: SliceEntry) -> str | None:
+    def overdrawn(self, slice_: SliceEntry) -> Shortage | None:
         """A counter of the slice that existing allocations already consume beyond its total
         (possible after a slice shrinks): upstream then refuses every counter-consuming device
         of the slice."""
-        found = self._overdrawn.get(slice_.index, "")
-        if found == "":
+        found = self._overdrawn.get(slice_.index, _UNKNOWN)
+        if found is _UNKNOWN:
             found = None
             for counter, total in slice_.totals.items():
                 if self.ctx.state.counter_amount(counter) > total:
-                    found = (
-                        f"counter {counter.counter} of set {counter.counter_set} already overdrawn"
+                    found = Shortage(
+                        ShortageKind.OVERDRAWN, counter.counter, counter_set=counter.counter_set
                     )
                     break
             self._overdrawn[slice_.index] = found
@@ -451,7 +454,7 @@ class NodeCandidates:
 
     def _problem(
         self, alternative: Alternative, entry: DeviceEntry, label: str, taints: bool
-    ) -> tuple[ReasonCode, str] | None:
+    ) -> tuple[ReasonCode, str | Shortage] | None:
         """Class selectors, request selectors, taints (unless `All`), requested capacity."""
         selection = self.ctx.selection
         miss = selection.class_miss(alternative, entry)

@@ -29,8 +29,11 @@ __all__ = [
     "Recorder",
     "RejectionGroup",
     "RequestExplanation",
+    "Shortage",
+    "ShortageKind",
     "phrase",
     "rejection_order",
+    "shortage_text",
     "tally_reasons",
 ]
 
@@ -88,38 +91,79 @@ def phrase(code: ReasonCode) -> str:
     return _PHRASES[code]
 
 
+class ShortageKind(StrEnum):
+    EXHAUSTED = "exhausted"  # a counter: the device needs more than is free
+    OVERDRAWN = "overdrawn"  # a counter: existing allocations already exceed its total
+    SHORT = "short"  # a capacity: the allocation needs more than is free
+    MISSING = "missing"  # a capacity the request names that the device does not have
+    NOT_ALLOWED = "not-allowed"  # a capacity amount its requestPolicy does not allow
+
+
+@dataclass(frozen=True, slots=True)
+class Shortage:
+    """A counter (of `counter_set`) or a capacity `name` a device lacks; `needed`, `free`: the
+    quantities, as the API writes them (empty where they do not apply)."""
+
+    kind: ShortageKind
+    name: str
+    counter_set: str = ""
+    needed: str = ""
+    free: str = ""
+
+
+def shortage_text(shortage: Shortage) -> str:
+    name, kind = shortage.name, shortage.kind
+    if kind is ShortageKind.EXHAUSTED:
+        return (
+            f"counter {name} of set {shortage.counter_set} exhausted "
+            f"(needs {shortage.needed}, free {shortage.free})"
+        )
+    if kind is ShortageKind.OVERDRAWN:
+        return f"counter {name} of set {shortage.counter_set} already overdrawn"
+    if kind is ShortageKind.MISSING:
+        return f"has no capacity {name}"
+    if kind is ShortageKind.NOT_ALLOWED:
+        return f"capacity {name}: {shortage.needed} is not allowed by its requestPolicy"
+    return f"capacity {name}: needs {shortage.needed}, free {shortage.free}"
+
+
 @dataclass(frozen=True)
 class RejectionGroup:
     """`count` devices rejected for the same reason; a few of them as examples.
 
     `holders`: for IN_USE, the owners the allocated state names for the devices (reservation
-    ids), sorted; `detail`: the free-text part of the reason (empty for IN_USE)."""
+    ids), sorted; `shortage`: for COUNTERS and CAPACITY, the counter or capacity that is short;
+    `detail`: the free-text part of the reason (empty when those say it all)."""
 
     code: ReasonCode
     detail: str
     count: int
     examples: tuple[str, ...]
     holders: tuple[str, ...] = ()
+    shortage: Shortage | None = None
 
     @property
-    def key(self) -> tuple[ReasonCode, str, tuple[str, ...]]:
+    def key(self) -> tuple[ReasonCode, str, tuple[str, ...], Shortage | None]:
         """What makes two groups the same reason (devices of both may be merged)."""
-        return (self.code, self.detail, self.holders)
+        return (self.code, self.detail, self.holders, self.shortage)
 
     def message(self) -> str:
         return f"{self.count} {detail_text(self)}{_examples(self)}"
 
 
 def detail_text(group: RejectionGroup) -> str:
-    """The reason of a group in words: `in use by <holders>` for IN_USE, else the detail."""
+    """The reason of a group in words: `in use by <holders>` for IN_USE, the shortage, else
+    the detail."""
+    if group.shortage is not None:
+        return shortage_text(group.shortage)
     if group.code is ReasonCode.IN_USE and not group.detail:
         return held_by(group.holders)
     return group.detail
 
 
-def rejection_order(group: RejectionGroup) -> tuple[int, str, str, str]:
-    """Most frequent first, then by reason; holders compare as their `a, b` text did."""
-    return (-group.count, group.code, group.detail, ", ".join(group.holders))
+def rejection_order(group: RejectionGroup) -> tuple[int, str, str]:
+    """Most frequent first, then by reason and by the words for it (a stable order)."""
+    return (-group.count, group.code, detail_text(group))
 
 
 def _examples(group: RejectionGroup) -> str:
@@ -249,6 +293,9 @@ class Explanation:
         return tuple(lines)
 
 
+_RejectionKey = tuple[int, ReasonCode, str, tuple[str, ...], Shortage | None]
+
+
 class Recorder:
     """Collects per-device reasons during one solve (only when an explanation was asked for)."""
 
@@ -256,7 +303,7 @@ class Recorder:
         self._alternatives: dict[int, Alternative] = {}
         self._claims: dict[int, str] = {}
         self._considered: dict[int, set[DeviceID]] = {}
-        self._rejected: dict[tuple[int, ReasonCode, str, tuple[str, ...]], set[DeviceID]] = {}
+        self._rejected: dict[_RejectionKey, set[DeviceID]] = {}
         self._constraints: dict[tuple[str, int], ConstraintSpec] = {}
         self._constraint_values: dict[tuple[str, int], set[str]] = {}
         self._constraint_problems: dict[tuple[str, int, str], set[DeviceID]] = {}
@@ -272,11 +319,17 @@ class Recorder:
         alternative: Alternative,
         device: DeviceID,
         code: ReasonCode,
-        detail: str,
+        detail: str | Shortage,
         holders: tuple[str, ...] = (),
     ) -> None:
-        """`holders`: for IN_USE, who holds the device (`holders(state.owners(device))`)."""
-        self._rejected.setdefault((alternative.key, code, detail, holders), set()).add(device)
+        """`holders`: for IN_USE, who holds the device (`holders(state.owners(device))`);
+        `detail`: for COUNTERS and CAPACITY, the Shortage."""
+        key: _RejectionKey
+        if isinstance(detail, Shortage):
+            key = (alternative.key, code, "", holders, detail)
+        else:
+            key = (alternative.key, code, detail, holders, None)
+        self._rejected.setdefault(key, set()).add(device)
 
     def constraint(
         self,
@@ -295,8 +348,8 @@ class Recorder:
 
     def requests(self) -> tuple[RequestExplanation, ...]:
         grouped: dict[int, list[RejectionGroup]] = {}
-        for (key, code, detail, held), devices in self._rejected.items():
-            grouped.setdefault(key, []).append(_group(code, detail, devices, held))
+        for (key, code, detail, held, shortage), devices in self._rejected.items():
+            grouped.setdefault(key, []).append(_group(code, detail, devices, held, shortage))
         explained = [
             RequestExplanation(
                 claim=self._claims[key],
@@ -331,11 +384,15 @@ class Recorder:
 
 
 def _group(
-    code: ReasonCode, detail: str, devices: Iterable[DeviceID], held: tuple[str, ...] = ()
+    code: ReasonCode,
+    detail: str,
+    devices: Iterable[DeviceID],
+    held: tuple[str, ...] = (),
+    shortage: Shortage | None = None,
 ) -> RejectionGroup:
     ordered = sorted(devices)
     examples = tuple(str(d) for d in ordered[:MAX_EXAMPLES])
-    return RejectionGroup(code, detail, len(ordered), examples, held)
+    return RejectionGroup(code, detail, len(ordered), examples, held, shortage)
 
 
 def _sorted(groups: Iterable[RejectionGroup]) -> tuple[RejectionGroup, ...]:

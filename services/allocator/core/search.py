@@ -34,7 +34,14 @@ from services.allocator.core.candidates import (
     untolerated_taint,
 )
 from services.allocator.core.constraints import ConstraintState
-from services.allocator.core.explain import NodeMiss, ReasonCode, holders, tally_reasons
+from services.allocator.core.explain import (
+    NodeMiss,
+    ReasonCode,
+    Shortage,
+    ShortageKind,
+    holders,
+    tally_reasons,
+)
 from services.allocator.core.leftover import leftover_score
 from services.allocator.core.plan import MAX_DEVICES_PER_CLAIM, Alternative
 from services.allocator.core.scoring import Score
@@ -282,7 +289,8 @@ class NodeSearch:
                     held = holders(self.ctx.state.owners(entry.id))
                     self.ctx.recorder.reject(frame.alternative, entry.id, code, "", held)
                 else:
-                    self.ctx.recorder.reject(frame.alternative, entry.id, code, str(detail))
+                    shown = detail.data() if isinstance(detail, _Shortage) else detail
+                    self.ctx.recorder.reject(frame.alternative, entry.id, code, shown)
             return None
         pick = Pick(frame.alternative, entry, candidate.consumed, newly_consuming)
         self._apply(pick)
@@ -295,7 +303,7 @@ class NodeSearch:
         newly_consuming: bool,
         must: bool,
         record: bool = True,
-    ) -> tuple[ReasonCode, str | _Shortage] | None:
+    ) -> tuple[ReasonCode, str | Shortage | _Shortage] | None:
         """In use, counters, capacity shares, taints (`All` only), then constraints."""
         entry = candidate.entry
         busy = self._in_use(alternative, entry)
@@ -306,9 +314,9 @@ class NodeSearch:
             if shortage is not None:
                 return ReasonCode.COUNTERS, shortage
         if candidate.consumed is not None:
-            problem = self._share_problem(entry, candidate.consumed)
-            if problem is not None:
-                return ReasonCode.CAPACITY, problem
+            short = self._share_problem(entry, candidate.consumed)
+            if short is not None:
+                return ReasonCode.CAPACITY, short
         if alternative.mode is AllocationMode.ALL:  # `All` lists skip the taint check
             taint = untolerated_taint(entry, alternative.tolerations)
             if taint is not None:
@@ -359,7 +367,7 @@ class NodeSearch:
     def consuming_device(self, entry: DeviceEntry) -> bool:
         return entry.id in self.consuming or self.ctx.state.in_use(entry.id)
 
-    def _counter_problem(self, entry: DeviceEntry) -> _Shortage | str | None:
+    def _counter_problem(self, entry: DeviceEntry) -> _Shortage | Shortage | None:
         """Upstream `checkAvailableCounters`: after adding the device, every counter of every
         set in its slice must stay within its total. Picks in this search were checked the
         same way, so only the device's own counters and counters the existing allocations
@@ -373,14 +381,15 @@ class NodeSearch:
                 return _Shortage(counter, amount, max(0, totals[counter] - used))
         return self.cands.overdrawn(entry.slice)
 
-    def _share_problem(self, entry: DeviceEntry, consumed: dict[str, Quantity]) -> str | None:
+    def _share_problem(self, entry: DeviceEntry, consumed: dict[str, Quantity]) -> Shortage | None:
         held = self.ctx.state.consumed_capacity(entry.id)
         taken = self.sharing.get(entry.id, {})
         for name, amount in consumed.items():
             used = held.get(name, _ZERO) + taken.get(name, _ZERO)
             limit = entry.device.capacity[name].value.value
             if used + amount.value > limit:
-                return f"capacity {name}: needs {amount}, free {_show(max(_ZERO, limit - used))}"
+                free = _show(max(_ZERO, limit - used))
+                return Shortage(ShortageKind.SHORT, name, needed=str(amount), free=free)
         return None
 
     def _constraint_problem(
@@ -545,17 +554,19 @@ class NodeSearch:
 
 @dataclass(frozen=True, slots=True)
 class _Shortage:
-    """A counter that would be exhausted; the message is only formatted when shown."""
+    """A counter that would be exhausted; its quantities are only formatted when recorded."""
 
     counter: CounterID
     needed: Amount
     free: Amount
 
-    def __str__(self) -> str:
-        counter = self.counter
-        return (
-            f"counter {counter.counter} of set {counter.counter_set} exhausted "
-            f"(needs {_show(Fraction(self.needed))}, free {_show(Fraction(self.free))})"
+    def data(self) -> Shortage:
+        return Shortage(
+            ShortageKind.EXHAUSTED,
+            self.counter.counter,
+            counter_set=self.counter.counter_set,
+            needed=_show(Fraction(self.needed)),
+            free=_show(Fraction(self.free)),
         )
 
 
