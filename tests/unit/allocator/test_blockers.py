@@ -20,6 +20,8 @@ from services.allocator.core import (
 )
 from services.allocator.core.explain import NodeReason, detail_text
 from services.allocator.reservations import Hold, Reservation, ReservationState
+from services.allocator.tenancy import visible_answer
+from services.common.security.principal import Identity, IdentityKind, Principal
 from tests.builders import DRIVER, allocation, claim, classes, cls, device, result, slice_, snapshot
 
 GPU = classes(cls("gpu", f'device.driver == "{DRIVER}"'))
@@ -197,3 +199,38 @@ def test_the_solver_names_the_holders_and_blockers_find_them() -> None:
     live = (*LIVE[:2], reservation("res-x", "node-9"))
     found = blocking_holders(answer, live, max_nodes=0)
     assert [h.reservation_id for h in found] == ["res-a", "res-b"]
+
+
+@pytest.mark.parametrize(
+    ("tenant", "holders", "text"),
+    [
+        pytest.param(
+            "team-a",
+            ("a reservation of tenant team-b", "res-a"),
+            "in use by a reservation of tenant team-b, res-a",
+            id="team-a-sees-its-own-holder-not-team-bs",
+        ),
+        pytest.param(
+            "team-b",
+            ("a reservation of tenant team-a", "res-b"),
+            "in use by a reservation of tenant team-a, res-b",
+            id="team-b-sees-its-own-holder-not-team-as",
+        ),
+        pytest.param(
+            "team-c",
+            ("a reservation of tenant team-a", "a reservation of tenant team-b"),
+            "in use by a reservation of tenant team-a, a reservation of tenant team-b",
+            id="a-third-tenant-sees-no-holder-id",
+        ),
+    ],
+)
+def test_visible_answer_redacts_the_holders_field(
+    tenant: str, holders: tuple[str, ...], text: str
+) -> None:
+    owners = {"res-a": "team-a/sched", "res-b": "team-b/sched"}
+    viewer = Principal(Identity(IdentityKind.CERTIFICATE, "sched"), tenant=tenant)
+    shown = visible_answer(unsatisfiable((in_use("res-a", "res-b"),)), viewer, owners.get)
+    assert shown.explanation is not None
+    (group,) = shown.explanation.requests[0].rejections
+    assert group.holders == holders
+    assert detail_text(group) == text
