@@ -24,7 +24,15 @@ from typing import Any
 
 from services.allocator.core.capacity import capacity_problem, consumed_capacity
 from services.allocator.core.constraints import lookup_attribute, show_value
-from services.allocator.core.explain import ReasonCode, Recorder, Shortage, ShortageKind, holders
+from services.allocator.core.explain import (
+    ReasonCode,
+    Recorder,
+    Shortage,
+    ShortageKind,
+    Taint,
+    holders,
+    taint_text,
+)
 from services.allocator.core.fragmentation import DEFAULT_MIX, FragmentationMix, set_loss
 from services.allocator.core.plan import MAX_DEVICES_PER_CLAIM, Alternative, ConstraintKind, Plan
 from services.allocator.core.scoring import Policy, candidate_key, counter_sets_used
@@ -60,6 +68,7 @@ __all__ = [
     "Prepared",
     "SolveContext",
     "taint_detail",
+    "untolerated",
     "tolerates",
     "untolerated_taint",
 ]
@@ -103,7 +112,7 @@ _UNKNOWN = Shortage(ShortageKind.OVERDRAWN, "")  # NodeCandidates._overdrawn: no
 
 @dataclass(frozen=True, slots=True)
 class _Static:
-    problem: tuple[ReasonCode, str | Shortage] | None
+    problem: tuple[ReasonCode, str | Shortage | Taint] | None
     consumed: dict[str, Quantity] | None
 
 
@@ -155,7 +164,12 @@ def tolerates(toleration: DeviceToleration, taint: DeviceTaint) -> bool:
 
 
 def taint_detail(taint: DeviceTaint) -> str:
-    return f"tainted {taint.key}={taint.value}:{taint.effect}, not tolerated"
+    return taint_text(untolerated(taint))
+
+
+def untolerated(taint: DeviceTaint) -> Taint:
+    """The taint as an explanation names it (its key, value and effect)."""
+    return Taint(taint.key, taint.value, str(taint.effect))
 
 
 def untolerated_taint(
@@ -454,7 +468,7 @@ class NodeCandidates:
 
     def _problem(
         self, alternative: Alternative, entry: DeviceEntry, label: str, taints: bool
-    ) -> tuple[ReasonCode, str | Shortage] | None:
+    ) -> tuple[ReasonCode, str | Shortage | Taint] | None:
         """Class selectors, request selectors, taints (unless `All`), requested capacity."""
         selection = self.ctx.selection
         miss = selection.class_miss(alternative, entry)
@@ -472,7 +486,7 @@ class NodeCandidates:
         if taints:
             taint = untolerated_taint(entry, alternative.tolerations)
             if taint is not None:
-                return ReasonCode.TAINTED, taint_detail(taint)
+                return ReasonCode.TAINTED, untolerated(taint)
         held = self.ctx.state.consumed_capacity(entry.id)
         problem = capacity_problem(alternative.capacity, entry.device.capacity, held)
         return None if problem is None else (ReasonCode.CAPACITY, problem)

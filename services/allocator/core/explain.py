@@ -31,9 +31,11 @@ __all__ = [
     "RequestExplanation",
     "Shortage",
     "ShortageKind",
+    "Taint",
     "phrase",
     "rejection_order",
     "shortage_text",
+    "taint_text",
     "tally_reasons",
 ]
 
@@ -127,13 +129,27 @@ def shortage_text(shortage: Shortage) -> str:
     return f"capacity {name}: needs {shortage.needed}, free {shortage.free}"
 
 
+@dataclass(frozen=True, slots=True)
+class Taint:
+    """A device taint no toleration of the request tolerates."""
+
+    key: str
+    value: str
+    effect: str
+
+
+def taint_text(taint: Taint) -> str:
+    return f"tainted {taint.key}={taint.value}:{taint.effect}, not tolerated"
+
+
 @dataclass(frozen=True)
 class RejectionGroup:
     """`count` devices rejected for the same reason; a few of them as examples.
 
     `holders`: for IN_USE, the owners the allocated state names for the devices (reservation
     ids), sorted; `shortage`: for COUNTERS and CAPACITY, the counter or capacity that is short;
-    `detail`: the free-text part of the reason (empty when those say it all)."""
+    `taint`: for TAINTED, the taint; `detail`: the free-text part of the reason (empty when
+    those say it all)."""
 
     code: ReasonCode
     detail: str
@@ -141,21 +157,24 @@ class RejectionGroup:
     examples: tuple[str, ...]
     holders: tuple[str, ...] = ()
     shortage: Shortage | None = None
+    taint: Taint | None = None
 
     @property
-    def key(self) -> tuple[ReasonCode, str, tuple[str, ...], Shortage | None]:
+    def key(self) -> tuple[ReasonCode, str, tuple[str, ...], Shortage | Taint | None]:
         """What makes two groups the same reason (devices of both may be merged)."""
-        return (self.code, self.detail, self.holders, self.shortage)
+        return (self.code, self.detail, self.holders, self.shortage or self.taint)
 
     def message(self) -> str:
         return f"{self.count} {detail_text(self)}{_examples(self)}"
 
 
 def detail_text(group: RejectionGroup) -> str:
-    """The reason of a group in words: `in use by <holders>` for IN_USE, the shortage, else
-    the detail."""
+    """The reason of a group in words: `in use by <holders>` for IN_USE, the shortage or the
+    taint, else the detail."""
     if group.shortage is not None:
         return shortage_text(group.shortage)
+    if group.taint is not None:
+        return taint_text(group.taint)
     if group.code is ReasonCode.IN_USE and not group.detail:
         return held_by(group.holders)
     return group.detail
@@ -293,7 +312,7 @@ class Explanation:
         return tuple(lines)
 
 
-_RejectionKey = tuple[int, ReasonCode, str, tuple[str, ...], Shortage | None]
+_RejectionKey = tuple[int, ReasonCode, str, tuple[str, ...], Shortage | Taint | None]
 
 
 class Recorder:
@@ -319,13 +338,13 @@ class Recorder:
         alternative: Alternative,
         device: DeviceID,
         code: ReasonCode,
-        detail: str | Shortage,
+        detail: str | Shortage | Taint,
         holders: tuple[str, ...] = (),
     ) -> None:
         """`holders`: for IN_USE, who holds the device (`holders(state.owners(device))`);
-        `detail`: for COUNTERS and CAPACITY, the Shortage."""
+        `detail`: for COUNTERS and CAPACITY the Shortage, for TAINTED the Taint."""
         key: _RejectionKey
-        if isinstance(detail, Shortage):
+        if isinstance(detail, Shortage | Taint):
             key = (alternative.key, code, "", holders, detail)
         else:
             key = (alternative.key, code, detail, holders, None)
@@ -348,8 +367,8 @@ class Recorder:
 
     def requests(self) -> tuple[RequestExplanation, ...]:
         grouped: dict[int, list[RejectionGroup]] = {}
-        for (key, code, detail, held, shortage), devices in self._rejected.items():
-            grouped.setdefault(key, []).append(_group(code, detail, devices, held, shortage))
+        for (key, code, detail, held, fact), devices in self._rejected.items():
+            grouped.setdefault(key, []).append(_group(code, detail, devices, held, fact))
         explained = [
             RequestExplanation(
                 claim=self._claims[key],
@@ -388,11 +407,13 @@ def _group(
     detail: str,
     devices: Iterable[DeviceID],
     held: tuple[str, ...] = (),
-    shortage: Shortage | None = None,
+    fact: Shortage | Taint | None = None,
 ) -> RejectionGroup:
     ordered = sorted(devices)
     examples = tuple(str(d) for d in ordered[:MAX_EXAMPLES])
-    return RejectionGroup(code, detail, len(ordered), examples, held, shortage)
+    shortage = fact if isinstance(fact, Shortage) else None
+    taint = fact if isinstance(fact, Taint) else None
+    return RejectionGroup(code, detail, len(ordered), examples, held, shortage, taint)
 
 
 def _sorted(groups: Iterable[RejectionGroup]) -> tuple[RejectionGroup, ...]:

@@ -30,7 +30,7 @@ from services.allocator.core.candidates import (
     NodeCandidates,
     NodeError,
     SolveContext,
-    taint_detail,
+    untolerated,
     untolerated_taint,
 )
 from services.allocator.core.constraints import ConstraintState
@@ -39,6 +39,7 @@ from services.allocator.core.explain import (
     ReasonCode,
     Shortage,
     ShortageKind,
+    Taint,
     holders,
     tally_reasons,
 )
@@ -303,7 +304,7 @@ class NodeSearch:
         newly_consuming: bool,
         must: bool,
         record: bool = True,
-    ) -> tuple[ReasonCode, str | Shortage | _Shortage] | None:
+    ) -> tuple[ReasonCode, str | Shortage | Taint | _Shortage] | None:
         """In use, counters, capacity shares, taints (`All` only), then constraints."""
         entry = candidate.entry
         busy = self._in_use(alternative, entry)
@@ -320,7 +321,7 @@ class NodeSearch:
         if alternative.mode is AllocationMode.ALL:  # `All` lists skip the taint check
             taint = untolerated_taint(entry, alternative.tolerations)
             if taint is not None:
-                return ReasonCode.TAINTED, taint_detail(taint)
+                return ReasonCode.TAINTED, untolerated(taint)
         problem = self._constraint_problem(alternative, entry, must, record)
         if problem is None:
             problem = self._topology_problem(alternative, entry)

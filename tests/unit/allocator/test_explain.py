@@ -19,7 +19,7 @@ from services.allocator.core import (
     Unsatisfiable,
     solve,
 )
-from services.allocator.core.explain import NodeReason, Shortage, ShortageKind, detail_text
+from services.allocator.core.explain import NodeReason, Shortage, ShortageKind, Taint, detail_text
 from services.common.dra.model import AllocationResult, ResourceClaim
 from tests.builders import (
     DRIVER,
@@ -108,6 +108,8 @@ def test_request_groups_name_every_reason_with_examples() -> None:
     )
     (in_use,) = (g for g in request.rejections if g.code is ReasonCode.IN_USE)
     assert (in_use.holders, in_use.detail) == (("default/train",), "")
+    (tainted,) = (g for g in request.rejections if g.code is ReasonCode.TAINTED)
+    assert (tainted.taint, tainted.detail) == (Taint("xid", "79", "NoExecute"), "")
     assert why.nodes[0].reasons == (
         NodeReason(ReasonCode.IN_USE, 2),
         NodeReason(ReasonCode.TAINTED, 1),
