@@ -1,9 +1,10 @@
 """Who holds the devices a claim could not get: the reservations behind an Explain.
 
-The solver names holders in its rejections (`in use by res-…`: the allocated state's owners are
-reservation ids). Counters and capacity shares have no single holder, so for those the
-reservations on the closest-miss nodes whose devices, counters or capacity were short are named
-instead. Sorted by expiry (the soonest free first), then id; at most MAX_HOLDERS.
+The solver names holders in its IN_USE rejections (`RejectionGroup.holders`: the allocated
+state's owners are reservation ids). Counters and capacity shares have no single holder, so for
+those the reservations on the closest-miss nodes whose devices, counters or capacity were short
+(the NodeMiss reason codes) are named instead. Sorted by expiry (the soonest free first), then
+id; at most MAX_HOLDERS.
 """
 
 from __future__ import annotations
@@ -12,14 +13,13 @@ from collections.abc import Iterable
 
 from services.allocator.answers import Answer, Holder, Outcome
 from services.allocator.core import ReasonCode
-from services.allocator.core.explain import RejectionGroup, held_by
+from services.allocator.core.explain import RejectionGroup
 from services.allocator.reservations import Reservation
 
 __all__ = ["MAX_HOLDERS", "blocking_holders", "holder", "holder_ids"]
 
 MAX_HOLDERS = 20
-_HELD_BY = held_by(["x"]).removesuffix("x")  # "in use by ": how the core names holders
-_SHORTAGES = ("in use", "short of counters", "short of capacity")  # NodeMiss reason phrases
+_SHORTAGES = frozenset({ReasonCode.IN_USE, ReasonCode.COUNTERS, ReasonCode.CAPACITY})
 
 
 def blocking_holders(
@@ -36,7 +36,7 @@ def blocking_holders(
     nodes = {
         miss.node
         for miss in explanation.nodes[:max_nodes]
-        if any(phrase in _SHORTAGES for phrase, _ in miss.reasons)
+        if any(reason.code in _SHORTAGES for reason in miss.reasons)
     }
     found = [holder(r) for r in reservations if r.id in ids or r.node in nodes]
     found.sort(key=lambda h: (h.expires_at is None, h.expires_at or 0.0, h.reservation_id))
@@ -44,10 +44,8 @@ def blocking_holders(
 
 
 def holder_ids(group: RejectionGroup) -> tuple[str, ...]:
-    """The reservation ids an IN_USE rejection names (the core's `held_by` wording)."""
-    if group.code is not ReasonCode.IN_USE or not group.detail.startswith(_HELD_BY):
-        return ()
-    return tuple(group.detail.removeprefix(_HELD_BY).split(", "))
+    """The reservation ids an IN_USE rejection names."""
+    return group.holders if group.code is ReasonCode.IN_USE else ()
 
 
 def holder(reservation: Reservation) -> Holder:

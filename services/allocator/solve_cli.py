@@ -50,6 +50,7 @@ from services.allocator.core import (
     default_share_id,
     solve,
 )
+from services.allocator.core.explain import detail_text
 from services.allocator.core.gang import GangAllocated
 from services.allocator.core.topology_constraints import constraints_from_annotations
 from services.allocator.counting import count_capacity, count_gangs
@@ -483,7 +484,7 @@ def explanation_to_dict(explanation: Explanation) -> dict[str, Any]:
             "rejections": [
                 {
                     "reason": str(g.code),
-                    "detail": g.detail,
+                    "detail": detail_text(g),
                     "count": g.count,
                     "examples": list(g.examples),
                 }

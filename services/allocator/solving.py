@@ -40,6 +40,7 @@ from services.allocator.core import (
     solve,
 )
 from services.allocator.core.cel import DEFAULT_REQUEST_COST
+from services.allocator.core.explain import rejection_order
 from services.allocator.core.gang import GangResult, GangUnsatisfiable, solve_gang
 from services.allocator.core.groups import GroupKey
 from services.allocator.core.nodeselect import NodeAccess
@@ -375,20 +376,20 @@ def _merge_requests(
 ) -> tuple[RequestExplanation, ...]:
     """One RequestExplanation per (claim, request) with counts summed over the nodes."""
     considered: dict[tuple[str, str], int] = {}
-    rejections: dict[tuple[str, str], dict[tuple[str, str], RejectionGroup]] = {}
+    rejections: dict[tuple[str, str], dict[object, RejectionGroup]] = {}
     for requests in groups:
         for request in requests:
             key = (request.claim, request.request)
             considered[key] = considered.get(key, 0) + request.considered
             merged = rejections.setdefault(key, {})
             for group in request.rejections:
-                have = merged.get((group.code, group.detail))
+                have = merged.get(group.key)
                 if have is None:
-                    merged[(group.code, group.detail)] = group
+                    merged[group.key] = group
                     continue
                 examples = tuple(sorted({*have.examples, *group.examples}))[:_EXAMPLES]
-                merged[(group.code, group.detail)] = RejectionGroup(
-                    group.code, group.detail, have.count + group.count, examples
+                merged[group.key] = replace(
+                    group, count=have.count + group.count, examples=examples
                 )
     return tuple(
         RequestExplanation(
@@ -398,7 +399,7 @@ def _merge_requests(
             rejections=tuple(
                 sorted(
                     rejections[(claim, request)].values(),
-                    key=lambda g: (-g.count, g.code, g.detail),
+                    key=rejection_order,
                 )
             ),
         )

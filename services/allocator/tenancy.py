@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from services.allocator.answers import Answer, Holder
 from services.allocator.blockers import holder_ids
-from services.allocator.core.explain import Explanation, RejectionGroup, held_by
+from services.allocator.core.explain import Explanation, RejectionGroup, holders
 from services.allocator.reservations import Reservation
 from services.common.dra.model import AllocationResult
 from services.common.security.principal import Principal, tenant_of_owner
@@ -77,7 +77,7 @@ def _visible_explanation(
 
     def group(g: RejectionGroup) -> RejectionGroup:
         ids = holder_ids(g)
-        return replace(g, detail=held_by(shown(i) for i in ids)) if ids else g
+        return replace(g, holders=holders(shown(i) for i in ids)) if ids else g
 
     requests = tuple(
         replace(r, rejections=tuple(group(g) for g in r.rejections)) for r in explanation.requests

@@ -24,7 +24,15 @@ from typing import Any
 
 from services.allocator.core.capacity import capacity_problem, consumed_capacity
 from services.allocator.core.constraints import lookup_attribute, show_value
-from services.allocator.core.explain import ReasonCode, Recorder, held_by
+from services.allocator.core.explain import (
+    ReasonCode,
+    Recorder,
+    Shortage,
+    ShortageKind,
+    Taint,
+    holders,
+    taint_text,
+)
 from services.allocator.core.fragmentation import DEFAULT_MIX, FragmentationMix, set_loss
 from services.allocator.core.plan import MAX_DEVICES_PER_CLAIM, Alternative, ConstraintKind, Plan
 from services.allocator.core.scoring import (
@@ -65,6 +73,7 @@ __all__ = [
     "Prepared",
     "SolveContext",
     "taint_detail",
+    "untolerated",
     "tolerates",
     "untolerated_taint",
 ]
@@ -107,9 +116,12 @@ class SolveContext:
         return self.snapshot.topology(view.name) if self.snapshot is not None else None
 
 
+_UNKNOWN = Shortage(ShortageKind.OVERDRAWN, "")  # NodeCandidates._overdrawn: not looked at yet
+
+
 @dataclass(frozen=True, slots=True)
 class _Static:
-    problem: tuple[ReasonCode, str] | None
+    problem: tuple[ReasonCode, str | Shortage | Taint] | None
     consumed: dict[str, Quantity] | None
 
 
@@ -161,7 +173,12 @@ def tolerates(toleration: DeviceToleration, taint: DeviceTaint) -> bool:
 
 
 def taint_detail(taint: DeviceTaint) -> str:
-    return f"tainted {taint.key}={taint.value}:{taint.effect}, not tolerated"
+    return taint_text(untolerated(taint))
+
+
+def untolerated(taint: DeviceTaint) -> Taint:
+    """The taint as an explanation names it (its key, value and effect)."""
+    return Taint(taint.key, taint.value, str(taint.effect))
 
 
 def untolerated_taint(
@@ -193,7 +210,7 @@ class NodeCandidates:
         self._exact: dict[int, list[Candidate | InvalidPoolMarker]] = {}
         self._all: dict[int, list[Candidate]] = {}
         self._tally: dict[int, dict[ReasonCode, int]] = {}
-        self._overdrawn: dict[int, str | None] = {}
+        self._overdrawn: dict[int, Shortage | None] = {}
         self._labels = {c.index: c.label for c in ctx.plan.claims}
         self._sets_used: dict[tuple[int, Any], bool] = {}
         self._device_tuple: tuple[DeviceEntry, ...] | None = None
@@ -232,17 +249,17 @@ class NodeCandidates:
             found = self._exact[alternative.key] = self._exact_list(alternative)
         return found
 
-    def overdrawn(self, slice_: SliceEntry) -> str | None:
+    def overdrawn(self, slice_: SliceEntry) -> Shortage | None:
         """A counter of the slice that existing allocations already consume beyond its total
         (possible after a slice shrinks): upstream then refuses every counter-consuming device
         of the slice."""
-        found = self._overdrawn.get(slice_.index, "")
-        if found == "":
+        found = self._overdrawn.get(slice_.index, _UNKNOWN)
+        if found is _UNKNOWN:
             found = None
             for counter, total in slice_.totals.items():
                 if self.ctx.state.counter_amount(counter) > total:
-                    found = (
-                        f"counter {counter.counter} of set {counter.counter_set} already overdrawn"
+                    found = Shortage(
+                        ShortageKind.OVERDRAWN, counter.counter, counter_set=counter.counter_set
                     )
                     break
             self._overdrawn[slice_.index] = found
@@ -273,8 +290,8 @@ class NodeCandidates:
                 continue
             busy[ReasonCode.IN_USE] = busy.get(ReasonCode.IN_USE, 0) + 1
             if self.ctx.recorder is not None:
-                detail = held_by(state.owners(entry.id))
-                self.ctx.recorder.reject(alternative, entry.id, ReasonCode.IN_USE, detail)
+                held = holders(state.owners(entry.id))
+                self.ctx.recorder.reject(alternative, entry.id, ReasonCode.IN_USE, "", held)
         most = len(free)
         if not unbounded:
             most = min(
@@ -460,7 +477,7 @@ class NodeCandidates:
 
     def _problem(
         self, alternative: Alternative, entry: DeviceEntry, label: str, taints: bool
-    ) -> tuple[ReasonCode, str] | None:
+    ) -> tuple[ReasonCode, str | Shortage | Taint] | None:
         """Class selectors, request selectors, taints (unless `All`), requested capacity."""
         selection = self.ctx.selection
         miss = selection.class_miss(alternative, entry)
@@ -478,7 +495,7 @@ class NodeCandidates:
         if taints:
             taint = untolerated_taint(entry, alternative.tolerations)
             if taint is not None:
-                return ReasonCode.TAINTED, taint_detail(taint)
+                return ReasonCode.TAINTED, untolerated(taint)
         held = self.ctx.state.consumed_capacity(entry.id)
         problem = capacity_problem(alternative.capacity, entry.device.capacity, held)
         return None if problem is None else (ReasonCode.CAPACITY, problem)

@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping
 from fractions import Fraction
 
+from services.allocator.core.explain import Shortage, ShortageKind
 from services.common.dra.model import (
     CapacityRequestPolicy,
     CapacityRequestPolicyRange,
@@ -86,7 +87,7 @@ def capacity_problem(
     requests: Mapping[str, Quantity],
     capacity: Mapping[str, DeviceCapacity],
     already: Mapping[str, Fraction],
-) -> str | None:
+) -> Shortage | None:
     """Upstream `CmpRequestOverCapacity`; None when the request fits, else why not.
 
     `already` is what other allocations (and picks earlier in this search) consume of each
@@ -94,15 +95,15 @@ def capacity_problem(
     """
     for name in sorted(requests):
         if name not in capacity:
-            return f"has no capacity {name}"
+            return Shortage(ShortageKind.MISSING, name)
     for name, cap in sorted(capacity.items()):
         amount = consumed_amount(requests.get(name), cap)
         if violates_policy(amount, cap.request_policy):
-            return f"capacity {name}: {amount} is not allowed by its requestPolicy"
+            return Shortage(ShortageKind.NOT_ALLOWED, name, needed=str(amount))
         used = already.get(name, Fraction(0))
         if used + amount.value > cap.value.value:
             free = Quantity(cap.value.value - used, cap.value.format)
-            return f"capacity {name}: needs {amount}, free {free}"
+            return Shortage(ShortageKind.SHORT, name, needed=str(amount), free=str(free))
     return None
 
 

@@ -21,12 +21,21 @@ __all__ = [
     "Explanation",
     "NodeChoice",
     "NodeMiss",
+    "NodeReason",
     "ReasonCode",
+    "detail_text",
     "held_by",
+    "holders",
     "Recorder",
     "RejectionGroup",
     "RequestExplanation",
+    "Shortage",
+    "ShortageKind",
+    "Taint",
     "phrase",
+    "rejection_order",
+    "shortage_text",
+    "taint_text",
     "tally_reasons",
 ]
 
@@ -68,9 +77,14 @@ _PHRASES = {
 }
 
 
+def holders(owners: Iterable[str]) -> tuple[str, ...]:
+    """The owners a state names for a device (reservation ids), once each, sorted."""
+    return tuple(sorted({owner for owner in owners if owner}))
+
+
 def held_by(owners: Iterable[str]) -> str:
-    """`in use by a, b` for the owners a state knows, else `in use`."""
-    named = sorted({owner for owner in owners if owner})
+    """`in use by a, b` for the owners a state knows, else `in use` (text: edges only)."""
+    named = holders(owners)
     return f"in use by {', '.join(named)}" if named else "in use"
 
 
@@ -79,17 +93,96 @@ def phrase(code: ReasonCode) -> str:
     return _PHRASES[code]
 
 
+class ShortageKind(StrEnum):
+    EXHAUSTED = "exhausted"  # a counter: the device needs more than is free
+    OVERDRAWN = "overdrawn"  # a counter: existing allocations already exceed its total
+    SHORT = "short"  # a capacity: the allocation needs more than is free
+    MISSING = "missing"  # a capacity the request names that the device does not have
+    NOT_ALLOWED = "not-allowed"  # a capacity amount its requestPolicy does not allow
+
+
+@dataclass(frozen=True, slots=True)
+class Shortage:
+    """A counter (of `counter_set`) or a capacity `name` a device lacks; `needed`, `free`: the
+    quantities, as the API writes them (empty where they do not apply)."""
+
+    kind: ShortageKind
+    name: str
+    counter_set: str = ""
+    needed: str = ""
+    free: str = ""
+
+
+def shortage_text(shortage: Shortage) -> str:
+    name, kind = shortage.name, shortage.kind
+    if kind is ShortageKind.EXHAUSTED:
+        return (
+            f"counter {name} of set {shortage.counter_set} exhausted "
+            f"(needs {shortage.needed}, free {shortage.free})"
+        )
+    if kind is ShortageKind.OVERDRAWN:
+        return f"counter {name} of set {shortage.counter_set} already overdrawn"
+    if kind is ShortageKind.MISSING:
+        return f"has no capacity {name}"
+    if kind is ShortageKind.NOT_ALLOWED:
+        return f"capacity {name}: {shortage.needed} is not allowed by its requestPolicy"
+    return f"capacity {name}: needs {shortage.needed}, free {shortage.free}"
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    """A device taint no toleration of the request tolerates."""
+
+    key: str
+    value: str
+    effect: str
+
+
+def taint_text(taint: Taint) -> str:
+    return f"tainted {taint.key}={taint.value}:{taint.effect}, not tolerated"
+
+
 @dataclass(frozen=True)
 class RejectionGroup:
-    """`count` devices rejected for the same reason; a few of them as examples."""
+    """`count` devices rejected for the same reason; a few of them as examples.
+
+    `holders`: for IN_USE, the owners the allocated state names for the devices (reservation
+    ids), sorted; `shortage`: for COUNTERS and CAPACITY, the counter or capacity that is short;
+    `taint`: for TAINTED, the taint; `detail`: the free-text part of the reason (empty when
+    those say it all)."""
 
     code: ReasonCode
     detail: str
     count: int
     examples: tuple[str, ...]
+    holders: tuple[str, ...] = ()
+    shortage: Shortage | None = None
+    taint: Taint | None = None
+
+    @property
+    def key(self) -> tuple[ReasonCode, str, tuple[str, ...], Shortage | Taint | None]:
+        """What makes two groups the same reason (devices of both may be merged)."""
+        return (self.code, self.detail, self.holders, self.shortage or self.taint)
 
     def message(self) -> str:
-        return f"{self.count} {self.detail}{_examples(self)}"
+        return f"{self.count} {detail_text(self)}{_examples(self)}"
+
+
+def detail_text(group: RejectionGroup) -> str:
+    """The reason of a group in words: `in use by <holders>` for IN_USE, the shortage or the
+    taint, else the detail."""
+    if group.shortage is not None:
+        return shortage_text(group.shortage)
+    if group.taint is not None:
+        return taint_text(group.taint)
+    if group.code is ReasonCode.IN_USE and not group.detail:
+        return held_by(group.holders)
+    return group.detail
+
+
+def rejection_order(group: RejectionGroup) -> tuple[int, str, str]:
+    """Most frequent first, then by reason and by the words for it (a stable order)."""
+    return (-group.count, group.code, detail_text(group))
 
 
 def _examples(group: RejectionGroup) -> str:
@@ -126,8 +219,16 @@ class ConstraintExplanation:
             more = ", ..." if len(self.values) > MAX_VALUES else ""
             head += f" (values seen: {', '.join(self.values[:MAX_VALUES])}{more})"
         return "; ".join(
-            [head, *(f"{g.count} devices: {g.detail}" + _examples(g) for g in self.problems)]
+            [head, *(f"{g.count} devices: {detail_text(g)}" + _examples(g) for g in self.problems)]
         )
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReason:
+    """`count` of the devices a request still lacked on a node are out for `code`."""
+
+    code: ReasonCode
+    count: int
 
 
 @dataclass(frozen=True)
@@ -141,7 +242,7 @@ class NodeMiss:
     request: str
     request_placed: int
     request_needed: int
-    reasons: tuple[tuple[str, int], ...]  # (phrase, count), most frequent first
+    reasons: tuple[NodeReason, ...]  # most frequent first
     error: str | None = None
     budget_exhausted: bool = False
 
@@ -157,7 +258,9 @@ class NodeMiss:
             f"{self.request} of claim {self.claim}"
         )
         if self.reasons:
-            text += "; the others are " + ", ".join(f"{p} ({n})" for p, n in self.reasons)
+            text += "; the others are " + ", ".join(
+                f"{phrase(r.code)} ({r.count})" for r in self.reasons
+            )
         return text
 
     def rank(self) -> tuple[int, int, int, str]:
@@ -209,6 +312,9 @@ class Explanation:
         return tuple(lines)
 
 
+_RejectionKey = tuple[int, ReasonCode, str, tuple[str, ...], Shortage | Taint | None]
+
+
 class Recorder:
     """Collects per-device reasons during one solve (only when an explanation was asked for)."""
 
@@ -216,7 +322,7 @@ class Recorder:
         self._alternatives: dict[int, Alternative] = {}
         self._claims: dict[int, str] = {}
         self._considered: dict[int, set[DeviceID]] = {}
-        self._rejected: dict[tuple[int, ReasonCode, str], set[DeviceID]] = {}
+        self._rejected: dict[_RejectionKey, set[DeviceID]] = {}
         self._constraints: dict[tuple[str, int], ConstraintSpec] = {}
         self._constraint_values: dict[tuple[str, int], set[str]] = {}
         self._constraint_problems: dict[tuple[str, int, str], set[DeviceID]] = {}
@@ -228,9 +334,21 @@ class Recorder:
         self._considered.setdefault(alternative.key, set()).add(device)
 
     def reject(
-        self, alternative: Alternative, device: DeviceID, code: ReasonCode, detail: str
+        self,
+        alternative: Alternative,
+        device: DeviceID,
+        code: ReasonCode,
+        detail: str | Shortage | Taint,
+        holders: tuple[str, ...] = (),
     ) -> None:
-        self._rejected.setdefault((alternative.key, code, detail), set()).add(device)
+        """`holders`: for IN_USE, who holds the device (`holders(state.owners(device))`);
+        `detail`: for COUNTERS and CAPACITY the Shortage, for TAINTED the Taint."""
+        key: _RejectionKey
+        if isinstance(detail, Shortage | Taint):
+            key = (alternative.key, code, "", holders, detail)
+        else:
+            key = (alternative.key, code, detail, holders, None)
+        self._rejected.setdefault(key, set()).add(device)
 
     def constraint(
         self,
@@ -249,8 +367,8 @@ class Recorder:
 
     def requests(self) -> tuple[RequestExplanation, ...]:
         grouped: dict[int, list[RejectionGroup]] = {}
-        for (key, code, detail), devices in self._rejected.items():
-            grouped.setdefault(key, []).append(_group(code, detail, devices))
+        for (key, code, detail, held, fact), devices in self._rejected.items():
+            grouped.setdefault(key, []).append(_group(code, detail, devices, held, fact))
         explained = [
             RequestExplanation(
                 claim=self._claims[key],
@@ -284,19 +402,28 @@ class Recorder:
         return tuple(sorted(self._notes))
 
 
-def _group(code: ReasonCode, detail: str, devices: Iterable[DeviceID]) -> RejectionGroup:
+def _group(
+    code: ReasonCode,
+    detail: str,
+    devices: Iterable[DeviceID],
+    held: tuple[str, ...] = (),
+    fact: Shortage | Taint | None = None,
+) -> RejectionGroup:
     ordered = sorted(devices)
-    return RejectionGroup(code, detail, len(ordered), tuple(str(d) for d in ordered[:MAX_EXAMPLES]))
+    examples = tuple(str(d) for d in ordered[:MAX_EXAMPLES])
+    shortage = fact if isinstance(fact, Shortage) else None
+    taint = fact if isinstance(fact, Taint) else None
+    return RejectionGroup(code, detail, len(ordered), examples, held, shortage, taint)
 
 
 def _sorted(groups: Iterable[RejectionGroup]) -> tuple[RejectionGroup, ...]:
-    return tuple(sorted(groups, key=lambda g: (-g.count, g.code, g.detail)))
+    return tuple(sorted(groups, key=rejection_order))
 
 
 _SELECTORS = frozenset({ReasonCode.CLASS_SELECTOR, ReasonCode.REQUEST_SELECTOR})
 
 
-def tally_reasons(tally: Mapping[ReasonCode, int], missing: int) -> tuple[tuple[str, int], ...]:
+def tally_reasons(tally: Mapping[ReasonCode, int], missing: int) -> tuple[NodeReason, ...]:
     """NodeMiss.reasons: why the devices a request still lacked were not available, most
     frequent first. Devices the selectors did not pick are not "the others" of a request, so
     they only count when nothing else explains the gap; `missing` devices nobody rejected
@@ -306,4 +433,4 @@ def tally_reasons(tally: Mapping[ReasonCode, int], missing: int) -> tuple[tuple[
     if unexplained > 0:
         relevant[ReasonCode.NO_DEVICES] = unexplained
     items = sorted(relevant.items(), key=lambda item: (-item[1], item[0]))
-    return tuple((phrase(code), count) for code, count in items)
+    return tuple(NodeReason(code, count) for code, count in items)

@@ -30,11 +30,19 @@ from services.allocator.core.candidates import (
     NodeCandidates,
     NodeError,
     SolveContext,
-    taint_detail,
+    untolerated,
     untolerated_taint,
 )
 from services.allocator.core.constraints import ConstraintState
-from services.allocator.core.explain import NodeMiss, ReasonCode, held_by, tally_reasons
+from services.allocator.core.explain import (
+    NodeMiss,
+    ReasonCode,
+    Shortage,
+    ShortageKind,
+    Taint,
+    holders,
+    tally_reasons,
+)
 from services.allocator.core.leftover import leftover_score
 from services.allocator.core.plan import MAX_DEVICES_PER_CLAIM, Alternative
 from services.allocator.core.scoring import Score
@@ -278,7 +286,12 @@ class NodeSearch:
             code, detail = problem
             frame.tally[code] = frame.tally.get(code, 0) + 1
             if self.ctx.recorder is not None:
-                self.ctx.recorder.reject(frame.alternative, entry.id, code, str(detail))
+                if code is ReasonCode.IN_USE:
+                    held = holders(self.ctx.state.owners(entry.id))
+                    self.ctx.recorder.reject(frame.alternative, entry.id, code, "", held)
+                else:
+                    shown = detail.data() if isinstance(detail, _Shortage) else detail
+                    self.ctx.recorder.reject(frame.alternative, entry.id, code, shown)
             return None
         pick = Pick(frame.alternative, entry, candidate.consumed, newly_consuming)
         self._apply(pick)
@@ -291,7 +304,7 @@ class NodeSearch:
         newly_consuming: bool,
         must: bool,
         record: bool = True,
-    ) -> tuple[ReasonCode, str | _Shortage] | None:
+    ) -> tuple[ReasonCode, str | Shortage | Taint | _Shortage] | None:
         """In use, counters, capacity shares, taints (`All` only), then constraints."""
         entry = candidate.entry
         busy = self._in_use(alternative, entry)
@@ -302,13 +315,13 @@ class NodeSearch:
             if shortage is not None:
                 return ReasonCode.COUNTERS, shortage
         if candidate.consumed is not None:
-            problem = self._share_problem(entry, candidate.consumed)
-            if problem is not None:
-                return ReasonCode.CAPACITY, problem
+            short = self._share_problem(entry, candidate.consumed)
+            if short is not None:
+                return ReasonCode.CAPACITY, short
         if alternative.mode is AllocationMode.ALL:  # `All` lists skip the taint check
             taint = untolerated_taint(entry, alternative.tolerations)
             if taint is not None:
-                return ReasonCode.TAINTED, taint_detail(taint)
+                return ReasonCode.TAINTED, untolerated(taint)
         problem = self._constraint_problem(alternative, entry, must, record)
         if problem is None:
             problem = self._topology_problem(alternative, entry)
@@ -339,7 +352,7 @@ class NodeSearch:
         state, device_id = self.ctx.state, entry.id
         if entry.multi:
             if not alternative.admin and state.is_exclusive(device_id):
-                return ReasonCode.IN_USE, held_by(state.owners(device_id))
+                return ReasonCode.IN_USE, ""  # the holders are recorded from the state
             return None
         claims = self.picked.get(device_id)
         if alternative.admin:
@@ -347,7 +360,7 @@ class NodeSearch:
                 return ReasonCode.PICKED, "picked for another request of the same claim"
             return None
         if state.in_use(device_id):
-            return ReasonCode.IN_USE, held_by(state.owners(device_id))
+            return ReasonCode.IN_USE, ""
         if claims:
             return ReasonCode.PICKED, "picked for another request in this solve"
         return None
@@ -355,7 +368,7 @@ class NodeSearch:
     def consuming_device(self, entry: DeviceEntry) -> bool:
         return entry.id in self.consuming or self.ctx.state.in_use(entry.id)
 
-    def _counter_problem(self, entry: DeviceEntry) -> _Shortage | str | None:
+    def _counter_problem(self, entry: DeviceEntry) -> _Shortage | Shortage | None:
         """Upstream `checkAvailableCounters`: after adding the device, every counter of every
         set in its slice must stay within its total. Picks in this search were checked the
         same way, so only the device's own counters and counters the existing allocations
@@ -369,14 +382,15 @@ class NodeSearch:
                 return _Shortage(counter, amount, max(0, totals[counter] - used))
         return self.cands.overdrawn(entry.slice)
 
-    def _share_problem(self, entry: DeviceEntry, consumed: dict[str, Quantity]) -> str | None:
+    def _share_problem(self, entry: DeviceEntry, consumed: dict[str, Quantity]) -> Shortage | None:
         held = self.ctx.state.consumed_capacity(entry.id)
         taken = self.sharing.get(entry.id, {})
         for name, amount in consumed.items():
             used = held.get(name, _ZERO) + taken.get(name, _ZERO)
             limit = entry.device.capacity[name].value.value
             if used + amount.value > limit:
-                return f"capacity {name}: needs {amount}, free {_show(max(_ZERO, limit - used))}"
+                free = _show(max(_ZERO, limit - used))
+                return Shortage(ShortageKind.SHORT, name, needed=str(amount), free=free)
         return None
 
     def _constraint_problem(
@@ -541,17 +555,19 @@ class NodeSearch:
 
 @dataclass(frozen=True, slots=True)
 class _Shortage:
-    """A counter that would be exhausted; the message is only formatted when shown."""
+    """A counter that would be exhausted; its quantities are only formatted when recorded."""
 
     counter: CounterID
     needed: Amount
     free: Amount
 
-    def __str__(self) -> str:
-        counter = self.counter
-        return (
-            f"counter {counter.counter} of set {counter.counter_set} exhausted "
-            f"(needs {_show(Fraction(self.needed))}, free {_show(Fraction(self.free))})"
+    def data(self) -> Shortage:
+        return Shortage(
+            ShortageKind.EXHAUSTED,
+            self.counter.counter,
+            counter_set=self.counter.counter_set,
+            needed=_show(Fraction(self.needed)),
+            free=_show(Fraction(self.free)),
         )
 
 

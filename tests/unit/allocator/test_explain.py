@@ -13,11 +13,13 @@ from services.allocator.core import (
     Explanation,
     Policy,
     ReasonCode,
+    RejectionGroup,
     SearchBudget,
     SelectorCache,
     Unsatisfiable,
     solve,
 )
+from services.allocator.core.explain import NodeReason, Shortage, ShortageKind, Taint, detail_text
 from services.common.dra.model import AllocationResult, ResourceClaim
 from tests.builders import (
     DRIVER,
@@ -82,7 +84,7 @@ def test_request_groups_name_every_reason_with_examples() -> None:
     )
     (request,) = why.requests
     assert (request.claim, request.request, request.considered) == ("default/c", "gpus", 6)
-    groups = {(g.code, g.detail): (g.count, g.examples) for g in request.rejections}
+    groups = {(g.code, detail_text(g)): (g.count, g.examples) for g in request.rejections}
     assert groups == {
         (
             ReasonCode.CLASS_SELECTOR,
@@ -104,6 +106,14 @@ def test_request_groups_name_every_reason_with_examples() -> None:
         "node-1: 2 of 3 devices for request gpus of claim default/c; "
         "the others are in use (2), tainted (1)"
     )
+    (in_use,) = (g for g in request.rejections if g.code is ReasonCode.IN_USE)
+    assert (in_use.holders, in_use.detail) == (("default/train",), "")
+    (tainted,) = (g for g in request.rejections if g.code is ReasonCode.TAINTED)
+    assert (tainted.taint, tainted.detail) == (Taint("xid", "79", "NoExecute"), "")
+    assert why.nodes[0].reasons == (
+        NodeReason(ReasonCode.IN_USE, 2),
+        NodeReason(ReasonCode.TAINTED, 1),
+    )
 
 
 def test_counters_and_capacity_say_what_is_needed_and_free() -> None:
@@ -113,8 +123,10 @@ def test_counters_and_capacity_say_what_is_needed_and_free() -> None:
     ]
     snap = snapshot(MIXED)
     why = unsatisfiable(explain(claims, snap, held))
-    details = {g.detail for g in why.requests[0].rejections}
+    details = {detail_text(g) for g in why.requests[0].rejections}
     assert "counter memory of set gpu-3 exhausted (needs 80Gi, free 40Gi)" in details
+    shortages = {g.shortage for g in why.requests[0].rejections if g.code is ReasonCode.COUNTERS}
+    assert shortages == {Shortage(ShortageKind.EXHAUSTED, "memory", "gpu-3", "80Gi", "40Gi")}
     assert "tainted xid=79:NoExecute, not tolerated" in details
     shared = snapshot(slice_("s", device("gpu-0").multi().capacity("memory", "80Gi")))
     held_share = [
@@ -123,7 +135,10 @@ def test_counters_and_capacity_say_what_is_needed_and_free() -> None:
     why = unsatisfiable(
         explain([claim("c").request("g", capacity={"memory": "40Gi"}).build()], shared, held_share)
     )
-    assert why.requests[0].rejections[0].detail == "capacity memory: needs 40Gi, free 20Gi"
+    assert detail_text(why.requests[0].rejections[0]) == "capacity memory: needs 40Gi, free 20Gi"
+    assert why.requests[0].rejections[0].shortage == Shortage(
+        ShortageKind.SHORT, "memory", needed="40Gi", free="20Gi"
+    )
 
 
 def test_constraint_explanation_lists_the_values_that_disagreed() -> None:
@@ -141,7 +156,7 @@ def test_constraint_explanation_lists_the_values_that_disagreed() -> None:
         f"{DRIVER}/numa",
         ("0", "1"),
     )
-    assert constraint.problems[0].detail == "value differs from the devices already picked"
+    assert detail_text(constraint.problems[0]) == "value differs from the devices already picked"
 
 
 def test_nodes_are_ranked_closest_miss_first_then_by_name() -> None:
@@ -244,3 +259,58 @@ def test_unsatisfiable_always_carries_the_closest_miss(flag: bool) -> None:
         "the others are not on this node (1), tainted (1)"
     )
     assert bool(why.requests) is flag
+
+
+@pytest.mark.parametrize(
+    ("shortage", "text"),
+    [
+        pytest.param(
+            Shortage(ShortageKind.EXHAUSTED, "memory", "gpu-3", "80Gi", "40Gi"),
+            "counter memory of set gpu-3 exhausted (needs 80Gi, free 40Gi)",
+            id="counter-exhausted",
+        ),
+        pytest.param(
+            Shortage(ShortageKind.OVERDRAWN, "memory", "gpu-3"),
+            "counter memory of set gpu-3 already overdrawn",
+            id="counter-overdrawn",
+        ),
+        pytest.param(
+            Shortage(ShortageKind.SHORT, "memory", needed="40Gi", free="20Gi"),
+            "capacity memory: needs 40Gi, free 20Gi",
+            id="capacity-short",
+        ),
+        pytest.param(
+            Shortage(ShortageKind.MISSING, "cores"), "has no capacity cores", id="capacity-missing"
+        ),
+        pytest.param(
+            Shortage(ShortageKind.NOT_ALLOWED, "memory", needed="6"),
+            "capacity memory: 6 is not allowed by its requestPolicy",
+            id="capacity-not-allowed",
+        ),
+    ],
+)
+def test_shortages_are_fields_rendered_in_the_words_of_the_api(
+    shortage: Shortage, text: str
+) -> None:
+    group = RejectionGroup(ReasonCode.COUNTERS, "", 2, ("d",), shortage=shortage)
+    assert detail_text(group) == text
+    assert group.message() == f"2 {text} (e.g. d)"
+
+
+def test_an_overdrawn_counter_set_refuses_the_slices_other_devices() -> None:
+    """Existing allocations already take more of a counter than the (shrunk) set holds."""
+    snap = snapshot(
+        slice_(
+            "s",
+            device("gpu-0").consumes("gpu", memory="80Gi"),
+            device("gpu-1").consumes("gpu", cores="1"),
+        ).counter_set("gpu", memory="40Gi", cores="8")
+    )
+    held = [("default/old", allocation(result("x", "gpu-0")))]
+    why = unsatisfiable(explain([claim("c").request("g", "gpu").build()], snap, held))
+    groups = {g.code: g for g in why.requests[0].rejections}
+    assert groups[ReasonCode.COUNTERS].shortage == Shortage(
+        ShortageKind.OVERDRAWN, "memory", counter_set="gpu"
+    )
+    assert detail_text(groups[ReasonCode.COUNTERS]) == "counter memory of set gpu already overdrawn"
+    assert groups[ReasonCode.IN_USE].holders == ("default/old",)
