@@ -31,10 +31,11 @@ from services.allocator.core import (
     SearchBudget,
     SelectorCache,
     SolveResult,
+    Unsatisfiable,
     solve,
 )
 from services.allocator.core.cel import DEFAULT_REQUEST_COST
-from services.allocator.core.gang import GangResult, GangUnsatisfiable, solve_gang
+from services.allocator.core.gang import solve_gang
 from services.allocator.core.groups import GroupKey
 from services.allocator.core.nodeselect import NodeAccess
 from services.allocator.core.solver import node_groups_of
@@ -204,7 +205,7 @@ class Solver:
         *,
         explain: bool = False,
         share_id: Callable[[ResourceClaim, str, DeviceID, int], str] = unique_share_id,
-    ) -> GangResult:
+    ) -> SolveResult:
         """Solve the gang `query` (`query.gang` set); raises DeadlineExceeded as `run` does."""
         gang = query.gang
         if gang is None:
@@ -226,7 +227,7 @@ class Solver:
             topology_constraints=topology,
             nodes=eligible_nodes(snapshot, query) if restricted else None,
         )
-        if explain and isinstance(result, GangUnsatisfiable):
+        if explain and isinstance(result, Unsatisfiable):
             detail = self._gang_detail(snapshot, state, classes, query, gang, deadline, topology)
             if detail is not None:
                 result = replace(result, explanation=_with_detail(result.explanation, detail))

@@ -48,6 +48,7 @@ from services.allocator.core.groups import GroupKey
 from services.allocator.core.nodechoice import GroupedChoice, template_plan, usable
 from services.allocator.core.outcome import (
     Allocated,
+    NodePlacement,
     SearchBudget,
     SolveResult,
     Stats,
@@ -432,7 +433,8 @@ class _Run:
         best = ranked[0]
         allocations = self._allocations(best, share_id)
         explanation = self._choice_explanation(ranked) if self.ctx.recorder is not None else None
-        return Allocated(best.view.name, allocations, best.score, stats, explanation)
+        placement = NodePlacement(best.view.name, allocations, best.score)
+        return Allocated((placement,), stats, explanation)
 
     def _allocations(self, found: _Found, share_id: ShareIdFactory) -> tuple[AllocationResult, ...]:
         search = found.search
