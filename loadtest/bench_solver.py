@@ -50,7 +50,7 @@ from services.allocator.core import (
     SelectorCache,
     solve,
 )
-from services.allocator.core.gang import GangAllocated, solve_gang
+from services.allocator.core.gang import solve_gang
 from services.allocator.core.templates import node_templates
 from services.common.dra.model import (
     AllocationResult,
@@ -291,11 +291,11 @@ def _run_gang(
             selectors=selectors,
         )
         times.append(time.perf_counter() - started)
-        if not isinstance(result, GangAllocated):
+        if not isinstance(result, Allocated):
             unsatisfiable += 1
             continue
         owners = []
-        for member in result.members:
+        for member in result.placements:
             owner = f"bench/gang-{round_}@{member.node}"
             state = state.with_allocation(member.allocations[0], owner)
             owners.append((owner, member.allocations[0]))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from services.allocator.answers import GangMember, GangSpec, LeaseOptions
 from services.allocator.core import ClusterSnapshot, Explanation
-from services.allocator.core.gang import GangAllocated
+from services.allocator.core.outcome import Allocated
 from services.allocator.holds import placement_holds
 from services.allocator.reservations import Hold, LimitedUse, Reservation, ReserveRequest
 from services.common.dra.model import AllocationResult
@@ -22,18 +22,18 @@ from services.common.dra.model import AllocationResult
 __all__ = ["allocated_explanation", "gang_requests", "members", "members_of_reservations"]
 
 
-def members(result: GangAllocated) -> tuple[GangMember, ...]:
-    return tuple(GangMember(m.node or "", m.allocations, m.score) for m in result.members)
+def members(result: Allocated) -> tuple[GangMember, ...]:
+    return tuple(GangMember(p.node or "", p.allocations, p.score) for p in result.placements)
 
 
-def allocated_explanation(result: GangAllocated, gang: GangSpec) -> Explanation:
+def allocated_explanation(result: Allocated, gang: GangSpec) -> Explanation:
     """Why this gang: the domain it went to and its nodes, in the order chosen."""
     where = (
         f" in {gang.group_by_label}={result.domain}"
         if gang.group_by_label and result.domain is not None
         else ""
     )
-    nodes = ", ".join(m.node or "" for m in result.members)
+    nodes = ", ".join(p.node or "" for p in result.placements)
     return Explanation(
         summary=f"gang of {gang.node_count} nodes{where}: {nodes}",
         budget_exhausted=result.stats.budget_exhausted,

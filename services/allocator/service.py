@@ -55,7 +55,6 @@ from services.allocator.core import (
     SolveResult,
     Unsatisfiable,
 )
-from services.allocator.core.gang import GangAllocated, GangResult, GangUnsatisfiable
 from services.allocator.counting import count_capacity, count_gangs
 from services.allocator.gangs import (
     allocated_explanation,
@@ -503,7 +502,7 @@ class AllocatorService:
         ) as span:
             span.set_attribute("gpualloc.inventory.generation", view.generation)
             searching = deadline.answering()
-            result: SolveResult | GangResult | None
+            result: SolveResult | None
             try:
                 if query.gang is None:
                     result = self.solver.run(
@@ -517,7 +516,8 @@ class AllocatorService:
             except DeadlineExceeded:
                 result = None
             elapsed = time.perf_counter() - started
-            span.set_attribute("gpualloc.outcome", type(result).__name__)
+            gang = "Gang" if query.gang is not None and result is not None else ""
+            span.set_attribute("gpualloc.outcome", gang + type(result).__name__)  # GangAllocated
         if self._metrics is not None:
             self._metrics.solve_duration.record(elapsed * 1000)
         answer = Answer(
@@ -534,15 +534,14 @@ class AllocatorService:
         )
         if result is None:
             return answer
-        if isinstance(result, Unsatisfiable | GangUnsatisfiable):
+        if isinstance(result, Unsatisfiable):
             outcome = Outcome.BUDGET_EXHAUSTED if result.budget_exhausted else Outcome.UNSATISFIABLE
             answer = replace(
                 answer, outcome=outcome, explanation=result.explanation, stats=result.stats
             )
             holders = blocking_holders(answer, self.holdings.reservations(), 3)
             return _with_holders(answer, holders)
-        if isinstance(result, GangAllocated):
-            assert query.gang is not None
+        if query.gang is not None:
             return replace(
                 answer,
                 outcome=Outcome.ALLOCATED,

@@ -51,7 +51,6 @@ from services.allocator.core import (
     solve,
 )
 from services.allocator.core.explain import detail_text
-from services.allocator.core.gang import GangAllocated
 from services.allocator.core.topology_constraints import constraints_from_annotations
 from services.allocator.counting import count_capacity, count_gangs
 from services.allocator.gangs import allocated_explanation
@@ -431,14 +430,14 @@ def _solve_gang(
     result = solver.run_gang(
         snapshot, state, classes, query, Deadline(None), explain=True, share_id=default_share_id
     )
-    allocated = isinstance(result, GangAllocated)
+    allocated = isinstance(result, Allocated)
     report: dict[str, Any] = {
         "outcome": "allocated" if allocated else "unsatisfiable",
         "node": None,
         "claims": [],
         "gang": {"nodeCount": gang.node_count, "label": gang.group_by_label or None},
     }
-    if isinstance(result, GangAllocated):
+    if isinstance(result, Allocated):
         report["gang"]["domain"] = result.domain
         report["gang"]["members"] = [
             {
@@ -449,7 +448,7 @@ def _solve_gang(
                     for c, a in zip(pending, member.allocations, strict=True)
                 ],
             }
-            for member in result.members
+            for member in result.placements
         ]
         explanation = allocated_explanation(result, gang)
     else:

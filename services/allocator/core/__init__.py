@@ -25,6 +25,7 @@ from services.allocator.core.explain import (
 from services.allocator.core.fragmentation import FragmentationMix
 from services.allocator.core.outcome import (
     Allocated,
+    NodePlacement,
     SearchBudget,
     SolveResult,
     Stats,
@@ -65,6 +66,7 @@ __all__ = [
     "Explanation",
     "NodeChoice",
     "NodeMiss",
+    "NodePlacement",
     "NodeView",
     "Policy",
     "ReasonCode",

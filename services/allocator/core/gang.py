@@ -4,7 +4,7 @@
 `claims_per_node`, all sharing one value of the node label `group_by_label` (e.g. the NVLink
 clique label `nvidia.com/gpu.clique`, a rack label) — nodes without the label are not used —
 or anywhere when no label is given. All or nothing: either every member gets an allocation or
-the answer is GangUnsatisfiable with the reason.
+the answer is Unsatisfiable with the reason; Allocated has one placement per member.
 
 How: one exhaustive pass over the node groups finds every node where the claims fit on their
 own, with its node key (solver.feasible_nodes: one search per group, not per node). Members of
@@ -24,7 +24,13 @@ from dataclasses import dataclass
 from services.allocator.core.cel import SelectorCache
 from services.allocator.core.explain import Explanation
 from services.allocator.core.fragmentation import DEFAULT_MIX, FragmentationMix
-from services.allocator.core.outcome import Allocated, SearchBudget, Stats
+from services.allocator.core.outcome import (
+    Allocated,
+    SearchBudget,
+    SolveResult,
+    Stats,
+    Unsatisfiable,
+)
 from services.allocator.core.results import ShareIdFactory, default_share_id
 from services.allocator.core.scoring import NodeKey, Policy
 from services.allocator.core.snapshot import ClusterSnapshot
@@ -34,24 +40,7 @@ from services.allocator.core.topology_constraints import TopologyConstraint
 from services.common.dra.model import DeviceClass, ResourceClaim
 from services.common.errors import InvalidArgument
 
-__all__ = ["GangAllocated", "GangResult", "GangUnsatisfiable", "solve_gang"]
-
-
-@dataclass(frozen=True)
-class GangAllocated:
-    domain: str | None  # the label value the members share (None without a label)
-    members: tuple[Allocated, ...]  # one per node, best node first
-    stats: Stats
-
-
-@dataclass(frozen=True)
-class GangUnsatisfiable:
-    explanation: Explanation
-    stats: Stats
-    budget_exhausted: bool
-
-
-GangResult = GangAllocated | GangUnsatisfiable
+__all__ = ["solve_gang"]
 
 
 def solve_gang(
@@ -69,7 +58,7 @@ def solve_gang(
     topology_constraints: Sequence[TopologyConstraint] = (),
     fragmentation_mix: FragmentationMix = DEFAULT_MIX,
     nodes: Collection[str] | None = None,
-) -> GangResult:
+) -> SolveResult:
     """`claims_per_node` on `node_count` nodes of one domain, all or nothing; members only
     among `nodes` when given (a node selector's matches)."""
     if node_count < 1:
@@ -100,8 +89,9 @@ def solve_gang(
             snapshot, state, classes, claims_per_node, members[:node_count], share_id, common
         )
         if placed is not None:
-            return GangAllocated(label, placed, _sum(stats, *(m.stats for m in placed)))
-    return GangUnsatisfiable(
+            placements = tuple(m.placements[0] for m in placed)  # best node first
+            return Allocated(placements, _sum(stats, *(m.stats for m in placed)), domain=label)
+    return Unsatisfiable(
         _explain(domains, node_count, group_by_label, stats), stats, stats.budget_exhausted
     )
 

@@ -9,7 +9,7 @@ from services.allocator.core.explain import Explanation
 from services.allocator.core.scoring import Score
 from services.common.dra.model import AllocationResult
 
-__all__ = ["Allocated", "SearchBudget", "SolveResult", "Stats", "Unsatisfiable"]
+__all__ = ["Allocated", "NodePlacement", "SearchBudget", "SolveResult", "Stats", "Unsatisfiable"]
 
 
 @dataclass(frozen=True)
@@ -40,12 +40,36 @@ class Stats:
 
 
 @dataclass(frozen=True)
-class Allocated:
+class NodePlacement:
+    """One node's part of a placement: the claims' allocations there."""
+
     node: str | None  # None only when the snapshot has no nodes (network-attached devices)
     allocations: tuple[AllocationResult, ...]  # one per claim, in claim order
     score: Score
+
+
+@dataclass(frozen=True)
+class Allocated:
+    """A placement: one NodePlacement per node, best first — a single node's solve is a gang
+    of one; a gang's (gang.py) has one per member, all in `domain`."""
+
+    placements: tuple[NodePlacement, ...]
     stats: Stats
     explanation: Explanation | None = None
+    domain: str | None = None  # the label value a gang's members share (None without a label)
+
+    @property
+    def node(self) -> str | None:
+        """The first (for a single-node solve: the only) placement's node."""
+        return self.placements[0].node
+
+    @property
+    def allocations(self) -> tuple[AllocationResult, ...]:
+        return self.placements[0].allocations
+
+    @property
+    def score(self) -> Score:
+        return self.placements[0].score
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,10 @@
    `All` request or selectors that read device identities, every node in name order.
    Node-only errors (an `All` request over an incomplete pool, an invalid pool reached by the
    search) are raised for a pinned node; while choosing a node they skip the node, and are
-   raised only when no node fits.
+   raised only when no node fits. With `nodes` (the nodes a node selector matches, at most
+   max_nodes of them), only those are candidates: each in name order, its static checks from
+   its template as for a pinned node, the budget checked before each; FIRST_FIT stops at a fit
+   no later node can beat.
 3. Pick the node with the smallest key (scoring.node_key: subrequest ranks, preferences missed,
    the policy's term, the name).
 4. Build one AllocationResult per claim (results.py) and, on request, the explanation.
@@ -18,7 +21,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
@@ -45,6 +48,7 @@ from services.allocator.core.groups import GroupKey
 from services.allocator.core.nodechoice import GroupedChoice, template_plan, usable
 from services.allocator.core.outcome import (
     Allocated,
+    NodePlacement,
     SearchBudget,
     SolveResult,
     Stats,
@@ -95,11 +99,16 @@ def solve(
     share_id: ShareIdFactory = default_share_id,
     topology_constraints: Sequence[TopologyConstraint] = (),
     fragmentation_mix: FragmentationMix = DEFAULT_MIX,
+    nodes: Collection[str] | None = None,
 ) -> SolveResult:
     """Allocate all `claims` together on one node, all or nothing (claims' own `allocation`
     fields are ignored: pass what is held in `state`). `topology_constraints` relate the
     devices of requests (topology_constraints.py); node topologies come from the snapshot.
-    `fragmentation_mix`: the requests FRAGMENTATION_AWARE keeps room for (fragmentation.py)."""
+    `fragmentation_mix`: the requests FRAGMENTATION_AWARE keeps room for (fragmentation.py).
+    `nodes`: the only candidates (names without devices or not in the snapshot are none);
+    not with a pinned `node`."""
+    if node is not None and nodes is not None:
+        raise ValueError("solve takes a pinned node or candidate nodes, not both")
     recorder = Recorder() if explain else None
     ctx = _context(
         snapshot, state, classes, claims, policy, selectors, recorder, topology_constraints, budget
@@ -111,6 +120,10 @@ def solve(
         run.pinned(view, snapshot)
         if recorder is not None and not run.found:
             _record_other_nodes(ctx, snapshot, view, recorder)
+    elif nodes is not None:
+        allowed = set(nodes)
+        views = [v for v in snapshot.views() if v.device_count > 0 and v.name in allowed]
+        run.restricted(views, snapshot)
     elif recorder is not None or not run.choose_by_groups(snapshot):
         views = list(snapshot.views()) if snapshot.node_names else [snapshot.nil_view]
         run.choose([v for v in views if v.device_count > 0] or views[:1])
@@ -225,6 +238,7 @@ class _Run:
         self.nodes_total = self.pruned = self.searched = 0
         self.feasible: int | None = None  # nodes known to fit, when groups stand for nodes
         self.exhausted = False
+        self.eligible_only = False  # the candidates were restricted to named nodes
 
     def pinned(self, view: NodeView, snapshot: ClusterSnapshot) -> None:
         self.nodes_total = 1
@@ -260,6 +274,26 @@ class _Run:
                 return
         if not self.found and self.errors:
             raise self.errors[0]
+
+    def restricted(self, views: Sequence[NodeView], snapshot: ClusterSnapshot) -> None:
+        """Only `views` (the named nodes), each as if pinned; the budget is checked before
+        each node, so a last node's search that used it up leaves the answer complete."""
+        self.eligible_only = True
+        self.nodes_total = len(views)
+        for view in views:
+            if self.steps.steps >= self.steps.max_steps:
+                self.exhausted = True
+                break
+            try:
+                found = self._node(view, prepared=self._prepared(view, snapshot))
+            except NodeError as err:
+                self.errors.append(err.error)
+                self.misses.append(_error_miss(view, err.error))
+                continue
+            if found is not None and self.ctx.rules.final(found.key):
+                break  # nodes come by name: no later one can beat it
+        if not self.found and self.errors:
+            raise self.errors[0]  # node-only errors count only when no node fits
 
     def all_feasible(self, snapshot: ClusterSnapshot) -> dict[str, NodeKey]:
         """Every feasible node's key: by groups when they may stand for their nodes."""
@@ -403,7 +437,8 @@ class _Run:
         best = ranked[0]
         allocations = self._allocations(best, share_id)
         explanation = self._choice_explanation(ranked) if self.ctx.recorder is not None else None
-        return Allocated(best.view.name, allocations, best.score, stats, explanation)
+        placement = NodePlacement(best.view.name, allocations, best.score)
+        return Allocated((placement,), stats, explanation)
 
     def _allocations(self, found: _Found, share_id: ShareIdFactory) -> tuple[AllocationResult, ...]:
         search = found.search
@@ -420,8 +455,11 @@ class _Run:
 
     def _unsatisfiable_explanation(self) -> Explanation:
         misses = tuple(sorted(self.misses, key=NodeMiss.rank))
+        eligible = "eligible " if self.eligible_only else ""
         if misses:
-            summary = f"no node fits the claims; closest: {misses[0].message()}"
+            summary = f"no {eligible}node fits the claims; closest: {misses[0].message()}"
+        elif self.eligible_only:
+            summary = "no node with devices matches the node selector"
         else:
             summary = "no node has any device"
         if self.exhausted:

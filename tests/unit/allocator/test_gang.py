@@ -6,8 +6,15 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from services.allocator.core import AllocatedState, ClusterSnapshot, Policy, SelectorCache
-from services.allocator.core.gang import GangAllocated, GangUnsatisfiable, solve_gang
+from services.allocator.core import (
+    Allocated,
+    AllocatedState,
+    ClusterSnapshot,
+    Policy,
+    SelectorCache,
+    Unsatisfiable,
+)
+from services.allocator.core.gang import solve_gang
 from services.common.dra.model import AllocationResult, Node, ResourceSlice
 from services.common.errors import InvalidArgument
 from tests.builders import DRIVER, allocation, claim, classes, cls, device, result, slice_
@@ -88,14 +95,14 @@ def test_gangs(case: Case) -> None:
         selectors=SelectorCache(),
     )
     if case.want is None:
-        assert isinstance(outcome, GangUnsatisfiable)
+        assert isinstance(outcome, Unsatisfiable)
         assert case.reason in outcome.explanation.summary
         return
-    assert isinstance(outcome, GangAllocated), outcome
+    assert isinstance(outcome, Allocated), outcome
     domain, members = case.want
     assert outcome.domain == domain
-    assert sorted(m.node for m in outcome.members if m.node) == members
-    for member in outcome.members:  # every member's devices are its own node's
+    assert sorted(m.node for m in outcome.placements if m.node) == members
+    for member in outcome.placements:  # every member's devices are its own node's
         assert {r.pool for a in member.allocations for r in a.results} == {member.node}
         assert len(member.allocations[0].results) == case.gpus
 

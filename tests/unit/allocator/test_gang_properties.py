@@ -17,8 +17,15 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.allocator.core import AllocatedState, ClusterSnapshot, Policy, SelectorCache
-from services.allocator.core.gang import GangAllocated, GangUnsatisfiable, solve_gang
+from services.allocator.core import (
+    Allocated,
+    AllocatedState,
+    ClusterSnapshot,
+    Policy,
+    SelectorCache,
+    Unsatisfiable,
+)
+from services.allocator.core.gang import solve_gang
 from services.common.dra.model import AllocationResult, Node, ResourceClaim, ResourceSlice
 from tests.builders import DRIVER, allocation, claim, classes, cls, device, result, slice_
 
@@ -94,17 +101,17 @@ def test_gangs_are_distinct_same_domain_and_complete(
         policy=policy,
         selectors=SelectorCache(),
     )
-    assert isinstance(outcome, GangAllocated | GangUnsatisfiable)
-    assert isinstance(outcome, GangAllocated) == _fits(world, sum(sizes), count, label)
-    if not isinstance(outcome, GangAllocated):
+    assert isinstance(outcome, Allocated | Unsatisfiable)
+    assert isinstance(outcome, Allocated) == _fits(world, sum(sizes), count, label)
+    if not isinstance(outcome, Allocated):
         return
-    nodes = [m.node for m in outcome.members]
+    nodes = [m.node for m in outcome.placements]
     assert len(nodes) == count and len(set(nodes)) == count
     if label:
         assert outcome.domain is not None
         assert all(world.racks[n or ""] == outcome.domain for n in nodes)
     used: set[tuple[str, str]] = set()
-    for member in outcome.members:
+    for member in outcome.placements:
         assert member.node is not None
         assert len(member.allocations) == len(claims)
         for size, allocated in zip(sizes, member.allocations, strict=True):

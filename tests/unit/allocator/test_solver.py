@@ -9,10 +9,11 @@ Cases pin `node-1` and use FIRST_FIT unless they test node choice, like upstream
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import cast
 
 import pytest
+from _pytest.mark import ParameterSet
 
 from services.allocator.core import (
     Allocated,
@@ -85,6 +86,8 @@ class Case:
     want_selector: NodeSelector | str | None = LOCAL
     check: Callable[[Allocated], None] | None = None
     budget: SearchBudget = field(default_factory=SearchBudget)
+    candidates: Sequence[str] | None = None  # the only nodes to choose from (with node=None)
+    steps: int | None = None  # search steps (stats.steps) of the explained solve; not for errors
 
 
 def run(case: Case, *, explain: bool = True) -> SolveResult:
@@ -101,6 +104,7 @@ def run(case: Case, *, explain: bool = True) -> SolveResult:
         selectors=SelectorCache(),
         budget=case.budget,
         explain=explain,
+        nodes=case.candidates,
     )
 
 
@@ -128,6 +132,21 @@ def mig(name: str, gpu_set: str, memory: str) -> DeviceBuilder:
 
 def one_gpu_slice(name: str = "slice-1", node_name: str = NODE) -> SliceBuilder:
     return slice_(name, device("gpu-0")).node(node_name)
+
+
+def gpus_on(node_name: str, count: int) -> SliceBuilder:
+    return slice_(f"slice-{node_name}", *(device(f"gpu-{i}") for i in range(count))).node(node_name)
+
+
+# node-1 has 4 GPUs, node-2 has 2, node-3 has 1: BINPACK prefers node-3, then node-2.
+THREE_NODES = [gpus_on(NODE, 4), gpus_on("node-2", 2), gpus_on("node-3", 1)]
+
+
+def check_stats(**want: int) -> Callable[[Allocated], None]:
+    def check(allocated: Allocated) -> None:
+        assert {name: getattr(allocated.stats, name) for name in want} == want
+
+    return check
 
 
 def check_configs(*want: tuple[str, tuple[str, ...], str]) -> Callable[[Allocated], None]:
@@ -182,7 +201,7 @@ ATTRS = slice_(
 CASES = [
     # --- basics -------------------------------------------------------------------------------
     pytest.param(
-        Case([one_gpu_slice()], [claim("c0").request("req-0")], [{"req-0=node-1/gpu-0"}]),
+        Case([one_gpu_slice()], [claim("c0").request("req-0")], [{"req-0=node-1/gpu-0"}], steps=2),
         id="simple",
     ),
     pytest.param(
@@ -191,6 +210,7 @@ CASES = [
             [claim("c0").request("req-0")],
             [{"req-0=node-2/gpu-0"}],
             node="node-2",
+            steps=2,
         ),
         id="other-node",
     ),
@@ -203,6 +223,7 @@ CASES = [
                 .request("large", "gpu", 1, mem("2Gi"))
             ],
             [{"small=node-1/gpu-0", "large=node-1/gpu-1"}],
+            steps=4,
         ),
         id="small-and-large",
     ),
@@ -215,6 +236,7 @@ CASES = [
                 .request("large", "gpu", 1, mem("2Gi"))
             ],
             [{"small=node-1/gpu-0", "large=node-1/gpu-1"}],
+            steps=8,
         ),
         id="small-and-large-backtrack-requests",
     ),
@@ -226,6 +248,7 @@ CASES = [
                 claim("c1").request("large", "gpu", 1, mem("2Gi")),
             ],
             [{"small=node-1/gpu-0"}, {"large=node-1/gpu-1"}],
+            steps=8,
         ),
         id="small-and-large-backtrack-claims",
     ),
@@ -237,6 +260,7 @@ CASES = [
             ],
             [claim("c0").request("req-0", "gpu", 2)],
             [{"req-0=node-1/gpu-0", "req-0=node-1/gpu-1"}],
+            steps=3,
         ),
         id="devices-split-across-different-slices",
     ),
@@ -248,6 +272,7 @@ CASES = [
             ],
             [claim("c0").request("req-0")],
             [{"req-0=node-1/gpu-new"}],
+            steps=2,
         ),
         id="obsolete-slice",
     ),
@@ -263,7 +288,9 @@ CASES = [
         id="duplicate-slice",
     ),
     pytest.param(
-        Case([], [claim("c0").request("req-0")], reason="0 of 1 devices for request req-0"),
+        Case(
+            [], [claim("c0").request("req-0")], reason="0 of 1 devices for request req-0", steps=0
+        ),
         id="no-slices",
     ),
     pytest.param(
@@ -272,6 +299,7 @@ CASES = [
             [claim("c0").request("req-0", "gpu", 2)],
             reason="node-1: 1 of 2 devices for request req-0 of claim default/c0; "
             "the others are not on this node (1)",
+            steps=0,
         ),
         id="not-enough-suitable-devices",
     ),
@@ -300,7 +328,7 @@ CASES = [
         ),
         id="empty-class",
     ),
-    pytest.param(Case([one_gpu_slice()], [], []), id="no-claims-to-allocate"),
+    pytest.param(Case([one_gpu_slice()], [], [], steps=0), id="no-claims-to-allocate"),
     pytest.param(
         Case(
             [one_gpu_slice()],
@@ -384,6 +412,7 @@ CASES = [
             [],
             [claim("c0").request("req-0", "gpu", 1, "noSuchVar.foo == 1")],
             reason="0 of 1 devices",
+            steps=0,
         ),
         id="invalid-cel-no-devices-no-error",
     ),
@@ -440,6 +469,7 @@ CASES = [
             [slice_("slice-1", *(device(f"gpu-{i}") for i in range(32)))],
             [claim("c0").request("req-0", "gpu", 32)],
             [{f"req-0=node-1/gpu-{i}" for i in range(32)}],
+            steps=33,
         ),
         id="max-number-devices",
     ),
@@ -461,6 +491,7 @@ CASES = [
             [one_gpu_slice()],
             [claim("c0").request("req-0", "gpu", all_devices=True)],
             [{"req-0=node-1/gpu-0"}],
+            steps=2,
         ),
         id="all-devices-single",
     ),
@@ -469,6 +500,7 @@ CASES = [
             [one_gpu_slice(), slice_("slice-2", device("gpu-0")).pool("pool-2")],
             [claim("c0").request("req-0", "gpu", all_devices=True)],
             [{"req-0=node-1/gpu-0", "req-0=pool-2/gpu-0"}],
+            steps=3,
         ),
         id="all-devices-many",
     ),
@@ -505,6 +537,7 @@ CASES = [
             [slice_("slice-1", device("gpu-0")).pool(NODE, count=2)],
             [claim("c0").request("req-0")],
             [{"req-0=node-1/gpu-0"}],
+            steps=2,
         ),
         id="exact-count-uses-incomplete-pool",
     ),
@@ -516,6 +549,7 @@ CASES = [
                 claim("c1").request("req-0", "nic"),
             ],
             [{"req-0=node-1/gpu-0"}, {"req-0=nic.example.com:node-1/nic-0"}],
+            steps=4,
         ),
         id="all-devices-plus-another",
     ),
@@ -530,6 +564,7 @@ CASES = [
                 claim("c0").request("req-0", "gpu", all_devices=True),
             ],
             [{"req-0=nic.example.com:node-1/nic-0"}, {"req-0=node-1/gpu-0", "req-0=node-1/gpu-1"}],
+            steps=5,
         ),
         id="all-devices-many-plus-another-reversed",
     ),
@@ -537,6 +572,7 @@ CASES = [
         Case(
             [one_gpu_slice()],
             [claim("c1").request("req-0"), claim("c0").request("req-0", "gpu", all_devices=True)],
+            steps=7,
         ),
         id="all-devices-no-solution",
     ),
@@ -544,6 +580,7 @@ CASES = [
         Case(
             [one_gpu_slice()],
             [claim("c0").request("req-0", "gpu", all_devices=True), claim("c1").request("req-0")],
+            steps=7,
         ),
         id="all-devices-no-solution-reversed",
     ),
@@ -552,6 +589,7 @@ CASES = [
             [slice_("slice-1")],
             [claim("c0").request("req-0", "gpu", all_devices=True)],
             reason="not on this node",
+            steps=0,
         ),
         id="all-devices-slice-without-devices",
     ),
@@ -561,6 +599,7 @@ CASES = [
             [claim("c0").request("req-0", "gpu", all_devices=True)],
             allocated=[allocation(result("x", "gpu-0"))],
             reason="in use by default/holder",
+            steps=3,
         ),
         id="all-devices-some-allocated",
     ),
@@ -569,6 +608,7 @@ CASES = [
             [slice_("slice-1", device("gpu-0"), device("gpu-1").taint("bad"))],
             [claim("c0").request("req-0", "gpu", all_devices=True)],
             reason="tainted",
+            steps=5,
         ),
         id="tainted-all-devices-single",
     ),
@@ -579,6 +619,7 @@ CASES = [
             [claim("c0").request("req-0", "gpu", all_devices=True, admin=True)],
             [{"req-0=node-1/gpu-0+admin", "req-0=node-1/gpu-1+admin"}],
             allocated=[allocation(result("x", "gpu-0"))],
+            steps=3,
         ),
         id="all-devices-some-allocated-admin-access",
     ),
@@ -590,6 +631,7 @@ CASES = [
                 .request("req-0", admin=True)
                 .request("req-1", "gpu", all_devices=True, admin=True)
             ],
+            steps=13,
         ),
         id="all-devices-some-allocating-admin-access",
     ),
@@ -599,6 +641,7 @@ CASES = [
             [claim("c0").request("req-0", "gpu", 2, admin=True)],
             [{"req-0=node-1/gpu-0+admin", "req-0=node-1/gpu-1+admin"}],
             allocated=[allocation(result("x", "gpu-0"))],
+            steps=3,
         ),
         id="count-devices-some-allocated-admin-access",
     ),
@@ -607,6 +650,7 @@ CASES = [
             [TWO_GPUS],
             [claim("c0").request("req-0", admin=True), claim("c1").request("req-0", admin=True)],
             [{"req-0=node-1/gpu-0+admin"}, {"req-0=node-1/gpu-0+admin"}],
+            steps=4,
         ),
         id="separate-claims-share-device-admin-access",
     ),
@@ -615,6 +659,7 @@ CASES = [
             [TWO_GPUS],
             [claim("c0").request("req-0"), claim("c1").request("req-0", admin=True)],
             [{"req-0=node-1/gpu-0"}, {"req-0=node-1/gpu-0+admin"}],
+            steps=4,
         ),
         id="admin-access-claims-device-allocating-for-non-admin-access",
     ),
@@ -623,6 +668,7 @@ CASES = [
             [TWO_GPUS],
             [claim("c1").request("req-0", admin=True), claim("c0").request("req-0")],
             [{"req-0=node-1/gpu-0+admin"}, {"req-0=node-1/gpu-1"}],
+            steps=4,
         ),
         id="non-admin-pick-skips-device-picked-by-admin",
     ),
@@ -632,6 +678,7 @@ CASES = [
             [claim("c0").request("req-0", admin=True)],
             [{"req-0=node-1/gpu-0+admin"}],
             allocated=[allocation(result("x", "gpu-0"))],
+            steps=2,
         ),
         id="admin-access-enabled",
     ),
@@ -641,6 +688,7 @@ CASES = [
             [claim("c0").request("req-0")],
             allocated=[allocation(result("x", "gpu-0", admin=True))],
             want=[{"req-0=node-1/gpu-0"}],
+            steps=2,
         ),
         id="admin-allocations-do-not-hold-devices",
     ),
@@ -650,6 +698,7 @@ CASES = [
             [claim("c0").request("req-0")],
             allocated=[allocation(result("x", "gpu-0"))],
             reason="the others are in use (1)",
+            steps=0,
         ),
         id="already-allocated-devices",
     ),
@@ -664,6 +713,7 @@ CASES = [
             [claim("c0").request("req-0")],
             [{"req-0=pool-1/gpu-0"}],
             want_selector=node_selector(req("region", "In", "region-1")),
+            steps=2,
         ),
         id="network-attached-device",
     ),
@@ -677,6 +727,7 @@ CASES = [
             [claim("c0").request("req-0")],
             nodes=[node("node-2", region="region-2")],
             node="node-2",
+            steps=0,
         ),
         id="unsuccessful-allocation-network-attached-device",
     ),
@@ -707,6 +758,7 @@ CASES = [
                 req("planet", "In", "earth"),
                 fields=[req("metadata.name", "In", NODE)],
             ),
+            steps=5,
         ),
         id="many-network-attached-devices",
     ),
@@ -720,6 +772,7 @@ CASES = [
             ],
             [claim("c0").request("req-0", "gpu", 2)],
             [{"req-0=pool-1/gpu-0", "req-0=pool-2/gpu-0"}],
+            steps=3,
         ),
         id="local-and-network-attached-devices",
     ),
@@ -729,6 +782,7 @@ CASES = [
             [claim("c0").request("req-0")],
             [{"req-0=fabric/gpu-0"}],
             want_selector=None,
+            steps=2,
         ),
         id="all-nodes-device-has-no-node-selector",
     ),
@@ -754,6 +808,7 @@ CASES = [
                 req("zone", "NotIn", "z1"),
                 req("gpu", "Exists"),
             ),
+            steps=3,
         ),
         id="node-selector-operators",
     ),
@@ -771,6 +826,7 @@ CASES = [
             ],
             [claim("c0").request("req-0", "gpu", all_devices=True)],
             [{"req-0=shared/gpu-0", "req-0=shared/gpu-2"}],
+            steps=3,
         ),
         id="per-device-node-selection",
     ),
@@ -779,6 +835,7 @@ CASES = [
             [slice_("slice-1", device("gpu-0")).unreachable()],
             [claim("c0").request("req-0")],
             reason="0 of 1",
+            steps=0,
         ),
         id="slice-without-node-access-is-ignored",
     ),
@@ -790,6 +847,7 @@ CASES = [
             ],
             [claim("c0").request("req-0"), claim("c0").request("req-0", "nic")],
             [{"req-0=node-1/gpu-0"}, {"req-0=nic.example.com:node-1/nic-0"}],
+            steps=4,
         ),
         id="several-different-drivers",
     ),
@@ -808,6 +866,7 @@ CASES = [
             [ATTRS],
             [claim("c0").request("req-0", "gpu", 2).match(f"{DRIVER}/numa")],
             [{"req-0=node-1/gpu-1", "req-0=node-1/gpu-2"}],
+            steps=5,
         ),
         id="with-constraint",
     ),
@@ -816,6 +875,7 @@ CASES = [
             [ATTRS],
             [claim("c0").request("req-0", "gpu", 2).match(f"{DRIVER}/missing")],
             reason="constraint",
+            steps=0,
         ),
         id="with-constraint-non-existent-attribute",
     ),
@@ -824,6 +884,7 @@ CASES = [
             [ATTRS],
             [claim("c0").request("req-0", "gpu", 3).match(f"{DRIVER}/numa")],
             reason="ruled out by constraints",
+            steps=0,
         ),
         id="with-constraint-not-matching-int-attribute",
     ),
@@ -832,11 +893,12 @@ CASES = [
             [ATTRS],
             [claim("c0").request("req-0", "gpu", 2).match(f"{DRIVER}/model")],
             [{"req-0=node-1/gpu-0", "req-0=node-1/gpu-1"}],
+            steps=3,
         ),
         id="with-constraint-string-attribute",
     ),
     pytest.param(
-        Case([ATTRS], [claim("c0").request("req-0", "gpu", 3).match(f"{DRIVER}/model")]),
+        Case([ATTRS], [claim("c0").request("req-0", "gpu", 3).match(f"{DRIVER}/model")], steps=0),
         id="with-constraint-not-matching-string-attribute",
     ),
     pytest.param(
@@ -844,6 +906,7 @@ CASES = [
             [ATTRS],
             [claim("c0").request("req-0", "gpu", 2).match(f"{DRIVER}/nvlink")],
             [{"req-0=node-1/gpu-0", "req-0=node-1/gpu-2"}],
+            steps=3,
         ),
         id="with-constraint-bool-attribute",
     ),
@@ -852,17 +915,19 @@ CASES = [
             [ATTRS],
             [claim("c0").request("req-0", "gpu", 2).match(f"{DRIVER}/fw")],
             [{"req-0=node-1/gpu-0", "req-0=node-1/gpu-2"}],
+            steps=3,
         ),
         id="with-constraint-version-attribute",
     ),
     pytest.param(
-        Case([ATTRS], [claim("c0").request("req-0", "gpu", 3).match(f"{DRIVER}/fw")]),
+        Case([ATTRS], [claim("c0").request("req-0", "gpu", 3).match(f"{DRIVER}/fw")], steps=0),
         id="with-constraint-not-matching-version-attribute",
     ),
     pytest.param(
         Case(
             [slice_("slice-1", device("gpu-0").attr("numa", 0), device("gpu-1").attr("numa", "0"))],
             [claim("c0").request("req-0", "gpu", 2).match(f"{DRIVER}/numa")],
+            steps=0,
         ),
         id="with-constraint-different-types-never-match",
     ),
@@ -877,6 +942,7 @@ CASES = [
             ],
             [claim("c0").request("req-0", "gpu", 2).match("other.example.com/rack")],
             reason="1 devices: attribute missing (e.g. gpu.example.com/node-1/gpu-1)",
+            steps=0,
         ),
         id="with-constraint-bare-name-only-in-driver-domain",
     ),
@@ -891,6 +957,7 @@ CASES = [
             ],
             [claim("c0").request("req-0", "gpu", 2).match(f"{DRIVER}/rack")],
             [{"req-0=node-1/gpu-0", "req-0=node-1/gpu-1"}],
+            steps=3,
         ),
         id="with-constraint-qualified-and-bare-names-in-driver-domain",
     ),
@@ -918,6 +985,7 @@ CASES = [
             ],
             [claim("c0").request("req-0").request("req-1").match(f"{DRIVER}/fw", "req-0")],
             [{"req-0=node-1/gpu-0", "req-1=node-1/gpu-1"}],
+            steps=4,
         ),
         id="with-constraint-for-request",
     ),
@@ -939,6 +1007,7 @@ CASES = [
                 .match(f"{DRIVER}/s")
             ],
             [{"req-0=node-1/gpu-2", "req-1=node-1/gpu-3"}],
+            steps=8,
         ),
         id="with-constraint-for-request-retry",
     ),
@@ -947,6 +1016,7 @@ CASES = [
             [ATTRS],
             [claim("c0").request("req-0", "gpu", 2).distinct(f"{DRIVER}/numa")],
             [{"req-0=node-1/gpu-0", "req-0=node-1/gpu-1"}],
+            steps=3,
         ),
         id="distinct-attribute",
     ),
@@ -960,6 +1030,7 @@ CASES = [
                 .match(f"{DRIVER}/nvlink")
             ],
             [{"req-0=node-1/gpu-0", "req-0=node-1/gpu-2"}],
+            steps=3,
         ),
         id="distinct-and-match-together",
     ),
@@ -968,6 +1039,7 @@ CASES = [
             [ATTRS],
             [claim("c0").request("req-0", "gpu", 3).distinct(f"{DRIVER}/model")],
             reason="only 2 distinct values, 3 needed",
+            steps=0,
         ),
         id="distinct-attribute-equal-values-on-different-devices",
     ),
@@ -979,6 +1051,7 @@ CASES = [
             [{"req-0=node-1/gpu-0"}],
             classes=(cls("gpu", f'device.driver == "{DRIVER}"').config(name="class-a"),),
             check=check_configs(("FromClass", ("req-0",), "class-a")),
+            steps=2,
         ),
         id="with-class-device-config",
     ),
@@ -996,6 +1069,7 @@ CASES = [
                 ("FromClass", ("req-0", "req-1"), "a-2"),
                 ("FromClass", ("req-2",), "b"),
             ),
+            steps=6,
         ),
         id="with-class-device-config-with-multiple-request-and-configs",
     ),
@@ -1020,6 +1094,7 @@ CASES = [
                 ("FromClaim", ("req-0", "req-1"), "both"),
                 ("FromClaim", ("req-1/small",), "selected"),
             ),
+            steps=8,
         ),
         id="claim-with-device-config",
     ),
@@ -1033,6 +1108,7 @@ CASES = [
                 NIC_CLASS,
             ),
             check=check_configs(("FromClass", ("req-0/b",), "gpu-config")),
+            steps=4,
         ),
         id="prioritized-list-class-config",
     ),
@@ -1042,6 +1118,7 @@ CASES = [
             [one_gpu_slice()],
             [claim("c0").first_available("req-0", sub("sub-0", "nic"), sub("sub-1"))],
             [{"req-0/sub-1=node-1/gpu-0"}],
+            steps=4,
         ),
         id="prioritized-list-first-unavailable",
     ),
@@ -1049,6 +1126,7 @@ CASES = [
         Case(
             [one_gpu_slice()],
             [claim("c0").first_available("req-0", sub("sub-0", "nic"), sub("sub-1", "gpu", 2))],
+            steps=0,
         ),
         id="prioritized-list-non-available",
     ),
@@ -1063,6 +1141,7 @@ CASES = [
                 )
             ],
             [{"req-0=node-1/gpu-3", "req-1/sub-1=node-1/gpu-1", "req-1/sub-1=node-1/gpu-2"}],
+            steps=15,
         ),
         id="prioritized-list-subrequests-with-expressions",
     ),
@@ -1087,6 +1166,7 @@ CASES = [
                 .match(f"{DRIVER}/fw", "req-0", "req-1")
             ],
             [{"req-0=pool-1/gpu-1", "req-1/sub-1=pool-2/gpu-3"}],
+            steps=6,
         ),
         id="prioritized-list-subrequests-with-constraints-ref-parent-request",
     ),
@@ -1109,6 +1189,7 @@ CASES = [
                 .match(f"{DRIVER}/fw", "req-0", "req-1/sub-0")
             ],
             [{"req-0=pool-1/gpu-1", "req-1/sub-1=pool-2/gpu-2"}],
+            steps=6,
         ),
         id="prioritized-list-subrequests-with-constraints-ref-sub-request",
     ),
@@ -1118,6 +1199,7 @@ CASES = [
             [claim("c0").first_available("req-0", sub("sub-0", all_devices=True), sub("sub-1"))],
             [{"req-0/sub-1=node-1/gpu-1"}],
             allocated=[allocation(result("x", "gpu-0"))],
+            steps=4,
         ),
         id="prioritized-list-subrequests-with-allocation-mode-all",
     ),
@@ -1130,6 +1212,7 @@ CASES = [
                 .first_available("req-1", sub("sub-0", all_devices=True), sub("sub-1"))
             ],
             [{"req-0=node-1/gpu-0", "req-1/sub-1=node-1/gpu-1"}],
+            steps=6,
         ),
         id="prioritized-list-allocation-mode-all-multiple-requests",
     ),
@@ -1142,6 +1225,7 @@ CASES = [
                 )
             ],
             [{"req-0/sub-0=node-1/gpu-0"}],
+            steps=2,
         ),
         id="prioritized-list-all-devices-first",
     ),
@@ -1159,6 +1243,7 @@ CASES = [
                 )
             ],
             [{"req-1=pool-1/gpu-1", "req-0/sub-1=pool-2/gpu-2"}],
+            steps=6,
         ),
         id="prioritized-list-multi-request",
     ),
@@ -1176,6 +1261,7 @@ CASES = [
                 .request("req-1", "gpu", 1, mem("8Gi"))
             ],
             [{"req-0/sub-1=pool-2/gpu-2", "req-1=pool-1/gpu-1"}],
+            steps=14,
         ),
         id="prioritized-list-with-backtracking",
     ),
@@ -1190,6 +1276,7 @@ CASES = [
                 )
             ],
             [{"req-0=node-1/gpu-0", "req-1/small=node-1/gpu-1"}],
+            steps=6,
         ),
         id="prioritized-list-earlier-choices-are-not-revisited",
     ),
@@ -1198,6 +1285,7 @@ CASES = [
             [one_gpu_slice()],
             [claim("c0").first_available("req-0", sub("sub-0", "nic", 500), sub("sub-1"))],
             [{"req-0/sub-1=node-1/gpu-0"}],
+            steps=2,
         ),
         id="prioritized-list-too-many-in-first-subrequest",
     ),
@@ -1216,6 +1304,7 @@ CASES = [
                     "req-1/sub-1=node-1/gpu-31",
                 }
             ],
+            steps=34,
         ),
         id="prioritized-list-max-allocation-limit-request",
     ),
@@ -1245,6 +1334,7 @@ CASES = [
             ],
             [claim("c0").request("req-0")],
             [{"req-0=node-1/mig-0"}],
+            steps=2,
         ),
         id="partitionable-devices-single-device",
     ),
@@ -1260,6 +1350,7 @@ CASES = [
             ],
             [claim("c0").request("req-0").request("req-1")],
             [{"req-0=node-1/mig-1", "req-1=node-1/mig-3"}],
+            steps=4,
         ),
         id="partitionable-devices-multiple-devices",
     ),
@@ -1281,6 +1372,7 @@ CASES = [
                 )
             ],
             [{"req-0=node-1/mig-1", "req-1/sub-1=node-1/mig-3"}],
+            steps=6,
         ),
         id="partitionable-devices-prioritized-list",
     ),
@@ -1296,6 +1388,7 @@ CASES = [
             ],
             [claim("c0").request("req-0", "gpu", 2)],
             [{"req-0=node-1/mig-1", "req-0=node-1/mig-3"}],
+            steps=3,
         ),
         id="partitionable-devices-multiple-counters",
     ),
@@ -1309,6 +1402,7 @@ CASES = [
             [claim("c0").request("req-0")],
             allocated=[allocation(result("x", "mig-2"))],
             reason="short of counters",
+            steps=3,
         ),
         id="partitionable-devices-no-capacity-available",
     ),
@@ -1326,6 +1420,7 @@ CASES = [
             [claim("c0").request("req-0")],
             allocated=[allocation(result("x", "mig-2"))],
             reason="short of counters",
+            steps=3,
         ),
         id="partitionable-devices-overallocated-capacity-pool",
     ),
@@ -1338,6 +1433,7 @@ CASES = [
             ],
             [claim("c0").request("req-0")],
             [{"req-0=node-1/mig-1"}],
+            steps=2,
         ),
         id="partitionable-devices-unused-counters-in-counter-set",
     ),
@@ -1353,6 +1449,7 @@ CASES = [
             ],
             [claim("c0").request("req-0", "gpu", 3)],
             [{"req-0=p1/mig-1", "req-0=p1/mig-2", "req-0=p2/mig-1"}],
+            steps=4,
         ),
         id="partitionable-devices-counter-sets-are-per-pool",
     ),
@@ -1374,6 +1471,7 @@ CASES = [
                 )
             ],
             [{"req-0/sub-1=pool-1/mig-0"}],
+            steps=4,
         ),
         id="partitionable-devices-per-device-node-selection-nodename",
     ),
@@ -1389,6 +1487,7 @@ CASES = [
             ],
             [claim("c0").request("req-0")],
             reason="tainted (2)",
+            steps=0,
         ),
         id="tainted-two-devices",
     ),
@@ -1396,6 +1495,7 @@ CASES = [
         Case(
             [slice_("slice-1", device("gpu-0").taint("a", "1").taint("b", "2"))],
             [claim("c0").request("req-0", tolerations=[toleration("a", "1")])],
+            steps=0,
         ),
         id="tainted-one-device-two-taints",
     ),
@@ -1412,6 +1512,7 @@ CASES = [
                 )
             ],
             [{"req-0=node-1/gpu-0"}],
+            steps=2,
         ),
         id="tainted-one-device-two-taints-both-tolerated",
     ),
@@ -1419,6 +1520,7 @@ CASES = [
         Case(
             [slice_("slice-1", device("gpu-0").taint("a", "1"))],
             [claim("c0").request("req-0", tolerations=[toleration("a", "2")])],
+            steps=0,
         ),
         id="toleration-value-mismatch",
     ),
@@ -1426,6 +1528,7 @@ CASES = [
         Case(
             [slice_("slice-1", device("gpu-0").taint("a", "1", "NoExecute"))],
             [claim("c0").request("req-0", tolerations=[toleration("a", "1", effect="NoSchedule")])],
+            steps=0,
         ),
         id="toleration-effect-mismatch",
     ),
@@ -1434,6 +1537,7 @@ CASES = [
             [slice_("slice-1", device("gpu-0").taint("a", "1").taint("b", "", "NoExecute"))],
             [claim("c0").request("req-0", tolerations=[toleration(exists=True)])],
             [{"req-0=node-1/gpu-0"}],
+            steps=2,
         ),
         id="toleration-exists-without-key-tolerates-everything",
     ),
@@ -1442,6 +1546,7 @@ CASES = [
             [slice_("slice-1", device("gpu-0").taint("a", "1"), device("gpu-1"))],
             [claim("c0").first_available("req-0", sub("sub-0", "gpu", 2), sub("sub-1"))],
             [{"req-0/sub-1=node-1/gpu-1"}],
+            steps=6,
         ),
         id="tainted-prioritized-list",
     ),
@@ -1449,6 +1554,7 @@ CASES = [
         Case(
             [slice_("slice-1", device("gpu-0").taint("a", "1"))],
             [claim("c0").request("req-0", admin=True)],
+            steps=0,
         ),
         id="tainted-admin-access",
     ),
@@ -1461,6 +1567,7 @@ CASES = [
                 )
             ],
             [{"req-0=node-1/gpu-0"}],
+            steps=2,
         ),
         id="tainted-all-devices-tolerated",
     ),
@@ -1477,6 +1584,7 @@ CASES = [
             [claim("c0").request("req-0"), claim("c1").request("req-0")],
             [{"req-0=node-1/gpu-0"}, {"req-0=node-1/gpu-1"}],
             check=check_consumed({"memory": "1"}, {"memory": "1"}),
+            steps=4,
         ),
         id="consumable-capacity-multi-allocatable-device-without-policy-without-capacity-request",
     ),
@@ -1485,6 +1593,7 @@ CASES = [
             [slice_("slice-1", device("gpu-0").multi().capacity("memory", "2"))],
             [claim("c0").request("req-0"), claim("c1").request("req-0")],
             reason="short of capacity",
+            steps=7,
         ),
         id="consumable-capacity-multi-allocatable-device-without-policy-without-capacity-request-block",
     ),
@@ -1497,6 +1606,7 @@ CASES = [
             ],
             [{"req-0=node-1/gpu-0"}, {"req-0=node-1/gpu-0"}],
             check=check_consumed({"memory": "1"}, {"memory": "1"}),
+            steps=4,
         ),
         id="consumable-capacity-multi-allocatable-device-without-policy-with-capacity-request",
     ),
@@ -1513,6 +1623,7 @@ CASES = [
             [claim("c0").request("req-0"), claim("c1").request("req-0")],
             [{"req-0=node-1/gpu-0"}, {"req-0=node-1/gpu-0"}],
             check=check_consumed({"memory": "2"}, {"memory": "2"}),
+            steps=4,
         ),
         id="consumable-capacity-multi-allocatable-device-with-policy-without-capacity-request",
     ),
@@ -1529,6 +1640,7 @@ CASES = [
             [claim("c0").request("req-0"), claim("c1").request("req-0")],
             [{"req-0=node-1/gpu-0"}, {"req-0=node-1/gpu-0"}],
             check=check_consumed({"memory": "0"}, {"memory": "0"}),
+            steps=4,
         ),
         id="consumable-capacity-multi-allocatable-device-with-zero-request-policy",
     ),
@@ -1544,6 +1656,7 @@ CASES = [
             ],
             [claim("c0").request("req-0", capacity={"memory": "1"})],
             reason="short of capacity",
+            steps=0,
         ),
         id="consumable-capacity-multi-allocatable-device-violates-zero-request-policy",
     ),
@@ -1563,6 +1676,7 @@ CASES = [
             ],
             [{"req-0=node-1/gpu-0"}, {"req-0=node-1/gpu-0"}],
             check=check_consumed({"memory": "2"}, {"memory": "2"}),
+            steps=4,
         ),
         id="consumable-capacity-multi-allocatable-device-with-range-policy-with-capacity-request",
     ),
@@ -1579,6 +1693,7 @@ CASES = [
             [claim("c0").request("req-0", capacity={"memory": "3"})],
             [{"req-0=node-1/gpu-0"}],
             check=check_consumed({"memory": "4"}),
+            steps=2,
         ),
         id="consumable-capacity-multi-allocatable-device-with-range-policy-step",
     ),
@@ -1595,6 +1710,7 @@ CASES = [
             [claim("c0").request("req-0", capacity={"memory": "2"})],
             [{"req-0=node-1/gpu-0"}],
             check=check_consumed({"memory": "2"}),
+            steps=2,
         ),
         id="consumable-capacity-multi-allocatable-device-with-valid-values-policy",
     ),
@@ -1611,6 +1727,7 @@ CASES = [
             [claim("c0").request("req-0", capacity={"memory": "2"})],
             [{"req-0=node-1/gpu-0"}],
             check=check_consumed({"memory": "3"}),
+            steps=2,
         ),
         id="consumable-capacity-multi-allocatable-device-with-valid-values-policy-round-up",
     ),
@@ -1628,6 +1745,7 @@ CASES = [
                 claim("c0").request("req-0", capacity={"memory": "1"}),
                 claim("c1").request("req-0", capacity={"memory": "2"}),
             ],
+            steps=7,
         ),
         id="consumable-capacity-multi-allocatable-device-with-exceeded-consumable-capacity-request",
     ),
@@ -1643,6 +1761,7 @@ CASES = [
             ],
             [claim("c0").request("req-0", capacity={"memory": "6"})],
             reason="not allowed by its requestPolicy",
+            steps=0,
         ),
         id="consumable-capacity-multi-allocatable-device-with-request-over-max-sharing-policy",
     ),
@@ -1659,6 +1778,7 @@ CASES = [
             [claim("c0").request("req-0", capacity={"memory": "2"})],
             [{"req-0=node-1/gpu-0"}],
             allocated=[allocation(result("x", "gpu-0", share_id="s-1", consumed={"memory": "2"}))],
+            steps=2,
         ),
         id="consumable-capacity-multi-allocatable-device-with-some-remaining-consumable-capacity",
     ),
@@ -1675,6 +1795,7 @@ CASES = [
             [claim("c0").request("req-0", capacity={"memory": "2"})],
             allocated=[allocation(result("x", "gpu-0", share_id="s-1", consumed={"memory": "2"}))],
             reason="capacity memory: needs 2, free 0",
+            steps=0,
         ),
         id="consumable-capacity-multi-allocatable-device-with-no-available-consumable-capacity",
     ),
@@ -1701,6 +1822,7 @@ CASES = [
                 claim("c1").request("req-0", capacity={"memory": "2"}),
             ],
             [{"req-0=node-1/gpu-1", "req-1=node-1/gpu-1"}, {"req-0=node-1/gpu-2"}],
+            steps=10,
         ),
         id="consumable-capacity-with-multi-allocatable-device-backtrack",
     ),
@@ -1715,6 +1837,7 @@ CASES = [
             ],
             [claim("c0").request("req-0", "gpu", all_devices=True, capacity={"memory": "2"})],
             [{"req-0=node-1/gpu-0"}],
+            steps=2,
         ),
         id="consumable-capacity-multi-allocatable-device-allocation-mode-all-filter-out-no-capacity",
     ),
@@ -1733,6 +1856,7 @@ CASES = [
                 .request("req-1", "gpu", all_devices=True, capacity={"memory": "1"})
             ],
             [{"req-0=node-1/gpu-0", "req-1=node-1/gpu-0", "req-1=node-1/gpu-1"}],
+            steps=5,
         ),
         id="consumable-capacity-multi-allocatable-device-allocation-mode-all-allocating-sufficient",
     ),
@@ -1750,6 +1874,7 @@ CASES = [
                 .request("req-0", capacity={"memory": "1"})
                 .request("req-1", "gpu", all_devices=True, capacity={"memory": "1"})
             ],
+            steps=13,
         ),
         id="consumable-capacity-multi-allocatable-device-allocation-mode-all-allocating-insufficient",
     ),
@@ -1759,6 +1884,7 @@ CASES = [
             [claim("c0").request("req-0", capacity={"memory": "1"})],
             [{"req-0=node-1/gpu-0"}],
             check=dedicated,
+            steps=2,
         ),
         id="consumable-capacity-dedicated-device-with-consumable-capacity-request",
     ),
@@ -1767,6 +1893,7 @@ CASES = [
             [slice_("slice-1", device("gpu-0").capacity("memory", "40Gi"))],
             [claim("c0").request("req-0", capacity={"memory": "80Gi"})],
             reason="capacity memory: needs 80Gi, free 40Gi",
+            steps=0,
         ),
         id="capacity-request-larger-than-dedicated-device",
     ),
@@ -1775,6 +1902,7 @@ CASES = [
             [slice_("slice-1", device("gpu-0").capacity("memory", "40Gi"))],
             [claim("c0").request("req-0", capacity={"cores": "1"})],
             reason="has no capacity cores",
+            steps=0,
         ),
         id="capacity-request-for-unknown-capacity",
     ),
@@ -1784,6 +1912,7 @@ CASES = [
             [claim("c0").request("req-0", capacity={"memory": "1"})],
             allocated=[allocation(result("x", "gpu-0"))],
             reason="in use by default/holder",
+            steps=0,
         ),
         id="allow-multiple-allocations-not-allocate-multi-allocatable-device-which-already-dedicated",
     ),
@@ -1792,6 +1921,7 @@ CASES = [
             [slice_("slice-1", device("gpu-0").capacity("memory", "2"))],
             [claim("c0").request("req-0", capacity={"memory": "1"})],
             allocated=[allocation(result("x", "gpu-0", share_id="s-1", consumed={"memory": "1"}))],
+            steps=0,
         ),
         id="allow-multiple-allocations-not-allocate-dedicated-device-which-change-from-multi-allocatable",
     ),
@@ -1804,6 +1934,7 @@ CASES = [
             ],
             [claim("c0").request("req-0"), claim("c1").request("req-0")],
             [{"req-0=node-1/gpu-0"}, {"req-0=node-1/gpu-0"}],
+            steps=4,
         ),
         id="allow-multiple-allocations-with-partitionable-device",
     ),
@@ -1821,6 +1952,7 @@ CASES = [
                 .request("req-1", capacity={"memory": "1"})
                 .distinct(f"{DRIVER}/s")
             ],
+            steps=7,
         ),
         id="distinct-constraint-one-multi-allocatable-device-with-distinct-constraint",
     ),
@@ -1840,6 +1972,7 @@ CASES = [
                 .distinct(f"{DRIVER}/s")
             ],
             [{"req-0=node-1/gpu-1", "req-1=node-1/gpu-2"}],
+            steps=4,
         ),
         id="distinct-constraint-two-multi-allocatable-devices-with-distinct-constraint",
     ),
@@ -1848,8 +1981,168 @@ CASES = [
             [slice_("slice-1", device("gpu-0").multi().capacity("memory", "4"))],
             [claim("c0").request("req-0", "gpu", 2, capacity={"memory": "2"})],
             [{"req-0=node-1/gpu-0"}],
+            steps=3,
         ),
         id="shared-device-twice-in-one-request",
+    ),
+    # --- node choice and restricted nodes (node=None; `candidates`: the only nodes) ----------
+    pytest.param(
+        Case(
+            THREE_NODES,
+            [claim("c0").request("req-0")],
+            [{"req-0=node-3/gpu-0"}],
+            node=None,
+            policy=Policy.BINPACK,
+            check=check_stats(nodes_total=3, nodes_feasible=3),
+            steps=6,
+        ),
+        id="unpinned-binpack-takes-the-fullest-node",
+    ),
+    pytest.param(
+        Case(
+            THREE_NODES,
+            [claim("c0").request("req-0")],
+            [{"req-0=node-2/gpu-0"}],
+            node=None,
+            candidates=(NODE, "node-2"),
+            policy=Policy.BINPACK,
+            check=check_stats(nodes_total=2, nodes_searched=2, nodes_feasible=2),
+            steps=4,
+        ),
+        id="restricted-the-best-node-excluded",
+    ),
+    pytest.param(
+        Case(
+            THREE_NODES,
+            [claim("c0").request("req-0", "gpu", 3)],
+            node=None,
+            candidates=("node-2", "node-3"),
+            policy=Policy.BINPACK,
+            reason="no eligible node fits the claims; closest: node-2: 2 of 3 devices",
+            steps=0,
+        ),
+        id="restricted-to-nodes-none-of-which-fit",
+    ),
+    pytest.param(
+        Case(
+            THREE_NODES,
+            [claim("c0").request("req-0", "gpu", 3)],
+            node=None,
+            candidates=("node-2", "node-3"),
+            policy=Policy.BINPACK,
+            reason="node-3: 1 of 3 devices for request req-0 of claim default/c0",
+            steps=0,
+        ),
+        id="restricted-every-miss-is-shown",
+    ),
+    pytest.param(
+        Case(
+            THREE_NODES,
+            [claim("c0").request("req-0", "gpu", 2)],
+            [{"req-0=node-2/gpu-0", "req-0=node-2/gpu-1"}],
+            node=None,
+            candidates=("node-9", "node-2"),
+            policy=Policy.BINPACK,
+            check=check_stats(nodes_total=1),
+            steps=3,
+        ),
+        id="restricted-an-unknown-node-name-is-no-candidate",
+    ),
+    pytest.param(
+        Case(
+            THREE_NODES,
+            [claim("c0").request("req-0")],
+            [{"req-0=node-2/gpu-0"}],
+            node=None,
+            candidates=("node-3", "node-2"),
+            check=check_stats(nodes_total=2, nodes_searched=1, nodes_feasible=1),
+            steps=2,
+        ),
+        id="restricted-first-fit-stops-at-the-first-node-by-name",
+    ),
+    pytest.param(
+        Case(
+            THREE_NODES,
+            [claim("c0").request("req-0", "gpu", 2)],
+            [{"req-0=node-1/gpu-1", "req-0=node-1/gpu-2"}],
+            node=None,
+            candidates=(NODE, "node-2"),
+            allocated=[allocation(result("x", "gpu-0"))],
+            check=check_stats(nodes_total=2, nodes_searched=1, nodes_feasible=1),
+            steps=3,
+        ),
+        id="restricted-first-fit-skips-held-devices-on-the-first-node",
+    ),
+    pytest.param(
+        Case(
+            THREE_NODES,
+            [claim("c0").request("req-0")],
+            node=None,
+            candidates=(),
+            reason="no node with devices matches the node selector",
+            steps=0,
+        ),
+        id="restricted-to-no-nodes",
+    ),
+    pytest.param(
+        Case(
+            THREE_NODES,
+            [claim("c0").request("req-0")],
+            nodes=(node(NODE), node("node-4")),
+            node=None,
+            candidates=("node-4",),
+            reason="no node with devices matches the node selector",
+            steps=0,
+        ),
+        id="restricted-to-a-node-without-devices",
+    ),
+    pytest.param(
+        Case(
+            [slice_("slice-1", device("gpu-0")).pool(NODE, count=2), gpus_on("node-2", 1)],
+            [claim("c0").request("req-0", "gpu", all_devices=True)],
+            node=None,
+            candidates=(NODE,),
+            error=(FailedPrecondition, "gpu.example.com/node-1 is currently being updated", ""),
+        ),
+        id="restricted-a-node-only-error-raised-when-no-node-fits",
+    ),
+    pytest.param(
+        Case(
+            [slice_("slice-1", device("gpu-0")).pool(NODE, count=2), gpus_on("node-2", 1)],
+            [claim("c0").request("req-0", "gpu", all_devices=True)],
+            [{"req-0=node-2/gpu-0"}],
+            node=None,
+            candidates=(NODE, "node-2"),
+            steps=2,
+        ),
+        id="restricted-a-node-only-error-skips-the-node-when-another-fits",
+    ),
+    pytest.param(
+        Case(
+            [BUDGET_SLICE, gpus_on("node-2", 4)],
+            [BUDGET_CLAIM],
+            node=None,
+            candidates=(NODE, "node-2"),
+            budget=SearchBudget(max_steps=20),
+            reason="search budget exhausted: a fit may exist",
+            steps=21,
+        ),
+        id="restricted-the-budget-is-shared-by-the-nodes",
+    ),
+    pytest.param(
+        Case(
+            [gpus_on(NODE, 1), gpus_on("node-2", 1), gpus_on("node-3", 1)],
+            [claim("c0").request("req-0")],
+            node=None,
+            candidates=(NODE, "node-2"),
+            allocated=[
+                allocation(result("x", "gpu-0")),
+                allocation(result("x", "gpu-0", pool="node-2")),
+            ],
+            reason="claim default/c0, request req-0: 2 devices considered; 2 in use",
+            steps=0,
+        ),
+        id="restricted-rejections-are-counted-over-the-nodes",
     ),
     # --- budget -------------------------------------------------------------------------------
     pytest.param(
@@ -1858,13 +2151,39 @@ CASES = [
             [BUDGET_CLAIM],
             budget=SearchBudget(max_steps=20),
             reason="search budget exhausted",
+            steps=21,
         ),
         id="budget-exhausted",
     ),
 ]
 
 
-@pytest.mark.parametrize("case", CASES)
+def _one_path(cases: Sequence[ParameterSet]) -> list[ParameterSet]:
+    """Every pinned case again as a query restricted to its node and, where its node is the
+    only one with devices, as an unpinned query: one solve path answers all three alike, step
+    for step. (A restriction to a node without devices has no candidates at all, unlike a pin:
+    restricted-to-a-node-without-devices.)"""
+    variants = []
+    for param in cases:
+        [case] = param.values
+        assert isinstance(case, Case)
+        if case.node is None:
+            continue
+        snap = snapshot(*case.slices, nodes=case.nodes)
+        with_devices = [v.name for v in snap.views() if v.device_count > 0]
+        if case.node not in with_devices:
+            continue
+        restricted = replace(case, node=None, candidates=(case.node,))
+        variants.append(pytest.param(restricted, id=f"{param.id}-restricted-to-its-node"))
+        if with_devices == [case.node]:
+            variants.append(pytest.param(replace(case, node=None), id=f"{param.id}-unpinned"))
+    return variants
+
+
+ONE_PATH = _one_path(CASES)
+
+
+@pytest.mark.parametrize("case", [*CASES, *ONE_PATH])
 def test_solve(case: Case) -> None:
     if case.error is not None:
         kind, message, path = case.error
@@ -1876,6 +2195,8 @@ def test_solve(case: Case) -> None:
             assert raised.value.field_path == path
         return
     outcome = run(case)
+    assert case.steps is not None, f"steps={outcome.stats.steps}"
+    assert outcome.stats.steps == case.steps
     if case.want is None:
         assert isinstance(outcome, Unsatisfiable), outcome
         lines = "\n".join(outcome.explanation.lines())
@@ -1894,7 +2215,7 @@ def test_solve(case: Case) -> None:
         case.check(outcome)
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", [*CASES, *ONE_PATH])
 def test_explain_flag_does_not_change_the_outcome(case: Case) -> None:
     if case.error is not None:
         return
