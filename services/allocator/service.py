@@ -467,16 +467,12 @@ class AllocatorService:
             span.set_attribute("gpualloc.inventory.generation", view.generation)
             deadline = Deadline.within(remaining_seconds(), cancelled=call_ended())
             result: SolveResult | None
+            if query.gang is not None:
+                span.set_attribute("gpualloc.gang.nodes", query.gang.node_count)
             try:
-                if query.gang is None:
-                    result = self.solver.run(
-                        view.snapshot, state, classes, query, deadline, explain=explain
-                    )
-                else:
-                    span.set_attribute("gpualloc.gang.nodes", query.gang.node_count)
-                    result = self.solver.run_gang(
-                        view.snapshot, state, classes, query, deadline, explain=explain
-                    )
+                result = self.solver.place(
+                    view.snapshot, state, classes, query, deadline, explain=explain
+                )
             except DeadlineExceeded:
                 result = None
             elapsed = time.perf_counter() - started
