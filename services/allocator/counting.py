@@ -129,7 +129,7 @@ def _count_node(
     count = 0
     models: dict[str, int] = {}
     while count < max_units:
-        result = solver.run(snapshot, state, classes, pinned, deadline, share_id=unique_share_id)
+        result = solver.place(snapshot, state, classes, pinned, deadline, share_id=unique_share_id)
         tally.steps += result.stats.steps
         if not isinstance(result, Allocated):
             return count, result.budget_exhausted, models

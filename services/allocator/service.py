@@ -503,16 +503,14 @@ class AllocatorService:
             span.set_attribute("gpualloc.inventory.generation", view.generation)
             searching = deadline.answering()
             result: SolveResult | None
+            if query.gang is not None:
+                span.set_attribute("gpualloc.gang.nodes", query.gang.node_count)
             try:
-                if query.gang is None:
-                    result = self.solver.run(
-                        view.snapshot, state, classes, query, searching, explain=explain
-                    )
-                else:
+                if query.gang is not None:
                     span.set_attribute("gpualloc.gang.nodes", query.gang.node_count)
-                    result = self.solver.run_gang(
-                        view.snapshot, state, classes, query, searching, explain=explain
-                    )
+                result = self.solver.place(
+                    view.snapshot, state, classes, query, searching, explain=explain
+                )
             except DeadlineExceeded:
                 result = None
             elapsed = time.perf_counter() - started

@@ -427,7 +427,7 @@ def _solve_gang(
     """The gang's report: `gang.members` (one per node, claims in input order) or why not."""
     solver = Solver(SelectorCache(), policy=policy, max_steps=max_steps)
     query = Query(tuple(pending), gang=gang)
-    result = solver.run_gang(
+    result = solver.place(
         snapshot, state, classes, query, Deadline(None), explain=True, share_id=default_share_id
     )
     allocated = isinstance(result, Allocated)

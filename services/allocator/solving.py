@@ -81,7 +81,7 @@ class Solver:
             max_cel_cost=self.max_cel_cost,
         )
 
-    def run(
+    def place(
         self,
         snapshot: ClusterSnapshot,
         state: AllocatedState,
@@ -92,7 +92,12 @@ class Solver:
         explain: bool = False,
         share_id: Callable[[ResourceClaim, str, DeviceID, int], str] = unique_share_id,
     ) -> SolveResult:
-        """Solve `query`; raises DeadlineExceeded when the deadline cut the search short."""
+        """Solve `query`: one node's placement, or its gang's (`query.gang`: one placement per
+        member); raises DeadlineExceeded when the deadline cut the search short."""
+        if query.gang is not None:
+            return self._place_gang(
+                snapshot, state, classes, query, query.gang, deadline, explain, share_id
+            )
         restricted = not query.node and (query.node_selector is not None or query.max_nodes > 0)
         return self._solve(
             snapshot,
@@ -161,21 +166,17 @@ class Solver:
         except GpuallocError:
             return {}
 
-    def run_gang(
+    def _place_gang(
         self,
         snapshot: ClusterSnapshot,
         state: AllocatedState,
         classes: Mapping[str, DeviceClass],
         query: Query,
+        gang: GangSpec,
         deadline: Deadline,
-        *,
-        explain: bool = False,
-        share_id: Callable[[ResourceClaim, str, DeviceID, int], str] = unique_share_id,
+        explain: bool,
+        share_id: Callable[[ResourceClaim, str, DeviceID, int], str],
     ) -> SolveResult:
-        """Solve the gang `query` (`query.gang` set); raises DeadlineExceeded as `run` does."""
-        gang = query.gang
-        if gang is None:
-            raise ValueError("run_gang needs a query with a gang")
         policy = query.policy or self.policy
         topology = topology_constraints(query)
         restricted = query.node_selector is not None or query.max_nodes > 0
@@ -215,7 +216,7 @@ class Solver:
         single = replace(query, gang=None)
         try:
             if not label:  # the nodes a single-node query considers: the solver's own search
-                result = self.run(snapshot, state, classes, single, deadline, explain=True)
+                result = self.place(snapshot, state, classes, single, deadline, explain=True)
                 return result.explanation
             nodes = [n for n in eligible_nodes(snapshot, query) if label in _labels(snapshot, n)]
             result = self._solve(
