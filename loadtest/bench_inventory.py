@@ -47,7 +47,7 @@ from services.common.dra.model import (
 )
 from services.common.dra.quantity import Quantity
 from services.common.pb.dra_mapping import to_pb_resource_slice
-from services.inventory.adapters.report_pb import to_pb_node_report
+from services.inventory.adapters.grpc.report_pb import to_pb_node_report
 from services.inventory.core.report import (
     CpuRange,
     Gpu,

@@ -15,8 +15,8 @@ full and the node groups change under the solver. Measured per kind:
   the state's node groups, is reported apart as `first_ms`);
 - pinned median / p99: the same claims, pinned to the node the unpinned solve chose, same state;
 - Explain time (unpinned, reason recording on: every node is searched);
-- Capacity time: the service's Capacity count (`services/allocator/counting.py`: how many more
-  copies of the claims fit, per node, on every node), on the initial state;
+- Capacity time: the service's Capacity count (`services/allocator/app/capacity_count.py`: how many
+  more copies of the claims fit, per node, on every node), on the initial state;
 - CEL evaluations of a cold Explain (fresh selector cache, every device looked at) against the
   bound: the number of distinct device profiles the kind's selectors read;
 - memory: the peak traced allocation of one solve (tracemalloc, after the timed runs), and the
@@ -48,10 +48,10 @@ from services.allocator.core import (
     AllocatedState,
     ClusterSnapshot,
     SelectorCache,
+    node_templates,
     solve,
+    solve_gang,
 )
-from services.allocator.core.gang import solve_gang
-from services.allocator.core.templates import node_templates
 from services.common.dra.model import (
     AllocationResult,
     DeviceClass,
@@ -118,10 +118,7 @@ def _kinds() -> tuple[Kind, ...]:
 def four_nvlink_options() -> dict[str, Any]:
     """Four GPUs, all pairwise NVLink-connected (a topology constraint, when available)."""
     try:
-        from services.allocator.core.topology_constraints import (  # noqa: PLC0415
-            TopologyConstraint,
-            TopologyKind,
-        )
+        from services.allocator.core import TopologyConstraint, TopologyKind
     except ImportError:
         return {}
     return {"topology_constraints": (TopologyConstraint(TopologyKind.NVLINK_CONNECTED),)}
@@ -364,11 +361,11 @@ def _timed_capacity(
     repeat: int,
 ) -> tuple[float, int]:
     """(median ms, copies that fit) of the service's Capacity count for the kind's claims."""
-    from services.allocator.answers import Query  # noqa: PLC0415 (service layer, not core)
-    from services.allocator.counting import count_capacity  # noqa: PLC0415
-    from services.allocator.solving import Deadline, Solver  # noqa: PLC0415
+    from services.allocator.app.capacity_count import count_capacity  # noqa: PLC0415
+    from services.allocator.app.messages import Query  # noqa: PLC0415 (service layer, not core)
+    from services.allocator.app.placing import Deadline, PlacementSearch  # noqa: PLC0415
 
-    solver = Solver(SelectorCache())
+    solver = PlacementSearch(SelectorCache())
     query = Query(
         claims=tuple(kind.claims),
         topology_constraints=tuple(kind.solve_options.get("topology_constraints", ())),

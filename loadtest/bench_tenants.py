@@ -45,16 +45,16 @@ from dataclasses import dataclass, field, replace
 from loadtest.clusters import A100, GPUS_PER_NODE, H100, device_classes, generate
 from loadtest.replay import MIX, Kind
 from loadtest.report import BenchReport, Target, percentile
-from services.allocator.adapters.memory_quota import MemoryQuotaLedger
-from services.allocator.adapters.memory_store import MemoryReservationStore
-from services.allocator.answers import LeaseOptions, Outcome, Query
+from services.allocator.adapters.store.memory import MemoryReservationStore
+from services.allocator.adapters.store.memory_quota import MemoryQuotaLedger
+from services.allocator.app.cluster_view import ClusterView
+from services.allocator.app.inventory_feed import InventoryUpdate
+from services.allocator.app.live_reservations import Holdings
+from services.allocator.app.messages import LeaseOptions, Outcome, Query
+from services.allocator.app.placing import PlacementSearch
+from services.allocator.app.quotas import QuotaExceeded, QuotaGuard
+from services.allocator.app.service import AllocatorService, ServiceLimits
 from services.allocator.core import ClusterSnapshot, Policy, SelectorCache
-from services.allocator.feed import InventoryUpdate
-from services.allocator.holdings import Holdings
-from services.allocator.quotas import QuotaExceeded, QuotaGuard
-from services.allocator.service import AllocatorService, ServiceLimits
-from services.allocator.solving import Solver
-from services.allocator.view import ClusterView
 from services.common.dra.model import (
     Node,
     NodeSelector,
@@ -185,7 +185,7 @@ def simulate(
         view,
         holdings,
         store,
-        Solver(selectors, policy=Policy.FRAGMENTATION_AWARE),
+        PlacementSearch(selectors, policy=Policy.FRAGMENTATION_AWARE),
         classes,
         limits=ServiceLimits(lease_seconds=86_400, max_lease_seconds=86_400),
         quotas=guard,

@@ -30,7 +30,7 @@ import random
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from services.allocator.core.topology import NicInfo, NodeTopology
+from services.allocator.core import NicInfo, NodeTopology
 from services.common.dra.model import (
     AllocationResult,
     AttributeValue,

@@ -18,9 +18,9 @@ from services.common.console import console_main
 # imported lazily so `gpualloc --help` stays fast.
 SUBCOMMANDS: dict[str, str] = {
     "serve": "services.serve",
-    "solve": "services.allocator.solve_cli",
-    "inventory": "services.inventory.inventory_cli",
-    "apply": "services.inventory.apply_cli",
+    "solve": "services.allocator.cli.solve",
+    "inventory": "services.inventory.cli.inventory",
+    "apply": "services.inventory.cli.apply",
     "certs": "services.common.security.certs_cli",
     # the live service, kubectl-shaped (services/client/live_cli.py); `module:function`
     # registers one verb of a module that holds several

@@ -20,12 +20,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from services.allocator.adapters.topology_pb import topology_from_pb
-from services.allocator.adapters.web import WebView
+from services.allocator.adapters.inventory.topology_pb import topology_from_pb
+from services.allocator.adapters.web.server import WebView
+from services.allocator.app.inventory_feed import Closeable, InventoryUpdate
 from services.allocator.bootstrap import AllocatorApp, build_allocator, start_web_view
 from services.allocator.config import AllocatorSettings
-from services.allocator.core.topology import NodeTopology
-from services.allocator.feed import Closeable, InventoryUpdate
+from services.allocator.core import NodeTopology
 from services.common.config import ServerSettings, read_document_limits
 from services.common.dra.model import Node
 from services.common.errors import GpuallocError, InvalidArgument
@@ -34,7 +34,9 @@ from services.common.health import Health
 from services.common.log import configure_logging
 from services.common.server_flags import add_security_flags, with_security_flags
 from services.common.telemetry import configure_telemetry
-from services.inventory.adapters.pb_mapping import to_pb_node_topology
+from services.inventory.adapters.grpc.mapping import to_pb_node_topology
+from services.inventory.app.service import InventoryService
+from services.inventory.app.telemetry import instrument_inventory
 from services.inventory.bootstrap import (
     build_inventory,
     seed_inventory,
@@ -43,8 +45,6 @@ from services.inventory.bootstrap import (
 )
 from services.inventory.config import InventorySettings
 from services.inventory.core.state import Change, InventoryState
-from services.inventory.service import InventoryService
-from services.inventory.telemetry import instrument_inventory
 
 __all__ = ["DEMO_PATHS", "InProcessFeed", "register", "run_serve"]
 

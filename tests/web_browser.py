@@ -27,7 +27,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from protos.allocator.v1 import allocator_pb2 as pb
 from protos.allocator.v1 import allocator_pb2_grpc
 from protos.common.v1 import dra_pb2
-from services.allocator.adapters.web import WebSettings, WebView
+from services.allocator.adapters.web.server import WebSettings, WebView
 from services.bridges import local_cluster
 from tests.e2e.allocator_harness import ROOT, pb_claims
 

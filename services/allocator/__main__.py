@@ -26,10 +26,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 from types import FrameType
 
-from services.allocator.adapters.inventory_client import InventoryClient
+from services.allocator.adapters.inventory.watch_client import InventoryClient
+from services.allocator.app.inventory_feed import InventoryFeed, StaticFeed
 from services.allocator.bootstrap import build_allocator, start_web_view
 from services.allocator.config import AllocatorSettings
-from services.allocator.feed import InventoryFeed, StaticFeed
 from services.client.config import ClientSettings
 from services.common.config import read_document_limits
 from services.common.console import console_main

@@ -16,11 +16,11 @@ Health: the allocator's service name reports SERVING once it has an inventory vi
 loaded the live reservations, NOT_SERVING before (so a Kubernetes readiness probe waits). The
 extra name `gpualloc.allocator.v1.Allocator/inventory` reports whether the inventory feed is
 connected: a broken feed does not stop serving (the last view stays valid), it is only
-reported there, in the logs (once when it is lost, once when it is back: feed_watch.py) and in
+reported there, in the logs (once when it is lost, once when it is back: app/feed_watch.py) and in
 the `gpualloc.inventory.connected` and `.disconnects` metrics.
 
-Metrics: with telemetry on, the store is timed (metered_store.py) and the fleet gauges are
-registered (fleet_metrics.py); `GPUALLOC_METRICS_LISTEN` serves them all on `/metrics`.
+Metrics: with telemetry on, the store is timed (adapters/store/metered.py) and the fleet gauges are
+registered (app/fleet_gauges.py); `GPUALLOC_METRICS_LISTEN` serves them all on `/metrics`.
 """
 
 from __future__ import annotations
@@ -35,28 +35,32 @@ from dataclasses import dataclass, field
 import grpc
 
 from protos.allocator.v1 import allocator_pb2_grpc
-from services.allocator.adapters.grpc_servicer import ACCESS, SERVICE_NAME, AllocatorServicer
-from services.allocator.adapters.memory_quota import MemoryQuotaLedger
-from services.allocator.adapters.memory_store import MemoryReservationStore
-from services.allocator.adapters.pb_mapping import ClaimReader
-from services.allocator.adapters.redis_quota import RedisQuotaLedger
-from services.allocator.adapters.redis_store import RedisReservationStore
-from services.allocator.adapters.web import WebSettings, WebView
-from services.allocator.classes import load_device_classes
+from services.allocator.adapters.grpc.mapping import ClaimReader
+from services.allocator.adapters.grpc.servicer import ACCESS, SERVICE_NAME, AllocatorServicer
+from services.allocator.adapters.store.memory import MemoryReservationStore
+from services.allocator.adapters.store.memory_quota import MemoryQuotaLedger
+from services.allocator.adapters.store.metered import MeteredStore
+from services.allocator.adapters.store.redis_quota import RedisQuotaLedger
+from services.allocator.adapters.store.redis_store import RedisReservationStore
+from services.allocator.adapters.web.server import WebSettings, WebView
+from services.allocator.app.cluster_view import ClusterView
+from services.allocator.app.device_classes import load_device_classes
+from services.allocator.app.feed_watch import FeedWatch
+from services.allocator.app.fleet_gauges import FleetGauges
+from services.allocator.app.inventory_feed import Closeable, InventoryFeed
+from services.allocator.app.live_reservations import Holdings
+from services.allocator.app.placing import PlacementSearch
+from services.allocator.app.quotas import QuotaGuard, QuotaSettings
+from services.allocator.app.service import AllocatorService, ServiceLimits
+from services.allocator.app.telemetry import AllocatorMetrics, Telemetry, configure_telemetry
 from services.allocator.config import AllocatorSettings
 from services.allocator.core import SelectorCache
-from services.allocator.feed import Closeable, InventoryFeed
-from services.allocator.feed_watch import FeedWatch
-from services.allocator.fleet_metrics import FleetGauges
-from services.allocator.holdings import Holdings
-from services.allocator.metered_store import MeteredStore
-from services.allocator.quota_ledger import QuotaLedger
-from services.allocator.quotas import QuotaGuard, QuotaSettings
-from services.allocator.reservations import ReservationEvent, ReservationEventOp, ReservationStore
-from services.allocator.service import AllocatorService, ServiceLimits
-from services.allocator.solving import Solver
-from services.allocator.telemetry import AllocatorMetrics, Telemetry, configure_telemetry
-from services.allocator.view import ClusterView
+from services.allocator.reservations.model import (
+    ReservationEvent,
+    ReservationEventOp,
+    ReservationStore,
+)
+from services.allocator.reservations.quota_ledger import QuotaLedger
 from services.common.dra.limits import DocumentLimits
 from services.common.dra.model import DeviceClass
 from services.common.grpc_server import ServiceRegistration
@@ -260,7 +264,7 @@ def build_allocator(
         view,
         holdings,
         store,
-        Solver(
+        PlacementSearch(
             selectors,
             policy=settings.policy,
             max_steps=settings.max_search_steps,
@@ -320,7 +324,7 @@ def start_web_view(
     reuse_port: bool = False,
 ) -> WebView | None:
     """Serve the read-only web view of `app` on GPUALLOC_WEB_LISTEN (None when empty); it is
-    closed with the app. Tenants only under an access policy (adapters/web.py)."""
+    closed with the app. Tenants only under an access policy (adapters/web/server.py)."""
     if not settings.web_listen_address:
         return None
     web = WebView(

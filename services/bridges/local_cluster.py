@@ -22,7 +22,7 @@ from services.common.config import ServerSettings
 from services.common.grpc_server import create_server
 from services.common.health import Health
 from services.inventory.bootstrap import InventoryApp, build_inventory, seed_inventory
-from services.inventory.inputs import read_inputs
+from services.inventory.cli.inputs import read_inputs
 from services.serve import InProcessFeed
 
 __all__ = ["EXAMPLE_CLASSES", "EXAMPLE_CLUSTER", "EXAMPLE_TOPOLOGY", "LocalCluster", "start"]

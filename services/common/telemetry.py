@@ -23,7 +23,7 @@ so one endpoint. The current span still lands in the context, which the JSON log
 `TracingInterceptor` gives every RPC except health and reflection a SERVER span (parent taken
 from the caller's `traceparent` metadata) and a latency histogram entry labelled with the
 method and the status code (`gpualloc.rpc.server.duration`, ms). Each service adds its own
-instruments on `Telemetry.meter` (services/allocator/telemetry.py, services/inventory/
+instruments on `Telemetry.meter` (services/allocator/app/telemetry.py, services/inventory/
 telemetry.py); gauges are callbacks, worked out when a reader collects (a scrape), not on
 the request path.
 """

@@ -17,9 +17,9 @@ from services.common.health import Health
 from services.common.log import configure_logging
 from services.common.server_flags import add_security_flags, with_security_flags
 from services.common.telemetry import configure_telemetry
+from services.inventory.app.telemetry import instrument_inventory
 from services.inventory.bootstrap import build_inventory, seed_inventory, start_kube_watch
 from services.inventory.config import InventorySettings
-from services.inventory.telemetry import instrument_inventory
 
 log = logging.getLogger("gpualloc.inventory")
 

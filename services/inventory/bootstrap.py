@@ -17,21 +17,21 @@ from services.common.dra.model import Node, ResourceSlice
 from services.common.grpc_server import ServiceRegistration
 from services.common.health import Health
 from services.common.manifests import load_manifests
-from services.inventory.adapters.embedded_repository import EmbeddedInventoryRepository
-from services.inventory.adapters.grpc_servicer import ACCESS, SERVICE_NAME, InventoryServicer
-from services.inventory.adapters.kube_slices import (
+from services.inventory.adapters.grpc.servicer import ACCESS, SERVICE_NAME, InventoryServicer
+from services.inventory.adapters.sources.kube_slices import (
     KubeSliceWatch,
     ResourceSliceApi,
     api_client_from_settings,
 )
-from services.inventory.adapters.redis_repository import RedisInventoryRepository
+from services.inventory.adapters.store.embedded import EmbeddedInventoryRepository
+from services.inventory.adapters.store.redis_repository import RedisInventoryRepository
+from services.inventory.app.service import InventoryService
+from services.inventory.cli.inputs import read_inputs
 from services.inventory.config import InventorySettings
 from services.inventory.core.checks import MAX_OBJECTS_PER_APPLY
 from services.inventory.core.repository import InventoryRepository
 from services.inventory.core.state import refresh_observed
 from services.inventory.gc_policy import GcPolicy
-from services.inventory.inputs import read_inputs
-from services.inventory.service import InventoryService
 
 log = logging.getLogger("gpualloc.inventory")
 
@@ -128,8 +128,8 @@ def start_kube_watch(
     seeded: Iterable[str] = (),
 ) -> KubeSliceWatch | None:
     """With GPUALLOC_KUBE_WATCH on, mirror the cluster's ResourceSlices into `app.service`
-    (adapters/kube_slices.py) until `app.close()`. It owns the slices the app restored from its
-    repository, except those `seeded` (GPUALLOC_SEED applies them again at every start: they
+    (adapters/sources/kube_slices.py) until `app.close()`. It owns the slices the app restored from
+    its repository, except those `seeded` (GPUALLOC_SEED applies them again at every start: they
     are not the cluster's unless it publishes the same names). Raises InvalidArgument or
     FailedPrecondition when the client or its configuration
     cannot be loaded; the API server itself is only contacted by the watch's thread."""

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from services.allocator.solve_cli import run_solve
+from services.allocator.cli.solve import run_solve
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = [str(ROOT / "examples" / "cluster"), str(ROOT / "examples" / "deviceclasses.yaml")]

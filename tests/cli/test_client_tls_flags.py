@@ -24,15 +24,16 @@ from loadtest import bench_service
 from loadtest.ghzlike import cli as load_cli
 from services import cli as gpualloc_cli
 from services.allocator import __main__ as allocator_main
+from services.allocator.app.inventory_feed import InventoryUpdate
 from services.allocator.config import AllocatorSettings
-from services.allocator.feed import InventoryUpdate
 from services.bridges.kueue import cli as kueue_cli
 from services.bridges.kueue.controller import AdmissionController, Decision
 from services.bridges.kueue.memory_api import MemoryKueueApi
 from services.bridges.slurm import cli as slurm_cli
 from services.client.cli_flags import CLIENT_FLAGS, add_client_flags, client_environ
-from services.inventory import agent, apply_cli
 from services.inventory.bootstrap import InventoryApp, build_inventory
+from services.inventory.cli import agent
+from services.inventory.cli import apply as apply_cli
 from tests.tls_fixtures import Pki, TlsServer
 
 ROOT = Path(__file__).resolve().parents[2]

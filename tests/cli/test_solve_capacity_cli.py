@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from services.allocator.solve_cli import (
+from services.allocator.cli.solve import (
     EXIT_ALLOCATED,
     EXIT_INVALID,
     EXIT_UNSATISFIABLE,

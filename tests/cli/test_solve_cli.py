@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 import yaml
 
-from services.allocator.core import Policy
-from services.allocator.solve_cli import (
+from services.allocator.cli.solve import (
     EXIT_ALLOCATED,
     EXIT_INVALID,
     EXIT_UNSATISFIABLE,
     run_solve,
 )
+from services.allocator.core import Policy
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = [str(ROOT / "examples" / "cluster"), str(ROOT / "examples" / "deviceclasses.yaml")]

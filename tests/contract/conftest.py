@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from services.allocator.adapters.memory_store import MemoryReservationStore
-from services.allocator.adapters.redis_store import RedisReservationStore
-from services.allocator.reservations import Hold, LimitedUse, ReservationStore, ReserveRequest
+from services.allocator.adapters.store.memory import MemoryReservationStore
+from services.allocator.adapters.store.redis_store import RedisReservationStore
+from services.allocator.reservations.model import Hold, LimitedUse, ReservationStore, ReserveRequest
 from services.common.dra.model import AllocationResult, DeviceRequestAllocationResult
 
 DRIVER = "gpu.nvidia.com"

@@ -16,13 +16,13 @@ import redis
 from services.common.dra.model import Node, ResourceSlice
 from services.common.dra.parse import load_objects
 from services.common.errors import InvalidArgument, Unavailable
-from services.inventory.adapters.embedded_repository import EmbeddedInventoryRepository
-from services.inventory.adapters.nvidia_smi_xml import parse_nvidia_smi_xml
-from services.inventory.adapters.redis_repository import RedisInventoryRepository
+from services.inventory.adapters.sources.nvidia_smi_xml import parse_nvidia_smi_xml
+from services.inventory.adapters.store.embedded import EmbeddedInventoryRepository
+from services.inventory.adapters.store.redis_repository import RedisInventoryRepository
+from services.inventory.app.service import InventoryService
 from services.inventory.core.report import XidEvent
 from services.inventory.core.repository import InventoryRepository
 from services.inventory.core.state import InventoryState
-from services.inventory.service import InventoryService
 from tests.conftest import RedisServerFactory, RedisTopologyFactory
 from tests.contract.conftest import REDIS_URL_FIXTURES
 

@@ -11,16 +11,16 @@ from dataclasses import dataclass
 
 import pytest
 
-from services.allocator.adapters.memory_quota import MemoryQuotaLedger
-from services.allocator.adapters.memory_store import MemoryReservationStore
-from services.allocator.adapters.redis_quota import RedisQuotaLedger
-from services.allocator.adapters.redis_store import RedisReservationStore
-from services.allocator.quota_ledger import (
+from services.allocator.adapters.store.memory import MemoryReservationStore
+from services.allocator.adapters.store.memory_quota import MemoryQuotaLedger
+from services.allocator.adapters.store.redis_quota import RedisQuotaLedger
+from services.allocator.adapters.store.redis_store import RedisReservationStore
+from services.allocator.reservations.model import PREEMPTED_MEMORY_SECONDS
+from services.allocator.reservations.quota_ledger import (
     QuotaEntry,
     QuotaLedger,
     usage_by_tenant,
 )
-from services.allocator.reservations import PREEMPTED_MEMORY_SECONDS
 from services.common.errors import NotFound, Preempted, Unavailable
 from tests.conftest import RedisServerFactory
 from tests.contract.conftest import (

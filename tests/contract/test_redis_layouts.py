@@ -17,8 +17,8 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from services.allocator.adapters.redis_store import NODE_BUCKETS, RedisReservationStore
-from services.allocator.reservations import Reservation, ReservationState
+from services.allocator.adapters.store.redis_store import NODE_BUCKETS, RedisReservationStore
+from services.allocator.reservations.model import Reservation, ReservationState
 from services.common.errors import Unavailable
 from services.common.redis_layout import connect
 from tests.conftest import RedisServer, RedisServerFactory, RedisTopologyFactory, free_port
@@ -359,7 +359,7 @@ def test_the_documented_acl_user_runs_the_store_and_the_inventory(
     redis_server_factory: RedisServerFactory,
 ) -> None:
     """docs/operations.md's `ACL SETUSER` line, as written, is enough for both services."""
-    from services.inventory.adapters.redis_repository import RedisInventoryRepository
+    from services.inventory.adapters.store.redis_repository import RedisInventoryRepository
     from tests.contract.test_inventory_repository import busy_service
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()

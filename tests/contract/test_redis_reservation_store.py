@@ -13,12 +13,12 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from services.allocator.adapters.redis_store import (
+from services.allocator.adapters.store.redis_store import (
     LIBRARY_VERSION,
     NODE_BUCKETS,
     RedisReservationStore,
 )
-from services.allocator.reservations import ReservationState
+from services.allocator.reservations.model import ReservationState
 from services.common.errors import Conflict, InvalidArgument, NotFound, Unavailable
 from tests.conftest import RedisServer, RedisServerFactory
 from tests.contract.conftest import capacity, counter, device, mem, reserve_request

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.allocator.adapters.reservation_codec import allocation_from_dict
+from services.allocator.adapters.store.reservation_codec import allocation_from_dict
 from services.common.dra.model import (
     AllocationResult,
     ConfigSource,

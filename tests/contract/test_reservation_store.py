@@ -13,14 +13,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from services.allocator.reservations import (
+from services.allocator.reservations.model import (
     LimitedUse,
     Reservation,
     ReservationEvent,
     ReservationState,
     ReserveRequest,
 )
-from services.allocator.reservations import ReservationEventOp as Op
+from services.allocator.reservations.model import ReservationEventOp as Op
 from services.common.dra.model import (
     AllocationResult,
     ConfigSource,

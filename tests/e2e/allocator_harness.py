@@ -22,16 +22,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from protos.allocator.v1 import allocator_pb2 as pb
 from protos.allocator.v1 import allocator_pb2_grpc
 from protos.common.v1 import dra_pb2
+from services.allocator.app.inventory_feed import InventoryFeed, StaticFeed
+from services.allocator.app.telemetry import Telemetry, configure_telemetry
 from services.allocator.bootstrap import AllocatorApp, build_allocator
 from services.allocator.config import AllocatorSettings
-from services.allocator.feed import InventoryFeed, StaticFeed
-from services.allocator.reservations import (
+from services.allocator.reservations.model import (
     Reservation,
     ReservationEvent,
     ReservationStore,
     ReserveRequest,
 )
-from services.allocator.telemetry import Telemetry, configure_telemetry
 from services.common.dra.model import DeviceClass, ResourceClaim
 from services.common.health import Health
 from services.common.manifests import load_manifests

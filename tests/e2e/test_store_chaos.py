@@ -29,9 +29,9 @@ import grpc
 import pytest
 
 from protos.allocator.v1 import allocator_pb2 as pb
-from services.allocator.adapters.redis_store import RedisReservationStore
+from services.allocator.adapters.store.redis_store import RedisReservationStore
+from services.allocator.app.inventory_feed import StaticFeed
 from services.allocator.core import ClusterSnapshot
-from services.allocator.feed import StaticFeed
 from services.common.redis_layout import connect
 from tests.e2e.allocator_harness import CLUSTER
 from tests.e2e.test_allocator_race import _requests, audit

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from services.allocator.adapters.memory_store import MemoryReservationStore
-from services.allocator.adapters.redis_store import RedisReservationStore
-from services.allocator.reservations import ReservationStore
+from services.allocator.adapters.store.memory import MemoryReservationStore
+from services.allocator.adapters.store.redis_store import RedisReservationStore
+from services.allocator.reservations.model import ReservationStore
 from tests.e2e.allocator_harness import serve_allocator
 
 

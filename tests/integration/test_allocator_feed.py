@@ -14,16 +14,16 @@ import pytest
 
 from protos.allocator.v1 import allocator_pb2 as pb
 from protos.inventory.v1 import inventory_pb2, inventory_pb2_grpc
-from services.allocator.adapters.inventory_client import InventoryClient
-from services.allocator.adapters.memory_store import MemoryReservationStore
+from services.allocator.adapters.inventory.watch_client import InventoryClient
+from services.allocator.adapters.store.memory import MemoryReservationStore
+from services.allocator.app.cluster_view import ClusterView
+from services.allocator.app.inventory_feed import InventoryUpdate
 from services.allocator.config import AllocatorSettings
-from services.allocator.feed import InventoryUpdate
-from services.allocator.view import ClusterView
 from services.common.config import ServerSettings
 from services.common.dra.model import ResourceSlice
 from services.common.dra.parse import load_objects
 from services.common.grpc_server import ServiceRegistration, create_server
-from services.inventory.adapters.grpc_servicer import SERVICE_NAME, InventoryServicer
+from services.inventory.adapters.grpc.servicer import SERVICE_NAME, InventoryServicer
 from services.inventory.bootstrap import InventoryApp, build_inventory, seed_inventory
 from tests.e2e.allocator_harness import allocate_request, serve_allocator
 

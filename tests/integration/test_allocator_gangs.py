@@ -15,10 +15,10 @@ import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from protos.allocator.v1 import allocator_pb2 as pb
+from services.allocator.app.telemetry import configure_telemetry
 from services.allocator.config import AllocatorSettings
-from services.allocator.holds import placement_holds
-from services.allocator.reservations import ReservationStore, ReserveRequest
-from services.allocator.telemetry import configure_telemetry
+from services.allocator.reservations.holds import placement_holds
+from services.allocator.reservations.model import ReservationStore, ReserveRequest
 from services.common.errors import Conflict, InvalidArgument
 from services.common.grpc_errors import error_from_rpc
 from services.common.pb.dra_mapping import from_pb_allocation_result

@@ -10,8 +10,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from services.allocator.adapters.memory_store import MemoryReservationStore
-from services.allocator.telemetry import configure_telemetry
+from services.allocator.adapters.store.memory import MemoryReservationStore
+from services.allocator.app.telemetry import configure_telemetry
 from services.common.errors import InvalidArgument
 from tests.e2e.allocator_harness import allocate_request, owner, serve_allocator
 

@@ -16,11 +16,11 @@ from google.protobuf import json_format
 
 from protos.allocator.v1 import allocator_pb2
 from protos.inventory.v1 import inventory_pb2, inventory_pb2_grpc
-from services.allocator.adapters.memory_store import MemoryReservationStore
-from services.allocator.adapters.pb_mapping import _REASONS
-from services.allocator.solve_cli import run_solve
-from services.inventory import inventory_cli
+from services.allocator.adapters.grpc.mapping import _REASONS
+from services.allocator.adapters.store.memory import MemoryReservationStore
+from services.allocator.cli.solve import run_solve
 from services.inventory.bootstrap import build_inventory
+from services.inventory.cli import inventory as inventory_cli
 from tests.e2e.allocator_harness import serve_allocator
 
 ROOT = Path(__file__).resolve().parents[2]

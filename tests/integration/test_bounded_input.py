@@ -15,7 +15,7 @@ from protos.allocator.v1 import allocator_pb2 as apb
 from protos.inventory.v1 import inventory_pb2 as pb
 from protos.inventory.v1 import inventory_pb2_grpc
 from services.common.grpc_errors import MAX_MESSAGE_CHARS
-from services.inventory.adapters.grpc_servicer import InventoryServicer
+from services.inventory.adapters.grpc.servicer import InventoryServicer
 from services.inventory.bootstrap import InventoryApp, build_inventory
 from services.inventory.config import InventorySettings
 from tests.e2e.allocator_harness import allocate_request

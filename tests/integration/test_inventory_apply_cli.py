@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from services.inventory import apply_cli
+from services.inventory.app.service import InventoryService
 from services.inventory.bootstrap import InventoryApp, build_inventory
-from services.inventory.service import InventoryService
+from services.inventory.cli import apply as apply_cli
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 T4_SLICE = DATA / "resourceslices" / "openshift-v1.35_2x-tesla-t4_condensed.yaml"

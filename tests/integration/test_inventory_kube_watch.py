@@ -30,12 +30,13 @@ from services.common.dra.model import ResourceSlice
 from services.common.dra.parse import load_objects
 from services.common.errors import InvalidArgument
 from services.common.health import Health, ServingStatus
-from services.inventory.adapters.kube_slices import (
+from services.inventory.adapters.sources.kube_slices import (
     Backoff,
     KubeSliceWatch,
     ResourceSliceApi,
     api_client_from_settings,
 )
+from services.inventory.app.service import InventoryService
 from services.inventory.bootstrap import (
     KUBE_WATCH_HEALTH_NAME,
     build_inventory,
@@ -43,7 +44,6 @@ from services.inventory.bootstrap import (
     start_kube_watch,
 )
 from services.inventory.config import InventorySettings
-from services.inventory.service import InventoryService
 from tests.kube_apiserver import FakeKubeApiServer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,15 +15,15 @@ from protos.inventory.v1 import inventory_pb2, inventory_pb2_grpc
 from services.common.errors import InvalidArgument
 from services.common.grpc_errors import error_from_rpc
 from services.common.grpc_server import ServiceRegistration
-from services.inventory.adapters.grpc_servicer import SERVICE_NAME, InventoryServicer
-from services.inventory.adapters.nvidia_smi_xml import parse_nvidia_smi_xml
-from services.inventory.adapters.report_pb import to_pb_node_report
-from services.inventory.adapters.topo_matrix import parse_topo_matrix
+from services.inventory.adapters.grpc.report_pb import to_pb_node_report
+from services.inventory.adapters.grpc.servicer import SERVICE_NAME, InventoryServicer
+from services.inventory.adapters.sources.nvidia_smi_xml import parse_nvidia_smi_xml
+from services.inventory.adapters.sources.topo_matrix import parse_topo_matrix
+from services.inventory.app.service import InventoryService
 from services.inventory.bootstrap import InventoryApp, build_inventory
 from services.inventory.config import InventorySettings
 from services.inventory.core.report import NodeReport, XidEvent
 from services.inventory.core.topology import apply_topology
-from services.inventory.service import InventoryService
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 T4_SLICE = (DATA / "resourceslices" / "openshift-v1.35_2x-tesla-t4_condensed.yaml").read_text()

@@ -22,10 +22,10 @@ from protos.allocator.v1 import allocator_pb2 as pb
 from protos.allocator.v1 import allocator_pb2_grpc
 from protos.common.v1 import dra_pb2
 from services import cli as gpualloc_cli
-from services.allocator.adapters.redis_quota import RedisQuotaLedger
-from services.allocator.adapters.redis_store import RedisReservationStore
+from services.allocator.adapters.store.redis_quota import RedisQuotaLedger
+from services.allocator.adapters.store.redis_store import RedisReservationStore
 from services.allocator.config import AllocatorSettings
-from services.allocator.quota_ledger import usage_by_tenant
+from services.allocator.reservations.quota_ledger import usage_by_tenant
 from services.client.mapping import placement_from_pb
 from services.common.security.policy import parse_policy
 from services.common.security.quota import cohort_key

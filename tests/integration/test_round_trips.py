@@ -13,10 +13,11 @@ import pytest
 import yaml
 
 from protos.inventory.v1 import inventory_pb2, inventory_pb2_grpc
-from services.allocator.solve_cli import EXIT_ALLOCATED, run_solve
-from services.inventory import apply_cli, inventory_cli
-from services.inventory.adapters.pb_mapping import slices_from_pb_node
+from services.allocator.cli.solve import EXIT_ALLOCATED, run_solve
+from services.inventory.adapters.grpc.mapping import slices_from_pb_node
 from services.inventory.bootstrap import build_inventory
+from services.inventory.cli import apply as apply_cli
+from services.inventory.cli import inventory as inventory_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

@@ -331,8 +331,8 @@ def test_authorization_table_counts():
 
 
 def test_every_rpc_has_an_access_rule():
-    from services.allocator.adapters.grpc_servicer import ACCESS as ALLOCATOR
-    from services.inventory.adapters.grpc_servicer import ACCESS as INVENTORY
+    from services.allocator.adapters.grpc.servicer import ACCESS as ALLOCATOR
+    from services.inventory.adapters.grpc.servicer import ACCESS as INVENTORY
 
     for service, rules in (
         (pb.DESCRIPTOR.services_by_name["Allocator"], ALLOCATOR),

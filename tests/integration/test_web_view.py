@@ -15,8 +15,8 @@ from urllib.parse import urlencode
 import pytest
 
 from protos.allocator.v1 import allocator_pb2 as pb
-from services.allocator.adapters.memory_store import MemoryReservationStore
-from services.allocator.adapters.web import WebSettings, WebView
+from services.allocator.adapters.store.memory import MemoryReservationStore
+from services.allocator.adapters.web.server import WebSettings, WebView
 from services.allocator.bootstrap import start_web_view
 from services.allocator.config import AllocatorSettings
 from services.common.config import ServerSettings

@@ -12,7 +12,7 @@ Bad input raises `services.common.errors` types (InvalidArgument with a field pa
 FailedPrecondition, NotFound for an unknown pinned node, DeadlineExceeded when cancelled).
 """
 
-from services.allocator.core.cel import CelDevice, CelError, CompiledSelector, SelectorCache
+from services.allocator.core.candidates import taint_detail, untolerated_taint
 from services.allocator.core.explain import (
     ConstraintExplanation,
     Explanation,
@@ -21,8 +21,14 @@ from services.allocator.core.explain import (
     ReasonCode,
     RejectionGroup,
     RequestExplanation,
+    detail_text,
+    holders,
 )
-from services.allocator.core.fragmentation import FragmentationMix
+from services.allocator.core.fleet import COMMITTED, RESERVED, STATES, FleetCount, count_fleet
+from services.allocator.core.fragmentation import DEFAULT_MIX, FragmentationMix, node_usable
+from services.allocator.core.gang import solve_gang
+from services.allocator.core.groups import GroupKey
+from services.allocator.core.nodeselect import NodeAccess
 from services.allocator.core.outcome import (
     Allocated,
     NodePlacement,
@@ -32,10 +38,11 @@ from services.allocator.core.outcome import (
     Unsatisfiable,
 )
 from services.allocator.core.results import ShareIdFactory, default_share_id
-from services.allocator.core.scoring import Policy, Score
+from services.allocator.core.scoring import Policy, Score, free_capacity
 from services.allocator.core.snapshot import ClusterSnapshot, CounterID, DeviceEntry, NodeView
-from services.allocator.core.solver import solve
+from services.allocator.core.solver import node_groups_of, solve
 from services.allocator.core.state import AllocatedState
+from services.allocator.core.templates import node_templates
 from services.allocator.core.topology import GpuPlace, NicInfo, NodeTopology, PcieRelation
 from services.allocator.core.topology_constraints import (
     RequestRef,
@@ -43,6 +50,7 @@ from services.allocator.core.topology_constraints import (
     TopologyKind,
     constraints_from_annotations,
 )
+from services.cel import CelDevice, CelError, CompiledSelector, SelectorCache
 
 __all__ = [
     "AllocatedState",
@@ -81,4 +89,21 @@ __all__ = [
     "Unsatisfiable",
     "default_share_id",
     "solve",
+    "taint_detail",
+    "untolerated_taint",
+    "detail_text",
+    "holders",
+    "COMMITTED",
+    "FleetCount",
+    "RESERVED",
+    "STATES",
+    "count_fleet",
+    "DEFAULT_MIX",
+    "node_usable",
+    "solve_gang",
+    "GroupKey",
+    "NodeAccess",
+    "free_capacity",
+    "node_groups_of",
+    "node_templates",
 ]

@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from services.allocator.core.cel import SelectorCache
 from services.allocator.core.explain import Explanation
 from services.allocator.core.fragmentation import DEFAULT_MIX, FragmentationMix
 from services.allocator.core.outcome import (
@@ -37,6 +36,7 @@ from services.allocator.core.snapshot import ClusterSnapshot
 from services.allocator.core.solver import DEFAULT_BUDGET, feasible_nodes, solve
 from services.allocator.core.state import AllocatedState
 from services.allocator.core.topology_constraints import TopologyConstraint
+from services.cel import SelectorCache
 from services.common.dra.model import DeviceClass, ResourceClaim
 from services.common.errors import InvalidArgument
 

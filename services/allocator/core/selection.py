@@ -11,16 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
 
-from services.allocator.core.cel import (
-    CelBudgetExhausted,
-    CelError,
-    CelMeter,
-    CompiledSelector,
-    SelectorCache,
-)
 from services.allocator.core.constraints import lookup_attribute
 from services.allocator.core.plan import Alternative, Plan
 from services.allocator.core.snapshot import DeviceEntry
+from services.cel import CelBudgetExhausted, CelError, CelMeter, CompiledSelector, SelectorCache
 from services.common.dra.model import DeviceSelector
 from services.common.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
 

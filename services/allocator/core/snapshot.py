@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
-from services.allocator.core.cel import CelDevice
 from services.allocator.core.nodeselect import InvalidNodeSelector, NodeAccess, check_node_selector
+from services.cel import CelDevice
 from services.common.dra.model import Device, DeviceID, Node, NodeSelector, ResourceSlice
 from services.common.dra.suggest import did_you_mean
 from services.common.errors import NotFound

@@ -31,7 +31,6 @@ from services.allocator.core.candidates import (
     Prepared,
     SolveContext,
 )
-from services.allocator.core.cel import CelMeter, SelectorCache
 from services.allocator.core.explain import (
     Explanation,
     NodeChoice,
@@ -72,6 +71,7 @@ from services.allocator.core.topology_constraints import (
     TopologyConstraint,
     TopologyPlan,
 )
+from services.cel import CelMeter, SelectorCache
 from services.common.dra.model import (
     AllocationMode,
     AllocationResult,

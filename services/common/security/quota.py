@@ -18,7 +18,7 @@ batch system because every grant passes through the allocator:
 The rule (`admit`), per quota resource with a positive amount: the tenant's usage after the
 grant stays within `nominal + borrowingLimit`, and the cohort's draws on its pool stay within
 the pool. Both are checks over values: the store supplies the usage (its live entries) and takes
-the grant atomically with the same check (see services/allocator/quotas.py).
+the grant atomically with the same check (see services/allocator/app/quotas.py).
 
 Pure: values in, values out. Amounts are integer milli-units (a device counts 1000).
 """

@@ -1,6 +1,6 @@
 """A node's topology: the `nvidia-smi topo -m` matrix as a value, and the networkx graph.
 
-`TopologyMatrix` is what the text says, cell by cell (parsed by adapters/topo_matrix.py).
+`TopologyMatrix` is what the text says, cell by cell (parsed by adapters/sources/topo_matrix.py).
 `apply_topology` folds a matrix into a NodeReport (GPU pairs, NICs, NUMA, CPU affinity, NVLink
 peers where NVML did not already say), and `topology_graph` turns a report into the graph the
 allocator scores placements with: GPU nodes, NVLink edges weighted by link count, PCIe relations

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.allocator.answers import Answer, Outcome
-from services.allocator.blockers import blocking_holders, holder_ids
+from services.allocator.app.holders import blocking_holders, holder_ids
+from services.allocator.app.messages import Answer, Outcome
+from services.allocator.app.tenancy import visible_answer
 from services.allocator.core import (
     AllocatedState,
     Explanation,
@@ -19,8 +20,7 @@ from services.allocator.core import (
     solve,
 )
 from services.allocator.core.explain import NodeReason, detail_text
-from services.allocator.reservations import Hold, Reservation, ReservationState
-from services.allocator.tenancy import visible_answer
+from services.allocator.reservations.model import Hold, Reservation, ReservationState
 from services.common.security.principal import Identity, IdentityKind, Principal
 from tests.builders import DRIVER, allocation, claim, classes, cls, device, result, slice_, snapshot
 

@@ -16,7 +16,7 @@ from services.allocator.core import (
     SolveResult,
     solve,
 )
-from services.allocator.core.cel import CelDevice, CelMeter
+from services.cel.selectors import CelDevice, CelMeter
 from tests.builders import DRIVER, claim, classes, cls, device, slice_, snapshot
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from protos.allocator.v1 import allocator_pb2 as pb
 from protos.common.v1 import dra_pb2
-from services.allocator.adapters.pb_mapping import ClaimReader, query_from_pb
+from services.allocator.adapters.grpc.mapping import ClaimReader, query_from_pb
 from services.common.errors import InvalidArgument
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from services.allocator.feed import CLUSTER_KEY, InventoryUpdate, StaticFeed
-from services.allocator.view import ClusterView
+from services.allocator.app.cluster_view import ClusterView
+from services.allocator.app.inventory_feed import CLUSTER_KEY, InventoryUpdate, StaticFeed
 from services.common.dra.model import Node, ResourceSlice
 from services.common.errors import Unavailable
 from services.common.manifests import load_manifests

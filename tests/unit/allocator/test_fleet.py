@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from services.allocator.adapters.web import WEB_VIEWER
+from services.allocator.adapters.web.server import WEB_VIEWER
+from services.allocator.app.cluster_view import ClusterView, ViewSnapshot
+from services.allocator.app.fleet_view import PENDING_OWNER, Fleet, FleetGpu, fleet_of
 from services.allocator.core import AllocatedState
-from services.allocator.fleet import PENDING_OWNER, Fleet, FleetGpu, fleet_of
-from services.allocator.reservations import Hold, Reservation, ReservationState
-from services.allocator.view import ClusterView, ViewSnapshot
+from services.allocator.reservations.model import Hold, Reservation, ReservationState
 from services.common.dra.model import AllocationResult, DeviceRequestAllocationResult
 from services.common.security.principal import development_principal
 from tests.e2e.allocator_harness import cluster_feed

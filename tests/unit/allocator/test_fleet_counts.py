@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from services.allocator.app.fleet_gauges import MAX_TENANTS, OTHER_TENANTS, _bounded
+from services.allocator.app.inventory_feed import StaticFeed
 from services.allocator.core import AllocatedState, ClusterSnapshot
 from services.allocator.core.fleet import count_fleet
-from services.allocator.feed import StaticFeed
-from services.allocator.fleet_metrics import MAX_TENANTS, OTHER_TENANTS, _bounded
 from services.common.dra.model import AllocationResult, DeviceRequestAllocationResult
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -12,22 +12,22 @@ from typing import Any
 import pytest
 
 from protos.allocator.v1 import allocator_pb2 as pb
-from services.allocator.adapters.memory_store import MemoryReservationStore
-from services.allocator.adapters.pb_mapping import (
+from services.allocator.adapters.grpc.mapping import (
     QueryRequest,
     allocate_response,
     explain_response,
     proto_path,
     query_from_pb,
 )
-from services.allocator.answers import GangSpec, LeaseOptions, Outcome, Query
+from services.allocator.adapters.store.memory import MemoryReservationStore
+from services.allocator.app.capacity_count import gangs_that_fit
+from services.allocator.app.cluster_view import ClusterView
+from services.allocator.app.inventory_feed import InventoryUpdate
+from services.allocator.app.live_reservations import Holdings
+from services.allocator.app.messages import GangSpec, LeaseOptions, Outcome, Query
+from services.allocator.app.placing import PlacementSearch
+from services.allocator.app.service import AllocatorService, ServiceLimits
 from services.allocator.core import Policy, SelectorCache
-from services.allocator.counting import gangs_that_fit
-from services.allocator.feed import InventoryUpdate
-from services.allocator.holdings import Holdings
-from services.allocator.service import AllocatorService, ServiceLimits
-from services.allocator.solving import Solver
-from services.allocator.view import ClusterView
 from services.common.dra.model import ResourceClaim
 from services.common.errors import FailedPrecondition, InvalidArgument
 from services.common.pb.dra_mapping import to_pb_resource_claim
@@ -188,7 +188,7 @@ def service():
         view,
         holdings,
         store,
-        Solver(SelectorCache(), policy=Policy.BINPACK),
+        PlacementSearch(SelectorCache(), policy=Policy.BINPACK),
         classes(GPU, SWITCH),
         limits=ServiceLimits(lease_seconds=30, max_lease_seconds=60),
     )

@@ -11,19 +11,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.allocator.adapters.memory_store import MemoryReservationStore
+from services.allocator.adapters.store.memory import MemoryReservationStore
+from services.allocator.app.cluster_view import ViewSnapshot
+from services.allocator.app.inventory_feed import StaticFeed
+from services.allocator.app.live_reservations import Holdings
 from services.allocator.core import AllocatedState, ClusterSnapshot
-from services.allocator.feed import StaticFeed
-from services.allocator.holdings import Holdings
-from services.allocator.holds import placement_holds
-from services.allocator.reservations import (
+from services.allocator.reservations.holds import placement_holds
+from services.allocator.reservations.model import (
     Reservation,
     ReservationEvent,
     ReservationEventOp,
     ReservationState,
     ReserveRequest,
 )
-from services.allocator.view import ViewSnapshot
 from services.common.dra.model import AllocationResult, DeviceID, DeviceRequestAllocationResult
 from services.common.errors import Conflict
 

@@ -19,7 +19,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from services.allocator.answers import CapacityAnswer, Query
+from services.allocator.app.capacity_count import count_capacity
+from services.allocator.app.messages import CapacityAnswer, Query
+from services.allocator.app.placing import Deadline, PlacementSearch
 from services.allocator.core import (
     Allocated,
     AllocatedState,
@@ -33,8 +35,6 @@ from services.allocator.core import (
 from services.allocator.core.groups import GroupIndex, GroupKey
 from services.allocator.core.scoring import node_key
 from services.allocator.core.templates import node_templates
-from services.allocator.counting import count_capacity
-from services.allocator.solving import Deadline, Solver
 from services.common.dra.model import (
     AllocationResult,
     AttributeValue,
@@ -296,7 +296,7 @@ def test_explain_and_groups_choose_the_same_node(policy: Policy) -> None:
     assert (fast.node, fast.allocations) == (slow.node, slow.allocations)
 
 
-class _EveryNodeOnItsOwn(Solver):
+class _EveryNodeOnItsOwn(PlacementSearch):
     """The reference: Capacity without groups, every node counted by its own solves."""
 
     def node_groups(self, *args: object, **kwargs: object) -> dict[str, GroupKey]:
@@ -314,7 +314,7 @@ def test_capacity_counted_once_per_group_equals_counting_every_node(
     state = AllocatedState.build(snapshot, held)
     query = Query(claims=tuple(claims_), policy=policy)
 
-    def count(solver: Solver) -> CapacityAnswer | str:
+    def count(solver: PlacementSearch) -> CapacityAnswer | str:
         try:
             return count_capacity(
                 solver, snapshot, state, CLASSES, query, Deadline(None), generation=1
@@ -322,5 +322,5 @@ def test_capacity_counted_once_per_group_equals_counting_every_node(
         except GpuallocError as error:
             return error.message
 
-    grouped = count(Solver(SelectorCache()))
+    grouped = count(PlacementSearch(SelectorCache()))
     assert grouped == count(_EveryNodeOnItsOwn(SelectorCache()))

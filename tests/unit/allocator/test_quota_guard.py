@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from services.allocator.adapters.memory_quota import MemoryQuotaLedger
-from services.allocator.adapters.memory_store import MemoryReservationStore
+from services.allocator.adapters.store.memory import MemoryReservationStore
+from services.allocator.adapters.store.memory_quota import MemoryQuotaLedger
+from services.allocator.app.quotas import QuotaGuard, QuotaSettings
 from services.allocator.core import SelectorCache
-from services.allocator.quota_ledger import QuotaEntry
-from services.allocator.quotas import QuotaGuard, QuotaSettings
+from services.allocator.reservations.quota_ledger import QuotaEntry
 from services.common.errors import Unavailable
 from services.common.security.quota import QuotaLimits, QuotaModel, QuotaResource, TenantQuota
 

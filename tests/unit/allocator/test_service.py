@@ -7,17 +7,17 @@ import threading
 
 import pytest
 
-from services.allocator.adapters.memory_store import MemoryReservationStore
-from services.allocator.adapters.pb_mapping import proto_path
-from services.allocator.answers import LeaseOptions, Outcome, Query
+from services.allocator.adapters.grpc.mapping import proto_path
+from services.allocator.adapters.store.memory import MemoryReservationStore
+from services.allocator.app.cluster_view import ClusterView
+from services.allocator.app.inventory_feed import InventoryUpdate
+from services.allocator.app.live_reservations import Holdings
+from services.allocator.app.messages import LeaseOptions, Outcome, Query
+from services.allocator.app.placing import PlacementSearch
+from services.allocator.app.service import AllocatorService, ServiceLimits
 from services.allocator.core import Policy, SelectorCache
-from services.allocator.feed import InventoryUpdate
-from services.allocator.holdings import Holdings
-from services.allocator.holds import placement_holds
-from services.allocator.reservations import Hold, LimitedUse, ReservationState
-from services.allocator.service import AllocatorService, ServiceLimits
-from services.allocator.solving import Solver
-from services.allocator.view import ClusterView
+from services.allocator.reservations.holds import placement_holds
+from services.allocator.reservations.model import Hold, LimitedUse, ReservationState
 from services.common.deadline import Deadline
 from services.common.errors import DeadlineExceeded, InvalidArgument
 from tests.builders import (
@@ -195,7 +195,7 @@ def service():
         view,
         holdings,
         store,
-        Solver(SelectorCache(), policy=Policy.SPREAD),
+        PlacementSearch(SelectorCache(), policy=Policy.SPREAD),
         classes(GPU),
         limits=ServiceLimits(lease_seconds=30, max_lease_seconds=60),
     )

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from services.allocator.solve_cli import run_solve
+from services.allocator.cli.solve import run_solve
 from services.client.client import AllocatorClient
 from services.client.inventory import (
     CounterTotals,

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from services.allocator.cli.solve import EXIT_ALLOCATED, EXIT_UNSATISFIABLE, run_solve
 from services.allocator.core.topology_constraints import TopologyKind as CoreKind
 from services.allocator.core.topology_constraints import constraints_from_annotations
-from services.allocator.solve_cli import EXIT_ALLOCATED, EXIT_UNSATISFIABLE, run_solve
 from services.client.specs import claim_from_spec, is_mig_profile
 from services.client.topology import ANNOTATION
 from services.common.dra.serialize import to_dict

@@ -11,7 +11,7 @@ from typing import TextIO
 
 import pytest
 
-from services.allocator.paging import decode_token
+from services.allocator.app.paging import decode_token
 from services.common.config import read_document_limits
 from services.common.dra.limits import DocumentLimits, checked_json_loads
 from services.common.dra.parse import load_objects, read_stdin, read_text

@@ -29,9 +29,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from services.allocator.classes import load_device_classes
+from services.allocator.app.device_classes import load_device_classes
 from services.common.security.certs_cli import run_certs
-from services.inventory.inputs import read_inputs
+from services.inventory.cli.inputs import read_inputs
 from tests.unit.deploy.accesspolicy import check_access_policy
 from tests.unit.deploy.manifests import (
     ALLOCATOR_PORT,

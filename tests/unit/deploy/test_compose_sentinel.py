@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 import redis
 
-from services.allocator.adapters.redis_store import RedisReservationStore
-from services.allocator.reservations import ReservationState
+from services.allocator.adapters.store.redis_store import RedisReservationStore
+from services.allocator.reservations.model import ReservationState
 from services.common.config import read_settings
 from services.common.redis_layout import parse_layout
-from services.inventory.adapters.redis_repository import RedisInventoryRepository
+from services.inventory.adapters.store.redis_repository import RedisInventoryRepository
 from services.inventory.config import INVENTORY_SETTINGS
 from tests.conftest import RedisServer, free_port, redis_binary
 from tests.contract.conftest import device, reserve_request

@@ -612,7 +612,7 @@ def request_option(claim_name: str, request_name: str) -> dict[str, Any]:
 def test_selectors_pick_the_intended_devices(
     claim_name: str, request_name: str, count: int, products: set[str]
 ) -> None:
-    cel = optional_module("services.allocator.core.cel")
+    cel = optional_module("services.cel.selectors")
     parse = optional_module("services.common.dra.parse")
     if cel is None or parse is None:
         pytest.skip("the project's CEL selectors or parser have not landed yet")

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from services.allocator.adapters.grpc_servicer import SERVICE_NAME as ALLOCATOR_SERVICE
+from services.allocator.adapters.grpc.servicer import SERVICE_NAME as ALLOCATOR_SERVICE
 from tests.unit.deploy.accesspolicy import check_access_policy
 from tests.unit.deploy.certmanager import is_cert_manager, validate_cert_manager
 from tests.unit.deploy.manifests import (
@@ -783,7 +783,7 @@ def test_production_overlay_scales_up_and_uses_the_registry_image() -> None:
 
 
 def test_only_the_allocator_names_itself_to_opentelemetry() -> None:
-    # the allocator is the instrumented process (services/allocator/telemetry.py)
+    # the allocator is the instrumented process (services/allocator/app/telemetry.py)
     for workload, container in gpualloc_containers():
         otel = [e["name"] for e in container.get("env", []) if e["name"].startswith("OTEL_")]
         assert bool(otel) == (component(workload) == "allocator"), (component(workload), otel)

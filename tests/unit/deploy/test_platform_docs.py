@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from services.common.dra.parse import RESOURCE_API_VERSIONS
-from services.inventory.adapters.kube_slices import VERSIONS
+from services.inventory.adapters.sources.kube_slices import VERSIONS
 from services.inventory.core.view import PCI_BUS_ID_ATTRIBUTES
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -117,7 +117,7 @@ def test_the_manifests_say_what_the_docs_say() -> None:
     assert _memory_limit("deploy/k8s/overlays/production/allocator.yaml") == "2Gi"
     assert _memory_limit("deploy/k8s/base/inventory.yaml") == "1Gi"
     assert _memory_limit("deploy/k8s/overlays/production/inventory.yaml") == "4Gi"
-    agent = (ROOT / "services" / "inventory" / "agent.py").read_text()
+    agent = (ROOT / "services" / "inventory" / "cli" / "agent.py").read_text()
     assert '"--interval", type=float, default=30.0' in agent
 
 

@@ -21,9 +21,9 @@ import pytest
 from google.protobuf import json_format
 
 from protos.allocator.v1 import allocator_pb2, allocator_pb2_grpc
+from services.allocator.app.inventory_feed import StaticFeed
 from services.allocator.bootstrap import build_allocator
 from services.allocator.config import AllocatorSettings
-from services.allocator.feed import StaticFeed
 from services.common.config import ServerSettings
 from services.common.grpc_server import create_server
 from services.common.health import Health

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from services.inventory.adapters.nvidia_smi_xml import parse_nvidia_smi_xml
-from services.inventory.adapters.report_json import from_json
-from services.inventory.agent import main
+from services.inventory.adapters.sources.nvidia_smi_xml import parse_nvidia_smi_xml
+from services.inventory.adapters.sources.report_json import from_json
+from services.inventory.cli.agent import main
 
 DATA = Path(__file__).parents[2] / "data"
 A5000 = DATA / "nvidia-smi-xml" / "2x-rtx-a5000_drv590.44.01_telegraf.xml"

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from services.inventory import inventory_cli
-from services.inventory.adapters.nvidia_smi_xml import parse_nvidia_smi_xml
-from services.inventory.adapters.report_json import to_json
+from services.inventory.adapters.sources.nvidia_smi_xml import parse_nvidia_smi_xml
+from services.inventory.adapters.sources.report_json import to_json
+from services.inventory.cli import inventory as inventory_cli
 from services.inventory.core.report import XidEvent
 
 DATA = Path(__file__).parents[2] / "data"

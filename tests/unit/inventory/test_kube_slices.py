@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from services.common.errors import InvalidArgument
-from services.inventory.adapters.kube_slices import (
+from services.inventory.adapters.sources.kube_slices import (
     Backoff,
     WatchError,
     _event,

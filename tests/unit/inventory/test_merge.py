@@ -10,7 +10,7 @@ import pytest
 
 from services.common.dra.model import AttributeValue, Device, DeviceTaint, TaintEffect
 from services.common.dra.quantity import Quantity
-from services.inventory.adapters.nvidia_smi_xml import parse_nvidia_smi_xml
+from services.inventory.adapters.sources.nvidia_smi_xml import parse_nvidia_smi_xml
 from services.inventory.core.health import ECC_TAINT_KEY, XID_TAINT_KEY
 from services.inventory.core.merge import (
     CREATED_ATTRIBUTE,

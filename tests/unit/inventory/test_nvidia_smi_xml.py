@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from services.common.errors import ParseError
-from services.inventory.adapters.nvidia_smi_xml import brand_from_smi, parse_nvidia_smi_xml
+from services.inventory.adapters.sources.nvidia_smi_xml import brand_from_smi, parse_nvidia_smi_xml
 from services.inventory.core.report import (
     EccCounts,
     MigMode,

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from services.common.errors import InvalidArgument
-from services.inventory.adapters.nvidia_smi_xml import parse_nvidia_smi_xml
-from services.inventory.adapters.report_json import from_json, to_json
-from services.inventory.adapters.topo_matrix import parse_topo_matrix
+from services.inventory.adapters.sources.nvidia_smi_xml import parse_nvidia_smi_xml
+from services.inventory.adapters.sources.report_json import from_json, to_json
+from services.inventory.adapters.sources.topo_matrix import parse_topo_matrix
 from services.inventory.core.mig import KNOWN_PROFILE_TABLES
 from services.inventory.core.report import (
     CpuRange,

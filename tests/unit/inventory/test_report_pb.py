@@ -16,9 +16,9 @@ import pytest
 
 from protos.common.v1 import topology_pb2
 from protos.inventory.v1 import inventory_pb2
-from services.inventory.adapters.nvidia_smi_xml import parse_nvidia_smi_xml
-from services.inventory.adapters.report_pb import from_pb_node_report, to_pb_node_report
-from services.inventory.agent import main
+from services.inventory.adapters.grpc.report_pb import from_pb_node_report, to_pb_node_report
+from services.inventory.adapters.sources.nvidia_smi_xml import parse_nvidia_smi_xml
+from services.inventory.cli.agent import main
 from services.inventory.core.report import (
     EccCounts,
     MigMode,

@@ -8,8 +8,8 @@ import pytest
 
 from services.common.config import settings_table_markdown
 from services.common.errors import InvalidArgument
-from services.inventory.adapters.embedded_repository import EmbeddedInventoryRepository
-from services.inventory.adapters.redis_repository import RedisInventoryRepository
+from services.inventory.adapters.store.embedded import EmbeddedInventoryRepository
+from services.inventory.adapters.store.redis_repository import RedisInventoryRepository
 from services.inventory.bootstrap import build_repository
 from services.inventory.config import INVENTORY_SETTINGS, InventorySettings
 

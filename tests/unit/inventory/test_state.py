@@ -23,7 +23,7 @@ from services.common.dra.model import (
 )
 from services.common.dra.parse import load_objects
 from services.common.errors import InvalidArgument, NotFound
-from services.inventory.adapters.nvidia_smi_xml import parse_nvidia_smi_xml
+from services.inventory.adapters.sources.nvidia_smi_xml import parse_nvidia_smi_xml
 from services.inventory.core.health import XID_TAINT_KEY
 from services.inventory.core.persistent import ChunkedLog
 from services.inventory.core.report import Gpu, NodeReport, XidEvent

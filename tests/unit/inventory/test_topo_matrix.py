@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from services.common.errors import ParseError
-from services.inventory.adapters.topo_matrix import parse_topo_matrix
+from services.inventory.adapters.sources.topo_matrix import parse_topo_matrix
 from services.inventory.core.report import CpuRange, GpuLink, TopologyLevel
 
 DATA = Path(__file__).parents[2] / "data" / "topo"

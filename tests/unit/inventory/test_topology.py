@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from services.common.errors import InvalidArgument
-from services.inventory.adapters.nvidia_smi_xml import parse_nvidia_smi_xml
-from services.inventory.adapters.topo_matrix import parse_topo_matrix
+from services.inventory.adapters.sources.nvidia_smi_xml import parse_nvidia_smi_xml
+from services.inventory.adapters.sources.topo_matrix import parse_topo_matrix
 from services.inventory.core.merge import topology_graph
 from services.inventory.core.report import (
     CpuRange,

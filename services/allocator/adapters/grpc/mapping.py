@@ -1,0 +1,656 @@
+"""`gpualloc.allocator.v1` messages <-> the allocator's values (app/messages.py,
+reservations/model.py).
+
+The only allocator module that touches allocator protobuf messages. `*_from_pb` read client
+input and raise InvalidArgument with the proto field path (`claims[1].name`,
+`allocations[0].allocation.results[2]`); `*_to_pb` never fail.
+
+The core reports field paths of claims in Kubernetes form (`claims[0].spec.devices.requests[0]
+.exactly.deviceClassName`); `proto_field_paths()` rewrites them to the request's proto paths
+(`claims[0].requests[0].exactly.device_class_name`), so a client can find the field it sent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import timedelta
+from fractions import Fraction
+
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from protos.allocator.v1 import allocator_pb2 as pb
+from protos.common.v1 import dra_pb2, topology_pb2
+from services.allocator.app.messages import (
+    Accuracy,
+    Answer,
+    CapacityAnswer,
+    GangMember,
+    GangSpec,
+    Holder,
+    LeaseOptions,
+    Outcome,
+    Query,
+    claim_ref,
+)
+from services.allocator.core import (
+    ConstraintExplanation,
+    Explanation,
+    NodeMiss,
+    PcieRelation,
+    Policy,
+    ReasonCode,
+    RejectionGroup,
+    RequestExplanation,
+    RequestRef,
+    Score,
+    TopologyConstraint,
+    TopologyKind,
+)
+from services.allocator.reservations.model import Reservation, ReservationState
+from services.common.dra.model import AllocationResult, DeviceID, ResourceClaim
+from services.common.dra.names import label_name_errors
+from services.common.errors import FieldViolation, InvalidArgument
+from services.common.pb.dra_mapping import (
+    from_pb_allocation_result,
+    from_pb_device_class,
+    from_pb_node_selector,
+    from_pb_resource_claim,
+    to_pb_allocation_result,
+    to_pb_device_id,
+)
+from services.common.security.principal import tenant_of_owner
+from services.common.security.quota import QuotaRefusal, TenantStatus, quantity_text
+
+__all__ = [
+    "ClaimReader",
+    "request_digest",
+    "quota_refusal_to_pb",
+    "quota_status_response",
+    "allocate_response",
+    "capacity_response",
+    "claims_path",
+    "explain_response",
+    "lease_from_pb",
+    "proto_field_paths",
+    "query_from_pb",
+    "reservation_state_from_pb",
+    "reservation_to_pb",
+    "reserve_claims_from_pb",
+]
+
+QueryRequest = pb.AllocateRequest | pb.ExplainRequest | pb.CapacityRequest
+
+_POLICIES = {
+    pb.ALLOCATION_POLICY_UNSPECIFIED: None,
+    pb.ALLOCATION_POLICY_FIRST_FIT: Policy.FIRST_FIT,
+    pb.ALLOCATION_POLICY_BINPACK: Policy.BINPACK,
+    pb.ALLOCATION_POLICY_SPREAD: Policy.SPREAD,
+    pb.ALLOCATION_POLICY_FRAGMENTATION_AWARE: Policy.FRAGMENTATION_AWARE,
+}
+_OUTCOMES = {
+    Outcome.ALLOCATED: pb.OUTCOME_ALLOCATED,
+    Outcome.UNSATISFIABLE: pb.OUTCOME_UNSATISFIABLE,
+    Outcome.BUDGET_EXHAUSTED: pb.OUTCOME_BUDGET_EXHAUSTED,
+    Outcome.QUOTA_EXCEEDED: pb.OUTCOME_QUOTA_EXCEEDED,
+}
+_REASONS = {
+    ReasonCode.CLASS_SELECTOR: pb.REJECTION_REASON_CLASS_SELECTOR_MISMATCH,
+    ReasonCode.REQUEST_SELECTOR: pb.REJECTION_REASON_REQUEST_SELECTOR_MISMATCH,
+    ReasonCode.TAINTED: pb.REJECTION_REASON_TAINTED,
+    ReasonCode.CAPACITY: pb.REJECTION_REASON_CAPACITY_EXHAUSTED,
+    ReasonCode.IN_USE: pb.REJECTION_REASON_IN_USE,
+    ReasonCode.PICKED: pb.REJECTION_REASON_PICKED_FOR_OTHER_REQUEST,
+    ReasonCode.COUNTERS: pb.REJECTION_REASON_COUNTERS_EXHAUSTED,
+    ReasonCode.CONSTRAINT: pb.REJECTION_REASON_CONSTRAINT,
+    ReasonCode.EQUIVALENT: pb.REJECTION_REASON_EQUIVALENT,
+    ReasonCode.OTHER_NODE: pb.REJECTION_REASON_NODE_MISMATCH,
+    ReasonCode.NO_DEVICES: pb.REJECTION_REASON_NODE_MISMATCH,
+    ReasonCode.CLAIM_LIMIT: pb.REJECTION_REASON_CLAIM_DEVICE_LIMIT,
+}
+_STATES = {
+    ReservationState.RESERVED: pb.RESERVATION_STATE_RESERVED,
+    ReservationState.COMMITTED: pb.RESERVATION_STATE_COMMITTED,
+}
+_ACCURACY = {
+    Accuracy.EXACT: pb.COUNT_ACCURACY_EXACT,
+    Accuracy.LOWER_BOUND: pb.COUNT_ACCURACY_LOWER_BOUND,
+}
+
+# --- requests -> values ----------------------------------------------------------------------
+
+_TOPOLOGY_KINDS = {
+    pb.TOPOLOGY_CONSTRAINT_KIND_NVLINK_CONNECTED: TopologyKind.NVLINK_CONNECTED,
+    pb.TOPOLOGY_CONSTRAINT_KIND_SAME_PCIE_ROOT: TopologyKind.SAME_PCIE_ROOT,
+    pb.TOPOLOGY_CONSTRAINT_KIND_SAME_NUMA_NODE: TopologyKind.SAME_NUMA_NODE,
+    pb.TOPOLOGY_CONSTRAINT_KIND_GPU_NIC_AFFINITY: TopologyKind.GPU_NIC_AFFINITY,
+}
+
+
+def topology_constraint_from_pb(message: pb.TopologyConstraint, path: str) -> TopologyConstraint:
+    """A proto TopologyConstraint; unset enforcement is REQUIRED, unset NIC relation is PXB."""
+    kind = _TOPOLOGY_KINDS.get(message.kind)
+    if kind is None:
+        raise InvalidArgument.at(f"{path}.kind", "must be set to a known topology constraint kind")
+    if message.min_nvlink_links < 0:
+        raise InvalidArgument.at(f"{path}.min_nvlink_links", "must not be negative")
+    relation = PcieRelation.PXB
+    if message.max_nic_relation != topology_pb2.PCIE_RELATION_UNSPECIFIED:
+        relation = PcieRelation(int(message.max_nic_relation))
+    return TopologyConstraint(
+        kind=kind,
+        requests=tuple(RequestRef(r.request, r.claim) for r in message.requests),
+        required=message.enforcement != pb.ENFORCEMENT_PREFERRED,
+        min_nvlinks=max(1, message.min_nvlink_links),
+        max_nic_relation=relation,
+    )
+
+
+def query_from_pb(request: QueryRequest, claims: ClaimReader | None = None) -> Query:
+    """The shared part of Allocate, Explain and Capacity requests; its claims read by `claims`
+    (each message afresh without one)."""
+    gang = _gang_from_pb(request) if request.HasField("gang") else None
+    path = claims_path(request)
+    messages = request.gang.claims_per_node if gang is not None else request.claims
+    if not messages:
+        raise InvalidArgument.at(path, "must not be empty")
+    read = tuple(_claim_from_pb(c, f"{path}[{i}]", claims) for i, c in enumerate(messages))
+    _check_unique_names(read, path)
+    if request.budget.max_steps < 0:
+        raise InvalidArgument.at("budget.max_steps", "must not be negative")
+    if request.budget.max_nodes < 0:
+        raise InvalidArgument.at("budget.max_nodes", "must not be negative")
+    selector = (
+        from_pb_node_selector(request.node_selector, "node_selector")
+        if request.HasField("node_selector")
+        else None
+    )
+    topology = tuple(
+        topology_constraint_from_pb(c, f"topology_constraints[{i}]")
+        for i, c in enumerate(request.topology_constraints)
+    )
+    return Query(
+        claims=read,
+        topology_constraints=topology,
+        device_classes=tuple(
+            from_pb_device_class(c, f"device_classes[{i}]")
+            for i, c in enumerate(request.device_classes)
+        ),
+        node=request.node_name,
+        node_selector=selector,
+        policy=_POLICIES.get(request.policy),
+        max_steps=request.budget.max_steps,
+        max_nodes=request.budget.max_nodes,
+        min_generation=request.min_inventory_generation,
+        explain=request.explain if isinstance(request, pb.AllocateRequest) else False,
+        gang=gang,
+    )
+
+
+class ClaimReader:
+    """Reads claim messages as values, each distinct message once: batch systems send the same
+    few claim shapes over and over, and reading one costs more than serializing it to look it
+    up. Values are immutable, so calls share them; only valid claims are kept (a bad one raises
+    with its field path every time). Bounded: at most `max_claims`, the least recently used
+    forgotten first, and no claim over `max_claim_bytes` serialized (a client must not be able
+    to pin memory with a few huge claims; the defaults keep it under ~4 MiB). The servicer owns
+    one; safe to share between threads."""
+
+    def __init__(self, max_claims: int = 512, max_claim_bytes: int = 8192) -> None:
+        if max_claims < 1 or max_claim_bytes < 0:
+            raise ValueError("max_claims must be >= 1 and max_claim_bytes >= 0")
+        self.max_claims = max_claims
+        self.max_claim_bytes = max_claim_bytes
+        self._read: OrderedDict[bytes, ResourceClaim] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def read(self, message: dra_pb2.ResourceClaim, path: str) -> ResourceClaim:
+        """The claim of `message`; InvalidArgument at `path` when it is not a valid claim."""
+        key = message.SerializeToString(deterministic=True)
+        with self._lock:
+            claim = self._read.get(key)
+            if claim is not None:
+                self._read.move_to_end(key)
+                return claim
+        claim = from_pb_resource_claim(message, path)
+        if len(key) <= self.max_claim_bytes:
+            with self._lock:
+                self._read[key] = claim
+                while len(self._read) > self.max_claims:
+                    self._read.popitem(last=False)
+        return claim
+
+    def kept(self) -> list[bytes]:
+        """The serialized claims kept, least recently used first."""
+        with self._lock:
+            return list(self._read)
+
+
+def _claim_from_pb(
+    message: dra_pb2.ResourceClaim, path: str, claims: ClaimReader | None
+) -> ResourceClaim:
+    return from_pb_resource_claim(message, path) if claims is None else claims.read(message, path)
+
+
+def claims_path(request: QueryRequest) -> str:
+    """Where the request's claims are: `claims`, or a gang's `gang.claims_per_node`."""
+    return "gang.claims_per_node" if request.HasField("gang") else "claims"
+
+
+def _gang_from_pb(request: QueryRequest) -> GangSpec:
+    """The gang's shape; its claims are read as any request's (at `gang.claims_per_node`)."""
+    gang = request.gang
+    if request.claims:
+        raise InvalidArgument.at(
+            "claims", "must be empty when gang is set: give the claims in gang.claims_per_node"
+        )
+    if request.node_name:
+        raise InvalidArgument.at(
+            "node_name", "must be empty when gang is set: the allocator chooses the gang's nodes"
+        )
+    if gang.node_count < 1:
+        raise InvalidArgument.at("gang.node_count", f"must be at least 1, got {gang.node_count}")
+    if gang.group_by_label:
+        problems = label_name_errors(gang.group_by_label)
+        if problems:
+            raise InvalidArgument.at(
+                "gang.group_by_label", f"not a label key: {'; '.join(problems)}"
+            )
+    return GangSpec(node_count=gang.node_count, group_by_label=gang.group_by_label)
+
+
+def _check_unique_names(claims: Sequence[ResourceClaim], path: str = "claims") -> None:
+    seen: set[tuple[str, str]] = set()
+    for index, claim in enumerate(claims):
+        key = (claim.namespace, claim.name)
+        if key in seen:
+            raise InvalidArgument.at(
+                f"{path}[{index}].name", f"claim {claim.namespace}/{claim.name} appears twice"
+            )
+        seen.add(key)
+
+
+def lease_from_pb(
+    owner: str,
+    lease_ttl: duration_pb2.Duration | None,
+    idempotency_key: str = "",
+    labels: Mapping[str, str] | None = None,
+    request_digest: str = "",
+    priority_class: str = "",
+    preempt: bool = False,
+) -> LeaseOptions:
+    return LeaseOptions(
+        owner=owner,
+        lease_seconds=seconds_from_pb(lease_ttl),
+        idempotency_key=idempotency_key,
+        labels=tuple(sorted((labels or {}).items())),
+        request_digest=request_digest,
+        priority_class=priority_class,
+        preempt=preempt,
+    )
+
+
+def request_digest(request: pb.AllocateRequest) -> str:
+    """What an idempotency key is bound to: the request's placement fields (claims, classes,
+    where, how, labels), not its lease, owner, budget or explain flags; deterministic bytes."""
+    kept = pb.AllocateRequest()
+    kept.CopyFrom(request)
+    kept.ClearField("budget")
+    kept.ClearField("min_inventory_generation")
+    kept.ClearField("explain")
+    kept.ClearField("reserve")
+    kept.ClearField("lease_ttl")
+    kept.ClearField("owner")
+    kept.ClearField("idempotency_key")
+    return hashlib.sha256(kept.SerializeToString(deterministic=True)).hexdigest()[:32]
+
+
+def seconds_from_pb(duration: duration_pb2.Duration | None) -> float | None:
+    """Seconds of a set Duration; None when unset."""
+    if duration is None:
+        return None
+    return float(duration.seconds) + duration.nanos / 1e9
+
+
+def reserve_claims_from_pb(
+    allocations: Sequence[pb.ClaimAllocation],
+) -> list[tuple[str, AllocationResult]]:
+    found = []
+    for index, item in enumerate(allocations):
+        path = f"allocations[{index}]"
+        if not item.name:
+            raise InvalidArgument.at(f"{path}.name", "must not be empty")
+        if not item.HasField("allocation"):
+            raise InvalidArgument.at(f"{path}.allocation", "must be set")
+        allocation = from_pb_allocation_result(item.allocation, f"{path}.allocation")
+        found.append((claim_ref(item.namespace, item.name), allocation))
+    return found
+
+
+def reservation_state_from_pb(value: int) -> ReservationState | None:
+    for state, number in _STATES.items():
+        if number == value:
+            return state
+    if value == pb.RESERVATION_STATE_UNSPECIFIED:
+        return None
+    raise InvalidArgument.at("state", f"unknown reservation state {value}")
+
+
+# --- core field paths -> proto field paths ---------------------------------------------------
+
+_CAMEL = re.compile(r"(?<=[a-z0-9])([A-Z])")
+
+
+def proto_path(path: str, claims: str = "claims") -> str:
+    """`claims[0].spec.devices.requests[0].exactly.deviceClassName` ->
+    `claims[0].requests[0].exactly.device_class_name` (see the module docstring); `claims`
+    is where the request's claims are (`gang.claims_per_node` for a gang)."""
+    path = re.sub(r"^claims(\[\d+\])(?:\.spec\.devices)?", claims + r"\1", path)
+    path = re.sub(r'^classes(\["[^"]*"\])\.spec\.', r"device_classes\1.", path)
+    path = path.replace(".cel.expression", ".cel")
+    return ".".join(
+        part if part.startswith("[") else _CAMEL.sub(lambda m: "_" + m.group(1).lower(), part)
+        for part in path.split(".")
+    )
+
+
+@contextmanager
+def proto_field_paths(claims: str = "claims") -> Iterator[None]:
+    """Rewrite the field paths of an InvalidArgument raised inside to proto paths (`claims`:
+    where the request's claims are, see `claims_path`)."""
+    try:
+        yield
+    except InvalidArgument as error:
+        if not any(v.path.startswith(("claims[", "classes[")) for v in error.violations):
+            raise
+        violations = [
+            FieldViolation(proto_path(v.path, claims), v.description) for v in error.violations
+        ]
+        raise InvalidArgument(str(violations[0]), violations) from error
+
+
+# --- values -> responses ---------------------------------------------------------------------
+
+
+def allocate_response(answer: Answer, max_nodes: int = 10) -> pb.AllocateResponse:
+    response = pb.AllocateResponse(
+        outcome=_OUTCOMES[answer.outcome],
+        node_name=answer.node or "",
+        allocations=_claim_allocations(answer.claims, answer.allocations),
+        gang_placements=[_node_placement(answer, m) for m in answer.gang],
+        score=_gang_score(answer) if answer.gang else _score(answer.score, answer.policy),
+        reservations=[reservation_to_pb(r) for r in answer.reservations],
+        inventory_generation=answer.generation,
+        holders=[_holder_to_pb(h) for h in answer.holders],
+        quota_refusals=[quota_refusal_to_pb(r) for r in answer.quota],
+    )
+    if answer.preemption:
+        response.preemption.CopyFrom(_preemption(answer))
+    if answer.explanation is not None:
+        response.explanation.CopyFrom(_explanation(answer, max_nodes))
+    return response
+
+
+def explain_response(answer: Answer, max_nodes: int = 10) -> pb.ExplainResponse:
+    response = pb.ExplainResponse(
+        outcome=_OUTCOMES[answer.outcome],
+        node_name=answer.node or "",
+        allocations=_claim_allocations(answer.claims, answer.allocations),
+        gang_placements=[_node_placement(answer, m) for m in answer.gang],
+        inventory_generation=answer.generation,
+        holders=[_holder_to_pb(h) for h in answer.holders],
+        quota_refusals=[quota_refusal_to_pb(r) for r in answer.quota],
+    )
+    if answer.preemption:
+        response.preemption.CopyFrom(_preemption(answer))
+    response.explanation.CopyFrom(_explanation(answer, max_nodes))
+    return response
+
+
+def _preemption(answer: Answer) -> pb.Preemption:
+    return pb.Preemption(
+        victims=[
+            pb.PreemptionVictim(
+                holder=_holder_to_pb(victim.holder),
+                priority_class_name=victim.priority_class,
+                reason=victim.reason,
+            )
+            for victim in answer.preemption
+        ]
+    )
+
+
+def quota_refusal_to_pb(refusal: QuotaRefusal) -> pb.QuotaRefusal:
+    def text(milli: int) -> str:
+        return quantity_text(milli, refusal.binary)
+
+    return pb.QuotaRefusal(
+        tenant=refusal.tenant,
+        resource=refusal.resource,
+        cohort=refusal.cohort,
+        requested=text(refusal.requested),
+        used=text(refusal.used),
+        nominal=text(refusal.nominal),
+        borrowed=text(refusal.borrowed),
+        left=text(refusal.left),
+    )
+
+
+def quota_status_response(rows: Sequence[TenantStatus], enabled: bool) -> pb.QuotaStatusResponse:
+    def limit(milli: int | None, binary: bool) -> str:
+        return "" if milli is None else quantity_text(milli, binary)
+
+    return pb.QuotaStatusResponse(
+        enabled=enabled,
+        tenants=[
+            pb.TenantQuotaStatus(
+                tenant=row.tenant,
+                resource=row.resource,
+                cohort=row.cohort,
+                nominal=quantity_text(row.nominal, row.binary),
+                used=quantity_text(row.used, row.binary),
+                borrowed=quantity_text(row.borrowed, row.binary),
+                lent=quantity_text(row.lent, row.binary),
+                left=quantity_text(row.left, row.binary),
+                borrowing_limit=limit(row.borrowing_limit, row.binary),
+                lending_limit=limit(row.lending_limit, row.binary),
+            )
+            for row in rows
+        ],
+    )
+
+
+def capacity_response(answer: CapacityAnswer) -> pb.CapacityResponse:
+    response = _capacity_counts(answer)
+    if answer.quota:
+        response.quota.extend(quota_status_response(answer.quota, True).tenants)
+    if answer.within_quota is not None:
+        response.total_within_quota = answer.within_quota
+    return response
+
+
+def _capacity_counts(answer: CapacityAnswer) -> pb.CapacityResponse:
+    return pb.CapacityResponse(
+        total=answer.total,
+        accuracy=_ACCURACY[answer.accuracy],
+        nodes=[
+            pb.NodeCapacity(node_name=n.node, count=n.count, accuracy=_ACCURACY[n.accuracy])
+            for n in answer.nodes
+        ],
+        models=[
+            pb.ModelCapacity(product_name=name, count=count)
+            for name, count in sorted(answer.models.items())
+        ],
+        inventory_generation=answer.generation,
+    )
+
+
+def reservation_to_pb(reservation: Reservation) -> pb.Reservation:
+    message = pb.Reservation(
+        id=reservation.id,
+        owner="" if reservation.redacted else reservation.owner,
+        tenant=tenant_of_owner(reservation.owner),
+        node_name=reservation.node,
+        allocations=[
+            _claim_allocation(name, allocation)
+            for name, allocation in zip(
+                reservation.claim_names, reservation.allocations, strict=True
+            )
+        ],
+        state=_STATES[reservation.state],
+        fencing_token=reservation.fencing_token,
+        idempotency_key=reservation.idempotency_key,
+        devices=[to_pb_device_id(d) for d in _devices(reservation.allocations)],
+        labels=dict(reservation.labels),
+        priority_class_name=reservation.priority_class,
+    )
+    message.created_at.CopyFrom(_timestamp(reservation.created_at))
+    if reservation.expires_at is not None:
+        message.expires_at.CopyFrom(_timestamp(reservation.expires_at))
+    return message
+
+
+def _claim_allocation(ref: str, allocation: AllocationResult) -> pb.ClaimAllocation:
+    namespace, _, name = ref.rpartition("/")
+    return pb.ClaimAllocation(
+        namespace=namespace, name=name, allocation=to_pb_allocation_result(allocation)
+    )
+
+
+def _claim_allocations(
+    claims: Sequence[ResourceClaim], allocations: Sequence[AllocationResult]
+) -> list[pb.ClaimAllocation]:
+    return [
+        pb.ClaimAllocation(
+            namespace=claim.namespace,
+            name=claim.name,
+            uid=claim.uid,
+            allocation=to_pb_allocation_result(allocation),
+        )
+        for claim, allocation in zip(claims, allocations, strict=False)
+    ]
+
+
+def _node_placement(answer: Answer, member: GangMember) -> pb.NodePlacement:
+    return pb.NodePlacement(
+        node_name=member.node,
+        allocations=_claim_allocations(answer.claims, member.allocations),
+        score=_score(member.score, answer.policy),
+    )
+
+
+def _gang_score(answer: Answer) -> float:
+    """A gang's score: the mean of its members' (0 for members replayed from reservations)."""
+    return sum(_score(m.score, answer.policy) for m in answer.gang) / len(answer.gang)
+
+
+def _devices(allocations: Iterable[AllocationResult]) -> list[DeviceID]:
+    return sorted({r.device_id for a in allocations for r in a.results if not r.admin_access})
+
+
+def _holder_to_pb(holder: Holder) -> pb.Holder:
+    message = pb.Holder(
+        reservation_id=holder.reservation_id,
+        owner="" if holder.redacted else holder.owner,
+        tenant=tenant_of_owner(holder.owner),
+        node_name=holder.node,
+        state=_STATES[holder.state],
+        devices=[to_pb_device_id(d) for d in holder.devices],
+    )
+    if holder.expires_at is not None:
+        message.expires_at.CopyFrom(_timestamp(holder.expires_at))
+    return message
+
+
+def _score(score: Score | None, policy: Policy) -> float:
+    """Higher is better: the used share of the node after the placement (BINPACK, FIRST_FIT),
+    the free share (SPREAD)."""
+    if score is None or score.total_devices == 0:
+        return 0.0
+    free = Fraction(score.free_devices, score.total_devices)
+    return float(free if policy is Policy.SPREAD else 1 - free)
+
+
+def _timestamp(seconds: float) -> timestamp_pb2.Timestamp:
+    stamp = timestamp_pb2.Timestamp()
+    stamp.FromNanoseconds(round(seconds * 1e9))
+    return stamp
+
+
+# --- explanations ----------------------------------------------------------------------------
+
+
+def _explanation(answer: Answer, max_nodes: int) -> pb.Explanation:
+    explanation = answer.explanation or Explanation(summary="")
+    message = pb.Explanation(
+        requests=[_request(r) for r in explanation.requests],
+        constraints=[_constraint(c) for c in explanation.constraints],
+        nodes=[_node(n) for n in explanation.nodes[:max_nodes]],
+        messages=explanation.lines(max_nodes),
+    )
+    stats = answer.stats
+    message.stats.CopyFrom(
+        pb.SearchStats(
+            steps=stats.steps if stats else 0,
+            cel_evaluations=stats.cel_evaluations if stats else 0,
+            cel_cache_hits=answer.cel_cache_hits,
+            nodes_considered=stats.nodes_total if stats else 0,
+        )
+    )
+    message.stats.elapsed.FromTimedelta(timedelta(seconds=answer.elapsed_seconds))
+    return message
+
+
+def _request_ref(claim_label: str, request: str) -> pb.RequestRef:
+    return pb.RequestRef(claim=claim_label.rpartition("/")[2], request=request)
+
+
+def _request(request: RequestExplanation) -> pb.RequestExplanation:
+    name, _, sub = request.request.partition("/")
+    return pb.RequestExplanation(
+        request=_request_ref(request.claim, name),
+        sub_request=sub,
+        considered=request.considered,
+        rejections=[_rejection(g) for g in request.rejections],
+    )
+
+
+def _rejection(group: RejectionGroup) -> pb.RejectionGroup:
+    return pb.RejectionGroup(
+        reason=_REASONS.get(group.code, pb.REJECTION_REASON_UNSPECIFIED),
+        message=group.message(),
+        count=group.count,
+        example_devices=[_device_id(text) for text in group.examples],
+    )
+
+
+def _device_id(text: str) -> dra_pb2.DeviceID:
+    """`driver/pool/device` (a pool name may hold slashes; drivers and devices do not)."""
+    driver, _, rest = text.partition("/")
+    pool, _, device = rest.rpartition("/")
+    return dra_pb2.DeviceID(driver=driver, pool=pool, device=device)
+
+
+def _constraint(constraint: ConstraintExplanation) -> pb.ConstraintExplanation:
+    return pb.ConstraintExplanation(
+        source=pb.CONSTRAINT_SOURCE_CLAIM,
+        claim=constraint.claim.rpartition("/")[2],
+        index=constraint.index,
+        rejections=sum(g.count for g in constraint.problems),
+        message=constraint.message(),
+    )
+
+
+def _node(miss: NodeMiss) -> pb.NodeExplanation:
+    message = pb.NodeExplanation(
+        node_name=miss.node or "",
+        missing_devices=max(0, miss.request_needed - miss.request_placed),
+        message=miss.message(),
+    )
+    if miss.request:
+        message.unsatisfied_requests.append(_request_ref(miss.claim, miss.request))
+    return message

@@ -1,0 +1,297 @@
+"""gpualloc.allocator.v1.Allocator over the AllocatorService: translate, call, translate back.
+
+No logic and no try/except here: the service raises typed errors, which the server's error
+interceptor maps to status codes. `ACCESS` says what each method needs; the auth interceptor
+checks it before a method runs and leaves the call's principal for `current_principal`. The
+principal decides the owner a call acts as (`Principal.owner`: under a policy
+`<tenant>/<name>`, in development mode the `x-gpualloc-owner` header, else the request's
+`owner`, else `anonymous`) and what it sees of other tenants (app/tenancy.py). Grants, commits,
+renewals and releases are audit events. Identity and time enter here and travel down as
+values: each method makes the call's Deadline (`call_deadline`: the client's deadline capped at
+`max_call_seconds`, cancelled when the call ends) and passes it to the service.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from protos.allocator.v1 import allocator_pb2 as pb
+from protos.allocator.v1 import allocator_pb2_grpc
+from services.allocator.adapters.grpc.mapping import (
+    ClaimReader,
+    allocate_response,
+    capacity_response,
+    claims_path,
+    explain_response,
+    lease_from_pb,
+    proto_field_paths,
+    query_from_pb,
+    quota_status_response,
+    request_digest,
+    reservation_state_from_pb,
+    reservation_to_pb,
+    reserve_claims_from_pb,
+    seconds_from_pb,
+)
+from services.allocator.app.messages import Answer
+from services.allocator.app.service import AllocatorService
+from services.allocator.app.tenancy import visible_answer, visible_reservation
+from services.allocator.reservations.model import Reservation
+from services.common.deadline import Deadline
+from services.common.errors import PermissionDenied
+from services.common.grpc_server import call_deadline
+from services.common.security.edge import (
+    OWNER_METADATA,
+    AccessRule,
+    asks_admin_access,
+    audit_call,
+    current_principal,
+    rule,
+)
+from services.common.security.policy import Access
+from services.common.security.principal import DEVELOPMENT_ANONYMOUS, Permission, Principal
+
+__all__ = ["ACCESS", "ANONYMOUS", "OWNER_METADATA", "SERVICE_NAME", "AllocatorServicer"]
+
+SERVICE_NAME = "gpualloc.allocator.v1.Allocator"
+ANONYMOUS = DEVELOPMENT_ANONYMOUS
+
+
+def _placing(request: pb.AllocateRequest) -> Access:
+    permission = Permission.RESERVATIONS_CREATE if request.reserve else Permission.PLACEMENTS_READ
+    return Access("", permission, admin_access=request.reserve and asks_admin_access(request))
+
+
+def _reserving(request: pb.ReserveRequest) -> Access:
+    return Access("", Permission.RESERVATIONS_CREATE, admin_access=asks_admin_access(request))
+
+
+_PREFIX = f"/{SERVICE_NAME}/"
+ACCESS: dict[str, AccessRule] = {
+    _PREFIX + "Allocate": _placing,
+    _PREFIX + "Explain": rule(Permission.PLACEMENTS_READ),
+    _PREFIX + "Capacity": rule(Permission.PLACEMENTS_READ),
+    _PREFIX + "Reserve": _reserving,
+    _PREFIX + "Commit": rule(Permission.RESERVATIONS_UPDATE),
+    _PREFIX + "Renew": rule(Permission.RESERVATIONS_UPDATE),
+    _PREFIX + "Release": rule(Permission.RESERVATIONS_UPDATE),
+    _PREFIX + "GetReservation": rule(Permission.RESERVATIONS_READ),
+    _PREFIX + "ListReservations": rule(Permission.RESERVATIONS_READ),
+    _PREFIX + "QuotaStatus": rule(Permission.PLACEMENTS_READ),
+}
+"""What each method needs (a method missing here is denied under a policy)."""
+
+
+def _audit(context: grpc.ServicerContext, event: str, reservation: Reservation) -> None:
+    audit_call(
+        context,
+        event,
+        reservation=reservation.id,
+        owner=reservation.owner,
+        node=reservation.node,
+        devices=reservation.hold.devices,
+        state=reservation.state.value,
+    )
+
+
+class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
+    def __init__(
+        self,
+        service: AllocatorService,
+        *,
+        claims: ClaimReader | None = None,
+        max_call_seconds: float | None = None,
+    ) -> None:
+        """`claims` reads the requests' claim messages (its memo is this servicer's: a new,
+        default-sized ClaimReader when not given). Each call's deadline — the client's, at
+        most `max_call_seconds` — goes down to the service as a value (call_deadline)."""
+        self._service = service
+        self._claims = claims if claims is not None else ClaimReader()
+        self._max_call_seconds = max_call_seconds
+
+    def _deadline(self, context: grpc.ServicerContext) -> Deadline:
+        return call_deadline(context, self._max_call_seconds)
+
+    def Allocate(
+        self, request: pb.AllocateRequest, context: grpc.ServicerContext
+    ) -> pb.AllocateResponse:
+        with proto_field_paths(claims_path(request)):
+            query = query_from_pb(request, self._claims)
+            principal = current_principal(context)
+            lease = None
+            if request.reserve:
+                lease = lease_from_pb(
+                    principal.owner(request.owner),
+                    request.lease_ttl if request.HasField("lease_ttl") else None,
+                    request.idempotency_key,
+                    request.reservation_labels,
+                    request_digest(request) if request.idempotency_key else "",
+                    request.priority_class_name,
+                    request.preempt,
+                )
+            answer = self._service.allocate(query, lease, deadline=self._deadline(context))
+        if answer.reservations:
+            for victim in answer.preemption:
+                audit_call(
+                    context,
+                    "reservation.preempt",
+                    reservation=victim.holder.reservation_id,
+                    owner=victim.holder.owner,
+                    node=victim.holder.node,
+                    reason=victim.reason,
+                )
+        for reservation in answer.reservations:
+            _audit(context, "reservation.grant", reservation)
+        return allocate_response(self._visible(answer, principal))
+
+    def Explain(
+        self, request: pb.ExplainRequest, context: grpc.ServicerContext
+    ) -> pb.ExplainResponse:
+        principal = current_principal(context)
+        with proto_field_paths(claims_path(request)):
+            answer = self._service.explain(
+                query_from_pb(request, self._claims),
+                request.max_nodes_explained,
+                _quota_owner(principal),
+                request.priority_class_name,
+                deadline=self._deadline(context),
+            )
+        answer = self._visible(answer, principal)
+        return explain_response(answer, request.max_nodes_explained or 10)
+
+    def Capacity(
+        self, request: pb.CapacityRequest, context: grpc.ServicerContext
+    ) -> pb.CapacityResponse:
+        owner = _quota_owner(current_principal(context))
+        with proto_field_paths(claims_path(request)):
+            answer = self._service.capacity(
+                query_from_pb(request, self._claims),
+                request.ignore_reservations,
+                owner,
+                deadline=self._deadline(context),
+            )
+        return capacity_response(answer)
+
+    def Reserve(
+        self, request: pb.ReserveRequest, context: grpc.ServicerContext
+    ) -> pb.ReserveResponse:
+        lease = lease_from_pb(
+            current_principal(context).owner(request.owner),
+            request.lease_ttl if request.HasField("lease_ttl") else None,
+            request.idempotency_key,
+            request.labels,
+            priority_class=request.priority_class_name,
+        )
+        claims = reserve_claims_from_pb(request.allocations)
+        reservations = self._service.reserve(
+            request.node_name, claims, lease, deadline=self._deadline(context)
+        )
+        for reservation in reservations:
+            _audit(context, "reservation.grant", reservation)
+        messages = [reservation_to_pb(r) for r in reservations]
+        return pb.ReserveResponse(reservation=messages[0], reservations=messages)
+
+    def Commit(self, request: pb.CommitRequest, context: grpc.ServicerContext) -> pb.CommitResponse:
+        deadline = self._deadline(context)
+        owner = self._owner(context, request.reservation_id, request.owner, deadline)
+        reservation = self._service.commit(
+            request.reservation_id, owner, request.fencing_token, deadline=deadline
+        )
+        _audit(context, "reservation.commit", reservation)
+        return pb.CommitResponse(reservation=reservation_to_pb(reservation))
+
+    def Renew(self, request: pb.RenewRequest, context: grpc.ServicerContext) -> pb.RenewResponse:
+        deadline = self._deadline(context)
+        reservation = self._service.renew(
+            request.reservation_id,
+            self._owner(context, request.reservation_id, request.owner, deadline),
+            seconds_from_pb(request.lease_ttl if request.HasField("lease_ttl") else None),
+            request.fencing_token,
+            deadline=deadline,
+        )
+        _audit(context, "reservation.renew", reservation)
+        return pb.RenewResponse(reservation=reservation_to_pb(reservation))
+
+    def Release(
+        self, request: pb.ReleaseRequest, context: grpc.ServicerContext
+    ) -> pb.ReleaseResponse:
+        deadline = self._deadline(context)
+        released = self._service.release(
+            request.reservation_id,
+            self._owner(context, request.reservation_id, request.owner, deadline),
+            request.fencing_token,
+            request.allow_missing,
+            deadline=deadline,
+        )
+        response = pb.ReleaseResponse()
+        if released is not None:
+            _audit(context, "reservation.release", released)
+            response.reservation.CopyFrom(reservation_to_pb(released))
+        return response
+
+    def GetReservation(
+        self, request: pb.GetReservationRequest, context: grpc.ServicerContext
+    ) -> pb.GetReservationResponse:
+        reservation = self._service.get(request.reservation_id, deadline=self._deadline(context))
+        shown = visible_reservation(reservation, current_principal(context))
+        return pb.GetReservationResponse(reservation=reservation_to_pb(shown))
+
+    def ListReservations(
+        self, request: pb.ListReservationsRequest, context: grpc.ServicerContext
+    ) -> pb.ListReservationsResponse:
+        principal = current_principal(context)
+        page, token = self._service.list_reservations(
+            owner=principal.qualified(request.owner),
+            node=request.node_name,
+            state=reservation_state_from_pb(request.state),
+            page_size=request.page_size,
+            page_token=request.page_token,
+            deadline=self._deadline(context),
+        )
+        return pb.ListReservationsResponse(
+            reservations=[reservation_to_pb(visible_reservation(r, principal)) for r in page],
+            next_page_token=token,
+        )
+
+    def QuotaStatus(
+        self, request: pb.QuotaStatusRequest, context: grpc.ServicerContext
+    ) -> pb.QuotaStatusResponse:
+        principal = current_principal(context)
+        asked = list(request.tenants)
+        if not principal.sees_all_tenants:
+            own = principal.tenant or ""
+            others = sorted(set(asked) - {own})
+            if others:
+                raise PermissionDenied(
+                    f"QuotaStatus: identity {principal.name} may see only its own tenant's "
+                    f"quotas ({own or 'none'}), not {', '.join(others)}"
+                )
+            asked = [own] if own else []
+            if not asked:
+                return pb.QuotaStatusResponse()
+        rows, enabled = self._service.quota_status(asked)
+        return quota_status_response(rows, enabled)
+
+    def _owner(
+        self,
+        context: grpc.ServicerContext,
+        reservation_id: str,
+        requested: str,
+        deadline: Deadline,
+    ) -> str:
+        """The owner a change of a reservation acts as: the caller's, or — for a principal
+        that may act on every tenant's reservations — the reservation's own."""
+        principal = current_principal(context)
+        if principal.sees_all_tenants and not principal.development:
+            return self._service.get(reservation_id, deadline=deadline).owner
+        return principal.owner(requested)
+
+    def _visible(self, answer: Answer, principal: Principal) -> Answer:
+        return visible_answer(answer, principal, self._service.holdings.owner_of)
+
+
+def _quota_owner(principal: Principal) -> str:
+    """The owner whose tenant's quota Explain checks: the caller's, if it may hold any."""
+    if principal.development:
+        return principal.owner()
+    return principal.owner() if principal.tenant is not None else ""

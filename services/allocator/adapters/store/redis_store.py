@@ -1,0 +1,759 @@
+"""The Redis reservation store: the port as Redis Functions, one atomic step per operation.
+
+Each reserve/commit/renew/release/expire is ONE `FCALL` into the `gpualloc` library
+(adapters/store/redis_functions.lua) over the keys of one node, all hash-tagged `{node}` so that
+they share a slot (Redis Cluster). The Lua side reads the server's TIME for every lease decision,
+frees the node's due leases first, and publishes each change on `<prefix>:events`.
+
+A reservation id names its node: `res-<32 hex>@<node>`, so commit, renew, release and get go
+straight to the node's keys (one round trip each; an id naming a node that does not hold it is
+simply NotFound). Outside the node slots one key lets a client find things:
+
+- `<prefix>:nodes` SET of every node that ever had a reservation (`live()` and `expire()` walk
+  it), added to in the same pipeline as the reserve step and before it, so a reserve is ONE
+  round trip.
+- `<prefix>:reservations` HASH id -> node: only read, for ids without `@<node>` that an older
+  version wrote (it indexed every id); entries are deleted after their release or expiry.
+
+Failure policy: connection errors and timeouts become `Unavailable`. Only reads and reserves
+that carry an idempotency key are retried (with exponential backoff): a retried reserve without
+a key could take a second lease, and a retried release could report NotFound for its own
+success. The client's own retries are switched off for that reason when the store builds it.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import threading
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+import redis
+from redis.client import PubSubWorkerThread
+from redis.exceptions import AskError, MovedError
+
+from services.allocator.adapters.store.reservation_codec import allocation_from_dict
+from services.allocator.reservations.model import (
+    NODE_SEPARATOR,
+    PREEMPTED_MEMORY_SECONDS,
+    DeviceTaken,
+    Hold,
+    LimitedUse,
+    Reservation,
+    ReservationEvent,
+    ReservationEventOp,
+    ReservationState,
+    ReserveRequest,
+    UseExceeded,
+    conflict_error,
+    new_reservation_id,
+    node_reservation_id,
+    preempted_error,
+    reserve_gang,
+    validate_reserve_request,
+)
+from services.common.dra.serialize import allocation_result_to_dict
+from services.common.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    Unavailable,
+    clip,
+)
+from services.common.redis_layout import (
+    UNAVAILABLE_ERRORS,
+    RedisClient,
+    connect,
+    is_cluster,
+    wait_milliseconds,
+)
+
+__all__ = [
+    "LIBRARY_NAME",
+    "LIBRARY_VERSION",
+    "NODE_SEPARATOR",
+    "RedisReservationStore",
+    "RedisSubscription",
+]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+LIBRARY_NAME = "gpualloc"
+_TEMPLATE = Path(__file__).with_name("redis_functions.lua").read_text(encoding="utf-8")
+LIBRARY_VERSION = hashlib.sha256(_TEMPLATE.encode()).hexdigest()[:16]
+_LIBRARY_CODE = _TEMPLATE.replace("@VERSION@", LIBRARY_VERSION)
+
+_UNAVAILABLE = UNAVAILABLE_ERRORS
+NODE_BUCKETS = 16  # the nodes index: this many sets, spread over the slots (cluster shards)
+FANOUT_BATCH = 256  # nodes per pipeline when a List or the janitor walks every node
+FANOUT_SHARDS = 8  # shards walked at once
+EventCallback = Callable[[ReservationEvent], None]
+_RESUBSCRIBE_S = 0.5  # pause between reconnect attempts of an event subscription
+Strings = list[str]  # aliases: inside the class `list` is the port's method
+Replies = list[Any]
+
+
+class RedisReservationStore:
+    """Reservations in Redis >= 7.0. `client_or_url` is a URL (services/common/redis_layout.py:
+    `redis://`, `rediss://` for TLS, `user:password@` for AUTH/ACL, `/db`; `redis+sentinel://`
+    and `redis+cluster://` for the HA layouts) or a ready client (`redis.Redis` or
+    `redis.RedisCluster`), which the store then neither configures nor closes (disable its
+    retries: see the module docstring).
+    `id_factory` mints the part of an id before `@<node>` (it must not contain `@`).
+    `wait_replicas` > 0: a reserve or commit is acknowledged only once `WAIT wait_replicas
+    wait_timeout` confirms that many replicas have it, else the call fails UNAVAILABLE (the
+    step itself happened on the primary: retry it, with the idempotency key for a reserve)."""
+
+    def __init__(
+        self,
+        client_or_url: RedisClient | str,
+        *,
+        key_prefix: str = "gpualloc",
+        socket_timeout: float = 2.0,
+        socket_connect_timeout: float | None = None,
+        max_connections: int | None = None,
+        retries: int = 2,
+        backoff_seconds: float = 0.05,
+        health_check_interval: int = 30,
+        id_factory: Callable[[], str] = new_reservation_id,
+        wait_replicas: int = 0,
+        wait_timeout: float = 0.5,
+    ) -> None:
+        if isinstance(client_or_url, str):
+            self._client: RedisClient = connect(
+                client_or_url,
+                socket_timeout=socket_timeout,
+                socket_connect_timeout=socket_connect_timeout,
+                max_connections=max_connections,
+                health_check_interval=health_check_interval,
+            )
+            self._owns_client = True
+        else:
+            self._client = client_or_url
+            self._owns_client = False
+        wait_ms = wait_milliseconds(wait_replicas, wait_timeout, socket_timeout)
+        self._cluster = is_cluster(self._client)
+        self._prefix = key_prefix
+        self._retries = retries
+        self._backoff_seconds = backoff_seconds
+        self._id_factory = id_factory
+        self._wait_replicas = wait_replicas
+        self._wait_ms = wait_ms
+        self._index_key = f"{key_prefix}:reservations"
+        self._legacy_nodes_key = f"{key_prefix}:nodes"
+        self.channel = f"{key_prefix}:events"
+        self._library_ready = False
+        self._library_lock = threading.Lock()
+        self._subscriptions: list[RedisSubscription] = []
+        # nodes known to be in the nodes index (read from it, or added by this process): a grant
+        # on one of them skips the SADD. Replaced by every walk, so a lost index heals.
+        self._registered: set[str] = set()
+        self._pending: set[str] = set()  # granted on, not yet in the index (cluster)
+        self._fanout_pool: ThreadPoolExecutor | None = None
+        self._fanout_lock = threading.Lock()
+
+    # --- the port ------------------------------------------------------------------------
+
+    def reserve(self, request: ReserveRequest) -> Reservation:
+        return self._grant(request)[0]
+
+    def _grant(self, request: ReserveRequest) -> tuple[Reservation, bool]:
+        """The reservation, and whether this call created it (False: the idempotency key's)."""
+        hold = validate_reserve_request(request)
+        node = _check_node(request.node)
+        reservation_id = node_reservation_id(self._id_factory(), node)
+        base = self._base(node)
+        idem = (
+            json.dumps([request.owner, request.idempotency_key]) if request.idempotency_key else ""
+        )
+        uses = [[use.key, str(use.amount), str(use.limit)] for use in hold.uses]
+        keys = [base + "res:" + reservation_id, base + "leases", base + "ids", base + "fence"]
+        keys += [base + "idem", *(base + "dev:" + d for d in hold.devices)]
+        keys += [base + "use:" + use.key for use in hold.uses]
+        args = [
+            *self._context(node),
+            reservation_id,
+            request.owner,
+            idem,
+            str(max(1, math.ceil(request.lease_seconds * 1000))),
+            json.dumps(list(hold.devices)),
+            json.dumps(uses),
+            json.dumps(_doc(request)),
+        ]
+
+        def step() -> list[Any]:
+            return cast(
+                list[Any], self._write("gpualloc_grant", keys, args, register=node, wait=True)
+            )
+
+        reply = self._attempt(step, retry=bool(request.idempotency_key))
+        status, expired = _text(reply[0]), reply[-1]
+        self._unindex(expired)
+        if status == "conflict":
+            raise conflict_error([_conflict_item(item) for item in reply[1]])
+        if status == "existing":
+            return self._decode(reply[1]), False
+        fence, created, expires = (int(_text(value)) for value in reply[1])
+        reservation = Reservation(
+            id=reservation_id,
+            owner=request.owner,
+            node=node,
+            claim_names=tuple(request.claim_names),
+            allocations=tuple(request.allocations),
+            hold=hold,
+            state=ReservationState.RESERVED,
+            fencing_token=fence,
+            created_at=created / 1000,
+            expires_at=expires / 1000,
+            idempotency_key=request.idempotency_key,
+            labels=tuple((key, value) for key, value in request.labels),
+            request_digest=request.request_digest,
+            priority_class=request.priority_class,
+        )
+        return reservation, True
+
+    def reserve_gang(self, requests: Sequence[ReserveRequest]) -> list[Reservation]:
+        """Per node in order, releasing what was taken if one fails (see `reserve_gang`)."""
+        return reserve_gang(self, requests, self._grant)
+
+    def commit(self, reservation_id: str, owner: str, fencing_token: int = 0) -> Reservation:
+        node = self._node_of(reservation_id)
+        args = [*self._context(node), reservation_id, owner, str(fencing_token)]
+        reply = self._mutate("gpualloc_commit", node, reservation_id, args, wait=True)
+        return self._decode(reply[1])
+
+    def renew(self, reservation_id: str, owner: str, lease_seconds: float) -> Reservation:
+        if not (math.isfinite(lease_seconds) and lease_seconds > 0):
+            raise InvalidArgument.at("lease_seconds", f"must be > 0, got {lease_seconds}")
+        node = self._node_of(reservation_id)
+        lease_ms = str(max(1, math.ceil(lease_seconds * 1000)))
+        args = [*self._context(node), reservation_id, owner, lease_ms]
+        reply = self._mutate("gpualloc_renew", node, reservation_id, args)
+        return self._decode(reply[1])
+
+    def release(self, reservation_id: str, owner: str, fencing_token: int = 0) -> None:
+        node = self._node_of(reservation_id)
+        args = [*self._context(node), reservation_id, owner, str(fencing_token)]
+        self._mutate("gpualloc_release", node, reservation_id, args)
+        self._unindex([reservation_id])
+
+    def revoke(self, reservation_id: str, fencing_token: int, by: str) -> None:
+        node = self._node_of(reservation_id)
+        ttl = str(int(PREEMPTED_MEMORY_SECONDS * 1000))
+        args = [*self._context(node), reservation_id, str(fencing_token), by, ttl]
+        self._mutate("gpualloc_revoke", node, reservation_id, args, wait=True)
+        self._unindex([reservation_id])
+
+    def get(self, reservation_id: str) -> Reservation:
+        node = self._node_of(reservation_id)
+        keys = [self._base(node) + "res:" + reservation_id]
+        found = self._attempt(
+            lambda: self._fcall("gpualloc_get", keys, [*self._context(node), reservation_id]),
+            retry=True,
+        )
+        if not found:
+            raise NotFound(f"reservation {clip(reservation_id)} not found (released or expired)")
+        return self._decode(found[0])
+
+    def list(self, owner: str = "", node: str = "") -> Sequence[Reservation]:
+        """One node: that node's keys only. Every node: the nodes index, then each shard's
+        nodes in pipelines, shards in parallel; any shard that cannot answer fails the call."""
+        if node:
+            nodes = [_check_node(node)]
+        else:
+            nodes = self._attempt(lambda: self._read_nodes(), retry=True)
+        calls = [([self._base(n) + "ids"], self._context(n)) for n in nodes]
+        replies, _ = self._attempt(lambda: self._fanout("gpualloc_list", calls, False), retry=True)
+        found = [self._decode(fields) for reply in replies for fields in reply]
+        return sorted(
+            (r for r in found if not owner or r.owner == owner), key=lambda r: (r.node, r.id)
+        )
+
+    def live(self) -> Sequence[Reservation]:
+        return self.list()
+
+    def expire(self) -> int:
+        """Run every node's expiry step (a pipeline per shard and batch, shards in parallel);
+        returns how many leases were freed. A shard that cannot answer is skipped (logged):
+        its nodes wait for the next run; only when none answers is the call UNAVAILABLE."""
+        self._register_pending()
+        nodes = self._attempt(lambda: self._read_nodes(tolerant=True), retry=True)
+        calls = [([self._base(n) + "leases"], self._context(n)) for n in nodes]
+        replies, failed = self._attempt(
+            lambda: self._fanout("gpualloc_expire", calls, True), retry=False
+        )
+        if failed:
+            log.warning("expire: %d node(s) on unavailable shards skipped", failed)
+        expired = [reservation_id for reply in replies for reservation_id in reply]
+        self._unindex(expired)
+        return len(expired)
+
+    def close(self) -> None:
+        for subscription in tuple(self._subscriptions):
+            subscription.close()
+        if self._fanout_pool is not None:
+            self._fanout_pool.shutdown(wait=False)
+        if self._owns_client:
+            self._client.close()
+
+    # --- events --------------------------------------------------------------------------
+
+    def subscribe(self, callback: EventCallback) -> RedisSubscription:
+        """Call `callback` (from a background thread) for every change any replica makes.
+
+        Pub/sub is at-most-once: a subscriber that was disconnected misses events, so treat
+        them as hints to refresh and rebuild the full view with `live()` now and then."""
+
+        def on_message(message: dict[str, Any]) -> None:
+            try:
+                data = json.loads(_text(message["data"]))
+                callback(
+                    ReservationEvent(
+                        ReservationEventOp(data["op"]),
+                        data["id"],
+                        data["node"],
+                        int(data["fencing_token"]),
+                    )
+                )
+            except Exception:
+                log.exception("reservation event callback failed")
+
+        def on_error(error: BaseException, pubsub: Any, thread: PubSubWorkerThread) -> None:
+            log.warning("reservation events: %s; resubscribing in %gs", error, _RESUBSCRIBE_S)
+            time.sleep(_RESUBSCRIBE_S)
+
+        pubsub = self._client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        pubsub.subscribe(**{self.channel: on_message})
+        thread = pubsub.run_in_thread(sleep_time=0.05, daemon=True, exception_handler=on_error)
+        subscription = RedisSubscription(thread, self._subscriptions)
+        self._subscriptions.append(subscription)
+        return subscription
+
+    # --- Redis plumbing ------------------------------------------------------------------
+
+    def _base(self, node: str) -> str:
+        return f"{self._prefix}:{{{node}}}:"
+
+    def _context(self, node: str) -> Strings:
+        return [self._base(node), node, self.channel]
+
+    def _register_pending(self) -> None:
+        for node in sorted(self._pending):
+            try:
+                self._client.sadd(self._nodes_key(node), node)
+            except _UNAVAILABLE:
+                continue
+            self._pending.discard(node)
+
+    def _nodes_key(self, node: str) -> str:
+        """The nodes index set of `node`: one of NODE_BUCKETS sets, each its own slot."""
+        return self._bucket_key(zlib.crc32(node.encode()) % NODE_BUCKETS)
+
+    def _bucket_key(self, bucket: int) -> str:
+        return f"{self._prefix}:nodes:{{{bucket}}}"
+
+    def _read_nodes(self, tolerant: bool = False) -> Strings:
+        """Every node in the index: the buckets, and the single set older versions wrote; one
+        pipeline per shard. `tolerant`: the sets of shards that cannot answer are skipped
+        (unless none answers)."""
+        keys = [self._legacy_nodes_key, *(self._bucket_key(b) for b in range(NODE_BUCKETS))]
+
+        def read(group: Strings) -> Replies:
+            with self._client.pipeline(transaction=False) as pipe:
+                for key in group:
+                    pipe.smembers(key)
+                replies = pipe.execute(raise_on_error=False)
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            return replies
+
+        results = self._per_shard(read, self._by_shard(keys, lambda key: key))
+        found: set[str] = set()
+        failures = [result for result in results if isinstance(result, BaseException)]
+        if failures and (not tolerant or len(failures) == len(results)):
+            raise failures[0]
+        for result in results:
+            if not isinstance(result, BaseException):
+                for reply in result:
+                    found.update(_text(node) for node in reply)
+        if failures:
+            log.warning("nodes index: %d shard(s) unavailable, their nodes skipped", len(failures))
+            self._registered |= found
+        else:
+            self._registered = set(found)
+        return sorted(found)
+
+    def _by_shard(self, items: Sequence[T], key_of: Callable[[T], str]) -> Sequence[Sequence[T]]:
+        """`items` grouped by the primary serving their key (one group off a cluster), in
+        groups of at most FANOUT_BATCH."""
+        groups: dict[str, builtins.list[T]] = {}
+        if self._cluster:
+            cluster: Any = self._client
+            for item in items:
+                groups.setdefault(cluster.get_node_from_key(key_of(item)).name, []).append(item)
+        else:
+            groups[""] = list(items)
+        return [
+            group[i : i + FANOUT_BATCH]
+            for group in groups.values()
+            for i in range(0, len(group), FANOUT_BATCH)
+        ]
+
+    def _per_shard(
+        self, action: Callable[[Any], Replies], groups: Sequence[Any]
+    ) -> Sequence[Replies | BaseException]:
+        """`action` on each group, at most FANOUT_SHARDS at once; an unavailable group's
+        result is its exception."""
+
+        def run(group: Any) -> Replies | BaseException:
+            try:
+                return action(group)
+            except _UNAVAILABLE as error:
+                return error
+
+        if len(groups) <= 1:
+            return [run(group) for group in groups]
+        return tuple(self._pool().map(run, groups))
+
+    def _node_of(self, reservation_id: str) -> str:
+        """The node an id names; ids without one (older versions) are looked up in the index."""
+        head, separator, node = reservation_id.partition(NODE_SEPARATOR)
+        if separator:
+            if not head or not node or "{" in node or "}" in node:
+                raise NotFound(f"reservation {clip(reservation_id)} not found (no such id)")
+            return node
+        found = self._attempt(lambda: self._client.hget(self._index_key, reservation_id), True)
+        if found is None:
+            raise NotFound(f"reservation {clip(reservation_id)} not found (released or expired)")
+        return _text(found)
+
+    def _mutate(
+        self, function: str, node: str, reservation_id: str, args: Strings, wait: bool = False
+    ) -> Any:
+        """One commit/renew/release step; translates the Lua side's refusals into errors.
+        `wait`: acknowledged after WAIT (when configured)."""
+        base = self._base(node)
+        keys = [base + "res:" + reservation_id, base + "leases", base + "ids", base + "idem"]
+        keys.append(base + "preempted:" + reservation_id)
+        reply = self._attempt(lambda: self._write(function, keys, args, wait=wait), retry=False)
+        status = _text(reply[0])
+        self._unindex(reply[-1])
+        if status == "ok":
+            return reply
+        if status == "notfound":
+            raise NotFound(f"reservation {clip(reservation_id)} not found (released or expired)")
+        if status == "denied":
+            raise PermissionDenied(f"reservation {reservation_id} belongs to another owner")
+        if status == "fence":
+            raise FailedPrecondition(
+                f"reservation {reservation_id}: fencing token {args[-1]} is stale "
+                f"(current {_text(reply[1])})"
+            )
+        if status == "committed":
+            raise FailedPrecondition(f"reservation {reservation_id} is committed: no lease")
+        if status == "preempted":
+            raise preempted_error(reservation_id, _text(reply[1]))
+        raise AssertionError(f"{function}: unexpected reply {status!r}")
+
+    def _unindex(self, reservation_ids: Sequence[Any]) -> None:
+        """Drop the index entries of gone ids that an older version indexed (ids without
+        `@<node>`; others never were). Best effort: a stale entry only costs a NotFound later."""
+        legacy = [t for t in (_text(i) for i in reservation_ids) if NODE_SEPARATOR not in t]
+        if legacy:
+            with contextlib.suppress(*_UNAVAILABLE):
+                self._client.hdel(self._index_key, *legacy)
+
+    def _attempt(self, action: Callable[[], T], retry: bool) -> T:
+        attempts = 1 + (self._retries if retry else 0)
+        for attempt in range(attempts):
+            try:
+                return action()
+            except _UNAVAILABLE as error:
+                if attempt + 1 >= attempts:
+                    raise Unavailable(
+                        f"redis unavailable ({type(error).__name__}): {error}"
+                    ) from error
+                time.sleep(self._backoff_seconds * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def _fcall(self, function: str, keys: Sequence[str], args: Sequence[str]) -> Any:
+        """FCALL (FCALL_RO for the read-only functions), loading the library when missing."""
+        self._ensure_library()
+        call = self._client.fcall_ro if function in _READ_ONLY else self._client.fcall
+        try:
+            return call(function, len(keys), *keys, *args)
+        except redis.ResponseError as error:
+            if not _is_missing_function(error):
+                raise
+        self._load_library()
+        return call(function, len(keys), *keys, *args)
+
+    def _write(
+        self,
+        function: str,
+        keys: Sequence[str],
+        args: Sequence[str],
+        *,
+        register: str = "",
+        wait: bool = False,
+    ) -> Any:
+        """FCALL a writing step. `register`: a node to have in the nodes index first (in the
+        same round trip on one server; a round trip before on a cluster, since the index set
+        lives in another slot, and only the first time this process sees the node).
+        `wait`: with `wait_replicas`, `WAIT` on the connection that ran the step; fewer
+        replicas than asked within the timeout -> Unavailable (the step happened)."""
+        self._ensure_library()
+        if register in self._registered:
+            register = ""
+        if register and self._cluster:
+            try:
+                self._client.sadd(self._nodes_key(register), register)
+                self._registered.add(register)
+            except _UNAVAILABLE as error:
+                # The index set lives on another shard, which is down: the node's own shard
+                # may be up, so grant anyway; the janitor adds the node once it can.
+                log.warning("nodes index: %s not added yet: %s", register, error)
+                self._pending.add(register)
+            register = ""
+        wait = wait and self._wait_replicas > 0
+        if not register and not wait:
+            return self._fcall(function, keys, args)
+        for attempt in range(3):
+            client: Any = self._client
+            if self._cluster:  # WAIT must follow the step on the same connection: its primary
+                cluster: Any = self._client  # redis-py's cluster API is untyped
+                client = cluster.get_redis_connection(cluster.get_node_from_key(keys[0]))
+            try:
+                with client.pipeline(transaction=False) as pipe:
+                    if register:
+                        pipe.sadd(self._nodes_key(register), register)
+                    pipe.fcall(function, len(keys), *keys, *args)
+                    if wait:
+                        pipe.wait(self._wait_replicas, self._wait_ms)
+                    replies = pipe.execute(raise_on_error=False)
+            except _UNAVAILABLE:
+                if self._cluster:  # we went around the cluster client: refresh its layout
+                    self._refresh_topology()
+                raise
+            reply = replies[1 if register else 0]
+            if attempt < 2 and _is_missing_function(reply):
+                self._load_library()
+                continue
+            if attempt < 2 and self._cluster and isinstance(reply, MovedError | AskError):
+                # not executed: the slot moved (failover, resharding); learn the new layout
+                self._refresh_topology()
+                continue
+            if isinstance(reply, Exception):
+                raise reply
+            if register:
+                if isinstance(replies[0], Exception):
+                    # The grant happened: do not lose it over the registration (the janitor
+                    # finds nodes by this set); the next grant on the node tries again.
+                    log.warning("nodes index: %s not added: %s", register, replies[0])
+                else:
+                    self._registered.add(register)
+            if wait:
+                acked = replies[-1]
+                if isinstance(acked, Exception) or int(acked) < self._wait_replicas:
+                    raise Unavailable(
+                        f"redis: {function} done on the primary but confirmed by {acked} of "
+                        f"{self._wait_replicas} replica(s) within {self._wait_ms} ms; retry it"
+                    )
+            return reply
+        raise Unavailable(f"redis: {function} keeps failing over")
+
+    def call_function(
+        self, function: str, keys: Sequence[str], args: Sequence[str], *, write: bool
+    ) -> Any:
+        """One step of this library on `keys` (one hash slot) for another store sharing the
+        connection (the quota ledger): reads are retried, writes are not (Unavailable), and
+        writes are acknowledged after WAIT when the store is configured to wait."""
+        if write:
+            return self._attempt(lambda: self._write(function, keys, args, wait=True), retry=False)
+        return self._attempt(lambda: self._fcall(function, keys, args), retry=True)
+
+    @property
+    def key_prefix(self) -> str:
+        return self._prefix
+
+    def _refresh_topology(self) -> None:
+        """Ask the cluster for its slots again (after a failover or resharding)."""
+        cluster: Any = self._client
+        with contextlib.suppress(*_UNAVAILABLE):
+            cluster.nodes_manager.initialize()
+
+    def _fanout(
+        self, function: str, calls: Sequence[tuple[Strings, Strings]], tolerant: bool
+    ) -> tuple[Replies, int]:
+        """The same function on many nodes: a pipeline per shard (and per FANOUT_BATCH nodes),
+        at most FANOUT_SHARDS at once. Returns the replies (in no particular order) and how
+        many calls failed; `tolerant`: a batch that cannot answer is counted, not raised,
+        unless every batch failed."""
+        batches = self._by_shard(calls, lambda call: call[0][0])
+        results = self._per_shard(lambda batch: self._fcall_many(function, batch), batches)
+        replies: Replies = []
+        failures: list[BaseException] = []
+        failed = 0
+        for batch, result in zip(batches, results, strict=True):
+            if isinstance(result, BaseException):
+                failures.append(result)
+                failed += len(batch)
+            else:
+                replies.extend(result)
+        if failures and (not tolerant or len(failures) == len(batches)):
+            raise failures[0]
+        return replies, failed
+
+    def _pool(self) -> ThreadPoolExecutor:
+        with self._fanout_lock:
+            if self._fanout_pool is None:
+                self._fanout_pool = ThreadPoolExecutor(FANOUT_SHARDS, "gpualloc-redis-fanout")
+            return self._fanout_pool
+
+    def _fcall_many(self, function: str, calls: Sequence[tuple[Strings, Strings]]) -> Replies:
+        """The same function on many nodes in one round trip (per shard)."""
+        self._ensure_library()
+        for _ in range(2):
+            with self._client.pipeline(transaction=False) as pipe:
+                for keys, args in calls:
+                    command = pipe.fcall_ro if function in _READ_ONLY else pipe.fcall
+                    command(function, len(keys), *keys, *args)
+                replies = pipe.execute(raise_on_error=False)
+            errors = [reply for reply in replies if isinstance(reply, Exception)]
+            if not errors:
+                return replies
+            if not all(_is_missing_function(error) for error in errors):
+                raise errors[0]
+            self._load_library()
+        raise Unavailable(f"redis: function {function} keeps disappearing")
+
+    def _ensure_library(self) -> None:
+        if self._library_ready:
+            return
+        with self._library_lock:
+            if self._library_ready:
+                return
+            if self._cluster:
+                self._load_library(quiet=True)  # every primary (REPLACE: same code, no change)
+                self._library_ready = True
+                return
+            try:
+                loaded = self._client.fcall_ro("gpualloc_version", 0)
+            except redis.ResponseError as error:
+                if not _is_missing_function(error):
+                    raise
+                loaded = None
+            if loaded is None or _text(loaded) != LIBRARY_VERSION:
+                self._client.function_load(_LIBRARY_CODE, replace=True)
+            self._library_ready = True
+
+    def _load_library(self, quiet: bool = False) -> None:
+        """After FUNCTION FLUSH, a restart without persistence, a failover to a bare node, or a
+        resharding onto a new primary. On a cluster: on every primary that answers (an
+        unreachable one gets it when a call there finds it missing); none answering raises."""
+        if not quiet:
+            log.warning("redis functions missing: loading library %s", LIBRARY_NAME)
+        if not self._cluster:
+            self._client.function_load(_LIBRARY_CODE, replace=True)
+            return
+        cluster: Any = self._client  # redis-py's cluster API is untyped
+        failure: BaseException | None = None
+        loaded = 0
+        for primary in cluster.get_primaries():
+            try:
+                cluster.execute_command(
+                    "FUNCTION", "LOAD", "REPLACE", _LIBRARY_CODE, target_nodes=primary
+                )
+                loaded += 1
+            except _UNAVAILABLE as error:
+                failure = error
+        if not loaded and failure is not None:
+            raise failure
+
+    def _decode(self, flat: Sequence[Any]) -> Reservation:
+        fields = {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
+        doc = json.loads(fields["doc"])
+        uses = json.loads(fields["uses"])
+        return Reservation(
+            id=fields["id"],
+            owner=fields["owner"],
+            node=doc["node"],
+            claim_names=tuple(doc["claimNames"]),
+            allocations=tuple(allocation_from_dict(item) for item in doc["allocations"]),
+            hold=Hold(
+                tuple(json.loads(fields["devices"])),
+                tuple(LimitedUse(key, int(amount), int(limit)) for key, amount, limit in uses),
+            ),
+            state=ReservationState(fields["state"]),
+            fencing_token=int(fields["fence"]),
+            created_at=int(fields["created"]) / 1000,
+            expires_at=int(fields["expires"]) / 1000 if fields["expires"] else None,
+            idempotency_key=doc["idempotencyKey"],
+            labels=tuple((key, value) for key, value in doc["labels"]),
+            request_digest=doc.get("requestDigest", ""),  # absent: written by an older version
+            priority_class=doc.get("priorityClass", ""),
+        )
+
+
+_READ_ONLY = frozenset({"gpualloc_get", "gpualloc_list", "gpualloc_version", "gpualloc_quota_read"})
+
+
+@dataclass
+class RedisSubscription:
+    """A running subscription to the events channel; `close()` stops its thread."""
+
+    _thread: PubSubWorkerThread
+    _registry: list[RedisSubscription]
+
+    def close(self) -> None:
+        self._thread.stop()
+        self._thread.join(timeout=1.0)
+        if self in self._registry:
+            self._registry.remove(self)
+
+
+def _doc(request: ReserveRequest) -> dict[str, Any]:
+    """The static part of a reservation, stored as JSON next to the fields Lua works on."""
+    return {
+        "node": request.node,
+        "claimNames": list(request.claim_names),
+        "allocations": [allocation_result_to_dict(item) for item in request.allocations],
+        "idempotencyKey": request.idempotency_key,
+        "labels": [list(label) for label in request.labels],
+        "requestDigest": request.request_digest,
+        "priorityClass": request.priority_class,
+    }
+
+
+def _conflict_item(item: Sequence[Any]) -> DeviceTaken | UseExceeded:
+    kind, key = _text(item[0]), _text(item[1])
+    if kind == "device":
+        return DeviceTaken(key, _text(item[2]))
+    return UseExceeded(key, int(_text(item[2])), int(_text(item[3])))
+
+
+def _check_node(node: str) -> str:
+    if "{" in node or "}" in node:
+        raise InvalidArgument.at("node", f"{node!r}: braces would break the {{node}} hash tag")
+    return node
+
+
+def _is_missing_function(error: Exception) -> bool:
+    return isinstance(error, redis.ResponseError) and "function not found" in str(error).lower()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

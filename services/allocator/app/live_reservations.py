@@ -1,0 +1,513 @@
+"""Holdings: this process's view of the live reservations, as the solver's AllocatedState.
+
+The reservation store is the truth; every allocator process (worker or replica) keeps a local
+copy so that Allocate never waits for Redis:
+
+- at start, `store.live()`;
+- then the store's change events (other replicas' reserves, releases, expiries), applied on
+  the subscription's thread as they come: releases and expiries drop ids, commits mark them;
+  the events of this process's own changes stop at a dictionary lookup. Reserves of unknown
+  ids are left to a fetch thread — after `_FETCH_GRACE` on a node where this process has a
+  placement pending (its own reserve's event usually arrives before the reservation is
+  settled here), fetched only if still unknown then;
+- and this process's own operations (`added` / `removed`), at once, so that the next Allocate
+  in this process already avoids what it just reserved;
+- placements this process is reserving right now (`hold_pending`, then `settle_pending` or
+  `drop_pending`): concurrent solves in this process avoid them while the store decides, so
+  callers of one process do not race each other for the same devices (they would all pick the
+  same best devices, and all but one would lose at the store and solve again);
+- a janitor thread runs `store.expire()` every `expire_interval` (freeing due leases and
+  publishing their expiry) and a full `refresh()` every `refresh_interval`, because pub/sub
+  is at-most-once; after the store was unreachable it refreshes at the first success.
+
+The copy may lag; that is safe: reserving re-checks everything atomically in the store, and a
+Conflict makes the service `refresh(node)` and solve again (what the node's refresh finds is
+applied like the events it stands for; a conflict the refreshed state does not explain
+rebuilds it).
+Ids removed locally are remembered for a while (tombstones), so a late event or fetch cannot
+resurrect a released reservation.
+
+`state_for(view)` turns the copy (and the pending placements) into an AllocatedState over a
+view's snapshot, owners being reservation ids (Explain names them; a pending placement is owned
+by `pending:<n>`). It is cached per (view, version); a new view rebases the cached state, a few
+changes are applied incrementally (to one copy), anything bigger rebuilds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from services.allocator.app.cluster_view import ViewSnapshot
+from services.allocator.core import AllocatedState
+from services.allocator.reservations.model import (
+    Reservation,
+    ReservationEvent,
+    ReservationEventOp,
+    ReservationState,
+    ReservationStore,
+    Subscription,
+)
+from services.common.dra.model import AllocationResult
+from services.common.errors import GpuallocError, NotFound, Unavailable
+
+__all__ = ["Holdings"]
+
+log = logging.getLogger(__name__)
+
+_TOMBSTONE_SECONDS = 300.0
+_INCREMENTAL_LIMIT = 64  # more changes than this since the cached state: rebuild it
+_FETCH_GRACE = 0.05  # seconds an unknown id reserved on a node with a pending placement waits
+
+
+@dataclass(frozen=True)
+class _Change:
+    added: Reservation | None  # None: `removed` was dropped
+    removed: Reservation | None
+
+
+@dataclass(frozen=True)
+class _PendingChange:
+    """A pending placement added or dropped; with `settled`, dropped for these reservations
+    (the allocations they share with it change hands instead of being freed and taken)."""
+
+    token: str
+    allocations: tuple[AllocationResult, ...]
+    added: bool
+    settled: tuple[Reservation, ...] = ()
+
+
+@dataclass(frozen=True, eq=False)
+class _Cached:
+    view: ViewSnapshot
+    version: int
+    state: AllocatedState
+
+
+class Holdings:
+    """Thread-safe. `on_event` sees every store event (telemetry counts expiries)."""
+
+    def __init__(
+        self,
+        store: ReservationStore,
+        *,
+        expire_interval: float = 1.0,
+        refresh_interval: float = 30.0,
+        on_event: Callable[[ReservationEvent], None] | None = None,
+    ) -> None:
+        self._store = store
+        self._expire_interval = expire_interval
+        self._refresh_interval = refresh_interval
+        self._on_event = on_event
+        self._lock = threading.Lock()
+        self._refreshing = threading.Lock()  # one refresh at a time
+        self._by_id: dict[str, Reservation] = {}
+        self._version = 0
+        self._commits = 0  # commits applied: they change states, not what is held
+        self._journal: list[_Change | _PendingChange] | None = []  # since the cached state
+        self._pending: dict[str, tuple[AllocationResult, ...]] = {}
+        self._pending_nodes: dict[str, tuple[str, ...]] = {}  # token -> its nodes
+        self._pending_tokens = itertools.count(1)
+        self._recording: list[_Change] | None = None  # changes made while a refresh reads
+        self._tombstones: dict[str, float] = {}
+        self._cached: _Cached | None = None
+        self._synced = False
+        self._waiting: dict[str, float] = {}  # unknown reserved ids -> when to fetch them
+        self._wake: queue.SimpleQueue[bool | None] = queue.SimpleQueue()  # None: close
+        self._closed = threading.Event()
+        self._subscription: Subscription | None = None
+        self._threads: list[threading.Thread] = []
+
+    # --- life cycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Subscribe, load what is live (a store that is down now is retried by the janitor)
+        and start the background threads."""
+        self._subscribe()
+        try:
+            self.refresh()
+        except Unavailable as error:
+            log.warning("reservations not loaded yet: %s", error)
+        for target, name in ((self._sync, "holdings-fetch"), (self._janitor, "holdings-janitor")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _subscribe(self) -> bool:
+        """Follow the store's events; False when the store cannot be reached now (the
+        janitor tries again: until then only refreshes keep the copy current)."""
+        try:
+            self._subscription = self._store.subscribe(self._receive)
+        except Exception as error:  # the store's client error types are its own business
+            log.warning("cannot follow reservation events yet: %s", error)
+            return False
+        return True
+
+    def close(self) -> None:
+        self._closed.set()
+        self._wake.put(None)
+        if self._subscription is not None:
+            self._subscription.close()
+        for thread in self._threads:
+            thread.join(timeout=5.0)
+
+    @property
+    def synced(self) -> bool:
+        """Whether the live reservations were loaded at least once."""
+        return self._synced
+
+    def require_synced(self) -> None:
+        if not self._synced:
+            raise Unavailable("reservations not loaded yet: the reservation store is unreachable")
+
+    # --- reads ----------------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def commits(self) -> int:
+        return self._commits
+
+    def get(self, reservation_id: str) -> Reservation | None:
+        return self._by_id.get(reservation_id)
+
+    def owner_of(self, reservation_id: str) -> str | None:
+        """The owner of a live reservation known here (None: unknown), for app/tenancy.py."""
+        found = self._by_id.get(reservation_id)
+        return found.owner if found is not None else None
+
+    def reservations(self) -> list[Reservation]:
+        with self._lock:
+            return list(self._by_id.values())
+
+    def find_idempotent(self, owner: str, idempotency_key: str) -> list[Reservation]:
+        """Live reservations this copy knows for (owner, key), sorted by node."""
+        with self._lock:
+            found = [
+                r
+                for r in self._by_id.values()
+                if r.owner == owner and r.idempotency_key == idempotency_key
+            ]
+        return sorted(found, key=lambda r: (r.node, r.id))
+
+    def state_for(self, view: ViewSnapshot) -> AllocatedState:
+        """The holdings as an AllocatedState over `view` (cached; see the module docstring)."""
+        with self._lock:
+            cached = self._cached
+            if cached is not None and cached.view is view and cached.version == self._version:
+                return cached.state
+            journal = self._journal
+            if cached is None or journal is None or len(journal) > _INCREMENTAL_LIMIT:
+                held = ((r.id, a) for r in self._by_id.values() for a in r.allocations)
+                pending = ((t, a) for t, allocations in self._pending.items() for a in allocations)
+                state = AllocatedState.build(view.snapshot, itertools.chain(held, pending))
+            else:
+                state = cached.state if cached.view is view else cached.state.rebase(view.snapshot)
+                if journal:
+                    state = state.with_changes(c for change in journal for c in _changes(change))
+            self._cached = _Cached(view, self._version, state)
+            self._journal = []
+            return state
+
+    # --- writes ---------------------------------------------------------------------------
+
+    def added(self, reservations: Iterable[Reservation]) -> None:
+        """Reservations this process made (or fetched): visible to the next solve."""
+        with self._lock:
+            self._add(reservations)
+
+    def _add(self, reservations: Iterable[Reservation]) -> None:
+        for reservation in reservations:
+            if reservation.id in self._tombstones:
+                continue
+            previous = self._by_id.get(reservation.id)
+            self._by_id[reservation.id] = reservation
+            if previous is None:
+                self._record(_Change(reservation, None))
+
+    def removed(self, reservation_ids: Iterable[str]) -> None:
+        """Reservations released or expired: their devices are free for the next solve."""
+        now = time.monotonic()
+        with self._lock:
+            for reservation_id in reservation_ids:
+                self._tombstones[reservation_id] = now
+                reservation = self._by_id.pop(reservation_id, None)
+                if reservation is not None:
+                    self._record(_Change(None, reservation))
+
+    def hold_pending(self, nodes: Sequence[str], allocations: Sequence[AllocationResult]) -> str:
+        """A placement this process is about to reserve on `nodes`: held for its own solves
+        until `settle_pending` or `drop_pending` (call one of them, always). Returns a token."""
+        with self._lock:
+            token = f"pending:{next(self._pending_tokens)}"
+            self._pending[token] = tuple(allocations)
+            self._pending_nodes[token] = tuple(nodes)
+            self._version += 1
+            if self._journal is not None:
+                self._journal.append(_PendingChange(token, self._pending[token], True))
+            return token
+
+    def settle_pending(self, token: str, reservations: Iterable[Reservation]) -> None:
+        """The store granted the placement: the reservations replace it (one step, so no
+        solve sees the devices free in between)."""
+        with self._lock:
+            allocations = self._pending.pop(token, None)
+            self._pending_nodes.pop(token, None)
+            journal = self._journal
+            self._journal = None if journal is None else []  # what `_add` journals, apart
+            try:
+                self._add(reservations)
+                added = tuple(
+                    c.added for c in self._journal or () if isinstance(c, _Change) and c.added
+                )
+            finally:
+                self._journal = journal
+            if allocations is not None:
+                self._version += 1
+                if journal is not None:
+                    journal.append(_PendingChange(token, allocations, False, added))
+            elif journal is not None:
+                journal.extend(_Change(r, None) for r in added)
+
+    def drop_pending(self, token: str) -> None:
+        """The store refused the placement (or failed): it holds nothing any more."""
+        with self._lock:
+            self._drop_pending(token)
+
+    def _drop_pending(self, token: str) -> None:
+        allocations = self._pending.pop(token, None)
+        if allocations is None:
+            return
+        del self._pending_nodes[token]
+        self._version += 1
+        if self._journal is not None:
+            self._journal.append(_PendingChange(token, allocations, False))
+
+    def committed(self, reservation: Reservation) -> None:
+        """A state change that holds the same devices: no new version (`commits` counts it)."""
+        with self._lock:
+            if reservation.id in self._by_id:
+                self._by_id[reservation.id] = reservation
+                self._commits += 1
+
+    def refresh(self, node: str = "") -> bool:
+        """Replace the copy (of one node's reservations, or all) with the store's. A node's
+        refresh (after a conflict) applies what differs incrementally and returns whether
+        anything did; the full one rebuilds the state (how any drift of the incremental state
+        heals) and returns True."""
+        with self._refreshing:
+            with self._lock:
+                self._recording = []
+            try:
+                fresh = self._store.list(node=node) if node else self._store.live()
+            except BaseException:
+                with self._lock:
+                    self._recording = None
+                raise
+            with self._lock:
+                recorded, self._recording = self._recording or [], None
+                changed = self._replace(fresh, node, recorded)
+                if not node:
+                    self._synced = True
+                self._prune_tombstones()
+                return changed
+
+    def rebuild(self) -> None:
+        """Rebuild the state at the next solve instead of applying changes to it: after a
+        conflict that the refreshed copy does not explain (the state still shows free what the
+        store holds: it drifted from the copy)."""
+        with self._lock:
+            self._version += 1
+            self._journal = None
+
+    def _replace(self, fresh: Sequence[Reservation], node: str, recorded: list[_Change]) -> bool:
+        merged = {r.id: r for r in fresh if r.id not in self._tombstones}
+        if node:
+            merged.update({i: r for i, r in self._by_id.items() if r.node != node})
+        for change in recorded:  # what this process did while the store was read
+            if change.added is not None and change.added.id not in self._tombstones:
+                merged[change.added.id] = change.added
+            if change.removed is not None:
+                merged.pop(change.removed.id, None)
+        previous, self._by_id = self._by_id, merged
+        self._version += 1
+        if not node:
+            self._journal = None  # the periodic resync rebuilds: any drift heals here
+            return True
+        # A node's refresh follows a conflict, usually an event not applied yet: what it finds
+        # goes in like the events it stands for (a rebuild would cost a solve the whole
+        # cluster's holdings, under the lock, on every conflict).
+        changes = _differences(previous, merged)
+        if self._journal is not None:
+            self._journal.extend(changes)
+        return bool(changes)
+
+    def _record(self, change: _Change) -> None:
+        """Called with the lock held, for every change of the id set."""
+        self._version += 1
+        if self._journal is not None:
+            self._journal.append(change)
+        if self._recording is not None:
+            self._recording.append(change)
+
+    def _prune_tombstones(self) -> None:
+        horizon = time.monotonic() - _TOMBSTONE_SECONDS
+        self._tombstones = {i: t for i, t in self._tombstones.items() if t > horizon}
+
+    # --- background -----------------------------------------------------------------------
+
+    def _receive(self, event: ReservationEvent) -> None:
+        """A store event, on the subscription's thread: applied here at once, except that a
+        reserved id this copy does not know is left to the fetch thread. Events of what this
+        process just did (its reserves, once settled, its releases and commits) change
+        nothing and stop at a dictionary lookup."""
+        try:
+            if self._on_event is not None:
+                self._on_event(event)
+            op, reservation_id = event.op, event.id
+            if op is ReservationEventOp.RESERVE:
+                if reservation_id not in self._by_id and reservation_id not in self._tombstones:
+                    self._unknown(event)
+            elif op is ReservationEventOp.RELEASE or op is ReservationEventOp.EXPIRE:
+                if reservation_id in self._by_id or reservation_id not in self._tombstones:
+                    self.removed([reservation_id])
+            elif op is ReservationEventOp.COMMIT:
+                known = self._by_id.get(reservation_id)
+                if known is not None and known.state is not ReservationState.COMMITTED:
+                    self.committed(
+                        dataclasses.replace(
+                            known, state=ReservationState.COMMITTED, expires_at=None
+                        )
+                    )
+        except Exception:
+            log.exception("reservation event %s could not be applied; refreshing later", event)
+
+    def _unknown(self, event: ReservationEvent) -> None:
+        """Fetch a reserved id later: at once, or after `_FETCH_GRACE` on a node where this
+        process has a placement pending (its own reserve's event usually arrives before the
+        reservation is settled here). The fetch thread is woken only when it has no earlier
+        fetch to wake up for anyway."""
+        with self._lock:
+            pending = any(event.node in nodes for nodes in self._pending_nodes.values())
+            wake = not pending or not self._waiting
+            self._waiting.setdefault(
+                event.id, time.monotonic() + (_FETCH_GRACE if pending else 0.0)
+            )
+        if wake:
+            self._wake.put(True)
+
+    def _sync(self) -> None:
+        """Fetch the reserved ids `_unknown` left here, each when it is due."""
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                due = [i for i, at in self._waiting.items() if at <= now]
+                for reservation_id in due:
+                    del self._waiting[reservation_id]
+                # Not sooner than `_FETCH_GRACE` from now: under load ids fall due one by one,
+                # and a wake-up for each would cost more than the fetches it skips.
+                timeout = (
+                    max(min(self._waiting.values()) - now, _FETCH_GRACE) if self._waiting else None
+                )
+            try:
+                self._fetch(due)
+            except Exception:
+                log.exception("reservations could not be fetched; refreshing later")
+            try:
+                if self._wake.get(timeout=timeout) is None or self._closed.is_set():
+                    return
+            except queue.Empty:
+                pass
+            while not self._wake.empty():  # several wake-ups: one look at what is due
+                if self._wake.get() is None:
+                    return
+
+    def _fetch(self, reservation_ids: Sequence[str]) -> None:
+        for reservation_id in reservation_ids:
+            if reservation_id in self._by_id or reservation_id in self._tombstones:
+                continue  # this process made it, or it is gone already
+            try:
+                self.added([self._store.get(reservation_id)])
+            except NotFound:
+                continue
+            except GpuallocError as error:
+                log.warning("cannot fetch reservation %s: %s", reservation_id, error)
+
+    def _janitor(self) -> None:
+        last_refresh = time.monotonic()
+        healthy = self._synced
+        while not self._closed.wait(self._expire_interval):
+            if self._subscription is None and self._subscribe():
+                healthy = False  # events were missed until now: reload everything
+            try:
+                self._store.expire()
+                due = time.monotonic() - last_refresh >= self._refresh_interval
+                if not healthy or due:
+                    self.refresh()
+                    last_refresh = time.monotonic()
+                healthy = True
+            except GpuallocError as error:
+                if healthy:
+                    log.warning("reservation store: %s", error)
+                healthy = False
+            except Exception:
+                log.exception("reservation janitor failed")
+                healthy = False
+
+
+Step = tuple[str | None, str | None, AllocationResult]  # AllocatedState.with_changes
+
+
+def _differences(before: dict[str, Reservation], after: dict[str, Reservation]) -> list[_Change]:
+    """From `before` to `after`: the reservations dropped, then those added (an id whose
+    allocations differ counts as both)."""
+    dropped = [r for i, r in before.items() if not _same_holding(r, after.get(i))]
+    added = [r for i, r in after.items() if not _same_holding(r, before.get(i))]
+    return [_Change(None, r) for r in dropped] + [_Change(r, None) for r in added]
+
+
+def _same_holding(reservation: Reservation, other: Reservation | None) -> bool:
+    return other is not None and (
+        other is reservation or other.allocations == reservation.allocations
+    )
+
+
+def _changes(change: _Change | _PendingChange) -> Iterator[Step]:
+    """One journal entry as `AllocatedState.with_changes` takes them."""
+    if isinstance(change, _PendingChange):
+        if change.added:
+            yield from ((None, change.token, a) for a in change.allocations)
+        else:
+            yield from _settled(change)
+        return
+    if change.added is not None:
+        for allocation in change.added.allocations:
+            yield None, change.added.id, allocation
+    if change.removed is not None:
+        for allocation in change.removed.allocations:
+            yield change.removed.id, None, allocation
+
+
+def _settled(change: _PendingChange) -> list[Step]:
+    """A pending placement dropped: an allocation a settled reservation carries changes hands
+    (the first such reservation takes it over), the rest is freed first, then added."""
+    pending = {id(a) for a in change.allocations}
+    renames: list[Step] = []
+    adds: list[Step] = []
+    for reservation in change.settled:
+        for allocation in reservation.allocations:
+            if id(allocation) in pending:
+                pending.discard(id(allocation))
+                renames.append((change.token, reservation.id, allocation))
+            else:
+                adds.append((None, reservation.id, allocation))
+    removes: list[Step] = [(change.token, None, a) for a in change.allocations if id(a) in pending]
+    return removes + renames + adds

@@ -1,0 +1,168 @@
+"""The values the allocator's use cases take and give: no protobuf, no gRPC.
+
+`Query` is what Allocate, Explain and Capacity share (claims and where/how to place them; with
+`gang`, the same claims on several nodes); `LeaseOptions` what reserving adds; `Answer` /
+`CapacityAnswer` / `Holder` what comes back (a gang's placement as `GangMember`s).
+The servicer maps them from and to protobuf (adapters/grpc/mapping.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from services.allocator.core import Explanation, Policy, Score, Stats, TopologyConstraint
+from services.allocator.reservations.model import Reservation, ReservationState
+from services.common.dra.model import (
+    AllocationResult,
+    DeviceClass,
+    DeviceID,
+    NodeSelector,
+    ResourceClaim,
+)
+from services.common.security.quota import QuotaRefusal, TenantStatus
+
+__all__ = [
+    "Accuracy",
+    "Answer",
+    "CapacityAnswer",
+    "GangMember",
+    "GangSpec",
+    "Holder",
+    "LeaseOptions",
+    "NodeCount",
+    "Outcome",
+    "Query",
+    "Victim",
+    "claim_ref",
+]
+
+
+def claim_ref(namespace: str, name: str) -> str:
+    """How a reservation names a claim: `namespace/name`."""
+    return f"{namespace or 'default'}/{name}"
+
+
+@dataclass(frozen=True)
+class GangSpec:
+    """A multi-node job: the query's claims on each of `node_count` distinct nodes, all sharing
+    one value of the node label `group_by_label` (any nodes when empty)."""
+
+    node_count: int
+    group_by_label: str = ""
+
+
+@dataclass(frozen=True)
+class Query:
+    """Claims to place together on one node (on each member node, for a gang), and the
+    constraints on where and how."""
+
+    claims: tuple[ResourceClaim, ...]
+    device_classes: tuple[DeviceClass, ...] = ()  # inline; shadow the server's for this call
+    node: str = ""  # pinned node; empty: the allocator chooses
+    node_selector: NodeSelector | None = None  # only nodes it matches
+    policy: Policy | None = None  # None: the server's default
+    max_steps: int = 0  # 0: the server's limit (a request can only lower it)
+    max_nodes: int = 0  # 0: every node
+    min_generation: int = 0  # wait until the view has this inventory generation
+    explain: bool = False  # record reasons even when the claims fit
+    topology_constraints: tuple[TopologyConstraint, ...] = ()  # besides the claims' annotations
+    gang: GangSpec | None = None  # the claims on several nodes (then `node` is empty)
+
+
+@dataclass(frozen=True)
+class LeaseOptions:
+    """How to reserve: for whom, how long, and the retry-safety key."""
+
+    owner: str
+    lease_seconds: float | None = None  # None: the server's default
+    idempotency_key: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
+    request_digest: str = ""  # a digest of what was asked: a reused key must ask the same
+    priority_class: str = ""  # the policy's priority class ("" : its default)
+    preempt: bool = False  # revoke the victims of a preemption proposal, then reserve
+
+
+class Outcome(StrEnum):
+    ALLOCATED = "allocated"
+    UNSATISFIABLE = "unsatisfiable"
+    BUDGET_EXHAUSTED = "budget-exhausted"  # the step budget or the deadline ran out
+    QUOTA_EXCEEDED = "quota-exceeded"  # it fits, but not within the tenant's quota
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A live reservation holding devices that blocked a claim (for Explain)."""
+
+    reservation_id: str
+    owner: str
+    node: str
+    state: ReservationState
+    expires_at: float | None
+    devices: tuple[DeviceID, ...]
+    redacted: bool = False  # another tenant's: reservation_id and owner hidden (app/tenancy.py)
+
+
+@dataclass(frozen=True)
+class Victim:
+    """A reservation a preemption revokes (or would): who holds it, and by which rule."""
+
+    holder: Holder
+    priority_class: str
+    reason: str  # "reclaim" or "priority" (services/common/security/quota.py)
+
+
+@dataclass(frozen=True)
+class GangMember:
+    """One node of a gang placement: the claims' allocations there, in claim order."""
+
+    node: str
+    allocations: tuple[AllocationResult, ...]
+    score: Score | None = None
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What Allocate and Explain return. A gang's placement is `gang` (`node` and
+    `allocations` stay empty); its reservations cover every member."""
+
+    outcome: Outcome
+    generation: int  # the inventory generation the answer was computed from
+    claims: tuple[ResourceClaim, ...]
+    node: str | None = None
+    allocations: tuple[AllocationResult, ...] = ()  # one per claim when ALLOCATED
+    score: Score | None = None
+    policy: Policy = Policy.BINPACK
+    explanation: Explanation | None = None
+    stats: Stats | None = None
+    cel_cache_hits: int = 0
+    elapsed_seconds: float = 0.0
+    reservations: tuple[Reservation, ...] = ()
+    holders: tuple[Holder, ...] = ()
+    gang: tuple[GangMember, ...] = ()  # one per member node when a gang is ALLOCATED
+    quota: tuple[QuotaRefusal, ...] = ()  # why the tenant's quota refuses it (QUOTA_EXCEEDED)
+    preemption: tuple[Victim, ...] = ()  # who would go (not ALLOCATED) or went (ALLOCATED)
+
+
+class Accuracy(StrEnum):
+    EXACT = "exact"
+    LOWER_BOUND = "lower-bound"  # the search stopped early (budget, deadline, unit bound)
+
+
+@dataclass(frozen=True)
+class NodeCount:
+    node: str
+    count: int
+    accuracy: Accuracy
+
+
+@dataclass(frozen=True)
+class CapacityAnswer:
+    total: int
+    accuracy: Accuracy
+    nodes: tuple[NodeCount, ...]  # nodes with a non-zero count, by name
+    models: Mapping[str, int] = field(default_factory=dict)  # product name -> units
+    generation: int = 0
+    quota: tuple[TenantStatus, ...] = ()  # the caller's tenant's quotas, when it has any
+    within_quota: int | None = None  # units its quota headroom allows (None: not limited)

@@ -1,0 +1,270 @@
+"""Running the core solver for a Query: budgets, deadlines, node restrictions, share ids.
+
+The core chooses among all nodes, among the nodes it is given, or searches one pinned node. A
+Query may restrict the candidates (`node_selector`, `max_nodes`): the core then gets the
+eligible nodes (`eligible_nodes`) and considers only those.
+
+A gang query (`Query.gang`) runs the core's `solve_gang`, with members only among the eligible
+nodes when the query restricts them. Explained, an unsatisfiable gang also carries the
+per-node detail of the same claims on the nodes it could use (those with the gang's label):
+which requests were short where, and so which reservations were in the way.
+
+The core reads no clock: a deadline reaches it as `SearchBudget.cancelled`, which turns true a
+little before the call's deadline so that the answer (BUDGET_EXHAUSTED) still reaches the
+client, instead of the client's own DEADLINE_EXCEEDED.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+
+from services.allocator.app.messages import GangSpec, Query
+from services.allocator.core import (
+    AllocatedState,
+    ClusterSnapshot,
+    Explanation,
+    GroupKey,
+    NodeAccess,
+    Policy,
+    SearchBudget,
+    SelectorCache,
+    SolveResult,
+    TopologyConstraint,
+    Unsatisfiable,
+    constraints_from_annotations,
+    node_groups_of,
+    solve,
+    solve_gang,
+)
+from services.cel import DEFAULT_REQUEST_COST
+from services.common.deadline import Deadline
+from services.common.dra.model import DeviceClass, DeviceID, ResourceClaim
+from services.common.errors import GpuallocError
+
+__all__ = ["Deadline", "PlacementSearch", "eligible_nodes", "unique_share_id"]
+
+
+def unique_share_id(claim: ResourceClaim, request: str, device: DeviceID, position: int) -> str:
+    """A fresh share id per result: two callers allocating claims of the same name on one
+    multi-allocatable device must not get the same share (the core's default is deterministic)."""
+    return str(uuid.uuid4())
+
+
+class PlacementSearch:
+    """The core solver with the server's defaults and one shared selector cache."""
+
+    def __init__(
+        self,
+        selectors: SelectorCache,
+        *,
+        policy: Policy = Policy.BINPACK,
+        max_steps: int = 1_000_000,
+        max_steps_per_node: int = 100_000,
+        max_cel_cost: int = DEFAULT_REQUEST_COST,
+    ) -> None:
+        self.selectors = selectors
+        self.policy = policy
+        self.max_steps = max_steps
+        self.max_steps_per_node = max_steps_per_node
+        self.max_cel_cost = max_cel_cost
+
+    def budget(self, query: Query, deadline: Deadline) -> SearchBudget:
+        steps = min(query.max_steps, self.max_steps) if query.max_steps > 0 else self.max_steps
+        return SearchBudget(
+            max_steps=steps,
+            max_steps_per_node=min(steps, self.max_steps_per_node),
+            cancelled=deadline.passed if deadline.bounded else None,
+            max_cel_cost=self.max_cel_cost,
+        )
+
+    def place(
+        self,
+        snapshot: ClusterSnapshot,
+        state: AllocatedState,
+        classes: Mapping[str, DeviceClass],
+        query: Query,
+        deadline: Deadline,
+        *,
+        explain: bool = False,
+        share_id: Callable[[ResourceClaim, str, DeviceID, int], str] = unique_share_id,
+    ) -> SolveResult:
+        """Solve `query`: one node's placement, or its gang's (`query.gang`: one placement per
+        member); raises DeadlineExceeded when the deadline cut the search short."""
+        if query.gang is not None:
+            return self._place_gang(
+                snapshot, state, classes, query, query.gang, deadline, explain, share_id
+            )
+        restricted = not query.node and (query.node_selector is not None or query.max_nodes > 0)
+        return self._solve(
+            snapshot,
+            state,
+            classes,
+            query,
+            self.budget(query, deadline),
+            topology_constraints(query),
+            explain=explain,
+            share_id=share_id,
+            node=query.node or None,
+            nodes=eligible_nodes(snapshot, query) if restricted else None,
+        )
+
+    def _solve(
+        self,
+        snapshot: ClusterSnapshot,
+        state: AllocatedState,
+        classes: Mapping[str, DeviceClass],
+        query: Query,
+        budget: SearchBudget,
+        topology: Sequence[TopologyConstraint],
+        *,
+        explain: bool,
+        share_id: Callable[[ResourceClaim, str, DeviceID, int], str],
+        node: str | None = None,
+        nodes: Sequence[str] | None = None,
+    ) -> SolveResult:
+        """The core's solve of `query`'s claims on the pinned `node`, among `nodes`, or
+        among all nodes."""
+        return solve(
+            snapshot,
+            state,
+            classes,
+            query.claims,
+            node=node,
+            policy=query.policy or self.policy,
+            selectors=self.selectors,
+            budget=budget,
+            explain=explain,
+            share_id=share_id,
+            topology_constraints=topology,
+            nodes=nodes,
+        )
+
+    def node_groups(
+        self,
+        snapshot: ClusterSnapshot,
+        state: AllocatedState,
+        classes: Mapping[str, DeviceClass],
+        query: Query,
+    ) -> dict[str, GroupKey]:
+        """Per node, the key of the nodes that answer `query`'s claims alike (core
+        node_groups_of); empty when they cannot stand for each other, or when the claims are
+        in error (each node's own solve then reports it)."""
+        try:
+            return node_groups_of(
+                snapshot,
+                state,
+                classes,
+                query.claims,
+                policy=query.policy or self.policy,
+                selectors=self.selectors,
+                topology_constraints=topology_constraints(query),
+            )
+        except GpuallocError:
+            return {}
+
+    def _place_gang(
+        self,
+        snapshot: ClusterSnapshot,
+        state: AllocatedState,
+        classes: Mapping[str, DeviceClass],
+        query: Query,
+        gang: GangSpec,
+        deadline: Deadline,
+        explain: bool,
+        share_id: Callable[[ResourceClaim, str, DeviceID, int], str],
+    ) -> SolveResult:
+        policy = query.policy or self.policy
+        topology = topology_constraints(query)
+        restricted = query.node_selector is not None or query.max_nodes > 0
+        result = solve_gang(
+            snapshot,
+            state,
+            classes,
+            query.claims,
+            node_count=gang.node_count,
+            group_by_label=gang.group_by_label or None,
+            policy=policy,
+            selectors=self.selectors,
+            budget=self.budget(query, deadline),
+            share_id=share_id,
+            topology_constraints=topology,
+            nodes=eligible_nodes(snapshot, query) if restricted else None,
+        )
+        if explain and isinstance(result, Unsatisfiable):
+            detail = self._gang_detail(snapshot, state, classes, query, gang, deadline, topology)
+            if detail is not None:
+                result = replace(result, explanation=_with_detail(result.explanation, detail))
+        return result
+
+    def _gang_detail(
+        self,
+        snapshot: ClusterSnapshot,
+        state: AllocatedState,
+        classes: Mapping[str, DeviceClass],
+        query: Query,
+        gang: GangSpec,
+        deadline: Deadline,
+        topology: Sequence[TopologyConstraint],
+    ) -> Explanation | None:
+        """The single-node explanation of the gang's claims over the nodes the gang may use
+        (None when it cannot be had: the gang's answer does not wait for its detail)."""
+        label = gang.group_by_label
+        single = replace(query, gang=None)
+        try:
+            if not label:  # the nodes a single-node query considers: the solver's own search
+                result = self.place(snapshot, state, classes, single, deadline, explain=True)
+                return result.explanation
+            nodes = [n for n in eligible_nodes(snapshot, query) if label in _labels(snapshot, n)]
+            result = self._solve(
+                snapshot,
+                state,
+                classes,
+                single,
+                self.budget(single, deadline),
+                topology,
+                explain=True,
+                share_id=unique_share_id,
+                nodes=nodes,
+            )
+        except GpuallocError:  # the deadline, or a node-only problem everywhere: the gang's
+            return None  # own answer stands, with its summary only
+        return result.explanation
+
+
+def eligible_nodes(snapshot: ClusterSnapshot, query: Query) -> list[str]:
+    """Nodes with devices that the query's node selector matches, by name, at most max_nodes."""
+    access = NodeAccess(node_selector=query.node_selector) if query.node_selector else None
+    names = [
+        view.name
+        for view in snapshot.views()
+        if view.name is not None
+        and view.device_count > 0
+        and (access is None or access.matches(view.node))
+    ]
+    return names[: query.max_nodes] if query.max_nodes > 0 else names
+
+
+def _labels(snapshot: ClusterSnapshot, name: str) -> Mapping[str, str]:
+    node = snapshot.view(name).node
+    return node.labels if node is not None else {}
+
+
+def _with_detail(gang: Explanation, detail: Explanation) -> Explanation:
+    """The gang's summary with the per-node detail (closest misses, requests, constraints)."""
+    return Explanation(
+        summary=gang.summary,
+        nodes=detail.nodes,
+        requests=detail.requests,
+        constraints=detail.constraints,
+        notes=detail.notes,
+        budget_exhausted=gang.budget_exhausted or detail.budget_exhausted,
+    )
+
+
+def topology_constraints(query: Query) -> tuple[TopologyConstraint, ...]:
+    """The request's topology constraints; without any, those of the claims'
+    `gpualloc.io/topology-constraints` annotations (as `gpualloc solve` reads them). Clients
+    that send both (services/client does) state the same constraints twice: the request wins."""
+    return query.topology_constraints or constraints_from_annotations(query.claims)

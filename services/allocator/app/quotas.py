@@ -1,0 +1,390 @@
+"""Quotas on the grant path: what a placement counts, and the two-step grant that enforces it.
+
+The quota model and its rule are pure (services/common/security/quota.py; the access policy
+file declares them, so they reload with it). This module applies them to reservations:
+
+- `usage` counts what one store request (one node's part of a placement) holds, per quota
+  resource: each device of a mapped DeviceClass counts 1 (1000 milli-units), or, for a counter
+  resource, the amount of that counter the device consumes (charged once per device).
+- `take` is step one of a grant: the tenant's amounts are checked against the cohort's ledger
+  and added to it as a *ticket* in one compare-and-set (reservations/quota_ledger.py), with the
+  lease plus a grace period as expiry. Then the store takes the devices (step two: another hash slot
+  on Redis Cluster, so no script can do both). On success `bind` turns the ticket into one entry
+  per reservation; on failure `abandon` drops it.
+
+Why no tenant ever goes over quota, across replicas and crashes: every live reservation is
+covered by a live ledger entry (the ticket exists before the grant and outlives the lease it
+covers by the grace period; commit and renew change the ledger before the store, release after
+it), and every entry was added by a compare-and-set against the usage the rule was checked on.
+What can go wrong only over-counts, never under-counts: a replica that dies between the steps
+leaves a ticket that expires (lease + grace); a release whose ledger step fails leaves an entry
+that the reconciler drops once the store no longer knows the reservation (`reconcile`). A
+policy that shrinks a quota below what is held refuses new grants until usage falls under it;
+nothing held is taken away (preemption is not built yet).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from services.allocator.core import ClusterSnapshot, DeviceEntry, SelectorCache
+from services.allocator.reservations.holds import scope_of
+from services.allocator.reservations.model import Reservation, ReservationState, ReservationStore
+from services.allocator.reservations.quota_ledger import QuotaEntry, QuotaLedger, usage_by_tenant
+from services.cel import CelError
+from services.common.dra.model import AllocationResult, DeviceClass
+from services.common.errors import GpuallocError, NotFound, ResourceExhausted, Unavailable
+from services.common.security.principal import tenant_of_owner
+from services.common.security.quota import (
+    QuotaModel,
+    QuotaRefusal,
+    QuotaResource,
+    TenantStatus,
+    Usage,
+    add_usage,
+    cohort_key,
+)
+from services.common.telemetry import Labelled, Telemetry
+
+__all__ = ["Grant", "QuotaExceeded", "QuotaGuard", "QuotaSettings"]
+
+log = logging.getLogger("gpualloc.quota")
+
+
+class QuotaExceeded(ResourceExhausted):
+    """A grant refused by the tenant's quota: RESOURCE_EXHAUSTED for Reserve, a normal
+    QUOTA_EXCEEDED answer for Allocate."""
+
+    def __init__(self, refusals: Sequence[QuotaRefusal]) -> None:
+        super().__init__("quota exceeded: " + "; ".join(str(r) for r in refusals))
+        self.refusals = tuple(refusals)
+
+
+@dataclass(frozen=True)
+class QuotaSettings:
+    grace_seconds: float = 10.0  # how much longer a ledger entry lives than the lease it covers
+    take_attempts: int = 32  # compare-and-set rounds before the ledger counts as busy
+    reconcile_interval: float = 30.0
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Step one done: `ticket` holds `amounts` (one per store request) in `cohort`."""
+
+    ticket: str
+    cohort: str
+    tenant: str
+    amounts: tuple[Usage, ...]
+    lease_seconds: float
+
+
+class QuotaGuard:
+    def __init__(
+        self,
+        model: Callable[[], QuotaModel],
+        ledger: QuotaLedger,
+        classes: Callable[[], dict[str, DeviceClass]],
+        selectors: SelectorCache,
+        settings: QuotaSettings = QuotaSettings(),
+    ) -> None:
+        self._model = model
+        self.ledger = ledger
+        self._classes = classes
+        self._selectors = selectors
+        self.settings = settings
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def model(self) -> QuotaModel:
+        return self._model()
+
+    # --- what a placement counts ------------------------------------------------------------
+
+    def usage(
+        self, snapshot: ClusterSnapshot, scope: str, allocations: Sequence[AllocationResult]
+    ) -> dict[str, int]:
+        """Per quota resource, what the part of `allocations` taken under `scope` (a store
+        request's or a reservation's node: reservations/holds.py) holds."""
+        model = self.model
+        amounts: dict[str, int] = {}
+        if not model.enabled:
+            return amounts
+        charged: set[tuple[str, object]] = set()
+        for allocation in allocations:
+            for result in allocation.results:
+                if result.admin_access:
+                    continue
+                entry = snapshot.device(result.device_id)
+                if entry is None or scope_of(entry) != scope:
+                    continue
+                for resource in model.resources:
+                    key = (resource.name, entry.id)
+                    if (resource.counter and key in charged) or not self._counts(resource, entry):
+                        continue
+                    charged.add(key)
+                    amounts[resource.name] = amounts.get(resource.name, 0) + _amount(
+                        resource, entry
+                    )
+        return amounts
+
+    def _counts(self, resource: QuotaResource, entry: DeviceEntry) -> bool:
+        classes = self._classes()
+        for name in resource.device_classes:
+            device_class = classes.get(name)
+            if device_class is not None and self._matches(device_class, entry):
+                return True
+        return False
+
+    def _matches(self, device_class: DeviceClass, entry: DeviceEntry) -> bool:
+        try:
+            return all(
+                self._selectors.compile(selector.cel).matches(entry.cel)
+                for selector in device_class.selectors
+            )
+        except CelError:  # the class cannot select it, so it does not count
+            return False
+
+    # --- step one of a grant, and what follows ---------------------------------------------
+
+    def check(self, owner: str, amounts: Usage) -> tuple[QuotaRefusal, ...]:
+        """Read-only: the refusals `take` would answer now (Explain)."""
+        model = self.model
+        quota = model.quota_of(tenant_of_owner(owner))
+        if quota is None:
+            return ()
+        read = self.ledger.read(cohort_key(quota))
+        return model.admit(quota.tenant, amounts, usage_by_tenant(read.entries))
+
+    def usage_around(self, owner: str) -> dict[str, dict[str, int]]:
+        """tenant -> usage, for the cohort of `owner`'s tenant ({} when it is not limited)."""
+        quota = self.model.quota_of(tenant_of_owner(owner))
+        if quota is None:
+            return {}
+        return usage_by_tenant(self.ledger.read(cohort_key(quota)).entries)
+
+    def take(
+        self, owner: str, amounts: Sequence[Usage], lease_seconds: float
+    ) -> Grant | tuple[QuotaRefusal, ...] | None:
+        """Check the tenant's quota and hold the amounts: a Grant, the refusals, or None when
+        the tenant is not limited. Unavailable when the ledger stays contended."""
+        model = self.model
+        tenant = tenant_of_owner(owner)
+        quota = model.quota_of(tenant)
+        if quota is None:
+            return None
+        total: dict[str, dict[str, int]] = {}
+        for part in amounts:
+            add_usage(total, tenant, part)
+        wanted = total.get(tenant, {})
+        cohort = cohort_key(quota)
+        ticket = QuotaEntry("ticket:" + secrets.token_hex(12), tenant, wanted, None)
+
+        def refuse(entries: Sequence[QuotaEntry]) -> tuple[QuotaRefusal, ...]:
+            return model.admit(tenant, wanted, usage_by_tenant(entries))
+
+        hold_for = lease_seconds + self.settings.grace_seconds
+        refusals = self._take_entry(cohort, ticket, hold_for, refuse)
+        if refusals:
+            return refusals
+        return Grant(ticket.id, cohort, tenant, tuple(amounts), lease_seconds)
+
+    def _take_entry(
+        self,
+        cohort: str,
+        entry: QuotaEntry,
+        lease_seconds: float,
+        refuse: Callable[[Sequence[QuotaEntry]], tuple[QuotaRefusal, ...]],
+    ) -> tuple[QuotaRefusal, ...]:
+        """Add `entry` by compare-and-set: read, ask `refuse`, take if nothing was taken in
+        between, else read again (with a short random pause). () once added, or the refusals;
+        Unavailable when the ledger stays contended."""
+        for attempt in range(self.settings.take_attempts):
+            read = self.ledger.read(cohort)
+            refusals = refuse(read.entries)
+            if refusals:
+                return refusals
+            if self.ledger.take(cohort, read.version, entry, lease_seconds):
+                return ()
+            time.sleep(random.uniform(0, 0.0005 * 2 ** min(attempt, 6)))
+        raise Unavailable(
+            f"quota ledger of {cohort} is contended: {self.settings.take_attempts} attempts "
+            "lost to other grants; retry"
+        )
+
+    def bind(self, grant: Grant, reservations: Sequence[Reservation]) -> None:
+        """Step two succeeded: one entry per reservation replaces the ticket."""
+        parts = [
+            QuotaEntry(reservation.id, grant.tenant, dict(amounts), None)
+            for reservation, amounts in zip(reservations, grant.amounts, strict=True)
+        ]
+        hold_for = grant.lease_seconds + self.settings.grace_seconds
+        self.ledger.bind(grant.cohort, grant.ticket, parts, hold_for)
+
+    def abandon(self, grant: Grant) -> None:
+        """Step two failed: free the ticket (if this fails too, the ticket expires)."""
+        try:
+            self.ledger.drop(grant.cohort, [grant.ticket])
+        except GpuallocError as error:
+            log.warning("quota ticket %s left to expire: %s", grant.ticket, error)
+
+    def committing(self, reservation: Reservation) -> None:
+        """Before the store commits: the reservation's entry stops expiring."""
+        cohort = self._cohort_of(reservation.owner)
+        if cohort is not None:
+            self.ledger.commit(cohort, reservation.id)
+
+    def renewing(self, reservation_id: str, owner: str, lease_seconds: float) -> None:
+        """Before the store renews: the entry outlives the new lease."""
+        cohort = self._cohort_of(owner)
+        if cohort is not None:
+            self.ledger.extend(cohort, reservation_id, lease_seconds + self.settings.grace_seconds)
+
+    def released(self, reservation_ids: Iterable[str], owner: str) -> None:
+        """After the store released: drop the entries (a failure leaves them to reconcile)."""
+        cohort = self._cohort_of(owner)
+        if cohort is None:
+            return
+        try:
+            self.ledger.drop(cohort, list(reservation_ids))
+        except GpuallocError as error:
+            log.warning("quota entries of %s left to the reconciler: %s", owner, error)
+
+    def _cohort_of(self, owner: str) -> str | None:
+        quota = self.model.quota_of(tenant_of_owner(owner))
+        return cohort_key(quota) if quota is not None else None
+
+    # --- visibility and repair --------------------------------------------------------------
+
+    def status(self, tenants: Iterable[str] = ()) -> list[TenantStatus]:
+        model = self.model
+        wanted = list(tenants) or list(model.tenants)
+        usage: dict[str, dict[str, int]] = {}
+        for cohort in sorted({cohort_key(q) for t in wanted if (q := model.quota_of(t))}):
+            usage.update(usage_by_tenant(self.ledger.read(cohort).entries))
+        return model.status(usage, wanted)
+
+    def register(self, telemetry: Telemetry) -> None:
+        """`gpualloc.quota` (tenant, resource, cohort, kind: nominal, used, borrowed, lent,
+        left; in the resource's units: devices, or the counter's, bytes for memory), read from
+        the ledger at each collection: one read per cohort the policy names."""
+
+        def read() -> Labelled:
+            try:
+                rows = self.status() if self.model.enabled else []
+            except GpuallocError as error:  # an unreachable ledger: no series, not a failure
+                log.warning("quota gauges: %s", error)
+                return []
+            series = []
+            for row in rows:
+                labels = {"tenant": row.tenant, "resource": row.resource, "cohort": row.cohort}
+                for kind in ("nominal", "used", "borrowed", "lent", "left"):
+                    value = getattr(row, kind) / 1000
+                    series.append((value, {**labels, "kind": kind}))
+            return series
+
+        telemetry.observe_labelled("gpualloc.quota", read, description="tenant quotas")
+
+    def reconcile(
+        self,
+        store: ReservationStore,
+        live: Callable[[], Sequence[Reservation]],
+        usage_of: Callable[[Reservation], Usage],
+    ) -> tuple[int, int]:
+        """Make the ledger match the reservations; returns (entries dropped, entries added).
+
+        Dropped: entries of reservations the store no longer has (a release whose ledger step
+        failed). Added: live reservations of limited tenants that no entry covers (granted
+        before quotas were on, or before the tenant had quotas), with their lease plus the
+        grace period; they count from now on, even over quota (nothing held is taken away).
+        `live()`: this process's copy of the live reservations; tickets are left to expire,
+        since their grant may still be under way."""
+        model = self.model
+        reservations = {r.id: r for r in live()}
+        dropped = added = 0
+        for cohort in model.cohorts():
+            read = self.ledger.read(cohort)
+            covered = {entry.id for entry in read.entries}
+            gone = []
+            for entry in read.entries:
+                if entry.id.startswith("ticket:") or entry.id in reservations:
+                    continue
+                try:
+                    store.get(entry.id)
+                except NotFound:
+                    gone.append(entry.id)
+            if gone:
+                self.ledger.drop(cohort, gone)
+                dropped += len(gone)
+            for reservation in reservations.values():
+                quota = model.quota_of(tenant_of_owner(reservation.owner))
+                if quota is None or cohort_key(quota) != cohort or reservation.id in covered:
+                    continue
+                if self._backfill(cohort, quota.tenant, reservation, usage_of(reservation)):
+                    added += 1
+        return dropped, added
+
+    def _backfill(self, cohort: str, tenant: str, reservation: Reservation, amounts: Usage) -> bool:
+        if not any(amount > 0 for amount in amounts.values()):
+            return False
+        lease = self.settings.grace_seconds
+        if reservation.expires_at is not None:
+            lease += max(0.0, reservation.expires_at - time.time())
+        entry = QuotaEntry(reservation.id, tenant, dict(amounts), None)
+        try:  # already held: counted whatever the quota says
+            self._take_entry(cohort, entry, lease, lambda entries: ())
+        except Unavailable:
+            return False
+        if reservation.state is ReservationState.COMMITTED:
+            self.ledger.commit(cohort, reservation.id)
+        return True
+
+    def start(
+        self,
+        store: ReservationStore,
+        live: Callable[[], Sequence[Reservation]],
+        usage_of: Callable[[Reservation], Usage],
+    ) -> None:
+        """Reconcile now and then every reconcile_interval, in a thread, until `close`."""
+
+        def run() -> None:
+            while True:
+                try:
+                    dropped, added = self.reconcile(store, live, usage_of)
+                except GpuallocError as error:
+                    log.warning("quota reconcile failed: %s", error)
+                else:
+                    if dropped or added:
+                        log.info(
+                            "quota reconcile: %d stale entries dropped, %d reservations added",
+                            dropped,
+                            added,
+                        )
+                if self._stop.wait(self.settings.reconcile_interval):
+                    return
+
+        self._thread = threading.Thread(target=run, name="gpualloc-quota-reconcile", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.ledger.close()
+
+
+def _amount(resource: QuotaResource, entry: DeviceEntry) -> int:
+    if not resource.counter:
+        return 1000
+    return sum(
+        math.ceil(amount * 1000)
+        for counter, amount in entry.counters
+        if counter.counter == resource.counter
+    )

@@ -1,0 +1,911 @@
+"""The allocator's use cases: Allocate, Explain, Capacity and the reservation life cycle.
+
+Every answer is computed from two local, lock-free reads — the current inventory view
+(`ClusterView`) and this process's copy of the live reservations (`Holdings`, as an
+AllocatedState for that view) — so Allocate never waits for Redis or the inventory.
+
+Reserving is optimistic: the placement's holds (`reservations/holds.py`) are checked and taken
+atomically by the store. When the store answers Conflict, the local copy of that node's reservations
+is refreshed and Allocate(reserve) solves again, at most `reserve_retries` more times, then the
+Conflict goes to the client (ABORTED, naming the devices). Reserve (a placement the client
+sends) is not retried: the client must allocate again. While the store decides, the placement
+is pending in `Holdings`, so this process's concurrent solves already avoid it.
+
+A gang (`Query.gang`: the same claims on N nodes of one domain) is solved by the core's
+`solve_gang` on the same state and reserved as one reservation per member node, all or
+nothing (`store.reserve_gang`, app/gang_answers.py), with the same retries on Conflict.
+
+Time: every use case takes the call's `Deadline` (services.common.deadline) as a value —
+the servicer makes it from the gRPC call; in-process callers pass their own or get UNBOUNDED.
+It bounds every wait — the search (`SearchBudget.cancelled`, a little before the deadline so
+that BUDGET_EXHAUSTED still reaches the client; stopped at once when the client cancels),
+waiting for an inventory generation, back-off — and a store call does not start once the
+deadline has passed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+
+from opentelemetry import trace
+from opentelemetry.metrics import Counter
+
+from services.allocator.app.capacity_count import count_capacity, count_gangs
+from services.allocator.app.cluster_view import ClusterView, ViewSnapshot
+from services.allocator.app.device_classes import with_inline
+from services.allocator.app.gang_answers import (
+    allocated_explanation,
+    gang_requests,
+    members,
+    members_of_reservations,
+)
+from services.allocator.app.holders import blocking_holders, holder
+from services.allocator.app.live_reservations import Holdings
+from services.allocator.app.messages import (
+    Answer,
+    CapacityAnswer,
+    GangMember,
+    Holder,
+    LeaseOptions,
+    Outcome,
+    Query,
+    Victim,
+    claim_ref,
+)
+from services.allocator.app.paging import decode_token, encode_token, query_hash
+from services.allocator.app.placing import PlacementSearch
+from services.allocator.app.quotas import Grant, QuotaExceeded, QuotaGuard
+from services.allocator.app.telemetry import AllocatorMetrics
+from services.allocator.core import (
+    AllocatedState,
+    Explanation,
+    SolveResult,
+    Unsatisfiable,
+)
+from services.allocator.reservations.holds import device_key, placement_holds
+from services.allocator.reservations.model import (
+    Hold,
+    Preempted,
+    Reservation,
+    ReservationState,
+    ReservationStore,
+    ReserveRequest,
+    device_conflict_key,
+)
+from services.common.deadline import UNBOUNDED, Deadline
+from services.common.dra.model import AllocationResult, DeviceClass
+from services.common.errors import (
+    Conflict,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+)
+from services.common.security.principal import tenant_of_owner
+from services.common.security.quota import (
+    Candidate,
+    Holding,
+    QuotaRefusal,
+    TenantStatus,
+    fewest_victims,
+    preemption_candidates,
+)
+
+__all__ = ["AllocatorService", "ServiceLimits"]
+
+_MAX_CONFLICTS = 8
+_DEFAULT_PAGE = 100
+_MAX_PAGE = 1000
+
+
+@dataclass(frozen=True)
+class ServiceLimits:
+    """The service's knobs (from AllocatorSettings)."""
+
+    lease_seconds: float = 300.0
+    max_lease_seconds: float = 86_400.0
+    reserve_retries: int = 3
+    max_generation_wait: float = 10.0  # seconds a call may wait for min_inventory_generation
+    max_capacity_units: int = 1024  # units counted per node at most
+    max_nodes_explained: int = 10
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A preemption: the victims as answers show them, and the reservations to revoke."""
+
+    victims: tuple[Victim, ...]
+    reservations: tuple[Reservation, ...]
+
+
+class AllocatorService:
+    def __init__(
+        self,
+        view: ClusterView,
+        holdings: Holdings,
+        store: ReservationStore,
+        solver: PlacementSearch,
+        classes: Mapping[str, DeviceClass],
+        *,
+        limits: ServiceLimits = ServiceLimits(),
+        metrics: AllocatorMetrics | None = None,
+        tracer: trace.Tracer | None = None,
+        quotas: QuotaGuard | None = None,
+    ) -> None:
+        self.view = view
+        self.quotas = quotas
+        self.holdings = holdings
+        self.store = store
+        self.solver = solver
+        self.classes = dict(classes)
+        self.limits = limits
+        self._metrics = metrics
+        self._tracer = tracer or trace.NoOpTracer()
+        self._keys = _KeyedLocks()
+
+    # --- Allocate / Explain / Capacity -------------------------------------------------------
+
+    def allocate(
+        self, query: Query, lease: LeaseOptions | None = None, *, deadline: Deadline = UNBOUNDED
+    ) -> Answer:
+        """Place the claims (or the gang); with `lease`, reserve the placement too, one
+        reservation per node, retrying on Conflict. Calls with the same owner and idempotency
+        key run one after another in this process, so a duplicate sent concurrently finds the
+        first one's reservations instead of reserving other devices."""
+        if lease is None or not lease.idempotency_key:
+            return self._allocate(query, lease, deadline)
+        with self._keys.held((lease.owner, lease.idempotency_key)):
+            return self._allocate(query, lease, deadline)
+
+    def _allocate(self, query: Query, lease: LeaseOptions | None, deadline: Deadline) -> Answer:
+        lease_seconds = self._lease_seconds(lease.lease_seconds, "lease_ttl") if lease else 0.0
+        if lease is not None:
+            self._check_priority_class(lease.priority_class)
+        if lease is not None and lease.idempotency_key:
+            known = self.holdings.find_idempotent(lease.owner, lease.idempotency_key)
+            if known:
+                _check_replay(query, known, lease)
+                return self._reserved_answer(query, known, self.view.require(0).generation)
+        attempts = 1 + (self.limits.reserve_retries if lease is not None else 0)
+        conflict: Conflict | None = None
+        revoked: tuple[Victim, ...] = ()
+        names = tuple(claim_ref(claim.namespace, claim.name) for claim in query.claims)
+        for attempt in range(attempts):
+            if attempt and not (revoked and attempt == 1):
+                _back_off(attempt, deadline)
+            view, state = self._read(query, deadline)
+            answer = self._answer(view, state, query, deadline, explain=query.explain)
+            if lease is None:
+                return answer
+            if answer.outcome is not Outcome.ALLOCATED:
+                proposal = self._proposal(view, state, query, answer, lease, revoked, deadline)
+                if proposal is None or revoked or not lease.preempt:
+                    return replace(answer, preemption=proposal.victims) if proposal else answer
+                revoked = self._revoke(proposal, lease.owner, deadline)
+                continue
+            if query.gang is not None:
+                requests = gang_requests(view.snapshot, answer.gang, names, lease, lease_seconds)
+            else:
+                holds = placement_holds(view.snapshot, answer.node or "", answer.allocations)
+                requests = _requests(holds, names, answer.allocations, lease, lease_seconds)
+            try:
+                reservations = self._store_reserve(requests, view, deadline)
+            except QuotaExceeded as refused:
+                answer = replace(answer, outcome=Outcome.QUOTA_EXCEEDED, quota=refused.refusals)
+                proposal = self._proposal(view, state, query, answer, lease, revoked, deadline)
+                if proposal is None or revoked or not lease.preempt:
+                    return replace(answer, preemption=proposal.victims) if proposal else answer
+                revoked = self._revoke(proposal, lease.owner, deadline)
+                continue
+            except Conflict as error:
+                conflict = error
+                self._count(self._metrics.conflicts if self._metrics else None)
+                found = [self.holdings.refresh(request.node) for request in requests]
+                if self._drifted(error, requests, view, any(found)):
+                    self.holdings.rebuild()
+                continue
+            if lease.idempotency_key:  # the store may answer with another replica's first call
+                _check_same_request(reservations, lease)
+            if query.gang is not None and _same_placement(reservations, answer.gang):
+                return replace(answer, reservations=tuple(reservations), preemption=revoked)
+            # One node's answer, or a gang for which the store answered (idempotency key) with
+            # an earlier call's reservations: the answer is what is held.
+            held = self._reserved_answer(query, reservations, view.generation)
+            return replace(held, preemption=revoked)
+        self._count(self._metrics.aborted if self._metrics else None)
+        assert conflict is not None
+        raise _bounded(conflict)
+
+    def explain(
+        self,
+        query: Query,
+        max_nodes: int = 0,
+        owner: str = "",
+        priority_class: str = "",
+        *,
+        deadline: Deadline = UNBOUNDED,
+    ) -> Answer:
+        """Allocate's search with reasons recorded, plus the reservations that blocked it;
+        with `owner`, a placement found is checked against its tenant's quota too, and one not
+        found (or refused by the quota) comes with the preemption that would make it fit."""
+        view, state = self._read(query, deadline)
+        answer = self._answer(view, state, query, deadline, explain=True)
+        if owner and self.quotas is not None and answer.outcome is Outcome.ALLOCATED:
+            refusals = self._quota_check(view, query, answer, owner)
+            if refusals:
+                answer = replace(answer, outcome=Outcome.QUOTA_EXCEEDED, quota=refusals)
+        if owner and self.quotas is not None and answer.outcome is not Outcome.ALLOCATED:
+            lease = LeaseOptions(owner, priority_class=priority_class)
+            proposal = self._proposal(view, state, query, answer, lease, (), deadline)
+            if proposal is not None:
+                answer = replace(answer, preemption=proposal.victims)
+        shown = max_nodes or self.limits.max_nodes_explained
+        return _with_holders(answer, blocking_holders(answer, self.holdings.reservations(), shown))
+
+    def capacity(
+        self,
+        query: Query,
+        ignore_reservations: bool = False,
+        owner: str = "",
+        *,
+        deadline: Deadline = UNBOUNDED,
+    ) -> CapacityAnswer:
+        """How many units fit; with `owner` of a limited tenant, also its quotas and how many
+        units its quota headroom allows (each unit counted as the first placement would)."""
+        view, state = self._read(query, deadline)
+        if ignore_reservations:
+            state = AllocatedState(view.snapshot)
+        counted = self._count_units(view, state, query, deadline)
+        if not owner or self.quotas is None or not self.quotas.model.enabled:
+            return counted
+        rows = tuple(self.quotas.status([tenant_of_owner(owner)]))
+        if not rows:
+            return counted
+        first = self._answer(view, state, query, deadline, explain=False)
+        within = 0
+        if first.outcome is Outcome.ALLOCATED:
+            unit = self._placement_usage(view, query, first, owner)
+            left = {row.resource: row.left for row in rows}
+            bounds = [left.get(name, 0) // amount for name, amount in unit.items() if amount > 0]
+            within = min([counted.total, *bounds])
+        return replace(counted, quota=rows, within_quota=within)
+
+    def _count_units(
+        self, view: ViewSnapshot, state: AllocatedState, query: Query, deadline: Deadline
+    ) -> CapacityAnswer:
+        with self._tracer.start_as_current_span("capacity"):
+            count = count_gangs if query.gang is not None else count_capacity
+            return count(
+                self.solver,
+                view.snapshot,
+                state,
+                with_inline(self.classes, query.device_classes),
+                query,
+                deadline.answering(),
+                generation=view.generation,
+                max_units=self.limits.max_capacity_units,
+            )
+
+    # --- the reservation life cycle ----------------------------------------------------------
+
+    def reserve(
+        self,
+        node: str,
+        claims: Sequence[tuple[str, AllocationResult]],
+        lease: LeaseOptions,
+        *,
+        deadline: Deadline = UNBOUNDED,
+    ) -> list[Reservation]:
+        """Reserve a placement the client sends (`(claim name, allocation)` pairs on `node`)."""
+        if not node:
+            raise InvalidArgument.at("node_name", "must not be empty")
+        if not claims:
+            raise InvalidArgument.at("allocations", "must not be empty")
+        lease_seconds = self._lease_seconds(lease.lease_seconds, "lease_ttl")
+        self._check_priority_class(lease.priority_class)
+        self.holdings.require_synced()
+        view = self.view.require(0)
+        allocations = tuple(allocation for _, allocation in claims)
+        holds = placement_holds(view.snapshot, node, allocations)
+        names = tuple(name for name, _ in claims)
+        requests = _requests(holds, names, allocations, lease, lease_seconds)
+        try:
+            reservations = self._store_reserve(requests, view, deadline)
+        except Conflict as conflict:
+            self._count(self._metrics.conflicts if self._metrics else None)
+            for scope in holds:
+                self.holdings.refresh(scope)
+            raise _bounded(conflict) from None
+        for request, reservation in zip(requests, reservations, strict=True):
+            if lease.idempotency_key and set(reservation.hold.devices) != set(request.hold.devices):
+                raise FailedPrecondition(
+                    f"idempotency key {lease.idempotency_key!r} was first used for another "
+                    f"placement (reservation {reservation.id}): use a new key"
+                )
+        return reservations
+
+    def commit(
+        self,
+        reservation_id: str,
+        owner: str,
+        fencing_token: int = 0,
+        *,
+        deadline: Deadline = UNBOUNDED,
+    ) -> Reservation:
+        deadline.check("commit")
+        if self.quotas is not None:  # the ledger first: its entry must outlive the lease
+            current = self._known(reservation_id)
+            if current is not None and current.owner == owner:
+                self.quotas.committing(current)
+        reservation = self.store.commit(reservation_id, owner, fencing_token)
+        self.holdings.committed(reservation)
+        return reservation
+
+    def renew(
+        self,
+        reservation_id: str,
+        owner: str,
+        lease_seconds: float | None = None,
+        fencing_token: int = 0,
+        *,
+        deadline: Deadline = UNBOUNDED,
+    ) -> Reservation:
+        seconds = self._lease_seconds(lease_seconds, "lease_ttl")
+        deadline.check("renew")
+        if fencing_token:
+            current = self.store.get(reservation_id)
+            _check_fence(current, owner, fencing_token)
+        if self.quotas is not None:  # the ledger first: its entry must outlive the lease
+            self.quotas.renewing(reservation_id, owner, seconds)
+        reservation = self.store.renew(reservation_id, owner, seconds)
+        self.holdings.committed(reservation)
+        return reservation
+
+    def release(
+        self,
+        reservation_id: str,
+        owner: str,
+        fencing_token: int = 0,
+        allow_missing: bool = False,
+        *,
+        deadline: Deadline = UNBOUNDED,
+    ) -> Reservation | None:
+        """Free the reservation; returns it as this allocator last saw it (None when missing
+        and allowed). A reservation unknown here is read from the store first."""
+        deadline.check("release")
+        current = self._known(reservation_id)
+        try:
+            self.store.release(reservation_id, owner, fencing_token)
+        except (NotFound, Preempted):  # a preempted one is missing too, with who took it
+            if allow_missing:
+                return None
+            raise
+        self.holdings.removed([reservation_id])
+        if self.quotas is not None:
+            self.quotas.released([reservation_id], owner)
+        return current
+
+    def reservation_usage(self, reservation: Reservation) -> dict[str, int]:
+        """What a held reservation counts against its tenant's quota (on the current view)."""
+        current = self.view.current()
+        if self.quotas is None or current is None:
+            return {}
+        return self.quotas.usage(current.snapshot, reservation.node, reservation.allocations)
+
+    def quota_status(self, tenants: Sequence[str] = ()) -> tuple[list[TenantStatus], bool]:
+        """Each tenant's standing (those given, else every tenant with quotas) and whether
+        quotas are enforced."""
+        if self.quotas is None or not self.quotas.model.enabled:
+            return [], False
+        return self.quotas.status(tenants), True
+
+    def _known(self, reservation_id: str) -> Reservation | None:
+        """The reservation as this allocator last saw it, else as the store has it; None when
+        gone (the store's own step then says how: released, expired, preempted)."""
+        found = self.holdings.get(reservation_id)
+        if found is not None:
+            return found
+        try:
+            return self.store.get(reservation_id)
+        except NotFound:
+            return None
+
+    def get(self, reservation_id: str, *, deadline: Deadline = UNBOUNDED) -> Reservation:
+        deadline.check("get")
+        return self.store.get(reservation_id)
+
+    def list_reservations(
+        self,
+        owner: str = "",
+        node: str = "",
+        state: ReservationState | None = None,
+        page_size: int = 0,
+        page_token: str = "",
+        *,
+        deadline: Deadline = UNBOUNDED,
+    ) -> tuple[list[Reservation], str]:
+        """One page of live reservations sorted by id, and the next page's token ("" at end)."""
+        if page_size < 0:
+            raise InvalidArgument.at("page_size", f"must not be negative, got {page_size}")
+        size = min(page_size or _DEFAULT_PAGE, _MAX_PAGE)
+        query = query_hash(owner, node, state)
+        after = decode_token(page_token, query)
+        deadline.check("list")
+        found = sorted(
+            (
+                r
+                for r in self.store.list(owner=owner, node=node)
+                if (state is None or r.state is state) and r.id > after
+            ),
+            key=lambda r: r.id,
+        )
+        page = found[:size]
+        more = len(found) > size
+        return page, encode_token(page[-1].id, query) if more else ""
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _drifted(
+        self,
+        conflict: Conflict,
+        requests: Sequence[ReserveRequest],
+        view: ViewSnapshot,
+        found: bool,
+    ) -> bool:
+        """After the nodes' refreshes: whether the state solved against disagrees with the
+        store. A device the store holds must now be in use in the state (whether the refresh,
+        an event or another caller's refresh brought its holder); without device conflicts
+        (counters, capacity), whether the refreshes found nothing that explains the conflict."""
+        ids = {
+            device_conflict_key(device_key(result.device_id)): result.device_id
+            for request in requests
+            for allocation in request.allocations
+            for result in allocation.results
+        }
+        taken = [ids[key] for key in conflict.conflicts if key in ids]
+        if not taken:
+            return not found
+        state = self.holdings.state_for(view)
+        return not all(state.in_use(device) for device in taken)
+
+    def _read(self, query: Query, deadline: Deadline) -> tuple[ViewSnapshot, AllocatedState]:
+        self.holdings.require_synced()
+        wait = 0.0
+        if query.min_generation > 0:
+            left = deadline.answering().left()
+            wait = min(self.limits.max_generation_wait, left if left is not None else 1e9)
+        view = self.view.require(query.min_generation, wait)
+        return view, self.holdings.state_for(view)
+
+    def _answer(
+        self,
+        view: ViewSnapshot,
+        state: AllocatedState,
+        query: Query,
+        deadline: Deadline,
+        *,
+        explain: bool,
+    ) -> Answer:
+        """The solver's answer to `query` (a gang's with `solve_gang`) on this view and state."""
+        classes = with_inline(self.classes, query.device_classes)
+        policy = query.policy or self.solver.policy
+        started = time.perf_counter()
+        with self._tracer.start_as_current_span(
+            "solve" if query.gang is None else "solve_gang"
+        ) as span:
+            span.set_attribute("gpualloc.inventory.generation", view.generation)
+            searching = deadline.answering()
+            result: SolveResult | None
+            if query.gang is not None:
+                span.set_attribute("gpualloc.gang.nodes", query.gang.node_count)
+            try:
+                if query.gang is not None:
+                    span.set_attribute("gpualloc.gang.nodes", query.gang.node_count)
+                result = self.solver.place(
+                    view.snapshot, state, classes, query, searching, explain=explain
+                )
+            except DeadlineExceeded:
+                result = None
+            elapsed = time.perf_counter() - started
+            gang = "Gang" if query.gang is not None and result is not None else ""
+            span.set_attribute("gpualloc.outcome", gang + type(result).__name__)  # GangAllocated
+        if self._metrics is not None:
+            self._metrics.solve_duration.record(elapsed * 1000)
+        answer = Answer(
+            Outcome.BUDGET_EXHAUSTED,
+            generation=view.generation,
+            claims=query.claims,
+            policy=policy,
+            cel_cache_hits=result.stats.cel_profile_hits if result is not None else 0,
+            elapsed_seconds=elapsed,
+            explanation=Explanation(
+                summary="the call's deadline ran out during the search: retry with more time",
+                budget_exhausted=True,
+            ),
+        )
+        if result is None:
+            return answer
+        if isinstance(result, Unsatisfiable):
+            outcome = Outcome.BUDGET_EXHAUSTED if result.budget_exhausted else Outcome.UNSATISFIABLE
+            answer = replace(
+                answer, outcome=outcome, explanation=result.explanation, stats=result.stats
+            )
+            holders = blocking_holders(answer, self.holdings.reservations(), 3)
+            return _with_holders(answer, holders)
+        if query.gang is not None:
+            return replace(
+                answer,
+                outcome=Outcome.ALLOCATED,
+                gang=members(result),
+                explanation=allocated_explanation(result, query.gang) if explain else None,
+                stats=result.stats,
+            )
+        return replace(
+            answer,
+            outcome=Outcome.ALLOCATED,
+            node=result.node,
+            allocations=result.allocations,
+            score=result.score,
+            explanation=result.explanation,
+            stats=result.stats,
+        )
+
+    def _store_reserve(
+        self, requests: Sequence[ReserveRequest], view: ViewSnapshot, deadline: Deadline
+    ) -> list[Reservation]:
+        """Take the tenant's quota (app/quotas.py, step one), then the devices (step two)."""
+        deadline.check("reserve")
+        grant = self._take_quota(requests, view)
+        try:
+            reservations = self._take_devices(requests)
+        except BaseException:
+            if grant is not None and self.quotas is not None:
+                self.quotas.abandon(grant)
+            raise
+        if grant is not None and self.quotas is not None:
+            self.quotas.bind(grant, reservations)
+        return reservations
+
+    def _take_quota(self, requests: Sequence[ReserveRequest], view: ViewSnapshot) -> Grant | None:
+        if self.quotas is None:
+            return None
+        amounts = [
+            self.quotas.usage(view.snapshot, request.node, request.allocations)
+            for request in requests
+        ]
+        taken = self.quotas.take(requests[0].owner, amounts, requests[0].lease_seconds)
+        if isinstance(taken, tuple):
+            raise QuotaExceeded(taken)
+        return taken
+
+    def _quota_check(
+        self, view: ViewSnapshot, query: Query, answer: Answer, owner: str
+    ) -> tuple[QuotaRefusal, ...]:
+        """What the quota says of reserving `answer` for `owner` now (read-only)."""
+        assert self.quotas is not None
+        return self.quotas.check(owner, self._placement_usage(view, query, answer, owner))
+
+    # --- preemption --------------------------------------------------------------------------
+
+    def _proposal(
+        self,
+        view: ViewSnapshot,
+        state: AllocatedState,
+        query: Query,
+        answer: Answer,
+        lease: LeaseOptions,
+        revoked: tuple[Victim, ...],
+        deadline: Deadline,
+    ) -> Proposal | None:
+        """The fewest reservations whose revocation makes `query` fit for `lease.owner`
+        (quota.py's rules), or None. Only for an answer that is UNSATISFIABLE or
+        QUOTA_EXCEEDED, under quotas, and once per call."""
+        if self.quotas is None or revoked:
+            return None
+        if answer.outcome not in (Outcome.UNSATISFIABLE, Outcome.QUOTA_EXCEEDED):
+            return None
+        quotas = self.quotas
+        model = quotas.model
+        priority = model.priority(lease.priority_class)
+        if not priority.preempts:
+            return None
+        tenant = tenant_of_owner(lease.owner)
+        empty = self._answer(view, AllocatedState(view.snapshot), query, deadline, explain=False)
+        if empty.outcome is not Outcome.ALLOCATED:
+            return None  # it does not fit an empty fleet: no victim helps
+        # only the caller's tenant and its cohort can lose reservations to it (quota.py's
+        # rules): nobody else's usage needs counting
+        quota = model.quota_of(tenant)
+        eligible = {tenant, *(model.members(quota) if quota is not None else ())}
+        live = {
+            r.id: r for r in self.holdings.reservations() if tenant_of_owner(r.owner) in eligible
+        }
+        amounts = {r.id: self.reservation_usage(r) for r in live.values()}
+        holdings = [
+            Holding(
+                r.id,
+                tenant_of_owner(r.owner),
+                model.priority(r.priority_class),
+                r.created_at,
+                amounts[r.id],
+            )
+            for r in live.values()
+        ]
+        usage = quotas.usage_around(lease.owner)
+        wanted = self._placement_usage(view, query, empty, lease.owner)
+        candidates = preemption_candidates(model, tenant, priority, wanted, holdings, usage)
+        if not candidates:
+            return None
+
+        def placement(chosen: Sequence[Candidate]) -> Answer | None:
+            gone = [live[c.holding.id] for c in chosen]
+            trial = state.with_changes((r.id, None, a) for r in gone for a in r.allocations)
+            found = self._answer(view, trial, query, deadline, explain=False)
+            if found.outcome is not Outcome.ALLOCATED:
+                return None
+            left = {t: dict(u) for t, u in usage.items()}
+            for c in chosen:
+                for name, amount in c.holding.amounts.items():
+                    mine = left.setdefault(c.holding.tenant, {})
+                    mine[name] = mine.get(name, 0) - amount
+            placed = self._placement_usage(view, query, found, lease.owner)
+            return None if model.admit(tenant, placed, left) else found
+
+        victims = fewest_victims(candidates, lambda chosen: placement(chosen) is not None)
+        if victims is None:
+            return None
+        chosen = tuple(
+            Victim(holder(live[c.holding.id]), live[c.holding.id].priority_class, c.reason)
+            for c in victims
+        )
+        return Proposal(chosen, tuple(live[c.holding.id] for c in victims))
+
+    def _revoke(self, proposal: Proposal, by: str, deadline: Deadline) -> tuple[Victim, ...]:
+        """Revoke the victims (each only if its fencing token is the one chosen: a stale one
+        fails the call with FAILED_PRECONDITION, nothing more is revoked); free their quota."""
+        deadline.check("preempt")
+        done: list[Reservation] = []
+        try:
+            for reservation in proposal.reservations:
+                with contextlib.suppress(NotFound):  # gone meanwhile: freed anyway
+                    self.store.revoke(reservation.id, reservation.fencing_token, by)
+                done.append(reservation)
+        finally:
+            self.holdings.removed([r.id for r in done])
+            reasons = {v.holder.reservation_id: v.reason for v in proposal.victims}
+            for reservation in done:
+                if self._metrics is not None:
+                    labels = {
+                        "tenant": tenant_of_owner(reservation.owner),
+                        "reason": reasons.get(reservation.id, ""),
+                    }
+                    self._metrics.preemptions.add(1, labels)
+            if self.quotas is not None:
+                for reservation in done:
+                    self.quotas.released([reservation.id], reservation.owner)
+        return proposal.victims
+
+    def _placement_usage(
+        self, view: ViewSnapshot, query: Query, answer: Answer, owner: str
+    ) -> dict[str, int]:
+        """What reserving `answer` would count against `owner`'s tenant's quota."""
+        assert self.quotas is not None
+        lease = LeaseOptions(owner)
+        names = tuple(claim_ref(claim.namespace, claim.name) for claim in query.claims)
+        if query.gang is not None:
+            requests = gang_requests(view.snapshot, answer.gang, names, lease, 1.0)
+        else:
+            holds = placement_holds(view.snapshot, answer.node or "", answer.allocations)
+            requests = _requests(holds, names, answer.allocations, lease, 1.0)
+        total: dict[str, int] = {}
+        for request in requests:
+            usage = self.quotas.usage(view.snapshot, request.node, request.allocations)
+            for name, amount in usage.items():
+                total[name] = total.get(name, 0) + amount
+        return total
+
+    def _take_devices(self, requests: Sequence[ReserveRequest]) -> list[Reservation]:
+        # Held for this process's other solves while the store decides (app/live_reservations.py).
+        placed = {id(a): a for request in requests for a in request.allocations}
+        pending = self.holdings.hold_pending([r.node for r in requests], tuple(placed.values()))
+        try:
+            with self._tracer.start_as_current_span("reserve") as span:
+                span.set_attribute("gpualloc.node", requests[0].node)
+                if len(requests) == 1:
+                    reservations = [self.store.reserve(requests[0])]
+                else:
+                    reservations = self.store.reserve_gang(requests)
+        except BaseException:
+            self.holdings.drop_pending(pending)
+            raise
+        self.holdings.settle_pending(pending, reservations)
+        return reservations
+
+    def _reserved_answer(
+        self, query: Query, reservations: Sequence[Reservation], generation: int
+    ) -> Answer:
+        """The answer of a reserving Allocate: the placement as the store holds it (which, for
+        an idempotent retry, is the first call's); a gang's members sorted by node."""
+        if query.gang is not None:
+            return Answer(
+                Outcome.ALLOCATED,
+                generation=generation,
+                claims=query.claims,
+                policy=query.policy or self.solver.policy,
+                reservations=tuple(reservations),
+                gang=members_of_reservations(reservations),
+            )
+        first = reservations[0]
+        return Answer(
+            Outcome.ALLOCATED,
+            generation=generation,
+            claims=query.claims,
+            node=first.node,
+            allocations=first.allocations,
+            policy=query.policy or self.solver.policy,
+            reservations=tuple(reservations),
+        )
+
+    def _check_priority_class(self, name: str) -> None:
+        if not name:
+            return
+        known = self.quotas.model.priority_classes if self.quotas is not None else {}
+        if name not in known:
+            listed = (
+                ", ".join(sorted(known)) or "none: the access policy defines no priority classes"
+            )
+            raise InvalidArgument.at(
+                "priority_class_name", f"unknown priority class {name!r} (known: {listed})"
+            )
+
+    def _lease_seconds(self, requested: float | None, path: str) -> float:
+        if requested is None:
+            return self.limits.lease_seconds
+        if requested <= 0:
+            raise InvalidArgument.at(path, f"must be positive, got {requested:g}s")
+        if requested > self.limits.max_lease_seconds:
+            raise InvalidArgument.at(
+                path, f"must be at most {self.limits.max_lease_seconds:g}s, got {requested:g}s"
+            )
+        return requested
+
+    @staticmethod
+    def _count(counter: Counter | None) -> None:
+        if counter is not None:
+            counter.add(1)
+
+
+class _KeyedLocks:
+    """One lock per key while anyone holds or waits for it (then forgotten)."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[object, tuple[threading.Lock, int]] = {}
+
+    @contextmanager
+    def held(self, key: object) -> Iterator[None]:
+        with self._guard:
+            lock, users = self._locks.get(key, (threading.Lock(), 0))
+            self._locks[key] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._guard:
+                lock, users = self._locks[key]
+                if users == 1:
+                    del self._locks[key]
+                else:
+                    self._locks[key] = (lock, users - 1)
+
+
+def _requests(
+    holds: Mapping[str, Hold],
+    claim_names: tuple[str, ...],
+    allocations: tuple[AllocationResult, ...],
+    lease: LeaseOptions,
+    lease_seconds: float,
+) -> list[ReserveRequest]:
+    """One store request per scope of the placement (the node's first)."""
+    return [
+        ReserveRequest(
+            owner=lease.owner,
+            node=scope,
+            claim_names=claim_names,
+            allocations=allocations,
+            hold=hold,
+            lease_seconds=lease_seconds,
+            idempotency_key=lease.idempotency_key,
+            labels=lease.labels,
+            request_digest=lease.request_digest,
+            priority_class=lease.priority_class,
+        )
+        for scope, hold in holds.items()
+    ]
+
+
+_BACKOFF_SECONDS = 0.002
+
+
+def _back_off(attempt: int, deadline: Deadline) -> None:
+    """Sleep a random share of 2 ms x 2^attempt before solving again after a conflict.
+
+    Callers that lost the same race would otherwise solve again at once, see the same refreshed
+    state, pick the same next devices and collide again; the jitter spreads them so each retry
+    sees the reservations of those that went first. Bounded by the call's remaining time.
+    """
+    pause = random.uniform(0, _BACKOFF_SECONDS * 2**attempt)
+    left = deadline.left()
+    time.sleep(pause if left is None else min(pause, left / 4))
+
+
+def _bounded(conflict: Conflict) -> Conflict:
+    """The conflict as a client sees it: at most _MAX_CONFLICTS keys (a MIG placement can
+    collide on dozens of counters; every key becomes a status detail, and gRPC clients refuse
+    trailers over 8 KiB by default)."""
+    keys = conflict.conflicts
+    if len(keys) <= _MAX_CONFLICTS:
+        return conflict
+    shown = ", ".join(keys[:_MAX_CONFLICTS])
+    return Conflict(
+        f"reservation conflict on {len(keys)} devices and counters: {shown}, "
+        f"and {len(keys) - _MAX_CONFLICTS} more",
+        keys[:_MAX_CONFLICTS],
+    )
+
+
+def _with_holders(answer: Answer, holders: tuple[Holder, ...]) -> Answer:
+    return replace(answer, holders=holders) if holders != answer.holders else answer
+
+
+def _same_placement(reservations: Sequence[Reservation], members: Sequence[GangMember]) -> bool:
+    """Whether a gang's reservations hold exactly the members' allocations."""
+    held = {m.node: m.allocations for m in members_of_reservations(reservations)}
+    return held == {m.node: m.allocations for m in members}
+
+
+def _check_same_request(known: Sequence[Reservation], lease: LeaseOptions) -> None:
+    """A reused idempotency key must come with the request it was first used for: a retry, not
+    a new request that would silently get the first one's devices (FAILED_PRECONDITION)."""
+    first = known[0]
+    if (
+        first.request_digest
+        and lease.request_digest
+        and first.request_digest != lease.request_digest
+    ):
+        raise FailedPrecondition(
+            f"idempotency key {lease.idempotency_key!r} was first used for another request "
+            f"(reservation {first.id}): retry with the same request, or use a new key"
+        )
+
+
+def _check_replay(query: Query, known: Sequence[Reservation], lease: LeaseOptions) -> None:
+    """A repeated key must repeat its request, and a gang's must still hold the whole gang:
+    one whose members were partly released or expired is not returned as ALLOCATED."""
+    _check_same_request(known, lease)
+    key = lease.idempotency_key
+    if query.gang is None:
+        return
+    members = members_of_reservations(known)
+    if len(members) != query.gang.node_count:
+        raise FailedPrecondition(
+            f"idempotency key {key!r} holds {len(members)} node reservation(s), not a gang of "
+            f"{query.gang.node_count}: release them or allocate with a new key"
+        )
+
+
+def _check_fence(reservation: Reservation, owner: str, fencing_token: int) -> None:
+    if reservation.owner != owner:
+        raise PermissionDenied(f"reservation {reservation.id} belongs to another owner")
+    if fencing_token != reservation.fencing_token:
+        raise FailedPrecondition(
+            f"reservation {reservation.id}: fencing token {fencing_token} is stale "
+            f"(current {reservation.fencing_token})"
+        )

@@ -1,0 +1,85 @@
+"""What a caller sees of other tenants' reservations: "held by tenant X", nothing more.
+
+A caller whose principal may not see a reservation in full (another tenant's, without the
+all-tenants permission) gets it with its node, devices, state and expiry — what an operator of
+the fleet or an Explain needs to understand why GPUs are busy — and without its id, owner,
+fencing token, idempotency key, claim names, labels and driver configuration: the handles that
+would let it act on, or learn about, another tenant's work. Explain's rejections name such
+holders as "a reservation of tenant X".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from services.allocator.app.holders import holder_ids
+from services.allocator.app.messages import Answer, Holder
+from services.allocator.core import Explanation, RejectionGroup, holders
+from services.allocator.reservations.model import Reservation
+from services.common.dra.model import AllocationResult
+from services.common.security.principal import Principal, tenant_of_owner
+
+__all__ = ["visible_answer", "visible_holder", "visible_reservation"]
+
+
+def visible_reservation(reservation: Reservation, viewer: Principal) -> Reservation:
+    if viewer.may_see(reservation.owner):
+        return reservation
+    return replace(
+        reservation,
+        id="",
+        owner=tenant_of_owner(reservation.owner),
+        claim_names=tuple("" for _ in reservation.claim_names),
+        allocations=tuple(AllocationResult(results=a.results) for a in reservation.allocations),
+        fencing_token=0,
+        idempotency_key="",
+        labels=(),
+        redacted=True,
+    )
+
+
+def visible_holder(holder: Holder, viewer: Principal) -> Holder:
+    if viewer.may_see(holder.owner):
+        return holder
+    return replace(holder, reservation_id="", owner=tenant_of_owner(holder.owner), redacted=True)
+
+
+def visible_answer(
+    answer: Answer, viewer: Principal, owner_of: Callable[[str], str | None]
+) -> Answer:
+    """`answer` with other tenants' holders and reservation ids hidden. `owner_of` gives the
+    owner of a reservation id named in a rejection (None: unknown here, shown as is)."""
+    nothing = not answer.holders and answer.explanation is None and not answer.preemption
+    if viewer.sees_all_tenants or nothing:
+        return answer  # nothing of anyone's to hide: the common case of a placement
+    explanation = answer.explanation
+    if explanation is not None:
+        explanation = _visible_explanation(explanation, viewer, owner_of)
+    return replace(
+        answer,
+        holders=tuple(visible_holder(h, viewer) for h in answer.holders),
+        explanation=explanation,
+        preemption=tuple(
+            replace(v, holder=visible_holder(v.holder, viewer)) for v in answer.preemption
+        ),
+    )
+
+
+def _visible_explanation(
+    explanation: Explanation, viewer: Principal, owner_of: Callable[[str], str | None]
+) -> Explanation:
+    def shown(reservation_id: str) -> str:
+        owner = owner_of(reservation_id)
+        if owner is None or viewer.may_see(owner):
+            return reservation_id
+        return f"a reservation of tenant {tenant_of_owner(owner)}"
+
+    def group(g: RejectionGroup) -> RejectionGroup:
+        ids = holder_ids(g)
+        return replace(g, holders=holders(shown(i) for i in ids)) if ids else g
+
+    requests = tuple(
+        replace(r, rejections=tuple(group(g) for g in r.rejections)) for r in explanation.requests
+    )
+    return replace(explanation, requests=requests)

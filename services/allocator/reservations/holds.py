@@ -1,0 +1,174 @@
+"""From a placement to the `Hold`s a reservation store checks and takes.
+
+What a placement takes, exactly as `AllocatedState` counts it (so that a reservation blocks
+precisely what the solver treats as used):
+
+- results with adminAccess take nothing;
+- a device that allows multiple allocations is never taken whole; each of its results takes a
+  capacity share `capacity:<driver>/<pool>/<device>/<capacity>` up to the device's capacity;
+- any other device is taken whole (`driver/pool/device`);
+- every device taken, whole or by a share, consumes its counters once per placement:
+  `counter:<driver>/<pool>/<counterSet>/<counter>` up to the total its slice publishes. (Two
+  placements holding shares of one partitionable device both count its counters: safe, never
+  more than the limit, at worst a spurious conflict on such rare devices.)
+
+Scopes. A store step sees one scope (in Redis: one hash slot), and a device must always be
+taken under the same scope or two scopes could both take it. A device local to a node is taken
+under that node's name; a device of a slice shared by several nodes (allNodes, nodeSelector)
+under its pool, `<driver>/<pool>` (a "/" never occurs in node names). A placement that uses
+both becomes one reservation per scope, taken all or nothing (`reserve_gang`).
+
+`placement_holds` also validates placements that clients send to Reserve: every device must
+exist in the snapshot and be usable from the node; field paths name the offending result.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from services.allocator.core import (
+    ClusterSnapshot,
+    CounterID,
+    DeviceEntry,
+    taint_detail,
+    untolerated_taint,
+)
+from services.allocator.reservations.model import Hold, LimitedUse, milli
+from services.common.dra.model import AllocationResult, DeviceID
+from services.common.dra.quantity import Quantity
+from services.common.errors import FailedPrecondition, InvalidArgument
+
+__all__ = ["capacity_key", "counter_key", "device_key", "placement_holds", "scope_of"]
+
+
+def device_key(device_id: DeviceID) -> str:
+    return f"{device_id.driver}/{device_id.pool}/{device_id.device}"
+
+
+def counter_key(counter: CounterID) -> str:
+    return f"counter:{counter}"
+
+
+def capacity_key(device_id: DeviceID, capacity: str) -> str:
+    return f"capacity:{device_key(device_id)}/{capacity}"
+
+
+def scope_of(entry: DeviceEntry) -> str:
+    """The scope a device is always reserved under (see the module docstring)."""
+    return entry.access.node_name or f"{entry.id.driver}/{entry.id.pool}"
+
+
+@dataclass
+class _Builder:
+    devices: list[str] = field(default_factory=list)
+    uses: list[LimitedUse] = field(default_factory=list)
+    charged: set[DeviceID] = field(default_factory=set)
+
+    def hold(self) -> Hold:
+        return Hold(tuple(self.devices), tuple(self.uses))
+
+
+def placement_holds(
+    snapshot: ClusterSnapshot,
+    node: str,
+    allocations: Sequence[AllocationResult],
+    *,
+    path: str = "allocations",
+    result_path: str = "allocation.results",
+) -> dict[str, Hold]:
+    """Scope -> Hold for the placement of `allocations` on `node` (the node's scope first).
+
+    Raises InvalidArgument (field path `<path>[i].<result_path>[j]`) for a device the snapshot
+    lacks or the node cannot use, a device taken twice, or a share that does not fit the
+    device's kind."""
+    usable = (
+        {entry.id for entry in snapshot.view(node).devices()} if node else None
+    )  # NotFound for an unknown node
+    builders: dict[str, _Builder] = {node: _Builder()} if node else {}
+    for i, allocation in enumerate(allocations):
+        for j, result in enumerate(allocation.results):
+            where = f"{path}[{i}].{result_path}[{j}]"
+            entry = _usable_entry(snapshot, result.device_id, usable, node, where)
+            taint = untolerated_taint(entry, result.tolerations)
+            if taint is not None:  # the rule Allocate's candidates apply, here for Reserve
+                raise FailedPrecondition(
+                    f"{where}: device {device_key(result.device_id)} is {taint_detail(taint)} "
+                    "by the allocation's tolerations"
+                )
+            if result.admin_access:
+                continue
+            builder = builders.setdefault(scope_of(entry), _Builder())
+            _take(builder, entry, result.share_id, result.consumed_capacity, where)
+    return {scope: b.hold() for scope, b in builders.items()}
+
+
+def _usable_entry(
+    snapshot: ClusterSnapshot,
+    device_id: DeviceID,
+    usable: set[DeviceID] | None,
+    node: str,
+    where: str,
+) -> DeviceEntry:
+    entry = snapshot.device(device_id)
+    if entry is None:
+        raise InvalidArgument.at(where, f"device {device_key(device_id)} is not in the inventory")
+    if usable is not None and device_id not in usable:
+        raise InvalidArgument.at(where, f"device {device_key(device_id)} is not usable from {node}")
+    return entry
+
+
+def _take(
+    builder: _Builder,
+    entry: DeviceEntry,
+    share_id: str | None,
+    consumed: Mapping[str, Quantity],
+    where: str,
+) -> None:
+    device_id = entry.id
+    if entry.multi:
+        if share_id is None:
+            raise InvalidArgument.at(
+                f"{where}.shareID",
+                f"device {device_key(device_id)} allows multiple allocations: a share id is needed",
+            )
+        _take_share(builder, entry, consumed, where)
+    else:
+        if share_id is not None:
+            raise InvalidArgument.at(
+                f"{where}.shareID",
+                f"device {device_key(device_id)} does not allow multiple allocations",
+            )
+        key = device_key(device_id)
+        if key in builder.devices:
+            raise InvalidArgument.at(where, f"device {key} is allocated twice")
+        builder.devices.append(key)
+    if device_id not in builder.charged:
+        builder.charged.add(device_id)
+        totals = entry.slice.counter_totals
+        for counter, amount in entry.counters:
+            builder.uses.append(
+                LimitedUse(counter_key(counter), _milli(amount), _milli(totals[counter]))
+            )
+
+
+def _take_share(
+    builder: _Builder, entry: DeviceEntry, consumed: Mapping[str, Quantity], where: str
+) -> None:
+    capacity = entry.device.capacity
+    for name, quantity in sorted(consumed.items()):
+        if name not in capacity:
+            raise InvalidArgument.at(
+                f'{where}.consumedCapacity["{name}"]',
+                f"device {device_key(entry.id)} has no capacity {name}",
+            )
+        builder.uses.append(
+            LimitedUse(capacity_key(entry.id, name), milli(quantity), milli(capacity[name].value))
+        )
+
+
+def _milli(amount: Fraction) -> int:
+    """Milli-units of an exact amount, rounded up as `reservations.milli` does."""
+    return math.ceil(amount * 1000)

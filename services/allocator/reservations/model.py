@@ -1,0 +1,349 @@
+"""Reservations: the values and the store port that every reservation store implements.
+
+A reservation holds a placement (one AllocationResult per claim, all on one node) under a lease.
+Reserving checks and takes, in one atomic step, everything the placement uses:
+
+- every *exclusive* device (not adminAccess, not allowMultipleAllocations),
+- every counter it consumes (partitionable devices: MIG memory/compute slices), up to the limit
+  the counter set publishes,
+- every capacity share it consumes on multi-allocatable devices, up to the device's capacity.
+
+If anything is no longer free the store raises `Conflict` listing what moved; the client
+re-allocates. Leases expire unless committed; an expired lease frees its holds without racing a
+concurrent reserve (stores check expiry inside the same atomic step). Each grant carries a
+fencing token that increases per node.
+
+Amounts are integers in milli-units (a Quantity times 1000, rounded up) so that every store —
+including Redis, whose Lua numbers are doubles — adds them exactly (exact up to 2^53 milli-units,
+i.e. about 9 PB of memory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from math import ceil
+from typing import Protocol
+
+from services.common.dra.model import AllocationResult
+from services.common.dra.quantity import Quantity
+from services.common.errors import (
+    Conflict,
+    GpuallocError,
+    InvalidArgument,
+    Preempted,
+)
+
+__all__ = [
+    "DeviceTaken",
+    "Hold",
+    "LimitedUse",
+    "Reservation",
+    "ReservationEvent",
+    "ReservationEventOp",
+    "ReservationState",
+    "ReservationStore",
+    "ReserveRequest",
+    "Subscription",
+    "UseExceeded",
+    "conflict_error",
+    "device_conflict_key",
+    "milli",
+    "NODE_SEPARATOR",
+    "PREEMPTED_MEMORY_SECONDS",
+    "Preempted",
+    "new_reservation_id",
+    "node_reservation_id",
+    "preempted_error",
+    "reserve_gang",
+    "validate_reserve_request",
+]
+
+
+def milli(quantity: Quantity) -> int:
+    """A quantity in integer milli-units, rounded up (a request never rounds down to fit)."""
+    return ceil(quantity.value * 1000)
+
+
+@dataclass(frozen=True, order=True)
+class LimitedUse:
+    """`amount` of a shared, limited resource `key` whose total is `limit` (both milli-units).
+
+    Keys: `counter:<driver>/<pool>/<counterSet>/<counter>` or
+    `capacity:<driver>/<pool>/<device>/<capacity>`.
+    """
+
+    key: str
+    amount: int
+    limit: int
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Everything a placement takes. Device keys are `driver/pool/device`."""
+
+    devices: tuple[str, ...] = ()
+    uses: tuple[LimitedUse, ...] = ()
+
+    def is_empty(self) -> bool:
+        return not self.devices and not self.uses
+
+
+class ReservationState(StrEnum):
+    RESERVED = "RESERVED"  # leased: expires at `expires_at` unless committed or renewed
+    COMMITTED = "COMMITTED"  # permanent until released
+
+
+@dataclass(frozen=True)
+class ReserveRequest:
+    owner: str
+    node: str
+    claim_names: tuple[str, ...]
+    allocations: tuple[AllocationResult, ...]
+    hold: Hold
+    lease_seconds: float
+    idempotency_key: str = ""
+    labels: tuple[tuple[str, str], ...] = ()  # free-form (e.g. ("slurm.job", "1234"))
+    request_digest: str = ""  # what the idempotency key was first used for (app/messages.py)
+    priority_class: str = ""  # "" : the policy's default (docs/tenancy.md)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    id: str
+    owner: str
+    node: str
+    claim_names: tuple[str, ...]
+    allocations: tuple[AllocationResult, ...]
+    hold: Hold
+    state: ReservationState
+    fencing_token: int
+    created_at: float  # seconds since the epoch, from the store's clock
+    expires_at: float | None  # None once committed
+    idempotency_key: str = ""
+    labels: tuple[tuple[str, str], ...] = field(default=())
+    request_digest: str = ""  # of the Allocate request that made it ("" for Reserve)
+    priority_class: str = ""
+    redacted: bool = False  # another tenant's, as a caller may see it (app/tenancy.py)
+
+
+class Subscription(Protocol):
+    def close(self) -> None:
+        """Stop the deliveries."""
+        ...
+
+
+class ReservationStore(Protocol):
+    """The port. Implementations: embedded (in process) and Redis; one contract suite covers both.
+
+    Errors: `Conflict` (something in the hold is taken; `.conflicts` lists the keys),
+    `NotFound` (unknown or expired reservation id), `PermissionDenied` (another owner),
+    `FailedPrecondition` (renewing a committed reservation, fencing token mismatch),
+    `Unavailable` (the backing store cannot be reached).
+    """
+
+    def reserve(self, request: ReserveRequest) -> Reservation:
+        """Take the hold atomically, or raise Conflict. Same (owner, node, idempotency key)
+        while that reservation lives -> the same reservation, even when the two calls race."""
+        ...
+
+    def reserve_gang(self, requests: Sequence[ReserveRequest]) -> list[Reservation]:
+        """Reserve every request (one per node, in order) or none: on any failure the ones
+        already taken are released before the error is raised."""
+        ...
+
+    def commit(self, reservation_id: str, owner: str, fencing_token: int = 0) -> Reservation:
+        """Make the lease permanent. A fencing_token other than 0 must match."""
+        ...
+
+    def renew(self, reservation_id: str, owner: str, lease_seconds: float) -> Reservation:
+        """Extend a lease to now + lease_seconds."""
+        ...
+
+    def release(self, reservation_id: str, owner: str, fencing_token: int = 0) -> None:
+        """Free the hold now."""
+        ...
+
+    def revoke(self, reservation_id: str, fencing_token: int, by: str) -> None:
+        """Free a reservation for a preemption, whoever owns it, if its fencing token is still
+        `fencing_token` (else FailedPrecondition: it changed hands since it was chosen). For a
+        day after, commit/renew/release of it answer FailedPrecondition naming `by`."""
+        ...
+
+    def get(self, reservation_id: str) -> Reservation: ...
+
+    def list(self, owner: str = "", node: str = "") -> Sequence[Reservation]:
+        """Live reservations, filtered by owner and/or node, sorted by (node, id)."""
+        ...
+
+    def live(self) -> Sequence[Reservation]:
+        """Every live (unexpired) reservation: the allocator's view of what is held."""
+        ...
+
+    def expire(self) -> int:
+        """Free every lease that has expired; returns how many. Stores also expire lazily."""
+        ...
+
+    def subscribe(self, callback: Callable[[ReservationEvent], None]) -> Subscription:
+        """Call `callback` after every change (possibly from another thread, possibly made by
+        another replica). Events are hints: a subscriber rebuilds its view with `live()`."""
+        ...
+
+    def close(self) -> None: ...
+
+
+# --- shared by every store (additive: events, validation, conflicts, gang compensation) ------
+
+
+class ReservationEventOp(StrEnum):
+    RESERVE = "reserve"
+    COMMIT = "commit"
+    RENEW = "renew"
+    RELEASE = "release"
+    EXPIRE = "expire"
+
+
+@dataclass(frozen=True)
+class ReservationEvent:
+    """One change, as published to other allocator replicas so they refresh their view."""
+
+    op: ReservationEventOp
+    id: str
+    node: str
+    fencing_token: int
+
+
+NODE_SEPARATOR = "@"  # reservation id = <minted>@<node>
+
+PREEMPTED_MEMORY_SECONDS = 86_400.0  # how long a revoked id answers "preempted by ..."
+
+
+def preempted_error(reservation_id: str, by: str) -> Preempted:
+    return Preempted(reservation_id, by)
+
+
+def new_reservation_id() -> str:
+    """Random, unguessable and unique without coordination (ids are minted by the client)."""
+    return "res-" + secrets.token_hex(16)  # 128 random bits, as 32 hex digits
+
+
+def node_reservation_id(minted: str, node: str) -> str:
+    """The id every store hands out: `<minted>@<node>` (`res-<32 hex>@<node>`), so an id says
+    which node holds it (docs/reservations.md, "Ids")."""
+    if NODE_SEPARATOR in minted:
+        raise ValueError(f"id_factory minted {minted!r}: ids must not contain {NODE_SEPARATOR!r}")
+    return minted + NODE_SEPARATOR + node
+
+
+def validate_reserve_request(request: ReserveRequest) -> Hold:
+    """Check a request and return its hold normalized: uses of the same key are summed (their
+    limits must agree), so that every store adds exactly the same numbers."""
+    if not request.owner:
+        raise InvalidArgument.at("owner", "must not be empty")
+    if not request.node:
+        raise InvalidArgument.at("node", "must not be empty")
+    if not (math.isfinite(request.lease_seconds) and request.lease_seconds > 0):
+        raise InvalidArgument.at("lease_seconds", f"must be > 0, got {request.lease_seconds}")
+    if len(request.claim_names) != len(request.allocations):
+        raise InvalidArgument.at(
+            "allocations",
+            f"{len(request.allocations)} allocations for {len(request.claim_names)} claims",
+        )
+    seen: set[str] = set()
+    for index, device in enumerate(request.hold.devices):
+        if not device or device in seen:
+            reason = "must not be empty" if not device else f"{device!r} appears twice"
+            raise InvalidArgument.at(f"hold.devices[{index}]", reason)
+        seen.add(device)
+    merged: dict[str, LimitedUse] = {}
+    for index, use in enumerate(request.hold.uses):
+        path = f"hold.uses[{index}]"
+        if not use.key:
+            raise InvalidArgument.at(f"{path}.key", "must not be empty")
+        if use.amount < 0 or use.limit < 0:
+            raise InvalidArgument.at(path, f"amount and limit must be >= 0 ({use.key})")
+        previous = merged.get(use.key)
+        if previous is not None and previous.limit != use.limit:
+            raise InvalidArgument.at(
+                f"{path}.limit", f"{use.key}: limit {use.limit} != {previous.limit}"
+            )
+        amount = use.amount + (previous.amount if previous else 0)
+        merged[use.key] = LimitedUse(use.key, amount, use.limit)
+    return Hold(request.hold.devices, tuple(merged.values()))
+
+
+def device_conflict_key(device: str) -> str:
+    """The Conflict key of a hold's device (`driver/pool/device`) that another reservation
+    holds: `device:<driver>/<pool>/<device>`."""
+    return f"device:{device}"
+
+
+@dataclass(frozen=True)
+class DeviceTaken:
+    """An exclusive device of the hold that another live reservation holds."""
+
+    device: str
+    holder: str
+
+    @property
+    def key(self) -> str:
+        return device_conflict_key(self.device)
+
+    def __str__(self) -> str:
+        return f"{self.key} held by reservation {self.holder}"
+
+
+@dataclass(frozen=True)
+class UseExceeded:
+    """A limited use that does not fit: `amount` wanted, `free` left (may be < 0 if the limit
+    shrank under existing holds)."""
+
+    key: str
+    amount: int
+    free: int
+
+    def __str__(self) -> str:
+        return f"{self.key} needs {self.amount} has {self.free} free"
+
+
+def conflict_error(items: Sequence[DeviceTaken | UseExceeded]) -> Conflict:
+    """The one Conflict every store raises: `.conflicts` are the keys, in the hold's order."""
+    return Conflict(
+        "reservation conflict: " + "; ".join(str(item) for item in items),
+        [item.key for item in items],
+    )
+
+
+def reserve_gang(
+    store: ReservationStore,
+    requests: Sequence[ReserveRequest],
+    grant: Callable[[ReserveRequest], tuple[Reservation, bool]] | None = None,
+) -> list[Reservation]:
+    """Reserve in order; on the first failure release (newest first) what this call created,
+    then re-raise. `grant` reserves one request and says whether it created the reservation
+    (False: an idempotency key returned an earlier call's, which is not ours to release);
+    without it every reservation counts as created. A release that fails too is left to lease
+    expiry: a gang is never committed partially, because the caller only gets the reservations
+    when all of them were taken."""
+    for request in requests:
+        validate_reserve_request(request)
+    take = grant or (lambda request: (store.reserve(request), True))
+    taken: list[Reservation] = []
+    created: list[Reservation] = []
+    try:
+        for request in requests:
+            reservation, new = take(request)
+            taken.append(reservation)
+            if new:
+                created.append(reservation)
+    except BaseException:
+        for reservation in reversed(created):
+            # NotFound (expired meanwhile) or Unavailable: then the lease runs out instead.
+            with contextlib.suppress(GpuallocError):
+                store.release(reservation.id, reservation.owner, reservation.fencing_token)
+        raise
+    return taken

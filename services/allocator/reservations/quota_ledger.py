@@ -1,0 +1,82 @@
+"""The quota ledger: per cohort, the entries that count against its tenants' quotas.
+
+An entry is one grant's amounts for one tenant: a *ticket* while its grant is being made, then
+one entry per reservation (named by the reservation id). A leased entry expires by the ledger's
+clock; a committed one lasts until dropped. Usage = the sum of a cohort's live entries.
+
+The ledger is a compare-and-set store, not a rule engine: `read` returns the cohort's entries and
+a version; `take` adds an entry only if the version is unchanged (the version grows with every
+take), so a grant checked against a read is added atomically with that check. Entries that
+expire or are dropped between the read and the take only lower the usage, which keeps the
+check safe. The rule itself lives in services/common/security/quota.py.
+
+Implementations: `MemoryQuotaLedger` (adapters/store/memory_quota.py: embedded, tests) and
+`RedisQuotaLedger` (adapters/store/redis_quota.py: one hash slot per cohort, Redis functions). One
+contract suite runs against both (tests/contract/test_quota_ledger.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from services.common.security.quota import Usage, add_usage
+
+__all__ = ["LedgerRead", "QuotaEntry", "QuotaLedger", "check_lease", "usage_by_tenant"]
+
+
+@dataclass(frozen=True)
+class QuotaEntry:
+    id: str  # `ticket:<hex>` while a grant is made, then the reservation's id
+    tenant: str
+    amounts: Usage
+    expires_at: float | None  # seconds since the epoch by the ledger's clock; None: committed
+
+
+@dataclass(frozen=True)
+class LedgerRead:
+    version: int
+    entries: tuple[QuotaEntry, ...]  # live ones only, sorted by id
+
+
+class QuotaLedger(Protocol):
+    def read(self, cohort: str) -> LedgerRead: ...
+
+    def take(self, cohort: str, version: int, entry: QuotaEntry, lease_seconds: float) -> bool:
+        """Add `entry` (expiring lease_seconds from now) if the cohort's version is still
+        `version`; False (nothing added) when another take came first."""
+        ...
+
+    def bind(
+        self, cohort: str, ticket: str, parts: Sequence[QuotaEntry], lease_seconds: float
+    ) -> None:
+        """Replace the ticket by `parts` (one entry per reservation of its grant), keeping the
+        ticket's expiry (`lease_seconds` from now when the ticket is gone)."""
+        ...
+
+    def extend(self, cohort: str, entry_id: str, lease_seconds: float) -> bool:
+        """A leased entry now expires lease_seconds from now; False if absent or committed."""
+        ...
+
+    def commit(self, cohort: str, entry_id: str) -> bool:
+        """The entry no longer expires; False if absent."""
+        ...
+
+    def drop(self, cohort: str, entry_ids: Sequence[str]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def check_lease(lease_seconds: float) -> None:
+    if not (math.isfinite(lease_seconds) and lease_seconds > 0):
+        raise ValueError(f"lease_seconds must be > 0, got {lease_seconds}")
+
+
+def usage_by_tenant(entries: Sequence[QuotaEntry]) -> dict[str, dict[str, int]]:
+    """tenant -> the sum of its entries' amounts."""
+    total: dict[str, dict[str, int]] = {}
+    for entry in entries:
+        add_usage(total, entry.tenant, entry.amounts)
+    return total
