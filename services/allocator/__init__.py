@@ -1,0 +1,5 @@
+"""The allocator service. Its top level is wiring only (`__main__`, `bootstrap`, `config`); the
+rooms, top to bottom: cli, adapters, app, reservations, core (docs/architecture.md).
+
+A room imports only the rooms below it (import-linter: "The allocator's rooms are layers").
+"""

@@ -8,6 +8,9 @@
         case Allocated(node=node, allocations=allocations): ...
         case Unsatisfiable(explanation=why): ...
 
+This package is the solver's one door: nothing outside it imports its modules. It may import
+services.cel's door and services.common only; pure (no grpc, redis, protobuf, clock, environment).
+
 Bad input raises `services.common.errors` types (InvalidArgument with a field path,
 FailedPrecondition, NotFound for an unknown pinned node, DeadlineExceeded when cancelled).
 """
