@@ -442,7 +442,7 @@ def _solve_gang(
         report["gang"]["members"] = [
             {
                 "node": member.node,
-                "score": score_to_dict(member.score),
+                "score": score_to_dict(member.score) if member.score is not None else None,
                 "claims": [
                     {"name": f"{c.namespace}/{c.name}", "allocation": allocation_result_to_dict(a)}
                     for c, a in zip(pending, member.allocations, strict=True)
