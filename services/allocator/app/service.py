@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from opentelemetry import trace
 from opentelemetry.metrics import Counter
 
-from services.allocator.app.capacity_count import count_capacity, count_gangs
+from services.allocator.app.capacity_count import count_capacity
 from services.allocator.app.cluster_view import ClusterView, ViewSnapshot
 from services.allocator.app.device_classes import with_inline
 from services.allocator.app.gang_answers import (
@@ -278,8 +278,7 @@ class AllocatorService:
         self, view: ViewSnapshot, state: AllocatedState, query: Query, deadline: Deadline
     ) -> CapacityAnswer:
         with self._tracer.start_as_current_span("capacity"):
-            count = count_gangs if query.gang is not None else count_capacity
-            return count(
+            return count_capacity(
                 self.solver,
                 view.snapshot,
                 state,
