@@ -12,8 +12,10 @@ sends) is not retried: the client must allocate again. While the store decides, 
 is pending in `Holdings`, so this process's concurrent solves already avoid it.
 
 A gang (`Query.gang`: the same claims on N nodes of one domain) is solved by the core's
-`solve_gang` on the same state and reserved as one reservation per member node, all or
-nothing (`store.reserve_gang`, app/gang_answers.py), with the same retries on Conflict.
+`solve_gang` on the same state. An answer's placement is one shape either way (`Answer.placements`,
+one NodePlacement per node: a single node is a gang of one), reserved as one reservation per
+scope (app/gang_answers.py), all or nothing (`store.reserve_gang` when there are several),
+with the same retries on Conflict.
 
 Time: every use case takes the call's `Deadline` (services.common.deadline) as a value —
 the servicer makes it from the gRPC call; in-process callers pass their own or get UNBOUNDED.
@@ -502,8 +504,6 @@ class AllocatorService:
             if query.gang is not None:
                 span.set_attribute("gpualloc.gang.nodes", query.gang.node_count)
             try:
-                if query.gang is not None:
-                    span.set_attribute("gpualloc.gang.nodes", query.gang.node_count)
                 result = self.solver.place(
                     view.snapshot, state, classes, query, searching, explain=explain
                 )
