@@ -22,12 +22,14 @@ from services.allocator.adapters.grpc.mapping import (
 from services.allocator.adapters.store.memory import MemoryReservationStore
 from services.allocator.app.capacity_count import gangs_that_fit
 from services.allocator.app.cluster_view import ClusterView
+from services.allocator.app.gang_answers import placement_requests
 from services.allocator.app.inventory_feed import InventoryUpdate
 from services.allocator.app.live_reservations import Holdings
 from services.allocator.app.messages import GangSpec, LeaseOptions, Outcome, Query
 from services.allocator.app.placing import PlacementSearch
-from services.allocator.app.service import AllocatorService, ServiceLimits
+from services.allocator.app.service import AllocatorService, ServiceLimits, _requests
 from services.allocator.core import Policy, SelectorCache
+from services.allocator.reservations.holds import placement_holds
 from services.common.dra.model import ResourceClaim
 from services.common.errors import FailedPrecondition, InvalidArgument
 from services.common.pb.dra_mapping import to_pb_resource_claim
@@ -367,3 +369,21 @@ def test_capacity_counts_gangs(service, query, total, counted):
     assert answer.total == total
     assert {n.node: n.count for n in answer.nodes} == counted
     assert answer.models == {}
+
+
+def test_one_node_placement_requests_are_its_holds_scope_by_scope(service):
+    """A single node is a gang of one: its store requests (node scope, then the shared pool)
+    are what the Reserve path builds from its holds."""
+    lease = LeaseOptions("job-1", idempotency_key="k", labels=(("team", "a"),))
+    answer = service.allocate(Query((WIRED,)))
+    assert answer.outcome is Outcome.ALLOCATED and not answer.is_gang
+    snapshot = service.view.require(0).snapshot
+    names = ("default/wired",)
+    got = placement_requests(snapshot, answer.placements, names, lease, 30.0, gang=False)
+    holds = placement_holds(snapshot, answer.node or "", answer.allocations)
+    assert [r.node for r in got] == [answer.node, f"{DRIVER}/fabric"]
+    assert got == _requests(holds, names, answer.allocations, lease, 30.0)
+    reserved = service.allocate(Query((WIRED,)), LeaseOptions("job-2"))
+    assert sorted(r.node for r in reserved.reservations) == sorted(
+        [reserved.node or "", f"{DRIVER}/fabric"]
+    )
