@@ -10,13 +10,14 @@ after another); it is a lower bound when a bound stopped it: the step budget, th
 Each unit is attributed to the product name of its first device (`productName` of the device's
 driver domain, as the NVIDIA driver publishes it), `unknown` without one.
 
-Gangs (`count_gangs`): a unit is the gang's claims on one node, counted per node as above; then
-per domain (the nodes sharing one value of the gang's label; nodes without it do not count) the
-gangs that fit one after another are the largest k with sum_i min(units_i, k) >= k * N: each
-gang takes N distinct nodes, so a node serves at most min(units_i, k) of k gangs, and that many
-slots can always be dealt out so that no gang gets one node twice. The total is as exact as the
-per-node counts it is computed from (a lower bound when one was cut short). Devices that several
-nodes share (allNodes slices) are counted for each node on its own, as for single-node units.
+Gangs (a query with `gang`, the same `count_capacity`): a unit is the gang's claims on one
+node, counted per node as above; then per domain (the nodes sharing one value of the gang's
+label; nodes without it do not count) the gangs that fit one after another are the largest k
+with sum_i min(units_i, k) >= k * N: each gang takes N distinct nodes, so a node serves at most
+min(units_i, k) of k gangs, and that many slots can always be dealt out so that no gang gets one
+node twice. The total is as exact as the per-node counts it is computed from (a lower bound when
+one was cut short). Devices that several nodes share (allNodes slices) are counted for each node
+on its own, as for single-node units.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from services.allocator.core import Allocated, AllocatedState, ClusterSnapshot, 
 from services.common.dra.model import AllocationResult, DeviceClass
 from services.common.errors import DeadlineExceeded, GpuallocError
 
-__all__ = ["count_capacity", "count_gangs", "gangs_that_fit"]
+__all__ = ["count_capacity", "gangs_that_fit"]
 
 UNKNOWN_MODEL = "unknown"
 
@@ -52,6 +53,32 @@ class _Tally:
 
 
 def count_capacity(
+    solver: PlacementSearch,
+    snapshot: ClusterSnapshot,
+    state: AllocatedState,
+    classes: Mapping[str, DeviceClass],
+    query: Query,
+    deadline: Deadline,
+    *,
+    generation: int,
+    max_units: int = 1024,
+) -> CapacityAnswer:
+    """How many units fit, per node (the pinned one, or every eligible node in name order);
+    for a gang's query, how many gangs (see the module docstring)."""
+    count = _count_gangs if query.gang is not None else _count_units
+    return count(
+        solver,
+        snapshot,
+        state,
+        classes,
+        query,
+        deadline,
+        generation=generation,
+        max_units=max_units,
+    )
+
+
+def _count_units(
     solver: PlacementSearch,
     snapshot: ClusterSnapshot,
     state: AllocatedState,
@@ -145,7 +172,7 @@ def _count_node(
     return count, True, models
 
 
-def count_gangs(
+def _count_gangs(
     solver: PlacementSearch,
     snapshot: ClusterSnapshot,
     state: AllocatedState,
@@ -160,8 +187,8 @@ def count_gangs(
     per node the total was computed from, `models` is empty."""
     gang = query.gang
     if gang is None:
-        raise ValueError("count_gangs needs a query with a gang")
-    units = count_capacity(
+        raise ValueError("_count_gangs needs a query with a gang")
+    units = _count_units(
         solver,
         snapshot,
         state,

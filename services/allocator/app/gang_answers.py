@@ -1,5 +1,7 @@
-"""Gang placements as the service answers and reserves them (the search is core/gang.py).
+"""Placements as the service reserves them (the search is core/gang.py and core/solver.py).
 
+A placement is the core's NodePlacements: one for a single node, one per member for a gang.
+Reserving takes one reservation per scope — the node's, then one per pool it uses outside it.
 Reserving a gang takes one reservation per member node — plus one per pool that several nodes
 share (allNodes / nodeSelector slices), holding what every member takes there, so that a pool
 scope appears once per gang and its idempotency key (owner, scope, key) stays unique — all or
@@ -12,17 +14,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from services.allocator.app.messages import GangMember, GangSpec, LeaseOptions
-from services.allocator.core import Allocated, ClusterSnapshot, Explanation
+from services.allocator.app.messages import GangSpec, LeaseOptions
+from services.allocator.core import Allocated, ClusterSnapshot, Explanation, NodePlacement
 from services.allocator.reservations.holds import placement_holds
 from services.allocator.reservations.model import Hold, LimitedUse, Reservation, ReserveRequest
 from services.common.dra.model import AllocationResult
 
-__all__ = ["allocated_explanation", "gang_requests", "members", "members_of_reservations"]
-
-
-def members(result: Allocated) -> tuple[GangMember, ...]:
-    return tuple(GangMember(p.node or "", p.allocations, p.score) for p in result.placements)
+__all__ = ["allocated_explanation", "members_of_reservations", "placement_requests"]
 
 
 def allocated_explanation(result: Allocated, gang: GangSpec) -> Explanation:
@@ -47,20 +45,22 @@ class _Scope:
     uses: list[LimitedUse] = field(default_factory=list)
 
 
-def gang_requests(
+def placement_requests(
     snapshot: ClusterSnapshot,
-    placement: Sequence[GangMember],
+    placement: Sequence[NodePlacement],
     claim_names: tuple[str, ...],
     lease: LeaseOptions,
     lease_seconds: float,
+    *,
+    gang: bool,
 ) -> list[ReserveRequest]:
-    """One store request per scope of the gang: each member's node (in member order), then
-    every shared pool once with what all members take there."""
+    """One store request per scope of the placement: each node's (in placement order), then
+    every pool outside them once, with what all its nodes take there. `gang`: the placement's
+    nodes are a gang's members (a bad device is named at `gang_placements[i]`)."""
     scopes: dict[str, _Scope] = {}
     for index, member in enumerate(placement):
-        holds = placement_holds(
-            snapshot, member.node, member.allocations, path=f"gang_placements[{index}].allocations"
-        )
+        path = f"gang_placements[{index}].allocations" if gang else "allocations"
+        holds = placement_holds(snapshot, member.node or "", member.allocations, path=path)
         for scope, hold in holds.items():
             entry = scopes.setdefault(scope, _Scope())
             entry.claim_names.extend(claim_names)
@@ -84,11 +84,11 @@ def gang_requests(
     ]
 
 
-def members_of_reservations(reservations: Sequence[Reservation]) -> tuple[GangMember, ...]:
+def members_of_reservations(reservations: Sequence[Reservation]) -> tuple[NodePlacement, ...]:
     """The members a gang's reservations hold: one per node scope (pool scopes, whose names
-    hold a "/", repeat the members' allocations), by node name."""
+    hold a "/", repeat the members' allocations), by node name; reservations keep no score."""
     return tuple(
-        GangMember(r.node, r.allocations)
+        NodePlacement(r.node, r.allocations)
         for r in sorted(reservations, key=lambda r: (r.node, r.id))
         if "/" not in r.node
     )

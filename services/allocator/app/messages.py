@@ -2,7 +2,8 @@
 
 `Query` is what Allocate, Explain and Capacity share (claims and where/how to place them; with
 `gang`, the same claims on several nodes); `LeaseOptions` what reserving adds; `Answer` /
-`CapacityAnswer` / `Holder` what comes back (a gang's placement as `GangMember`s).
+`CapacityAnswer` / `Holder` what comes back. A placement is one shape: the core's
+`NodePlacement`s, one for a single node, one per member for a gang.
 The servicer maps them from and to protobuf (adapters/grpc/mapping.py).
 """
 
@@ -12,7 +13,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from services.allocator.core import Explanation, Policy, Score, Stats, TopologyConstraint
+from services.allocator.core import (
+    Explanation,
+    NodePlacement,
+    Policy,
+    Score,
+    Stats,
+    TopologyConstraint,
+)
 from services.allocator.reservations.model import Reservation, ReservationState
 from services.common.dra.model import (
     AllocationResult,
@@ -27,7 +35,6 @@ __all__ = [
     "Accuracy",
     "Answer",
     "CapacityAnswer",
-    "GangMember",
     "GangSpec",
     "Holder",
     "LeaseOptions",
@@ -114,25 +121,16 @@ class Victim:
 
 
 @dataclass(frozen=True)
-class GangMember:
-    """One node of a gang placement: the claims' allocations there, in claim order."""
-
-    node: str
-    allocations: tuple[AllocationResult, ...]
-    score: Score | None = None
-
-
-@dataclass(frozen=True)
 class Answer:
-    """What Allocate and Explain return. A gang's placement is `gang` (`node` and
-    `allocations` stay empty); its reservations cover every member."""
+    """What Allocate and Explain return. When ALLOCATED, `placements` is the placement: one
+    NodePlacement for a single node's query, one per member node for a gang's (`is_gang`, even
+    a gang of one); its reservations cover every node."""
 
     outcome: Outcome
     generation: int  # the inventory generation the answer was computed from
     claims: tuple[ResourceClaim, ...]
-    node: str | None = None
-    allocations: tuple[AllocationResult, ...] = ()  # one per claim when ALLOCATED
-    score: Score | None = None
+    placements: tuple[NodePlacement, ...] = ()  # allocations one per claim, in claim order
+    is_gang: bool = False  # the query's was a gang's (the protobuf's gang fields carry it)
     policy: Policy = Policy.BINPACK
     explanation: Explanation | None = None
     stats: Stats | None = None
@@ -140,9 +138,30 @@ class Answer:
     elapsed_seconds: float = 0.0
     reservations: tuple[Reservation, ...] = ()
     holders: tuple[Holder, ...] = ()
-    gang: tuple[GangMember, ...] = ()  # one per member node when a gang is ALLOCATED
     quota: tuple[QuotaRefusal, ...] = ()  # why the tenant's quota refuses it (QUOTA_EXCEEDED)
     preemption: tuple[Victim, ...] = ()  # who would go (not ALLOCATED) or went (ALLOCATED)
+
+    @property
+    def single(self) -> NodePlacement | None:
+        """A single node's placement (None for a gang's, or when not ALLOCATED)."""
+        return self.placements[0] if self.placements and not self.is_gang else None
+
+    @property
+    def node(self) -> str | None:
+        """A single node's placement's node (None for a gang, or on no node)."""
+        single = self.single
+        return single.node if single is not None else None
+
+    @property
+    def allocations(self) -> tuple[AllocationResult, ...]:
+        """A single node's placement's allocations, one per claim (empty for a gang)."""
+        single = self.single
+        return single.allocations if single is not None else ()
+
+    @property
+    def score(self) -> Score | None:
+        single = self.single
+        return single.score if single is not None else None
 
 
 class Accuracy(StrEnum):

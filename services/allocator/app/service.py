@@ -12,8 +12,10 @@ sends) is not retried: the client must allocate again. While the store decides, 
 is pending in `Holdings`, so this process's concurrent solves already avoid it.
 
 A gang (`Query.gang`: the same claims on N nodes of one domain) is solved by the core's
-`solve_gang` on the same state and reserved as one reservation per member node, all or
-nothing (`store.reserve_gang`, app/gang_answers.py), with the same retries on Conflict.
+`solve_gang` on the same state. An answer's placement is one shape either way (`Answer.placements`,
+one NodePlacement per node: a single node is a gang of one), reserved as one reservation per
+scope (app/gang_answers.py), all or nothing (`store.reserve_gang` when there are several),
+with the same retries on Conflict.
 
 Time: every use case takes the call's `Deadline` (services.common.deadline) as a value —
 the servicer makes it from the gRPC call; in-process callers pass their own or get UNBOUNDED.
@@ -36,21 +38,19 @@ from dataclasses import dataclass, replace
 from opentelemetry import trace
 from opentelemetry.metrics import Counter
 
-from services.allocator.app.capacity_count import count_capacity, count_gangs
+from services.allocator.app.capacity_count import count_capacity
 from services.allocator.app.cluster_view import ClusterView, ViewSnapshot
 from services.allocator.app.device_classes import with_inline
 from services.allocator.app.gang_answers import (
     allocated_explanation,
-    gang_requests,
-    members,
     members_of_reservations,
+    placement_requests,
 )
 from services.allocator.app.holders import blocking_holders, holder
 from services.allocator.app.live_reservations import Holdings
 from services.allocator.app.messages import (
     Answer,
     CapacityAnswer,
-    GangMember,
     Holder,
     LeaseOptions,
     Outcome,
@@ -65,6 +65,7 @@ from services.allocator.app.telemetry import AllocatorMetrics
 from services.allocator.core import (
     AllocatedState,
     Explanation,
+    NodePlacement,
     SolveResult,
     Unsatisfiable,
 )
@@ -190,11 +191,9 @@ class AllocatorService:
                     return replace(answer, preemption=proposal.victims) if proposal else answer
                 revoked = self._revoke(proposal, lease.owner, deadline)
                 continue
-            if query.gang is not None:
-                requests = gang_requests(view.snapshot, answer.gang, names, lease, lease_seconds)
-            else:
-                holds = placement_holds(view.snapshot, answer.node or "", answer.allocations)
-                requests = _requests(holds, names, answer.allocations, lease, lease_seconds)
+            requests = placement_requests(
+                view.snapshot, answer.placements, names, lease, lease_seconds, gang=answer.is_gang
+            )
             try:
                 reservations = self._store_reserve(requests, view, deadline)
             except QuotaExceeded as refused:
@@ -213,7 +212,7 @@ class AllocatorService:
                 continue
             if lease.idempotency_key:  # the store may answer with another replica's first call
                 _check_same_request(reservations, lease)
-            if query.gang is not None and _same_placement(reservations, answer.gang):
+            if answer.is_gang and _same_placement(reservations, answer.placements):
                 return replace(answer, reservations=tuple(reservations), preemption=revoked)
             # One node's answer, or a gang for which the store answered (idempotency key) with
             # an earlier call's reservations: the answer is what is held.
@@ -281,8 +280,7 @@ class AllocatorService:
         self, view: ViewSnapshot, state: AllocatedState, query: Query, deadline: Deadline
     ) -> CapacityAnswer:
         with self._tracer.start_as_current_span("capacity"):
-            count = count_gangs if query.gang is not None else count_capacity
-            return count(
+            return count_capacity(
                 self.solver,
                 view.snapshot,
                 state,
@@ -506,8 +504,6 @@ class AllocatorService:
             if query.gang is not None:
                 span.set_attribute("gpualloc.gang.nodes", query.gang.node_count)
             try:
-                if query.gang is not None:
-                    span.set_attribute("gpualloc.gang.nodes", query.gang.node_count)
                 result = self.solver.place(
                     view.snapshot, state, classes, query, searching, explain=explain
                 )
@@ -539,21 +535,15 @@ class AllocatorService:
             )
             holders = blocking_holders(answer, self.holdings.reservations(), 3)
             return _with_holders(answer, holders)
+        explanation = result.explanation
         if query.gang is not None:
-            return replace(
-                answer,
-                outcome=Outcome.ALLOCATED,
-                gang=members(result),
-                explanation=allocated_explanation(result, query.gang) if explain else None,
-                stats=result.stats,
-            )
+            explanation = allocated_explanation(result, query.gang) if explain else None
         return replace(
             answer,
             outcome=Outcome.ALLOCATED,
-            node=result.node,
-            allocations=result.allocations,
-            score=result.score,
-            explanation=result.explanation,
+            placements=result.placements,
+            is_gang=query.gang is not None,
+            explanation=explanation,
             stats=result.stats,
         )
 
@@ -699,11 +689,9 @@ class AllocatorService:
         assert self.quotas is not None
         lease = LeaseOptions(owner)
         names = tuple(claim_ref(claim.namespace, claim.name) for claim in query.claims)
-        if query.gang is not None:
-            requests = gang_requests(view.snapshot, answer.gang, names, lease, 1.0)
-        else:
-            holds = placement_holds(view.snapshot, answer.node or "", answer.allocations)
-            requests = _requests(holds, names, answer.allocations, lease, 1.0)
+        requests = placement_requests(
+            view.snapshot, answer.placements, names, lease, 1.0, gang=answer.is_gang
+        )
         total: dict[str, int] = {}
         for request in requests:
             usage = self.quotas.usage(view.snapshot, request.node, request.allocations)
@@ -732,23 +720,20 @@ class AllocatorService:
         self, query: Query, reservations: Sequence[Reservation], generation: int
     ) -> Answer:
         """The answer of a reserving Allocate: the placement as the store holds it (which, for
-        an idempotent retry, is the first call's); a gang's members sorted by node."""
-        if query.gang is not None:
-            return Answer(
-                Outcome.ALLOCATED,
-                generation=generation,
-                claims=query.claims,
-                policy=query.policy or self.solver.policy,
-                reservations=tuple(reservations),
-                gang=members_of_reservations(reservations),
-            )
+        an idempotent retry, is the first call's): one node's is its first reservation's (the
+        node scope), a gang's members are sorted by node."""
         first = reservations[0]
+        placements = (
+            members_of_reservations(reservations)
+            if query.gang is not None
+            else (NodePlacement(first.node, first.allocations),)
+        )
         return Answer(
             Outcome.ALLOCATED,
             generation=generation,
             claims=query.claims,
-            node=first.node,
-            allocations=first.allocations,
+            placements=placements,
+            is_gang=query.gang is not None,
             policy=query.policy or self.solver.policy,
             reservations=tuple(reservations),
         )
@@ -865,7 +850,7 @@ def _with_holders(answer: Answer, holders: tuple[Holder, ...]) -> Answer:
     return replace(answer, holders=holders) if holders != answer.holders else answer
 
 
-def _same_placement(reservations: Sequence[Reservation], members: Sequence[GangMember]) -> bool:
+def _same_placement(reservations: Sequence[Reservation], members: Sequence[NodePlacement]) -> bool:
     """Whether a gang's reservations hold exactly the members' allocations."""
     held = {m.node: m.allocations for m in members_of_reservations(reservations)}
     return held == {m.node: m.allocations for m in members}

@@ -37,7 +37,7 @@ from typing import Any, TextIO
 import yaml
 
 from services.allocator.adapters.inventory.topology_files import split_topologies
-from services.allocator.app.capacity_count import count_capacity, count_gangs
+from services.allocator.app.capacity_count import count_capacity
 from services.allocator.app.gang_answers import allocated_explanation
 from services.allocator.app.messages import GangSpec, Query
 from services.allocator.app.placing import Deadline, PlacementSearch
@@ -321,8 +321,7 @@ def _capacity(
         )
     solver = PlacementSearch(SelectorCache(), policy=policy, max_steps=max_steps)
     query = Query(tuple(pending), node=node or "", gang=gang)
-    count = count_gangs if gang is not None else count_capacity
-    answer = count(solver, snapshot, state, classes, query, Deadline(None), generation=0)
+    answer = count_capacity(solver, snapshot, state, classes, query, Deadline(None), generation=0)
     report: dict[str, Any] = {
         "outcome": "allocated" if answer.total else "unsatisfiable",
         "capacity": {
@@ -442,7 +441,7 @@ def _solve_gang(
         report["gang"]["members"] = [
             {
                 "node": member.node,
-                "score": score_to_dict(member.score),
+                "score": score_to_dict(member.score) if member.score is not None else None,
                 "claims": [
                     {"name": f"{c.namespace}/{c.name}", "allocation": allocation_result_to_dict(a)}
                     for c, a in zip(pending, member.allocations, strict=True)

@@ -41,11 +41,12 @@ class Stats:
 
 @dataclass(frozen=True)
 class NodePlacement:
-    """One node's part of a placement: the claims' allocations there."""
+    """One node's part of a placement: the claims' allocations there, and how the node scores
+    with them (a solve scores every placement; one read back from reservations has no score)."""
 
     node: str | None  # None only when the snapshot has no nodes (network-attached devices)
     allocations: tuple[AllocationResult, ...]  # one per claim, in claim order
-    score: Score
+    score: Score | None = None
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,9 @@ class Allocated:
 
     @property
     def score(self) -> Score:
-        return self.placements[0].score
+        score = self.placements[0].score
+        assert score is not None  # a solve scores every placement
+        return score
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,14 @@ from services.allocator.adapters.grpc.mapping import (
 from services.allocator.adapters.store.memory import MemoryReservationStore
 from services.allocator.app.capacity_count import gangs_that_fit
 from services.allocator.app.cluster_view import ClusterView
+from services.allocator.app.gang_answers import placement_requests
 from services.allocator.app.inventory_feed import InventoryUpdate
 from services.allocator.app.live_reservations import Holdings
 from services.allocator.app.messages import GangSpec, LeaseOptions, Outcome, Query
 from services.allocator.app.placing import PlacementSearch
-from services.allocator.app.service import AllocatorService, ServiceLimits
+from services.allocator.app.service import AllocatorService, ServiceLimits, _requests
 from services.allocator.core import Policy, SelectorCache
+from services.allocator.reservations.holds import placement_holds
 from services.common.dra.model import ResourceClaim
 from services.common.errors import FailedPrecondition, InvalidArgument
 from services.common.pb.dra_mapping import to_pb_resource_claim
@@ -204,17 +206,18 @@ def _gang(count: int, *claims, label: str = RACK, **fields) -> Query:
 def test_gang_reserves_every_member_and_the_next_gang_goes_elsewhere(service):
     first = service.allocate(_gang(2), LeaseOptions("job-1"))
     assert first.outcome is Outcome.ALLOCATED
-    assert sorted(m.node for m in first.gang) == ["a1", "a2"]
+    assert sorted(m.node for m in first.placements) == ["a1", "a2"]
+    assert first.is_gang and first.node is None and first.allocations == ()
     assert sorted(r.node for r in first.reservations) == ["a1", "a2"]
     for member, reservation in zip(
-        sorted(first.gang, key=lambda m: m.node),
+        sorted(first.placements, key=lambda m: m.node),
         sorted(first.reservations, key=lambda r: r.node),
         strict=True,
     ):
         assert reservation.allocations == member.allocations
         assert {r.pool for a in member.allocations for r in a.results} == {member.node}
     response = allocate_response(first)
-    assert [p.node_name for p in response.gang_placements] == [m.node for m in first.gang]
+    assert [p.node_name for p in response.gang_placements] == [m.node for m in first.placements]
     assert all(
         len(p.allocations) == 1 and p.allocations[0].name == "two" for p in response.gang_placements
     )
@@ -226,16 +229,27 @@ def test_gang_reserves_every_member_and_the_next_gang_goes_elsewhere(service):
     assert "at most 1 nodes fit" in second.explanation.summary
 
 
+def test_a_gang_of_one_answers_in_the_gang_fields(service):
+    answer = service.allocate(_gang(1, ONE), LeaseOptions("job-1"))
+    assert answer.outcome is Outcome.ALLOCATED and answer.is_gang
+    [member] = answer.placements
+    response = allocate_response(answer)
+    assert [p.node_name for p in response.gang_placements] == [member.node]
+    assert not response.node_name and not response.allocations
+    [reservation] = answer.reservations
+    assert reservation.node == member.node and reservation.allocations == member.allocations
+
+
 def test_gang_of_one_per_rack_without_label_spans_racks(service):
     answer = service.allocate(_gang(3, label=""))
-    assert sorted(m.node for m in answer.gang) == ["a1", "a2", "b1"]
+    assert sorted(m.node for m in answer.placements) == ["a1", "a2", "b1"]
 
 
 def test_members_sharing_a_pool_reserve_it_once(service):
     answer = service.allocate(_gang(2, WIRED), LeaseOptions("job-1"))
     assert answer.outcome is Outcome.ALLOCATED
     scopes = sorted(r.node for r in answer.reservations)
-    assert scopes == sorted([*(m.node for m in answer.gang), f"{DRIVER}/fabric"])
+    assert scopes == sorted([*(m.node for m in answer.placements), f"{DRIVER}/fabric"])
     [shared] = [r for r in answer.reservations if r.node == f"{DRIVER}/fabric"]
     assert sorted(shared.hold.devices) == [f"{DRIVER}/fabric/sw-0", f"{DRIVER}/fabric/sw-1"]
     # both switches are taken: no third member anywhere
@@ -247,7 +261,7 @@ def test_idempotency_key_returns_the_same_reservations(service):
     first = service.allocate(_gang(2, ONE), lease)
     again = service.allocate(_gang(2, ONE), lease)
     assert sorted(r.id for r in again.reservations) == sorted(r.id for r in first.reservations)
-    assert sorted(m.node for m in again.gang) == sorted(m.node for m in first.gang)
+    assert sorted(m.node for m in again.placements) == sorted(m.node for m in first.placements)
     assert len(service.list_reservations(owner="job-7")[0]) == 2
 
 
@@ -338,7 +352,7 @@ def test_node_restrictions_bound_the_members(service, query, nodes):
     if nodes is None:
         assert answer.outcome is Outcome.UNSATISFIABLE
     else:
-        assert sorted(m.node for m in answer.gang) == nodes
+        assert sorted(m.node for m in answer.placements) == nodes
 
 
 @pytest.mark.parametrize(
@@ -355,3 +369,21 @@ def test_capacity_counts_gangs(service, query, total, counted):
     assert answer.total == total
     assert {n.node: n.count for n in answer.nodes} == counted
     assert answer.models == {}
+
+
+def test_one_node_placement_requests_are_its_holds_scope_by_scope(service):
+    """A single node is a gang of one: its store requests (node scope, then the shared pool)
+    are what the Reserve path builds from its holds."""
+    lease = LeaseOptions("job-1", idempotency_key="k", labels=(("team", "a"),))
+    answer = service.allocate(Query((WIRED,)))
+    assert answer.outcome is Outcome.ALLOCATED and not answer.is_gang
+    snapshot = service.view.require(0).snapshot
+    names = ("default/wired",)
+    got = placement_requests(snapshot, answer.placements, names, lease, 30.0, gang=False)
+    holds = placement_holds(snapshot, answer.node or "", answer.allocations)
+    assert [r.node for r in got] == [answer.node, f"{DRIVER}/fabric"]
+    assert got == _requests(holds, names, answer.allocations, lease, 30.0)
+    reserved = service.allocate(Query((WIRED,)), LeaseOptions("job-2"))
+    assert sorted(r.node for r in reserved.reservations) == sorted(
+        [reserved.node or "", f"{DRIVER}/fabric"]
+    )

@@ -29,7 +29,6 @@ from services.allocator.app.messages import (
     Accuracy,
     Answer,
     CapacityAnswer,
-    GangMember,
     GangSpec,
     Holder,
     LeaseOptions,
@@ -41,6 +40,7 @@ from services.allocator.core import (
     ConstraintExplanation,
     Explanation,
     NodeMiss,
+    NodePlacement,
     PcieRelation,
     Policy,
     ReasonCode,
@@ -381,8 +381,8 @@ def allocate_response(answer: Answer, max_nodes: int = 10) -> pb.AllocateRespons
         outcome=_OUTCOMES[answer.outcome],
         node_name=answer.node or "",
         allocations=_claim_allocations(answer.claims, answer.allocations),
-        gang_placements=[_node_placement(answer, m) for m in answer.gang],
-        score=_gang_score(answer) if answer.gang else _score(answer.score, answer.policy),
+        gang_placements=[_node_placement(answer, m) for m in _members(answer)],
+        score=_gang_score(answer) if _members(answer) else _score(answer.score, answer.policy),
         reservations=[reservation_to_pb(r) for r in answer.reservations],
         inventory_generation=answer.generation,
         holders=[_holder_to_pb(h) for h in answer.holders],
@@ -400,7 +400,7 @@ def explain_response(answer: Answer, max_nodes: int = 10) -> pb.ExplainResponse:
         outcome=_OUTCOMES[answer.outcome],
         node_name=answer.node or "",
         allocations=_claim_allocations(answer.claims, answer.allocations),
-        gang_placements=[_node_placement(answer, m) for m in answer.gang],
+        gang_placements=[_node_placement(answer, m) for m in _members(answer)],
         inventory_generation=answer.generation,
         holders=[_holder_to_pb(h) for h in answer.holders],
         quota_refusals=[quota_refusal_to_pb(r) for r in answer.quota],
@@ -535,9 +535,15 @@ def _claim_allocations(
     ]
 
 
-def _node_placement(answer: Answer, member: GangMember) -> pb.NodePlacement:
+def _members(answer: Answer) -> tuple[NodePlacement, ...]:
+    """A gang's placement, for the gang fields (a single node's fills node_name and
+    allocations: Answer.node, Answer.allocations)."""
+    return answer.placements if answer.is_gang else ()
+
+
+def _node_placement(answer: Answer, member: NodePlacement) -> pb.NodePlacement:
     return pb.NodePlacement(
-        node_name=member.node,
+        node_name=member.node or "",
         allocations=_claim_allocations(answer.claims, member.allocations),
         score=_score(member.score, answer.policy),
     )
@@ -545,7 +551,8 @@ def _node_placement(answer: Answer, member: GangMember) -> pb.NodePlacement:
 
 def _gang_score(answer: Answer) -> float:
     """A gang's score: the mean of its members' (0 for members replayed from reservations)."""
-    return sum(_score(m.score, answer.policy) for m in answer.gang) / len(answer.gang)
+    members = _members(answer)
+    return sum(_score(m.score, answer.policy) for m in members) / len(members)
 
 
 def _devices(allocations: Iterable[AllocationResult]) -> list[DeviceID]:

@@ -206,7 +206,7 @@ def answer_fragment(answer: Answer) -> str:
 
 def _outcome(answer: Answer) -> str:
     if answer.outcome is Outcome.ALLOCATED:
-        where = answer.node or ", ".join(m.node for m in answer.gang)
+        where = answer.node or ", ".join(p.node or "" for p in answer.placements)
         return f"ALLOCATED: it fits now, on {escape(where)}"
     if answer.outcome is Outcome.BUDGET_EXHAUSTED:
         return "BUDGET EXHAUSTED: the search stopped before it found an answer"
