@@ -170,6 +170,7 @@ class PlacementPolicy:
     weighs_fragmentation = False  # weighs the fragmentation a placement (a device) adds
     prefers_used = True  # within a pool, partitions of GPUs in use first (else fresh ones)
     room_sign = 1  # gang domains: +1 fewest feasible nodes first, -1 most first, 0 neither
+    scores_free_share = False  # the answer's score: the node's used share after it (else free)
 
     def node_key(
         self,
@@ -253,6 +254,7 @@ class Spread(PlacementPolicy):
     policy = Policy.SPREAD
     prefers_used = False
     room_sign = -1
+    scores_free_share = True
 
     def node_key(
         self,

@@ -579,7 +579,7 @@ def _score(score: Score | None, policy: Policy) -> float:
     if score is None or score.total_devices == 0:
         return 0.0
     free = Fraction(score.free_devices, score.total_devices)
-    return float(free if policy is Policy.SPREAD else 1 - free)
+    return float(free if policy.rules.scores_free_share else 1 - free)
 
 
 def _timestamp(seconds: float) -> timestamp_pb2.Timestamp:
