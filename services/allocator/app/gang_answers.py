@@ -15,7 +15,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from services.allocator.app.messages import GangSpec, LeaseOptions
-from services.allocator.core import Allocated, ClusterSnapshot, Explanation, NodePlacement
+from services.allocator.core import (
+    Allocated,
+    ClusterSnapshot,
+    Explanation,
+    NodePlacement,
+    Summary,
+    SummaryKind,
+)
 from services.allocator.reservations.holds import placement_holds
 from services.allocator.reservations.model import Hold, LimitedUse, Reservation, ReserveRequest
 from services.common.dra.model import AllocationResult
@@ -25,14 +32,16 @@ __all__ = ["allocated_explanation", "members_of_reservations", "placement_reques
 
 def allocated_explanation(result: Allocated, gang: GangSpec) -> Explanation:
     """Why this gang: the domain it went to and its nodes, in the order chosen."""
-    where = (
-        f" in {gang.group_by_label}={result.domain}"
-        if gang.group_by_label and result.domain is not None
-        else ""
+    labelled = bool(gang.group_by_label) and result.domain is not None
+    summary = Summary(
+        SummaryKind.GANG_ALLOCATED,
+        count=gang.node_count,
+        label=gang.group_by_label if labelled else None,
+        domain=str(result.domain) if labelled else None,
+        nodes=tuple(p.node or "" for p in result.placements),
     )
-    nodes = ", ".join(p.node or "" for p in result.placements)
     return Explanation(
-        summary=f"gang of {gang.node_count} nodes{where}: {nodes}",
+        summary=summary,
         budget_exhausted=result.stats.budget_exhausted,
     )
 

@@ -67,6 +67,8 @@ from services.allocator.core import (
     Explanation,
     NodePlacement,
     SolveResult,
+    Summary,
+    SummaryKind,
     Unsatisfiable,
 )
 from services.allocator.reservations.holds import device_key, placement_holds
@@ -522,7 +524,7 @@ class AllocatorService:
             cel_cache_hits=result.stats.cel_profile_hits if result is not None else 0,
             elapsed_seconds=elapsed,
             explanation=Explanation(
-                summary="the call's deadline ran out during the search: retry with more time",
+                summary=Summary(SummaryKind.DEADLINE),
                 budget_exhausted=True,
             ),
         )

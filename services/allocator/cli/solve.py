@@ -55,6 +55,7 @@ from services.allocator.core import (
     default_share_id,
     detail_text,
     solve,
+    summary_text,
 )
 from services.common.config import read_document_limits
 from services.common.dra.limits import DocumentLimits
@@ -460,7 +461,10 @@ def _solve_gang(
 
 def explanation_to_dict(explanation: Explanation) -> dict[str, Any]:
     """The explanation as JSON-ready data: the readable lines plus the structured parts."""
-    data: dict[str, Any] = {"summary": explanation.summary, "lines": list(explanation.lines())}
+    data: dict[str, Any] = {
+        "summary": summary_text(explanation.summary),
+        "lines": list(explanation.lines()),
+    }
     if explanation.choice is not None:
         choice = explanation.choice
         data["choice"] = {

@@ -17,6 +17,7 @@ FailedPrecondition, NotFound for an unknown pinned node, DeadlineExceeded when c
 
 from services.allocator.core.candidates import taint_detail, untolerated_taint
 from services.allocator.core.explain import (
+    NO_SUMMARY,
     ConstraintExplanation,
     Explanation,
     NodeChoice,
@@ -24,8 +25,11 @@ from services.allocator.core.explain import (
     ReasonCode,
     RejectionGroup,
     RequestExplanation,
+    Summary,
+    SummaryKind,
     detail_text,
     holders,
+    summary_text,
 )
 from services.allocator.core.fleet import COMMITTED, RESERVED, STATES, FleetCount, count_fleet
 from services.allocator.core.fragmentation import DEFAULT_MIX, FragmentationMix, node_usable
@@ -56,6 +60,10 @@ from services.allocator.core.topology_constraints import (
 from services.cel import CelDevice, CelError, CompiledSelector, SelectorCache
 
 __all__ = [
+    "NO_SUMMARY",
+    "Summary",
+    "SummaryKind",
+    "summary_text",
     "AllocatedState",
     "FragmentationMix",
     "GpuPlace",

@@ -17,6 +17,10 @@ from services.allocator.core.scoring import Score
 from services.common.dra.model import DeviceID
 
 __all__ = [
+    "NO_SUMMARY",
+    "Summary",
+    "SummaryKind",
+    "summary_text",
     "ConstraintExplanation",
     "Explanation",
     "NodeChoice",
@@ -286,9 +290,76 @@ class NodeChoice:
         return text
 
 
+class SummaryKind(StrEnum):
+    """What an explanation's first line says; its facts are the Summary's fields."""
+
+    NONE = "none"  # no explanation was recorded
+    ALLOCATED = "allocated"  # on `node`
+    NO_NODE_FITS = "no-node-fits"  # `closest` is the closest miss (`eligible`: restricted)
+    NO_ELIGIBLE_NODE = "no-eligible-node"  # the node restriction left no node with devices
+    NO_DEVICES = "no-devices"  # no node has any device
+    GANG_ALLOCATED = "gang-allocated"  # `count` nodes, in `label`=`domain`, `nodes`
+    GANG_NO_FIT = "gang-no-fit"  # no node (with `label`) fits the claims
+    GANG_SHORT = "gang-short"  # at most len(`nodes`) fit in one domain (`label`=`domain`)
+    DEADLINE = "deadline"  # the call's deadline ran out during the search
+
+
+@dataclass(frozen=True)
+class Summary:
+    """An explanation's headline as data; `summary_text` renders it (edges only)."""
+
+    kind: SummaryKind
+    node: str | None = None
+    closest: NodeMiss | None = None
+    eligible: bool = False
+    count: int = 0
+    label: str | None = None
+    domain: str | None = None
+    nodes: tuple[str, ...] = ()
+    fitting: int = 0  # GANG_SHORT: how many nodes of the best domain fit
+    budget_exhausted: bool = False
+
+
+NO_SUMMARY = Summary(SummaryKind.NONE)
+
+
+def summary_text(summary: Summary) -> str:
+    """The headline's words, as the API and the CLI print them."""
+    kind = summary.kind
+    if kind is SummaryKind.NONE:
+        text = ""
+    elif kind is SummaryKind.ALLOCATED:
+        text = f"allocated on {summary.node or '<any node>'}"
+    elif kind is SummaryKind.NO_NODE_FITS:
+        eligible = "eligible " if summary.eligible else ""
+        closest = summary.closest.message() if summary.closest is not None else ""
+        text = f"no {eligible}node fits the claims; closest: {closest}"
+    elif kind is SummaryKind.NO_ELIGIBLE_NODE:
+        text = "no node with devices matches the node selector"
+    elif kind is SummaryKind.NO_DEVICES:
+        text = "no node has any device"
+    elif kind is SummaryKind.GANG_ALLOCATED:
+        where = f" in {summary.label}={summary.domain}" if summary.label else ""
+        text = f"gang of {summary.count} nodes{where}: {', '.join(summary.nodes)}"
+    elif kind is SummaryKind.GANG_NO_FIT:
+        where = f"no node with label {summary.label} fits" if summary.label else "no node fits"
+        text = f"gang of {summary.count} nodes: {where} the claims"
+    elif kind is SummaryKind.GANG_SHORT:
+        name = f"{summary.label}={summary.domain}" if summary.label else "the cluster"
+        text = (
+            f"gang of {summary.count} nodes: at most {summary.fitting} nodes fit the claims in "
+            f"one domain ({name}: {', '.join(summary.nodes)})"
+        )
+    else:
+        text = "the call's deadline ran out during the search: retry with more time"
+    if summary.budget_exhausted:
+        text += " (search budget exhausted: a fit may exist)"
+    return text
+
+
 @dataclass(frozen=True)
 class Explanation:
-    summary: str
+    summary: Summary
     nodes: tuple[NodeMiss, ...] = ()  # closest miss first
     requests: tuple[RequestExplanation, ...] = ()
     constraints: tuple[ConstraintExplanation, ...] = ()
@@ -298,7 +369,7 @@ class Explanation:
 
     def lines(self, max_nodes: int = 10) -> tuple[str, ...]:
         """Human-readable lines: summary, node choice or closest misses, requests, notes."""
-        lines = [self.summary]
+        lines = [summary_text(self.summary)]
         if self.choice is not None:
             lines.append(self.choice.message())
         lines.extend(miss.message() for miss in self.nodes[:max_nodes])

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from services.allocator.core.explain import Explanation
+from services.allocator.core.explain import Explanation, Summary, SummaryKind
 from services.allocator.core.fragmentation import DEFAULT_MIX, FragmentationMix
 from services.allocator.core.outcome import (
     Allocated,
@@ -162,19 +162,23 @@ def _explain(
     label: str | None,
     stats: Stats,
 ) -> Explanation:
+    exhausted = stats.budget_exhausted
     if not domains:
-        where = f"no node with label {label} fits" if label else "no node fits"
-        summary = f"gang of {count} nodes: {where} the claims"
+        summary = Summary(
+            SummaryKind.GANG_NO_FIT, count=count, label=label, budget_exhausted=exhausted
+        )
     else:
         best = max(domains.items(), key=lambda item: (len(item[1]), str(item[0])))
-        name = f"{label}={best[0]}" if label else "the cluster"
-        summary = (
-            f"gang of {count} nodes: at most {len(best[1])} nodes fit the claims in one domain "
-            f"({name}: {', '.join(best[1][:count])})"
+        summary = Summary(
+            SummaryKind.GANG_SHORT,
+            count=count,
+            label=label,
+            domain=None if best[0] is None else str(best[0]),
+            nodes=tuple(best[1][:count]),
+            fitting=len(best[1]),
+            budget_exhausted=exhausted,
         )
-    if stats.budget_exhausted:
-        summary += " (search budget exhausted: a fit may exist)"
-    return Explanation(summary=summary, budget_exhausted=stats.budget_exhausted)
+    return Explanation(summary=summary, budget_exhausted=exhausted)
 
 
 def _sum(*all_stats: Stats) -> Stats:

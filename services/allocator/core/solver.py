@@ -37,6 +37,8 @@ from services.allocator.core.explain import (
     NodeMiss,
     ReasonCode,
     Recorder,
+    Summary,
+    SummaryKind,
     tally_reasons,
 )
 from services.allocator.core.fragmentation import (
@@ -455,15 +457,18 @@ class _Run:
 
     def _unsatisfiable_explanation(self) -> Explanation:
         misses = tuple(sorted(self.misses, key=NodeMiss.rank))
-        eligible = "eligible " if self.eligible_only else ""
         if misses:
-            summary = f"no {eligible}node fits the claims; closest: {misses[0].message()}"
+            kind = SummaryKind.NO_NODE_FITS
         elif self.eligible_only:
-            summary = "no node with devices matches the node selector"
+            kind = SummaryKind.NO_ELIGIBLE_NODE
         else:
-            summary = "no node has any device"
-        if self.exhausted:
-            summary += " (search budget exhausted: a fit may exist)"
+            kind = SummaryKind.NO_DEVICES
+        summary = Summary(
+            kind,
+            closest=misses[0] if misses else None,
+            eligible=self.eligible_only,
+            budget_exhausted=self.exhausted,
+        )
         recorder = self.ctx.recorder
         return Explanation(
             summary=summary,
@@ -488,7 +493,7 @@ class _Run:
         recorder = self.ctx.recorder
         assert recorder is not None
         return Explanation(
-            summary=f"allocated on {best.view.name or '<any node>'}",
+            summary=Summary(SummaryKind.ALLOCATED, node=best.view.name),
             nodes=tuple(sorted(self.misses, key=NodeMiss.rank)),
             choice=choice,
             requests=recorder.requests(),

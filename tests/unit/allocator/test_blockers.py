@@ -19,7 +19,7 @@ from services.allocator.core import (
     Unsatisfiable,
     solve,
 )
-from services.allocator.core.explain import NodeReason, detail_text
+from services.allocator.core.explain import NodeReason, Summary, SummaryKind, detail_text
 from services.allocator.reservations.model import Hold, Reservation, ReservationState
 from services.common.security.principal import Identity, IdentityKind, Principal
 from tests.builders import DRIVER, allocation, claim, classes, cls, device, result, slice_, snapshot
@@ -46,7 +46,9 @@ def unsatisfiable(
     groups: tuple[RejectionGroup, ...] = (), nodes: tuple[NodeMiss, ...] = ()
 ) -> Answer:
     request = RequestExplanation("default/c", "gpus", 4, groups)
-    explanation = Explanation(summary="no node fits", nodes=nodes, requests=(request,))
+    explanation = Explanation(
+        summary=Summary(SummaryKind.NO_DEVICES), nodes=nodes, requests=(request,)
+    )
     return Answer(Outcome.UNSATISFIABLE, 1, (), explanation=explanation)
 
 

@@ -19,7 +19,14 @@ from services.allocator.core import (
     Unsatisfiable,
     solve,
 )
-from services.allocator.core.explain import NodeReason, Shortage, ShortageKind, Taint, detail_text
+from services.allocator.core.explain import (
+    NodeReason,
+    Shortage,
+    ShortageKind,
+    Taint,
+    detail_text,
+    summary_text,
+)
 from services.common.dra.model import AllocationResult, ResourceClaim
 from tests.builders import (
     DRIVER,
@@ -177,7 +184,7 @@ def test_nodes_are_ranked_closest_miss_first_then_by_name() -> None:
         "node-a: 1 of 4 devices for request gpus of claim default/c; "
         "the others are not on this node (3)",
     ]
-    assert why.summary.startswith("no node fits the claims; closest: node-b: 3 of 4")
+    assert summary_text(why.summary).startswith("no node fits the claims; closest: node-b: 3 of 4")
 
 
 def test_explanations_are_stable() -> None:
@@ -201,7 +208,7 @@ def test_budget_exhaustion_is_reported_distinctly() -> None:
     outcome = explain(claims, snap, budget=SearchBudget(max_steps=15))
     assert isinstance(outcome, Unsatisfiable) and outcome.budget_exhausted
     assert outcome.explanation.budget_exhausted
-    assert "search budget exhausted" in outcome.explanation.summary
+    assert "search budget exhausted" in summary_text(outcome.explanation.summary)
     assert (
         outcome.explanation.lines()[-1] == "search budget exhausted: the answer may be incomplete"
     )

@@ -28,7 +28,7 @@ from services.allocator.app.live_reservations import Holdings
 from services.allocator.app.messages import GangSpec, LeaseOptions, Outcome, Query
 from services.allocator.app.placing import PlacementSearch
 from services.allocator.app.service import AllocatorService, ServiceLimits, _requests
-from services.allocator.core import Policy, SelectorCache
+from services.allocator.core import Policy, SelectorCache, summary_text
 from services.allocator.reservations.holds import placement_holds
 from services.common.dra.model import ResourceClaim
 from services.common.errors import FailedPrecondition, InvalidArgument
@@ -226,7 +226,7 @@ def test_gang_reserves_every_member_and_the_next_gang_goes_elsewhere(service):
     # rack a is full now; rack b has one node only
     second = service.allocate(_gang(2))
     assert second.outcome is Outcome.UNSATISFIABLE
-    assert "at most 1 nodes fit" in second.explanation.summary
+    assert "at most 1 nodes fit" in summary_text(second.explanation.summary)
 
 
 def test_a_gang_of_one_answers_in_the_gang_fields(service):
@@ -327,7 +327,7 @@ def test_explain_names_the_gang_that_holds_the_rack(service):
 def test_explain_of_a_fitting_gang_says_where(service):
     answer = service.explain(_gang(2))
     assert answer.outcome is Outcome.ALLOCATED
-    assert answer.explanation.summary == "gang of 2 nodes in rack=a: a1, a2"
+    assert summary_text(answer.explanation.summary) == "gang of 2 nodes in rack=a: a1, a2"
     assert [p.node_name for p in explain_response(answer).gang_placements] == ["a1", "a2"]
 
 

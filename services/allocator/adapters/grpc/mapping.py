@@ -37,6 +37,7 @@ from services.allocator.app.messages import (
     claim_ref,
 )
 from services.allocator.core import (
+    NO_SUMMARY,
     ConstraintExplanation,
     Explanation,
     NodeMiss,
@@ -592,7 +593,7 @@ def _timestamp(seconds: float) -> timestamp_pb2.Timestamp:
 
 
 def _explanation(answer: Answer, max_nodes: int) -> pb.Explanation:
-    explanation = answer.explanation or Explanation(summary="")
+    explanation = answer.explanation or Explanation(summary=NO_SUMMARY)
     message = pb.Explanation(
         requests=[_request(r) for r in explanation.requests],
         constraints=[_constraint(c) for c in explanation.constraints],
