@@ -25,8 +25,13 @@ from typing import Any
 from services.allocator.core.capacity import capacity_problem, consumed_capacity
 from services.allocator.core.constraints import lookup_attribute, show_value
 from services.allocator.core.explain import (
+    ConstraintMiss,
+    ConstraintProblem,
+    Fact,
+    IncompletePool,
     ReasonCode,
     Recorder,
+    SelectorMiss,
     Shortage,
     ShortageKind,
     Taint,
@@ -121,7 +126,7 @@ _UNKNOWN = Shortage(ShortageKind.OVERDRAWN, "")  # NodeCandidates._overdrawn: no
 
 @dataclass(frozen=True, slots=True)
 class _Static:
-    problem: tuple[ReasonCode, str | Shortage | Taint] | None
+    problem: tuple[ReasonCode, Fact] | None
     consumed: dict[str, Quantity] | None
 
 
@@ -291,7 +296,7 @@ class NodeCandidates:
             busy[ReasonCode.IN_USE] = busy.get(ReasonCode.IN_USE, 0) + 1
             if self.ctx.recorder is not None:
                 held = holders(state.owners(entry.id))
-                self.ctx.recorder.reject(alternative, entry.id, ReasonCode.IN_USE, "", held)
+                self.ctx.recorder.reject(alternative, entry.id, ReasonCode.IN_USE, None, held)
         most = len(free)
         if not unbounded:
             most = min(
@@ -319,10 +324,9 @@ class NodeCandidates:
             most, why = topology_bound(scoped.constraint, topology, [e.id for e in free])
             bounds.append(most)
             if most < alternative.count and self.ctx.recorder is not None:
-                what = scoped.constraint.describe()
-                detail = f"topology constraint #{scoped.index} ({what}): {why}"
+                miss = scoped.constraint.miss(scoped.index, why)
                 for entry in free:
-                    self.ctx.recorder.reject(alternative, entry.id, ReasonCode.CONSTRAINT, detail)
+                    self.ctx.recorder.reject(alternative, entry.id, ReasonCode.CONSTRAINT, miss)
         return bounds
 
     def _constraint_bound(
@@ -342,15 +346,17 @@ class NodeCandidates:
                 groups.setdefault(value, []).append(entry)
         if spec.kind is ConstraintKind.MATCH:
             bound = max((len(g) for g in groups.values()), default=0)
-            problem = f"at most {bound} devices share a value, {alternative.count} needed"
+            few = ConstraintProblem.FEW_SHARE
         else:
             bound = len(groups)
-            problem = f"only {bound} distinct values, {alternative.count} needed"
+            few = ConstraintProblem.FEW_DISTINCT
         recorder = self.ctx.recorder
         if recorder is not None and bound < alternative.count:
             values = [show_value(v) for v in groups]
+            problem = ConstraintMiss(few, bound, alternative.count)
+            missing = ConstraintMiss(ConstraintProblem.MISSING)
             for entry in lacking:
-                recorder.constraint(claim.label, spec, entry.id, "attribute missing", values)
+                recorder.constraint(claim.label, spec, entry.id, missing, values)
             for entry in (e for g in groups.values() for e in g):
                 recorder.constraint(claim.label, spec, entry.id, problem, values)
         return bound
@@ -477,21 +483,17 @@ class NodeCandidates:
 
     def _problem(
         self, alternative: Alternative, entry: DeviceEntry, label: str, taints: bool
-    ) -> tuple[ReasonCode, str | Shortage | Taint] | None:
+    ) -> tuple[ReasonCode, Fact] | None:
         """Class selectors, request selectors, taints (unless `All`), requested capacity."""
         selection = self.ctx.selection
         miss = selection.class_miss(alternative, entry)
         if miss >= 0:
-            name = alternative.device_class.name
-            expression = alternative.device_class.selectors[miss].cel
-            return (
-                ReasonCode.CLASS_SELECTOR,
-                f"class {name} selector #{miss} `{expression}` is false",
-            )
+            device_class = alternative.device_class
+            selector = SelectorMiss(miss, device_class.selectors[miss].cel, device_class.name)
+            return ReasonCode.CLASS_SELECTOR, selector
         miss = selection.request_miss(alternative, entry, label)
         if miss >= 0:
-            expression = alternative.selectors[miss].cel
-            return ReasonCode.REQUEST_SELECTOR, f"request selector #{miss} `{expression}` is false"
+            return ReasonCode.REQUEST_SELECTOR, SelectorMiss(miss, alternative.selectors[miss].cel)
         if taints:
             taint = untolerated_taint(entry, alternative.tolerations)
             if taint is not None:
@@ -542,8 +544,5 @@ class NodeCandidates:
         return found
 
 
-def _incomplete_note(pool: PoolView) -> str:
-    return (
-        f"pool {pool.id} is incomplete ({len(pool.slices)} of {pool.resource_slice_count} slices "
-        "of its newest generation seen); its devices were used anyway, as upstream does"
-    )
+def _incomplete_note(pool: PoolView) -> IncompletePool:
+    return IncompletePool(str(pool.id), len(pool.slices), pool.resource_slice_count)

@@ -9,6 +9,7 @@ Values are equal when type and value are equal (a version is compared as its exa
 
 from __future__ import annotations
 
+from services.allocator.core.explain import ConstraintProblem
 from services.allocator.core.plan import ConstraintKind, ConstraintSpec
 from services.common.dra.model import AttributeValue, Device
 
@@ -36,20 +37,19 @@ class ConstraintState:
         self._match: AttributeValue | None = None
         self._counts: dict[AttributeValue, int] = {}
 
-    def problem(self, device: Device, driver: str) -> tuple[str, tuple[str, ...]] | None:
+    def problem(
+        self, device: Device, driver: str
+    ) -> tuple[ConstraintProblem, tuple[str, ...]] | None:
         """None if the device can be added; else why not, with the values involved (the
         device's first, then those of the devices already in the set)."""
         value = lookup_attribute(device, driver, self.spec.attribute)
         if value is None:
-            return "attribute missing", ()
+            return ConstraintProblem.MISSING, ()
         if self.spec.kind is ConstraintKind.MATCH:
             if self._match is not None and value != self._match:
-                return "value differs from the devices already picked", (
-                    show_value(value),
-                    show_value(self._match),
-                )
+                return ConstraintProblem.DIFFERS, (show_value(value), show_value(self._match))
         elif value in self._counts:
-            return "value repeats one of the devices already picked", (show_value(value),)
+            return ConstraintProblem.REPEATS, (show_value(value),)
         return None
 
     def add(self, device: Device, driver: str) -> None:

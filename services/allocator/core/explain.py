@@ -12,9 +12,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from services.allocator.core.plan import Alternative, ConstraintSpec
+from services.allocator.core.plan import Alternative, ConstraintKind, ConstraintSpec
 from services.allocator.core.scoring import Score
 from services.common.dra.model import DeviceID
+from services.common.dra.topology_annotation import TopologyKind
 
 __all__ = [
     "NO_SUMMARY",
@@ -33,9 +34,27 @@ __all__ = [
     "Recorder",
     "RejectionGroup",
     "RequestExplanation",
+    "ConstraintMiss",
+    "ConstraintProblem",
+    "ConstraintRef",
+    "Fact",
+    "IncompletePool",
+    "note_text",
+    "OtherNodes",
+    "Picked",
+    "SelectorMiss",
     "Shortage",
     "ShortageKind",
     "Taint",
+    "TopologyMiss",
+    "TopologyProblem",
+    "TopologyProblemKind",
+    "fact_text",
+    "topology_problem_text",
+    "topology_text",
+    "constraint_text",
+    "selector_text",
+    "picked_text",
     "phrase",
     "rejection_order",
     "shortage_text",
@@ -146,42 +165,242 @@ def taint_text(taint: Taint) -> str:
     return f"tainted {taint.key}={taint.value}:{taint.effect}, not tolerated"
 
 
+@dataclass(frozen=True, slots=True)
+class SelectorMiss:
+    """Selector `index` (its CEL `expression`) is false for the device: a selector of the
+    device class `device_class`, or of the request when that is empty."""
+
+    index: int
+    expression: str
+    device_class: str = ""
+
+
+def selector_text(miss: SelectorMiss) -> str:
+    owner = f"class {miss.device_class} selector" if miss.device_class else "request selector"
+    return f"{owner} #{miss.index} `{miss.expression}` is false"
+
+
+@dataclass(frozen=True, slots=True)
+class Picked:
+    """The device is already picked in this solve: for another request of the same claim
+    (`same_claim`, an admin-access request) or for any other request."""
+
+    same_claim: bool = False
+
+
+def picked_text(picked: Picked) -> str:
+    other = "of the same claim" if picked.same_claim else "in this solve"
+    return f"picked for another request {other}"
+
+
+@dataclass(frozen=True, slots=True)
+class OtherNodes:
+    """The device matches but is on another node than `node`, the one the query is pinned to
+    (None: the network-attached devices)."""
+
+    node: str | None
+
+
+class ConstraintProblem(StrEnum):
+    MISSING = "missing"  # the device lacks the attribute
+    DIFFERS = "differs"  # matchAttribute: its value differs from the devices already picked
+    REPEATS = "repeats"  # distinctAttribute: its value repeats one already picked
+    FEW_SHARE = "few-share"  # matchAttribute: at most `bound` free devices share a value
+    FEW_DISTINCT = "few-distinct"  # distinctAttribute: only `bound` distinct values are free
+
+
+@dataclass(frozen=True, slots=True)
+class ConstraintRef:
+    """Constraint `index` of a claim: its kind and attribute."""
+
+    index: int
+    kind: ConstraintKind
+    attribute: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConstraintMiss:
+    """Why a device breaks a claim's constraint; `bound`, `needed`: for FEW_SHARE and
+    FEW_DISTINCT. `constraint` names the constraint where the context does not (a request's
+    rejections; a ConstraintExplanation names it in its head)."""
+
+    problem: ConstraintProblem
+    bound: int = 0
+    needed: int = 0
+    constraint: ConstraintRef | None = None
+
+
+_CONSTRAINT_WORDS = {
+    ConstraintProblem.MISSING: "attribute missing",
+    ConstraintProblem.DIFFERS: "value differs from the devices already picked",
+    ConstraintProblem.REPEATS: "value repeats one of the devices already picked",
+}
+
+
+def constraint_text(miss: ConstraintMiss) -> str:
+    if miss.problem is ConstraintProblem.FEW_SHARE:
+        words = f"at most {miss.bound} devices share a value, {miss.needed} needed"
+    elif miss.problem is ConstraintProblem.FEW_DISTINCT:
+        words = f"only {miss.bound} distinct values, {miss.needed} needed"
+    else:
+        words = _CONSTRAINT_WORDS[miss.problem]
+    ref = miss.constraint
+    if ref is None:
+        return words
+    return f"constraint #{ref.index} ({ref.kind} {ref.attribute}): {words}"
+
+
+class TopologyProblemKind(StrEnum):
+    UNKNOWN = "unknown"  # the node's topology is not known
+    NOT_WHOLE_GPU = "not-whole-gpu"  # not a whole GPU of the NVLink topology
+    FEW_LINKS = "few-links"  # `count` NVLinks to `device`, fewer than the constraint needs
+    NO_NIC = "no-nic"  # no NIC known for its GPU
+    NIC_TOO_FAR = "nic-too-far"  # its closest NIC is at relation `value`
+    PLACE_UNKNOWN = "place-unknown"  # its PCIe root / NUMA node is not known
+    PLACE_DIFFERS = "place-differs"  # its PCIe root / NUMA node `value` differs from `other`
+    CLIQUE = "clique"  # bound: the largest free NVLink-connected set is `count`
+    NICS = "nics"  # bound: `count` free devices have a NIC close enough
+    SHARE_PLACE = "share-place"  # bound: at most `count` free devices share a root / node
+
+
+@dataclass(frozen=True, slots=True)
+class TopologyProblem:
+    """Why a device cannot join a topology constraint's set (or why the set cannot grow)."""
+
+    kind: TopologyProblemKind
+    count: int = 0
+    device: str = ""
+    value: str = ""
+    other: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TopologyMiss:
+    """Topology constraint `index` (its kind, minimum NVLinks and farthest NIC relation)
+    rules the device out for `problem`."""
+
+    index: int
+    kind: TopologyKind
+    min_nvlinks: int
+    max_nic_relation: str
+    problem: TopologyProblem
+
+
+def _topology_constraint_text(miss: TopologyMiss) -> str:
+    if miss.kind is TopologyKind.NVLINK_CONNECTED and miss.min_nvlinks > 1:
+        return f"{miss.kind} (>= {miss.min_nvlinks} links)"
+    if miss.kind is TopologyKind.GPU_NIC_AFFINITY:
+        return f"{miss.kind} (NIC at {miss.max_nic_relation} or closer)"
+    return str(miss.kind)
+
+
+def topology_problem_text(miss: TopologyMiss) -> str:
+    p, kind = miss.problem, miss.problem.kind
+    place = "PCIe root" if miss.kind is TopologyKind.SAME_PCIE_ROOT else "NUMA node"
+    if kind is TopologyProblemKind.UNKNOWN:
+        return "the node's topology is not known"
+    if kind is TopologyProblemKind.NOT_WHOLE_GPU:
+        return "not a whole GPU of the node's NVLink topology"
+    if kind is TopologyProblemKind.FEW_LINKS:
+        return f"{p.count} NVLinks to {p.device} (needs {miss.min_nvlinks})"
+    if kind is TopologyProblemKind.NO_NIC:
+        return "no NIC known for its GPU"
+    if kind is TopologyProblemKind.NIC_TOO_FAR:
+        return f"closest NIC is {p.value} (needs {miss.max_nic_relation} or closer)"
+    if kind is TopologyProblemKind.PLACE_UNKNOWN:
+        return f"{place} not known"
+    if kind is TopologyProblemKind.PLACE_DIFFERS:
+        return f"{place} {p.value} differs from {p.other}"
+    if kind is TopologyProblemKind.CLIQUE:
+        return f"largest free NVLink-connected set is {p.count}"
+    if kind is TopologyProblemKind.NICS:
+        return f"{p.count} have a NIC at {miss.max_nic_relation} or closer"
+    return f"at most {p.count} share a {place}"
+
+
+def topology_text(miss: TopologyMiss) -> str:
+    what = _topology_constraint_text(miss)
+    return f"topology constraint #{miss.index} ({what}): {topology_problem_text(miss)}"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class IncompletePool:
+    """A note: pool `pool` was incomplete (`seen` of its newest generation's `slices` seen);
+    its devices were used anyway, as upstream does."""
+
+    pool: str
+    seen: int
+    slices: int
+
+
+def note_text(note: IncompletePool) -> str:
+    return (
+        f"pool {note.pool} is incomplete ({note.seen} of {note.slices} slices "
+        "of its newest generation seen); its devices were used anyway, as upstream does"
+    )
+
+
+Fact = Shortage | Taint | SelectorMiss | Picked | OtherNodes | ConstraintMiss | TopologyMiss
+"""What a rejection is about, as fields; rendered by fact_text at the edges."""
+
+
+def fact_text(fact: Fact) -> str:
+    """The words for a rejection's fact (text: edges only)."""
+    if isinstance(fact, Shortage):
+        return shortage_text(fact)
+    if isinstance(fact, Taint):
+        return taint_text(fact)
+    if isinstance(fact, SelectorMiss):
+        return selector_text(fact)
+    if isinstance(fact, Picked):
+        return picked_text(fact)
+    if isinstance(fact, OtherNodes):
+        return f"usable only from other nodes than {fact.node}"
+    if isinstance(fact, ConstraintMiss):
+        return constraint_text(fact)
+    return topology_text(fact)
+
+
 @dataclass(frozen=True)
 class RejectionGroup:
     """`count` devices rejected for the same reason; a few of them as examples.
 
     `holders`: for IN_USE, the owners the allocated state names for the devices (reservation
-    ids), sorted; `shortage`: for COUNTERS and CAPACITY, the counter or capacity that is short;
-    `taint`: for TAINTED, the taint; `detail`: the free-text part of the reason (empty when
-    those say it all)."""
+    ids), sorted; `fact`: what the reason is about, as fields (the counter or capacity that is
+    short, the taint, the false selector, the broken constraint, ...). No text: the edges
+    render it (detail_text)."""
 
     code: ReasonCode
-    detail: str
     count: int
     examples: tuple[str, ...]
     holders: tuple[str, ...] = ()
-    shortage: Shortage | None = None
-    taint: Taint | None = None
+    fact: Fact | None = None
 
     @property
-    def key(self) -> tuple[ReasonCode, str, tuple[str, ...], Shortage | Taint | None]:
+    def shortage(self) -> Shortage | None:
+        return self.fact if isinstance(self.fact, Shortage) else None
+
+    @property
+    def taint(self) -> Taint | None:
+        return self.fact if isinstance(self.fact, Taint) else None
+
+    @property
+    def key(self) -> tuple[ReasonCode, tuple[str, ...], Fact | None]:
         """What makes two groups the same reason (devices of both may be merged)."""
-        return (self.code, self.detail, self.holders, self.shortage or self.taint)
+        return (self.code, self.holders, self.fact)
 
     def message(self) -> str:
         return f"{self.count} {detail_text(self)}{_examples(self)}"
 
 
 def detail_text(group: RejectionGroup) -> str:
-    """The reason of a group in words: `in use by <holders>` for IN_USE, the shortage or the
-    taint, else the detail."""
-    if group.shortage is not None:
-        return shortage_text(group.shortage)
-    if group.taint is not None:
-        return taint_text(group.taint)
-    if group.code is ReasonCode.IN_USE and not group.detail:
+    """The reason of a group in words: `in use by <holders>` for IN_USE, its fact, else the
+    detail."""
+    if group.fact is not None:
+        return fact_text(group.fact)
+    if group.code is ReasonCode.IN_USE:
         return held_by(group.holders)
-    return group.detail
+    return phrase(group.code)
 
 
 def rejection_order(group: RejectionGroup) -> tuple[int, str, str]:
@@ -364,7 +583,7 @@ class Explanation:
     requests: tuple[RequestExplanation, ...] = ()
     constraints: tuple[ConstraintExplanation, ...] = ()
     choice: NodeChoice | None = None
-    notes: tuple[str, ...] = ()
+    notes: tuple[IncompletePool, ...] = ()
     budget_exhausted: bool = False
 
     def lines(self, max_nodes: int = 10) -> tuple[str, ...]:
@@ -377,13 +596,13 @@ class Explanation:
             lines.append(f"... and {len(self.nodes) - max_nodes} more nodes")
         lines.extend(r.message() for r in self.requests)
         lines.extend(c.message() for c in self.constraints)
-        lines.extend(self.notes)
+        lines.extend(note_text(note) for note in self.notes)
         if self.budget_exhausted:
             lines.append("search budget exhausted: the answer may be incomplete")
         return tuple(lines)
 
 
-_RejectionKey = tuple[int, ReasonCode, str, tuple[str, ...], Shortage | Taint | None]
+_RejectionKey = tuple[int, ReasonCode, tuple[str, ...], Fact | None]
 
 
 class Recorder:
@@ -396,8 +615,8 @@ class Recorder:
         self._rejected: dict[_RejectionKey, set[DeviceID]] = {}
         self._constraints: dict[tuple[str, int], ConstraintSpec] = {}
         self._constraint_values: dict[tuple[str, int], set[str]] = {}
-        self._constraint_problems: dict[tuple[str, int, str], set[DeviceID]] = {}
-        self._notes: set[str] = set()
+        self._constraint_problems: dict[tuple[str, int, ConstraintMiss], set[DeviceID]] = {}
+        self._notes: set[IncompletePool] = set()
 
     def consider(self, alternative: Alternative, claim: str, device: DeviceID) -> None:
         self._alternatives[alternative.key] = alternative
@@ -409,16 +628,12 @@ class Recorder:
         alternative: Alternative,
         device: DeviceID,
         code: ReasonCode,
-        detail: str | Shortage | Taint,
+        fact: Fact | None = None,
         holders: tuple[str, ...] = (),
     ) -> None:
         """`holders`: for IN_USE, who holds the device (`holders(state.owners(device))`);
-        `detail`: for COUNTERS and CAPACITY the Shortage, for TAINTED the Taint."""
-        key: _RejectionKey
-        if isinstance(detail, Shortage | Taint):
-            key = (alternative.key, code, "", holders, detail)
-        else:
-            key = (alternative.key, code, detail, holders, None)
+        `fact`: what the rejection is about (the shortage, the taint, the false selector...)."""
+        key = (alternative.key, code, holders, fact)
         self._rejected.setdefault(key, set()).add(device)
 
     def constraint(
@@ -426,20 +641,20 @@ class Recorder:
         claim: str,
         spec: ConstraintSpec,
         device: DeviceID,
-        problem: str,
+        problem: ConstraintMiss,
         values: Iterable[str],
     ) -> None:
         self._constraints[(claim, spec.index)] = spec
         self._constraint_values.setdefault((claim, spec.index), set()).update(values)
         self._constraint_problems.setdefault((claim, spec.index, problem), set()).add(device)
 
-    def note(self, text: str) -> None:
-        self._notes.add(text)
+    def note(self, note: IncompletePool) -> None:
+        self._notes.add(note)
 
     def requests(self) -> tuple[RequestExplanation, ...]:
         grouped: dict[int, list[RejectionGroup]] = {}
-        for (key, code, detail, held, fact), devices in self._rejected.items():
-            grouped.setdefault(key, []).append(_group(code, detail, devices, held, fact))
+        for (key, code, held, fact), devices in self._rejected.items():
+            grouped.setdefault(key, []).append(_group(code, devices, held, fact))
         explained = [
             RequestExplanation(
                 claim=self._claims[key],
@@ -454,7 +669,7 @@ class Recorder:
     def constraints(self) -> tuple[ConstraintExplanation, ...]:
         grouped: dict[tuple[str, int], list[RejectionGroup]] = {}
         for (claim, index, problem), devices in self._constraint_problems.items():
-            group = _group(ReasonCode.CONSTRAINT, problem, devices)
+            group = _group(ReasonCode.CONSTRAINT, devices, fact=problem)
             grouped.setdefault((claim, index), []).append(group)
         explained = [
             ConstraintExplanation(
@@ -469,22 +684,19 @@ class Recorder:
         ]
         return tuple(sorted(explained, key=lambda c: (c.claim, c.index)))
 
-    def notes(self) -> tuple[str, ...]:
+    def notes(self) -> tuple[IncompletePool, ...]:
         return tuple(sorted(self._notes))
 
 
 def _group(
     code: ReasonCode,
-    detail: str,
     devices: Iterable[DeviceID],
     held: tuple[str, ...] = (),
-    fact: Shortage | Taint | None = None,
+    fact: Fact | None = None,
 ) -> RejectionGroup:
     ordered = sorted(devices)
     examples = tuple(str(d) for d in ordered[:MAX_EXAMPLES])
-    shortage = fact if isinstance(fact, Shortage) else None
-    taint = fact if isinstance(fact, Taint) else None
-    return RejectionGroup(code, detail, len(ordered), examples, held, shortage, taint)
+    return RejectionGroup(code, len(ordered), examples, held, fact)
 
 
 def _sorted(groups: Iterable[RejectionGroup]) -> tuple[RejectionGroup, ...]:

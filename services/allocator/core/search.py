@@ -35,11 +35,15 @@ from services.allocator.core.candidates import (
 )
 from services.allocator.core.constraints import ConstraintState
 from services.allocator.core.explain import (
+    ConstraintMiss,
+    ConstraintRef,
+    Fact,
     NodeMiss,
+    Picked,
     ReasonCode,
     Shortage,
     ShortageKind,
-    Taint,
+    TopologyMiss,
     holders,
     tally_reasons,
 )
@@ -56,6 +60,8 @@ __all__ = ["BudgetExhausted", "NodeSearch", "Pick", "StepCounter"]
 
 _ZERO = Fraction(0)
 _CANCEL_CHECK_EVERY = 1024
+_PICKED = Picked()
+_PICKED_SAME_CLAIM = Picked(same_claim=True)
 
 
 class BudgetExhausted(Exception):
@@ -286,9 +292,9 @@ class NodeSearch:
             code, detail = problem
             frame.tally[code] = frame.tally.get(code, 0) + 1
             if self.ctx.recorder is not None:
-                if code is ReasonCode.IN_USE:
+                if code is ReasonCode.IN_USE or detail is None:
                     held = holders(self.ctx.state.owners(entry.id))
-                    self.ctx.recorder.reject(frame.alternative, entry.id, code, "", held)
+                    self.ctx.recorder.reject(frame.alternative, entry.id, code, None, held)
                 else:
                     shown = detail.data() if isinstance(detail, _Shortage) else detail
                     self.ctx.recorder.reject(frame.alternative, entry.id, code, shown)
@@ -304,7 +310,7 @@ class NodeSearch:
         newly_consuming: bool,
         must: bool,
         record: bool = True,
-    ) -> tuple[ReasonCode, str | Shortage | Taint | _Shortage] | None:
+    ) -> tuple[ReasonCode, Fact | _Shortage | None] | None:
         """In use, counters, capacity shares, taints (`All` only), then constraints."""
         entry = candidate.entry
         busy = self._in_use(alternative, entry)
@@ -323,10 +329,11 @@ class NodeSearch:
             if taint is not None:
                 return ReasonCode.TAINTED, untolerated(taint)
         problem = self._constraint_problem(alternative, entry, must, record)
-        if problem is None:
-            problem = self._topology_problem(alternative, entry)
         if problem is not None:
             return ReasonCode.CONSTRAINT, problem
+        topology = self._topology_problem(alternative, entry)
+        if topology is not None:
+            return ReasonCode.CONSTRAINT, topology
         return None
 
     def _covering(self, alternative: Alternative) -> list[tuple[Scoped, TopologyState]]:
@@ -337,32 +344,33 @@ class NodeSearch:
             self._topology_of[alternative.key] = found
         return found
 
-    def _topology_problem(self, alternative: Alternative, entry: DeviceEntry) -> str | None:
+    def _topology_problem(
+        self, alternative: Alternative, entry: DeviceEntry
+    ) -> TopologyMiss | None:
         for scoped, state in self._covering(alternative):
             problem = state.problem(entry.id)
             if problem is not None:
-                what = scoped.constraint.describe()
-                return f"topology constraint #{scoped.index} ({what}): {problem}"
+                return scoped.constraint.miss(scoped.index, problem)
         return None
 
     def _in_use(
         self, alternative: Alternative, entry: DeviceEntry
-    ) -> tuple[ReasonCode, str] | None:
+    ) -> tuple[ReasonCode, Picked | None] | None:
         """Upstream `deviceInUse` / `allocatingDeviceForClaim` (see docs for shared devices)."""
         state, device_id = self.ctx.state, entry.id
         if entry.multi:
             if not alternative.admin and state.is_exclusive(device_id):
-                return ReasonCode.IN_USE, ""  # the holders are recorded from the state
+                return ReasonCode.IN_USE, None  # the holders are recorded from the state
             return None
         claims = self.picked.get(device_id)
         if alternative.admin:
             if claims and alternative.claim_index in claims:
-                return ReasonCode.PICKED, "picked for another request of the same claim"
+                return ReasonCode.PICKED, _PICKED_SAME_CLAIM
             return None
         if state.in_use(device_id):
-            return ReasonCode.IN_USE, ""
+            return ReasonCode.IN_USE, None
         if claims:
-            return ReasonCode.PICKED, "picked for another request in this solve"
+            return ReasonCode.PICKED, _PICKED
         return None
 
     def consuming_device(self, entry: DeviceEntry) -> bool:
@@ -395,7 +403,7 @@ class NodeSearch:
 
     def _constraint_problem(
         self, alternative: Alternative, entry: DeviceEntry, must: bool, record: bool
-    ) -> str | None:
+    ) -> ConstraintMiss | None:
         states = self.constraints[alternative.claim_index]
         for index in alternative.constraints:
             problem = states[index].problem(entry.device, entry.id.driver)
@@ -413,8 +421,10 @@ class NodeSearch:
                 )
             reason, values = problem
             if record and self.ctx.recorder is not None:
-                self.ctx.recorder.constraint(claim.label, spec, entry.id, reason, values)
-            return f"constraint #{index} ({spec.kind} {spec.attribute}): {reason}"
+                miss = ConstraintMiss(reason)
+                self.ctx.recorder.constraint(claim.label, spec, entry.id, miss, values)
+            ref = ConstraintRef(index, spec.kind, spec.attribute)
+            return ConstraintMiss(reason, constraint=ref)
         return None
 
     # --- paired apply / undo --------------------------------------------------------

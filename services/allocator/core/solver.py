@@ -35,6 +35,7 @@ from services.allocator.core.explain import (
     Explanation,
     NodeChoice,
     NodeMiss,
+    OtherNodes,
     ReasonCode,
     Recorder,
     Summary,
@@ -563,8 +564,8 @@ def _record_other_nodes(
                 except GpuallocError:
                     continue  # a selector failing elsewhere is no concern of this node
                 if matches:
-                    detail = f"usable only from other nodes than {view.name}"
-                    recorder.reject(alternative, entry.id, ReasonCode.OTHER_NODE, detail)
+                    other = OtherNodes(view.name)
+                    recorder.reject(alternative, entry.id, ReasonCode.OTHER_NODE, other)
 
 
 def _error_miss(view: NodeView, error: GpuallocError) -> NodeMiss:

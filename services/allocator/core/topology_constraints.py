@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from services.allocator.core.explain import TopologyMiss, TopologyProblem, TopologyProblemKind
 from services.allocator.core.plan import Alternative, Plan
 from services.allocator.core.topology import NodeTopology, PcieRelation
 from services.common.dra import topology_annotation as annotation
@@ -70,12 +71,9 @@ class TopologyConstraint:
     min_nvlinks: int = 1
     max_nic_relation: PcieRelation = PcieRelation.PXB
 
-    def describe(self) -> str:
-        if self.kind is TopologyKind.NVLINK_CONNECTED and self.min_nvlinks > 1:
-            return f"{self.kind} (>= {self.min_nvlinks} links)"
-        if self.kind is TopologyKind.GPU_NIC_AFFINITY:
-            return f"{self.kind} (NIC at {self.max_nic_relation.name} or closer)"
-        return str(self.kind)
+    def miss(self, index: int, problem: TopologyProblem) -> TopologyMiss:
+        """The rejection fact for this constraint (its index in the plan) and a problem."""
+        return TopologyMiss(index, self.kind, self.min_nvlinks, self.max_nic_relation.name, problem)
 
 
 # --- the annotation (schema: services/common/dra/topology_annotation.py) ----------------------
@@ -201,34 +199,34 @@ class TopologyState:
         self.members: list[DeviceID] = []
         self.values: dict[object, int] = {}
 
-    def problem(self, device: DeviceID) -> str | None:
+    def problem(self, device: DeviceID) -> TopologyProblem | None:
         topology, constraint = self.topology, self.constraint
         if topology is None:
-            return "the node's topology is not known"
+            return TopologyProblem(TopologyProblemKind.UNKNOWN)
         kind = constraint.kind
         if kind is TopologyKind.NVLINK_CONNECTED:
             if not topology.is_whole_gpu(device):
-                return "not a whole GPU of the node's NVLink topology"
+                return TopologyProblem(TopologyProblemKind.NOT_WHOLE_GPU)
             for member in self.members:
                 links = topology.links(member, device)
                 if links < constraint.min_nvlinks:
-                    return f"{links} NVLinks to {member.device} (needs {constraint.min_nvlinks})"
+                    return TopologyProblem(
+                        TopologyProblemKind.FEW_LINKS, count=links, device=member.device
+                    )
             return None
         if kind is TopologyKind.GPU_NIC_AFFINITY:
             relation = topology.nic_relation(device)
             if relation is None:
-                return "no NIC known for its GPU"
+                return TopologyProblem(TopologyProblemKind.NO_NIC)
             if relation > constraint.max_nic_relation:
-                return (
-                    f"closest NIC is {relation.name} "
-                    f"(needs {constraint.max_nic_relation.name} or closer)"
-                )
+                return TopologyProblem(TopologyProblemKind.NIC_TOO_FAR, value=relation.name)
             return None
         value = _value(kind, topology, device)
         if value is None:
-            return f"{_what(kind)} not known"
+            return TopologyProblem(TopologyProblemKind.PLACE_UNKNOWN)
         if self.values and value not in self.values:
-            return f"{_what(kind)} {value} differs from {next(iter(self.values))}"
+            other = str(next(iter(self.values)))
+            return TopologyProblem(TopologyProblemKind.PLACE_DIFFERS, value=str(value), other=other)
         return None
 
     def add(self, device: DeviceID) -> None:
@@ -261,31 +259,27 @@ def _value(kind: TopologyKind, topology: NodeTopology, device: DeviceID) -> obje
     return None
 
 
-def _what(kind: TopologyKind) -> str:
-    return "PCIe root" if kind is TopologyKind.SAME_PCIE_ROOT else "NUMA node"
-
-
 def bound(
     constraint: TopologyConstraint, topology: NodeTopology | None, devices: Sequence[DeviceID]
-) -> tuple[int, str]:
+) -> tuple[int, TopologyProblem]:
     """How many of `devices` can be in the constraint's set together, and why not more."""
     if topology is None:
-        return 0, "the node's topology is not known"
+        return 0, TopologyProblem(TopologyProblemKind.UNKNOWN)
     kind = constraint.kind
     if kind is TopologyKind.NVLINK_CONNECTED:
         most = topology.largest_clique(devices, constraint.min_nvlinks)
-        return most, f"largest free NVLink-connected set is {most}"
+        return most, TopologyProblem(TopologyProblemKind.CLIQUE, count=most)
     if kind is TopologyKind.GPU_NIC_AFFINITY:
         limit = constraint.max_nic_relation
         good = sum(1 for d in devices if (r := topology.nic_relation(d)) is not None and r <= limit)
-        return good, f"{good} have a NIC at {limit.name} or closer"
+        return good, TopologyProblem(TopologyProblemKind.NICS, count=good)
     counts: dict[object, int] = {}
     for device in devices:
         value = _value(kind, topology, device)
         if value is not None:
             counts[value] = counts.get(value, 0) + 1
     most = max(counts.values(), default=0)
-    return most, f"at most {most} share a {_what(kind)}"
+    return most, TopologyProblem(TopologyProblemKind.SHARE_PLACE, count=most)
 
 
 def nvlink_links(topology: NodeTopology | None, devices: Iterable[DeviceID]) -> int:

@@ -19,7 +19,16 @@ from services.allocator.core import (
     Unsatisfiable,
     solve,
 )
-from services.allocator.core.explain import NodeReason, Summary, SummaryKind, detail_text
+from services.allocator.core.explain import (
+    NodeReason,
+    Picked,
+    Shortage,
+    ShortageKind,
+    Summary,
+    SummaryKind,
+    Taint,
+    detail_text,
+)
 from services.allocator.reservations.model import Hold, Reservation, ReservationState
 from services.common.security.principal import Identity, IdentityKind, Principal
 from tests.builders import DRIVER, allocation, claim, classes, cls, device, result, slice_, snapshot
@@ -35,7 +44,7 @@ def reservation(rid: str, node: str, expires_at: float | None = 60.0) -> Reserva
 
 
 def in_use(*holders: str, count: int = 1) -> RejectionGroup:
-    return RejectionGroup(ReasonCode.IN_USE, "", count, (), holders)
+    return RejectionGroup(ReasonCode.IN_USE, count, (), holders)
 
 
 def miss(node: str, *reasons: NodeReason) -> NodeMiss:
@@ -82,7 +91,9 @@ LIVE = (
             id="a-holder-no-longer-live-is-not-named",
         ),
         pytest.param(
-            unsatisfiable((RejectionGroup(ReasonCode.TAINTED, "tainted", 1, ()),)),
+            unsatisfiable(
+                (RejectionGroup(ReasonCode.TAINTED, 1, (), fact=Taint("k", "v", "NoSchedule")),)
+            ),
             10,
             [],
             id="a-taint-has-no-holder",
@@ -151,7 +162,7 @@ def test_blocking_holders_read_the_fields(answer: Answer, max_nodes: int, named:
         pytest.param(in_use("res-a", "res-b"), ("res-a", "res-b"), id="in-use-names-holders"),
         pytest.param(in_use(), (), id="in-use-by-an-unnamed-owner"),
         pytest.param(
-            RejectionGroup(ReasonCode.PICKED, "picked", 1, (), ("res-a",)),
+            RejectionGroup(ReasonCode.PICKED, 1, (), ("res-a",), Picked()),
             (),
             id="only-in-use-groups-name-holders",
         ),
@@ -167,9 +178,19 @@ def test_holder_ids(group: RejectionGroup, ids: tuple[str, ...]) -> None:
         pytest.param(in_use("res-b", "res-a"), "in use by res-a, res-b", id="holders-sorted"),
         pytest.param(in_use(), "in use", id="no-holder-named"),
         pytest.param(
-            RejectionGroup(ReasonCode.CAPACITY, "capacity memory: needs 1, free 0", 1, ()),
+            RejectionGroup(
+                ReasonCode.CAPACITY,
+                1,
+                (),
+                fact=Shortage(ShortageKind.SHORT, "memory", "", "1", "0"),
+            ),
             "capacity memory: needs 1, free 0",
-            id="free-text-detail",
+            id="a-fact-rendered",
+        ),
+        pytest.param(
+            RejectionGroup(ReasonCode.EQUIVALENT, 1, ()),
+            "equivalent to devices that did not fit",
+            id="no-fact-the-reason-phrase",
         ),
     ],
 )
@@ -194,7 +215,7 @@ def test_the_solver_names_the_holders_and_blockers_find_them() -> None:
     (request,) = outcome.explanation.requests
     groups = [g for g in request.rejections if g.code is ReasonCode.IN_USE]
     assert sorted(h for g in groups for h in g.holders) == ["res-a", "res-b"]
-    assert all(g.detail == "" for g in groups)
+    assert all(g.fact is None for g in groups)
     (closest,) = outcome.explanation.nodes
     assert NodeReason(ReasonCode.IN_USE, 2) in closest.reasons
     answer = Answer(Outcome.UNSATISFIABLE, 1, (), explanation=outcome.explanation)

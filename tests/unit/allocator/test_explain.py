@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pytest
 
@@ -20,13 +21,23 @@ from services.allocator.core import (
     solve,
 )
 from services.allocator.core.explain import (
+    ConstraintMiss,
+    ConstraintProblem,
+    ConstraintRef,
+    Fact,
+    IncompletePool,
     NodeReason,
+    OtherNodes,
+    Picked,
+    SelectorMiss,
     Shortage,
     ShortageKind,
     Taint,
     detail_text,
+    note_text,
     summary_text,
 )
+from services.allocator.core.plan import ConstraintKind
 from services.common.dra.model import AllocationResult, ResourceClaim
 from tests.builders import (
     DRIVER,
@@ -114,9 +125,9 @@ def test_request_groups_name_every_reason_with_examples() -> None:
         "the others are in use (2), tainted (1)"
     )
     (in_use,) = (g for g in request.rejections if g.code is ReasonCode.IN_USE)
-    assert (in_use.holders, in_use.detail) == (("default/train",), "")
+    assert (in_use.holders, in_use.fact) == (("default/train",), None)
     (tainted,) = (g for g in request.rejections if g.code is ReasonCode.TAINTED)
-    assert (tainted.taint, tainted.detail) == (Taint("xid", "79", "NoExecute"), "")
+    assert tainted.fact == Taint("xid", "79", "NoExecute")
     assert why.nodes[0].reasons == (
         NodeReason(ReasonCode.IN_USE, 2),
         NodeReason(ReasonCode.TAINTED, 1),
@@ -250,10 +261,11 @@ def test_incomplete_pools_are_noted() -> None:
     snap = snapshot(slice_("s", device("gpu-0"), device("gpu-1")).pool("node-1", count=2))
     outcome = explain([claim("c").request("g", "gpu", 3).build()], snap)
     notes = unsatisfiable(outcome).notes
-    assert notes == (
+    assert notes == (IncompletePool("gpu.example.com/node-1", seen=1, slices=2),)
+    assert [note_text(n) for n in notes] == [
         "pool gpu.example.com/node-1 is incomplete (1 of 2 slices of its newest generation seen); "
         "its devices were used anyway, as upstream does",
-    )
+    ]
 
 
 @pytest.mark.parametrize("flag", [True, False], ids=["explain", "no-explain"])
@@ -299,7 +311,7 @@ def test_unsatisfiable_always_carries_the_closest_miss(flag: bool) -> None:
 def test_shortages_are_fields_rendered_in_the_words_of_the_api(
     shortage: Shortage, text: str
 ) -> None:
-    group = RejectionGroup(ReasonCode.COUNTERS, "", 2, ("d",), shortage=shortage)
+    group = RejectionGroup(ReasonCode.COUNTERS, 2, ("d",), fact=shortage)
     assert detail_text(group) == text
     assert group.message() == f"2 {text} (e.g. d)"
 
@@ -321,3 +333,117 @@ def test_an_overdrawn_counter_set_refuses_the_slices_other_devices() -> None:
     )
     assert detail_text(groups[ReasonCode.COUNTERS]) == "counter memory of set gpu already overdrawn"
     assert groups[ReasonCode.IN_USE].holders == ("default/old",)
+
+
+# --- every rejection is a fact: the fields, then the words the edges render -----------------
+
+H100_SELECTOR = f'device.attributes["{DRIVER}"].model == "H100"'
+NUMA = f"{DRIVER}/numa"
+EVERYTHING = [toleration(exists=True)]
+
+
+@dataclass(frozen=True)
+class FactCase:
+    claims: list[ResourceClaim]
+    where: str  # "request" (a request's rejections) or "constraint" (a constraint's problems)
+    code: ReasonCode
+    fact: Fact
+    text: str
+    count: int
+    node: str | None = "node-1"
+    snap: ClusterSnapshot | None = None
+
+
+FACT_CASES = {
+    "class-selector-false": FactCase(
+        [claim("c").request("gpus", "h100", 5).build()],
+        "request",
+        ReasonCode.CLASS_SELECTOR,
+        SelectorMiss(1, H100_SELECTOR, "h100"),
+        f"class h100 selector #1 `{H100_SELECTOR}` is false",
+        1,
+    ),
+    "request-selector-false": FactCase(
+        [claim("c").request("g", "h100", 1, f'device.attributes["{DRIVER}"].numa == 7').build()],
+        "request",
+        ReasonCode.REQUEST_SELECTOR,
+        SelectorMiss(0, f'device.attributes["{DRIVER}"].numa == 7'),
+        f'request selector #0 `device.attributes["{DRIVER}"].numa == 7` is false',
+        5,
+    ),
+    "picked-for-another-request": FactCase(
+        [claim("c").request("a", "gpu", 1).request("b", "gpu", 5).build()],
+        "request",
+        ReasonCode.PICKED,
+        Picked(),
+        "picked for another request in this solve",
+        3,
+    ),
+    "match-value-differs-in-the-request": FactCase(
+        [claim("c").request("gpus", "h100", 4, tolerations=EVERYTHING).match(NUMA).build()],
+        "request",
+        ReasonCode.CONSTRAINT,
+        ConstraintMiss(
+            ConstraintProblem.DIFFERS, constraint=ConstraintRef(0, ConstraintKind.MATCH, NUMA)
+        ),
+        f"constraint #0 (matchAttribute {NUMA}): value differs from the devices already picked",
+        4,
+    ),
+    "match-value-differs-in-the-constraint": FactCase(
+        [claim("c").request("gpus", "h100", 4, tolerations=EVERYTHING).match(NUMA).build()],
+        "constraint",
+        ReasonCode.CONSTRAINT,
+        ConstraintMiss(ConstraintProblem.DIFFERS),
+        "value differs from the devices already picked",
+        4,
+    ),
+    "match-too-few-share-a-value": FactCase(
+        [claim("c").request("a", "gpu", 5).match(NUMA).build()],
+        "constraint",
+        ReasonCode.CONSTRAINT,
+        ConstraintMiss(ConstraintProblem.FEW_SHARE, bound=3, needed=5),
+        "at most 3 devices share a value, 5 needed",
+        4,
+    ),
+    "match-attribute-missing": FactCase(
+        [claim("c").request("a", "gpu", 5).match(NUMA).build()],
+        "constraint",
+        ReasonCode.CONSTRAINT,
+        ConstraintMiss(ConstraintProblem.MISSING),
+        "attribute missing",
+        1,
+    ),
+    "distinct-too-few-values": FactCase(
+        [claim("c").request("gpus", "h100", 3, tolerations=EVERYTHING).distinct(NUMA).build()],
+        "constraint",
+        ReasonCode.CONSTRAINT,
+        ConstraintMiss(ConstraintProblem.FEW_DISTINCT, bound=2, needed=3),
+        "only 2 distinct values, 3 needed",
+        5,
+    ),
+    "usable-only-from-another-node": FactCase(
+        [claim("c").request("g", "gpu", 2).build()],
+        "request",
+        ReasonCode.OTHER_NODE,
+        OtherNodes("node-a"),
+        "usable only from other nodes than node-a",
+        1,
+        node="node-a",
+        snap=snapshot(
+            slice_("a", device("gpu-0")).node("node-a"), slice_("b", device("gpu-0")).node("node-b")
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(FACT_CASES.values()), ids=list(FACT_CASES))
+def test_every_rejection_is_a_fact(case: FactCase) -> None:
+    """The core says why as fields (no text in the explanation); detail_text, called only by
+    the edges, renders the words the wire and the CLI show."""
+    why = unsatisfiable(explain(case.claims, case.snap or snapshot(MIXED), node=case.node))
+    if case.where == "request":
+        groups = [g for r in why.requests for g in r.rejections]
+    else:
+        groups = [g for c in why.constraints for g in c.problems]
+    found = [g for g in groups if g.code is case.code and g.fact == case.fact]
+    assert [(detail_text(g), g.count) for g in found] == [(case.text, case.count)], groups

@@ -26,12 +26,20 @@ from services.allocator.core import (
     Unsatisfiable,
     solve,
 )
+from services.allocator.core.explain import (
+    ReasonCode,
+    TopologyProblem,
+    TopologyProblemKind,
+    detail_text,
+    topology_problem_text,
+)
 from services.allocator.core.topology import GpuPlace, NicInfo, NodeTopology, PcieRelation
 from services.allocator.core.topology_constraints import (
     ANNOTATION,
     RequestRef,
     TopologyConstraint,
     TopologyKind,
+    TopologyState,
     constraints_from_annotations,
     format_annotation,
     parse_annotation,
@@ -505,3 +513,148 @@ def test_required_constraints_hold_and_a_fit_is_found(
     else:
         assert not outcome.budget_exhausted
         assert not exists
+
+
+# --- a topology rejection is a fact: the constraint, the problem, its numbers ----------------
+
+SAME_ROOT, SAME_NUMA, NIC = (
+    TopologyKind.SAME_PCIE_ROOT,
+    TopologyKind.SAME_NUMA_NODE,
+    TopologyKind.GPU_NIC_AFFINITY,
+)
+FACTS = {
+    "nvlink-largest-clique": (
+        {"node-1": pairs("node-1")},
+        TopologyConstraint(NVLINK),
+        TopologyProblem(TopologyProblemKind.CLIQUE, count=2),
+        "topology constraint #0 (NVLinkConnected): largest free NVLink-connected set is 2",
+    ),
+    "nvlink-min-links-named": (
+        {"node-1": pairs("node-1", across=4)},
+        TopologyConstraint(NVLINK, min_nvlinks=12),
+        TopologyProblem(TopologyProblemKind.CLIQUE, count=2),
+        "topology constraint #0 (NVLinkConnected (>= 12 links)): "
+        "largest free NVLink-connected set is 2",
+    ),
+    "same-pcie-root-at-most": (
+        {"node-1": pairs("node-1")},
+        TopologyConstraint(SAME_ROOT),
+        TopologyProblem(TopologyProblemKind.SHARE_PLACE, count=2),
+        "topology constraint #0 (SamePCIeRoot): at most 2 share a PCIe root",
+    ),
+    "same-numa-at-most": (
+        {"node-1": pairs("node-1")},
+        TopologyConstraint(SAME_NUMA),
+        TopologyProblem(TopologyProblemKind.SHARE_PLACE, count=2),
+        "topology constraint #0 (SameNUMANode): at most 2 share a NUMA node",
+    ),
+    "nic-affinity-close-enough": (
+        {"node-1": pairs("node-1")},
+        TopologyConstraint(NIC),
+        TopologyProblem(TopologyProblemKind.NICS, count=2),
+        "topology constraint #0 (GPUNICAffinity (NIC at PXB or closer)): "
+        "2 have a NIC at PXB or closer",
+    ),
+    "topology-unknown": (
+        {},
+        TopologyConstraint(NVLINK),
+        TopologyProblem(TopologyProblemKind.UNKNOWN),
+        "topology constraint #0 (NVLinkConnected): the node's topology is not known",
+    ),
+}
+
+
+@pytest.mark.parametrize(("topologies", "constraint", "problem", "text"), FACTS.values(), ids=FACTS)
+def test_topology_rejections_are_facts(
+    topologies: dict[str, NodeTopology],
+    constraint: TopologyConstraint,
+    problem: TopologyProblem,
+    text: str,
+) -> None:
+    snapshot = ClusterSnapshot.build([gpus("node-1", 4)], topologies=topologies)  # type: ignore[list-item]
+    outcome = solve(
+        snapshot,
+        AllocatedState.build(snapshot, []),
+        GPU,
+        [two(count=3)],
+        node="node-1",
+        selectors=SelectorCache(),
+        explain=True,
+        topology_constraints=[constraint],
+    )
+    assert isinstance(outcome, Unsatisfiable)
+    groups = [g for r in outcome.explanation.requests for g in r.rejections]
+    miss = constraint.miss(0, problem)
+    assert [(g.code, detail_text(g), g.count) for g in groups if g.fact == miss] == [
+        (ReasonCode.CONSTRAINT, text, 4)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("constraint", "problem", "text"),
+    [
+        pytest.param(
+            TopologyConstraint(NVLINK, min_nvlinks=12),
+            TopologyProblem(TopologyProblemKind.FEW_LINKS, count=4, device="gpu-1"),
+            "4 NVLinks to gpu-1 (needs 12)",
+            id="few-links-to-a-member",
+        ),
+        pytest.param(
+            TopologyConstraint(NVLINK),
+            TopologyProblem(TopologyProblemKind.NOT_WHOLE_GPU),
+            "not a whole GPU of the node's NVLink topology",
+            id="not-a-whole-gpu",
+        ),
+        pytest.param(
+            TopologyConstraint(NIC),
+            TopologyProblem(TopologyProblemKind.NO_NIC),
+            "no NIC known for its GPU",
+            id="no-nic",
+        ),
+        pytest.param(
+            TopologyConstraint(NIC, max_nic_relation=PcieRelation.PIX),
+            TopologyProblem(TopologyProblemKind.NIC_TOO_FAR, value="SYS"),
+            "closest NIC is SYS (needs PIX or closer)",
+            id="nic-too-far",
+        ),
+        pytest.param(
+            TopologyConstraint(SAME_ROOT),
+            TopologyProblem(TopologyProblemKind.PLACE_UNKNOWN),
+            "PCIe root not known",
+            id="root-unknown",
+        ),
+        pytest.param(
+            TopologyConstraint(SAME_NUMA),
+            TopologyProblem(TopologyProblemKind.PLACE_DIFFERS, value="1", other="0"),
+            "NUMA node 1 differs from 0",
+            id="numa-differs",
+        ),
+    ],
+)
+def test_topology_problems_in_words(
+    constraint: TopologyConstraint, problem: TopologyProblem, text: str
+) -> None:
+    assert topology_problem_text(constraint.miss(2, problem)) == text
+
+
+def test_topology_state_problems_are_facts() -> None:
+    """What the search sees device by device: too few links to a member, a different NUMA
+    node, a MIG device in an NVLink set, no topology at all."""
+    topology = pairs("node-1", across=4)
+    gpu = [DeviceID(DRIVER, "node-1", f"gpu-{i}") for i in range(4)]
+    links = TopologyState(TopologyConstraint(NVLINK, min_nvlinks=12), topology)
+    links.add(gpu[0])
+    assert links.problem(gpu[1]) is None
+    assert links.problem(gpu[2]) == TopologyProblem(
+        TopologyProblemKind.FEW_LINKS, count=4, device="gpu-0"
+    )
+    mig = DeviceID(DRIVER, "node-1", "gpu-0-mig-1g.10gb-0")
+    assert links.problem(mig) == TopologyProblem(TopologyProblemKind.NOT_WHOLE_GPU)
+    numa = TopologyState(TopologyConstraint(SAME_NUMA), topology)
+    numa.add(gpu[0])
+    assert numa.problem(gpu[2]) == TopologyProblem(
+        TopologyProblemKind.PLACE_DIFFERS, value="1", other="0"
+    )
+    assert TopologyState(TopologyConstraint(NVLINK), None).problem(gpu[0]) == TopologyProblem(
+        TopologyProblemKind.UNKNOWN
+    )
