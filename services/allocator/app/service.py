@@ -59,7 +59,7 @@ from services.allocator.app.messages import (
     claim_ref,
 )
 from services.allocator.app.paging import decode_token, encode_token, query_hash
-from services.allocator.app.placing import PlacementSearch
+from services.allocator.app.placing import PlacementSearch, eligible_nodes
 from services.allocator.app.quotas import Grant, QuotaExceeded, QuotaGuard
 from services.allocator.app.telemetry import AllocatorMetrics
 from services.allocator.core import (
@@ -99,6 +99,7 @@ from services.common.security.quota import (
     TenantStatus,
     fewest_victims,
     preemption_candidates,
+    victims_by_node,
 )
 
 __all__ = ["AllocatorService", "ServiceLimits"]
@@ -636,10 +637,10 @@ class AllocatorService:
         if not candidates:
             return None
 
-        def placement(chosen: Sequence[Candidate]) -> Answer | None:
+        def placement(chosen: Sequence[Candidate], on: Query = query) -> Answer | None:
             gone = [live[c.holding.id] for c in chosen]
             trial = state.with_changes((r.id, None, a) for r in gone for a in r.allocations)
-            found = self._answer(view, trial, query, deadline, explain=False)
+            found = self._answer(view, trial, on, deadline, explain=False)
             if found.outcome is not Outcome.ALLOCATED:
                 return None
             left = {t: dict(u) for t, u in usage.items()}
@@ -650,7 +651,28 @@ class AllocatorService:
             placed = self._placement_usage(view, query, found, lease.owner)
             return None if model.admit(tenant, placed, left) else found
 
-        victims = fewest_victims(candidates, lambda chosen: placement(chosen) is not None)
+        victims: Sequence[Candidate] | None = fewest_victims(
+            candidates, lambda chosen: placement(chosen) is not None, model=model, usage=usage
+        )
+        if victims is None and query.gang is None:
+            # the candidates in one fleet-wide order rarely free one node (a whole-GPU grant
+            # needs every slice of its GPUs gone): node by node, as kube-scheduler does
+            pinned: dict[str, Query] = {}
+
+            def fits_on(node: str, chosen: Sequence[Candidate]) -> bool:
+                on = pinned.setdefault(node, replace(query, node=node, node_selector=None))
+                return placement(chosen, on) is not None
+
+            nodes: Sequence[str] | None = None
+            if query.node:
+                nodes = (query.node,)
+            elif query.node_selector is not None or query.max_nodes > 0:
+                nodes = eligible_nodes(view.snapshot, query)
+            node_of = {r.id: r.node for r in live.values()}
+            best = victims_by_node(
+                candidates, node_of, fits_on, model=model, usage=usage, nodes=nodes
+            )
+            victims = best.victims if best is not None else None
         if victims is None:
             return None
         chosen = tuple(

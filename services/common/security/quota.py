@@ -25,6 +25,8 @@ Pure: values in, values out. Amounts are integer milli-units (a device counts 10
 
 from __future__ import annotations
 
+import functools
+import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -37,6 +39,8 @@ __all__ = [
     "Candidate",
     "Holding",
     "fewest_victims",
+    "NodeVictims",
+    "victims_by_node",
     "preemption_candidates",
     "DEFAULT_PRIORITY",
     "NO_QUOTAS",
@@ -59,11 +63,15 @@ Usage = Mapping[str, int]  # quota resource -> milli-units
 @dataclass(frozen=True)
 class QuotaResource:
     """What one quota resource counts: the devices of `device_classes`, each counting 1, or
-    (with `counter`) the amount of that consumed counter the devices take."""
+    (with `counter`) the amount of that consumed counter the devices take, or (with
+    `gpu_share`) the share of its GPU a device takes: a whole GPU 1, a partition its GPU's
+    memory slices that it consumes over all of them (a MIG 3g.40gb of an H100: 4/8), so that
+    one unit is one GPU on every model, whatever counters its MIG table knows."""
 
     name: str
     device_classes: tuple[str, ...]
     counter: str = ""
+    gpu_share: bool = False
 
 
 @dataclass(frozen=True)
@@ -390,24 +398,157 @@ def preemption_candidates(
 
 
 def fewest_victims(
-    candidates: Sequence[Candidate], fits: Callable[[Sequence[Candidate]], bool], limit: int = 64
+    candidates: Sequence[Candidate],
+    fits: Callable[[Sequence[Candidate]], bool],
+    limit: int = 64,
+    *,
+    model: QuotaModel | None = None,
+    usage: Mapping[str, Usage] | None = None,
+    smaller: int = 32,
 ) -> list[Candidate] | None:
-    """The victims: candidates taken in order until `fits` says the grant fits without them,
-    then each dropped again (latest first) if it still fits without it. The result is minimal
-    (no victim can be spared) though not always the smallest possible set; None when even
-    the first `limit` candidates together are not enough."""
-    chosen: list[Candidate] = []
-    for candidate in candidates[:limit]:
-        chosen.append(candidate)
-        if fits(chosen):
-            break
-    else:
+    """The victims among the first `limit` candidates, None when all of them together are not
+    enough. `fits(chosen)`: whether the grant fits once `chosen` are revoked (revoking more
+    never makes it fit less).
+
+    1. The shortest run of candidates, in the rules' order, that makes the grant fit (found by
+       bisection: a few `fits` calls, not one per candidate).
+    2. Each of them dropped again, latest first, if the grant still fits without it: the
+       result is minimal (no victim can be spared).
+    3. Up to `smaller` more `fits` calls on sets of fewer victims, the smallest first and in
+       the rules' order, for one that fits: one large victim rather than four small ones.
+       Once every smaller set was tried, the result is the smallest there is.
+
+    With `model` and `usage`, a reclaim candidate is passed over once the victims taken
+    before it leave its tenant within nominal (as Kueue's reclaimWithinCohort does): reclaim
+    takes back what is borrowed, never a tenant's own nominal share."""
+    allowed = list(candidates[:limit])
+    if model is not None and usage is not None:
+        allowed = _still_borrowing(allowed, model, usage)
+    if not allowed or not fits(allowed):
         return None
+    low, high = 1, len(allowed)  # the shortest prefix that fits: fits(allowed[:high])
+    while low < high:
+        middle = (low + high) // 2
+        if fits(allowed[:middle]):
+            high = middle
+        else:
+            low = middle + 1
+    chosen = allowed[:high]
     for candidate in list(reversed(chosen)):
         trial = [c for c in chosen if c is not candidate]
         if trial and fits(trial):
             chosen = trial
+    tried = 0
+    for size in range(1, len(chosen)):
+        for subset in itertools.combinations(allowed, size):
+            if tried >= smaller:
+                return chosen
+            if not _all_taken(subset, model, usage):
+                continue  # the rules would not take all of them together
+            tried += 1
+            if fits(subset):
+                return list(subset)
     return chosen
+
+
+def _all_taken(
+    subset: Sequence[Candidate], model: QuotaModel | None, usage: Mapping[str, Usage] | None
+) -> bool:
+    if model is None or usage is None:
+        return True
+    return len(_still_borrowing(subset, model, usage)) == len(subset)
+
+
+def _still_borrowing(
+    candidates: Sequence[Candidate], model: QuotaModel, usage: Mapping[str, Usage]
+) -> list[Candidate]:
+    """The candidates the rules take in this order: a reclaim candidate only while its tenant
+    still borrows once the ones before it are revoked."""
+    left = {t: dict(u) for t, u in usage.items()}
+    taken: list[Candidate] = []
+    for candidate in candidates:
+        holding = candidate.holding
+        if candidate.reason == RECLAIM:
+            if not _borrows_what_it_holds(model, holding, left.get(holding.tenant, {})):
+                continue
+            mine = left.setdefault(holding.tenant, {})
+            for name, amount in holding.amounts.items():
+                mine[name] = mine.get(name, 0) - amount
+        taken.append(candidate)
+    return taken
+
+
+@dataclass(frozen=True)
+class NodeVictims:
+    """A preemption on one node: the node and the victims to revoke there."""
+
+    node: str
+    victims: tuple[Candidate, ...]
+
+
+def victims_by_node(
+    candidates: Sequence[Candidate],
+    node_of: Mapping[str, str],
+    fits_on: Callable[[str, Sequence[Candidate]], bool],
+    *,
+    model: QuotaModel | None = None,
+    usage: Mapping[str, Usage] | None = None,
+    nodes: Iterable[str] | None = None,
+    max_nodes: int = 16,
+    limit: int = 64,
+    smaller: int = 32,
+) -> NodeVictims | None:
+    """For a grant that goes to one node, the victims node by node, as kube-scheduler's
+    preemption chooses them: on each node (of `nodes`, else every node holding a candidate;
+    `node_of`: reservation id -> node), the candidates held there in rule order, then those
+    held elsewhere (they free quota, not devices); the fewest of them (fewest_victims: a node
+    where all of them do not make room is passed over; its search for a smaller set on the
+    best node only). `fits_on(node, chosen)`: whether the grant fits on `node` once `chosen`
+    are revoked. The best node:
+    the fewest victims taken by the priority rule, then the lowest highest victim priority,
+    then the fewest victims, then the node's name.
+
+    Candidates held across the fleet, taken in one global order, would rarely free one node:
+    a whole-GPU grant needs every slice of a GPU gone, and the newest reservations are spread
+    over all nodes. Nodes holding the most of the candidates' amounts are tried first, at most
+    `max_nodes` of them."""
+    on: dict[str, list[Candidate]] = {}
+    for candidate in candidates:
+        node = node_of.get(candidate.holding.id, "")
+        if node:
+            on.setdefault(node, []).append(candidate)
+    allowed = set(on) if nodes is None else set(nodes) & set(on)
+
+    def weight(node: str) -> tuple[int, str]:
+        amount = sum(a for c in on[node] for a in c.holding.amounts.values())
+        return (-amount, node)
+
+    def rank(node: str, found: Sequence[Candidate]) -> tuple[int, int, int, str]:
+        return (
+            sum(1 for c in found if c.reason == PRIORITY),
+            max(c.holding.priority.value for c in found),
+            len(found),
+            node,
+        )
+
+    def order(node: str) -> list[Candidate]:
+        """The node's own candidates first (they free its devices and quota), then the others
+        (they free quota only), each in the rules' order."""
+        here = set(map(id, on[node]))
+        return [*on[node], *(c for c in candidates if id(c) not in here)]
+
+    best: tuple[tuple[int, int, int, str], str] | None = None
+    for node in sorted(allowed, key=weight)[:max_nodes]:
+        fits = functools.partial(fits_on, node)
+        found = fewest_victims(order(node), fits, limit, model=model, usage=usage, smaller=0)
+        if found is not None and (best is None or rank(node, found) < best[0]):
+            best = (rank(node, found), node)
+    if best is None:
+        return None
+    node = best[1]
+    fits = functools.partial(fits_on, node)
+    found = fewest_victims(order(node), fits, limit, model=model, usage=usage, smaller=smaller)
+    return NodeVictims(node, tuple(found)) if found is not None else None
 
 
 def _within_nominal(quota: TenantQuota, amounts: Usage, used: Usage) -> bool:

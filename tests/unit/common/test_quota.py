@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from services.common.errors import InvalidArgument
@@ -31,6 +31,7 @@ from services.common.security.quota import (
     fewest_victims,
     preemption_candidates,
     quantity_text,
+    victims_by_node,
 )
 
 GPU = 1000  # one device, in milli-units
@@ -230,6 +231,7 @@ spec:
     resources:
     - {name: gpus, deviceClassNames: [gpu.nvidia.com]}
     - {name: mig-memory, deviceClassNames: [mig.nvidia.com], counter: memory}
+    - {name: gpu-share, deviceClassNames: [gpu.nvidia.com, mig.nvidia.com], gpuShare: true}
   tenants:
   - name: hpc
     cohort: research
@@ -245,7 +247,10 @@ spec:
 def test_policy_declares_quotas() -> None:
     quotas = parse_policy(yaml.safe_load(POLICY)).quotas
     assert quotas.enabled
-    assert [r.name for r in quotas.resources] == ["gpus", "mig-memory"]
+    assert [r.name for r in quotas.resources] == ["gpus", "mig-memory", "gpu-share"]
+    assert quotas.resources[2] == QuotaResource(
+        "gpu-share", ("gpu.nvidia.com", "mig.nvidia.com"), gpu_share=True
+    )
     hpc = quotas.quota_of("hpc")
     assert hpc is not None and hpc.cohort == "research"
     assert hpc.of("gpus") == QuotaLimits(8 * GPU, 4 * GPU, 2 * GPU)
@@ -297,6 +302,23 @@ BAD = [
         "spec.quota.resources.0",
         {"name": "gpus", "deviceClassNames": []},
         "at least one DeviceClass",
+    ),
+    (
+        "a-counter-and-gpu-shares",
+        "spec.quota.resources.2",
+        {
+            "name": "x",
+            "deviceClassNames": ["mig.nvidia.com"],
+            "counter": "memory",
+            "gpuShare": True,
+        },
+        "counts a counter or GPU shares, not both",
+    ),
+    (
+        "gpu-share-not-a-bool",
+        "spec.quota.resources.2",
+        {"name": "x", "deviceClassNames": ["mig.nvidia.com"], "gpuShare": "yes"},
+        "must be true or false",
     ),
 ]
 
@@ -393,14 +415,16 @@ def test_reclaim_takes_the_most_borrowing_tenant_first() -> None:
     assert [(c.holding.id, c.reason) for c in found] == [("b1", RECLAIM), ("a1", RECLAIM)]
 
 
+@example(sizes=[1, 1, 1, 1, 4], need=4)  # four small victims in rule order, or one large one
 @given(
     st.lists(st.integers(1, 4), min_size=1, max_size=7),
     st.integers(1, 12),
 )
 def test_fewest_victims_is_minimal_and_needed(sizes: list[int], need: int) -> None:
     """Victims free `size` GPUs each; the grant needs `need`. The answer fits, no victim can
-    be spared, and it is None exactly when all of them together are not enough — checked
-    against every subset."""
+    be spared, it is None exactly when all of them together are not enough, and it is the
+    smallest set when one or two victims suffice (the default search tries every set of one
+    or two of seven candidates) — checked against every subset."""
     candidates = [Candidate(holding(f"v{i}", "c"), PRIORITY) for i in range(len(sizes))]
     size = {c.holding.id: s for c, s in zip(candidates, sizes, strict=True)}
 
@@ -420,4 +444,107 @@ def test_fewest_victims_is_minimal_and_needed(sizes: list[int], need: int) -> No
         for subset in itertools.combinations(candidates, r)
         if fits(subset)
     )
-    assert len(found) <= smallest + 2  # greedy-then-prune: minimal, close to the minimum
+    assert len(found) <= smallest + 2
+    if smallest <= 2:
+        assert len(found) == smallest
+    exhaustive = fewest_victims(candidates, fits, smaller=2 ** len(candidates))
+    assert exhaustive is not None and len(exhaustive) == smallest
+
+
+@pytest.mark.parametrize(
+    ("usage", "expected"),
+    [
+        pytest.param(used(a=6), ["a3", "a2"], id="reclaim-stops-at-the-victims-nominal"),
+        pytest.param(used(a=8), ["a3", "a2", "a1"], id="a-tenant-far-over-loses-more"),
+        pytest.param(used(a=5), ["a3"], id="one-borrowed-one-taken"),
+    ],
+)
+def test_reclaim_never_takes_a_victims_nominal_share(
+    usage: dict[str, dict[str, int]], expected: list[str]
+) -> None:
+    """Tenant a (nominal 4) holds what `usage` says; b reclaims as much as it can use (the
+    grant fits only with everything gone): a keeps its nominal, as Kueue's reclaimWithinCohort
+    does, however many candidates there are."""
+    holdings = [holding(f"a{i}", "a", age=4 - i) for i in range(1, 4)]
+    candidates = preemption_candidates(COHORT, "b", STANDARD, {"gpus": GPU}, holdings, usage)
+    taken = fewest_victims(candidates, lambda chosen: False, model=COHORT, usage=usage)
+    assert taken is None  # never enough: the grant wants more than a borrows
+    taken = fewest_victims(
+        candidates, lambda chosen: len(chosen) >= len(expected), model=COHORT, usage=usage
+    )
+    assert taken is not None and [c.holding.id for c in taken] == expected
+
+
+# node -> victims held there (id, priority, reason); what each node needs freed (GPUs)
+NODE_CASES = [
+    (
+        "the-node-that-one-victim-frees",
+        {
+            "n1": [("s1", STANDARD, RECLAIM), ("s2", STANDARD, RECLAIM)],
+            "n2": [("b1", LOW, RECLAIM)],
+        },
+        {"n1": 2, "n2": 1},
+        None,
+        ("n2", ["b1"]),
+    ),
+    (
+        "reclaim-before-own-lower-priority",
+        {"n1": [("own", LOW, PRIORITY)], "n2": [("lent", STANDARD, RECLAIM)]},
+        {"n1": 1, "n2": 1},
+        None,
+        ("n2", ["lent"]),
+    ),
+    (
+        "a-node-all-victims-cannot-free-is-passed-over",
+        {"n1": [("x1", LOW, RECLAIM)], "n2": [("y1", LOW, RECLAIM), ("y2", LOW, RECLAIM)]},
+        {"n1": 2, "n2": 2},
+        None,
+        ("n2", ["y1", "y2"]),
+    ),
+    (
+        "only-the-nodes-the-query-may-use",
+        {"n1": [("x1", LOW, RECLAIM)], "n2": [("y1", LOW, RECLAIM)]},
+        {"n1": 1, "n2": 1},
+        ["n2"],
+        ("n2", ["y1"]),
+    ),
+    (
+        "lower-highest-priority-wins-a-tie",
+        {"n1": [("hi", HIGH, RECLAIM)], "n2": [("lo", LOW, RECLAIM)]},
+        {"n1": 1, "n2": 1},
+        None,
+        ("n2", ["lo"]),
+    ),
+    ("nowhere", {"n1": [("x1", LOW, RECLAIM)]}, {"n1": 2}, None, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("held", "need", "nodes", "expected"),
+    [pytest.param(*case[1:], id=case[0]) for case in NODE_CASES],
+)
+def test_victims_by_node(
+    held: dict[str, list[tuple[str, PriorityClass, str]]],
+    need: dict[str, int],
+    nodes: list[str] | None,
+    expected: tuple[str, list[str]] | None,
+) -> None:
+    """Each victim frees one GPU of its node (quota is no concern here); a node fits the grant
+    once `need[node]` of its victims are gone. The answer: the best node and its fewest
+    victims, none of them elsewhere."""
+    candidates = [
+        Candidate(holding(name, "a", priority), reason)
+        for victims in held.values()
+        for name, priority, reason in victims
+    ]
+    node_of = {name: node for node, victims in held.items() for name, _, _ in victims}
+
+    def fits_on(node: str, chosen: Sequence[Candidate]) -> bool:
+        return sum(1 for c in chosen if node_of[c.holding.id] == node) >= need[node]
+
+    found = victims_by_node(candidates, node_of, fits_on, nodes=nodes)
+    if expected is None:
+        assert found is None
+        return
+    assert found is not None
+    assert (found.node, [c.holding.id for c in found.victims]) == (expected[0], expected[1])
