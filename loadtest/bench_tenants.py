@@ -69,7 +69,7 @@ PATHS = {"hpc": "slurm-like", "ml": "kueue-like", "lab": "direct"}
 MODES = ("static", "borrowing", "preemption")
 PARTITION_LABEL = "bench.gpualloc.dev/partition"
 BACKFILL = 8  # queued jobs tried per tenant and minute
-COMPUTE = QuotaResource("compute", ("gpu.nvidia.com", "mig.nvidia.com"), counter="multiprocessors")
+GPUS = QuotaResource("gpus", ("gpu.nvidia.com", "mig.nvidia.com"), gpu_share=True)
 
 
 @dataclass(frozen=True)
@@ -163,22 +163,20 @@ def simulate(
     )
     view.flush()
     snapshot = view.require(0).snapshot
-    total = _fleet_compute(snapshot)
+    total = _fleet_gpus(snapshot)  # milli-GPUs
     store = MemoryReservationStore()
     holdings = Holdings(store, expire_interval=3600)
     holdings.start()
     selectors = SelectorCache()
     classes = device_classes()
     if mode == "static":  # counted (same ledger work), never limiting: the nodes are
-        everything = QuotaLimits(total * 1000)
-        model = QuotaModel(
-            (COMPUTE,), {t: TenantQuota(t, "", {"compute": everything}) for t in TENANTS}
-        )
+        everything = QuotaLimits(total)
+        model = QuotaModel((GPUS,), {t: TenantQuota(t, "", {"gpus": everything}) for t in TENANTS})
     else:
-        nominal = total * 1000 // len(TENANTS)
+        nominal = total // len(TENANTS)
         model = QuotaModel(
-            (COMPUTE,),
-            {t: TenantQuota(t, "fleet", {"compute": QuotaLimits(nominal)}) for t in TENANTS},
+            (GPUS,),
+            {t: TenantQuota(t, "fleet", {"gpus": QuotaLimits(nominal)}) for t in TENANTS},
         )
     guard = QuotaGuard(lambda: model, MemoryQuotaLedger(), lambda: classes, selectors)
     service = AllocatorService(
@@ -240,7 +238,7 @@ def _run(
                     service.holdings.get(placed.reservation_id)
                     or service.get(placed.reservation_id)
                 )
-                compute = usage.get("compute", 0) // 1000
+                compute = usage.get("gpus", 0)
                 compute_of.setdefault(job.kind.name, compute)
                 running[placed.reservation_id] = Running(
                     job, step + job.duration, placed.reservation_id, owner, compute
@@ -308,15 +306,14 @@ def _place(
     return _Placed(reservation.id, victims, seconds)
 
 
-def _fleet_compute(snapshot: ClusterSnapshot) -> int:
-    """The multiprocessors of every GPU: the totals of the counter sets (one per GPU)."""
-    totals: dict[object, int] = {}
-    for entry in snapshot.all_devices():
-        counters = entry.slice.counter_totals
-        for counter, amount in counters.items():
-            if counter.counter == "multiprocessors":
-                totals[counter] = int(amount)
-    return sum(totals.values())
+def _fleet_gpus(snapshot: ClusterSnapshot) -> int:
+    """The fleet's GPUs in milli-GPUs (the quota's unit): one counter set per GPU."""
+    sets = {
+        (c.driver, c.pool, c.counter_set)
+        for e in snapshot.all_devices()
+        for c in e.slice.counter_totals
+    }
+    return 1000 * len(sets)
 
 
 def run(quick: bool) -> BenchReport:

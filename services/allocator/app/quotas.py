@@ -127,7 +127,8 @@ class QuotaGuard:
                     continue
                 for resource in model.resources:
                     key = (resource.name, entry.id)
-                    if (resource.counter and key in charged) or not self._counts(resource, entry):
+                    by_amount = resource.counter or resource.gpu_share
+                    if (by_amount and key in charged) or not self._counts(resource, entry):
                         continue
                     charged.add(key)
                     amounts[resource.name] = amounts.get(resource.name, 0) + _amount(
@@ -380,7 +381,12 @@ class QuotaGuard:
         self.ledger.close()
 
 
+MEMORY_SLICE = "memory-slice-"  # the DRA driver's per-slice MIG counters (memory-slice-<i>)
+
+
 def _amount(resource: QuotaResource, entry: DeviceEntry) -> int:
+    if resource.gpu_share:
+        return _gpu_share(entry)
     if not resource.counter:
         return 1000
     return sum(
@@ -388,3 +394,19 @@ def _amount(resource: QuotaResource, entry: DeviceEntry) -> int:
         for counter, amount in entry.counters
         if counter.counter == resource.counter
     )
+
+
+def _gpu_share(entry: DeviceEntry) -> int:
+    """The GPU share a device takes, in milli-GPUs: the memory slices it consumes over those
+    of its counter set (its GPU); a device that consumes none is a whole device (1000)."""
+    taken = {c.counter_set: 0 for c, _ in entry.counters if c.counter.startswith(MEMORY_SLICE)}
+    if not taken:
+        return 1000
+    for counter, amount in entry.counters:
+        if counter.counter.startswith(MEMORY_SLICE):
+            taken[counter.counter_set] += int(amount)
+    totals = {name: 0 for name in taken}
+    for counter in entry.slice.counter_totals:
+        if counter.counter_set in totals and counter.counter.startswith(MEMORY_SLICE):
+            totals[counter.counter_set] += 1
+    return sum(math.ceil(1000 * taken[name] / max(1, totals[name])) for name in taken)

@@ -336,7 +336,7 @@ def _priority_classes(
 
 def _quota_resources(reader: _Reader, value: object) -> list[QuotaResource]:
     resources: list[QuotaResource] = []
-    allowed = {"name", "deviceClassNames", "counter"}
+    allowed = {"name", "deviceClassNames", "counter", "gpuShare"}
     for i, item in enumerate(reader.sequence(value, "spec.quota.resources")):
         path = f"spec.quota.resources[{i}]"
         fields = reader.mapping(item, path, allowed)
@@ -352,7 +352,10 @@ def _quota_resources(reader: _Reader, value: object) -> list[QuotaResource]:
         if not classes:
             reader.fail(f"{path}.deviceClassNames", "must name at least one DeviceClass")
         counter = reader.string(fields.get("counter", ""), f"{path}.counter", required=False)
-        resources.append(QuotaResource(name, classes, counter))
+        share = reader.boolean(fields.get("gpuShare", False), f"{path}.gpuShare")
+        if share and counter:
+            reader.fail(f"{path}.gpuShare", "counts a counter or GPU shares, not both")
+        resources.append(QuotaResource(name, classes, counter, share))
     return resources
 
 

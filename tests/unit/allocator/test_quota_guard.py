@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import pytest
 
+from loadtest.clusters import A100, H100, device_classes, generate
 from services.allocator.adapters.store.memory import MemoryReservationStore
 from services.allocator.adapters.store.memory_quota import MemoryQuotaLedger
 from services.allocator.app.quotas import QuotaGuard, QuotaSettings
-from services.allocator.core import SelectorCache
+from services.allocator.core import ClusterSnapshot, SelectorCache
+from services.allocator.reservations.holds import scope_of
 from services.allocator.reservations.quota_ledger import QuotaEntry
+from services.common.dra.model import AllocationResult, DeviceRequestAllocationResult
 from services.common.errors import Unavailable
 from services.common.security.quota import QuotaLimits, QuotaModel, QuotaResource, TenantQuota
 
@@ -54,3 +57,42 @@ def test_the_reconciler_drops_entries_of_reservations_gone_from_the_store() -> N
         assert ledger.take("tenant:hpc", ledger.read("tenant:hpc").version, entry, 60)
     assert guard.reconcile(store, list, lambda reservation: {}) == (1, 0)
     assert [e.id for e in ledger.read("tenant:hpc").entries] == ["ticket:under-way"]
+
+
+# --- GPU shares: one unit is one GPU on every model --------------------------------------------
+
+SHARES = QuotaResource("gpus", ("gpu.nvidia.com", "mig.nvidia.com"), gpu_share=True)
+SMS = QuotaResource("sms", ("gpu.nvidia.com", "mig.nvidia.com"), counter="multiprocessors")
+
+
+def _mig_fleet() -> ClusterSnapshot:
+    """One H100 node and one A100 node, every GPU in the DynamicMIG layout."""
+    cluster = generate(16, seed=0, mig_every=1, partly_used=False, mix=(H100, A100))
+    return ClusterSnapshot.build(cluster.slices, nodes=cluster.nodes)
+
+
+@pytest.mark.parametrize(
+    ("model", "device", "shares", "sms"),
+    [
+        pytest.param("h100", "gpu-0", 1000, 0, id="h100-whole-gpu-is-one"),
+        pytest.param("h100", "gpu-0-mig-1g10gb-19-0", 125, 0, id="h100-1g-takes-one-eighth"),
+        pytest.param("h100", "gpu-0-mig-3g40gb-9-0", 500, 0, id="h100-3g-takes-four-slices"),
+        pytest.param("h100", "gpu-0-mig-7g80gb-0-0", 1000, 0, id="h100-7g-is-the-whole-gpu"),
+        pytest.param("a100", "gpu-0", 1000, 98_000, id="a100-whole-gpu-is-one"),
+        pytest.param("a100", "gpu-0-mig-2g20gb-14-0", 250, 28_000, id="a100-2g-takes-two-slices"),
+    ],
+)
+def test_a_gpu_share_counts_the_memory_slices_a_device_takes(
+    model: str, device: str, shares: int, sms: int
+) -> None:
+    """The H100 MIG table knows no SMs for some profiles, so a `multiprocessors` quota counts
+    nothing there (sms 0); a GPU share counts the same on both models."""
+    snapshot = _mig_fleet()
+    (entry,) = (
+        e for e in snapshot.all_devices() if e.id.pool.startswith(model) and e.id.device == device
+    )
+    quotas = QuotaModel((SHARES, SMS), {"hpc": TenantQuota("hpc", "", {})})
+    guard = QuotaGuard(lambda: quotas, MemoryQuotaLedger(), device_classes, SelectorCache())
+    result = DeviceRequestAllocationResult("r", entry.id.driver, entry.id.pool, entry.id.device)
+    usage = guard.usage(snapshot, scope_of(entry), [AllocationResult((result,))])
+    assert usage == {"gpus": shares, "sms": sms}
