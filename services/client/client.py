@@ -344,6 +344,8 @@ class AllocatorClient:
                 q.left,
                 q.borrowing_limit,
                 q.lending_limit,
+                q.pending_preemptions,
+                tuple(q.pending_preemption_ids),
             )
             for q in response.tenants
         )

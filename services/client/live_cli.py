@@ -384,7 +384,17 @@ def _devices_text(reservation: Reservation, shown: int = 3) -> str:
 def _get_quotas(args: argparse.Namespace, session: Session, out: TextIO) -> int:
     with session.allocator() as allocator:
         quotas = allocator.quotas(args.names)
-    headers = ["TENANT", "RESOURCE", "COHORT", "NOMINAL", "USED", "BORROWED", "LENT", "LEFT"]
+    headers = [
+        "TENANT",
+        "RESOURCE",
+        "COHORT",
+        "NOMINAL",
+        "USED",
+        "BORROWED",
+        "LENT",
+        "LEFT",
+        "PENDING",
+    ]
     if args.output == "wide":
         headers += ["BORROWING-LIMIT", "LENDING-LIMIT"]
     rows: list[Sequence[object]] = []
@@ -398,6 +408,7 @@ def _get_quotas(args: argparse.Namespace, session: Session, out: TextIO) -> int:
             q.borrowed,
             q.lent,
             q.left,
+            q.pending_preemptions,
         ]
         if args.output == "wide":
             row += [q.borrowing_limit or "-", q.lending_limit or "-"]

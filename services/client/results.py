@@ -138,6 +138,9 @@ class TenantQuota:
     left: str
     borrowing_limit: str = ""
     lending_limit: str = ""
+    # the tenant's reservations revoked by a preemption whose holders were not told yet
+    pending_preemptions: int = 0
+    pending_preemption_ids: tuple[str, ...] = ()  # the oldest of them
 
 
 @dataclass(frozen=True)

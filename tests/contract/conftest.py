@@ -50,6 +50,8 @@ class StoreUnderTest:
     kind: str
     store: Store
     wait: Callable[[float], None]  # let this many seconds pass on the store's clock
+    # another store on the same state and clock that remembers revocations this many seconds
+    remembering: Callable[[float], Store]
 
 
 # Every contract runs on the embedded implementation and on each Redis layout.
@@ -65,14 +67,26 @@ STORE_KINDS = [
 def store_under_test(request: pytest.FixtureRequest) -> Iterator[StoreUnderTest]:
     if request.param == "memory":
         clock = FakeClock()
-        yield StoreUnderTest("memory", MemoryReservationStore(clock=clock), clock.advance)
+
+        def embedded(seconds: float) -> Store:  # its own state: the embedded store is its state
+            return MemoryReservationStore(clock=clock, preempted_memory_seconds=seconds)
+
+        yield StoreUnderTest("memory", MemoryReservationStore(clock=clock), clock.advance, embedded)
         return
     url: str = request.getfixturevalue(REDIS_URL_FIXTURES[request.param])
-    store = RedisReservationStore(url, socket_timeout=2.0)
+    stores = [RedisReservationStore(url, socket_timeout=2.0)]
+
+    def on_redis(seconds: float) -> Store:
+        stores.append(
+            RedisReservationStore(url, socket_timeout=2.0, preempted_memory_seconds=seconds)
+        )
+        return stores[-1]
+
     try:
-        yield StoreUnderTest(request.param, store, time.sleep)
+        yield StoreUnderTest(request.param, stores[0], time.sleep, on_redis)
     finally:
-        store.close()
+        for store in stores:
+            store.close()
 
 
 @pytest.fixture

@@ -18,8 +18,12 @@ import redis
 from redis.cluster import RedisCluster
 
 from services.allocator.adapters.store.redis_store import NODE_BUCKETS, RedisReservationStore
-from services.allocator.reservations.model import Reservation, ReservationState
-from services.common.errors import Unavailable
+from services.allocator.reservations.model import (
+    PendingPreemptions,
+    Reservation,
+    ReservationState,
+)
+from services.common.errors import Preempted, Unavailable
 from services.common.redis_layout import connect
 from tests.conftest import RedisServer, RedisServerFactory, RedisTopologyFactory, free_port
 from tests.contract.conftest import device, reserve_request
@@ -375,6 +379,17 @@ def test_the_documented_acl_user_runs_the_store_and_the_inventory(
         [held] = store.list()
         store.release(held.id, "alice")
         assert store.expire() == 0
+        with pytest.raises(Unavailable, match="confirmed by 0 of 1"):
+            store.reserve(reserve_request(GPU0, owner="team-a/job/1", key="p"))
+        [victim] = store.list()
+        with pytest.raises(Unavailable, match="confirmed by 0 of 1"):  # revoked on the primary
+            store.revoke(victim.id, victim.fencing_token, by="team-b/job/2")
+        assert store.pending_preemptions(["team-a"]) == {
+            "team-a": PendingPreemptions(1, (victim.id,))
+        }
+        with pytest.raises(Preempted):
+            store.renew(victim.id, victim.owner, 30)
+        assert store.pending_preemptions(["team-a"]) == {"team-a": PendingPreemptions()}
     finally:
         store.close()
     service = busy_service(RedisInventoryRepository(url))

@@ -15,6 +15,7 @@ import pytest
 
 from services.allocator.reservations.model import (
     LimitedUse,
+    PendingPreemptions,
     Reservation,
     ReservationEvent,
     ReservationState,
@@ -41,6 +42,7 @@ from services.common.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
+    Preempted,
 )
 from tests.contract.conftest import (
     PAST_SHORT_LEASE,
@@ -378,6 +380,98 @@ def test_revoke_frees_and_later_changes_say_who_preempted(store: Store, op: str)
             store.release(reservation.id, "alice")
     with pytest.raises(NotFound):
         store.revoke(reservation.id, reservation.fencing_token, by="again")
+
+
+# --- pending preemptions: revoked, the holder not told yet -----------------------------------
+
+# After team-a/alice's reservation was revoked: the calls made (each with the error it answers)
+# and how many revocations are then pending for team-a.
+PENDING_CASES = [
+    pytest.param([], 1, id="revoked-is-pending"),
+    pytest.param([(lambda s, r: s.renew(r.id, r.owner, 30), Preempted)], 0,
+                 id="the-owners-renew-tells-it"),
+    pytest.param([(lambda s, r: s.commit(r.id, r.owner), Preempted)], 0,
+                 id="the-owners-commit-tells-it"),
+    pytest.param([(lambda s, r: s.release(r.id, r.owner, r.fencing_token), Preempted)], 0,
+                 id="the-owners-release-tells-it"),
+    pytest.param([(lambda s, r: s.renew(r.id, r.owner, 30), Preempted)] * 2, 0,
+                 id="told-twice-stays-told"),
+    pytest.param([(lambda s, r: s.renew(r.id, "team-a/bob", 30), Preempted)], 1,
+                 id="another-owner-of-the-tenant-does-not-tell-it"),
+    pytest.param([(lambda s, r: s.commit(r.id, "team-b/eve"), Preempted)], 1,
+                 id="another-tenants-owner-does-not-tell-it"),
+    pytest.param([(lambda s, r: s.get(r.id), NotFound)], 1, id="a-read-does-not-tell-it"),
+    pytest.param([(lambda s, r: s.revoke(r.id, r.fencing_token, "x"), NotFound)], 1,
+                 id="a-second-revoke-changes-nothing"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("calls", "pending"), PENDING_CASES)
+def test_a_revocation_is_pending_until_its_owner_is_told(
+    store: Store, calls: list[tuple[Call, type[Exception]]], pending: int
+) -> None:
+    victim = store.reserve(reserve_request(GPU0, owner="team-a/alice"))
+    kept = store.reserve(reserve_request(GPU1, owner="team-a/carol"))  # live: never pending
+    store.revoke(victim.id, victim.fencing_token, by="team-b/job/9")
+
+    for call, error in calls:
+        with pytest.raises(error):
+            call(store, victim)
+
+    assert store.pending_preemptions(["team-a", "team-b"]) == {
+        "team-a": PendingPreemptions(pending, (victim.id,) * pending),
+        "team-b": PendingPreemptions(),
+    }
+    assert store.get(kept.id) == kept
+
+
+def test_pending_revocations_count_per_tenant_across_nodes(
+    store_under_test: StoreUnderTest,
+) -> None:
+    """The tenant is the owner's part before the first `/` (all of it without one); the
+    counts add up over nodes (on Redis Cluster: over slots on every shard); the ids shown are
+    the oldest first, at most `max_ids`."""
+    store = store_under_test.store
+    owners = ["team-a/job/1", "tools", "team-a/job/2", "team-b/slurm/job/3", "team-a/job/4"]
+    revoked = []
+    for index, owner in enumerate(owners):
+        node = f"node-{index % 3 + 1}"
+        held = store.reserve(reserve_request(device(f"gpu-{index}", node), owner=owner, node=node))
+        store.revoke(held.id, held.fencing_token, by="hpc/urgent")
+        revoked.append(held)
+        store_under_test.wait(0.01)  # distinct revocation times: "oldest first" is defined
+    stale = store.reserve(
+        reserve_request(device("gpu-9", "node-2"), owner="team-b/x", node="node-2")
+    )
+    with pytest.raises(FailedPrecondition, match="stale"):
+        store.revoke(stale.id, stale.fencing_token + 1, by="hpc/urgent")  # revokes nothing
+    with pytest.raises(Preempted):
+        store.renew(revoked[2].id, "team-a/job/2", 30)  # its owner is told
+
+    shown = store.pending_preemptions(["team-a", "tools", "team-b", "team-a/job", "hpc"], 1)
+    assert shown == {
+        "team-a": PendingPreemptions(2, (revoked[0].id,)),
+        "tools": PendingPreemptions(1, (revoked[1].id,)),
+        "team-b": PendingPreemptions(1, (revoked[3].id,)),
+        "team-a/job": PendingPreemptions(),
+        "hpc": PendingPreemptions(),  # the preemptor's tenant loses nothing
+    }
+    assert store.pending_preemptions(["team-a"])["team-a"].ids == (revoked[0].id, revoked[4].id)
+    assert store.pending_preemptions(["team-a"], 0) == {"team-a": PendingPreemptions(2)}
+    assert store.pending_preemptions([]) == {}
+
+
+def test_a_pending_revocation_ends_with_its_memory(store_under_test: StoreUnderTest) -> None:
+    store = store_under_test.remembering(SHORT_LEASE)
+    victim = store.reserve(reserve_request(GPU0, owner="team-a/alice"))
+    store.revoke(victim.id, victim.fencing_token, by="team-b/job/9")
+    assert store.pending_preemptions(["team-a"]) == {"team-a": PendingPreemptions(1, (victim.id,))}
+
+    store_under_test.wait(PAST_SHORT_LEASE)
+
+    assert store.pending_preemptions(["team-a"]) == {"team-a": PendingPreemptions()}
+    with pytest.raises(NotFound):  # forgotten: neither preempted nor pending
+        store.renew(victim.id, victim.owner, 30)
 
 
 # --- fencing ----------------------------------------------------------------------------------

@@ -417,6 +417,25 @@ def _release_everything(fleet: SecuredFleet) -> None:
         admin.Release(pb.ReleaseRequest(reservation_id=reservation.id), timeout=10)
 
 
+LIMITED = ("hpc", "team-a", "team-b")  # the tenants with quotas: QuotaStatus has their rows
+
+
+def _pending(fleet: SecuredFleet) -> dict[str, int]:
+    """Per limited tenant, its pending preemptions as QuotaStatus shows them to an admin (the
+    same on each of the tenant's rows)."""
+    counts: dict[str, set[int]] = {}
+    for (tenant, _), row in status(stub(fleet, "admin")).items():
+        counts.setdefault(tenant, set()).add(row.pending_preemptions)
+    assert all(len(found) == 1 for found in counts.values()), counts
+    return {tenant: found.pop() for tenant, found in sorted(counts.items())}
+
+
+def _renew_as_holder(fleet: SecuredFleet, tenant: str, held: pb.Reservation) -> None:
+    """Renew `held` as its tenant's scheduler does for its owner: the holder's own call."""
+    request = pb.RenewRequest(reservation_id=held.id, owner=held.owner)
+    stub(fleet, WHO[tenant]).Renew(request, timeout=10)
+
+
 @pytest.mark.parametrize(
     ("holdings", "preemptor", "revoked", "reasons"),
     [pytest.param(*case[1:], id=case[0]) for case in PREEMPTION_CASES],
@@ -430,12 +449,14 @@ def test_preemption_table(
 ) -> None:
     _release_everything(fleet)
     try:
-        owners = {}
+        owners, held, tenant_of = {}, {}, {}
         for tenant, name, priority, node in holdings:
             owner = f"{OWNER_PREFIX[tenant]}/{name}"
             made = reserve(stub(fleet, WHO[tenant]), 1, owner=owner, priority=priority, node=node)
             assert made.outcome == pb.OUTCOME_ALLOCATED, name
-            owners[name] = made.reservations[0].owner
+            held[name] = made.reservations[0]
+            owners[name] = held[name].owner
+            tenant_of[name] = tenant
         tenant, count, priority, node = preemptor
         caller = stub(fleet, WHO[tenant])
         owner = f"{OWNER_PREFIX[tenant]}/preemptor"
@@ -450,11 +471,19 @@ def test_preemption_table(
         if not revoked:
             assert done.outcome != pb.OUTCOME_ALLOCATED and not done.preemption.victims
             assert not gone
+            assert _pending(fleet) == dict.fromkeys(LIMITED, 0)
             return
         assert done.outcome == pb.OUTCOME_ALLOCATED, done
         assert gone == set(revoked)
         assert [v.reason for v in done.preemption.victims] == reasons
         assert f"{tenant}/{owner}" in left
+        victims = Counter(tenant_of[name] for name in revoked)
+        assert _pending(fleet) == {t: victims[t] for t in LIMITED}  # tools has no quota rows
+        for name in revoked:  # each holder renews and hears of it: no longer pending
+            with pytest.raises(grpc.RpcError) as caught:
+                _renew_as_holder(fleet, tenant_of[name], held[name])
+            assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert _pending(fleet) == dict.fromkeys(LIMITED, 0)
     finally:
         _release_everything(fleet)
 
@@ -474,6 +503,60 @@ def test_a_preempted_holder_learns_who_preempted_it(fleet: SecuredFleet) -> None
         assert status(hpc)["hpc", "gpus"].used == "2"  # the victim's quota went with it
     finally:
         _release_everything(fleet)
+
+
+def test_quota_status_shows_a_preemption_pending_until_its_holder_hears_of_it(
+    fleet: SecuredFleet, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Revoked, the victim's job may still run: QuotaStatus (and `gpualloc get quotas`) shows
+    it pending for the victim's tenant until the holder's own Renew answers 'preempted'."""
+    _release_everything(fleet)
+    hpc, a = stub(fleet, "slurm-bridge"), stub(fleet, "scheduler-a")
+    try:
+        assert _pending(fleet) == {"hpc": 0, "team-a": 0, "team-b": 0}
+        victim = reserve(hpc, 2, owner="slurm/job/low", priority="low").reservations[0]
+        taken = reserve(hpc, 2, owner="slurm/job/urgent", priority="high", preempt=True)
+        assert [v.holder.reservation_id for v in taken.preemption.victims] == [victim.id]
+
+        assert _pending(fleet) == {"hpc": 1, "team-a": 0, "team-b": 0}
+        own = status(hpc)  # the tenant sees its own, with the victim's id
+        assert [(r.pending_preemptions, list(r.pending_preemption_ids)) for r in own.values()] == [
+            (1, [victim.id]),
+            (1, [victim.id]),
+        ]
+        assert [line.split()[-1] for line in _get_quotas(fleet, "slurm-bridge", capsys)] == [
+            "PENDING",
+            "1",
+            "1",
+        ]
+        with pytest.raises(grpc.RpcError):  # another tenant's call tells nobody
+            a.Renew(pb.RenewRequest(reservation_id=victim.id), timeout=10)
+        assert _pending(fleet)["hpc"] == 1
+
+        with pytest.raises(grpc.RpcError) as caught:
+            hpc.Renew(
+                pb.RenewRequest(
+                    reservation_id=victim.id, owner=victim.owner, fencing_token=victim.fencing_token
+                ),
+                timeout=10,
+            )
+        assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "was preempted by hpc/slurm/job/urgent" in str(caught.value.details())
+
+        assert _pending(fleet) == {"hpc": 0, "team-a": 0, "team-b": 0}
+        assert [list(r.pending_preemption_ids) for r in status(hpc).values()] == [[], []]
+    finally:
+        _release_everything(fleet)
+
+
+def _get_quotas(fleet: SecuredFleet, who: str, capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """`gpualloc get quotas` as `who` (mTLS): the table's lines."""
+    certs = fleet.directory / who
+    argv = ["get", "quotas", "-s", f"127.0.0.1:{fleet.mtls_port}"]
+    argv += ["--tls-ca", str(fleet.directory / "ca.crt")]
+    argv += ["--tls-cert", str(certs / "tls.crt"), "--tls-key", str(certs / "tls.key")]
+    assert gpualloc_cli.main(argv) == 0
+    return capsys.readouterr().out.splitlines()
 
 
 def test_explain_proposes_without_revoking(fleet: SecuredFleet) -> None:
@@ -529,21 +612,7 @@ def test_gpualloc_get_quotas_shows_a_tenant_its_quotas(
     _release_everything(fleet)
     held = [reserve(stub(fleet, "slurm-bridge"), 1, owner="slurm/job/cli")]
     try:
-        certs = fleet.directory / "slurm-bridge"
-        argv = [
-            "get",
-            "quotas",
-            "-s",
-            f"127.0.0.1:{fleet.mtls_port}",
-            "--tls-ca",
-            str(fleet.directory / "ca.crt"),
-            "--tls-cert",
-            str(certs / "tls.crt"),
-            "--tls-key",
-            str(certs / "tls.key"),
-        ]
-        assert gpualloc_cli.main(argv) == 0
-        lines = capsys.readouterr().out.splitlines()
+        lines = _get_quotas(fleet, "slurm-bridge", capsys)
         assert lines[0].split() == [
             "TENANT",
             "RESOURCE",
@@ -553,10 +622,11 @@ def test_gpualloc_get_quotas_shows_a_tenant_its_quotas(
             "BORROWED",
             "LENT",
             "LEFT",
+            "PENDING",
         ]
         assert [line.split() for line in lines[1:]] == [
-            ["hpc", "gpus", "-", "2", "1", "0", "0", "1"],
-            ["hpc", "mig-memory", "-", "0", "0", "0", "0", "0"],
+            ["hpc", "gpus", "-", "2", "1", "0", "0", "1", "0"],
+            ["hpc", "mig-memory", "-", "0", "0", "0", "0", "0", "0"],
         ]
     finally:
         release_all(stub(fleet, "slurm-bridge"), held)

@@ -2037,6 +2037,8 @@ class TenantQuotaStatus(_message.Message):
     LEFT_FIELD_NUMBER: _builtins.int
     BORROWING_LIMIT_FIELD_NUMBER: _builtins.int
     LENDING_LIMIT_FIELD_NUMBER: _builtins.int
+    PENDING_PREEMPTIONS_FIELD_NUMBER: _builtins.int
+    PENDING_PREEMPTION_IDS_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     """The tenant."""
     resource: _builtins.str
@@ -2057,6 +2059,17 @@ class TenantQuotaStatus(_message.Message):
     """The borrowing limit; empty when only the cohort limits borrowing."""
     lending_limit: _builtins.str
     """The lending limit; empty when all of nominal may be lent."""
+    pending_preemptions: _builtins.int
+    """How many of the tenant's reservations a preemption revoked whose holders have not been
+    told yet (no Commit, Renew or Release by the reservation's owner answered
+    FAILED_PRECONDITION "preempted by" since; their jobs may still run on the GPUs), within
+    the day a revocation is remembered. Per tenant: the same on each of its rows. Set by
+    QuotaStatus only (0 in Capacity's rows).
+    """
+    @_builtins.property
+    def pending_preemption_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The ids of the oldest of them, at most 20, oldest first."""
+
     def __init__(
         self,
         *,
@@ -2070,10 +2083,12 @@ class TenantQuotaStatus(_message.Message):
         left: _builtins.str = ...,
         borrowing_limit: _builtins.str = ...,
         lending_limit: _builtins.str = ...,
+        pending_preemptions: _builtins.int = ...,
+        pending_preemption_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["borrowed", b"borrowed", "borrowing_limit", b"borrowing_limit", "cohort", b"cohort", "left", b"left", "lending_limit", b"lending_limit", "lent", b"lent", "nominal", b"nominal", "resource", b"resource", "tenant", b"tenant", "used", b"used"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["borrowed", b"borrowed", "borrowing_limit", b"borrowing_limit", "cohort", b"cohort", "left", b"left", "lending_limit", b"lending_limit", "lent", b"lent", "nominal", b"nominal", "pending_preemption_ids", b"pending_preemption_ids", "pending_preemptions", b"pending_preemptions", "resource", b"resource", "tenant", b"tenant", "used", b"used"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

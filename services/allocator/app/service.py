@@ -360,9 +360,9 @@ class AllocatorService:
     ) -> Reservation:
         seconds = self._lease_seconds(lease_seconds, "lease_ttl")
         deadline.check("renew")
-        if fencing_token:
-            current = self.store.get(reservation_id)
-            _check_fence(current, owner, fencing_token)
+        if fencing_token:  # gone: the store's renew below says how (expired, preempted)
+            with contextlib.suppress(NotFound):
+                _check_fence(self.store.get(reservation_id), owner, fencing_token)
         if self.quotas is not None:  # the ledger first: its entry must outlive the lease
             self.quotas.renewing(reservation_id, owner, seconds)
         reservation = self.store.renew(reservation_id, owner, seconds)
@@ -401,11 +401,23 @@ class AllocatorService:
         return self.quotas.usage(current.snapshot, reservation.node, reservation.allocations)
 
     def quota_status(self, tenants: Sequence[str] = ()) -> tuple[list[TenantStatus], bool]:
-        """Each tenant's standing (those given, else every tenant with quotas) and whether
+        """Each tenant's standing (those given, else every tenant with quotas), with its
+        pending preemptions (revoked, the holder not told yet: the store's count), and whether
         quotas are enforced."""
         if self.quotas is None or not self.quotas.model.enabled:
             return [], False
-        return self.quotas.status(tenants), True
+        rows = self.quotas.status(tenants)
+        pending = self.store.pending_preemptions(sorted({row.tenant for row in rows}))
+        return [
+            replace(
+                row,
+                pending_preemptions=pending[row.tenant].count,
+                pending_preemption_ids=pending[row.tenant].ids,
+            )
+            if row.tenant in pending
+            else row
+            for row in rows
+        ], True
 
     def _known(self, reservation_id: str) -> Reservation | None:
         """The reservation as this allocator last saw it, else as the store has it; None when

@@ -54,7 +54,9 @@ __all__ = [
     "device_conflict_key",
     "milli",
     "NODE_SEPARATOR",
+    "PENDING_IDS_SHOWN",
     "PREEMPTED_MEMORY_SECONDS",
+    "PendingPreemptions",
     "Preempted",
     "new_reservation_id",
     "node_reservation_id",
@@ -131,6 +133,18 @@ class Reservation:
     redacted: bool = False  # another tenant's, as a caller may see it (app/tenancy.py)
 
 
+PENDING_IDS_SHOWN = 20  # ids of pending revocations a read returns per tenant, at most
+
+
+@dataclass(frozen=True)
+class PendingPreemptions:
+    """A tenant's reservations revoked by a preemption whose holders have not been told yet
+    (their jobs may still run on the GPUs): how many, and the oldest ones' ids."""
+
+    count: int = 0
+    ids: tuple[str, ...] = ()
+
+
 class Subscription(Protocol):
     def close(self) -> None:
         """Stop the deliveries."""
@@ -171,7 +185,18 @@ class ReservationStore(Protocol):
     def revoke(self, reservation_id: str, fencing_token: int, by: str) -> None:
         """Free a reservation for a preemption, whoever owns it, if its fencing token is still
         `fencing_token` (else FailedPrecondition: it changed hands since it was chosen). For a
-        day after, commit/renew/release of it answer FailedPrecondition naming `by`."""
+        day after, commit/renew/release of it answer FailedPrecondition naming `by`. In the
+        same atomic step the revocation becomes *pending* for the owner's tenant: until the
+        owner itself is answered 'preempted' (by commit, renew or release with that owner), or
+        the day is over."""
+        ...
+
+    def pending_preemptions(
+        self, tenants: Sequence[str], max_ids: int = PENDING_IDS_SHOWN
+    ) -> dict[str, PendingPreemptions]:
+        """Per tenant asked (tenant_of_owner of the victim's owner), its pending revocations:
+        how many, and the ids of the oldest `max_ids` (oldest first, then by id). Every tenant
+        asked has an entry."""
         ...
 
     def get(self, reservation_id: str) -> Reservation: ...

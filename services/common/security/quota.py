@@ -161,6 +161,9 @@ class TenantStatus:
     borrowing_limit: int | None
     lending_limit: int | None
     binary: bool = False
+    # per tenant, the same on each of its rows: revoked by a preemption, the holder not told yet
+    pending_preemptions: int = 0
+    pending_preemption_ids: tuple[str, ...] = ()  # the oldest of them
 
 
 def cohort_key(quota: TenantQuota) -> str:

@@ -459,6 +459,8 @@ def quota_status_response(rows: Sequence[TenantStatus], enabled: bool) -> pb.Quo
                 left=quantity_text(row.left, row.binary),
                 borrowing_limit=limit(row.borrowing_limit, row.binary),
                 lending_limit=limit(row.lending_limit, row.binary),
+                pending_preemptions=row.pending_preemptions,
+                pending_preemption_ids=row.pending_preemption_ids,
             )
             for row in rows
         ],

@@ -8,6 +8,10 @@ by expiry, entries made stale by commit/renew/release are skipped), so an expire
 blocks a reserve and is never returned by a read. Holds are scoped to the reservation's node, as
 in Redis where one node's keys share a hash slot: `device:<driver/pool/device>` and every limited
 use key are taken per node.
+
+A revocation (`revoke`) is remembered for `preempted_memory_seconds`: who preempted the id, and,
+until its owner is answered 'preempted', that it is *pending* for the owner's tenant
+(`pending_preemptions`).
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from services.allocator.reservations.model import (
+    PENDING_IDS_SHOWN,
     PREEMPTED_MEMORY_SECONDS,
     DeviceTaken,
     Hold,
+    PendingPreemptions,
     Reservation,
     ReservationEvent,
     ReservationEventOp,
@@ -43,6 +49,7 @@ from services.common.errors import (
     PermissionDenied,
     clip,
 )
+from services.common.security.principal import tenant_of_owner
 
 __all__ = ["MemoryReservationStore", "MemorySubscription"]
 
@@ -81,8 +88,10 @@ class MemoryReservationStore:
         self,
         clock: Callable[[], float] = time.time,
         id_factory: Callable[[], str] = new_reservation_id,
+        preempted_memory_seconds: float = PREEMPTED_MEMORY_SECONDS,
     ) -> None:
         self._clock = clock
+        self._memory_seconds = preempted_memory_seconds
         self._id_factory = id_factory
         self._lock = threading.Lock()
         self._reservations: dict[str, Reservation] = {}
@@ -92,6 +101,7 @@ class MemoryReservationStore:
         self._callbacks: list[EventCallback] = []
         self._pending: list[ReservationEvent] = []
         self._preempted: dict[str, tuple[str, float]] = {}  # id -> (by whom, until)
+        self._untold: dict[str, tuple[str, float]] = {}  # id -> (its owner, until): pending
 
     # --- the port ------------------------------------------------------------------------
 
@@ -270,15 +280,36 @@ class MemoryReservationStore:
                     f"(current {current.fencing_token})"
                 )
             self._free(current, ReservationEventOp.RELEASE)
-            self._preempted[reservation_id] = (by, now + PREEMPTED_MEMORY_SECONDS)
+            until = now + self._memory_seconds
+            self._preempted[reservation_id] = (by, until)
             self._preempted = {k: v for k, v in self._preempted.items() if v[1] > now}
+            self._untold[reservation_id] = (current.owner, until)
+            self._untold = {k: v for k, v in self._untold.items() if v[1] > now}
         self._deliver()
+
+    def pending_preemptions(
+        self, tenants: Sequence[str], max_ids: int = PENDING_IDS_SHOWN
+    ) -> dict[str, PendingPreemptions]:
+        with self._lock:
+            now = self._clock()
+            found: dict[str, list[tuple[float, str]]] = {tenant: [] for tenant in tenants}
+            for reservation_id, (owner, until) in self._untold.items():
+                ids = found.get(tenant_of_owner(owner))
+                if ids is not None and until > now:
+                    ids.append((until, reservation_id))
+        shown = max(0, max_ids)
+        return {
+            tenant: PendingPreemptions(len(ids), tuple(i for _, i in sorted(ids)[:shown]))
+            for tenant, ids in found.items()
+        }
 
     def _owned(self, reservation_id: str, owner: str, fencing_token: int) -> Reservation:
         reservation = self._reservations.get(reservation_id)
         if reservation is None:
             preempted = self._preempted.get(reservation_id)
             if preempted is not None and preempted[1] > self._clock():
+                if self._untold.get(reservation_id, ("", 0.0))[0] == owner:
+                    del self._untold[reservation_id]  # its holder is told now: not pending
                 raise preempted_error(reservation_id, preempted[0])
             raise NotFound(f"reservation {clip(reservation_id)} not found (released or expired)")
         if reservation.owner != owner:

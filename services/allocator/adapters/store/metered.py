@@ -15,6 +15,8 @@ from typing import TypeVar
 
 from services.allocator.app.telemetry import AllocatorMetrics
 from services.allocator.reservations.model import (
+    PENDING_IDS_SHOWN,
+    PendingPreemptions,
     Reservation,
     ReservationEvent,
     ReservationStore,
@@ -75,6 +77,11 @@ class MeteredStore:
 
     def revoke(self, reservation_id: str, fencing_token: int, by: str) -> None:
         self._timed("revoke", lambda: self.inner.revoke(reservation_id, fencing_token, by))
+
+    def pending_preemptions(
+        self, tenants: Sequence[str], max_ids: int = PENDING_IDS_SHOWN
+    ) -> dict[str, PendingPreemptions]:
+        return self._timed("pending", lambda: self.inner.pending_preemptions(tenants, max_ids))
 
     def get(self, reservation_id: str) -> Reservation:
         return self._timed("get", lambda: self.inner.get(reservation_id))

@@ -11,6 +11,10 @@ Per node, with base = "<prefix>:{<node>}:":
   base..'ids'        SET   every live id of the node
   base..'fence'      STRING  the node's last fencing token (INCR per grant, seeded by TIME)
   base..'idem'       HASH  JSON [owner, idempotency key] -> id
+  base..'preempted:'..id      STRING  who preempted revoked id (expires with the memory, PX)
+  base..'pending-owner:'..id  STRING  its owner, until that owner is answered 'preempted' (PX)
+  base..'pending:'..tenant    ZSET  the tenant's revoked ids not told yet, scored by the end
+                                    of their memory (ms); pruned by the next revoke there
 
 Times come from TIME (milliseconds), never from the client. A lease is live while expires > now.
 Every step first frees the node's leases that are due, so expired holds never block.
@@ -73,6 +77,12 @@ local function is_live(fields, now)
   return expires == '' or tonumber(expires) > now
 end
 
+-- The tenant of an owner: the part before the first '/' (all of it without one), as
+-- services/common/security/principal.py tenant_of_owner says.
+local function tenant_of(owner)
+  return string.match(owner, '^[^/]*')
+end
+
 local function hash_table(flat)
   local t = {}
   for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
@@ -84,7 +94,14 @@ local function owned(ctx, id, owner, fence)
   local r = redis.call('HMGET', ctx.base .. 'res:' .. id, 'owner', 'fence', 'state')
   if not r[1] then
     local by = redis.call('GET', ctx.base .. 'preempted:' .. id)
-    if by then return nil, {'preempted', by} end
+    if by then
+      local untold = ctx.base .. 'pending-owner:' .. id
+      if redis.call('GET', untold) == owner then  -- its holder is told now: no longer pending
+        redis.call('ZREM', ctx.base .. 'pending:' .. tenant_of(owner), id)
+        redis.call('DEL', untold)
+      end
+      return nil, {'preempted', by}
+    end
     return nil, {'notfound'}
   end
   if r[1] ~= owner then return nil, {'denied'} end
@@ -207,17 +224,24 @@ local function release(keys, args)
 end
 
 -- A preemption: free id whoever owns it, if its token is still fence, and remember for ttl_ms
--- who preempted it (commit/renew/release then answer 'preempted').
+-- who preempted it (commit/renew/release then answer 'preempted') and, until its owner is
+-- answered so, that it is pending for the owner's tenant.
 -- ARGV: base node channel id fence by ttl_ms -> {'ok', expired} | {error..., expired}
 local function revoke(keys, args)
   local ctx = context(args)
-  local id, fence, by = args[4], tonumber(args[5]), args[6]
-  local expired = expire_due(ctx, now_ms())
-  local current = redis.call('HGET', ctx.base .. 'res:' .. id, 'fence')
+  local id, fence, by, ttl = args[4], tonumber(args[5]), args[6], args[7]
+  local now = now_ms()
+  local expired = expire_due(ctx, now)
+  local r = redis.call('HMGET', ctx.base .. 'res:' .. id, 'fence', 'owner')
+  local current, owner = r[1], r[2]
   if not current then return {'notfound', expired} end
   if tonumber(current) ~= fence then return {'fence', current, expired} end
   free(ctx, id)
-  redis.call('SET', ctx.base .. 'preempted:' .. id, by, 'PX', args[7])
+  redis.call('SET', ctx.base .. 'preempted:' .. id, by, 'PX', ttl)
+  redis.call('SET', ctx.base .. 'pending-owner:' .. id, owner, 'PX', ttl)
+  local pending = ctx.base .. 'pending:' .. tenant_of(owner)
+  redis.call('ZREMRANGEBYSCORE', pending, '-inf', string.format('%d', now))
+  redis.call('ZADD', pending, string.format('%d', now + tonumber(ttl)), id)
   publish(ctx, 'release', id, current)
   return {'ok', expired}
 end
@@ -235,6 +259,24 @@ local function get(keys, args)
   for i = 4, #args do
     local fields = redis.call('HGETALL', ctx.base .. 'res:' .. args[i])
     if #fields > 0 and is_live(hash_table(fields), now) then table.insert(found, fields) end
+  end
+  return found
+end
+
+-- Read-only. KEYS: the node's pending:<tenant> sets; ARGV: base node channel max_ids
+-- -> per key {count, {id, score, ...}}: the revocations still remembered and not told, with the
+-- oldest max_ids ids and their scores (O(log n) per key, plus the ids returned).
+local function pending(keys, args)
+  local now = string.format('(%d', now_ms())
+  local shown = tonumber(args[4])
+  local found = {}
+  for i, key in ipairs(keys) do
+    local count = redis.call('ZCOUNT', key, now, '+inf')
+    local ids = {}
+    if count > 0 and shown > 0 then
+      ids = redis.call('ZRANGEBYSCORE', key, now, '+inf', 'WITHSCORES', 'LIMIT', 0, shown)
+    end
+    found[i] = {count, ids}
   end
   return found
 end
@@ -350,5 +392,7 @@ redis.register_function{function_name = 'gpualloc_quota_read', callback = quota_
   flags = {'no-writes'}}
 redis.register_function{function_name = 'gpualloc_get', callback = get, flags = {'no-writes'}}
 redis.register_function{function_name = 'gpualloc_list', callback = list, flags = {'no-writes'}}
+redis.register_function{function_name = 'gpualloc_pending', callback = pending,
+  flags = {'no-writes'}}
 redis.register_function{function_name = 'gpualloc_version', callback = version,
   flags = {'no-writes'}}

@@ -45,10 +45,12 @@ from redis.exceptions import AskError, MovedError
 from services.allocator.adapters.store.reservation_codec import allocation_from_dict
 from services.allocator.reservations.model import (
     NODE_SEPARATOR,
+    PENDING_IDS_SHOWN,
     PREEMPTED_MEMORY_SECONDS,
     DeviceTaken,
     Hold,
     LimitedUse,
+    PendingPreemptions,
     Reservation,
     ReservationEvent,
     ReservationEventOp,
@@ -114,7 +116,8 @@ class RedisReservationStore:
     `id_factory` mints the part of an id before `@<node>` (it must not contain `@`).
     `wait_replicas` > 0: a reserve or commit is acknowledged only once `WAIT wait_replicas
     wait_timeout` confirms that many replicas have it, else the call fails UNAVAILABLE (the
-    step itself happened on the primary: retry it, with the idempotency key for a reserve)."""
+    step itself happened on the primary: retry it, with the idempotency key for a reserve).
+    `preempted_memory_seconds`: how long a revocation is remembered (who preempted, pending)."""
 
     def __init__(
         self,
@@ -130,6 +133,7 @@ class RedisReservationStore:
         id_factory: Callable[[], str] = new_reservation_id,
         wait_replicas: int = 0,
         wait_timeout: float = 0.5,
+        preempted_memory_seconds: float = PREEMPTED_MEMORY_SECONDS,
     ) -> None:
         if isinstance(client_or_url, str):
             self._client: RedisClient = connect(
@@ -151,6 +155,7 @@ class RedisReservationStore:
         self._id_factory = id_factory
         self._wait_replicas = wait_replicas
         self._wait_ms = wait_ms
+        self._memory_ms = max(1, math.ceil(preempted_memory_seconds * 1000))
         self._index_key = f"{key_prefix}:reservations"
         self._legacy_nodes_key = f"{key_prefix}:nodes"
         self.channel = f"{key_prefix}:events"
@@ -251,10 +256,44 @@ class RedisReservationStore:
 
     def revoke(self, reservation_id: str, fencing_token: int, by: str) -> None:
         node = self._node_of(reservation_id)
-        ttl = str(int(PREEMPTED_MEMORY_SECONDS * 1000))
+        ttl = str(self._memory_ms)
         args = [*self._context(node), reservation_id, str(fencing_token), by, ttl]
         self._mutate("gpualloc_revoke", node, reservation_id, args, wait=True)
         self._unindex([reservation_id])
+
+    def pending_preemptions(
+        self, tenants: Sequence[str], max_ids: int = PENDING_IDS_SHOWN
+    ) -> dict[str, PendingPreemptions]:
+        """Every node's `pending:<tenant>` sets (the nodes index, then a pipeline per shard, as
+        `list` walks): one read-only step per node, O(log n) per tenant plus the ids shown; the
+        counts are summed and the oldest `max_ids` ids kept. Any shard that cannot answer
+        fails the call."""
+        wanted = list(dict.fromkeys(tenants))
+        if not wanted:
+            return {}
+        nodes = self._attempt(lambda: self._read_nodes(), retry=True)
+        shown = max(0, max_ids)
+        calls = [
+            ([self._base(n) + "pending:" + t for t in wanted], [*self._context(n), str(shown)])
+            for n in nodes
+        ]
+        replies, _ = self._attempt(
+            lambda: self._fanout("gpualloc_pending", calls, False), retry=True
+        )
+        counts = dict.fromkeys(wanted, 0)
+        oldest: dict[str, builtins.list[tuple[int, str]]] = {t: [] for t in wanted}
+        for reply in replies:
+            for tenant, (count, flat) in zip(wanted, reply, strict=True):
+                counts[tenant] += int(count)
+                oldest[tenant] += [
+                    (int(float(_text(flat[i + 1]))), _text(flat[i])) for i in range(0, len(flat), 2)
+                ]
+        return {
+            tenant: PendingPreemptions(
+                counts[tenant], tuple(i for _, i in sorted(oldest[tenant])[:shown])
+            )
+            for tenant in wanted
+        }
 
     def get(self, reservation_id: str) -> Reservation:
         node = self._node_of(reservation_id)
@@ -447,7 +486,7 @@ class RedisReservationStore:
         `wait`: acknowledged after WAIT (when configured)."""
         base = self._base(node)
         keys = [base + "res:" + reservation_id, base + "leases", base + "ids", base + "idem"]
-        keys.append(base + "preempted:" + reservation_id)
+        keys += [base + "preempted:" + reservation_id, base + "pending-owner:" + reservation_id]
         reply = self._attempt(lambda: self._write(function, keys, args, wait=wait), retry=False)
         status = _text(reply[0])
         self._unindex(reply[-1])
@@ -708,7 +747,9 @@ class RedisReservationStore:
         )
 
 
-_READ_ONLY = frozenset({"gpualloc_get", "gpualloc_list", "gpualloc_version", "gpualloc_quota_read"})
+_READ_ONLY = frozenset(
+    {"gpualloc_get", "gpualloc_list", "gpualloc_pending", "gpualloc_version", "gpualloc_quota_read"}
+)
 
 
 @dataclass
