@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from services.bridges.slurm.request import gpu_ids_from_job_details
+from services.bridges.slurm.sync import HOLDER_NAME
 from services.client import AllocatorClient, ReservationState
 from services.client.inventory import InventoryClient
 from services.client.specs import RequestSpec, build_claim
@@ -107,6 +108,34 @@ def held_devices(slurm: SlurmCluster, job_id: str) -> list[str]:
     # leased, not committed: `sync` renews it while the job runs (test_sync.py)
     assert held.state is ReservationState.RESERVED and held.node_name == NODE
     return sorted(d.device for d in held.devices)
+
+
+HOLDERS_WAIT_SECONDS = 30.0
+
+
+def holder_jobs(slurm: SlurmCluster) -> dict[str, tuple[int, ...]]:
+    """Running holder job (`gpualloc-slurm sync`'s) -> the GPU ids Slurm gave it on NODE."""
+    listed = slurm.run("squeue", "-h", "-n", HOLDER_NAME, "-o", "%A %T").stdout.split("\n")
+    found = {}
+    for line in filter(None, listed):
+        job_id, state = line.split()
+        picked = gpu_ids_from_job_details(slurm.job_details(job_id)) if state == "RUNNING" else {}
+        found[job_id] = picked.get(NODE, ())
+    return found
+
+
+def wait_for_holders(slurm: SlurmCluster, wanted: list[int]) -> dict[str, tuple[int, ...]]:
+    """The holder jobs once exactly `wanted` are held, one kept holder each (sync writes a
+    kept holder's Comment; a stray is about to be cancelled)."""
+    deadline = time.monotonic() + HOLDERS_WAIT_SECONDS
+    while True:
+        found = holder_jobs(slurm)
+        held = sorted(i for ids in found.values() for i in ids)
+        kept = all(slurm.job(j).get("Comment", "").startswith("gpualloc: gpu-") for j in found)
+        if held == wanted and len(found) == len(wanted) and kept:
+            return found
+        assert time.monotonic() < deadline, f"holders {found}, not {wanted}\n{slurm.log_tail()}"
+        time.sleep(0.2)
 
 
 def hold_for_another_owner(slurm: SlurmCluster, count: int, node: str = NODE) -> None:
