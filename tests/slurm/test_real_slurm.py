@@ -571,7 +571,8 @@ def test_a_job_whose_gpus_are_preempted_is_requeued_and_runs_again(quota_slurm):
         assert running["Comment"] == f"gpualloc: reserved {NODE}: {','.join(job_gpus)}"
         (slurm.out / f"go-{job_id}").touch()
         assert slurm.wait_for(job_id, ["COMPLETED", "FAILED"])["JobState"] == "COMPLETED"
-    task = lines((slurm.out / f"{job_id}.out").read_text())["batch"]
+    task = lines((slurm.out / f"{job_id}.out").read_text())["batch"]  # the run after the requeue
+    assert ids(task["JOB_GPUS"]) == list(range(GPUS))
     assert_agree(slurm, task, list(range(GPUS)))
     deadline = time.monotonic() + 30
     while job_reservations(fleet, job_id):
