@@ -503,6 +503,7 @@ def test_a_job_whose_gpus_are_preempted_is_requeued_and_runs_again(quota_slurm):
         )
         ready = slurm.out / f"ready-{job_id}"
         slurm.wait_for_file(ready)
+        started_after = time.monotonic() - began
         # the prolog reserved all of NODE's GPUs for the job (4 of them borrowed from team-a),
         # leased; sync renews the lease while the job runs
         first = wait_renewed(fleet, job_id, times=2)
@@ -544,6 +545,7 @@ def test_a_job_whose_gpus_are_preempted_is_requeued_and_runs_again(quota_slurm):
         assert f"job {job_id} requeued: its GPUs were preempted by team-a/{PREEMPTOR}" in sync_log
         # ... and keeps Slurm off the GPUs team-a took (holder jobs on exactly those ids)
         holders = wait_for_holders(slurm, sorted(int(d.removeprefix("gpu-")) for d in taken_gpus))
+        held_after = time.monotonic() - preempted
         assert {slurm.job(j)["Comment"] for j in holders} == {
             f"gpualloc: {d} held by another tenant" for d in taken_gpus
         }
@@ -551,17 +553,21 @@ def test_a_job_whose_gpus_are_preempted_is_requeued_and_runs_again(quota_slurm):
         # eligible at once (not after the requeue delay), it waits for its GPUs: not started,
         # not requeued again
         slurm.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
-        deadline = time.monotonic() + 30
+        eligible_at = time.monotonic()
+        deadline = eligible_at + 30
         while (fields := slurm.job(job_id))["Reason"] != "Resources":
             assert time.monotonic() < deadline, fields
             time.sleep(0.2)
+        waiting_after = time.monotonic() - eligible_at
         assert (fields["JobState"], fields["Restarts"]) == ("PENDING", "1"), fields
         assert not ready.exists() and job_reservations(fleet, job_id) == []
 
         # team-a lets go: the holders go, the job runs again with a fresh reservation
         with fleet_client(fleet, "scheduler-a") as team_a:
             team_a.release(taken, owner=PREEMPTOR)
+        released = time.monotonic()
         slurm.wait_for_file(ready)
+        ran_after = time.monotonic() - released
         (again,) = job_reservations(fleet, job_id)
         assert again.id != first.id and again.state is ReservationState.RESERVED
         assert sorted(d.device for d in again.devices) == job_gpus
@@ -580,6 +586,8 @@ def test_a_job_whose_gpus_are_preempted_is_requeued_and_runs_again(quota_slurm):
         time.sleep(0.2)
     assert_node_not_drained(slurm)
     print(
-        f"preempted job {job_id}: requeued {requeued_after:.1f}s after the preemption; "
-        f"scenario {time.monotonic() - began:.1f}s"
+        f"preempted job {job_id}: running {started_after:.1f}s after sbatch; requeued "
+        f"{requeued_after:.1f}s and its GPUs held {held_after:.1f}s after the preemption; "
+        f"waiting for Resources {waiting_after:.1f}s after StartTime=now; running again "
+        f"{ran_after:.1f}s after the release; {time.monotonic() - began:.1f}s in all"
     )
