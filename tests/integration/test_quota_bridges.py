@@ -61,8 +61,8 @@ JOB = {
 @dataclass(frozen=True)
 class SlurmStandIn(SlurmCommands):
     """Slurm as `gpualloc-slurm sync` sees it: job 7001 running, no node to hold GPUs on, and
-    a record of the commands sync runs. A stand-in only here: tests/slurm runs the real one
-    (without an access policy, so without quotas and preemption)."""
+    a record of the commands sync runs. A stand-in only here: tests/slurm/test_real_slurm.py
+    runs sync's requeue of a preempted job on a real slurmctld."""
 
     ran: list[tuple[str, ...]] = field(default_factory=list)
 

@@ -25,6 +25,7 @@ import contextlib
 import io
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -60,6 +61,8 @@ START_TIMEOUT_SECONDS = 30.0
 JOB_TIMEOUT_SECONDS = 60.0
 _SBIN = "/usr/sbin:/usr/bin:/sbin:/bin"
 _PROGRAMS = ("munged", "slurmctld", "slurmd", "slurmstepd", "sbatch", "srun", "scontrol", "squeue")
+SCRIPTS = ("prolog-slurmctld.sh", "taskprolog.sh", "epilog-slurmctld.sh")
+"""examples/bridges/slurm's scripts, in <directory>/gpualloc/ for slurm.conf."""
 _SLURM_FIXTURES = frozenset({"slurm_cluster", "slurm", "system_install"})
 
 
@@ -295,6 +298,30 @@ class SlurmCluster:
     def script_text(self, name: str) -> str:
         return (self.directory / "gpualloc" / name).read_text()
 
+    @contextlib.contextmanager
+    def served_by(self, port: int, **environ: str) -> Iterator[None]:
+        """Another gpualloc (127.0.0.1:`port`, one with an access policy, say) behind the proxy
+        for the block, and every gpualloc script exporting `environ` first (the bridge's TLS
+        files); on the way out every job is cancelled while that gpualloc still answers their
+        epilogs, then the module's gpualloc and scripts are back."""
+        exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in environ.items())
+        upstream = self.proxy.upstream
+        with contextlib.ExitStack() as stack:
+            for name in SCRIPTS:
+                shebang, _, rest = self.script_text(name).partition("\n")
+                stack.enter_context(self.script(name, f"{shebang}\n{exports}{rest}"))
+            self.proxy.upstream = ("127.0.0.1", port)
+            try:
+                yield
+            finally:
+                self.run("scancel", "--full", "--user=root", check=False)
+                deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
+                while self.run("squeue", "-h", "-o", "%i").stdout.split():
+                    if time.monotonic() > deadline:
+                        break  # the `slurm` fixture's teardown says what is left
+                    time.sleep(0.2)
+                self.proxy.upstream = upstream
+
     def stop(self) -> None:
         self.run("scancel", "--full", "--user=root", check=False)
         for process in reversed(self.processes):
@@ -459,7 +486,7 @@ def start_slurm(
         "gpualloc.example.com:50051": proxy.target,
         "/etc/slurm/slurm.conf": str(conf),
     }
-    for script in ("prolog-slurmctld.sh", "taskprolog.sh", "epilog-slurmctld.sh"):
+    for script in SCRIPTS:
         path = directory / "gpualloc" / script
         path.write_text(_render((EXAMPLES / script).read_text(), replacements))
         path.chmod(0o755)

@@ -13,14 +13,18 @@ import contextlib
 import re
 import subprocess
 import time
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import pytest
 
 from services.bridges.slurm.request import gpu_ids_from_job_details
-from services.client import AllocatorClient, ReservationState
+from services.bridges.slurm.sync import HOLDER_NAME
+from services.client import AllocatorClient, Reservation, ReservationState
+from services.client.config import ClientSettings
 from services.client.inventory import InventoryClient
 from services.client.specs import RequestSpec, build_claim
+from tests.security_fixtures import SecuredFleet, policy_with, secured_fleet
 from tests.slurm.conftest import GPUS, NODE, NODES, SlurmCluster
 
 OTHER_OWNER = "kueue/team-a/train"
@@ -107,6 +111,34 @@ def held_devices(slurm: SlurmCluster, job_id: str) -> list[str]:
     # leased, not committed: `sync` renews it while the job runs (test_sync.py)
     assert held.state is ReservationState.RESERVED and held.node_name == NODE
     return sorted(d.device for d in held.devices)
+
+
+HOLDERS_WAIT_SECONDS = 30.0
+
+
+def holder_jobs(slurm: SlurmCluster) -> dict[str, tuple[int, ...]]:
+    """Running holder job (`gpualloc-slurm sync`'s) -> the GPU ids Slurm gave it on NODE."""
+    listed = slurm.run("squeue", "-h", "-n", HOLDER_NAME, "-o", "%A %T").stdout.split("\n")
+    found = {}
+    for line in filter(None, listed):
+        job_id, state = line.split()
+        picked = gpu_ids_from_job_details(slurm.job_details(job_id)) if state == "RUNNING" else {}
+        found[job_id] = picked.get(NODE, ())
+    return found
+
+
+def wait_for_holders(slurm: SlurmCluster, wanted: list[int]) -> dict[str, tuple[int, ...]]:
+    """The holder jobs once exactly `wanted` are held, one kept holder each (sync writes a
+    kept holder's Comment; a stray is about to be cancelled)."""
+    deadline = time.monotonic() + HOLDERS_WAIT_SECONDS
+    while True:
+        found = holder_jobs(slurm)
+        held = sorted(i for ids in found.values() for i in ids)
+        kept = all(slurm.job(j).get("Comment", "").startswith("gpualloc: gpu-") for j in found)
+        if held == wanted and len(found) == len(wanted) and kept:
+            return found
+        assert time.monotonic() < deadline, f"holders {found}, not {wanted}\n{slurm.log_tail()}"
+        time.sleep(0.2)
 
 
 def hold_for_another_owner(slurm: SlurmCluster, count: int, node: str = NODE) -> None:
@@ -391,3 +423,171 @@ def test_a_job_of_an_unprivileged_user_runs_with_the_system_wide_install(slurm, 
     assert ids(task["JOB_GPUS"]) == slurm_ids
     assert_agree(slurm, task, slurm_ids)
     wait_released(slurm, job_id)
+
+
+# --- preemption under quotas -----------------------------------------------------------------
+
+SHARED_QUOTA = """\
+  quota:
+    resources: [{name: gpus, deviceClassNames: [gpu.nvidia.com]}]
+  tenants:
+  - {name: team-a, cohort: shared, quotas: [{resource: gpus, nominal: 4}]}
+  - name: team-b
+  - name: team-c
+  - name: tools
+    allowAdminAccess: true
+  - {name: hpc, cohort: shared, quotas: [{resource: gpus, nominal: 4}]}
+"""
+"""The Slurm bridge's tenant `hpc` and `team-a` share a cohort with 4 GPUs of nominal quota each
+(tests/security_fixtures.py binds the bridge's certificate to hpc, scheduler-a's to team-a)."""
+PREEMPT_LEASE = 3.0
+PREEMPTOR = "job/train"
+
+
+@pytest.fixture
+def quota_slurm(slurm, tmp_path) -> Iterator[tuple[SlurmCluster, SecuredFleet, dict[str, str]]]:
+    """The module's Slurm with its scripts talking mutual TLS, as the Slurm bridge's identity,
+    to a gpualloc under an access policy with SHARED_QUOTA; the job lease is PREEMPT_LEASE.
+    Yields the Slurm, that gpualloc, and the environment sync needs to reach it."""
+    with secured_fleet(tmp_path, policy=policy_with(SHARED_QUOTA)) as fleet:
+        bridge = fleet.client_environ("slurm-bridge")
+        environ = {k: v for k, v in bridge.items() if k.startswith("GPUALLOC_CLIENT_TLS_")}
+        environ["GPUALLOC_SLURM_LEASE"] = f"{PREEMPT_LEASE:g}s"
+        with slurm.served_by(fleet.mtls_port, **environ):
+            yield slurm, fleet, environ
+
+
+def fleet_client(fleet: SecuredFleet, who: str) -> AllocatorClient:
+    settings = ClientSettings.from_env(fleet.client_environ(who))
+    return AllocatorClient(settings.target, tls=settings.tls)
+
+
+def job_reservations(fleet: SecuredFleet, job_id: str) -> list[Reservation]:
+    """The job's reservations, as an operator lists them (owners carry their tenant)."""
+    with fleet_client(fleet, "admin") as admin:
+        return [r for r in admin.list() if r.owner == f"hpc/slurm/job/{job_id}"]
+
+
+def used(fleet: SecuredFleet) -> dict[str, tuple[str, str]]:
+    """Tenant -> (used, borrowed) GPUs, from QuotaStatus."""
+    with fleet_client(fleet, "admin") as admin:
+        return {q.tenant: (q.used, q.borrowed) for q in admin.quotas()}
+
+
+def wait_renewed(fleet: SecuredFleet, job_id: str, times: int) -> Reservation:
+    """The job's one reservation once sync has renewed its lease `times` times."""
+    deadline = time.monotonic() + PREEMPT_LEASE * (times + 2)
+    (seen,) = job_reservations(fleet, job_id)
+    renewals = 0
+    while renewals < times:
+        assert time.monotonic() < deadline, f"lease of job {job_id} renewed {renewals} times"
+        time.sleep(0.2)
+        (now,) = job_reservations(fleet, job_id)
+        assert now.id == seen.id and now.devices == seen.devices
+        assert now.expires_at is not None and seen.expires_at is not None
+        if now.expires_at > seen.expires_at:
+            renewals += 1
+        seen = now
+    return seen
+
+
+def test_a_job_whose_gpus_are_preempted_is_requeued_and_runs_again(quota_slurm):
+    """A Slurm job holding all of NODE's GPUs (hpc borrowing 4 of team-a's) loses 4 of them to
+    team-a's Allocate(reserve, preempt); `gpualloc-slurm sync` learns it and requeues the job
+    in Slurm; once team-a lets go, the job runs again with a fresh reservation."""
+    slurm, fleet, environ = quota_slurm
+    began = time.monotonic()
+    with slurm.syncing("--interval=0.5s", **environ):
+        job_id = slurm.sbatch(
+            "--requeue", f"--gres=gpu:{GPUS}", script=f"{report(slurm)} batch\n{hold(slurm)}\n"
+        )
+        ready = slurm.out / f"ready-{job_id}"
+        slurm.wait_for_file(ready)
+        started_after = time.monotonic() - began
+        # the prolog reserved all of NODE's GPUs for the job (4 of them borrowed from team-a),
+        # leased; sync renews the lease while the job runs
+        first = wait_renewed(fleet, job_id, times=2)
+        assert first.state is ReservationState.RESERVED and first.node_name == NODE
+        job_gpus = sorted(d.device for d in first.devices)
+        assert job_gpus == [f"gpu-{i}" for i in range(GPUS)]
+        assert used(fleet) == {"hpc": ("8", "4"), "team-a": ("0", "0")}
+        ready.unlink()
+
+        # team-a, within its nominal quota, reclaims what it lent: the job's reservation goes
+        claim = build_claim("train", [RequestSpec("gpus", 4)], namespace="team-a")
+        with fleet_client(fleet, "scheduler-a") as team_a:
+            placement = team_a.allocate(
+                [claim], node_name=NODE, reserve=True, preempt=True, owner=PREEMPTOR,
+                idempotency_key="train",
+            )  # fmt: skip
+            assert placement.fits, placement.reason()
+            assert placement.preemption == (
+                f"reclaim: a reservation of tenant hpc on {NODE} (priority default)",
+            )
+            (taken,) = placement.reservations
+            team_a.commit(taken, owner=PREEMPTOR)
+        preempted = time.monotonic()
+        taken_gpus = sorted(d.device for d in taken.devices)
+        assert len(taken_gpus) == 4 and set(taken_gpus) < set(job_gpus)
+        assert used(fleet) == {"hpc": ("0", "0"), "team-a": ("4", "0")}
+
+        # sync finds it revoked and requeues the job in Slurm: pending, not held, one restart,
+        # the reason in its Comment; no node drained, nothing reserved for it
+        fields = wait_requeued(slurm, job_id)
+        requeued_after = time.monotonic() - preempted
+        assert fields["Comment"] == f"gpualloc: GPUs preempted by team-a/{PREEMPTOR}; requeued"
+        # tried again after Slurm's requeue delay (two minutes: longer than this test)
+        eligible = datetime.fromisoformat(fields["EligibleTime"])
+        assert eligible - datetime.now() > timedelta(seconds=60), fields
+        assert_node_not_drained(slurm)
+        assert job_reservations(fleet, job_id) == []
+        sync_log = (slurm.directory / "log" / "sync.log").read_text()
+        assert f"job {job_id} requeued: its GPUs were preempted by team-a/{PREEMPTOR}" in sync_log
+        # ... and keeps Slurm off the GPUs team-a took (holder jobs on exactly those ids)
+        holders = wait_for_holders(slurm, sorted(int(d.removeprefix("gpu-")) for d in taken_gpus))
+        held_after = time.monotonic() - preempted
+        assert {slurm.job(j)["Comment"] for j in holders} == {
+            f"gpualloc: {d} held by another tenant" for d in taken_gpus
+        }
+
+        # eligible at once (not after the requeue delay), it waits for its GPUs: not started,
+        # not requeued again
+        slurm.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+        eligible_at = time.monotonic()
+        deadline = eligible_at + 30
+        while (fields := slurm.job(job_id))["Reason"] != "Resources":
+            assert time.monotonic() < deadline, fields
+            time.sleep(0.2)
+        waiting_after = time.monotonic() - eligible_at
+        assert (fields["JobState"], fields["Restarts"]) == ("PENDING", "1"), fields
+        assert not ready.exists() and job_reservations(fleet, job_id) == []
+
+        # team-a lets go: the holders go, the job runs again with a fresh reservation
+        with fleet_client(fleet, "scheduler-a") as team_a:
+            team_a.release(taken, owner=PREEMPTOR)
+        released = time.monotonic()
+        slurm.wait_for_file(ready)
+        ran_after = time.monotonic() - released
+        (again,) = job_reservations(fleet, job_id)
+        assert again.id != first.id and again.state is ReservationState.RESERVED
+        assert sorted(d.device for d in again.devices) == job_gpus
+        assert holder_jobs(slurm) == {}
+        running = slurm.job(job_id)
+        assert (running["JobState"], running["Restarts"]) == ("RUNNING", "1"), running
+        assert running["Comment"] == f"gpualloc: reserved {NODE}: {','.join(job_gpus)}"
+        (slurm.out / f"go-{job_id}").touch()
+        assert slurm.wait_for(job_id, ["COMPLETED", "FAILED"])["JobState"] == "COMPLETED"
+    task = lines((slurm.out / f"{job_id}.out").read_text())["batch"]  # the run after the requeue
+    assert ids(task["JOB_GPUS"]) == list(range(GPUS))
+    assert_agree(slurm, task, list(range(GPUS)))
+    deadline = time.monotonic() + 30
+    while job_reservations(fleet, job_id):
+        assert time.monotonic() < deadline, "the job's second reservation was never released"
+        time.sleep(0.2)
+    assert_node_not_drained(slurm)
+    print(
+        f"preempted job {job_id}: running {started_after:.1f}s after sbatch; requeued "
+        f"{requeued_after:.1f}s and its GPUs held {held_after:.1f}s after the preemption; "
+        f"waiting for Resources {waiting_after:.1f}s after StartTime=now; running again "
+        f"{ran_after:.1f}s after the release; {time.monotonic() - began:.1f}s in all"
+    )

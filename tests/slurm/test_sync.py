@@ -10,8 +10,6 @@ from collections.abc import Sequence
 import pytest
 
 from services.bridges.slurm.claims import pinned_claim
-from services.bridges.slurm.request import gpu_ids_from_job_details
-from services.bridges.slurm.sync import HOLDER_NAME
 from services.client import AllocatorClient, ReservationState
 from services.client.inventory import InventoryClient
 from tests.slurm.conftest import NODE, SlurmCluster
@@ -21,14 +19,14 @@ from tests.slurm.test_real_slurm import (
     assert_node_not_drained,
     held_devices,
     hold,
+    holder_jobs,
     ids,
     lines,
     release_owner,
     report,
+    wait_for_holders,
     wait_released,
 )
-
-WAIT_SECONDS = 30.0
 
 
 def hold_devices(slurm: SlurmCluster, devices: Sequence[str], node: str = NODE) -> None:
@@ -45,31 +43,6 @@ def hold_devices(slurm: SlurmCluster, devices: Sequence[str], node: str = NODE) 
         assert placement.fits
         for reservation in placement.reservations:
             client.commit(reservation, owner=OTHER_OWNER)
-
-
-def holder_jobs(slurm: SlurmCluster) -> dict[str, tuple[int, ...]]:
-    """Running holder job -> the GPU ids Slurm gave it on NODE."""
-    listed = slurm.run("squeue", "-h", "-n", HOLDER_NAME, "-o", "%A %T").stdout.split("\n")
-    found = {}
-    for line in filter(None, listed):
-        job_id, state = line.split()
-        picked = gpu_ids_from_job_details(slurm.job_details(job_id)) if state == "RUNNING" else {}
-        found[job_id] = picked.get(NODE, ())
-    return found
-
-
-def wait_for_holders(slurm: SlurmCluster, wanted: list[int]) -> dict[str, tuple[int, ...]]:
-    """The holder jobs once exactly `wanted` are held, one kept holder each (sync writes a
-    kept holder's Comment; a stray is about to be cancelled)."""
-    deadline = time.monotonic() + WAIT_SECONDS
-    while True:
-        found = holder_jobs(slurm)
-        held = sorted(i for ids in found.values() for i in ids)
-        kept = all(slurm.job(j).get("Comment", "").startswith("gpualloc: gpu-") for j in found)
-        if held == wanted and len(found) == len(wanted) and kept:
-            return found
-        assert time.monotonic() < deadline, f"holders {found}, not {wanted}\n{slurm.log_tail()}"
-        time.sleep(0.2)
 
 
 def test_gpus_another_owner_holds_are_never_offered_by_slurm(slurm):
