@@ -474,6 +474,12 @@ def used(fleet: SecuredFleet) -> dict[str, tuple[str, str]]:
         return {q.tenant: (q.used, q.borrowed) for q in admin.quotas()}
 
 
+def pending(fleet: SecuredFleet) -> dict[str, int]:
+    """Tenant -> preemptions whose holder has not been told yet, from QuotaStatus."""
+    with fleet_client(fleet, "admin") as admin:
+        return {q.tenant: q.pending_preemptions for q in admin.quotas()}
+
+
 def wait_renewed(fleet: SecuredFleet, job_id: str, times: int) -> Reservation:
     """The job's one reservation once sync has renewed its lease `times` times."""
     deadline = time.monotonic() + PREEMPT_LEASE * (times + 2)
@@ -541,6 +547,8 @@ def test_a_job_whose_gpus_are_preempted_is_requeued_and_runs_again(quota_slurm):
         assert eligible - datetime.now() > timedelta(seconds=60), fields
         assert_node_not_drained(slurm)
         assert job_reservations(fleet, job_id) == []
+        # sync was told "preempted" (its Renew): the revocation is no longer pending
+        assert pending(fleet) == {"hpc": 0, "team-a": 0}
         sync_log = (slurm.directory / "log" / "sync.log").read_text()
         assert f"job {job_id} requeued: its GPUs were preempted by team-a/{PREEMPTOR}" in sync_log
         # ... and keeps Slurm off the GPUs team-a took (holder jobs on exactly those ids)
