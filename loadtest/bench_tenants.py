@@ -68,7 +68,7 @@ TENANTS = ("hpc", "ml", "lab")
 PATHS = {"hpc": "slurm-like", "ml": "kueue-like", "lab": "direct"}
 MODES = ("static", "borrowing", "preemption")
 PARTITION_LABEL = "bench.gpualloc.dev/partition"
-BACKFILL = 8  # queued jobs tried per tenant and minute
+BACKFILL = 32  # queued jobs tried per tenant and minute
 GPUS = QuotaResource("gpus", ("gpu.nvidia.com", "mig.nvidia.com"), gpu_share=True)
 
 
