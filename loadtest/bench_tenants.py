@@ -3,14 +3,15 @@
     python -m loadtest.bench tenants [--quick] [--json]
 
 The fleet: H100 and A100 nodes, every GPU in the DynamicMIG layout (loadtest/clusters.py), so
-whole GPUs and MIG slices compete for the same counters. The quota resource is `compute`: the
-streaming multiprocessors a device consumes (a whole H100 132, a 1g slice 16 or 14). Three
+whole GPUs and MIG slices compete for the same counters. The quota resource is `gpus`, in GPU
+shares (`gpuShare`: a whole GPU 1, a MIG slice the memory slices it takes over its GPU's, a 1g
+1/8, a 3g 1/2), the one unit that counts the same on H100 and A100. Three
 tenants submit through three paths, as the bridges do: `hpc` like the Slurm bridge (Allocate
 with reserve, then Commit), `ml` like the Kueue sidecar (Allocate to place, then Reserve the
 placement), `lab` directly (Allocate with reserve). Each alternates busy and idle periods
 (seeded; while busy it offers about 70% of the fleet, so bursts of two or three tenants overlap
 and exceed it); jobs are replay.MIX (85% MIG slices, 15% 1-8 whole GPUs), queue per tenant,
-and a job that does not fit waits in its tenant's queue while the next ones (up to 8 a minute)
+and a job that does not fit waits in its tenant's queue while the next ones (up to 32 a minute)
 are tried, as Kueue's BestEffortFIFO does.
 
 The same streams run three ways, through the real AllocatorService (embedded store and quota
@@ -18,13 +19,13 @@ ledger, the production code path):
 
 - `static`: the fleet's nodes split into thirds, one per tenant (a node selector per tenant: what
   sites do today with Slurm partitions or dedicated node pools);
-- `borrowing`: one cohort, a nominal third of the compute each, unused quota lent;
+- `borrowing`: one cohort, a nominal third of the fleet's GPUs each, unused quota lent;
 - `preemption`: the same, and a tenant within its nominal quota reclaims what others borrowed
   (Allocate(preempt)); a preempted job goes back to the head of its tenant's queue and runs
   its remaining time again.
 
 A step is one minute of simulated time. Reported per mode: fleet utilization (mean share of the
-fleet's compute held), jobs placed, each tenant's share of the compute-hours it asked for within
+fleet's GPUs held), jobs placed, each tenant's share of the GPU-hours it asked for within
 its nominal (`nominal_served`: over the minutes in which its demand reached its nominal, the
 mean of min(used, nominal) / nominal), preemptions per hour, and the service time of each
 reclaiming Allocate (p50, p99). Targets (issue 16): borrowing and preemption raise utilization
@@ -86,7 +87,7 @@ class Running:
     ends: int
     reservation_id: str
     owner: str
-    compute: int
+    gpus: int  # milli-GPUs (GPU shares)
 
 
 @dataclass
@@ -97,7 +98,7 @@ class ModeResult:
     preemptions: int
     reclaim_seconds: list[float]
     nominal_served: dict[str, float]
-    used_share: dict[str, float]  # of the fleet's compute-minutes
+    used_share: dict[str, float]  # of the fleet's GPU-minutes
     allocate_seconds: list[float] = field(default_factory=list)
 
 
@@ -212,7 +213,7 @@ def _run(
     result = ModeResult(mode, 0.0, 0, 0, [], {}, {})
     held_total = 0
     serial = 0
-    compute_of: dict[str, int] = {}  # a kind's compute as first placed (for queued demand)
+    gpus_of: dict[str, int] = {}  # a kind's GPU share as first placed (for queued demand)
     for step in range(steps):
         for rid, entry in list(running.items()):
             if entry.ends <= step:
@@ -238,10 +239,10 @@ def _run(
                     service.holdings.get(placed.reservation_id)
                     or service.get(placed.reservation_id)
                 )
-                compute = usage.get("gpus", 0)
-                compute_of.setdefault(job.kind.name, compute)
+                gpus = usage.get("gpus", 0)
+                gpus_of.setdefault(job.kind.name, gpus)
                 running[placed.reservation_id] = Running(
-                    job, step + job.duration, placed.reservation_id, owner, compute
+                    job, step + job.duration, placed.reservation_id, owner, gpus
                 )
                 if placed.victims:
                     result.reclaim_seconds.append(placed.seconds)
@@ -254,11 +255,11 @@ def _run(
                     queues[gone.job.tenant].appendleft(replace(gone.job, duration=left))
         held = {t: 0 for t in TENANTS}
         for entry in running.values():
-            held[entry.job.tenant] += entry.compute
+            held[entry.job.tenant] += entry.gpus
         held_total += sum(held.values())
         for tenant in TENANTS:
             used_minutes[tenant] += held[tenant]
-            demand = held[tenant] + sum(compute_of.get(j.kind.name, 0) for j in queues[tenant])
+            demand = held[tenant] + sum(gpus_of.get(j.kind.name, 0) for j in queues[tenant])
             if demand >= nominal:
                 served[tenant].append(min(held[tenant], nominal) / nominal)
     result.utilization = held_total / (total * steps)
