@@ -399,12 +399,12 @@ def _amount(resource: QuotaResource, entry: DeviceEntry) -> int:
 def _gpu_share(entry: DeviceEntry) -> int:
     """The GPU share a device takes, in milli-GPUs: the memory slices it consumes over those
     of its counter set (its GPU); a device that consumes none is a whole device (1000)."""
-    taken = {c.counter_set: 0 for c, _ in entry.counters if c.counter.startswith(MEMORY_SLICE)}
-    if not taken:
-        return 1000
+    taken: dict[str, int] = {}
     for counter, amount in entry.counters:
         if counter.counter.startswith(MEMORY_SLICE):
-            taken[counter.counter_set] += int(amount)
+            taken[counter.counter_set] = taken.get(counter.counter_set, 0) + int(amount)
+    if not taken:
+        return 1000
     totals = {name: 0 for name in taken}
     for counter in entry.slice.counter_totals:
         if counter.counter_set in totals and counter.counter.startswith(MEMORY_SLICE):

@@ -427,6 +427,16 @@ def fewest_victims(
     allowed = list(candidates[:limit])
     if model is not None and usage is not None:
         allowed = _still_borrowing(allowed, model, usage)
+    chosen = _minimal(allowed, fits)
+    if chosen is None:
+        return None
+    return _smaller(allowed, chosen, fits, smaller, model, usage)
+
+
+def _minimal(
+    allowed: Sequence[Candidate], fits: Callable[[Sequence[Candidate]], bool]
+) -> list[Candidate] | None:
+    """Steps 1 and 2 of fewest_victims: the shortest prefix that fits, pruned."""
     if not allowed or not fits(allowed):
         return None
     low, high = 1, len(allowed)  # the shortest prefix that fits: fits(allowed[:high])
@@ -436,11 +446,24 @@ def fewest_victims(
             high = middle
         else:
             low = middle + 1
-    chosen = allowed[:high]
+    chosen = list(allowed[:high])
     for candidate in list(reversed(chosen)):
         trial = [c for c in chosen if c is not candidate]
         if trial and fits(trial):
             chosen = trial
+    return chosen
+
+
+def _smaller(
+    allowed: Sequence[Candidate],
+    chosen: list[Candidate],
+    fits: Callable[[Sequence[Candidate]], bool],
+    smaller: int,
+    model: QuotaModel | None,
+    usage: Mapping[str, Usage] | None,
+) -> list[Candidate]:
+    """Step 3 of fewest_victims: a set of fewer victims than `chosen` that fits, if one is
+    found within `smaller` calls of `fits`."""
     tried = 0
     for size in range(1, len(chosen)):
         for subset in itertools.combinations(allowed, size):
@@ -534,24 +557,26 @@ def victims_by_node(
             node,
         )
 
-    def order(node: str) -> list[Candidate]:
+    def allowed_on(node: str) -> list[Candidate]:
         """The node's own candidates first (they free its devices and quota), then the others
-        (they free quota only), each in the rules' order."""
+        (they free quota only), each in the rules' order, as the rules would take them."""
         here = set(map(id, on[node]))
-        return [*on[node], *(c for c in candidates if id(c) not in here)]
+        ordered = [*on[node], *(c for c in candidates if id(c) not in here)][:limit]
+        if model is None or usage is None:
+            return ordered
+        return _still_borrowing(ordered, model, usage)
 
-    best: tuple[tuple[int, int, int, str], str] | None = None
+    best: tuple[tuple[int, int, int, str], str, list[Candidate], list[Candidate]] | None = None
     for node in sorted(allowed, key=weight)[:max_nodes]:
-        fits = functools.partial(fits_on, node)
-        found = fewest_victims(order(node), fits, limit, model=model, usage=usage, smaller=0)
+        pool = allowed_on(node)
+        found = _minimal(pool, functools.partial(fits_on, node))
         if found is not None and (best is None or rank(node, found) < best[0]):
-            best = (rank(node, found), node)
+            best = (rank(node, found), node, pool, found)
     if best is None:
         return None
-    node = best[1]
-    fits = functools.partial(fits_on, node)
-    found = fewest_victims(order(node), fits, limit, model=model, usage=usage, smaller=smaller)
-    return NodeVictims(node, tuple(found)) if found is not None else None
+    _, node, pool, found = best  # the smaller-set search on the best node only
+    found = _smaller(pool, found, functools.partial(fits_on, node), smaller, model, usage)
+    return NodeVictims(node, tuple(found))
 
 
 def _within_nominal(quota: TenantQuota, amounts: Usage, used: Usage) -> bool:

@@ -516,6 +516,16 @@ NODE_CASES = [
         ("n2", ["lo"]),
     ),
     ("nowhere", {"n1": [("x1", LOW, RECLAIM)]}, {"n1": 2}, None, None),
+    (
+        "only-the-16-nodes-holding-the-most-are-tried",
+        {
+            **{f"n{i:02}": [(f"x{i}a", LOW, RECLAIM), (f"x{i}b", LOW, RECLAIM)] for i in range(16)},
+            "z": [("z1", LOW, RECLAIM)],
+        },
+        {**{f"n{i:02}": 3 for i in range(16)}, "z": 1},
+        None,
+        None,  # z alone would fit, but it holds the least: the 17th node is never tried
+    ),
 ]
 
 
