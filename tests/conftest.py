@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
@@ -28,6 +27,7 @@ from redis.retry import Retry
 from services.common.config import ServerSettings
 from services.common.grpc_server import ServiceRegistration, create_server
 from services.common.health import Health
+from tests.ports import free_port
 
 pytest_plugins = ("tests.tls_fixtures",)  # `pki` and `tls_server`: real certificates and TLS
 
@@ -66,13 +66,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 # --- Redis ------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass

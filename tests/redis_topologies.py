@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.conftest import RedisServer, free_port, redis_binary
+from tests.conftest import RedisServer, redis_binary
+from tests.ports import free_port
 
 __all__ = [
     "SENTINEL_SERVICE",

@@ -25,8 +25,9 @@ from services.allocator.reservations.model import (
 )
 from services.common.errors import Preempted, Unavailable
 from services.common.redis_layout import connect
-from tests.conftest import RedisServer, RedisServerFactory, RedisTopologyFactory, free_port
+from tests.conftest import RedisServer, RedisServerFactory, RedisTopologyFactory
 from tests.contract.conftest import device, reserve_request
+from tests.ports import free_port
 from tests.redis_topologies import RedisClusterGroup, SentinelGroup
 
 pytestmark = pytest.mark.redis

@@ -8,7 +8,6 @@ examples/claims. Used by tests/integration/test_allocator_*.py and the end-to-en
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -144,13 +143,6 @@ def allocate_request(*names: str, **fields) -> pb.AllocateRequest:
 
 
 # --- allocator processes ---------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def start_allocator_process(

@@ -16,10 +16,10 @@ import pytest
 from protos.allocator.v1 import allocator_pb2_grpc
 from tests.e2e.allocator_harness import (
     CLUSTER,
-    free_port,
     start_allocator_process,
     wait_serving,
 )
+from tests.ports import free_port
 
 
 @dataclass

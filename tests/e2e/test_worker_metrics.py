@@ -4,27 +4,19 @@ on P + k (one process per scrape target: counters must not jump between processe
 from __future__ import annotations
 
 import re
-import socket
 import time
 import urllib.request
 
 import pytest
+
+from tests.ports import free_port
 
 pytestmark = pytest.mark.redis
 
 
 def two_free_ports() -> int:
     """A port P with P + 1 free too."""
-    for _ in range(50):
-        with socket.socket() as first, socket.socket() as second:
-            first.bind(("127.0.0.1", 0))
-            port: int = first.getsockname()[1]
-            try:
-                second.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-    raise AssertionError("no two adjacent free ports")
+    return free_port(following=1)
 
 
 def instance(port: int, timeout: float = 20.0) -> str:

@@ -45,6 +45,7 @@ from services.inventory.bootstrap import (
 )
 from services.inventory.config import InventorySettings
 from tests.kube_apiserver import FakeKubeApiServer
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "resourceslices"
@@ -436,13 +437,6 @@ COMMANDS = {
     "gpualloc-inventory": [sys.executable, "-m", "services.inventory", "--listen"],
     "gpualloc-serve": [sys.executable, "-m", "services.cli", "serve", "--listen"],
 }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def node_names(stub: inventory_pb2_grpc.InventoryStub) -> list[str]:

@@ -20,7 +20,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.e2e.allocator_harness import free_port, start_allocator_process, wait_serving
+from tests.e2e.allocator_harness import start_allocator_process, wait_serving
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ALLOCATOR = "gpualloc.allocator.v1.Allocator"

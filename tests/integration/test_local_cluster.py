@@ -18,8 +18,8 @@ from loadtest.bench_store import free_cluster_base
 from protos.allocator.v1 import allocator_pb2 as pb
 from protos.allocator.v1 import allocator_pb2_grpc
 from services.common.redis_layout import connect, parse_layout
-from tests.conftest import free_port
 from tests.e2e.allocator_harness import pb_claims
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 

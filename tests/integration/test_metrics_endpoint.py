@@ -20,7 +20,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from protos.allocator.v1 import allocator_pb2, allocator_pb2_grpc
-from tests.e2e.allocator_harness import free_port, pb_claims, wait_serving
+from tests.e2e.allocator_harness import pb_claims, wait_serving
+from tests.ports import free_port
 from tests.unit.deploy.monitoring import TARGET_LABELS, every_expr, grouping_labels, selectors
 
 ROOT = Path(__file__).resolve().parents[2]

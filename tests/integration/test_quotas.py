@@ -29,8 +29,8 @@ from services.allocator.reservations.quota_ledger import usage_by_tenant
 from services.client.mapping import placement_from_pb
 from services.common.security.policy import parse_policy
 from services.common.security.quota import cohort_key
-from tests.e2e.allocator_harness import free_port
 from tests.integration.test_metrics_endpoint import Served, value
+from tests.ports import free_port
 from tests.security_fixtures import TENANTS, SecuredFleet, policy_with, secured_fleet
 
 pytestmark = pytest.mark.timeout(300)

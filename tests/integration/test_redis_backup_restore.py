@@ -25,9 +25,10 @@ import redis
 from protos.allocator.v1 import allocator_pb2 as pb
 from services.allocator.config import AllocatorSettings
 from services.inventory.adapters.store.redis_repository import RedisInventoryRepository
-from tests.conftest import RedisServer, RedisServerFactory, free_port, redis_binary
+from tests.conftest import RedisServer, RedisServerFactory, redis_binary
 from tests.contract.test_inventory_repository import assert_same_content, busy_service, t4_slice
 from tests.e2e.allocator_harness import owner, pb_claims, serve_allocator
+from tests.ports import free_port
 
 pytestmark = pytest.mark.redis
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "security.md"
@@ -41,13 +42,6 @@ def setup_commands() -> list[str]:
             commands.append(current.strip())
             current = ""
     return commands
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _wait_serving(port: int, pki: Path, process: subprocess.Popen[str]) -> None:
@@ -75,7 +69,7 @@ def test_the_five_minute_setup_runs_as_written(tmp_path: Path):
     commands = setup_commands()
     assert commands[0].startswith("gpualloc certs") and len(commands) >= 6
     (tmp_path / "examples").symlink_to(ROOT / "examples")
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",

@@ -20,26 +20,20 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from protos.allocator.v1 import allocator_pb2, allocator_pb2_grpc
 from protos.inventory.v1 import inventory_pb2, inventory_pb2_grpc
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ("gpualloc.inventory.v1.Inventory", "gpualloc.allocator.v1.Allocator")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-WEB_PORT = _free_port()  # the web view `--demo` turns on, here on a port of the test's
+WEB_PORT = free_port()  # the web view `--demo` turns on, here on a port of the test's
 
 
 @pytest.fixture(scope="module")
 def served(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[subprocess.Popen[str], grpc.Channel]]:
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
     log_file = log_path.open("w")
     env = {**os.environ, "GPUALLOC_LOG_FORMAT": "text", "GPUALLOC_REDIS_URL": ""}
@@ -274,7 +268,7 @@ def test_a_busy_demo_web_port_is_a_warning_not_a_failure(tmp_path):
         holder.listen()
     except OSError:
         pass  # busy already: the condition under test holds anyway
-    grpc_port = _free_port()
+    grpc_port = free_port()
     env = {**os.environ, "GPUALLOC_LOG_FORMAT": "text", "GPUALLOC_REDIS_URL": ""}
     env.pop("GPUALLOC_WEB_LISTEN", None)
     process = subprocess.Popen(

@@ -43,6 +43,7 @@ import pytest
 from services.bridges import local_cluster
 from services.bridges.slurm import cli
 from services.client import AllocatorClient, Reservation
+from tests.ports import free_port
 from tests.unit.bridges.support import ROOT, release_everything
 
 SLURM_MISSING = (
@@ -70,13 +71,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _SLURM_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slurm)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _binary(name: str) -> str:
@@ -378,7 +372,7 @@ def _gpualloc_lines(replacements: dict[str, str]) -> list[str]:
 
 
 def _slurm_conf(directory: Path, replacements: dict[str, str]) -> str:
-    ctld_port = _free_port()
+    ctld_port = free_port()
     return "\n".join(
         [
             "ClusterName=gpualloc-test",
@@ -407,7 +401,7 @@ def _slurm_conf(directory: Path, replacements: dict[str, str]) -> str:
             "SlurmdParameters=config_overrides",
             *_gpualloc_lines(replacements),
             *(
-                f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={_free_port()} "
+                f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={free_port()} "
                 f"CPUs=16 RealMemory=1000 Gres=gpu:h100:{GPUS} Features=nvlink State=UNKNOWN"
                 for n in NODES
             ),

@@ -29,9 +29,10 @@ from services.common.config import read_settings
 from services.common.redis_layout import parse_layout
 from services.inventory.adapters.store.redis_repository import RedisInventoryRepository
 from services.inventory.config import INVENTORY_SETTINGS
-from tests.conftest import RedisServer, free_port, redis_binary
+from tests.conftest import RedisServer, redis_binary
 from tests.contract.conftest import device, reserve_request
 from tests.contract.test_inventory_repository import assert_same_content, busy_service
+from tests.ports import free_port
 from tests.unit.deploy.manifests import ROOT, yaml_documents
 from tests.unit.deploy.test_compose import (
     ALLOCATORS,
