@@ -1,0 +1,56 @@
+"""The fair sharing benchmark (loadtest/bench_tenants.py): its streams offer the load they say,
+and each mode runs its rules through the real AllocatorService on a small DynamicMIG fleet."""
+
+from __future__ import annotations
+
+import pytest
+
+import loadtest.bench_tenants as bench
+from loadtest.replay import MIX
+
+MEAN_SHARE = sum(k.weight * float(k.share) for k in MIX) / sum(k.weight for k in MIX)
+
+
+@pytest.mark.parametrize(
+    "busy_load",
+    [pytest.param(0.4, id="busy-at-40-percent"), pytest.param(0.7, id="busy-at-70-percent")],
+)
+def test_a_busy_tenant_offers_its_load(busy_load: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench, "_FLEET_GPUS", 96)
+    steps, duration = 2000, 45
+    jobs = bench.streams(7, steps, duration, busy_load)
+    for tenant in bench.TENANTS:
+        minutes = {j.arrives for j in jobs if j.tenant == tenant}
+        busy = max(minutes) - min(minutes)  # an upper bound of its busy minutes: idle ones too
+        offered = sum(float(j.kind.share) * duration for j in jobs if j.tenant == tenant)
+        per_busy_minute = offered / (busy * 0.5)  # busy about half the time
+        assert 0.6 * busy_load * 96 < per_busy_minute < 1.6 * busy_load * 96, tenant
+
+
+@pytest.fixture(scope="module")
+def small_runs() -> dict[str, bench.ModeResult]:
+    fleet_gpus = 24
+    bench._FLEET_GPUS = fleet_gpus
+    slices, nodes = bench.fleet(fleet_gpus)
+    jobs = bench.streams(1, 90, 15)  # seed 1: ten preemptions in the preemption mode
+    return {m: bench.simulate(m, jobs, slices, nodes, 90) for m in bench.MODES}
+
+
+def test_every_mode_places_jobs_and_holds_at_most_the_fleet(
+    small_runs: dict[str, bench.ModeResult],
+) -> None:
+    for mode, result in small_runs.items():
+        assert result.placed > 0, mode
+        assert 0 < result.utilization <= 1, mode
+        assert sum(result.used_share.values()) == pytest.approx(result.utilization), mode
+        assert all(0 <= v <= 1 for v in result.nominal_served.values()), mode
+
+
+def test_only_the_preemption_mode_preempts(small_runs: dict[str, bench.ModeResult]) -> None:
+    """Each reclaiming Allocate revoked at least one running job."""
+    assert small_runs["static"].preemptions == 0
+    assert small_runs["borrowing"].preemptions == 0
+    assert not small_runs["borrowing"].reclaim_seconds
+    preemption = small_runs["preemption"]
+    assert preemption.reclaim_seconds
+    assert preemption.preemptions >= len(preemption.reclaim_seconds)
