@@ -12,9 +12,10 @@ placement), `lab` directly (Allocate with reserve). Each alternates busy and idl
 (seeded; while busy it offers about 70% of the fleet, so bursts of two or three tenants overlap
 and exceed it; the full run repeats everything at 40% and 55%, rows `mode@0.40`, because how much
 borrowing gains over static depends on the offered load: at 70% every tenant's backlog keeps its
-static third full long after its burst, so static already wastes little but fragmentation); jobs are replay.MIX (85% MIG slices, 15% 1-8 whole GPUs), queue per tenant,
-and a job that does not fit waits in its tenant's queue while the next ones (up to 32 a minute)
-are tried, as Kueue's BestEffortFIFO does.
+static third full long after its burst, so static already wastes little but fragmentation);
+jobs are replay.MIX (85% MIG slices, 15% 1-8 whole GPUs), queue per tenant, and a job that does
+not fit waits in its tenant's queue while the next ones (up to 32 a minute) are tried, as
+Kueue's BestEffortFIFO does.
 
 The same streams run three ways, through the real AllocatorService (embedded store and quota
 ledger, the production code path):
