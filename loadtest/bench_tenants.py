@@ -110,9 +110,11 @@ class ModeResult:
     allocate_seconds: list[float] = field(default_factory=list)
 
 
-def streams(seed: int, steps: int, mean_duration: int, busy_load: float = 0.7) -> list[Job]:
+def streams(
+    seed: int, steps: int, mean_duration: int, fleet_gpus: int, busy_load: float = MAIN_LOAD
+) -> list[Job]:
     """Per tenant, busy and idle periods (each 40-160 minutes) and jobs from replay.MIX; while
-    busy, arrivals such that its running jobs would hold `busy_load` of the fleet."""
+    busy, arrivals such that its running jobs would hold `busy_load` of the fleet's GPUs."""
     rng = random.Random(seed)
     weights = [k.weight for k in MIX]
     jobs: list[Job] = []
@@ -122,7 +124,7 @@ def streams(seed: int, steps: int, mean_duration: int, busy_load: float = 0.7) -
         while step < steps:
             period = rng.randint(40, 160)
             if busy:
-                rate = busy_load * _FLEET_GPUS / (mean_duration * mean_share)
+                rate = busy_load * fleet_gpus / (mean_duration * mean_share)
                 for minute in range(step, min(steps, step + period)):
                     for _ in range(_poisson(rng, rate)):
                         kind = rng.choices(MIX, weights)[0]
@@ -140,9 +142,6 @@ def _poisson(rng: random.Random, rate: float) -> int:
         count += 1
         total += rng.expovariate(1.0)
     return count
-
-
-_FLEET_GPUS = 48  # set by `run` before streams are drawn
 
 
 def fleet(gpus: int) -> tuple[list[ResourceSlice], list[Node]]:
@@ -342,13 +341,11 @@ def _fleet_gpus(snapshot: ClusterSnapshot) -> int:
 
 
 def run(quick: bool) -> BenchReport:
-    global _FLEET_GPUS
     gpus = 48 if quick else 96
     steps = 240 if quick else 480
     mean_duration = 30 if quick else 45
     seeds = (1,) if quick else (1, 2)
     loads = (MAIN_LOAD,) if quick else LOADS
-    _FLEET_GPUS = gpus
     slices, nodes = fleet(gpus)
     report = BenchReport(
         "tenants",
@@ -365,7 +362,7 @@ def run(quick: bool) -> BenchReport:
     for load in loads:
         results: dict[str, list[ModeResult]] = {m: [] for m in MODES}
         for seed in seeds:
-            jobs = streams(seed, steps, mean_duration, load)
+            jobs = streams(seed, steps, mean_duration, gpus, load)
             for mode in MODES:
                 results[mode].append(simulate(mode, jobs, slices, nodes, steps))
         _add_rows(report, results, steps, "" if load == MAIN_LOAD else f"@{load:.2f}")

@@ -14,11 +14,6 @@ from tests.ports import free_port
 pytestmark = pytest.mark.redis
 
 
-def two_free_ports() -> int:
-    """A port P with P + 1 free too."""
-    return free_port(following=1)
-
-
 def instance(port: int, timeout: float = 20.0) -> str:
     """The service.instance.id the endpoint on `port` reports (its process's)."""
     deadline = time.monotonic() + timeout
@@ -37,7 +32,7 @@ def instance(port: int, timeout: float = 20.0) -> str:
 
 
 def test_each_worker_serves_its_own_metrics_port(allocator_processes, redis_url):
-    port = two_free_ports()
+    port = free_port(following=1)  # P and P + 1
     allocator_processes(redis_url, workers=2, extra=["--metrics-listen", f"127.0.0.1:{port}"])
     first, second = instance(port), instance(port + 1)
     assert first != second  # two processes, one endpoint each

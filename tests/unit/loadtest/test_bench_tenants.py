@@ -6,19 +6,15 @@ from __future__ import annotations
 import pytest
 
 import loadtest.bench_tenants as bench
-from loadtest.replay import MIX
-
-MEAN_SHARE = sum(k.weight * float(k.share) for k in MIX) / sum(k.weight for k in MIX)
 
 
 @pytest.mark.parametrize(
     "busy_load",
     [pytest.param(0.4, id="busy-at-40-percent"), pytest.param(0.7, id="busy-at-70-percent")],
 )
-def test_a_busy_tenant_offers_its_load(busy_load: float, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bench, "_FLEET_GPUS", 96)
+def test_a_busy_tenant_offers_its_load(busy_load: float) -> None:
     steps, duration = 2000, 45
-    jobs = bench.streams(7, steps, duration, busy_load)
+    jobs = bench.streams(7, steps, duration, 96, busy_load)
     for tenant in bench.TENANTS:
         minutes = {j.arrives for j in jobs if j.tenant == tenant}
         busy = max(minutes) - min(minutes)  # an upper bound of its busy minutes: idle ones too
@@ -29,10 +25,8 @@ def test_a_busy_tenant_offers_its_load(busy_load: float, monkeypatch: pytest.Mon
 
 @pytest.fixture(scope="module")
 def small_runs() -> dict[str, bench.ModeResult]:
-    fleet_gpus = 24
-    bench._FLEET_GPUS = fleet_gpus
-    slices, nodes = bench.fleet(fleet_gpus)
-    jobs = bench.streams(1, 90, 15)  # seed 1: ten preemptions in the preemption mode
+    slices, nodes = bench.fleet(24)
+    jobs = bench.streams(1, 90, 15, 24)  # seed 1: ten preemptions in the preemption mode
     return {m: bench.simulate(m, jobs, slices, nodes, 90) for m in bench.MODES}
 
 
