@@ -166,7 +166,11 @@ def _victim(victim: pb.PreemptionVictim) -> str:
     held = victim.holder
     who = held.reservation_id or f"a reservation of tenant {held.tenant}"
     priority = victim.priority_class_name or "default"
-    return f"{victim.reason}: {who} on {held.node_name} (priority {priority})"
+    moved = ""
+    if victim.moved_to_node:
+        into = victim.replacement_reservation_id
+        moved = f", moved to {into + ' on ' if into else ''}{victim.moved_to_node}"
+    return f"{victim.reason}: {who} on {held.node_name} (priority {priority}{moved})"
 
 
 def _quota_refusal(refusal: pb.QuotaRefusal) -> str:

@@ -823,11 +823,21 @@ class PreemptionVictim(_message.Message):
     HOLDER_FIELD_NUMBER: _builtins.int
     PRIORITY_CLASS_NAME_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    MOVED_TO_NODE_FIELD_NUMBER: _builtins.int
+    REPLACEMENT_RESERVATION_ID_FIELD_NUMBER: _builtins.int
     priority_class_name: _builtins.str
     """Its priority class ("" for the default)."""
     reason: _builtins.str
-    """Why it may be revoked: `reclaim` (its tenant borrows quota the caller's tenant lends) or
-    `priority` (a lower-priority reservation of the caller's tenant).
+    """Why it may be revoked: `reclaim` (its tenant borrows quota the caller's tenant lends),
+    `priority` (a lower-priority reservation of the caller's tenant) or `consolidate` (a
+    reservation of a movable priority class, moved to an equivalent device on another node so
+    that a grant within nominal quota finds room: docs/tenancy.md).
+    """
+    moved_to_node: _builtins.str
+    """consolidate: the node its replacement is on (or, in a proposal, would be on)."""
+    replacement_reservation_id: _builtins.str
+    """consolidate, once done: the replacement reservation, held for the same owner (empty when
+    it is another tenant's).
     """
     @_builtins.property
     def holder(self) -> Global___Holder:
@@ -839,10 +849,12 @@ class PreemptionVictim(_message.Message):
         holder: Global___Holder | None = ...,
         priority_class_name: _builtins.str = ...,
         reason: _builtins.str = ...,
+        moved_to_node: _builtins.str = ...,
+        replacement_reservation_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["holder", b"holder"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["holder", b"holder", "priority_class_name", b"priority_class_name", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["holder", b"holder", "moved_to_node", b"moved_to_node", "priority_class_name", b"priority_class_name", "reason", b"reason", "replacement_reservation_id", b"replacement_reservation_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -117,7 +117,9 @@ class Victim:
 
     holder: Holder
     priority_class: str
-    reason: str  # "reclaim" or "priority" (services/common/security/quota.py)
+    reason: str  # "reclaim", "priority" or "consolidate" (services/common/security/quota.py)
+    moved_to_node: str = ""  # consolidate: the node its replacement is (or would be) on
+    replacement_id: str = ""  # consolidate, once done: the replacement reservation
 
 
 @dataclass(frozen=True)

@@ -172,10 +172,12 @@ class QuotaGuard:
         return usage_by_tenant(self.ledger.read(cohort_key(quota)).entries)
 
     def take(
-        self, owner: str, amounts: Sequence[Usage], lease_seconds: float
+        self, owner: str, amounts: Sequence[Usage], lease_seconds: float, *, checked: bool = True
     ) -> Grant | tuple[QuotaRefusal, ...] | None:
         """Check the tenant's quota and hold the amounts: a Grant, the refusals, or None when
-        the tenant is not limited. Unavailable when the ledger stays contended."""
+        the tenant is not limited. Unavailable when the ledger stays contended. `checked`
+        False: held whatever the quota says (a consolidation's replacement, which the holder
+        counts already: app/consolidation.py)."""
         model = self.model
         tenant = tenant_of_owner(owner)
         quota = model.quota_of(tenant)
@@ -189,6 +191,8 @@ class QuotaGuard:
         ticket = QuotaEntry("ticket:" + secrets.token_hex(12), tenant, wanted, None)
 
         def refuse(entries: Sequence[QuotaEntry]) -> tuple[QuotaRefusal, ...]:
+            if not checked:
+                return ()
             return model.admit(tenant, wanted, usage_by_tenant(entries))
 
         hold_for = lease_seconds + self.settings.grace_seconds

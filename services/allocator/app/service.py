@@ -40,6 +40,13 @@ from opentelemetry.metrics import Counter
 
 from services.allocator.app.capacity_count import count_capacity
 from services.allocator.app.cluster_view import ClusterView, ViewSnapshot
+from services.allocator.app.consolidation import (
+    MOVED_FROM_LABEL,
+    Move,
+    device_group,
+    movable_device,
+    place_moves,
+)
 from services.allocator.app.device_classes import with_inline
 from services.allocator.app.gang_answers import (
     allocated_explanation,
@@ -93,11 +100,15 @@ from services.common.errors import (
 )
 from services.common.security.principal import tenant_of_owner
 from services.common.security.quota import (
+    CONSOLIDATE,
     Candidate,
     Holding,
     QuotaRefusal,
     TenantStatus,
+    consolidation_order,
+    fewest_moves,
     fewest_victims,
+    movable_candidates,
     preemption_candidates,
     victims_by_node,
 )
@@ -119,6 +130,7 @@ class ServiceLimits:
     max_generation_wait: float = 10.0  # seconds a call may wait for min_inventory_generation
     max_capacity_units: int = 1024  # units counted per node at most
     max_nodes_explained: int = 10
+    max_consolidation_nodes: int = 16  # nodes a consolidation tries (app/consolidation.py)
 
 
 @dataclass(frozen=True)
@@ -127,6 +139,7 @@ class Proposal:
 
     victims: tuple[Victim, ...]
     reservations: tuple[Reservation, ...]
+    moves: tuple[Move, ...] = ()  # consolidation: the victims moved, not only revoked
 
 
 class AllocatorService:
@@ -563,11 +576,17 @@ class AllocatorService:
         )
 
     def _store_reserve(
-        self, requests: Sequence[ReserveRequest], view: ViewSnapshot, deadline: Deadline
+        self,
+        requests: Sequence[ReserveRequest],
+        view: ViewSnapshot,
+        deadline: Deadline,
+        *,
+        checked: bool = True,
     ) -> list[Reservation]:
-        """Take the tenant's quota (app/quotas.py, step one), then the devices (step two)."""
+        """Take the tenant's quota (app/quotas.py, step one), then the devices (step two).
+        `checked` False: counted without a check (a consolidation's replacement)."""
         deadline.check("reserve")
-        grant = self._take_quota(requests, view)
+        grant = self._take_quota(requests, view, checked=checked)
         try:
             reservations = self._take_devices(requests)
         except BaseException:
@@ -578,14 +597,18 @@ class AllocatorService:
             self.quotas.bind(grant, reservations)
         return reservations
 
-    def _take_quota(self, requests: Sequence[ReserveRequest], view: ViewSnapshot) -> Grant | None:
+    def _take_quota(
+        self, requests: Sequence[ReserveRequest], view: ViewSnapshot, *, checked: bool = True
+    ) -> Grant | None:
         if self.quotas is None:
             return None
         amounts = [
             self.quotas.usage(view.snapshot, request.node, request.allocations)
             for request in requests
         ]
-        taken = self.quotas.take(requests[0].owner, amounts, requests[0].lease_seconds)
+        taken = self.quotas.take(
+            requests[0].owner, amounts, requests[0].lease_seconds, checked=checked
+        )
         if isinstance(taken, tuple):
             raise QuotaExceeded(taken)
         return taken
@@ -646,8 +669,6 @@ class AllocatorService:
         usage = quotas.usage_around(lease.owner)
         wanted = self._placement_usage(view, query, empty, lease.owner)
         candidates = preemption_candidates(model, tenant, priority, wanted, holdings, usage)
-        if not candidates:
-            return None
 
         def placement(chosen: Sequence[Candidate], on: Query = query) -> Answer | None:
             gone = [live[c.holding.id] for c in chosen]
@@ -666,7 +687,7 @@ class AllocatorService:
         victims: Sequence[Candidate] | None = fewest_victims(
             candidates, lambda chosen: placement(chosen) is not None, model=model, usage=usage
         )
-        if victims is None and query.gang is None:
+        if victims is None and candidates and query.gang is None:
             # the candidates in one fleet-wide order rarely free one node (a whole-GPU grant
             # needs every slice of its GPUs gone): node by node, as kube-scheduler does
             pinned: dict[str, Query] = {}
@@ -685,6 +706,10 @@ class AllocatorService:
                 candidates, node_of, fits_on, model=model, usage=usage, nodes=nodes
             )
             victims = best.victims if best is not None else None
+        if victims is None and query.gang is None:
+            return self._consolidation(
+                view, state, query, lease, wanted, holdings, live, usage, deadline
+            )
         if victims is None:
             return None
         chosen = tuple(
@@ -693,16 +718,101 @@ class AllocatorService:
         )
         return Proposal(chosen, tuple(live[c.holding.id] for c in victims))
 
+    def _consolidation(
+        self,
+        view: ViewSnapshot,
+        state: AllocatedState,
+        query: Query,
+        lease: LeaseOptions,
+        wanted: Mapping[str, int],
+        holdings: Sequence[Holding],
+        live: Mapping[str, Reservation],
+        usage: Mapping[str, Mapping[str, int]],
+        deadline: Deadline,
+    ) -> Proposal | None:
+        """Rule 3 (quota.py's movable_candidates): on the nodes holding the fewest movable
+        reservations first (of those the query may use, at most max_consolidation_nodes), the
+        fewest moves, emptiest GPUs first, that make room for `query` there, each to an
+        equivalent free device on another node (app/consolidation.py); the first node where
+        every move finds one."""
+        assert self.quotas is not None
+        model = self.quotas.model
+        tenant = tenant_of_owner(lease.owner)
+        snapshot = view.snapshot
+        priority = model.priority(lease.priority_class)
+        movable = movable_candidates(model, tenant, priority, wanted, holdings, usage)
+        devices = {c.holding.id: movable_device(snapshot, live[c.holding.id]) for c in movable}
+        candidates = [c for c in movable if devices[c.holding.id] is not None]
+        on: dict[str, list[Candidate]] = {}
+        for candidate in candidates:
+            on.setdefault(live[candidate.holding.id].node, []).append(candidate)
+        allowed: Sequence[str] = list(on)
+        if query.node:
+            allowed = [query.node] if query.node in on else []
+        elif query.node_selector is not None or query.max_nodes > 0:
+            allowed = [n for n in eligible_nodes(snapshot, query) if n in on]
+
+        def held(node: str) -> tuple[int, str]:
+            return (sum(a for c in on[node] for a in c.holding.amounts.values()), node)
+
+        groups = {i: device_group(e) for i, e in devices.items() if e is not None}
+        for node in sorted(allowed, key=held)[: self.limits.max_consolidation_nodes]:
+            deadline.check("consolidate")
+            pinned = replace(query, node=node, node_selector=None)
+
+            def found_after(chosen: Sequence[Candidate], on_node: Query = pinned) -> Answer | None:
+                gone = [live[c.holding.id] for c in chosen]
+                trial = state.with_changes((r.id, None, a) for r in gone for a in r.allocations)
+                found = self._answer(view, trial, on_node, deadline, explain=False)
+                if found.outcome is not Outcome.ALLOCATED:
+                    return None
+                placed = self._placement_usage(view, query, found, lease.owner)
+                return None if model.admit(tenant, placed, usage) else found
+
+            chosen = fewest_moves(
+                consolidation_order(on[node], groups), lambda c: found_after(c) is not None
+            )
+            if chosen is None:
+                continue
+            found = found_after(chosen)
+            assert found is not None
+            gone = [live[c.holding.id] for c in chosen]
+            trial = state.with_changes(
+                [(r.id, None, a) for r in gone for a in r.allocations]
+                + [(None, lease.owner, a) for p in found.placements for a in p.allocations]
+            )
+            moves = place_moves(snapshot, trial, gone, away_from=node)
+            if moves is None:
+                continue
+            to = {m.reservation.id: m.node for m in moves}
+            victims = tuple(
+                Victim(holder(r), r.priority_class, CONSOLIDATE, moved_to_node=to[r.id])
+                for r in gone
+            )
+            return Proposal(victims, tuple(gone), tuple(moves))
+        return None
+
     def _revoke(self, proposal: Proposal, by: str, deadline: Deadline) -> tuple[Victim, ...]:
         """Revoke the victims (each only if its fencing token is the one chosen: a stale one
-        fails the call with FAILED_PRECONDITION, nothing more is revoked); free their quota."""
+        fails the call with FAILED_PRECONDITION, nothing more is revoked); free their quota.
+        A consolidation first reserves every replacement (`_replace`); if one of their devices
+        was taken meanwhile, nothing is revoked and () is answered (the caller tries again)."""
         deadline.check("preempt")
+        replacements = self._replace(proposal.moves, deadline)
+        if replacements is None:
+            return ()
         done: list[Reservation] = []
         try:
             for reservation in proposal.reservations:
+                new = replacements.get(reservation.id)
+                told = by if new is None else f"{by}; moved to reservation {new.id} on {new.node}"
                 with contextlib.suppress(NotFound):  # gone meanwhile: freed anyway
-                    self.store.revoke(reservation.id, reservation.fencing_token, by)
+                    self.store.revoke(reservation.id, reservation.fencing_token, told)
                 done.append(reservation)
+        except BaseException:
+            kept = {r.id for r in done}
+            self._drop_replacements([n for i, n in replacements.items() if i not in kept])
+            raise
         finally:
             self.holdings.removed([r.id for r in done])
             reasons = {v.holder.reservation_id: v.reason for v in proposal.victims}
@@ -716,7 +826,60 @@ class AllocatorService:
             if self.quotas is not None:
                 for reservation in done:
                     self.quotas.released([reservation.id], reservation.owner)
-        return proposal.victims
+        return tuple(
+            replace(v, replacement_id=replacements[v.holder.reservation_id].id)
+            if v.holder.reservation_id in replacements
+            else v
+            for v in proposal.victims
+        )
+
+    def _replace(self, moves: Sequence[Move], deadline: Deadline) -> dict[str, Reservation] | None:
+        """Reserve each move's replacement for the moved reservation's owner, before the
+        original is revoked: the same claims, idempotency key, labels (plus
+        `gpualloc.dev/moved-from`) and priority class, leased (the lease the original had
+        left, or the default lease for a committed one): the holder adopts it with Commit or
+        Renew, else it lapses, so no GPU stays held for a holder that requeued instead. Quota:
+        an entry added without a check (the holder's usage is counted twice until the
+        original is revoked: over-counting, never under-counting). Old id -> replacement;
+        None (the ones made released) when a device was taken."""
+        made: dict[str, Reservation] = {}
+        view = self.view.require(0)
+        for move in moves:
+            deadline.check("consolidate")
+            old = move.reservation
+            left = (old.expires_at or 0.0) - time.time()
+            committed = old.state is ReservationState.COMMITTED or old.expires_at is None
+            hold = placement_holds(view.snapshot, move.node, [move.allocation])[move.node]
+            request = ReserveRequest(
+                owner=old.owner,
+                node=move.node,
+                claim_names=old.claim_names,
+                allocations=(move.allocation,),
+                hold=hold,
+                lease_seconds=self.limits.lease_seconds if committed else max(1.0, left),
+                idempotency_key=old.idempotency_key,
+                labels=(*old.labels, (MOVED_FROM_LABEL, old.id)),
+                request_digest=old.request_digest,
+                priority_class=old.priority_class,
+            )
+            try:
+                new = self._store_reserve([request], view, deadline, checked=False)[0]
+            except Conflict:
+                self._drop_replacements(list(made.values()))
+                return None
+            except BaseException:
+                self._drop_replacements(list(made.values()))
+                raise
+            made[old.id] = new
+        return made
+
+    def _drop_replacements(self, reservations: Sequence[Reservation]) -> None:
+        for reservation in reservations:
+            with contextlib.suppress(NotFound, Preempted):
+                self.store.release(reservation.id, reservation.owner, reservation.fencing_token)
+            if self.quotas is not None:
+                self.quotas.released([reservation.id], reservation.owner)
+        self.holdings.removed([r.id for r in reservations])
 
     def _placement_usage(
         self, view: ViewSnapshot, query: Query, answer: Answer, owner: str

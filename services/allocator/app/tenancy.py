@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from services.allocator.app.holders import holder_ids
-from services.allocator.app.messages import Answer, Holder
+from services.allocator.app.messages import Answer, Holder, Victim
 from services.allocator.core import Explanation, RejectionGroup, holders
 from services.allocator.reservations.model import Reservation
 from services.common.dra.model import AllocationResult
@@ -60,10 +60,14 @@ def visible_answer(
         answer,
         holders=tuple(visible_holder(h, viewer) for h in answer.holders),
         explanation=explanation,
-        preemption=tuple(
-            replace(v, holder=visible_holder(v.holder, viewer)) for v in answer.preemption
-        ),
+        preemption=tuple(_visible_victim(v, viewer) for v in answer.preemption),
     )
+
+
+def _visible_victim(victim: Victim, viewer: Principal) -> Victim:
+    if viewer.may_see(victim.holder.owner):
+        return victim
+    return replace(victim, holder=visible_holder(victim.holder, viewer), replacement_id="")
 
 
 def _visible_explanation(

@@ -35,7 +35,7 @@ from services.allocator.core.fleet import COMMITTED, RESERVED, STATES, FleetCoun
 from services.allocator.core.fragmentation import DEFAULT_MIX, FragmentationMix, node_usable
 from services.allocator.core.gang import solve_gang
 from services.allocator.core.groups import GroupKey
-from services.allocator.core.nodeselect import NodeAccess
+from services.allocator.core.nodeselect import NodeAccess, allocation_node_selector
 from services.allocator.core.outcome import (
     Allocated,
     NodePlacement,
@@ -60,6 +60,7 @@ from services.allocator.core.topology_constraints import (
 from services.cel import CelDevice, CelError, CompiledSelector, SelectorCache
 
 __all__ = [
+    "allocation_node_selector",
     "NO_SUMMARY",
     "Summary",
     "SummaryKind",

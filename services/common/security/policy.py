@@ -307,7 +307,7 @@ def _priority_classes(
 ) -> tuple[dict[str, PriorityClass], PriorityClass]:
     classes: dict[str, PriorityClass] = {}
     default = DEFAULT_PRIORITY
-    allowed = {"name", "value", "globalDefault", "preemptionPolicy", "preemptible"}
+    allowed = {"name", "value", "globalDefault", "preemptionPolicy", "preemptible", "movable"}
     items = reader.sequence(value, "spec.quota.priorityClasses")
     for i, item in enumerate(items):
         path = f"spec.quota.priorityClasses[{i}]"
@@ -325,7 +325,8 @@ def _priority_classes(
                 f"{path}.preemptionPolicy", f"must be PreemptLowerPriority or Never, got {policy!r}"
             )
         preemptible = reader.boolean(fields.get("preemptible", True), f"{path}.preemptible")
-        made = PriorityClass(name, number, policy != "Never", preemptible)
+        movable = reader.boolean(fields.get("movable", False), f"{path}.movable")
+        made = PriorityClass(name, number, policy != "Never", preemptible, movable)
         classes[name] = made
         if reader.boolean(fields.get("globalDefault", False), f"{path}.globalDefault"):
             if default is not DEFAULT_PRIORITY:

@@ -34,11 +34,15 @@ from fractions import Fraction
 from services.common.dra.quantity import Quantity, QuantityFormat
 
 __all__ = [
+    "CONSOLIDATE",
     "PRIORITY",
     "RECLAIM",
     "Candidate",
     "Holding",
+    "consolidation_order",
+    "fewest_moves",
     "fewest_victims",
+    "movable_candidates",
     "NodeVictims",
     "victims_by_node",
     "preemption_candidates",
@@ -78,12 +82,14 @@ class QuotaResource:
 class PriorityClass:
     """A reservation's priority, as Kubernetes PriorityClasses: `value` orders them; a class
     with `preempts` False never preempts (preemptionPolicy: Never); one with `preemptible`
-    False is never a victim."""
+    False is never a victim; one with `movable` True may be moved to an equivalent device on
+    another node so that a grant within nominal quota fits (consolidation, docs/tenancy.md)."""
 
     name: str
     value: int
     preempts: bool = True
     preemptible: bool = True
+    movable: bool = False
 
 
 DEFAULT_PRIORITY = PriorityClass("", 0)
@@ -352,6 +358,7 @@ class Candidate:
 
 RECLAIM = "reclaim"
 PRIORITY = "priority"
+CONSOLIDATE = "consolidate"  # moved to an equivalent device elsewhere, not just revoked
 
 
 def preemption_candidates(
@@ -502,6 +509,63 @@ def _still_borrowing(
                 mine[name] = mine.get(name, 0) - amount
         taken.append(candidate)
     return taken
+
+
+def movable_candidates(
+    model: QuotaModel,
+    tenant: str,
+    priority: PriorityClass,
+    amounts: Usage,
+    holdings: Sequence[Holding],
+    usage: Mapping[str, Usage],
+) -> list[Candidate]:
+    """Rule 3, *consolidate*, for when revoking what rules 1 and 2 allow cannot make room
+    (the free devices are spread over nodes, as KAI Scheduler's Consolidate action finds
+    them): when the grant keeps `tenant` within its nominal quota, reservations of a movable
+    priority class of any tenant of its cohort (its own too, of any priority) may be moved to
+    an equivalent free device on another node. A move takes nothing from anyone's quota: the
+    holder keeps what it counts, on other devices; it does cost the holder a restart. Newest
+    first. Which of them make room on a node, and whether each finds a device elsewhere, the
+    caller decides (only holdings it can re-place are candidates)."""
+    if not priority.preempts:
+        return []
+    quota = model.quota_of(tenant)
+    if quota is None or not _within_nominal(quota, amounts, usage.get(tenant, {})):
+        return []
+    members = set(model.members(quota))
+    movable = [
+        h for h in holdings if h.tenant in members and h.priority.preemptible and h.priority.movable
+    ]
+    movable.sort(key=lambda h: (-h.created_at, h.id))
+    return [Candidate(h, CONSOLIDATE) for h in movable]
+
+
+def consolidation_order(
+    candidates: Sequence[Candidate], group_of: Mapping[str, str]
+) -> list[Candidate]:
+    """One node's movable candidates in the order consolidation frees them: group by group
+    (`group_of`: holding id -> its GPU, the counter set its device consumes), the groups
+    holding the least first, so that the shortest run that makes room empties the emptiest
+    GPUs; within a group, in the candidates' order."""
+    held: dict[str, int] = {}
+    for candidate in candidates:
+        group = group_of.get(candidate.holding.id, candidate.holding.id)
+        held[group] = held.get(group, 0) + sum(candidate.holding.amounts.values())
+    index = {id(c): i for i, c in enumerate(candidates)}
+
+    def key(candidate: Candidate) -> tuple[int, str, int]:
+        group = group_of.get(candidate.holding.id, candidate.holding.id)
+        return (held[group], group, index[id(candidate)])
+
+    return sorted(candidates, key=key)
+
+
+def fewest_moves(
+    candidates: Sequence[Candidate], fits: Callable[[Sequence[Candidate]], bool]
+) -> list[Candidate] | None:
+    """The shortest run of `candidates` (in consolidation_order) that makes the grant fit,
+    pruned so that no move can be spared; None when moving all of them is not enough."""
+    return _minimal(candidates, fits)
 
 
 @dataclass(frozen=True)

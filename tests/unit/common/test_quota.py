@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from services.common.errors import InvalidArgument
 from services.common.security.policy import parse_policy
 from services.common.security.quota import (
+    CONSOLIDATE,
     PRIORITY,
     RECLAIM,
     Candidate,
@@ -28,7 +29,10 @@ from services.common.security.quota import (
     QuotaModel,
     QuotaResource,
     TenantQuota,
+    consolidation_order,
+    fewest_moves,
     fewest_victims,
+    movable_candidates,
     preemption_candidates,
     quantity_text,
     victims_by_node,
@@ -558,3 +562,77 @@ def test_victims_by_node(
         return
     assert found is not None
     assert (found.node, [c.holding.id for c in found.victims]) == (expected[0], expected[1])
+
+
+MOVABLE = PriorityClass("movable", 100, movable=True)
+MOVABLE_LOW = PriorityClass("movable-low", 0, movable=True)
+FIXED_MOVABLE = PriorityClass("fixed", 500, preemptible=False, movable=True)
+
+MOVE_CASES = [
+    (
+        "any-tenant-of-the-cohort-newest-first",
+        "b",
+        [holding("a1", "a", MOVABLE, age=2), holding("b1", "b", MOVABLE, age=1)],
+        used(a=3, b=1),
+        ["b1", "a1"],  # a is within nominal: reclaim could not take a1, a move may
+    ),
+    (
+        "any-priority-even-higher",
+        "b",
+        [holding("a1", "a", PriorityClass("top", 9000, movable=True))],
+        used(a=1),
+        ["a1"],
+    ),
+    ("only-movable-classes", "b", [holding("a1", "a"), holding("a2", "a", LOW)], used(a=2), []),
+    ("never-an-unpreemptible-class", "b", [holding("a1", "a", FIXED_MOVABLE)], used(a=1), []),
+    ("never-when-the-grant-borrows", "b", [holding("a1", "a", MOVABLE)], used(a=1, b=4), []),
+    ("never-another-cohort", "c", [holding("a1", "a", MOVABLE)], used(a=1), []),
+]
+
+
+@pytest.mark.parametrize(
+    ("who", "holdings", "usage", "expected"),
+    [pytest.param(*case[1:], id=case[0]) for case in MOVE_CASES],
+)
+def test_movable_candidates_table(
+    who: str, holdings: list[Holding], usage: dict[str, dict[str, int]], expected: list[str]
+) -> None:
+    found = movable_candidates(COHORT, who, STANDARD, {"gpus": GPU}, holdings, usage)
+    assert [c.holding.id for c in found] == expected
+    assert {c.reason for c in found} <= {CONSOLIDATE}
+
+
+def test_a_polite_class_never_moves_anyone() -> None:
+    found = movable_candidates(
+        COHORT, "b", POLITE, {"gpus": GPU}, [holding("a1", "a", MOVABLE)], {}
+    )
+    assert found == []
+
+
+def test_consolidation_frees_the_emptiest_gpu_first() -> None:
+    moves = [
+        Candidate(holding("x1", "a", MOVABLE, age=1), CONSOLIDATE),
+        Candidate(holding("y1", "a", MOVABLE, age=2), CONSOLIDATE),
+        Candidate(holding("x2", "a", MOVABLE, age=3), CONSOLIDATE),
+        Candidate(holding("z1", "a", MOVABLE, age=4), CONSOLIDATE),
+    ]
+    gpu = {"x1": "gpu-x", "x2": "gpu-x", "y1": "gpu-y", "z1": "gpu-z"}
+    ordered = [c.holding.id for c in consolidation_order(moves, gpu)]
+    assert ordered == ["y1", "z1", "x1", "x2"]  # one each on y and z (by name), then x's two
+    # freeing one GPU takes the run that empties it, and nothing more
+    found = fewest_moves(consolidation_order(moves, gpu), lambda c: len(c) >= 2)
+    assert found is not None and [c.holding.id for c in found] == ["y1", "z1"]
+    assert fewest_moves(moves, lambda c: False) is None
+
+
+def test_policy_declares_movable_classes() -> None:
+    text = POLICY.replace(
+        "  tenants:\n",
+        "    priorityClasses:\n    - {name: batch, value: 10, movable: true}\n  tenants:\n",
+        1,
+    )
+    quotas = parse_policy(yaml.safe_load(text)).quotas
+    assert quotas.priority("batch").movable
+    assert not quotas.priority("").movable  # the default is not movable
+    with pytest.raises(InvalidArgument, match="movable"):
+        parse_policy(yaml.safe_load(text.replace("movable: true", "movable: 3")))

@@ -419,6 +419,8 @@ def _preemption(answer: Answer) -> pb.Preemption:
                 holder=_holder_to_pb(victim.holder),
                 priority_class_name=victim.priority_class,
                 reason=victim.reason,
+                moved_to_node=victim.moved_to_node,
+                replacement_reservation_id=victim.replacement_id,
             )
             for victim in answer.preemption
         ]
