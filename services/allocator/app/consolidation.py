@@ -8,13 +8,14 @@ fleet: which device of a node a reservation holds (its GPU, to free GPUs empties
 where it can go.
 
 Only a reservation of exactly one node-local device (a MIG slice, a whole GPU; not a share of
-a device, not admin access) is movable: the allocator keeps no request, only its result, and
-for one device "the same request" is "a device nobody could tell apart by what a request can
-select". Equivalent: the same driver, the same attributes apart from the device's identity
-(`IDENTITY`: uuid, parent uuid, PCI addresses, indexes), the same capacities and taints, the
-same sharing mode, and counters of the same kinds consumed in the same amounts (a 1g slice at
-another position of its GPU takes `memory-slice-3`, not `-0`). Nodes are not compared: a class
-marked `movable` in the access policy says its holders accept any node (docs/tenancy.md).
+a device, not admin access, not a gang's member) is movable: the allocator keeps no request,
+only its result, and for one device "the same request" is "a device nobody could tell apart
+by what a request can select". Equivalent: the same driver, the same attributes apart from
+the device's identity (`IDENTITY`: uuid, parent uuid, PCI addresses, indexes), the same
+capacities, the same sharing mode, and counters of the same kinds consumed in the same
+amounts (a 1g slice at another position of its GPU takes `memory-slice-3`, not `-0`); and no
+taint the original's tolerations do not tolerate. Nodes are not compared: a class marked
+`movable` in the access policy says its holders accept any node (docs/tenancy.md).
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from services.allocator.core import (
     ClusterSnapshot,
     DeviceEntry,
     allocation_node_selector,
+    untolerated_taint,
 )
 from services.allocator.reservations.model import Reservation
-from services.common.dra.model import AllocationResult
+from services.common.dra.model import AllocationResult, DeviceToleration
 
 __all__ = ["IDENTITY", "MOVED_FROM_LABEL", "Move", "device_group", "movable_device", "place_moves"]
 
@@ -93,7 +95,8 @@ def place_moves(
         entry = entries[reservation.id]
         if entry is None:
             return None
-        target = _best_free(state, index.get(_key(entry), ()), away_from)
+        tolerations = reservation.allocations[0].results[0].tolerations
+        target = _best_free(state, index.get(_key(entry), ()), away_from, tolerations)
         if target is None:
             return None
         node = target.access.node_name or ""
@@ -108,12 +111,17 @@ def _size(entry: DeviceEntry | None) -> Fraction:
 
 
 def _best_free(
-    state: AllocatedState, entries: Iterable[DeviceEntry], away_from: str
+    state: AllocatedState,
+    entries: Iterable[DeviceEntry],
+    away_from: str,
+    tolerations: tuple[DeviceToleration, ...],
 ) -> DeviceEntry | None:
     best: tuple[Fraction, int, DeviceEntry] | None = None
     for entry in entries:
         if entry.access.node_name in (None, "", away_from) or state.in_use(entry.id):
             continue
+        if untolerated_taint(entry, tolerations) is not None:
+            continue  # what Allocate's candidates refuse: a taint the original did not tolerate
         used = Fraction(0)
         fits = True
         for (counter, _), amount in zip(entry.counters, entry.amounts, strict=True):
@@ -149,14 +157,13 @@ def _key(entry: DeviceEntry) -> tuple[object, ...]:
             if name.rsplit("/", 1)[-1] not in IDENTITY
         )
     )
-    capacity = tuple(sorted((name, str(c.value)) for name, c in device.capacity.items()))
-    taints = tuple(sorted((t.key, t.value, str(t.effect)) for t in device.taints))
+    capacity = tuple(sorted((name, c.value) for name, c in device.capacity.items()))
     counters = tuple(  # by kind: a slice at another position consumes memory-slice-3, not -0
         sorted(
             (_TRAILING_INDEX.sub("", counter.counter), amount) for counter, amount in entry.counters
         )
     )
-    return (entry.id.driver, attributes, capacity, taints, counters, entry.multi)
+    return (entry.id.driver, attributes, capacity, counters, entry.multi)
 
 
 def _equivalents(snapshot: ClusterSnapshot) -> Mapping[tuple[object, ...], list[DeviceEntry]]:

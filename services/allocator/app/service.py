@@ -27,6 +27,7 @@ deadline has passed.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import random
 import threading
@@ -71,6 +72,7 @@ from services.allocator.app.quotas import Grant, QuotaExceeded, QuotaGuard
 from services.allocator.app.telemetry import AllocatorMetrics
 from services.allocator.core import (
     AllocatedState,
+    DeviceEntry,
     Explanation,
     NodePlacement,
     SolveResult,
@@ -205,7 +207,10 @@ class AllocatorService:
                 proposal = self._proposal(view, state, query, answer, lease, revoked, deadline)
                 if proposal is None or revoked or not lease.preempt:
                     return replace(answer, preemption=proposal.victims) if proposal else answer
-                revoked = self._revoke(proposal, lease.owner, deadline)
+                try:
+                    revoked = self._revoke(proposal, lease.owner, deadline)
+                except Conflict as error:  # a move's device was taken: nothing was revoked
+                    conflict = error
                 continue
             requests = placement_requests(
                 view.snapshot, answer.placements, names, lease, lease_seconds, gang=answer.is_gang
@@ -217,7 +222,10 @@ class AllocatorService:
                 proposal = self._proposal(view, state, query, answer, lease, revoked, deadline)
                 if proposal is None or revoked or not lease.preempt:
                     return replace(answer, preemption=proposal.victims) if proposal else answer
-                revoked = self._revoke(proposal, lease.owner, deadline)
+                try:
+                    revoked = self._revoke(proposal, lease.owner, deadline)
+                except Conflict as error:  # a move's device was taken: nothing was revoked
+                    conflict = error
                 continue
             except Conflict as error:
                 conflict = error
@@ -741,7 +749,16 @@ class AllocatorService:
         snapshot = view.snapshot
         priority = model.priority(lease.priority_class)
         movable = movable_candidates(model, tenant, priority, wanted, holdings, usage)
-        devices = {c.holding.id: movable_device(snapshot, live[c.holding.id]) for c in movable}
+        keyed = collections.Counter(
+            (r.owner, r.idempotency_key) for r in live.values() if r.idempotency_key
+        )
+
+        def device(reservation: Reservation) -> DeviceEntry | None:
+            if keyed[(reservation.owner, reservation.idempotency_key)] > 1:
+                return None  # a gang's member (its key on other nodes too): never moved
+            return movable_device(snapshot, reservation)
+
+        devices = {c.holding.id: device(live[c.holding.id]) for c in movable}
         candidates = [c for c in movable if devices[c.holding.id] is not None]
         on: dict[str, list[Candidate]] = {}
         for candidate in candidates:
@@ -796,18 +813,20 @@ class AllocatorService:
         """Revoke the victims (each only if its fencing token is the one chosen: a stale one
         fails the call with FAILED_PRECONDITION, nothing more is revoked); free their quota.
         A consolidation first reserves every replacement (`_replace`); if one of their devices
-        was taken meanwhile, nothing is revoked and () is answered (the caller tries again)."""
+        was taken meanwhile, nothing is revoked and Conflict is raised (the caller tries
+        again). A moved reservation found gone meanwhile (released) loses its replacement."""
         deadline.check("preempt")
         replacements = self._replace(proposal.moves, deadline)
-        if replacements is None:
-            return ()
         done: list[Reservation] = []
         try:
             for reservation in proposal.reservations:
                 new = replacements.get(reservation.id)
                 told = by if new is None else f"{by}; moved to reservation {new.id} on {new.node}"
-                with contextlib.suppress(NotFound):  # gone meanwhile: freed anyway
+                try:
                     self.store.revoke(reservation.id, reservation.fencing_token, told)
+                except NotFound:  # gone meanwhile: freed anyway, and nobody to move
+                    if new is not None:
+                        self._drop_replacements([replacements.pop(reservation.id)])
                 done.append(reservation)
         except BaseException:
             kept = {r.id for r in done}
@@ -833,7 +852,7 @@ class AllocatorService:
             for v in proposal.victims
         )
 
-    def _replace(self, moves: Sequence[Move], deadline: Deadline) -> dict[str, Reservation] | None:
+    def _replace(self, moves: Sequence[Move], deadline: Deadline) -> dict[str, Reservation]:
         """Reserve each move's replacement for the moved reservation's owner, before the
         original is revoked: the same claims, idempotency key, labels (plus
         `gpualloc.dev/moved-from`) and priority class, leased (the lease the original had
@@ -841,8 +860,10 @@ class AllocatorService:
         Renew, else it lapses, so no GPU stays held for a holder that requeued instead. Quota:
         an entry added without a check (the holder's usage is counted twice until the
         original is revoked: over-counting, never under-counting). Old id -> replacement;
-        None (the ones made released) when a device was taken."""
+        Conflict (the ones made released) when a device was taken, or when the store answers
+        with a reservation it already had (the owner's idempotency key on that node)."""
         made: dict[str, Reservation] = {}
+        known = {r.id for r in self.holdings.reservations()}
         view = self.view.require(0)
         for move in moves:
             deadline.check("consolidate")
@@ -864,12 +885,14 @@ class AllocatorService:
             )
             try:
                 new = self._store_reserve([request], view, deadline, checked=False)[0]
-            except Conflict:
-                self._drop_replacements(list(made.values()))
-                return None
             except BaseException:
                 self._drop_replacements(list(made.values()))
                 raise
+            if new.id in known or any(new.id == r.id for r in made.values()):
+                self._drop_replacements(list(made.values()))  # not `new`: it is not ours
+                raise Conflict(
+                    f"reservation {old.id} cannot move to {move.node}: {new.id} is there"
+                )
             made[old.id] = new
         return made
 

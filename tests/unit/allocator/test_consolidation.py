@@ -26,7 +26,7 @@ from services.allocator.app.cluster_view import ClusterView
 from services.allocator.app.consolidation import IDENTITY, MOVED_FROM_LABEL, device_group
 from services.allocator.app.inventory_feed import InventoryUpdate
 from services.allocator.app.live_reservations import Holdings
-from services.allocator.app.messages import LeaseOptions, Outcome, Query
+from services.allocator.app.messages import GangSpec, LeaseOptions, Outcome, Query
 from services.allocator.app.placing import PlacementSearch
 from services.allocator.app.quotas import QuotaGuard
 from services.allocator.app.service import AllocatorService
@@ -35,7 +35,7 @@ from services.allocator.reservations.model import Reservation, ReservationState
 from services.client.mapping import placement_from_pb
 from services.common.deadline import UNBOUNDED
 from services.common.dra.model import ResourceSlice
-from services.common.errors import Preempted
+from services.common.errors import Conflict, Preempted
 from services.common.security.quota import (
     PriorityClass,
     QuotaLimits,
@@ -331,7 +331,8 @@ def test_a_replacement_whose_device_was_taken_meanwhile_revokes_nothing(fleet: F
     (move,) = proposal.moves
     taken = service.reserve(move.node, [("other", move.allocation)], LeaseOptions("b/other"))
     before = fleet.used()
-    assert service._revoke(proposal, "a/job", UNBOUNDED) == ()
+    with pytest.raises(Conflict):
+        service._revoke(proposal, "a/job", UNBOUNDED)
     assert service.get(s0.id) == s0
     assert {r.owner for r in service.holdings.reservations()} == {
         "b/s0",
@@ -339,4 +340,37 @@ def test_a_replacement_whose_device_was_taken_meanwhile_revokes_nothing(fleet: F
         "b/s2",
         taken[0].owner,
     }
+    assert fleet.used() == before
+
+
+def test_a_gangs_member_is_never_moved(fleet: Fleet) -> None:
+    """A gang's members share their owner and idempotency key, one per node: moving one would
+    break the gang (and the store would answer a sibling's reservation for the key)."""
+    gang = Query((KINDS["mig-1g"].claim,), gang=GangSpec(3))
+    made = fleet.service.allocate(gang, LeaseOptions("b/gang", idempotency_key="gang"))
+    assert made.outcome is Outcome.ALLOCATED and len(made.reservations) == 3
+    before = fleet.used()
+    answer = fleet.service.allocate(WHOLE_NODE, LeaseOptions("a/job", preempt=True))
+    assert answer.outcome is Outcome.UNSATISFIABLE and not answer.preemption
+    assert {r.id for r in fleet.service.holdings.reservations()} == {
+        r.id for r in made.reservations
+    }
+    assert fleet.used() == before
+
+
+def test_a_victim_released_meanwhile_leaves_no_replacement(fleet: Fleet) -> None:
+    s0 = fleet.hold("s0", "mig-1g", NODES[0])
+    fleet.hold("n1", "gpus-8", NODES[1])
+    fleet.hold("s2", "mig-1g", NODES[2])
+    service = fleet.service
+    view, state = service._read(WHOLE_NODE, UNBOUNDED)
+    answer = service._answer(view, state, WHOLE_NODE, UNBOUNDED, explain=False)
+    lease = LeaseOptions("a/job", preempt=True)
+    proposal = service._proposal(view, state, WHOLE_NODE, answer, lease, (), UNBOUNDED)
+    assert proposal is not None
+    service.release(s0.id, s0.owner)  # its holder let go between the proposal and the move
+    before = fleet.used()
+    (victim,) = service._revoke(proposal, "a/job", UNBOUNDED)
+    assert victim.replacement_id == ""
+    assert {r.owner for r in service.holdings.reservations()} == {"b/n1", "b/s2"}
     assert fleet.used() == before
