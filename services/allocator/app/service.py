@@ -680,9 +680,8 @@ class AllocatorService:
 
         def placement(chosen: Sequence[Candidate], on: Query = query) -> Answer | None:
             gone = [live[c.holding.id] for c in chosen]
-            trial = state.with_changes((r.id, None, a) for r in gone for a in r.allocations)
-            found = self._answer(view, trial, on, deadline, explain=False)
-            if found.outcome is not Outcome.ALLOCATED:
+            found = self._found_without(view, state, on, gone, deadline)
+            if found is None:
                 return None
             left = {t: dict(u) for t, u in usage.items()}
             for c in chosen:
@@ -725,6 +724,19 @@ class AllocatorService:
             for c in victims
         )
         return Proposal(chosen, tuple(live[c.holding.id] for c in victims))
+
+    def _found_without(
+        self,
+        view: ViewSnapshot,
+        state: AllocatedState,
+        query: Query,
+        gone: Sequence[Reservation],
+        deadline: Deadline,
+    ) -> Answer | None:
+        """`query`'s placement once `gone` are revoked (their devices free), or None."""
+        trial = state.with_changes((r.id, None, a) for r in gone for a in r.allocations)
+        found = self._answer(view, trial, query, deadline, explain=False)
+        return found if found.outcome is Outcome.ALLOCATED else None
 
     def _consolidation(
         self,
@@ -779,9 +791,8 @@ class AllocatorService:
 
             def found_after(chosen: Sequence[Candidate], on_node: Query = pinned) -> Answer | None:
                 gone = [live[c.holding.id] for c in chosen]
-                trial = state.with_changes((r.id, None, a) for r in gone for a in r.allocations)
-                found = self._answer(view, trial, on_node, deadline, explain=False)
-                if found.outcome is not Outcome.ALLOCATED:
+                found = self._found_without(view, state, on_node, gone, deadline)
+                if found is None:
                     return None
                 placed = self._placement_usage(view, query, found, lease.owner)
                 return None if model.admit(tenant, placed, usage) else found

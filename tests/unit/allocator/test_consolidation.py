@@ -10,6 +10,7 @@ GPUs, and asserts the exact victims, where each went, and what the quota counts.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -374,3 +375,26 @@ def test_a_victim_released_meanwhile_leaves_no_replacement(fleet: Fleet) -> None
     assert victim.replacement_id == ""
     assert {r.owner for r in service.holdings.reservations()} == {"b/n1", "b/s2"}
     assert fleet.used() == before
+
+
+@pytest.mark.parametrize(
+    ("nodes_tried", "placed_on"),
+    [
+        pytest.param(16, NODES[1], id="the-default-tries-the-next-node"),
+        pytest.param(1, None, id="one-node-tried-finds-no-room"),
+    ],
+)
+def test_consolidation_tries_at_most_max_consolidation_nodes(
+    fleet: Fleet, nodes_tried: int, placed_on: str | None
+) -> None:
+    """Node 0 holds the least to move, but a reservation that is not movable stays there;
+    node 1 makes room once its slice moves."""
+    fleet.hold("f0", "mig-1g", NODES[0], "fixed")
+    fleet.hold("s0", "mig-1g", NODES[0])
+    fleet.hold("s1", "mig-3g", NODES[1])
+    fleet.hold("n2", "gpus-4", NODES[2])
+    limits = fleet.service.limits
+    fleet.service.limits = dataclasses.replace(limits, max_consolidation_nodes=nodes_tried)
+    answer = fleet.service.allocate(WHOLE_NODE, LeaseOptions("a/job", preempt=True))
+    assert (answer.node or None) == placed_on
+    assert [v.reason for v in answer.preemption] == (["consolidate"] if placed_on else [])
