@@ -33,6 +33,7 @@ from services.common.errors import InvalidArgument
 __all__ = [
     "Placer",
     "kueue_owner",
+    "kueue_owner_of",
     "needs_nvlink",
     "nvlink_meshed_nodes",
     "slurm_job_of",
@@ -43,6 +44,7 @@ log = logging.getLogger("gpualloc.bridges")
 
 
 _SLURM_JOB = "slurm/job/"
+_KUEUE = "kueue/"
 
 
 def slurm_owner(job_id: str) -> str:
@@ -52,16 +54,27 @@ def slurm_owner(job_id: str) -> str:
 def slurm_job_of(owner: str) -> str | None:
     """The Slurm job id of a reservation owner: `slurm/job/<id>`, or `<tenant>/slurm/job/<id>`
     as a server under an access policy stores and lists it; None for any other owner."""
-    if owner.startswith(_SLURM_JOB):
-        return owner.removeprefix(_SLURM_JOB) or None
-    _, slash, rest = owner.partition("/")
-    if slash and rest.startswith(_SLURM_JOB):
-        return rest.removeprefix(_SLURM_JOB) or None
-    return None
+    ours = _bridge_owner(owner, _SLURM_JOB)
+    return (ours.removeprefix(_SLURM_JOB) or None) if ours is not None else None
 
 
 def kueue_owner(namespace: str, workload: str) -> str:
-    return f"kueue/{namespace}/{workload}"
+    return f"{_KUEUE}{namespace}/{workload}"
+
+
+def kueue_owner_of(owner: str) -> str | None:
+    """The Kueue controller's owner (`kueue/<ns>/<workload>`) of a reservation owner, which a
+    server under an access policy stores and lists as `<tenant>/kueue/<ns>/<workload>`; None
+    for any other owner."""
+    return _bridge_owner(owner, _KUEUE)
+
+
+def _bridge_owner(owner: str, head: str) -> str | None:
+    """`owner` as a bridge names it (it starts with `head`), its tenant prefix dropped."""
+    if owner.startswith(head):
+        return owner
+    _, slash, rest = owner.partition("/")
+    return rest if slash and rest.startswith(head) else None
 
 
 def needs_nvlink(claims: Sequence[ResourceClaim]) -> bool:

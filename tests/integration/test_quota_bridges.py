@@ -12,6 +12,7 @@ job's next Commit learns who preempted it.
 
 from __future__ import annotations
 
+import copy
 import io
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ import pytest
 
 from protos.allocator.v1 import allocator_pb2 as pb
 from protos.allocator.v1 import allocator_pb2_grpc
+from protos.common.v1 import dra_pb2
 from services.bridges.kueue.controller import AdmissionController
 from services.bridges.kueue.memory_api import KueueStandIn, MemoryKueueApi, workload_for_job
 from services.bridges.kueue.objects import CheckState, Workload
@@ -173,3 +175,86 @@ def test_a_kueue_workload_reclaims_quota_lent_to_a_slurm_job(
     assert ("scontrol", "requeue", "7001") in stand_in.ran
     code, _, err = slurm(fleet, "epilog")  # the job ends: nothing left to release, no error
     assert code == 0, err
+
+
+def test_a_kueue_workload_whose_pod_set_is_preempted_goes_back_to_retry(
+    fleet: SecuredFleet, tmp_path: Path
+) -> None:
+    """The other way round: team-c's Workload of two pod sets (4 NVLinked H100s each) borrows
+    hpc's idle quota and is admitted; hpc reclaims 4 GPUs (Allocate with preemption), which
+    revokes one pod set's reservation. The controller's next pass sends the check to Retry
+    naming who preempted it (Kueue evicts and requeues the Workload), releases the other pod
+    set's reservation, and QuotaStatus shows no preemption pending for team-c: its holder was
+    told."""
+    admin = allocator_pb2_grpc.AllocatorStub(fleet.channel("admin"))
+    for held in admin.ListReservations(pb.ListReservationsRequest(), timeout=10).reservations:
+        admin.Release(pb.ReleaseRequest(reservation_id=held.id), timeout=10)
+    api = MemoryKueueApi()
+    for path in (OUR_CHECK, EXAMPLES / "cluster-queue.yml"):
+        for document in documents(path):
+            api.apply(document)
+    (job,) = [d for d in documents(EXAMPLES / "h100-nvlink-job.yml") if d["kind"] == "Job"]
+    workload = workload_for_job(job, name="two-pod-sets")
+    second = copy.deepcopy(workload["spec"]["podSets"][0])
+    workload["spec"]["podSets"].append({**second, "name": "aux"})
+    api.apply(workload)
+    settings = kueue_settings(fleet, tmp_path / "token")
+    with (
+        AllocatorClient(
+            settings.target, tls=settings.tls, token_file=settings.token_file
+        ) as client,
+        InventoryClient(
+            settings.inventory, tls=settings.tls, token_file=settings.token_file
+        ) as inv,
+    ):
+        controller = AdmissionController(api, Placer(client, inv), lease_ttl_seconds=60)
+        kueue = KueueStandIn(api)
+        kueue.step()
+        controller.reconcile_all()
+        check = Workload.from_dict(api.get("Workload", "team-a", "two-pod-sets")).check("gpualloc")
+        assert check is not None and check.state is CheckState.READY, check
+        assert [u.name for u in check.pod_set_updates] == ["main", "aux"]
+        kueue.step()  # every check Ready: Kueue admits it
+        (decision,) = controller.reconcile_all()
+        assert decision.action == "committed", decision
+        quotas = admin.QuotaStatus(pb.QuotaStatusRequest(), timeout=10).tenants
+        assert {(q.tenant, q.used, q.borrowed) for q in quotas} == {
+            ("hpc", "0", "0"),
+            ("team-c", "8", "4"),
+        }
+
+        hpc = allocator_pb2_grpc.AllocatorStub(fleet.channel("slurm-bridge"))
+        request = pb.AllocateRequest(
+            claims=[gpu_claim(4)], reserve=True, preempt=True, owner="slurm/job/7002"
+        )
+        answer = hpc.Allocate(request, timeout=20)
+        assert answer.outcome == pb.OUTCOME_ALLOCATED
+        (victim,) = answer.preemption.victims
+        assert victim.reason == "reclaim"
+        quotas = admin.QuotaStatus(pb.QuotaStatusRequest(tenants=["team-c"]), timeout=10)
+        assert [q.pending_preemptions for q in quotas.tenants] == [1]
+
+        (decision,) = controller.reconcile_all()
+        assert decision.action == "retry", decision
+        assert "was preempted by hpc/slurm/job/7002" in decision.message
+        kueue.step()  # Retry: Kueue evicts the Workload and requeues it
+        requeued = Workload.from_dict(api.get("Workload", "team-a", "two-pod-sets"))
+        assert not requeued.quota_reserved and not requeued.admitted
+
+    left = admin.ListReservations(pb.ListReservationsRequest(), timeout=10).reservations
+    assert [r.owner for r in left] == ["hpc/slurm/job/7002"]  # the other pod set's released
+    quotas = admin.QuotaStatus(pb.QuotaStatusRequest(), timeout=10).tenants
+    assert {(q.tenant, q.used, q.pending_preemptions) for q in quotas} == {
+        ("hpc", "4", 0),
+        ("team-c", "0", 0),
+    }
+    admin.Release(pb.ReleaseRequest(reservation_id=left[0].id), timeout=10)
+
+
+def gpu_claim(count: int) -> dra_pb2.ResourceClaim:
+    exactly = dra_pb2.ExactDeviceRequest(device_class_name="gpu.nvidia.com", count=count)
+    return dra_pb2.ResourceClaim(
+        name="gpus",
+        namespace="default",
+        requests=[dra_pb2.DeviceRequest(name="gpu", exactly=exactly)],
+    )

@@ -17,8 +17,12 @@ Workload is admitted. This controller owns the checks whose `spec.controllerName
   Workload back to `Pending` handling); Workload `Admitted`: commits the reservations;
 - Workload finished, evicted, deactivated, without quota, or deleted: releases its devices;
 - a reservation gone from under a Ready or admitted Workload (lease lost, or revoked by a
-  gpualloc preemption): the check goes back to `Retry`, which makes Kueue evict the Workload
-  and requeue it.
+  gpualloc preemption), even one pod set's of several: the check goes back to `Retry`, which
+  makes Kueue evict the Workload and requeue it, and the pod sets' other reservations are
+  released. The pod sets the check's `podSetUpdates` name must each have a reservation (a
+  restart of the controller loses nothing); a reservation seen on the last pass and gone now
+  is asked about (Renew), so the message says who preempted it and gpualloc stops counting it
+  as a preemption pending for the tenant (QuotaStatus).
 
 Reservations are made with the controller's priority class and, when it is configured to,
 with preemption (GPUALLOC_KUEUE_PRIORITY_CLASS, GPUALLOC_KUEUE_PREEMPT; docs/tenancy.md).
@@ -45,14 +49,21 @@ from services.bridges.kueue.objects import (
 )
 from services.bridges.kueue.port import KueueApi
 from services.bridges.kueue.translate import PodSetClaims, workload_claims
-from services.bridges.placing import Placer, kueue_owner
+from services.bridges.placing import Placer, kueue_owner, kueue_owner_of
 from services.client.results import Reservation, ReservationState
-from services.common.errors import GpuallocError, InvalidArgument, NotFound
+from services.common.errors import (
+    FailedPrecondition,
+    GpuallocError,
+    InvalidArgument,
+    NotFound,
+    Preempted,
+)
 
 __all__ = ["CONTROLLER_NAME", "HOSTNAME_LABEL", "AdmissionController", "Decision"]
 
 CONTROLLER_NAME = "gpualloc.io/admission"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+POD_SET_LABEL = "kueue.podset"
 OWNER_PREFIX = "kueue/"
 MAX_MESSAGE = 1024
 
@@ -98,6 +109,7 @@ class AdmissionController:
         self.priority_class = priority_class
         self.preempt = preempt
         self._clock = clock
+        self._known: dict[str, Reservation] = {}  # id -> a reservation held on the last pass
 
     # --- one pass -----------------------------------------------------------------------------
 
@@ -111,6 +123,7 @@ class AdmissionController:
         }
         workloads = [Workload.from_dict(w) for w in self.api.list_workloads()]
         held = self._held()
+        lost = self._revoked_since_last_pass(held)
         decisions = []
         live = set()
         for workload in workloads:
@@ -119,7 +132,7 @@ class AdmissionController:
             check = next((c for c in workload.admission_checks if c.name in checks), None)
             if check is None or (workload.cluster_queue and workload.cluster_queue not in queues):
                 continue
-            decision = self.reconcile(workload, check, held.get(owner, []))
+            decision = self.reconcile(workload, check, held.get(owner, []), lost.get(owner, ""))
             if decision.action != "unchanged":
                 log.info("%s: %s %s", decision.workload, decision.action, decision.message)
             decisions.append(decision)
@@ -132,8 +145,14 @@ class AdmissionController:
         return decisions
 
     def reconcile(
-        self, workload: Workload, check: AdmissionCheckState, held: Sequence[Reservation]
+        self,
+        workload: Workload,
+        check: AdmissionCheckState,
+        held: Sequence[Reservation],
+        lost: str = "",
     ) -> Decision:
+        """One Workload's pass. `held`: its live reservations; `lost`: what became of one it
+        held on the last pass and no longer does ("" if none)."""
         owner = kueue_owner(workload.namespace, workload.name)
         gone = workload.finished or workload.evicted or workload.deleting or not workload.active
         if gone or not workload.quota_reserved:
@@ -147,7 +166,7 @@ class AdmissionController:
                 return Decision(workload.key, "released", check.state)
             return Decision(workload.key, "unchanged", check.state)
         if check.state is CheckState.READY:
-            return self._keep(workload, check, held)
+            return self._keep(workload, check, held, lost)
         return self._place(workload, check)
 
     # --- Pending: place -----------------------------------------------------------------------
@@ -167,7 +186,7 @@ class AdmissionController:
                 idempotency_key=f"kueue-{workload.uid}-{unit.pod_set}",
                 node_selector=unit.node_selector,
                 lease_ttl_seconds=self.lease_ttl_seconds,
-                labels={"kueue.workload": workload.key, "kueue.podset": unit.pod_set},
+                labels={"kueue.workload": workload.key, POD_SET_LABEL: unit.pod_set},
                 priority_class=self.priority_class,
                 preempt=self.preempt,
             )
@@ -175,6 +194,7 @@ class AdmissionController:
                 self._release(owner, placed)
                 return self._not_now(workload, check, unit, placement.reason())
             placed.extend(placement.reservations)
+            self._known.update((r.id, r) for r in placement.reservations)
             updates.append(PodSetUpdate(unit.pod_set, {HOSTNAME_LABEL: placement.node_name}))
         summary = (
             "; ".join(f"{u.name} on {u.node_selector[HOSTNAME_LABEL]}" for u in updates)
@@ -203,11 +223,20 @@ class AdmissionController:
     # --- Ready: keep, commit ------------------------------------------------------------------
 
     def _keep(
-        self, workload: Workload, check: AdmissionCheckState, held: Sequence[Reservation]
+        self,
+        workload: Workload,
+        check: AdmissionCheckState,
+        held: Sequence[Reservation],
+        lost: str,
     ) -> Decision:
         owner = kueue_owner(workload.namespace, workload.name)
         client = self.placer.client
         try:
+            if lost:
+                raise NotFound(lost)
+            missing = _pod_sets_without_reservation(check, held)
+            if missing:
+                raise NotFound(f"pod set {', '.join(missing)}: its reservation is gone")
             if workload.admitted:
                 pending = [r for r in held if r.state is not ReservationState.COMMITTED]
                 for reservation in pending:
@@ -248,12 +277,42 @@ class AdmissionController:
     def _release(self, owner: str, held: Sequence[Reservation]) -> None:
         for reservation in held:
             self.placer.client.release(reservation, owner=owner, allow_missing=True)
+            self._known.pop(reservation.id, None)
+
+    def _revoked_since_last_pass(self, held: dict[str, list[Reservation]]) -> dict[str, str]:
+        """Per owner, what became of a reservation it held on the last pass that is gone
+        from the list now: gpualloc is asked (a Renew as its owner), which answers "preempted
+        by ..." for a revoked one and, by answering so, tells gpualloc its holder knows. Gone
+        for another reason (expired, released by someone else), it is only said to be lost."""
+        current = {r.id: r for reservations in held.values() for r in reservations}
+        lost: dict[str, str] = {}
+        for reservation_id, reservation in sorted(self._known.items()):
+            owner = kueue_owner_of(reservation.owner)
+            if reservation_id in current or owner is None:
+                continue
+            try:
+                self.placer.client.renew(
+                    reservation, owner=reservation.owner, lease_ttl_seconds=self.lease_ttl_seconds
+                )
+            except Preempted as preempted:
+                lost[owner] = f"{_pod_set_of(reservation)}: {preempted}"
+                continue
+            except (NotFound, FailedPrecondition):
+                pass
+            lost.setdefault(
+                owner, f"{_pod_set_of(reservation)}: reservation {reservation_id} is gone"
+            )
+        self._known = current
+        return lost
 
     def _held(self) -> dict[str, list[Reservation]]:
+        """The live reservations of Workloads, by the controller's owner of each (an access
+        policy's server lists them with the tenant's prefix)."""
         held: dict[str, list[Reservation]] = {}
         for reservation in self.placer.client.list():
-            if reservation.owner.startswith(OWNER_PREFIX):
-                held.setdefault(reservation.owner, []).append(reservation)
+            owner = kueue_owner_of(reservation.owner)
+            if owner is not None:
+                held.setdefault(owner, []).append(reservation)
         return held
 
     def _our_checks(self) -> set[str]:
@@ -277,3 +336,15 @@ class AdmissionController:
             except GpuallocError as error:
                 log.warning("reconcile pass failed: %s", error)
             self.api.wait_for_change(resync_seconds)
+
+
+def _pod_set_of(reservation: Reservation) -> str:
+    return f"pod set {dict(reservation.labels).get(POD_SET_LABEL, '?')}"
+
+
+def _pod_sets_without_reservation(
+    check: AdmissionCheckState, held: Sequence[Reservation]
+) -> list[str]:
+    """The pod sets the Ready check placed (its podSetUpdates) that hold no reservation now."""
+    have = {dict(r.labels).get(POD_SET_LABEL) for r in held}
+    return [u.name for u in check.pod_set_updates if u.name not in have]
