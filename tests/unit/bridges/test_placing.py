@@ -6,7 +6,13 @@ from dataclasses import replace
 
 import pytest
 
-from services.bridges.placing import _restrict, needs_nvlink, nvlink_meshed_nodes
+from services.bridges.placing import (
+    _restrict,
+    kueue_owner_of,
+    needs_nvlink,
+    nvlink_meshed_nodes,
+    slurm_job_of,
+)
 from services.client.specs import claim_from_spec
 from services.common.dra.model import NodeSelector, NodeSelectorRequirement, NodeSelectorTerm
 from tests.unit.bridges.support import example_nodes
@@ -47,3 +53,25 @@ def test_restrict_ands_each_term_with_one_name_per_term():
             for name in ("h100-node-1", "h100-node-2")
         )
     )
+
+
+@pytest.mark.parametrize(
+    ("owner", "job", "workload"),
+    [
+        pytest.param("slurm/job/7001", "7001", None, id="a-slurm-job"),
+        pytest.param("hpc/slurm/job/7001", "7001", None, id="a-slurm-job-under-a-policy"),
+        pytest.param("slurm/job/", None, None, id="a-slurm-owner-without-a-job"),
+        pytest.param("kueue/team-a/w", None, "kueue/team-a/w", id="a-workload"),
+        pytest.param(
+            "team-c/kueue/team-a/w", None, "kueue/team-a/w", id="a-workload-under-a-policy"
+        ),
+        pytest.param("team-c/job/kueue/w", None, None, id="kueue-further-down-is-not-ours"),
+        pytest.param("a/b/slurm/job/1", None, None, id="two-prefixes-are-not-ours"),
+        pytest.param("team-a/train", None, None, id="a-direct-client"),
+    ],
+)
+def test_a_bridges_owner_is_known_with_or_without_its_tenant(
+    owner: str, job: str | None, workload: str | None
+) -> None:
+    assert slurm_job_of(owner) == job
+    assert kueue_owner_of(owner) == workload
