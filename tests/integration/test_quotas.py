@@ -233,13 +233,25 @@ def test_quota_status_shows_a_tenant_only_its_own(fleet: SecuredFleet) -> None:
 
 
 @pytest.mark.redis
-def test_two_replicas_racing_never_overrun_a_quota(tmp_path: Path, redis_url: str) -> None:
-    """16 clients per replica, half team-a and half team-b, reserve and release single GPUs
-    until 80 grants have raced (3 s at least, 60 at most), then only reserve until each is
-    refused; an auditor reads the
-    reservations from Redis throughout, and once more when all are full. Quota limits:
-    team-a at most 8 (4 + borrowing 4), team-b 8 (2 guaranteed + the pool of 6), both together
-    at most 8 (the guaranteed 2 + the pool)."""
+@pytest.mark.parametrize(
+    "layout",
+    [
+        pytest.param("redis_url", id="standalone"),
+        pytest.param("redis_sentinel_url", id="sentinel"),
+        pytest.param("redis_cluster_url", id="cluster"),
+    ],
+)
+def test_two_replicas_racing_never_overrun_a_quota(
+    tmp_path: Path, layout: str, request: pytest.FixtureRequest
+) -> None:
+    """On each store layout (on Redis Cluster a node's devices and the cohort's quota ledger
+    live in different hash slots: the two-step grant of docs/tenancy.md), 16 clients per
+    replica, half team-a and half team-b, reserve and release single GPUs until 80 grants have
+    raced (3 s at least, 60 at most), then only reserve until each is refused; an auditor
+    reads the reservations from Redis throughout, and once more when all are full. Quota
+    limits: team-a at most 8 (4 + borrowing 4), team-b 8 (2 guaranteed + the pool of 6), both
+    together at most 8 (the guaranteed 2 + the pool)."""
+    redis_url = request.getfixturevalue(layout)
     settings = AllocatorSettings(expire_interval=0.2, redis_url=redis_url)
     model = parse_policy(yaml.safe_load(QUOTA_POLICY.replace("JWKS_FILE", "/dev/null"))).quotas
     with (
