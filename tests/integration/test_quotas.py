@@ -338,6 +338,52 @@ def test_two_replicas_racing_never_overrun_a_quota(
     assert left.get("team-a", {}).get("gpus", 0) == 0 and left.get("team-b", {}).get("gpus", 0) == 0
 
 
+@pytest.mark.redis
+@pytest.mark.parametrize(
+    "layout",
+    [pytest.param("redis_url", id="standalone"), pytest.param("redis_cluster_url", id="cluster")],
+)
+def test_a_grant_whose_devices_are_taken_gives_its_quota_back(
+    tmp_path: Path, layout: str, request: pytest.FixtureRequest
+) -> None:
+    """The two-step grant's second step fails: team-a's Reserve of two GPUs that hpc reserved
+    first takes team-a's quota (step one, the cohort's ledger) and loses the devices (step
+    two, the node's keys: another primary on Redis Cluster). The call is ABORTED, the ticket
+    is dropped at once (not left to expire), and the same GPUs' quota is team-a's again."""
+    redis_url = request.getfixturevalue(layout)
+    settings = AllocatorSettings(redis_url=redis_url)
+    model = parse_policy(yaml.safe_load(QUOTA_POLICY.replace("JWKS_FILE", "/dev/null"))).quotas
+    research = model.quota_of("team-a")
+    assert research is not None
+    with secured_fleet(tmp_path, policy=QUOTA_POLICY, allocator=settings) as fleet:
+        a, hpc = stub(fleet, "scheduler-a"), stub(fleet, "slurm-bridge")
+        placed = a.Allocate(pb.AllocateRequest(claims=[claim(2)]), timeout=20)
+        assert placed.outcome == pb.OUTCOME_ALLOCATED
+        taken = pb.ReserveRequest(
+            node_name=placed.node_name, allocations=placed.allocations, owner="slurm/job/first"
+        )
+        first = hpc.Reserve(taken, timeout=20).reservations
+        late = pb.ReserveRequest(
+            node_name=placed.node_name, allocations=placed.allocations, owner="job/late"
+        )
+        with pytest.raises(grpc.RpcError) as caught:
+            a.Reserve(late, timeout=20)
+        assert caught.value.code() is grpc.StatusCode.ABORTED, caught.value.details()
+        store = RedisReservationStore(redis_url)
+        try:
+            assert RedisQuotaLedger(store).read(cohort_key(research)).entries == ()
+        finally:
+            store.close()
+        assert status(stub(fleet, "admin"), "team-a")["team-a", "gpus"].used == "0"
+        assert [r.owner for r in first] == ["hpc/slurm/job/first"]
+        for reservation in first:
+            release = pb.ReleaseRequest(reservation_id=reservation.id, owner=reservation.owner)
+            hpc.Release(release, timeout=10)
+        again = a.Reserve(late, timeout=20).reservations
+        assert [r.owner for r in again] == ["team-a/job/late"]
+        assert status(stub(fleet, "admin"), "team-a")["team-a", "gpus"].used == "2"
+
+
 def test_quotas_turned_on_count_what_is_already_held(tmp_path: Path) -> None:
     """A policy that gains quotas while reservations are held (hot reload): the reconciler
     adds them to the ledger, so the tenant's next grant sees them."""
