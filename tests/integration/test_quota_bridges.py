@@ -231,8 +231,8 @@ def test_a_kueue_workload_whose_pod_set_is_preempted_goes_back_to_retry(
         assert answer.outcome == pb.OUTCOME_ALLOCATED
         (victim,) = answer.preemption.victims
         assert victim.reason == "reclaim"
-        quotas = admin.QuotaStatus(pb.QuotaStatusRequest(tenants=["team-c"]), timeout=10)
-        assert [q.pending_preemptions for q in quotas.tenants] == [1]
+        pending = admin.QuotaStatus(pb.QuotaStatusRequest(tenants=["team-c"]), timeout=10)
+        assert [q.pending_preemptions for q in pending.tenants] == [1]
 
         (decision,) = controller.reconcile_all()
         assert decision.action == "retry", decision
