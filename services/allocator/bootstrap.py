@@ -51,6 +51,7 @@ from services.allocator.app.inventory_feed import Closeable, InventoryFeed
 from services.allocator.app.live_reservations import Holdings
 from services.allocator.app.placing import PlacementSearch
 from services.allocator.app.quotas import QuotaGuard, QuotaSettings
+from services.allocator.app.reservation_watch import ReservationWatch
 from services.allocator.app.service import AllocatorService, ServiceLimits
 from services.allocator.app.telemetry import AllocatorMetrics, Telemetry, configure_telemetry
 from services.allocator.config import AllocatorSettings
@@ -229,7 +230,11 @@ def build_allocator(
     if telemetry.enabled:
         store = MeteredStore(store, metrics)
 
+    watch = ReservationWatch()
+    closers.append(watch.close)
+
     def on_event(event: ReservationEvent) -> None:
+        watch.publish(event)  # WatchReservations streams: never blocks
         if event.op is ReservationEventOp.EXPIRE:
             metrics.lease_expiries.add(1)
             known = holdings.get(event.id)  # still held here: events arrive before removal
@@ -287,13 +292,13 @@ def build_allocator(
     following: Closeable = feed.follow(view.apply)
     closers.append(following.close)
     connected = feed_connected or (lambda: True)
-    watch = FeedWatch(
+    feed_watch = FeedWatch(
         connected,
         metrics.disconnects,
         target=feed_target or "the inventory",
         has_view=lambda: view.current() is not None,
     )
-    closers.append(watch.close)
+    closers.append(feed_watch.close)
     telemetry.observe("gpualloc.cel.evaluations", lambda: selectors.evaluations, gauge=False)
     telemetry.observe("gpualloc.cel.profile_hits", lambda: selectors.profile_hits, gauge=False)
     telemetry.observe("gpualloc.inventory.generation", lambda: _generation(view))
@@ -309,7 +314,11 @@ def build_allocator(
         SERVICE_NAME,
         allocator_pb2_grpc.add_AllocatorServicer_to_server,
         AllocatorServicer(
-            service, claims=ClaimReader(), max_call_seconds=settings.server.max_call_seconds
+            service,
+            claims=ClaimReader(),
+            max_call_seconds=settings.server.max_call_seconds,
+            watch=watch,
+            watch_heartbeat_seconds=settings.watch_heartbeat,
         ),
         ACCESS,
     )

@@ -153,6 +153,13 @@ ALLOCATOR_SETTINGS: dict[str, Setting[Any]] = {
         lambda env, name, default: env_duration(env, name, default, minimum=0.0),
         format_duration,
     ),
+    "watch_heartbeat": Setting(
+        "GPUALLOC_RESERVATION_WATCH_HEARTBEAT",
+        15.0,
+        "a WatchReservations stream that has been silent this long gets a HEARTBEAT change",
+        lambda env, name, default: env_duration(env, name, default, minimum=0.1),
+        format_duration,
+    ),
 }
 
 
@@ -177,6 +184,7 @@ class AllocatorSettings:
     expire_interval: float = ALLOCATOR_SETTINGS["expire_interval"].default
     resync_interval: float = ALLOCATOR_SETTINGS["resync_interval"].default
     reindex_interval: float = ALLOCATOR_SETTINGS["reindex_interval"].default
+    watch_heartbeat: float = ALLOCATOR_SETTINGS["watch_heartbeat"].default
     web_listen_address: str = ALLOCATOR_SETTINGS["web_listen_address"].default
 
     @classmethod

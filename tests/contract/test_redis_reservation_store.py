@@ -233,6 +233,7 @@ def test_events_are_json_on_the_channel(store: RedisReservationStore, raw: redis
         "id": reservation.id,
         "node": "node-1",
         "fencing_token": reservation.fencing_token,
+        "owner": "alice",
     }
 
 

@@ -624,7 +624,10 @@ def test_racing_overlapping_reserves_never_double_book(store: Store) -> None:
 # --- events -----------------------------------------------------------------------------------
 
 
-def test_every_change_is_announced(store: Store) -> None:
+def test_every_change_is_announced(store_under_test: StoreUnderTest) -> None:
+    """Each change names its reservation's owner (WatchReservations filters on it); a
+    revocation is a RELEASE that says who preempted it."""
+    store = store_under_test.store
     events: list[ReservationEvent] = []
     subscription = store.subscribe(events.append)
     time.sleep(0.05)  # Redis: let the subscriber thread subscribe
@@ -632,12 +635,27 @@ def test_every_change_is_announced(store: Store) -> None:
     reservation = store.reserve(reserve_request(GPU0))
     store.commit(reservation.id, "alice")
     store.release(reservation.id, "alice")
-    wait_for(lambda: len(events) >= 3)
+    lapsing = store.reserve(reserve_request(GPU0, owner="bob", lease=SHORT_LEASE))
+    store.renew(lapsing.id, "bob", SHORT_LEASE)
+    store_under_test.wait(PAST_SHORT_LEASE)
+    store.expire()
+    revoked = store.reserve(reserve_request(GPU0, owner="team-a/carol"))
+    store.revoke(revoked.id, revoked.fencing_token, by="team-b/job/9")
+    wait_for(lambda: len(events) >= 8)
     subscription.close()
 
+    def event(op: Op, of: Reservation, owner: str, by: str = "") -> ReservationEvent:
+        return ReservationEvent(op, of.id, "node-1", of.fencing_token, owner, by)
+
     assert events == [
-        ReservationEvent(op, reservation.id, "node-1", reservation.fencing_token)
-        for op in (Op.RESERVE, Op.COMMIT, Op.RELEASE)
+        event(Op.RESERVE, reservation, "alice"),
+        event(Op.COMMIT, reservation, "alice"),
+        event(Op.RELEASE, reservation, "alice"),
+        event(Op.RESERVE, lapsing, "bob"),
+        event(Op.RENEW, lapsing, "bob"),
+        event(Op.EXPIRE, lapsing, "bob"),
+        event(Op.RESERVE, revoked, "team-a/carol"),
+        event(Op.RELEASE, revoked, "team-a/carol", by="team-b/job/9"),
     ]
 
 

@@ -7,6 +7,7 @@ no quotas (not limited). MIG memory is a second quota resource (a counter: bytes
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -570,6 +571,117 @@ def test_a_preempted_holder_learns_who_preempted_it(fleet: SecuredFleet) -> None
         assert status(hpc)["hpc", "gpus"].used == "2"  # the victim's quota went with it
     finally:
         _release_everything(fleet)
+
+
+class Watching:
+    """A WatchReservations stream read on a thread of its own, into `changes`."""
+
+    def __init__(self, fleet: SecuredFleet, who: str, **filters: str) -> None:
+        self.changes: list[pb.WatchReservationsResponse] = []
+        self._call = stub(fleet, who).WatchReservations(
+            pb.WatchReservationsRequest(**filters), timeout=60
+        )
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        with contextlib.suppress(grpc.RpcError):  # cancelled by close()
+            for change in self._call:
+                self.changes.append(change)
+
+    def wait_for(self, kind: int, reservation_id: str, timeout: float = 5.0) -> float:
+        """Seconds until a change of `kind` for `reservation_id` arrived (fails after timeout)."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            if any(c.kind == kind and c.reservation_id == reservation_id for c in self.changes):
+                return time.monotonic() - start
+            time.sleep(0.01)
+        raise AssertionError(f"no change {kind} of {reservation_id}: {self.changes}")
+
+    def of(self, reservation_id: str) -> list[str]:
+        return [
+            pb.ReservationChangeKind.Name(c.kind).removeprefix("RESERVATION_CHANGE_KIND_")
+            for c in self.changes
+            if c.reservation_id == reservation_id
+        ]
+
+    def close(self) -> None:
+        self._call.cancel()
+        self._thread.join(timeout=10)
+
+
+def test_a_watching_holder_learns_of_its_preemption_at_once(fleet: SecuredFleet) -> None:
+    """WatchReservations: hpc's scheduler watches its own reservations; a higher-priority grant
+    of hpc's revokes one of them, and the stream says PREEMPTED, naming the preemptor, as soon
+    as the store publishes it (no Renew needed). team-a's stream sees none of hpc's changes; an
+    admin's sees them all; a stream filtered on one owner sees that owner's only."""
+    _release_everything(fleet)
+    hpc = stub(fleet, "slurm-bridge")
+    holder = Watching(fleet, "slurm-bridge")
+    one_owner = Watching(fleet, "slurm-bridge", owner="slurm/job/urgent")
+    other_tenant = Watching(fleet, "scheduler-a")
+    admin = Watching(fleet, "admin")
+    time.sleep(0.3)  # the streams are open before the changes
+    try:
+        first = reserve(hpc, 2, owner="slurm/job/low", priority="low")
+        victim = first.reservations[0]
+        taken = reserve(hpc, 2, owner="slurm/job/urgent", priority="high", preempt=True)
+        assert taken.outcome == pb.OUTCOME_ALLOCATED
+        urgent = taken.reservations[0]
+        waited = holder.wait_for(pb.RESERVATION_CHANGE_KIND_PREEMPTED, victim.id)
+        admin.wait_for(pb.RESERVATION_CHANGE_KIND_RESERVED, urgent.id)
+        time.sleep(0.2)  # anything else would have come by now
+        assert _pending(fleet)["hpc"] == 1  # a change sent is not a holder told
+        with pytest.raises(grpc.RpcError) as told:  # the holder acts on it: its Renew says so
+            hpc.Renew(pb.RenewRequest(reservation_id=victim.id, owner=victim.owner), timeout=10)
+        assert "was preempted by hpc/slurm/job/urgent" in str(told.value.details())
+        assert _pending(fleet)["hpc"] == 0
+    finally:
+        for stream in (holder, one_owner, other_tenant, admin):
+            stream.close()
+        _release_everything(fleet)
+    print(f"\nthe holder learned of it {waited * 1000:.0f} ms after the preemptor's answer")
+    (preempted,) = [c for c in holder.changes if c.reservation_id == victim.id and c.preempted_by]
+    assert preempted.preempted_by == "hpc/slurm/job/urgent"
+    assert preempted.owner == "hpc/slurm/job/low" and preempted.node_name == victim.node_name
+    assert preempted.fencing_token == victim.fencing_token
+    assert holder.of(victim.id) == ["RESERVED", "PREEMPTED"]
+    assert holder.of(urgent.id) == ["RESERVED"]
+    assert admin.of(victim.id) == ["RESERVED", "PREEMPTED"]
+    assert one_owner.of(victim.id) == [] and one_owner.of(urgent.id) == ["RESERVED"]
+    assert [c for c in other_tenant.changes if c.owner.startswith("hpc/")] == []
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize(
+    "layout",
+    [pytest.param("redis_url", id="standalone"), pytest.param("redis_cluster_url", id="cluster")],
+)
+def test_a_holder_watching_one_replica_learns_of_a_preemption_made_on_another(
+    tmp_path: Path, layout: str, request: pytest.FixtureRequest
+) -> None:
+    """Two allocator replicas on one Redis store: the holder watches replica one, the
+    preemptor calls replica two; the change reaches the holder through the store's events."""
+    settings = AllocatorSettings(redis_url=request.getfixturevalue(layout))
+    with (
+        secured_fleet(tmp_path / "one", policy=QUOTA_POLICY, allocator=settings) as one,
+        secured_fleet(tmp_path / "two", policy=QUOTA_POLICY, allocator=settings) as two,
+    ):
+        holder = Watching(one, "slurm-bridge")
+        time.sleep(0.3)
+        try:
+            first = reserve(stub(one, "slurm-bridge"), 2, owner="slurm/job/low", priority="low")
+            victim = first.reservations[0]
+            urgent = stub(two, "slurm-bridge")
+            taken = reserve(urgent, 2, owner="slurm/job/urgent", priority="high", preempt=True)
+            assert taken.outcome == pb.OUTCOME_ALLOCATED
+            waited = holder.wait_for(pb.RESERVATION_CHANGE_KIND_PREEMPTED, victim.id)
+        finally:
+            holder.close()
+    print(f"\nacross replicas the holder learned of it {waited * 1000:.0f} ms after the answer")
+    (preempted,) = [c for c in holder.changes if c.reservation_id == victim.id and c.preempted_by]
+    assert preempted.preempted_by == "hpc/slurm/job/urgent"
+    assert holder.of(victim.id) == ["RESERVED", "PREEMPTED"]
 
 
 def test_quota_status_shows_a_preemption_pending_until_its_holder_hears_of_it(

@@ -290,6 +290,54 @@ RESERVATION_STATE_COMMITTED: ReservationState.ValueType  # 2
 """Held until released."""
 Global___ReservationState: _TypeAlias = ReservationState  # noqa: Y015
 
+class _ReservationChangeKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ReservationChangeKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ReservationChangeKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RESERVATION_CHANGE_KIND_UNSPECIFIED: _ReservationChangeKind.ValueType  # 0
+    """Not set."""
+    RESERVATION_CHANGE_KIND_RESERVED: _ReservationChangeKind.ValueType  # 1
+    """Reserved (Allocate with reserve, or Reserve)."""
+    RESERVATION_CHANGE_KIND_COMMITTED: _ReservationChangeKind.ValueType  # 2
+    """Committed."""
+    RESERVATION_CHANGE_KIND_RENEWED: _ReservationChangeKind.ValueType  # 3
+    """Its lease was renewed."""
+    RESERVATION_CHANGE_KIND_RELEASED: _ReservationChangeKind.ValueType  # 4
+    """Released by its owner (or an operator)."""
+    RESERVATION_CHANGE_KIND_EXPIRED: _ReservationChangeKind.ValueType  # 5
+    """Its lease ran out."""
+    RESERVATION_CHANGE_KIND_PREEMPTED: _ReservationChangeKind.ValueType  # 6
+    """Revoked by a preemption; preempted_by names the preemptor (docs/tenancy.md)."""
+    RESERVATION_CHANGE_KIND_HEARTBEAT: _ReservationChangeKind.ValueType  # 7
+    """Nothing to send for a while (the server's GPUALLOC_WATCH_HEARTBEAT): the stream is alive."""
+    RESERVATION_CHANGE_KIND_RESYNC: _ReservationChangeKind.ValueType  # 8
+    """Changes were lost (this stream fell behind): list the reservations again."""
+
+class ReservationChangeKind(_ReservationChangeKind, metaclass=_ReservationChangeKindEnumTypeWrapper):
+    """What happened to a reservation."""
+
+RESERVATION_CHANGE_KIND_UNSPECIFIED: ReservationChangeKind.ValueType  # 0
+"""Not set."""
+RESERVATION_CHANGE_KIND_RESERVED: ReservationChangeKind.ValueType  # 1
+"""Reserved (Allocate with reserve, or Reserve)."""
+RESERVATION_CHANGE_KIND_COMMITTED: ReservationChangeKind.ValueType  # 2
+"""Committed."""
+RESERVATION_CHANGE_KIND_RENEWED: ReservationChangeKind.ValueType  # 3
+"""Its lease was renewed."""
+RESERVATION_CHANGE_KIND_RELEASED: ReservationChangeKind.ValueType  # 4
+"""Released by its owner (or an operator)."""
+RESERVATION_CHANGE_KIND_EXPIRED: ReservationChangeKind.ValueType  # 5
+"""Its lease ran out."""
+RESERVATION_CHANGE_KIND_PREEMPTED: ReservationChangeKind.ValueType  # 6
+"""Revoked by a preemption; preempted_by names the preemptor (docs/tenancy.md)."""
+RESERVATION_CHANGE_KIND_HEARTBEAT: ReservationChangeKind.ValueType  # 7
+"""Nothing to send for a while (the server's GPUALLOC_WATCH_HEARTBEAT): the stream is alive."""
+RESERVATION_CHANGE_KIND_RESYNC: ReservationChangeKind.ValueType  # 8
+"""Changes were lost (this stream fell behind): list the reservations again."""
+Global___ReservationChangeKind: _TypeAlias = ReservationChangeKind  # noqa: Y015
+
 class _CountAccuracy:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -1816,6 +1864,76 @@ class ListReservationsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListReservationsResponse: _TypeAlias = ListReservationsResponse  # noqa: Y015
+
+@_typing.final
+class WatchReservationsRequest(_message.Message):
+    """Which reservations' changes to stream (every one the caller may see, when empty)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OWNER_FIELD_NUMBER: _builtins.int
+    NODE_NAME_FIELD_NUMBER: _builtins.int
+    owner: _builtins.str
+    """Only this owner's (under an access policy, within the caller's tenant as in
+    ListReservations).
+    """
+    node_name: _builtins.str
+    """Only on this node."""
+    def __init__(
+        self,
+        *,
+        owner: _builtins.str = ...,
+        node_name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_name", b"node_name", "owner", b"owner"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchReservationsRequest: _TypeAlias = WatchReservationsRequest  # noqa: Y015
+
+@_typing.final
+class WatchReservationsResponse(_message.Message):
+    """One change (the reservation's fields are empty for HEARTBEAT and RESYNC)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    RESERVATION_ID_FIELD_NUMBER: _builtins.int
+    NODE_NAME_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
+    FENCING_TOKEN_FIELD_NUMBER: _builtins.int
+    PREEMPTED_BY_FIELD_NUMBER: _builtins.int
+    kind: Global___ReservationChangeKind.ValueType
+    """What happened."""
+    reservation_id: _builtins.str
+    """The reservation's id."""
+    node_name: _builtins.str
+    """The node that holds it (the shared pool's name for a network-attached placement)."""
+    owner: _builtins.str
+    """The reservation's owner."""
+    fencing_token: _builtins.int
+    """The reservation's fencing token."""
+    preempted_by: _builtins.str
+    """PREEMPTED: who preempted it (the preemptor's owner; for a move, also the replacement)."""
+    def __init__(
+        self,
+        *,
+        kind: Global___ReservationChangeKind.ValueType = ...,
+        reservation_id: _builtins.str = ...,
+        node_name: _builtins.str = ...,
+        owner: _builtins.str = ...,
+        fencing_token: _builtins.int = ...,
+        preempted_by: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fencing_token", b"fencing_token", "kind", b"kind", "node_name", b"node_name", "owner", b"owner", "preempted_by", b"preempted_by", "reservation_id", b"reservation_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchReservationsResponse: _TypeAlias = WatchReservationsResponse  # noqa: Y015
 
 @_typing.final
 class CapacityRequest(_message.Message):

@@ -87,6 +87,11 @@ class AllocatorStub:
                 request_serializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.QuotaStatusRequest.SerializeToString,
                 response_deserializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.QuotaStatusResponse.FromString,
                 _registered_method=True)
+        self.WatchReservations = channel.unary_stream(
+                '/gpualloc.allocator.v1.Allocator/WatchReservations',
+                request_serializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.WatchReservationsRequest.SerializeToString,
+                response_deserializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.WatchReservationsResponse.FromString,
+                _registered_method=True)
 
 
 class AllocatorServicer:
@@ -168,6 +173,14 @@ class AllocatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchReservations(self, request, context):
+        """Streams changes of reservations as any replica makes them: a holder learns at once that
+        a preemption revoked its reservation. At most once (list after opening it, and on RESYNC).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AllocatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -220,6 +233,11 @@ def add_AllocatorServicer_to_server(servicer, server):
                     servicer.QuotaStatus,
                     request_deserializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.QuotaStatusRequest.FromString,
                     response_serializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.QuotaStatusResponse.SerializeToString,
+            ),
+            'WatchReservations': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchReservations,
+                    request_deserializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.WatchReservationsRequest.FromString,
+                    response_serializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.WatchReservationsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -495,6 +513,33 @@ class Allocator:
             '/gpualloc.allocator.v1.Allocator/QuotaStatus',
             protos_dot_allocator_dot_v1_dot_allocator__pb2.QuotaStatusRequest.SerializeToString,
             protos_dot_allocator_dot_v1_dot_allocator__pb2.QuotaStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchReservations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/gpualloc.allocator.v1.Allocator/WatchReservations',
+            protos_dot_allocator_dot_v1_dot_allocator__pb2.WatchReservationsRequest.SerializeToString,
+            protos_dot_allocator_dot_v1_dot_allocator__pb2.WatchReservationsResponse.FromString,
             options,
             channel_credentials,
             insecure,

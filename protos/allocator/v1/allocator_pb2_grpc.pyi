@@ -67,6 +67,10 @@ class AllocatorStub:
     """Counts how many times a set of claims fits now, per node and per GPU model."""
     QuotaStatus: _grpc.UnaryUnaryMultiCallable[_allocator_pb2.QuotaStatusRequest, _allocator_pb2.QuotaStatusResponse]
     """Each tenant's quotas: nominal, used, borrowed, lent and what is left (docs/tenancy.md)."""
+    WatchReservations: _grpc.UnaryStreamMultiCallable[_allocator_pb2.WatchReservationsRequest, _allocator_pb2.WatchReservationsResponse]
+    """Streams changes of reservations as any replica makes them: a holder learns at once that
+    a preemption revoked its reservation. At most once (list after opening it, and on RESYNC).
+    """
 
 @_typing.type_check_only
 class AllocatorAsyncStub(AllocatorStub):
@@ -102,6 +106,10 @@ class AllocatorAsyncStub(AllocatorStub):
     """Counts how many times a set of claims fits now, per node and per GPU model."""
     QuotaStatus: _aio.UnaryUnaryMultiCallable[_allocator_pb2.QuotaStatusRequest, _allocator_pb2.QuotaStatusResponse]  # type: ignore[assignment]
     """Each tenant's quotas: nominal, used, borrowed, lent and what is left (docs/tenancy.md)."""
+    WatchReservations: _aio.UnaryStreamMultiCallable[_allocator_pb2.WatchReservationsRequest, _allocator_pb2.WatchReservationsResponse]  # type: ignore[assignment]
+    """Streams changes of reservations as any replica makes them: a holder learns at once that
+    a preemption revoked its reservation. At most once (list after opening it, and on RESYNC).
+    """
 
 class AllocatorServicer(metaclass=_abc_1.ABCMeta):
     """Allocator answers from a snapshot of the inventory plus the current reservations. Allocate,
@@ -194,5 +202,15 @@ class AllocatorServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_allocator_pb2.QuotaStatusResponse, _abc.Awaitable[_allocator_pb2.QuotaStatusResponse]]:
         """Each tenant's quotas: nominal, used, borrowed, lent and what is left (docs/tenancy.md)."""
+
+    @_abc_1.abstractmethod
+    def WatchReservations(
+        self,
+        request: _allocator_pb2.WatchReservationsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_allocator_pb2.WatchReservationsResponse], _abc.AsyncIterator[_allocator_pb2.WatchReservationsResponse]]:
+        """Streams changes of reservations as any replica makes them: a holder learns at once that
+        a preemption revoked its reservation. At most once (list after opening it, and on RESYNC).
+        """
 
 def add_AllocatorServicer_to_server(servicer: AllocatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -15,12 +15,13 @@ from dataclasses import replace
 
 from services.allocator.app.holders import holder_ids
 from services.allocator.app.messages import Answer, Holder, Victim
+from services.allocator.app.reservation_watch import ReservationChange
 from services.allocator.core import Explanation, RejectionGroup, holders
 from services.allocator.reservations.model import Reservation
 from services.common.dra.model import AllocationResult
 from services.common.security.principal import Principal, tenant_of_owner
 
-__all__ = ["visible_answer", "visible_holder", "visible_reservation"]
+__all__ = ["visible_answer", "visible_holder", "visible_reservation", "watched_changes"]
 
 
 def visible_reservation(reservation: Reservation, viewer: Principal) -> Reservation:
@@ -37,6 +38,25 @@ def visible_reservation(reservation: Reservation, viewer: Principal) -> Reservat
         labels=(),
         redacted=True,
     )
+
+
+def watched_changes(
+    viewer: Principal, *, owner: str = "", node: str = ""
+) -> Callable[[ReservationChange], bool]:
+    """What a WatchReservations stream of `viewer` sends: the changes of reservations it may
+    see in full (its tenant's; every tenant's for a reader of all tenants), of `owner` (within
+    its tenant, as ListReservations qualifies it) and on `node` when set. Another tenant's
+    changes are not sent at all: unlike a held device, they explain nothing to the viewer."""
+    wanted_owner = viewer.qualified(owner)
+
+    def wants(change: ReservationChange) -> bool:
+        return (
+            (not wanted_owner or change.owner == wanted_owner)
+            and (not node or change.node == node)
+            and viewer.may_see(change.owner)
+        )
+
+    return wants
 
 
 def visible_holder(holder: Holder, viewer: Principal) -> Holder:

@@ -234,12 +234,16 @@ class ReservationEventOp(StrEnum):
 
 @dataclass(frozen=True)
 class ReservationEvent:
-    """One change, as published to other allocator replicas so they refresh their view."""
+    """One change, as published to other allocator replicas so they refresh their view, and
+    to WatchReservations streams. `owner`: the reservation's ("" from a store version that did
+    not publish it); `preempted_by`: set on the RELEASE of a revocation, who preempted it."""
 
     op: ReservationEventOp
     id: str
     node: str
     fencing_token: int
+    owner: str = ""
+    preempted_by: str = ""
 
 
 NODE_SEPARATOR = "@"  # reservation id = <minted>@<node>

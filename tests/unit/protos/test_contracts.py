@@ -34,6 +34,7 @@ SERVICES = {
         "ListReservations",
         "Capacity",
         "QuotaStatus",
+        "WatchReservations",
     ],
 }
 _GRPCURL_RE = re.compile(
@@ -98,7 +99,9 @@ def test_each_rpc_takes_its_own_request_and_response(service: str) -> None:
         for m in descriptor_pool.Default().FindServiceByName(service).methods
         if m.server_streaming or m.client_streaming
     }
-    assert streaming == ({"WatchInventory"} if service.endswith("Inventory") else set())
+    assert streaming == (
+        {"WatchInventory"} if service.endswith("Inventory") else {"WatchReservations"}
+    )
 
 
 def _doc_examples() -> list[re.Match[str]]:

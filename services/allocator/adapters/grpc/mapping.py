@@ -36,6 +36,7 @@ from services.allocator.app.messages import (
     Query,
     claim_ref,
 )
+from services.allocator.app.reservation_watch import ChangeKind, ReservationChange
 from services.allocator.core import (
     NO_SUMMARY,
     ConstraintExplanation,
@@ -79,6 +80,7 @@ __all__ = [
     "lease_from_pb",
     "proto_field_paths",
     "query_from_pb",
+    "reservation_change_to_pb",
     "reservation_state_from_pb",
     "reservation_to_pb",
     "reserve_claims_from_pb",
@@ -112,6 +114,16 @@ _REASONS = {
     ReasonCode.OTHER_NODE: pb.REJECTION_REASON_NODE_MISMATCH,
     ReasonCode.NO_DEVICES: pb.REJECTION_REASON_NODE_MISMATCH,
     ReasonCode.CLAIM_LIMIT: pb.REJECTION_REASON_CLAIM_DEVICE_LIMIT,
+}
+_CHANGES = {
+    ChangeKind.RESERVED: pb.RESERVATION_CHANGE_KIND_RESERVED,
+    ChangeKind.COMMITTED: pb.RESERVATION_CHANGE_KIND_COMMITTED,
+    ChangeKind.RENEWED: pb.RESERVATION_CHANGE_KIND_RENEWED,
+    ChangeKind.RELEASED: pb.RESERVATION_CHANGE_KIND_RELEASED,
+    ChangeKind.EXPIRED: pb.RESERVATION_CHANGE_KIND_EXPIRED,
+    ChangeKind.PREEMPTED: pb.RESERVATION_CHANGE_KIND_PREEMPTED,
+    ChangeKind.HEARTBEAT: pb.RESERVATION_CHANGE_KIND_HEARTBEAT,
+    ChangeKind.RESYNC: pb.RESERVATION_CHANGE_KIND_RESYNC,
 }
 _STATES = {
     ReservationState.RESERVED: pb.RESERVATION_STATE_RESERVED,
@@ -491,6 +503,17 @@ def _capacity_counts(answer: CapacityAnswer) -> pb.CapacityResponse:
             for name, count in sorted(answer.models.items())
         ],
         inventory_generation=answer.generation,
+    )
+
+
+def reservation_change_to_pb(change: ReservationChange) -> pb.WatchReservationsResponse:
+    return pb.WatchReservationsResponse(
+        kind=_CHANGES[change.kind],
+        reservation_id=change.reservation_id,
+        node_name=change.node,
+        owner=change.owner,
+        fencing_token=change.fencing_token,
+        preempted_by=change.preempted_by,
     )
 
 

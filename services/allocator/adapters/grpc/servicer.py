@@ -13,6 +13,8 @@ values: each method makes the call's Deadline (`call_deadline`: the client's dea
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import grpc
 
 from protos.allocator.v1 import allocator_pb2 as pb
@@ -28,14 +30,16 @@ from services.allocator.adapters.grpc.mapping import (
     query_from_pb,
     quota_status_response,
     request_digest,
+    reservation_change_to_pb,
     reservation_state_from_pb,
     reservation_to_pb,
     reserve_claims_from_pb,
     seconds_from_pb,
 )
 from services.allocator.app.messages import Answer
+from services.allocator.app.reservation_watch import ReservationWatch
 from services.allocator.app.service import AllocatorService
-from services.allocator.app.tenancy import visible_answer, visible_reservation
+from services.allocator.app.tenancy import visible_answer, visible_reservation, watched_changes
 from services.allocator.reservations.model import Reservation
 from services.common.deadline import Deadline
 from services.common.errors import PermissionDenied
@@ -78,6 +82,7 @@ ACCESS: dict[str, AccessRule] = {
     _PREFIX + "GetReservation": rule(Permission.RESERVATIONS_READ),
     _PREFIX + "ListReservations": rule(Permission.RESERVATIONS_READ),
     _PREFIX + "QuotaStatus": rule(Permission.PLACEMENTS_READ),
+    _PREFIX + "WatchReservations": rule(Permission.RESERVATIONS_READ),
 }
 """What each method needs (a method missing here is denied under a policy)."""
 
@@ -101,13 +106,19 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         *,
         claims: ClaimReader | None = None,
         max_call_seconds: float | None = None,
+        watch: ReservationWatch | None = None,
+        watch_heartbeat_seconds: float = 15.0,
     ) -> None:
         """`claims` reads the requests' claim messages (its memo is this servicer's: a new,
         default-sized ClaimReader when not given). Each call's deadline — the client's, at
-        most `max_call_seconds` — goes down to the service as a value (call_deadline)."""
+        most `max_call_seconds` — goes down to the service as a value (call_deadline).
+        `watch`: the process's reservation changes (WatchReservations; without it the method
+        answers UNIMPLEMENTED), a HEARTBEAT after `watch_heartbeat_seconds` of silence."""
         self._service = service
         self._claims = claims if claims is not None else ClaimReader()
         self._max_call_seconds = max_call_seconds
+        self._watch = watch
+        self._watch_heartbeat_seconds = watch_heartbeat_seconds
 
     def _deadline(self, context: grpc.ServicerContext) -> Deadline:
         return call_deadline(context, self._max_call_seconds)
@@ -271,6 +282,20 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                 return pb.QuotaStatusResponse()
         rows, enabled = self._service.quota_status(asked)
         return quota_status_response(rows, enabled)
+
+    def WatchReservations(
+        self, request: pb.WatchReservationsRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.WatchReservationsResponse]:
+        if self._watch is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "WatchReservations is not served here")
+        wants = watched_changes(
+            current_principal(context), owner=request.owner, node=request.node_name
+        )
+        changes = self._watch.watch(
+            wants, heartbeat_seconds=self._watch_heartbeat_seconds, is_active=context.is_active
+        )
+        for change in changes:
+            yield reservation_change_to_pb(change)
 
     def _owner(
         self,

@@ -279,7 +279,7 @@ class MemoryReservationStore:
                     f"reservation {reservation_id}: fencing token {fencing_token} is stale "
                     f"(current {current.fencing_token})"
                 )
-            self._free(current, ReservationEventOp.RELEASE)
+            self._free(current, ReservationEventOp.RELEASE, by)
             until = now + self._memory_seconds
             self._preempted[reservation_id] = (by, until)
             self._preempted = {k: v for k, v in self._preempted.items() if v[1] > now}
@@ -321,7 +321,7 @@ class MemoryReservationStore:
             )
         return reservation
 
-    def _free(self, reservation: Reservation, op: ReservationEventOp) -> None:
+    def _free(self, reservation: Reservation, op: ReservationEventOp, by: str = "") -> None:
         holds = self._nodes[reservation.node]
         for device in reservation.hold.devices:
             if holds.devices.get(device) == reservation.id:
@@ -335,7 +335,7 @@ class MemoryReservationStore:
         if self._idempotency.get(key) == reservation.id:
             del self._idempotency[key]
         del self._reservations[reservation.id]
-        self._emit(op, reservation)
+        self._emit(op, reservation, by)
 
     def _expire_due(self) -> float:
         """Free every lease whose expiry is <= now; returns now (one clock read per step)."""
@@ -347,10 +347,17 @@ class MemoryReservationStore:
                 self._free(reservation, ReservationEventOp.EXPIRE)
         return now
 
-    def _emit(self, op: ReservationEventOp, reservation: Reservation) -> None:
+    def _emit(self, op: ReservationEventOp, reservation: Reservation, by: str = "") -> None:
         if self._callbacks:
             self._pending.append(
-                ReservationEvent(op, reservation.id, reservation.node, reservation.fencing_token)
+                ReservationEvent(
+                    op,
+                    reservation.id,
+                    reservation.node,
+                    reservation.fencing_token,
+                    reservation.owner,
+                    by,
+                )
             )
 
     def _deliver(self) -> None:

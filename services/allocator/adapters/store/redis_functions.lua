@@ -35,16 +35,22 @@ local function now_ms()
 end
 
 -- The token is formatted by hand: cjson prints numbers with 14 significant digits only.
-local function publish(ctx, op, id, fence)
+-- `owner` (for WatchReservations' tenant filter) and `by` (a revocation: who preempted it) are
+-- optional fields: readers that do not know them ignore them.
+local function publish(ctx, op, id, fence, owner, by)
+  local extra = ''
+  if owner then extra = extra .. ',"owner":' .. cjson.encode(owner) end
+  if by then extra = extra .. ',"preempted_by":' .. cjson.encode(by) end
   redis.call('PUBLISH', ctx.channel, string.format(
-    '{"op":%s,"id":%s,"node":%s,"fencing_token":%d}',
-    cjson.encode(op), cjson.encode(id), cjson.encode(ctx.node), tonumber(fence) or 0))
+    '{"op":%s,"id":%s,"node":%s,"fencing_token":%d%s}',
+    cjson.encode(op), cjson.encode(id), cjson.encode(ctx.node), tonumber(fence) or 0, extra))
 end
 
--- Delete reservation id and everything it holds; returns its fencing token, or nil if absent.
+-- Delete reservation id and everything it holds; returns its fencing token and owner, or nil if
+-- absent.
 local function free(ctx, id)
   local rkey = ctx.base .. 'res:' .. id
-  local r = redis.call('HMGET', rkey, 'devices', 'uses', 'idem', 'fence')
+  local r = redis.call('HMGET', rkey, 'devices', 'uses', 'idem', 'fence', 'owner')
   if not r[1] then return nil end
   for _, device in ipairs(cjson.decode(r[1])) do
     local dkey = ctx.base .. 'dev:' .. device
@@ -59,15 +65,15 @@ local function free(ctx, id)
   redis.call('DEL', rkey)
   redis.call('ZREM', ctx.base .. 'leases', id)
   redis.call('SREM', ctx.base .. 'ids', id)
-  return r[4]
+  return r[4], r[5]
 end
 
 -- Free every lease of the node that is due at now; returns their ids.
 local function expire_due(ctx, now)
   local due = redis.call('ZRANGEBYSCORE', ctx.base .. 'leases', '-inf', string.format('%d', now))
   for _, id in ipairs(due) do
-    local fence = free(ctx, id)
-    publish(ctx, 'expire', id, fence)
+    local fence, owner = free(ctx, id)
+    publish(ctx, 'expire', id, fence, owner)
   end
   return due
 end
@@ -164,7 +170,7 @@ local function grant(keys, args)
   redis.call('ZADD', ctx.base .. 'leases', expires, id)
   redis.call('SADD', ctx.base .. 'ids', id)
   if idem ~= '' then redis.call('HSET', ctx.base .. 'idem', idem, id) end
-  publish(ctx, 'reserve', id, fence)
+  publish(ctx, 'reserve', id, fence, owner)
   return {'ok', {fence, string.format('%d', now), expires}, expired}
 end
 
@@ -189,7 +195,7 @@ local function commit(keys, args)
   if current.state ~= 'COMMITTED' then
     redis.call('HSET', rkey, 'state', 'COMMITTED', 'expires', '')
     redis.call('ZREM', ctx.base .. 'leases', id)
-    publish(ctx, 'commit', id, current.fence)
+    publish(ctx, 'commit', id, current.fence, owner)
   end
   return {'ok', redis.call('HGETALL', rkey), expired}
 end
@@ -207,7 +213,7 @@ local function renew(keys, args)
   local rkey = ctx.base .. 'res:' .. id
   redis.call('HSET', rkey, 'expires', expires)
   redis.call('ZADD', ctx.base .. 'leases', expires, id)
-  publish(ctx, 'renew', id, current.fence)
+  publish(ctx, 'renew', id, current.fence, owner)
   return {'ok', redis.call('HGETALL', rkey), expired}
 end
 
@@ -219,7 +225,7 @@ local function release(keys, args)
   local current, err = owned(ctx, id, owner, fence)
   if err then table.insert(err, expired) return err end
   free(ctx, id)
-  publish(ctx, 'release', id, current.fence)
+  publish(ctx, 'release', id, current.fence, owner)
   return {'ok', expired}
 end
 
@@ -242,7 +248,7 @@ local function revoke(keys, args)
   local pending = ctx.base .. 'pending:' .. tenant_of(owner)
   redis.call('ZREMRANGEBYSCORE', pending, '-inf', string.format('%d', now))
   redis.call('ZADD', pending, string.format('%d', now + tonumber(ttl)), id)
-  publish(ctx, 'release', id, current)
+  publish(ctx, 'release', id, current, owner, by)
   return {'ok', expired}
 end
 

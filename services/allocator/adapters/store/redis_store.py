@@ -364,6 +364,8 @@ class RedisReservationStore:
                         data["id"],
                         data["node"],
                         int(data["fencing_token"]),
+                        str(data.get("owner") or ""),
+                        str(data.get("preempted_by") or ""),
                     )
                 )
             except Exception:
