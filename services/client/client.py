@@ -20,11 +20,12 @@ from __future__ import annotations
 import random as random_module
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import grpc
 
@@ -37,6 +38,7 @@ from services.client.mapping import (
     capacity_from_pb,
     duration_to_pb,
     placement_from_pb,
+    reservation_change_from_pb,
     reservation_from_pb,
     state_to_pb,
     to_pb_claim_allocations,
@@ -45,11 +47,13 @@ from services.client.results import (
     Capacity,
     Placement,
     Reservation,
+    ReservationChange,
     ReservationState,
     TenantQuota,
 )
 from services.client.topology import to_pb_topology_constraints
 from services.common.dra.model import DeviceClass, NodeSelector, ResourceClaim
+from services.common.grpc_errors import error_from_rpc
 from services.common.pb.dra_mapping import (
     to_pb_device_class,
     to_pb_node_selector,
@@ -328,6 +332,19 @@ class AllocatorClient:
             if not token:
                 return found
 
+    def watch(
+        self, *, owner: str = "", node_name: str = "", seconds: float | None = None
+    ) -> Iterator[ReservationChange]:
+        """The changes of the reservations the caller may see, as any replica makes them
+        (WatchReservations, docs/api.md), of `owner` and on `node_name` when set: until the
+        server ends the stream, `seconds` pass (None: no end) or the iterator is closed. The
+        stream opens here, so a list made after this call misses nothing; changes are at most
+        once all the same (list again on a `resync` change). Not retried: a failure raises
+        its typed error."""
+        request = pb.WatchReservationsRequest(owner=owner, node_name=node_name)
+        call = self._stub.WatchReservations(request, timeout=seconds)
+        return _changes(call, ends=seconds is not None)
+
     def quotas(self, tenants: Sequence[str] = ()) -> tuple[TenantQuota, ...]:
         """The tenants' quotas the caller may see (docs/tenancy.md); [] when none are set."""
         request = pb.QuotaStatusRequest(tenants=list(tenants))
@@ -425,3 +442,19 @@ def _fill_query(
         request.node_selector.CopyFrom(to_pb_node_selector(node_selector))
     if policy is not None:
         request.policy = _POLICIES[policy]
+
+
+def _changes(call: Any, *, ends: bool) -> Iterator[ReservationChange]:
+    """The stream's changes; its deadline (`ends`) is a normal end, any other failure the
+    typed error. The call is cancelled when the iterator is closed."""
+    try:
+        for message in call:
+            yield reservation_change_from_pb(message)
+    except grpc.RpcError as error:
+        timed_out = isinstance(error, grpc.Call) and (
+            error.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+        )
+        if not (timed_out and ends):
+            raise error_from_rpc(error) from None
+    finally:
+        call.cancel()

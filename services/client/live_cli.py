@@ -26,6 +26,7 @@ import argparse
 import dataclasses
 import difflib
 import getpass
+import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -58,7 +59,7 @@ from services.client.live_output import (
     table,
     write_structured,
 )
-from services.client.results import Placement, Reservation, ReservationState
+from services.client.results import Placement, Reservation, ReservationChange, ReservationState
 from services.client.selectors import parse_selector
 from services.common.config import env_duration, read_document_limits
 from services.common.dra.model import DeviceClass, ResourceClaim
@@ -344,6 +345,13 @@ def _get_reservations(args: argparse.Namespace, session: Session, out: TextIO) -
     selector = parse_selector(args.selector or "")
     state = {"reserved": ReservationState.RESERVED, "committed": ReservationState.COMMITTED}
     with session.allocator() as allocator:
+        changes = None
+        if args.watch is not None:  # opened before the list, so that no change falls between
+            changes = allocator.watch(
+                owner=args.filter_owner or "",
+                node_name=args.node or "",
+                seconds=_duration("--watch", args.watch) if args.watch else None,
+            )
         if args.names:
             found = [allocator.get(_bare(name, "reservation")) for name in args.names]
         else:
@@ -352,27 +360,52 @@ def _get_reservations(args: argparse.Namespace, session: Session, out: TextIO) -
                 node_name=args.node or "",
                 state=state.get(args.state or ""),
             )
-    reservations = [r for r in found if selector(r.labels)]
-    headers = ["ID", "OWNER", "NODE", "STATE", "DEVICES", "EXPIRES"]
-    if args.output == "wide":
-        headers += ["FENCING", "CREATED", "LABELS"]
-    rows: list[Sequence[object]] = []
-    for r in reservations:
-        row: list[object] = [
-            r.id,
-            r.owner or f"tenant {r.tenant}",
-            r.node_name,
-            r.state.value,
-            _devices_text(r),
-            expiry(r.expires_at),
-        ]
+        reservations = [r for r in found if selector(r.labels)]
+        headers = ["ID", "OWNER", "NODE", "STATE", "DEVICES", "EXPIRES"]
         if args.output == "wide":
-            created = r.created_at.isoformat(timespec="seconds") if r.created_at else ""
-            row += [r.fencing_token, created, label_text(r.labels)]
-        rows.append(row)
-    items = [reservation_to_dict(r) for r in reservations]
-    _outputs(args, items, [f"reservation/{r.id}" for r in reservations], headers, rows, out)
+            headers += ["FENCING", "CREATED", "LABELS"]
+        rows: list[Sequence[object]] = []
+        for r in reservations:
+            row: list[object] = [
+                r.id,
+                r.owner or f"tenant {r.tenant}",
+                r.node_name,
+                r.state.value,
+                _devices_text(r),
+                expiry(r.expires_at),
+            ]
+            if args.output == "wide":
+                created = r.created_at.isoformat(timespec="seconds") if r.created_at else ""
+                row += [r.fencing_token, created, label_text(r.labels)]
+            rows.append(row)
+        items = [reservation_to_dict(r) for r in reservations]
+        _outputs(args, items, [f"reservation/{r.id}" for r in reservations], headers, rows, out)
+        if changes is not None:
+            out.flush()
+            _print_changes(args, changes, out)
     return 0
+
+
+def _print_changes(
+    args: argparse.Namespace, changes: Iterator[ReservationChange], out: TextIO
+) -> None:
+    """One line per change as it comes (heartbeats are not shown): CHANGE ID OWNER NODE and,
+    for a preemption, who took it; one JSON object per line with -o json, a YAML document each
+    with -o yaml."""
+    for change in changes:
+        if change.kind == "heartbeat":
+            continue
+        if args.output == "json":
+            out.write(json.dumps(dataclasses.asdict(change), sort_keys=True) + "\n")
+        elif args.output == "yaml":
+            out.write("---\n")
+            write_structured(dataclasses.asdict(change), "yaml", out)
+        else:
+            line = [change.kind.upper(), change.reservation_id, change.owner, change.node_name]
+            if change.preempted_by:
+                line.append(f"preempted by {change.preempted_by}")
+            out.write("  ".join(p for p in line if p) + "\n")
+        out.flush()
 
 
 def _devices_text(reservation: Reservation, shown: int = 3) -> str:
@@ -456,6 +489,15 @@ def register_get(subparsers: Any) -> None:
         help="devices in this state; reservations: reserved or committed",
     )
     parser.add_argument("--owner", dest="filter_owner", metavar="OWNER", help="reservations of")
+    parser.add_argument(
+        "-w",
+        "--watch",
+        nargs="?",
+        const="",
+        metavar="DURATION",
+        help="reservations: then print each change as it comes (WatchReservations), for "
+        "DURATION (e.g. 5m) or until interrupted",
+    )
     parser.add_argument("--show-labels", action="store_true", help="nodes: a LABELS column")
     _connection_flags(parser)
     parser.set_defaults(func=_run("get", lambda a, s, o: _resource(a.resource).run(a, s, o)))

@@ -23,6 +23,7 @@ from services.client.results import (
     Outcome,
     Placement,
     Reservation,
+    ReservationChange,
     ReservationState,
 )
 from services.common.dra.model import DeviceID
@@ -36,6 +37,7 @@ __all__ = [
     "capacity_from_pb",
     "duration_to_pb",
     "placement_from_pb",
+    "reservation_change_from_pb",
     "reservation_from_pb",
     "state_to_pb",
     "to_pb_claim_allocations",
@@ -96,6 +98,18 @@ def to_pb_claim_allocations(allocations: Sequence[ClaimAllocation]) -> list[pb.C
         )
         for a in allocations
     ]
+
+
+def reservation_change_from_pb(message: pb.WatchReservationsResponse) -> ReservationChange:
+    kind = pb.ReservationChangeKind.Name(message.kind).removeprefix("RESERVATION_CHANGE_KIND_")
+    return ReservationChange(
+        kind=kind.lower(),
+        reservation_id=message.reservation_id,
+        node_name=message.node_name,
+        owner=message.owner,
+        fencing_token=message.fencing_token,
+        preempted_by=message.preempted_by,
+    )
 
 
 def reservation_from_pb(message: pb.Reservation) -> Reservation:

@@ -25,6 +25,7 @@ __all__ = [
     "Outcome",
     "Placement",
     "Reservation",
+    "ReservationChange",
     "ReservationState",
 ]
 
@@ -193,3 +194,17 @@ class Capacity:
     nodes: Mapping[str, int] = field(default_factory=dict)
     models: Mapping[str, int] = field(default_factory=dict)
     inventory_generation: int = 0
+
+
+@dataclass(frozen=True)
+class ReservationChange:
+    """One change of WatchReservations (docs/api.md). `kind`: reserved, committed, renewed,
+    released, expired, preempted (`preempted_by` names the preemptor), heartbeat or resync (list
+    again: changes were lost); the reservation's fields are empty for the last two."""
+
+    kind: str
+    reservation_id: str = ""
+    node_name: str = ""
+    owner: str = ""
+    fencing_token: int = 0
+    preempted_by: str = ""

@@ -217,6 +217,39 @@ def test_a_reservation_from_allocate_to_release(address: str, home: Path) -> Non
     assert gone.returncode == 4
 
 
+def test_get_reservations_watch_prints_each_change(address: str, home: Path) -> None:
+    """get reservations -w: the list (none yet), then a line per change of the owner's
+    reservations as it comes, until the --watch duration ends."""
+    keep = {k: v for k, v in os.environ.items() if not k.startswith("GPUALLOC_")}
+    watching = subprocess.Popen(
+        [GPUALLOC, "get", "reservations", "--owner", "team-b/watcher", "-w", "8s", "-s", address],
+        cwd=ROOT,
+        env={**keep, "HOME": str(home), "XDG_CONFIG_HOME": ""},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert watching.stderr is not None
+        assert watching.stderr.readline() == "No resources found.\n"  # the stream is open
+        as_owner = ("-s", address, "--as", "team-b/watcher")
+        done = gpualloc("allocate", "-f", ONE_H100, "--reserve", *as_owner, home=home)
+        match = re.search(r"reservation/(\S+) reserved", done.stdout)
+        assert match, done.stdout + done.stderr
+        reservation = match[1]
+        assert gpualloc("commit", reservation, *as_owner, home=home).returncode == 0
+        assert gpualloc("release", reservation, *as_owner, home=home).returncode == 0
+        out, err = watching.communicate(timeout=30)
+    finally:
+        watching.kill()
+    assert watching.returncode == 0, err
+    lines = [line.split() for line in out.splitlines()]
+    assert [line[:3] for line in lines] == [
+        [kind, reservation, "team-b/watcher"] for kind in ("RESERVED", "COMMITTED", "RELEASED")
+    ]
+    assert all(line[3].startswith("h100-node-") for line in lines)
+
+
 def test_a_held_mig_slice_blocks_the_slices_it_overlaps(address: str, home: Path) -> None:
     as_owner = ("-s", address, "--as", "team-b/mig")
     done = gpualloc("allocate", "-f", MIG, "--reserve", *as_owner, home=home)
