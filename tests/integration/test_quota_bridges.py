@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import copy
 import io
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +28,7 @@ from protos.allocator.v1 import allocator_pb2_grpc
 from protos.common.v1 import dra_pb2
 from services.bridges.kueue.controller import AdmissionController
 from services.bridges.kueue.memory_api import KueueStandIn, MemoryKueueApi, workload_for_job
-from services.bridges.kueue.objects import CheckState, Workload
+from services.bridges.kueue.objects import AdmissionCheckState, CheckState, Workload
 from services.bridges.placing import Placer
 from services.bridges.slurm import cli as slurm_cli
 from services.bridges.slurm.commands import SlurmCommands, SlurmJobRow, SlurmNodeRow
@@ -127,6 +129,11 @@ def test_a_kueue_workload_reclaims_quota_lent_to_a_slurm_job(
         ("team-c", "0", "0"),
     }
     (job,) = admin.ListReservations(pb.ListReservationsRequest(), timeout=10).reservations
+    # the bridge's sync as it runs: a pass a minute, and one at once on a preemption of its own
+    stop = threading.Event()
+    syncing = threading.Thread(target=syncer.run, args=(stop, 60.0), daemon=True)
+    syncing.start()
+    time.sleep(0.5)  # its first pass is done and its WatchReservations stream is open
 
     settings = kueue_settings(fleet, tmp_path / "token")
     api = MemoryKueueApi()
@@ -150,6 +157,7 @@ def test_a_kueue_workload_reclaims_quota_lent_to_a_slurm_job(
         )
         KueueStandIn(api).step()  # Kueue reserves its own quota; the check is Pending
         controller.reconcile_all()
+        preempted = time.monotonic()
         workload = Workload.from_dict(api.get("Workload", "team-a", name))
         check = workload.check("gpualloc")
         assert check is not None and check.state is CheckState.READY, check
@@ -165,11 +173,17 @@ def test_a_kueue_workload_reclaims_quota_lent_to_a_slurm_job(
         bridge.Commit(pb.CommitRequest(reservation_id=job.id, owner="slurm/job/7001"), timeout=10)
     assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
     assert "was preempted by team-c/kueue/team-a/" in str(caught.value.details())
-    # the Slurm bridge's sync finds the job's reservation revoked and requeues the job
-    report = syncer.sync_once()
+    # the Slurm bridge's sync, woken by the stream, finds the job's reservation revoked and
+    # requeues the job at once, not at its next pass a minute later
+    while ("scontrol", "requeue", "7001") not in stand_in.ran and time.monotonic() < preempted + 5:
+        time.sleep(0.01)
+    requeued_after = time.monotonic() - preempted
+    stop.set()
     bridge_client.close()
     bridge_inventory.close()
-    assert report.requeued == ["7001"]
+    syncing.join(timeout=10)
+    print(f"\nthe Slurm job was requeued {requeued_after * 1000:.0f} ms after the preemption")
+    assert requeued_after < 5
     (comment,) = [c for c in stand_in.ran if c[:2] == ("scontrol", "update")]
     assert comment[2] == "JobId=7001" and "GPUs preempted by team-c/kueue/team-a/" in comment[3]
     assert ("scontrol", "requeue", "7001") in stand_in.ran
@@ -208,6 +222,7 @@ def test_a_kueue_workload_whose_pod_set_is_preempted_goes_back_to_retry(
         ) as inv,
     ):
         controller = AdmissionController(api, Placer(client, inv), lease_ttl_seconds=60)
+        stop = threading.Event()
         kueue = KueueStandIn(api)
         kueue.step()
         controller.reconcile_all()
@@ -227,17 +242,33 @@ def test_a_kueue_workload_whose_pod_set_is_preempted_goes_back_to_retry(
         request = pb.AllocateRequest(
             claims=[gpu_claim(4)], reserve=True, preempt=True, owner="slurm/job/7002"
         )
+        # the controller as it runs: a pass a minute (no Kueue change comes), and one at once
+        # when gpualloc revokes a Workload's reservation
+        running = threading.Thread(target=controller.run, args=(stop, 60.0), daemon=True)
+        running.start()
+        time.sleep(0.5)  # its first pass is done and its WatchReservations stream is open
         answer = hpc.Allocate(request, timeout=20)
+        preempted = time.monotonic()
         assert answer.outcome == pb.OUTCOME_ALLOCATED
         (victim,) = answer.preemption.victims
         assert victim.reason == "reclaim"
-        pending = admin.QuotaStatus(pb.QuotaStatusRequest(tenants=["team-c"]), timeout=10)
-        assert [q.pending_preemptions for q in pending.tenants] == [1]
 
-        (decision,) = controller.reconcile_all()
-        assert decision.action == "retry", decision
-        assert "was preempted by hpc/slurm/job/7002" in decision.message
-        kueue.step()  # Retry: Kueue evicts the Workload and requeues it
+        def check() -> AdmissionCheckState:
+            found = Workload.from_dict(api.get("Workload", "team-a", "two-pod-sets"))
+            state = found.check("gpualloc")
+            assert state is not None
+            return state
+
+        while check().state is not CheckState.RETRY and time.monotonic() < preempted + 5:
+            time.sleep(0.01)
+        evicted_after = time.monotonic() - preempted
+        retried = check()
+        stop.set()
+        kueue.step()  # Retry: Kueue evicts the Workload and requeues it (and the loop wakes)
+        running.join(timeout=10)
+        print(f"\nthe Workload went back to Retry {evicted_after * 1000:.0f} ms after the grant")
+        assert retried.state is CheckState.RETRY and evicted_after < 5
+        assert "was preempted by hpc/slurm/job/7002" in retried.message
         requeued = Workload.from_dict(api.get("Workload", "team-a", "two-pod-sets"))
         assert not requeued.quota_reserved and not requeued.admitted
 

@@ -50,6 +50,7 @@ from services.bridges.kueue.objects import (
 from services.bridges.kueue.port import KueueApi
 from services.bridges.kueue.translate import PodSetClaims, workload_claims
 from services.bridges.placing import Placer, kueue_owner, kueue_owner_of
+from services.bridges.preemptions import start_following
 from services.client.results import Reservation, ReservationState
 from services.common.errors import (
     FailedPrecondition,
@@ -110,6 +111,7 @@ class AdmissionController:
         self.preempt = preempt
         self._clock = clock
         self._known: dict[str, Reservation] = {}  # id -> a reservation held on the last pass
+        self._passing = threading.Lock()
 
     # --- one pass -----------------------------------------------------------------------------
 
@@ -328,14 +330,23 @@ class AdmissionController:
     # --- the loop -----------------------------------------------------------------------------
 
     def run(self, stop: threading.Event, resync_seconds: float = 10.0) -> None:
-        """Reconcile on every Workload change and at least every `resync_seconds`, until
-        `stop`; errors of one pass are logged and the next pass tries again."""
+        """Reconcile on every Workload change, at least every `resync_seconds`, and as soon as
+        gpualloc revokes a Workload's reservation (WatchReservations, bridges/preemptions.py:
+        the pass runs on the watching thread), until `stop`; errors of one pass are logged and
+        the next pass tries again."""
+        start_following(
+            self.placer.client, lambda owner: kueue_owner_of(owner) is not None, self._pass, stop
+        )
         while not stop.is_set():
+            self._pass()
+            self.api.wait_for_change(resync_seconds)
+
+    def _pass(self) -> None:
+        with self._passing:  # the loop's and the watching thread's passes take turns
             try:
                 self.reconcile_all()
             except GpuallocError as error:
                 log.warning("reconcile pass failed: %s", error)
-            self.api.wait_for_change(resync_seconds)
 
 
 def _pod_set_of(reservation: Reservation) -> str:

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from services.bridges.placing import slurm_job_of
+from services.bridges.preemptions import start_following
 from services.bridges.slurm.commands import SlurmCommands, SlurmJobRow
 from services.bridges.slurm.gresconf import gres_entries
 from services.bridges.slurm.prolog import CLUSTER_LABEL, ENDED_STATES, sweep
@@ -168,14 +169,19 @@ class Syncer:
         self._known: dict[str, Reservation] = {}  # this cluster's job reservations, last pass
 
     def run(self, stop: threading.Event, interval: float) -> None:
-        """Pass after pass until `stop`; a pass that fails is logged and tried again."""
+        """Pass after pass until `stop`; a pass that fails is logged and tried again. A pass
+        also comes as soon as gpualloc revokes one of this cluster's jobs' reservations
+        (WatchReservations, bridges/preemptions.py), so the job is requeued at once."""
+        woken = threading.Event()
+        start_following(self.client, lambda owner: slurm_job_of(owner) is not None, woken.set, stop)
         while not stop.is_set():
+            woken.clear()
             try:
                 for line in self.sync_once().lines():
                     log.info("%s", line)
             except GpuallocError as error:
                 log.warning("sync pass failed: %s: %s", type(error).__name__, error)
-            stop.wait(interval)
+            _wait_for_either(stop, woken, interval)
 
     def sync_once(self) -> SyncReport:
         report = SyncReport()
@@ -373,3 +379,13 @@ class Syncer:
                 break
             time.sleep(_POLL_SECONDS)
         return started
+
+
+def _wait_for_either(stop: threading.Event, woken: threading.Event, seconds: float) -> None:
+    """Until `seconds` pass, `woken` is set or `stop` is (checked every 0.2 s)."""
+    deadline = time.monotonic() + seconds
+    while not (stop.is_set() or woken.is_set()):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        woken.wait(min(left, 0.2))
