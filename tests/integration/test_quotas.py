@@ -8,6 +8,7 @@ no quotas (not limited). MIG memory is a second quota resource (a counter: bytes
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 import threading
 import time
@@ -410,6 +411,158 @@ def test_quotas_turned_on_count_what_is_already_held(tmp_path: Path) -> None:
         assert reserve(hpc, 1, owner="slurm/job/after").outcome == pb.OUTCOME_QUOTA_EXCEEDED
         release_all(hpc, held)
         assert status(stub(fleet, "admin"), "hpc")["hpc", "gpus"].used == "0"
+
+
+# --- hot reload of quotas -------------------------------------------------------------------
+
+HPC_QUOTA = "quotas: [{resource: gpus, nominal: 2}]"
+TEAM_A_QUOTA = "quotas: [{resource: gpus, nominal: 4, borrowingLimit: 4}]"
+
+
+def _rewrite_policy(fleet: SecuredFleet, *edits: tuple[str, str]) -> None:
+    """Rewrite the watched policy file with `edits` (old, new) applied to its text, each of
+    which must be there; a new mtime, past the watcher's 1 s between looks."""
+    text = fleet.policy_file.read_text()
+    for old, new in edits:
+        assert old in text, old
+        text = text.replace(old, new)
+    time.sleep(1.1)
+    fleet.policy_file.write_text(text)
+
+
+def _nominal_after_reload(fleet: SecuredFleet, tenant: str, nominal: str) -> None:
+    deadline = time.monotonic() + 10
+    while status(stub(fleet, "admin"), tenant)[tenant, "gpus"].nominal != nominal:
+        assert time.monotonic() < deadline, f"{tenant}'s nominal never became {nominal}"
+        time.sleep(0.2)
+
+
+def test_a_reload_that_shrinks_a_quota_refuses_new_grants_and_revokes_nothing(
+    tmp_path: Path,
+) -> None:
+    """hpc (alone, nominal 2) holds 2 GPUs and team-a (nominal 4, borrowing up to 4) holds 6;
+    the policy file is rewritten to nominal 1 and 2. QuotaStatus shows the new nominal at
+    once, every reservation stays held (and may be committed and renewed), and new grants are
+    refused until usage falls below the new quota. team-b's guaranteed part is still its own,
+    though team-a's shrink leaves the cohort's pool overdrawn."""
+    settings = AllocatorSettings(expire_interval=0.2, quota_grace_seconds=0.5)
+    with secured_fleet(tmp_path, policy=QUOTA_POLICY, allocator=settings) as fleet:
+        hpc, a, b = (
+            stub(fleet, "slurm-bridge"),
+            stub(fleet, "scheduler-a"),
+            stub(fleet, "scheduler-b"),
+        )
+        held_hpc = [reserve(hpc, 1, owner=f"slurm/job/{i}") for i in range(2)]
+        held_a = [reserve(a, 4, owner="job/own"), reserve(a, 2, owner="job/borrowed")]
+        assert [h.outcome for h in held_hpc + held_a] == [pb.OUTCOME_ALLOCATED] * 4
+        before = set(_everything(fleet))
+
+        _rewrite_policy(
+            fleet,
+            (HPC_QUOTA, "quotas: [{resource: gpus, nominal: 1}]"),
+            (TEAM_A_QUOTA, "quotas: [{resource: gpus, nominal: 2, borrowingLimit: 4}]"),
+        )
+        _nominal_after_reload(fleet, "hpc", "1")
+        rows = status(stub(fleet, "admin"))
+        shown = {
+            t: (r.nominal, r.used, r.borrowed, r.left)
+            for (t, resource), r in rows.items()
+            if resource == "gpus"
+        }
+        assert shown == {
+            "hpc": ("1", "2", "1", "0"),
+            "team-a": ("2", "6", "4", "0"),
+            "team-b": ("4", "0", "0", "2"),  # its guaranteed 2; the 2 it lends team-a holds
+        }
+        assert rows["team-b", "gpus"].lent == "2"
+
+        refused = reserve(hpc, 1, owner="slurm/job/new")
+        assert refused.outcome == pb.OUTCOME_QUOTA_EXCEEDED and not refused.reservations
+        (refusal,) = refused.quota_refusals
+        assert (refusal.tenant, refusal.used, refusal.nominal, refusal.left) == (
+            "hpc",
+            "2",
+            "1",
+            "0",
+        )
+        assert reserve(a, 1, owner="job/new").outcome == pb.OUTCOME_QUOTA_EXCEEDED
+
+        # nothing held was revoked; its holders still commit and renew it
+        assert set(_everything(fleet)) == before
+        first, second = (h.reservations[0] for h in held_hpc)
+        hpc.Commit(pb.CommitRequest(reservation_id=first.id, owner=first.owner), timeout=10)
+        hpc.Renew(pb.RenewRequest(reservation_id=second.id, owner=second.owner), timeout=10)
+        assert status(stub(fleet, "admin"), "hpc")["hpc", "gpus"].used == "2"
+
+        # team-b's guaranteed part is granted; what it lent stays in team-a's hands
+        held_b = [reserve(b, 2, owner="job/guaranteed")]
+        assert held_b[0].outcome == pb.OUTCOME_ALLOCATED
+        assert reserve(b, 1, owner="job/more").outcome == pb.OUTCOME_QUOTA_EXCEEDED
+
+        # refused until usage falls below the new quota: at 1 of 1 still nothing more
+        release_all(hpc, [held_hpc.pop()])
+        assert reserve(hpc, 1, owner="slurm/job/at-quota").outcome == pb.OUTCOME_QUOTA_EXCEEDED
+        release_all(hpc, held_hpc)
+        again = [reserve(hpc, 1, owner="slurm/job/below")]
+        assert again[0].outcome == pb.OUTCOME_ALLOCATED
+        release_all(hpc, again)
+        release_all(a, held_a)
+        release_all(b, held_b)
+
+
+# (id, the invalid edit of the quota section, what the log says): each edit also raises hpc's
+# nominal from 2 to 5, so that any part of it applied shows
+BAD_RELOADS = [
+    (
+        "negative-nominal",
+        (TEAM_A_QUOTA, "quotas: [{resource: gpus, nominal: -1}]"),
+        "must not be negative",
+    ),
+    (
+        "unknown-resource",
+        (HPC_QUOTA, "quotas: [{resource: gpus, nominal: 5}, {resource: cpus, nominal: 1}]"),
+        "unknown quota resource",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"), [pytest.param(*case[1:], id=case[0]) for case in BAD_RELOADS]
+)
+def test_a_reload_with_an_invalid_quota_section_keeps_the_old_quotas(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, edit: tuple[str, str], message: str
+) -> None:
+    """The policy file is rewritten with an invalid quota section: the reload is refused (and
+    logged), QuotaStatus still shows the old nominal, a grant within the old quota succeeds and
+    one beyond it is still refused."""
+    settings = AllocatorSettings(expire_interval=0.2, quota_grace_seconds=0.5)
+    with secured_fleet(tmp_path, policy=QUOTA_POLICY, allocator=settings) as fleet:
+        hpc = stub(fleet, "slurm-bridge")
+        edits = [edit]
+        if edit[0] != HPC_QUOTA:
+            edits.append((HPC_QUOTA, "quotas: [{resource: gpus, nominal: 5}]"))
+        caplog.set_level(logging.ERROR, logger="gpualloc.tls")
+        _rewrite_policy(fleet, *edits)
+        deadline = time.monotonic() + 10
+        refused: list[str] = []
+        while not refused and time.monotonic() < deadline:
+            time.sleep(0.2)
+            row = status(stub(fleet, "admin"), "hpc")["hpc", "gpus"]  # a look polls the file
+            assert row.nominal == "2", "the invalid quota section was applied"
+            refused = [
+                r.getMessage()
+                for r in caplog.records
+                if "access policy (quotas) changed but cannot be loaded" in r.getMessage()
+            ]
+        assert refused and message in refused[0], refused
+
+        row = status(stub(fleet, "admin"), "hpc")["hpc", "gpus"]
+        assert (row.nominal, row.used, row.left) == ("2", "0", "2")
+        held = [reserve(hpc, 2, owner="slurm/job/within-old")]
+        assert held[0].outcome == pb.OUTCOME_ALLOCATED
+        assert reserve(hpc, 1, owner="slurm/job/beyond-old").outcome == pb.OUTCOME_QUOTA_EXCEEDED
+        assert status(stub(fleet, "admin"), "team-a")["team-a", "gpus"].nominal == "4"
+        release_all(hpc, held)
 
 
 # --- priorities and preemption --------------------------------------------------------------

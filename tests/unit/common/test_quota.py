@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from services.common.errors import InvalidArgument
@@ -636,3 +636,218 @@ def test_policy_declares_movable_classes() -> None:
     assert not quotas.priority("").movable  # the default is not movable
     with pytest.raises(InvalidArgument, match="movable"):
         parse_policy(yaml.safe_load(text.replace("movable: true", "movable: 3")))
+
+
+# --- two quota resources, a cohort of 2-3 tenants, against the documented rule ----------------
+
+# what one unit of each resource is in milli-units: a GPU, and 5Gi of MIG memory (bytes)
+UNIT = {"gpus": GPU, "mig-memory": 5 * 2**30 * 1000}
+
+
+def quantity(resource: str, units: int) -> int | str:
+    """`units` of `resource` as the policy file writes it: 3 GPUs, 15Gi of memory."""
+    return units if resource == "gpus" else f"{5 * units}Gi"
+
+
+# tenant -> resource -> (nominal, borrowingLimit, lendingLimit) in units, None: unset; a
+# resource a tenant does not list is absent (nominal 0, no limits: docs/tenancy.md)
+Spec = dict[str, dict[str, tuple[int, int | None, int | None]]]
+
+
+@st.composite
+def two_resource_cohorts(draw: Any) -> Spec:
+    spec: Spec = {}
+    for i in range(draw(st.integers(2, 3))):
+        listed: dict[str, tuple[int, int | None, int | None]] = {}
+        for resource in draw(st.sets(st.sampled_from(sorted(UNIT)))):
+            nominal = draw(st.integers(0, 4))
+            borrow = draw(st.none() | st.integers(0, 4))
+            lend = draw(st.none() | st.integers(0, nominal))
+            listed[resource] = (nominal, borrow, lend)
+        spec[f"t{i}"] = listed
+    return spec
+
+
+def two_resource_policy(spec: Spec) -> QuotaModel:
+    """The spec as a policy file's quota section, through the real parser."""
+    tenants = []
+    for name, listed in spec.items():
+        quotas = []
+        for resource, (nominal, borrow, lend) in listed.items():
+            item: dict[str, Any] = {"resource": resource, "nominal": quantity(resource, nominal)}
+            if borrow is not None:
+                item["borrowingLimit"] = quantity(resource, borrow)
+            if lend is not None:
+                item["lendingLimit"] = quantity(resource, lend)
+            quotas.append(item)
+        tenants.append({"name": name, "cohort": "research", "quotas": quotas})
+    document = yaml.safe_load(POLICY)
+    document["spec"]["quota"]["resources"] = [
+        {"name": "gpus", "deviceClassNames": ["gpu.nvidia.com"]},
+        {"name": "mig-memory", "deviceClassNames": ["mig.nvidia.com"], "counter": "memory"},
+    ]
+    document["spec"]["tenants"] = tenants
+    return parse_policy(document).quotas
+
+
+def _limits(spec: Spec, tenant: str, resource: str) -> tuple[int, int | None, int]:
+    """(nominal, nominal + borrowingLimit or None, what it lends at most) in units."""
+    nominal, borrow, lend = spec[tenant].get(resource, (0, None, None))
+    return nominal, None if borrow is None else nominal + borrow, nominal if lend is None else lend
+
+
+def pool_holds(spec: Spec, resource: str, units: Mapping[str, int]) -> bool:
+    """What the tenants hold above nominal fits in what the others leave unused of what they
+    lend (`units`: tenant -> its usage of `resource`, in units)."""
+    above = spare = 0
+    for name in spec:
+        nominal, _, lends = _limits(spec, name, resource)
+        held = units.get(name, 0)
+        above += max(0, held - nominal)
+        spare += min(lends, max(0, nominal - held))
+    return above <= spare
+
+
+def cohort_feasible(spec: Spec, resource: str, units: Mapping[str, int]) -> bool:
+    """docs/tenancy.md's equivalent statement of the rule: every tenant within nominal +
+    borrowingLimit, and the pool holds."""
+    for name in spec:
+        _, ceiling, _ = _limits(spec, name, resource)
+        if ceiling is not None and units.get(name, 0) > ceiling:
+            return False
+    return pool_holds(spec, resource, units)
+
+
+def refused_by_rule(
+    spec: Spec, tenant: str, asked: Mapping[str, int], units: Mapping[str, Mapping[str, int]]
+) -> set[str]:
+    """The resources the documented rule refuses `asked` on (units), from any usage, a shrunk
+    policy's too: for each resource the grant adds to, the tenant stays within nominal +
+    borrowingLimit, and either the pool still holds or the tenant stays within its guaranteed
+    part (nominal - lendingLimit, never lent)."""
+    refused = set()
+    for resource, amount in asked.items():
+        if amount <= 0:
+            continue
+        nominal, ceiling, lends = _limits(spec, tenant, resource)
+        after = {name: units.get(name, {}).get(resource, 0) for name in spec}
+        after[tenant] += amount
+        within_ceiling = ceiling is None or after[tenant] <= ceiling
+        guaranteed = after[tenant] <= nominal - lends
+        if not (within_ceiling and (guaranteed or pool_holds(spec, resource, after))):
+            refused.add(resource)
+    return refused
+
+
+def _milli(units: Mapping[str, int]) -> dict[str, int]:
+    return {resource: count * UNIT[resource] for resource, count in units.items()}
+
+
+grant_st = st.tuples(st.integers(0, 2), st.integers(0, 3), st.integers(0, 3))
+step_st = st.one_of(grant_st, st.integers(0, 20))  # a grant (who, GPUs, memory) or a release
+
+
+# the borrowing limit of the second resource binds, the first fits: refused on memory only
+@example(
+    spec={
+        "t0": {"gpus": (4, None, None), "mig-memory": (0, 1, None)},
+        "t1": {"mig-memory": (4, None, None)},
+    },
+    steps=[(0, 1, 2), (0, 1, 1)],
+)
+# a lending limit on memory only; a tenant listing no gpus borrows them (nominal 0, no limit)
+@example(
+    spec={
+        "t0": {"gpus": (1, None, None)},
+        "t1": {"gpus": (2, None, None), "mig-memory": (4, None, 1)},
+    },
+    steps=[(0, 3, 2), (0, 3, 1), (1, 1, 3), (1, 0, 1), 0, (1, 0, 1)],
+)
+@settings(max_examples=300)
+@given(two_resource_cohorts(), st.lists(step_st, max_size=24))
+def test_admit_with_two_resources_never_overruns_and_never_refuses_needlessly(
+    spec: Spec, steps: list[tuple[int, int, int] | int]
+) -> None:
+    """Grants and releases from an empty ledger: each grant is admitted exactly when every
+    resource's cohort stays feasible (no overrun, no needless refusal), and each refusal names
+    exactly the resources that would overrun, with the tenant's usage and nominal."""
+    quotas = two_resource_policy(spec)
+    names = sorted(spec)
+    granted: list[tuple[str, dict[str, int]]] = []
+    units: dict[str, dict[str, int]] = {}
+    for step in steps:
+        if isinstance(step, int):
+            if granted:
+                name, asked = granted.pop(step % len(granted))
+                for resource, count in asked.items():
+                    units[name][resource] -= count
+            continue
+        who, gpus, memory = step
+        name = names[who % len(names)]
+        asked = {"gpus": gpus, "mig-memory": memory}
+        after = {n: dict(u) for n, u in units.items()}
+        mine = after.setdefault(name, {})
+        for resource, count in asked.items():
+            mine[resource] = mine.get(resource, 0) + count
+        overrun = {
+            r
+            for r in UNIT
+            if asked[r] > 0
+            and not cohort_feasible(spec, r, {n: u.get(r, 0) for n, u in after.items()})
+        }
+        refusals = quotas.admit(name, _milli(asked), {n: _milli(u) for n, u in units.items()})
+        assert {r.resource for r in refusals} == overrun, (name, asked, units)
+        for refusal in refusals:
+            used = units.get(name, {}).get(refusal.resource, 0) * UNIT[refusal.resource]
+            nominal = _limits(spec, name, refusal.resource)[0] * UNIT[refusal.resource]
+            assert (refusal.requested, refusal.used, refusal.nominal) == (
+                asked[refusal.resource] * UNIT[refusal.resource],
+                used,
+                nominal,
+            )
+        if not refusals:
+            units = after
+            granted.append((name, asked))
+        for resource in UNIT:  # the ledger never leaves a feasible state
+            assert cohort_feasible(
+                spec, resource, {n: u.get(resource, 0) for n, u in units.items()}
+            )
+
+
+# the pool overdrawn on memory by t0 (nominal cut to 1): t1 still gets its guaranteed 3
+@example(
+    spec={
+        "t0": {"mig-memory": (1, None, None)},
+        "t1": {"gpus": (2, 0, 2), "mig-memory": (4, 2, 1)},
+    },
+    held=[(0, 5), (2, 0), (0, 0)],
+    grant=(1, 0, 3),
+)
+@settings(max_examples=300)
+@given(
+    two_resource_cohorts(),
+    st.lists(st.tuples(st.integers(0, 7), st.integers(0, 7)), min_size=3, max_size=3),
+    grant_st,
+)
+def test_admit_and_left_with_two_resources_follow_the_rule_after_a_shrink(
+    spec: Spec, held: list[tuple[int, int]], grant: tuple[int, int, int]
+) -> None:
+    """Any usage, over quota too (what a policy that shrank leaves): admit refuses exactly the
+    resources the documented rule refuses, and QuotaStatus's `left` is the largest grant of
+    each resource alone that the rule admits."""
+    quotas = two_resource_policy(spec)
+    names = sorted(spec)
+    units = {n: {"gpus": held[i][0], "mig-memory": held[i][1]} for i, n in enumerate(names)}
+    usage = {n: _milli(u) for n, u in units.items()}
+    who, gpus, memory = grant
+    name = names[who % len(names)]
+    asked = {"gpus": gpus, "mig-memory": memory}
+    refusals = quotas.admit(name, _milli(asked), usage)
+    assert {r.resource for r in refusals} == refused_by_rule(spec, name, asked, units)
+    for row in quotas.status(usage):
+        largest = max(
+            k
+            for k in range(40)
+            if k == 0 or not refused_by_rule(spec, row.tenant, {row.resource: k}, units)
+        )
+        assert row.left == largest * UNIT[row.resource], (row.tenant, row.resource)
