@@ -17,6 +17,7 @@ import io
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,6 +109,29 @@ def kueue_settings(fleet: SecuredFleet, token_file: Path) -> ClientSettings:
     )
 
 
+@contextmanager
+def kueue_placer(settings: ClientSettings) -> Iterator[Placer]:
+    """The sidecar's allocator and inventory clients, as `gpualloc-kueue` makes them."""
+    with (
+        AllocatorClient(
+            settings.target, tls=settings.tls, token_file=settings.token_file
+        ) as client,
+        InventoryClient(
+            settings.inventory, tls=settings.tls, token_file=settings.token_file
+        ) as inventory,
+    ):
+        yield Placer(client, inventory)
+
+
+def kueue_with_our_check() -> MemoryKueueApi:
+    """Kueue with the example ClusterQueue, whose admission check is gpualloc's."""
+    api = MemoryKueueApi()
+    for path in (OUR_CHECK, EXAMPLES / "cluster-queue.yml"):
+        for document in documents(path):
+            api.apply(document)
+    return api
+
+
 def test_a_kueue_workload_reclaims_quota_lent_to_a_slurm_job(
     fleet: SecuredFleet, tmp_path: Path
 ) -> None:
@@ -136,25 +160,13 @@ def test_a_kueue_workload_reclaims_quota_lent_to_a_slurm_job(
     time.sleep(0.5)  # its first pass is done and its WatchReservations stream is open
 
     settings = kueue_settings(fleet, tmp_path / "token")
-    api = MemoryKueueApi()
-    for path in (OUR_CHECK, EXAMPLES / "cluster-queue.yml"):
-        for document in documents(path):
-            api.apply(document)
+    api = kueue_with_our_check()
     name = ""
     for document in documents(EXAMPLES / "h100-nvlink-job.yml"):
         if document["kind"] == "Job":
             name = api.apply(workload_for_job(document))["metadata"]["name"]
-    with (
-        AllocatorClient(
-            settings.target, tls=settings.tls, token_file=settings.token_file
-        ) as client,
-        InventoryClient(
-            settings.inventory, tls=settings.tls, token_file=settings.token_file
-        ) as inv,
-    ):
-        controller = AdmissionController(
-            api, Placer(client, inv), lease_ttl_seconds=60, preempt=True
-        )
+    with kueue_placer(settings) as placer:
+        controller = AdmissionController(api, placer, lease_ttl_seconds=60, preempt=True)
         KueueStandIn(api).step()  # Kueue reserves its own quota; the check is Pending
         controller.reconcile_all()
         preempted = time.monotonic()
@@ -203,25 +215,15 @@ def test_a_kueue_workload_whose_pod_set_is_preempted_goes_back_to_retry(
     admin = allocator_pb2_grpc.AllocatorStub(fleet.channel("admin"))
     for held in admin.ListReservations(pb.ListReservationsRequest(), timeout=10).reservations:
         admin.Release(pb.ReleaseRequest(reservation_id=held.id), timeout=10)
-    api = MemoryKueueApi()
-    for path in (OUR_CHECK, EXAMPLES / "cluster-queue.yml"):
-        for document in documents(path):
-            api.apply(document)
+    api = kueue_with_our_check()
     (job,) = [d for d in documents(EXAMPLES / "h100-nvlink-job.yml") if d["kind"] == "Job"]
     workload = workload_for_job(job, name="two-pod-sets")
     second = copy.deepcopy(workload["spec"]["podSets"][0])
     workload["spec"]["podSets"].append({**second, "name": "aux"})
     api.apply(workload)
     settings = kueue_settings(fleet, tmp_path / "token")
-    with (
-        AllocatorClient(
-            settings.target, tls=settings.tls, token_file=settings.token_file
-        ) as client,
-        InventoryClient(
-            settings.inventory, tls=settings.tls, token_file=settings.token_file
-        ) as inv,
-    ):
-        controller = AdmissionController(api, Placer(client, inv), lease_ttl_seconds=60)
+    with kueue_placer(settings) as placer:
+        controller = AdmissionController(api, placer, lease_ttl_seconds=60)
         stop = threading.Event()
         kueue = KueueStandIn(api)
         kueue.step()
@@ -253,16 +255,16 @@ def test_a_kueue_workload_whose_pod_set_is_preempted_goes_back_to_retry(
         (victim,) = answer.preemption.victims
         assert victim.reason == "reclaim"
 
-        def check() -> AdmissionCheckState:
+        def our_check() -> AdmissionCheckState:
             found = Workload.from_dict(api.get("Workload", "team-a", "two-pod-sets"))
             state = found.check("gpualloc")
             assert state is not None
             return state
 
-        while check().state is not CheckState.RETRY and time.monotonic() < preempted + 5:
+        while our_check().state is not CheckState.RETRY and time.monotonic() < preempted + 5:
             time.sleep(0.01)
         evicted_after = time.monotonic() - preempted
-        retried = check()
+        retried = our_check()
         stop.set()
         kueue.step()  # Retry: Kueue evicts the Workload and requeues it (and the loop wakes)
         running.join(timeout=10)

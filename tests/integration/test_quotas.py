@@ -64,6 +64,19 @@ QUOTAS = """\
     quotas: [{resource: gpus, nominal: 2}]
 """
 QUOTA_POLICY = policy_with(QUOTAS)
+# `layout`: the fixture whose URL a test's replicas share (tests/conftest.py)
+ON_EVERY_LAYOUT = pytest.mark.parametrize(
+    "layout",
+    [
+        pytest.param("redis_url", id="standalone"),
+        pytest.param("redis_sentinel_url", id="sentinel"),
+        pytest.param("redis_cluster_url", id="cluster"),
+    ],
+)
+ON_STANDALONE_AND_CLUSTER = pytest.mark.parametrize(
+    "layout",
+    [pytest.param("redis_url", id="standalone"), pytest.param("redis_cluster_url", id="cluster")],
+)
 
 
 def claim(count: int = 1, device_class: str = "gpu.nvidia.com") -> dra_pb2.ResourceClaim:
@@ -235,14 +248,7 @@ def test_quota_status_shows_a_tenant_only_its_own(fleet: SecuredFleet) -> None:
 
 
 @pytest.mark.redis
-@pytest.mark.parametrize(
-    "layout",
-    [
-        pytest.param("redis_url", id="standalone"),
-        pytest.param("redis_sentinel_url", id="sentinel"),
-        pytest.param("redis_cluster_url", id="cluster"),
-    ],
-)
+@ON_EVERY_LAYOUT
 def test_two_replicas_racing_never_overrun_a_quota(
     tmp_path: Path, layout: str, request: pytest.FixtureRequest
 ) -> None:
@@ -341,10 +347,7 @@ def test_two_replicas_racing_never_overrun_a_quota(
 
 
 @pytest.mark.redis
-@pytest.mark.parametrize(
-    "layout",
-    [pytest.param("redis_url", id="standalone"), pytest.param("redis_cluster_url", id="cluster")],
-)
+@ON_STANDALONE_AND_CLUSTER
 def test_a_grant_whose_devices_are_taken_gives_its_quota_back(
     tmp_path: Path, layout: str, request: pytest.FixtureRequest
 ) -> None:
@@ -806,10 +809,7 @@ def test_a_watching_holder_learns_of_its_preemption_at_once(fleet: SecuredFleet)
 
 
 @pytest.mark.redis
-@pytest.mark.parametrize(
-    "layout",
-    [pytest.param("redis_url", id="standalone"), pytest.param("redis_cluster_url", id="cluster")],
-)
+@ON_STANDALONE_AND_CLUSTER
 def test_a_holder_watching_one_replica_learns_of_a_preemption_made_on_another(
     tmp_path: Path, layout: str, request: pytest.FixtureRequest
 ) -> None:
