@@ -315,9 +315,9 @@ def build_allocator(
         allocator_pb2_grpc.add_AllocatorServicer_to_server,
         AllocatorServicer(
             service,
+            watch,
             claims=ClaimReader(),
             max_call_seconds=settings.server.max_call_seconds,
-            watch=watch,
             watch_heartbeat_seconds=settings.watch_heartbeat,
         ),
         ACCESS,

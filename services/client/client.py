@@ -60,7 +60,7 @@ from services.common.pb.dra_mapping import (
     to_pb_resource_claim,
 )
 
-__all__ = ["AllocatorClient", "Gang", "Policy"]
+__all__ = ["AllocatorClient", "Gang", "Policy", "ReservationChanges"]
 
 
 class Policy(StrEnum):
@@ -334,16 +334,19 @@ class AllocatorClient:
 
     def watch(
         self, *, owner: str = "", node_name: str = "", seconds: float | None = None
-    ) -> Iterator[ReservationChange]:
+    ) -> ReservationChanges:
         """The changes of the reservations the caller may see, as any replica makes them
         (WatchReservations, docs/api.md), of `owner` and on `node_name` when set: until the
-        server ends the stream, `seconds` pass (None: no end) or the iterator is closed. The
-        stream opens here, so a list made after this call misses nothing; changes are at most
-        once all the same (list again on a `resync` change). Not retried: a failure raises
-        its typed error."""
+        server ends the stream, `seconds` pass (None: no end), or `cancel()`. Returns once
+        the server has registered the stream (its first message), so a list made after this
+        call misses nothing; changes are at most once all the same (list again on a `resync`
+        change). Not retried: a failure raises its typed error."""
         request = pb.WatchReservationsRequest(owner=owner, node_name=node_name)
-        call = self._stub.WatchReservations(request, timeout=seconds)
-        return _changes(call, ends=seconds is not None)
+        changes = ReservationChanges(
+            self._stub.WatchReservations(request, timeout=seconds), ends=seconds is not None
+        )
+        next(changes, None)  # the first HEARTBEAT: registered
+        return changes
 
     def quotas(self, tenants: Sequence[str] = ()) -> tuple[TenantQuota, ...]:
         """The tenants' quotas the caller may see (docs/tenancy.md); [] when none are set."""
@@ -444,17 +447,25 @@ def _fill_query(
         request.policy = _POLICIES[policy]
 
 
-def _changes(call: Any, *, ends: bool) -> Iterator[ReservationChange]:
-    """The stream's changes; its deadline (`ends`) is a normal end, any other failure the
-    typed error. The call is cancelled when the iterator is closed."""
-    try:
-        for message in call:
-            yield reservation_change_from_pb(message)
-    except grpc.RpcError as error:
-        timed_out = isinstance(error, grpc.Call) and (
-            error.code() is grpc.StatusCode.DEADLINE_EXCEEDED
-        )
-        if not (timed_out and ends):
+class ReservationChanges(Iterator[ReservationChange]):
+    """An open WatchReservations stream: iterate for its changes; `cancel()` (from any thread)
+    ends it. Its deadline, when it was given one (`ends`), and a cancel are normal ends; any
+    other failure raises the typed error."""
+
+    def __init__(self, call: Any, *, ends: bool) -> None:
+        self._call = call
+        self._ends = ends
+        self._cancelled = False
+
+    def __next__(self) -> ReservationChange:
+        try:
+            return reservation_change_from_pb(next(self._call))
+        except grpc.RpcError as error:
+            code = error.code() if isinstance(error, grpc.Call) else None
+            if self._cancelled or (self._ends and code is grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise StopIteration from None
             raise error_from_rpc(error) from None
-    finally:
-        call.cancel()
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        self._call.cancel()

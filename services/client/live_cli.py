@@ -346,7 +346,11 @@ def _get_reservations(args: argparse.Namespace, session: Session, out: TextIO) -
     state = {"reserved": ReservationState.RESERVED, "committed": ReservationState.COMMITTED}
     with session.allocator() as allocator:
         changes = None
-        if args.watch is not None:  # opened before the list, so that no change falls between
+        if args.watch is not None:  # open before the list, so that no change falls between
+            if args.names or args.selector or args.state:
+                raise InvalidArgument.at(
+                    "--watch", "watches by --owner and --node only, not by name, -l or --state"
+                )
             changes = allocator.watch(
                 owner=args.filter_owner or "",
                 node_name=args.node or "",
@@ -500,7 +504,14 @@ def register_get(subparsers: Any) -> None:
     )
     parser.add_argument("--show-labels", action="store_true", help="nodes: a LABELS column")
     _connection_flags(parser)
-    parser.set_defaults(func=_run("get", lambda a, s, o: _resource(a.resource).run(a, s, o)))
+    parser.set_defaults(func=_run("get", _get))
+
+
+def _get(args: argparse.Namespace, session: Session, out: TextIO) -> int:
+    resource = _resource(args.resource)
+    if args.watch is not None and resource.run is not _get_reservations:
+        raise InvalidArgument.at("--watch", "only reservations can be watched")
+    return resource.run(args, session, out)
 
 
 # --- describe -----------------------------------------------------------------------------

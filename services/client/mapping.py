@@ -101,9 +101,10 @@ def to_pb_claim_allocations(allocations: Sequence[ClaimAllocation]) -> list[pb.C
 
 
 def reservation_change_from_pb(message: pb.WatchReservationsResponse) -> ReservationChange:
-    kind = pb.ReservationChangeKind.Name(message.kind).removeprefix("RESERVATION_CHANGE_KIND_")
+    known = message.kind in pb.ReservationChangeKind.values()  # a newer server's: unspecified
+    name = pb.ReservationChangeKind.Name(message.kind) if known else "UNSPECIFIED"
     return ReservationChange(
-        kind=kind.lower(),
+        kind=name.removeprefix("RESERVATION_CHANGE_KIND_").lower(),
         reservation_id=message.reservation_id,
         node_name=message.node_name,
         owner=message.owner,

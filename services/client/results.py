@@ -200,7 +200,8 @@ class Capacity:
 class ReservationChange:
     """One change of WatchReservations (docs/api.md). `kind`: reserved, committed, renewed,
     released, expired, preempted (`preempted_by` names the preemptor), heartbeat or resync (list
-    again: changes were lost); the reservation's fields are empty for the last two."""
+    again: changes were lost), the reservation's fields empty for the last two; unspecified for
+    a kind this client does not know (a newer server's)."""
 
     kind: str
     reservation_id: str = ""

@@ -3,10 +3,11 @@ take every thread that serves the others.
 
 A sync gRPC server serves every call from one thread pool. Three things could fill it:
 
-- **Streams** (WatchInventory) hold a thread for as long as they are open. The pool gets
-  `max_streams` threads on top of `max_workers`, and at most `max_streams` streams are open at
-  once: unary calls always keep `max_workers` threads (health checks are served apart: their
-  Watch does not hold a thread, their Check is quick).
+- **Streams** (WatchInventory, WatchReservations) hold a thread for as long as they are open.
+  The pool gets `max_streams` threads on top of `max_workers`, and at most `max_streams`
+  streams are open at once: unary calls always keep `max_workers` threads (health checks are
+  served apart: their Watch does not hold a thread, their Check is quick). One tenant may hold
+  at most `per_tenant_streams` of them, so that no tenant takes every stream.
 - **One caller** (an identity under an access policy) may have at most `per_caller` unary calls
   in flight, **one tenant** at most `per_tenant`; the next is RESOURCE_EXHAUSTED with a
   RetryInfo (retry after `retry_after` seconds) instead of queueing behind the pool.
@@ -35,6 +36,7 @@ class AdmissionLimits:
     per_caller: int = 0  # 0: no limit
     per_tenant: int = 0  # 0: no limit
     retry_after: float = 0.1
+    per_tenant_streams: int = 0  # 0: no limit
 
 
 class Admission:
@@ -46,23 +48,37 @@ class Admission:
         self._streams = 0
         self._callers: Counter[str] = Counter()
         self._tenants: Counter[str] = Counter()
+        self._tenant_streams: Counter[str] = Counter()
 
     @contextmanager
-    def stream(self, method: str) -> Iterator[None]:
-        limit = self.limits.max_streams
+    def stream(self, method: str, tenant: str | None = None) -> Iterator[None]:
+        limit, per_tenant = self.limits.max_streams, self.limits.per_tenant_streams
+        retry_after = max(1.0, self.limits.retry_after)
         with self._lock:
             if self._streams >= limit:
                 raise ResourceExhausted(
                     f"{method}: {self._streams} streams are open, the most this server serves "
                     f"at once (GPUALLOC_MAX_STREAMS={limit}); retry later",
-                    retry_after_seconds=max(1.0, self.limits.retry_after),
+                    retry_after_seconds=retry_after,
+                )
+            if per_tenant and tenant is not None and self._tenant_streams[tenant] >= per_tenant:
+                raise ResourceExhausted(
+                    f"{method}: tenant {tenant} already has {per_tenant} streams open, its "
+                    f"share (half of GPUALLOC_MAX_STREAMS={limit}); close one or retry later",
+                    retry_after_seconds=retry_after,
                 )
             self._streams += 1
+            if tenant is not None:
+                self._tenant_streams[tenant] += 1
         try:
             yield
         finally:
             with self._lock:
                 self._streams -= 1
+                if tenant is not None:
+                    self._tenant_streams[tenant] -= 1
+                    if not self._tenant_streams[tenant]:
+                        del self._tenant_streams[tenant]
 
     @contextmanager
     def unary(self, method: str, caller: str, tenant: str | None) -> Iterator[None]:

@@ -294,8 +294,9 @@ SERVER_SETTINGS: dict[str, Setting[Any]] = {
     "max_streams": Setting(
         "GPUALLOC_MAX_STREAMS",
         32,
-        "streams (WatchInventory) open at once; they get threads of their own, so unary calls "
-        "keep GPUALLOC_MAX_WORKERS; more: RESOURCE_EXHAUSTED",
+        "streams (WatchInventory, WatchReservations) open at once; they get threads of their "
+        "own, so unary calls keep GPUALLOC_MAX_WORKERS; more: RESOURCE_EXHAUSTED. Under an "
+        "access policy one tenant's identities may hold half of them",
         lambda env, name, default: env_int(env, name, default, minimum=1, maximum=4096),
     ),
     "max_calls_per_caller": Setting(
@@ -486,6 +487,12 @@ class ServerSettings:
     @property
     def tls(self) -> bool:
         return bool(self.tls_cert_file)
+
+    @property
+    def tenant_stream_limit(self) -> int:
+        """Streams one tenant's identities may hold open: half of max_streams under an access
+        policy (so that no tenant takes every stream), no limit in development mode."""
+        return max(1, self.max_streams // 2) if self.auth_policy_file else 0
 
     @property
     def caller_limits(self) -> tuple[int, int]:

@@ -142,7 +142,14 @@ def create_server(
     authenticator = Authenticator(settings.auth_policy_file)
     rules = {method: r for service in services for method, r in service.access.items()}
     per_caller, per_tenant = settings.caller_limits
-    admission = Admission(AdmissionLimits(settings.max_streams, per_caller, per_tenant))
+    admission = Admission(
+        AdmissionLimits(
+            settings.max_streams,
+            per_caller,
+            per_tenant,
+            per_tenant_streams=settings.tenant_stream_limit,
+        )
+    )
     health = health if health is not None else Health()
     server: grpc.Server = grpc.server(
         futures.ThreadPoolExecutor(

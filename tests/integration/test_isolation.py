@@ -122,10 +122,51 @@ def test_one_identity_cannot_hold_more_than_its_calls(tmp_path: Path):
         assert answer.outcome == pb.OUTCOME_ALLOCATED  # its own calls done, it may call again
 
 
+def test_one_tenant_cannot_hold_every_stream(tmp_path: Path):
+    """GPUALLOC_MAX_STREAMS=4 under a policy: a tenant's identities hold at most 2 streams
+    (WatchReservations here); a third is RESOURCE_EXHAUSTED while another tenant still opens
+    one, and a stream closed frees its place."""
+    with secured_fleet(tmp_path, max_streams=4) as fleet:
+        request = pb.WatchReservationsRequest()
+        a = allocator_pb2_grpc.AllocatorStub(fleet.channel("scheduler-a"))
+        held = [a.WatchReservations(request, timeout=30) for _ in range(2)]
+        try:
+            for stream in held:
+                assert next(stream).kind == pb.RESERVATION_CHANGE_KIND_HEARTBEAT  # registered
+            third = a.WatchReservations(request, timeout=30)
+            with pytest.raises(grpc.RpcError) as caught:
+                next(third)
+            assert caught.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "tenant team-a already has 2 streams open" in str(caught.value.details())
+            b = allocator_pb2_grpc.AllocatorStub(fleet.channel("scheduler-b"))
+            other = b.WatchReservations(request, timeout=30)
+            assert next(other).kind == pb.RESERVATION_CHANGE_KIND_HEARTBEAT
+            other.cancel()
+            held.pop().cancel()
+            deadline = time.monotonic() + 10
+            while True:  # the cancelled stream's place is freed once its thread sees it
+                again = a.WatchReservations(request, timeout=30)
+                try:
+                    assert next(again).kind == pb.RESERVATION_CHANGE_KIND_HEARTBEAT
+                    held.append(again)
+                    break
+                except grpc.RpcError:
+                    assert time.monotonic() < deadline, "the cancelled stream's place stayed"
+                    time.sleep(0.2)
+        finally:
+            for stream in held:
+                stream.cancel()
+
+
 LIMITS = {
     "streams-over-the-cap": (AdmissionLimits(max_streams=1), "stream", "GPUALLOC_MAX_STREAMS"),
     "caller-over-its-share": (AdmissionLimits(per_caller=1), "caller", "PER_CALLER"),
     "tenant-over-its-share": (AdmissionLimits(per_tenant=1), "tenant", "PER_TENANT"),
+    "tenant-over-its-streams": (
+        AdmissionLimits(per_tenant_streams=1),
+        "tenant-stream",
+        "tenant team already has 1 streams open",
+    ),
 }
 
 
@@ -136,6 +177,8 @@ def test_admission_refuses_the_call_past_each_limit_and_frees_it_after(limits, k
     def enter() -> object:
         if kind == "stream":
             return admission.stream("Watch")
+        if kind == "tenant-stream":
+            return admission.stream("Watch", "team")
         caller = "a" if kind == "caller" else f"a-{time.monotonic_ns()}"
         return admission.unary("Allocate", caller, "team")
 

@@ -157,7 +157,7 @@ def test_a_kueue_workload_reclaims_quota_lent_to_a_slurm_job(
     stop = threading.Event()
     syncing = threading.Thread(target=syncer.run, args=(stop, 60.0), daemon=True)
     syncing.start()
-    time.sleep(0.5)  # its first pass is done and its WatchReservations stream is open
+    assert syncer.watching.wait(10)  # its WatchReservations stream is registered
 
     settings = kueue_settings(fleet, tmp_path / "token")
     api = kueue_with_our_check()
@@ -248,7 +248,7 @@ def test_a_kueue_workload_whose_pod_set_is_preempted_goes_back_to_retry(
         # when gpualloc revokes a Workload's reservation
         running = threading.Thread(target=controller.run, args=(stop, 60.0), daemon=True)
         running.start()
-        time.sleep(0.5)  # its first pass is done and its WatchReservations stream is open
+        assert controller.watching.wait(10)  # its WatchReservations stream is registered
         answer = hpc.Allocate(request, timeout=20)
         preempted = time.monotonic()
         assert answer.outcome == pb.OUTCOME_ALLOCATED

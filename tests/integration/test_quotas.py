@@ -7,7 +7,6 @@ no quotas (not limited). MIG memory is a second quota resource (a counter: bytes
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
 import threading
@@ -730,20 +729,26 @@ def test_a_preempted_holder_learns_who_preempted_it(fleet: SecuredFleet) -> None
 
 
 class Watching:
-    """A WatchReservations stream read on a thread of its own, into `changes`."""
+    """A WatchReservations stream read on a thread of its own, into `changes`; returns once
+    the server registered it (its first message, a HEARTBEAT)."""
 
     def __init__(self, fleet: SecuredFleet, who: str, **filters: str) -> None:
         self.changes: list[pb.WatchReservationsResponse] = []
+        self.error: grpc.RpcError | None = None
         self._call = stub(fleet, who).WatchReservations(
             pb.WatchReservationsRequest(**filters), timeout=60
         )
+        first = next(self._call)
+        assert first.kind == pb.RESERVATION_CHANGE_KIND_HEARTBEAT, first
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
 
     def _read(self) -> None:
-        with contextlib.suppress(grpc.RpcError):  # cancelled by close()
+        try:
             for change in self._call:
                 self.changes.append(change)
+        except grpc.RpcError as error:
+            self.error = error
 
     def wait_for(self, kind: int, reservation_id: str, timeout: float = 5.0) -> float:
         """Seconds until a change of `kind` for `reservation_id` arrived (fails after timeout)."""
@@ -762,8 +767,10 @@ class Watching:
         ]
 
     def close(self) -> None:
+        """Cancel it; it must have been alive until then."""
         self._call.cancel()
         self._thread.join(timeout=10)
+        assert self.error is not None and self.error.code() is grpc.StatusCode.CANCELLED, self.error
 
 
 def test_a_watching_holder_learns_of_its_preemption_at_once(fleet: SecuredFleet) -> None:
@@ -777,7 +784,6 @@ def test_a_watching_holder_learns_of_its_preemption_at_once(fleet: SecuredFleet)
     one_owner = Watching(fleet, "slurm-bridge", owner="slurm/job/urgent")
     other_tenant = Watching(fleet, "scheduler-a")
     admin = Watching(fleet, "admin")
-    time.sleep(0.3)  # the streams are open before the changes
     try:
         first = reserve(hpc, 2, owner="slurm/job/low", priority="low")
         victim = first.reservations[0]
@@ -808,6 +814,38 @@ def test_a_watching_holder_learns_of_its_preemption_at_once(fleet: SecuredFleet)
     assert [c for c in other_tenant.changes if c.owner.startswith("hpc/")] == []
 
 
+def test_a_holder_is_told_only_the_tenant_of_a_preemptor_from_another_tenant(
+    fleet: SecuredFleet,
+) -> None:
+    """team-a borrows 2 of team-b's GPUs; team-b reclaims them. team-a's stream says which of
+    its reservations were preempted and by `tenant team-b` (another tenant's owners are not
+    shown: docs/security.md), team-b's own stream names its owner in full."""
+    _release_everything(fleet)
+    a, b = stub(fleet, "scheduler-a"), stub(fleet, "scheduler-b")
+    victim_side = Watching(fleet, "scheduler-a")
+    preemptor_side = Watching(fleet, "scheduler-b")
+    try:
+        held = [reserve(a, 1, owner=f"job/a{i}") for i in range(6)]  # 4 own + 2 borrowed
+        assert all(h.outcome == pb.OUTCOME_ALLOCATED for h in held)
+        taken = reserve(b, 4, owner="job/reclaim", preempt=True)
+        assert taken.outcome == pb.OUTCOME_ALLOCATED
+        revoked = [v.holder for v in taken.preemption.victims]
+        assert len(revoked) == 2 and all(h.reservation_id == "" for h in revoked)  # team-a's
+        for i in (4, 5):  # the newest two: the borrowed ones
+            victim_side.wait_for(pb.RESERVATION_CHANGE_KIND_PREEMPTED, held[i].reservations[0].id)
+        time.sleep(0.2)
+    finally:
+        victim_side.close()
+        preemptor_side.close()
+        _release_everything(fleet)
+    told = [c for c in victim_side.changes if c.kind == pb.RESERVATION_CHANGE_KIND_PREEMPTED]
+    assert sorted(c.owner for c in told) == ["team-a/job/a4", "team-a/job/a5"]
+    assert {c.preempted_by for c in told} == {"tenant team-b"}
+    assert [c for c in victim_side.changes if c.owner.startswith("team-b/")] == []
+    assert [c for c in preemptor_side.changes if c.owner.startswith("team-a/")] == []
+    assert [c.owner for c in preemptor_side.changes if c.reservation_id] == ["team-b/job/reclaim"]
+
+
 @pytest.mark.redis
 @ON_STANDALONE_AND_CLUSTER
 def test_a_holder_watching_one_replica_learns_of_a_preemption_made_on_another(
@@ -821,7 +859,6 @@ def test_a_holder_watching_one_replica_learns_of_a_preemption_made_on_another(
         secured_fleet(tmp_path / "two", policy=QUOTA_POLICY, allocator=settings) as two,
     ):
         holder = Watching(one, "slurm-bridge")
-        time.sleep(0.3)
         try:
             first = reserve(stub(one, "slurm-bridge"), 2, owner="slurm/job/low", priority="low")
             victim = first.reservations[0]

@@ -311,7 +311,9 @@ class _ReservationChangeKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[
     RESERVATION_CHANGE_KIND_PREEMPTED: _ReservationChangeKind.ValueType  # 6
     """Revoked by a preemption; preempted_by names the preemptor (docs/tenancy.md)."""
     RESERVATION_CHANGE_KIND_HEARTBEAT: _ReservationChangeKind.ValueType  # 7
-    """Nothing to send for a while (the server's GPUALLOC_WATCH_HEARTBEAT): the stream is alive."""
+    """Sent first, once the stream is registered (a list made after it misses no change), and
+    after GPUALLOC_RESERVATION_WATCH_HEARTBEAT with nothing to send: the stream is alive.
+    """
     RESERVATION_CHANGE_KIND_RESYNC: _ReservationChangeKind.ValueType  # 8
     """Changes were lost (this stream fell behind): list the reservations again."""
 
@@ -333,7 +335,9 @@ RESERVATION_CHANGE_KIND_EXPIRED: ReservationChangeKind.ValueType  # 5
 RESERVATION_CHANGE_KIND_PREEMPTED: ReservationChangeKind.ValueType  # 6
 """Revoked by a preemption; preempted_by names the preemptor (docs/tenancy.md)."""
 RESERVATION_CHANGE_KIND_HEARTBEAT: ReservationChangeKind.ValueType  # 7
-"""Nothing to send for a while (the server's GPUALLOC_WATCH_HEARTBEAT): the stream is alive."""
+"""Sent first, once the stream is registered (a list made after it misses no change), and
+after GPUALLOC_RESERVATION_WATCH_HEARTBEAT with nothing to send: the stream is alive.
+"""
 RESERVATION_CHANGE_KIND_RESYNC: ReservationChangeKind.ValueType  # 8
 """Changes were lost (this stream fell behind): list the reservations again."""
 Global___ReservationChangeKind: _TypeAlias = ReservationChangeKind  # noqa: Y015
@@ -1916,7 +1920,9 @@ class WatchReservationsResponse(_message.Message):
     fencing_token: _builtins.int
     """The reservation's fencing token."""
     preempted_by: _builtins.str
-    """PREEMPTED: who preempted it (the preemptor's owner; for a move, also the replacement)."""
+    """PREEMPTED: who preempted it (the preemptor's owner, or `tenant X` when the caller may not
+    see that tenant's owners; for a move, also the replacement).
+    """
     def __init__(
         self,
         *,

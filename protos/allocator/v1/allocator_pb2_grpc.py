@@ -175,7 +175,8 @@ class AllocatorServicer:
 
     def WatchReservations(self, request, context):
         """Streams changes of reservations as any replica makes them: a holder learns at once that
-        a preemption revoked its reservation. At most once (list after opening it, and on RESYNC).
+        a preemption revoked its reservation. At most once: list after its first message (a
+        HEARTBEAT) and on RESYNC.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

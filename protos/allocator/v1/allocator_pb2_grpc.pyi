@@ -69,7 +69,8 @@ class AllocatorStub:
     """Each tenant's quotas: nominal, used, borrowed, lent and what is left (docs/tenancy.md)."""
     WatchReservations: _grpc.UnaryStreamMultiCallable[_allocator_pb2.WatchReservationsRequest, _allocator_pb2.WatchReservationsResponse]
     """Streams changes of reservations as any replica makes them: a holder learns at once that
-    a preemption revoked its reservation. At most once (list after opening it, and on RESYNC).
+    a preemption revoked its reservation. At most once: list after its first message (a
+    HEARTBEAT) and on RESYNC.
     """
 
 @_typing.type_check_only
@@ -108,7 +109,8 @@ class AllocatorAsyncStub(AllocatorStub):
     """Each tenant's quotas: nominal, used, borrowed, lent and what is left (docs/tenancy.md)."""
     WatchReservations: _aio.UnaryStreamMultiCallable[_allocator_pb2.WatchReservationsRequest, _allocator_pb2.WatchReservationsResponse]  # type: ignore[assignment]
     """Streams changes of reservations as any replica makes them: a holder learns at once that
-    a preemption revoked its reservation. At most once (list after opening it, and on RESYNC).
+    a preemption revoked its reservation. At most once: list after its first message (a
+    HEARTBEAT) and on RESYNC.
     """
 
 class AllocatorServicer(metaclass=_abc_1.ABCMeta):
@@ -210,7 +212,8 @@ class AllocatorServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_allocator_pb2.WatchReservationsResponse], _abc.AsyncIterator[_allocator_pb2.WatchReservationsResponse]]:
         """Streams changes of reservations as any replica makes them: a holder learns at once that
-        a preemption revoked its reservation. At most once (list after opening it, and on RESYNC).
+        a preemption revoked its reservation. At most once: list after its first message (a
+        HEARTBEAT) and on RESYNC.
         """
 
 def add_AllocatorServicer_to_server(servicer: AllocatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -5,29 +5,36 @@ naming the preemptor), rather than on its next Commit, Renew or Release. Every a
 process receives every replica's changes (the store's events, which `Holdings` subscribes to),
 so a watcher connected to any replica sees them all.
 
-- `publish(event)` is called on the store subscription's thread for every event; it only
-  hands the change to each watcher's bounded queue, never blocks, and never filters.
-- `watch(wants, ...)` is one stream: the changes `wants` accepts (the edge's filter: the
-  caller's tenant, an owner, a node), a HEARTBEAT after `heartbeat_seconds` without one (a
-  quiet stream is told from a dead one), until `is_active()` turns false or the watch closes.
-- Changes are hints, as the store's events are (pub/sub is at-most-once): a client that must
-  not miss one lists its reservations after the stream opens. A watcher that falls
-  `queue_size` changes behind loses the oldest it had not read and gets a RESYNC (list again)
-  in their place.
+- `watch(view, ...)` is one stream. Its first change is a HEARTBEAT, sent once the stream is
+  registered: every change published from then on reaches it, so a client that lists its
+  reservations after that first message misses nothing. Then the changes as `view` shows them
+  (the edge's filter: the caller's tenant, an owner, a node; None: not sent), and a HEARTBEAT
+  after `heartbeat_seconds` without anything (a quiet stream is told from a dead one), until
+  `is_active()` turns false or the watch closes.
+- `publish(event)` is called on the store subscription's thread for every event; it applies
+  each stream's `view` and hands what is shown to the stream's bounded queue, never blocking.
+- Changes are hints, as the store's events are (pub/sub is at-most-once). A stream that falls
+  `queue_size` of its own changes behind loses the oldest it had not read and gets a RESYNC
+  (list again) in their place. An event without an owner (published by a replica from before
+  owners were published, during a rolling upgrade) is sent to a stream that sees it (a reader
+  of every tenant), and is a RESYNC for the others, which cannot tell whether it was theirs.
 """
 
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from services.allocator.reservations.model import ReservationEvent, ReservationEventOp
 
-__all__ = ["ChangeKind", "ReservationChange", "ReservationWatch"]
+__all__ = ["ChangeKind", "ReservationChange", "ReservationWatch", "View"]
+
+log = logging.getLogger(__name__)
 
 
 class ChangeKind(StrEnum):
@@ -69,13 +76,36 @@ HEARTBEAT = ReservationChange(ChangeKind.HEARTBEAT)
 RESYNC = ReservationChange(ChangeKind.RESYNC)
 
 
-class _Watcher:
-    """One stream's queue: the newest `size` changes; `lost` once older ones were dropped."""
+View = Callable[[ReservationChange], ReservationChange | None]
+"""A stream's filter: the change as its caller is shown it, or None when it is not sent."""
 
-    def __init__(self, size: int) -> None:
+
+class _Watcher:
+    """One stream: its view, and a queue of the newest `size` changes it is shown; `lost` once
+    older ones were dropped (or one it could not tell was its own came)."""
+
+    def __init__(self, view: View, size: int) -> None:
+        self.view = view
         self.changes: collections.deque[ReservationChange] = collections.deque(maxlen=size)
         self.lost = False
         self.ready = threading.Condition()
+
+    def offer(self, change: ReservationChange) -> None:
+        try:
+            shown = self.view(change)
+        except Exception:  # a filter's bug must not cost the other streams their change
+            log.exception("reservation watch: the filter failed on %s", change)
+            shown, change = None, replace(change, owner="")
+        with self.ready:
+            if shown is None and change.owner:
+                return
+            if shown is None:
+                self.lost = True  # whose it was is unknown: the stream lists again
+            else:
+                if len(self.changes) == self.changes.maxlen:
+                    self.lost = True  # the deque drops the oldest
+                self.changes.append(shown)
+            self.ready.notify()
 
 
 class ReservationWatch:
@@ -97,28 +127,25 @@ class ReservationWatch:
         with self._lock:
             watchers = tuple(self._watchers)
         for watcher in watchers:
-            with watcher.ready:
-                if len(watcher.changes) == watcher.changes.maxlen:
-                    watcher.lost = True  # the deque drops the oldest
-                watcher.changes.append(change)
-                watcher.ready.notify()
+            watcher.offer(change)
 
     def watch(
         self,
-        wants: Callable[[ReservationChange], bool],
+        view: View,
         *,
         heartbeat_seconds: float | None = None,
         wait_seconds: float = 1.0,
         is_active: Callable[[], bool] = lambda: True,
     ) -> Iterator[ReservationChange]:
-        """The changes `wants` accepts, as they come (see the module docstring). Checks
-        `is_active` at least every `wait_seconds`."""
-        watcher = _Watcher(self._queue_size)
+        """The changes as `view` shows them, after a first HEARTBEAT (see the module
+        docstring). Checks `is_active` at least every `wait_seconds`."""
+        watcher = _Watcher(view, self._queue_size)
         with self._lock:
             if self._closed:
                 return
             self._watchers.append(watcher)
         try:
+            yield HEARTBEAT  # registered: nothing published from here on is missed
             last_sent = time.monotonic()
             while is_active():
                 due = None if heartbeat_seconds is None else last_sent + heartbeat_seconds
@@ -129,9 +156,8 @@ class ReservationWatch:
                     yield RESYNC
                     last_sent = time.monotonic()
                 for change in batch:
-                    if wants(change):
-                        yield change
-                        last_sent = time.monotonic()
+                    yield change
+                    last_sent = time.monotonic()
                 quiet = time.monotonic() - last_sent
                 if heartbeat_seconds is not None and quiet >= heartbeat_seconds:
                     yield HEARTBEAT

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from services.allocator.app.holders import holder_ids
 from services.allocator.app.messages import Answer, Holder, Victim
-from services.allocator.app.reservation_watch import ReservationChange
+from services.allocator.app.reservation_watch import ReservationChange, View
 from services.allocator.core import Explanation, RejectionGroup, holders
 from services.allocator.reservations.model import Reservation
 from services.common.dra.model import AllocationResult
@@ -40,23 +40,25 @@ def visible_reservation(reservation: Reservation, viewer: Principal) -> Reservat
     )
 
 
-def watched_changes(
-    viewer: Principal, *, owner: str = "", node: str = ""
-) -> Callable[[ReservationChange], bool]:
-    """What a WatchReservations stream of `viewer` sends: the changes of reservations it may
-    see in full (its tenant's; every tenant's for a reader of all tenants), of `owner` (within
-    its tenant, as ListReservations qualifies it) and on `node` when set. Another tenant's
-    changes are not sent at all: unlike a held device, they explain nothing to the viewer."""
+def watched_changes(viewer: Principal, *, owner: str = "", node: str = "") -> View:
+    """What a WatchReservations stream of `viewer` is shown: the changes of reservations it
+    may see in full (its tenant's; every tenant's for a reader of all tenants), of `owner`
+    (within its tenant, as ListReservations qualifies it) and on `node` when set. Another
+    tenant's changes are not sent at all: unlike a held device, they explain nothing to the
+    viewer. A preemptor of another tenant is named by its tenant only (`tenant X`)."""
     wanted_owner = viewer.qualified(owner)
 
-    def wants(change: ReservationChange) -> bool:
-        return (
-            (not wanted_owner or change.owner == wanted_owner)
-            and (not node or change.node == node)
-            and viewer.may_see(change.owner)
-        )
+    def shown(change: ReservationChange) -> ReservationChange | None:
+        if wanted_owner and change.owner != wanted_owner:
+            return None
+        if (node and change.node != node) or not viewer.may_see(change.owner):
+            return None
+        by = change.preempted_by
+        if by and not viewer.may_see(by):
+            return replace(change, preempted_by=f"tenant {tenant_of_owner(by)}")
+        return change
 
-    return wants
+    return shown
 
 
 def visible_holder(holder: Holder, viewer: Principal) -> Holder:

@@ -50,7 +50,7 @@ from services.bridges.kueue.objects import (
 from services.bridges.kueue.port import KueueApi
 from services.bridges.kueue.translate import PodSetClaims, workload_claims
 from services.bridges.placing import Placer, kueue_owner, kueue_owner_of
-from services.bridges.preemptions import start_following
+from services.bridges.preemptions import PreemptionFollower
 from services.client.results import Reservation, ReservationState
 from services.common.errors import (
     FailedPrecondition,
@@ -112,11 +112,17 @@ class AdmissionController:
         self._clock = clock
         self._known: dict[str, Reservation] = {}  # id -> a reservation held on the last pass
         self._passing = threading.Lock()
+        self.watching = threading.Event()  # run(): set while preemptions wake it (see there)
 
     # --- one pass -----------------------------------------------------------------------------
 
     def reconcile_all(self) -> list[Decision]:
-        """One level-triggered pass over every AdmissionCheck and Workload."""
+        """One level-triggered pass over every AdmissionCheck and Workload (passes from
+        several threads take turns)."""
+        with self._passing:
+            return self._reconcile_all()
+
+    def _reconcile_all(self) -> list[Decision]:
         checks = self._our_checks()
         queues = {
             q.name
@@ -251,7 +257,7 @@ class AdmissionController:
             if not held:
                 raise NotFound(f"no reservation of {owner}")
             return Decision(workload.key, "renewed", check.state)
-        except NotFound as error:
+        except (NotFound, Preempted) as error:
             # The lease ran out, a preemption revoked it, or the allocator lost it: the devices
             # may be someone else's. Retry makes Kueue evict an admitted Workload and requeue it.
             message = f"gpualloc: the reservation was lost or preempted ({error}); placing again"
@@ -334,19 +340,42 @@ class AdmissionController:
         gpualloc revokes a Workload's reservation (WatchReservations, bridges/preemptions.py:
         the pass runs on the watching thread), until `stop`; errors of one pass are logged and
         the next pass tries again."""
-        start_following(
-            self.placer.client, lambda owner: kueue_owner_of(owner) is not None, self._pass, stop
+        woken = threading.Event()
+        ours = PreemptionFollower(
+            self.placer.client,
+            lambda o: kueue_owner_of(o) is not None,
+            woken.set,
+            watching=self.watching,
         )
-        while not stop.is_set():
+        on_preemption = threading.Thread(
+            target=self._pass_when_woken, args=(woken, stop), name="gpualloc-kueue-preempted"
+        )
+        ours.start()
+        on_preemption.start()
+        try:
+            while not stop.is_set():
+                self._pass()
+                self.api.wait_for_change(resync_seconds)
+        finally:
+            ours.close()
+            woken.set()
+            on_preemption.join(timeout=30)
+
+    def _pass_when_woken(self, woken: threading.Event, stop: threading.Event) -> None:
+        """A pass each time `woken` is set (a burst of preemptions makes one or two), until
+        `stop`: the loop itself waits on Kueue's changes."""
+        while True:
+            woken.wait()
+            if stop.is_set():
+                return
+            woken.clear()
             self._pass()
-            self.api.wait_for_change(resync_seconds)
 
     def _pass(self) -> None:
-        with self._passing:  # the loop's and the watching thread's passes take turns
-            try:
-                self.reconcile_all()
-            except GpuallocError as error:
-                log.warning("reconcile pass failed: %s", error)
+        try:
+            self.reconcile_all()
+        except GpuallocError as error:
+            log.warning("reconcile pass failed: %s", error)
 
 
 def _pod_set_of(reservation: Reservation) -> str:

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from services.bridges.placing import slurm_job_of
-from services.bridges.preemptions import start_following
+from services.bridges.preemptions import PreemptionFollower
 from services.bridges.slurm.commands import SlurmCommands, SlurmJobRow
 from services.bridges.slurm.gresconf import gres_entries
 from services.bridges.slurm.prolog import CLUSTER_LABEL, ENDED_STATES, sweep
@@ -167,21 +167,28 @@ class Syncer:
         self.start_timeout = start_timeout
         self._clock = clock
         self._known: dict[str, Reservation] = {}  # this cluster's job reservations, last pass
+        self.watching = threading.Event()  # run(): set while preemptions wake it (see there)
 
     def run(self, stop: threading.Event, interval: float) -> None:
         """Pass after pass until `stop`; a pass that fails is logged and tried again. A pass
         also comes as soon as gpualloc revokes one of this cluster's jobs' reservations
         (WatchReservations, bridges/preemptions.py), so the job is requeued at once."""
         woken = threading.Event()
-        start_following(self.client, lambda owner: slurm_job_of(owner) is not None, woken.set, stop)
-        while not stop.is_set():
-            woken.clear()
-            try:
-                for line in self.sync_once().lines():
-                    log.info("%s", line)
-            except GpuallocError as error:
-                log.warning("sync pass failed: %s: %s", type(error).__name__, error)
-            _wait_for_either(stop, woken, interval)
+        ours = PreemptionFollower(
+            self.client, lambda o: slurm_job_of(o) is not None, woken.set, watching=self.watching
+        )
+        ours.start()
+        try:
+            while not stop.is_set():
+                woken.clear()
+                try:
+                    for line in self.sync_once().lines():
+                        log.info("%s", line)
+                except GpuallocError as error:
+                    log.warning("sync pass failed: %s: %s", type(error).__name__, error)
+                _wait_for_either(stop, woken, interval)
+        finally:
+            ours.close()
 
     def sync_once(self) -> SyncReport:
         report = SyncReport()

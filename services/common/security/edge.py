@@ -306,7 +306,8 @@ class AuthInterceptor(HandlerInterceptor):
         def wrap_stream(behavior: StreamBehavior) -> StreamBehavior:
             def call(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
                 info = admit(request, context)
-                with admission.stream(info.method):
+                tenant = None if info.principal.development else info.principal.tenant
+                with admission.stream(info.method, tenant):
                     yield from stream_in_context(_current, info, lambda: behavior(request, context))
 
             return call

@@ -1,6 +1,7 @@
-"""The WatchReservations fan-out: store events become changes (a revocation is PREEMPTED), each
-stream gets those its filter accepts, a slow stream gets RESYNC in place of what it lost, a
-quiet one a HEARTBEAT, and close() ends them all."""
+"""The WatchReservations fan-out: store events become changes (a revocation is PREEMPTED), a
+stream starts with a HEARTBEAT once registered, then gets what its view shows, a slow stream
+gets RESYNC in place of what it lost (and a stream that cannot tell an owner-less change was
+its own), a quiet one a HEARTBEAT, and close() ends them all."""
 
 from __future__ import annotations
 
@@ -42,15 +43,21 @@ def test_a_store_event_is_a_change(event: ReservationEvent, kind: ChangeKind) ->
 
 
 class Stream:
-    """One watch() read on a thread, into `got`."""
+    """One watch() read on a thread, into `got` (after the first HEARTBEAT, which says the
+    stream is registered: the constructor returns once it came)."""
 
     def __init__(self, changes: Iterator[ReservationChange]) -> None:
         self.got: list[ReservationChange] = []
         self._changes = changes
+        self._registered = threading.Event()
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
+        assert self._registered.wait(3)
 
     def _read(self) -> None:
+        first = next(self._changes, None)
+        assert first is not None and first.kind is ChangeKind.HEARTBEAT
+        self._registered.set()
         for change in self._changes:
             self.got.append(change)
 
@@ -71,11 +78,10 @@ def event(op: Op, reservation_id: str, owner: str = "a/x", node: str = "n") -> R
     return ReservationEvent(op, reservation_id, node, 1, owner)
 
 
-def test_each_stream_gets_what_its_filter_accepts() -> None:
+def test_each_stream_gets_what_its_view_shows() -> None:
     watch = ReservationWatch()
-    mine = Stream(watch.watch(lambda c: c.owner.startswith("a/"), wait_seconds=0.05))
-    everything = Stream(watch.watch(lambda c: True, wait_seconds=0.05))
-    wait_until(lambda: watch.watchers == 2)
+    mine = Stream(watch.watch(lambda c: c if c.owner.startswith("a/") else None, wait_seconds=0.05))
+    everything = Stream(watch.watch(lambda c: c, wait_seconds=0.05))
     watch.publish(event(Op.RESERVE, "r1", owner="a/x"))
     watch.publish(event(Op.RESERVE, "r2", owner="b/y"))
     watch.publish(ReservationEvent(Op.RELEASE, "r1", "n", 1, "a/x", preempted_by="b/y"))
@@ -94,18 +100,16 @@ def test_each_stream_gets_what_its_filter_accepts() -> None:
 
 def test_a_stream_that_falls_behind_gets_resync_for_what_it_lost() -> None:
     watch = ReservationWatch(queue_size=3)
-    changes = watch.watch(lambda c: True, wait_seconds=0.05)
-    first = threading.Thread(target=lambda: got.append(next(changes)))
-    got: list[ReservationChange] = []
-    first.start()
-    wait_until(lambda: watch.watchers == 1)
+    changes = watch.watch(lambda c: c, wait_seconds=0.05)
+    got = [next(changes)]  # registered
     watch.publish(event(Op.RESERVE, "r0"))
-    first.join(timeout=2)
+    got.append(next(changes))
     for index in range(1, 6):  # nobody reads: r1 and r2 are dropped, r3-r5 kept
         watch.publish(event(Op.RESERVE, f"r{index}"))
     got.extend(next(changes) for _ in range(4))
     watch.close()
     assert [(c.kind.value, c.reservation_id) for c in got] == [
+        ("heartbeat", ""),
         ("reserved", "r0"),
         ("resync", ""),
         ("reserved", "r3"),
@@ -116,15 +120,14 @@ def test_a_stream_that_falls_behind_gets_resync_for_what_it_lost() -> None:
 
 def test_a_quiet_stream_gets_heartbeats_and_a_busy_one_does_not() -> None:
     watch = ReservationWatch()
-    quiet = Stream(watch.watch(lambda c: False, heartbeat_seconds=0.1, wait_seconds=0.02))
+    quiet = Stream(watch.watch(lambda c: None, heartbeat_seconds=0.1, wait_seconds=0.02))
     wait_until(lambda: len(quiet.got) >= 2)
     watch.close()
     quiet.thread.join(timeout=2)
     assert set(quiet.kinds()) == {"heartbeat"}
 
     watch = ReservationWatch()
-    busy = Stream(watch.watch(lambda c: True, heartbeat_seconds=0.5, wait_seconds=0.02))
-    wait_until(lambda: watch.watchers == 1)
+    busy = Stream(watch.watch(lambda c: c, heartbeat_seconds=0.5, wait_seconds=0.02))
     for index in range(20):  # one change every 50 ms for a second: never 0.5 s quiet
         watch.publish(event(Op.RENEW, f"r{index}"))
         time.sleep(0.05)
@@ -137,8 +140,7 @@ def test_a_stream_ends_when_its_client_goes() -> None:
     watch = ReservationWatch()
     active = threading.Event()
     active.set()
-    stream = Stream(watch.watch(lambda c: True, wait_seconds=0.02, is_active=active.is_set))
-    wait_until(lambda: watch.watchers == 1)
+    stream = Stream(watch.watch(lambda c: c, wait_seconds=0.02, is_active=active.is_set))
     active.clear()
     stream.thread.join(timeout=2)
     assert not stream.thread.is_alive() and watch.watchers == 0
@@ -147,6 +149,34 @@ def test_a_stream_ends_when_its_client_goes() -> None:
 def test_watch_after_close_ends_at_once() -> None:
     watch = ReservationWatch()
     watch.close()
-    assert list(watch.watch(lambda c: True)) == []
+    assert list(watch.watch(lambda c: c)) == []
     with pytest.raises(ValueError, match="queue_size"):
         ReservationWatch(queue_size=0)
+
+
+def test_a_change_without_an_owner_is_a_resync_for_a_stream_that_cannot_tell() -> None:
+    """During a rolling upgrade a replica from before owners were published sends owner-less
+    events: a stream that sees every tenant gets them, a tenant's gets RESYNC (list again);
+    a change with an owner that is not the tenant's stays unseen."""
+    watch = ReservationWatch()
+    tenant = Stream(watch.watch(lambda c: c if c.owner.startswith("a/") else None))
+    admin = Stream(watch.watch(lambda c: c))
+    watch.publish(event(Op.RESERVE, "r1", owner="b/y"))  # another tenant's: not a/'s business
+    watch.publish(event(Op.RESERVE, "r2", owner=""))  # whose? a/ cannot tell
+    wait_until(lambda: len(admin.got) == 2 and len(tenant.got) == 1)
+    watch.close()
+    assert [(c.kind.value, c.reservation_id) for c in tenant.got] == [("resync", "")]
+    assert [c.reservation_id for c in admin.got] == ["r1", "r2"]
+
+
+def test_a_view_that_fails_costs_its_stream_a_resync_and_no_one_else_anything() -> None:
+    def broken(change: ReservationChange) -> ReservationChange | None:
+        raise RuntimeError("a bug in a filter")
+
+    watch = ReservationWatch()
+    failing = Stream(watch.watch(broken))
+    fine = Stream(watch.watch(lambda c: c))
+    watch.publish(event(Op.RESERVE, "r1"))
+    wait_until(lambda: len(fine.got) == 1 and len(failing.got) == 1)
+    watch.close()
+    assert failing.kinds() == ["resync"] and fine.kinds() == ["reserved"]

@@ -103,17 +103,17 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
     def __init__(
         self,
         service: AllocatorService,
+        watch: ReservationWatch,
         *,
         claims: ClaimReader | None = None,
         max_call_seconds: float | None = None,
-        watch: ReservationWatch | None = None,
         watch_heartbeat_seconds: float = 15.0,
     ) -> None:
         """`claims` reads the requests' claim messages (its memo is this servicer's: a new,
         default-sized ClaimReader when not given). Each call's deadline — the client's, at
         most `max_call_seconds` — goes down to the service as a value (call_deadline).
-        `watch`: the process's reservation changes (WatchReservations; without it the method
-        answers UNIMPLEMENTED), a HEARTBEAT after `watch_heartbeat_seconds` of silence."""
+        `watch`: the process's reservation changes (WatchReservations), a HEARTBEAT after
+        `watch_heartbeat_seconds` of silence."""
         self._service = service
         self._claims = claims if claims is not None else ClaimReader()
         self._max_call_seconds = max_call_seconds
@@ -286,13 +286,11 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
     def WatchReservations(
         self, request: pb.WatchReservationsRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.WatchReservationsResponse]:
-        if self._watch is None:
-            context.abort(grpc.StatusCode.UNIMPLEMENTED, "WatchReservations is not served here")
-        wants = watched_changes(
+        shown = watched_changes(
             current_principal(context), owner=request.owner, node=request.node_name
         )
         changes = self._watch.watch(
-            wants, heartbeat_seconds=self._watch_heartbeat_seconds, is_active=context.is_active
+            shown, heartbeat_seconds=self._watch_heartbeat_seconds, is_active=context.is_active
         )
         for change in changes:
             yield reservation_change_to_pb(change)
