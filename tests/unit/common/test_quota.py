@@ -107,7 +107,11 @@ CASES = [
     ("lone-tenant-never-borrows", [tenant("a", 4, cohort="")], used(a=3), "a", 2, False, 1),
     ("unlisted-tenant-unlimited", [tenant("a", 1)], used(a=1), "z", 100, True, None),
     ("zero-amount-always-fits", [tenant("a", 0)], used(), "a", 0, True, 0),
-]
+    ("nominal-zero-borrows-from-its-cohort", [tenant("a", 0), tenant("b", 4)], used(), "a", 2,
+     True, 4),
+    ("borrowing-limit-zero-forbids-it", [tenant("a", 0, borrow=0), tenant("b", 4)], used(), "a",
+     1, False, 0),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(
