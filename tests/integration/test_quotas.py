@@ -834,6 +834,11 @@ def test_a_holder_is_told_only_the_tenant_of_a_preemptor_from_another_tenant(
         for i in (4, 5):  # the newest two: the borrowed ones
             victim_side.wait_for(pb.RESERVATION_CHANGE_KIND_PREEMPTED, held[i].reservations[0].id)
         time.sleep(0.2)
+        for i in (4, 5):  # the holder acts on it: its Renew tells the allocator it knows
+            gone = held[i].reservations[0]
+            with pytest.raises(grpc.RpcError, match="was preempted by"):
+                a.Renew(pb.RenewRequest(reservation_id=gone.id, owner=gone.owner), timeout=10)
+        assert _pending(fleet)["team-a"] == 0
     finally:
         victim_side.close()
         preemptor_side.close()
