@@ -191,9 +191,10 @@ def test_a_kueue_workload_reclaims_quota_lent_to_a_slurm_job(
         time.sleep(0.01)
     requeued_after = time.monotonic() - preempted
     stop.set()
+    syncing.join(timeout=10)  # its pass in flight ends before its clients close
+    assert not syncing.is_alive()
     bridge_client.close()
     bridge_inventory.close()
-    syncing.join(timeout=10)
     print(f"\nthe Slurm job was requeued {requeued_after * 1000:.0f} ms after the preemption")
     assert requeued_after < 5
     (comment,) = [c for c in stand_in.ran if c[:2] == ("scontrol", "update")]
@@ -266,8 +267,12 @@ def test_a_kueue_workload_whose_pod_set_is_preempted_goes_back_to_retry(
         evicted_after = time.monotonic() - preempted
         retried = our_check()
         stop.set()
-        kueue.step()  # Retry: Kueue evicts the Workload and requeues it (and the loop wakes)
-        running.join(timeout=10)
+        kueue.step()  # Retry: Kueue evicts the Workload and requeues it
+        stopped_by = time.monotonic() + 10
+        while running.is_alive() and time.monotonic() < stopped_by:
+            api.apply(api.get("Workload", "team-a", "two-pod-sets"))  # the loop's wait ends
+            running.join(timeout=0.1)
+        assert not running.is_alive()  # before the `with` closes its clients
         print(f"\nthe Workload went back to Retry {evicted_after * 1000:.0f} ms after the grant")
         assert retried.state is CheckState.RETRY and evicted_after < 5
         assert "was preempted by hpc/slurm/job/7002" in retried.message
