@@ -711,14 +711,22 @@ def test_preemption_table(
         _release_everything(fleet)
 
 
+def _urgent_preempts_low(
+    hpc: allocator_pb2_grpc.AllocatorStub,
+) -> tuple[pb.Reservation, pb.AllocateResponse]:
+    """hpc reserves 2 GPUs at priority low, then 2 at high with preemption (its quota is 2):
+    the low reservation is the victim. (The victim, the preemptor's answer.)"""
+    first = reserve(hpc, 2, owner="slurm/job/low", priority="low")
+    taken = reserve(hpc, 2, owner="slurm/job/urgent", priority="high", preempt=True)
+    assert taken.outcome == pb.OUTCOME_ALLOCATED
+    return first.reservations[0], taken
+
+
 def test_a_preempted_holder_learns_who_preempted_it(fleet: SecuredFleet) -> None:
     _release_everything(fleet)
     hpc = stub(fleet, "slurm-bridge")
     try:
-        first = reserve(hpc, 2, owner="slurm/job/low", priority="low")
-        victim = first.reservations[0]
-        taken = reserve(hpc, 2, owner="slurm/job/urgent", priority="high", preempt=True)
-        assert taken.outcome == pb.OUTCOME_ALLOCATED
+        victim, _ = _urgent_preempts_low(hpc)
         with pytest.raises(grpc.RpcError) as caught:
             hpc.Renew(pb.RenewRequest(reservation_id=victim.id, owner=victim.owner), timeout=10)
         assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
@@ -785,10 +793,7 @@ def test_a_watching_holder_learns_of_its_preemption_at_once(fleet: SecuredFleet)
     other_tenant = Watching(fleet, "scheduler-a")
     admin = Watching(fleet, "admin")
     try:
-        first = reserve(hpc, 2, owner="slurm/job/low", priority="low")
-        victim = first.reservations[0]
-        taken = reserve(hpc, 2, owner="slurm/job/urgent", priority="high", preempt=True)
-        assert taken.outcome == pb.OUTCOME_ALLOCATED
+        victim, taken = _urgent_preempts_low(hpc)
         urgent = taken.reservations[0]
         waited = holder.wait_for(pb.RESERVATION_CHANGE_KIND_PREEMPTED, victim.id)
         admin.wait_for(pb.RESERVATION_CHANGE_KIND_RESERVED, urgent.id)

@@ -123,9 +123,11 @@ class ReservationWatch:
             return len(self._watchers)
 
     def publish(self, event: ReservationEvent) -> None:
-        change = ReservationChange.of(event)
         with self._lock:
             watchers = tuple(self._watchers)
+        if not watchers:
+            return  # the common case: no stream open, nothing to build
+        change = ReservationChange.of(event)
         for watcher in watchers:
             watcher.offer(change)
 
