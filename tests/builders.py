@@ -71,6 +71,8 @@ class DeviceBuilder:
     _node_name: str | None = None
     _node_selector: NodeSelector | None = None
     _all_nodes: bool = False
+    _binding: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    _binds_to_node: bool = False
 
     def attr(self, name: str, value: int | bool | str) -> DeviceBuilder:
         if isinstance(value, bool):
@@ -132,6 +134,15 @@ class DeviceBuilder:
         self._node_selector = selector
         return self
 
+    def binding(self, conditions: Sequence[str], failures: Sequence[str] = ()) -> DeviceBuilder:
+        """bindingConditions and bindingFailureConditions (DRADeviceBindingConditions)."""
+        self._binding = (tuple(conditions), tuple(failures))
+        return self
+
+    def binds_to_node(self) -> DeviceBuilder:
+        self._binds_to_node = True
+        return self
+
     def build(self) -> Device:
         return Device(
             name=self.name,
@@ -143,6 +154,9 @@ class DeviceBuilder:
             node_name=self._node_name,
             node_selector=self._node_selector,
             all_nodes=self._all_nodes,
+            binding_conditions=self._binding[0],
+            binding_failure_conditions=self._binding[1],
+            binds_to_node=self._binds_to_node,
         )
 
 
@@ -244,9 +258,13 @@ def req(key: str, operator: str, *values: str) -> NodeSelectorRequirement:
     return NodeSelectorRequirement(key, operator, tuple(values))
 
 
-def snapshot(*slices: SliceBuilder | ResourceSlice, nodes: Iterable[Node] = ()) -> ClusterSnapshot:
+def snapshot(
+    *slices: SliceBuilder | ResourceSlice,
+    nodes: Iterable[Node] = (),
+    binding_conditions: bool = True,
+) -> ClusterSnapshot:
     built = [s.build() if isinstance(s, SliceBuilder) else s for s in slices]
-    return ClusterSnapshot.build(built, nodes)
+    return ClusterSnapshot.build(built, nodes, binding_conditions=binding_conditions)
 
 
 # --- classes ----------------------------------------------------------------------------

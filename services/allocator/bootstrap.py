@@ -253,6 +253,7 @@ def build_allocator(
     view = ClusterView(
         min_interval=settings.reindex_interval,
         max_waiters=max(1, settings.server.max_workers // 4),  # the rest serve other calls
+        binding_conditions=settings.device_binding_conditions,
     )
     closers.append(view.close)
     holdings = Holdings(

@@ -17,6 +17,7 @@ from services.common.config import (
     REDIS_WAIT_SETTINGS,
     ServerSettings,
     Setting,
+    env_bool,
     env_choice,
     env_duration,
     env_int,
@@ -116,6 +117,15 @@ ALLOCATOR_SETTINGS: dict[str, Setting[Any]] = {
         "placement policy when a request sets none: " + ", ".join(_POLICIES),
         lambda env, name, default: env_choice(env, name, default, _POLICIES),
     ),
+    "device_binding_conditions": Setting(
+        "GPUALLOC_DEVICE_BINDING_CONDITIONS",
+        True,
+        "allocate devices with bindingConditions (upstream's DRADeviceBindingConditions and "
+        "DRAResourceClaimDeviceStatus gates); false: such devices are not allocatable "
+        '(docs/dra-compatibility.md, "Binding conditions")',
+        env_bool,
+        lambda v: "true" if v else "false",
+    ),
     "workers": Setting(
         "GPUALLOC_WORKERS",
         1,
@@ -180,6 +190,7 @@ class AllocatorSettings:
     max_search_steps: int = ALLOCATOR_SETTINGS["max_search_steps"].default
     max_cel_cost: int = ALLOCATOR_SETTINGS["max_cel_cost"].default
     policy: Policy = Policy.BINPACK
+    device_binding_conditions: bool = ALLOCATOR_SETTINGS["device_binding_conditions"].default
     workers: int = ALLOCATOR_SETTINGS["workers"].default
     expire_interval: float = ALLOCATOR_SETTINGS["expire_interval"].default
     resync_interval: float = ALLOCATOR_SETTINGS["resync_interval"].default

@@ -201,6 +201,10 @@ class _RejectionReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Rejec
     """The device is equivalent to devices already tried that did not fit (not searched again)."""
     REJECTION_REASON_CLAIM_DEVICE_LIMIT: _RejectionReason.ValueType  # 15
     """The claim would exceed 32 devices."""
+    REJECTION_REASON_BINDING_CONDITIONS_DISABLED: _RejectionReason.ValueType  # 16
+    """The device has binding conditions and the server has them turned off
+    (GPUALLOC_DEVICE_BINDING_CONDITIONS=false, upstream's DRADeviceBindingConditions gate off).
+    """
 
 class RejectionReason(_RejectionReason, metaclass=_RejectionReasonEnumTypeWrapper):
     """Why a device was not used for a request."""
@@ -237,6 +241,10 @@ REJECTION_REASON_EQUIVALENT: RejectionReason.ValueType  # 14
 """The device is equivalent to devices already tried that did not fit (not searched again)."""
 REJECTION_REASON_CLAIM_DEVICE_LIMIT: RejectionReason.ValueType  # 15
 """The claim would exceed 32 devices."""
+REJECTION_REASON_BINDING_CONDITIONS_DISABLED: RejectionReason.ValueType  # 16
+"""The device has binding conditions and the server has them turned off
+(GPUALLOC_DEVICE_BINDING_CONDITIONS=false, upstream's DRADeviceBindingConditions gate off).
+"""
 Global___RejectionReason: _TypeAlias = RejectionReason  # noqa: Y015
 
 class _ConstraintSource:

@@ -665,6 +665,9 @@ class Device(_message.Message):
     NODE_NAME_FIELD_NUMBER: _builtins.int
     NODE_SELECTOR_FIELD_NUMBER: _builtins.int
     ALL_NODES_FIELD_NUMBER: _builtins.int
+    BINDING_CONDITIONS_FIELD_NUMBER: _builtins.int
+    BINDING_FAILURE_CONDITIONS_FIELD_NUMBER: _builtins.int
+    BINDS_TO_NODE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The device name, unique within its pool."""
     allow_multiple_allocations: _builtins.bool
@@ -673,6 +676,10 @@ class Device(_message.Message):
     """The device is local to this node."""
     all_nodes: _builtins.bool
     """The device is reachable from every node; must be true when set."""
+    binds_to_node: _builtins.bool
+    """An allocation of this device is pinned to the node it was made for, even when the device is
+    reachable from several nodes.
+    """
     @_builtins.property
     def attributes(self) -> _containers.MessageMap[_builtins.str, Global___DeviceAttribute]:
         """Attributes by qualified name; a bare name (`productName`) is in the driver's domain."""
@@ -693,6 +700,16 @@ class Device(_message.Message):
     def node_selector(self) -> Global___NodeSelector:
         """The device is reachable from the nodes this selector matches."""
 
+    @_builtins.property
+    def binding_conditions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """DRADeviceBindingConditions: the condition types that must all be reported True for an
+        allocated device before its holder may use it (at most 4).
+        """
+
+    @_builtins.property
+    def binding_failure_conditions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Condition types that, reported True for an allocated device, mean binding failed (at most 4)."""
+
     def __init__(
         self,
         *,
@@ -705,10 +722,13 @@ class Device(_message.Message):
         node_name: _builtins.str = ...,
         node_selector: Global___NodeSelector | None = ...,
         all_nodes: _builtins.bool = ...,
+        binding_conditions: _abc.Iterable[_builtins.str] | None = ...,
+        binding_failure_conditions: _abc.Iterable[_builtins.str] | None = ...,
+        binds_to_node: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["all_nodes", b"all_nodes", "node_access", b"node_access", "node_name", b"node_name", "node_selector", b"node_selector"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_nodes", b"all_nodes", "allow_multiple_allocations", b"allow_multiple_allocations", "attributes", b"attributes", "capacity", b"capacity", "consumes_counters", b"consumes_counters", "name", b"name", "node_access", b"node_access", "node_name", b"node_name", "node_selector", b"node_selector", "taints", b"taints"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_nodes", b"all_nodes", "allow_multiple_allocations", b"allow_multiple_allocations", "attributes", b"attributes", "binding_conditions", b"binding_conditions", "binding_failure_conditions", b"binding_failure_conditions", "binds_to_node", b"binds_to_node", "capacity", b"capacity", "consumes_counters", b"consumes_counters", "name", b"name", "node_access", b"node_access", "node_name", b"node_name", "node_selector", b"node_selector", "taints", b"taints"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_node_access: _TypeAlias = _typing.Literal["node_name", "node_selector", "all_nodes"]  # noqa: Y015
     _WhichOneofArgType_node_access: _TypeAlias = _typing.Literal["node_access", b"node_access"]  # noqa: Y015
@@ -1417,6 +1437,8 @@ class DeviceRequestAllocationResult(_message.Message):
     TOLERATIONS_FIELD_NUMBER: _builtins.int
     SHARE_ID_FIELD_NUMBER: _builtins.int
     CONSUMED_CAPACITY_FIELD_NUMBER: _builtins.int
+    BINDING_CONDITIONS_FIELD_NUMBER: _builtins.int
+    BINDING_FAILURE_CONDITIONS_FIELD_NUMBER: _builtins.int
     request: _builtins.str
     """The request: `<request>` or `<request>/<sub-request>` for first_available."""
     driver: _builtins.str
@@ -1437,6 +1459,14 @@ class DeviceRequestAllocationResult(_message.Message):
     def consumed_capacity(self) -> _containers.MessageMap[_builtins.str, Global___Quantity]:
         """The capacity consumed on a shareable device."""
 
+    @_builtins.property
+    def binding_conditions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Copied from the device: the conditions to be reported True before the device may be used."""
+
+    @_builtins.property
+    def binding_failure_conditions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Copied from the device: conditions that, reported True, mean binding failed."""
+
     def __init__(
         self,
         *,
@@ -1448,10 +1478,12 @@ class DeviceRequestAllocationResult(_message.Message):
         tolerations: _abc.Iterable[Global___DeviceToleration] | None = ...,
         share_id: _builtins.str | None = ...,
         consumed_capacity: _abc.Mapping[_builtins.str, Global___Quantity] | None = ...,
+        binding_conditions: _abc.Iterable[_builtins.str] | None = ...,
+        binding_failure_conditions: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_admin_access", b"_admin_access", "_share_id", b"_share_id", "admin_access", b"admin_access", "share_id", b"share_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_admin_access", b"_admin_access", "_share_id", b"_share_id", "admin_access", b"admin_access", "consumed_capacity", b"consumed_capacity", "device", b"device", "driver", b"driver", "pool", b"pool", "request", b"request", "share_id", b"share_id", "tolerations", b"tolerations"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_admin_access", b"_admin_access", "_share_id", b"_share_id", "admin_access", b"admin_access", "binding_conditions", b"binding_conditions", "binding_failure_conditions", b"binding_failure_conditions", "consumed_capacity", b"consumed_capacity", "device", b"device", "driver", b"driver", "pool", b"pool", "request", b"request", "share_id", b"share_id", "tolerations", b"tolerations"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__admin_access: _TypeAlias = _typing.Literal["admin_access"]  # noqa: Y015
     _WhichOneofArgType__admin_access: _TypeAlias = _typing.Literal["_admin_access", b"_admin_access"]  # noqa: Y015

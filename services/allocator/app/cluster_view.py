@@ -52,8 +52,10 @@ class ClusterView:
         min_interval: float = DEFAULT_MIN_INTERVAL,
         on_publish: Callable[[ViewSnapshot], None] | None = None,
         max_waiters: int = 4,
+        binding_conditions: bool = True,
     ) -> None:
         self._min_interval = min_interval
+        self._binding_conditions = binding_conditions  # GPUALLOC_DEVICE_BINDING_CONDITIONS
         self._max_waiters = max_waiters  # calls parked for a future generation, at most
         self._waiters = 0
         self._on_publish = on_publish
@@ -207,7 +209,9 @@ class ClusterView:
     ) -> ViewSnapshot | None:
         started = time.perf_counter()
         try:
-            snapshot = ClusterSnapshot.build(slices, nodes, topologies=topologies)
+            snapshot = ClusterSnapshot.build(
+                slices, nodes, topologies=topologies, binding_conditions=self._binding_conditions
+            )
         except Exception:
             # Bad data from the feed must not kill the builder: keep serving the last view.
             log.exception("cannot index inventory generation %d; keeping the last view", generation)

@@ -126,7 +126,7 @@ _UNKNOWN = Shortage(ShortageKind.OVERDRAWN, "")  # NodeCandidates._overdrawn: no
 
 @dataclass(frozen=True, slots=True)
 class _Static:
-    problem: tuple[ReasonCode, Fact] | None
+    problem: tuple[ReasonCode, Fact | None] | None
     consumed: dict[str, Quantity] | None
 
 
@@ -483,8 +483,11 @@ class NodeCandidates:
 
     def _problem(
         self, alternative: Alternative, entry: DeviceEntry, label: str, taints: bool
-    ) -> tuple[ReasonCode, Fact] | None:
-        """Class selectors, request selectors, taints (unless `All`), requested capacity."""
+    ) -> tuple[ReasonCode, Fact | None] | None:
+        """Binding conditions turned off (upstream checks it first), class selectors, request
+        selectors, taints (unless `All`), requested capacity."""
+        if entry.binding_disabled:
+            return ReasonCode.BINDING_DISABLED, None
         selection = self.ctx.selection
         miss = selection.class_miss(alternative, entry)
         if miss >= 0:

@@ -82,6 +82,7 @@ class ReasonCode(StrEnum):
     OTHER_NODE = "OnOtherNode"
     NO_DEVICES = "NoDevices"
     CLAIM_LIMIT = "ClaimDeviceLimit"
+    BINDING_DISABLED = "BindingConditionsDisabled"
 
 
 _PHRASES = {
@@ -97,6 +98,7 @@ _PHRASES = {
     ReasonCode.OTHER_NODE: "on other nodes",
     ReasonCode.NO_DEVICES: "not on this node",
     ReasonCode.CLAIM_LIMIT: "over the 32-device claim limit",
+    ReasonCode.BINDING_DISABLED: "unusable: binding conditions are turned off",
 }
 
 

@@ -39,11 +39,14 @@ class InvalidNodeSelector(ValueError):
 
 @dataclass(frozen=True)
 class NodeAccess:
-    """Where a device can be used: exactly one of the three is set (or none: nowhere)."""
+    """Where a device can be used: exactly one of the three is set (or none: nowhere).
+    `binds_to_node` (the device's bindsToNode) pins an allocation of it to the node it was
+    made for, wherever the device is reachable from."""
 
     node_name: str | None = None
     node_selector: NodeSelector | None = None
     all_nodes: bool = False
+    binds_to_node: bool = False
 
     @classmethod
     def of_slice(cls, slice_: ResourceSlice) -> NodeAccess:
@@ -152,14 +155,15 @@ def allocation_node_selector(
 ) -> NodeSelector | None:
     """Upstream `createNodeSelector` over the picked devices' node access, in pick order.
 
-    A node-local device pins the result to `node_name`; otherwise the single terms of all node
-    selectors merge into one (requirements de-duplicated by key, operator and value set);
-    allNodes contributes nothing, and if nothing remains the result is available everywhere.
+    A node-local device, or one that binds to its node (bindsToNode), pins the result to
+    `node_name`; otherwise the single terms of all node selectors merge into one (requirements
+    de-duplicated by key, operator and value set); allNodes contributes nothing, and if nothing
+    remains the result is available everywhere.
     """
     fields: list[NodeSelectorRequirement] = []
     expressions: list[NodeSelectorRequirement] = []
     for access in accesses:
-        if access.node_name:
+        if access.node_name or access.binds_to_node:
             pinned = NodeSelectorRequirement(METADATA_NAME, "In", (node_name or "",))
             return NodeSelector((NodeSelectorTerm(match_fields=(pinned,)),))
         if access.node_selector is None:

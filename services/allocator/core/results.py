@@ -67,6 +67,8 @@ def _device_result(
         tolerations=alternative.tolerations,  # as upstream: what let a tainted device in
         share_id=share_id(claim, request, device_id, position) if shared else None,
         consumed_capacity=dict(pick.consumed) if shared and pick.consumed else {},
+        binding_conditions=pick.entry.device.binding_conditions,
+        binding_failure_conditions=pick.entry.device.binding_failure_conditions,
     )
 
 

@@ -7,15 +7,17 @@ once per node when the snapshot is built, so a solve only looks up its node (O(1
 
 Deterministic order (a deliberate difference from upstream, whose pool order comes from a Go
 map): pools sorted by (driver, pool name), slices in a pool by slice name, devices in slice
-order. Each device is projected once into what CEL sees (`CelDevice`) and interned by content:
-devices with the same driver, attributes, capacities and allowMultipleAllocations share one
-projection and one `profile` number, so a selector is evaluated once per profile.
+order; as upstream, pools and slices with devices that have binding conditions come after those
+without, so first fit prefers devices that need no binding step. Each device is projected once
+into what CEL sees (`CelDevice`) and interned by content: devices with the same driver,
+attributes, capacities and allowMultipleAllocations share one projection and one `profile`
+number, so a selector is evaluated once per profile.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
@@ -91,6 +93,8 @@ class DeviceEntry:
     position: int  # global order, for stable tie-breaks
     size: Fraction  # share of its counter sets it takes (scoring.free_capacity): 1 = a whole GPU
     amounts: tuple[Amount, ...] = ()  # `counters`' amounts as `exact` amounts, in order
+    # It has binding conditions and the snapshot has them turned off: usable for no request.
+    binding_disabled: bool = False
 
     @property
     def multi(self) -> bool:
@@ -194,6 +198,7 @@ class _Interner:
             tuple(sorted(device.capacity.items(), key=_first)),
             tuple(sorted((t.key, t.value, str(t.effect)) for t in device.taints)),
             device.allow_multiple_allocations,
+            (device.binding_conditions, device.binding_failure_conditions, device.binds_to_node),
         )
         return self.shapes.setdefault(key, len(self.shapes))
 
@@ -231,11 +236,14 @@ class ClusterSnapshot:
         nodes: Iterable[Node] = (),
         *,
         topologies: Mapping[str, NodeTopology] | None = None,
+        binding_conditions: bool = True,
     ) -> ClusterSnapshot:
         """Index `slices` for `nodes`. Nodes only named by a slice's or device's nodeName are
         added with no labels, so node-local devices are always reachable. `topologies` (by
-        node name) say how each node's GPUs are wired, for topology constraints and scores."""
-        snapshot = _Builder(list(slices), list(nodes)).build()
+        node name) say how each node's GPUs are wired, for topology constraints and scores.
+        `binding_conditions=False` is upstream's DRADeviceBindingConditions gate off: devices
+        with binding conditions are then selected by no request (`binding_disabled`)."""
+        snapshot = _Builder(list(slices), list(nodes), binding_conditions).build()
         snapshot._topologies = dict(topologies or {})
         return snapshot
 
@@ -279,8 +287,12 @@ class ClusterSnapshot:
 
 
 class _Builder:
-    def __init__(self, slices: list[ResourceSlice], nodes: list[Node]) -> None:
+    def __init__(
+        self, slices: list[ResourceSlice], nodes: list[Node], binding_conditions: bool = True
+    ) -> None:
         self.slices = slices
+        self.binding_conditions = binding_conditions
+        self.binding = [any(d.binding_conditions for d in s.devices) for s in slices]
         self.nodes = {node.name: node for node in nodes}
         self.warnings: list[str] = []
         self.interner = _Interner()
@@ -327,6 +339,8 @@ class _Builder:
             )
         else:
             access = NodeAccess.of_slice(slice_)
+        if device.binds_to_node:
+            access = replace(access, binds_to_node=True)
         profile, cel = self.interner.profile(slice_.driver, device)
         totals = entry.counter_totals
         consumption: dict[CounterID, Fraction] = {}
@@ -355,6 +369,7 @@ class _Builder:
             position=position,
             size=_size(counters, totals),
             amounts=tuple(exact(amount) for _, amount in counters),
+            binding_disabled=bool(device.binding_conditions) and not self.binding_conditions,
         )
 
     def _check_selector(self, selector: NodeSelector | None, what: str) -> bool:
@@ -408,13 +423,14 @@ class _Builder:
                 have.append(index)
         node_pools = []
         for key in sorted(kept):
-            indices = sorted(kept[key], key=lambda i: (self.slices[i].name, i))
+            indices = sorted(kept[key], key=lambda i: (self.binding[i], self.slices[i].name, i))
             pool = self._pool(key, tuple(indices))
+            devices = pool.devices
             if any(self.slices[i].per_device_node_selection for i in indices):
-                devices = tuple(e for e in pool.devices if e.access.matches(node))
-            else:
-                devices = pool.devices
+                devices = tuple(e for e in devices if e.access.matches(node))
             node_pools.append(NodePool(pool, devices))
+        # Pools with binding conditions last (a stable sort keeps (driver, pool) order).
+        node_pools.sort(key=lambda p: any(self.binding[s.index] for s in p.pool.slices))
         return NodeView(node.name if node else None, node, tuple(node_pools))
 
     def _pool(self, key: tuple[str, str], indices: tuple[int, ...]) -> PoolView:

@@ -211,4 +211,6 @@ def _allocated_device(f: Fields) -> DeviceRequestAllocationResult:
         tolerations=tuple(_toleration(t) for t in f.objs("tolerations")),
         share_id=f.opt_str("shareID"),
         consumed_capacity=f.quantities("consumedCapacity"),
+        binding_conditions=f.strs("bindingConditions"),
+        binding_failure_conditions=f.strs("bindingFailureConditions"),
     )

@@ -98,6 +98,9 @@ def _device(f: Fields) -> Device:
         node_name=f.opt_str("nodeName"),
         node_selector=decode_node_selector(f.obj("nodeSelector")),
         all_nodes=f.flag("allNodes"),
+        binding_conditions=f.strs("bindingConditions"),
+        binding_failure_conditions=f.strs("bindingFailureConditions"),
+        binds_to_node=f.opt_bool("bindsToNode") is True,
     )
 
 

@@ -35,6 +35,7 @@ from services.common.errors import FieldViolation
 __all__ = [
     "MAX_ATTRIBUTES_AND_CAPACITIES",
     "MAX_ATTRIBUTE_VALUE_LENGTH",
+    "MAX_BINDING_CONDITIONS",
     "MAX_COUNTERS_PER_DEVICE",
     "MAX_DEVICES_PER_SLICE",
     "MAX_DEVICE_COUNTERS_PER_SLICE",
@@ -53,6 +54,7 @@ MAX_COUNTERS_PER_DEVICE = 32
 MAX_DEVICE_COUNTERS_PER_SLICE = 1024
 MAX_ATTRIBUTE_VALUE_LENGTH = 64
 MAX_VALID_VALUES = 10
+MAX_BINDING_CONDITIONS = 4  # each of bindingConditions and bindingFailureConditions
 
 _INT64 = range(-(2**63), 2**63)
 _ONE_NODE_ACCESS = (
@@ -194,6 +196,13 @@ def _device(
             _taint(r, taint, f"{path}.taints[{i}]")
     _consumes_counters(r, device, path, counter_sets)
     _device_node_access(r, device, path, per_device)
+    for name, conditions in (
+        ("bindingConditions", device.binding_conditions),
+        ("bindingFailureConditions", device.binding_failure_conditions),
+    ):
+        if r.within(f"{path}.{name}", conditions, MAX_BINDING_CONDITIONS):
+            for i, condition in enumerate(conditions):  # condition types: qualified names
+                r.check(f"{path}.{name}[{i}]", condition, names.qualified_name_errors)
 
 
 def _attribute_is_valid(attribute: AttributeValue) -> bool:

@@ -201,6 +201,11 @@ class Device:
     node_name: str | None = None
     node_selector: NodeSelector | None = None
     all_nodes: bool = False
+    # DRADeviceBindingConditions (alpha in 1.34): the device is usable only once every binding
+    # condition is reported True for it, and given up when a failure condition is.
+    binding_conditions: tuple[str, ...] = ()
+    binding_failure_conditions: tuple[str, ...] = ()
+    binds_to_node: bool = False  # an allocation of it is pinned to the node it was made for
 
 
 @dataclass(frozen=True)
@@ -344,6 +349,9 @@ class DeviceRequestAllocationResult:
     tolerations: tuple[DeviceToleration, ...] = ()
     share_id: str | None = None
     consumed_capacity: Mapping[str, Quantity] = field(default_factory=dict)
+    # Copied from the device (DRADeviceBindingConditions).
+    binding_conditions: tuple[str, ...] = ()
+    binding_failure_conditions: tuple[str, ...] = ()
 
     @property
     def device_id(self) -> DeviceID:

@@ -138,6 +138,9 @@ def device_to_dict(device: Device) -> JSON:
         if device.node_selector is None
         else node_selector_to_dict(device.node_selector),
         allNodes=device.all_nodes,
+        bindsToNode=device.binds_to_node,
+        bindingConditions=list(device.binding_conditions),
+        bindingFailureConditions=list(device.binding_failure_conditions),
     )
 
 
@@ -328,6 +331,8 @@ def _allocated_device(result: DeviceRequestAllocationResult) -> JSON:
         tolerations=_each(result.tolerations, _toleration),
         shareID=result.share_id,
         consumedCapacity=_quantities(result.consumed_capacity),
+        bindingConditions=list(result.binding_conditions),
+        bindingFailureConditions=list(result.binding_failure_conditions),
     ) | ({} if result.admin_access is None else {"adminAccess": result.admin_access})
 
 

@@ -255,6 +255,8 @@ def _result_to_pb(result: DeviceRequestAllocationResult) -> dra_pb2.DeviceReques
         device=result.device,
         tolerations=[to_pb_device_toleration(t) for t in result.tolerations],
         consumed_capacity=quantities_to_pb(result.consumed_capacity),
+        binding_conditions=result.binding_conditions,
+        binding_failure_conditions=result.binding_failure_conditions,
     )
     if result.admin_access is not None:
         msg.admin_access = result.admin_access
@@ -279,6 +281,8 @@ def _result_from_pb(
         consumed_capacity=quantities_from_pb(
             msg.consumed_capacity, field_path(path, "consumed_capacity")
         ),
+        binding_conditions=tuple(msg.binding_conditions),
+        binding_failure_conditions=tuple(msg.binding_failure_conditions),
     )
 
 

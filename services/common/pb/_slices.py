@@ -176,6 +176,9 @@ def to_pb_device(device: Device) -> dra_pb2.Device:
         ],
         taints=[to_pb_device_taint(t) for t in device.taints],
         allow_multiple_allocations=device.allow_multiple_allocations,
+        binding_conditions=device.binding_conditions,
+        binding_failure_conditions=device.binding_failure_conditions,
+        binds_to_node=device.binds_to_node,
     )
     if device.node_name is not None:
         msg.node_name = device.node_name
@@ -207,6 +210,9 @@ def from_pb_device(msg: dra_pb2.Device, path: str = "") -> Device:
             else None
         ),
         all_nodes=access == "all_nodes",
+        binding_conditions=tuple(msg.binding_conditions),
+        binding_failure_conditions=tuple(msg.binding_failure_conditions),
+        binds_to_node=msg.binds_to_node,
     )
 
 

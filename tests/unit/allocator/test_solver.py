@@ -88,10 +88,13 @@ class Case:
     budget: SearchBudget = field(default_factory=SearchBudget)
     candidates: Sequence[str] | None = None  # the only nodes to choose from (with node=None)
     steps: int | None = None  # search steps (stats.steps) of the explained solve; not for errors
+    # Upstream's DRADeviceBindingConditions and DRAResourceClaimDeviceStatus gates, both at once
+    # (GPUALLOC_DEVICE_BINDING_CONDITIONS): off, devices with binding conditions are not usable.
+    binding_conditions: bool = True
 
 
 def run(case: Case, *, explain: bool = True) -> SolveResult:
-    snap = snapshot(*case.slices, nodes=case.nodes)
+    snap = snapshot(*case.slices, nodes=case.nodes, binding_conditions=case.binding_conditions)
     state = AllocatedState.build(snap, (("default/holder", a) for a in case.allocated))
     claims = [c.build() if isinstance(c, ClaimBuilder) else c for c in case.claims]
     return solve(
@@ -113,7 +116,11 @@ def got(allocation: AllocationResult) -> set[str]:
     for r in allocation.results:
         driver = "" if r.driver == DRIVER else f"{r.driver}:"
         admin = "+admin" if r.admin_access else ""
-        shown.add(f"{r.request}={driver}{r.pool}/{r.device}{admin}")
+        binding = ""
+        if r.binding_conditions or r.binding_failure_conditions:
+            binding = f" until {','.join(r.binding_conditions)}"
+            binding += f" unless {','.join(r.binding_failure_conditions)}"
+        shown.add(f"{r.request}={driver}{r.pool}/{r.device}{admin}{binding}")
     return shown
 
 
@@ -173,6 +180,15 @@ def check_consumed(*want: dict[str, str]) -> Callable[[Allocated], None]:
     return check
 
 
+def check_order(*devices: str) -> Callable[[Allocated], None]:
+    """The devices of the first claim's results, in result (pick) order."""
+
+    def check(allocated: Allocated) -> None:
+        assert [r.device for r in allocated.allocations[0].results] == list(devices)
+
+    return check
+
+
 def dedicated(allocated: Allocated) -> None:
     for allocation_ in allocated.allocations:
         for r in allocation_.results:
@@ -197,6 +213,18 @@ ATTRS = slice_(
     device("gpu-1").attr("numa", 1).attr("model", "a").attr("nvlink", False).version("fw", "2.0.0"),
     device("gpu-2").attr("numa", 1).attr("model", "b").attr("nvlink", True).version("fw", "1.0.0"),
 )
+
+
+def bound_1() -> DeviceBuilder:
+    """Upstream's device-1 with binding conditions (a fresh builder: builders mutate)."""
+    return device("device-1").binding(["IsPrepare"], ["BindingFailed"])
+
+
+TAINTED_BOUND = slice_(
+    "slice-1",
+    bound_1().consumes("set-1", memory="4Gi").taint("key1", "value1"),
+    device("device-2").consumes("set-1", memory="4Gi"),
+).counter_set("set-1", memory="8Gi")
 
 CASES = [
     # --- basics -------------------------------------------------------------------------------
@@ -2143,6 +2171,195 @@ CASES = [
             steps=0,
         ),
         id="restricted-rejections-are-counted-over-the-nodes",
+    ),
+    # --- device binding conditions (DRADeviceBindingConditions) -------------------------------
+    # Results carry the device's bindingConditions and bindingFailureConditions; bindsToNode pins
+    # the allocation to the node. Upstream's gate-off cases (either of its two gates off) are our
+    # one setting off: devices with binding conditions are then not allocatable.
+    pytest.param(
+        Case(
+            [slice_("slice-1", bound_1())],
+            [claim("c0").request("req-0")],
+            [{"req-0=node-1/device-1 until IsPrepare unless BindingFailed"}],
+            steps=2,
+        ),
+        id="device-binding-conditions",
+    ),
+    pytest.param(
+        Case(
+            [
+                slice_(
+                    "slice-1",
+                    bound_1(),
+                    device("device-2").binding(["IsPrepare2"], ["BindingFailed2"]),
+                    device("device-3").binding(["IsPrepare3"], ["BindingFailed3"]),
+                )
+            ],
+            [claim("c0").request("req-0", "gpu", 2).request("req-1")],
+            [
+                {
+                    "req-0=node-1/device-1 until IsPrepare unless BindingFailed",
+                    "req-0=node-1/device-2 until IsPrepare2 unless BindingFailed2",
+                    "req-1=node-1/device-3 until IsPrepare3 unless BindingFailed3",
+                }
+            ],
+            steps=5,
+        ),
+        id="binding-conditions-multiple-devices",
+    ),
+    *(
+        pytest.param(
+            Case(
+                [slice_("slice-1", bound_1())],
+                [claim("c0").request("req-0")],
+                binding_conditions=False,
+                reason="1 unusable: binding conditions are turned off",
+                steps=0,
+            ),
+            id=name,
+        )
+        for name in (
+            "binding-conditions-without-feature-gate",
+            "device-binding-conditions-without-binding-conditions-feature-gate",
+            "device-binding-conditions-without-device-status-feature-gate",
+        )
+    ),
+    pytest.param(
+        Case(
+            [
+                slice_("slice-1", device("device-1").binds_to_node())
+                .nodes(node_selector(req("planet", "In", "earth")))
+                .pool("pool-1")
+            ],
+            [claim("c0").request("req-0")],
+            [{"req-0=pool-1/device-1"}],
+            nodes=[node(NODE, region="region-1", planet="earth")],
+            steps=2,
+        ),
+        id="node-restriction",
+    ),
+    pytest.param(
+        Case(
+            [
+                slice_("slice-1", bound_1().consumes("set-1", memory="4Gi")).counter_set(
+                    "set-1", memory="8Gi"
+                )
+            ],
+            [claim("c0").request("req-0")],
+            [{"req-0=node-1/device-1 until IsPrepare unless BindingFailed"}],
+            steps=2,
+        ),
+        id="partitionable-devices-with-binding-conditions",
+    ),
+    pytest.param(
+        Case(
+            [
+                slice_(
+                    "slice-1",
+                    bound_1().consumes("set-1", memory="4Gi"),
+                    device("device-2")
+                    .consumes("set-1", memory="4Gi")
+                    .binding(["IsPrepare2"], ["BindingFailed2"]),
+                ).counter_set("set-1", memory="8Gi")
+            ],
+            [claim("c0").request("req-0", "gpu", 2)],
+            [
+                {
+                    "req-0=node-1/device-1 until IsPrepare unless BindingFailed",
+                    "req-0=node-1/device-2 until IsPrepare2 unless BindingFailed2",
+                }
+            ],
+            steps=3,
+        ),
+        id="partitionable-devices-with-binding-conditions-multiple",
+    ),
+    pytest.param(
+        Case(
+            [
+                slice_(
+                    "slice-1",
+                    bound_1().consumes("set-1", memory="2Gi"),
+                    device("device-2").consumes("set-1", memory="2Gi"),
+                    device("device-3")
+                    .consumes("set-1", memory="4Gi")
+                    .binding(["IsReady"], ["BindingTimeout"]),
+                ).counter_set("set-1", memory="8Gi")
+            ],
+            [claim("c0").request("req-0", "gpu", 3)],
+            [
+                {
+                    "req-0=node-1/device-1 until IsPrepare unless BindingFailed",
+                    "req-0=node-1/device-2",
+                    "req-0=node-1/device-3 until IsReady unless BindingTimeout",
+                }
+            ],
+            steps=4,
+        ),
+        id="partitionable-devices-with-binding-conditions-some-devices-no-conditions",
+    ),
+    pytest.param(
+        Case(
+            [
+                slice_("slice-1", bound_1().consumes("set-1", memory="4Gi")).counter_set(
+                    "set-1", memory="8Gi"
+                ),
+                slice_("slice-2", device("device-2").consumes("set-1", memory="4Gi")).counter_set(
+                    "set-1", memory="8Gi"
+                ),
+            ],
+            [claim("c0").request("req-0", "gpu", 2)],
+            [
+                {
+                    "req-0=node-1/device-1 until IsPrepare unless BindingFailed",
+                    "req-0=node-1/device-2",
+                }
+            ],
+            check=check_order("device-2", "device-1"),  # the slice without conditions first
+            steps=3,
+        ),
+        id="partitionable-devices-with-binding-conditions-multi-slices",
+    ),
+    pytest.param(
+        Case(
+            [TAINTED_BOUND],
+            [claim("c0").request("req-0", "gpu", 2)],
+            reason="tainted",
+            steps=0,
+        ),
+        id="partitionable-devices-with-binding-conditions-and-taints",
+    ),
+    pytest.param(
+        Case(
+            [TAINTED_BOUND],
+            [
+                claim("c0").request(
+                    "req-0",
+                    "gpu",
+                    2,
+                    tolerations=[toleration("key1", exists=True, effect="NoSchedule")],
+                )
+            ],
+            [
+                {
+                    "req-0=node-1/device-1 until IsPrepare unless BindingFailed",
+                    "req-0=node-1/device-2",
+                }
+            ],
+            steps=3,
+        ),
+        id="partitionable-devices-with-binding-conditions-and-taints-tolerated",
+    ),
+    pytest.param(
+        Case(
+            [
+                slice_("slice-1", bound_1()).pool("pool-a"),
+                slice_("slice-2", device("device-2")).pool("pool-b"),
+            ],
+            [claim("c0").request("req-0")],
+            [{"req-0=pool-b/device-2"}],
+            steps=2,
+        ),
+        id="binding-conditions-pool-comes-last",
     ),
     # --- budget -------------------------------------------------------------------------------
     pytest.param(
