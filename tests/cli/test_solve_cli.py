@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -292,3 +293,86 @@ def test_policy_decides_where_whole_gpus_go(policy, node):
     report = json.loads(out.getvalue())
     assert code == EXIT_ALLOCATED and report["node"] == node
     assert report["score"]["freeCapacity"] == 2
+
+
+# --- device binding conditions -----------------------------------------------------------------
+
+FABRIC = """\
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {name: fabric}
+spec:
+  driver: gpu.nvidia.com
+  pool: {name: fabric, generation: 1, resourceSliceCount: 1}
+  nodeSelector:
+    nodeSelectorTerms: [{matchExpressions: [{key: fabric, operator: In, values: ["a"]}]}]
+  devices:
+  - name: gpu-0
+    bindsToNode: true
+    bindingConditions: [dra.example.com/attached]
+    bindingFailureConditions: [dra.example.com/attach-failed]
+---
+apiVersion: v1
+kind: Node
+metadata: {name: composable-1, labels: {fabric: a}}
+---
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: fabric-gpu}
+spec: {selectors: [{cel: {expression: 'device.driver == "gpu.nvidia.com"'}}]}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: composed}
+spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: fabric-gpu}}]}}
+"""
+
+
+def solve_fabric(output: str, *, emit: str = "report", binding: bool = True) -> tuple[int, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = run_solve(
+        ["-"],
+        output=output,
+        emit=emit,
+        stdout=out,
+        stderr=err,
+        stdin=io.StringIO(FABRIC),
+        binding_conditions=binding,
+    )
+    return code, out.getvalue() or err.getvalue()
+
+
+def test_binding_conditions_show_in_the_table_and_the_emitted_claims():
+    code, text = solve_fabric("text")
+    assert code == EXIT_ALLOCATED, text
+    assert "BINDING" in text.splitlines()[2]
+    assert "until dra.example.com/attached unless dra.example.com/attach-failed" in text
+    code, emitted = solve_fabric("yaml", emit="claims")
+    [claim] = yaml.safe_load(emitted)["items"]
+    allocation = claim["status"]["allocation"]
+    assert allocation["devices"]["results"][0]["bindingConditions"] == ["dra.example.com/attached"]
+    assert allocation["devices"]["results"][0]["bindingFailureConditions"] == [
+        "dra.example.com/attach-failed"
+    ]
+    # bindsToNode: pinned to the node, not the slice's fabric selector
+    [term] = allocation["nodeSelector"]["nodeSelectorTerms"]
+    assert term == {
+        "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["composable-1"]}]
+    }
+
+
+def test_binding_conditions_turned_off_leave_such_devices_unallocatable():
+    code, text = solve_fabric("text", binding=False)
+    assert code == EXIT_UNSATISFIABLE
+    assert "unusable: binding conditions are turned off" in text
+    env = {**os.environ, "GPUALLOC_DEVICE_BINDING_CONDITIONS": "false"}
+    run = subprocess.run(
+        [sys.executable, "-m", "services.cli", "solve", "-f", "-"],
+        input=FABRIC,
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+        env=env,
+    )
+    assert run.returncode == EXIT_UNSATISFIABLE, run.stderr

@@ -41,6 +41,7 @@ from services.allocator.app.capacity_count import count_capacity
 from services.allocator.app.gang_answers import allocated_explanation
 from services.allocator.app.messages import GangSpec, Query
 from services.allocator.app.placing import Deadline, PlacementSearch
+from services.allocator.config import ALLOCATOR_SETTINGS
 from services.allocator.core import (
     Allocated,
     AllocatedState,
@@ -148,6 +149,7 @@ def register(subparsers: Any) -> None:
 def _main(args: argparse.Namespace) -> int:
     try:
         limits = read_document_limits(os.environ)  # GPUALLOC_MAX_DOCUMENT_*
+        binding = ALLOCATOR_SETTINGS["device_binding_conditions"].read(os.environ)
     except InvalidArgument as error:
         print(f"gpualloc solve: {error}", file=sys.stderr)
         return EXIT_INVALID
@@ -163,6 +165,7 @@ def _main(args: argparse.Namespace) -> int:
         limits=limits,
         emit=args.emit,
         strict=args.validate == "strict",
+        binding_conditions=binding,
     )
 
 
@@ -182,13 +185,14 @@ def run_solve(
     limits: DocumentLimits | None = None,
     emit: str = "report",
     strict: bool = True,
+    binding_conditions: bool = True,
 ) -> int:
     out = stdout or sys.stdout
     err = stderr or sys.stderr
     try:
         spec = _gang_spec(gang, gang_label, node)
         _check_emit(emit, output, spec, capacity)
-        inputs = _load(paths, stdin, limits, strict)
+        inputs = _load(paths, stdin, limits, strict, binding_conditions)
         try:
             if capacity:
                 report = _capacity(inputs, node, policy, max_steps, spec)
@@ -285,7 +289,11 @@ class _Inputs:
 
 
 def _load(
-    paths: Sequence[str], stdin: TextIO | None, limits: DocumentLimits | None, strict: bool
+    paths: Sequence[str],
+    stdin: TextIO | None,
+    limits: DocumentLimits | None,
+    strict: bool,
+    binding_conditions: bool = True,
 ) -> _Inputs:
     manifests, topologies = split_topologies(paths)
     located = load_located_manifests(manifests, stdin, limits, strict=strict) if manifests else []
@@ -295,7 +303,9 @@ def _load(
     classes = {o.name: o for o in objects if isinstance(o, DeviceClass)}
     claims = [o for o in objects if isinstance(o, ResourceClaim)]
     pending = [(o, w) for o, w in located if isinstance(o, ResourceClaim) and o.allocation is None]
-    snapshot = ClusterSnapshot.build(slices, nodes, topologies=topologies)
+    snapshot = ClusterSnapshot.build(
+        slices, nodes, topologies=topologies, binding_conditions=binding_conditions
+    )
     return _Inputs(
         snapshot,
         AllocatedState.from_claims(snapshot, claims),
@@ -550,18 +560,16 @@ def _text(report: dict[str, Any]) -> str:
             f"free after placement: {score['freeDevices']} of {score['totalDevices']} devices, "
             f"{score['freeCapacity']:g} GPU-equivalents" + (wiring if score["numaNodes"] else "")
         )
-        rows = [("CLAIM", "REQUEST", "DRIVER", "POOL", "DEVICE")]
-        for claim in report["claims"]:
-            for result in claim["allocation"]["devices"]["results"]:
-                rows.append(
-                    (
-                        claim["name"],
-                        result["request"],
-                        result["driver"],
-                        result["pool"],
-                        result["device"],
-                    )
-                )
+        results = [
+            (claim["name"], result)
+            for claim in report["claims"]
+            for result in claim["allocation"]["devices"]["results"]
+        ]
+        binding = any("bindingConditions" in result for _, result in results)
+        rows = [("CLAIM", "REQUEST", "DRIVER", "POOL", "DEVICE", "BINDING")[: 6 if binding else 5]]
+        for name, result in results:
+            row = (name, result["request"], result["driver"], result["pool"], result["device"])
+            rows.append(row + (_binding_text(result),) if binding else row)
         lines.extend(_table(rows))
     else:
         lines.append(
@@ -579,6 +587,15 @@ def _text(report: dict[str, Any]) -> str:
         f"{stats['celEvaluations']} CEL evaluations"
     )
     return "\n".join(lines) + "\n"
+
+
+def _binding_text(result: dict[str, Any]) -> str:
+    """A result's binding conditions: `-` when none, else `until A,B unless F`."""
+    conditions = result.get("bindingConditions", [])
+    if not conditions:
+        return "-"
+    failures = result.get("bindingFailureConditions", [])
+    return f"until {','.join(conditions)}" + (f" unless {','.join(failures)}" if failures else "")
 
 
 def _gang_text(gang: dict[str, Any]) -> list[str]:

@@ -201,8 +201,8 @@ def _device(
         ("bindingFailureConditions", device.binding_failure_conditions),
     ):
         if r.within(f"{path}.{name}", conditions, MAX_BINDING_CONDITIONS):
-            for i, condition in enumerate(conditions):  # condition types: qualified names
-                r.check(f"{path}.{name}[{i}]", condition, names.qualified_name_errors)
+            for i, condition in enumerate(conditions):  # condition types (IsQualifiedName)
+                r.check(f"{path}.{name}[{i}]", condition, names.label_name_errors)
 
 
 def _attribute_is_valid(attribute: AttributeValue) -> bool:

@@ -153,7 +153,7 @@ def test_many_unknown_fields_are_capped_and_counted() -> None:
 
 
 ACCEPTED = {
-    # fields of the 1.34 API gpualloc does not model: accepted, as the API server accepts them
+    # fields of the 1.34 API, modelled or not: accepted, as the API server accepts them
     "slice-alpha-fields": SLICE.format(attribute="string").replace(
         "  - name: gpu-0\n",
         "  - name: gpu-0\n    bindsToNode: true\n    allowMultipleAllocations: true\n"

@@ -154,6 +154,50 @@ def test_request_defaults_are_written_like_kubectl() -> None:
     assert decode_object(to_dict(claim)) == claim
 
 
+def test_binding_conditions_are_written_as_the_api_names_them_and_read_back() -> None:
+    device = Device(
+        "gpu-0",
+        binding_conditions=("dra.example.com/attached",),
+        binding_failure_conditions=("dra.example.com/attach-failed",),
+        binds_to_node=True,
+    )
+    written = device_to_dict(device)
+    assert written == {
+        "name": "gpu-0",
+        "bindsToNode": True,
+        "bindingConditions": ["dra.example.com/attached"],
+        "bindingFailureConditions": ["dra.example.com/attach-failed"],
+    }
+    text = yaml.safe_dump(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": "fabric"},
+            "spec": {
+                "driver": "gpu.nvidia.com",
+                "pool": {"name": "fabric", "generation": 1, "resourceSliceCount": 1},
+                "allNodes": True,
+                "devices": [written],
+            },
+        }
+    )
+    [slice_] = load_objects(text)
+    assert isinstance(slice_, ResourceSlice)
+    assert slice_.devices == (device,)
+    result = DeviceRequestAllocationResult(
+        "gpus", "gpu.nvidia.com", "fabric", "gpu-0", binding_conditions=device.binding_conditions
+    )
+    assert allocation_result_to_dict(AllocationResult(results=(result,)))["devices"]["results"] == [
+        {
+            "request": "gpus",
+            "driver": "gpu.nvidia.com",
+            "pool": "fabric",
+            "device": "gpu-0",
+            "bindingConditions": ["dra.example.com/attached"],
+        }
+    ]
+
+
 def test_real_slice_round_trips_through_json_and_yaml() -> None:
     (slice_,) = load_files([T4_SLICE])
     assert decode_object(to_dict(slice_)) == slice_

@@ -166,6 +166,16 @@ def violation(check: Callable[[], None]) -> tuple[str, str]:
             slice_(gpu(attributes={"v": AttributeValue.version("1.2.3-rc.1+build.5")})),
             id="semver-prerelease",
         ),
+        pytest.param(
+            slice_(
+                gpu(
+                    binding_conditions=tuple(f"example.com/ready-{i}" for i in range(4)),
+                    binding_failure_conditions=("Failed",),
+                    binds_to_node=True,
+                )
+            ),
+            id="4-binding-conditions",
+        ),
     ],
 )
 def test_valid_slices(valid: ResourceSlice) -> None:
@@ -372,6 +382,18 @@ LONG = "x" * 65
             "spec.devices[0].taints[0].value",
             'Invalid value: "bad value"',
             id="taint-bad-value",
+        ),
+        pytest.param(
+            slice_(gpu(binding_conditions=tuple(f"Ready{i}" for i in range(5)))),
+            "spec.devices[0].bindingConditions",
+            "Too many: 5: must have at most 4 items",
+            id="5-binding-conditions",
+        ),
+        pytest.param(
+            slice_(gpu(binding_failure_conditions=("not a type",))),
+            "spec.devices[0].bindingFailureConditions[0]",
+            'Invalid value: "not a type"',
+            id="binding-failure-condition-not-a-qualified-name",
         ),
         pytest.param(
             partitionable(DeviceCounterConsumption("other-set", {"memory-slice-0": GI})),

@@ -169,7 +169,15 @@ def network_slice() -> ResourceSlice:
         name="fabric",
         driver="compute-domain.nvidia.com",
         pool=ResourcePool("fabric", 1, 1),
-        devices=(Device("channel-0", {"id": AttributeValue.int_(0)}),),
+        devices=(
+            Device(
+                "channel-0",
+                {"id": AttributeValue.int_(0)},
+                binding_conditions=("dra.example.com/attached",),
+                binding_failure_conditions=("dra.example.com/attach-failed",),
+                binds_to_node=True,
+            ),
+        ),
         node_selector=selector,
         api_version="resource.k8s.io/v1beta2",
     )
@@ -209,6 +217,8 @@ def training_claim() -> ResourceClaim:
                 admin_access=False,
                 share_id="3f2a",
                 consumed_capacity={"memory": Q("10Gi")},
+                binding_conditions=("dra.example.com/attached",),
+                binding_failure_conditions=("dra.example.com/attach-failed",),
             ),
         ),
         config=(
