@@ -256,11 +256,18 @@ def build_allocator(
         binding_conditions=settings.device_binding_conditions,
     )
     closers.append(view.close)
+    sweeps: list[Callable[[], None]] = []  # the service's binding timeouts, once it exists
+
+    def sweep() -> None:
+        for each in sweeps:
+            each()
+
     holdings = Holdings(
         store,
         expire_interval=settings.expire_interval,
         refresh_interval=settings.resync_interval,
         on_event=on_event,
+        on_sweep=sweep,
     )
     classes = load_device_classes(settings.device_classes)
     quotas = build_quotas(settings, store, classes, selectors)
@@ -281,11 +288,13 @@ def build_allocator(
             lease_seconds=settings.lease_seconds,
             max_lease_seconds=settings.max_lease_seconds,
             reserve_retries=settings.reserve_retries,
+            binding_timeout_seconds=settings.binding_timeout,
         ),
         metrics=metrics,
         tracer=telemetry.tracer,
         quotas=quotas,
     )
+    sweeps.append(service.sweep_bindings)
     holdings.start()
     closers.append(holdings.close)
     if quotas is not None:

@@ -126,6 +126,15 @@ ALLOCATOR_SETTINGS: dict[str, Setting[Any]] = {
         env_bool,
         lambda v: "true" if v else "false",
     ),
+    "binding_timeout": Setting(
+        "GPUALLOC_BINDING_TIMEOUT",
+        600.0,
+        "how long a reservation's devices may wait for their binding conditions (from its "
+        "reserve) before it is released, as kube-scheduler's bindingTimeout "
+        '(docs/reservations.md, "Binding")',
+        lambda env, name, default: env_duration(env, name, default, minimum=1.0),
+        format_duration,
+    ),
     "workers": Setting(
         "GPUALLOC_WORKERS",
         1,
@@ -191,6 +200,7 @@ class AllocatorSettings:
     max_cel_cost: int = ALLOCATOR_SETTINGS["max_cel_cost"].default
     policy: Policy = Policy.BINPACK
     device_binding_conditions: bool = ALLOCATOR_SETTINGS["device_binding_conditions"].default
+    binding_timeout: float = ALLOCATOR_SETTINGS["binding_timeout"].default
     workers: int = ALLOCATOR_SETTINGS["workers"].default
     expire_interval: float = ALLOCATOR_SETTINGS["expire_interval"].default
     resync_interval: float = ALLOCATOR_SETTINGS["resync_interval"].default

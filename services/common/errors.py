@@ -31,6 +31,7 @@ __all__ = [
     "FieldViolation",
     "GpuallocError",
     "InvalidArgument",
+    "NotBound",
     "NotFound",
     "ParseError",
     "PermissionDenied",
@@ -126,6 +127,16 @@ class Preempted(FailedPrecondition):
         super().__init__(message or f"reservation {reservation_id} was preempted by {by}")
         self.reservation_id = reservation_id
         self.by = by
+
+
+class NotBound(FailedPrecondition):
+    """Commit of a reservation whose devices still wait for binding conditions. Travels as
+    FAILED_PRECONDITION with ErrorInfo reason RESERVATION_BINDING: commit again once it is
+    bound (a holder tells it from other refusals without reading the message)."""
+
+    def __init__(self, reservation_id: str, message: str) -> None:
+        super().__init__(message)
+        self.reservation_id = reservation_id
 
 
 class ResourceExhausted(GpuallocError):

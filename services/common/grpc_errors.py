@@ -37,6 +37,7 @@ from services.common.errors import (
     FieldViolation,
     GpuallocError,
     InvalidArgument,
+    NotBound,
     NotFound,
     ParseError,
     PermissionDenied,
@@ -53,6 +54,7 @@ __all__ = [
     "MAX_VIOLATION_DETAILS",
     "CONFLICT_REASON",
     "PREEMPTED_REASON",
+    "BINDING_REASON",
     "CONFLICT_RESOURCE_TYPE",
     "DOMAIN",
     "PARSE_ERROR_REASON",
@@ -93,6 +95,7 @@ DOMAIN = "gpualloc"
 PARSE_ERROR_REASON = "PARSE_ERROR"
 CONFLICT_REASON = "RESERVATION_CONFLICT"
 PREEMPTED_REASON = "RESERVATION_PREEMPTED"
+BINDING_REASON = "RESERVATION_BINDING"
 CONFLICT_RESOURCE_TYPE = "gpualloc.device"
 
 # The client rebuilds the first (most general) type listed for a code.
@@ -168,6 +171,11 @@ def to_rpc_status(error: GpuallocError, code: grpc.StatusCode) -> status_pb2.Sta
         metadata = {"reservation": error.reservation_id, "by": clip(error.by, 512)}
         details.append(
             error_details_pb2.ErrorInfo(reason=PREEMPTED_REASON, domain=DOMAIN, metadata=metadata)
+        )
+    if isinstance(error, NotBound):
+        metadata = {"reservation": error.reservation_id}
+        details.append(
+            error_details_pb2.ErrorInfo(reason=BINDING_REASON, domain=DOMAIN, metadata=metadata)
         )
     if isinstance(error, ResourceExhausted) and error.retry_after_seconds > 0:
         retry = error_details_pb2.RetryInfo()
@@ -468,6 +476,8 @@ def error_from_rpc(error: grpc.RpcError) -> GpuallocError:
                 return Preempted(
                     d.metadata.get("reservation", ""), d.metadata.get("by", ""), message
                 )
+            if isinstance(d, error_details_pb2.ErrorInfo) and d.reason == BINDING_REASON:
+                return NotBound(d.metadata.get("reservation", ""), message)
     return error_type(message)
 
 

@@ -10,10 +10,12 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from dataclasses import replace as dataclass_replace
 
 import pytest
 
 from services.allocator.reservations.model import (
+    DeviceCondition,
     LimitedUse,
     PendingPreemptions,
     Reservation,
@@ -621,6 +623,77 @@ def test_racing_overlapping_reserves_never_double_book(store: Store) -> None:
     assert len(granted) >= 2 and refused  # the race really was contested
 
 
+# --- device conditions (binding: reservations/binding.py) -------------------------------------
+
+
+def test_reported_conditions_merge_newest_per_device_and_type_and_outlive_commit(
+    store: Store,
+) -> None:
+    reservation = store.reserve(reserve_request(GPU0, GPU1))
+    attached, failed = "dra.example.com/attached", "dra.example.com/failed"
+
+    first = store.report_conditions(
+        reservation.id,
+        0,
+        [DeviceCondition(GPU0, attached, False), DeviceCondition(GPU1, failed, False)],
+    )
+    again = store.report_conditions(
+        reservation.id, reservation.fencing_token, [DeviceCondition(GPU0, attached, True)]
+    )
+
+    assert first.conditions == (
+        DeviceCondition(GPU0, attached, False),
+        DeviceCondition(GPU1, failed, False),
+    )
+    assert again.conditions == (
+        DeviceCondition(GPU0, attached, True),
+        DeviceCondition(GPU1, failed, False),
+    )
+    assert again == dataclass_replace(reservation, conditions=again.conditions)
+    assert store.get(reservation.id).conditions == again.conditions
+    assert store.commit(reservation.id, "alice").conditions == again.conditions
+    assert store.renew(store.reserve(reserve_request(GPU2)).id, "alice", 30).conditions == ()
+
+
+REPORT_REFUSALS = [
+    pytest.param(lambda s, r: s.report_conditions(r.id, r.fencing_token + 1, [CONDITION]),
+                 FailedPrecondition, id="stale-token"),
+    pytest.param(lambda s, r: s.report_conditions("res-0@node-1", 0, [CONDITION]), NotFound,
+                 id="unknown-id"),
+]  # fmt: skip
+CONDITION = DeviceCondition(GPU0, "dra.example.com/attached", True)
+
+
+@pytest.mark.parametrize(("call", "error"), REPORT_REFUSALS)
+def test_condition_reports_refused_change_nothing(
+    store: Store, call: Call, error: type[Exception]
+) -> None:
+    reservation = store.reserve(reserve_request(GPU0))
+
+    with pytest.raises(error):
+        call(store, reservation)
+
+    assert store.get(reservation.id) == reservation
+
+
+def test_a_binding_revocation_is_answered_as_such_and_is_no_pending_preemption(
+    store: Store,
+) -> None:
+    """A failed binding is a revocation by `binding: ...`: changes answer Preempted with the
+    reason, reports too, and the tenant has no preemption pending."""
+    reservation = store.reserve(reserve_request(GPU0, owner="team-a/alice"))
+    why = "binding: binding failed: device gpu.nvidia.com/node-1/gpu-0 reported Failed"
+
+    store.revoke(reservation.id, reservation.fencing_token, by=why)
+
+    assert store.pending_preemptions(["team-a"]) == {"team-a": PendingPreemptions()}
+    with pytest.raises(Preempted, match="was released: binding failed: device") as raised:
+        store.commit(reservation.id, "team-a/alice")
+    assert raised.value.by == why
+    with pytest.raises(Preempted):
+        store.report_conditions(reservation.id, 0, [CONDITION])
+
+
 # --- events -----------------------------------------------------------------------------------
 
 
@@ -640,8 +713,9 @@ def test_every_change_is_announced(store_under_test: StoreUnderTest) -> None:
     store_under_test.wait(PAST_SHORT_LEASE)
     store.expire()
     revoked = store.reserve(reserve_request(GPU0, owner="team-a/carol"))
+    store.report_conditions(revoked.id, 0, [CONDITION])
     store.revoke(revoked.id, revoked.fencing_token, by="team-b/job/9")
-    wait_for(lambda: len(events) >= 8)
+    wait_for(lambda: len(events) >= 9)
     subscription.close()
 
     def event(op: Op, of: Reservation, owner: str, by: str = "") -> ReservationEvent:
@@ -655,6 +729,7 @@ def test_every_change_is_announced(store_under_test: StoreUnderTest) -> None:
         event(Op.RENEW, lapsing, "bob"),
         event(Op.EXPIRE, lapsing, "bob"),
         event(Op.RESERVE, revoked, "team-a/carol"),
+        event(Op.CONDITIONS, revoked, "team-a/carol"),
         event(Op.RELEASE, revoked, "team-a/carol", by="team-b/job/9"),
     ]
 

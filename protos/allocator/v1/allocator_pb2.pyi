@@ -298,6 +298,34 @@ RESERVATION_STATE_COMMITTED: ReservationState.ValueType  # 2
 """Held until released."""
 Global___ReservationState: _TypeAlias = ReservationState  # noqa: Y015
 
+class _BindingPhase:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _BindingPhaseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_BindingPhase.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    BINDING_PHASE_UNSPECIFIED: _BindingPhase.ValueType  # 0
+    """No device of it has binding conditions: nothing to wait for."""
+    BINDING_PHASE_BINDING: _BindingPhase.ValueType  # 1
+    """Some binding condition is not reported True yet: Commit answers FAILED_PRECONDITION
+    (ErrorInfo RESERVATION_BINDING) and the holder must not use the devices.
+    """
+    BINDING_PHASE_BOUND: _BindingPhase.ValueType  # 2
+    """Every binding condition is reported True: the devices may be used."""
+
+class BindingPhase(_BindingPhase, metaclass=_BindingPhaseEnumTypeWrapper):
+    """Where a reservation stands with its devices' binding conditions."""
+
+BINDING_PHASE_UNSPECIFIED: BindingPhase.ValueType  # 0
+"""No device of it has binding conditions: nothing to wait for."""
+BINDING_PHASE_BINDING: BindingPhase.ValueType  # 1
+"""Some binding condition is not reported True yet: Commit answers FAILED_PRECONDITION
+(ErrorInfo RESERVATION_BINDING) and the holder must not use the devices.
+"""
+BINDING_PHASE_BOUND: BindingPhase.ValueType  # 2
+"""Every binding condition is reported True: the devices may be used."""
+Global___BindingPhase: _TypeAlias = BindingPhase  # noqa: Y015
+
 class _ReservationChangeKind:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -324,6 +352,14 @@ class _ReservationChangeKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[
     """
     RESERVATION_CHANGE_KIND_RESYNC: _ReservationChangeKind.ValueType  # 8
     """Changes were lost (this stream fell behind): list the reservations again."""
+    RESERVATION_CHANGE_KIND_CONDITIONS: _ReservationChangeKind.ValueType  # 9
+    """Device conditions were reported for it (ReportDeviceConditions): read it to see whether
+    it is bound (docs/reservations.md, "Binding").
+    """
+    RESERVATION_CHANGE_KIND_BINDING_FAILED: _ReservationChangeKind.ValueType  # 10
+    """Released because its binding failed (a binding failure condition was reported, or the
+    binding timeout passed); preempted_by says why (`binding: ...`).
+    """
 
 class ReservationChangeKind(_ReservationChangeKind, metaclass=_ReservationChangeKindEnumTypeWrapper):
     """What happened to a reservation."""
@@ -348,6 +384,14 @@ after GPUALLOC_RESERVATION_WATCH_HEARTBEAT with nothing to send: the stream is a
 """
 RESERVATION_CHANGE_KIND_RESYNC: ReservationChangeKind.ValueType  # 8
 """Changes were lost (this stream fell behind): list the reservations again."""
+RESERVATION_CHANGE_KIND_CONDITIONS: ReservationChangeKind.ValueType  # 9
+"""Device conditions were reported for it (ReportDeviceConditions): read it to see whether
+it is bound (docs/reservations.md, "Binding").
+"""
+RESERVATION_CHANGE_KIND_BINDING_FAILED: ReservationChangeKind.ValueType  # 10
+"""Released because its binding failed (a binding failure condition was reported, or the
+binding timeout passed); preempted_by says why (`binding: ...`).
+"""
 Global___ReservationChangeKind: _TypeAlias = ReservationChangeKind  # noqa: Y015
 
 class _CountAccuracy:
@@ -1411,6 +1455,8 @@ class Reservation(_message.Message):
     LABELS_FIELD_NUMBER: _builtins.int
     TENANT_FIELD_NUMBER: _builtins.int
     PRIORITY_CLASS_NAME_FIELD_NUMBER: _builtins.int
+    BINDING_FIELD_NUMBER: _builtins.int
+    CONDITIONS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """The reservation id, assigned by the server."""
     owner: _builtins.str
@@ -1430,6 +1476,8 @@ class Reservation(_message.Message):
     """
     priority_class_name: _builtins.str
     """Its priority class ("" for the policy's default)."""
+    binding: Global___BindingPhase.ValueType
+    """Whether its devices wait for binding conditions (DRA device binding conditions)."""
     @_builtins.property
     def allocations(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClaimAllocation]:
         """The claims' allocations it holds."""
@@ -1454,6 +1502,10 @@ class Reservation(_message.Message):
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Labels given by the caller."""
 
+    @_builtins.property
+    def conditions(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeviceCondition]:
+        """The device conditions reported for it (ReportDeviceConditions), newest status per type."""
+
     def __init__(
         self,
         *,
@@ -1471,14 +1523,114 @@ class Reservation(_message.Message):
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         tenant: _builtins.str = ...,
         priority_class_name: _builtins.str = ...,
+        binding: Global___BindingPhase.ValueType = ...,
+        conditions: _abc.Iterable[Global___DeviceCondition] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["committed_at", b"committed_at", "created_at", b"created_at", "expires_at", b"expires_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "committed_at", b"committed_at", "created_at", b"created_at", "devices", b"devices", "expires_at", b"expires_at", "fencing_token", b"fencing_token", "id", b"id", "idempotency_key", b"idempotency_key", "labels", b"labels", "node_name", b"node_name", "owner", b"owner", "priority_class_name", b"priority_class_name", "state", b"state", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "binding", b"binding", "committed_at", b"committed_at", "conditions", b"conditions", "created_at", b"created_at", "devices", b"devices", "expires_at", b"expires_at", "fencing_token", b"fencing_token", "id", b"id", "idempotency_key", b"idempotency_key", "labels", b"labels", "node_name", b"node_name", "owner", b"owner", "priority_class_name", b"priority_class_name", "state", b"state", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Reservation: _TypeAlias = Reservation  # noqa: Y015
+
+@_typing.final
+class DeviceCondition(_message.Message):
+    """A condition of one device, as in a ResourceClaim's status.devices[].conditions."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEVICE_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    type: _builtins.str
+    """The condition type, a qualified name (e.g. `dra.example.com/attached`); required."""
+    status: _builtins.bool
+    """Whether the condition holds."""
+    @_builtins.property
+    def device(self) -> _dra_pb2.DeviceID:
+        """The device; required."""
+
+    def __init__(
+        self,
+        *,
+        device: _dra_pb2.DeviceID | None = ...,
+        type: _builtins.str = ...,
+        status: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["device", b"device"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "status", b"status", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeviceCondition: _TypeAlias = DeviceCondition  # noqa: Y015
+
+@_typing.final
+class ReportDeviceConditionsRequest(_message.Message):
+    """Conditions of a reservation's devices, from the driver's agent."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESERVATION_ID_FIELD_NUMBER: _builtins.int
+    CONDITIONS_FIELD_NUMBER: _builtins.int
+    FENCING_TOKEN_FIELD_NUMBER: _builtins.int
+    reservation_id: _builtins.str
+    """The reservation; required."""
+    fencing_token: _builtins.int
+    """When set, must be the reservation's token."""
+    @_builtins.property
+    def conditions(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeviceCondition]:
+        """The conditions; at least one, each for a device the reservation holds."""
+
+    def __init__(
+        self,
+        *,
+        reservation_id: _builtins.str = ...,
+        conditions: _abc.Iterable[Global___DeviceCondition] | None = ...,
+        fencing_token: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conditions", b"conditions", "fencing_token", b"fencing_token", "reservation_id", b"reservation_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportDeviceConditionsRequest: _TypeAlias = ReportDeviceConditionsRequest  # noqa: Y015
+
+@_typing.final
+class ReportDeviceConditionsResponse(_message.Message):
+    """The reservation after the report."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESERVATION_FIELD_NUMBER: _builtins.int
+    RELEASED_FIELD_NUMBER: _builtins.int
+    RELEASED_REASON_FIELD_NUMBER: _builtins.int
+    released: _builtins.bool
+    """The report failed its binding (a failure condition True, or the timeout passed): the
+    reservation is released and its holder told (RESERVATION_CHANGE_KIND_BINDING_FAILED).
+    """
+    released_reason: _builtins.str
+    """Why, when released."""
+    @_builtins.property
+    def reservation(self) -> Global___Reservation:
+        """The reservation as the report left it; when `released`, as it was just before."""
+
+    def __init__(
+        self,
+        *,
+        reservation: Global___Reservation | None = ...,
+        released: _builtins.bool = ...,
+        released_reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["reservation", b"reservation"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["released", b"released", "released_reason", b"released_reason", "reservation", b"reservation"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportDeviceConditionsResponse: _TypeAlias = ReportDeviceConditionsResponse  # noqa: Y015
 
 @_typing.final
 class ReserveRequest(_message.Message):

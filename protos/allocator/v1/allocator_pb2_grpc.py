@@ -92,6 +92,11 @@ class AllocatorStub:
                 request_serializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.WatchReservationsRequest.SerializeToString,
                 response_deserializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.WatchReservationsResponse.FromString,
                 _registered_method=True)
+        self.ReportDeviceConditions = channel.unary_unary(
+                '/gpualloc.allocator.v1.Allocator/ReportDeviceConditions',
+                request_serializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.ReportDeviceConditionsRequest.SerializeToString,
+                response_deserializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.ReportDeviceConditionsResponse.FromString,
+                _registered_method=True)
 
 
 class AllocatorServicer:
@@ -182,6 +187,16 @@ class AllocatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportDeviceConditions(self, request, context):
+        """Reports conditions of a reservation's devices, as a DRA driver sets a ResourceClaim's
+        status.devices[].conditions: a device with binding conditions is usable once they are all
+        True; a binding failure condition True releases the reservation (docs/reservations.md,
+        "Binding"). For the node's agent (or an operator).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AllocatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -239,6 +254,11 @@ def add_AllocatorServicer_to_server(servicer, server):
                     servicer.WatchReservations,
                     request_deserializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.WatchReservationsRequest.FromString,
                     response_serializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.WatchReservationsResponse.SerializeToString,
+            ),
+            'ReportDeviceConditions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportDeviceConditions,
+                    request_deserializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.ReportDeviceConditionsRequest.FromString,
+                    response_serializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.ReportDeviceConditionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -541,6 +561,33 @@ class Allocator:
             '/gpualloc.allocator.v1.Allocator/WatchReservations',
             protos_dot_allocator_dot_v1_dot_allocator__pb2.WatchReservationsRequest.SerializeToString,
             protos_dot_allocator_dot_v1_dot_allocator__pb2.WatchReservationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportDeviceConditions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpualloc.allocator.v1.Allocator/ReportDeviceConditions',
+            protos_dot_allocator_dot_v1_dot_allocator__pb2.ReportDeviceConditionsRequest.SerializeToString,
+            protos_dot_allocator_dot_v1_dot_allocator__pb2.ReportDeviceConditionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -72,6 +72,12 @@ class AllocatorStub:
     a preemption revoked its reservation. At most once: list after its first message (a
     HEARTBEAT) and on RESYNC.
     """
+    ReportDeviceConditions: _grpc.UnaryUnaryMultiCallable[_allocator_pb2.ReportDeviceConditionsRequest, _allocator_pb2.ReportDeviceConditionsResponse]
+    """Reports conditions of a reservation's devices, as a DRA driver sets a ResourceClaim's
+    status.devices[].conditions: a device with binding conditions is usable once they are all
+    True; a binding failure condition True releases the reservation (docs/reservations.md,
+    "Binding"). For the node's agent (or an operator).
+    """
 
 @_typing.type_check_only
 class AllocatorAsyncStub(AllocatorStub):
@@ -111,6 +117,12 @@ class AllocatorAsyncStub(AllocatorStub):
     """Streams changes of reservations as any replica makes them: a holder learns at once that
     a preemption revoked its reservation. At most once: list after its first message (a
     HEARTBEAT) and on RESYNC.
+    """
+    ReportDeviceConditions: _aio.UnaryUnaryMultiCallable[_allocator_pb2.ReportDeviceConditionsRequest, _allocator_pb2.ReportDeviceConditionsResponse]  # type: ignore[assignment]
+    """Reports conditions of a reservation's devices, as a DRA driver sets a ResourceClaim's
+    status.devices[].conditions: a device with binding conditions is usable once they are all
+    True; a binding failure condition True releases the reservation (docs/reservations.md,
+    "Binding"). For the node's agent (or an operator).
     """
 
 class AllocatorServicer(metaclass=_abc_1.ABCMeta):
@@ -214,6 +226,18 @@ class AllocatorServicer(metaclass=_abc_1.ABCMeta):
         """Streams changes of reservations as any replica makes them: a holder learns at once that
         a preemption revoked its reservation. At most once: list after its first message (a
         HEARTBEAT) and on RESYNC.
+        """
+
+    @_abc_1.abstractmethod
+    def ReportDeviceConditions(
+        self,
+        request: _allocator_pb2.ReportDeviceConditionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_allocator_pb2.ReportDeviceConditionsResponse, _abc.Awaitable[_allocator_pb2.ReportDeviceConditionsResponse]]:
+        """Reports conditions of a reservation's devices, as a DRA driver sets a ResourceClaim's
+        status.devices[].conditions: a device with binding conditions is usable once they are all
+        True; a binding failure condition True releases the reservation (docs/reservations.md,
+        "Binding"). For the node's agent (or an operator).
         """
 
 def add_AllocatorServicer_to_server(servicer: AllocatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

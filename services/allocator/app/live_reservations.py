@@ -100,8 +100,12 @@ class Holdings:
         expire_interval: float = 1.0,
         refresh_interval: float = 30.0,
         on_event: Callable[[ReservationEvent], None] | None = None,
+        on_sweep: Callable[[], None] | None = None,
     ) -> None:
+        """`on_sweep`: called by the janitor after each `store.expire()` (the service's
+        binding timeouts)."""
         self._store = store
+        self._on_sweep = on_sweep
         self._expire_interval = expire_interval
         self._refresh_interval = refresh_interval
         self._on_event = on_event
@@ -449,6 +453,8 @@ class Holdings:
                 healthy = False  # events were missed until now: reload everything
             try:
                 self._store.expire()
+                if self._on_sweep is not None:
+                    self._on_sweep()
                 due = time.monotonic() - last_refresh >= self._refresh_interval
                 if not healthy or due:
                     self.refresh()

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from services.allocator.reservations.binding import BINDING_REVOKED_BY
 from services.allocator.reservations.model import ReservationEvent, ReservationEventOp
 
 __all__ = ["ChangeKind", "ReservationChange", "ReservationWatch", "View"]
@@ -44,6 +45,8 @@ class ChangeKind(StrEnum):
     RELEASED = "released"
     EXPIRED = "expired"
     PREEMPTED = "preempted"  # revoked by a preemption: `preempted_by` names the preemptor
+    CONDITIONS = "conditions"  # device conditions were reported: read it for its binding
+    BINDING_FAILED = "binding-failed"  # released: `preempted_by` is `binding: <why>`
     HEARTBEAT = "heartbeat"  # nothing to send for a while: the stream is alive
     RESYNC = "resync"  # changes were lost (a slow reader): list the reservations again
 
@@ -54,6 +57,7 @@ _KINDS = {
     ReservationEventOp.RENEW: ChangeKind.RENEWED,
     ReservationEventOp.RELEASE: ChangeKind.RELEASED,
     ReservationEventOp.EXPIRE: ChangeKind.EXPIRED,
+    ReservationEventOp.CONDITIONS: ChangeKind.CONDITIONS,
 }
 
 
@@ -68,7 +72,10 @@ class ReservationChange:
 
     @classmethod
     def of(cls, event: ReservationEvent) -> ReservationChange:
-        kind = ChangeKind.PREEMPTED if event.preempted_by else _KINDS[event.op]
+        kind = _KINDS[event.op]
+        if event.preempted_by:
+            failed = event.preempted_by.startswith(BINDING_REVOKED_BY)
+            kind = ChangeKind.BINDING_FAILED if failed else ChangeKind.PREEMPTED
         return cls(kind, event.id, event.node, event.owner, event.fencing_token, event.preempted_by)
 
 

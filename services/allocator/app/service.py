@@ -32,7 +32,7 @@ import contextlib
 import random
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
@@ -80,8 +80,16 @@ from services.allocator.core import (
     SummaryKind,
     Unsatisfiable,
 )
+from services.allocator.reservations.binding import (
+    DEFAULT_BINDING_TIMEOUT_SECONDS,
+    Binding,
+    binding_of,
+    binding_revocation,
+    is_pool_hold,
+)
 from services.allocator.reservations.holds import device_key, placement_holds
 from services.allocator.reservations.model import (
+    DeviceCondition,
     Hold,
     Preempted,
     Reservation,
@@ -92,11 +100,13 @@ from services.allocator.reservations.model import (
 )
 from services.common.deadline import UNBOUNDED, Deadline
 from services.common.dra.model import AllocationResult, DeviceClass
+from services.common.dra.names import label_name_errors
 from services.common.errors import (
     Conflict,
     DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
+    NotBound,
     NotFound,
     PermissionDenied,
 )
@@ -133,6 +143,7 @@ class ServiceLimits:
     max_capacity_units: int = 1024  # units counted per node at most
     max_nodes_explained: int = 10
     max_consolidation_nodes: int = 16  # nodes a consolidation tries (app/consolidation.py)
+    binding_timeout_seconds: float = DEFAULT_BINDING_TIMEOUT_SECONDS  # reservations/binding.py
 
 
 @dataclass(frozen=True)
@@ -157,7 +168,10 @@ class AllocatorService:
         metrics: AllocatorMetrics | None = None,
         tracer: trace.Tracer | None = None,
         quotas: QuotaGuard | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        """`clock`: seconds since the epoch, as the store's (binding timeouts)."""
+        self._clock = clock
         self.view = view
         self.quotas = quotas
         self.holdings = holdings
@@ -362,9 +376,10 @@ class AllocatorService:
         deadline: Deadline = UNBOUNDED,
     ) -> Reservation:
         deadline.check("commit")
-        if self.quotas is not None:  # the ledger first: its entry must outlive the lease
-            current = self._known(reservation_id)
-            if current is not None and current.owner == owner:
+        current = self._known(reservation_id)
+        if current is not None and current.owner == owner:
+            self._require_bound(current)
+            if self.quotas is not None:  # the ledger first: its entry must outlive the lease
                 self.quotas.committing(current)
         reservation = self.store.commit(reservation_id, owner, fencing_token)
         self.holdings.committed(reservation)
@@ -384,6 +399,9 @@ class AllocatorService:
         if fencing_token:  # gone: the store's renew below says how (expired, preempted)
             with contextlib.suppress(NotFound):
                 _check_fence(self.store.get(reservation_id), owner, fencing_token)
+        current = self._known(reservation_id)
+        if current is not None and current.owner == owner and _waits_for_binding(current):
+            self._settle(self.store.get(reservation_id))  # timed out: the renew answers so
         if self.quotas is not None:  # the ledger first: its entry must outlive the lease
             self.quotas.renewing(reservation_id, owner, seconds)
         reservation = self.store.renew(reservation_id, owner, seconds)
@@ -413,6 +431,95 @@ class AllocatorService:
         if self.quotas is not None:
             self.quotas.released([reservation_id], owner)
         return current
+
+    # --- binding (DRA device binding conditions: reservations/binding.py) -----------------
+
+    def binding(self, reservation: Reservation) -> Binding:
+        return binding_of(reservation, self.limits.binding_timeout_seconds)
+
+    def report_device_conditions(
+        self,
+        reservation_id: str,
+        conditions: Sequence[DeviceCondition],
+        fencing_token: int = 0,
+        *,
+        deadline: Deadline = UNBOUNDED,
+    ) -> tuple[Reservation, str]:
+        """Record the conditions (the caller is the device's driver or agent, whoever holds
+        the reservation) and settle the binding: a failure condition True, or the timeout
+        passed, releases the reservation. Returns the reservation as the report left it and
+        why it was released ("" when it was not)."""
+        deadline.check("report device conditions")
+        if not conditions:
+            raise InvalidArgument.at("conditions", "must not be empty")
+        current = self.store.get(reservation_id)
+        held = {key for a in current.allocations for key in _result_devices(a)}
+        for index, condition in enumerate(conditions):
+            path = f"conditions[{index}]"
+            if condition.device not in held:
+                raise InvalidArgument.at(
+                    f"{path}.device",
+                    f"reservation {reservation_id} holds no device {condition.device!r}",
+                )
+            problems = label_name_errors(condition.type)
+            if problems:
+                raise InvalidArgument.at(
+                    f"{path}.type", f"{condition.type!r}: {'; '.join(problems)}"
+                )
+        reported = self.store.report_conditions(reservation_id, fencing_token, conditions)
+        return reported, self._settle(reported)
+
+    def sweep_bindings(self) -> None:
+        """Release the reservations whose binding timed out (the janitor calls this)."""
+        now = self._clock()
+        for reservation in self.holdings.reservations():
+            if not _waits_for_binding(reservation):
+                continue
+            binding = self.binding(reservation)
+            if binding.deadline is not None and now >= binding.deadline:
+                with contextlib.suppress(NotFound, FailedPrecondition):  # gone meanwhile
+                    self._settle(self.store.get(reservation.id))
+
+    def _require_bound(self, reservation: Reservation) -> None:
+        """Commit only what is bound: a reservation still binding answers NotBound; one
+        whose binding failed is released first (the store's commit then says so)."""
+        if not _waits_for_binding(reservation):
+            return
+        fresh = self.store.get(reservation.id)
+        self._settle(fresh)
+        binding = self.binding(fresh)
+        if binding.binding and not binding.timed_out(self._clock()):
+            waiting = ", ".join(f"{device} {condition}" for device, condition in binding.waiting)
+            raise NotBound(
+                reservation.id,
+                f"reservation {reservation.id} is binding: waiting for {waiting} to be "
+                "reported True; commit once it is bound",
+            )
+
+    def _settle(self, reservation: Reservation) -> str:
+        """Release `reservation` if its binding failed or timed out; returns why ("": not)."""
+        if reservation.state is ReservationState.COMMITTED:
+            return ""  # bound when committed: later conditions change nothing
+        binding = self.binding(reservation)
+        if binding.failed is None and not binding.timed_out(self._clock()):
+            return ""
+        why = binding_revocation(binding)
+        pools = [  # the placement's network-attached pools' reservations go with it
+            r
+            for r in self.holdings.reservations()
+            if is_pool_hold(r)
+            and r.owner == reservation.owner
+            and r.allocations == reservation.allocations
+        ]
+        gone = []
+        for each in (reservation, *pools):
+            with contextlib.suppress(NotFound, FailedPrecondition):  # gone or granted anew
+                self.store.revoke(each.id, each.fencing_token, why)
+                gone.append(each.id)
+        self.holdings.removed([reservation.id, *gone])
+        if self.quotas is not None:
+            self.quotas.released([reservation.id, *gone], reservation.owner)
+        return why
 
     def reservation_usage(self, reservation: Reservation) -> dict[str, int]:
         """What a held reservation counts against its tenant's quota (on the current view)."""
@@ -1117,6 +1224,18 @@ def _check_replay(query: Query, known: Sequence[Reservation], lease: LeaseOption
             f"idempotency key {key!r} holds {len(members)} node reservation(s), not a gang of "
             f"{query.gang.node_count}: release them or allocate with a new key"
         )
+
+
+def _result_devices(allocation: AllocationResult) -> list[str]:
+    return [f"{r.driver}/{r.pool}/{r.device}" for r in allocation.results]
+
+
+def _waits_for_binding(reservation: Reservation) -> bool:
+    """Whether the reservation may be binding: a node's, leased, with a device that has
+    binding conditions."""
+    if reservation.state is not ReservationState.RESERVED or is_pool_hold(reservation):
+        return False
+    return any(r.binding_conditions for a in reservation.allocations for r in a.results)
 
 
 def _check_fence(reservation: Reservation, owner: str, fencing_token: int) -> None:

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from services.allocator.app.holders import holder_ids
 from services.allocator.app.messages import Answer, Holder, Victim
-from services.allocator.app.reservation_watch import ReservationChange, View
+from services.allocator.app.reservation_watch import ChangeKind, ReservationChange, View
 from services.allocator.core import Explanation, RejectionGroup, holders
 from services.allocator.reservations.model import Reservation
 from services.common.dra.model import AllocationResult
@@ -54,7 +54,7 @@ def watched_changes(viewer: Principal, *, owner: str = "", node: str = "") -> Vi
         if (node and change.node != node) or not viewer.may_see(change.owner):
             return None
         by = change.preempted_by
-        if by and not viewer.may_see(by):
+        if by and change.kind is not ChangeKind.BINDING_FAILED and not viewer.may_see(by):
             return replace(change, preempted_by=f"tenant {tenant_of_owner(by)}")
         return change
 

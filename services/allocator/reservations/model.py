@@ -39,6 +39,7 @@ from services.common.errors import (
 )
 
 __all__ = [
+    "DeviceCondition",
     "DeviceTaken",
     "Hold",
     "LimitedUse",
@@ -95,6 +96,16 @@ class Hold:
         return not self.devices and not self.uses
 
 
+@dataclass(frozen=True)
+class DeviceCondition:
+    """A condition reported for a held device (`driver/pool/device`), as a ResourceClaim's
+    `status.devices[].conditions` entry: its type and whether it is True."""
+
+    device: str
+    type: str
+    status: bool
+
+
 class ReservationState(StrEnum):
     RESERVED = "RESERVED"  # leased: expires at `expires_at` unless committed or renewed
     COMMITTED = "COMMITTED"  # permanent until released
@@ -131,6 +142,7 @@ class Reservation:
     request_digest: str = ""  # of the Allocate request that made it ("" for Reserve)
     priority_class: str = ""
     redacted: bool = False  # another tenant's, as a caller may see it (app/tenancy.py)
+    conditions: tuple[DeviceCondition, ...] = ()  # reported for its devices (binding.py)
 
 
 PENDING_IDS_SHOWN = 20  # ids of pending revocations a read returns per tenant, at most
@@ -176,6 +188,14 @@ class ReservationStore(Protocol):
 
     def renew(self, reservation_id: str, owner: str, lease_seconds: float) -> Reservation:
         """Extend a lease to now + lease_seconds."""
+        ...
+
+    def report_conditions(
+        self, reservation_id: str, fencing_token: int, conditions: Sequence[DeviceCondition]
+    ) -> Reservation:
+        """Record device conditions on a live reservation, whoever owns it (the caller is the
+        driver's agent): the newest status of a (device, type) wins. A fencing_token other
+        than 0 must match. Publishes a CONDITIONS event."""
         ...
 
     def release(self, reservation_id: str, owner: str, fencing_token: int = 0) -> None:
@@ -230,6 +250,7 @@ class ReservationEventOp(StrEnum):
     RENEW = "renew"
     RELEASE = "release"
     EXPIRE = "expire"
+    CONDITIONS = "conditions"  # device conditions were reported (binding.py)
 
 
 @dataclass(frozen=True)
@@ -252,6 +273,11 @@ PREEMPTED_MEMORY_SECONDS = 86_400.0  # how long a revoked id answers "preempted 
 
 
 def preempted_error(reservation_id: str, by: str) -> Preempted:
+    """What a change of a revoked reservation answers. A failed binding (`by` starts with
+    `binding:`, reservations/binding.py) is a revocation too, worded as such."""
+    if by.startswith("binding:"):
+        why = by.removeprefix("binding:").strip()
+        return Preempted(reservation_id, by, f"reservation {reservation_id} was released: {why}")
     return Preempted(reservation_id, by)
 
 

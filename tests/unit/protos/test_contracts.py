@@ -35,6 +35,7 @@ SERVICES = {
         "Capacity",
         "QuotaStatus",
         "WatchReservations",
+        "ReportDeviceConditions",
     ],
 }
 _GRPCURL_RE = re.compile(

@@ -53,13 +53,15 @@ from services.allocator.core import (
     TopologyConstraint,
     TopologyKind,
 )
-from services.allocator.reservations.model import Reservation, ReservationState
+from services.allocator.reservations.binding import binding_of
+from services.allocator.reservations.model import DeviceCondition, Reservation, ReservationState
 from services.common.dra.model import AllocationResult, DeviceID, ResourceClaim
 from services.common.dra.names import label_name_errors
 from services.common.errors import FieldViolation, InvalidArgument
 from services.common.pb.dra_mapping import (
     from_pb_allocation_result,
     from_pb_device_class,
+    from_pb_device_id,
     from_pb_node_selector,
     from_pb_resource_claim,
     to_pb_allocation_result,
@@ -124,6 +126,8 @@ _CHANGES = {
     ChangeKind.EXPIRED: pb.RESERVATION_CHANGE_KIND_EXPIRED,
     ChangeKind.PREEMPTED: pb.RESERVATION_CHANGE_KIND_PREEMPTED,
     ChangeKind.HEARTBEAT: pb.RESERVATION_CHANGE_KIND_HEARTBEAT,
+    ChangeKind.CONDITIONS: pb.RESERVATION_CHANGE_KIND_CONDITIONS,
+    ChangeKind.BINDING_FAILED: pb.RESERVATION_CHANGE_KIND_BINDING_FAILED,
     ChangeKind.RESYNC: pb.RESERVATION_CHANGE_KIND_RESYNC,
 }
 _STATES = {
@@ -536,11 +540,44 @@ def reservation_to_pb(reservation: Reservation) -> pb.Reservation:
         devices=[to_pb_device_id(d) for d in _devices(reservation.allocations)],
         labels=dict(reservation.labels),
         priority_class_name=reservation.priority_class,
+        binding=_binding_phase(reservation),
+        conditions=[_condition_to_pb(c) for c in reservation.conditions],
     )
     message.created_at.CopyFrom(_timestamp(reservation.created_at))
     if reservation.expires_at is not None:
         message.expires_at.CopyFrom(_timestamp(reservation.expires_at))
     return message
+
+
+def _binding_phase(reservation: Reservation) -> pb.BindingPhase.ValueType:
+    binding = binding_of(reservation, 0.0)  # bound or not does not depend on the timeout
+    if not binding.required:
+        return pb.BINDING_PHASE_UNSPECIFIED
+    return pb.BINDING_PHASE_BOUND if binding.bound else pb.BINDING_PHASE_BINDING
+
+
+def _condition_to_pb(condition: DeviceCondition) -> pb.DeviceCondition:
+    driver, _, rest = condition.device.partition("/")
+    pool, _, device = rest.partition("/")
+    return pb.DeviceCondition(
+        device=to_pb_device_id(DeviceID(driver, pool, device)),
+        type=condition.type,
+        status=condition.status,
+    )
+
+
+def device_conditions_from_pb(
+    messages: Sequence[pb.DeviceCondition],
+) -> tuple[DeviceCondition, ...]:
+    """ReportDeviceConditions' conditions; the service checks devices and types."""
+    conditions = []
+    for index, message in enumerate(messages):
+        path = f"conditions[{index}]"
+        if not message.HasField("device"):
+            raise InvalidArgument.at(f"{path}.device", "must be set")
+        device = from_pb_device_id(message.device, f"{path}.device")
+        conditions.append(DeviceCondition(str(device), message.type, message.status))
+    return tuple(conditions)
 
 
 def _claim_allocation(ref: str, allocation: AllocationResult) -> pb.ClaimAllocation:

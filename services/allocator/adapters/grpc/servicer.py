@@ -24,6 +24,7 @@ from services.allocator.adapters.grpc.mapping import (
     allocate_response,
     capacity_response,
     claims_path,
+    device_conditions_from_pb,
     explain_response,
     lease_from_pb,
     proto_field_paths,
@@ -40,7 +41,7 @@ from services.allocator.app.messages import Answer
 from services.allocator.app.reservation_watch import ReservationWatch
 from services.allocator.app.service import AllocatorService
 from services.allocator.app.tenancy import visible_answer, visible_reservation, watched_changes
-from services.allocator.reservations.model import Reservation
+from services.allocator.reservations.model import NODE_SEPARATOR, Reservation
 from services.common.deadline import Deadline
 from services.common.errors import PermissionDenied
 from services.common.grpc_server import call_deadline
@@ -66,6 +67,13 @@ def _placing(request: pb.AllocateRequest) -> Access:
     return Access("", permission, admin_access=request.reserve and asks_admin_access(request))
 
 
+def _reporting(request: pb.ReportDeviceConditionsRequest) -> Access:
+    """A node's agent reports for the reservations of its node (the node an id names), as it
+    reports the node itself; an operator (report-any-node) for any."""
+    node = request.reservation_id.rpartition(NODE_SEPARATOR)[2]
+    return Access("", Permission.INVENTORY_REPORT_OWN, node=node)
+
+
 def _reserving(request: pb.ReserveRequest) -> Access:
     return Access("", Permission.RESERVATIONS_CREATE, admin_access=asks_admin_access(request))
 
@@ -83,6 +91,7 @@ ACCESS: dict[str, AccessRule] = {
     _PREFIX + "ListReservations": rule(Permission.RESERVATIONS_READ),
     _PREFIX + "QuotaStatus": rule(Permission.PLACEMENTS_READ),
     _PREFIX + "WatchReservations": rule(Permission.RESERVATIONS_READ),
+    _PREFIX + "ReportDeviceConditions": _reporting,
 }
 """What each method needs (a method missing here is denied under a policy)."""
 
@@ -239,6 +248,31 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
             _audit(context, "reservation.release", released)
             response.reservation.CopyFrom(reservation_to_pb(released))
         return response
+
+    def ReportDeviceConditions(
+        self, request: pb.ReportDeviceConditionsRequest, context: grpc.ServicerContext
+    ) -> pb.ReportDeviceConditionsResponse:
+        conditions = device_conditions_from_pb(request.conditions)
+        reservation, released = self._service.report_device_conditions(
+            request.reservation_id,
+            conditions,
+            request.fencing_token,
+            deadline=self._deadline(context),
+        )
+        audit_call(
+            context,
+            "reservation.conditions",
+            reservation=reservation.id,
+            owner=reservation.owner,
+            node=reservation.node,
+            conditions=[f"{c.device} {c.type}={c.status}" for c in conditions],
+            released=released,
+        )
+        return pb.ReportDeviceConditionsResponse(
+            reservation=reservation_to_pb(reservation),
+            released=bool(released),
+            released_reason=released.removeprefix("binding:").strip(),
+        )
 
     def GetReservation(
         self, request: pb.GetReservationRequest, context: grpc.ServicerContext

@@ -24,9 +24,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from services.allocator.reservations.binding import BINDING_REVOKED_BY, merge_conditions
 from services.allocator.reservations.model import (
     PENDING_IDS_SHOWN,
     PREEMPTED_MEMORY_SECONDS,
+    DeviceCondition,
     DeviceTaken,
     Hold,
     PendingPreemptions,
@@ -163,6 +165,32 @@ class MemoryReservationStore:
         self._deliver()
         return renewed
 
+    def report_conditions(
+        self, reservation_id: str, fencing_token: int, conditions: Sequence[DeviceCondition]
+    ) -> Reservation:
+        with self._lock:
+            self._expire_due()
+            current = self._reservations.get(reservation_id)
+            if current is None:
+                preempted = self._preempted.get(reservation_id)
+                if preempted is not None and preempted[1] > self._clock():
+                    raise preempted_error(reservation_id, preempted[0])
+                raise NotFound(
+                    f"reservation {clip(reservation_id)} not found (released or expired)"
+                )
+            if fencing_token and fencing_token != current.fencing_token:
+                raise FailedPrecondition(
+                    f"reservation {reservation_id}: fencing token {fencing_token} is stale "
+                    f"(current {current.fencing_token})"
+                )
+            reported = dataclasses.replace(
+                current, conditions=merge_conditions(current.conditions, conditions)
+            )
+            self._reservations[reservation_id] = reported
+            self._emit(ReservationEventOp.CONDITIONS, reported)
+        self._deliver()
+        return reported
+
     def release(self, reservation_id: str, owner: str, fencing_token: int = 0) -> None:
         with self._lock:
             self._expire_due()
@@ -283,7 +311,8 @@ class MemoryReservationStore:
             until = now + self._memory_seconds
             self._preempted[reservation_id] = (by, until)
             self._preempted = {k: v for k, v in self._preempted.items() if v[1] > now}
-            self._untold[reservation_id] = (current.owner, until)
+            if not by.startswith(BINDING_REVOKED_BY):  # a failed binding preempts nobody
+                self._untold[reservation_id] = (current.owner, until)
             self._untold = {k: v for k, v in self._untold.items() if v[1] > now}
         self._deliver()
 

@@ -16,6 +16,7 @@ from typing import TypeVar
 from services.allocator.app.telemetry import AllocatorMetrics
 from services.allocator.reservations.model import (
     PENDING_IDS_SHOWN,
+    DeviceCondition,
     PendingPreemptions,
     Reservation,
     ReservationEvent,
@@ -77,6 +78,14 @@ class MeteredStore:
 
     def revoke(self, reservation_id: str, fencing_token: int, by: str) -> None:
         self._timed("revoke", lambda: self.inner.revoke(reservation_id, fencing_token, by))
+
+    def report_conditions(
+        self, reservation_id: str, fencing_token: int, conditions: Sequence[DeviceCondition]
+    ) -> Reservation:
+        return self._timed(
+            "report_conditions",
+            lambda: self.inner.report_conditions(reservation_id, fencing_token, conditions),
+        )
 
     def pending_preemptions(
         self, tenants: Sequence[str], max_ids: int = PENDING_IDS_SHOWN

@@ -5,6 +5,7 @@ keys, which all share the hash tag {node}, so the library runs unchanged on Redi
 
 Per node, with base = "<prefix>:{<node>}:":
   base..'res:'..id   HASH  id owner state fence created expires devices uses idem doc
+                           [conditions: JSON [[device, type, status], ...], once reported]
   base..'dev:'..dev  STRING  the id of the reservation holding exclusive device dev
   base..'use:'..key  HASH  reservation id -> amount (milli-units) of limited use key
   base..'leases'     ZSET  RESERVED ids scored by expiry (ms, server TIME)
@@ -244,12 +245,47 @@ local function revoke(keys, args)
   if tonumber(current) ~= fence then return {'fence', current, expired} end
   free(ctx, id)
   redis.call('SET', ctx.base .. 'preempted:' .. id, by, 'PX', ttl)
-  redis.call('SET', ctx.base .. 'pending-owner:' .. id, owner, 'PX', ttl)
-  local pending = ctx.base .. 'pending:' .. tenant_of(owner)
-  redis.call('ZREMRANGEBYSCORE', pending, '-inf', string.format('%d', now))
-  redis.call('ZADD', pending, string.format('%d', now + tonumber(ttl)), id)
+  if string.sub(by, 1, 8) ~= 'binding:' then  -- a failed binding (binding.py) preempts nobody
+    redis.call('SET', ctx.base .. 'pending-owner:' .. id, owner, 'PX', ttl)
+    local pending = ctx.base .. 'pending:' .. tenant_of(owner)
+    redis.call('ZREMRANGEBYSCORE', pending, '-inf', string.format('%d', now))
+    redis.call('ZADD', pending, string.format('%d', now + tonumber(ttl)), id)
+  end
   publish(ctx, 'release', id, current, owner, by)
   return {'ok', expired}
+end
+
+-- Device conditions reported for id, whoever owns it (binding.py): the newest status of each
+-- (device, type) wins, in first-report order.
+-- ARGV: base node channel id conditions_json fence -> {'ok', fields, expired} | {error..., expired}
+local function conditions(keys, args)
+  local ctx = context(args)
+  local id, reported, fence = args[4], cjson.decode(args[5]), tonumber(args[6])
+  local expired = expire_due(ctx, now_ms())
+  local rkey = ctx.base .. 'res:' .. id
+  local r = redis.call('HMGET', rkey, 'fence', 'owner', 'conditions')
+  if not r[1] then
+    local by = redis.call('GET', ctx.base .. 'preempted:' .. id)
+    if by then return {'preempted', by, expired} end
+    return {'notfound', expired}
+  end
+  if fence ~= 0 and fence ~= tonumber(r[1]) then return {'fence', r[1], expired} end
+  local have = {}
+  if r[3] then have = cjson.decode(r[3]) end
+  for _, c in ipairs(reported) do
+    local found = false
+    for _, h in ipairs(have) do
+      if h[1] == c[1] and h[2] == c[2] then
+        h[3] = c[3]
+        found = true
+        break
+      end
+    end
+    if not found then table.insert(have, c) end
+  end
+  redis.call('HSET', rkey, 'conditions', cjson.encode(have))
+  publish(ctx, 'conditions', id, r[1], r[2])
+  return {'ok', redis.call('HGETALL', rkey), expired}
 end
 
 -- ARGV: base node channel -> ids freed
@@ -389,6 +425,7 @@ redis.register_function('gpualloc_renew', renew)
 redis.register_function('gpualloc_release', release)
 redis.register_function('gpualloc_expire', expire)
 redis.register_function('gpualloc_revoke', revoke)
+redis.register_function('gpualloc_conditions', conditions)
 redis.register_function('gpualloc_quota_take', quota_take)
 redis.register_function('gpualloc_quota_bind', quota_bind)
 redis.register_function('gpualloc_quota_extend', quota_extend)

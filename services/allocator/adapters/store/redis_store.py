@@ -47,6 +47,7 @@ from services.allocator.reservations.model import (
     NODE_SEPARATOR,
     PENDING_IDS_SHOWN,
     PREEMPTED_MEMORY_SECONDS,
+    DeviceCondition,
     DeviceTaken,
     Hold,
     LimitedUse,
@@ -260,6 +261,15 @@ class RedisReservationStore:
         args = [*self._context(node), reservation_id, str(fencing_token), by, ttl]
         self._mutate("gpualloc_revoke", node, reservation_id, args, wait=True)
         self._unindex([reservation_id])
+
+    def report_conditions(
+        self, reservation_id: str, fencing_token: int, conditions: Sequence[DeviceCondition]
+    ) -> Reservation:
+        node = self._node_of(reservation_id)
+        reported = json.dumps([[c.device, c.type, c.status] for c in conditions])
+        args = [*self._context(node), reservation_id, reported, str(fencing_token)]
+        reply = self._mutate("gpualloc_conditions", node, reservation_id, args, wait=True)
+        return self._decode(reply[1])
 
     def pending_preemptions(
         self, tenants: Sequence[str], max_ids: int = PENDING_IDS_SHOWN
@@ -746,6 +756,7 @@ class RedisReservationStore:
             labels=tuple((key, value) for key, value in doc["labels"]),
             request_digest=doc.get("requestDigest", ""),  # absent: written by an older version
             priority_class=doc.get("priorityClass", ""),
+            conditions=_conditions(fields.get("conditions", "")),
         )
 
 
@@ -779,6 +790,14 @@ def _doc(request: ReserveRequest) -> dict[str, Any]:
         "requestDigest": request.request_digest,
         "priorityClass": request.priority_class,
     }
+
+
+def _conditions(text: str) -> tuple[DeviceCondition, ...]:
+    """The `conditions` field: [[device, type, status], ...] (Lua's cjson writes none as {})."""
+    found = json.loads(text) if text else []
+    if not isinstance(found, list):
+        return ()
+    return tuple(DeviceCondition(str(d), str(t), status is True) for d, t, status in found)
 
 
 def _conflict_item(item: Sequence[Any]) -> DeviceTaken | UseExceeded:

@@ -1,0 +1,254 @@
+"""The binding step of a reservation end to end: a real allocator on port 0 in front of the
+embedded store and a real redis-server, a fabric pool of composable GPUs with binding
+conditions (bindsToNode), the node's agent reporting device conditions over
+ReportDeviceConditions, the holder committing and watching (docs/reservations.md, "Binding").
+
+Cases: bound (every condition True: Commit succeeds, the reservation says BOUND), failed (a
+failure condition True: released, Commit and Renew answer FAILED_PRECONDITION
+RESERVATION_PREEMPTED with the reason, WatchReservations sends BINDING_FAILED), timed out (the
+binding timeout passes: released the same way), released meanwhile (the holder gives up before
+the agent reports: the report is NOT_FOUND and changes nothing).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import duration_pb2
+
+from protos.allocator.v1 import allocator_pb2 as pb
+from protos.common.v1 import dra_pb2
+from services.allocator.app.inventory_feed import StaticFeed
+from services.allocator.config import AllocatorSettings
+from services.common.dra.model import (
+    DeviceClass,
+    DeviceRequest,
+    DeviceSelector,
+    ExactDeviceRequest,
+    ResourceClaim,
+)
+from services.common.errors import NotBound, Preempted
+from services.common.grpc_errors import error_from_rpc
+from services.common.pb.dra_mapping import to_pb_device_class, to_pb_resource_claim
+from tests.e2e.allocator_harness import ServedAllocator, owner, serve_allocator
+
+ATTACHED, FAILED = "dra.example.com/attached", "dra.example.com/attach-failed"
+TIMEOUT = 4.0  # GPUALLOC_BINDING_TIMEOUT of the server under test
+HOLDER = owner("slurm/job/7")
+
+DEVICES = "".join(
+    f"  - {{name: gpu-{i}, bindsToNode: true, bindingConditions: [{ATTACHED}], "
+    f"bindingFailureConditions: [{FAILED}]}}\n"
+    for i in range(4)
+)
+FABRIC = (
+    "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {name: fabric}\nspec:\n"
+    "  driver: gpu.nvidia.com\n"
+    "  pool: {name: fabric, generation: 1, resourceSliceCount: 1}\n"
+    "  nodeSelector:\n"
+    '    nodeSelectorTerms: [{matchExpressions: [{key: fabric, operator: In, values: ["a"]}]}]\n'
+    "  devices:\n" + DEVICES + "---\n"
+    "apiVersion: v1\nkind: Node\nmetadata: {name: composable-1, labels: {fabric: a}}\n"
+)
+CLASS = DeviceClass("fabric-gpu", (DeviceSelector('device.driver == "gpu.nvidia.com"'),))
+
+
+@pytest.fixture
+def fabric(grpc_channel_factory: Any, store: Any, tmp_path: Path) -> Iterator[ServedAllocator]:
+    (tmp_path / "fabric.yaml").write_text(FABRIC)
+    served = serve_allocator(
+        grpc_channel_factory,
+        store,
+        settings=AllocatorSettings(expire_interval=0.1, binding_timeout=TIMEOUT),
+        feed=StaticFeed.from_paths([str(tmp_path)]),
+    )
+    yield served
+    served.app.close()
+
+
+def reserve(allocator: ServedAllocator) -> pb.Reservation:
+    """One fabric GPU, reserved: the node's reservation (which binds)."""
+    return reserve_placement(allocator)[0]
+
+
+def reserve_placement(allocator: ServedAllocator) -> tuple[pb.Reservation, pb.Reservation]:
+    """One fabric GPU, reserved: the node's reservation and the fabric pool's."""
+    claim = ResourceClaim(
+        "composed", requests=(DeviceRequest("gpu", ExactDeviceRequest("fabric-gpu")),)
+    )
+    response = allocator.stub.Allocate(
+        pb.AllocateRequest(
+            claims=[to_pb_resource_claim(claim)],
+            device_classes=[to_pb_device_class(CLASS)],
+            reserve=True,
+            lease_ttl=duration_pb2.Duration(seconds=60),
+        ),
+        metadata=HOLDER,
+        timeout=10,
+    )
+    [result] = response.allocations[0].allocation.results
+    assert list(result.binding_conditions) == [ATTACHED]
+    assert list(result.binding_failure_conditions) == [FAILED]
+    term = response.allocations[0].allocation.node_selector.node_selector_terms[0]
+    assert term.match_fields[0].values == ["composable-1"]  # bindsToNode: pinned to the node
+    node, pool = response.reservations  # the node's, then the fabric pool's (docs/api.md)
+    assert (node.node_name, pool.node_name) == ("composable-1", "gpu.nvidia.com/fabric")
+    assert node.binding == pb.BINDING_PHASE_BINDING
+    assert pool.binding == pb.BINDING_PHASE_UNSPECIFIED  # the node's reservation binds
+    return node, pool
+
+
+def report(
+    allocator: ServedAllocator, reservation: pb.Reservation, condition: str, status: bool = True
+) -> pb.ReportDeviceConditionsResponse:
+    [device] = reservation.devices
+    return allocator.stub.ReportDeviceConditions(
+        pb.ReportDeviceConditionsRequest(
+            reservation_id=reservation.id,
+            conditions=[pb.DeviceCondition(device=device, type=condition, status=status)],
+        ),
+        timeout=10,
+    )
+
+
+def commit(allocator: ServedAllocator, reservation: pb.Reservation) -> pb.CommitResponse:
+    return allocator.stub.Commit(
+        pb.CommitRequest(reservation_id=reservation.id), metadata=HOLDER, timeout=10
+    )
+
+
+def refusal(call: Any, *args: Any) -> Exception:
+    with pytest.raises(grpc.RpcError) as caught:
+        call(*args)
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    return error_from_rpc(caught.value)
+
+
+def watch(allocator: ServedAllocator) -> queue.Queue[pb.WatchReservationsResponse]:
+    """The holder's WatchReservations changes, as they come (the stream ends with the test)."""
+    changes: queue.Queue[pb.WatchReservationsResponse] = queue.Queue()
+    stream = allocator.stub.WatchReservations(
+        pb.WatchReservationsRequest(owner="slurm/job/7"), metadata=HOLDER, timeout=30
+    )
+
+    def follow() -> None:
+        try:
+            for change in stream:
+                changes.put(change)
+        except grpc.RpcError:
+            pass
+
+    threading.Thread(target=follow, daemon=True).start()
+    first = changes.get(timeout=10)
+    assert first.kind == pb.RESERVATION_CHANGE_KIND_HEARTBEAT  # registered: nothing missed
+    return changes
+
+
+def next_kind(
+    changes: queue.Queue[pb.WatchReservationsResponse], kind: int, within: float = 10.0
+) -> pb.WatchReservationsResponse:
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        change = changes.get(timeout=max(0.01, end - time.monotonic()))
+        if change.kind == kind:
+            return change
+    raise AssertionError(f"no change of kind {kind}")
+
+
+def test_bound_once_every_condition_is_reported_true(fabric: ServedAllocator) -> None:
+    reservation = reserve(fabric)
+    changes = watch(fabric)
+
+    early = refusal(commit, fabric, reservation)
+    assert isinstance(early, NotBound)
+    assert f"waiting for {reservation.devices[0].driver}/fabric/" in str(early)
+    not_yet = report(fabric, reservation, ATTACHED, status=False)
+    assert not_yet.reservation.binding == pb.BINDING_PHASE_BINDING
+    assert not not_yet.released
+    bound = report(fabric, reservation, ATTACHED)
+    assert bound.reservation.binding == pb.BINDING_PHASE_BOUND
+    assert [(c.type, c.status) for c in bound.reservation.conditions] == [(ATTACHED, True)]
+    next_kind(changes, pb.RESERVATION_CHANGE_KIND_CONDITIONS)
+
+    committed = commit(fabric, reservation)
+    assert committed.reservation.state == pb.RESERVATION_STATE_COMMITTED
+    assert committed.reservation.binding == pb.BINDING_PHASE_BOUND
+    late = report(fabric, reservation, FAILED)  # once committed, it was bound: kept
+    assert not late.released
+
+
+def test_a_failure_condition_releases_it_and_the_holder_is_told(fabric: ServedAllocator) -> None:
+    reservation, pool = reserve_placement(fabric)
+    changes = watch(fabric)
+
+    failed = report(fabric, reservation, FAILED)
+
+    assert failed.released
+    with pytest.raises(grpc.RpcError) as gone:  # the placement's pool reservation went with it
+        fabric.stub.GetReservation(pb.GetReservationRequest(reservation_id=pool.id), timeout=10)
+    assert gone.value.code() == grpc.StatusCode.NOT_FOUND
+    assert failed.released_reason.startswith("binding failed: device gpu.nvidia.com/fabric/")
+    change = next_kind(changes, pb.RESERVATION_CHANGE_KIND_BINDING_FAILED)
+    assert change.reservation_id == reservation.id
+    assert "reported dra.example.com/attach-failed" in change.preempted_by
+    for call in (commit, renew):
+        told = refusal(call, fabric, reservation)
+        assert isinstance(told, Preempted)
+        assert "was released: binding failed" in str(told)
+    again = reserve(fabric)  # its GPU is free again
+    assert again.devices
+
+
+def renew(allocator: ServedAllocator, reservation: pb.Reservation) -> pb.RenewResponse:
+    return allocator.stub.Renew(
+        pb.RenewRequest(reservation_id=reservation.id), metadata=HOLDER, timeout=10
+    )
+
+
+def test_the_binding_timeout_releases_it(fabric: ServedAllocator) -> None:
+    reservation = reserve(fabric)
+    changes = watch(fabric)
+
+    change = next_kind(changes, pb.RESERVATION_CHANGE_KIND_BINDING_FAILED, within=TIMEOUT + 10)
+
+    assert change.reservation_id == reservation.id
+    assert "binding timed out waiting for gpu.nvidia.com/fabric/" in change.preempted_by
+    told = refusal(commit, fabric, reservation)
+    assert isinstance(told, Preempted)
+    assert "binding timed out" in str(told)
+
+
+def test_released_meanwhile_the_report_finds_nothing(fabric: ServedAllocator) -> None:
+    reservation = reserve(fabric)
+    fabric.stub.Release(
+        pb.ReleaseRequest(reservation_id=reservation.id), metadata=HOLDER, timeout=10
+    )
+
+    with pytest.raises(grpc.RpcError) as caught:
+        report(fabric, reservation, ATTACHED)
+
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_report_for_a_device_it_does_not_hold_is_invalid(fabric: ServedAllocator) -> None:
+    reservation = reserve(fabric)
+    other = dra_pb2.DeviceID(driver="gpu.nvidia.com", pool="fabric", device="gpu-9")
+
+    with pytest.raises(grpc.RpcError) as caught:
+        fabric.stub.ReportDeviceConditions(
+            pb.ReportDeviceConditionsRequest(
+                reservation_id=reservation.id,
+                conditions=[pb.DeviceCondition(device=other, type=ATTACHED, status=True)],
+            ),
+            timeout=10,
+        )
+
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "conditions[0].device" in caught.value.details()
