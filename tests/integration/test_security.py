@@ -59,6 +59,7 @@ class Held:
 
     id: str
     token: int
+    device: dra_pb2.DeviceID | None = None  # one it holds (ReportDeviceConditions)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +77,7 @@ def held(fleet: SecuredFleet) -> Held:
     assert answer.outcome == pb.OUTCOME_ALLOCATED
     reservation = answer.reservations[0]
     assert reservation.owner == "team-a/job/1" and reservation.tenant == "team-a"
-    return Held(reservation.id, reservation.fencing_token)
+    return Held(reservation.id, reservation.fencing_token, reservation.devices[0])
 
 
 Call = Callable[[grpc.Channel, Held], Any]
@@ -168,6 +169,13 @@ CALLS: dict[str, Call] = {
         iter(_inv(c).WatchInventory(ipb.WatchInventoryRequest(), timeout=10))
     ),
     "report-own-node": lambda c, h: _inv(c).ReportNode(_report("agent-node-1"), timeout=10),
+    "report-conditions-a": lambda c, h: _alloc(c).ReportDeviceConditions(
+        pb.ReportDeviceConditionsRequest(
+            reservation_id=h.id,
+            conditions=[pb.DeviceCondition(device=h.device, type="example.com/ready", status=True)],
+        ),
+        timeout=10,
+    ),
     "report-other-node": lambda c, h: _inv(c).ReportNode(_report("l40s-node-1"), timeout=10),
     "report-new-node": lambda c, h: _inv(c).ReportNode(_report("agent-node-2"), timeout=10),
 }
@@ -190,6 +198,7 @@ TABLE: dict[str, dict[str, str]] = {
         "apply-dry-run": DENIED,
         "delete-missing": DENIED,
         "report-own-node": DENIED,
+        "report-conditions-a": DENIED,
         "report-new-node": DENIED,
         "watch-inventory": OK,
     },
@@ -240,6 +249,7 @@ TABLE: dict[str, dict[str, str]] = {
         "delete-missing": DENIED,
         "report-own-node": OK,
         "report-other-node": DENIED,
+        "report-conditions-a": DENIED,  # l40s-node-1's
         "report-new-node": DENIED,
         "watch-inventory": DENIED,
     },
@@ -253,6 +263,7 @@ TABLE: dict[str, dict[str, str]] = {
         "apply-dry-run": OK,
         "delete-missing": OK,
         "report-new-node": OK,
+        "report-conditions-a": OK,
         "watch-inventory": OK,
     },
     "admin": {
@@ -267,6 +278,7 @@ TABLE: dict[str, dict[str, str]] = {
         "apply-dry-run": OK,
         "delete-missing": OK,
         "report-new-node": OK,
+        "report-conditions-a": OK,
         "watch-inventory": OK,
     },
     "monitor": {
@@ -286,6 +298,7 @@ TABLE: dict[str, dict[str, str]] = {
         "get-inventory": DENIED,
         "apply-dry-run": DENIED,
         "report-own-node": DENIED,
+        "report-conditions-a": DENIED,
         "watch-inventory": DENIED,
     },
 }
