@@ -52,10 +52,11 @@ from services.client.results import (
     TenantQuota,
 )
 from services.client.topology import to_pb_topology_constraints
-from services.common.dra.model import DeviceClass, NodeSelector, ResourceClaim
+from services.common.dra.model import DeviceClass, DeviceID, NodeSelector, ResourceClaim
 from services.common.grpc_errors import error_from_rpc
 from services.common.pb.dra_mapping import (
     to_pb_device_class,
+    to_pb_device_id,
     to_pb_node_selector,
     to_pb_resource_claim,
 )
@@ -301,6 +302,28 @@ class AllocatorClient:
             request.lease_ttl.CopyFrom(duration_to_pb(lease_ttl_seconds))
         response = self._caller.call(self._stub.Renew, request, read=False, owner=who)
         return reservation_from_pb(response.reservation)
+
+    def report_device_conditions(
+        self,
+        reservation: ReservationRef,
+        conditions: Sequence[tuple[DeviceID, str, bool]],
+        *,
+        fencing_token: int = 0,
+    ) -> tuple[Reservation, str]:
+        """As a device's driver or agent: report (device, condition type, status) for a
+        reservation's devices. Returns it as the report left it, and why the report released
+        it ("" when it did not: docs/reservations.md, "Binding")."""
+        request = pb.ReportDeviceConditionsRequest(
+            reservation_id=_id(reservation),
+            fencing_token=fencing_token,
+            conditions=[
+                pb.DeviceCondition(device=to_pb_device_id(d), type=kind, status=status)
+                for d, kind, status in conditions
+            ],
+        )
+        response = self._caller.call(self._stub.ReportDeviceConditions, request, read=False)
+        released = response.released_reason if response.released else ""
+        return reservation_from_pb(response.reservation), released
 
     def get(self, reservation_id: str) -> Reservation:
         request = pb.GetReservationRequest(reservation_id=reservation_id)

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Protocol
 
 from services.client.errors import Unplaceable
 from services.client.results import Placement, Reservation
-from services.common.errors import GpuallocError
+from services.common.errors import GpuallocError, NotBound
 
 __all__ = ["Lease", "LeaseCalls"]
 
@@ -121,6 +122,42 @@ class Lease:
         )
         self.committed = True
         return self.reservations
+
+    def wait_bound(
+        self,
+        timeout_seconds: float,
+        *,
+        poll_seconds: float = 0.5,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> tuple[Reservation, ...]:
+        """Wait until no reservation is binding (DRA binding conditions: docs/reservations.md,
+        "Binding"): each binding one is renewed every `poll_seconds`, which also reads how it
+        stands. A binding that fails raises Preempted (the allocator released it, saying why);
+        one not bound within `timeout_seconds` raises NotBound. Call it before starting
+        anything on the devices."""
+        deadline = clock() + timeout_seconds
+        while True:
+            waiting = [r for r in self.reservations if r.binding == "binding"]
+            if not waiting:
+                return self.reservations
+            if clock() >= deadline:
+                raise NotBound(
+                    waiting[0].id,
+                    f"reservation {waiting[0].id} not bound within {timeout_seconds:g}s",
+                )
+            sleep(poll_seconds)
+            self.reservations = tuple(
+                self._client.renew(
+                    r,
+                    owner=self.owner,
+                    lease_ttl_seconds=self.lease_ttl_seconds,
+                    fencing_token=r.fencing_token,
+                )
+                if r.binding == "binding"
+                else r
+                for r in self.reservations
+            )
 
     def keep(self) -> tuple[Reservation, ...]:
         """Stop renewing and leave the devices reserved: their lease runs on (to

@@ -53,6 +53,7 @@ _STATES = {
     pb.RESERVATION_STATE_RESERVED: ReservationState.RESERVED,
     pb.RESERVATION_STATE_COMMITTED: ReservationState.COMMITTED,
 }
+_BINDING = {pb.BINDING_PHASE_BINDING: "binding", pb.BINDING_PHASE_BOUND: "bound"}
 
 
 def duration_to_pb(seconds: float) -> duration_pb2.Duration:
@@ -128,6 +129,7 @@ def reservation_from_pb(message: pb.Reservation) -> Reservation:
         created_at=_time(message.created_at, message.HasField("created_at")),
         committed_at=_time(message.committed_at, message.HasField("committed_at")),
         tenant=message.tenant,
+        binding=_BINDING.get(message.binding, ""),
     )
 
 

@@ -73,6 +73,9 @@ class Reservation:
     created_at: datetime | None = None
     committed_at: datetime | None = None
     tenant: str = ""  # of another tenant, only this, node, devices, state and expiry are shown
+    # DRA binding conditions (docs/reservations.md, "Binding"): "" (none to wait for),
+    # "binding" (not usable yet: Commit answers NotBound) or "bound"
+    binding: str = ""
 
 
 @dataclass(frozen=True)

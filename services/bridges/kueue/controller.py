@@ -210,6 +210,13 @@ class AdmissionController:
         )
         ids = ", ".join(r.id for r in placed)
         message = f"gpualloc reserved {sum(len(r.devices) for r in placed)} devices: {summary}"
+        waiting = self._binding(owner, placed)
+        if waiting is None:
+            message = "gpualloc: a device's binding failed; placing again"
+            return self._set(workload, check, CheckState.RETRY, message)
+        if waiting:  # Ready only once bound: Kueue then admits, and the pods start
+            message += f"; waiting for the binding of {', '.join(waiting)}"
+            return self._set(workload, check, CheckState.PENDING, message, tuple(updates))
         return self._set(
             workload,
             check,
@@ -217,6 +224,28 @@ class AdmissionController:
             message + (f" ({ids})" if ids else ""),
             tuple(updates),
         )
+
+    def _binding(self, owner: str, placed: Sequence[Reservation]) -> list[str] | None:
+        """The ids of the placed reservations still binding (DRA binding conditions), read
+        fresh by renewing them; None when one's binding failed (all are released then)."""
+        client = self.placer.client
+        waiting = []
+        try:
+            for reservation in placed:
+                if reservation.binding != "binding":
+                    continue
+                fresh = client.renew(
+                    reservation,
+                    owner=owner,
+                    lease_ttl_seconds=self.lease_ttl_seconds,
+                    fencing_token=reservation.fencing_token,
+                )
+                if fresh.binding == "binding":
+                    waiting.append(fresh.id)
+        except (NotFound, Preempted):
+            self._release(owner, placed)
+            return None
+        return waiting
 
     def _not_now(
         self, workload: Workload, check: AdmissionCheckState, unit: PodSetClaims, reason: str

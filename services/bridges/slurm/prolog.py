@@ -68,6 +68,7 @@ __all__ = [
 
 PROLOG_LEASE_SECONDS = 120.0
 JOB_LEASE_SECONDS = 600.0
+BINDING_WAIT_SECONDS = 600.0  # as the allocator's default GPUALLOC_BINDING_TIMEOUT
 CLUSTER_LABEL = "slurm.cluster"
 ENDED_STATES = frozenset(
     {
@@ -284,11 +285,14 @@ def run_prolog(
     job: SlurmJob,
     *,
     lease_seconds: float = JOB_LEASE_SECONDS,
+    binding_wait_seconds: float = BINDING_WAIT_SECONDS,
 ) -> list[JobGpus]:
     """Reserve the job's GPUs on each of its nodes (all or none) with a lease of
     `lease_seconds` (0: commit them); [] when the job asks for no GPU. Raises Unplaceable with
     the allocator's reason when a node has no room (or, with Slurm's ids, when another owner
-    holds one of the GPUs Slurm picked)."""
+    holds one of the GPUs Slurm picked). Devices with binding conditions are waited for, up to
+    `binding_wait_seconds`, before the job may start: a binding that fails raises Preempted,
+    one that does not come raises NotBound (the prolog fails, nothing stays held)."""
     if not job.asks_for_gpus:
         return []
     ttl = lease_seconds or PROLOG_LEASE_SECONDS
@@ -318,6 +322,8 @@ def run_prolog(
                 picked = f" (Slurm's GPU ids {','.join(map(str, ids))})" if ids else ""
                 raise Unplaceable(error.placement, f"job {job.job_id} on {node}{picked}") from None
             leases.append((node, lease))
+        for _, lease in leases:  # the job starts on bound devices only (DRA binding conditions)
+            lease.wait_bound(binding_wait_seconds)
         for _, lease in leases:
             if lease_seconds:
                 lease.keep()
