@@ -35,6 +35,10 @@ from services.allocator.reservations.model import ReservationEventOp as Op
                      id="expire-is-expired"),
         pytest.param(ReservationEvent(Op.RELEASE, "r", "n", 1, "a/x", "b/y"),
                      ChangeKind.PREEMPTED, id="a-release-that-names-a-preemptor-is-preempted"),
+        pytest.param(ReservationEvent(Op.CONDITIONS, "r", "n", 1, "a/x"), ChangeKind.CONDITIONS,
+                     id="a-condition-report-is-conditions"),
+        pytest.param(ReservationEvent(Op.RELEASE, "r", "n", 1, "a/x", "binding: binding failed"),
+                     ChangeKind.BINDING_FAILED, id="a-release-by-its-binding-is-binding-failed"),
     ],
 )  # fmt: skip
 def test_a_store_event_is_a_change(event: ReservationEvent, kind: ChangeKind) -> None:

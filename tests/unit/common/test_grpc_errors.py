@@ -25,9 +25,11 @@ from services.common.errors import (
     FieldViolation,
     GpuallocError,
     InvalidArgument,
+    NotBound,
     NotFound,
     ParseError,
     PermissionDenied,
+    Preempted,
     ResourceExhausted,
     Unauthenticated,
     Unavailable,
@@ -121,6 +123,18 @@ CASES: dict[str, Case] = {
         FailedPrecondition("pool node-a is incomplete"),
         grpc.StatusCode.FAILED_PRECONDITION,
         "pool node-a is incomplete",
+    ),
+    "not-bound": Case(
+        NotBound("res-1@node-a", "reservation res-1@node-a is binding: waiting for X"),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "reservation res-1@node-a is binding: waiting for X",
+    ),
+    "preempted-by-a-failed-binding": Case(
+        Preempted(
+            "res-1@node-a", "binding: binding failed", "reservation res-1@node-a was released"
+        ),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "reservation res-1@node-a was released",
     ),
     "resource-exhausted": Case(
         ResourceExhausted("search budget of 100000 steps used up"),
@@ -295,6 +309,9 @@ def test_error_from_rpc_rebuilds_the_typed_error(
     if isinstance(sent, Conflict):
         assert isinstance(rebuilt, Conflict)
         assert rebuilt.conflicts == sent.conflicts[:MAX_CONFLICT_DETAILS]
+    if isinstance(sent, NotBound | Preempted):  # ErrorInfo RESERVATION_BINDING / _PREEMPTED
+        assert isinstance(rebuilt, NotBound | Preempted)
+        assert rebuilt.reservation_id == sent.reservation_id
 
 
 def test_error_from_rpc_keeps_untyped_codes_as_remote_error(
