@@ -655,13 +655,13 @@ def test_reported_conditions_merge_newest_per_device_and_type_and_outlive_commit
     assert store.renew(store.reserve(reserve_request(GPU2)).id, "alice", 30).conditions == ()
 
 
+CONDITION = DeviceCondition(GPU0, "dra.example.com/attached", True)
 REPORT_REFUSALS = [
     pytest.param(lambda s, r: s.report_conditions(r.id, r.fencing_token + 1, [CONDITION]),
                  FailedPrecondition, id="stale-token"),
     pytest.param(lambda s, r: s.report_conditions("res-0@node-1", 0, [CONDITION]), NotFound,
                  id="unknown-id"),
 ]  # fmt: skip
-CONDITION = DeviceCondition(GPU0, "dra.example.com/attached", True)
 
 
 @pytest.mark.parametrize(("call", "error"), REPORT_REFUSALS)

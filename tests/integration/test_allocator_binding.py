@@ -251,4 +251,4 @@ def test_a_report_for_a_device_it_does_not_hold_is_invalid(fabric: ServedAllocat
         )
 
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "conditions[0].device" in caught.value.details()
+    assert "conditions[0].device" in (caught.value.details() or "")
