@@ -467,6 +467,7 @@ class AllocatorService:
                     f"{path}.type", f"{condition.type!r}: {'; '.join(problems)}"
                 )
         reported = self.store.report_conditions(reservation_id, fencing_token, conditions)
+        self.holdings.committed(reported)  # same holds, new conditions: this copy shows them
         return reported, self._settle(reported)
 
     def sweep_bindings(self) -> None:
