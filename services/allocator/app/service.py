@@ -453,7 +453,7 @@ class AllocatorService:
         if not conditions:
             raise InvalidArgument.at("conditions", "must not be empty")
         current = self.store.get(reservation_id)
-        held = {key for a in current.allocations for key in _result_devices(a)}
+        held = {device_key(r.device_id) for a in current.allocations for r in a.results}
         for index, condition in enumerate(conditions):
             path = f"conditions[{index}]"
             if condition.device not in held:
@@ -1225,10 +1225,6 @@ def _check_replay(query: Query, known: Sequence[Reservation], lease: LeaseOption
             f"idempotency key {key!r} holds {len(members)} node reservation(s), not a gang of "
             f"{query.gang.node_count}: release them or allocate with a new key"
         )
-
-
-def _result_devices(allocation: AllocationResult) -> list[str]:
-    return [f"{r.driver}/{r.pool}/{r.device}" for r in allocation.results]
 
 
 def _waits_for_binding(reservation: Reservation) -> bool:

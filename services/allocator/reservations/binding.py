@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from services.allocator.reservations.holds import device_key
 from services.allocator.reservations.model import DeviceCondition, Reservation
 
 __all__ = [
@@ -67,10 +68,6 @@ class Binding:
         return self.binding and self.deadline is not None and now >= self.deadline
 
 
-def _device_key(driver: str, pool: str, device: str) -> str:
-    return f"{driver}/{pool}/{device}"
-
-
 def binding_of(reservation: Reservation, timeout_seconds: float) -> Binding:
     """The binding state of `reservation` from its allocations and reported conditions."""
     if is_pool_hold(reservation):
@@ -84,7 +81,7 @@ def binding_of(reservation: Reservation, timeout_seconds: float) -> Binding:
             if not result.binding_conditions:
                 continue
             required = True
-            device = _device_key(result.driver, result.pool, result.device)
+            device = device_key(result.device_id)
             for condition in result.binding_failure_conditions:
                 if failed is None and reported.get((device, condition)) is True:
                     failed = (device, condition)
@@ -104,7 +101,7 @@ def is_pool_hold(reservation: Reservation) -> bool:
 def binding_devices(reservation: Reservation) -> frozenset[str]:
     """The devices of `reservation` that have binding conditions (`driver/pool/device`)."""
     return frozenset(
-        _device_key(r.driver, r.pool, r.device)
+        device_key(r.device_id)
         for a in reservation.allocations
         for r in a.results
         if r.binding_conditions or r.binding_failure_conditions
