@@ -21,12 +21,14 @@ from services.client.results import (
     Holder,
     Placement,
     Reservation,
+    ReservationChange,
 )
 from services.common.dra.serialize import allocation_result_to_dict
 
 __all__ = [
     "API_VERSION",
     "capacity_to_dict",
+    "change_to_dict",
     "device_to_dict",
     "expiry",
     "fleet_node_to_dict",
@@ -39,16 +41,20 @@ __all__ = [
 API_VERSION = "gpualloc.io/v1alpha1"
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
-    """Columns as kubectl prints them (no trailing spaces); `<none>` for empty cells."""
-    cells = [list(headers), *([str(c) if str(c) else "<none>" for c in row] for row in rows)]
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]], empty: str = "<none>") -> str:
+    """Columns as kubectl prints them (no trailing spaces); `empty` for empty cells."""
+    cells = [list(headers), *([str(c) if str(c) else empty for c in row] for row in rows)]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     lines = ["   ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
     return "".join(line.rstrip() + "\n" for line in lines)
 
 
-def write_structured(data: Any, output: str, out: TextIO) -> None:
-    if output == "json":
+def write_structured(data: Any, output: str, out: TextIO, *, compact: bool = False) -> None:
+    """`data` as JSON (indented, or one line with `compact`: a stream of objects, one a line)
+    or as a YAML document."""
+    if output == "json" and compact:
+        out.write(json.dumps(data, separators=(",", ":")) + "\n")
+    elif output == "json":
         json.dump(data, out, indent=2)
         out.write("\n")
     else:
@@ -194,6 +200,21 @@ def placement_to_dict(placement: Placement) -> dict[str, Any]:
                 ],
             ),
             inventoryGeneration=placement.inventory_generation,
+        ),
+    }
+
+
+def change_to_dict(change: ReservationChange) -> dict[str, Any]:
+    """A WatchReservations change as a watch event: `type` (RESERVED, ..., PREEMPTED) and the
+    reservation's fields in Kubernetes spelling."""
+    return {
+        "type": change.kind.upper(),
+        **_compact(
+            reservationId=change.reservation_id,
+            owner=change.owner,
+            nodeName=change.node_name,
+            fencingToken=change.fencing_token,
+            preemptedBy=change.preempted_by,
         ),
     }
 
