@@ -90,6 +90,29 @@ def test_a_release_over_grpc_frees_the_slot_again(page, demo):
     )
 
 
+def test_reserved_and_committed_holders_look_different(page, demo):
+    """A reserved device is striped (its lease runs), a committed one solid (issue 28: the
+    two looked the same); the legend says which is which."""
+    response = demo.reserve("one-h100", "commit-test", idempotency_key="b-3")
+    (reservation,) = response.reservations
+    selector = '.slot[data-holder="commit-test"]'
+    slot = WebDriverWait(page, 2.0, poll_frequency=0.02).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, selector)
+    )[0]
+    assert "repeating-linear-gradient" in slot.value_of_css_property("background-image")
+    owner = (("x-gpualloc-owner", "commit-test"),)
+    demo.stub.Commit(pb.CommitRequest(reservation_id=reservation.id), metadata=owner)
+    try:
+        committed = WebDriverWait(page, 2.0, poll_frequency=0.02).until(
+            lambda d: d.find_elements(By.CSS_SELECTOR, f'{selector}[data-state="committed"]')
+        )[0]
+        assert committed.value_of_css_property("background-image") == "none"
+        legend = page.find_element(By.CSS_SELECTOR, ".legend").text
+        assert "reserved (lease running)" in legend and "committed" in legend
+    finally:
+        demo.stub.Release(pb.ReleaseRequest(reservation_id=reservation.id), metadata=owner)
+
+
 EXPLAINS = {
     "a-claim-that-does-not-fit": ("sixteen-h100-one-node.yaml", "UNSATISFIABLE", "8 of 16 devices"),
     "a-claim-that-fits": ("mig-small-else-medium.yaml", "ALLOCATED", "a100-node-1"),

@@ -115,7 +115,11 @@ def holder_colours(holders: Iterable[str]) -> dict[str, str]:
 
 
 def _legend(fleet: Fleet, colours: Mapping[str, str]) -> str:
-    items = ['<li><span class="swatch free"></span>free</li>']
+    items = [
+        '<li><span class="swatch free"></span>free</li>',
+        '<li><span class="swatch h0 reserved"></span>reserved (lease running)</li>',
+        '<li><span class="swatch h0 committed"></span>committed</li>',
+    ]
     for owner, count in fleet.holders().items():
         items.append(
             f'<li data-holder="{escape(owner)}"><span class="swatch {colours[owner]}"></span>'
@@ -159,10 +163,11 @@ def _placement(placement: FleetPlacement, columns: int, colours: Mapping[str, st
     lines = [placement.device + (f" ({placement.profile})" if placement.profile else "")]
     lines.extend(_holder_line(h) for h in placement.holders)
     label = placement.profile if width > 1 else ""  # the title names it anyway
+    state = first.state.lower()  # reserved (striped: a lease runs), committed (solid), pending
     return (
-        f'<div class="slot c{start} w{width} {colours.get(first.owner, "h0")}" '
+        f'<div class="slot c{start} w{width} {colours.get(first.owner, "h0")} {state}" '
         f'data-device="{escape(placement.device)}" data-holder="{escape(first.owner)}" '
-        f'title="{escape(chr(10).join(lines))}">{escape(label)}</div>'
+        f'data-state="{state}" title="{escape(chr(10).join(lines))}">{escape(label)}</div>'
     )
 
 
