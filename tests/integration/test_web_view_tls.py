@@ -33,10 +33,21 @@ from services.common.config import ServerSettings
 from services.common.dra.limits import DocumentLimits
 from services.common.errors import FailedPrecondition
 from tests.e2e.allocator_harness import ROOT
-from tests.security_fixtures import AGENT_SUBJECT, SecuredFleet, secured_fleet
+from tests.security_fixtures import AGENT_SUBJECT, SecuredFleet, policy_with, secured_fleet
 from tests.web_browser import chromium_driver, paste_and_explain
 
 CLAIM = (ROOT / "examples" / "claims" / "one-h100.yaml").read_text()
+QUOTAS = """\
+  quota:
+    resources: [{name: gpus, deviceClassNames: [gpu.nvidia.com]}]
+  tenants:
+  - {name: team-a, cohort: shared, quotas: [{resource: gpus, nominal: 4}]}
+  - name: team-b
+  - {name: team-c, cohort: shared, quotas: [{resource: gpus, nominal: 8}]}
+  - name: tools
+    allowAdminAccess: true
+  - name: hpc
+"""
 
 
 @dataclass(frozen=True)
@@ -68,7 +79,7 @@ class SecuredWeb:
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredWeb]:
     directory = tmp_path_factory.mktemp("secured-web")
-    with secured_fleet(directory) as fleet:
+    with secured_fleet(directory, policy=policy_with(QUOTAS)) as fleet:
         server = ServerSettings(
             tls_cert_file=str(directory / "server" / "tls.crt"),
             tls_key_file=str(directory / "server" / "tls.key"),
@@ -116,6 +127,35 @@ def test_the_web_view_takes_the_grpc_ports_identities(
     assert text in answer, answer
 
 
+# case -> (certificate, token, the tenants whose quota rows the panel shows)
+QUOTA_VIEWERS = {
+    "a-tenants-certificate-sees-its-own-quota": ("scheduler-a", "", {"team-a"}),
+    "a-tenants-token-sees-its-own-quota": (None, "scheduler", {"team-c"}),
+    "an-admin-sees-every-tenants-quota": ("admin", "", {"team-a", "team-c"}),
+    "a-reader-of-no-tenant-sees-none": ("reader", "", set()),
+}
+
+
+@pytest.mark.parametrize(
+    ("who", "token", "tenants"),
+    [pytest.param(*case, id=name) for name, case in QUOTA_VIEWERS.items()],
+)
+def test_the_quotas_panel_shows_what_quota_status_would(
+    secured: SecuredWeb, who: str | None, token: str, tenants: set[str]
+) -> None:
+    """The panel follows QuotaStatus's rule for the request's own identity."""
+    bearer = secured.fleet.token() if token else ""
+    for path in ("/", "/fleet"):
+        status, body = secured.request(path, who=who, token=bearer)
+        assert status == 200 and '<div class="quotas"><h2>Quotas</h2>' in body
+        shown = {t for t in ("team-a", "team-b", "team-c") if f'<tr data-tenant="{t}">' in body}
+        assert shown == tenants, body
+        if not tenants:
+            assert "shown to the identities of their own tenant" in body
+    if tenants == {"team-a"}:
+        assert "<td>team-a</td><td>gpus</td><td>shared</td><td>4</td><td>0</td>" in body
+
+
 def test_plain_http_to_the_https_port_gets_no_page(secured: SecuredWeb) -> None:
     connection = http.client.HTTPConnection("127.0.0.1", secured.web.port, timeout=10)
     try:
@@ -155,6 +195,8 @@ def test_a_browser_sees_the_fleet_over_tls_with_a_token(
         driver.get(secured.web.url)
         WebDriverWait(driver, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".gpu"))
         assert driver.current_url.startswith("https://")
+        quotas = driver.find_elements(By.CSS_SELECTOR, ".quotas tr[data-tenant]")
+        assert [q.get_attribute("data-tenant") for q in quotas] == ["team-c"]  # the token's
         assert "ALLOCATED" in paste_and_explain(driver, CLAIM)
     finally:
         driver.quit()

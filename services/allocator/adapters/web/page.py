@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from html import escape
 
 from services.allocator.app.fleet_view import (
@@ -23,8 +23,16 @@ from services.allocator.app.fleet_view import (
     FleetPlacement,
 )
 from services.allocator.app.messages import Answer, Holder, Outcome, claim_ref
+from services.common.security.quota import TenantStatus, quantity_text
 
-__all__ = ["answer_fragment", "error_fragment", "fleet_fragment", "holder_colours", "page"]
+__all__ = [
+    "answer_fragment",
+    "error_fragment",
+    "fleet_fragment",
+    "holder_colours",
+    "page",
+    "quotas_fragment",
+]
 
 HOLDER_COLOURS = 12  # classes h0 .. h11 in web.css
 MAX_COLUMNS = 16  # classes c0 .. c15, w1 .. w16 and cols1 .. cols16 in web.css
@@ -45,8 +53,10 @@ spec:
 """
 
 
-def page(fleet: Fleet, *, tenants_only: bool, explain: str = "", claim: str = "") -> str:
-    """The whole page: the fleet (refreshed by web.js) and the Explain box."""
+def page(
+    fleet: Fleet, *, tenants_only: bool, explain: str = "", claim: str = "", quotas: str = ""
+) -> str:
+    """The whole page: the fleet and the quotas (refreshed by web.js), the Explain box."""
     scope = (
         "An access policy is on: reservations show their tenant only."
         if tenants_only
@@ -67,7 +77,7 @@ def page(fleet: Fleet, *, tenants_only: bool, explain: str = "", claim: str = ""
 <p class="scope">Read-only. {escape(scope)} <span id="status" class="status">live</span></p>
 </header>
 <main>
-<section id="fleet" aria-live="polite">{fleet_fragment(fleet)}</section>
+<section id="fleet" aria-live="polite">{fleet_fragment(fleet)}{quotas}</section>
 <section class="explain">
 <h2>Explain a claim</h2>
 <form id="explain-form" method="post" action="/explain">
@@ -96,6 +106,36 @@ def fleet_fragment(fleet: Fleet) -> str:
         f"inventory generation {fleet.generation}</div>"
         f'{_legend(fleet, colours)}<div class="nodes">{nodes}</div>'
     )
+
+
+def quotas_fragment(rows: Sequence[TenantStatus], enabled: bool) -> str:
+    """The quotas panel: per tenant and quota resource what `gpualloc get quotas` prints; the
+    rows are those the viewer may see (app: QuotaStatus's rule). Nothing without quotas."""
+    if not enabled:
+        return ""
+    if not rows:
+        body = (
+            '<p class="meta">Quotas are shown to the identities of their own tenant and to '
+            "those that see every tenant (<code>gpualloc get quotas</code>).</p>"
+        )
+    else:
+        cells = "".join(
+            f'<tr data-tenant="{escape(r.tenant)}"><td>{escape(r.tenant)}</td>'
+            f"<td>{escape(r.resource)}</td><td>{escape(r.cohort or '-')}</td>"
+            + "".join(
+                f"<td>{quantity_text(v, r.binary)}</td>"
+                for v in (r.nominal, r.used, r.borrowed, r.lent, r.left)
+            )
+            + f"<td>{r.pending_preemptions}</td></tr>"
+            for r in rows
+        )
+        head = "".join(
+            f"<th>{h}</th>"
+            for h in ("tenant", "resource", "cohort", "nominal", "used", "borrowed", "lent")
+            + ("left", "pending")
+        )
+        body = f'<table class="quota"><tr>{head}</tr>{cells}</table>'
+    return f'<div class="quotas"><h2>Quotas</h2>{body}</div>'
 
 
 def holder_colours(holders: Iterable[str]) -> dict[str, str]:

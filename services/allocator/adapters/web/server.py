@@ -51,6 +51,7 @@ from services.allocator.adapters.web.page import (
     error_fragment,
     fleet_fragment,
     page,
+    quotas_fragment,
 )
 from services.allocator.app.cluster_view import ViewSnapshot
 from services.allocator.app.fleet_view import Fleet, fleet_of
@@ -91,6 +92,7 @@ WEB_VIEWER = Principal(Identity(IdentityKind.ANONYMOUS, "web-viewer"))
 """Who the page is shown to under an access policy: a caller of no tenant (sees tenants only)."""
 
 _PASTED = "<pasted claim>"
+_MAX_QUOTA_SCOPES = 64  # quota panels kept (one per tenant looking, and one of every tenant)
 _LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 _STATIC = {
     "/web.css": ("web.css", "text/css; charset=utf-8"),
@@ -192,7 +194,8 @@ class WebView:
         self._loopback = is_loopback_address(settings.listen_address)
         self._server = _bind(settings, reuse_port, self)
         self._thread: threading.Thread | None = None
-        self._drawn: tuple[object, bytes, str] | None = None  # the last fleet_fragment
+        self._drawn: tuple[object, bytes] | None = None  # the last fleet_fragment
+        self._quotas: dict[str, tuple[object, str]] = {}  # scope -> (change key, panel)
 
     @property
     def port(self) -> int:
@@ -230,20 +233,40 @@ class WebView:
         reservations = {r.id: r for r in holdings.reservations()}
         return fleet_of(view, state, reservations, self.viewer)
 
-    def fleet_fragment(self) -> tuple[bytes, str]:
-        """The fleet's HTML and its ETag, drawn again only when the view, the holdings or a
-        reservation's state or lease changed (every viewer polls it several times a second)."""
+    def fleet_fragment(self, viewer: Principal | None = None) -> tuple[bytes, str]:
+        """The fleet's and the quotas' HTML (those `viewer`, default the page's viewer, may
+        see) and its ETag, drawn again only when the view, the holdings or a reservation's
+        state or lease changed (every viewer polls it several times a second)."""
         view = self._service.view.require(0)
+        key = self._change_key(view)
+        cached = self._drawn
+        if cached is None or cached[0] != key:
+            cached = (key, fleet_fragment(self.fleet(view)).encode())
+            self._drawn = cached
+        body = cached[1] + self.quotas_fragment(viewer or self.viewer, key).encode()
+        etag = '"' + hashlib.sha256(body).hexdigest()[:20] + '"'
+        return body, etag
+
+    def quotas_fragment(self, viewer: Principal, key: object | None = None) -> str:
+        """The quotas panel as `viewer` may see it: every tenant's rows for one who sees every
+        tenant, its own tenant's, else none (QuotaStatus's rule); kept per change key."""
+        key = key if key is not None else self._change_key(self._service.view.require(0))
+        scope = "*" if viewer.sees_all_tenants else (viewer.tenant or "")
+        cached = self._quotas.get(scope)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        rows, enabled = self._service.quota_status([] if scope == "*" else [scope])
+        shown = rows if scope else []
+        text = quotas_fragment(shown, enabled)
+        if len(self._quotas) >= _MAX_QUOTA_SCOPES:
+            self._quotas.clear()
+        self._quotas[scope] = (key, text)
+        return text
+
+    def _change_key(self, view: ViewSnapshot) -> object:
         holdings = self._service.holdings
         leases = tuple(sorted((r.id, r.state, r.expires_at) for r in holdings.reservations()))
-        key = (view, holdings.version, leases)  # a ViewSnapshot compares by identity
-        cached = self._drawn
-        if cached is not None and cached[0] == key:
-            return cached[1], cached[2]
-        body = fleet_fragment(self.fleet(view)).encode()
-        etag = '"' + hashlib.sha256(body).hexdigest()[:20] + '"'
-        self._drawn = (key, body, etag)
-        return body, etag
+        return (view, holdings.version, leases)  # a ViewSnapshot compares by identity
 
     def explain(self, text: str) -> Answer:
         """Explain the claims of `text` (DeviceClasses in it are used for this call only), as
@@ -264,17 +287,21 @@ class WebView:
             self._explains.release()
         return visible_answer(answer, self.viewer, self._service.holdings.owner_of)
 
-    def authorize(self, authorization: str, peer: dict[str, Any] | None, explain: bool) -> None:
-        """Under the policy (`authenticated` settings): Unauthenticated or PermissionDenied
-        unless the request's token or certificate is bound to a role that may read
-        reservations (and place, for Explain); nothing to check otherwise."""
+    def authorize(
+        self, authorization: str, peer: dict[str, Any] | None, explain: bool
+    ) -> Principal:
+        """Who the request is shown to. Under the policy (`authenticated` settings): its
+        token's or certificate's principal, or Unauthenticated / PermissionDenied unless that
+        is bound to a role that may read reservations (and place, for Explain); otherwise the
+        page's viewer."""
         authenticator = self.settings.authenticator
         if not _authenticated(self.settings) or authenticator is None:
-            return
+            return self.viewer
         principal = authenticator.http_principal(authorization, _peer_identity(peer))
         authorize(principal, Access("web view", Permission.RESERVATIONS_READ))
         if explain:
             authorize(principal, Access("web view Explain", Permission.PLACEMENTS_READ))
+        return principal
 
     def host_allowed(self, host: str | None) -> bool:
         """On loopback, only loopback Host names (DNS rebinding); anything otherwise."""
@@ -385,6 +412,8 @@ class _Handler(BaseHTTPRequestHandler):
         super().setup()
         self.connection.settimeout(self.server.web.settings.socket_timeout)
 
+    viewer: Principal | None = None  # who this request is shown to (_identity_checked)
+
     def do_GET(self) -> None:
         if not self._host_checked() or not self._identity_checked(explain=False):
             return
@@ -400,10 +429,12 @@ class _Handler(BaseHTTPRequestHandler):
             body = resources.files(__package__).joinpath("web_static", name).read_bytes()
             self._send(HTTPStatus.OK, body, content_type)
         elif path == "/":
-            text = page(self._fleet(), tenants_only=web.settings.tenants_only)
+            text = page(
+                self._fleet(), tenants_only=web.settings.tenants_only, quotas=self._quotas()
+            )
             self._send(HTTPStatus.OK, text.encode(), "text/html; charset=utf-8")
         elif path == "/fleet":
-            body, etag = self.server.web.fleet_fragment()
+            body, etag = self.server.web.fleet_fragment(self.viewer)
             if self.headers.get("If-None-Match") == etag:
                 self._send(HTTPStatus.NOT_MODIFIED, b"", "", etag=etag)
             else:
@@ -436,7 +467,13 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send_error(_http_status(error), error.message)
                 return
             settings = self.server.web.settings
-            whole = page(fleet, tenants_only=settings.tenants_only, explain=fragment, claim=text)
+            whole = page(
+                fleet,
+                tenants_only=settings.tenants_only,
+                explain=fragment,
+                claim=text,
+                quotas=self._quotas(),
+            )
             self._send(status, whole.encode(), "text/html; charset=utf-8")
         else:
             self._send(status, fragment.encode(), "text/html; charset=utf-8")
@@ -465,6 +502,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _fleet(self) -> Fleet:
         return self.server.web.fleet()
 
+    def _quotas(self) -> str:
+        web = self.server.web
+        return web.quotas_fragment(self.viewer or web.viewer)
+
     def _host_checked(self) -> bool:
         if self.server.web.host_allowed(self.headers.get("Host")):
             return True
@@ -477,7 +518,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _identity_checked(self, *, explain: bool) -> bool:
         peer = self.connection.getpeercert() if isinstance(self.connection, ssl.SSLSocket) else None
         try:
-            self.server.web.authorize(self.headers.get("Authorization", ""), peer, explain)
+            self.viewer = self.server.web.authorize(
+                self.headers.get("Authorization", ""), peer, explain
+            )
         except (Unauthenticated, PermissionDenied) as error:
             self.close_connection = True
             self._send_error(_http_status(error), error.message)
