@@ -431,7 +431,7 @@ def test_a_bad_config_file_is_named(home: Path, text: str, message: str) -> None
     assert str(path) in done.stderr and message in done.stderr
 
 
-@pytest.mark.parametrize("shell", ["bash", "zsh"])
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
 def test_completion_scripts_name_the_verbs(shell: str, home: Path) -> None:
     done = gpualloc("completion", shell, home=home)
     assert done.returncode == 0
@@ -450,9 +450,14 @@ def test_completion_scripts_name_the_verbs(shell: str, home: Path) -> None:
             {"examples/claims/one-h100.yaml"},
             id="file-names",
         ),
+        pytest.param("gpualloc get nodes h100", {"h100-node-1", "h100-node-2"}, id="node-names"),
+        pytest.param("gpualloc describe node a100", {"a100-node-1"}, id="describe-node-names"),
+        pytest.param("gpualloc get devices --node l40", {"l40s-node-1"}, id="node-flag"),
     ],
 )
-def test_bash_completes(line: str, words: set[str], home: Path) -> None:
+def test_bash_completes(line: str, words: set[str], home: Path, address: str) -> None:
+    """Static words from the parser; node names from the server the shell's variables name
+    (`gpualloc get nodes -o name` on TAB)."""
     script = gpualloc("completion", "bash", home=home).stdout
     (home / "completion.bash").write_text(script)
     probe = (
@@ -461,7 +466,12 @@ def test_bash_completes(line: str, words: set[str], home: Path) -> None:
         " COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); _shtab_gpualloc;"
         " printf '%s\\n' \"${COMPREPLY[@]}\""
     )
+    env = {
+        "PATH": f"{Path(GPUALLOC).parent}:{os.environ['PATH']}",
+        "HOME": str(home),
+        "GPUALLOC_ALLOCATOR_ADDR": address,
+    }
     done = subprocess.run(
-        ["bash", "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=30
+        ["bash", "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=30, env=env
     )
     assert words <= set(done.stdout.split()), done.stdout + done.stderr
