@@ -56,6 +56,7 @@ from services.client.live_output import (
     fleet_node_to_dict,
     label_text,
     placement_to_dict,
+    reservation_ids,
     reservation_to_dict,
     table,
     write_structured,
@@ -64,13 +65,14 @@ from services.client.results import Placement, Reservation, ReservationChange, R
 from services.client.selectors import parse_selector
 from services.common.config import env_duration, read_document_limits
 from services.common.dra.model import DeviceClass, ResourceClaim
+from services.common.dra.parse import read_documents, read_stdin, read_text
 from services.common.errors import (
     GpuallocError,
     InvalidArgument,
     NotFound,
     Unavailable,
 )
-from services.common.manifests import load_manifests
+from services.common.manifests import expand_paths, load_manifests
 
 __all__ = [
     "EXIT_FAILED",
@@ -876,10 +878,29 @@ def register_capacity(subparsers: Any) -> None:
 # --- commit, renew, release ---------------------------------------------------------------
 
 
+def _reservation_ids(args: argparse.Namespace) -> list[str]:
+    """The IDs given, then those of the -f files (`get reservations -o yaml` or `allocate
+    --reserve -o yaml` read back, as `kubectl delete -f` reads `kubectl get -o yaml`)."""
+    ids = [_bare(i, "reservation") for i in args.ids]
+    limits = read_document_limits(os.environ)
+    for path in expand_paths(args.filename or []):
+        source = "<stdin>" if path == "-" else path
+        text = read_stdin(sys.stdin, limits) if path == "-" else read_text(path, limits)
+        for number, document in read_documents(text, source, limits):
+            try:
+                ids += reservation_ids(document, f"{source}: document {number}")
+            except ValueError as error:
+                raise InvalidArgument.at("-f", str(error)) from None
+    if not ids:
+        raise InvalidArgument.at("RESERVATION-ID", "give reservation ids or -f FILE")
+    return ids
+
+
 def _lifecycle(verb: str) -> Verb:
     def body(args: argparse.Namespace, session: Session, out: TextIO) -> int:
+        ids = _reservation_ids(args)
         with session.allocator() as allocator:
-            for reservation_id in (_bare(i, "reservation") for i in args.ids):
+            for reservation_id in ids:
                 done: Reservation | None
                 if verb == "commit":
                     done = allocator.commit(reservation_id, fencing_token=args.fencing_token)
@@ -911,7 +932,15 @@ def _lifecycle_line(verb: str, reservation_id: str, done: Reservation | None, ou
 
 def _register_lifecycle(subparsers: Any, verb: str, text: str) -> argparse.ArgumentParser:
     parser = _parser(subparsers, verb, text)
-    parser.add_argument("ids", nargs="+", metavar="RESERVATION-ID")
+    parser.add_argument("ids", nargs="*", metavar="RESERVATION-ID")
+    parser.add_argument(
+        "-f",
+        "--filename",
+        action="append",
+        metavar="FILE",
+        help="reservations as `get reservations -o yaml` or `allocate --reserve -o yaml` print "
+        "them (file, directory or -); repeatable",
+    )
     parser.add_argument(
         "--fencing-token", type=int, default=0, help="refuse if the reservation moved on"
     )

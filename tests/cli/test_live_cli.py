@@ -218,6 +218,10 @@ CONVENTIONS = {
     "allocate-o-name-of-what-does-not-fit": Convention(
         ("allocate", "-f", SIXTEEN, "-o", "name", "-s", "{server}"), 3, stderr="8 of 16", lines=0
     ),
+    "release-f-of-something-else-is-refused": Convention(
+        ("release", "-f", ONE_H100, "-s", "{server}"), 2, stderr="expected Reservation or Placement"
+    ),
+    "release-needs-ids-or-f": Convention(("release", "-s", "{server}"), 2, stderr="-f FILE"),
     "get-contexts-leaves-current-empty": Convention(
         ("config", "get-contexts"),
         stdout=("CURRENT   NAME", "*         demo", "\n          other"),
@@ -296,6 +300,32 @@ def test_a_reservation_from_allocate_to_release(address: str, home: Path) -> Non
     assert released.stdout == f"reservation/{reservation} released\n", released.stderr
     gone = gpualloc("describe", "reservation", reservation, "-s", address, home=home)
     assert gone.returncode == 4
+
+
+def test_what_allocate_and_get_print_reads_back_with_f(address: str, home: Path) -> None:
+    """`allocate --reserve -o yaml` and `get reservations -o json|yaml` carry apiVersion and
+    kind, and commit/release -f read the reservations back, as `kubectl delete -f` does."""
+    as_owner = ("-s", address, "--as", "team-d/files")
+    placed = gpualloc("allocate", "-f", ONE_H100, "--reserve", "-o", "yaml", *as_owner, home=home)
+    assert placed.returncode == 0, placed.stderr
+    placement = yaml.safe_load(placed.stdout)
+    assert (placement["apiVersion"], placement["kind"]) == ("gpualloc.io/v1alpha1", "Placement")
+    (reservation,) = placement["reservations"]
+    assert (reservation["apiVersion"], reservation["kind"]) == (
+        "gpualloc.io/v1alpha1",
+        "Reservation",
+    )
+    (home / "placed.yaml").write_text(placed.stdout)
+    committed = gpualloc("commit", "-f", str(home / "placed.yaml"), *as_owner, home=home)
+    assert committed.stdout == f"reservation/{reservation['id']} committed\n", committed.stderr
+    listed = gpualloc("get", "res", "--owner", "team-d/files", "-o", "json", *as_owner[:2],
+                      home=home)  # fmt: skip
+    (item,) = json.loads(listed.stdout)["items"]
+    assert (item["apiVersion"], item["kind"], item["id"]) == (
+        "gpualloc.io/v1alpha1", "Reservation", reservation["id"]
+    )  # fmt: skip
+    released = gpualloc("release", "-f", "-", *as_owner, home=home, stdin=listed.stdout)
+    assert released.stdout == f"reservation/{reservation['id']} released\n", released.stderr
 
 
 @pytest.mark.parametrize(
