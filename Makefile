@@ -31,7 +31,8 @@ run-cluster: $(STAMP) ## `make run` on a local 3+3 Redis Cluster (loopback ports
 	  trap 'deploy/local/redis-cluster.sh stop' EXIT INT TERM && \
 	  $(BIN)/gpualloc serve --demo --redis-url "$$url"
 
-test: $(STAMP) ## run the whole test suite (starts its own redis-server)
+test: $(STAMP) ## run the whole test suite (starts its own Redis, Slurm and Chromium; installs them when missing, see README)
+	.ci/test-deps
 	$(BIN)/pytest
 
 chaos: $(STAMP) ## kill a Redis Cluster primary mid-race, longer than in `make test` (figures printed)

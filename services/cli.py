@@ -7,9 +7,11 @@ only collects them, so importing the CLI does not import every service.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from services.common.console import console_main
 
@@ -37,8 +39,54 @@ SUBCOMMANDS: dict[str, str] = {
 }
 
 
+# the live verbs' "where and as whom" flags (services/client/live_cli.py), which kubectl also
+# takes before the verb (`gpualloc -s ADDR get nodes`, `gpualloc --context prod get nodes`);
+# each takes a value
+GLOBAL_FLAGS = frozenset(
+    {"-s", "--server", "--inventory", "--context", "--as"}
+    | {"--tls-ca", "--tls-cert", "--tls-key", "--tls-server-name", "--token-file"}
+)
+EXIT_USAGE = 2
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse with the command line's error policy (docs/cli.md): a usage error is one line,
+    `gpualloc VERB: invalid: message (did you mean X?); see 'gpualloc VERB --help'`, exit 2.
+    Subcommands' parsers are of this class too (argparse makes them of their parent's)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: invalid: {message}; see '{self.prog} --help'\n")
+
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        choices = action.choices
+        if choices is None or value in choices:
+            return
+        known = [str(c) for c in choices]
+        close = difflib.get_close_matches(str(value), known, n=1)
+        hint = f"did you mean {close[0]}?" if close else f"one of {', '.join(known)}"
+        raise argparse.ArgumentError(action, f"invalid choice: {value!r} ({hint})")
+
+
+def hoist_global_flags(argv: Sequence[str]) -> list[str]:
+    """`argv` with the GLOBAL_FLAGS given before the verb moved to just after it, where each
+    live verb's parser takes them: `-s X get nodes` is `get -s X nodes`."""
+    before: list[str] = []
+    index = 0
+    while index < len(argv) and argv[index] not in SUBCOMMANDS:
+        word = argv[index]
+        flag = word.partition("=")[0]
+        if flag not in GLOBAL_FLAGS:
+            return list(argv)  # something else before the verb: argparse says what is wrong
+        takes_next = "=" not in word and index + 1 < len(argv)
+        before += argv[index : index + (2 if takes_next else 1)]
+        index += 2 if takes_next else 1
+    if not before or index == len(argv):
+        return list(argv)
+    return [argv[index], *before, *argv[index + 1 :]]
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="gpualloc",
         description="GPU allocation-as-a-service: Kubernetes DRA semantics over gRPC.",
     )
@@ -55,7 +103,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 @console_main
 def main(argv: Sequence[str] | None = None) -> int:
-    args_list = list(sys.argv[1:] if argv is None else argv)
+    args_list = hoist_global_flags(list(sys.argv[1:] if argv is None else argv))
     chosen = next((a for a in args_list if a in SUBCOMMANDS), None)
     parser = build_parser(only=chosen)
     args = parser.parse_args(args_list)

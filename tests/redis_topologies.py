@@ -2,6 +2,9 @@
 
 - `RedisClusterGroup`: 6 `redis-server --cluster-enabled yes` (3 primaries + 3 replicas) joined by
   `redis-cli --cluster create … --cluster-replicas 1`; URL `redis+cluster://h:p,h:p,…`.
+  With `tls=RedisTls.create(dir)` the nodes speak TLS only (clients, cluster bus and
+  replication) with a private CA and require client certificates; URL
+  `rediss+cluster://h:p,…?ssl_ca_certs=…&ssl_certfile=…&ssl_keyfile=…`.
 - `SentinelGroup`: a primary, a replica and 3 `redis-server --sentinel` (quorum 2); URL
   `redis+sentinel://h:p,h:p,h:p/<service>/0`.
 
@@ -17,16 +20,20 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 import redis
 
+from services.common.security.devcerts import CertificateAuthority, write_certificate
 from tests.conftest import RedisServer, redis_binary
 from tests.ports import free_port
 
 __all__ = [
     "SENTINEL_SERVICE",
     "RedisClusterGroup",
+    "RedisTls",
     "SentinelGroup",
     "SentinelProcess",
     "start_cluster",
@@ -51,8 +58,80 @@ def _wait_for(what: str, ready: Callable[[], bool], timeout: float = _READY_TIME
     pytest.fail(f"{what}: not ready within {timeout:g}s", pytrace=False)
 
 
-def _client(host: str, port: int) -> redis.Redis:
-    return redis.Redis(host=host, port=port, socket_timeout=1.0, decode_responses=True)
+def _client(host: str, port: int, tls: RedisTls | None = None) -> redis.Redis:
+    secure = tls.client_options() if tls else {}
+    return redis.Redis(host=host, port=port, socket_timeout=1.0, decode_responses=True, **secure)
+
+
+# --- TLS --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RedisTls:
+    """A private CA and one certificate (server and client usage, 127.0.0.1) that every node
+    serves and presents to its peers, and clients present to the nodes."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+    @classmethod
+    def create(cls, directory: Path) -> RedisTls:
+        authority = CertificateAuthority.create()
+        authority.save(directory)
+        leaf = authority.issue("redis", dns_names=("localhost",), ip_addresses=("127.0.0.1",))
+        files = write_certificate(directory / "redis", leaf)
+        return cls(directory / "ca.crt", files / "tls.crt", files / "tls.key")
+
+    def server_args(self) -> tuple[str, ...]:
+        return (
+            "--tls-cert-file", str(self.cert),
+            "--tls-key-file", str(self.key),
+            "--tls-ca-cert-file", str(self.ca),
+            "--tls-auth-clients", "yes",
+            "--tls-cluster", "yes",
+            "--tls-replication", "yes",
+        )  # fmt: skip
+
+    def client_options(self) -> dict[str, Any]:
+        return {
+            "ssl": True,
+            "ssl_ca_certs": str(self.ca),
+            "ssl_certfile": str(self.cert),
+            "ssl_keyfile": str(self.key),
+        }
+
+    def query(self) -> str:
+        """The URL query that carries client_options (as a `rediss://` URL does)."""
+        options = self.client_options()
+        return urlencode({k: v for k, v in options.items() if k != "ssl"})
+
+    def cli_args(self) -> tuple[str, ...]:
+        return ("--tls", "--cacert", str(self.ca), "--cert", str(self.cert), "--key", str(self.key))
+
+
+@dataclass
+class TlsRedisServer(RedisServer):
+    """A redis-server whose port is its TLS port (the plaintext one is off)."""
+
+    tls: RedisTls | None = None
+
+    def command(self) -> list[str]:
+        assert self.tls is not None
+        command = super().command()
+        at = command.index("--port")
+        command[at : at + 2] = ["--port", "0", "--tls-port", str(self.port)]
+        return [*command, *self.tls.server_args()]
+
+    def ping(self) -> bool:
+        try:
+            with _client(self.host, self.port, self.tls) as client:
+                return bool(client.ping())
+        except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+            return False
+
+    def client(self) -> redis.Redis:
+        return _client(self.host, self.port, self.tls)
 
 
 # --- Cluster ----------------------------------------------------------------------------------
@@ -63,10 +142,14 @@ class RedisClusterGroup:
     """A started 3+3 cluster; `servers[i]` may be stopped/killed/restarted by a test."""
 
     servers: list[RedisServer]
+    tls: RedisTls | None = None
 
     @property
     def url(self) -> str:
-        return "redis+cluster://" + ",".join(f"{s.host}:{s.port}" for s in self.servers)
+        nodes = ",".join(f"{s.host}:{s.port}" for s in self.servers)
+        if self.tls is None:
+            return f"redis+cluster://{nodes}"
+        return f"rediss+cluster://{nodes}?{self.tls.query()}"
 
     def primaries(self) -> list[RedisServer]:
         """The servers that are primaries now (asked of each running server)."""
@@ -74,7 +157,7 @@ class RedisClusterGroup:
         for server in self.servers:
             if not server.running:
                 continue
-            with _client(server.host, server.port) as client:
+            with _client(server.host, server.port, self.tls) as client:
                 role = client.execute_command("ROLE")
             if role[0] == "master":
                 found.append(server)
@@ -85,7 +168,7 @@ class RedisClusterGroup:
         for server in self.servers:
             if not server.running:
                 continue
-            with _client(server.host, server.port) as client:
+            with _client(server.host, server.port, self.tls) as client:
                 info = client.cluster("INFO")
             if info.get("cluster_state") != "ok":
                 return False
@@ -97,7 +180,7 @@ class RedisClusterGroup:
     def flush(self) -> None:
         """FLUSHALL and FUNCTION FLUSH on every primary (replicas follow)."""
         for server in self.primaries():
-            with _client(server.host, server.port) as client:
+            with _client(server.host, server.port, self.tls) as client:
                 client.flushall()
                 client.function_flush()
 
@@ -106,7 +189,9 @@ class RedisClusterGroup:
             server.stop(kill=True)
 
 
-def start_cluster(base: Path, *, extra_args: Sequence[str] = ()) -> RedisClusterGroup:
+def start_cluster(
+    base: Path, *, extra_args: Sequence[str] = (), tls: RedisTls | None = None
+) -> RedisClusterGroup:
     binary = redis_binary()
     cli = shutil.which("redis-cli")
     if cli is None:
@@ -121,17 +206,23 @@ def start_cluster(base: Path, *, extra_args: Sequence[str] = ()) -> RedisCluster
                 "--cluster-port", str(free_port()),  # the default, port + 10000, may be > 65535
                 *extra_args,
             )  # fmt: skip
-            server = RedisServer(binary, free_port(), base / f"cluster-{index}", False, args)
+            directory = base / f"cluster-{index}"
+            server = (
+                RedisServer(binary, free_port(), directory, False, args)
+                if tls is None
+                else TlsRedisServer(binary, free_port(), directory, False, args, tls=tls)
+            )
             server.start()
             servers.append(server)
-        create = [cli, "--cluster", "create", *(f"{s.host}:{s.port}" for s in servers)]
+        create = [cli, *(tls.cli_args() if tls else ())]
+        create += ["--cluster", "create", *(f"{s.host}:{s.port}" for s in servers)]
         create += ["--cluster-replicas", "1", "--cluster-yes"]
         done = subprocess.run(create, capture_output=True, text=True, timeout=60, check=False)
         if done.returncode != 0:
             pytest.fail(f"redis-cli --cluster create failed:\n{done.stdout}{done.stderr}")
-        group = RedisClusterGroup(servers)
+        group = RedisClusterGroup(servers, tls)
         group.wait_ok()
-        _wait_for("cluster replicas in sync", lambda: _replicas_synced(servers))
+        _wait_for("cluster replicas in sync", lambda: _replicas_synced(servers, tls))
         return group
     except BaseException:
         for server in servers:
@@ -139,10 +230,10 @@ def start_cluster(base: Path, *, extra_args: Sequence[str] = ()) -> RedisCluster
         raise
 
 
-def _replicas_synced(servers: Sequence[RedisServer]) -> bool:
+def _replicas_synced(servers: Sequence[RedisServer], tls: RedisTls | None = None) -> bool:
     synced = 0
     for server in servers:
-        with _client(server.host, server.port) as client:
+        with _client(server.host, server.port, tls) as client:
             role = client.execute_command("ROLE")
         if role[0] == "slave" and role[3] == "connected":
             synced += 1

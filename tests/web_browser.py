@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
@@ -39,11 +40,18 @@ def missing_browser() -> str | None:
     """Why no browser test can run here (None: it can)."""
     for path, package in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
         if not Path(path).exists() and not shutil.which(Path(path).name):
-            return f"{path} is missing: apt-get install {package} (.ci/run installs it)"
+            return f"{path} is missing: apt-get install {package} (make test installs it)"
     return None
 
 
-def chromium_driver(width: int = 1400, height: int = 1000) -> WebDriver:
+def chromium_driver(
+    width: int = 1400, height: int = 1000, arguments: Sequence[str] = ()
+) -> WebDriver:
+    """Headless Chromium (with `arguments` added); the test FAILS (never skips) when it or its
+    driver is missing."""
+    missing = missing_browser()
+    if missing is not None:
+        pytest.fail(missing, pytrace=False)
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM if Path(CHROMIUM).exists() else str(shutil.which("chromium"))
     for argument in (
@@ -53,6 +61,7 @@ def chromium_driver(width: int = 1400, height: int = 1000) -> WebDriver:
         "--disable-gpu",
         "--hide-scrollbars",
         f"--window-size={width},{height}",
+        *arguments,
     ):
         options.add_argument(argument)
     driver_path = CHROMEDRIVER if Path(CHROMEDRIVER).exists() else shutil.which("chromedriver")

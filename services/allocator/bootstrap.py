@@ -42,7 +42,7 @@ from services.allocator.adapters.store.memory_quota import MemoryQuotaLedger
 from services.allocator.adapters.store.metered import MeteredStore
 from services.allocator.adapters.store.redis_quota import RedisQuotaLedger
 from services.allocator.adapters.store.redis_store import RedisReservationStore
-from services.allocator.adapters.web.server import WebSettings, WebView
+from services.allocator.adapters.web.server import WebSettings, WebTls, WebView
 from services.allocator.app.cluster_view import ClusterView
 from services.allocator.app.device_classes import load_device_classes
 from services.allocator.app.feed_watch import FeedWatch
@@ -67,7 +67,7 @@ from services.common.dra.model import DeviceClass
 from services.common.grpc_server import ServiceRegistration
 from services.common.health import Health
 from services.common.security.audit import audit_event
-from services.common.security.edge import load_policy_file
+from services.common.security.edge import Authenticator, load_policy_file
 from services.common.security.principal import tenant_of_owner
 from services.common.security.tls import WatchedFiles
 
@@ -343,15 +343,24 @@ def start_web_view(
     reuse_port: bool = False,
 ) -> WebView | None:
     """Serve the read-only web view of `app` on GPUALLOC_WEB_LISTEN (None when empty); it is
-    closed with the app. Tenants only under an access policy (adapters/web/server.py)."""
+    closed with the app. Tenants only under an access policy; with the gRPC port's TLS and
+    policy, HTTPS taking the same identities (adapters/web/server.py)."""
     if not settings.web_listen_address:
         return None
+    server = settings.server
+    tls = authenticator = None
+    if server.tls_cert_file and server.tls_key_file:
+        tls = WebTls(server.tls_cert_file, server.tls_key_file, server.tls_client_ca_file)
+        if server.auth_policy_file:  # the gRPC port's identities, from the same policy file
+            authenticator = Authenticator(server.auth_policy_file)
     web = WebView(
         app.service,
         WebSettings(
             settings.web_listen_address,
-            tenants_only=bool(settings.server.auth_policy_file),
-            insecure=settings.server.insecure,
+            tenants_only=bool(server.auth_policy_file),
+            insecure=server.insecure,
+            tls=tls,
+            authenticator=authenticator,
             document_limits=limits,
             explain_seconds=settings.server.max_call_seconds,
         ),

@@ -114,8 +114,14 @@ def load_config(path: Path) -> Config:
         raise InvalidArgument(f"{path}: cannot read: {error}") from None
     try:
         data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as error:  # one line: where, and what is wrong there
+        mark = error.problem_mark or error.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise InvalidArgument(
+            f"{path}: not YAML: {where}{error.problem or error.context or 'malformed'}"
+        ) from None
     except yaml.YAMLError as error:
-        raise InvalidArgument(f"{path}: not YAML: {error}") from None
+        raise InvalidArgument(f"{path}: not YAML: {' '.join(str(error).split())}") from None
     return _decode(data or {}, path)
 
 

@@ -66,7 +66,9 @@ class DeviceState:
 
     @property
     def expires_at(self) -> datetime | None:
-        if self.holder is None or self.use is not Use.RESERVED:
+        """The lease end of what holds it: its own reservation's, or (blocked) the one in the
+        way's; None when that is committed (or nothing holds it)."""
+        if self.holder is None or self.use not in (Use.RESERVED, Use.BLOCKED):
             return None
         return self.holder.expires_at
 

@@ -26,7 +26,6 @@ import argparse
 import dataclasses
 import difflib
 import getpass
-import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -45,16 +44,19 @@ from services.client.contexts import (
     load_config,
     save_config,
 )
+from services.client.errors import connection_hint
 from services.client.fleet import FleetNode, Use, fleet_view
 from services.client.inventory import InventoryClient, NodeInventory
 from services.client.live_output import (
     as_list,
     capacity_to_dict,
+    change_to_dict,
     device_to_dict,
     expiry,
     fleet_node_to_dict,
     label_text,
     placement_to_dict,
+    reservation_ids,
     reservation_to_dict,
     table,
     write_structured,
@@ -63,13 +65,14 @@ from services.client.results import Placement, Reservation, ReservationChange, R
 from services.client.selectors import parse_selector
 from services.common.config import env_duration, read_document_limits
 from services.common.dra.model import DeviceClass, ResourceClaim
+from services.common.dra.parse import read_documents, read_stdin, read_text
 from services.common.errors import (
     GpuallocError,
     InvalidArgument,
     NotFound,
     Unavailable,
 )
-from services.common.manifests import load_manifests
+from services.common.manifests import expand_paths, load_manifests
 
 __all__ = [
     "EXIT_FAILED",
@@ -187,16 +190,20 @@ def _run(verb: str, body: Verb) -> Callable[[argparse.Namespace], int]:
         except NotFound as error:
             return _fail(verb, "NotFound", error, EXIT_NOT_FOUND)
         except Unavailable as error:
-            where = "" if session is None else f" at {session.settings.target}"
-            return _fail(verb, f"cannot reach gpualloc{where}", error, EXIT_FAILED)
+            if session is None:
+                return _fail(verb, "cannot reach gpualloc", error, EXIT_FAILED)
+            hint = connection_hint(str(error), session.settings.tls)
+            kind = f"cannot reach gpualloc at {session.settings.target}"
+            return _fail(verb, kind, error, EXIT_FAILED, hint)
         except GpuallocError as error:
             return _fail(verb, type(error).__name__, error, EXIT_FAILED)
 
     return main
 
 
-def _fail(verb: str, kind: str, error: GpuallocError, code: int) -> int:
-    print(f"gpualloc {verb}: {kind}: {error}", file=sys.stderr)
+def _fail(verb: str, kind: str, error: GpuallocError, code: int, hint: str = "") -> int:
+    """One line: `gpualloc VERB: KIND: message` (`; hint` when there is one)."""
+    print(f"gpualloc {verb}: {kind}: {error}{f'; {hint}' if hint else ''}", file=sys.stderr)
     return code
 
 
@@ -322,7 +329,7 @@ def _get_devices(args: argparse.Namespace, session: Session, out: TextIO) -> int
     rows: list[Sequence[object]] = []
     for d in devices:
         holder = d.holder.owner or d.holder.tenant if d.holder is not None else ""
-        expires = expiry(d.expires_at) if d.use is Use.RESERVED else ""
+        expires = expiry(d.holder.expires_at) if d.holder is not None else ""  # never: committed
         row: list[object] = [
             d.node,
             d.id.device,
@@ -383,7 +390,14 @@ def _get_reservations(args: argparse.Namespace, session: Session, out: TextIO) -
                 row += [r.fencing_token, created, label_text(r.labels)]
             rows.append(row)
         items = [reservation_to_dict(r) for r in reservations]
-        _outputs(args, items, [f"reservation/{r.id}" for r in reservations], headers, rows, out)
+        if changes is not None and args.output == "json":  # a stream: one object a line
+            for item in items:
+                write_structured(item, "json", out, compact=True)
+            if not items:
+                print("No resources found.", file=sys.stderr)
+        else:
+            names = [f"reservation/{r.id}" for r in reservations]
+            _outputs(args, items, names, headers, rows, out)
         if changes is not None:
             out.flush()
             _print_changes(args, changes, out)
@@ -394,16 +408,15 @@ def _print_changes(
     args: argparse.Namespace, changes: Iterator[ReservationChange], out: TextIO
 ) -> None:
     """One line per change as it comes (heartbeats are not shown): CHANGE ID OWNER NODE and,
-    for a preemption, who took it; one JSON object per line with -o json, a YAML document each
-    with -o yaml."""
+    for a preemption, who took it; with -o json one compact camelCase object per line
+    (live_output.change_to_dict), with -o yaml a YAML document each."""
     for change in changes:
         if change.kind == "heartbeat":
             continue
-        if args.output == "json":
-            out.write(json.dumps(dataclasses.asdict(change), sort_keys=True) + "\n")
-        elif args.output == "yaml":
-            out.write("---\n")
-            write_structured(dataclasses.asdict(change), "yaml", out)
+        if args.output in ("json", "yaml"):
+            if args.output == "yaml":
+                out.write("---\n")
+            write_structured(change_to_dict(change), args.output, out, compact=True)
         else:
             line = [change.kind.upper(), change.reservation_id, change.owner, change.node_name]
             if change.preempted_by:
@@ -721,7 +734,9 @@ def _where(args: argparse.Namespace, classes: list[DeviceClass]) -> dict[str, An
     return {"node_name": args.node, "policy": policy, "device_classes": classes}
 
 
-def _query_flags(parser: argparse.ArgumentParser) -> None:
+def _query_flags(
+    parser: argparse.ArgumentParser, outputs: Sequence[str] = ("text", "json", "yaml")
+) -> None:
     parser.add_argument(
         "-f",
         "--filename",
@@ -732,7 +747,7 @@ def _query_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--node", default="", help="on this node only")
     parser.add_argument("--policy", choices=_POLICY_NAMES, help="node choice (server default)")
-    parser.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
+    parser.add_argument("-o", "--output", choices=outputs, default="text")
 
 
 def _placement_text(placement: Placement, out: TextIO) -> None:
@@ -782,6 +797,13 @@ def _allocate(args: argparse.Namespace, session: Session, out: TextIO) -> int:
 def _answer(placement: Placement, output: str, out: TextIO) -> int:
     if output == "text":
         _placement_text(placement, out)
+    elif output == "name":  # what was reserved, else where it fits; why not on stderr
+        nodes = dict.fromkeys([placement.node_name, *(m.node_name for m in placement.gang)])
+        names = [f"reservation/{r.id}" for r in placement.reservations]
+        names = names or [f"node/{n}" for n in nodes if n]
+        out.write("".join(f"{n}\n" for n in names))
+        if not placement.fits:
+            print(placement.reason(max_lines=40), file=sys.stderr)
     else:
         write_structured(placement_to_dict(placement), output, out)
     return 0 if placement.fits else EXIT_UNSATISFIABLE
@@ -800,7 +822,7 @@ def _label(item: str) -> tuple[str, str]:
 
 def register_allocate(subparsers: Any) -> None:
     parser = _parser(subparsers, "allocate", "place ResourceClaims now, optionally reserving them")
-    _query_flags(parser)
+    _query_flags(parser, ("text", "json", "yaml", "name"))
     parser.add_argument("--reserve", action="store_true", help="hold the devices under a lease")
     parser.add_argument(
         "--lease", metavar="DURATION", help="with --reserve: e.g. 2m (server default)"
@@ -856,10 +878,29 @@ def register_capacity(subparsers: Any) -> None:
 # --- commit, renew, release ---------------------------------------------------------------
 
 
+def _reservation_ids(args: argparse.Namespace) -> list[str]:
+    """The IDs given, then those of the -f files (`get reservations -o yaml` or `allocate
+    --reserve -o yaml` read back, as `kubectl delete -f` reads `kubectl get -o yaml`)."""
+    ids = [_bare(i, "reservation") for i in args.ids]
+    limits = read_document_limits(os.environ)
+    for path in expand_paths(args.filename or []):
+        source = "<stdin>" if path == "-" else path
+        text = read_stdin(sys.stdin, limits) if path == "-" else read_text(path, limits)
+        for number, document in read_documents(text, source, limits):
+            try:
+                ids += reservation_ids(document, f"{source}: document {number}")
+            except ValueError as error:
+                raise InvalidArgument.at("-f", str(error)) from None
+    if not ids:
+        raise InvalidArgument.at("RESERVATION-ID", "give reservation ids or -f FILE")
+    return ids
+
+
 def _lifecycle(verb: str) -> Verb:
     def body(args: argparse.Namespace, session: Session, out: TextIO) -> int:
+        ids = _reservation_ids(args)
         with session.allocator() as allocator:
-            for reservation_id in (_bare(i, "reservation") for i in args.ids):
+            for reservation_id in ids:
                 done: Reservation | None
                 if verb == "commit":
                     done = allocator.commit(reservation_id, fencing_token=args.fencing_token)
@@ -891,7 +932,15 @@ def _lifecycle_line(verb: str, reservation_id: str, done: Reservation | None, ou
 
 def _register_lifecycle(subparsers: Any, verb: str, text: str) -> argparse.ArgumentParser:
     parser = _parser(subparsers, verb, text)
-    parser.add_argument("ids", nargs="+", metavar="RESERVATION-ID")
+    parser.add_argument("ids", nargs="*", metavar="RESERVATION-ID")
+    parser.add_argument(
+        "-f",
+        "--filename",
+        action="append",
+        metavar="FILE",
+        help="reservations as `get reservations -o yaml` or `allocate --reserve -o yaml` print "
+        "them (file, directory or -); repeatable",
+    )
     parser.add_argument(
         "--fencing-token", type=int, default=0, help="refuse if the reservation moved on"
     )
@@ -934,7 +983,7 @@ def _config(args: argparse.Namespace, session: Session | None, out: TextIO) -> i
             ]
             for name, values in sorted(config.contexts.items())
         ]
-        out.write(table(["CURRENT", "NAME", "SERVER", "OWNER"], rows))
+        out.write(table(["CURRENT", "NAME", "SERVER", "OWNER"], rows, empty=""))  # as kubectl
     elif args.action == "current-context":
         if not config.current_context:
             raise NotFound(f"no current-context in {path}")

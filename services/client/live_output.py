@@ -2,7 +2,10 @@
 
 Tables are left-aligned columns separated by three spaces (kubectl's printer); JSON and YAML
 are a `kind: List` of items in Kubernetes spelling (camelCase, AllocationResult as in a
-ResourceClaim's status.allocation), so `jq` and `yq` read them as they read kubectl's.
+ResourceClaim's status.allocation), so `jq` and `yq` read them as they read kubectl's. Every
+item has `apiVersion: gpualloc.io/v1alpha1` and its kind (Reservation, Device, FleetNode,
+Placement, Capacity), and `reservation_ids` reads the reservations of such a file back, as
+`commit|renew|release -f FILE` do.
 """
 
 from __future__ import annotations
@@ -21,16 +24,19 @@ from services.client.results import (
     Holder,
     Placement,
     Reservation,
+    ReservationChange,
 )
 from services.common.dra.serialize import allocation_result_to_dict
 
 __all__ = [
     "API_VERSION",
     "capacity_to_dict",
+    "change_to_dict",
     "device_to_dict",
     "expiry",
     "fleet_node_to_dict",
     "placement_to_dict",
+    "reservation_ids",
     "reservation_to_dict",
     "table",
     "write_structured",
@@ -39,16 +45,20 @@ __all__ = [
 API_VERSION = "gpualloc.io/v1alpha1"
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
-    """Columns as kubectl prints them (no trailing spaces); `<none>` for empty cells."""
-    cells = [list(headers), *([str(c) if str(c) else "<none>" for c in row] for row in rows)]
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]], empty: str = "<none>") -> str:
+    """Columns as kubectl prints them (no trailing spaces); `empty` for empty cells."""
+    cells = [list(headers), *([str(c) if str(c) else empty for c in row] for row in rows)]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     lines = ["   ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
     return "".join(line.rstrip() + "\n" for line in lines)
 
 
-def write_structured(data: Any, output: str, out: TextIO) -> None:
-    if output == "json":
+def write_structured(data: Any, output: str, out: TextIO, *, compact: bool = False) -> None:
+    """`data` as JSON (indented, or one line with `compact`: a stream of objects, one a line)
+    or as a YAML document."""
+    if output == "json" and compact:
+        out.write(json.dumps(data, separators=(",", ":")) + "\n")
+    elif output == "json":
         json.dump(data, out, indent=2)
         out.write("\n")
     else:
@@ -98,6 +108,7 @@ def claim_allocation_to_dict(allocation: ClaimAllocation) -> dict[str, Any]:
 
 def reservation_to_dict(reservation: Reservation) -> dict[str, Any]:
     return {
+        "apiVersion": API_VERSION,
         "kind": "Reservation",
         **_compact(
             id=reservation.id,
@@ -120,6 +131,7 @@ def reservation_to_dict(reservation: Reservation) -> dict[str, Any]:
 def device_to_dict(state: DeviceState) -> dict[str, Any]:
     holder = state.holder
     return {
+        "apiVersion": API_VERSION,
         "kind": "Device",
         **_compact(
             nodeName=state.node,
@@ -141,6 +153,7 @@ def device_to_dict(state: DeviceState) -> dict[str, Any]:
 
 def fleet_node_to_dict(node: FleetNode) -> dict[str, Any]:
     return {
+        "apiVersion": API_VERSION,
         "kind": "FleetNode",
         "name": node.name,
         "labels": dict(node.labels),
@@ -167,6 +180,7 @@ def _holder_to_dict(holder: Holder) -> dict[str, Any]:
 def placement_to_dict(placement: Placement) -> dict[str, Any]:
     explanation = placement.explanation
     return {
+        "apiVersion": API_VERSION,
         "kind": "Placement",
         **_compact(
             outcome=placement.outcome.value,
@@ -198,8 +212,24 @@ def placement_to_dict(placement: Placement) -> dict[str, Any]:
     }
 
 
+def change_to_dict(change: ReservationChange) -> dict[str, Any]:
+    """A WatchReservations change as a watch event: `type` (RESERVED, ..., PREEMPTED) and the
+    reservation's fields in Kubernetes spelling."""
+    return {
+        "type": change.kind.upper(),
+        **_compact(
+            reservationId=change.reservation_id,
+            owner=change.owner,
+            nodeName=change.node_name,
+            fencingToken=change.fencing_token,
+            preemptedBy=change.preempted_by,
+        ),
+    }
+
+
 def capacity_to_dict(capacity: Capacity) -> dict[str, Any]:
     return {
+        "apiVersion": API_VERSION,
         "kind": "Capacity",
         "total": capacity.total,
         "exact": capacity.exact,
@@ -211,3 +241,34 @@ def capacity_to_dict(capacity: Capacity) -> dict[str, Any]:
 
 def label_text(labels: Mapping[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def reservation_ids(document: Any, where: str) -> list[str]:
+    """The ids of the Reservations in one document of `get reservations -o yaml|json` or
+    `allocate --reserve -o yaml|json` (a List, a Reservation, a Placement's reservations);
+    ValueError saying what else is there."""
+    if not isinstance(document, dict):
+        raise ValueError(f"{where}: not an object of {API_VERSION}")
+    kind, version = document.get("kind"), document.get("apiVersion")
+    if kind == "List":
+        return _ids_of_each(document, "items", where)
+    if version != API_VERSION or kind not in ("Reservation", "Placement"):
+        raise ValueError(
+            f"{where}: kind {kind!r} of {version!r}: expected Reservation or Placement of "
+            f"{API_VERSION} (what get reservations and allocate print)"
+        )
+    if kind == "Placement":
+        return _ids_of_each(document, "reservations", where)
+    reservation_id = document.get("id")
+    if not isinstance(reservation_id, str) or not reservation_id:
+        raise ValueError(f"{where}.id: a reservation id is required")
+    return [reservation_id]
+
+
+def _ids_of_each(document: dict[str, Any], field: str, where: str) -> list[str]:
+    items = document.get(field) or []
+    if not isinstance(items, list):
+        raise ValueError(f"{where}.{field}: a list")
+    return [
+        i for n, item in enumerate(items) for i in reservation_ids(item, f"{where}.{field}[{n}]")
+    ]

@@ -12,6 +12,9 @@ Schemes (`s` after `redis` = TLS, as for plain redis-py URLs):
 - `redis+cluster://[user:password@]host:port[,host:port…]` (`rediss+cluster`): Redis Cluster
   seed nodes; redis-py's cluster client routes by slot, follows MOVED/ASK and refreshes the
   topology. A cluster has one database: no `/db`.
+- With TLS (`rediss+cluster`, `rediss+sentinel`) the query's `ssl_*` options
+  (`?ssl_ca_certs=ca.pem&ssl_certfile=client.pem&ssl_keyfile=client.key`) reach every data
+  node's connection, as `from_url` passes them for `rediss://` (not the Sentinels').
 
 `RedisClient` is what every gpualloc adapter takes: `redis.Redis` or `redis.RedisCluster`.
 `primaries(client)` lists plain clients for every primary (function loading, WAIT on the right
@@ -23,12 +26,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 import redis
 from redis._parsers import CommandsParser
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
+from redis.connection import parse_url
 from redis.exceptions import (
     AskError,
     ClusterDownError,
@@ -155,7 +159,7 @@ def connect(
         return redis.Redis.from_url(url, max_connections=max_connections, **common)
     auth: dict[str, Any] = {"username": layout.username, "password": layout.password}
     if layout.tls:
-        auth["ssl"] = True
+        auth |= {"ssl": True, **_ssl_options(layout)}
     if layout.kind == "cluster":
         # Construction asks a node for the command table: retried (over other nodes) so that a
         # client can start while a primary is down; afterwards the cluster client's own retry
@@ -186,6 +190,20 @@ def connect(
         layout.service, db=layout.db, max_connections=max_connections, **auth, **common
     )
     return client
+
+
+def _ssl_options(layout: StoreLayout) -> dict[str, Any]:
+    """The URL's `ssl_*` query options (`?ssl_ca_certs=...&ssl_certfile=...`), typed as
+    redis-py's `from_url` types them for a standalone `rediss://` URL, which hands them over
+    itself; the cluster and Sentinel clients are built from parts and need them passed."""
+    query = urlencode([(k, v) for k, v in layout.options if k.startswith("ssl_")])
+    if not query:
+        return {}
+    try:
+        parsed = parse_url(f"rediss://localhost/?{query}")  # type: ignore[no-untyped-call]
+    except ValueError as error:
+        raise InvalidArgument.at("redis_url", f"{_redact(layout.url)}: {error}") from None
+    return {k: v for k, v in parsed.items() if k.startswith("ssl_")}
 
 
 class _FcallKeysParser(CommandsParser):

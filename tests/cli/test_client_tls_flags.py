@@ -188,6 +188,53 @@ def test_apply_refusals(pki, tls_server, token, capsys, extra, code, message) ->
     assert message in capsys.readouterr().err
 
 
+# what the caller offers -> what the one-line error must say (the flag and the variable)
+MTLS_MISTAKES = {
+    "plaintext-to-a-tls-server": ("", "may require TLS: set --tls-ca (GPUALLOC_CLIENT_TLS_CA)"),
+    "no-client-certificate": ("ca", "require a client certificate: set --tls-cert and --tls-key"),
+    "unknown-ca": ("other-ca", "not signed by the CA of --tls-ca (GPUALLOC_CLIENT_TLS_CA)"),
+    "client-certificate-of-another-ca": (
+        "other-client",
+        "may not accept the client certificate of --tls-cert (GPUALLOC_CLIENT_TLS_CERT)",
+    ),
+    "wrong-server-name": ("wrong-name", "set --tls-server-name (GPUALLOC_CLIENT_TLS_SERVER_NAME)"),
+}
+
+
+@pytest.mark.parametrize(
+    ("offered", "hint"), [pytest.param(*v, id=k) for k, v in MTLS_MISTAKES.items()]
+)
+def test_live_verbs_explain_mtls_failures(
+    pki, tls_server, capsys, monkeypatch, tmp_path, offered, hint
+) -> None:
+    """A handshake the server refuses reads only `UNAVAILABLE: ... Socket closed` from
+    grpc-core; the CLI says what probably went wrong and what to set, in one line."""
+    served: TlsServer = tls_server(pki)
+    other = Pki.create(tmp_path / "other")
+    for name in [n for n in os.environ if n.startswith("GPUALLOC_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("GPUALLOC_CLIENT_DEADLINE", "2s")
+    mine = ["--tls-cert", str(pki.client.cert), "--tls-key", str(pki.client.key)]
+    flags = {
+        "": [],
+        "ca": ["--tls-ca", str(pki.ca)],
+        "other-ca": ["--tls-ca", str(other.ca), *mine],
+        "other-client": [
+            "--tls-ca",
+            str(pki.ca),
+            "--tls-cert",
+            str(other.client.cert),
+            "--tls-key",
+            str(other.client.key),
+        ],  # fmt: skip
+        "wrong-name": ["--tls-ca", str(pki.ca), *mine, "--tls-server-name", "elsewhere.test"],
+    }[offered]
+    assert gpualloc_cli.main(["get", "nodes", "-s", served.target, *flags]) == 1
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and hint in err, err
+
+
 def test_agent_pushes_over_mtls_flags_over_env_defaults(
     pki, tls_server, inventory, token, monkeypatch
 ) -> None:

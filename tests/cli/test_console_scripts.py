@@ -192,7 +192,7 @@ CASES = {
     "completion-into-a-closed-pipe": Case(
         ("gpualloc", "completion", "bash"), EXIT_CLOSED_PIPE, closed_pipe=True
     ),
-    "completion-unknown-shell": Case(("gpualloc", "completion", "fish"), 2),
+    "completion-unknown-shell": Case(("gpualloc", "completion", "ksh"), 2),
     "apply-into-a-closed-pipe": Case(
         ("gpualloc", "apply", "-f", "examples/cluster", "--inventory", SERVER, "--dry-run"),
         EXIT_CLOSED_PIPE,

@@ -167,6 +167,91 @@ def test_query(case: Query, address: str, home: Path) -> None:
         assert len(done.stdout.splitlines()) == case.lines, done.stdout
 
 
+@dataclass(frozen=True)
+class Convention:
+    """One of kubectl's conventions (issue 28): `{server}` in args is the demo server's
+    address; `config` the context file's text (GPUALLOC_CONFIG), when the case needs one."""
+
+    args: tuple[str, ...]
+    code: int = 0
+    stdout: tuple[str, ...] = ()
+    absent: tuple[str, ...] = ()
+    stderr: str = ""
+    lines: int | None = None  # stdout lines
+    config: str = ""
+
+
+TWO_CONTEXTS = (
+    "current-context: demo\ncontexts:\n- name: demo\n  context: {{server: '{server}'}}\n"
+    "- name: other\n  context: {{server: '127.0.0.1:1'}}\n"
+)
+CONVENTIONS = {
+    "server-flag-before-the-verb": Convention(
+        ("-s", "{server}", "get", "nodes", "-o", "name"), stdout=("node/h100-node-1",), lines=4
+    ),
+    "server-flag-with-equals-before-the-verb": Convention(
+        ("--server={server}", "get", "no", "l40s-node-1", "-o", "name"), lines=1
+    ),
+    "context-flag-before-the-verb": Convention(
+        ("--context", "other", "get", "nodes"), 1, stderr="127.0.0.1:1", config=TWO_CONTEXTS
+    ),
+    "verb-typo-suggests-the-verb": Convention(
+        ("gett", "nodes"), 2, stderr="invalid choice: 'gett' (did you mean get?)"
+    ),
+    "resource-typo-suggests-the-resource": Convention(
+        ("get", "nodez", "-s", "{server}"), 2, stderr="(did you mean node"
+    ),
+    "output-typo-suggests-the-format": Convention(
+        ("get", "nodes", "-o", "yml"), 2, stderr="(did you mean yaml?)"
+    ),
+    "usage-error-names-the-help": Convention(
+        ("describe",), 2, stderr="gpualloc describe: invalid: the following arguments"
+    ),
+    "malformed-context-file-in-one-line": Convention(
+        ("get", "nodes"), 2, stderr="not YAML: line 2, column 1: expected", config="kind: [\n"
+    ),
+    "allocate-o-name-names-the-node": Convention(
+        ("allocate", "-f", ONE_H100, "-o", "name", "-s", "{server}"),
+        stdout=("node/h100-node-",),
+        lines=1,
+    ),
+    "allocate-o-name-of-what-does-not-fit": Convention(
+        ("allocate", "-f", SIXTEEN, "-o", "name", "-s", "{server}"), 3, stderr="8 of 16", lines=0
+    ),
+    "release-f-of-something-else-is-refused": Convention(
+        ("release", "-f", ONE_H100, "-s", "{server}"), 2, stderr="expected Reservation or Placement"
+    ),
+    "release-needs-ids-or-f": Convention(("release", "-s", "{server}"), 2, stderr="-f FILE"),
+    "get-contexts-leaves-current-empty": Convention(
+        ("config", "get-contexts"),
+        stdout=("CURRENT   NAME", "*         demo", "\n          other"),
+        absent=("<none>",),
+        config=TWO_CONTEXTS,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=n) for n, c in CONVENTIONS.items()])
+def test_kubectl_conventions(case: Convention, address: str, home: Path) -> None:
+    """Global flags before the verb, one-line usage errors with a did-you-mean, one-line config
+    errors, `allocate -o name`, get-contexts' CURRENT column (docs/cli.md)."""
+    env = {}
+    if case.config:
+        (home / "config.yaml").write_text(case.config.format(server=address))
+        env["GPUALLOC_CONFIG"] = str(home / "config.yaml")
+    done = gpualloc(*(a.format(server=address) for a in case.args), home=home, env=env)
+    assert done.returncode == case.code, done.stderr
+    for text in case.stdout:
+        assert text in done.stdout, done.stdout
+    for text in case.absent:
+        assert text not in done.stdout, done.stdout
+    assert case.stderr in done.stderr
+    if case.code:
+        assert len(done.stderr.splitlines()) == 1 or case.code == 3, done.stderr
+    if case.lines is not None:
+        assert len(done.stdout.splitlines()) == case.lines, done.stdout
+
+
 def test_server_that_is_not_there(home: Path) -> None:
     done = gpualloc("get", "nodes", "-s", "127.0.0.1:1", home=home)
     assert done.returncode == 1
@@ -217,12 +302,45 @@ def test_a_reservation_from_allocate_to_release(address: str, home: Path) -> Non
     assert gone.returncode == 4
 
 
-def test_get_reservations_watch_prints_each_change(address: str, home: Path) -> None:
+def test_what_allocate_and_get_print_reads_back_with_f(address: str, home: Path) -> None:
+    """`allocate --reserve -o yaml` and `get reservations -o json|yaml` carry apiVersion and
+    kind, and commit/release -f read the reservations back, as `kubectl delete -f` does."""
+    as_owner = ("-s", address, "--as", "team-d/files")
+    placed = gpualloc("allocate", "-f", ONE_H100, "--reserve", "-o", "yaml", *as_owner, home=home)
+    assert placed.returncode == 0, placed.stderr
+    placement = yaml.safe_load(placed.stdout)
+    assert (placement["apiVersion"], placement["kind"]) == ("gpualloc.io/v1alpha1", "Placement")
+    (reservation,) = placement["reservations"]
+    assert (reservation["apiVersion"], reservation["kind"]) == (
+        "gpualloc.io/v1alpha1",
+        "Reservation",
+    )
+    (home / "placed.yaml").write_text(placed.stdout)
+    committed = gpualloc("commit", "-f", str(home / "placed.yaml"), *as_owner, home=home)
+    assert committed.stdout == f"reservation/{reservation['id']} committed\n", committed.stderr
+    listed = gpualloc("get", "res", "--owner", "team-d/files", "-o", "json", *as_owner[:2],
+                      home=home)  # fmt: skip
+    (item,) = json.loads(listed.stdout)["items"]
+    assert (item["apiVersion"], item["kind"], item["id"]) == (
+        "gpualloc.io/v1alpha1", "Reservation", reservation["id"]
+    )  # fmt: skip
+    released = gpualloc("release", "-f", "-", *as_owner, home=home, stdin=listed.stdout)
+    assert released.stdout == f"reservation/{reservation['id']} released\n", released.stderr
+
+
+@pytest.mark.parametrize(
+    "output", [pytest.param((), id="table"), pytest.param(("-o", "json"), id="json")]
+)
+def test_get_reservations_watch_prints_each_change(
+    address: str, home: Path, output: tuple[str, ...]
+) -> None:
     """get reservations -w: the list (none yet), then a line per change of the owner's
-    reservations as it comes, until the --watch duration ends."""
+    reservations as it comes, until the --watch duration ends; with -o json each change is one
+    compact camelCase object a line (`type`, `reservationId`, ...)."""
     keep = {k: v for k, v in os.environ.items() if not k.startswith("GPUALLOC_")}
+    owner = f"team-b/watcher-{len(output)}"
     watching = subprocess.Popen(
-        [GPUALLOC, "get", "reservations", "--owner", "team-b/watcher", "-w", "8s", "-s", address],
+        [GPUALLOC, "get", "reservations", "--owner", owner, "-w", "8s", "-s", address, *output],
         cwd=ROOT,
         env={**keep, "HOME": str(home), "XDG_CONFIG_HOME": ""},
         stdout=subprocess.PIPE,
@@ -232,7 +350,7 @@ def test_get_reservations_watch_prints_each_change(address: str, home: Path) -> 
     try:
         assert watching.stderr is not None
         assert watching.stderr.readline() == "No resources found.\n"  # the stream is open
-        as_owner = ("-s", address, "--as", "team-b/watcher")
+        as_owner = ("-s", address, "--as", owner)
         done = gpualloc("allocate", "-f", ONE_H100, "--reserve", *as_owner, home=home)
         match = re.search(r"reservation/(\S+) reserved", done.stdout)
         assert match, done.stdout + done.stderr
@@ -243,10 +361,17 @@ def test_get_reservations_watch_prints_each_change(address: str, home: Path) -> 
     finally:
         watching.kill()
     assert watching.returncode == 0, err
+    kinds = ("RESERVED", "COMMITTED", "RELEASED")
+    if output:
+        events = [json.loads(line) for line in out.splitlines()]
+        assert [(e["type"], e["reservationId"], e["owner"]) for e in events] == [
+            (kind, reservation, owner) for kind in kinds
+        ]
+        assert all(e["nodeName"].startswith("h100-node-") and e["fencingToken"] for e in events)
+        assert all(line.startswith('{"type":') and " " not in line for line in out.splitlines())
+        return
     lines = [line.split() for line in out.splitlines()]
-    assert [line[:3] for line in lines] == [
-        [kind, reservation, "team-b/watcher"] for kind in ("RESERVED", "COMMITTED", "RELEASED")
-    ]
+    assert [line[:3] for line in lines] == [[kind, reservation, owner] for kind in kinds]
     assert all(line[3].startswith("h100-node-") for line in lines)
 
 
@@ -260,6 +385,11 @@ def test_a_held_mig_slice_blocks_the_slices_it_overlaps(address: str, home: Path
                            "-o", "json", "-s", address, home=home)  # fmt: skip
         items = json.loads(blocked.stdout)["items"]
         assert items and {i["reservation"] for i in items} == {reservation[1]}
+        assert all(i["expiresAt"] for i in items)  # the lease of the reservation in the way
+        table = gpualloc("get", "devices", "--node", "a100-node-1", "--state", "blocked",
+                         "-s", address, home=home).stdout  # fmt: skip
+        rows = table.splitlines()[1:]
+        assert rows and all(re.search(r"blocked\s+team-b/mig\s+in \d+m?\d+s$", r) for r in rows)
         nodes = gpualloc("get", "nodes", "a100-node-1", "-s", address, home=home).stdout
         assert re.search(r"a100-node-1\s+NVIDIA A100-SXM4-40GB\s+4\s+3\s+1\s+0\s+9\d/100", nodes)
     finally:
@@ -331,7 +461,7 @@ def test_a_bad_config_file_is_named(home: Path, text: str, message: str) -> None
     assert str(path) in done.stderr and message in done.stderr
 
 
-@pytest.mark.parametrize("shell", ["bash", "zsh"])
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
 def test_completion_scripts_name_the_verbs(shell: str, home: Path) -> None:
     done = gpualloc("completion", shell, home=home)
     assert done.returncode == 0
@@ -350,9 +480,14 @@ def test_completion_scripts_name_the_verbs(shell: str, home: Path) -> None:
             {"examples/claims/one-h100.yaml"},
             id="file-names",
         ),
+        pytest.param("gpualloc get nodes h100", {"h100-node-1", "h100-node-2"}, id="node-names"),
+        pytest.param("gpualloc describe node a100", {"a100-node-1"}, id="describe-node-names"),
+        pytest.param("gpualloc get devices --node l40", {"l40s-node-1"}, id="node-flag"),
     ],
 )
-def test_bash_completes(line: str, words: set[str], home: Path) -> None:
+def test_bash_completes(line: str, words: set[str], home: Path, address: str) -> None:
+    """Static words from the parser; node names from the server the shell's variables name
+    (`gpualloc get nodes -o name` on TAB)."""
     script = gpualloc("completion", "bash", home=home).stdout
     (home / "completion.bash").write_text(script)
     probe = (
@@ -361,7 +496,12 @@ def test_bash_completes(line: str, words: set[str], home: Path) -> None:
         " COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); _shtab_gpualloc;"
         " printf '%s\\n' \"${COMPREPLY[@]}\""
     )
+    env = {
+        "PATH": f"{Path(GPUALLOC).parent}:{os.environ['PATH']}",
+        "HOME": str(home),
+        "GPUALLOC_ALLOCATOR_ADDR": address,
+    }
     done = subprocess.run(
-        ["bash", "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=30
+        ["bash", "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=30, env=env
     )
     assert words <= set(done.stdout.split()), done.stdout + done.stderr

@@ -12,6 +12,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 import redis
@@ -28,7 +29,7 @@ from services.common.redis_layout import connect
 from tests.conftest import RedisServer, RedisServerFactory, RedisTopologyFactory
 from tests.contract.conftest import device, reserve_request
 from tests.ports import free_port
-from tests.redis_topologies import RedisClusterGroup, SentinelGroup
+from tests.redis_topologies import RedisClusterGroup, RedisTls, SentinelGroup, start_cluster
 
 pytestmark = pytest.mark.redis
 
@@ -364,14 +365,10 @@ def test_the_documented_acl_user_runs_the_store_and_the_inventory(
     redis_server_factory: RedisServerFactory,
 ) -> None:
     """docs/operations.md's `ACL SETUSER` line, as written, is enough for both services."""
-    from services.inventory.adapters.store.redis_repository import RedisInventoryRepository
-    from tests.contract.test_inventory_repository import busy_service
 
-    text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
-    (line,) = [s.strip() for s in text.splitlines() if s.strip().startswith("ACL SETUSER gpualloc")]
     server = redis_server_factory()
     with server.client() as admin:
-        admin.execute_command(*line.replace(">PASSWORD", ">s3cret").split())
+        admin.execute_command(*_documented_acl("s3cret"))
     url = f"redis://gpualloc:s3cret@{server.host}:{server.port}/0"
     store = RedisReservationStore(url, wait_replicas=1, wait_timeout=0.05)
     try:
@@ -393,6 +390,21 @@ def test_the_documented_acl_user_runs_the_store_and_the_inventory(
         assert store.pending_preemptions(["team-a"]) == {"team-a": PendingPreemptions()}
     finally:
         store.close()
+    _inventory_reloads(url)
+
+
+def _documented_acl(password: str) -> list[str]:
+    """docs/operations.md's `ACL SETUSER gpualloc ...` line, as written, with `password`."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    (line,) = [s.strip() for s in text.splitlines() if s.strip().startswith("ACL SETUSER gpualloc")]
+    return line.replace(">PASSWORD", f">{password}").split()
+
+
+def _inventory_reloads(url: str) -> None:
+    """The inventory's repository at `url` stores a busy service and loads it back."""
+    from services.inventory.adapters.store.redis_repository import RedisInventoryRepository
+    from tests.contract.test_inventory_repository import busy_service
+
     service = busy_service(RedisInventoryRepository(url))
     generation = service.generation
     service.close()
@@ -400,3 +412,65 @@ def test_the_documented_acl_user_runs_the_store_and_the_inventory(
     loaded = repository.load()
     repository.close()
     assert loaded is not None and loaded.generation == generation
+
+
+def _store_round_trip(url: str) -> None:
+    """Reserve (confirmed by a replica: WAIT), list, renew, preempt, release, expire at `url`."""
+    store = RedisReservationStore(url, socket_timeout=3.0, wait_replicas=1, wait_timeout=2.0)
+    try:
+        held = store.reserve(reserve_request(GPU0, key="k"))
+        assert [r.id for r in store.list()] == [held.id]
+        store.renew(held.id, held.owner, 30)
+        store.release(held.id, held.owner)
+        victim = store.reserve(reserve_request(GPU0, owner="team-a/job/1", key="p"))
+        store.revoke(victim.id, victim.fencing_token, by="team-b/job/2")
+        assert store.pending_preemptions(["team-a"]) == {
+            "team-a": PendingPreemptions(1, (victim.id,))
+        }
+        with pytest.raises(Preempted):
+            store.renew(victim.id, victim.owner, 30)
+        assert store.expire() == 0 and not store.list()
+    finally:
+        store.close()
+
+
+def test_the_documented_acl_user_runs_the_store_and_the_inventory_on_a_cluster(
+    redis_cluster: RedisClusterGroup, redis_cluster_url: str
+) -> None:
+    """The same line applied to every node of a real 3+3 cluster: redis-py's cluster client
+    also asks CLUSTER SLOTS and COMMAND (issue 28: without them "Cluster mode is not enabled")."""
+    nodes = [s for s in redis_cluster.servers if s.running]
+    for server in nodes:  # ACL users are per node: a cluster does not share them
+        with server.client() as admin:
+            admin.execute_command(*_documented_acl("s3cret"))
+    url = redis_cluster_url.replace("redis+cluster://", "redis+cluster://gpualloc:s3cret@")
+    try:
+        _store_round_trip(url)
+        _inventory_reloads(url)
+    finally:
+        for server in nodes:
+            with server.client() as admin:
+                admin.execute_command("ACL", "DELUSER", "gpualloc")
+
+
+def test_a_tls_cluster_with_a_private_ca_and_client_certificates(tmp_path: Path) -> None:
+    """`rediss+cluster://...?ssl_ca_certs=...&ssl_certfile=...&ssl_keyfile=...` against a real
+    3+3 cluster speaking TLS only (clients, bus, replication) under a private CA that requires
+    client certificates: the query's options reach every connection (issue 28: they were
+    dropped, and the CA unknown failed CERTIFICATE_VERIFY_FAILED)."""
+    tls = RedisTls.create(tmp_path / "pki")
+    group = start_cluster(tmp_path / "cluster", tls=tls)
+    try:
+        assert group.url.startswith("rediss+cluster://") and "ssl_ca_certs=" in group.url
+        _store_round_trip(group.url)
+        _inventory_reloads(group.url)
+        nodes, _, _ = group.url.partition("?")
+        other_ca = RedisTls.create(tmp_path / "other").ca
+        for options in (
+            {"ssl_ca_certs": tls.ca},  # the nodes require a client certificate
+            {"ssl_ca_certs": other_ca, "ssl_certfile": tls.cert, "ssl_keyfile": tls.key},
+        ):
+            with pytest.raises(Unavailable):
+                RedisReservationStore(f"{nodes}?{urlencode(options)}", socket_timeout=1.0).list()
+    finally:
+        group.stop()

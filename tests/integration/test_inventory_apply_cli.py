@@ -63,6 +63,12 @@ def test_apply_prints_configured_then_unchanged(start) -> None:
     assert app.service.generation == 1
     code, out, _ = apply("-f", str(T4_SLICE), "--inventory", address)
     assert (code, out) == (0, f"resourceslice/{SLICE_NAME} unchanged\n")
+    code, out, _ = apply("-f", str(T4_SLICE), "-f", "-", "--inventory", address, stdin=NODES)
+    assert out.splitlines() == ["node/n1 unchanged", f"resourceslice/{SLICE_NAME} unchanged"]
+    relabelled = NODES.replace("zone: a", "zone: b")
+    assert relabelled != NODES
+    code, out, _ = apply("-f", "-", "--inventory", address, stdin=relabelled)
+    assert out.splitlines() == ["node/n1 configured"]
 
 
 def test_a_dry_run_changes_nothing(start) -> None:

@@ -119,10 +119,12 @@ def test_a_commit_over_grpc_redraws_the_lease_as_committed(web_factory, allocato
     (reservation,) = reply.reservations
     before = request(web, "GET", "/fleet")
     assert "RESERVED, lease expires" in before.text
+    assert 'data-state="reserved"' in before.text and 'data-state="committed"' not in before.text
     allocator.stub.Commit(pb.CommitRequest(reservation_id=reservation.id), metadata=owner("bob"))
     after = request(web, "GET", "/fleet", headers={"If-None-Match": before.headers["etag"]})
     assert after.status == 200
     assert "COMMITTED, no lease (committed)" in after.text
+    assert 'data-state="committed"' in after.text and 'data-state="reserved"' not in after.text
 
 
 EXPLAINED = {

@@ -211,6 +211,7 @@ class ApplyResourceSlicesResponse(_message.Message):
     UNCHANGED_FIELD_NUMBER: _builtins.int
     POOLS_FIELD_NUMBER: _builtins.int
     WARNINGS_FIELD_NUMBER: _builtins.int
+    UNCHANGED_NODES_FIELD_NUMBER: _builtins.int
     generation: _builtins.int
     """The inventory generation that includes the change (unchanged for dry runs and no-ops)."""
     @_builtins.property
@@ -229,6 +230,10 @@ class ApplyResourceSlicesResponse(_message.Message):
     def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Non-fatal findings, sorted, e.g. `slice x: pool y generation 3 is older than 4, ignored`."""
 
+    @_builtins.property
+    def unchanged_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The names of the Nodes of `manifest` that were already present with the same labels, sorted."""
+
     def __init__(
         self,
         *,
@@ -237,10 +242,11 @@ class ApplyResourceSlicesResponse(_message.Message):
         unchanged: _abc.Iterable[_builtins.str] | None = ...,
         pools: _abc.Iterable[Global___PoolStatus] | None = ...,
         warnings: _abc.Iterable[_builtins.str] | None = ...,
+        unchanged_nodes: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "generation", b"generation", "pools", b"pools", "unchanged", b"unchanged", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "generation", b"generation", "pools", b"pools", "unchanged", b"unchanged", "unchanged_nodes", b"unchanged_nodes", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

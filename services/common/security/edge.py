@@ -229,6 +229,32 @@ class Authenticator:
             "(mutual TLS or `authorization: Bearer <JWT>`; see docs/security.md)"
         )
 
+    def http_principal(self, authorization: str, certificate: Identity | None) -> Principal:
+        """`principal` for an HTTP request (the web view, served over the same TLS): the
+        `Authorization: Bearer <JWT>` header, else the verified client certificate's identity
+        (`certificate`), bound by the same policy. Unauthenticated without either."""
+        if self._watched is None:
+            return development_principal()
+        loaded = self._watched.current()
+        scheme, _, token = authorization.partition(" ")
+        if authorization and (scheme.lower() != "bearer" or not token.strip()):
+            raise Unauthenticated("the Authorization header must be `Bearer <JWT>`")
+        if token.strip():
+            identity = loaded.tokens.verify(token.strip())
+        elif certificate is not None:
+            identity = certificate
+        else:
+            raise Unauthenticated(
+                "no client certificate and no bearer token: this web view needs an identity "
+                "(a client certificate or `Authorization: Bearer <JWT>`; see docs/security.md)"
+            )
+        principal = loaded.resolve(identity)
+        if principal is None:
+            raise PermissionDenied(
+                f"identity {identity.display} is not bound to any role by the access policy"
+            )
+        return principal
+
 
 @functools.lru_cache(maxsize=4096)
 def certificate_identity(property_name: str, values: tuple[bytes, ...]) -> Identity:

@@ -53,6 +53,7 @@ class ApplyResult:
     unchanged: tuple[str, ...]
     pools: tuple[PoolStatus, ...]  # the pools of the nodes the request touched
     warnings: tuple[str, ...] = ()
+    unchanged_nodes: tuple[str, ...] = ()  # Nodes already there with the same labels
 
 
 @dataclass(frozen=True)
@@ -130,12 +131,16 @@ class InventoryService:
             touched = change.nodes if change else frozenset()
             pools = pool_status(s for key in touched for s in after.slices_of(key))
             generation = before.generation if dry_run else after.generation
+            same_nodes = [
+                n.name for n in nodes if (e := before.entries.get(n.name)) and e.node == n
+            ]
             return ApplyResult(
                 generation,
                 tuple(sorted(applied)),
                 tuple(sorted(unchanged)),
                 pools,
                 _old_generation_warnings(slices, pools),
+                tuple(sorted(same_nodes)),
             )
 
     def apply_slices(self, slices: Sequence[ResourceSlice], dry_run: bool = False) -> ApplyResult:

@@ -9,7 +9,7 @@ Like `kubectl apply`: every input is read and checked locally first; then all sl
 go in ONE ApplyResourceSlices call (atomic: all or nothing), then each report in a ReportNode
 call. A `topo -m` matrix with no report beside it hangs on the GPUs of its node's slices (given,
 or asked from the inventory), and is sent as that node's report. Prints
-`resourceslice/<name> configured|unchanged`, `node/<name> configured` and
+`resourceslice/<name> configured|unchanged`, `node/<name> configured|unchanged` and
 `nodereport/<node> configured` lines. The inventory address is `--inventory`, else
 $GPUALLOC_INVENTORY_ADDR, else 127.0.0.1:50051 (where `gpualloc serve` runs both services).
 TLS, mutual TLS and a bearer token: `--tls-ca --tls-cert --tls-key --tls-server-name
@@ -187,8 +187,10 @@ def _send(
             ),
             timeout=_TIMEOUT_S,
         )
-        for name in inputs.nodes:
-            print(f"node/{name.name} configured{suffix}", file=out)
+        same = set(response.unchanged_nodes)  # empty from a server that predates the field
+        for node in inputs.nodes:
+            done = "unchanged" if node.name in same else "configured"
+            print(f"node/{node.name} {done}{suffix}", file=out)
         outcome = {n: "configured" for n in response.applied}
         outcome |= {n: "unchanged" for n in response.unchanged}
         for s in inputs.slices:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from html import escape
 
 from services.allocator.app.fleet_view import (
@@ -23,8 +23,16 @@ from services.allocator.app.fleet_view import (
     FleetPlacement,
 )
 from services.allocator.app.messages import Answer, Holder, Outcome, claim_ref
+from services.common.security.quota import TenantStatus, quantity_text
 
-__all__ = ["answer_fragment", "error_fragment", "fleet_fragment", "holder_colours", "page"]
+__all__ = [
+    "answer_fragment",
+    "error_fragment",
+    "fleet_fragment",
+    "holder_colours",
+    "page",
+    "quotas_fragment",
+]
 
 HOLDER_COLOURS = 12  # classes h0 .. h11 in web.css
 MAX_COLUMNS = 16  # classes c0 .. c15, w1 .. w16 and cols1 .. cols16 in web.css
@@ -45,8 +53,10 @@ spec:
 """
 
 
-def page(fleet: Fleet, *, tenants_only: bool, explain: str = "", claim: str = "") -> str:
-    """The whole page: the fleet (refreshed by web.js) and the Explain box."""
+def page(
+    fleet: Fleet, *, tenants_only: bool, explain: str = "", claim: str = "", quotas: str = ""
+) -> str:
+    """The whole page: the fleet and the quotas (refreshed by web.js), the Explain box."""
     scope = (
         "An access policy is on: reservations show their tenant only."
         if tenants_only
@@ -67,7 +77,7 @@ def page(fleet: Fleet, *, tenants_only: bool, explain: str = "", claim: str = ""
 <p class="scope">Read-only. {escape(scope)} <span id="status" class="status">live</span></p>
 </header>
 <main>
-<section id="fleet" aria-live="polite">{fleet_fragment(fleet)}</section>
+<section id="fleet" aria-live="polite">{fleet_fragment(fleet)}{quotas}</section>
 <section class="explain">
 <h2>Explain a claim</h2>
 <form id="explain-form" method="post" action="/explain">
@@ -98,6 +108,36 @@ def fleet_fragment(fleet: Fleet) -> str:
     )
 
 
+def quotas_fragment(rows: Sequence[TenantStatus], enabled: bool) -> str:
+    """The quotas panel: per tenant and quota resource what `gpualloc get quotas` prints; the
+    rows are those the viewer may see (app: QuotaStatus's rule). Nothing without quotas."""
+    if not enabled:
+        return ""
+    if not rows:
+        body = (
+            '<p class="meta">Quotas are shown to the identities of their own tenant and to '
+            "those that see every tenant (<code>gpualloc get quotas</code>).</p>"
+        )
+    else:
+        cells = "".join(
+            f'<tr data-tenant="{escape(r.tenant)}"><td>{escape(r.tenant)}</td>'
+            f"<td>{escape(r.resource)}</td><td>{escape(r.cohort or '-')}</td>"
+            + "".join(
+                f"<td>{quantity_text(v, r.binary)}</td>"
+                for v in (r.nominal, r.used, r.borrowed, r.lent, r.left)
+            )
+            + f"<td>{r.pending_preemptions}</td></tr>"
+            for r in rows
+        )
+        head = "".join(
+            f"<th>{h}</th>"
+            for h in ("tenant", "resource", "cohort", "nominal", "used", "borrowed", "lent")
+            + ("left", "pending")
+        )
+        body = f'<table class="quota"><tr>{head}</tr>{cells}</table>'
+    return f'<div class="quotas"><h2>Quotas</h2>{body}</div>'
+
+
 def holder_colours(holders: Iterable[str]) -> dict[str, str]:
     """A colour class per holder: the CRC of its name picks one (the same on every refresh),
     the next free one when another holder on the page has it (distinct up to 12 holders)."""
@@ -115,7 +155,11 @@ def holder_colours(holders: Iterable[str]) -> dict[str, str]:
 
 
 def _legend(fleet: Fleet, colours: Mapping[str, str]) -> str:
-    items = ['<li><span class="swatch free"></span>free</li>']
+    items = [
+        '<li><span class="swatch free"></span>free</li>',
+        '<li><span class="swatch h0 reserved"></span>reserved (lease running)</li>',
+        '<li><span class="swatch h0 committed"></span>committed</li>',
+    ]
     for owner, count in fleet.holders().items():
         items.append(
             f'<li data-holder="{escape(owner)}"><span class="swatch {colours[owner]}"></span>'
@@ -159,10 +203,11 @@ def _placement(placement: FleetPlacement, columns: int, colours: Mapping[str, st
     lines = [placement.device + (f" ({placement.profile})" if placement.profile else "")]
     lines.extend(_holder_line(h) for h in placement.holders)
     label = placement.profile if width > 1 else ""  # the title names it anyway
+    state = first.state.lower()  # reserved (striped: a lease runs), committed (solid), pending
     return (
-        f'<div class="slot c{start} w{width} {colours.get(first.owner, "h0")}" '
+        f'<div class="slot c{start} w{width} {colours.get(first.owner, "h0")} {state}" '
         f'data-device="{escape(placement.device)}" data-holder="{escape(first.owner)}" '
-        f'title="{escape(chr(10).join(lines))}">{escape(label)}</div>'
+        f'data-state="{state}" title="{escape(chr(10).join(lines))}">{escape(label)}</div>'
     )
 
 

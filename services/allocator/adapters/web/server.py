@@ -8,7 +8,13 @@ with the last ETag: 304 while nothing changed), `POST /explain` (the Explain box
 static files. It reads the allocator in process — the same view, holdings and Explain the RPCs
 use (app/fleet_view.py; `AllocatorService.explain`) — and changes nothing.
 
-Who sees what. The page has no login: what it shows, it shows to whoever reaches the port.
+Who sees what. Served with the gRPC port's TLS and access policy (`WebSettings.tls` and
+`authenticator`, as bootstrap.start_web_view sets them when the server has both), it is HTTPS
+with the same identities: every request needs a client certificate the server's client CA
+signed or an `Authorization: Bearer <JWT>` of the policy's issuers (401 without, 403 for an
+identity the policy binds to no role or to one without `reservations.read`, and
+`placements.read` for Explain), and may listen beyond loopback. Otherwise the page has no
+login: what it shows, it shows to whoever reaches the port.
 So it listens on loopback unless `GPUALLOC_INSECURE` (a non-loopback address is refused
 otherwise, like the gRPC port without TLS or a policy), answers only requests whose Host is
 a loopback name there (a DNS-rebinding page cannot read it), and under an access policy
@@ -31,6 +37,7 @@ import contextlib
 import hashlib
 import logging
 import socket
+import ssl
 import threading
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -44,6 +51,7 @@ from services.allocator.adapters.web.page import (
     error_fragment,
     fleet_fragment,
     page,
+    quotas_fragment,
 )
 from services.allocator.app.cluster_view import ViewSnapshot
 from services.allocator.app.fleet_view import Fleet, fleet_of
@@ -54,17 +62,29 @@ from services.common.deadline import Deadline
 from services.common.dra.limits import DocumentLimits
 from services.common.dra.model import DeviceClass, ResourceClaim
 from services.common.dra.parse import load_objects
-from services.common.errors import FailedPrecondition, GpuallocError, InvalidArgument
+from services.common.errors import (
+    FailedPrecondition,
+    GpuallocError,
+    InvalidArgument,
+    PermissionDenied,
+    Unauthenticated,
+)
 from services.common.grpc_errors import status_code_of
-from services.common.security.edge import is_loopback_address
+from services.common.security.edge import (
+    Authenticator,
+    certificate_identity,
+    is_loopback_address,
+)
+from services.common.security.policy import Access, authorize
 from services.common.security.principal import (
     Identity,
     IdentityKind,
+    Permission,
     Principal,
     development_principal,
 )
 
-__all__ = ["WEB_VIEWER", "WebSettings", "WebView", "check_web_exposure"]
+__all__ = ["WEB_VIEWER", "WebSettings", "WebTls", "WebView", "check_web_exposure"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +92,7 @@ WEB_VIEWER = Principal(Identity(IdentityKind.ANONYMOUS, "web-viewer"))
 """Who the page is shown to under an access policy: a caller of no tenant (sees tenants only)."""
 
 _PASTED = "<pasted claim>"
+_MAX_QUOTA_SCOPES = 64  # quota panels kept (one per tenant looking, and one of every tenant)
 _LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 _STATIC = {
     "/web.css": ("web.css", "text/css; charset=utf-8"),
@@ -104,10 +125,34 @@ _HTTP_STATUS = {
 
 
 @dataclass(frozen=True)
+class WebTls:
+    """The gRPC port's certificate and key (GPUALLOC_TLS_CERT_FILE, _KEY_FILE) and the CA its
+    clients' certificates must chain to (GPUALLOC_TLS_CLIENT_CA_FILE; empty: tokens only)."""
+
+    cert_file: str
+    key_file: str
+    client_ca_file: str = ""
+
+    def context(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            context.load_cert_chain(self.cert_file, self.key_file)
+            if self.client_ca_file:
+                context.load_verify_locations(self.client_ca_file)
+                context.verify_mode = ssl.CERT_OPTIONAL  # a certificate, or else a token
+        except (OSError, ssl.SSLError) as error:
+            raise InvalidArgument.at("GPUALLOC_TLS_CERT_FILE", f"web view TLS: {error}") from None
+        return context
+
+
+@dataclass(frozen=True)
 class WebSettings:
     listen_address: str  # host:port (port 0: any)
     tenants_only: bool = False  # an access policy is on: show tenants only
     insecure: bool = False  # a non-loopback address is allowed (GPUALLOC_INSECURE)
+    tls: WebTls | None = None  # HTTPS with the gRPC port's certificate
+    authenticator: Authenticator | None = None  # with `tls`: each request's identity
     document_limits: DocumentLimits = field(default_factory=DocumentLimits)
     explain_seconds: float = 30.0  # GPUALLOC_MAX_CALL_DURATION
     max_body_bytes: int = 256 * 1024
@@ -116,9 +161,10 @@ class WebSettings:
     socket_timeout: float = 10.0
 
 
-def check_web_exposure(address: str, insecure: bool) -> None:
-    """FailedPrecondition for a non-loopback web address without `insecure`; a warning with."""
-    if is_loopback_address(address):
+def check_web_exposure(address: str, insecure: bool, *, authenticated: bool = False) -> None:
+    """FailedPrecondition for a non-loopback web address without `insecure`; a warning with.
+    Served over TLS with the policy's identities (`authenticated`), any address is fine."""
+    if is_loopback_address(address) or authenticated:
         return
     message = (
         f"the web view on {address} (not loopback) has no TLS and no login: anyone who "
@@ -138,7 +184,9 @@ class WebView:
     def __init__(
         self, service: AllocatorService, settings: WebSettings, *, reuse_port: bool = False
     ) -> None:
-        check_web_exposure(settings.listen_address, settings.insecure)
+        check_web_exposure(
+            settings.listen_address, settings.insecure, authenticated=_authenticated(settings)
+        )
         self._service = service
         self.settings = settings
         self.viewer = WEB_VIEWER if settings.tenants_only else development_principal()
@@ -146,7 +194,8 @@ class WebView:
         self._loopback = is_loopback_address(settings.listen_address)
         self._server = _bind(settings, reuse_port, self)
         self._thread: threading.Thread | None = None
-        self._drawn: tuple[object, bytes, str] | None = None  # the last fleet_fragment
+        self._drawn: tuple[object, bytes] | None = None  # the last fleet_fragment
+        self._quotas: dict[str, tuple[object, str]] = {}  # scope -> (change key, panel)
 
     @property
     def port(self) -> int:
@@ -155,7 +204,8 @@ class WebView:
     @property
     def url(self) -> str:
         host = str(self._server.server_address[0])
-        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}/"
+        scheme = "https" if self.settings.tls else "http"
+        return f"{scheme}://{f'[{host}]' if ':' in host else host}:{self.port}/"
 
     def start(self) -> None:
         self._thread = threading.Thread(
@@ -183,20 +233,40 @@ class WebView:
         reservations = {r.id: r for r in holdings.reservations()}
         return fleet_of(view, state, reservations, self.viewer)
 
-    def fleet_fragment(self) -> tuple[bytes, str]:
-        """The fleet's HTML and its ETag, drawn again only when the view, the holdings or a
-        reservation's state or lease changed (every viewer polls it several times a second)."""
+    def fleet_fragment(self, viewer: Principal | None = None) -> tuple[bytes, str]:
+        """The fleet's and the quotas' HTML (those `viewer`, default the page's viewer, may
+        see) and its ETag, drawn again only when the view, the holdings or a reservation's
+        state or lease changed (every viewer polls it several times a second)."""
         view = self._service.view.require(0)
+        key = self._change_key(view)
+        cached = self._drawn
+        if cached is None or cached[0] != key:
+            cached = (key, fleet_fragment(self.fleet(view)).encode())
+            self._drawn = cached
+        body = cached[1] + self.quotas_fragment(viewer or self.viewer, key).encode()
+        etag = '"' + hashlib.sha256(body).hexdigest()[:20] + '"'
+        return body, etag
+
+    def quotas_fragment(self, viewer: Principal, key: object | None = None) -> str:
+        """The quotas panel as `viewer` may see it: every tenant's rows for one who sees every
+        tenant, its own tenant's, else none (QuotaStatus's rule); kept per change key."""
+        key = key if key is not None else self._change_key(self._service.view.require(0))
+        scope = "*" if viewer.sees_all_tenants else (viewer.tenant or "")
+        cached = self._quotas.get(scope)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        rows, enabled = self._service.quota_status([] if scope == "*" else [scope])
+        shown = rows if scope else []
+        text = quotas_fragment(shown, enabled)
+        if len(self._quotas) >= _MAX_QUOTA_SCOPES:
+            self._quotas.clear()
+        self._quotas[scope] = (key, text)
+        return text
+
+    def _change_key(self, view: ViewSnapshot) -> object:
         holdings = self._service.holdings
         leases = tuple(sorted((r.id, r.state, r.expires_at) for r in holdings.reservations()))
-        key = (view, holdings.version, leases)  # a ViewSnapshot compares by identity
-        cached = self._drawn
-        if cached is not None and cached[0] == key:
-            return cached[1], cached[2]
-        body = fleet_fragment(self.fleet(view)).encode()
-        etag = '"' + hashlib.sha256(body).hexdigest()[:20] + '"'
-        self._drawn = (key, body, etag)
-        return body, etag
+        return (view, holdings.version, leases)  # a ViewSnapshot compares by identity
 
     def explain(self, text: str) -> Answer:
         """Explain the claims of `text` (DeviceClasses in it are used for this call only), as
@@ -217,6 +287,22 @@ class WebView:
             self._explains.release()
         return visible_answer(answer, self.viewer, self._service.holdings.owner_of)
 
+    def authorize(
+        self, authorization: str, peer: dict[str, Any] | None, explain: bool
+    ) -> Principal:
+        """Who the request is shown to. Under the policy (`authenticated` settings): its
+        token's or certificate's principal, or Unauthenticated / PermissionDenied unless that
+        is bound to a role that may read reservations (and place, for Explain); otherwise the
+        page's viewer."""
+        authenticator = self.settings.authenticator
+        if not _authenticated(self.settings) or authenticator is None:
+            return self.viewer
+        principal = authenticator.http_principal(authorization, _peer_identity(peer))
+        authorize(principal, Access("web view", Permission.RESERVATIONS_READ))
+        if explain:
+            authorize(principal, Access("web view Explain", Permission.PLACEMENTS_READ))
+        return principal
+
     def host_allowed(self, host: str | None) -> bool:
         """On loopback, only loopback Host names (DNS rebinding); anything otherwise."""
         if not self._loopback:
@@ -225,6 +311,29 @@ class WebView:
             return False
         name = urlsplit(f"//{host}").hostname or ""
         return name in _LOOPBACK_HOSTS
+
+
+def _authenticated(settings: WebSettings) -> bool:
+    authenticator = settings.authenticator
+    return settings.tls is not None and authenticator is not None and not authenticator.development
+
+
+def _peer_identity(peer: dict[str, Any] | None) -> Identity | None:
+    """A verified client certificate (ssl's getpeercert()) as gRPC names the peer: its DNS and
+    URI subject alternative names when it has any, else its subject common name."""
+    if not peer:
+        return None
+    names = [v for kind, v in peer.get("subjectAltName", ()) if kind in ("DNS", "URI")]
+    if names:
+        return certificate_identity(
+            "x509_subject_alternative_name", tuple(n.encode() for n in names)
+        )
+    common = [v for rdn in peer.get("subject", ()) for k, v in rdn if k == "commonName"]
+    return (
+        certificate_identity("x509_common_name", tuple(c.encode() for c in common[:1]))
+        if common
+        else None
+    )
 
 
 class _Busy(GpuallocError):
@@ -252,6 +361,11 @@ class _Server(ThreadingHTTPServer):
             return
         super().process_request(request, client_address)
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection that failed (a TLS handshake refused: no or a bad certificate, plain
+        HTTP to HTTPS; a client gone) is logged, not printed as a traceback on stderr."""
+        log.debug("web: connection from %s failed", client_address, exc_info=True)
+
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
@@ -273,14 +387,20 @@ def _bind(settings: WebSettings, reuse_port: bool, web: WebView) -> _Server:
             "GPUALLOC_WEB_LISTEN", f"must be host:port, got {settings.listen_address!r}"
         ) from None
     server_class = _Server6 if ":" in host else _Server
+    context = settings.tls.context() if settings.tls else None
     try:
-        return server_class((host, number), web, settings.max_connections, reuse_port)
+        server = server_class((host, number), web, settings.max_connections, reuse_port)
     except OSError as error:
         raise InvalidArgument.at(
             "GPUALLOC_WEB_LISTEN",
             f"cannot listen on {settings.listen_address}: the address is in use or not local "
             f"({error.strerror})",
         ) from None
+    if context is not None:  # the handshake runs in the connection's thread, on first read
+        server.socket = context.wrap_socket(
+            server.socket, server_side=True, do_handshake_on_connect=False
+        )
+    return server
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -292,8 +412,10 @@ class _Handler(BaseHTTPRequestHandler):
         super().setup()
         self.connection.settimeout(self.server.web.settings.socket_timeout)
 
+    viewer: Principal | None = None  # who this request is shown to (_identity_checked)
+
     def do_GET(self) -> None:
-        if not self._host_checked():
+        if not self._host_checked() or not self._identity_checked(explain=False):
             return
         try:
             self._get(urlsplit(self.path).path)
@@ -307,10 +429,12 @@ class _Handler(BaseHTTPRequestHandler):
             body = resources.files(__package__).joinpath("web_static", name).read_bytes()
             self._send(HTTPStatus.OK, body, content_type)
         elif path == "/":
-            text = page(self._fleet(), tenants_only=web.settings.tenants_only)
+            text = page(
+                self._fleet(), tenants_only=web.settings.tenants_only, quotas=self._quotas()
+            )
             self._send(HTTPStatus.OK, text.encode(), "text/html; charset=utf-8")
         elif path == "/fleet":
-            body, etag = self.server.web.fleet_fragment()
+            body, etag = self.server.web.fleet_fragment(self.viewer)
             if self.headers.get("If-None-Match") == etag:
                 self._send(HTTPStatus.NOT_MODIFIED, b"", "", etag=etag)
             else:
@@ -319,7 +443,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_error(HTTPStatus.NOT_FOUND, f"no page {path}")
 
     def do_POST(self) -> None:
-        if not self._host_checked():
+        if not self._host_checked() or not self._identity_checked(explain=True):
             return
         if urlsplit(self.path).path != "/explain":
             self._send_error(HTTPStatus.NOT_FOUND, "only /explain takes a POST")
@@ -343,7 +467,13 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send_error(_http_status(error), error.message)
                 return
             settings = self.server.web.settings
-            whole = page(fleet, tenants_only=settings.tenants_only, explain=fragment, claim=text)
+            whole = page(
+                fleet,
+                tenants_only=settings.tenants_only,
+                explain=fragment,
+                claim=text,
+                quotas=self._quotas(),
+            )
             self._send(status, whole.encode(), "text/html; charset=utf-8")
         else:
             self._send(status, fragment.encode(), "text/html; charset=utf-8")
@@ -372,6 +502,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _fleet(self) -> Fleet:
         return self.server.web.fleet()
 
+    def _quotas(self) -> str:
+        web = self.server.web
+        return web.quotas_fragment(self.viewer or web.viewer)
+
     def _host_checked(self) -> bool:
         if self.server.web.host_allowed(self.headers.get("Host")):
             return True
@@ -380,6 +514,18 @@ class _Handler(BaseHTTPRequestHandler):
             "this web view answers on localhost only (the Host header is not a loopback name)",
         )
         return False
+
+    def _identity_checked(self, *, explain: bool) -> bool:
+        peer = self.connection.getpeercert() if isinstance(self.connection, ssl.SSLSocket) else None
+        try:
+            self.viewer = self.server.web.authorize(
+                self.headers.get("Authorization", ""), peer, explain
+            )
+        except (Unauthenticated, PermissionDenied) as error:
+            self.close_connection = True
+            self._send_error(_http_status(error), error.message)
+            return False
+        return True
 
     def _send_error(self, status: int, message: str) -> None:
         self._send(status, error_fragment(status, message).encode(), "text/html; charset=utf-8")
@@ -390,6 +536,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         if status == HTTPStatus.SERVICE_UNAVAILABLE:
             self.send_header("Retry-After", "1")
+        if status == HTTPStatus.UNAUTHORIZED:
+            self.send_header("WWW-Authenticate", 'Bearer realm="gpualloc"')
         if etag:
             self.send_header("ETag", etag)
         if content_type:

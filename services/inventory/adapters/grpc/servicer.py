@@ -108,6 +108,7 @@ class InventoryServicer(inventory_pb2_grpc.InventoryServicer):
             unchanged=result.unchanged,
             pools=[to_pb_pool_status(p) for p in result.pools],
             warnings=result.warnings,
+            unchanged_nodes=result.unchanged_nodes,
         )
 
     def DeleteResourceSlices(
