@@ -328,6 +328,11 @@ def test_what_allocate_and_get_print_reads_back_with_f(address: str, home: Path)
     assert released.stdout == f"reservation/{reservation['id']} released\n", released.stderr
 
 
+# long enough for three CLI runs (a Python start each) on a loaded 2-core machine: with 8 s the
+# watch ended before the release on one run beside other suites
+WATCH_FOR = "20s"
+
+
 @pytest.mark.parametrize(
     "output", [pytest.param((), id="table"), pytest.param(("-o", "json"), id="json")]
 )
@@ -339,8 +344,9 @@ def test_get_reservations_watch_prints_each_change(
     compact camelCase object a line (`type`, `reservationId`, ...)."""
     keep = {k: v for k, v in os.environ.items() if not k.startswith("GPUALLOC_")}
     owner = f"team-b/watcher-{len(output)}"
+    watch = ("get", "reservations", "--owner", owner, "-w", WATCH_FOR, "-s", address, *output)
     watching = subprocess.Popen(
-        [GPUALLOC, "get", "reservations", "--owner", owner, "-w", "8s", "-s", address, *output],
+        [GPUALLOC, *watch],
         cwd=ROOT,
         env={**keep, "HOME": str(home), "XDG_CONFIG_HOME": ""},
         stdout=subprocess.PIPE,
@@ -357,7 +363,7 @@ def test_get_reservations_watch_prints_each_change(
         reservation = match[1]
         assert gpualloc("commit", reservation, *as_owner, home=home).returncode == 0
         assert gpualloc("release", reservation, *as_owner, home=home).returncode == 0
-        out, err = watching.communicate(timeout=30)
+        out, err = watching.communicate(timeout=60)
     finally:
         watching.kill()
     assert watching.returncode == 0, err
