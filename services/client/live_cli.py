@@ -517,6 +517,13 @@ def _get(args: argparse.Namespace, session: Session, out: TextIO) -> int:
 # --- describe -----------------------------------------------------------------------------
 
 
+def _gpus_free(node: FleetNode) -> str:
+    """`3 free`, and `, 1 tainted` when a GPU nothing holds is tainted (never counted free)."""
+    tainted = sum(1 for g in node.gpus if g.tainted)
+    free = f"{sum(1 for g in node.gpus if g.free)} free"
+    return f"{free}, {tainted} tainted" if tainted else free
+
+
 def _describe_node(name: str, session: Session, out: TextIO) -> None:
     (node,) = _fleet(session, [_bare(name, "node")], topology=True)
     inventory = node.inventory
@@ -525,7 +532,7 @@ def _describe_node(name: str, session: Session, out: TextIO) -> None:
     lines += [f"{'Labels:' if i == 0 else '':<15}{label}" for i, label in enumerate(labels)]
     lines.append(f"Models:        {', '.join(node.models) or '<none>'}")
     lines.append(
-        f"GPUs:          {len(node.gpus)} ({sum(1 for g in node.gpus if g.free)} free); devices: "
+        f"GPUs:          {len(node.gpus)} ({_gpus_free(node)}); devices: "
         + ", ".join(f"{node.count(u)} {u.value}" for u in Use if node.count(u))
     )
     out.write("\n".join(lines) + "\n")
