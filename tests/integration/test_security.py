@@ -404,6 +404,32 @@ def test_explain_names_another_tenants_holder_only_by_tenant(fleet: SecuredFleet
     assert held.id in {h.reservation_id for h in seen_by_a.holders}
 
 
+def test_a_reserve_conflict_names_another_tenants_holder_only_by_tenant(
+    fleet: SecuredFleet, held: Held
+):
+    """team-b reserves the devices team-a holds: ABORTED naming the devices and `held by
+    tenant team-a`, never team-a's reservation id; team-a itself is told its own id."""
+    a, b = _alloc(fleet.channel("scheduler-a")), _alloc(fleet.channel("scheduler-b"))
+    mine = a.GetReservation(pb.GetReservationRequest(reservation_id=held.id), timeout=10)
+    taken = pb.ReserveRequest(
+        node_name=mine.reservation.node_name,
+        allocations=mine.reservation.allocations,
+        owner="job/taker",
+    )
+    taken.lease_ttl.FromSeconds(60)
+    with pytest.raises(grpc.RpcError) as by_b:
+        b.Reserve(taken, timeout=10)
+    assert by_b.value.code() is grpc.StatusCode.ABORTED
+    assert "held by tenant team-a" in str(by_b.value.details())
+    assert held.id not in str(by_b.value.details())
+    assert held.id not in str(by_b.value.trailing_metadata())
+    taken.owner = "job/again"
+    with pytest.raises(grpc.RpcError) as by_a:
+        a.Reserve(taken, timeout=10)
+    assert by_a.value.code() is grpc.StatusCode.ABORTED
+    assert f"held by reservation {held.id}" in str(by_a.value.details())
+
+
 def test_reserve_refuses_a_device_with_an_untolerated_taint(fleet: SecuredFleet):
     """The rule Allocate applies (taints not tolerated rule a device out) holds for a direct
     Reserve of a device that fell off the bus (XID 79 -> NoExecute) after it was placed."""

@@ -1076,6 +1076,7 @@ def _bounded(conflict: Conflict) -> Conflict:
         f"reservation conflict on {len(keys)} devices and counters: {shown}, "
         f"and {len(keys) - _MAX_CONFLICTS} more",
         keys[:_MAX_CONFLICTS],
+        conflict.holders,
     )
 
 
