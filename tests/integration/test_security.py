@@ -26,7 +26,13 @@ from protos.inventory.v1 import inventory_pb2 as ipb
 from protos.inventory.v1 import inventory_pb2_grpc
 from services.bridges.local_cluster import EXAMPLE_CLUSTER
 from services.inventory.core.report import XidEvent
-from tests.security_fixtures import AGENT_SUBJECT, KUEUE_SUBJECT, SecuredFleet, secured_fleet
+from tests.security_fixtures import (
+    AGENT_SUBJECT,
+    KUEUE_SUBJECT,
+    POLICY,
+    SecuredFleet,
+    secured_fleet,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -428,6 +434,42 @@ def test_a_reserve_conflict_names_another_tenants_holder_only_by_tenant(
         a.Reserve(taken, timeout=10)
     assert by_a.value.code() is grpc.StatusCode.ABORTED
     assert f"held by reservation {held.id}" in str(by_a.value.details())
+
+
+def test_a_tenant_holds_at_most_its_max_reservations_admin_access_included(tmp_path):
+    """tools may use adminAccess (which no quota counts) and holds at most 3 live reservations:
+    the 4th, adminAccess or not, Allocate or Reserve, is RESOURCE_EXHAUSTED naming the bound;
+    releasing one makes room. Another tenant is not bounded by it."""
+    bounded = POLICY.replace(
+        "  - name: tools\n    allowAdminAccess: true\n",
+        "  - name: tools\n    allowAdminAccess: true\n    maxReservations: 3\n",
+    )
+    assert bounded != POLICY
+    with secured_fleet(tmp_path, policy=bounded) as fleet:
+        monitor = _alloc(fleet.channel("monitor"))
+        held = [
+            monitor.Allocate(_allocate(True, admin_access=True, owner=f"job/{i}"), timeout=10)
+            for i in range(3)
+        ]
+        assert all(a.outcome == pb.OUTCOME_ALLOCATED for a in held)
+        for request in (_allocate(True, admin_access=True, owner="job/4"), _allocate(True)):
+            with pytest.raises(grpc.RpcError) as refused:
+                monitor.Allocate(request, timeout=10)
+            assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "at most 3 live reservations" in str(refused.value.details())
+            assert "maxReservations" in str(refused.value.details())
+        others = _alloc(fleet.channel("scheduler-a"))
+        assert others.Allocate(_allocate(True), timeout=10).outcome == pb.OUTCOME_ALLOCATED
+        placed = monitor.Allocate(_allocate(), timeout=10)
+        direct = pb.ReserveRequest(
+            node_name=placed.node_name, allocations=placed.allocations, owner="job/direct"
+        )
+        with pytest.raises(grpc.RpcError) as refused:
+            monitor.Reserve(direct, timeout=10)
+        assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        _release_made(fleet.channel("monitor"), held[0])
+        made = monitor.Reserve(direct, timeout=10)
+        assert made.reservation.owner == "tools/job/direct"
 
 
 def test_reserve_refuses_a_device_with_an_untolerated_taint(fleet: SecuredFleet):

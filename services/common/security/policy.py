@@ -8,7 +8,8 @@
         jwt: [{issuer: https://kubernetes.default.svc, audiences: [gpualloc], jwksFile: ...}]
       tenants:
       - {name: hpc, cohort: research, quotas: [{resource: gpus, nominal: 8, borrowingLimit: 4}]}
-      - {name: ml, allowAdminAccess: true, cohort: research, quotas: [{resource: gpus, nominal: 8}]}
+      - {name: ml, allowAdminAccess: true, maxReservations: 500, cohort: research,
+         quotas: [{resource: gpus, nominal: 8}]}
       quota:
         resources: [{name: gpus, deviceClassNames: [gpu.nvidia.com]}]
       bindings:
@@ -27,7 +28,8 @@ node a Kubernetes service-account token is bound to (its `kubernetes.io.node.nam
 the binding lists `nodes`.
 
 Quotas (`spec.quota.resources`, a tenant's `cohort` and `quotas`) are modelled and ruled in
-quota.py; docs/tenancy.md explains them.
+quota.py; docs/tenancy.md explains them. A tenant's `maxReservations` bounds how many live
+reservations it may hold, whatever they hold (adminAccess ones too, which no quota counts).
 
 Parsing is strict, as `kubectl apply --validate=strict`: unknown fields, unknown roles or
 tenants, duplicate names are errors with the field path. Pure: values in, values out; the file
@@ -120,6 +122,7 @@ class Subject:
 class Tenant:
     name: str
     allow_admin_access: bool = False
+    max_reservations: int | None = None  # live reservations it may hold (None: no bound)
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,7 @@ class AccessPolicy:
             act_for=tuple(sorted({p for b, _ in matched for p in b.act_for})),
             nodes=tuple(sorted(nodes)),
             allow_admin_access=tenant is not None and self.tenants[tenant].allow_admin_access,
+            max_reservations=self.tenants[tenant].max_reservations if tenant else None,
         )
 
 
@@ -280,7 +284,7 @@ def _tenants(
 ) -> tuple[dict[str, Tenant], dict[str, TenantQuota]]:
     tenants: dict[str, Tenant] = {}
     quotas: dict[str, TenantQuota] = {}
-    allowed = {"name", "allowAdminAccess", "cohort", "quotas"}
+    allowed = {"name", "allowAdminAccess", "maxReservations", "cohort", "quotas"}
     for i, item in enumerate(reader.sequence(value, "spec.tenants")):
         path = f"spec.tenants[{i}]"
         fields = reader.mapping(item, path, allowed)
@@ -290,7 +294,11 @@ def _tenants(
         if name in tenants:
             reader.fail(f"{path}.name", f"duplicate tenant {name!r}")
         admin = reader.boolean(fields.get("allowAdminAccess", False), f"{path}.allowAdminAccess")
-        tenants[name] = Tenant(name, admin)
+        most = fields.get("maxReservations")
+        if most is not None and (isinstance(most, bool) or not isinstance(most, int) or most < 0):
+            reader.fail(f"{path}.maxReservations", f"must be an integer >= 0, got {most!r}")
+            most = None
+        tenants[name] = Tenant(name, admin, most)
         cohort = reader.string(fields.get("cohort", ""), f"{path}.cohort", required=False)
         if any(c in cohort for c in "{}"):
             reader.fail(f"{path}.cohort", "must not contain '{' or '}' (a store hash tag)")

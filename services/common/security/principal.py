@@ -108,6 +108,7 @@ class Principal:
     allow_admin_access: bool = False
     development: bool = False
     claimed_owner: str = ""  # development mode: the x-gpualloc-owner header, if any
+    max_reservations: int | None = None  # its tenant's live reservations bound (None: none)
 
     @property
     def name(self) -> str:

@@ -119,6 +119,14 @@ INVALID: dict[str, tuple[Any, str]] = {
         _set("spec.tenants.1.allowAdminAccess", "yes"),
         "spec.tenants[1].allowAdminAccess",
     ),
+    "max-reservations-negative": (
+        _set("spec.tenants.1.maxReservations", -1),
+        "spec.tenants[1].maxReservations",
+    ),
+    "max-reservations-not-an-integer": (
+        _set("spec.tenants.1.maxReservations", "100"),
+        "spec.tenants[1].maxReservations",
+    ),
     "binding-without-subjects": (_set("spec.bindings.0.subjects", []), "spec.bindings[0].subjects"),
     "jwt-without-audience": (
         _set("spec.authentication.jwt.0.audiences", []),

@@ -147,6 +147,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                     request_digest(request) if request.idempotency_key else "",
                     request.priority_class_name,
                     request.preempt,
+                    principal.max_reservations,
                 )
             answer = self._service.allocate(query, lease, deadline=self._deadline(context))
         if answer.reservations:
@@ -194,15 +195,17 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
     def Reserve(
         self, request: pb.ReserveRequest, context: grpc.ServicerContext
     ) -> pb.ReserveResponse:
+        principal = current_principal(context)
         lease = lease_from_pb(
-            current_principal(context).owner(request.owner),
+            principal.owner(request.owner),
             request.lease_ttl if request.HasField("lease_ttl") else None,
             request.idempotency_key,
             request.labels,
             priority_class=request.priority_class_name,
+            max_reservations=principal.max_reservations,
         )
         claims = reserve_claims_from_pb(request.allocations)
-        with self._errors_shown_to(current_principal(context)):
+        with self._errors_shown_to(principal):
             reservations = self._service.reserve(
                 request.node_name, claims, lease, deadline=self._deadline(context)
             )
