@@ -299,14 +299,33 @@ def build_allocator(
         has_view=lambda: view.current() is not None,
     )
     closers.append(feed_watch.close)
-    telemetry.observe("gpualloc.cel.evaluations", lambda: selectors.evaluations, gauge=False)
-    telemetry.observe("gpualloc.cel.profile_hits", lambda: selectors.profile_hits, gauge=False)
-    telemetry.observe("gpualloc.inventory.generation", lambda: _generation(view))
+    telemetry.observe(
+        "gpualloc.cel.evaluations",
+        lambda: selectors.evaluations,
+        gauge=False,
+        description="CEL selector evaluations run (one per distinct device profile)",
+    )
+    telemetry.observe(
+        "gpualloc.cel.profile_hits",
+        lambda: selectors.profile_hits,
+        gauge=False,
+        description="CEL selector results served from a device profile's earlier evaluation",
+    )
+    telemetry.observe(
+        "gpualloc.inventory.generation",
+        lambda: _generation(view),
+        description="inventory generation of the view solves use",
+    )
     telemetry.observe(
         "gpualloc.inventory.generation_lag",
         lambda: max(0, view.received_generation - _generation(view)),
+        description="inventory generations received but not indexed yet",
     )
-    telemetry.observe("gpualloc.inventory.connected", lambda: 1 if connected() else 0)
+    telemetry.observe(
+        "gpualloc.inventory.connected",
+        lambda: 1 if connected() else 0,
+        description="1 while the inventory feed is connected, else 0",
+    )
     FleetGauges(view, holdings).register(telemetry)
     if quotas is not None:
         quotas.register(telemetry)

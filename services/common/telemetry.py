@@ -22,7 +22,9 @@ so one endpoint. The current span still lands in the context, which the JSON log
 
 `TracingInterceptor` gives every RPC except health and reflection a SERVER span (parent taken
 from the caller's `traceparent` metadata) and a latency histogram entry labelled with the
-method and the status code (`gpualloc.rpc.server.duration`, ms). Each service adds its own
+method and the status code (`gpualloc.rpc.server.duration`, in seconds: `_seconds` on
+/metrics, Prometheus' base unit; `duration_histogram` makes every duration histogram so, with
+the same buckets). Each service adds its own
 instruments on `Telemetry.meter` (services/allocator/app/telemetry.py, services/inventory/
 telemetry.py); gauges are callbacks, worked out when a reader collects (a scrape), not on
 the request path.
@@ -65,10 +67,12 @@ from services.common.grpc_errors import (
 
 __all__ = [
     "DEFAULT_METRICS_LISTEN",
+    "DURATION_BUCKETS_SECONDS",
     "Labelled",
     "Telemetry",
     "TracingInterceptor",
     "configure_telemetry",
+    "duration_histogram",
 ]
 
 log = logging.getLogger(__name__)
@@ -90,6 +94,39 @@ _SERVER_ERRORS = frozenset(
     }
 )  # OTel semantic conventions: the codes that make a server span an error
 
+# Bucket bounds of every duration histogram, in seconds: sub-millisecond solves to the
+# longest calls (OpenTelemetry's default bounds, 0 to 10,000, are meant for milliseconds).
+DURATION_BUCKETS_SECONDS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+)
+
+
+def duration_histogram(meter: metrics.Meter, name: str, description: str) -> metrics.Histogram:
+    """A histogram of durations in seconds (`<name>_seconds` on /metrics)."""
+    return meter.create_histogram(
+        name,
+        unit="s",
+        description=description,
+        explicit_bucket_boundaries_advisory=DURATION_BUCKETS_SECONDS,
+    )
+
+
 Labelled = Iterable[tuple[float, Mapping[str, str]]]
 """What a labelled gauge's callback returns: (value, attributes) per series."""
 
@@ -105,8 +142,8 @@ class Telemetry:
     metrics_port: int | None = None  # the Prometheus endpoint's bound port; None: no endpoint
 
     def __post_init__(self) -> None:
-        self.rpc_duration = self.meter.create_histogram(
-            "gpualloc.rpc.server.duration", unit="ms", description="RPC latency"
+        self.rpc_duration = duration_histogram(
+            self.meter, "gpualloc.rpc.server.duration", "RPC latency, per method and status code"
         )
 
     def interceptors(self) -> list[grpc.ServerInterceptor]:
@@ -114,20 +151,30 @@ class Telemetry:
         return [TracingInterceptor(self.tracer, self.rpc_duration)] if self.enabled else []
 
     def observe(
-        self, name: str, read: Callable[[], float], *, gauge: bool = True, description: str = ""
+        self,
+        name: str,
+        read: Callable[[], float],
+        *,
+        description: str,
+        gauge: bool = True,
+        unit: str = "",
     ) -> None:
-        """Report `read()` at each collection, as a gauge or a monotonic counter."""
+        """Report `read()` at each collection, as a gauge or a monotonic counter. The
+        description is the metric's HELP (Prometheus wants one on every metric); a unit
+        (`s`) becomes its name's suffix (`_seconds`)."""
 
         def callback(options: CallbackOptions) -> Iterable[Observation]:
             return [Observation(read())]
 
         if gauge:
-            self.meter.create_observable_gauge(name, [callback], description=description)
+            self.meter.create_observable_gauge(name, [callback], unit=unit, description=description)
         else:
-            self.meter.create_observable_counter(name, [callback], description=description)
+            self.meter.create_observable_counter(
+                name, [callback], unit=unit, description=description
+            )
 
     def observe_labelled(
-        self, name: str, read: Callable[[], Labelled], *, unit: str = "", description: str = ""
+        self, name: str, read: Callable[[], Labelled], *, description: str, unit: str = ""
     ) -> None:
         """A gauge with one series per (value, attributes) that `read()` returns when collected;
         a series it stops returning disappears."""
@@ -398,9 +445,9 @@ class _RpcSpan:
             self._span.set_status(Status(StatusCode.ERROR, str(error) if error else code.name))
             if error is not None and code is grpc.StatusCode.INTERNAL:
                 self._span.record_exception(error)
-        elapsed_ms = (time.perf_counter() - self._started) * 1000
+        elapsed = time.perf_counter() - self._started
         self._duration.record(
-            elapsed_ms, {"rpc.method": self._method.lstrip("/"), "rpc.grpc.status_code": code.name}
+            elapsed, {"rpc.method": self._method.lstrip("/"), "rpc.grpc.status_code": code.name}
         )
         self._span_cm.__exit__(kind, error, tb)
         detach(self._token)

@@ -7,6 +7,7 @@ HTTP and parsed with prometheus-client's own text parser.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -34,7 +35,8 @@ def fleet(samples: Samples) -> Samples:
     return {
         key: v
         for key, v in samples.items()
-        if key[0].startswith("gpualloc_fleet_") and key[0] != "gpualloc_fleet_count_duration"
+        if key[0].startswith("gpualloc_fleet_")
+        and key[0] != "gpualloc_fleet_count_duration_seconds"
     }
 
 
@@ -202,12 +204,39 @@ def test_rpc_latency_and_store_latency_are_histograms(served):
     served.stub.Allocate(allocator_pb2.AllocateRequest(claims=pb_claims("one-h100")), timeout=10)
     samples = served.scrape()
     allocate = {"rpc_method": "gpualloc.allocator.v1.Allocator/Allocate"}
-    assert value(samples, "gpualloc_rpc_server_duration_milliseconds_count", **allocate) >= 1
+    assert value(samples, "gpualloc_rpc_server_duration_seconds_count", **allocate) >= 1
     assert value(
-        samples, "gpualloc_rpc_server_duration_milliseconds_bucket", le="+Inf", **allocate
-    ) == value(samples, "gpualloc_rpc_server_duration_milliseconds_count", **allocate)
-    assert value(samples, "gpualloc_store_duration_milliseconds_count", operation="reserve") >= 1
+        samples, "gpualloc_rpc_server_duration_seconds_bucket", le="+Inf", **allocate
+    ) == value(samples, "gpualloc_rpc_server_duration_seconds_count", **allocate)
+    assert value(samples, "gpualloc_store_duration_seconds_count", operation="reserve") >= 1
     assert ("gpualloc_reservation_conflicts_total", frozenset()) in samples  # 0 from the start
+
+
+def test_promtool_check_metrics_finds_nothing(served):
+    """Prometheus' own linter on a real scrape (every histogram sampled): HELP on every
+    metric, counters ending in `_total`, base units; and every duration in seconds, with the
+    unit suffix (`_seconds`), which promtool does not check by itself."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool missing: apt-get install prometheus (.ci/run installs it)")
+    before = served.settled()
+    reservation = served.reserve("one-h100", owner="team-d/lint").reservations[0]
+    served.scrape_after(before)
+    with urllib.request.urlopen(served.metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    served.stub.Release(
+        allocator_pb2.ReleaseRequest(reservation_id=reservation.id, owner="team-d/lint"),
+        timeout=5,
+    )
+    checked = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    families = list(text_string_to_metric_families(text))
+    durations = [f.name for f in families if "duration" in f.name]
+    assert durations and all(name.endswith("_seconds") for name in durations), durations
+    assert not [f.name for f in families if "milliseconds" in f.name]
+    assert all(f.documentation for f in families), [f.name for f in families if not f.documentation]
 
 
 def test_every_metric_and_label_the_dashboard_and_alerts_use_is_exported(served):

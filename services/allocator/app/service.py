@@ -555,7 +555,7 @@ class AllocatorService:
             gang = "Gang" if query.gang is not None and result is not None else ""
             span.set_attribute("gpualloc.outcome", gang + type(result).__name__)  # GangAllocated
         if self._metrics is not None:
-            self._metrics.solve_duration.record(elapsed * 1000)
+            self._metrics.solve_duration.record(elapsed)
         answer = Answer(
             Outcome.BUDGET_EXHAUSTED,
             generation=view.generation,
