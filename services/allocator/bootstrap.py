@@ -70,6 +70,7 @@ from services.common.security.audit import audit_event
 from services.common.security.edge import load_policy_file
 from services.common.security.principal import tenant_of_owner
 from services.common.security.tls import WatchedFiles
+from services.common.telemetry import METRICS_LISTEN_VARIABLE
 
 __all__ = ["FEED_HEALTH_NAME", "AllocatorApp", "build_allocator", "build_store", "start_web_view"]
 
@@ -210,17 +211,20 @@ def build_allocator(
     environ: Mapping[str, str] | None = None,
     feed_connected: Callable[[], bool] | None = None,
     feed_target: str = "",
+    metrics_listen_source: str = METRICS_LISTEN_VARIABLE,
 ) -> AllocatorApp:
     """Build and start an allocator following `feed`. `store` defaults to `build_store`
     (closed by `app.close()` only when built here); `telemetry` to the OTEL_* variables of
     `environ` (os.environ) and GPUALLOC_METRICS_LISTEN (closed by `app.close()` only when
-    built here); `feed_connected` says whether the feed is live (default: always), and
-    `feed_target` names it in the logs."""
+    built here; `metrics_listen_source` names where its address came from in its errors);
+    `feed_connected` says whether the feed is live (default: always), and `feed_target`
+    names it in the logs."""
     closers: list[Callable[[], None]] = []
     if telemetry is None:
         telemetry = configure_telemetry(
             os.environ if environ is None else environ,
             metrics_listen=settings.server.metrics_listen_address,
+            metrics_listen_source=metrics_listen_source,
         )
         closers.append(telemetry.shutdown)
     if store is None:

@@ -372,7 +372,8 @@ SERVER_SETTINGS: dict[str, Setting[Any]] = {
         "",
         "host:port of a plaintext HTTP server with Prometheus `GET /metrics` (the gRPC health "
         "port cannot share it: another protocol); empty: none, unless OTEL_METRICS_EXPORTER "
-        "names `prometheus` (then 127.0.0.1:9464)",
+        "names `prometheus` (then 127.0.0.1:9464); `gpualloc serve --demo` (`make run`) "
+        "unset: 127.0.0.1:9464, a warning if busy",
         env_str,
     ),
     "log_level": Setting(

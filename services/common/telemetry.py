@@ -67,6 +67,7 @@ from services.common.grpc_errors import (
 
 __all__ = [
     "DEFAULT_METRICS_LISTEN",
+    "METRICS_LISTEN_VARIABLE",
     "DURATION_BUCKETS_SECONDS",
     "Labelled",
     "Telemetry",
@@ -78,6 +79,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"  # OTEL_METRICS_EXPORTER=prometheus, no address given
+METRICS_LISTEN_VARIABLE = "GPUALLOC_METRICS_LISTEN"
 _TRACE_EXPORTERS = ("none", "console", "otlp")
 _METRIC_EXPORTERS = ("none", "console", "otlp", "prometheus")
 # Points one gauge may report per collection (the SDK's default is 2,000, then it folds the
@@ -196,12 +198,15 @@ def configure_telemetry(
     *,
     service_name: str,
     metrics_listen: str = "",
+    metrics_listen_source: str = METRICS_LISTEN_VARIABLE,
     span_processors: Sequence[SpanProcessor] = (),
     metric_readers: Sequence[MetricReader] = (),
 ) -> Telemetry:
     """Telemetry from the OTEL_* variables and `metrics_listen` (GPUALLOC_METRICS_LISTEN, which
-    starts the Prometheus endpoint); tests attach in-memory processors and readers. Raises
-    InvalidArgument for a bad variable, FailedPrecondition when the endpoint cannot listen."""
+    starts the Prometheus endpoint; `metrics_listen_source` says where the address came from,
+    the variable or a flag, for the errors); tests attach in-memory processors and readers.
+    Raises InvalidArgument for a bad address, FailedPrecondition when the endpoint cannot
+    listen, both naming the source."""
     disabled = environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
     traces = () if disabled else _exporters(environ, "OTEL_TRACES_EXPORTER", _TRACE_EXPORTERS)
     metric_kinds = (
@@ -228,7 +233,10 @@ def configure_telemetry(
     endpoint: _PrometheusEndpoint | None = None
     for kind in metric_kinds:
         if kind == "prometheus":
-            endpoint = _PrometheusEndpoint(metrics_listen or DEFAULT_METRICS_LISTEN)
+            endpoint = _PrometheusEndpoint(
+                metrics_listen or DEFAULT_METRICS_LISTEN,
+                metrics_listen_source if metrics_listen else "OTEL_METRICS_EXPORTER=prometheus",
+            )
             readers.append(endpoint.reader)
         else:
             readers.append(PeriodicExportingMetricReader(_metric_exporter(kind)))
@@ -263,7 +271,8 @@ class _PrometheusEndpoint:
     """OpenTelemetry's Prometheus reader on a private registry, served over plain HTTP by
     prometheus-client's own server (its thread answers `/metrics`; each scrape collects)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, source: str = METRICS_LISTEN_VARIABLE) -> None:
+        self.source = source
         try:
             from opentelemetry.exporter.prometheus import PrometheusMetricReader
             from prometheus_client import CollectorRegistry
@@ -274,9 +283,7 @@ class _PrometheusEndpoint:
             ) from None
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit() or int(port) > 65535:
-            raise InvalidArgument.at(
-                "GPUALLOC_METRICS_LISTEN", f"must be host:port, got {address!r}"
-            )
+            raise InvalidArgument.at(source, f"must be host:port, got {address!r}")
         self.address = address
         self._host = host.strip("[]")
         self._port = int(port)
@@ -296,7 +303,7 @@ class _PrometheusEndpoint:
             server, _ = start_http_server(self._port, addr=self._host, registry=self.registry)
         except OSError as error:
             raise FailedPrecondition(
-                f"cannot listen on {self.address} (GPUALLOC_METRICS_LISTEN): in use or not "
+                f"cannot listen on {self.address} ({self.source}): in use or not "
                 f"local ({error.strerror})"
             ) from None
         self._server = server

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.trace import SpanProcessor
 
-from services.common.telemetry import Telemetry, duration_histogram
+from services.common.telemetry import METRICS_LISTEN_VARIABLE, Telemetry, duration_histogram
 from services.common.telemetry import configure_telemetry as _configure
 
 __all__ = ["STORE_OPERATIONS", "AllocatorMetrics", "Telemetry", "configure_telemetry"]
@@ -87,6 +87,7 @@ def configure_telemetry(
     *,
     service_name: str = "gpualloc-allocator",
     metrics_listen: str = "",
+    metrics_listen_source: str = METRICS_LISTEN_VARIABLE,
     span_processors: Sequence[SpanProcessor] = (),
     metric_readers: Sequence[MetricReader] = (),
 ) -> Telemetry:
@@ -95,6 +96,7 @@ def configure_telemetry(
         environ,
         service_name=service_name,
         metrics_listen=metrics_listen,
+        metrics_listen_source=metrics_listen_source,
         span_processors=span_processors,
         metric_readers=metric_readers,
     )
