@@ -166,7 +166,7 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         if args.listen:
             server_settings = replace(server_settings, listen_address=args.listen)
         server_settings = with_security_flags(server_settings, args)
-        configure_logging(server_settings.log_level, server_settings.log_format)
+        configure_logging(server_settings.log_level, server_settings.log_format, route_native=True)
         log.info("gpualloc serve: %s", security_summary(server_settings))
         inventory_settings = replace(InventorySettings.from_env(env), server=server_settings)
         allocator_settings = replace(AllocatorSettings.from_env(env), server=server_settings)

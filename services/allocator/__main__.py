@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         settings = _settings(args)
-        configure_logging(settings.server.log_level, settings.server.log_format)
+        configure_logging(settings.server.log_level, settings.server.log_format, route_native=True)
         log.info("gpualloc-allocator: %s", security_summary(settings.server))
         if settings.workers > 1:
             return _supervise(settings, list(sys.argv[1:] if argv is None else argv))

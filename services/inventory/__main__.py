@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 settings, server=replace(settings.server, listen_address=args.listen)
             )
         settings = replace(settings, server=with_security_flags(settings.server, args))
-        configure_logging(settings.server.log_level, settings.server.log_format)
+        configure_logging(settings.server.log_level, settings.server.log_format, route_native=True)
         log.info("gpualloc-inventory: %s", security_summary(settings.server))
         app = build_inventory(settings=settings)
         seeds = [*settings.seed_paths, *args.seed]

@@ -33,6 +33,7 @@ from services.common.health import Health
 from services.common.security.audit import AUDIT_LOGGER
 from services.common.security.devcerts import CertificateAuthority, write_certificate
 from tests.integration.test_security import _allocate
+from tests.ports import free_port
 from tests.security_fixtures import ISSUER, KUEUE_SUBJECT, SecuredFleet, secured_fleet
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -227,6 +228,57 @@ def test_serve_on_all_interfaces_without_tls_is_refused_with_the_way_out():
     output, _ = process.communicate(timeout=60)
     assert process.returncode == 2
     assert "--insecure" in output and "Traceback" not in output
+
+
+def test_grpc_core_lines_join_the_json_log_and_a_failed_handshake_is_audited(tmp_path: Path):
+    """With JSON logs (the default) every stderr line of a server is one JSON object: grpc-core's
+    own lines (a plaintext client against the TLS port makes one: `Handshake failed`) come as
+    records of logger `grpc.core`, and the failed handshake as a `tls.handshake_failed` audit
+    event, the only trace a handshake that never reached the server's code leaves."""
+    ca = CertificateAuthority.create("gpualloc test CA")
+    server = write_certificate(
+        tmp_path / "server",
+        ca.issue("localhost", dns_names=("localhost",), ip_addresses=("127.0.0.1",)),
+    )
+    port = free_port()
+    env = {**os.environ, "GPUALLOC_LOG_FORMAT": "json", "GPUALLOC_REDIS_URL": ""}
+    env.pop("GRPC_VERBOSITY", None)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "serve", "--demo", "--web-listen", ""]
+        + ["--listen", f"127.0.0.1:{port}", "--metrics-listen", ""]
+        + ["--tls-cert", str(server / "tls.crt"), "--tls-key", str(server / "tls.key")],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not _tls_listening(port) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as plaintext:
+            with pytest.raises(grpc.RpcError) as refused:
+                health_pb2_grpc.HealthStub(plaintext).Check(
+                    health_pb2.HealthCheckRequest(), timeout=2
+                )
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+        time.sleep(1.0)  # the forwarder logs it
+    finally:
+        process.terminate()
+        _, errors = process.communicate(timeout=30)
+    lines = [line for line in errors.splitlines() if line.strip()]
+    records = [json.loads(line) for line in lines]  # every line is JSON
+    native = [r for r in records if r["logger"] == "grpc.core"]
+    assert native, records
+    assert any(r["msg"].startswith("Handshake failed") and r.get("source") for r in native)
+    (audited, *_) = [r for r in records if r.get("event") == "tls.handshake_failed"]
+    assert audited["logger"] == AUDIT_LOGGER and audited["identity"] == "unauthenticated"
+
+
+def _tls_listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 # --- audit ----------------------------------------------------------------------------------
