@@ -45,7 +45,7 @@ from services.client.contexts import (
     load_config,
     save_config,
 )
-from services.client.fleet import FleetNode, Use, fleet_view
+from services.client.fleet import FleetNode, Gpu, Use, fleet_view
 from services.client.inventory import InventoryClient, NodeInventory
 from services.client.live_output import (
     as_list,
@@ -517,6 +517,11 @@ def _get(args: argparse.Namespace, session: Session, out: TextIO) -> int:
 # --- describe -----------------------------------------------------------------------------
 
 
+def _gpu_state(gpu: Gpu) -> str:
+    """A GPU without a whole-GPU device (MIG only): free, tainted or in use."""
+    return "free" if gpu.free else "tainted" if gpu.tainted else "in use"
+
+
 def _gpus_free(node: FleetNode) -> str:
     """`3 free`, and `, 1 tainted` when a GPU nothing holds is tainted (never counted free)."""
     tainted = sum(1 for g in node.gpus if g.tainted)
@@ -563,7 +568,7 @@ def _describe_node(name: str, session: Session, out: TextIO) -> None:
         out.write("MIG layout:\n")
         for gpu in partitioned:
             whole = gpu.whole
-            state = whole.use.value if whole is not None else ("free" if gpu.free else "in use")
+            state = whole.use.value if whole is not None else _gpu_state(gpu)
             name_ = whole.id.device if whole is not None else gpu.uuid
             out.write(f"  {name_} ({gpu.uuid}): whole GPU {state}\n")
             rows = [
