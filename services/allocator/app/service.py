@@ -910,8 +910,10 @@ class AllocatorService:
                 raise
             if new.id in known or any(new.id == r.id for r in made.values()):
                 self._drop_replacements(list(made.values()))  # not `new`: it is not ours
+                # No ids: the caller is the preemptor, and both reservations are another owner's.
                 raise Conflict(
-                    f"reservation {old.id} cannot move to {move.node}: {new.id} is there"
+                    f"a reservation of tenant {tenant_of_owner(old.owner)} cannot move to "
+                    f"{move.node}: one with its idempotency key is there"
                 )
             made[old.id] = new
         return made
