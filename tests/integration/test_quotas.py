@@ -842,11 +842,12 @@ def test_a_holder_is_told_only_the_tenant_of_a_preemptor_from_another_tenant(
         time.sleep(0.2)
         for i in (4, 5):  # the holder acts on it: its Renew tells the allocator it knows
             gone = held[i].reservations[0]
-            with pytest.raises(grpc.RpcError) as told:
+            with pytest.raises(grpc.RpcError) as renewed:
                 a.Renew(pb.RenewRequest(reservation_id=gone.id, owner=gone.owner), timeout=10)
-            assert "was preempted by tenant team-b" in str(told.value.details())  # as the watch
-            assert "job/reclaim" not in str(told.value.details())
-            assert "job/reclaim" not in str(told.value.trailing_metadata())
+            details = str(renewed.value.details())
+            assert "was preempted by tenant team-b" in details  # as the watch says it
+            assert "job/reclaim" not in details
+            assert "job/reclaim" not in str(renewed.value.trailing_metadata())
         assert _pending(fleet)["team-a"] == 0
     finally:
         victim_side.close()

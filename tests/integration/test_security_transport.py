@@ -257,11 +257,11 @@ def test_grpc_core_lines_join_the_json_log_and_a_failed_handshake_is_audited(tmp
         deadline = time.monotonic() + 30
         while not _tls_listening(port) and time.monotonic() < deadline:
             time.sleep(0.1)
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as plaintext:
-            with pytest.raises(grpc.RpcError) as refused:
-                health_pb2_grpc.HealthStub(plaintext).Check(
-                    health_pb2.HealthCheckRequest(), timeout=2
-                )
+        with (
+            grpc.insecure_channel(f"127.0.0.1:{port}") as plaintext,
+            pytest.raises(grpc.RpcError) as refused,
+        ):
+            health_pb2_grpc.HealthStub(plaintext).Check(health_pb2.HealthCheckRequest(), timeout=2)
         assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
         time.sleep(1.0)  # the forwarder logs it
     finally:
