@@ -19,7 +19,8 @@ that is also how many of the profile fit together.
 Held GPU equivalents per holder: a whole device counts 1, a partition its share of the GPU
 (`DeviceEntry.size`), so a tenant holding seven 1g slices of one A100 holds one GPU's worth.
 
-Fragmentation per node: `fragmentation.node_fragmentation`.
+Fragmentation per node: `fragmentation.node_fragmentation`, a tainted device counted as taken
+(as the web view's: app/fleet_view.py).
 
 Everything is one pass over the snapshot's devices; node-local slices are counted under their
 node, other slices (network-attached devices) under node "".
@@ -134,7 +135,10 @@ def _set_counters(gpu: list[DeviceEntry]) -> set[CounterID]:
 
 
 def _taken(state: AllocatedState, entry: DeviceEntry) -> bool:
-    """Unavailable to another request whole: in use, or a shared device held exclusively."""
+    """Unavailable to another request whole: tainted, in use, or a shared device held
+    exclusively."""
+    if entry.device.taints:
+        return True
     return state.in_use(entry.id) if not entry.multi else state.is_exclusive(entry.id)
 
 

@@ -132,6 +132,15 @@ def test_a_tainted_gpu_is_its_own_state(tainted, holds, node, expected):
     assert states == expected
 
 
+def test_a_tainted_whole_gpu_fragments_its_node_when_its_slices_are_not():
+    """A whole-GPU request cannot have A100 gpu-0 (its whole device is tainted), MIG requests
+    still can have its slices: that free capacity is not in a free whole GPU."""
+    snapshot = demo(frozenset({"a100-node-1/gpu-0"}))
+    count = count_fleet(snapshot, AllocatedState.build(snapshot, []), lambda owner: False)
+    assert count.fragmentation["a100-node-1"] > 0
+    assert count.fragmentation["h100-node-1"] == 0
+
+
 def test_a_tainted_partition_is_not_free():
     snapshot = demo(frozenset({"a100-node-1/gpu-0-mig-1g5gb-19-0"}))
     count = count_fleet(snapshot, AllocatedState.build(snapshot, []), lambda owner: False)
