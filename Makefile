@@ -23,8 +23,8 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP) ## create .venv and install gpualloc with its dev toolchain
 
-run: $(STAMP) ## start inventory + allocator in one process on 127.0.0.1:50051 (embedded store, demo inventory; web view on 127.0.0.1:8080, metrics on 127.0.0.1:9464)
-	$(BIN)/gpualloc serve --demo --metrics-listen 127.0.0.1:9464
+run: $(STAMP) ## start inventory + allocator in one process on 127.0.0.1:50051 (embedded store, demo inventory; web view on 127.0.0.1:8080, metrics on 127.0.0.1:9464 unless GPUALLOC_METRICS_LISTEN moves them)
+	$(BIN)/gpualloc serve --demo
 
 run-cluster: $(STAMP) ## `make run` on a local 3+3 Redis Cluster (loopback ports 7000-7005; stopped on exit)
 	@url=$$(deploy/local/redis-cluster.sh start) && echo "redis cluster: $$url" && \

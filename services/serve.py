@@ -5,7 +5,8 @@ allocator's feed port in process (no WatchInventory round trip), then serves bot
 health and reflection on one address (default 127.0.0.1:50051). `--demo` seeds the inventory
 with the example cluster so a newcomer can call it at once; `GPUALLOC_REDIS_URL` switches
 reservations and inventory state from embedded to Redis. Both services share one telemetry,
-so `--metrics-listen` (GPUALLOC_METRICS_LISTEN) serves the metrics of both on one `/metrics`.
+so `--metrics-listen` (GPUALLOC_METRICS_LISTEN) serves the metrics of both on one `/metrics`;
+`--demo` serves them on 127.0.0.1:9464 unless either is set (a busy port there: a warning).
 """
 
 from __future__ import annotations
@@ -28,12 +29,21 @@ from services.allocator.config import AllocatorSettings
 from services.allocator.core import NodeTopology
 from services.common.config import ServerSettings, read_document_limits
 from services.common.dra.model import Node
-from services.common.errors import GpuallocError, InvalidArgument
+from services.common.errors import FailedPrecondition, GpuallocError, InvalidArgument
 from services.common.grpc_server import create_server, security_summary, serve_until_signal
 from services.common.health import Health
 from services.common.log import configure_logging
-from services.common.server_flags import add_security_flags, with_security_flags
-from services.common.telemetry import configure_telemetry
+from services.common.server_flags import (
+    add_security_flags,
+    metrics_listen_source,
+    with_security_flags,
+)
+from services.common.telemetry import (
+    DEFAULT_METRICS_LISTEN,
+    METRICS_LISTEN_VARIABLE,
+    Telemetry,
+    configure_telemetry,
+)
 from services.inventory.adapters.grpc.mapping import to_pb_node_topology
 from services.inventory.app.service import InventoryService
 from services.inventory.app.telemetry import instrument_inventory
@@ -55,6 +65,7 @@ DEMO_PATHS = (str(_ROOT / "examples" / "cluster"),)
 DEMO_TOPOLOGY = (str(_ROOT / "examples" / "nvml"),)  # `nvidia-smi topo -m` of the demo nodes
 DEMO_CLASSES = (str(_ROOT / "examples" / "deviceclasses.yaml"),)
 DEMO_WEB_LISTEN = "127.0.0.1:8080"  # the web view of `--demo` (`make run`) unless set
+DEMO_METRICS_LISTEN = DEFAULT_METRICS_LISTEN  # /metrics of `--demo` (`make run`) unless set
 
 
 class InProcessFeed:
@@ -155,7 +166,7 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         if args.listen:
             server_settings = replace(server_settings, listen_address=args.listen)
         server_settings = with_security_flags(server_settings, args)
-        configure_logging(server_settings.log_level, server_settings.log_format)
+        configure_logging(server_settings.log_level, server_settings.log_format, route_native=True)
         log.info("gpualloc serve: %s", security_summary(server_settings))
         inventory_settings = replace(InventorySettings.from_env(env), server=server_settings)
         allocator_settings = replace(AllocatorSettings.from_env(env), server=server_settings)
@@ -165,9 +176,7 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
                 device_classes=(*allocator_settings.device_classes, *DEMO_CLASSES),
             )
         allocator_settings = _with_web_listen(allocator_settings, args, env)
-        telemetry = configure_telemetry(
-            env, service_name="gpualloc", metrics_listen=server_settings.metrics_listen_address
-        )
+        telemetry = _telemetry(server_settings, args, env)
         inventory = build_inventory(settings=inventory_settings)
         inventory.background.append(telemetry.shutdown)
         instrument_inventory(inventory.service, telemetry)
@@ -210,6 +219,28 @@ def run_serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         allocator.close()
         inventory.close()
     return 0
+
+
+def _telemetry(
+    settings: ServerSettings, args: argparse.Namespace, env: Mapping[str, str]
+) -> Telemetry:
+    """Telemetry with the metrics endpoint on --metrics-listen, else GPUALLOC_METRICS_LISTEN,
+    else with --demo DEMO_METRICS_LISTEN; a busy port is an error naming where the address
+    came from, but only a warning for the demo's default (a second `make run`)."""
+    address, source = settings.metrics_listen_address, metrics_listen_source(args)
+    demo_default = bool(args.demo) and args.metrics_listen is None
+    demo_default = demo_default and METRICS_LISTEN_VARIABLE not in env
+    if demo_default:
+        address, source = DEMO_METRICS_LISTEN, "the --demo default"
+    try:
+        return configure_telemetry(
+            env, service_name="gpualloc", metrics_listen=address, metrics_listen_source=source
+        )
+    except FailedPrecondition as error:
+        if not demo_default:
+            raise
+        log.warning("no metrics endpoint: %s; choose another with --metrics-listen", error)
+        return configure_telemetry(env, service_name="gpualloc")
 
 
 def _demo_web(args: argparse.Namespace, env: Mapping[str, str]) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from services.allocator.config import ALLOCATOR_SETTINGS
 from services.common.config import (
     DOCUMENT_SETTINGS,
+    REDIS_CLIENT_SETTINGS,
     REDIS_WAIT_SETTINGS,
     SERVER_SETTINGS,
     settings_table_markdown,
@@ -17,7 +18,10 @@ from services.inventory.config import INVENTORY_SETTINGS
 
 __all__ = ["settings_markdown"]
 
-_SHARED = {"GPUALLOC_REDIS_URL", *(s.name for s in REDIS_WAIT_SETTINGS.values())}
+_SHARED = {
+    "GPUALLOC_REDIS_URL",
+    *(s.name for s in (*REDIS_CLIENT_SETTINGS.values(), *REDIS_WAIT_SETTINGS.values())),
+}
 """Read by the inventory too, listed once (in the allocator's table)."""
 
 

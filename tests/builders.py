@@ -258,6 +258,23 @@ def req(key: str, operator: str, *values: str) -> NodeSelectorRequirement:
     return NodeSelectorRequirement(key, operator, tuple(values))
 
 
+XID_TAINT = DeviceTaint("gpu.nvidia.com/xid", TaintEffect.NO_EXECUTE, "79")  # fell off the bus
+
+
+def with_taint(
+    resource_slice: ResourceSlice, tainted: Iterable[str], taint: DeviceTaint = XID_TAINT
+) -> ResourceSlice:
+    """The slice with `taint` on its devices named `node/device` in `tainted`."""
+    names = set(tainted)
+    devices = tuple(
+        replace(d, taints=(*d.taints, taint))
+        if f"{resource_slice.node_name}/{d.name}" in names
+        else d
+        for d in resource_slice.devices
+    )
+    return replace(resource_slice, devices=devices)
+
+
 def snapshot(
     *slices: SliceBuilder | ResourceSlice,
     nodes: Iterable[Node] = (),

@@ -37,7 +37,12 @@ from services.common.errors import GpuallocError, InvalidArgument
 from services.common.grpc_server import create_server, security_summary, serve_until_signal
 from services.common.health import Health
 from services.common.log import configure_logging
-from services.common.server_flags import add_security_flags, with_security_flags
+from services.common.server_flags import (
+    add_security_flags,
+    metrics_listen_source,
+    with_security_flags,
+)
+from services.common.telemetry import METRICS_LISTEN_VARIABLE
 
 log = logging.getLogger("gpualloc.allocator")
 
@@ -81,11 +86,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         settings = _settings(args)
-        configure_logging(settings.server.log_level, settings.server.log_format)
+        configure_logging(settings.server.log_level, settings.server.log_format, route_native=True)
         log.info("gpualloc-allocator: %s", security_summary(settings.server))
         if settings.workers > 1:
             return _supervise(settings, list(sys.argv[1:] if argv is None else argv))
-        return _serve(settings, args.seed, reuse_port=args.reuse_port)
+        return _serve(
+            settings,
+            args.seed,
+            reuse_port=args.reuse_port,
+            metrics_source=metrics_listen_source(args),
+        )
     except GpuallocError as err:
         print(f"gpualloc-allocator: {err}", file=sys.stderr)
         return 2
@@ -127,11 +137,18 @@ def _feed(
     return client, client
 
 
-def _serve(settings: AllocatorSettings, seeds: Sequence[str], *, reuse_port: bool) -> int:
+def _serve(
+    settings: AllocatorSettings,
+    seeds: Sequence[str],
+    *,
+    reuse_port: bool,
+    metrics_source: str = METRICS_LISTEN_VARIABLE,
+) -> int:
     feed, client = _feed(settings, seeds)
     app = build_allocator(
         settings,
         feed,
+        metrics_listen_source=metrics_source,
         feed_connected=(lambda: client.status().connected) if client else None,
         feed_target=settings.inventory_address,
     )

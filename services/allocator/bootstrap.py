@@ -70,6 +70,7 @@ from services.common.security.audit import audit_event
 from services.common.security.edge import Authenticator, load_policy_file
 from services.common.security.principal import tenant_of_owner
 from services.common.security.tls import WatchedFiles
+from services.common.telemetry import METRICS_LISTEN_VARIABLE
 
 __all__ = ["FEED_HEALTH_NAME", "AllocatorApp", "build_allocator", "build_store", "start_web_view"]
 
@@ -210,17 +211,20 @@ def build_allocator(
     environ: Mapping[str, str] | None = None,
     feed_connected: Callable[[], bool] | None = None,
     feed_target: str = "",
+    metrics_listen_source: str = METRICS_LISTEN_VARIABLE,
 ) -> AllocatorApp:
     """Build and start an allocator following `feed`. `store` defaults to `build_store`
     (closed by `app.close()` only when built here); `telemetry` to the OTEL_* variables of
     `environ` (os.environ) and GPUALLOC_METRICS_LISTEN (closed by `app.close()` only when
-    built here); `feed_connected` says whether the feed is live (default: always), and
-    `feed_target` names it in the logs."""
+    built here; `metrics_listen_source` names where its address came from in its errors);
+    `feed_connected` says whether the feed is live (default: always), and `feed_target`
+    names it in the logs."""
     closers: list[Callable[[], None]] = []
     if telemetry is None:
         telemetry = configure_telemetry(
             os.environ if environ is None else environ,
             metrics_listen=settings.server.metrics_listen_address,
+            metrics_listen_source=metrics_listen_source,
         )
         closers.append(telemetry.shutdown)
     if store is None:
@@ -309,14 +313,33 @@ def build_allocator(
         has_view=lambda: view.current() is not None,
     )
     closers.append(feed_watch.close)
-    telemetry.observe("gpualloc.cel.evaluations", lambda: selectors.evaluations, gauge=False)
-    telemetry.observe("gpualloc.cel.profile_hits", lambda: selectors.profile_hits, gauge=False)
-    telemetry.observe("gpualloc.inventory.generation", lambda: _generation(view))
+    telemetry.observe(
+        "gpualloc.cel.evaluations",
+        lambda: selectors.evaluations,
+        gauge=False,
+        description="CEL selector evaluations run (one per distinct device profile)",
+    )
+    telemetry.observe(
+        "gpualloc.cel.profile_hits",
+        lambda: selectors.profile_hits,
+        gauge=False,
+        description="CEL selector results served from a device profile's earlier evaluation",
+    )
+    telemetry.observe(
+        "gpualloc.inventory.generation",
+        lambda: _generation(view),
+        description="inventory generation of the view solves use",
+    )
     telemetry.observe(
         "gpualloc.inventory.generation_lag",
         lambda: max(0, view.received_generation - _generation(view)),
+        description="inventory generations received but not indexed yet",
     )
-    telemetry.observe("gpualloc.inventory.connected", lambda: 1 if connected() else 0)
+    telemetry.observe(
+        "gpualloc.inventory.connected",
+        lambda: 1 if connected() else 0,
+        description="1 while the inventory feed is connected, else 0",
+    )
     FleetGauges(view, holdings).register(telemetry)
     if quotas is not None:
         quotas.register(telemetry)

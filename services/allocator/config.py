@@ -14,6 +14,7 @@ from typing import Any
 
 from services.allocator.core import Policy
 from services.common.config import (
+    REDIS_CLIENT_SETTINGS,
     REDIS_WAIT_SETTINGS,
     ServerSettings,
     Setting,
@@ -41,14 +42,7 @@ ALLOCATOR_SETTINGS: dict[str, Setting[Any]] = {
         env_str,
         lambda v: v or "(embedded)",
     ),
-    "redis_timeout": Setting(
-        "GPUALLOC_REDIS_TIMEOUT",
-        2.0,
-        "socket timeout of every Redis call (connect included): a hung Redis fails calls "
-        "with UNAVAILABLE after this",
-        lambda env, name, default: env_duration(env, name, default, minimum=0.01),
-        format_duration,
-    ),
+    **REDIS_CLIENT_SETTINGS,
     **REDIS_WAIT_SETTINGS,
     "redis_key_prefix": Setting(
         "GPUALLOC_REDIS_PREFIX",

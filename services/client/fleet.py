@@ -89,9 +89,19 @@ class Gpu:
         return tuple(d for d in self.devices if d.type == "mig")
 
     @property
+    def held(self) -> bool:
+        return any(d.use in (Use.RESERVED, Use.COMMITTED) for d in self.devices)
+
+    @property
+    def tainted(self) -> bool:
+        """Nothing on this GPU is held, but a device of it is tainted (kept out of new
+        allocations): counted apart, never as free."""
+        return not self.held and any(d.use is Use.TAINTED for d in self.devices)
+
+    @property
     def free(self) -> bool:
-        """Nothing on this GPU is held (so the whole GPU can still be had)."""
-        return not any(d.use in (Use.RESERVED, Use.COMMITTED) for d in self.devices)
+        """Nothing on this GPU is held nor tainted (so the whole GPU can still be had)."""
+        return not self.held and not self.tainted
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from services.client.contexts import (
     save_config,
 )
 from services.client.errors import connection_hint
-from services.client.fleet import FleetNode, Use, fleet_view
+from services.client.fleet import FleetNode, Gpu, Use, fleet_view
 from services.client.inventory import InventoryClient, NodeInventory
 from services.client.live_output import (
     as_list,
@@ -530,6 +530,18 @@ def _get(args: argparse.Namespace, session: Session, out: TextIO) -> int:
 # --- describe -----------------------------------------------------------------------------
 
 
+def _gpu_state(gpu: Gpu) -> str:
+    """A GPU without a whole-GPU device (MIG only): free, tainted or in use."""
+    return "free" if gpu.free else "tainted" if gpu.tainted else "in use"
+
+
+def _gpus_free(node: FleetNode) -> str:
+    """`3 free`, and `, 1 tainted` when a GPU nothing holds is tainted (never counted free)."""
+    tainted = sum(1 for g in node.gpus if g.tainted)
+    free = f"{sum(1 for g in node.gpus if g.free)} free"
+    return f"{free}, {tainted} tainted" if tainted else free
+
+
 def _describe_node(name: str, session: Session, out: TextIO) -> None:
     (node,) = _fleet(session, [_bare(name, "node")], topology=True)
     inventory = node.inventory
@@ -538,7 +550,7 @@ def _describe_node(name: str, session: Session, out: TextIO) -> None:
     lines += [f"{'Labels:' if i == 0 else '':<15}{label}" for i, label in enumerate(labels)]
     lines.append(f"Models:        {', '.join(node.models) or '<none>'}")
     lines.append(
-        f"GPUs:          {len(node.gpus)} ({sum(1 for g in node.gpus if g.free)} free); devices: "
+        f"GPUs:          {len(node.gpus)} ({_gpus_free(node)}); devices: "
         + ", ".join(f"{node.count(u)} {u.value}" for u in Use if node.count(u))
     )
     out.write("\n".join(lines) + "\n")
@@ -569,7 +581,7 @@ def _describe_node(name: str, session: Session, out: TextIO) -> None:
         out.write("MIG layout:\n")
         for gpu in partitioned:
             whole = gpu.whole
-            state = whole.use.value if whole is not None else ("free" if gpu.free else "in use")
+            state = whole.use.value if whole is not None else _gpu_state(gpu)
             name_ = whole.id.device if whole is not None else gpu.uuid
             out.write(f"  {name_} ({gpu.uuid}): whole GPU {state}\n")
             rows = [

@@ -160,6 +160,7 @@ def fleet_node_to_dict(node: FleetNode) -> dict[str, Any]:
         "models": list(node.models),
         "gpus": len(node.gpus),
         "freeGPUs": sum(1 for g in node.gpus if g.free),
+        "taintedGPUs": sum(1 for g in node.gpus if g.tainted),
         "devices": {use.value: node.count(use) for use in Use},
         "reservations": [r.id for r in node.reservations],
     }

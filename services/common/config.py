@@ -24,6 +24,7 @@ from services.common.errors import FieldViolation, InvalidArgument
 
 __all__ = [
     "DOCUMENT_SETTINGS",
+    "REDIS_CLIENT_SETTINGS",
     "REDIS_WAIT_SETTINGS",
     "SERVER_SETTINGS",
     "ServerSettings",
@@ -372,7 +373,8 @@ SERVER_SETTINGS: dict[str, Setting[Any]] = {
         "",
         "host:port of a plaintext HTTP server with Prometheus `GET /metrics` (the gRPC health "
         "port cannot share it: another protocol); empty: none, unless OTEL_METRICS_EXPORTER "
-        "names `prometheus` (then 127.0.0.1:9464)",
+        "names `prometheus` (then 127.0.0.1:9464); `gpualloc serve --demo` (`make run`) "
+        "unset: 127.0.0.1:9464, a warning if busy",
         env_str,
     ),
     "log_level": Setting(
@@ -420,6 +422,19 @@ def read_document_limits(environ: Mapping[str, str]) -> DocumentLimits:
     """`GPUALLOC_MAX_DOCUMENT_*`; InvalidArgument naming every bad variable."""
     return DocumentLimits(**read_settings(environ, DOCUMENT_SETTINGS))
 
+
+# How long a Redis call may take, read by both services (the allocator's store, the
+# inventory's repository): one definition, so `gpualloc serve` gives both the same.
+REDIS_CLIENT_SETTINGS: dict[str, Setting[Any]] = {
+    "redis_timeout": Setting(
+        "GPUALLOC_REDIS_TIMEOUT",
+        2.0,
+        "socket timeout of every Redis call (connect included): a hung Redis fails calls "
+        "with UNAVAILABLE after this",
+        lambda env, name, default: env_duration(env, name, default, minimum=0.01),
+        format_duration,
+    ),
+}
 
 # Durability of the Redis writes, read by both services (the allocator's Reserve/Commit, the
 # inventory's saves): one definition, so the two cannot drift apart.

@@ -20,7 +20,7 @@ This module imports nothing but the standard library so that pure cores can rais
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -99,11 +99,19 @@ class AlreadyExists(GpuallocError):
 
 
 class Conflict(GpuallocError):
-    """The placement is no longer free; `conflicts` lists what moved (`driver/pool/device`)."""
+    """The placement is no longer free; `conflicts` lists what moved (`driver/pool/device`).
+    `holders`: the reservation id holding each conflicting device key, as the message names
+    them (kept in process only: the edge redacts another tenant's before it answers)."""
 
-    def __init__(self, message: str, conflicts: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        message: str,
+        conflicts: Sequence[str] = (),
+        holders: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.conflicts: tuple[str, ...] = tuple(conflicts)
+        self.holders: dict[str, str] = dict(holders or {})
 
 
 class PermissionDenied(GpuallocError):

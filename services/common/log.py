@@ -90,10 +90,18 @@ class TextFormatter(logging.Formatter):
         return line
 
 
-def configure_logging(level: str = "INFO", fmt: str = "json", stream: TextIO | None = None) -> None:
+def configure_logging(
+    level: str = "INFO",
+    fmt: str = "json",
+    stream: TextIO | None = None,
+    *,
+    route_native: bool = False,
+) -> None:
     """Send every logger's records to `stream` (stderr) in `fmt` ("json" or "text").
 
-    Replaces the root logger's handlers, so calling it twice does not duplicate lines.
+    Replaces the root logger's handlers, so calling it twice does not duplicate lines. With
+    `route_native` (the servers) and JSON, grpc-core's own lines on stderr become records of
+    logger `grpc.core` too (services/common/native_log.py), so the stream stays JSON.
     """
     if fmt not in ("json", "text"):
         raise ValueError(f"log format must be json or text, got {fmt!r}")
@@ -104,3 +112,7 @@ def configure_logging(level: str = "INFO", fmt: str = "json", stream: TextIO | N
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    if route_native and fmt == "json" and stream is None:
+        from services.common.native_log import route_native_stderr
+
+        route_native_stderr()

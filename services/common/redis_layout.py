@@ -220,13 +220,18 @@ class _FcallKeysParser(CommandsParser):
 def wait_milliseconds(replicas: int, timeout: float, socket_timeout: float) -> int:
     """The timeout of `WAIT replicas <ms>` for a wait of `timeout` seconds (the stores'
     `wait_replicas`/`wait_timeout`); InvalidArgument when the values make no sense, or when the
-    socket (`socket_timeout`) would time out before WAIT answers (WAIT blocks the connection)."""
+    socket (`socket_timeout`) would time out before WAIT answers (WAIT blocks the connection),
+    naming the variables that set them."""
     if replicas < 0 or not (math.isfinite(timeout) and timeout > 0):
-        raise InvalidArgument.at("wait_replicas", "must be >= 0 with a timeout > 0")
+        raise InvalidArgument.at(
+            "GPUALLOC_REDIS_WAIT_REPLICAS",
+            "must be >= 0 with GPUALLOC_REDIS_WAIT_TIMEOUT > 0",
+        )
     if replicas and timeout >= socket_timeout:
         raise InvalidArgument.at(
-            "wait_timeout",
-            f"{timeout:g}s must be shorter than the socket timeout {socket_timeout:g}s",
+            "GPUALLOC_REDIS_WAIT_TIMEOUT",
+            f"{timeout:g}s must be shorter than GPUALLOC_REDIS_TIMEOUT, the socket timeout "
+            f"({socket_timeout:g}s): WAIT holds the connection until it answers",
         )
     return max(1, math.ceil(timeout * 1000))
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from services.common.config import ServerSettings
 
-__all__ = ["add_security_flags", "with_security_flags"]
+__all__ = ["add_security_flags", "metrics_listen_source", "with_security_flags"]
 
 
 def add_security_flags(parser: argparse.ArgumentParser) -> None:
@@ -59,3 +59,11 @@ def with_security_flags(settings: ServerSettings, args: argparse.Namespace) -> S
     }
     updated = replace(settings, **changes)
     return ServerSettings.checked(updated)
+
+
+def metrics_listen_source(args: argparse.Namespace) -> str:
+    """Where the metrics address came from, for its errors: the flag when given (it wins over
+    GPUALLOC_METRICS_LISTEN, whose value is then ignored), else the variable."""
+    if getattr(args, "metrics_listen", None) is not None:
+        return "--metrics-listen"
+    return "GPUALLOC_METRICS_LISTEN"

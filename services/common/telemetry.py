@@ -22,7 +22,9 @@ so one endpoint. The current span still lands in the context, which the JSON log
 
 `TracingInterceptor` gives every RPC except health and reflection a SERVER span (parent taken
 from the caller's `traceparent` metadata) and a latency histogram entry labelled with the
-method and the status code (`gpualloc.rpc.server.duration`, ms). Each service adds its own
+method and the status code (`gpualloc.rpc.server.duration`, in seconds: `_seconds` on
+/metrics, Prometheus' base unit; `duration_histogram` makes every duration histogram so, with
+the same buckets). Each service adds its own
 instruments on `Telemetry.meter` (services/allocator/app/telemetry.py, services/inventory/
 telemetry.py); gauges are callbacks, worked out when a reader collects (a scrape), not on
 the request path.
@@ -65,15 +67,19 @@ from services.common.grpc_errors import (
 
 __all__ = [
     "DEFAULT_METRICS_LISTEN",
+    "METRICS_LISTEN_VARIABLE",
+    "DURATION_BUCKETS_SECONDS",
     "Labelled",
     "Telemetry",
     "TracingInterceptor",
     "configure_telemetry",
+    "duration_histogram",
 ]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"  # OTEL_METRICS_EXPORTER=prometheus, no address given
+METRICS_LISTEN_VARIABLE = "GPUALLOC_METRICS_LISTEN"
 _TRACE_EXPORTERS = ("none", "console", "otlp")
 _METRIC_EXPORTERS = ("none", "console", "otlp", "prometheus")
 # Points one gauge may report per collection (the SDK's default is 2,000, then it folds the
@@ -90,6 +96,39 @@ _SERVER_ERRORS = frozenset(
     }
 )  # OTel semantic conventions: the codes that make a server span an error
 
+# Bucket bounds of every duration histogram, in seconds: sub-millisecond solves to the
+# longest calls (OpenTelemetry's default bounds, 0 to 10,000, are meant for milliseconds).
+DURATION_BUCKETS_SECONDS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+)
+
+
+def duration_histogram(meter: metrics.Meter, name: str, description: str) -> metrics.Histogram:
+    """A histogram of durations in seconds (`<name>_seconds` on /metrics)."""
+    return meter.create_histogram(
+        name,
+        unit="s",
+        description=description,
+        explicit_bucket_boundaries_advisory=DURATION_BUCKETS_SECONDS,
+    )
+
+
 Labelled = Iterable[tuple[float, Mapping[str, str]]]
 """What a labelled gauge's callback returns: (value, attributes) per series."""
 
@@ -105,8 +144,8 @@ class Telemetry:
     metrics_port: int | None = None  # the Prometheus endpoint's bound port; None: no endpoint
 
     def __post_init__(self) -> None:
-        self.rpc_duration = self.meter.create_histogram(
-            "gpualloc.rpc.server.duration", unit="ms", description="RPC latency"
+        self.rpc_duration = duration_histogram(
+            self.meter, "gpualloc.rpc.server.duration", "RPC latency, per method and status code"
         )
 
     def interceptors(self) -> list[grpc.ServerInterceptor]:
@@ -114,20 +153,30 @@ class Telemetry:
         return [TracingInterceptor(self.tracer, self.rpc_duration)] if self.enabled else []
 
     def observe(
-        self, name: str, read: Callable[[], float], *, gauge: bool = True, description: str = ""
+        self,
+        name: str,
+        read: Callable[[], float],
+        *,
+        description: str,
+        gauge: bool = True,
+        unit: str = "",
     ) -> None:
-        """Report `read()` at each collection, as a gauge or a monotonic counter."""
+        """Report `read()` at each collection, as a gauge or a monotonic counter. The
+        description is the metric's HELP (Prometheus wants one on every metric); a unit
+        (`s`) becomes its name's suffix (`_seconds`)."""
 
         def callback(options: CallbackOptions) -> Iterable[Observation]:
             return [Observation(read())]
 
         if gauge:
-            self.meter.create_observable_gauge(name, [callback], description=description)
+            self.meter.create_observable_gauge(name, [callback], unit=unit, description=description)
         else:
-            self.meter.create_observable_counter(name, [callback], description=description)
+            self.meter.create_observable_counter(
+                name, [callback], unit=unit, description=description
+            )
 
     def observe_labelled(
-        self, name: str, read: Callable[[], Labelled], *, unit: str = "", description: str = ""
+        self, name: str, read: Callable[[], Labelled], *, description: str, unit: str = ""
     ) -> None:
         """A gauge with one series per (value, attributes) that `read()` returns when collected;
         a series it stops returning disappears."""
@@ -149,12 +198,15 @@ def configure_telemetry(
     *,
     service_name: str,
     metrics_listen: str = "",
+    metrics_listen_source: str = METRICS_LISTEN_VARIABLE,
     span_processors: Sequence[SpanProcessor] = (),
     metric_readers: Sequence[MetricReader] = (),
 ) -> Telemetry:
     """Telemetry from the OTEL_* variables and `metrics_listen` (GPUALLOC_METRICS_LISTEN, which
-    starts the Prometheus endpoint); tests attach in-memory processors and readers. Raises
-    InvalidArgument for a bad variable, FailedPrecondition when the endpoint cannot listen."""
+    starts the Prometheus endpoint; `metrics_listen_source` says where the address came from,
+    the variable or a flag, for the errors); tests attach in-memory processors and readers.
+    Raises InvalidArgument for a bad address, FailedPrecondition when the endpoint cannot
+    listen, both naming the source."""
     disabled = environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
     traces = () if disabled else _exporters(environ, "OTEL_TRACES_EXPORTER", _TRACE_EXPORTERS)
     metric_kinds = (
@@ -181,7 +233,10 @@ def configure_telemetry(
     endpoint: _PrometheusEndpoint | None = None
     for kind in metric_kinds:
         if kind == "prometheus":
-            endpoint = _PrometheusEndpoint(metrics_listen or DEFAULT_METRICS_LISTEN)
+            endpoint = _PrometheusEndpoint(
+                metrics_listen or DEFAULT_METRICS_LISTEN,
+                metrics_listen_source if metrics_listen else "OTEL_METRICS_EXPORTER=prometheus",
+            )
             readers.append(endpoint.reader)
         else:
             readers.append(PeriodicExportingMetricReader(_metric_exporter(kind)))
@@ -216,7 +271,8 @@ class _PrometheusEndpoint:
     """OpenTelemetry's Prometheus reader on a private registry, served over plain HTTP by
     prometheus-client's own server (its thread answers `/metrics`; each scrape collects)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, source: str = METRICS_LISTEN_VARIABLE) -> None:
+        self.source = source
         try:
             from opentelemetry.exporter.prometheus import PrometheusMetricReader
             from prometheus_client import CollectorRegistry
@@ -227,9 +283,7 @@ class _PrometheusEndpoint:
             ) from None
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit() or int(port) > 65535:
-            raise InvalidArgument.at(
-                "GPUALLOC_METRICS_LISTEN", f"must be host:port, got {address!r}"
-            )
+            raise InvalidArgument.at(source, f"must be host:port, got {address!r}")
         self.address = address
         self._host = host.strip("[]")
         self._port = int(port)
@@ -249,7 +303,7 @@ class _PrometheusEndpoint:
             server, _ = start_http_server(self._port, addr=self._host, registry=self.registry)
         except OSError as error:
             raise FailedPrecondition(
-                f"cannot listen on {self.address} (GPUALLOC_METRICS_LISTEN): in use or not "
+                f"cannot listen on {self.address} ({self.source}): in use or not "
                 f"local ({error.strerror})"
             ) from None
         self._server = server
@@ -398,9 +452,9 @@ class _RpcSpan:
             self._span.set_status(Status(StatusCode.ERROR, str(error) if error else code.name))
             if error is not None and code is grpc.StatusCode.INTERNAL:
                 self._span.record_exception(error)
-        elapsed_ms = (time.perf_counter() - self._started) * 1000
+        elapsed = time.perf_counter() - self._started
         self._duration.record(
-            elapsed_ms, {"rpc.method": self._method.lstrip("/"), "rpc.grpc.status_code": code.name}
+            elapsed, {"rpc.method": self._method.lstrip("/"), "rpc.grpc.status_code": code.name}
         )
         self._span_cm.__exit__(kind, error, tb)
         detach(self._token)

@@ -15,7 +15,11 @@ from services.common.errors import GpuallocError
 from services.common.grpc_server import create_server, security_summary, serve_until_signal
 from services.common.health import Health
 from services.common.log import configure_logging
-from services.common.server_flags import add_security_flags, with_security_flags
+from services.common.server_flags import (
+    add_security_flags,
+    metrics_listen_source,
+    with_security_flags,
+)
 from services.common.telemetry import configure_telemetry
 from services.inventory.app.telemetry import instrument_inventory
 from services.inventory.bootstrap import build_inventory, seed_inventory, start_kube_watch
@@ -46,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 settings, server=replace(settings.server, listen_address=args.listen)
             )
         settings = replace(settings, server=with_security_flags(settings.server, args))
-        configure_logging(settings.server.log_level, settings.server.log_format)
+        configure_logging(settings.server.log_level, settings.server.log_format, route_native=True)
         log.info("gpualloc-inventory: %s", security_summary(settings.server))
         app = build_inventory(settings=settings)
         seeds = [*settings.seed_paths, *args.seed]
@@ -58,6 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.environ,
             service_name="gpualloc-inventory",
             metrics_listen=settings.server.metrics_listen_address,
+            metrics_listen_source=metrics_listen_source(args),
         )
         app.background.append(telemetry.shutdown)
         instrument_inventory(app.service, telemetry)

@@ -71,6 +71,7 @@ def build_repository(settings: InventorySettings) -> InventoryRepository:
     if settings.redis_url:
         return RedisInventoryRepository(
             settings.redis_url,
+            socket_timeout=settings.redis_timeout,
             wait_replicas=settings.redis_wait_replicas,
             wait_timeout=settings.redis_wait_timeout,
         )

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from services.common.config import (
+    REDIS_CLIENT_SETTINGS,
     REDIS_WAIT_SETTINGS,
     ServerSettings,
     Setting,
@@ -54,6 +55,7 @@ INVENTORY_SETTINGS: dict[str, Setting[Any]] = {
         "`redis+cluster://…`); empty: embedded (in memory)",
         env_str,
     ),
+    **REDIS_CLIENT_SETTINGS,
     **REDIS_WAIT_SETTINGS,
     "snapshot_path": Setting(
         "GPUALLOC_INVENTORY_SNAPSHOT",
@@ -123,6 +125,7 @@ class InventorySettings:
     server: ServerSettings
     seed_paths: tuple[str, ...] = ()
     redis_url: str = INVENTORY_SETTINGS["redis_url"].default
+    redis_timeout: float = INVENTORY_SETTINGS["redis_timeout"].default
     redis_wait_replicas: int = INVENTORY_SETTINGS["redis_wait_replicas"].default
     redis_wait_timeout: float = INVENTORY_SETTINGS["redis_wait_timeout"].default
     snapshot_path: str = INVENTORY_SETTINGS["snapshot_path"].default

@@ -273,9 +273,9 @@ def test_waited_saves_survive_the_primary_s_death(
 @pytest.mark.parametrize(
     ("replicas", "timeout", "field"),
     [
-        pytest.param(-1, 0.5, "wait_replicas", id="negative-replicas"),
-        pytest.param(1, 0.0, "wait_replicas", id="zero-timeout"),
-        pytest.param(1, 5.0, "wait_timeout", id="timeout-not-below-the-socket-s"),
+        pytest.param(-1, 0.5, "GPUALLOC_REDIS_WAIT_REPLICAS", id="negative-replicas"),
+        pytest.param(1, 0.0, "GPUALLOC_REDIS_WAIT_REPLICAS", id="zero-timeout"),
+        pytest.param(1, 5.0, "GPUALLOC_REDIS_WAIT_TIMEOUT", id="timeout-not-below-the-socket-s"),
     ],
 )
 def test_wait_settings_the_socket_cannot_honour_are_refused(

@@ -405,6 +405,15 @@ def _bad_quantity() -> pb.AllocateRequest:
     return request
 
 
+def _infinite_opaque_parameter() -> pb.AllocateRequest:
+    """JSON has no Infinity; a Struct number can be one (it answered INTERNAL once)."""
+    request = allocate_request("one-h100")
+    config = request.claims[0].config.add()
+    config.opaque.driver = "gpu.nvidia.com"
+    config.opaque.parameters.update({"sharing": {"replicas": float("inf")}})
+    return request
+
+
 @pytest.mark.parametrize(
     ("build", "path"),
     [
@@ -428,6 +437,11 @@ def _bad_quantity() -> pb.AllocateRequest:
             id="bad-quantity",
         ),
         pytest.param(lambda: pb.AllocateRequest(), "claims", id="no-claims"),
+        pytest.param(
+            _infinite_opaque_parameter,
+            'claims[0].config[0].opaque.parameters["sharing"]["replicas"]',
+            id="infinite-opaque-parameter",
+        ),
     ],
 )
 def test_bad_claims_are_invalid_argument_with_the_field_path(allocator, build, path):

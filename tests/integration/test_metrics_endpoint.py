@@ -7,6 +7,7 @@ HTTP and parsed with prometheus-client's own text parser.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -34,7 +35,8 @@ def fleet(samples: Samples) -> Samples:
     return {
         key: v
         for key, v in samples.items()
-        if key[0].startswith("gpualloc_fleet_") and key[0] != "gpualloc_fleet_count_duration"
+        if key[0].startswith("gpualloc_fleet_")
+        and key[0] != "gpualloc_fleet_count_duration_seconds"
     }
 
 
@@ -202,12 +204,39 @@ def test_rpc_latency_and_store_latency_are_histograms(served):
     served.stub.Allocate(allocator_pb2.AllocateRequest(claims=pb_claims("one-h100")), timeout=10)
     samples = served.scrape()
     allocate = {"rpc_method": "gpualloc.allocator.v1.Allocator/Allocate"}
-    assert value(samples, "gpualloc_rpc_server_duration_milliseconds_count", **allocate) >= 1
+    assert value(samples, "gpualloc_rpc_server_duration_seconds_count", **allocate) >= 1
     assert value(
-        samples, "gpualloc_rpc_server_duration_milliseconds_bucket", le="+Inf", **allocate
-    ) == value(samples, "gpualloc_rpc_server_duration_milliseconds_count", **allocate)
-    assert value(samples, "gpualloc_store_duration_milliseconds_count", operation="reserve") >= 1
+        samples, "gpualloc_rpc_server_duration_seconds_bucket", le="+Inf", **allocate
+    ) == value(samples, "gpualloc_rpc_server_duration_seconds_count", **allocate)
+    assert value(samples, "gpualloc_store_duration_seconds_count", operation="reserve") >= 1
     assert ("gpualloc_reservation_conflicts_total", frozenset()) in samples  # 0 from the start
+
+
+def test_promtool_check_metrics_finds_nothing(served):
+    """Prometheus' own linter on a real scrape (every histogram sampled): HELP on every
+    metric, counters ending in `_total`, base units; and every duration in seconds, with the
+    unit suffix (`_seconds`), which promtool does not check by itself."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool missing: apt-get install prometheus (.ci/run installs it)")
+    before = served.settled()
+    reservation = served.reserve("one-h100", owner="team-d/lint").reservations[0]
+    served.scrape_after(before)
+    with urllib.request.urlopen(served.metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    served.stub.Release(
+        allocator_pb2.ReleaseRequest(reservation_id=reservation.id, owner="team-d/lint"),
+        timeout=5,
+    )
+    checked = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    families = list(text_string_to_metric_families(text))
+    durations = [f.name for f in families if "duration" in f.name]
+    assert durations and all(name.endswith("_seconds") for name in durations), durations
+    assert not [f.name for f in families if "milliseconds" in f.name]
+    assert all(f.documentation for f in families), [f.name for f in families if not f.documentation]
 
 
 def test_every_metric_and_label_the_dashboard_and_alerts_use_is_exported(served):
@@ -239,20 +268,83 @@ def test_every_metric_and_label_the_dashboard_and_alerts_use_is_exported(served)
         pytest.param(["services.inventory"], id="gpualloc-inventory"),
     ],
 )
-def test_a_busy_metrics_port_stops_the_server_with_one_line(command):
+@pytest.mark.parametrize("given_by", ["--metrics-listen", "GPUALLOC_METRICS_LISTEN"])
+def test_a_busy_metrics_port_stops_the_server_with_one_line(command, given_by):
+    """The line names where the busy address came from: the flag (which wins over the
+    variable) or the variable."""
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         address = f"127.0.0.1:{busy.getsockname()[1]}"
+        env = {**os.environ, "GPUALLOC_LOG_FORMAT": "text", "GPUALLOC_REDIS_URL": ""}
+        flags = ["--metrics-listen", address]
+        if given_by != "--metrics-listen":
+            env[given_by], flags = address, []
         done = subprocess.run(
-            [sys.executable, "-m", *command, "--listen", f"127.0.0.1:{free_port()}"]
-            + ["--metrics-listen", address],
+            [sys.executable, "-m", *command, "--listen", f"127.0.0.1:{free_port()}", *flags],
             cwd=ROOT,
-            env={**os.environ, "GPUALLOC_LOG_FORMAT": "text", "GPUALLOC_REDIS_URL": ""},
+            env=env,
             capture_output=True,
             text=True,
             timeout=60,
         )
     assert done.returncode == 2, done.stderr
-    assert f"cannot listen on {address} (GPUALLOC_METRICS_LISTEN)" in done.stderr
+    assert f"cannot listen on {address} ({given_by})" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def _serve_demo(env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+    """`gpualloc serve --demo` as `make run` starts it; (the process, its gRPC address)."""
+    address = f"127.0.0.1:{free_port()}"
+    inherited = {k: v for k, v in os.environ.items() if k != "GPUALLOC_METRICS_LISTEN"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "serve", "--demo", "--listen", address]
+        + ["--web-listen", ""],
+        cwd=ROOT,
+        env={**inherited, "GPUALLOC_LOG_FORMAT": "text", "GPUALLOC_REDIS_URL": "", **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    return process, address
+
+
+def _stopped(process: subprocess.Popen[str]) -> str:
+    process.terminate()
+    output, _ = process.communicate(timeout=30)
+    return output
+
+
+def test_make_run_lets_gpualloc_metrics_listen_move_the_endpoint():
+    """`make run` is `gpualloc serve --demo` with no metrics flag, so the variable moves the
+    endpoint off the demo's 127.0.0.1:9464 (a second `make run` can have its own)."""
+    recipe = ROOT.joinpath("Makefile").read_text().split("\nrun:", 1)[1].split("\n\n", 1)[0]
+    assert "gpualloc serve --demo" in recipe and "--metrics-listen" not in recipe
+    metrics = f"127.0.0.1:{free_port()}"
+    process, address = _serve_demo({"GPUALLOC_METRICS_LISTEN": metrics})
+    try:
+        wait_serving(address)
+        with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as response:
+            assert b"gpualloc_fleet_gpus" in response.read()
+    finally:
+        output = _stopped(process)
+    assert f"Prometheus metrics on http://{metrics}/metrics" in output, output
+
+
+def test_a_busy_demo_metrics_port_is_a_warning_not_a_failure():
+    """A second `make run`: the demo's default port is taken, the server serves without
+    metrics and says how to choose another (as for the web view)."""
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            taken.bind(("127.0.0.1", 9464))
+            taken.listen()
+        except OSError:  # busy already (another server here): the same case
+            pass
+        process, address = _serve_demo({})
+        try:
+            wait_serving(address)
+        finally:
+            output = _stopped(process)
+    assert "no metrics endpoint: cannot listen on 127.0.0.1:9464 (the --demo default)" in output
+    assert "choose another with --metrics-listen" in output and "Traceback" not in output

@@ -824,7 +824,8 @@ def test_a_holder_is_told_only_the_tenant_of_a_preemptor_from_another_tenant(
 ) -> None:
     """team-a borrows 2 of team-b's GPUs; team-b reclaims them. team-a's stream says which of
     its reservations were preempted and by `tenant team-b` (another tenant's owners are not
-    shown: docs/security.md), team-b's own stream names its owner in full."""
+    shown: docs/security.md), and so does its Renew's error; team-b's own stream names its
+    owner in full."""
     _release_everything(fleet)
     a, b = stub(fleet, "scheduler-a"), stub(fleet, "scheduler-b")
     victim_side = Watching(fleet, "scheduler-a")
@@ -841,8 +842,12 @@ def test_a_holder_is_told_only_the_tenant_of_a_preemptor_from_another_tenant(
         time.sleep(0.2)
         for i in (4, 5):  # the holder acts on it: its Renew tells the allocator it knows
             gone = held[i].reservations[0]
-            with pytest.raises(grpc.RpcError, match="was preempted by"):
+            with pytest.raises(grpc.RpcError) as renewed:
                 a.Renew(pb.RenewRequest(reservation_id=gone.id, owner=gone.owner), timeout=10)
+            details = str(renewed.value.details())
+            assert "was preempted by tenant team-b" in details  # as the watch says it
+            assert "job/reclaim" not in details
+            assert "job/reclaim" not in str(renewed.value.trailing_metadata())
         assert _pending(fleet)["team-a"] == 0
     finally:
         victim_side.close()

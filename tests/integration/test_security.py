@@ -26,7 +26,14 @@ from protos.inventory.v1 import inventory_pb2 as ipb
 from protos.inventory.v1 import inventory_pb2_grpc
 from services.bridges.local_cluster import EXAMPLE_CLUSTER
 from services.inventory.core.report import XidEvent
-from tests.security_fixtures import AGENT_SUBJECT, KUEUE_SUBJECT, SecuredFleet, secured_fleet
+from tests.security_fixtures import (
+    AGENT_SUBJECT,
+    ISSUER,
+    KUEUE_SUBJECT,
+    POLICY,
+    SecuredFleet,
+    secured_fleet,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -415,6 +422,122 @@ def test_explain_names_another_tenants_holder_only_by_tenant(fleet: SecuredFleet
     assert held.id not in str(seen_by_b)
     seen_by_a = _alloc(fleet.channel("scheduler-a")).Explain(whole_node, timeout=10)
     assert held.id in {h.reservation_id for h in seen_by_a.holders}
+
+
+def test_a_reserve_conflict_names_another_tenants_holder_only_by_tenant(
+    fleet: SecuredFleet, held: Held
+):
+    """team-b reserves the devices team-a holds: ABORTED naming the devices and `held by
+    tenant team-a`, never team-a's reservation id; team-a itself is told its own id."""
+    a, b = _alloc(fleet.channel("scheduler-a")), _alloc(fleet.channel("scheduler-b"))
+    mine = a.GetReservation(pb.GetReservationRequest(reservation_id=held.id), timeout=10)
+    taken = pb.ReserveRequest(
+        node_name=mine.reservation.node_name,
+        allocations=mine.reservation.allocations,
+        owner="job/taker",
+    )
+    taken.lease_ttl.FromSeconds(60)
+    with pytest.raises(grpc.RpcError) as by_b:
+        b.Reserve(taken, timeout=10)
+    assert by_b.value.code() is grpc.StatusCode.ABORTED
+    assert "held by tenant team-a" in str(by_b.value.details())
+    assert held.id not in str(by_b.value.details())
+    assert held.id not in str(by_b.value.trailing_metadata())
+    taken.owner = "job/again"
+    with pytest.raises(grpc.RpcError) as by_a:
+        a.Reserve(taken, timeout=10)
+    assert by_a.value.code() is grpc.StatusCode.ABORTED
+    assert f"held by reservation {held.id}" in str(by_a.value.details())
+
+
+def test_a_tenant_holds_at_most_its_max_reservations_admin_access_included(tmp_path):
+    """tools may use adminAccess (which no quota counts) and holds at most 3 live reservations:
+    the 4th, adminAccess or not, Allocate or Reserve, is RESOURCE_EXHAUSTED naming the bound;
+    releasing one makes room. Another tenant is not bounded by it."""
+    bounded = POLICY.replace(
+        "  - name: tools\n    allowAdminAccess: true\n",
+        "  - name: tools\n    allowAdminAccess: true\n    maxReservations: 3\n",
+    )
+    assert bounded != POLICY
+    with secured_fleet(tmp_path, policy=bounded) as fleet:
+        monitor = _alloc(fleet.channel("monitor"))
+        held = [
+            monitor.Allocate(_allocate(True, admin_access=True, owner=f"job/{i}"), timeout=10)
+            for i in range(3)
+        ]
+        assert all(a.outcome == pb.OUTCOME_ALLOCATED for a in held)
+        for request in (_allocate(True, admin_access=True, owner="job/4"), _allocate(True)):
+            with pytest.raises(grpc.RpcError) as refused:
+                monitor.Allocate(request, timeout=10)
+            assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "at most 3 live reservations" in str(refused.value.details())
+            assert "maxReservations" in str(refused.value.details())
+        others = _alloc(fleet.channel("scheduler-a"))
+        assert others.Allocate(_allocate(True), timeout=10).outcome == pb.OUTCOME_ALLOCATED
+        placed = monitor.Allocate(_allocate(), timeout=10)
+        direct = pb.ReserveRequest(
+            node_name=placed.node_name, allocations=placed.allocations, owner="job/direct"
+        )
+        with pytest.raises(grpc.RpcError) as refused:
+            monitor.Reserve(direct, timeout=10)
+        assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        _release_made(fleet.channel("monitor"), held[0])
+        made = monitor.Reserve(direct, timeout=10)
+        assert made.reservation.owner == "tools/job/direct"
+
+
+L40S_GPU_0 = "GPU-1dbe7936-6226-6461-f10f-fc2f32d2f039"  # examples/cluster/l40s-node.yaml
+
+
+def _gpus_report(node: str, *uuids: str) -> ipb.ReportNodeRequest:
+    buses = ["0000:3b:00.0", *(f"0000:{0x80 + i:02x}:00.0" for i in range(1, len(uuids)))]
+    gpus = [  # the first at L40S_GPU_0's bus id, the others at buses no slice publishes
+        ipb.GpuReport(uuid=u, name="NVIDIA L40S", index=i, pci_bus_id=bus)
+        for i, (u, bus) in enumerate(zip(uuids, buses, strict=True))
+    ]
+    return ipb.ReportNodeRequest(report=ipb.NodeReport(node_name=node, source="t", gpus=gpus))
+
+
+def test_an_agent_binding_bounds_the_gpus_its_reports_add(tmp_path):
+    """The review's attack: an agent's certificate adding made-up GPUs to its node, on which
+    other tenants' jobs then land. `reportedGpus: published` lets the token agents report only
+    the GPUs the node's ResourceSlices publish (health, not new devices); a count caps the
+    certificate agents' reports. Refused reports change nothing."""
+    bounded = POLICY.replace(
+        '    subjects: [{kind: DNS, name: "*.agents.fleet.test"}]\n    roles: [agent]\n',
+        '    subjects: [{kind: DNS, name: "*.agents.fleet.test"}]\n    roles: [agent]\n'
+        "    reportedGpus: 2\n",
+    ).replace(
+        f'    subjects: [{{kind: JWT, issuer: "{ISSUER}", name: "{AGENT_SUBJECT}"}}]\n'
+        "    roles: [agent]\n",
+        f'    subjects: [{{kind: JWT, issuer: "{ISSUER}", name: "{AGENT_SUBJECT}"}}]\n'
+        "    roles: [agent]\n    reportedGpus: published\n",
+    )
+    assert bounded.count("reportedGpus") == 2
+    with secured_fleet(tmp_path, policy=bounded) as fleet:
+        stub = _inv(fleet.token_channel())
+        token = (("authorization", f"Bearer {fleet.token(AGENT_SUBJECT, node='l40s-node-1')}"),)
+        made_up = "GPU-00000000-0000-0000-0000-00000000beef"
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.ReportNode(
+                _gpus_report("l40s-node-1", L40S_GPU_0, made_up), metadata=token, timeout=10
+            )
+        assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        assert "only published GPUs" in str(refused.value.details())
+        listed = _inv(fleet.channel("reader")).GetInventory(ipb.GetInventoryRequest(), timeout=10)
+        assert made_up not in str(listed)
+        answer = stub.ReportNode(
+            _gpus_report("l40s-node-1", L40S_GPU_0), metadata=token, timeout=10
+        )
+        assert len(answer.matched_devices) >= 1 and not answer.synthesized_devices
+        agent = _inv(fleet.channel("agent"))
+        three = [f"GPU-00000000-0000-0000-0000-00000000000{i}" for i in range(3)]
+        with pytest.raises(grpc.RpcError) as refused:
+            agent.ReportNode(_gpus_report("agent-node-1", *three), timeout=10)
+        assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        assert "at most 2" in str(refused.value.details())
+        two = agent.ReportNode(_gpus_report("agent-node-1", *three[:2]), timeout=10)
+        assert len(two.synthesized_devices) == 2
 
 
 def test_reserve_refuses_a_device_with_an_untolerated_taint(fleet: SecuredFleet):

@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import rsa
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from protos.allocator.v1 import allocator_pb2 as pb
@@ -32,7 +33,8 @@ from services.common.health import Health
 from services.common.security.audit import AUDIT_LOGGER
 from services.common.security.devcerts import CertificateAuthority, write_certificate
 from tests.integration.test_security import _allocate
-from tests.security_fixtures import SecuredFleet, secured_fleet
+from tests.ports import free_port
+from tests.security_fixtures import ISSUER, KUEUE_SUBJECT, SecuredFleet, secured_fleet
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(120)
@@ -228,6 +230,57 @@ def test_serve_on_all_interfaces_without_tls_is_refused_with_the_way_out():
     assert "--insecure" in output and "Traceback" not in output
 
 
+def test_grpc_core_lines_join_the_json_log_and_a_failed_handshake_is_audited(tmp_path: Path):
+    """With JSON logs (the default) every stderr line of a server is one JSON object: grpc-core's
+    own lines (a plaintext client against the TLS port makes one: `Handshake failed`) come as
+    records of logger `grpc.core`, and the failed handshake as a `tls.handshake_failed` audit
+    event, the only trace a handshake that never reached the server's code leaves."""
+    ca = CertificateAuthority.create("gpualloc test CA")
+    server = write_certificate(
+        tmp_path / "server",
+        ca.issue("localhost", dns_names=("localhost",), ip_addresses=("127.0.0.1",)),
+    )
+    port = free_port()
+    env = {**os.environ, "GPUALLOC_LOG_FORMAT": "json", "GPUALLOC_REDIS_URL": ""}
+    env.pop("GRPC_VERBOSITY", None)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "serve", "--demo", "--web-listen", ""]
+        + ["--listen", f"127.0.0.1:{port}", "--metrics-listen", ""]
+        + ["--tls-cert", str(server / "tls.crt"), "--tls-key", str(server / "tls.key")],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not _tls_listening(port) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with (
+            grpc.insecure_channel(f"127.0.0.1:{port}") as plaintext,
+            pytest.raises(grpc.RpcError) as refused,
+        ):
+            health_pb2_grpc.HealthStub(plaintext).Check(health_pb2.HealthCheckRequest(), timeout=2)
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+        time.sleep(1.0)  # the forwarder logs it
+    finally:
+        process.terminate()
+        _, errors = process.communicate(timeout=30)
+    lines = [line for line in errors.splitlines() if line.strip()]
+    records = [json.loads(line) for line in lines]  # every line is JSON
+    native = [r for r in records if r["logger"] == "grpc.core"]
+    assert native, records
+    assert any(r["msg"].startswith("Handshake failed") and r.get("source") for r in native)
+    (audited, *_) = [r for r in records if r.get("event") == "tls.handshake_failed"]
+    assert audited["logger"] == AUDIT_LOGGER and audited["identity"] == "unauthenticated"
+
+
+def _tls_listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
 # --- audit ----------------------------------------------------------------------------------
 
 
@@ -255,6 +308,7 @@ def _events(caplog: Any) -> list[dict[str, Any]]:
                 "code",
                 "reason",
                 "method",
+                "presented",
             }
         }
         for r in caplog.records
@@ -315,6 +369,64 @@ def test_every_grant_change_expiry_write_and_denial_is_an_audit_event(fleet, cap
         report["identity"] == "agent-node-1.agents.fleet.test" and report["node"] == "agent-node-1"
     )
     assert all(e.get("trace_id") for e in events if e["event"] != "reservation.expire")
+
+
+DENIED_WITHOUT_A_PRINCIPAL = {
+    "unbound-certificate": (
+        lambda f: (f.channel("stranger"), None),
+        "PERMISSION_DENIED",
+        "certificate cn:stranger",
+    ),
+    "expired-token": (
+        lambda f: (f.token_channel(), f.token(expires_in=-120)),
+        "UNAUTHENTICATED",
+        f"jwt iss={ISSUER} sub={KUEUE_SUBJECT}",
+    ),
+    "wrongly-signed-token": (
+        lambda f: (
+            f.token_channel(),
+            f.token(subject="forged", key=rsa.generate_private_key(65537, 2048)),
+        ),
+        "UNAUTHENTICATED",
+        f"jwt iss={ISSUER} sub=forged",
+    ),
+    "not-a-jwt": (
+        lambda f: (f.token_channel(), "not.a.jwt"),
+        "UNAUTHENTICATED",
+        "a bearer token that is not a JWT",
+    ),
+    "nothing": (
+        lambda f: (f.token_channel(), None),
+        "UNAUTHENTICATED",
+        "no client certificate and no bearer token",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("make", "code", "presented"),
+    DENIED_WITHOUT_A_PRINCIPAL.values(),
+    ids=DENIED_WITHOUT_A_PRINCIPAL.keys(),
+)
+def test_a_caller_denied_without_a_principal_is_audited_as_unauthenticated(
+    fleet, caplog, make, code, presented
+):
+    """Not as `system` (the server's own expiries): its own identity value, with what it
+    presented — the certificate's names, the token's unverified issuer and subject — and
+    never the token."""
+    caplog.set_level(logging.INFO, logger=AUDIT_LOGGER)
+    channel, token = make(fleet)
+    metadata = (("authorization", f"Bearer {token}"),) if token else None
+    with pytest.raises(grpc.RpcError) as caught:
+        allocator_pb2_grpc.AllocatorStub(channel).Allocate(
+            _allocate(), metadata=metadata, timeout=10
+        )
+    assert caught.value.code().name == code
+    (denied,) = [e for e in _events(caplog) if e["event"] == "call.denied"]
+    assert denied["identity"] == "unauthenticated" and denied["code"] == code
+    assert denied["presented"] == presented and denied["method"] == "Allocate"
+    if token:
+        assert token not in str(caplog.records[-1].__dict__)
 
 
 def test_audit_events_are_one_json_object_per_line():

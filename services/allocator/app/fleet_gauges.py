@@ -11,12 +11,12 @@ may be that many seconds old (`gpualloc.fleet.count.duration` says how long the 
 
 | name | labels | what |
 |---|---|---|
-| `gpualloc.fleet.gpus` | node, pool, model, state | GPUs `free`, `reserved`, `committed` (0s too) |
+| `gpualloc.fleet.gpus` | node, pool, model, state | GPUs free, reserved, committed, tainted |
 | `gpualloc.fleet.gpus.capacity` | node, pool, model | GPUs published, whatever their state |
 | `gpualloc.fleet.partitions.free` | node, pool, model, profile | MIG partitions free per profile |
 | `gpualloc.fleet.fragmentation` | node | free capacity outside free whole GPUs, 0..1 |
 | `gpualloc.fleet.tenant.gpus` | tenant, model, state | GPU equivalents held per tenant |
-| `gpualloc.fleet.count.duration` | | seconds the last count took |
+| `gpualloc.fleet.count.duration` (unit s: `_seconds`) | | how long the last count took |
 
 Cardinality: node-labelled series are bounded by the fleet (a 10,000-node fleet of one model
 makes ~40,000 `gpus` series). Owners are not a label: a workload may make a new owner per job
@@ -70,7 +70,11 @@ class FleetGauges:
 
     def register(self, telemetry: Telemetry) -> None:
         gauges: tuple[tuple[str, Callable[[], Labelled], str], ...] = (
-            ("gpualloc.fleet.gpus", self._gpus, "GPUs per state: free, reserved, committed"),
+            (
+                "gpualloc.fleet.gpus",
+                self._gpus,
+                "GPUs per state: free, reserved, committed, tainted",
+            ),
             ("gpualloc.fleet.gpus.capacity", self._capacity, "GPUs published"),
             ("gpualloc.fleet.partitions.free", self._partitions, "MIG partitions free"),
             ("gpualloc.fleet.fragmentation", self._fragmentation, "free capacity not whole"),
@@ -81,7 +85,8 @@ class FleetGauges:
         telemetry.observe(
             "gpualloc.fleet.count.duration",
             lambda: self._counted.seconds if self._counted is not None else 0.0,
-            description="seconds the last fleet count took",
+            unit="s",
+            description="how long the last fleet count took",
         )
 
     def current(self) -> _Counted | None:

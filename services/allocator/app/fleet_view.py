@@ -4,6 +4,8 @@ Built from the two local reads every answer comes from — the current inventory
 holdings' AllocatedState over it — plus the live reservations, so what the page shows is what
 the next Allocate in this process would see (pending placements included).
 
+- A GPU is **free** when nothing holds it and none of its devices is tainted; a tainted GPU
+  nothing holds is its own state (`tainted`), and its capacity is not free capacity.
 - A **GPU** is a counter set (a partitionable GPU: the whole-GPU device and its MIG devices all
   draw from it), else the devices sharing a `parentUUID` attribute (MIG devices published
   without counters), else one device.
@@ -84,7 +86,16 @@ class FleetGpu:
 
     @property
     def free(self) -> bool:
-        return not self.placements
+        """Nothing holds it and no device of it is tainted."""
+        return not self.placements and not self.tainted
+
+    @property
+    def state(self) -> str:
+        """`free`, `held`, or `tainted` (nothing holds it, but a taint keeps new allocations
+        off it: never counted free)."""
+        if self.placements:
+            return "held"
+        return "tainted" if self.tainted else "free"
 
 
 @dataclass(frozen=True)
@@ -98,6 +109,10 @@ class FleetNode:
     @property
     def free_gpus(self) -> int:
         return sum(1 for gpu in self.gpus if gpu.free)
+
+    @property
+    def tainted_gpus(self) -> int:
+        return sum(1 for gpu in self.gpus if gpu.state == "tainted")
 
 
 @dataclass(frozen=True)
@@ -151,7 +166,9 @@ def _node(
             (_gpu(g, state, holder) for g in _gpu_groups(devices)), key=lambda g: _natural(g.name)
         )
     )
-    free = free_capacity(devices, lambda e: not state.in_use(e.id), state.counter_amount)
+    free = free_capacity(
+        devices, lambda e: not state.in_use(e.id) and not e.device.taints, state.counter_amount
+    )
     capacity = free_capacity(devices, lambda e: True, lambda c: 0)
     return FleetNode(
         node_view.name or "",
@@ -167,7 +184,9 @@ def _fragmentation(
 ) -> Fraction:
     if not free or not capacity:
         return Fraction(0)
-    usable = node_usable(devices, lambda e: state.in_use(e.id), state.counter_amount)
+    usable = node_usable(
+        devices, lambda e: state.in_use(e.id) or bool(e.device.taints), state.counter_amount
+    )
     empty = node_usable(devices, lambda e: False, lambda c: 0)
     ideal = empty.value(DEFAULT_MIX) / capacity
     if not ideal:

@@ -89,6 +89,7 @@ class LeaseOptions:
     request_digest: str = ""  # a digest of what was asked: a reused key must ask the same
     priority_class: str = ""  # the policy's priority class ("" : its default)
     preempt: bool = False  # revoke the victims of a preemption proposal, then reserve
+    max_reservations: int | None = None  # the owner's tenant's live reservations bound
 
 
 class Outcome(StrEnum):

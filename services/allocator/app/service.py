@@ -69,6 +69,7 @@ from services.allocator.app.messages import (
 from services.allocator.app.paging import decode_token, encode_token, query_hash
 from services.allocator.app.placing import PlacementSearch, eligible_nodes
 from services.allocator.app.quotas import Grant, QuotaExceeded, QuotaGuard
+from services.allocator.app.reservation_limit import ReservationLimit
 from services.allocator.app.telemetry import AllocatorMetrics
 from services.allocator.core import (
     AllocatedState,
@@ -182,6 +183,7 @@ class AllocatorService:
         self._metrics = metrics
         self._tracer = tracer or trace.NoOpTracer()
         self._keys = _KeyedLocks()
+        self._reservation_limit = ReservationLimit(holdings.reservations)
 
     # --- Allocate / Explain / Capacity -------------------------------------------------------
 
@@ -230,7 +232,9 @@ class AllocatorService:
                 view.snapshot, answer.placements, names, lease, lease_seconds, gang=answer.is_gang
             )
             try:
-                reservations = self._store_reserve(requests, view, deadline)
+                reservations = self._store_reserve(
+                    requests, view, deadline, limit=lease.max_reservations
+                )
             except QuotaExceeded as refused:
                 answer = replace(answer, outcome=Outcome.QUOTA_EXCEEDED, quota=refused.refusals)
                 proposal = self._proposal(view, state, query, answer, lease, revoked, deadline)
@@ -353,7 +357,9 @@ class AllocatorService:
         names = tuple(name for name, _ in claims)
         requests = _requests(holds, names, allocations, lease, lease_seconds)
         try:
-            reservations = self._store_reserve(requests, view, deadline)
+            reservations = self._store_reserve(
+                requests, view, deadline, limit=lease.max_reservations
+            )
         except Conflict as conflict:
             self._count(self._metrics.conflicts if self._metrics else None)
             for scope in holds:
@@ -657,7 +663,7 @@ class AllocatorService:
             gang = "Gang" if query.gang is not None and result is not None else ""
             span.set_attribute("gpualloc.outcome", gang + type(result).__name__)  # GangAllocated
         if self._metrics is not None:
-            self._metrics.solve_duration.record(elapsed * 1000)
+            self._metrics.solve_duration.record(elapsed)
         answer = Answer(
             Outcome.BUDGET_EXHAUSTED,
             generation=view.generation,
@@ -698,20 +704,23 @@ class AllocatorService:
         deadline: Deadline,
         *,
         checked: bool = True,
+        limit: int | None = None,
     ) -> list[Reservation]:
-        """Take the tenant's quota (app/quotas.py, step one), then the devices (step two).
-        `checked` False: counted without a check (a consolidation's replacement)."""
+        """Within the tenant's bound on live reservations (`limit`: app/reservation_limit.py),
+        take its quota (app/quotas.py, step one), then the devices (step two). `checked`
+        False: counted without a check (a consolidation's replacement)."""
         deadline.check("reserve")
-        grant = self._take_quota(requests, view, checked=checked)
-        try:
-            reservations = self._take_devices(requests)
-        except BaseException:
+        with self._reservation_limit.granting(requests[0].owner, len(requests), limit):
+            grant = self._take_quota(requests, view, checked=checked)
+            try:
+                reservations = self._take_devices(requests)
+            except BaseException:
+                if grant is not None and self.quotas is not None:
+                    self.quotas.abandon(grant)
+                raise
             if grant is not None and self.quotas is not None:
-                self.quotas.abandon(grant)
-            raise
-        if grant is not None and self.quotas is not None:
-            self.quotas.bind(grant, reservations)
-        return reservations
+                self.quotas.bind(grant, reservations)
+            return reservations
 
     def _take_quota(
         self, requests: Sequence[ReserveRequest], view: ViewSnapshot, *, checked: bool = True
@@ -1009,8 +1018,10 @@ class AllocatorService:
                 raise
             if new.id in known or any(new.id == r.id for r in made.values()):
                 self._drop_replacements(list(made.values()))  # not `new`: it is not ours
+                # No ids: the caller is the preemptor, and both reservations are another owner's.
                 raise Conflict(
-                    f"reservation {old.id} cannot move to {move.node}: {new.id} is there"
+                    f"a reservation of tenant {tenant_of_owner(old.owner)} cannot move to "
+                    f"{move.node}: one with its idempotency key is there"
                 )
             made[old.id] = new
         return made
@@ -1184,6 +1195,7 @@ def _bounded(conflict: Conflict) -> Conflict:
         f"reservation conflict on {len(keys)} devices and counters: {shown}, "
         f"and {len(keys) - _MAX_CONFLICTS} more",
         keys[:_MAX_CONFLICTS],
+        conflict.holders,
     )
 
 

@@ -2,18 +2,18 @@
 
 | name | kind | what |
 |---|---|---|
-| `gpualloc.rpc.server.duration` | histogram, ms | per RPC method and status code (common) |
+| `gpualloc.rpc.server.duration` | histogram, s | per RPC method and status code (common) |
 | `gpualloc.reservation.conflicts` | counter | Conflicts met while reserving (retried or not) |
 | `gpualloc.reservation.aborted` | counter | calls answered ABORTED after the retries |
 | `gpualloc.reservation.lease_expiries` | counter | expiry events seen (every replica sees each) |
-| `gpualloc.solve.duration` | histogram, ms | one core solve |
+| `gpualloc.solve.duration` | histogram, s | one core solve |
 | `gpualloc.cel.evaluations` | observable counter | real CEL evaluations |
 | `gpualloc.cel.profile_hits` | observable counter | CEL results served per profile |
 | `gpualloc.inventory.generation` | observable gauge | generation of the view solves use |
 | `gpualloc.inventory.generation_lag` | observable gauge | generations received, not indexed |
 | `gpualloc.inventory.connected` | observable gauge | 1 while the inventory feed is connected |
 | `gpualloc.inventory.disconnects` | counter | times the feed went from connected to not |
-| `gpualloc.store.duration` | histogram, ms | one store operation, per operation and outcome |
+| `gpualloc.store.duration` | histogram, s | one store operation, per operation and outcome |
 | `gpualloc.store.errors` | counter | store operations that failed (store unreachable, ...) |
 
 The fleet gauges (`gpualloc.fleet.*`) are fleet_metrics.py's.
@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.trace import SpanProcessor
 
-from services.common.telemetry import Telemetry
+from services.common.telemetry import METRICS_LISTEN_VARIABLE, Telemetry, duration_histogram
 from services.common.telemetry import configure_telemetry as _configure
 
 __all__ = ["STORE_OPERATIONS", "AllocatorMetrics", "Telemetry", "configure_telemetry"]
@@ -59,15 +59,13 @@ class AllocatorMetrics:
         self.lease_expiries = meter.create_counter(
             "gpualloc.reservation.lease_expiries", description="lease expiry events seen"
         )
-        self.solve_duration = meter.create_histogram(
-            "gpualloc.solve.duration", unit="ms", description="one core solve"
-        )
+        self.solve_duration = duration_histogram(meter, "gpualloc.solve.duration", "one core solve")
         self.disconnects = meter.create_counter(
             "gpualloc.inventory.disconnects",
             description="times the inventory feed went from connected to unreachable",
         )
-        self.store_duration = meter.create_histogram(
-            "gpualloc.store.duration", unit="ms", description="one reservation-store operation"
+        self.store_duration = duration_histogram(
+            meter, "gpualloc.store.duration", "one reservation-store operation"
         )
         self.store_errors = meter.create_counter(
             "gpualloc.store.errors", description="reservation-store operations that failed"
@@ -89,6 +87,7 @@ def configure_telemetry(
     *,
     service_name: str = "gpualloc-allocator",
     metrics_listen: str = "",
+    metrics_listen_source: str = METRICS_LISTEN_VARIABLE,
     span_processors: Sequence[SpanProcessor] = (),
     metric_readers: Sequence[MetricReader] = (),
 ) -> Telemetry:
@@ -97,6 +96,7 @@ def configure_telemetry(
         environ,
         service_name=service_name,
         metrics_listen=metrics_listen,
+        metrics_listen_source=metrics_listen_source,
         span_processors=span_processors,
         metric_readers=metric_readers,
     )

@@ -5,23 +5,34 @@ all-tenants permission) gets it with its node, devices, state and expiry — wha
 the fleet or an Explain needs to understand why GPUs are busy — and without its id, owner,
 fencing token, idempotency key, claim names, labels and driver configuration: the handles that
 would let it act on, or learn about, another tenant's work. Explain's rejections name such
-holders as "a reservation of tenant X".
+holders as "a reservation of tenant X". Errors name them the same way (`visible_errors`): a
+Reserve refused for a device another tenant holds says "held by tenant X", and a change of a
+reservation preempted by another tenant's says "preempted by tenant X", as the watch does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
 from services.allocator.app.holders import holder_ids
 from services.allocator.app.messages import Answer, Holder, Victim
 from services.allocator.app.reservation_watch import ChangeKind, ReservationChange, View
 from services.allocator.core import Explanation, RejectionGroup, holders
+from services.allocator.reservations.binding import BINDING_REVOKED_BY
 from services.allocator.reservations.model import Reservation
 from services.common.dra.model import AllocationResult
+from services.common.errors import Conflict, Preempted
 from services.common.security.principal import Principal, tenant_of_owner
 
-__all__ = ["visible_answer", "visible_holder", "visible_reservation", "watched_changes"]
+__all__ = [
+    "visible_answer",
+    "visible_errors",
+    "visible_holder",
+    "visible_reservation",
+    "watched_changes",
+]
 
 
 def visible_reservation(reservation: Reservation, viewer: Principal) -> Reservation:
@@ -55,10 +66,37 @@ def watched_changes(viewer: Principal, *, owner: str = "", node: str = "") -> Vi
             return None
         by = change.preempted_by
         if by and change.kind is not ChangeKind.BINDING_FAILED and not viewer.may_see(by):
-            return replace(change, preempted_by=f"tenant {tenant_of_owner(by)}")
+            return replace(change, preempted_by=_tenant(by))
         return change
 
     return shown
+
+
+def _tenant(owner: str) -> str:
+    return f"tenant {tenant_of_owner(owner)}"
+
+
+@contextmanager
+def visible_errors(viewer: Principal, owner_of: Callable[[str], str | None]) -> Iterator[None]:
+    """Re-raise a Conflict or Preempted raised inside with the holders and preemptors `viewer`
+    may not see named by their tenant only. `owner_of` gives a reservation id's owner; a
+    holder whose owner is unknown here is named "another reservation"."""
+    try:
+        yield
+    except Conflict as error:
+        if viewer.sees_all_tenants or not error.holders:
+            raise
+        message = str(error)
+        for holder in set(error.holders.values()):
+            owner = owner_of(holder)
+            if owner is None or not viewer.may_see(owner):
+                shown = _tenant(owner) if owner is not None else "another reservation"
+                message = message.replace(f"held by reservation {holder}", f"held by {shown}")
+        raise Conflict(message, error.conflicts) from None
+    except Preempted as error:
+        if not error.by or error.by.startswith(BINDING_REVOKED_BY) or viewer.may_see(error.by):
+            raise  # a failed binding names the device and condition, no holder
+        raise Preempted(error.reservation_id, _tenant(error.by)) from None
 
 
 def visible_holder(holder: Holder, viewer: Principal) -> Holder:

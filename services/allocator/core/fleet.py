@@ -4,19 +4,23 @@ A GPU is a unit a whole-GPU request would take: a device that consumes no counte
 counter set of a slice (the NVIDIA driver publishes a GPU and its MIG partitions as devices
 drawing on one counter set per GPU). Per GPU:
 
-- free: nothing holds it (none of its devices in use, none of its set's counters drawn);
+- free: nothing holds it (none of its devices in use, none of its set's counters drawn) and
+  none of its devices is tainted;
+- tainted: nothing holds it, but a device of it has a taint (NoSchedule or NoExecute: an
+  unhealthy GPU), so no new allocation gets it unless it tolerates the taint;
 - otherwise held, `committed` when one of its holders is committed, else `reserved` (a lease,
   or a placement being reserved right now); a GPU of which one MIG slice is held is held.
 
 Partitions free: per MIG profile (the device attribute `profile`, as the NVIDIA driver names
 it: `1g.10gb`), the partition devices that could be allocated now, each on its own (not in use,
-their counters still fit). Placements of one profile never overlap on a GPU, so that is also how
-many of the profile fit together.
+not tainted, their counters still fit). Placements of one profile never overlap on a GPU, so
+that is also how many of the profile fit together.
 
 Held GPU equivalents per holder: a whole device counts 1, a partition its share of the GPU
 (`DeviceEntry.size`), so a tenant holding seven 1g slices of one A100 holds one GPU's worth.
 
-Fragmentation per node: `fragmentation.node_fragmentation`.
+Fragmentation per node: `fragmentation.node_fragmentation`, a tainted device counted as taken
+(as the web view's: app/fleet_view.py).
 
 Everything is one pass over the snapshot's devices; node-local slices are counted under their
 node, other slices (network-attached devices) under node "".
@@ -37,8 +41,8 @@ __all__ = ["FleetCount", "GpuKey", "count_fleet", "device_model"]
 GpuKey = tuple[str, str, str]  # node, pool, model
 UNKNOWN_MODEL = "unknown"
 PROFILE_ATTRIBUTE = "profile"
-FREE, RESERVED, COMMITTED = "free", "reserved", "committed"
-STATES = (FREE, RESERVED, COMMITTED)
+FREE, RESERVED, COMMITTED, TAINTED = "free", "reserved", "committed", "tainted"
+STATES = (FREE, RESERVED, COMMITTED, TAINTED)
 
 
 @dataclass
@@ -95,7 +99,7 @@ def _count_node(
         owners = {owner for entry in gpu for owner in state.owners(entry.id)}
         drawn = any(state.counter_amount(c) for c in _set_counters(gpu))
         if not owners and not drawn:
-            status = FREE
+            status = TAINTED if any(entry.device.taints for entry in gpu) else FREE
         else:
             status = COMMITTED if any(committed(o) for o in owners) else RESERVED
         key = (node, pool, model, status)
@@ -131,13 +135,17 @@ def _set_counters(gpu: list[DeviceEntry]) -> set[CounterID]:
 
 
 def _taken(state: AllocatedState, entry: DeviceEntry) -> bool:
-    """Unavailable to another request whole: in use, or a shared device held exclusively."""
+    """Unavailable to another request whole: tainted, in use, or a shared device held
+    exclusively."""
+    if entry.device.taints:
+        return True
     return state.in_use(entry.id) if not entry.multi else state.is_exclusive(entry.id)
 
 
 def _free(state: AllocatedState, entry: DeviceEntry) -> int:
-    """1 when the partition could be allocated now: not in use, its counters still fit."""
-    if state.in_use(entry.id):
+    """1 when the partition could be allocated now: not in use, not tainted, its counters
+    still fit."""
+    if state.in_use(entry.id) or entry.device.taints:
         return 0
     totals = entry.slice.totals
     fits = all(

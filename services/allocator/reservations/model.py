@@ -370,6 +370,7 @@ def conflict_error(items: Sequence[DeviceTaken | UseExceeded]) -> Conflict:
     return Conflict(
         "reservation conflict: " + "; ".join(str(item) for item in items),
         [item.key for item in items],
+        {item.key: item.holder for item in items if isinstance(item, DeviceTaken)},
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -190,10 +191,29 @@ def to_pb_opaque_configuration(
 def from_pb_opaque_configuration(
     msg: dra_pb2.OpaqueDeviceConfiguration, path: str = ""
 ) -> OpaqueDeviceConfiguration:
+    driver = not_empty(msg.driver, field_path(path, "driver"))
+    _finite_numbers(msg.parameters, field_path(path, "parameters"))
     parameters: dict[str, Any] = json_format.MessageToDict(msg.parameters)
-    return OpaqueDeviceConfiguration(
-        not_empty(msg.driver, field_path(path, "driver")), _integral_numbers(parameters)
-    )
+    return OpaqueDeviceConfiguration(driver, _integral_numbers(parameters))
+
+
+def _finite_numbers(value: struct_pb2.Struct | struct_pb2.Value, path: str) -> None:
+    """Parameters are JSON (a RawExtension upstream), which has no NaN or Infinity: a Struct
+    number that is one is bad input at its own path, not an error converting it."""
+    if isinstance(value, struct_pb2.Struct):
+        for key in sorted(value.fields):
+            _finite_numbers(value.fields[key], f"{path}[{json.dumps(key)}]")
+        return
+    kind = value.WhichOneof("kind")
+    if kind == "number_value" and not math.isfinite(value.number_value):
+        raise InvalidArgument.at(
+            path, f"{value.number_value} is not a JSON number (JSON has no NaN or Infinity)"
+        )
+    if kind == "struct_value":
+        _finite_numbers(value.struct_value, path)
+    elif kind == "list_value":
+        for index, item in enumerate(value.list_value.values):
+            _finite_numbers(item, field_path(path, index))
 
 
 def _integral_numbers(value: Any) -> Any:

@@ -11,6 +11,10 @@ one JSON object per line that a log pipeline can route apart (`"logger": "gpuall
 
 Event names: reservation.grant / .commit / .renew / .release / .expire, inventory.apply /
 .delete / .report, call.denied (with `code` UNAUTHENTICATED or PERMISSION_DENIED and `reason`).
+The identity is the principal's; `system` for what the server does by itself (lease expiries);
+`unauthenticated` for a denied caller no principal was made for (no certificate or token, one
+that did not verify, or one no binding names), with `presented`: what it showed — the
+certificate's names, or the token's unverified issuer and subject (never the token).
 Every event of a call carries the call's trace id (the active span's, else the caller's W3C
 `traceparent`, else one made for the call) — the id in the server's other logs and traces.
 """
@@ -23,9 +27,11 @@ from typing import Any
 
 from services.common.security.principal import Principal
 
-__all__ = ["AUDIT_LOGGER", "audit_event"]
+__all__ = ["AUDIT_LOGGER", "SYSTEM_IDENTITY", "UNAUTHENTICATED_IDENTITY", "audit_event"]
 
 AUDIT_LOGGER = "gpualloc.audit"
+SYSTEM_IDENTITY = "system"  # the server itself (lease expiries)
+UNAUTHENTICATED_IDENTITY = "unauthenticated"  # a denied caller without a principal
 
 _log = logging.getLogger(AUDIT_LOGGER)
 
@@ -36,15 +42,23 @@ def audit_event(
     *,
     trace_id: str = "",
     devices: Iterable[str] = (),
+    presented: str | None = None,
     **fields: Any,
 ) -> None:
     """Log one audit event; `fields` (reservation, owner, node, method, ...) go in as given,
-    empty ones left out. `principal` None means the server itself (lease expiry)."""
+    empty ones left out. `principal` None means the server itself (lease expiry), or, with
+    `presented` (what a denied caller showed), a caller that has none."""
+    if principal is not None:
+        identity = principal.name
+    else:
+        identity = SYSTEM_IDENTITY if presented is None else UNAUTHENTICATED_IDENTITY
     record: dict[str, Any] = {
         "event": event,
-        "identity": principal.name if principal is not None else "system",
+        "identity": identity,
         "tenant": (principal.tenant if principal is not None else None) or "",
     }
+    if principal is None and presented is not None:
+        record["presented"] = presented
     if principal is not None and principal.development:
         record["auth"] = "development"
     listed = sorted(devices)

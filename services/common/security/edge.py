@@ -358,9 +358,27 @@ class AuthInterceptor(HandlerInterceptor):
                     )
                 authorize(principal, replace(access_rule(request), method=short))
         except (Unauthenticated, PermissionDenied) as error:
-            _audit_denial(principal, _trace_id(context), short, error)
+            presented = _presented(context) if principal is None else None
+            _audit_denial(principal, _trace_id(context), short, error, presented)
             raise
         return CallInfo(principal, short, context)
+
+
+def _presented(context: grpc.ServicerContext) -> str:
+    """What a caller without a principal showed, for its denial's audit event: the bearer
+    token's unverified issuer and subject, else its client certificate's names (SANs, else
+    the common name), else nothing."""
+    for key, value in context.invocation_metadata():
+        if key == "authorization" and isinstance(value, str):
+            scheme, _, token = value.partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                return "authorization metadata that is not `Bearer <JWT>`"
+            return TokenVerifier.presented(token.strip())
+    values = context.peer_identities()
+    if values:
+        identity = certificate_identity(context.peer_identity_key() or "", tuple(values))
+        return "certificate " + " ".join(identity.names or (identity.display,))
+    return "no client certificate and no bearer token"
 
 
 def _audit_denial(
@@ -368,6 +386,7 @@ def _audit_denial(
     trace_id: str,
     method: str,
     error: Unauthenticated | PermissionDenied,
+    presented: str | None = None,
 ) -> None:
     code = status_code_of(error)
     audit_event(
@@ -375,6 +394,7 @@ def _audit_denial(
         principal,
         trace_id=trace_id,
         method=method,
+        presented=presented,
         code=code.name if code is not None else "",
         reason=error.message,
     )

@@ -8,7 +8,8 @@
         jwt: [{issuer: https://kubernetes.default.svc, audiences: [gpualloc], jwksFile: ...}]
       tenants:
       - {name: hpc, cohort: research, quotas: [{resource: gpus, nominal: 8, borrowingLimit: 4}]}
-      - {name: ml, allowAdminAccess: true, cohort: research, quotas: [{resource: gpus, nominal: 8}]}
+      - {name: ml, allowAdminAccess: true, maxReservations: 500, cohort: research,
+         quotas: [{resource: gpus, nominal: 8}]}
       quota:
         resources: [{name: gpus, deviceClassNames: [gpu.nvidia.com]}]
       bindings:
@@ -24,10 +25,13 @@ acts in one tenant). Subject kinds: SPIFFE (a client certificate's URI SAN), DNS
 CommonName (its subject CN), JWT (a verified token's `sub`, for one `issuer`). A subject name may
 hold one `*`; for an `agent` binding the `*` part is the node the identity may report, else the
 node a Kubernetes service-account token is bound to (its `kubernetes.io.node.name` claim), or
-the binding lists `nodes`.
+the binding lists `nodes`. An agent binding's `reportedGpus` bounds what its reports may
+describe: `published` (only the GPUs the node's ResourceSlices publish: it can report their
+health, not add GPUs) or a count (at most that many GPUs per report).
 
 Quotas (`spec.quota.resources`, a tenant's `cohort` and `quotas`) are modelled and ruled in
-quota.py; docs/tenancy.md explains them.
+quota.py; docs/tenancy.md explains them. A tenant's `maxReservations` bounds how many live
+reservations it may hold, whatever they hold (adminAccess ones too, which no quota counts).
 
 Parsing is strict, as `kubectl apply --validate=strict`: unknown fields, unknown roles or
 tenants, duplicate names are errors with the field path. Pure: values in, values out; the file
@@ -120,6 +124,10 @@ class Subject:
 class Tenant:
     name: str
     allow_admin_access: bool = False
+    max_reservations: int | None = None  # live reservations it may hold (None: no bound)
+
+
+PUBLISHED_GPUS = "published"  # an agent binding's reportedGpus: only what slices publish
 
 
 @dataclass(frozen=True)
@@ -130,6 +138,9 @@ class Binding:
     tenant: str | None = None
     act_for: tuple[str, ...] = ()
     nodes: tuple[str, ...] = ()
+    # An agent binding's bound on the GPUs its reports describe: PUBLISHED_GPUS (only GPUs
+    # the node's ResourceSlices publish), a count (at most that many per report), None: none.
+    reported_gpus: str | int | None = None
 
 
 @dataclass(frozen=True)
@@ -183,6 +194,10 @@ class AccessPolicy:
             if Role.AGENT in binding.roles:
                 own = (captured,) if captured else (identity.node,) if identity.node else ()
                 nodes.update(binding.nodes or own)
+        published_only, most = _report_bound(
+            [b for b, _ in matched if Role.AGENT in b.roles],
+            any(Permission.INVENTORY_REPORT_ANY in ROLE_PERMISSIONS[r] for r in roles),
+        )
         return Principal(
             identity,
             tenant=tenant,
@@ -191,7 +206,23 @@ class AccessPolicy:
             act_for=tuple(sorted({p for b, _ in matched for p in b.act_for})),
             nodes=tuple(sorted(nodes)),
             allow_admin_access=tenant is not None and self.tenants[tenant].allow_admin_access,
+            max_reservations=self.tenants[tenant].max_reservations if tenant else None,
+            published_gpus_only=published_only,
+            max_reported_gpus=most,
         )
+
+
+def _report_bound(agents: Sequence[Binding], reports_any: bool) -> tuple[bool, int | None]:
+    """(only published GPUs, at most this many GPUs per report) of an identity's matching
+    agent bindings: the most any of them allows (bindings add up, as roles do); none for an
+    identity that may report any node (an inventory admin)."""
+    bounds = [b.reported_gpus for b in agents]
+    if reports_any or not bounds or None in bounds:
+        return False, None
+    counts = [b for b in bounds if isinstance(b, int)]
+    if counts:
+        return False, max(counts)
+    return True, None
 
 
 def authorize(principal: Principal, access: Access) -> None:
@@ -280,7 +311,7 @@ def _tenants(
 ) -> tuple[dict[str, Tenant], dict[str, TenantQuota]]:
     tenants: dict[str, Tenant] = {}
     quotas: dict[str, TenantQuota] = {}
-    allowed = {"name", "allowAdminAccess", "cohort", "quotas"}
+    allowed = {"name", "allowAdminAccess", "maxReservations", "cohort", "quotas"}
     for i, item in enumerate(reader.sequence(value, "spec.tenants")):
         path = f"spec.tenants[{i}]"
         fields = reader.mapping(item, path, allowed)
@@ -290,7 +321,11 @@ def _tenants(
         if name in tenants:
             reader.fail(f"{path}.name", f"duplicate tenant {name!r}")
         admin = reader.boolean(fields.get("allowAdminAccess", False), f"{path}.allowAdminAccess")
-        tenants[name] = Tenant(name, admin)
+        most = fields.get("maxReservations")
+        if most is not None and (isinstance(most, bool) or not isinstance(most, int) or most < 0):
+            reader.fail(f"{path}.maxReservations", f"must be an integer >= 0, got {most!r}")
+            most = None
+        tenants[name] = Tenant(name, admin, most)
         cohort = reader.string(fields.get("cohort", ""), f"{path}.cohort", required=False)
         if any(c in cohort for c in "{}"):
             reader.fail(f"{path}.cohort", "must not contain '{' or '}' (a store hash tag)")
@@ -412,7 +447,7 @@ def _amount(reader: _Reader, value: object, path: str) -> int:
 def _bindings(reader: _Reader, value: object, tenants: Mapping[str, Tenant]) -> list[Binding]:
     bindings: list[Binding] = []
     names: set[str] = set()
-    allowed = {"name", "subjects", "roles", "tenant", "actFor", "nodes"}
+    allowed = {"name", "subjects", "roles", "tenant", "actFor", "nodes", "reportedGpus"}
     for i, item in enumerate(reader.sequence(value, "spec.bindings")):
         path = f"spec.bindings[{i}]"
         fields = reader.mapping(item, path, allowed)
@@ -455,8 +490,22 @@ def _bindings(reader: _Reader, value: object, tenants: Mapping[str, Tenant]) -> 
                 "an agent binding needs nodes, a `*` in its subject names (the node's name) "
                 "or a JWT subject (the node its service-account token is bound to)",
             )
-        bindings.append(Binding(name, tuple(subjects), tuple(roles), tenant, act_for, nodes))
+        reported = _reported_gpus(reader, fields.get("reportedGpus"), f"{path}.reportedGpus")
+        if reported is not None and Role.AGENT not in roles:
+            reader.fail(f"{path}.reportedGpus", "only an agent binding reports GPUs")
+        bindings.append(
+            Binding(name, tuple(subjects), tuple(roles), tenant, act_for, nodes, reported)
+        )
     return bindings
+
+
+def _reported_gpus(reader: _Reader, value: object, path: str) -> str | int | None:
+    if value is None or value == PUBLISHED_GPUS:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        reader.fail(path, f"must be {PUBLISHED_GPUS!r} or a count >= 0, got {value!r}")
+        return None
+    return value
 
 
 def _subject(reader: _Reader, value: object, path: str) -> Subject:

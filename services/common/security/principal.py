@@ -108,6 +108,9 @@ class Principal:
     allow_admin_access: bool = False
     development: bool = False
     claimed_owner: str = ""  # development mode: the x-gpualloc-owner header, if any
+    max_reservations: int | None = None  # its tenant's live reservations bound (None: none)
+    published_gpus_only: bool = False  # an agent that may report only GPUs slices publish
+    max_reported_gpus: int | None = None  # an agent's bound on the GPUs of one report
 
     @property
     def name(self) -> str:

@@ -60,6 +60,20 @@ class TokenVerifier:
             for issuer in issuers
         }
 
+    @staticmethod
+    def presented(token: str) -> str:
+        """What a token claims to be, unverified, for the audit of a denial: `jwt iss=<issuer>
+        sub=<subject>` (each cut to 200 characters), never the token itself."""
+        if len(token) > _MAX_TOKEN_BYTES:
+            return f"a bearer token over {_MAX_TOKEN_BYTES} bytes"
+        try:
+            claims = jwt.decode(token, options={"verify_signature": False})
+        except jwt.PyJWTError:
+            return "a bearer token that is not a JWT"
+        if not isinstance(claims, dict):
+            return "a bearer token that is not a JWT"
+        return f"jwt iss={str(claims.get('iss'))[:200]} sub={str(claims.get('sub'))[:200]}"
+
     def verify(self, token: str) -> Identity:
         """The token's identity; Unauthenticated saying what is wrong (never the token)."""
         if len(token) > _MAX_TOKEN_BYTES:

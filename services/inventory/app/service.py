@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from services.common.dra.model import Node, ResourceSlice
 from services.common.dra.validate import validate_resource_slice
-from services.common.errors import ResourceExhausted
+from services.common.errors import PermissionDenied, ResourceExhausted
 from services.inventory.config import DEFAULT_MAX_NODES
 from services.inventory.core.checks import MAX_OBJECTS_PER_APPLY, check_apply
 from services.inventory.core.report import NodeReport
@@ -168,10 +168,14 @@ class InventoryService:
             self._publish(after, change)
             return after.generation
 
-    def report(self, report: NodeReport) -> ReportResult:
-        """Record a node's report (observed now, on the service's clock)."""
+    def report(self, report: NodeReport, *, published_only: bool = False) -> ReportResult:
+        """Record a node's report (observed now, on the service's clock). `published_only`:
+        refused (PermissionDenied, nothing recorded) when it describes a GPU none of the
+        node's ResourceSlices publish, which would become a synthesized device."""
         with self._lock:
             after, change = record_report(self._state, report, self._clock())
+            if published_only:
+                _check_published(after.view(report.node), report)
             self._check_node_limit(self._state, after)
             if change is None:
                 self._state = after  # only the node's observed time moved
@@ -324,3 +328,15 @@ def _old_generation_warnings(
                 f"is older than {current}, ignored"
             )
     return tuple(sorted(warnings))
+
+
+def _check_published(view: NodeView | None, report: NodeReport) -> None:
+    """PermissionDenied when `report` would add devices no slice of its node publishes."""
+    made = view.synthesized if view is not None else ()
+    if made:
+        shown = ", ".join(d.device for d in made[:5]) + (" ..." if len(made) > 5 else "")
+        raise PermissionDenied(
+            f"node {report.node}: {len(made)} reported device(s) no ResourceSlice of the node "
+            f"publishes ({shown}); this agent may report only published GPUs (its binding's "
+            "reportedGpus: published)"
+        )

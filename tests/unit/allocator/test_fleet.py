@@ -7,13 +7,15 @@ from dataclasses import dataclass
 
 import pytest
 
+from services.allocator.adapters.web.page import fleet_fragment
 from services.allocator.adapters.web.server import WEB_VIEWER
 from services.allocator.app.cluster_view import ClusterView, ViewSnapshot
 from services.allocator.app.fleet_view import PENDING_OWNER, Fleet, FleetGpu, fleet_of
-from services.allocator.core import AllocatedState
+from services.allocator.core import AllocatedState, ClusterSnapshot
 from services.allocator.reservations.model import Hold, Reservation, ReservationState
 from services.common.dra.model import AllocationResult, DeviceRequestAllocationResult
 from services.common.security.principal import development_principal
+from tests.builders import with_taint
 from tests.e2e.allocator_harness import cluster_feed
 
 
@@ -126,6 +128,26 @@ def test_fragmentation_is_the_share_of_free_capacity_the_mix_cannot_use(view, he
     node = next(n for n in fleet.nodes if n.name == "h100-node-1")
     assert node.free_gpus == 8 - held
     assert node.fragmentation == pytest.approx(expected)
+
+
+def test_a_tainted_gpu_is_neither_free_nor_held(view):
+    """As `get devices` and explain say: an unhealthy GPU nothing holds is `tainted`, not free,
+    in the node's counts, its free capacity and the page."""
+    update = cluster_feed().update()
+    slices = [
+        with_taint(s, {"h100-node-1/gpu-3"}) for found in update.slices.values() for s in found
+    ]
+    nodes = [n for n in update.nodes.values() if n is not None]
+    snapshot = ClusterSnapshot.build(slices, nodes)
+    tainted = ViewSnapshot(view.generation, snapshot, view.devices, 0.0)
+    fleet = fleet_of(tainted, AllocatedState(snapshot), {}, development_principal())
+    node = next(n for n in fleet.nodes if n.name == "h100-node-1")
+    assert (node.free_gpus, node.tainted_gpus, node.free_capacity) == (7, 1, 7.0)
+    assert gpu(fleet, "h100-node-1", "gpu-3").state == "tainted"
+    page = fleet_fragment(fleet)
+    assert "7 of 8 GPUs free, 1 tainted," in page
+    assert "23 free, 1 tainted;" in page
+    assert page.count('class="gpu tainted"') == 1
 
 
 def test_a_slice_taken_from_a_free_mig_node_fragments_it_more_than_a_whole_gpu(view):

@@ -13,6 +13,7 @@ from services.allocator.app.inventory_feed import StaticFeed
 from services.allocator.core import AllocatedState, ClusterSnapshot
 from services.allocator.core.fleet import count_fleet
 from services.common.dra.model import AllocationResult, DeviceRequestAllocationResult
+from tests.builders import with_taint
 
 ROOT = Path(__file__).resolve().parents[3]
 DRIVER = "gpu.nvidia.com"
@@ -20,10 +21,11 @@ A100, H100 = "NVIDIA A100-SXM4-40GB", "NVIDIA H100 80GB HBM3"
 A100_NODE = ("a100-node-1", "a100-node-1", A100)
 
 
-def demo() -> ClusterSnapshot:
+def demo(tainted: frozenset[str] = frozenset()) -> ClusterSnapshot:
+    """The demo cluster; devices named `node/device` in `tainted` carry an NVML health taint."""
     feed = StaticFeed.from_paths([str(ROOT / "examples" / "cluster")])
     update = feed.update()
-    slices = [s for found in update.slices.values() for s in found]
+    slices = [with_taint(s, tainted) for found in update.slices.values() for s in found]
     nodes = [n for n in update.nodes.values() if n is not None]
     return ClusterSnapshot.build(slices, nodes)
 
@@ -94,6 +96,55 @@ def test_gpus_by_state(holds, committed, node, expected):
     count = counted(*holds, committed=committed)
     states = {key[3]: n for key, n in count.gpus.items() if key[:3] == node}
     assert states == expected
+
+
+@pytest.mark.parametrize(
+    ("tainted", "holds", "node", "expected"),
+    [
+        pytest.param(
+            {"h100-node-1/gpu-3"},
+            [],
+            ("h100-node-1", "h100-node-1", H100),
+            {"free": 7, "tainted": 1},
+            id="a-tainted-gpu-is-not-free",
+        ),
+        pytest.param(
+            {"h100-node-1/gpu-3"},
+            [held("res-1", "h100-node-1", "gpu-3")],
+            ("h100-node-1", "h100-node-1", H100),
+            {"free": 7, "reserved": 1},
+            id="a-held-tainted-gpu-is-held",
+        ),
+        pytest.param(
+            {"a100-node-1/gpu-0-mig-1g5gb-19-0"},
+            [],
+            A100_NODE,
+            {"free": 3, "tainted": 1},
+            id="a-tainted-mig-slice-taints-its-gpu",
+        ),
+    ],
+)
+def test_a_tainted_gpu_is_its_own_state(tainted, holds, node, expected):
+    snapshot = demo(frozenset(tainted))
+    state = AllocatedState.build(snapshot, holds)
+    count = count_fleet(snapshot, state, lambda owner: False)
+    states = {key[3]: n for key, n in count.gpus.items() if key[:3] == node}
+    assert states == expected
+
+
+def test_a_tainted_whole_gpu_fragments_its_node_when_its_slices_are_not():
+    """A whole-GPU request cannot have A100 gpu-0 (its whole device is tainted), MIG requests
+    still can have its slices: that free capacity is not in a free whole GPU."""
+    snapshot = demo(frozenset({"a100-node-1/gpu-0"}))
+    count = count_fleet(snapshot, AllocatedState.build(snapshot, []), lambda owner: False)
+    assert count.fragmentation["a100-node-1"] > 0
+    assert count.fragmentation["h100-node-1"] == 0
+
+
+def test_a_tainted_partition_is_not_free():
+    snapshot = demo(frozenset({"a100-node-1/gpu-0-mig-1g5gb-19-0"}))
+    count = count_fleet(snapshot, AllocatedState.build(snapshot, []), lambda owner: False)
+    assert count.partitions_free[(*A100_NODE, "1g.5gb")] == 27
 
 
 def test_a_mig_slice_takes_its_partition_and_fragments_the_node():

@@ -44,7 +44,18 @@ from services.common.dra.model import (
     ResourceSlice,
 )
 from services.common.errors import GpuallocError
-from tests.builders import DRIVER, allocation, claim, classes, cls, device, result, slice_, sub
+from tests.builders import (
+    DRIVER,
+    allocation,
+    claim,
+    classes,
+    cls,
+    device,
+    result,
+    slice_,
+    sub,
+    with_taint,
+)
 from tests.unit.allocator.test_solver_properties import CLASSES, claims, inventory
 
 SETTINGS = settings(
@@ -324,3 +335,21 @@ def test_capacity_counted_once_per_group_equals_counting_every_node(
 
     grouped = count(PlacementSearch(SelectorCache()))
     assert grouped == count(_EveryNodeOnItsOwn(SelectorCache()))
+
+
+def test_capacity_counts_no_tainted_gpu() -> None:
+    """A tainted GPU is not capacity: the node with one gets its own template, one unit less."""
+    tainted = with_taint(machine("node-2"), {"node-2/gpu-1"})
+    snapshot = ClusterSnapshot.build([machine("node-0"), machine("node-1"), tainted])
+    query = Query(claims=(claim("one").request("gpu", "gpu").build(),))
+    answer = count_capacity(
+        PlacementSearch(SelectorCache()),
+        snapshot,
+        AllocatedState(snapshot),
+        GPU,
+        query,
+        Deadline(None),
+        generation=1,
+    )
+    assert answer.total == 11
+    assert {n.node: n.count for n in answer.nodes} == {"node-0": 4, "node-1": 4, "node-2": 3}

@@ -11,6 +11,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 from services.common.log import configure_logging, current_trace_ids
+from services.common.native_log import native_record
 
 LOGGER = "gpualloc.test.log"
 
@@ -90,3 +91,24 @@ def test_level_filters_and_reconfiguring_does_not_duplicate(stream: io.StringIO)
 def test_unknown_format_is_refused() -> None:
     with pytest.raises(ValueError, match="log format must be json or text, got 'xml'"):
         configure_logging("INFO", "xml")
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        pytest.param(
+            "I1204 19:51:28.307551    6462 ssl_transport_security.cc:2563] Handshake failed\n",
+            (logging.INFO, "ssl_transport_security.cc:2563", "Handshake failed"),
+            id="grpc-core-info",
+        ),
+        pytest.param(
+            "E1204 19:36:58.644977 1346 chttp2_transport.cc:1403] ipv4:127.0.0.1:45493: goaway",
+            (logging.ERROR, "chttp2_transport.cc:1403", "ipv4:127.0.0.1:45493: goaway"),
+            id="grpc-core-error",
+        ),
+        pytest.param('{"ts": "…", "level": "INFO", "msg": "x"}\n', None, id="a-json-line"),
+        pytest.param("Traceback (most recent call last):\n", None, id="a-traceback"),
+    ],
+)
+def test_grpc_core_lines_are_recognised(line: str, expected: object) -> None:
+    assert native_record(line) == expected

@@ -119,6 +119,22 @@ INVALID: dict[str, tuple[Any, str]] = {
         _set("spec.tenants.1.allowAdminAccess", "yes"),
         "spec.tenants[1].allowAdminAccess",
     ),
+    "max-reservations-negative": (
+        _set("spec.tenants.1.maxReservations", -1),
+        "spec.tenants[1].maxReservations",
+    ),
+    "max-reservations-not-an-integer": (
+        _set("spec.tenants.1.maxReservations", "100"),
+        "spec.tenants[1].maxReservations",
+    ),
+    "reported-gpus-not-published-nor-a-count": (
+        _set("spec.bindings.2.reportedGpus", "some"),
+        "spec.bindings[2].reportedGpus",
+    ),
+    "reported-gpus-on-a-scheduler": (
+        _set("spec.bindings.0.reportedGpus", 4),
+        "spec.bindings[0].reportedGpus",
+    ),
     "binding-without-subjects": (_set("spec.bindings.0.subjects", []), "spec.bindings[0].subjects"),
     "jwt-without-audience": (
         _set("spec.authentication.jwt.0.audiences", []),
@@ -175,6 +191,31 @@ def test_resolve(identity: Identity, tenant: str | None, roles: tuple[Role, ...]
     principal = policy().resolve(identity)
     assert principal is not None
     assert (principal.tenant, principal.roles, principal.nodes) == (tenant, roles, nodes)
+
+
+@pytest.mark.parametrize(
+    ("agents", "pinned", "expected"),
+    [
+        pytest.param(None, None, (False, None), id="unbounded"),
+        pytest.param("published", None, (True, None), id="published-only"),
+        pytest.param(8, None, (False, 8), id="a-count"),
+        pytest.param("published", 4, (False, 4), id="the-most-any-binding-allows"),
+    ],
+)
+def test_an_agents_reported_gpus(agents: Any, pinned: Any, expected: Any):
+    def bound(document: dict[str, Any]) -> None:
+        if agents is not None:
+            document["spec"]["bindings"][2]["reportedGpus"] = agents
+        document["spec"]["bindings"][3]["subjects"].append({"kind": "DNS", "name": "box-1.x"})
+        document["spec"]["bindings"][2]["subjects"].append({"kind": "DNS", "name": "box-1.x"})
+        if pinned is not None:
+            document["spec"]["bindings"][3]["reportedGpus"] = pinned
+        elif agents is not None:
+            document["spec"]["bindings"][3]["reportedGpus"] = agents
+
+    principal = parse_policy(_edit(bound)).resolve(certificate("dns:box-1.x"))
+    assert principal is not None
+    assert (principal.published_gpus_only, principal.max_reported_gpus) == expected
 
 
 def test_unbound_identities_resolve_to_nothing():

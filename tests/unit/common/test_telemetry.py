@@ -55,7 +55,7 @@ def test_exporters_from_the_variables(telemetries, environ, listen, enabled, end
     assert telemetry.enabled is enabled
     assert (telemetry.metrics_port is not None) is endpoint
     if endpoint:
-        telemetry.observe("gpualloc.test.up", lambda: 1)
+        telemetry.observe("gpualloc.test.up", lambda: 1, description="up")
         assert 'service_name="test"' in scrape(telemetry)  # target_info, beside the gauge
 
 
@@ -63,11 +63,11 @@ def test_the_endpoint_serves_its_own_instruments_only(telemetries):
     first = configure_telemetry({}, service_name="a", metrics_listen="127.0.0.1:0")
     second = configure_telemetry({}, service_name="b", metrics_listen="127.0.0.1:0")
     telemetries.extend([first, second])
-    first.observe("gpualloc.test.answer", lambda: 42)
+    first.observe("gpualloc.test.answer", lambda: 42, description="the answer")
     first.rpc_duration.record(3.0, {"rpc.method": "x/Y", "rpc.grpc.status_code": "OK"})
     text = scrape(first)
     assert "gpualloc_test_answer 42.0" in text
-    assert 'gpualloc_rpc_server_duration_milliseconds_count{rpc_grpc_status_code="OK"' in text
+    assert 'gpualloc_rpc_server_duration_seconds_count{rpc_grpc_status_code="OK"' in text
     assert "gpualloc_test_answer" not in scrape(second)
 
 

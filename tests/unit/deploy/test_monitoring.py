@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.unit.deploy.monitoring import (
     DASHBOARD,
@@ -99,6 +103,23 @@ def test_alert_names_are_unique_and_say_what_to_look_at() -> None:
 @pytest.mark.parametrize(("where", "expr"), [pytest.param(w, e, id=w) for w, e in every_expr()])
 def test_promql_has_no_visible_mistake(where: str, expr: str) -> None:
     assert promql_problems(expr) == [], where
+
+
+def test_promtool_checks_the_alert_rules(tmp_path: Path) -> None:
+    """Prometheus' own parser on the PrometheusRule's groups (as the Operator hands them to
+    Prometheus), so an expression only Prometheus would reject is caught too."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool missing: apt-get install prometheus (.ci/run installs it)")
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(
+        yaml.safe_dump({"groups": monitoring_object("PrometheusRule")["spec"]["groups"]})
+    )
+    checked = subprocess.run(
+        [promtool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"SUCCESS: {len(alerts())} rules found" in checked.stdout
 
 
 @pytest.mark.parametrize(

@@ -84,16 +84,44 @@ def test_the_readme_table_lists_every_inventory_variable() -> None:
     assert "| `GPUALLOC_REPORT_TTL` | `120s` |" in table
 
 
-def test_the_redis_repository_gets_the_shared_wait_settings() -> None:
-    """GPUALLOC_REDIS_WAIT_* reach the inventory's repository: a WAIT timeout its socket
-    timeout (5 s) cannot honour is refused when the repository is built, as the allocator's."""
-    settings = InventorySettings.from_env(
-        {
-            "GPUALLOC_REDIS_URL": "redis://127.0.0.1:1/0",
-            "GPUALLOC_REDIS_WAIT_REPLICAS": "1",
-            "GPUALLOC_REDIS_WAIT_TIMEOUT": "5s",
-        }
-    )
-    assert (settings.redis_wait_replicas, settings.redis_wait_timeout) == (1, 5.0)
-    with pytest.raises(InvalidArgument, match="wait_timeout"):
+@pytest.mark.parametrize(
+    ("socket", "wait", "refused"),
+    [
+        pytest.param(
+            "",
+            "5s",
+            "GPUALLOC_REDIS_WAIT_TIMEOUT: 5s must be shorter than GPUALLOC_REDIS_TIMEOUT, "
+            "the socket timeout (2s)",
+            id="the-default-socket-timeout",
+        ),
+        pytest.param(
+            "2s",
+            "6s",
+            "GPUALLOC_REDIS_WAIT_TIMEOUT: 6s must be shorter than GPUALLOC_REDIS_TIMEOUT, "
+            "the socket timeout (2s)",
+            id="the-review-s-2s-and-6s",
+        ),
+        pytest.param("10s", "6s", None, id="a-socket-timeout-that-outlasts-the-wait"),
+    ],
+)
+def test_the_redis_repository_gets_the_shared_redis_settings(
+    socket: str, wait: str, refused: str | None
+) -> None:
+    """GPUALLOC_REDIS_TIMEOUT and GPUALLOC_REDIS_WAIT_* reach the inventory's repository, as
+    the allocator's store (so `gpualloc serve` gives both the same): a WAIT timeout its socket
+    timeout cannot honour is refused when it is built, naming the variables."""
+    env = {
+        "GPUALLOC_REDIS_URL": "redis://127.0.0.1:1/0",
+        "GPUALLOC_REDIS_WAIT_REPLICAS": "1",
+        "GPUALLOC_REDIS_WAIT_TIMEOUT": wait,
+    }
+    if socket:
+        env["GPUALLOC_REDIS_TIMEOUT"] = socket
+    settings = InventorySettings.from_env(env)
+    assert settings.redis_wait_replicas == 1
+    if refused is None:
+        build_repository(settings).close()
+        return
+    with pytest.raises(InvalidArgument) as raised:
         build_repository(settings)
+    assert str(raised.value).startswith(refused), str(raised.value)

@@ -608,6 +608,24 @@ BAD_INPUTS: dict[str, BadInput] = {
         "claims[0].config[0].opaque.driver",
         "must not be empty",
     ),
+    "opaque-parameter-infinity": BadInput(
+        _claim_pb,
+        lambda c: c.config[0].opaque.parameters.update({"limit": float("inf")}),
+        'claims[0].config[0].opaque.parameters["limit"]',
+        "JSON has no NaN or Infinity",
+    ),
+    "opaque-parameter-nan-in-a-list": BadInput(
+        _claim_pb,
+        lambda c: c.config[0].opaque.parameters.update({"a": {"b": [1, float("nan")]}}),
+        'claims[0].config[0].opaque.parameters["a"]["b"][1]',
+        "nan is not a JSON number",
+    ),
+    "allocation-opaque-parameter-negative-infinity": BadInput(
+        _claim_pb,
+        lambda c: c.allocation.config[0].opaque.parameters.update({"x": float("-inf")}),
+        'claims[0].allocation.config[0].opaque.parameters["x"]',
+        "-inf is not a JSON number",
+    ),
     "allocation-config-without-source": BadInput(
         _claim_pb,
         lambda c: setattr(c.allocation.config[1], "source", 0),

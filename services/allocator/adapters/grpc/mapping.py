@@ -300,6 +300,7 @@ def lease_from_pb(
     request_digest: str = "",
     priority_class: str = "",
     preempt: bool = False,
+    max_reservations: int | None = None,
 ) -> LeaseOptions:
     return LeaseOptions(
         owner=owner,
@@ -309,6 +310,7 @@ def lease_from_pb(
         request_digest=request_digest,
         priority_class=priority_class,
         preempt=preempt,
+        max_reservations=max_reservations,
     )
 
 

@@ -6,14 +6,17 @@ checks it before a method runs and leaves the call's principal for `current_prin
 principal decides the owner a call acts as (`Principal.owner`: under a policy
 `<tenant>/<name>`, in development mode the `x-gpualloc-owner` header, else the request's
 `owner`, else `anonymous`) and what it sees of other tenants (app/tenancy.py). Grants, commits,
-renewals and releases are audit events. Identity and time enter here and travel down as
-values: each method makes the call's Deadline (`call_deadline`: the client's deadline capped at
-`max_call_seconds`, cancelled when the call ends) and passes it to the service.
+renewals and releases are audit events; the holder of a conflict or a preemption an error
+names is named as the caller may see it (`visible_errors`: another tenant's as `tenant X`).
+Identity and time enter here and travel down as values: each method makes the call's Deadline
+(`call_deadline`: the client's deadline capped at `max_call_seconds`, cancelled when the call
+ends) and passes it to the service.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 
 import grpc
 
@@ -40,7 +43,12 @@ from services.allocator.adapters.grpc.mapping import (
 from services.allocator.app.messages import Answer
 from services.allocator.app.reservation_watch import ReservationWatch
 from services.allocator.app.service import AllocatorService
-from services.allocator.app.tenancy import visible_answer, visible_reservation, watched_changes
+from services.allocator.app.tenancy import (
+    visible_answer,
+    visible_errors,
+    visible_reservation,
+    watched_changes,
+)
 from services.allocator.reservations.model import NODE_SEPARATOR, Reservation
 from services.common.deadline import Deadline
 from services.common.errors import PermissionDenied
@@ -135,9 +143,9 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
     def Allocate(
         self, request: pb.AllocateRequest, context: grpc.ServicerContext
     ) -> pb.AllocateResponse:
-        with proto_field_paths(claims_path(request)):
+        principal = current_principal(context)
+        with proto_field_paths(claims_path(request)), self._errors_shown_to(principal):
             query = query_from_pb(request, self._claims)
-            principal = current_principal(context)
             lease = None
             if request.reserve:
                 lease = lease_from_pb(
@@ -148,6 +156,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                     request_digest(request) if request.idempotency_key else "",
                     request.priority_class_name,
                     request.preempt,
+                    principal.max_reservations,
                 )
             answer = self._service.allocate(query, lease, deadline=self._deadline(context))
         if answer.reservations:
@@ -195,17 +204,20 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
     def Reserve(
         self, request: pb.ReserveRequest, context: grpc.ServicerContext
     ) -> pb.ReserveResponse:
+        principal = current_principal(context)
         lease = lease_from_pb(
-            current_principal(context).owner(request.owner),
+            principal.owner(request.owner),
             request.lease_ttl if request.HasField("lease_ttl") else None,
             request.idempotency_key,
             request.labels,
             priority_class=request.priority_class_name,
+            max_reservations=principal.max_reservations,
         )
         claims = reserve_claims_from_pb(request.allocations)
-        reservations = self._service.reserve(
-            request.node_name, claims, lease, deadline=self._deadline(context)
-        )
+        with self._errors_shown_to(principal):
+            reservations = self._service.reserve(
+                request.node_name, claims, lease, deadline=self._deadline(context)
+            )
         for reservation in reservations:
             _audit(context, "reservation.grant", reservation)
         messages = [reservation_to_pb(r) for r in reservations]
@@ -213,22 +225,24 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
 
     def Commit(self, request: pb.CommitRequest, context: grpc.ServicerContext) -> pb.CommitResponse:
         deadline = self._deadline(context)
-        owner = self._owner(context, request.reservation_id, request.owner, deadline)
-        reservation = self._service.commit(
-            request.reservation_id, owner, request.fencing_token, deadline=deadline
-        )
+        with self._errors_shown_to(current_principal(context)):
+            owner = self._owner(context, request.reservation_id, request.owner, deadline)
+            reservation = self._service.commit(
+                request.reservation_id, owner, request.fencing_token, deadline=deadline
+            )
         _audit(context, "reservation.commit", reservation)
         return pb.CommitResponse(reservation=reservation_to_pb(reservation))
 
     def Renew(self, request: pb.RenewRequest, context: grpc.ServicerContext) -> pb.RenewResponse:
         deadline = self._deadline(context)
-        reservation = self._service.renew(
-            request.reservation_id,
-            self._owner(context, request.reservation_id, request.owner, deadline),
-            seconds_from_pb(request.lease_ttl if request.HasField("lease_ttl") else None),
-            request.fencing_token,
-            deadline=deadline,
-        )
+        with self._errors_shown_to(current_principal(context)):
+            reservation = self._service.renew(
+                request.reservation_id,
+                self._owner(context, request.reservation_id, request.owner, deadline),
+                seconds_from_pb(request.lease_ttl if request.HasField("lease_ttl") else None),
+                request.fencing_token,
+                deadline=deadline,
+            )
         _audit(context, "reservation.renew", reservation)
         return pb.RenewResponse(reservation=reservation_to_pb(reservation))
 
@@ -236,13 +250,14 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         self, request: pb.ReleaseRequest, context: grpc.ServicerContext
     ) -> pb.ReleaseResponse:
         deadline = self._deadline(context)
-        released = self._service.release(
-            request.reservation_id,
-            self._owner(context, request.reservation_id, request.owner, deadline),
-            request.fencing_token,
-            request.allow_missing,
-            deadline=deadline,
-        )
+        with self._errors_shown_to(current_principal(context)):
+            released = self._service.release(
+                request.reservation_id,
+                self._owner(context, request.reservation_id, request.owner, deadline),
+                request.fencing_token,
+                request.allow_missing,
+                deadline=deadline,
+            )
         response = pb.ReleaseResponse()
         if released is not None:
             _audit(context, "reservation.release", released)
@@ -277,8 +292,12 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
     def GetReservation(
         self, request: pb.GetReservationRequest, context: grpc.ServicerContext
     ) -> pb.GetReservationResponse:
-        reservation = self._service.get(request.reservation_id, deadline=self._deadline(context))
-        shown = visible_reservation(reservation, current_principal(context))
+        principal = current_principal(context)
+        with self._errors_shown_to(principal):
+            reservation = self._service.get(
+                request.reservation_id, deadline=self._deadline(context)
+            )
+        shown = visible_reservation(reservation, principal)
         return pb.GetReservationResponse(reservation=reservation_to_pb(shown))
 
     def ListReservations(
@@ -345,6 +364,9 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
 
     def _visible(self, answer: Answer, principal: Principal) -> Answer:
         return visible_answer(answer, principal, self._service.holdings.owner_of)
+
+    def _errors_shown_to(self, principal: Principal) -> AbstractContextManager[None]:
+        return visible_errors(principal, self._service.holdings.owner_of)
 
 
 def _quota_owner(principal: Principal) -> str:

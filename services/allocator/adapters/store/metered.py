@@ -54,9 +54,8 @@ class MeteredStore:
             self._metrics.store_errors.add(1, {"operation": operation, "outcome": outcome})
             raise
         finally:
-            elapsed_ms = (time.perf_counter() - started) * 1000
             self._metrics.store_duration.record(
-                elapsed_ms, {"operation": operation, "outcome": outcome}
+                time.perf_counter() - started, {"operation": operation, "outcome": outcome}
             )
 
     def reserve(self, request: ReserveRequest) -> Reservation:

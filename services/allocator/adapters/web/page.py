@@ -100,9 +100,10 @@ def fleet_fragment(fleet: Fleet) -> str:
     nodes = "".join(_node(node, colours) for node in fleet.nodes)
     gpus = sum(len(n.gpus) for n in fleet.nodes)
     free = sum(n.free_gpus for n in fleet.nodes)
+    tainted = sum(n.tainted_gpus for n in fleet.nodes)
     return (
         f'<div class="summary" data-generation="{fleet.generation}">'
-        f"{len(fleet.nodes)} nodes, {gpus} GPUs, {free} with nothing held; "
+        f"{len(fleet.nodes)} nodes, {gpus} GPUs, {free} free{_tainted(tainted)}; "
         f"inventory generation {fleet.generation}</div>"
         f'{_legend(fleet, colours)}<div class="nodes">{nodes}</div>'
     )
@@ -173,7 +174,8 @@ def _node(node: FleetNode, colours: Mapping[str, str]) -> str:
     return (
         f'<article class="node" data-node="{escape(node.name)}">'
         f"<h3>{escape(node.name)}</h3>"
-        f'<p class="stats">{node.free_gpus} of {len(node.gpus)} GPUs free, '
+        f'<p class="stats">{node.free_gpus} of {len(node.gpus)} GPUs free'
+        f"{_tainted(node.tainted_gpus)}, "
         f"{node.free_capacity:.2f} of {node.capacity:g} GPU-equivalents free, "
         f'<span class="frag" title="share of the free capacity the expected request mix '
         f'cannot use (fragmentation)">fragmentation {node.fragmentation:.0%}</span></p>'
@@ -181,14 +183,17 @@ def _node(node: FleetNode, colours: Mapping[str, str]) -> str:
     )
 
 
+def _tainted(count: int) -> str:
+    return f", {count} tainted" if count else ""
+
+
 def _gpu(gpu: FleetGpu, colours: Mapping[str, str]) -> str:
     columns = min(gpu.columns, MAX_COLUMNS)
     placements = "".join(_placement(p, columns, colours) for p in gpu.placements)
     tainted = f" tainted: {', '.join(gpu.tainted)}" if gpu.tainted else ""
     title = f"{gpu.name} ({gpu.model or 'unknown model'}) in pool {gpu.pool}{tainted}"
-    state = "free" if gpu.free else "held"
     return (
-        f'<div class="gpu {state}{" tainted" if gpu.tainted else ""}" '
+        f'<div class="gpu {gpu.state}{" tainted" if gpu.tainted and gpu.placements else ""}" '
         f'data-gpu="{escape(gpu.name)}" title="{escape(title)}">'
         f'<div class="gpu-name">{escape(gpu.name)}</div>'
         f'<div class="bar cols{columns}">{placements}</div>'

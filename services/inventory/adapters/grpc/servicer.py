@@ -18,9 +18,9 @@ from services.common.dra.limits import DocumentLimits
 from services.common.dra.model import AttributeValue, Node, ResourceSlice
 from services.common.dra.parse import load_objects
 from services.common.dra.suggest import did_you_mean
-from services.common.errors import InvalidArgument, NotFound, clip
+from services.common.errors import InvalidArgument, NotFound, PermissionDenied, clip
 from services.common.pb.dra_mapping import from_pb_device_attribute, from_pb_resource_slice
-from services.common.security.edge import AccessRule, audit_call, rule
+from services.common.security.edge import AccessRule, audit_call, current_principal, rule
 from services.common.security.policy import Access
 from services.common.security.principal import Permission
 from services.inventory.adapters.grpc.mapping import (
@@ -139,12 +139,19 @@ class InventoryServicer(inventory_pb2_grpc.InventoryServicer):
     ) -> inventory_pb2.ReportNodeResponse:
         if not request.HasField("report"):
             raise InvalidArgument.at("report", "required")
+        principal = current_principal(context)
+        most = principal.max_reported_gpus
+        if most is not None and len(request.report.gpus) > most:
+            raise PermissionDenied(
+                f"node {request.report.node_name}: {len(request.report.gpus)} GPUs reported, "
+                f"this agent may report at most {most} (its binding's reportedGpus)"
+            )
         cache = self._gpu_caches.get(request.report.node_name) or GpuCache()
         try:
             report = from_pb_node_report(request.report, cache)
         except ValueError as error:
             raise InvalidArgument.at("report", str(error)) from None
-        result = self._service.report(report)
+        result = self._service.report(report, published_only=principal.published_gpus_only)
         self._remember(request.report.node_name, cache)
         view = result.view
         audit_call(
