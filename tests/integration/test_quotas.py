@@ -236,6 +236,13 @@ def test_quota_status_shows_a_tenant_only_its_own(fleet: SecuredFleet) -> None:
     with pytest.raises(grpc.RpcError) as caught:
         status(a, "team-b")
     assert caught.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    # a reader sees tenants, never reservation ids (docs/security.md): QuotaStatus shows
+    # pendingPreemptionIds, so a reader bound to no tenant sees no tenant's rows
+    reader = stub(fleet, "reader")
+    assert status(reader) == {}
+    with pytest.raises(grpc.RpcError) as caught:
+        status(reader, "team-a")
+    assert caught.value.code() is grpc.StatusCode.PERMISSION_DENIED
     everyone = status(stub(fleet, "admin"))
     assert {t for t, _ in everyone} == {"team-a", "team-b", "hpc"}
     assert everyone["team-a", "gpus"].borrowing_limit == "4"
@@ -588,6 +595,20 @@ PREEMPTION_CASES = [
         ("team-b", 4, "", ""),
         ["a1", "a6"],
         ["reclaim", "reclaim"],
+    ),
+    (
+        "below-nominal-gives-up-its-own-and-reclaims-a-borrower",
+        # team-b holds 3 of its 4 and asks 2: Kueue's pass of its own lower priority plus the
+        # cohort's borrowers, team-b ending within nominal (before: two of its own)
+        [
+            *[("team-a", f"a{i}", "", "") for i in range(1, 6)],
+            ("team-b", "b1", "low", ""),
+            ("team-b", "b2", "", ""),
+            ("team-b", "b3", "", ""),
+        ],
+        ("team-b", 2, "high", ""),
+        ["a5", "b1"],
+        ["reclaim", "priority"],
     ),
     (
         "priority-within-the-tenant",

@@ -72,13 +72,21 @@ from services.allocator.app.quotas import Grant, QuotaExceeded, QuotaGuard
 from services.allocator.app.telemetry import AllocatorMetrics
 from services.allocator.core import (
     AllocatedState,
+    Candidate,
     DeviceEntry,
     Explanation,
+    Holding,
     NodePlacement,
+    PreemptionContext,
+    PreemptionReason,
     SolveResult,
     Summary,
     SummaryKind,
     Unsatisfiable,
+    consolidation_order,
+    fewest_moves,
+    movable_candidates,
+    plan_preemption,
 )
 from services.allocator.reservations.holds import device_key, placement_holds
 from services.allocator.reservations.model import (
@@ -101,19 +109,7 @@ from services.common.errors import (
     PermissionDenied,
 )
 from services.common.security.principal import tenant_of_owner
-from services.common.security.quota import (
-    CONSOLIDATE,
-    Candidate,
-    Holding,
-    QuotaRefusal,
-    TenantStatus,
-    consolidation_order,
-    fewest_moves,
-    fewest_victims,
-    movable_candidates,
-    preemption_candidates,
-    victims_by_node,
-)
+from services.common.security.quota import QuotaRefusal, TenantStatus
 
 __all__ = ["AllocatorService", "ServiceLimits"]
 
@@ -641,8 +637,8 @@ class AllocatorService:
         deadline: Deadline,
     ) -> Proposal | None:
         """The fewest reservations whose revocation makes `query` fit for `lease.owner`
-        (quota.py's rules), or None. Only for an answer that is UNSATISFIABLE or
-        QUOTA_EXCEEDED, under quotas, and once per call."""
+        (core/preemption.py's planner, the placement tried by the solver), or None. Only for
+        an answer that is UNSATISFIABLE or QUOTA_EXCEEDED, under quotas, and once per call."""
         if self.quotas is None or revoked:
             return None
         if answer.outcome not in (Outcome.UNSATISFIABLE, Outcome.QUOTA_EXCEEDED):
@@ -656,7 +652,7 @@ class AllocatorService:
         empty = self._answer(view, AllocatedState(view.snapshot), query, deadline, explain=False)
         if empty.outcome is not Outcome.ALLOCATED:
             return None  # it does not fit an empty fleet: no victim helps
-        # only the caller's tenant and its cohort can lose reservations to it (quota.py's
+        # only the caller's tenant and its cohort can lose reservations to it (the planner's
         # rules): nobody else's usage needs counting
         quota = model.quota_of(tenant)
         eligible = {tenant, *(model.members(quota) if quota is not None else ())}
@@ -676,54 +672,40 @@ class AllocatorService:
         ]
         usage = quotas.usage_around(lease.owner)
         wanted = self._placement_usage(view, query, empty, lease.owner)
-        candidates = preemption_candidates(model, tenant, priority, wanted, holdings, usage)
+        context = PreemptionContext(
+            model, tenant, priority, wanted, holdings, usage, created_at=time.time()
+        )
+        pinned: dict[str, Query] = {}
 
-        def placement(chosen: Sequence[Candidate], on: Query = query) -> Answer | None:
+        def place(chosen: Sequence[Candidate], node: str) -> Mapping[str, int] | None:
+            """What the query counts when placed (on `node`, "" anywhere) once `chosen` are
+            revoked; None when it is not placed."""
+            on = query
+            if node:
+                on = pinned.setdefault(node, replace(query, node=node, node_selector=None))
             gone = [live[c.holding.id] for c in chosen]
             found = self._found_without(view, state, on, gone, deadline)
-            if found is None:
-                return None
-            left = {t: dict(u) for t, u in usage.items()}
-            for c in chosen:
-                for name, amount in c.holding.amounts.items():
-                    mine = left.setdefault(c.holding.tenant, {})
-                    mine[name] = mine.get(name, 0) - amount
-            placed = self._placement_usage(view, query, found, lease.owner)
-            return None if model.admit(tenant, placed, left) else found
+            return None if found is None else self._placement_usage(view, query, found, lease.owner)
 
-        victims: Sequence[Candidate] | None = fewest_victims(
-            candidates, lambda chosen: placement(chosen) is not None, model=model, usage=usage
-        )
-        if victims is None and candidates and query.gang is None:
-            # the candidates in one fleet-wide order rarely free one node (a whole-GPU grant
-            # needs every slice of its GPUs gone): node by node, as kube-scheduler does
-            pinned: dict[str, Query] = {}
-
-            def fits_on(node: str, chosen: Sequence[Candidate]) -> bool:
-                on = pinned.setdefault(node, replace(query, node=node, node_selector=None))
-                return placement(chosen, on) is not None
-
-            nodes: Sequence[str] | None = None
-            if query.node:
-                nodes = (query.node,)
-            elif query.node_selector is not None or query.max_nodes > 0:
-                nodes = eligible_nodes(view.snapshot, query)
-            node_of = {r.id: r.node for r in live.values()}
-            best = victims_by_node(
-                candidates, node_of, fits_on, model=model, usage=usage, nodes=nodes
-            )
-            victims = best.victims if best is not None else None
-        if victims is None and query.gang is None:
-            return self._consolidation(
-                view, state, query, lease, wanted, holdings, live, usage, deadline
-            )
-        if victims is None:
+        # the candidates in one fleet-wide order rarely free one node (a whole-GPU grant needs
+        # every slice of its GPUs gone): the planner also tries node by node, as
+        # kube-scheduler does, on the nodes the query may use
+        nodes: Sequence[str] | None = None
+        if query.node:
+            nodes = (query.node,)
+        elif query.node_selector is not None or query.max_nodes > 0:
+            nodes = eligible_nodes(view.snapshot, query)
+        by_node = {r.id: r.node for r in live.values()} if query.gang is None else None
+        plan = plan_preemption(context, place, node_of=by_node, nodes=nodes)
+        if plan is None and query.gang is None:
+            return self._consolidation(view, state, query, lease, context, live, deadline)
+        if plan is None:
             return None
         chosen = tuple(
             Victim(holder(live[c.holding.id]), live[c.holding.id].priority_class, c.reason)
-            for c in victims
+            for c in plan.victims
         )
-        return Proposal(chosen, tuple(live[c.holding.id] for c in victims))
+        return Proposal(chosen, tuple(live[c.holding.id] for c in plan.victims))
 
     def _found_without(
         self,
@@ -744,23 +726,18 @@ class AllocatorService:
         state: AllocatedState,
         query: Query,
         lease: LeaseOptions,
-        wanted: Mapping[str, int],
-        holdings: Sequence[Holding],
+        context: PreemptionContext,
         live: Mapping[str, Reservation],
-        usage: Mapping[str, Mapping[str, int]],
         deadline: Deadline,
     ) -> Proposal | None:
-        """Rule 3 (quota.py's movable_candidates): on the nodes holding the fewest movable
+        """Rule 3 (core/preemption.py's movable_candidates): on the nodes holding the fewest movable
         reservations first (of those the query may use, at most max_consolidation_nodes), the
         fewest moves, emptiest GPUs first, that make room for `query` there, each to an
         equivalent free device on another node (app/consolidation.py); the first node where
         every move finds one."""
-        assert self.quotas is not None
-        model = self.quotas.model
-        tenant = tenant_of_owner(lease.owner)
+        model, tenant, usage = context.model, context.tenant, context.usage
         snapshot = view.snapshot
-        priority = model.priority(lease.priority_class)
-        movable = movable_candidates(model, tenant, priority, wanted, holdings, usage)
+        movable = movable_candidates(context)
         keyed = collections.Counter(
             (r.owner, r.idempotency_key) for r in live.values() if r.idempotency_key
         )
@@ -814,7 +791,12 @@ class AllocatorService:
                 continue
             to = {m.reservation.id: m.node for m in moves}
             victims = tuple(
-                Victim(holder(r), r.priority_class, CONSOLIDATE, moved_to_node=to[r.id])
+                Victim(
+                    holder(r),
+                    r.priority_class,
+                    PreemptionReason.CONSOLIDATE,
+                    moved_to_node=to[r.id],
+                )
                 for r in gone
             )
             return Proposal(victims, tuple(gone), tuple(moves))

@@ -40,7 +40,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from services.common.dra.quantity import Quantity
 from services.common.errors import FieldViolation, InvalidArgument, PermissionDenied
@@ -54,11 +54,15 @@ from services.common.security.principal import (
 )
 from services.common.security.quota import (
     DEFAULT_PRIORITY,
+    BorrowWithinCohort,
+    PreemptionPolicy,
     PriorityClass,
     QuotaLimits,
     QuotaModel,
     QuotaResource,
+    ReclaimWithinCohort,
     TenantQuota,
+    WithinTenant,
 )
 
 __all__ = [
@@ -280,7 +284,7 @@ def _tenants(
 ) -> tuple[dict[str, Tenant], dict[str, TenantQuota]]:
     tenants: dict[str, Tenant] = {}
     quotas: dict[str, TenantQuota] = {}
-    allowed = {"name", "allowAdminAccess", "cohort", "quotas"}
+    allowed = {"name", "allowAdminAccess", "cohort", "quotas", "preemption"}
     for i, item in enumerate(reader.sequence(value, "spec.tenants")):
         path = f"spec.tenants[{i}]"
         fields = reader.mapping(item, path, allowed)
@@ -296,10 +300,62 @@ def _tenants(
             reader.fail(f"{path}.cohort", "must not contain '{' or '}' (a store hash tag)")
         if "quotas" in fields:
             limits = _quota_limits(reader, fields["quotas"], f"{path}.quotas", resources)
-            quotas[name] = TenantQuota(name, cohort, limits)
+            preemption = _preemption(reader, fields.get("preemption", {}), f"{path}.preemption")
+            quotas[name] = TenantQuota(name, cohort, limits, preemption)
         elif cohort:
             reader.fail(f"{path}.cohort", "a tenant without quotas is in no cohort")
+        elif "preemption" in fields:
+            reader.fail(f"{path}.preemption", "a tenant without quotas preempts by no policy")
     return tenants, quotas
+
+
+_E = TypeVar("_E", bound=StrEnum)
+
+
+def _preemption(reader: _Reader, value: object, path: str) -> PreemptionPolicy:
+    """A tenant's `preemption`, as Kueue's ClusterQueue spells it (docs/tenancy.md)."""
+    fields = reader.mapping(
+        value, path, {"withinClusterQueue", "reclaimWithinCohort", "borrowWithinCohort"}
+    )
+    default = PreemptionPolicy()
+    within = _choice(
+        reader, fields.get("withinClusterQueue"), f"{path}.withinClusterQueue", WithinTenant
+    )
+    reclaim_path = f"{path}.reclaimWithinCohort"
+    reclaim = _choice(reader, fields.get("reclaimWithinCohort"), reclaim_path, ReclaimWithinCohort)
+    borrow = reader.mapping(
+        fields.get("borrowWithinCohort", {}),
+        f"{path}.borrowWithinCohort",
+        {"policy", "maxPriorityThreshold"},
+    )
+    policy = _choice(
+        reader, borrow.get("policy"), f"{path}.borrowWithinCohort.policy", BorrowWithinCohort
+    )
+    threshold = borrow.get("maxPriorityThreshold")
+    where = f"{path}.borrowWithinCohort.maxPriorityThreshold"
+    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, int)):
+        reader.fail(where, f"must be an integer, got {threshold!r}")
+        threshold = None
+    if threshold is not None and policy in (None, BorrowWithinCohort.NEVER):
+        reader.fail(where, "only with policy LowerPriority")
+    return PreemptionPolicy(
+        within or default.within_tenant,
+        reclaim or default.reclaim_within_cohort,
+        policy or default.borrow_within_cohort,
+        threshold,
+    )
+
+
+def _choice(reader: _Reader, value: object, path: str, kind: type[_E]) -> _E | None:
+    """One of `kind`'s values by its Kueue spelling; None when unset (or refused)."""
+    if value is None:
+        return None
+    for member in kind:
+        if value == member.value:
+            return member
+    choices = ", ".join(member.value for member in kind)
+    reader.fail(path, f"must be one of {choices}, got {value!r}")
+    return None
 
 
 def _priority_classes(
