@@ -216,6 +216,17 @@ def test_a_committed_reservation_keeps_counting_and_a_lapsed_lease_stops(
     assert status(stub(fleet, "admin"), "hpc")["hpc", "gpus"].used == "0"
 
 
+def test_a_resource_a_tenant_does_not_list_is_refused(fleet: SecuredFleet) -> None:
+    """team-a lists gpus only: a MIG slice (mig-memory) is QUOTA_EXCEEDED for it, naming the
+    resource, though team-b's 10Gi of mig-memory is idle (Kueue: a ClusterQueue admits no
+    workload asking for a resource it does not cover)."""
+    _release_everything(fleet)
+    answer = reserve(stub(fleet, "scheduler-a"), 1, owner="job/mig", device_class="mig.nvidia.com")
+    assert answer.outcome == pb.OUTCOME_QUOTA_EXCEEDED and not answer.reservations
+    refused = [(q.tenant, q.resource, q.left) for q in answer.quota_refusals]
+    assert refused == [("team-a", "mig-memory", "0")]
+
+
 def test_mig_memory_counts_the_bytes_a_slice_consumes(fleet: SecuredFleet) -> None:
     b = stub(fleet, "scheduler-b")
     held = [reserve(b, 1, owner="job/mig", device_class="mig.nvidia.com")]
@@ -994,8 +1005,9 @@ def test_capacity_tells_a_tenant_what_its_quota_still_allows(fleet: SecuredFleet
     assert a.total == fleet_wide.total
     assert a.total_within_quota == 6  # 4 nominal + the 2 team-b lends (its borrowing limit is 4)
     rows = {(q.tenant, q.resource): q.left for q in a.quota}
-    # mig-memory: nominal 0 for team-a (not listed), but it may borrow team-b's 10Gi
-    assert rows == {("team-a", "gpus"): "6", ("team-a", "mig-memory"): "10Gi"}
+    # mig-memory: not listed for team-a, so never granted (as Kueue refuses a resource a
+    # ClusterQueue does not cover; team-a could borrow team-b's 10Gi before)
+    assert rows == {("team-a", "gpus"): "6", ("team-a", "mig-memory"): "0"}
     hpc = stub(fleet, "slurm-bridge")
     held = [reserve(hpc, 1, owner="slurm/job/cap")]
     try:

@@ -9,7 +9,8 @@ batch system because every grant passes through the allocator:
 - A tenant has, per quota resource, a `nominal` quota, a `borrowingLimit` (how much above
   nominal it may borrow from its cohort; unset: no limit but the cohort's) and a
   `lendingLimit` (how much of its unused nominal quota others may borrow; unset: all of it).
-  A tenant with quotas is limited on every quota resource: one it does not list has nominal 0.
+  A tenant with quotas is limited on every quota resource: one it does not list it is never
+  granted (Kueue admits no workload asking for a resource its ClusterQueue does not cover).
   A tenant without `quotas` is not limited.
 - A *cohort* pools what its tenants lend. Tenant t's guaranteed part is `nominal - lendingLimit`;
   the cohort's pool is the sum of the lending limits; a tenant's usage above its guaranteed part
@@ -174,9 +175,16 @@ class QuotaRefusal:
     left: int
     cohort: str = ""
     binary: bool = False  # amounts of a counter (bytes): shown as 80Gi rather than 85899345920
+    listed: bool = True  # False: the tenant's quotas do not list the resource (never granted)
 
     def __str__(self) -> str:
         where = f" in cohort {self.cohort}" if self.cohort else ""
+        if not self.listed:
+            return (
+                f"tenant {self.tenant} quota {self.resource}{where}: requested "
+                f"{quantity_text(self.requested, self.binary)}, not listed in the tenant's "
+                f"quotas (never granted), 0 left"
+            )
 
         def units(milli: int) -> str:
             return quantity_text(milli, self.binary)
@@ -291,6 +299,7 @@ class QuotaModel:
                         left=left,
                         cohort=quota.cohort,
                         binary=bool(resource.counter),
+                        listed=resource.name in quota.limits,
                     )
                 )
         return tuple(refusals)
@@ -332,6 +341,8 @@ class QuotaModel:
         draws on it (their usage above their guaranteed parts): a grant a fits when
         u + a <= nominal + borrowingLimit and max(0, u + a - g) + E <= P, so
         a <= min(nominal + borrowingLimit - u, g - u + max(0, P - E))."""
+        if resource not in quota.limits:
+            return 0  # never granted (Kueue: a resource the ClusterQueue does not cover)
         limits = quota.of(resource)
         used = usage.get(quota.tenant, {}).get(resource, 0)
         pool, others = 0, 0

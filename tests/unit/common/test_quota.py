@@ -98,6 +98,10 @@ CASES = [
     ("lone-tenant-never-borrows", [tenant("a", 4, cohort="")], used(a=3), "a", 2, False, 1),
     ("unlisted-tenant-unlimited", [tenant("a", 1)], used(a=1), "z", 100, True, None),
     ("zero-amount-always-fits", [tenant("a", 0)], used(), "a", 0, True, 0),
+    # Kueue admits nothing asking for a resource the ClusterQueue does not cover; gpualloc let
+    # a tenant borrow an unlisted resource without limit before
+    ("unlisted-resource-is-refused", [TenantQuota("a", "c", {}), tenant("b", 4)], used(), "a",
+     1, False, 0),
     ("nominal-zero-borrows-from-its-cohort", [tenant("a", 0), tenant("b", 4)], used(), "a", 2,
      True, 4),
     ("borrowing-limit-zero-forbids-it", [tenant("a", 0, borrow=0), tenant("b", 4)], used(), "a",
@@ -443,7 +447,7 @@ def quantity(resource: str, units: int) -> int | str:
 
 
 # tenant -> resource -> (nominal, borrowingLimit, lendingLimit) in units, None: unset; a
-# resource a tenant does not list is absent (nominal 0, no limits: docs/tenancy.md)
+# resource a tenant does not list is never granted to it (docs/tenancy.md)
 Spec = dict[str, dict[str, tuple[int, int | None, int | None]]]
 
 
@@ -485,7 +489,9 @@ def two_resource_policy(spec: Spec) -> QuotaModel:
 
 def _limits(spec: Spec, tenant: str, resource: str) -> tuple[int, int | None, int]:
     """(nominal, nominal + borrowingLimit or None, what it lends at most) in units."""
-    nominal, borrow, lend = spec[tenant].get(resource, (0, None, None))
+    if resource not in spec[tenant]:
+        return 0, 0, 0  # never granted: nominal 0, nothing to borrow, nothing lent
+    nominal, borrow, lend = spec[tenant][resource]
     return nominal, None if borrow is None else nominal + borrow, nominal if lend is None else lend
 
 
@@ -548,7 +554,7 @@ step_st = st.one_of(grant_st, st.integers(0, 20))  # a grant (who, GPUs, memory)
     },
     steps=[(0, 1, 2), (0, 1, 1)],
 )
-# a lending limit on memory only; a tenant listing no gpus borrows them (nominal 0, no limit)
+# a lending limit on memory only; a tenant listing no gpus is refused them
 @example(
     spec={
         "t0": {"gpus": (1, None, None)},
