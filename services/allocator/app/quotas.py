@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from services.allocator.core import ClusterSnapshot, DeviceEntry, SelectorCache
+from services.allocator.reservations.hold_kinds import HoldKind
 from services.allocator.reservations.holds import scope_of
 from services.allocator.reservations.model import Reservation, ReservationState, ReservationStore
 from services.allocator.reservations.quota_ledger import QuotaEntry, QuotaLedger, usage_by_tenant
@@ -188,7 +189,7 @@ class QuotaGuard:
             add_usage(total, tenant, part)
         wanted = total.get(tenant, {})
         cohort = cohort_key(quota)
-        ticket = QuotaEntry("ticket:" + secrets.token_hex(12), tenant, wanted, None)
+        ticket = QuotaEntry(HoldKind.TICKET.id(secrets.token_hex(12)), tenant, wanted, None)
 
         def refuse(entries: Sequence[QuotaEntry]) -> tuple[QuotaRefusal, ...]:
             if not checked:
@@ -319,7 +320,7 @@ class QuotaGuard:
             covered = {entry.id for entry in read.entries}
             gone = []
             for entry in read.entries:
-                if entry.id.startswith("ticket:") or entry.id in reservations:
+                if HoldKind.of(entry.id) is HoldKind.TICKET or entry.id in reservations:
                     continue
                 try:
                     store.get(entry.id)
