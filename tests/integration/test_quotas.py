@@ -1070,3 +1070,97 @@ def test_quota_gauges_and_preemptions_are_exported(tmp_path: Path) -> None:
             samples, "gpualloc_reservation_preemptions_total", tenant="hpc", reason="priority"
         )
         assert preempted == 1
+
+
+# --- resource flavors ---------------------------------------------------------------------
+
+FLAVORED = """\
+  quota:
+    resourceFlavors:
+    - {name: hopper, nodeLabels: {nvidia.com/gpu.family: hopper}}
+    - {name: ada, nodeLabels: {nvidia.com/gpu.family: ada-lovelace}}
+    resources:
+    - {name: gpus, deviceClassNames: [gpu.nvidia.com], flavors: [hopper, ada]}
+  tenants:
+  - name: team-a
+  - name: team-b
+  - name: team-c
+  - name: tools
+    allowAdminAccess: true
+  - name: hpc
+    quotas:
+    - {resource: gpus, flavor: hopper, nominal: 2}
+    - {resource: gpus, flavor: ada, nominal: 3}
+"""
+
+
+def test_a_grant_falls_back_to_the_next_flavor_when_the_first_is_spent(tmp_path: Path) -> None:
+    """hpc lists hopper (H100 nodes, 2 GPUs) before ada (the L40S node, 3): its first grants
+    land on H100s whatever the solver would pick, the next on the L40S once the hopper quota
+    is spent, each charged to the flavor it lands on, then QUOTA_EXCEEDED naming both."""
+    settings = AllocatorSettings(expire_interval=0.2, quota_grace_seconds=0.5)
+    with secured_fleet(tmp_path, policy=policy_with(FLAVORED), allocator=settings) as fleet:
+        hpc = stub(fleet, "slurm-bridge")
+        held = [reserve(hpc, 2, owner="slurm/job/first")]
+        assert held[0].outcome == pb.OUTCOME_ALLOCATED
+        assert {r.node_name for r in held[0].reservations} <= {"h100-node-1", "h100-node-2"}
+        held.append(reserve(hpc, 2, owner="slurm/job/second"))
+        assert held[1].outcome == pb.OUTCOME_ALLOCATED
+        assert [r.node_name for r in held[1].reservations] == ["l40s-node-1"]
+        rows = status(stub(fleet, "admin"), "hpc")
+        used = {k[1]: rows[k].used for k in rows}
+        assert used == {"gpus/hopper": "2", "gpus/ada": "2", "gpus/(none)": "0"}
+        refused = reserve(hpc, 2, owner="slurm/job/third")
+        assert refused.outcome == pb.OUTCOME_QUOTA_EXCEEDED and not refused.reservations
+        assert {q.resource for q in refused.quota_refusals} <= {"gpus/hopper", "gpus/ada"}
+        release_all(hpc, held)
+
+
+FUNGIBLE = """\
+  quota:
+    resourceFlavors:
+    - {name: hopper, nodeLabels: {nvidia.com/gpu.family: hopper}}
+    - {name: ada, nodeLabels: {nvidia.com/gpu.family: ada-lovelace}}
+    resources:
+    - {name: gpus, deviceClassNames: [gpu.nvidia.com], flavors: [hopper, ada]}
+  tenants:
+  - name: team-a
+    cohort: pool
+    quotas:
+    - {resource: gpus, flavor: hopper, nominal: 8}
+    - {resource: gpus, flavor: ada, nominal: 0}
+  - name: team-b
+    cohort: pool
+    flavorFungibility: {whenCanBorrow: TryNextFlavor}
+    quotas:
+    - {resource: gpus, flavor: hopper, nominal: 0}
+    - {resource: gpus, flavor: ada, nominal: 2}
+  - name: team-c
+  - name: tools
+    allowAdminAccess: true
+  - name: hpc
+    cohort: pool
+    quotas:
+    - {resource: gpus, flavor: hopper, nominal: 0}
+    - {resource: gpus, flavor: ada, nominal: 2}
+"""
+
+
+def test_when_can_borrow_stops_at_a_borrowed_flavor_or_tries_the_next(tmp_path: Path) -> None:
+    """hpc and team-b list hopper (nominal 0, team-a lends 8) before ada (nominal 2): hpc
+    (whenCanBorrow MayStopSearch, the default) borrows hopper; team-b (TryNextFlavor) takes
+    ada within its nominal, and borrows hopper once ada is spent."""
+    settings = AllocatorSettings(expire_interval=0.2, quota_grace_seconds=0.5)
+    with secured_fleet(tmp_path, policy=policy_with(FUNGIBLE), allocator=settings) as fleet:
+        hpc, b = stub(fleet, "slurm-bridge"), stub(fleet, "scheduler-b")
+        hopper = {"h100-node-1", "h100-node-2"}
+        held_hpc = [reserve(hpc, 1, owner="slurm/job/borrows")]
+        assert {r.node_name for r in held_hpc[0].reservations} <= hopper
+        held_b = [reserve(b, 2, owner="job/within")]
+        assert [r.node_name for r in held_b[0].reservations] == ["l40s-node-1"]
+        held_b.append(reserve(b, 1, owner="job/then-borrows"))
+        assert {r.node_name for r in held_b[1].reservations} <= hopper
+        rows = status(stub(fleet, "admin"))
+        assert (rows["hpc", "gpus/hopper"].borrowed, rows["team-b", "gpus/ada"].used) == ("1", "2")
+        release_all(hpc, held_hpc)
+        release_all(b, held_b)

@@ -99,7 +99,13 @@ from services.allocator.reservations.model import (
     device_conflict_key,
 )
 from services.common.deadline import UNBOUNDED, Deadline
-from services.common.dra.model import AllocationResult, DeviceClass
+from services.common.dra.model import (
+    AllocationResult,
+    DeviceClass,
+    NodeSelector,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+)
 from services.common.errors import (
     Conflict,
     DeadlineExceeded,
@@ -109,7 +115,7 @@ from services.common.errors import (
     PermissionDenied,
 )
 from services.common.security.principal import tenant_of_owner
-from services.common.security.quota import QuotaRefusal, TenantStatus
+from services.common.security.quota import QuotaRefusal, TenantStatus, WhenCanBorrow
 
 __all__ = ["AllocatorService", "ServiceLimits"]
 
@@ -199,6 +205,7 @@ class AllocatorService:
             answer = self._answer(view, state, query, deadline, explain=query.explain)
             if lease is None:
                 return answer
+            answer = self._by_flavor(view, state, query, answer, lease.owner, deadline)
             if answer.outcome is not Outcome.ALLOCATED:
                 proposal = self._proposal(view, state, query, answer, lease, revoked, deadline)
                 if proposal is None or revoked or not lease.preempt:
@@ -623,6 +630,55 @@ class AllocatorService:
         """What the quota says of reserving `answer` for `owner` now (read-only)."""
         assert self.quotas is not None
         return self.quotas.check(owner, self._placement_usage(view, query, answer, owner))
+
+    def _by_flavor(
+        self,
+        view: ViewSnapshot,
+        state: AllocatedState,
+        query: Query,
+        answer: Answer,
+        owner: str,
+        deadline: Deadline,
+    ) -> Answer:
+        """Kueue's flavor assignment, for a placement its tenant's quota charges to a flavor:
+        the flavors of that resource in the order the tenant lists them, the query pinned to
+        each flavor's node labels in turn; the first the quota admits within nominal, or the
+        first it admits by borrowing (whenCanBorrow MayStopSearch; with TryNextFlavor a later
+        one within nominal is preferred). `answer` when none is admitted (it is refused as it
+        was, and preemption looks for victims for it)."""
+        if self.quotas is None or answer.outcome is not Outcome.ALLOCATED:
+            return answer
+        model = self.quotas.model
+        tenant = tenant_of_owner(owner)
+        quota = model.quota_of(tenant)
+        if quota is None or not any(r.flavor for r in model.resources):
+            return answer
+        placed = self._placement_usage(view, query, answer, owner)
+        bases = sorted({r.base for r in model.resources if r.flavor and placed.get(r.name, 0)})
+        if not bases:
+            return answer
+        usage = self.quotas.usage_around(owner)
+        borrowing: Answer | None = None
+        for flavor in model.flavor_order(tenant, bases[0]):
+            others = (r for r in model.resources if r.base == flavor.base and r is not flavor)
+            if placed.get(flavor.name, 0) and not any(placed.get(r.name, 0) for r in others):
+                found, amounts = answer, placed  # the solver's own choice is of this flavor
+            else:
+                pinned = replace(
+                    query, node_selector=_with_labels(query.node_selector, flavor.node_labels)
+                )
+                found = self._answer(view, state, pinned, deadline, explain=False)
+                if found.outcome is not Outcome.ALLOCATED:
+                    continue
+                amounts = self._placement_usage(view, query, found, owner)
+            if model.admit(tenant, amounts, usage):
+                continue  # this flavor's quota refuses it
+            if not model.admit(tenant, amounts, usage, within_nominal=True):
+                return found
+            borrowing = borrowing or found
+            if quota.when_can_borrow is WhenCanBorrow.MAY_STOP_SEARCH:
+                return found
+        return borrowing or answer
 
     # --- preemption --------------------------------------------------------------------------
 
@@ -1058,6 +1114,16 @@ def _bounded(conflict: Conflict) -> Conflict:
         f"reservation conflict on {len(keys)} devices and counters: {shown}, "
         f"and {len(keys) - _MAX_CONFLICTS} more",
         keys[:_MAX_CONFLICTS],
+    )
+
+
+def _with_labels(selector: NodeSelector | None, labels: Sequence[tuple[str, str]]) -> NodeSelector:
+    """`selector` and also every one of `labels` (a flavor's nodeLabels): each term gains
+    the requirements, so a node matches when it matches a term and carries the labels."""
+    required = tuple(NodeSelectorRequirement(key, "In", (value,)) for key, value in labels)
+    terms = selector.node_selector_terms if selector is not None else (NodeSelectorTerm(),)
+    return NodeSelector(
+        tuple(replace(t, match_expressions=(*t.match_expressions, *required)) for t in terms)
     )
 
 

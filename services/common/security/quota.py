@@ -35,10 +35,12 @@ from services.common.dra.quantity import Quantity, QuantityFormat
 
 __all__ = [
     "DEFAULT_PREEMPTION",
+    "NO_FLAVOR",
     "DEFAULT_PRIORITY",
     "NO_QUOTAS",
     "BorrowWithinCohort",
     "PreemptionPolicy",
+    "WhenCanBorrow",
     "PriorityClass",
     "QuotaLimits",
     "QuotaModel",
@@ -63,12 +65,45 @@ class QuotaResource:
     (with `counter`) the amount of that consumed counter the devices take, or (with
     `gpu_share`) the share of its GPU a device takes: a whole GPU 1, a partition its GPU's
     memory slices that it consumes over all of them (a MIG 3g.40gb of an H100: 4/8), so that
-    one unit is one GPU on every model, whatever counters its MIG table knows."""
+    one unit is one GPU on every model, whatever counters its MIG table knows.
+
+    A resource given per flavor (Kueue's ResourceFlavor) is one QuotaResource per flavor,
+    named `<resource>/<flavor>` (`base` and `flavor` its parts): it counts only devices on
+    nodes carrying every one of the flavor's `node_labels`. One more, `<resource>/(none)`,
+    counts the devices on nodes of none of its flavors (`outside`: their labels); no tenant
+    can list it, so a limited tenant is never granted them (Kueue admits a workload only to a
+    flavor of its ClusterQueue)."""
 
     name: str
     device_classes: tuple[str, ...]
     counter: str = ""
     gpu_share: bool = False
+    base: str = ""  # the resource a flavor's quota belongs to ("" for an unflavored one)
+    flavor: str = ""
+    node_labels: tuple[tuple[str, str], ...] = ()
+    outside: tuple[tuple[tuple[str, str], ...], ...] = ()
+
+    def on(self, labels: Mapping[str, str]) -> bool:
+        """Whether a device on a node with `labels` is of this resource's flavor."""
+        if self.outside:
+            return not any(_carries(labels, flavor) for flavor in self.outside)
+        return _carries(labels, self.node_labels)
+
+
+NO_FLAVOR = "(none)"  # the flavor name of the devices in none of a resource's flavors
+
+
+def _carries(labels: Mapping[str, str], wanted: Iterable[tuple[str, str]]) -> bool:
+    return all(labels.get(key) == value for key, value in wanted)
+
+
+class WhenCanBorrow(StrEnum):
+    """Kueue's flavorFungibility.whenCanBorrow: a flavor the grant fits only by borrowing
+    ends the search (MayStopSearch) or a later flavor within nominal is preferred
+    (TryNextFlavor)."""
+
+    MAY_STOP_SEARCH = "MayStopSearch"
+    TRY_NEXT_FLAVOR = "TryNextFlavor"
 
 
 @dataclass(frozen=True)
@@ -157,6 +192,7 @@ class TenantQuota:
     cohort: str  # "" when the tenant is a cohort of its own
     limits: Mapping[str, QuotaLimits]
     preemption: PreemptionPolicy = DEFAULT_PREEMPTION
+    when_can_borrow: WhenCanBorrow = WhenCanBorrow.MAY_STOP_SEARCH
 
     def of(self, resource: str) -> QuotaLimits:
         return self.limits.get(resource, _NO_QUOTA)
@@ -260,6 +296,15 @@ class QuotaModel:
 
     def cohorts(self) -> tuple[str, ...]:
         return tuple(sorted(self._members))
+
+    def flavor_order(self, tenant: str, base: str) -> tuple[QuotaResource, ...]:
+        """The flavors of resource `base` the tenant lists, in the order it lists them (the
+        order a grant tries them in); () for a tenant without quotas or listing none."""
+        quota = self.quota_of(tenant)
+        if quota is None:
+            return ()
+        flavored = {r.name: r for r in self.resources if r.base == base and r.flavor}
+        return tuple(flavored[name] for name in quota.limits if name in flavored)
 
     def admit(
         self,

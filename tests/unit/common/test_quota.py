@@ -25,6 +25,7 @@ from services.common.security.quota import (
     QuotaResource,
     ReclaimWithinCohort,
     TenantQuota,
+    WhenCanBorrow,
     WithinTenant,
     quantity_text,
 )
@@ -420,6 +421,95 @@ def test_policy_declares_a_tenants_preemption(
         document["spec"]["tenants"][1]["preemption"] = given
     ml = parse_policy(document).quotas.quota_of("ml")
     assert ml is not None and ml.preemption == expected
+
+
+FLAVORS = """
+    resourceFlavors:
+    - {name: h100, nodeLabels: {nvidia.com/gpu.family: hopper}}
+    - {name: a100, nodeLabels: {nvidia.com/gpu.family: ampere}}
+"""
+
+
+def _flavored(tenant_quotas: str, fungibility: str = "") -> dict[str, Any]:
+    text = POLICY.replace("  quota:\n", "  quota:\n" + FLAVORS.lstrip("\n"), 1).replace(
+        "    - {name: gpus, deviceClassNames: [gpu.nvidia.com]}",
+        "    - {name: gpus, deviceClassNames: [gpu.nvidia.com], flavors: [h100, a100]}",
+    )
+    document = yaml.safe_load(text)
+    document["spec"]["tenants"][1] = yaml.safe_load(
+        "{name: ml, cohort: research, quotas: " + tenant_quotas + fungibility + "}"
+    )
+    document["spec"]["tenants"][0]["quotas"] = [
+        {"resource": "gpus", "flavor": "h100", "nominal": 8}
+    ]
+    return document  # type: ignore[no-any-return]
+
+
+def test_policy_declares_flavored_quotas_in_the_tenants_order() -> None:
+    quotas = parse_policy(
+        _flavored(
+            "[{resource: gpus, flavor: a100, nominal: 4}, {resource: gpus, flavor: h100,"
+            " nominal: 2, borrowingLimit: 1}]",
+            ", flavorFungibility: {whenCanBorrow: TryNextFlavor}",
+        )
+    ).quotas
+    names = [r.name for r in quotas.resources]
+    assert names[:3] == ["gpus/h100", "gpus/a100", "gpus/(none)"]
+    nowhere = quotas.resources[2]  # devices of no flavor: no tenant can list them
+    assert nowhere.on({"nvidia.com/gpu.family": "ada-lovelace"}) and not nowhere.on(
+        {"nvidia.com/gpu.family": "ampere"}
+    )
+    assert quotas.admit("ml", {"gpus/(none)": GPU}, {}) != ()
+    h100 = quotas.resources[0]
+    assert (h100.base, h100.flavor, h100.node_labels) == (
+        "gpus",
+        "h100",
+        (("nvidia.com/gpu.family", "hopper"),),
+    )
+    assert h100.on({"nvidia.com/gpu.family": "hopper"}) and not h100.on({})
+    ml = quotas.quota_of("ml")
+    assert ml is not None and ml.of("gpus/h100") == QuotaLimits(2 * GPU, 1 * GPU)
+    assert [r.flavor for r in quotas.flavor_order("ml", "gpus")] == ["a100", "h100"]
+    assert ml.when_can_borrow is WhenCanBorrow.TRY_NEXT_FLAVOR
+    hpc = quotas.quota_of("hpc")
+    assert hpc is not None and hpc.when_can_borrow is WhenCanBorrow.MAY_STOP_SEARCH
+    # a flavor the tenant does not list is never granted to it (Kueue: not in its queue)
+    assert quotas.admit("hpc", {"gpus/a100": GPU}, {}) != ()
+
+
+FLAVOR_BAD = [
+    ("flavor-unknown", "[{resource: gpus, flavor: l40s, nominal: 1}]", "", "has no flavor 'l40s'"),
+    ("flavor-missing", "[{resource: gpus, nominal: 1}]", "", "quotas[0].flavor: Required value"),
+    ("flavor-of-no-flavor", "[{resource: gpus, flavor: (none), nominal: 1}]", "",
+     "has no flavor '(none)'"),
+    ("flavor-on-an-unflavored-resource",
+     "[{resource: mig-memory, flavor: h100, nominal: 1Gi}]", "", "has no flavors"),
+    ("flavor-twice", "[{resource: gpus, flavor: h100, nominal: 1}, {resource: gpus, flavor: h100,"
+     " nominal: 1}]", "", "duplicate quota for 'gpus/h100'"),
+    ("when-can-borrow-unknown", "[{resource: gpus, flavor: h100, nominal: 1}]",
+     ", flavorFungibility: {whenCanBorrow: Borrow}", "must be one of MayStopSearch, TryNextFlavor"),
+    ("when-can-preempt-is-not-supported-yet", "[{resource: gpus, flavor: h100, nominal: 1}]",
+     ", flavorFungibility: {whenCanPreempt: TryNextFlavor}", "unknown field"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("tenant_quotas", "fungibility", "message"),
+    [pytest.param(*b[1:], id=b[0]) for b in FLAVOR_BAD],
+)
+def test_policy_refuses_bad_flavored_quotas(
+    tenant_quotas: str, fungibility: str, message: str
+) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        parse_policy(_flavored(tenant_quotas, fungibility))
+    assert any(message in str(v) for v in caught.value.violations), caught.value.violations
+
+
+def test_policy_refuses_an_unknown_flavor_in_a_resource() -> None:
+    document = _flavored("[{resource: gpus, flavor: h100, nominal: 1}]")
+    document["spec"]["quota"]["resources"][0]["flavors"] = ["h100", "b200"]
+    with pytest.raises(InvalidArgument, match="unknown resource flavor 'b200'"):
+        parse_policy(document)
 
 
 def test_policy_declares_movable_classes() -> None:
