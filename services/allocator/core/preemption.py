@@ -166,7 +166,7 @@ def _passes(context: PreemptionContext) -> list[tuple[list[Candidate], bool]]:
             cohort = _borrowable(context, quota)
         return [(_ordered(context.tenant, own + cohort), False)]
     cohort = _reclaimable(context, quota, PreemptionReason.RECLAIM) if below else []
-    if not cohort:
+    if not cohort or not _can_end_within_nominal(context, quota, own):
         return [(own, False)]
     return [(_ordered(context.tenant, own + cohort), True), (own, False)]
 
@@ -525,6 +525,18 @@ def _below_nominal(quota: TenantQuota, amounts: Usage, used: Usage) -> bool:
     return all(
         used.get(name, 0) < quota.of(name).nominal for name, amount in amounts.items() if amount > 0
     )
+
+
+def _can_end_within_nominal(
+    context: PreemptionContext, quota: TenantQuota, own: Sequence[Candidate]
+) -> bool:
+    """Whether the grant can leave the tenant within nominal at all, all of `own` revoked:
+    else the within-nominal pass is not tried (it could only fail, at the cost of solves)."""
+    used = dict(context.usage.get(context.tenant, {}))
+    for candidate in own:
+        for name, amount in candidate.holding.amounts.items():
+            used[name] = used.get(name, 0) - amount
+    return _within_nominal(quota, context.amounts, used)
 
 
 def _borrows_what_it_holds(model: QuotaModel, holding: Holding, used: Usage) -> bool:

@@ -565,3 +565,19 @@ def test_plan_preemption_table(
         return
     assert plan is not None
     assert [(c.holding.id, c.reason) for c in plan.victims] == expected
+
+
+def test_a_pass_that_cannot_end_within_nominal_costs_no_solve() -> None:
+    """a holds 3 of its 4 at the preemptor's priority and asks 2: even with every candidate of
+    its own gone it would borrow, so the within-nominal pass is not tried (it could only fail,
+    one solve per node), and the borrowing pass has no candidate: no placement is tried."""
+    quotas = model(tenant("a", 4), tenant("b", 4))
+    holdings = [*held("a", 3, HIGH), *held("b", 5)]
+    calls: list[int] = []
+
+    def place(chosen: Sequence[Candidate], node: str) -> Usage | None:
+        calls.append(len(chosen))
+        return {"gpus": 2 * GPU}
+
+    plan = plan_preemption(context(quotas, "a", HIGH, holdings, used(a=3, b=5), 2), place)
+    assert plan is None and calls == []
