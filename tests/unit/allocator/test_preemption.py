@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Mapping, Sequence
 
 import pytest
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from services.allocator.core import (
@@ -581,3 +581,52 @@ def test_a_pass_that_cannot_end_within_nominal_costs_no_solve() -> None:
 
     plan = plan_preemption(context(quotas, "a", HIGH, holdings, used(a=3, b=5), 2), place)
     assert plan is None and calls == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(-1, 1), st.integers(1, 2)), min_size=1, max_size=7),
+    st.integers(1, 4),
+)
+def test_victims_never_invert_priorities_and_none_can_be_spared(
+    victims: list[tuple[int, int]], need: int
+) -> None:
+    """A tenant alone on a fleet of 8 GPUs holds reservations of priority -1..1 and 1-2 GPUs
+    each (`victims`, the rest of the fleet free) and asks `need` GPUs at priority 2: checked
+    against every subset of its reservations, the plan fits, no victim can be spared, and no
+    set that fits takes a lower highest priority (Kueue and kube-scheduler never take a
+    higher-priority victim while lower-priority ones would do)."""
+    classes = {p: PriorityClass(f"p{p}", p) for p in (-1, 0, 1)}
+    holdings = [
+        holding(f"h{i}", "a", classes[p], age=i, gpus=g) for i, (p, g) in enumerate(victims)
+    ]
+    held_gpus = sum(g for _, g in victims)
+    free = max(0, 8 - held_gpus)
+    quotas = model(tenant("a", 100, cohort=""))
+
+    def freed(chosen: Sequence[Holding | Candidate]) -> int:
+        return sum(
+            (c.holding if isinstance(c, Candidate) else c).amounts["gpus"] // GPU for c in chosen
+        )
+
+    def place(chosen: Sequence[Candidate], node: str) -> Usage | None:
+        return {"gpus": need * GPU} if free + freed(chosen) >= need else None
+
+    usage = used(a=held_gpus)
+    plan = plan_preemption(
+        context(quotas, "a", PriorityClass("top", 2), holdings, usage, need), place
+    )
+    fitting = [
+        subset
+        for r in range(1, len(holdings) + 1)
+        for subset in itertools.combinations(holdings, r)
+        if free + freed(subset) >= need
+    ]
+    if free >= need or not fitting:
+        assert plan is None or free >= need
+        return
+    assert plan is not None and free + freed(plan.victims) >= need
+    for victim in plan.victims:
+        assert free + freed([c for c in plan.victims if c is not victim]) < need
+    highest = max(c.holding.priority.value for c in plan.victims)
+    assert highest == min(max(h.priority.value for h in subset) for subset in fitting)
