@@ -296,3 +296,61 @@ def gpu_claim(count: int) -> dra_pb2.ResourceClaim:
         namespace="default",
         requests=[dra_pb2.DeviceRequest(name="gpu", exactly=exactly)],
     )
+
+
+FLAVORED = """\
+  quota:
+    resourceFlavors:
+    - {name: hopper, nodeLabels: {nvidia.com/gpu.family: hopper}}
+    - {name: ada, nodeLabels: {nvidia.com/gpu.family: ada-lovelace}}
+    resources: [{name: gpus, deviceClassNames: [gpu.nvidia.com], flavors: [hopper, ada]}]
+  tenants:
+  - name: team-a
+  - name: team-b
+  - name: team-c
+    cohort: shared
+    quotas:
+    - {resource: gpus, flavor: hopper, nominal: 0}
+    - {resource: gpus, flavor: ada, nominal: 4}
+  - name: tools
+    allowAdminAccess: true
+  - name: hpc
+    cohort: shared
+    quotas:
+    - {resource: gpus, flavor: hopper, nominal: 8}
+    - {resource: gpus, flavor: ada, nominal: 0}
+"""
+
+
+def test_a_kueue_workload_falls_back_to_a_second_flavor_while_slurm_holds_the_first(
+    tmp_path: Path,
+) -> None:
+    """team-c lists hopper (nominal 0, borrowable from hpc's 8) before ada (nominal 4). The
+    Slurm bridge's prolog takes hpc's 8 H100s; a Kueue Workload of team-c asking for 4 GPUs of
+    any model then gets the L40S node through the admission controller (nothing of hopper is
+    left to borrow), charged to gpus/ada, and the Slurm job keeps its GPUs."""
+    with secured_fleet(tmp_path / "pki", policy=policy_with(FLAVORED)) as fleet:
+        code, out, err = slurm(fleet, "prolog")
+        assert code == 0, err
+        assert len(exports(out)["CUDA_VISIBLE_DEVICES"].split(",")) == 8
+        api = kueue_with_our_check()
+        (job,) = [d for d in documents(EXAMPLES / "h100-nvlink-job.yml") if d["kind"] == "Job"]
+        job = copy.deepcopy(job)
+        template = job["spec"]["template"]
+        del template["metadata"]["annotations"]["gpualloc.io/nvlink"]
+        del template["spec"]["nodeSelector"]  # any model will do
+        name = api.apply(workload_for_job(job, name="any-model"))["metadata"]["name"]
+        with kueue_placer(kueue_settings(fleet, tmp_path / "token")) as placer:
+            controller = AdmissionController(api, placer, lease_ttl_seconds=60)
+            KueueStandIn(api).step()
+            controller.reconcile_all()
+            check = Workload.from_dict(api.get("Workload", "team-a", name)).check("gpualloc")
+            assert check is not None and check.state is CheckState.READY, check
+            (update,) = check.pod_set_updates
+            assert update.node_selector["kubernetes.io/hostname"] == "l40s-node-1"
+        admin = allocator_pb2_grpc.AllocatorStub(fleet.channel("admin"))
+        quotas = admin.QuotaStatus(pb.QuotaStatusRequest(), timeout=10).tenants
+        used = {(q.tenant, q.resource): q.used for q in quotas if q.used != "0"}
+        assert used == {("hpc", "gpus/hopper"): "8", ("team-c", "gpus/ada"): "4"}
+        code, _, err = slurm(fleet, "epilog")
+        assert code == 0, err

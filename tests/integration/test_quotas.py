@@ -216,6 +216,17 @@ def test_a_committed_reservation_keeps_counting_and_a_lapsed_lease_stops(
     assert status(stub(fleet, "admin"), "hpc")["hpc", "gpus"].used == "0"
 
 
+def test_a_resource_a_tenant_does_not_list_is_refused(fleet: SecuredFleet) -> None:
+    """team-a lists gpus only: a MIG slice (mig-memory) is QUOTA_EXCEEDED for it, naming the
+    resource, though team-b's 10Gi of mig-memory is idle (Kueue: a ClusterQueue admits no
+    workload asking for a resource it does not cover)."""
+    _release_everything(fleet)
+    answer = reserve(stub(fleet, "scheduler-a"), 1, owner="job/mig", device_class="mig.nvidia.com")
+    assert answer.outcome == pb.OUTCOME_QUOTA_EXCEEDED and not answer.reservations
+    refused = [(q.tenant, q.resource, q.left) for q in answer.quota_refusals]
+    assert refused == [("team-a", "mig-memory", "0")]
+
+
 def test_mig_memory_counts_the_bytes_a_slice_consumes(fleet: SecuredFleet) -> None:
     b = stub(fleet, "scheduler-b")
     held = [reserve(b, 1, owner="job/mig", device_class="mig.nvidia.com")]
@@ -235,6 +246,13 @@ def test_quota_status_shows_a_tenant_only_its_own(fleet: SecuredFleet) -> None:
     assert {t for t, _ in status(a)} == {"team-a"}
     with pytest.raises(grpc.RpcError) as caught:
         status(a, "team-b")
+    assert caught.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    # a reader sees tenants, never reservation ids (docs/security.md): QuotaStatus shows
+    # pendingPreemptionIds, so a reader bound to no tenant sees no tenant's rows
+    reader = stub(fleet, "reader")
+    assert status(reader) == {}
+    with pytest.raises(grpc.RpcError) as caught:
+        status(reader, "team-a")
     assert caught.value.code() is grpc.StatusCode.PERMISSION_DENIED
     everyone = status(stub(fleet, "admin"))
     assert {t for t, _ in everyone} == {"team-a", "team-b", "hpc"}
@@ -588,6 +606,20 @@ PREEMPTION_CASES = [
         ("team-b", 4, "", ""),
         ["a1", "a6"],
         ["reclaim", "reclaim"],
+    ),
+    (
+        "below-nominal-gives-up-its-own-and-reclaims-a-borrower",
+        # team-b holds 3 of its 4 and asks 2: Kueue's pass of its own lower priority plus the
+        # cohort's borrowers, team-b ending within nominal (before: two of its own)
+        [
+            *[("team-a", f"a{i}", "", "") for i in range(1, 6)],
+            ("team-b", "b1", "low", ""),
+            ("team-b", "b2", "", ""),
+            ("team-b", "b3", "", ""),
+        ],
+        ("team-b", 2, "high", ""),
+        ["a5", "b1"],
+        ["reclaim", "priority"],
     ),
     (
         "priority-within-the-tenant",
@@ -978,8 +1010,9 @@ def test_capacity_tells_a_tenant_what_its_quota_still_allows(fleet: SecuredFleet
     assert a.total == fleet_wide.total
     assert a.total_within_quota == 6  # 4 nominal + the 2 team-b lends (its borrowing limit is 4)
     rows = {(q.tenant, q.resource): q.left for q in a.quota}
-    # mig-memory: nominal 0 for team-a (not listed), but it may borrow team-b's 10Gi
-    assert rows == {("team-a", "gpus"): "6", ("team-a", "mig-memory"): "10Gi"}
+    # mig-memory: not listed for team-a, so never granted (as Kueue refuses a resource a
+    # ClusterQueue does not cover; team-a could borrow team-b's 10Gi before)
+    assert rows == {("team-a", "gpus"): "6", ("team-a", "mig-memory"): "0"}
     hpc = stub(fleet, "slurm-bridge")
     held = [reserve(hpc, 1, owner="slurm/job/cap")]
     try:
@@ -1042,3 +1075,97 @@ def test_quota_gauges_and_preemptions_are_exported(tmp_path: Path) -> None:
             samples, "gpualloc_reservation_preemptions_total", tenant="hpc", reason="priority"
         )
         assert preempted == 1
+
+
+# --- resource flavors ---------------------------------------------------------------------
+
+FLAVORED = """\
+  quota:
+    resourceFlavors:
+    - {name: hopper, nodeLabels: {nvidia.com/gpu.family: hopper}}
+    - {name: ada, nodeLabels: {nvidia.com/gpu.family: ada-lovelace}}
+    resources:
+    - {name: gpus, deviceClassNames: [gpu.nvidia.com], flavors: [hopper, ada]}
+  tenants:
+  - name: team-a
+  - name: team-b
+  - name: team-c
+  - name: tools
+    allowAdminAccess: true
+  - name: hpc
+    quotas:
+    - {resource: gpus, flavor: hopper, nominal: 2}
+    - {resource: gpus, flavor: ada, nominal: 3}
+"""
+
+
+def test_a_grant_falls_back_to_the_next_flavor_when_the_first_is_spent(tmp_path: Path) -> None:
+    """hpc lists hopper (H100 nodes, 2 GPUs) before ada (the L40S node, 3): its first grants
+    land on H100s whatever the solver would pick, the next on the L40S once the hopper quota
+    is spent, each charged to the flavor it lands on, then QUOTA_EXCEEDED naming both."""
+    settings = AllocatorSettings(expire_interval=0.2, quota_grace_seconds=0.5)
+    with secured_fleet(tmp_path, policy=policy_with(FLAVORED), allocator=settings) as fleet:
+        hpc = stub(fleet, "slurm-bridge")
+        held = [reserve(hpc, 2, owner="slurm/job/first")]
+        assert held[0].outcome == pb.OUTCOME_ALLOCATED
+        assert {r.node_name for r in held[0].reservations} <= {"h100-node-1", "h100-node-2"}
+        held.append(reserve(hpc, 2, owner="slurm/job/second"))
+        assert held[1].outcome == pb.OUTCOME_ALLOCATED
+        assert [r.node_name for r in held[1].reservations] == ["l40s-node-1"]
+        rows = status(stub(fleet, "admin"), "hpc")
+        used = {k[1]: rows[k].used for k in rows}
+        assert used == {"gpus/hopper": "2", "gpus/ada": "2", "gpus/(none)": "0"}
+        refused = reserve(hpc, 2, owner="slurm/job/third")
+        assert refused.outcome == pb.OUTCOME_QUOTA_EXCEEDED and not refused.reservations
+        assert {q.resource for q in refused.quota_refusals} <= {"gpus/hopper", "gpus/ada"}
+        release_all(hpc, held)
+
+
+FUNGIBLE = """\
+  quota:
+    resourceFlavors:
+    - {name: hopper, nodeLabels: {nvidia.com/gpu.family: hopper}}
+    - {name: ada, nodeLabels: {nvidia.com/gpu.family: ada-lovelace}}
+    resources:
+    - {name: gpus, deviceClassNames: [gpu.nvidia.com], flavors: [hopper, ada]}
+  tenants:
+  - name: team-a
+    cohort: pool
+    quotas:
+    - {resource: gpus, flavor: hopper, nominal: 8}
+    - {resource: gpus, flavor: ada, nominal: 0}
+  - name: team-b
+    cohort: pool
+    flavorFungibility: {whenCanBorrow: TryNextFlavor}
+    quotas:
+    - {resource: gpus, flavor: hopper, nominal: 0}
+    - {resource: gpus, flavor: ada, nominal: 2}
+  - name: team-c
+  - name: tools
+    allowAdminAccess: true
+  - name: hpc
+    cohort: pool
+    quotas:
+    - {resource: gpus, flavor: hopper, nominal: 0}
+    - {resource: gpus, flavor: ada, nominal: 2}
+"""
+
+
+def test_when_can_borrow_stops_at_a_borrowed_flavor_or_tries_the_next(tmp_path: Path) -> None:
+    """hpc and team-b list hopper (nominal 0, team-a lends 8) before ada (nominal 2): hpc
+    (whenCanBorrow MayStopSearch, the default) borrows hopper; team-b (TryNextFlavor) takes
+    ada within its nominal, and borrows hopper once ada is spent."""
+    settings = AllocatorSettings(expire_interval=0.2, quota_grace_seconds=0.5)
+    with secured_fleet(tmp_path, policy=policy_with(FUNGIBLE), allocator=settings) as fleet:
+        hpc, b = stub(fleet, "slurm-bridge"), stub(fleet, "scheduler-b")
+        hopper = {"h100-node-1", "h100-node-2"}
+        held_hpc = [reserve(hpc, 1, owner="slurm/job/borrows")]
+        assert {r.node_name for r in held_hpc[0].reservations} <= hopper
+        held_b = [reserve(b, 2, owner="job/within")]
+        assert [r.node_name for r in held_b[0].reservations] == ["l40s-node-1"]
+        held_b.append(reserve(b, 1, owner="job/then-borrows"))
+        assert {r.node_name for r in held_b[1].reservations} <= hopper
+        rows = status(stub(fleet, "admin"))
+        assert (rows["hpc", "gpus/hopper"].borrowed, rows["team-b", "gpus/ada"].used) == ("1", "2")
+        release_all(hpc, held_hpc)
+        release_all(b, held_b)

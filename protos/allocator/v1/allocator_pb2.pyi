@@ -933,9 +933,11 @@ class PreemptionVictim(_message.Message):
     """Its priority class ("" for the default)."""
     reason: _builtins.str
     """Why it may be revoked: `reclaim` (its tenant borrows quota the caller's tenant lends),
-    `priority` (a lower-priority reservation of the caller's tenant) or `consolidate` (a
-    reservation of a movable priority class, moved to an equivalent device on another node so
-    that a grant within nominal quota finds room: docs/tenancy.md).
+    `reclaim-while-borrowing` (likewise, the caller's tenant borrowing too: its policy's
+    borrowWithinCohort), `priority` (a reservation of the caller's tenant its policy's
+    withinClusterQueue allows) or `consolidate` (a reservation of a movable priority class,
+    moved to an equivalent device on another node so that a grant within nominal quota finds
+    room: docs/tenancy.md).
     """
     moved_to_node: _builtins.str
     """consolidate: the node its replacement is on (or, in a proposal, would be on)."""

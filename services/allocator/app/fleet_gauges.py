@@ -37,6 +37,7 @@ from fractions import Fraction
 from services.allocator.app.cluster_view import ClusterView, ViewSnapshot
 from services.allocator.app.live_reservations import Holdings
 from services.allocator.core import COMMITTED, RESERVED, STATES, FleetCount, count_fleet
+from services.allocator.reservations.hold_kinds import HoldKind
 from services.allocator.reservations.model import ReservationState
 from services.common.security.principal import tenant_of_owner
 from services.common.telemetry import Labelled, Telemetry
@@ -46,7 +47,6 @@ __all__ = ["MAX_TENANTS", "OTHER_TENANTS", "FleetGauges"]
 MAX_TENANTS = 50
 RECOUNT_FACTOR = 10  # a recount waits at least this many times the last count's duration
 OTHER_TENANTS = "(other)"
-PENDING_OWNER = "pending:"  # holdings' owner prefix of placements being reserved
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,7 +118,7 @@ class FleetGauges:
         tenants: dict[tuple[str, str, str], Fraction] = {}
         for (owner, model), share in count.held.items():
             found = by_id.get(owner)
-            if found is None and not owner.startswith(PENDING_OWNER):
+            if found is None and HoldKind.of(owner) is not HoldKind.PENDING:
                 continue
             tenant = tenant_of_owner(found.owner) if found is not None else OTHER_TENANTS
             state = COMMITTED if committed(owner) else RESERVED

@@ -42,6 +42,7 @@ from services.allocator.core import (
     free_capacity,
     node_usable,
 )
+from services.allocator.reservations.hold_kinds import HoldKind
 from services.allocator.reservations.model import Reservation
 from services.common.security.principal import Principal
 
@@ -142,7 +143,8 @@ def fleet_of(
     def holder(owner_id: str) -> FleetHolder:
         reservation = reservations.get(owner_id)
         if reservation is None:  # reserving now, or released since the state was read
-            owner = PENDING_OWNER if owner_id.startswith("pending:") else CHANGING_OWNER
+            pending = HoldKind.of(owner_id) is HoldKind.PENDING
+            owner = PENDING_OWNER if pending else CHANGING_OWNER
             return FleetHolder(owner, "", "PENDING", None)
         shown = visible_reservation(reservation, viewer)
         return FleetHolder(

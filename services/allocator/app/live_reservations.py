@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 from services.allocator.app.cluster_view import ViewSnapshot
 from services.allocator.core import AllocatedState
+from services.allocator.reservations.hold_kinds import HoldKind
 from services.allocator.reservations.model import (
     Reservation,
     ReservationEvent,
@@ -251,7 +252,7 @@ class Holdings:
         """A placement this process is about to reserve on `nodes`: held for its own solves
         until `settle_pending` or `drop_pending` (call one of them, always). Returns a token."""
         with self._lock:
-            token = f"pending:{next(self._pending_tokens)}"
+            token = HoldKind.PENDING.id(next(self._pending_tokens))
             self._pending[token] = tuple(allocations)
             self._pending_nodes[token] = tuple(nodes)
             self._version += 1

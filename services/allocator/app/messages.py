@@ -17,6 +17,7 @@ from services.allocator.core import (
     Explanation,
     NodePlacement,
     Policy,
+    PreemptionReason,
     Score,
     Stats,
     TopologyConstraint,
@@ -118,7 +119,7 @@ class Victim:
 
     holder: Holder
     priority_class: str
-    reason: str  # "reclaim", "priority" or "consolidate" (services/common/security/quota.py)
+    reason: PreemptionReason  # by which rule (services/allocator/core/preemption.py)
     moved_to_node: str = ""  # consolidate: the node its replacement is (or would be) on
     replacement_id: str = ""  # consolidate, once done: the replacement reservation
 

@@ -31,10 +31,11 @@ import random
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from services.allocator.core import ClusterSnapshot, DeviceEntry, SelectorCache
+from services.allocator.reservations.hold_kinds import HoldKind
 from services.allocator.reservations.holds import scope_of
 from services.allocator.reservations.model import Reservation, ReservationState, ReservationStore
 from services.allocator.reservations.quota_ledger import QuotaEntry, QuotaLedger, usage_by_tenant
@@ -125,10 +126,13 @@ class QuotaGuard:
                 entry = snapshot.device(result.device_id)
                 if entry is None or scope_of(entry) != scope:
                     continue
+                labels = _node_labels(snapshot, entry)
                 for resource in model.resources:
                     key = (resource.name, entry.id)
                     by_amount = resource.counter or resource.gpu_share
-                    if (by_amount and key in charged) or not self._counts(resource, entry):
+                    if (by_amount and key in charged) or not resource.on(labels):
+                        continue  # counted once, or of another flavor
+                    if not self._counts(resource, entry):
                         continue
                     charged.add(key)
                     amounts[resource.name] = amounts.get(resource.name, 0) + _amount(
@@ -188,7 +192,7 @@ class QuotaGuard:
             add_usage(total, tenant, part)
         wanted = total.get(tenant, {})
         cohort = cohort_key(quota)
-        ticket = QuotaEntry("ticket:" + secrets.token_hex(12), tenant, wanted, None)
+        ticket = QuotaEntry(HoldKind.TICKET.id(secrets.token_hex(12)), tenant, wanted, None)
 
         def refuse(entries: Sequence[QuotaEntry]) -> tuple[QuotaRefusal, ...]:
             if not checked:
@@ -319,7 +323,7 @@ class QuotaGuard:
             covered = {entry.id for entry in read.entries}
             gone = []
             for entry in read.entries:
-                if entry.id.startswith("ticket:") or entry.id in reservations:
+                if HoldKind.of(entry.id) is HoldKind.TICKET or entry.id in reservations:
                     continue
                 try:
                     store.get(entry.id)
@@ -383,6 +387,15 @@ class QuotaGuard:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.ledger.close()
+
+
+def _node_labels(snapshot: ClusterSnapshot, entry: DeviceEntry) -> Mapping[str, str]:
+    """The labels of the node a device is on ({} for one reachable from several nodes)."""
+    name = entry.access.node_name
+    if not name or name not in snapshot.node_names:
+        return {}
+    node = snapshot.view(name).node
+    return node.labels if node is not None else {}
 
 
 MEMORY_SLICE = "memory-slice-"  # the DRA driver's per-slice MIG counters (memory-slice-<i>)

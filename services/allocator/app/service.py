@@ -73,13 +73,21 @@ from services.allocator.app.reservation_limit import ReservationLimit
 from services.allocator.app.telemetry import AllocatorMetrics
 from services.allocator.core import (
     AllocatedState,
+    Candidate,
     DeviceEntry,
     Explanation,
+    Holding,
     NodePlacement,
+    PreemptionContext,
+    PreemptionReason,
     SolveResult,
     Summary,
     SummaryKind,
     Unsatisfiable,
+    consolidation_order,
+    fewest_moves,
+    movable_candidates,
+    plan_preemption,
 )
 from services.allocator.reservations.binding import (
     DEFAULT_BINDING_TIMEOUT_SECONDS,
@@ -100,7 +108,13 @@ from services.allocator.reservations.model import (
     device_conflict_key,
 )
 from services.common.deadline import UNBOUNDED, Deadline
-from services.common.dra.model import AllocationResult, DeviceClass
+from services.common.dra.model import (
+    AllocationResult,
+    DeviceClass,
+    NodeSelector,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+)
 from services.common.dra.names import label_name_errors
 from services.common.errors import (
     Conflict,
@@ -112,19 +126,7 @@ from services.common.errors import (
     PermissionDenied,
 )
 from services.common.security.principal import tenant_of_owner
-from services.common.security.quota import (
-    CONSOLIDATE,
-    Candidate,
-    Holding,
-    QuotaRefusal,
-    TenantStatus,
-    consolidation_order,
-    fewest_moves,
-    fewest_victims,
-    movable_candidates,
-    preemption_candidates,
-    victims_by_node,
-)
+from services.common.security.quota import QuotaRefusal, TenantStatus, WhenCanBorrow
 
 __all__ = ["AllocatorService", "ServiceLimits"]
 
@@ -219,6 +221,7 @@ class AllocatorService:
             answer = self._answer(view, state, query, deadline, explain=query.explain)
             if lease is None:
                 return answer
+            answer = self._by_flavor(view, state, query, answer, lease.owner, deadline)
             if answer.outcome is not Outcome.ALLOCATED:
                 proposal = self._proposal(view, state, query, answer, lease, revoked, deadline)
                 if proposal is None or revoked or not lease.preempt:
@@ -745,6 +748,55 @@ class AllocatorService:
         assert self.quotas is not None
         return self.quotas.check(owner, self._placement_usage(view, query, answer, owner))
 
+    def _by_flavor(
+        self,
+        view: ViewSnapshot,
+        state: AllocatedState,
+        query: Query,
+        answer: Answer,
+        owner: str,
+        deadline: Deadline,
+    ) -> Answer:
+        """Kueue's flavor assignment, for a placement its tenant's quota charges to a flavor:
+        the flavors of that resource in the order the tenant lists them, the query pinned to
+        each flavor's node labels in turn; the first the quota admits within nominal, or the
+        first it admits by borrowing (whenCanBorrow MayStopSearch; with TryNextFlavor a later
+        one within nominal is preferred). `answer` when none is admitted (it is refused as it
+        was, and preemption looks for victims for it)."""
+        if self.quotas is None or answer.outcome is not Outcome.ALLOCATED:
+            return answer
+        model = self.quotas.model
+        tenant = tenant_of_owner(owner)
+        quota = model.quota_of(tenant)
+        if quota is None or not any(r.flavor for r in model.resources):
+            return answer
+        placed = self._placement_usage(view, query, answer, owner)
+        bases = sorted({r.base for r in model.resources if r.flavor and placed.get(r.name, 0)})
+        if not bases:
+            return answer
+        usage = self.quotas.usage_around(owner)
+        borrowing: Answer | None = None
+        for flavor in model.flavor_order(tenant, bases[0]):
+            others = (r for r in model.resources if r.base == flavor.base and r is not flavor)
+            if placed.get(flavor.name, 0) and not any(placed.get(r.name, 0) for r in others):
+                found, amounts = answer, placed  # the solver's own choice is of this flavor
+            else:
+                pinned = replace(
+                    query, node_selector=_with_labels(query.node_selector, flavor.node_labels)
+                )
+                found = self._answer(view, state, pinned, deadline, explain=False)
+                if found.outcome is not Outcome.ALLOCATED:
+                    continue
+                amounts = self._placement_usage(view, query, found, owner)
+            if model.admit(tenant, amounts, usage):
+                continue  # this flavor's quota refuses it
+            if not model.admit(tenant, amounts, usage, within_nominal=True):
+                return found
+            borrowing = borrowing or found
+            if quota.when_can_borrow is WhenCanBorrow.MAY_STOP_SEARCH:
+                return found
+        return borrowing or answer
+
     # --- preemption --------------------------------------------------------------------------
 
     def _proposal(
@@ -758,8 +810,8 @@ class AllocatorService:
         deadline: Deadline,
     ) -> Proposal | None:
         """The fewest reservations whose revocation makes `query` fit for `lease.owner`
-        (quota.py's rules), or None. Only for an answer that is UNSATISFIABLE or
-        QUOTA_EXCEEDED, under quotas, and once per call."""
+        (core/preemption.py's planner, the placement tried by the solver), or None. Only for
+        an answer that is UNSATISFIABLE or QUOTA_EXCEEDED, under quotas, and once per call."""
         if self.quotas is None or revoked:
             return None
         if answer.outcome not in (Outcome.UNSATISFIABLE, Outcome.QUOTA_EXCEEDED):
@@ -773,7 +825,7 @@ class AllocatorService:
         empty = self._answer(view, AllocatedState(view.snapshot), query, deadline, explain=False)
         if empty.outcome is not Outcome.ALLOCATED:
             return None  # it does not fit an empty fleet: no victim helps
-        # only the caller's tenant and its cohort can lose reservations to it (quota.py's
+        # only the caller's tenant and its cohort can lose reservations to it (the planner's
         # rules): nobody else's usage needs counting
         quota = model.quota_of(tenant)
         eligible = {tenant, *(model.members(quota) if quota is not None else ())}
@@ -793,54 +845,40 @@ class AllocatorService:
         ]
         usage = quotas.usage_around(lease.owner)
         wanted = self._placement_usage(view, query, empty, lease.owner)
-        candidates = preemption_candidates(model, tenant, priority, wanted, holdings, usage)
+        context = PreemptionContext(
+            model, tenant, priority, wanted, holdings, usage, created_at=time.time()
+        )
+        pinned: dict[str, Query] = {}
 
-        def placement(chosen: Sequence[Candidate], on: Query = query) -> Answer | None:
+        def place(chosen: Sequence[Candidate], node: str) -> Mapping[str, int] | None:
+            """What the query counts when placed (on `node`, "" anywhere) once `chosen` are
+            revoked; None when it is not placed."""
+            on = query
+            if node:
+                on = pinned.setdefault(node, replace(query, node=node, node_selector=None))
             gone = [live[c.holding.id] for c in chosen]
             found = self._found_without(view, state, on, gone, deadline)
-            if found is None:
-                return None
-            left = {t: dict(u) for t, u in usage.items()}
-            for c in chosen:
-                for name, amount in c.holding.amounts.items():
-                    mine = left.setdefault(c.holding.tenant, {})
-                    mine[name] = mine.get(name, 0) - amount
-            placed = self._placement_usage(view, query, found, lease.owner)
-            return None if model.admit(tenant, placed, left) else found
+            return None if found is None else self._placement_usage(view, query, found, lease.owner)
 
-        victims: Sequence[Candidate] | None = fewest_victims(
-            candidates, lambda chosen: placement(chosen) is not None, model=model, usage=usage
-        )
-        if victims is None and candidates and query.gang is None:
-            # the candidates in one fleet-wide order rarely free one node (a whole-GPU grant
-            # needs every slice of its GPUs gone): node by node, as kube-scheduler does
-            pinned: dict[str, Query] = {}
-
-            def fits_on(node: str, chosen: Sequence[Candidate]) -> bool:
-                on = pinned.setdefault(node, replace(query, node=node, node_selector=None))
-                return placement(chosen, on) is not None
-
-            nodes: Sequence[str] | None = None
-            if query.node:
-                nodes = (query.node,)
-            elif query.node_selector is not None or query.max_nodes > 0:
-                nodes = eligible_nodes(view.snapshot, query)
-            node_of = {r.id: r.node for r in live.values()}
-            best = victims_by_node(
-                candidates, node_of, fits_on, model=model, usage=usage, nodes=nodes
-            )
-            victims = best.victims if best is not None else None
-        if victims is None and query.gang is None:
-            return self._consolidation(
-                view, state, query, lease, wanted, holdings, live, usage, deadline
-            )
-        if victims is None:
+        # the candidates in one fleet-wide order rarely free one node (a whole-GPU grant needs
+        # every slice of its GPUs gone): the planner also tries node by node, as
+        # kube-scheduler does, on the nodes the query may use
+        nodes: Sequence[str] | None = None
+        if query.node:
+            nodes = (query.node,)
+        elif query.node_selector is not None or query.max_nodes > 0:
+            nodes = eligible_nodes(view.snapshot, query)
+        by_node = {r.id: r.node for r in live.values()} if query.gang is None else None
+        plan = plan_preemption(context, place, node_of=by_node, nodes=nodes)
+        if plan is None and query.gang is None:
+            return self._consolidation(view, state, query, lease, context, live, deadline)
+        if plan is None:
             return None
         chosen = tuple(
             Victim(holder(live[c.holding.id]), live[c.holding.id].priority_class, c.reason)
-            for c in victims
+            for c in plan.victims
         )
-        return Proposal(chosen, tuple(live[c.holding.id] for c in victims))
+        return Proposal(chosen, tuple(live[c.holding.id] for c in plan.victims))
 
     def _found_without(
         self,
@@ -861,23 +899,18 @@ class AllocatorService:
         state: AllocatedState,
         query: Query,
         lease: LeaseOptions,
-        wanted: Mapping[str, int],
-        holdings: Sequence[Holding],
+        context: PreemptionContext,
         live: Mapping[str, Reservation],
-        usage: Mapping[str, Mapping[str, int]],
         deadline: Deadline,
     ) -> Proposal | None:
-        """Rule 3 (quota.py's movable_candidates): on the nodes holding the fewest movable
+        """Rule 3 (core/preemption.py's movable_candidates): on the nodes holding the fewest movable
         reservations first (of those the query may use, at most max_consolidation_nodes), the
         fewest moves, emptiest GPUs first, that make room for `query` there, each to an
         equivalent free device on another node (app/consolidation.py); the first node where
         every move finds one."""
-        assert self.quotas is not None
-        model = self.quotas.model
-        tenant = tenant_of_owner(lease.owner)
+        model, tenant, usage = context.model, context.tenant, context.usage
         snapshot = view.snapshot
-        priority = model.priority(lease.priority_class)
-        movable = movable_candidates(model, tenant, priority, wanted, holdings, usage)
+        movable = movable_candidates(context)
         keyed = collections.Counter(
             (r.owner, r.idempotency_key) for r in live.values() if r.idempotency_key
         )
@@ -931,7 +964,12 @@ class AllocatorService:
                 continue
             to = {m.reservation.id: m.node for m in moves}
             victims = tuple(
-                Victim(holder(r), r.priority_class, CONSOLIDATE, moved_to_node=to[r.id])
+                Victim(
+                    holder(r),
+                    r.priority_class,
+                    PreemptionReason.CONSOLIDATE,
+                    moved_to_node=to[r.id],
+                )
                 for r in gone
             )
             return Proposal(victims, tuple(gone), tuple(moves))
@@ -1196,6 +1234,16 @@ def _bounded(conflict: Conflict) -> Conflict:
         f"and {len(keys) - _MAX_CONFLICTS} more",
         keys[:_MAX_CONFLICTS],
         conflict.holders,
+    )
+
+
+def _with_labels(selector: NodeSelector | None, labels: Sequence[tuple[str, str]]) -> NodeSelector:
+    """`selector` and also every one of `labels` (a flavor's nodeLabels): each term gains
+    the requirements, so a node matches when it matches a term and carries the labels."""
+    required = tuple(NodeSelectorRequirement(key, "In", (value,)) for key, value in labels)
+    terms = selector.node_selector_terms if selector is not None else (NodeSelectorTerm(),)
+    return NodeSelector(
+        tuple(replace(t, match_expressions=(*t.match_expressions, *required)) for t in terms)
     )
 
 

@@ -44,6 +44,21 @@ from services.allocator.core.outcome import (
     Stats,
     Unsatisfiable,
 )
+from services.allocator.core.preemption import (
+    Candidate,
+    Holding,
+    NodeVictims,
+    PreemptionContext,
+    PreemptionPlan,
+    PreemptionReason,
+    consolidation_order,
+    fewest_moves,
+    fewest_victims,
+    movable_candidates,
+    plan_preemption,
+    preemption_candidates,
+    victims_by_node,
+)
 from services.allocator.core.results import ShareIdFactory, default_share_id
 from services.allocator.core.scoring import Policy, Score, free_capacity
 from services.allocator.core.snapshot import ClusterSnapshot, CounterID, DeviceEntry, NodeView
@@ -60,6 +75,19 @@ from services.allocator.core.topology_constraints import (
 from services.cel import CelDevice, CelError, CompiledSelector, SelectorCache
 
 __all__ = [
+    "Candidate",
+    "Holding",
+    "NodeVictims",
+    "PreemptionContext",
+    "PreemptionPlan",
+    "PreemptionReason",
+    "consolidation_order",
+    "fewest_moves",
+    "fewest_victims",
+    "movable_candidates",
+    "plan_preemption",
+    "preemption_candidates",
+    "victims_by_node",
     "allocation_node_selector",
     "NO_SUMMARY",
     "Summary",

@@ -29,7 +29,7 @@ __all__ = ["LedgerRead", "QuotaEntry", "QuotaLedger", "check_lease", "usage_by_t
 
 @dataclass(frozen=True)
 class QuotaEntry:
-    id: str  # `ticket:<hex>` while a grant is made, then the reservation's id
+    id: str  # HoldKind.TICKET's `ticket:<hex>` while a grant is made, then the reservation's id
     tenant: str
     amounts: Usage
     expires_at: float | None  # seconds since the epoch by the ledger's clock; None: committed

@@ -44,7 +44,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from services.common.dra.quantity import Quantity
 from services.common.errors import FieldViolation, InvalidArgument, PermissionDenied
@@ -58,11 +58,17 @@ from services.common.security.principal import (
 )
 from services.common.security.quota import (
     DEFAULT_PRIORITY,
+    NO_FLAVOR,
+    BorrowWithinCohort,
+    PreemptionPolicy,
     PriorityClass,
     QuotaLimits,
     QuotaModel,
     QuotaResource,
+    ReclaimWithinCohort,
     TenantQuota,
+    WhenCanBorrow,
+    WithinTenant,
 )
 
 __all__ = [
@@ -274,8 +280,11 @@ def parse_policy(document: object, source: str = "policy") -> AccessPolicy:
     spec = reader.mapping(
         root.get("spec"), "spec", {"authentication", "tenants", "bindings", "quota"}
     )
-    quota = reader.mapping(spec.get("quota", {}), "spec.quota", {"resources", "priorityClasses"})
-    resources = _quota_resources(reader, quota.get("resources", []))
+    quota = reader.mapping(
+        spec.get("quota", {}), "spec.quota", {"resources", "priorityClasses", "resourceFlavors"}
+    )
+    flavors = _resource_flavors(reader, quota.get("resourceFlavors", []))
+    resources = _quota_resources(reader, quota.get("resources", []), flavors)
     priorities, default_priority = _priority_classes(reader, quota.get("priorityClasses", []))
     tenants, quotas = _tenants(reader, spec.get("tenants", []), resources)
     bindings = _bindings(reader, spec.get("bindings", []), tenants)
@@ -311,7 +320,15 @@ def _tenants(
 ) -> tuple[dict[str, Tenant], dict[str, TenantQuota]]:
     tenants: dict[str, Tenant] = {}
     quotas: dict[str, TenantQuota] = {}
-    allowed = {"name", "allowAdminAccess", "maxReservations", "cohort", "quotas"}
+    allowed = {
+        "name",
+        "allowAdminAccess",
+        "maxReservations",
+        "cohort",
+        "quotas",
+        "preemption",
+        "flavorFungibility",
+    }
     for i, item in enumerate(reader.sequence(value, "spec.tenants")):
         path = f"spec.tenants[{i}]"
         fields = reader.mapping(item, path, allowed)
@@ -331,10 +348,73 @@ def _tenants(
             reader.fail(f"{path}.cohort", "must not contain '{' or '}' (a store hash tag)")
         if "quotas" in fields:
             limits = _quota_limits(reader, fields["quotas"], f"{path}.quotas", resources)
-            quotas[name] = TenantQuota(name, cohort, limits)
+            preemption = _preemption(reader, fields.get("preemption", {}), f"{path}.preemption")
+            where = f"{path}.flavorFungibility"
+            fungibility = reader.mapping(
+                fields.get("flavorFungibility", {}), where, {"whenCanBorrow"}
+            )
+            borrow = _choice(
+                reader, fungibility.get("whenCanBorrow"), f"{where}.whenCanBorrow", WhenCanBorrow
+            )
+            quotas[name] = TenantQuota(
+                name, cohort, limits, preemption, borrow or WhenCanBorrow.MAY_STOP_SEARCH
+            )
         elif cohort:
             reader.fail(f"{path}.cohort", "a tenant without quotas is in no cohort")
+        elif "preemption" in fields:
+            reader.fail(f"{path}.preemption", "a tenant without quotas preempts by no policy")
+        elif "flavorFungibility" in fields:
+            reader.fail(f"{path}.flavorFungibility", "a tenant without quotas has no flavors")
     return tenants, quotas
+
+
+_E = TypeVar("_E", bound=StrEnum)
+
+
+def _preemption(reader: _Reader, value: object, path: str) -> PreemptionPolicy:
+    """A tenant's `preemption`, as Kueue's ClusterQueue spells it (docs/tenancy.md)."""
+    fields = reader.mapping(
+        value, path, {"withinClusterQueue", "reclaimWithinCohort", "borrowWithinCohort"}
+    )
+    default = PreemptionPolicy()
+    within = _choice(
+        reader, fields.get("withinClusterQueue"), f"{path}.withinClusterQueue", WithinTenant
+    )
+    reclaim_path = f"{path}.reclaimWithinCohort"
+    reclaim = _choice(reader, fields.get("reclaimWithinCohort"), reclaim_path, ReclaimWithinCohort)
+    borrow = reader.mapping(
+        fields.get("borrowWithinCohort", {}),
+        f"{path}.borrowWithinCohort",
+        {"policy", "maxPriorityThreshold"},
+    )
+    policy = _choice(
+        reader, borrow.get("policy"), f"{path}.borrowWithinCohort.policy", BorrowWithinCohort
+    )
+    threshold = borrow.get("maxPriorityThreshold")
+    where = f"{path}.borrowWithinCohort.maxPriorityThreshold"
+    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, int)):
+        reader.fail(where, f"must be an integer, got {threshold!r}")
+        threshold = None
+    if threshold is not None and policy in (None, BorrowWithinCohort.NEVER):
+        reader.fail(where, "only with policy LowerPriority")
+    return PreemptionPolicy(
+        within or default.within_tenant,
+        reclaim or default.reclaim_within_cohort,
+        policy or default.borrow_within_cohort,
+        threshold,
+    )
+
+
+def _choice(reader: _Reader, value: object, path: str, kind: type[_E]) -> _E | None:
+    """One of `kind`'s values by its Kueue spelling; None when unset (or refused)."""
+    if value is None:
+        return None
+    for member in kind:
+        if value == member.value:
+            return member
+    choices = ", ".join(member.value for member in kind)
+    reader.fail(path, f"must be one of {choices}, got {value!r}")
+    return None
 
 
 def _priority_classes(
@@ -370,15 +450,41 @@ def _priority_classes(
     return classes, default
 
 
-def _quota_resources(reader: _Reader, value: object) -> list[QuotaResource]:
+def _resource_flavors(reader: _Reader, value: object) -> dict[str, tuple[tuple[str, str], ...]]:
+    """Kueue's ResourceFlavors: a name and the node labels its devices' nodes carry."""
+    flavors: dict[str, tuple[tuple[str, str], ...]] = {}
+    for i, item in enumerate(reader.sequence(value, "spec.quota.resourceFlavors")):
+        path = f"spec.quota.resourceFlavors[{i}]"
+        fields = reader.mapping(item, path, {"name", "nodeLabels"})
+        name = reader.string(fields.get("name"), f"{path}.name")
+        if "/" in name or name == NO_FLAVOR:
+            reader.fail(f"{path}.name", "must not contain '/' (quotas are <resource>/<flavor>)")
+        if name in flavors:
+            reader.fail(f"{path}.name", f"duplicate resource flavor {name!r}")
+        labels = fields.get("nodeLabels", {})
+        if not isinstance(labels, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+        ):
+            reader.fail(f"{path}.nodeLabels", "must map label names to string values")
+            labels = {}
+        flavors[name] = tuple(sorted(labels.items()))
+    return flavors
+
+
+def _quota_resources(
+    reader: _Reader, value: object, flavors: Mapping[str, tuple[tuple[str, str], ...]]
+) -> list[QuotaResource]:
+    """The quota resources; one given `flavors` is one QuotaResource per flavor."""
     resources: list[QuotaResource] = []
-    allowed = {"name", "deviceClassNames", "counter", "gpuShare"}
+    allowed = {"name", "deviceClassNames", "counter", "gpuShare", "flavors"}
     for i, item in enumerate(reader.sequence(value, "spec.quota.resources")):
         path = f"spec.quota.resources[{i}]"
         fields = reader.mapping(item, path, allowed)
         name = reader.string(fields.get("name"), f"{path}.name")
-        if any(resource.name == name for resource in resources):
+        if any((resource.base or resource.name) == name for resource in resources):
             reader.fail(f"{path}.name", f"duplicate quota resource {name!r}")
+        if "/" in name:
+            reader.fail(f"{path}.name", "must not contain '/' (quotas are <resource>/<flavor>)")
         classes = tuple(
             reader.string(c, f"{path}.deviceClassNames[{j}]")
             for j, c in enumerate(
@@ -391,21 +497,72 @@ def _quota_resources(reader: _Reader, value: object) -> list[QuotaResource]:
         share = reader.boolean(fields.get("gpuShare", False), f"{path}.gpuShare")
         if share and counter:
             reader.fail(f"{path}.gpuShare", "counts a counter or GPU shares, not both")
-        resources.append(QuotaResource(name, classes, counter, share))
+        if "flavors" not in fields:
+            resources.append(QuotaResource(name, classes, counter, share))
+            continue
+        names = reader.sequence(fields["flavors"], f"{path}.flavors")
+        if not names:
+            reader.fail(f"{path}.flavors", "must name at least one resource flavor")
+        first = len(resources)
+        for j, flavor in enumerate(names):
+            where = f"{path}.flavors[{j}]"
+            flavor_name = reader.string(flavor, where)
+            if flavor_name not in flavors:
+                known = ", ".join(sorted(flavors)) or "none"
+                reader.fail(
+                    where,
+                    f"unknown resource flavor {flavor_name!r} (spec.quota.resourceFlavors: "
+                    f"{known})",
+                )
+                continue
+            resources.append(
+                QuotaResource(
+                    f"{name}/{flavor_name}",
+                    classes,
+                    counter,
+                    share,
+                    base=name,
+                    flavor=flavor_name,
+                    node_labels=flavors[flavor_name],
+                )
+            )
+        outside = tuple(r.node_labels for r in resources[first:])
+        resources.append(
+            QuotaResource(
+                f"{name}/{NO_FLAVOR}",
+                classes,
+                counter,
+                share,
+                base=name,
+                flavor=NO_FLAVOR,
+                outside=outside,
+            )
+        )
     return resources
 
 
 def _quota_limits(
     reader: _Reader, value: object, path: str, resources: Sequence[QuotaResource]
 ) -> dict[str, QuotaLimits]:
-    known = {resource.name for resource in resources}
+    known = {resource.base or resource.name for resource in resources}
+    flavored = {r.name for r in resources if r.flavor and r.flavor != NO_FLAVOR}
     limits: dict[str, QuotaLimits] = {}
-    allowed = {"resource", "nominal", "borrowingLimit", "lendingLimit"}
+    allowed = {"resource", "flavor", "nominal", "borrowingLimit", "lendingLimit"}
     for j, item in enumerate(reader.sequence(value, path)):
         where = f"{path}[{j}]"
         fields = reader.mapping(item, where, allowed)
         resource = reader.string(fields.get("resource"), f"{where}.resource")
-        if resource and resource not in known:
+        per_flavor = any(name.startswith(f"{resource}/") for name in flavored)
+        if "flavor" in fields or per_flavor:
+            flavor = reader.string(fields.get("flavor"), f"{where}.flavor")
+            if not per_flavor:
+                reader.fail(f"{where}.flavor", f"quota resource {resource!r} has no flavors")
+            elif flavor and f"{resource}/{flavor}" not in flavored:
+                reader.fail(
+                    f"{where}.flavor", f"quota resource {resource!r} has no flavor {flavor!r}"
+                )
+            resource = f"{resource}/{flavor}"
+        elif resource and resource not in known:
             names = ", ".join(sorted(known)) or "none"
             reader.fail(
                 f"{where}.resource",
@@ -413,6 +570,8 @@ def _quota_limits(
             )
         if resource in limits:
             reader.fail(f"{where}.resource", f"duplicate quota for {resource!r}")
+        if resource.split("/")[0] not in known:
+            continue
         nominal = _amount(reader, fields.get("nominal"), f"{where}.nominal")
         borrowing = lending = None
         if "borrowingLimit" in fields:

@@ -7,8 +7,7 @@ and what the tenants hold above nominal fits in what the others leave unused of 
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -19,23 +18,16 @@ from hypothesis import strategies as st
 from services.common.errors import InvalidArgument
 from services.common.security.policy import parse_policy
 from services.common.security.quota import (
-    CONSOLIDATE,
-    PRIORITY,
-    RECLAIM,
-    Candidate,
-    Holding,
-    PriorityClass,
+    BorrowWithinCohort,
+    PreemptionPolicy,
     QuotaLimits,
     QuotaModel,
     QuotaResource,
+    ReclaimWithinCohort,
     TenantQuota,
-    consolidation_order,
-    fewest_moves,
-    fewest_victims,
-    movable_candidates,
-    preemption_candidates,
+    WhenCanBorrow,
+    WithinTenant,
     quantity_text,
-    victims_by_node,
 )
 
 GPU = 1000  # one device, in milli-units
@@ -107,6 +99,10 @@ CASES = [
     ("lone-tenant-never-borrows", [tenant("a", 4, cohort="")], used(a=3), "a", 2, False, 1),
     ("unlisted-tenant-unlimited", [tenant("a", 1)], used(a=1), "z", 100, True, None),
     ("zero-amount-always-fits", [tenant("a", 0)], used(), "a", 0, True, 0),
+    # Kueue admits nothing asking for a resource the ClusterQueue does not cover; gpualloc let
+    # a tenant borrow an unlisted resource without limit before
+    ("unlisted-resource-is-refused", [TenantQuota("a", "c", {}), tenant("b", 4)], used(), "a",
+     1, False, 0),
     ("nominal-zero-borrows-from-its-cohort", [tenant("a", 0), tenant("b", 4)], used(), "a", 2,
      True, 4),
     ("borrowing-limit-zero-forbids-it", [tenant("a", 0, borrow=0), tenant("b", 4)], used(), "a",
@@ -323,6 +319,49 @@ BAD = [
         "counts a counter or GPU shares, not both",
     ),
     (
+        "preemption-unknown-within",
+        "spec.tenants.1.preemption",
+        {"withinClusterQueue": "Sometimes"},
+        "spec.tenants[1].preemption.withinClusterQueue: must be one of Never, LowerPriority, "
+        "LowerOrNewerEqualPriority, got 'Sometimes'",
+    ),
+    (
+        "preemption-unknown-reclaim",
+        "spec.tenants.1.preemption",
+        {"reclaimWithinCohort": "Lower"},
+        "spec.tenants[1].preemption.reclaimWithinCohort: must be one of Never, LowerPriority, Any",
+    ),
+    (
+        "preemption-borrow-any-is-not-kueues",
+        "spec.tenants.1.preemption",
+        {"borrowWithinCohort": {"policy": "Any"}},
+        "spec.tenants[1].preemption.borrowWithinCohort.policy: must be one of Never, LowerPriority",
+    ),
+    (
+        "preemption-threshold-without-policy",
+        "spec.tenants.1.preemption",
+        {"borrowWithinCohort": {"maxPriorityThreshold": 10}},
+        "maxPriorityThreshold: only with policy LowerPriority",
+    ),
+    (
+        "preemption-threshold-not-an-integer",
+        "spec.tenants.1.preemption",
+        {"borrowWithinCohort": {"policy": "LowerPriority", "maxPriorityThreshold": "high"}},
+        "maxPriorityThreshold: must be an integer",
+    ),
+    (
+        "preemption-unknown-field",
+        "spec.tenants.1.preemption",
+        {"withinCohort": "Any"},
+        "unknown field",
+    ),
+    (
+        "preemption-without-quotas",
+        "spec.tenants.2",
+        {"name": "ops", "preemption": {"withinClusterQueue": "Never"}},
+        "a tenant without quotas preempts by no policy",
+    ),
+    (
         "gpu-share-not-a-bool",
         "spec.quota.resources.2",
         {"name": "x", "deviceClassNames": ["mig.nvidia.com"], "gpuShare": "yes"},
@@ -338,295 +377,139 @@ def test_policy_refuses_bad_quotas(path: str, value: Any, message: str) -> None:
     assert message in str(caught.value) or any(message in str(v) for v in caught.value.violations)
 
 
-# --- preemption: who may go, in which order, and the fewest of them --------------------------
-
-LOW = PriorityClass("low", 0)
-STANDARD = PriorityClass("standard", 100)
-HIGH = PriorityClass("high", 1000)
-GUARDED = PriorityClass("guarded", 500, preemptible=False)
-POLITE = PriorityClass("polite", 1000, preempts=False)
-
-
-def holding(name: str, who: str, priority: PriorityClass = STANDARD, age: int = 0) -> Holding:
-    return Holding(name, who, priority, created_at=1000.0 - age, amounts={"gpus": GPU})
-
-
-COHORT = model(tenant("a", 4), tenant("b", 4), tenant("c", 4, cohort=""))
-
-ORDER_CASES = [
+PREEMPTION_CASES = [
+    ("unset-keeps-gpualloc-rules", None, PreemptionPolicy()),
     (
-        "reclaim-newest-of-the-borrower",
-        "b",
-        STANDARD,
-        [holding("a1", "a", age=3), holding("a2", "a", age=2), holding("a3", "a", age=1)],
-        used(a=6),
-        ["a3", "a2", "a1"],
-    ),
-    (
-        "reclaim-lowest-priority-first",
-        "b",
-        STANDARD,
-        [holding("a1", "a", LOW, age=3), holding("a2", "a", age=2), holding("a3", "a", HIGH)],
-        used(a=6),
-        ["a1", "a2", "a3"],  # reclaim takes any priority: the lent quota is b's
-    ),
-    (
-        "no-reclaim-from-a-tenant-within-nominal",
-        "b",
-        STANDARD,
-        [holding("a1", "a")],
-        used(a=4),
-        [],
-    ),
-    (
-        "no-reclaim-when-the-grant-borrows",
-        "b",
-        HIGH,
-        [holding("a1", "a"), holding("b1", "b", LOW)],
-        used(a=6, b=4),
-        ["b1"],  # b asks beyond its nominal: only its own lower priority may go
-    ),
-    (
-        "own-lower-priority-lowest-then-newest",
-        "c",
-        HIGH,
-        [holding("c1", "c", LOW, age=2), holding("c2", "c", STANDARD), holding("c3", "c", LOW)],
-        used(c=4),
-        ["c3", "c1", "c2"],
-    ),
-    ("never-an-equal-or-higher-priority", "c", STANDARD, [holding("c1", "c")], used(c=4), []),
-    ("guarded-is-never-a-victim", "c", HIGH, [holding("c1", "c", GUARDED)], used(c=4), []),
-    ("a-polite-class-never-preempts", "c", POLITE, [holding("c1", "c", LOW)], used(c=4), []),
-    ("other-cohorts-are-never-reclaimed", "c", HIGH, [holding("a1", "a", LOW)], used(a=6), []),
-]
-
-
-@pytest.mark.parametrize(
-    ("who", "priority", "holdings", "usage", "expected"),
-    [pytest.param(*case[1:], id=case[0]) for case in ORDER_CASES],
-)
-def test_preemption_candidates_table(
-    who: str,
-    priority: PriorityClass,
-    holdings: list[Holding],
-    usage: dict[str, dict[str, int]],
-    expected: list[str],
-) -> None:
-    found = preemption_candidates(COHORT, who, priority, {"gpus": GPU}, holdings, usage)
-    assert [c.holding.id for c in found] == expected
-
-
-def test_reclaim_takes_the_most_borrowing_tenant_first() -> None:
-    quotas = model(tenant("a", 4), tenant("b", 4), tenant("d", 4))
-    holdings = [holding("a1", "a", LOW), holding("b1", "b")]
-    found = preemption_candidates(quotas, "d", STANDARD, {"gpus": GPU}, holdings, used(a=5, b=6))
-    assert [(c.holding.id, c.reason) for c in found] == [("b1", RECLAIM), ("a1", RECLAIM)]
-
-
-@example(sizes=[1, 1, 1, 1, 4], need=4)  # four small victims in rule order, or one large one
-@example(sizes=[1, 1, 1, 1, 4, 4, 4], need=12)  # six in rule order, three at least: minimal only
-@given(
-    st.lists(st.integers(1, 4), min_size=1, max_size=7),
-    st.integers(1, 12),
-)
-def test_fewest_victims_is_minimal_and_needed(sizes: list[int], need: int) -> None:
-    """Victims free `size` GPUs each; the grant needs `need`. The answer fits, no victim can
-    be spared, it is None exactly when all of them together are not enough, and it is the
-    smallest set when one or two victims suffice (the default search tries every set of one
-    or two of seven candidates) — checked against every subset."""
-    candidates = [Candidate(holding(f"v{i}", "c"), PRIORITY) for i in range(len(sizes))]
-    size = {c.holding.id: s for c, s in zip(candidates, sizes, strict=True)}
-
-    def fits(chosen: Sequence[Candidate]) -> bool:
-        return sum(size[c.holding.id] for c in chosen) >= need
-
-    found = fewest_victims(candidates, fits)
-    if sum(sizes) < need:
-        assert found is None
-        return
-    assert found is not None and fits(found)
-    for victim in found:
-        assert not fits([c for c in found if c is not victim])
-    smallest = min(
-        len(subset)
-        for r in range(1, len(candidates) + 1)
-        for subset in itertools.combinations(candidates, r)
-        if fits(subset)
-    )
-    if smallest <= 2:
-        assert len(found) == smallest
-    exhaustive = fewest_victims(candidates, fits, smaller=2 ** len(candidates))
-    assert exhaustive is not None and len(exhaustive) == smallest
-
-
-@pytest.mark.parametrize(
-    ("usage", "expected"),
-    [
-        pytest.param(used(a=6), ["a3", "a2"], id="reclaim-stops-at-the-victims-nominal"),
-        pytest.param(used(a=8), ["a3", "a2", "a1"], id="a-tenant-far-over-loses-more"),
-        pytest.param(used(a=5), ["a3"], id="one-borrowed-one-taken"),
-    ],
-)
-def test_reclaim_never_takes_a_victims_nominal_share(
-    usage: dict[str, dict[str, int]], expected: list[str]
-) -> None:
-    """Tenant a (nominal 4) holds what `usage` says; b reclaims as much as it can use (the
-    grant fits only with everything gone): a keeps its nominal, as Kueue's reclaimWithinCohort
-    does, however many candidates there are."""
-    holdings = [holding(f"a{i}", "a", age=4 - i) for i in range(1, 4)]
-    candidates = preemption_candidates(COHORT, "b", STANDARD, {"gpus": GPU}, holdings, usage)
-    taken = fewest_victims(candidates, lambda chosen: False, model=COHORT, usage=usage)
-    assert taken is None  # never enough: the grant wants more than a borrows
-    taken = fewest_victims(
-        candidates, lambda chosen: len(chosen) >= len(expected), model=COHORT, usage=usage
-    )
-    assert taken is not None and [c.holding.id for c in taken] == expected
-
-
-# node -> victims held there (id, priority, reason); what each node needs freed (GPUs)
-NODE_CASES = [
-    (
-        "the-node-that-one-victim-frees",
+        "every-knob",
         {
-            "n1": [("s1", STANDARD, RECLAIM), ("s2", STANDARD, RECLAIM)],
-            "n2": [("b1", LOW, RECLAIM)],
+            "withinClusterQueue": "LowerOrNewerEqualPriority",
+            "reclaimWithinCohort": "LowerPriority",
+            "borrowWithinCohort": {"policy": "LowerPriority", "maxPriorityThreshold": 100},
         },
-        {"n1": 2, "n2": 1},
-        None,
-        ("n2", ["b1"]),
+        PreemptionPolicy(
+            WithinTenant.LOWER_OR_NEWER_EQUAL_PRIORITY,
+            ReclaimWithinCohort.LOWER_PRIORITY,
+            BorrowWithinCohort.LOWER_PRIORITY,
+            100,
+        ),
     ),
     (
-        "reclaim-before-own-lower-priority",
-        {"n1": [("own", LOW, PRIORITY)], "n2": [("lent", STANDARD, RECLAIM)]},
-        {"n1": 1, "n2": 1},
-        None,
-        ("n2", ["lent"]),
-    ),
-    (
-        "a-node-all-victims-cannot-free-is-passed-over",
-        {"n1": [("x1", LOW, RECLAIM)], "n2": [("y1", LOW, RECLAIM), ("y2", LOW, RECLAIM)]},
-        {"n1": 2, "n2": 2},
-        None,
-        ("n2", ["y1", "y2"]),
-    ),
-    (
-        "only-the-nodes-the-query-may-use",
-        {"n1": [("x1", LOW, RECLAIM)], "n2": [("y1", LOW, RECLAIM)]},
-        {"n1": 1, "n2": 1},
-        ["n2"],
-        ("n2", ["y1"]),
-    ),
-    (
-        "lower-highest-priority-wins-a-tie",
-        {"n1": [("hi", HIGH, RECLAIM)], "n2": [("lo", LOW, RECLAIM)]},
-        {"n1": 1, "n2": 1},
-        None,
-        ("n2", ["lo"]),
-    ),
-    ("nowhere", {"n1": [("x1", LOW, RECLAIM)]}, {"n1": 2}, None, None),
-    (
-        "only-the-16-nodes-holding-the-most-are-tried",
+        "kueues-defaults-spelled-out",
         {
-            **{f"n{i:02}": [(f"x{i}a", LOW, RECLAIM), (f"x{i}b", LOW, RECLAIM)] for i in range(16)},
-            "z": [("z1", LOW, RECLAIM)],
+            "withinClusterQueue": "Never",
+            "reclaimWithinCohort": "Never",
+            "borrowWithinCohort": {"policy": "Never"},
         },
-        {**{f"n{i:02}": 3 for i in range(16)}, "z": 1},
-        None,
-        None,  # z alone would fit, but it holds the least: the 17th node is never tried
+        PreemptionPolicy(WithinTenant.NEVER, ReclaimWithinCohort.NEVER, BorrowWithinCohort.NEVER),
+    ),
+    (
+        "one-knob-the-others-default",
+        {"reclaimWithinCohort": "Never"},
+        PreemptionPolicy(reclaim_within_cohort=ReclaimWithinCohort.NEVER),
     ),
 ]
 
 
 @pytest.mark.parametrize(
-    ("held", "need", "nodes", "expected"),
-    [pytest.param(*case[1:], id=case[0]) for case in NODE_CASES],
+    ("given", "expected"), [pytest.param(*case[1:], id=case[0]) for case in PREEMPTION_CASES]
 )
-def test_victims_by_node(
-    held: dict[str, list[tuple[str, PriorityClass, str]]],
-    need: dict[str, int],
-    nodes: list[str] | None,
-    expected: tuple[str, list[str]] | None,
+def test_policy_declares_a_tenants_preemption(
+    given: dict[str, Any] | None, expected: PreemptionPolicy
 ) -> None:
-    """Each victim frees one GPU of its node (quota is no concern here); a node fits the grant
-    once `need[node]` of its victims are gone. The answer: the best node and its fewest
-    victims, none of them elsewhere."""
-    candidates = [
-        Candidate(holding(name, "a", priority), reason)
-        for victims in held.values()
-        for name, priority, reason in victims
-    ]
-    node_of = {name: node for node, victims in held.items() for name, _, _ in victims}
-
-    def fits_on(node: str, chosen: Sequence[Candidate]) -> bool:
-        return sum(1 for c in chosen if node_of[c.holding.id] == node) >= need[node]
-
-    found = victims_by_node(candidates, node_of, fits_on, nodes=nodes)
-    if expected is None:
-        assert found is None
-        return
-    assert found is not None
-    assert (found.node, [c.holding.id for c in found.victims]) == (expected[0], expected[1])
+    document = yaml.safe_load(POLICY)
+    if given is not None:
+        document["spec"]["tenants"][1]["preemption"] = given
+    ml = parse_policy(document).quotas.quota_of("ml")
+    assert ml is not None and ml.preemption == expected
 
 
-MOVABLE = PriorityClass("movable", 100, movable=True)
-MOVABLE_LOW = PriorityClass("movable-low", 0, movable=True)
-FIXED_MOVABLE = PriorityClass("fixed", 500, preemptible=False, movable=True)
-
-MOVE_CASES = [
-    (
-        "any-tenant-of-the-cohort-newest-first",
-        "b",
-        [holding("a1", "a", MOVABLE, age=2), holding("b1", "b", MOVABLE, age=1)],
-        used(a=3, b=1),
-        ["b1", "a1"],  # a is within nominal: reclaim could not take a1, a move may
-    ),
-    (
-        "any-priority-even-higher",
-        "b",
-        [holding("a1", "a", PriorityClass("top", 9000, movable=True))],
-        used(a=1),
-        ["a1"],
-    ),
-    ("only-movable-classes", "b", [holding("a1", "a"), holding("a2", "a", LOW)], used(a=2), []),
-    ("never-an-unpreemptible-class", "b", [holding("a1", "a", FIXED_MOVABLE)], used(a=1), []),
-    ("never-when-the-grant-borrows", "b", [holding("a1", "a", MOVABLE)], used(a=1, b=4), []),
-    ("never-another-cohort", "c", [holding("a1", "a", MOVABLE)], used(a=1), []),
-]
+FLAVORS = """
+    resourceFlavors:
+    - {name: h100, nodeLabels: {nvidia.com/gpu.family: hopper}}
+    - {name: a100, nodeLabels: {nvidia.com/gpu.family: ampere}}
+"""
 
 
-@pytest.mark.parametrize(
-    ("who", "holdings", "usage", "expected"),
-    [pytest.param(*case[1:], id=case[0]) for case in MOVE_CASES],
-)
-def test_movable_candidates_table(
-    who: str, holdings: list[Holding], usage: dict[str, dict[str, int]], expected: list[str]
-) -> None:
-    found = movable_candidates(COHORT, who, STANDARD, {"gpus": GPU}, holdings, usage)
-    assert [c.holding.id for c in found] == expected
-    assert {c.reason for c in found} <= {CONSOLIDATE}
-
-
-def test_a_polite_class_never_moves_anyone() -> None:
-    found = movable_candidates(
-        COHORT, "b", POLITE, {"gpus": GPU}, [holding("a1", "a", MOVABLE)], {}
+def _flavored(tenant_quotas: str, fungibility: str = "") -> dict[str, Any]:
+    text = POLICY.replace("  quota:\n", "  quota:\n" + FLAVORS.lstrip("\n"), 1).replace(
+        "    - {name: gpus, deviceClassNames: [gpu.nvidia.com]}",
+        "    - {name: gpus, deviceClassNames: [gpu.nvidia.com], flavors: [h100, a100]}",
     )
-    assert found == []
-
-
-def test_consolidation_frees_the_emptiest_gpu_first() -> None:
-    moves = [
-        Candidate(holding("x1", "a", MOVABLE, age=1), CONSOLIDATE),
-        Candidate(holding("y1", "a", MOVABLE, age=2), CONSOLIDATE),
-        Candidate(holding("x2", "a", MOVABLE, age=3), CONSOLIDATE),
-        Candidate(holding("z1", "a", MOVABLE, age=4), CONSOLIDATE),
+    document = yaml.safe_load(text)
+    document["spec"]["tenants"][1] = yaml.safe_load(
+        "{name: ml, cohort: research, quotas: " + tenant_quotas + fungibility + "}"
+    )
+    document["spec"]["tenants"][0]["quotas"] = [
+        {"resource": "gpus", "flavor": "h100", "nominal": 8}
     ]
-    gpu = {"x1": "gpu-x", "x2": "gpu-x", "y1": "gpu-y", "z1": "gpu-z"}
-    ordered = [c.holding.id for c in consolidation_order(moves, gpu)]
-    assert ordered == ["y1", "z1", "x1", "x2"]  # one each on y and z (by name), then x's two
-    # freeing one GPU takes the run that empties it, and nothing more
-    found = fewest_moves(consolidation_order(moves, gpu), lambda c: len(c) >= 2)
-    assert found is not None and [c.holding.id for c in found] == ["y1", "z1"]
-    assert fewest_moves(moves, lambda c: False) is None
+    return document  # type: ignore[no-any-return]
+
+
+def test_policy_declares_flavored_quotas_in_the_tenants_order() -> None:
+    quotas = parse_policy(
+        _flavored(
+            "[{resource: gpus, flavor: a100, nominal: 4}, {resource: gpus, flavor: h100,"
+            " nominal: 2, borrowingLimit: 1}]",
+            ", flavorFungibility: {whenCanBorrow: TryNextFlavor}",
+        )
+    ).quotas
+    names = [r.name for r in quotas.resources]
+    assert names[:3] == ["gpus/h100", "gpus/a100", "gpus/(none)"]
+    nowhere = quotas.resources[2]  # devices of no flavor: no tenant can list them
+    assert nowhere.on({"nvidia.com/gpu.family": "ada-lovelace"}) and not nowhere.on(
+        {"nvidia.com/gpu.family": "ampere"}
+    )
+    assert quotas.admit("ml", {"gpus/(none)": GPU}, {}) != ()
+    h100 = quotas.resources[0]
+    assert (h100.base, h100.flavor, h100.node_labels) == (
+        "gpus",
+        "h100",
+        (("nvidia.com/gpu.family", "hopper"),),
+    )
+    assert h100.on({"nvidia.com/gpu.family": "hopper"}) and not h100.on({})
+    ml = quotas.quota_of("ml")
+    assert ml is not None and ml.of("gpus/h100") == QuotaLimits(2 * GPU, 1 * GPU)
+    assert [r.flavor for r in quotas.flavor_order("ml", "gpus")] == ["a100", "h100"]
+    assert ml.when_can_borrow is WhenCanBorrow.TRY_NEXT_FLAVOR
+    hpc = quotas.quota_of("hpc")
+    assert hpc is not None and hpc.when_can_borrow is WhenCanBorrow.MAY_STOP_SEARCH
+    # a flavor the tenant does not list is never granted to it (Kueue: not in its queue)
+    assert quotas.admit("hpc", {"gpus/a100": GPU}, {}) != ()
+
+
+FLAVOR_BAD = [
+    ("flavor-unknown", "[{resource: gpus, flavor: l40s, nominal: 1}]", "", "has no flavor 'l40s'"),
+    ("flavor-missing", "[{resource: gpus, nominal: 1}]", "", "quotas[0].flavor: Required value"),
+    ("flavor-of-no-flavor", "[{resource: gpus, flavor: (none), nominal: 1}]", "",
+     "has no flavor '(none)'"),
+    ("flavor-on-an-unflavored-resource",
+     "[{resource: mig-memory, flavor: h100, nominal: 1Gi}]", "", "has no flavors"),
+    ("flavor-twice", "[{resource: gpus, flavor: h100, nominal: 1}, {resource: gpus, flavor: h100,"
+     " nominal: 1}]", "", "duplicate quota for 'gpus/h100'"),
+    ("when-can-borrow-unknown", "[{resource: gpus, flavor: h100, nominal: 1}]",
+     ", flavorFungibility: {whenCanBorrow: Borrow}", "must be one of MayStopSearch, TryNextFlavor"),
+    ("when-can-preempt-is-not-supported-yet", "[{resource: gpus, flavor: h100, nominal: 1}]",
+     ", flavorFungibility: {whenCanPreempt: TryNextFlavor}", "unknown field"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("tenant_quotas", "fungibility", "message"),
+    [pytest.param(*b[1:], id=b[0]) for b in FLAVOR_BAD],
+)
+def test_policy_refuses_bad_flavored_quotas(
+    tenant_quotas: str, fungibility: str, message: str
+) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        parse_policy(_flavored(tenant_quotas, fungibility))
+    assert any(message in str(v) for v in caught.value.violations), caught.value.violations
+
+
+def test_policy_refuses_an_unknown_flavor_in_a_resource() -> None:
+    document = _flavored("[{resource: gpus, flavor: h100, nominal: 1}]")
+    document["spec"]["quota"]["resources"][0]["flavors"] = ["h100", "b200"]
+    with pytest.raises(InvalidArgument, match="unknown resource flavor 'b200'"):
+        parse_policy(document)
 
 
 def test_policy_declares_movable_classes() -> None:
@@ -654,7 +537,7 @@ def quantity(resource: str, units: int) -> int | str:
 
 
 # tenant -> resource -> (nominal, borrowingLimit, lendingLimit) in units, None: unset; a
-# resource a tenant does not list is absent (nominal 0, no limits: docs/tenancy.md)
+# resource a tenant does not list is never granted to it (docs/tenancy.md)
 Spec = dict[str, dict[str, tuple[int, int | None, int | None]]]
 
 
@@ -696,7 +579,9 @@ def two_resource_policy(spec: Spec) -> QuotaModel:
 
 def _limits(spec: Spec, tenant: str, resource: str) -> tuple[int, int | None, int]:
     """(nominal, nominal + borrowingLimit or None, what it lends at most) in units."""
-    nominal, borrow, lend = spec[tenant].get(resource, (0, None, None))
+    if resource not in spec[tenant]:
+        return 0, 0, 0  # never granted: nominal 0, nothing to borrow, nothing lent
+    nominal, borrow, lend = spec[tenant][resource]
     return nominal, None if borrow is None else nominal + borrow, nominal if lend is None else lend
 
 
@@ -759,7 +644,7 @@ step_st = st.one_of(grant_st, st.integers(0, 20))  # a grant (who, GPUs, memory)
     },
     steps=[(0, 1, 2), (0, 1, 1)],
 )
-# a lending limit on memory only; a tenant listing no gpus borrows them (nominal 0, no limit)
+# a lending limit on memory only; a tenant listing no gpus is refused them
 @example(
     spec={
         "t0": {"gpus": (1, None, None)},

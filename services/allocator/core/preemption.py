@@ -1,0 +1,549 @@
+"""Preemption: who goes so that a grant fits, as one planner (Kueue's Preemptor).
+
+One context value in (the quota model, the preemptor's tenant, priority and amounts, the live
+holdings and the usage around it), a plan out: the victims, each with a typed reason, and the
+node the grant then goes to. Whether the grant is placed once some reservations are gone the
+caller answers (`Place`: the solver on a trial state); the quota part the planner decides
+itself with the quota rule (services/common/security/quota.py). The application layer only
+executes the plan (services/allocator/app/service.py).
+
+The rules (docs/tenancy.md, Kueue's classical preemption, per tenant `PreemptionPolicy`):
+
+- candidates of the preemptor's tenant, as `withinClusterQueue` allows (reason PRIORITY);
+- candidates of the cohort's other tenants while they borrow a resource they hold, as
+  `reclaimWithinCohort` allows (RECLAIM), or, when the preemptor borrows itself, as
+  `borrowWithinCohort` allows (RECLAIM_WHILE_BORROWING);
+- in Kueue's order: other tenants' first, then lowest priority, then newest;
+- passes: when the tenant is below nominal on every resource the grant counts, its own and
+  the cohort's candidates together, the preemptor ending within nominal; then its own only,
+  borrowing allowed (with borrowWithinCohort: one pass, borrowing allowed, the cohort's
+  candidates below the threshold when it borrows already);
+- the fewest victims, never a set that takes a higher priority than the ordered search needs.
+
+Consolidation (rule 3, beyond Kueue: move rather than revoke) lists its candidates here too
+(`movable_candidates`); app/consolidation.py finds the devices they move to.
+
+Pure: values in, values out.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from services.common.security.quota import (
+    BorrowWithinCohort,
+    PriorityClass,
+    QuotaModel,
+    ReclaimWithinCohort,
+    TenantQuota,
+    Usage,
+    WithinTenant,
+)
+
+__all__ = [
+    "Candidate",
+    "Holding",
+    "NodeVictims",
+    "PreemptionContext",
+    "PreemptionPlan",
+    "PreemptionReason",
+    "consolidation_order",
+    "fewest_moves",
+    "fewest_victims",
+    "movable_candidates",
+    "plan_preemption",
+    "preemption_candidates",
+    "victims_by_node",
+]
+
+
+class PreemptionReason(StrEnum):
+    """Why a reservation is a victim (Kueue's preemption reasons, and consolidation)."""
+
+    PRIORITY = "priority"  # the preemptor's own tenant (Kueue: InClusterQueue)
+    RECLAIM = "reclaim"  # a cohort tenant borrowing, the preemptor within nominal
+    RECLAIM_WHILE_BORROWING = "reclaim-while-borrowing"  # borrowWithinCohort
+    CONSOLIDATE = "consolidate"  # moved to an equivalent device elsewhere, not just revoked
+
+
+@dataclass(frozen=True)
+class Holding:
+    """A live reservation as the preemption rules see it."""
+
+    id: str
+    tenant: str
+    priority: PriorityClass
+    created_at: float
+    amounts: Usage  # what it counts against its tenant's quota
+
+
+@dataclass(frozen=True)
+class Candidate:
+    holding: Holding
+    reason: PreemptionReason
+
+
+@dataclass(frozen=True)
+class PreemptionContext:
+    """Everything the planner decides from: `amounts` is what the grant counts (as placed on
+    an empty fleet), `usage` the live usage of the tenant's cohort, `created_at` when the
+    preemptor was created (LowerOrNewerEqualPriority spares equal-priority victims older than
+    it)."""
+
+    model: QuotaModel
+    tenant: str
+    priority: PriorityClass
+    amounts: Usage
+    holdings: Sequence[Holding]
+    usage: Mapping[str, Usage]
+    created_at: float = float("inf")
+
+
+@dataclass(frozen=True)
+class PreemptionPlan:
+    """The victims to revoke, and the node the grant was found on ("" for any)."""
+
+    victims: tuple[Candidate, ...]
+    node: str = ""
+
+
+# Place(chosen, node): what the grant counts when placed (on `node`, "" anywhere the query
+# allows) once `chosen` are revoked; None when it is not placed
+Place = Callable[[Sequence[Candidate], str], Usage | None]
+
+
+def plan_preemption(
+    context: PreemptionContext,
+    place: Place,
+    *,
+    node_of: Mapping[str, str] | None = None,
+    nodes: Iterable[str] | None = None,
+) -> PreemptionPlan | None:
+    """The victims whose revocation makes the grant fit, pass by pass (see the module's
+    rules); None when no pass finds any. With `node_of` (reservation id -> node), a pass whose
+    candidates in one fleet-wide order free no node is tried node by node (`victims_by_node`,
+    on `nodes` when given)."""
+    model, usage = context.model, context.usage
+    for pool, within_nominal in _passes(context):
+        if not pool:
+            continue
+        fits_on = functools.partial(_fits, context, place, within_nominal)
+        victims = fewest_victims(pool, functools.partial(fits_on, ""), model=model, usage=usage)
+        if victims is not None:
+            return PreemptionPlan(tuple(victims))
+        if node_of is not None:
+            best = victims_by_node(pool, node_of, fits_on, model=model, usage=usage, nodes=nodes)
+            if best is not None:
+                return PreemptionPlan(best.victims, best.node)
+    return None
+
+
+def preemption_candidates(context: PreemptionContext) -> list[Candidate]:
+    """Every reservation the policy lets the grant preempt, in Kueue's order (the first
+    pass's candidates): nothing for a priority class whose preemptionPolicy is Never."""
+    passes = _passes(context)
+    return passes[0][0] if passes else []
+
+
+def _passes(context: PreemptionContext) -> list[tuple[list[Candidate], bool]]:
+    """(candidates, within nominal) per pass, in the order they are tried."""
+    if not context.priority.preempts:
+        return []
+    quota = context.model.quota_of(context.tenant)
+    own = _own(context, quota)
+    if quota is None:
+        return [(own, False)]
+    policy = quota.preemption
+    below = _below_nominal(quota, context.amounts, context.usage.get(context.tenant, {}))
+    if policy.borrow_within_cohort is not BorrowWithinCohort.NEVER:
+        if below:
+            cohort = _reclaimable(context, quota, PreemptionReason.RECLAIM)
+        else:
+            cohort = _borrowable(context, quota)
+        return [(_ordered(context.tenant, own + cohort), False)]
+    cohort = _reclaimable(context, quota, PreemptionReason.RECLAIM) if below else []
+    if not cohort or not _can_end_within_nominal(context, quota, own):
+        return [(own, False)]
+    return [(_ordered(context.tenant, own + cohort), True), (own, False)]
+
+
+def _own(context: PreemptionContext, quota: TenantQuota | None) -> list[Candidate]:
+    policy = quota.preemption.within_tenant if quota is not None else WithinTenant.LOWER_PRIORITY
+    mine = context.priority.value
+
+    def allowed(holding: Holding) -> bool:
+        value = holding.priority.value
+        if policy is WithinTenant.NEVER:
+            return False
+        if policy is WithinTenant.LOWER_OR_NEWER_EQUAL_PRIORITY and value == mine:
+            return holding.created_at > context.created_at
+        return value < mine
+
+    found = [
+        Candidate(h, PreemptionReason.PRIORITY)
+        for h in context.holdings
+        if h.tenant == context.tenant and h.priority.preemptible and allowed(h)
+    ]
+    return _ordered(context.tenant, found)
+
+
+def _reclaimable(
+    context: PreemptionContext, quota: TenantQuota, reason: PreemptionReason
+) -> list[Candidate]:
+    """The cohort's borrowing tenants' reservations reclaimWithinCohort allows."""
+    policy = quota.preemption.reclaim_within_cohort
+    if policy is ReclaimWithinCohort.NEVER:
+        return []
+    lower_only = policy is ReclaimWithinCohort.LOWER_PRIORITY
+    return [
+        Candidate(h, reason)
+        for h in _borrowers(context, quota)
+        if not lower_only or h.priority.value < context.priority.value
+    ]
+
+
+def _borrowable(context: PreemptionContext, quota: TenantQuota) -> list[Candidate]:
+    """The cohort's borrowing tenants' reservations borrowWithinCohort allows: of a lower
+    priority than the preemptor's, and at most maxPriorityThreshold when set."""
+    threshold = quota.preemption.max_priority_threshold
+    return [
+        Candidate(h, PreemptionReason.RECLAIM_WHILE_BORROWING)
+        for h in _borrowers(context, quota)
+        if h.priority.value < context.priority.value
+        and (threshold is None or h.priority.value <= threshold)
+    ]
+
+
+def _borrowers(context: PreemptionContext, quota: TenantQuota) -> list[Holding]:
+    members = set(context.model.members(quota)) - {context.tenant}
+    return [
+        h
+        for h in context.holdings
+        if h.tenant in members
+        and h.priority.preemptible
+        and _borrows_what_it_holds(context.model, h, context.usage.get(h.tenant, {}))
+    ]
+
+
+def _ordered(tenant: str, candidates: Iterable[Candidate]) -> list[Candidate]:
+    """Kueue's order: other tenants' reservations first, then the lowest priority, then the
+    newest."""
+
+    def key(c: Candidate) -> tuple[bool, int, float, str]:
+        h = c.holding
+        return (h.tenant == tenant, h.priority.value, -h.created_at, h.id)
+
+    return sorted(candidates, key=key)
+
+
+def _fits(
+    context: PreemptionContext,
+    place: Place,
+    within_nominal: bool,
+    node: str,
+    chosen: Sequence[Candidate],
+) -> bool:
+    placed = place(chosen, node)
+    if placed is None:
+        return False
+    left = {t: dict(u) for t, u in context.usage.items()}
+    for candidate in chosen:
+        mine = left.setdefault(candidate.holding.tenant, {})
+        for name, amount in candidate.holding.amounts.items():
+            mine[name] = mine.get(name, 0) - amount
+    refused = context.model.admit(context.tenant, placed, left, within_nominal=within_nominal)
+    return not refused
+
+
+# --- the fewest victims -----------------------------------------------------------------------
+
+
+def fewest_victims(
+    candidates: Sequence[Candidate],
+    fits: Callable[[Sequence[Candidate]], bool],
+    limit: int = 64,
+    *,
+    model: QuotaModel | None = None,
+    usage: Mapping[str, Usage] | None = None,
+    smaller: int = 32,
+) -> list[Candidate] | None:
+    """The victims among the first `limit` candidates, None when all of them together are not
+    enough. `fits(chosen)`: whether the grant fits once `chosen` are revoked (revoking more
+    never makes it fit less).
+
+    1. The shortest run of candidates, in the rules' order, that makes the grant fit (found by
+       bisection: a few `fits` calls, not one per candidate).
+    2. Each of them dropped again, latest first, if the grant still fits without it: the
+       result is minimal (no victim can be spared).
+    3. Up to `smaller` more `fits` calls on sets of fewer victims, the smallest first and in
+       the rules' order, for one that fits and takes no higher priority than the run of step
+       2 does (one large victim rather than four small ones of the same priority, never one
+       of priority 0 for two of priority -1, as Kueue never inverts priorities). Once every
+       such set was tried, the result is the smallest there is.
+
+    With `model` and `usage`, another tenant's candidate is passed over once the victims taken
+    before it leave its tenant within nominal (as Kueue's reclaimWithinCohort does): reclaim
+    takes back what is borrowed, never a tenant's own nominal share."""
+    allowed = list(candidates[:limit])
+    if model is not None and usage is not None:
+        allowed = _still_borrowing(allowed, model, usage)
+    chosen = _minimal(allowed, fits)
+    if chosen is None:
+        return None
+    return _smaller(allowed, chosen, fits, smaller, model, usage)
+
+
+def _minimal(
+    allowed: Sequence[Candidate], fits: Callable[[Sequence[Candidate]], bool]
+) -> list[Candidate] | None:
+    """Steps 1 and 2 of fewest_victims: the shortest prefix that fits, pruned."""
+    if not allowed or not fits(allowed):
+        return None
+    low, high = 1, len(allowed)  # the shortest prefix that fits: fits(allowed[:high])
+    while low < high:
+        middle = (low + high) // 2
+        if fits(allowed[:middle]):
+            high = middle
+        else:
+            low = middle + 1
+    chosen = list(allowed[:high])
+    for candidate in list(reversed(chosen)):
+        trial = [c for c in chosen if c is not candidate]
+        if trial and fits(trial):
+            chosen = trial
+    return chosen
+
+
+def _smaller(
+    allowed: Sequence[Candidate],
+    chosen: list[Candidate],
+    fits: Callable[[Sequence[Candidate]], bool],
+    smaller: int,
+    model: QuotaModel | None,
+    usage: Mapping[str, Usage] | None,
+) -> list[Candidate]:
+    """Step 3 of fewest_victims: a set of fewer victims than `chosen`, none of a higher
+    priority than chosen's highest, that fits, if one is found within `smaller` calls."""
+    highest = max(c.holding.priority.value for c in chosen)
+    bounded = [c for c in allowed if c.holding.priority.value <= highest]
+    tried = 0
+    for size in range(1, len(chosen)):
+        for subset in itertools.combinations(bounded, size):
+            if tried >= smaller:
+                return chosen
+            if not _all_taken(subset, model, usage):
+                continue  # the rules would not take all of them together
+            tried += 1
+            if fits(subset):
+                return list(subset)
+    return chosen
+
+
+def _all_taken(
+    subset: Sequence[Candidate], model: QuotaModel | None, usage: Mapping[str, Usage] | None
+) -> bool:
+    if model is None or usage is None:
+        return True
+    return len(_still_borrowing(subset, model, usage)) == len(subset)
+
+
+def _still_borrowing(
+    candidates: Sequence[Candidate], model: QuotaModel, usage: Mapping[str, Usage]
+) -> list[Candidate]:
+    """The candidates the rules take in this order: another tenant's candidate only while its
+    tenant still borrows once the ones before it are revoked."""
+    left = {t: dict(u) for t, u in usage.items()}
+    taken: list[Candidate] = []
+    for candidate in candidates:
+        holding = candidate.holding
+        if candidate.reason in _FROM_THE_COHORT:
+            if not _borrows_what_it_holds(model, holding, left.get(holding.tenant, {})):
+                continue
+            mine = left.setdefault(holding.tenant, {})
+            for name, amount in holding.amounts.items():
+                mine[name] = mine.get(name, 0) - amount
+        taken.append(candidate)
+    return taken
+
+
+_FROM_THE_COHORT = (PreemptionReason.RECLAIM, PreemptionReason.RECLAIM_WHILE_BORROWING)
+
+
+# --- node by node -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeVictims:
+    """A preemption on one node: the node and the victims to revoke there."""
+
+    node: str
+    victims: tuple[Candidate, ...]
+
+
+def victims_by_node(
+    candidates: Sequence[Candidate],
+    node_of: Mapping[str, str],
+    fits_on: Callable[[str, Sequence[Candidate]], bool],
+    *,
+    model: QuotaModel | None = None,
+    usage: Mapping[str, Usage] | None = None,
+    nodes: Iterable[str] | None = None,
+    max_nodes: int = 16,
+    limit: int = 64,
+    smaller: int = 32,
+) -> NodeVictims | None:
+    """For a grant that goes to one node, the victims node by node, as kube-scheduler's
+    preemption chooses them: on each node (of `nodes`, else every node holding a candidate;
+    `node_of`: reservation id -> node), the candidates held there in rule order, then those
+    held elsewhere (they free quota, not devices); the fewest of them (fewest_victims: a node
+    where all of them do not make room is passed over; its search for a smaller set on the
+    best node only). `fits_on(node, chosen)`: whether the grant fits on `node` once `chosen`
+    are revoked. The best node:
+    the fewest victims of the preemptor's own tenant, then the lowest highest victim priority,
+    then the fewest victims, then the node's name.
+
+    Candidates held across the fleet, taken in one global order, would rarely free one node:
+    a whole-GPU grant needs every slice of a GPU gone, and the newest reservations are spread
+    over all nodes. Nodes holding the most of the candidates' amounts are tried first, at most
+    `max_nodes` of them."""
+    on: dict[str, list[Candidate]] = {}
+    for candidate in candidates:
+        node = node_of.get(candidate.holding.id, "")
+        if node:
+            on.setdefault(node, []).append(candidate)
+    allowed = set(on) if nodes is None else set(nodes) & set(on)
+
+    def weight(node: str) -> tuple[int, str]:
+        amount = sum(a for c in on[node] for a in c.holding.amounts.values())
+        return (-amount, node)
+
+    def rank(node: str, found: Sequence[Candidate]) -> tuple[int, int, int, str]:
+        return (
+            sum(1 for c in found if c.reason is PreemptionReason.PRIORITY),
+            max(c.holding.priority.value for c in found),
+            len(found),
+            node,
+        )
+
+    def allowed_on(node: str) -> list[Candidate]:
+        """The node's own candidates first (they free its devices and quota), then the others
+        (they free quota only), each in the rules' order, as the rules would take them."""
+        here = set(map(id, on[node]))
+        ordered = [*on[node], *(c for c in candidates if id(c) not in here)][:limit]
+        if model is None or usage is None:
+            return ordered
+        return _still_borrowing(ordered, model, usage)
+
+    best: tuple[tuple[int, int, int, str], str, list[Candidate], list[Candidate]] | None = None
+    for node in sorted(allowed, key=weight)[:max_nodes]:
+        pool = allowed_on(node)
+        found = _minimal(pool, functools.partial(fits_on, node))
+        if found is not None and (best is None or rank(node, found) < best[0]):
+            best = (rank(node, found), node, pool, found)
+    if best is None:
+        return None
+    _, node, pool, found = best  # the smaller-set search on the best node only
+    found = _smaller(pool, found, functools.partial(fits_on, node), smaller, model, usage)
+    return NodeVictims(node, tuple(found))
+
+
+# --- consolidation (beyond Kueue) -------------------------------------------------------------
+
+
+def movable_candidates(context: PreemptionContext) -> list[Candidate]:
+    """Rule 3, *consolidate*, for when revoking what the passes allow cannot make room
+    (the free devices are spread over nodes, as KAI Scheduler's Consolidate action finds
+    them): when the grant keeps the tenant within its nominal quota, reservations of a movable
+    priority class of any tenant of its cohort (its own too, of any priority) may be moved to
+    an equivalent free device on another node. A move takes nothing from anyone's quota: the
+    holder keeps what it counts, on other devices; it does cost the holder a restart. Newest
+    first. Which of them make room on a node, and whether each finds a device elsewhere, the
+    caller decides (only holdings it can re-place are candidates)."""
+    if not context.priority.preempts:
+        return []
+    quota = context.model.quota_of(context.tenant)
+    used = context.usage.get(context.tenant, {})
+    if quota is None or not _within_nominal(quota, context.amounts, used):
+        return []
+    members = set(context.model.members(quota))
+    movable = [
+        h
+        for h in context.holdings
+        if h.tenant in members and h.priority.preemptible and h.priority.movable
+    ]
+    movable.sort(key=lambda h: (-h.created_at, h.id))
+    return [Candidate(h, PreemptionReason.CONSOLIDATE) for h in movable]
+
+
+def consolidation_order(
+    candidates: Sequence[Candidate], group_of: Mapping[str, str]
+) -> list[Candidate]:
+    """One node's movable candidates in the order consolidation frees them: group by group
+    (`group_of`: holding id -> its GPU, the counter set its device consumes), the groups
+    holding the least first, so that the shortest run that makes room empties the emptiest
+    GPUs; within a group, in the candidates' order."""
+    held: dict[str, int] = {}
+    for candidate in candidates:
+        group = group_of.get(candidate.holding.id, candidate.holding.id)
+        held[group] = held.get(group, 0) + sum(candidate.holding.amounts.values())
+    index = {id(c): i for i, c in enumerate(candidates)}
+
+    def key(candidate: Candidate) -> tuple[int, str, int]:
+        group = group_of.get(candidate.holding.id, candidate.holding.id)
+        return (held[group], group, index[id(candidate)])
+
+    return sorted(candidates, key=key)
+
+
+def fewest_moves(
+    candidates: Sequence[Candidate], fits: Callable[[Sequence[Candidate]], bool]
+) -> list[Candidate] | None:
+    """The shortest run of `candidates` (in consolidation_order) that makes the grant fit,
+    pruned so that no move can be spared; None when moving all of them is not enough."""
+    return _minimal(candidates, fits)
+
+
+# --- quota standing ---------------------------------------------------------------------------
+
+
+def _within_nominal(quota: TenantQuota, amounts: Usage, used: Usage) -> bool:
+    return all(
+        used.get(name, 0) + amount <= quota.of(name).nominal
+        for name, amount in amounts.items()
+        if amount > 0
+    )
+
+
+def _below_nominal(quota: TenantQuota, amounts: Usage, used: Usage) -> bool:
+    """Whether the tenant uses less than nominal of every resource the grant counts (Kueue's
+    "queue under nominal in the resources needing preemption"): then the cohort's borrowers
+    may be reclaimed, the preemptor ending within nominal."""
+    return all(
+        used.get(name, 0) < quota.of(name).nominal for name, amount in amounts.items() if amount > 0
+    )
+
+
+def _can_end_within_nominal(
+    context: PreemptionContext, quota: TenantQuota, own: Sequence[Candidate]
+) -> bool:
+    """Whether the grant can leave the tenant within nominal at all, all of `own` revoked:
+    else the within-nominal pass is not tried (it could only fail, at the cost of solves)."""
+    used = dict(context.usage.get(context.tenant, {}))
+    for candidate in own:
+        for name, amount in candidate.holding.amounts.items():
+            used[name] = used.get(name, 0) - amount
+    return _within_nominal(quota, context.amounts, used)
+
+
+def _borrows_what_it_holds(model: QuotaModel, holding: Holding, used: Usage) -> bool:
+    quota = model.quota_of(holding.tenant)
+    if quota is None:
+        return False
+    return any(
+        amount > 0 and used.get(name, 0) > quota.of(name).nominal
+        for name, amount in holding.amounts.items()
+    )
