@@ -1,0 +1,83 @@
+"""AllocateBatch: many independent Allocates in one call, as a scheduler's pass sends its queue.
+
+Each item is an Allocate in all but transport — its own claims, owner, idempotency key,
+priority class and reserve flag — and goes through `AllocatorService.allocate`, the unary path,
+unchanged. Items run in request order on this thread, so each one's solve reads the holdings
+the earlier items' reservations left (an item with `reserve` holds its devices before the next
+item is solved; an item without it holds nothing, exactly as a unary Allocate). So a batch gives
+the same answers as the same items sent one by one in order, which is what the tests check.
+
+Each item ends in its own result: the Answer (ALLOCATED, UNSATISFIABLE, QUOTA_EXCEEDED with
+preemption victims, BUDGET_EXHAUSTED) or the typed error it met — a bad item (its request does
+not map, its owner may not be named, its store write conflicts past the retries) fails alone
+and the items after it still run. A typed error never leaves anything of its item reserved,
+since the unary path reserves all or nothing. The call's deadline is shared: every item's
+search stops before it (BUDGET_EXHAUSTED, as a unary Allocate), and once it has passed — or
+the client went away — the items not reached answer DeadlineExceeded without being solved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from services.allocator.app.messages import Answer, LeaseOptions, Query
+from services.common.deadline import UNBOUNDED, Deadline
+from services.common.errors import DeadlineExceeded, GpuallocError, InvalidArgument
+
+__all__ = ["MAX_BATCH_ITEMS", "Allocating", "BatchItem", "ItemResult", "allocate_batch"]
+
+MAX_BATCH_ITEMS = 4096
+"""The most items one batch may carry (a larger batch is INVALID_ARGUMENT as a whole)."""
+
+
+@dataclass(frozen=True)
+class BatchItem:
+    """One item as the unary Allocate takes it: the query, and the lease when it reserves."""
+
+    query: Query
+    lease: LeaseOptions | None = None
+
+
+ItemResult = Answer | GpuallocError
+"""An item's answer, or the typed error it failed with."""
+
+
+class Allocating(Protocol):
+    """What a batch needs of the service: `AllocatorService.allocate`."""
+
+    def __call__(
+        self, query: Query, lease: LeaseOptions | None = None, *, deadline: Deadline = UNBOUNDED
+    ) -> Answer: ...
+
+
+def allocate_batch(
+    allocate: Allocating,
+    items: Sequence[Callable[[], BatchItem]],
+    *,
+    deadline: Deadline = UNBOUNDED,
+) -> list[ItemResult]:
+    """One result per item, in order. `allocate` is `AllocatorService.allocate`; each item is a
+    thunk so that mapping it from the wire (which may raise InvalidArgument or PermissionDenied)
+    fails that item only. Raises InvalidArgument for a batch over MAX_BATCH_ITEMS."""
+    if len(items) > MAX_BATCH_ITEMS:
+        raise InvalidArgument.at(
+            "items", f"a batch carries at most {MAX_BATCH_ITEMS} items, not {len(items)}"
+        )
+    results: list[ItemResult] = []
+    for index, make in enumerate(items):
+        if deadline.passed():
+            results.extend(
+                DeadlineExceeded(
+                    f"not reached: the call's deadline passed after {index} of {len(items)} items"
+                )
+                for _ in range(index, len(items))
+            )
+            break
+        try:
+            item = make()
+            results.append(allocate(item.query, item.lease, deadline=deadline))
+        except GpuallocError as error:
+            results.append(error)
+    return results

@@ -1,0 +1,198 @@
+"""AllocateBatch over real gRPC: a batch equals its items sent one by one in order, and an item
+that fails, fails alone (services/allocator/app/batch.py).
+
+On the embedded store and on real Redis, standalone and Cluster. The GPU view is
+examples/cluster (two 8-H100 nodes, an A100 node of MIG partitions, a 4-L40S node).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from protos.allocator.v1 import allocator_pb2 as pb
+from services.allocator.adapters.store.memory import MemoryReservationStore
+from services.allocator.adapters.store.redis_store import RedisReservationStore
+from services.allocator.app.batch import BatchItem, allocate_batch
+from services.allocator.reservations.model import ReservationStore
+from services.client import AllocatorClient, claim_from_spec
+from services.client.client import AllocateItem
+from services.common.deadline import Deadline
+from services.common.errors import DeadlineExceeded, InvalidArgument, NotFound, PermissionDenied
+from tests.e2e.allocator_harness import ServedAllocator, allocate_request, serve_allocator
+from tests.unit.bridges.support import release_everything
+
+CLAIMS = (
+    "one-h100",
+    "eight-h100",
+    "four-nvlink-gpus",
+    "mig-small-else-medium",
+    "all-l40s",
+    "two-gpus-same-pcie-root",
+    "sixteen-h100-one-node",
+)
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("memory", id="embedded"),
+        pytest.param("redis_url", id="redis", marks=pytest.mark.redis),
+        pytest.param("redis_cluster_url", id="redis-cluster", marks=pytest.mark.redis),
+    ]
+)
+def store(request: pytest.FixtureRequest) -> Iterator[ReservationStore]:
+    if request.param == "memory":
+        yield MemoryReservationStore()
+        return
+    made = RedisReservationStore(request.getfixturevalue(request.param))
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def allocator(grpc_channel_factory: Any, store: ReservationStore) -> Iterator[ServedAllocator]:
+    served = serve_allocator(grpc_channel_factory, store)
+    yield served
+    served.app.close()
+
+
+def _item(spec: tuple[str, bool, str]) -> pb.AllocateRequest:
+    """`(claim, reserve, owner)`; the claim "bad" is a request that does not map."""
+    name, reserve, who = spec
+    if name == "bad":
+        return pb.AllocateRequest(claims=[], reserve=reserve, owner=who)
+    return allocate_request(name, reserve=reserve, owner=who)
+
+
+def _seen(answer: pb.AllocateResponse | None, error: int | None = None) -> tuple[Any, ...]:
+    """What must be equal: the outcome, the nodes and devices placed (or held), the error."""
+    if answer is None:
+        return ("error", error)
+    devices = sorted(
+        f"{r.pool}/{r.device}" for a in answer.allocations for r in a.allocation.results
+    )
+    held = sorted((r.node_name, r.owner) for r in answer.reservations)
+    return (answer.outcome, answer.node_name, tuple(devices), tuple(held))
+
+
+def _one_by_one(served: ServedAllocator, items: list[pb.AllocateRequest]) -> list[tuple[Any, ...]]:
+    seen = []
+    for item in items:
+        try:
+            seen.append(_seen(served.stub.Allocate(item, timeout=10)))
+        except grpc.RpcError as error:
+            seen.append(_seen(None, error.code().value[0]))
+    return seen
+
+
+def _batched(served: ServedAllocator, items: list[pb.AllocateRequest]) -> list[tuple[Any, ...]]:
+    response = served.stub.AllocateBatch(pb.AllocateBatchRequest(items=items), timeout=30)
+    assert len(response.items) == len(items)
+    return [
+        _seen(r.response) if r.HasField("response") else _seen(None, r.error.code)
+        for r in response.items
+    ]
+
+
+ITEMS = st.lists(
+    st.tuples(
+        st.sampled_from((*CLAIMS, "bad")), st.booleans(), st.sampled_from(("team/a", "team/b"))
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(specs=ITEMS)
+def test_a_batch_equals_its_items_sent_one_by_one_in_order(allocator, specs):
+    items = [_item(spec) for spec in specs]
+    one_by_one = _one_by_one(allocator, items)
+    release_everything(allocator.target)
+    batched = _batched(allocator, items)
+    release_everything(allocator.target)
+    assert batched == one_by_one
+
+
+def test_a_bad_item_fails_alone_with_its_own_status(allocator):
+    items = [
+        allocate_request("one-h100", reserve=True, owner="team/a"),
+        pb.AllocateRequest(claims=[]),
+        allocate_request("one-h100", reserve=True, owner="team/a"),
+    ]
+    response = allocator.stub.AllocateBatch(pb.AllocateBatchRequest(items=items), timeout=10)
+    first, bad, third = response.items
+    assert first.response.outcome == third.response.outcome == pb.OUTCOME_ALLOCATED
+    assert bad.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert bad.error.message.startswith("items[1]: ")
+    held = {
+        d.device
+        for item in (first, third)
+        for a in item.response.allocations
+        for d in a.allocation.results
+    }
+    assert len(held) == 2  # the third item saw the first one's reservation
+
+
+def test_items_not_reached_answer_deadline_exceeded():
+    """A deadline that passes mid-batch: the items after it are not solved, each says so."""
+    calls: list[int] = []
+    deadline = Deadline.after(0.05)
+
+    def allocate(query, lease=None, *, deadline):
+        calls.append(query)
+        time.sleep(0.06)  # the first item takes the whole call's time
+        return "answer"
+
+    results = allocate_batch(
+        allocate, [lambda i=i: BatchItem(i) for i in range(3)], deadline=deadline
+    )
+    assert calls == [0] and results[0] == "answer"
+    assert all(isinstance(r, DeadlineExceeded) for r in results[1:])
+    assert "after 1 of 3 items" in results[1].message
+
+
+def test_the_client_allocates_many_and_gets_typed_errors(allocator):
+    with AllocatorClient(allocator.target, owner="team/a") as client:
+        results = client.allocate_many(
+            [
+                AllocateItem([claim_from_spec("8 x h100", name="a")], reserve=True),
+                AllocateItem([claim_from_spec("8 x h100", name="b")], reserve=True),
+                AllocateItem([claim_from_spec("8 x h100", name="c")], reserve=True),
+                AllocateItem([claim_from_spec("1 x h100", name="x")], node_name="no-such-node"),
+                AllocateItem([]),
+            ]
+        )
+    a, b, c, elsewhere, bad = results
+    assert not isinstance(a, Exception) and a.fits and a.reservations
+    assert not isinstance(b, Exception) and b.fits and b.node_name != a.node_name
+    assert not isinstance(c, Exception) and not c.fits and not c.reservations
+    assert isinstance(elsewhere, NotFound) and elsewhere.message.startswith("items[3]: ")
+    assert isinstance(bad, InvalidArgument)
+    release_everything(allocator.target)
+
+
+def test_a_batch_over_the_limit_fails_whole(allocator, monkeypatch):
+    monkeypatch.setattr("services.allocator.app.batch.MAX_BATCH_ITEMS", 2)
+    items = [allocate_request("one-h100")] * 3
+    with pytest.raises(grpc.RpcError) as raised:
+        allocator.stub.AllocateBatch(pb.AllocateBatchRequest(items=items), timeout=10)
+    assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_an_owner_the_principal_may_not_name_is_an_item_error():
+    """Each item's owner is checked as the item is mapped: the error is the item's."""
+
+    def refuse() -> BatchItem:
+        raise PermissionDenied("identity x may not act for owner y")
+
+    results = allocate_batch(lambda *a, **k: None, [refuse])  # type: ignore[arg-type,return-value]
+    assert isinstance(results[0], PermissionDenied)
