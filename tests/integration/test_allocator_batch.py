@@ -20,6 +20,7 @@ from protos.allocator.v1 import allocator_pb2 as pb
 from services.allocator.adapters.store.memory import MemoryReservationStore
 from services.allocator.adapters.store.redis_store import RedisReservationStore
 from services.allocator.app.batch import BatchItem, allocate_batch
+from services.allocator.app.messages import LeaseOptions
 from services.allocator.reservations.model import ReservationStore
 from services.client import AllocatorClient, claim_from_spec
 from services.client.client import AllocateItem
@@ -196,3 +197,32 @@ def test_an_owner_the_principal_may_not_name_is_an_item_error():
 
     results = allocate_batch(lambda *a, **k: None, [refuse])  # type: ignore[arg-type,return-value]
     assert isinstance(results[0], PermissionDenied)
+
+
+@pytest.mark.parametrize(
+    ("items", "solves"),
+    [
+        pytest.param([("a", False)] * 3, ["a"], id="identical-items-share-one-solve"),
+        pytest.param(
+            [("a", False), ("a", True), ("a", False)],
+            ["a", "a", "a"],
+            id="a-reserving-item-between-makes-the-next-solve-again",
+        ),
+        pytest.param([("a", False), ("b", False), ("a", False)], ["a", "b"], id="by-signature"),
+    ],
+)
+def test_identical_non_reserving_items_share_a_solve(items, solves):
+    calls: list[str] = []
+
+    def allocate(query, lease=None, *, deadline):
+        calls.append(query)
+        return f"answer {query}"
+
+    lease = LeaseOptions(owner="team/a")
+    made = [
+        lambda q=q, r=r: BatchItem(q, lease if r else None, q.encode())  # type: ignore[arg-type]
+        for q, r in items
+    ]
+    results = allocate_batch(allocate, made)  # type: ignore[arg-type]
+    assert calls == solves
+    assert results == [f"answer {q}" for q, _ in items]

@@ -7,6 +7,13 @@ the earlier items' reservations left (an item with `reserve` holds its devices b
 item is solved; an item without it holds nothing, exactly as a unary Allocate). So a batch gives
 the same answers as the same items sent one by one in order, which is what the tests check.
 
+Opportunistic batching, the part done so far: consecutive items without `reserve` that ask the
+same thing (`BatchItem.signature`, the request's bytes) with no reserving item between them
+share one solve — one by one they would get the same answer from the same state, since an
+Allocate without `reserve` changes nothing. Reserving items are each solved and written on
+their own (issue 29 asks for more: ranked candidates reused with the last placement applied,
+one store round trip per shard).
+
 Each item ends in its own result: the Answer (ALLOCATED, UNSATISFIABLE, QUOTA_EXCEEDED with
 preemption victims, BUDGET_EXHAUSTED) or the typed error it met — a bad item (its request does
 not map, its owner may not be named, its store write conflicts past the retries) fails alone
@@ -38,6 +45,9 @@ class BatchItem:
 
     query: Query
     lease: LeaseOptions | None = None
+    signature: bytes = b""
+    """Equal for items asking the same thing (the servicer: the request's bytes); empty: never
+    shared. Consecutive non-reserving items with one signature share one solve."""
 
 
 ItemResult = Answer | GpuallocError
@@ -66,6 +76,7 @@ def allocate_batch(
             "items", f"a batch carries at most {MAX_BATCH_ITEMS} items, not {len(items)}"
         )
     results: list[ItemResult] = []
+    answered: dict[bytes, Answer] = {}  # non-reserving answers since the last reserving item
     for index, make in enumerate(items):
         if deadline.passed():
             results.extend(
@@ -77,7 +88,17 @@ def allocate_batch(
             break
         try:
             item = make()
-            results.append(allocate(item.query, item.lease, deadline=deadline))
+            shared = answered.get(item.signature) if item.lease is None else None
+            if shared is not None:
+                results.append(shared)
+                continue
+            answer = allocate(item.query, item.lease, deadline=deadline)
         except GpuallocError as error:
             results.append(error)
+            continue
+        results.append(answer)
+        if item.lease is not None:
+            answered.clear()  # it may have reserved (or revoked): later items solve again
+        elif item.signature:
+            answered[item.signature] = answer
     return results

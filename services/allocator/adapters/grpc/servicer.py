@@ -162,7 +162,8 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         def item(entry: pb.AllocateRequest) -> Callable[[], BatchItem]:
             def make() -> BatchItem:
                 with proto_field_paths(claims_path(entry)):
-                    return BatchItem(*self._item(entry, principal))
+                    query, lease = self._item(entry, principal)
+                    return BatchItem(query, lease, entry.SerializeToString(deterministic=True))
 
             return make
 
