@@ -7,6 +7,7 @@ examples/cluster (two 8-H100 nodes, an A100 node of MIG partitions, a 4-L40S nod
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -27,6 +28,13 @@ from services.client.client import AllocateItem
 from services.common.deadline import Deadline
 from services.common.errors import DeadlineExceeded, InvalidArgument, NotFound, PermissionDenied
 from tests.e2e.allocator_harness import ServedAllocator, allocate_request, serve_allocator
+from tests.integration.test_quotas import claim as quota_claim
+from tests.integration.test_quotas import (
+    fleet,  # noqa: F401 - the mTLS fleet with quotas
+    release_all,
+)
+from tests.integration.test_quotas import status as quota_status
+from tests.integration.test_quotas import stub as quota_stub
 from tests.unit.bridges.support import release_everything
 
 CLAIMS = (
@@ -226,3 +234,87 @@ def test_identical_non_reserving_items_share_a_solve(items, solves):
     results = allocate_batch(allocate, made)  # type: ignore[arg-type]
     assert calls == solves
     assert results == [f"answer {q}" for q, _ in items]
+
+
+# --- partial failure: a quota refusal mid-batch, a replica racing the batch -------------------
+
+
+def test_a_quota_refusal_mid_batch_refuses_that_item_only(fleet) -> None:  # noqa: F811
+    """hpc may hold 2 GPUs: the third reserving item is QUOTA_EXCEEDED and holds nothing, the
+    bad item after it fails alone, and the quota counts exactly the two grants."""
+    hpc = quota_stub(fleet, "slurm-bridge")
+
+    def item(count: int, name: str) -> pb.AllocateRequest:
+        request = pb.AllocateRequest(claims=[quota_claim(count)], reserve=True, owner=name)
+        request.lease_ttl.FromSeconds(120)
+        return request
+
+    items = [item(1, "slurm/job/b1"), item(1, "slurm/job/b2"), item(1, "slurm/job/b3")]
+    items += [pb.AllocateRequest(claims=[], reserve=True), item(1, "slurm/job/b4")]
+    response = hpc.AllocateBatch(pb.AllocateBatchRequest(items=items), timeout=30)
+    answers = [r.response for r in response.items if r.HasField("response")]
+    try:
+        outcomes = [a.outcome for a in answers]
+        assert outcomes == [pb.OUTCOME_ALLOCATED] * 2 + [pb.OUTCOME_QUOTA_EXCEEDED] * 2
+        assert response.items[3].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert [len(a.reservations) for a in answers] == [1, 1, 0, 0]
+        assert answers[2].quota_refusals[0].tenant == "hpc"
+        rows = quota_status(quota_stub(fleet, "admin"), "hpc")
+        assert rows["hpc", "gpus"].used == "2"
+    finally:
+        release_all(hpc, answers)
+    assert quota_status(quota_stub(fleet, "admin"), "hpc")["hpc", "gpus"].used == "0"
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("layout", ["redis_url", "redis_cluster_url"])
+def test_a_replica_racing_a_batch_never_holds_a_device_twice(
+    grpc_channel_factory: Any, request: pytest.FixtureRequest, layout: str
+) -> None:
+    """Two allocators on one Redis: one sends batches of 8 one-H100 reservations, the other
+    unary ones, until the 16 H100s are gone. Every device is held once, every reservation is
+    one an answer reported, and an item that lost its race holds nothing."""
+    url = request.getfixturevalue(layout)
+    stores = [RedisReservationStore(url), RedisReservationStore(url)]
+    one, two = (serve_allocator(grpc_channel_factory, store) for store in stores)
+    reported: list[str] = []
+    lock = threading.Lock()
+
+    def batches() -> None:
+        items = [allocate_request("one-h100", reserve=True, owner="team/batch")] * 8
+        for _ in range(3):
+            response = one.stub.AllocateBatch(pb.AllocateBatchRequest(items=items), timeout=60)
+            with lock:
+                reported.extend(
+                    r.id for i in response.items if i.HasField("response")
+                    for r in i.response.reservations
+                )  # fmt: skip
+
+    def unary() -> None:
+        for _ in range(12):
+            try:
+                answer = two.stub.Allocate(
+                    allocate_request("one-h100", reserve=True, owner="team/unary"), timeout=30
+                )
+            except grpc.RpcError as error:
+                assert error.code() is grpc.StatusCode.ABORTED  # lost every retry: holds nothing
+                continue
+            with lock:
+                reported.extend(r.id for r in answer.reservations)
+
+    try:
+        threads = [threading.Thread(target=batches), threading.Thread(target=unary)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        listed = one.stub.ListReservations(pb.ListReservationsRequest(page_size=100), timeout=10)
+        devices = [(r.node_name, d.device) for r in listed.reservations for d in r.devices]
+        assert len(devices) == len(set(devices)) == 16  # every H100, each once
+        assert sorted(r.id for r in listed.reservations) == sorted(reported)
+    finally:
+        release_everything(one.target)
+        one.app.close()
+        two.app.close()
+        for store in stores:
+            store.close()
