@@ -18,7 +18,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protos.allocator.v1 import allocator_pb2 as pb
-from services.allocator.adapters.store.memory import MemoryReservationStore
 from services.allocator.adapters.store.redis_store import RedisReservationStore
 from services.allocator.app.batch import BatchItem, allocate_batch
 from services.allocator.app.messages import LeaseOptions
@@ -28,6 +27,7 @@ from services.client.client import AllocateItem
 from services.common.deadline import Deadline
 from services.common.errors import DeadlineExceeded, InvalidArgument, NotFound, PermissionDenied
 from tests.e2e.allocator_harness import ServedAllocator, allocate_request, serve_allocator
+from tests.integration.conftest import store_of
 from tests.integration.test_quotas import claim as quota_claim
 from tests.integration.test_quotas import (
     fleet,  # noqa: F401 - the mTLS fleet with quotas
@@ -51,24 +51,13 @@ CLAIMS = (
 @pytest.fixture(
     params=[
         pytest.param("memory", id="embedded"),
-        pytest.param("redis_url", id="redis", marks=pytest.mark.redis),
+        pytest.param("redis", id="redis", marks=pytest.mark.redis),
         pytest.param("redis_cluster_url", id="redis-cluster", marks=pytest.mark.redis),
     ]
 )
 def store(request: pytest.FixtureRequest) -> Iterator[ReservationStore]:
-    if request.param == "memory":
-        yield MemoryReservationStore()
-        return
-    made = RedisReservationStore(request.getfixturevalue(request.param))
-    yield made
-    made.close()
-
-
-@pytest.fixture
-def allocator(grpc_channel_factory: Any, store: ReservationStore) -> Iterator[ServedAllocator]:
-    served = serve_allocator(grpc_channel_factory, store)
-    yield served
-    served.app.close()
+    """conftest's stores, and Redis Cluster too (`allocator`, conftest's, serves in front)."""
+    yield from store_of(request, request.param)
 
 
 def _item(spec: tuple[str, bool, str]) -> pb.AllocateRequest:
