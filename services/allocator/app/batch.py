@@ -18,9 +18,10 @@ Each item ends in its own result: the Answer (ALLOCATED, UNSATISFIABLE, QUOTA_EX
 preemption victims, BUDGET_EXHAUSTED) or the typed error it met — a bad item (its request does
 not map, its owner may not be named, its store write conflicts past the retries) fails alone
 and the items after it still run. A typed error never leaves anything of its item reserved,
-since the unary path reserves all or nothing. The call's deadline is shared: every item's
-search stops before it (BUDGET_EXHAUSTED, as a unary Allocate), and once it has passed — or
-the client went away — the items not reached answer DeadlineExceeded without being solved.
+since the unary path reserves all or nothing. The call's deadline is shared, less the part kept
+for the reply (REPLY_SHARE): every item's search stops before it (BUDGET_EXHAUSTED, as a unary
+Allocate), and once it has passed — or the client went away — the items not reached answer
+DeadlineExceeded without being solved.
 """
 
 from __future__ import annotations
@@ -67,38 +68,62 @@ def allocate_batch(
     items: Sequence[Callable[[], BatchItem]],
     *,
     deadline: Deadline = UNBOUNDED,
+    on_result: Callable[[ItemResult], None] | None = None,
 ) -> list[ItemResult]:
     """One result per item, in order. `allocate` is `AllocatorService.allocate`; each item is a
     thunk so that mapping it from the wire (which may raise InvalidArgument or PermissionDenied)
-    fails that item only. Raises InvalidArgument for a batch over MAX_BATCH_ITEMS."""
+    fails that item only. `on_result` sees each result as it is decided (the servicer turns it
+    into its reply there, so that the deadline covers that work too and the reply can still be
+    sent). Raises InvalidArgument for a batch over MAX_BATCH_ITEMS."""
     if len(items) > MAX_BATCH_ITEMS:
         raise InvalidArgument.at(
             "items", f"a batch carries at most {MAX_BATCH_ITEMS} items, not {len(items)}"
         )
     results: list[ItemResult] = []
+    deadline = _answering(deadline)
+
+    def decided(result: ItemResult) -> None:
+        results.append(result)
+        if on_result is not None:
+            on_result(result)
+
     answered: dict[bytes, Answer] = {}  # non-reserving answers since the last reserving item
     for index, make in enumerate(items):
         if deadline.passed():
-            results.extend(
-                DeadlineExceeded(
-                    f"not reached: the call's deadline passed after {index} of {len(items)} items"
+            for _ in range(index, len(items)):
+                decided(
+                    DeadlineExceeded(
+                        f"not reached: the call's deadline passed after {index} of "
+                        f"{len(items)} items"
+                    )
                 )
-                for _ in range(index, len(items))
-            )
             break
         try:
             item = make()
             shared = answered.get(item.signature) if item.lease is None else None
             if shared is not None:
-                results.append(shared)
+                decided(shared)
                 continue
             answer = allocate(item.query, item.lease, deadline=deadline)
         except GpuallocError as error:
-            results.append(error)
+            decided(error)
             continue
-        results.append(answer)
+        decided(answer)
         if item.lease is not None:
             answered.clear()  # it may have reserved (or revoked): later items solve again
         elif item.signature:
             answered[item.signature] = answer
     return results
+
+
+REPLY_SHARE = 0.2
+"""Of the time a batch has, the part kept for sending its reply (at most REPLY_SECONDS): the
+items stop there. A reply of thousands of answers takes a while to encode and send."""
+REPLY_SECONDS = 1.0
+
+
+def _answering(deadline: Deadline) -> Deadline:
+    left = deadline.left()
+    if left is None or deadline.at is None:
+        return deadline
+    return Deadline(deadline.at - min(REPLY_SECONDS, left * REPLY_SHARE), deadline.cancelled)

@@ -38,7 +38,7 @@ from services.allocator.adapters.grpc.mapping import (
     reserve_claims_from_pb,
     seconds_from_pb,
 )
-from services.allocator.app.batch import BatchItem, allocate_batch
+from services.allocator.app.batch import BatchItem, ItemResult, allocate_batch
 from services.allocator.app.messages import Answer, LeaseOptions, Query
 from services.allocator.app.reservation_watch import ReservationWatch
 from services.allocator.app.service import AllocatorService
@@ -167,18 +167,22 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
 
             return make
 
-        results = allocate_batch(
-            self._service.allocate,
-            [item(entry) for entry in request.items],
-            deadline=self._deadline(context),
-        )
         items: list[pb.AllocateBatchItem] = []
-        for at, result in enumerate(results):
+
+        def shown(result: ItemResult) -> None:
             if isinstance(result, Answer):
                 response = self._answered(context, result, principal)
                 items.append(pb.AllocateBatchItem(response=response))
             else:
-                items.append(pb.AllocateBatchItem(error=batch_item_status(result, f"items[{at}]")))
+                status = batch_item_status(result, f"items[{len(items)}]")
+                items.append(pb.AllocateBatchItem(error=status))
+
+        allocate_batch(
+            self._service.allocate,
+            [item(entry) for entry in request.items],
+            deadline=self._deadline(context),
+            on_result=shown,
+        )
         return pb.AllocateBatchResponse(items=items)
 
     def _item(
