@@ -16,6 +16,11 @@ One run measures, against the same server and in the same conditions:
 - `release`: Release of every reservation `allocate-reserve` made, measured on its own;
 - `reserve-release-cycle`: Allocate(reserve=true) on a named node, then Release (one cycle =
   both calls; RPS counts cycles, i.e. half the calls per second).
+- `allocate-batch-{8,64,512}`, `allocate-reserve-batch-64`: AllocateBatch of that many one-H100
+  items (issue 29), without and with reserve; RPS counts claims per second, p50/p99 are per
+  call. The reserving row stops at 75% of the H100s too and releases its reservations after
+  the phase, untimed. Targets: `allocate-reserve-batch-64` >= 3x the Check RPS, and its p99
+  <= 64 x the `allocate-reserve` p99 / 4 (`…/p99-rule` <= 1).
 - `store:<layout>-wait-<off|on>:allocate-reserve`: `allocate-reserve` again with two allocator
   processes (`--workers 2`) on standalone Redis (with one replica) and on a 3-shard Redis
   Cluster (deploy/local/redis-cluster.sh), with GPUALLOC_REDIS_WAIT_REPLICAS 0 and 1, a fresh
@@ -76,6 +81,15 @@ THREADS = 16
 CHANNELS = 8
 RESERVE_SHARE = 0.75  # of the H100s: `allocate-reserve` stops there, so every call can fit
 LEASE_SECONDS = 600  # outlives the phases: `release` finds every reservation still there
+
+
+BATCH_PHASES = {
+    "allocate-batch-8": 8,
+    "allocate-batch-64": 64,
+    "allocate-batch-512": 512,
+    "allocate-reserve-batch-64": 64,
+}
+"""AllocateBatch rows (issue 29) and their items per call: `rps` counts claims, not calls."""
 
 
 class _PhaseDone(Exception):
@@ -281,6 +295,32 @@ def _calls(
                 timeout=30,
             )
 
+    def allocate_batch(size: int, reserve: bool) -> Callable[[Any, random.Random], None]:
+        """AllocateBatch of `size` one-H100 items; with `reserve`, each item a reservation
+        (stopping at `max_calls` claims, as allocate-reserve does), released after the phase."""
+        item = reserve_any if reserve else pb.AllocateRequest(claims=[claim])
+        request = pb.AllocateBatchRequest(items=[item] * size)
+
+        def call(channel: Any, rng: random.Random) -> None:
+            if reserve and next(taken, None) is None:
+                raise _PhaseDone
+            response = allocator_pb2_grpc.AllocatorStub(channel).AllocateBatch(
+                request, metadata=metadata, timeout=60
+            )
+            for result in response.items:
+                if result.HasField("error"):
+                    assert result.error.code == grpc.StatusCode.ABORTED.value[0], result.error
+                    aborted.append(1)  # a lost race, as allocate-reserve counts it
+                    continue
+                assert result.response.outcome == pb.OUTCOME_ALLOCATED
+                ids.extend(r.id for r in result.response.reservations)
+
+        return call
+
+    batches = {
+        name: allocate_batch(size, name.startswith("allocate-reserve"))
+        for name, size in BATCH_PHASES.items()
+    }
     return {
         "health-check": health,
         "allocate-pinned": allocate_pinned,
@@ -288,6 +328,7 @@ def _calls(
         "allocate-reserve": allocate_reserve,
         "release": release,
         "reserve-release-cycle": reserve_release,
+        **batches,
     }[phase]
 
 
@@ -312,14 +353,18 @@ def client_main(argv: Sequence[str]) -> int:
     if args.phase == "release":
         ids = json.loads(Path(args.ids_file).read_text())
     aborted: list[int] = []
-    call = _calls(args.phase, nodes, ids, args.max_calls, aborted)
+    per_call = BATCH_PHASES.get(args.phase, 1)  # claims per call
+    max_calls = args.max_calls // per_call if args.max_calls else 0
+    call = _calls(args.phase, nodes, ids, max_calls, aborted)
     options = [("grpc.use_local_subchannel_pool", 1)]
     channels = [bench_channel(args.client, dial, options) for _ in range(CHANNELS)]
     for channel in channels:
         grpc.channel_ready_future(channel).result(timeout=30)
     call(channels[0], random.Random(-1))  # one untimed call first: lazy caches
     # Time-bound phases warm up for a while; `release` has a fixed amount of work to time.
-    warm = 0.0 if args.phase == "release" else min(1.0, args.seconds / 4)
+    # (as a reserving batch phase: it has a fixed amount of claims too, 64 a call).
+    fixed = args.phase == "release" or args.phase == "allocate-reserve-batch-64"
+    warm = 0.0 if fixed else min(1.0, args.seconds / 4)
     warm_until = time.monotonic() + warm
     stop_at = warm_until + args.seconds
     latencies: list[list[float]] = [[] for _ in range(args.threads)]
@@ -355,10 +400,18 @@ def client_main(argv: Sequence[str]) -> int:
     seconds = max(1e-3, max(finished) - warm_until)  # a phase with a fixed amount may end early
     if args.phase == "allocate-reserve":
         Path(args.ids_file).write_text(json.dumps(ids))
+    elif ids:  # a reserving batch phase: give the devices back, untimed, for the next rows
+        stub = allocator_pb2_grpc.AllocatorStub(bench_channel(args.client, dial, options))
+        for reservation_id in ids:
+            stub.Release(
+                pb.ReleaseRequest(reservation_id=reservation_id),
+                metadata=(("x-gpualloc-owner", "bench"),),
+                timeout=30,
+            )
     print(
         json.dumps(
             {
-                "rps": len(done) / seconds,
+                "rps": len(done) * per_call / seconds,  # claims per second
                 "seconds": seconds,
                 "aborted": len(aborted),
                 "p50_ms": percentile(done, 0.5) * 1000,
@@ -408,6 +461,10 @@ PHASES = (
     "allocate-reserve",
     "release",
     "reserve-release-cycle",
+    "allocate-batch-8",
+    "allocate-batch-64",
+    "allocate-batch-512",
+    "allocate-reserve-batch-64",
 )
 
 
@@ -575,6 +632,12 @@ def _add_ratios(report: BenchReport) -> None:
             report.add(f"mtls:{name}/plaintext", ratio=round(secured / plain, 3))
     report.targets.append(Target("allocate-any-node/check", "ratio", 0.5, at_least=True))
     report.targets.append(Target("allocate-reserve/check", "ratio", 0.3, at_least=True))
+    report.targets.append(Target("allocate-reserve-batch-64/check", "ratio", 3.0, at_least=True))
+    p99 = {row.name: float(row.values["p99_ms"]) for row in report.rows if "p99_ms" in row.values}
+    unary, batch = p99.get("allocate-reserve", 0.0), p99.get("allocate-reserve-batch-64", 0.0)
+    if unary > 0 and batch > 0:  # a 64-item batch's p99 <= 64 x the unary p99 / 4
+        report.add("allocate-reserve-batch-64/p99-rule", ratio=round(batch / (16 * unary), 3))
+        report.targets.append(Target("allocate-reserve-batch-64/p99-rule", "ratio", 1.0))
 
 
 if __name__ == "__main__":

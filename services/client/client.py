@@ -28,6 +28,7 @@ from types import TracebackType
 from typing import Any
 
 import grpc
+from google.rpc import status_pb2
 
 from protos.allocator.v1 import allocator_pb2 as pb
 from protos.allocator.v1 import allocator_pb2_grpc
@@ -53,7 +54,8 @@ from services.client.results import (
 )
 from services.client.topology import to_pb_topology_constraints
 from services.common.dra.model import DeviceClass, DeviceID, NodeSelector, ResourceClaim
-from services.common.grpc_errors import error_from_rpc
+from services.common.errors import GpuallocError
+from services.common.grpc_errors import error_from_rpc, error_from_status
 from services.common.pb.dra_mapping import (
     to_pb_device_class,
     to_pb_device_id,
@@ -61,7 +63,7 @@ from services.common.pb.dra_mapping import (
     to_pb_resource_claim,
 )
 
-__all__ = ["AllocatorClient", "Gang", "Policy", "ReservationChanges"]
+__all__ = ["AllocateItem", "AllocatorClient", "Gang", "Policy", "ReservationChanges"]
 
 
 class Policy(StrEnum):
@@ -91,6 +93,26 @@ class Gang:
 
     node_count: int
     group_by_label: str = ""
+
+
+@dataclass(frozen=True)
+class AllocateItem:
+    """One item of `allocate_many`: the arguments of `allocate`, as values."""
+
+    claims: Sequence[ResourceClaim]
+    node_name: str = ""
+    node_selector: NodeSelector | None = None
+    policy: Policy | None = None
+    device_classes: Sequence[DeviceClass] = ()
+    explain: bool = False
+    reserve: bool = False
+    lease_ttl_seconds: float | None = None
+    owner: str | None = None
+    idempotency_key: str = ""
+    labels: Mapping[str, str] | None = None
+    gang: Gang | None = None
+    priority_class: str = ""
+    preempt: bool = False
 
 
 def _id(reservation: ReservationRef) -> str:
@@ -173,19 +195,75 @@ class AllocatorClient:
         """A placement for the claims together on one node (on each node of a `gang`),
         reserved when `reserve` is set; with `preempt` too, revoking the reservations the
         server's preemption rules choose when that is what makes it fit (docs/tenancy.md)."""
-        request = pb.AllocateRequest(explain=explain, reserve=reserve)
-        _fill_query(request, claims, node_name, node_selector, policy, device_classes, gang)
-        who = self._owner(owner)
-        request.priority_class_name = priority_class
-        if reserve:
-            request.preempt = preempt
-            request.owner = who
-            request.idempotency_key = idempotency_key or f"client-{uuid.uuid4().hex}"
-            request.reservation_labels.update(labels or {})
-            if lease_ttl_seconds is not None:
-                request.lease_ttl.CopyFrom(duration_to_pb(lease_ttl_seconds))
-        response = self._caller.call(self._stub.Allocate, request, read=not reserve, owner=who)
+        item = AllocateItem(
+            claims,
+            node_name=node_name,
+            node_selector=node_selector,
+            policy=policy,
+            device_classes=device_classes,
+            explain=explain,
+            reserve=reserve,
+            lease_ttl_seconds=lease_ttl_seconds,
+            owner=owner,
+            idempotency_key=idempotency_key,
+            labels=labels,
+            gang=gang,
+            priority_class=priority_class,
+            preempt=preempt,
+        )
+        request = self._allocate_request(item)
+        response = self._caller.call(
+            self._stub.Allocate, request, read=not reserve, owner=self._owner(owner)
+        )
         return placement_from_pb(response)
+
+    def allocate_many(self, items: Sequence[AllocateItem]) -> list[Placement | GpuallocError]:
+        """Many allocates in one AllocateBatch call (docs/api.md): placed in order, each seeing
+        the reservations of the ones before it; one result per item, the Placement or the
+        typed error that item alone failed with (the call itself raises only for what fails
+        it whole: UNAVAILABLE after the retries, PERMISSION_DENIED, a batch too large)."""
+        requests = [self._allocate_request(item) for item in items]
+        owners = {r.owner for r in requests if r.reserve}
+        request = pb.AllocateBatchRequest(items=requests)
+        response = self._caller.call(
+            self._stub.AllocateBatch,
+            request,
+            read=not owners,
+            owner=owners.pop() if len(owners) == 1 else "",  # each item's field otherwise
+        )
+        return [
+            placement_from_pb(result.response)
+            if result.HasField("response")
+            else error_from_status(
+                status_pb2.Status(
+                    code=result.error.code,
+                    message=result.error.message,
+                    details=result.error.details,
+                )
+            )
+            for result in response.items
+        ]
+
+    def _allocate_request(self, item: AllocateItem) -> pb.AllocateRequest:
+        request = pb.AllocateRequest(explain=item.explain, reserve=item.reserve)
+        _fill_query(
+            request,
+            item.claims,
+            item.node_name,
+            item.node_selector,
+            item.policy,
+            item.device_classes,
+            item.gang,
+        )
+        request.priority_class_name = item.priority_class
+        if item.reserve:
+            request.preempt = item.preempt
+            request.owner = self._owner(item.owner)
+            request.idempotency_key = item.idempotency_key or f"client-{uuid.uuid4().hex}"
+            request.reservation_labels.update(item.labels or {})
+            if item.lease_ttl_seconds is not None:
+                request.lease_ttl.CopyFrom(duration_to_pb(item.lease_ttl_seconds))
+        return request
 
     def explain(
         self,

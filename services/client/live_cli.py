@@ -5,6 +5,7 @@ service from a shell, shaped like kubectl.
     gpualloc get devices [--node NAME] [--state free] ;  gpualloc get reservations [--owner O]
     gpualloc describe node h100-node-1 ;  gpualloc describe reservation res-...
     gpualloc allocate -f claim.yaml [--reserve --lease 2m] [--node N] [--policy P]
+    gpualloc allocate -f claims.yaml --each [--reserve]   (each claim on its own, one batch)
     gpualloc explain -f claim.yaml ;  gpualloc capacity -f claim.yaml
     gpualloc commit|renew|release RESERVATION-ID
     gpualloc config view|get-contexts|use-context NAME|set-context NAME --server ADDR ...
@@ -35,7 +36,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from services.client.cli_flags import add_client_flags, client_environ
-from services.client.client import AllocatorClient, Policy
+from services.client.client import AllocateItem, AllocatorClient, Policy
 from services.client.config import ClientSettings
 from services.client.contexts import (
     CONTEXT_KEYS,
@@ -793,6 +794,8 @@ def _allocate(args: argparse.Namespace, session: Session, out: TextIO) -> int:
     lease = _duration("--lease", args.lease) if args.lease else None
     labels = dict(_label(item) for item in args.label or [])
     claims, classes = _claims(args)
+    if args.each:
+        return _allocate_each(args, session, out, claims, classes, lease, labels)
     with session.allocator() as allocator:
         placement = allocator.allocate(
             claims,
@@ -804,6 +807,54 @@ def _allocate(args: argparse.Namespace, session: Session, out: TextIO) -> int:
             labels=labels,
         )
     return _answer(placement, args.output, out)
+
+
+def _allocate_each(
+    args: argparse.Namespace,
+    session: Session,
+    out: TextIO,
+    claims: Sequence[ResourceClaim],
+    classes: list[DeviceClass],
+    lease: float | None,
+    labels: dict[str, str],
+) -> int:
+    """`--each`: every claim of the files (a List of them) on its own, in file order, in one
+    AllocateBatch call; each claim's answer or error. Exit 0 when every claim was allocated, 3
+    when one does not fit, 1 when one failed (its error is printed under its name)."""
+    key = args.idempotency_key or ""
+    items = [
+        AllocateItem(
+            [claim],
+            **_where(args, classes),
+            explain=True,
+            reserve=args.reserve,
+            lease_ttl_seconds=lease,
+            idempotency_key=f"{key}-{index}" if key else "",
+            labels=labels,
+        )
+        for index, claim in enumerate(claims)
+    ]
+    with session.allocator() as allocator:
+        results = allocator.allocate_many(items)
+    code = 0
+    shown: list[dict[str, Any]] = []
+    for claim, result in zip(claims, results, strict=True):
+        name = f"{claim.namespace}/{claim.name}" if claim.namespace else claim.name
+        if isinstance(result, GpuallocError):
+            code = EXIT_FAILED
+            shown.append({"claim": name, "error": f"{type(result).__name__}: {result}"})
+            if args.output == "text":
+                out.write(f"claim {name}: {type(result).__name__}: {result}\n")
+            continue
+        if not result.fits:
+            code = code or EXIT_UNSATISFIABLE
+        shown.append({"claim": name, **placement_to_dict(result)})
+        if args.output == "text":
+            out.write(f"claim {name}: ")
+            _placement_text(result, out)
+    if args.output != "text":
+        write_structured(shown, args.output, out)
+    return code
 
 
 def _answer(placement: Placement, output: str, out: TextIO) -> int:
@@ -841,6 +892,11 @@ def register_allocate(subparsers: Any) -> None:
     )
     parser.add_argument("--idempotency-key", metavar="KEY", help="with --reserve: a retry's key")
     parser.add_argument("--label", action="append", metavar="K=V", help="reservation label")
+    parser.add_argument(
+        "--each",
+        action="store_true",
+        help="each claim on its own, in file order, in one AllocateBatch call (not together)",
+    )
     _connection_flags(parser)
     parser.set_defaults(func=_run("allocate", _allocate))
 

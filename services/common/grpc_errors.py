@@ -67,6 +67,7 @@ __all__ = [
     "UnaryBehavior",
     "WrappedHandlers",
     "error_from_rpc",
+    "error_from_status",
     "is_infrastructure_method",
     "rewrap_handler",
     "stream_in_context",
@@ -456,7 +457,18 @@ def error_from_rpc(error: grpc.RpcError) -> GpuallocError:
     """The typed error a failed call stands for; RemoteError when its code has no type."""
     code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
     message = (error.details() if isinstance(error, grpc.Call) else None) or code.name
-    details = _unpack_details(error)
+    return _typed_error(code, message, _unpack_details(error))
+
+
+def error_from_status(status: status_pb2.Status) -> GpuallocError:
+    """The typed error a google.rpc.Status stands for (a batch item's status, whose bytes are
+    one), as error_from_rpc reads a failed call's."""
+    code = next((c for c in grpc.StatusCode if c.value[0] == status.code), None)
+    code = code or grpc.StatusCode.UNKNOWN
+    return _typed_error(code, status.message or code.name, _unpack(status.details))
+
+
+def _typed_error(code: grpc.StatusCode, message: str, details: list[Message]) -> GpuallocError:
     error_type = _ERROR_TYPES.get(code)
     if error_type is None:
         return RemoteError(code, message)
@@ -489,8 +501,13 @@ def _unpack_details(error: grpc.RpcError) -> list[Message]:
         status = None
     if status is None:
         return []
+    return _unpack(status.details)
+
+
+def _unpack(details: Iterable[Any]) -> list[Message]:
+    """The known detail messages of packed `google.protobuf.Any`s, in order."""
     unpacked: list[Message] = []
-    for packed in status.details:
+    for packed in details:
         for message_type in (
             error_details_pb2.BadRequest,
             error_details_pb2.ErrorInfo,

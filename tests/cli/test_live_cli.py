@@ -511,3 +511,35 @@ def test_bash_completes(line: str, words: set[str], home: Path, address: str) ->
         ["bash", "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=30, env=env
     )
     assert words <= set(done.stdout.split()), done.stdout + done.stderr
+
+
+def test_allocate_each_claim_of_a_list_in_one_batch(address: str, home: Path) -> None:
+    """`allocate --each`: a List of claims, each on its own, in order, one AllocateBatch call:
+    the two H100 claims are reserved on distinct devices, the 16-GPU one does not fit (exit 3)."""
+    one = yaml.safe_load((ROOT / ONE_H100).read_text())
+    sixteen = yaml.safe_load((ROOT / SIXTEEN).read_text())
+    items = [
+        {**one, "metadata": {**one["metadata"], "name": "batch-a"}},
+        {**one, "metadata": {**one["metadata"], "name": "batch-b"}},
+        sixteen,
+    ]
+    listing = yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items})
+    as_owner = ("-s", address, "--as", "team-d/batch")
+    done = gpualloc("allocate", "-f", "-", "--each", "--reserve", "-o", "json", *as_owner,
+                    home=home, stdin=listing)  # fmt: skip
+    shown = json.loads(done.stdout)
+    ids = [r["id"] for item in shown for r in item.get("reservations", [])]
+    try:
+        assert done.returncode == 3, done.stderr
+        assert [item["claim"] for item in shown] == [
+            "default/batch-a", "default/batch-b", f"default/{sixteen['metadata']['name']}"
+        ]  # fmt: skip
+        assert len(ids) == 2
+        devices = gpualloc("get", "devices", "--state", "reserved", "-o", "json", "-s", address,
+                           home=home)  # fmt: skip
+        held = {(d["nodeName"], d["device"]) for d in json.loads(devices.stdout)["items"]
+                if d.get("owner") == "team-d/batch"}  # fmt: skip
+        assert len(held) == 2
+    finally:
+        for reservation in ids:
+            gpualloc("release", reservation, *as_owner, home=home)

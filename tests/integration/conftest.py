@@ -22,10 +22,16 @@ from tests.e2e.allocator_harness import serve_allocator
 )
 def store(request: pytest.FixtureRequest) -> Iterator[ReservationStore]:
     """The embedded store, then a Redis store on a real redis-server."""
-    if request.param == "memory":
+    yield from store_of(request, request.param)
+
+
+def store_of(request: pytest.FixtureRequest, kind: str) -> Iterator[ReservationStore]:
+    """`memory`: the embedded store; `redis` or another fixture giving a Redis URL
+    (`redis_cluster_url`, ...): a Redis store there, closed after the test."""
+    if kind == "memory":
         yield MemoryReservationStore()
         return
-    made = RedisReservationStore(request.getfixturevalue("redis_url"))
+    made = RedisReservationStore(request.getfixturevalue("redis_url" if kind == "redis" else kind))
     yield made
     made.close()
 

@@ -9,6 +9,7 @@ Allocate -> Reserve -> Commit, re-allocating on ABORTED. Release frees the devic
 """
 
 from collections import abc as _abc
+from google.protobuf import any_pb2 as _any_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
@@ -965,6 +966,124 @@ class PreemptionVictim(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PreemptionVictim: _TypeAlias = PreemptionVictim  # noqa: Y015
+
+@_typing.final
+class AllocateBatchRequest(_message.Message):
+    """--- AllocateBatch --------------------------------------------------------------------------
+
+    Independent Allocates, each with its own claims, owner, idempotency key, priority class and
+    reserve flag.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEMS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___AllocateRequest]:
+        """The items, placed in this order."""
+
+    def __init__(
+        self,
+        *,
+        items: _abc.Iterable[Global___AllocateRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AllocateBatchRequest: _TypeAlias = AllocateBatchRequest  # noqa: Y015
+
+@_typing.final
+class BatchItemStatus(_message.Message):
+    """A status of one batch item: the same fields and numbers as google.rpc.Status, so its bytes
+    parse as one (details included: BadRequest, ErrorInfo, ...).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    DETAILS_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    """The gRPC status code (google.rpc.Code) the item would have failed an Allocate with."""
+    message: _builtins.str
+    """The status message."""
+    @_builtins.property
+    def details(self) -> _containers.RepeatedCompositeFieldContainer[_any_pb2.Any]:
+        """The machine-readable details an Allocate's status would carry."""
+
+    def __init__(
+        self,
+        *,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
+        details: _abc.Iterable[_any_pb2.Any] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "details", b"details", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BatchItemStatus: _TypeAlias = BatchItemStatus  # noqa: Y015
+
+@_typing.final
+class AllocateBatchItem(_message.Message):
+    """One item's result: its answer (any outcome), or the error it met."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> Global___AllocateResponse:
+        """The answer, as Allocate would give it."""
+
+    @_builtins.property
+    def error(self) -> Global___BatchItemStatus:
+        """The error, as Allocate would have failed with it."""
+
+    def __init__(
+        self,
+        *,
+        response: Global___AllocateResponse | None = ...,
+        error: Global___BatchItemStatus | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "response", b"response", "result", b"result"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "response", b"response", "result", b"result"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["response", "error"]  # noqa: Y015
+    _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
+
+Global___AllocateBatchItem: _TypeAlias = AllocateBatchItem  # noqa: Y015
+
+@_typing.final
+class AllocateBatchResponse(_message.Message):
+    """One result per item, in request order."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEMS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___AllocateBatchItem]:
+        """The results, `items[i]` for the request's `items[i]`."""
+
+    def __init__(
+        self,
+        *,
+        items: _abc.Iterable[Global___AllocateBatchItem] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AllocateBatchResponse: _TypeAlias = AllocateBatchResponse  # noqa: Y015
 
 @_typing.final
 class ExplainRequest(_message.Message):

@@ -42,6 +42,11 @@ class AllocatorStub:
                 request_serializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.AllocateRequest.SerializeToString,
                 response_deserializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.AllocateResponse.FromString,
                 _registered_method=True)
+        self.AllocateBatch = channel.unary_unary(
+                '/gpualloc.allocator.v1.Allocator/AllocateBatch',
+                request_serializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.AllocateBatchRequest.SerializeToString,
+                response_deserializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.AllocateBatchResponse.FromString,
+                _registered_method=True)
         self.Explain = channel.unary_unary(
                 '/gpualloc.allocator.v1.Allocator/Explain',
                 request_serializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.ExplainRequest.SerializeToString,
@@ -108,6 +113,16 @@ class AllocatorServicer:
     def Allocate(self, request, context):
         """Finds a placement for claims that must be allocated together on one node (or a gang of
         nodes), optionally reserving it in the same call. No fit is a normal response with reasons.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AllocateBatch(self, request, context):
+        """Many Allocates in one call, as a scheduler's pass sends its queue: the items are placed in
+        order, each seeing the reservations of the ones before it, and each has its own answer or
+        error. A bad item never fails the others; items the deadline leaves unreached answer
+        DEADLINE_EXCEEDED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -205,6 +220,11 @@ def add_AllocatorServicer_to_server(servicer, server):
                     request_deserializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.AllocateRequest.FromString,
                     response_serializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.AllocateResponse.SerializeToString,
             ),
+            'AllocateBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.AllocateBatch,
+                    request_deserializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.AllocateBatchRequest.FromString,
+                    response_serializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.AllocateBatchResponse.SerializeToString,
+            ),
             'Explain': grpc.unary_unary_rpc_method_handler(
                     servicer.Explain,
                     request_deserializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.ExplainRequest.FromString,
@@ -291,6 +311,33 @@ class Allocator:
             '/gpualloc.allocator.v1.Allocator/Allocate',
             protos_dot_allocator_dot_v1_dot_allocator__pb2.AllocateRequest.SerializeToString,
             protos_dot_allocator_dot_v1_dot_allocator__pb2.AllocateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AllocateBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpualloc.allocator.v1.Allocator/AllocateBatch',
+            protos_dot_allocator_dot_v1_dot_allocator__pb2.AllocateBatchRequest.SerializeToString,
+            protos_dot_allocator_dot_v1_dot_allocator__pb2.AllocateBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

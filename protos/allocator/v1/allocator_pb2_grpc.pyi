@@ -45,6 +45,12 @@ class AllocatorStub:
     """Finds a placement for claims that must be allocated together on one node (or a gang of
     nodes), optionally reserving it in the same call. No fit is a normal response with reasons.
     """
+    AllocateBatch: _grpc.UnaryUnaryMultiCallable[_allocator_pb2.AllocateBatchRequest, _allocator_pb2.AllocateBatchResponse]
+    """Many Allocates in one call, as a scheduler's pass sends its queue: the items are placed in
+    order, each seeing the reservations of the ones before it, and each has its own answer or
+    error. A bad item never fails the others; items the deadline leaves unreached answer
+    DEADLINE_EXCEEDED.
+    """
     Explain: _grpc.UnaryUnaryMultiCallable[_allocator_pb2.ExplainRequest, _allocator_pb2.ExplainResponse]
     """Runs the same search as Allocate with reason recording on, and says why the claims do not
     fit: per request, per constraint, per node. Never reserves.
@@ -90,6 +96,12 @@ class AllocatorAsyncStub(AllocatorStub):
     Allocate: _aio.UnaryUnaryMultiCallable[_allocator_pb2.AllocateRequest, _allocator_pb2.AllocateResponse]  # type: ignore[assignment]
     """Finds a placement for claims that must be allocated together on one node (or a gang of
     nodes), optionally reserving it in the same call. No fit is a normal response with reasons.
+    """
+    AllocateBatch: _aio.UnaryUnaryMultiCallable[_allocator_pb2.AllocateBatchRequest, _allocator_pb2.AllocateBatchResponse]  # type: ignore[assignment]
+    """Many Allocates in one call, as a scheduler's pass sends its queue: the items are placed in
+    order, each seeing the reservations of the ones before it, and each has its own answer or
+    error. A bad item never fails the others; items the deadline leaves unreached answer
+    DEADLINE_EXCEEDED.
     """
     Explain: _aio.UnaryUnaryMultiCallable[_allocator_pb2.ExplainRequest, _allocator_pb2.ExplainResponse]  # type: ignore[assignment]
     """Runs the same search as Allocate with reason recording on, and says why the claims do not
@@ -139,6 +151,18 @@ class AllocatorServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_allocator_pb2.AllocateResponse, _abc.Awaitable[_allocator_pb2.AllocateResponse]]:
         """Finds a placement for claims that must be allocated together on one node (or a gang of
         nodes), optionally reserving it in the same call. No fit is a normal response with reasons.
+        """
+
+    @_abc_1.abstractmethod
+    def AllocateBatch(
+        self,
+        request: _allocator_pb2.AllocateBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_allocator_pb2.AllocateBatchResponse, _abc.Awaitable[_allocator_pb2.AllocateBatchResponse]]:
+        """Many Allocates in one call, as a scheduler's pass sends its queue: the items are placed in
+        order, each seeing the reservations of the ones before it, and each has its own answer or
+        error. A bad item never fails the others; items the deadline leaves unreached answer
+        DEADLINE_EXCEEDED.
         """
 
     @_abc_1.abstractmethod

@@ -206,6 +206,7 @@ def test_overrides_are_checked_like_the_file() -> None:
 REQUESTS: dict[str, type[Message]] = {
     "grpc.health.v1.Health/Check": health_pb2.HealthCheckRequest,
     "gpualloc.allocator.v1.Allocator/Allocate": allocator_pb2.AllocateRequest,
+    "gpualloc.allocator.v1.Allocator/AllocateBatch": allocator_pb2.AllocateBatchRequest,
     "gpualloc.allocator.v1.Allocator/Explain": allocator_pb2.ExplainRequest,
 }
 

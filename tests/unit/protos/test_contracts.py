@@ -25,6 +25,7 @@ SERVICES = {
     ],
     "gpualloc.allocator.v1.Allocator": [
         "Allocate",
+        "AllocateBatch",
         "Explain",
         "Reserve",
         "Commit",

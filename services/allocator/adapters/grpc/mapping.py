@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from fractions import Fraction
 
+import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from protos.allocator.v1 import allocator_pb2 as pb
@@ -57,7 +58,8 @@ from services.allocator.reservations.binding import binding_of
 from services.allocator.reservations.model import DeviceCondition, Reservation, ReservationState
 from services.common.dra.model import AllocationResult, DeviceID, ResourceClaim
 from services.common.dra.names import label_name_errors
-from services.common.errors import FieldViolation, InvalidArgument
+from services.common.errors import FieldViolation, GpuallocError, InvalidArgument, clip
+from services.common.grpc_errors import MAX_MESSAGE_CHARS, status_code_of, to_rpc_status
 from services.common.pb.dra_mapping import (
     from_pb_allocation_result,
     from_pb_device_class,
@@ -394,6 +396,19 @@ def proto_field_paths(claims: str = "claims") -> Iterator[None]:
 
 
 # --- values -> responses ---------------------------------------------------------------------
+
+
+def batch_item_status(error: GpuallocError, item_path: str) -> pb.BatchItemStatus:
+    """A batch item's error as the status an Allocate would have failed with (the same code,
+    message and details: services.common.grpc_errors), its field paths under `item_path`."""
+    if isinstance(error, InvalidArgument) and error.violations:
+        error = InvalidArgument(
+            error.message,
+            [FieldViolation(f"{item_path}.{v.path}", v.description) for v in error.violations],
+        )
+    status = to_rpc_status(error, status_code_of(error) or grpc.StatusCode.UNKNOWN)
+    message = clip(f"{item_path}: {status.message}", MAX_MESSAGE_CHARS)
+    return pb.BatchItemStatus(code=status.code, message=message, details=status.details)
 
 
 def allocate_response(answer: Answer, max_nodes: int = 10) -> pb.AllocateResponse:

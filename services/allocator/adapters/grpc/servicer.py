@@ -15,7 +15,7 @@ ends) and passes it to the service.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
 import grpc
@@ -25,6 +25,7 @@ from protos.allocator.v1 import allocator_pb2_grpc
 from services.allocator.adapters.grpc.mapping import (
     ClaimReader,
     allocate_response,
+    batch_item_status,
     capacity_response,
     claims_path,
     device_conditions_from_pb,
@@ -40,7 +41,8 @@ from services.allocator.adapters.grpc.mapping import (
     reserve_claims_from_pb,
     seconds_from_pb,
 )
-from services.allocator.app.messages import Answer
+from services.allocator.app.batch import BatchItem, ItemResult, allocate_batch
+from services.allocator.app.messages import Answer, LeaseOptions, Query
 from services.allocator.app.reservation_watch import ReservationWatch
 from services.allocator.app.service import AllocatorService
 from services.allocator.app.tenancy import (
@@ -75,6 +77,14 @@ def _placing(request: pb.AllocateRequest) -> Access:
     return Access("", permission, admin_access=request.reserve and asks_admin_access(request))
 
 
+def _placing_batch(request: pb.AllocateBatchRequest) -> Access:
+    """What the batch's items need together: reserving if any item reserves, admin access if
+    a reserving item asks for it (each item's owner is checked as it is mapped)."""
+    reserving = [item for item in request.items if item.reserve]
+    permission = Permission.RESERVATIONS_CREATE if reserving else Permission.PLACEMENTS_READ
+    return Access("", permission, admin_access=any(asks_admin_access(i) for i in reserving))
+
+
 def _reporting(request: pb.ReportDeviceConditionsRequest) -> Access:
     """A node's agent reports for the reservations of its node (the node an id names), as it
     reports the node itself; an operator (report-any-node) for any."""
@@ -89,6 +99,7 @@ def _reserving(request: pb.ReserveRequest) -> Access:
 _PREFIX = f"/{SERVICE_NAME}/"
 ACCESS: dict[str, AccessRule] = {
     _PREFIX + "Allocate": _placing,
+    _PREFIX + "AllocateBatch": _placing_batch,
     _PREFIX + "Explain": rule(Permission.PLACEMENTS_READ),
     _PREFIX + "Capacity": rule(Permission.PLACEMENTS_READ),
     _PREFIX + "Reserve": _reserving,
@@ -145,20 +156,73 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
     ) -> pb.AllocateResponse:
         principal = current_principal(context)
         with proto_field_paths(claims_path(request)), self._errors_shown_to(principal):
-            query = query_from_pb(request, self._claims)
-            lease = None
-            if request.reserve:
-                lease = lease_from_pb(
-                    principal.owner(request.owner),
-                    request.lease_ttl if request.HasField("lease_ttl") else None,
-                    request.idempotency_key,
-                    request.reservation_labels,
-                    request_digest(request) if request.idempotency_key else "",
-                    request.priority_class_name,
-                    request.preempt,
-                    principal.max_reservations,
-                )
+            query, lease = self._item(request, principal)
             answer = self._service.allocate(query, lease, deadline=self._deadline(context))
+        return self._answered(context, answer, principal)
+
+    def AllocateBatch(
+        self, request: pb.AllocateBatchRequest, context: grpc.ServicerContext
+    ) -> pb.AllocateBatchResponse:
+        """Each item as an Allocate (app/batch.py): mapped, authorized for its owner, audited
+        and shown as one; an item's error is its own status, not the call's."""
+        principal = current_principal(context)
+
+        def item(entry: pb.AllocateRequest) -> Callable[[], BatchItem]:
+            def make() -> BatchItem:
+                with proto_field_paths(claims_path(entry)), self._errors_shown_to(principal):
+                    query, lease = self._item(entry, principal)
+                    return BatchItem(query, lease, entry.SerializeToString(deterministic=True))
+
+            return make
+
+        items: list[pb.AllocateBatchItem] = []
+
+        def shown(result: ItemResult) -> None:
+            if isinstance(result, Answer):
+                response = self._answered(context, result, principal)
+                items.append(pb.AllocateBatchItem(response=response))
+            else:
+                status = batch_item_status(result, f"items[{len(items)}]")
+                items.append(pb.AllocateBatchItem(error=status))
+
+        def allocate(
+            query: Query, lease: LeaseOptions | None = None, *, deadline: Deadline
+        ) -> Answer:
+            with self._errors_shown_to(principal):  # redacted before the batch keeps them
+                return self._service.allocate(query, lease, deadline=deadline)
+
+        allocate_batch(
+            allocate,
+            [item(entry) for entry in request.items],
+            deadline=self._deadline(context),
+            on_result=shown,
+        )
+        return pb.AllocateBatchResponse(items=items)
+
+    def _item(
+        self, request: pb.AllocateRequest, principal: Principal
+    ) -> tuple[Query, LeaseOptions | None]:
+        """An AllocateRequest as the service takes it: the query, and the lease when it
+        reserves (the owner the principal may act as)."""
+        query = query_from_pb(request, self._claims)
+        if not request.reserve:
+            return query, None
+        lease = lease_from_pb(
+            principal.owner(request.owner),
+            request.lease_ttl if request.HasField("lease_ttl") else None,
+            request.idempotency_key,
+            request.reservation_labels,
+            request_digest(request) if request.idempotency_key else "",
+            request.priority_class_name,
+            request.preempt,
+            principal.max_reservations,
+        )
+        return query, lease
+
+    def _answered(
+        self, context: grpc.ServicerContext, answer: Answer, principal: Principal
+    ) -> pb.AllocateResponse:
+        """An Allocate's answer on the wire, its preemptions and grants audited."""
         if answer.reservations:
             for victim in answer.preemption:
                 audit_call(
