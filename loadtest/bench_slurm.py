@@ -1,0 +1,275 @@
+"""Slurm bridge benchmark: plain Slurm (A) vs Slurm with the gpualloc bridge (B), in one run.
+
+    python -m loadtest.bench slurm [--quick] [--json]      (make bench ARGS=slurm)
+
+A real munged, slurmctld and two slurmd from Debian's slurm-wlm, started exactly as tests/slurm
+starts them (tests/slurm/conftest.py `start_slurm`: 8 GPUs per node, gres.conf from the
+inventory, examples/bridges/slurm's slurm.conf lines and scripts), with the project's gpualloc
+server in this process. Modes, run one after the other for each setting (alternating), each
+on a fresh Slurm:
+
+- A: plain Slurm, examples/bridges/slurm/slurm.conf without PrologSlurmctld, TaskProlog and
+  EpilogSlurmctld;
+- B: the bridge as docs/bridges.md wires it: the three scripts, `gpualloc-slurm sync --socket`
+  running (the scripts hand each job to it through gpualloc-hook.py);
+- C: B with slurmd's node `Epilog=` (`gpualloc-hook.py epilog`, this node) in place of
+  EpilogSlurmctld;
+- S: B's slurm.conf with each script a shell `exit 0`: what Slurm's running any PrologSlurmctld
+  and TaskProlog costs by itself, the floor for any client (a compiled one included).
+
+Settings: one node (partition `gpu`) and two nodes (partition `multi`), each with Slurm's
+default scheduler settings and with `SchedulerParameters=bf_interval=1`. N jobs (200; 24 with
+--quick) of `--gres=gpu:1`, `--gres=gpu:4` and `--gres=gpu:h100:2` in turn, each running a
+one-line shell script, submitted by sbatch as fast as one client can. Figures per run:
+
+- jobs/s: N / (the last job gone from squeue - the first submission);
+- start p50/p99: a job's task start (its script's `date +%s.%N`) - its submission;
+- alloc->task p50/p99: its task start - slurmctld's allocation (`sched: Allocate JobId=` or
+  `sched/backfill: _start_job: Started JobId=`, milliseconds in slurmctld.log): what the
+  prolog chain adds;
+- requeued: jobs that ran with SLURM_RESTART_COUNT > 0;
+- host CPU: user+system seconds during the run of everything it started: the Slurm daemons
+  and what they ran (prologs, steps: slurmstepd is reaped by this process, a subreaper),
+  sync, sbatch/squeue, and this process (the gpualloc server in it).
+
+Ratio rows `B/A` and `C/A`: jobs/s and CPU as ratios, alloc->task as milliseconds added.
+Targets (issue 31, at N=200): jobs/s >= 0.9 x plain Slurm, 0 requeued, alloc->task added p50 <=
+50 ms and p99 <= 200 ms, CPU <= 1.5 x. The machine is shared: the ratios within a run count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from loadtest.report import BenchReport, Target, percentile
+from services.bridges import local_cluster
+from tests.slurm.conftest import NODE, SlurmCluster, TcpProxy, start_slurm
+
+N_JOBS = 200
+N_QUICK = 24
+GRES = ("gpu:1", "gpu:4", "gpu:h100:2")
+SETTINGS = (("1-node", "gpu"), ("2-node", "multi"))
+SCHEDULERS = ("default", "bf_interval=1")
+MODES = ("A", "B", "C", "S")
+HOOKED = ("PrologSlurmctld=", "TaskProlog=", "EpilogSlurmctld=")
+RUN_TIMEOUT_SECONDS = 900.0
+_PR_SET_CHILD_SUBREAPER = 36
+_ALLOCATED = re.compile(
+    r"^\[(\S+)\] (?:sched: Allocate|sched/backfill: _start_job: Started) JobId=(\d+)\b", re.M
+)
+_JOB = """#!/bin/sh
+echo "$(date +%s.%N) ${{SLURM_RESTART_COUNT:-0}} ${{CUDA_VISIBLE_DEVICES-}}" \
+  >> {out}/t-$SLURM_JOB_ID
+"""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    jobs_per_s: float
+    wall_s: float
+    start_s: list[float]
+    alloc_task_s: list[float]
+    cpu_s: float
+    requeued: int
+    without_gpus: int
+    """Jobs whose task had no CUDA_VISIBLE_DEVICES (B, C: the TaskProlog did not run)."""
+
+
+def _settings(mode: str, scheduler: str, directory: Path, lines: list[str]) -> list[str]:
+    """examples/bridges/slurm/slurm.conf's lines for the mode and scheduler."""
+    kept = [line for line in lines if mode != "A" or not line.startswith(HOOKED)]
+    if mode == "S":
+        for name in ("prolog-slurmctld.sh", "taskprolog.sh", "epilog-slurmctld.sh"):
+            (directory / "gpualloc" / name).write_text("#!/bin/sh\nexit 0\n")
+    if mode == "C":
+        epilog = directory / "gpualloc" / "epilog-node.sh"
+        text = (directory / "gpualloc" / "epilog-slurmctld.sh").read_text()
+        epilog.write_text(text.replace("epilog --all-nodes --sweep", "epilog --ignore-errors"))
+        epilog.chmod(0o755)
+        kept = [
+            f"Epilog={epilog}" if line.startswith("EpilogSlurmctld=") else line for line in kept
+        ]
+    if scheduler != "default":
+        kept = [
+            f"{line},{scheduler}" if line.startswith("SchedulerParameters=") else line
+            for line in kept
+        ]
+    return kept
+
+
+def _proc_cpu(pid: int) -> float:
+    """utime + stime + the reaped children's, of a running process, in seconds."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def _reap() -> None:
+    """Collect the exited orphans this subreaper inherited (slurmstepd), so their CPU counts."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
+def _host_cpu(pids: list[int]) -> float:
+    _reap()
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    used = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return used + sum(_proc_cpu(p) for p in pids)
+
+
+def _allocated(log: str) -> dict[str, float]:
+    """Job id -> the time slurmctld last allocated it (local time, as slurmctld logs it)."""
+    return {m[2]: datetime.fromisoformat(m[1]).timestamp() for m in _ALLOCATED.finditer(log)}
+
+
+@contextlib.contextmanager
+def _slurm(mode: str, scheduler: str, directory: Path) -> Iterator[tuple[SlurmCluster, list[int]]]:
+    """A fresh Slurm (and gpualloc, and sync for B and C): the cluster and the pids to count."""
+    with local_cluster.start() as gpualloc:
+        proxy = TcpProxy(("127.0.0.1", gpualloc.port))
+
+        def settings(lines: list[str]) -> list[str]:
+            return _settings(mode, scheduler, directory, lines)
+
+        cluster = start_slurm(directory, gpualloc, proxy, settings)
+        try:
+            with contextlib.ExitStack() as stack:
+                pids = [p.pid for p in cluster.processes]
+                if mode in ("B", "C"):
+                    sync = stack.enter_context(cluster.syncing("--interval=10s"))
+                    pids.append(sync.pid)
+                yield cluster, pids
+        finally:
+            cluster.stop()
+            proxy.close()
+
+
+def run_once(mode: str, scheduler: str, partition: str, jobs: int) -> RunResult:
+    with tempfile.TemporaryDirectory(prefix="gpualloc-bench-slurm-") as top:
+        directory = Path(top)
+        directory.chmod(0o755)
+        with _slurm(mode, scheduler, directory) as (cluster, pids):
+            return _measure(cluster, pids, partition, jobs)
+
+
+def _measure(cluster: SlurmCluster, pids: list[int], partition: str, jobs: int) -> RunResult:
+    script = cluster.out / "job.sh"
+    script.write_text(_JOB.format(out=cluster.out))
+    script.chmod(0o755)
+    time.sleep(1.0)  # sync's first pass
+    cpu_before = _host_cpu(pids)
+    began = time.time()
+    submitted: dict[str, float] = {}
+    for index in range(jobs):
+        at = time.time()
+        done = cluster.run(
+            "sbatch", "--parsable", f"--partition={partition}", f"--gres={GRES[index % 3]}",
+            "--output=/dev/null", str(script),
+        )  # fmt: skip
+        submitted[done.stdout.strip().split(";")[0]] = at
+    deadline = began + RUN_TIMEOUT_SECONDS
+    while cluster.run("squeue", "-h", "-o", "%i").stdout.split():
+        if time.time() > deadline:
+            raise RuntimeError(f"{jobs} jobs not done in {RUN_TIMEOUT_SECONDS:g}s")
+        time.sleep(0.25)
+    ended = time.time()
+    time.sleep(0.5)  # the last steps' slurmstepd exit
+    cpu = _host_cpu(pids) - cpu_before
+    allocated = _allocated(cluster.controller_log())
+    starts: list[float] = []
+    alloc_task: list[float] = []
+    requeued = without = 0
+    for job_id, at in submitted.items():
+        path = cluster.out / f"t-{job_id}"
+        text = path.read_text() if path.exists() else ""
+        runs = [line.split(" ", 2) for line in text.splitlines()]
+        if not runs:
+            raise RuntimeError(f"job {job_id} never ran its task\n{cluster.log_tail()}")
+        started, restarts, gpus = float(runs[-1][0]), int(runs[-1][1]), runs[-1][2:]
+        requeued += restarts > 0 or len(runs) > 1
+        without += not (gpus and gpus[0].strip())
+        starts.append(started - at)
+        if job_id in allocated:
+            alloc_task.append(started - allocated[job_id])
+    return RunResult(
+        jobs / (ended - began), ended - began, starts, alloc_task, cpu, requeued, without
+    )
+
+
+def _row(result: RunResult) -> dict[str, float | int | str]:
+    return {
+        "jobs_per_s": result.jobs_per_s,
+        "wall_s": result.wall_s,
+        "start_p50_s": statistics.median(result.start_s),
+        "start_p99_s": percentile(result.start_s, 0.99),
+        "alloc_task_p50_ms": statistics.median(result.alloc_task_s) * 1000,
+        "alloc_task_p99_ms": percentile(result.alloc_task_s, 0.99) * 1000,
+        "cpu_s": result.cpu_s,
+        "requeued": result.requeued,
+        "no_cvd": result.without_gpus,
+    }
+
+
+def run(quick: bool = False) -> BenchReport:
+    jobs = N_QUICK if quick else N_JOBS
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    report = BenchReport(
+        "slurm",
+        setup={
+            "jobs": jobs,
+            "gres": "/".join(GRES),
+            "gpus_per_node": 8,
+            "node": NODE,
+            "modes": "A plain, B bridge (EpilogSlurmctld), C bridge (node Epilog)",
+        },
+    )
+    for setting, partition in SETTINGS:
+        for scheduler in SCHEDULERS:
+            case = f"{setting}:{scheduler}"
+            results = {}
+            for mode in MODES:
+                results[mode] = run_once(mode, scheduler, partition, jobs)
+                report.add(f"{case}:{mode}", **_row(results[mode]))
+                print(f"{case}:{mode} {_row(results[mode])}", file=sys.stderr, flush=True)
+            plain = _row(results["A"])
+            for mode in ("B", "C", "S"):
+                row = _row(results[mode])
+                name = f"{case}:{mode}/A"
+                report.add(
+                    name,
+                    jobs_per_s=float(row["jobs_per_s"]) / float(plain["jobs_per_s"]),
+                    alloc_task_p50_ms=float(row["alloc_task_p50_ms"])
+                    - float(plain["alloc_task_p50_ms"]),
+                    alloc_task_p99_ms=float(row["alloc_task_p99_ms"])
+                    - float(plain["alloc_task_p99_ms"]),
+                    cpu_s=float(row["cpu_s"]) / float(plain["cpu_s"]),
+                    requeued=int(row["requeued"]),
+                    no_cvd=int(row["no_cvd"]),
+                )
+                if mode == "S":
+                    continue  # a measure of Slurm itself: no target, no GPU variable
+                report.targets += [
+                    Target(name, "jobs_per_s", 0.9, at_least=True),
+                    Target(name, "requeued", 0),
+                    Target(name, "no_cvd", 0),
+                    Target(name, "alloc_task_p50_ms", 50),
+                    Target(name, "alloc_task_p99_ms", 200),
+                    Target(name, "cpu_s", 1.5),
+                ]
+    return report
