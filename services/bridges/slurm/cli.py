@@ -43,7 +43,9 @@ import re
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TextIO
 
@@ -93,6 +95,8 @@ CHANGING_HOOKS = frozenset({"prolog", "epilog"})
 reservations. task-prolog (the job's user) only reads."""
 RELEASE_WAIT_SECONDS = 5.0
 """How long a prolog waits for the epilogs' releases queued before it."""
+RELEASE_THREADS = 8
+SWEEP_SECONDS = 5.0
 
 
 def _request_flags(parser: argparse.ArgumentParser) -> None:
@@ -410,7 +414,8 @@ class _Hooks:
         self.client = client
         self.inventory = inventory
         self.allowed_uids = frozenset({0, os.getuid(), *hook_uids})
-        self.releases = Releases(self._release)
+        self._swept = -SWEEP_SECONDS
+        self.releases = Releases(self._release, then=self._sweep)
 
     def close(self) -> None:
         self.releases.close()
@@ -436,7 +441,16 @@ class _Hooks:
             return HookAnswer(0, stderr=f"gpualloc-slurm: job {job_id}: release queued\n")
         if args.command == "prolog" and not self.releases.wait_for_queued(RELEASE_WAIT_SECONDS):
             log.warning("prolog: the releases queued before it took over %gs", RELEASE_WAIT_SECONDS)
-        return self._run(args, environ)
+        began = time.monotonic()
+        answer = self._run(args, environ)
+        log.info(
+            "%s of job %s: exit %d in %.0f ms",
+            args.command,
+            environ.get("SLURM_JOB_ID", "?"),
+            answer.code,
+            (time.monotonic() - began) * 1000,
+        )
+        return answer
 
     def _run(self, args: argparse.Namespace, environ: Mapping[str, str]) -> HookAnswer:
         """The command, as `main` runs it, on a client of its own (`_run` sets the job's
@@ -454,20 +468,29 @@ class _Hooks:
         return HookAnswer(code, out.getvalue(), err.getvalue())
 
     def _release(self, batch: Sequence[tuple[argparse.Namespace, Mapping[str, str]]]) -> None:
-        """Each queued epilog's release, then one sweep for all that asked for one."""
-        sweeping = None
-        for args, environ in batch:
+        """The queued epilogs' releases, side by side (each job's own: independent)."""
+
+        def release(item: tuple[argparse.Namespace, Mapping[str, str]]) -> None:
+            args, environ = item
             done = self._run(argparse.Namespace(**{**vars(args), "sweep": False}), environ)
             if done.code:
                 log.warning("epilog %s: %s", environ.get("SLURM_JOB_ID"), done.stderr.strip())
-            if args.sweep and environ.get("SLURM_CLUSTER_NAME", "").strip():
-                sweeping = environ
-        if sweeping is not None:
-            cluster = sweeping["SLURM_CLUSTER_NAME"].strip()
-            try:
-                sweep(self.client, cluster, lambda: _live_jobs(sweeping))
-            except GpuallocError as error:
-                log.warning("the epilogs' sweep failed: %s: %s", type(error).__name__, error)
+
+        with ThreadPoolExecutor(min(len(batch), RELEASE_THREADS)) as pool:
+            list(pool.map(release, batch))
+
+    def _sweep(self, batch: Sequence[tuple[argparse.Namespace, Mapping[str, str]]]) -> None:
+        """The epilogs' `--sweep`, after their releases (no prolog waits for it), at most
+        every SWEEP_SECONDS: it lists every reservation and asks squeue."""
+        asked = [env for args, env in batch if args.sweep and env.get("SLURM_CLUSTER_NAME")]
+        if not asked or time.monotonic() - self._swept < SWEEP_SECONDS:
+            return
+        self._swept = time.monotonic()
+        environ = asked[-1]
+        try:
+            sweep(self.client, environ["SLURM_CLUSTER_NAME"].strip(), lambda: _live_jobs(environ))
+        except GpuallocError as error:
+            log.warning("the epilogs' sweep failed: %s: %s", type(error).__name__, error)
 
 
 def _serve(

@@ -151,10 +151,16 @@ class HookServer:
 class Releases:
     """The epilogs' releases, off Slurm's critical path: `submit` returns at once; one worker
     thread runs `release` on every batch of what is queued, in arrival order (a release that
-    fails is logged: the next sync pass's sweep, or the lease, frees the GPUs)."""
+    fails is logged: the next sync pass's sweep, or the lease, frees the GPUs), then `then` on
+    the batch, which nobody waits for."""
 
-    def __init__(self, release: Callable[[Sequence[Any]], None]) -> None:
+    def __init__(
+        self,
+        release: Callable[[Sequence[Any]], None],
+        then: Callable[[Sequence[Any]], None] = lambda batch: None,
+    ) -> None:
         self._release = release
+        self._then = then
         self._queue: list[Any] = []
         self._queued = 0  # how many were ever submitted
         self._done = 0  # how many of those are released (or failed)
@@ -196,3 +202,7 @@ class Releases:
             with self._changed:
                 self._done += len(batch)
                 self._changed.notify_all()
+            try:
+                self._then(batch)
+            except Exception:
+                log.exception("after releasing %d job(s)", len(batch))

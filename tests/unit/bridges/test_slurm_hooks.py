@@ -129,6 +129,24 @@ def test_a_prolog_waits_for_the_releases_queued_before_it():
         releases.close()
 
 
+def test_what_follows_the_releases_holds_no_prolog_up():
+    # the epilogs' sweep lists every reservation and asks squeue: no prolog waits for it
+    gate, swept = threading.Event(), threading.Event()
+
+    def then(batch: Sequence[str]) -> None:
+        gate.wait(5)
+        swept.set()
+
+    releases = Releases(lambda batch: None, then=then)
+    try:
+        releases.submit("job-1")
+        assert releases.wait_for_queued(5) and not swept.is_set()
+        gate.set()
+        assert swept.wait(5)
+    finally:
+        releases.close()
+
+
 def test_a_release_that_raises_does_not_stop_the_queue():
     done: list[str] = []
 
