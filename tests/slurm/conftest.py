@@ -66,6 +66,8 @@ SCRIPTS = ("prolog-slurmctld.sh", "taskprolog.sh", "epilog-slurmctld.sh")
 """examples/bridges/slurm's scripts, in <directory>/gpualloc/ for slurm.conf."""
 HOOK = "gpualloc-hook.py"
 """Their client of `gpualloc-slurm sync --socket`, next to them."""
+NODE_EPILOG = "epilog.sh"
+"""The node Epilog variant, copied beside them (slurm.conf names it only in the benchmark)."""
 _SLURM_FIXTURES = frozenset({"slurm_cluster", "slurm", "system_install"})
 
 
@@ -508,7 +510,7 @@ def start_slurm(
         "/etc/slurm/slurm.conf": str(conf),
         "/run/gpualloc-slurm.sock": str(directory / "gpualloc" / "hooks.sock"),
     }
-    for script in (*SCRIPTS, HOOK):
+    for script in (*SCRIPTS, HOOK, NODE_EPILOG):
         path = directory / "gpualloc" / script
         path.write_text(_render((EXAMPLES / script).read_text(), replacements))
         path.chmod(0o755)
