@@ -215,16 +215,35 @@ def _measure(
         if not runs:
             continue  # not run within the run's time
         started, restarts, gpus = float(runs[-1][0]), int(runs[-1][1]), runs[-1][2:]
-        requeued += restarts > 0 or len(runs) > 1
+        if restarts > 0 or len(runs) > 1:
+            requeued += 1
+            why = cluster.job(job_id).get("Comment", "")
+            print(f"job {job_id} was requeued: {why or '(no Comment)'}", file=sys.stderr)
         without += not (gpus and gpus[0].startswith("GPU-"))
         starts.append(started - at)
         if job_id in allocated:
             alloc_task.append(started - allocated[job_id])
+    _keep_logs(cluster)
     finished = len(starts)
     return RunResult(
         finished / (ended - began), ended - began, finished, starts, alloc_task, cpu, requeued,
         without,
     )  # fmt: skip
+
+
+LOGS = Path(tempfile.gettempdir()) / "gpualloc-bench-slurm-logs"
+
+
+def _keep_logs(cluster: SlurmCluster) -> None:
+    """slurmctld's and sync's logs of the run, in LOGS/<n>/ (the run's directory goes)."""
+    LOGS.mkdir(exist_ok=True)
+    kept = LOGS / str(len(list(LOGS.iterdir())))
+    kept.mkdir()
+    for name in ("slurmctld.log", "sync.log"):
+        path = cluster.directory / "log" / name
+        if path.exists():
+            (kept / name).write_bytes(path.read_bytes())
+    print(f"logs of the run: {kept}", file=sys.stderr)
 
 
 def _row(result: RunResult) -> dict[str, float | int | str]:
