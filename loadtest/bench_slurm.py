@@ -60,7 +60,14 @@ from pathlib import Path
 
 from loadtest.report import BenchReport, Target, percentile
 from services.bridges import local_cluster
-from tests.slurm.conftest import NODE, NODE_EPILOG, SlurmCluster, TcpProxy, start_slurm
+from tests.slurm.conftest import (
+    NODE,
+    NODE_EPILOG,
+    NODES,
+    SlurmCluster,
+    TcpProxy,
+    start_slurm,
+)
 
 N_JOBS = 200
 N_QUICK = 24
@@ -235,11 +242,12 @@ LOGS = Path(tempfile.gettempdir()) / "gpualloc-bench-slurm-logs"
 
 
 def _keep_logs(cluster: SlurmCluster) -> None:
-    """slurmctld's and sync's logs of the run, in LOGS/<n>/ (the run's directory goes)."""
+    """slurmctld's, slurmd's and sync's logs of the run, in LOGS/<n>/ (the run's directory
+    goes)."""
     LOGS.mkdir(exist_ok=True)
     kept = LOGS / str(len(list(LOGS.iterdir())))
     kept.mkdir()
-    for name in ("slurmctld.log", "sync.log"):
+    for name in ("slurmctld.log", "sync.log", *(f"slurmd-{n}.log" for n in NODES)):
         path = cluster.directory / "log" / name
         if path.exists():
             (kept / name).write_bytes(path.read_bytes())
