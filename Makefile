@@ -56,7 +56,7 @@ protos: $(STAMP) ## regenerate the committed Python code from protos/**/*.proto
 protos-check: $(STAMP) ## fail when the committed generated code is stale
 	$(PY) protos/generate.py --check
 
-bench: $(STAMP) ## benchmarks (solver, quality, inventory, service); pass ARGS=--json for machine-readable output
+bench: $(STAMP) ## benchmarks (solver, quality, inventory, service, ...; ARGS=slurm: the Slurm bridge, root); ARGS=--json for machine-readable output
 	$(PY) -m loadtest.bench $(ARGS)
 
 loadtest: $(STAMP) ## ~30 s load smoke on loopback (embedded + Redis): ghz-format reports + PNGs in loadtest/out/

@@ -2,6 +2,7 @@
 
     python -m loadtest.bench                 # all suites, human-readable tables
     python -m loadtest.bench solver --json   # one suite, one JSON document on stdout
+    python -m loadtest.bench slurm --quick   # the Slurm bridge (root; only when named)
 
 Each suite is a module `loadtest.bench_<name>` exposing `run(quick: bool) -> BenchReport`. Speed
 targets live here and in docs/performance.md, never in unit tests.
@@ -18,6 +19,8 @@ from collections.abc import Sequence
 from loadtest.report import BenchReport
 
 SUITES = ("solver", "quality", "inventory", "service", "store", "tenants")
+ON_REQUEST = ("slurm",)
+"""Run only when named: a real Slurm, as root, for minutes (loadtest/bench_slurm.py)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -25,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m loadtest.bench", description=__doc__.split("\n")[0]
     )
     parser.add_argument(
-        "suites", nargs="*", choices=[*SUITES, []], help="suites to run (default: all)"
+        "suites", nargs="*", choices=[*SUITES, *ON_REQUEST, []], help="suites to run (default: all)"
     )
     parser.add_argument(
         "--json", action="store_true", help="print one JSON document instead of tables"

@@ -34,7 +34,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,6 +77,10 @@ _SBIN = "/usr/sbin:/usr/bin:/sbin:/bin"
 _PROGRAMS = ("munged", "slurmctld", "slurmd", "slurmstepd", "sbatch", "srun", "scontrol", "squeue")
 SCRIPTS = ("prolog-slurmctld.sh", "taskprolog.sh", "epilog-slurmctld.sh")
 """examples/bridges/slurm's scripts, in <directory>/gpualloc/ for slurm.conf."""
+HOOK = "gpualloc-hook.py"
+"""Their client of `gpualloc-slurm sync --socket`, next to them."""
+NODE_EPILOG = "epilog.sh"
+"""The node Epilog variant, copied beside them (slurm.conf names it only in the benchmark)."""
 _SLURM_FIXTURES = frozenset({"slurm_cluster", "slurm", "system_install"})
 
 
@@ -276,16 +280,31 @@ class SlurmCluster:
             shown.append(f"--- {name}\n" + "\n".join(text.splitlines()[-lines:]))
         return "\n".join(shown)
 
+    @property
+    def socket(self) -> Path:
+        """Where the scripts' gpualloc-hook.py finds `gpualloc-slurm sync --socket`."""
+        return self.directory / "gpualloc" / "hooks.sock"
+
     @contextlib.contextmanager
     def syncing(self, *options: str, **environ: str) -> Iterator[subprocess.Popen[bytes]]:
-        """`gpualloc-slurm sync` running (as the controller's service would), with
-        `environ` added (GPUALLOC_SLURM_LEASE=...); stopped (SIGTERM) on the way out or by
-        the test. Its log is log/sync.log."""
-        argv = [str(Path(sys.executable).parent / "gpualloc-slurm"), "sync", *options]
+        """`gpualloc-slurm sync --socket` running (as the controller's service would: the
+        scripts' work then goes through it), with `environ` added (GPUALLOC_SLURM_LEASE=...);
+        stopped (SIGTERM) on the way out or by the test. Its log is log/sync.log."""
+        argv = [
+            str(Path(sys.executable).parent / "gpualloc-slurm"),
+            "sync",
+            f"--socket={self.socket}",
+            *options,
+        ]
         env = {**self.env, "GPUALLOC_ALLOCATOR_ADDR": self.proxy.target, **environ}
         with (self.directory / "log" / "sync.log").open("ab") as log:
             process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
+            deadline = time.monotonic() + START_TIMEOUT_SECONDS
+            while not self.socket.exists() and process.poll() is None:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
             yield process
         finally:
             if process.poll() is None:
@@ -386,8 +405,13 @@ def _gpualloc_lines(replacements: dict[str, str]) -> list[str]:
     return [_render(line, replacements) for line in settings]
 
 
-def _slurm_conf(directory: Path, replacements: dict[str, str]) -> str:
+def _slurm_conf(
+    directory: Path,
+    replacements: dict[str, str],
+    settings: Callable[[list[str]], list[str]] | None = None,
+) -> str:
     ctld_port = free_port()
+    gpualloc_lines = _gpualloc_lines(replacements)
     return "\n".join(
         [
             "ClusterName=gpualloc-test",
@@ -414,7 +438,7 @@ def _slurm_conf(directory: Path, replacements: dict[str, str]) -> str:
             "MpiDefault=none",
             # the node says 16 CPUs whatever this machine has, so jobs run side by side
             "SlurmdParameters=config_overrides",
-            *_gpualloc_lines(replacements),
+            *(settings(gpualloc_lines) if settings else gpualloc_lines),
             *(
                 f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={free_port()} "
                 f"CPUs=16 RealMemory=1000 Gres=gpu:h100:{GPUS} Features=nvlink State=UNKNOWN"
@@ -469,8 +493,13 @@ def _wait_for_idle_node(cluster: SlurmCluster) -> None:
 
 
 def start_slurm(
-    directory: Path, gpualloc: local_cluster.LocalCluster, proxy: TcpProxy
+    directory: Path,
+    gpualloc: local_cluster.LocalCluster,
+    proxy: TcpProxy,
+    settings: Callable[[list[str]], list[str]] | None = None,
 ) -> SlurmCluster:
+    """`settings`: what to make of examples/bridges/slurm/slurm.conf's lines (paths replaced),
+    for the benchmark (loadtest/bench_slurm.py: plain Slurm, other scheduler settings)."""
     if os.geteuid() != 0:
         pytest.fail(NOT_ROOT, pytrace=False)
     programs = {name: _binary(name) for name in _PROGRAMS}
@@ -494,8 +523,9 @@ def start_slurm(
         "/opt/gpualloc/bin/": f"{bin_dir}/",
         "gpualloc.example.com:50051": proxy.target,
         "/etc/slurm/slurm.conf": str(conf),
+        "/run/gpualloc-slurm.sock": str(directory / "gpualloc" / "hooks.sock"),
     }
-    for script in SCRIPTS:
+    for script in (*SCRIPTS, HOOK, NODE_EPILOG):
         path = directory / "gpualloc" / script
         path.write_text(_render((EXAMPLES / script).read_text(), replacements))
         path.chmod(0o755)
@@ -504,7 +534,7 @@ def start_slurm(
 
     env = {"PATH": f"{bin_dir}:{_SBIN}", "SLURM_CONF": str(conf), "HOME": str(directory)}
     for attempt in range(1, START_ATTEMPTS + 1):
-        conf.write_text(_slurm_conf(directory, replacements))  # new ports each attempt
+        conf.write_text(_slurm_conf(directory, replacements, settings))  # new ports each attempt
         cluster = SlurmCluster(directory, gpualloc, proxy, env)
         try:
             _start_daemons(cluster, programs, key, conf)

@@ -408,7 +408,8 @@ def test_a_job_of_an_unprivileged_user_runs_with_the_system_wide_install(slurm, 
     scripts = ("prolog-slurmctld.sh", "taskprolog.sh", "epilog-slurmctld.sh")
     with contextlib.ExitStack() as stack:
         for name in scripts:
-            text = re.sub(r"\S+/gpualloc-slurm ", f"{installed} ", slurm.script_text(name))
+            cli = f"GPUALLOC_SLURM_CLI={installed}"
+            text = re.sub(r"GPUALLOC_SLURM_CLI=\S+", cli, slurm.script_text(name))
             assert installed in text
             stack.enter_context(slurm.script(name, text))
         script = f"{report(slurm)} batch\n{hold(slurm)}\n"

@@ -5,8 +5,13 @@
 # job that asked for GPUs but holds no reservation fails (exit 4) with a `print` line saying
 # why; a job that asked for no GPU gets no GPU variable.
 GPUALLOC_ALLOCATOR_ADDR=${GPUALLOC_ALLOCATOR_ADDR:-gpualloc.example.com:50051}
-export GPUALLOC_ALLOCATOR_ADDR
+GPUALLOC_SLURM_SOCKET=${GPUALLOC_SLURM_SOCKET:-/run/gpualloc-slurm.sock}
+GPUALLOC_SLURM_CLI=/opt/gpualloc/bin/gpualloc-slurm
+export GPUALLOC_ALLOCATOR_ADDR GPUALLOC_SLURM_SOCKET GPUALLOC_SLURM_CLI
 # gpualloc-slurm sync's holder jobs (named gpualloc-held, submitted by root) need nothing
 # here; skipping them in the shell spares the controller a Python start per holder.
 [ "${SLURM_JOB_NAME-}:${SLURM_JOB_UID-}" = "gpualloc-held:0" ] && exit 0
-exec /opt/gpualloc/bin/gpualloc-slurm task-prolog
+# gpualloc-hook.py (standard library only: a start of milliseconds) hands the job to
+# `gpualloc-slurm sync --socket` (or, on a compute node, `gpualloc-slurm hooks --socket`), which
+# does the work; when nothing listens there it runs $GPUALLOC_SLURM_CLI task-prolog itself.
+exec /usr/bin/python3 -I -S /etc/slurm/gpualloc/gpualloc-hook.py task-prolog

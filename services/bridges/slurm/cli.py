@@ -4,7 +4,9 @@
     gpualloc-slurm task-prolog   # slurm.conf TaskProlog=: export CUDA_VISIBLE_DEVICES=GPU-...
     gpualloc-slurm epilog --all-nodes  # slurm.conf EpilogSlurmctld= (or Epilog=): release
     gpualloc-slurm gres-conf --node h100-node-1 > /etc/slurm/gres.conf
-    gpualloc-slurm sync          # on the controller, as root: holder jobs, leases (a service)
+    gpualloc-slurm sync --socket /run/gpualloc-slurm.sock  # on the controller, as root:
+                                 # holder jobs, leases, and the hooks' work (a service)
+    gpualloc-slurm hooks --socket /run/gpualloc-slurm.sock # on a compute node: TaskProlog's
     gpualloc-slurm translate --gres=gpu:h100:4 -C nvlink   # print the claim (YAML)
 
 The job comes from Slurm's prolog environment (SLURM_JOB_ID, SLURMD_NODENAME,
@@ -15,7 +17,10 @@ default /usr/bin/scontrol), and a failure also writes `gpualloc: <why>` into the
 (`squeue -o %k`, `scontrol show job`). The sbatch-style flags override the environment. The
 prolog reserves with a lease of GPUALLOC_SLURM_LEASE (default 10m; 0 commits instead), which
 `sync` renews while the job runs (GPUALLOC_SLURM_SYNC_INTERVAL between passes, default 10s;
-see services/bridges/slurm/sync.py). The
+see services/bridges/slurm/sync.py). With --socket (env GPUALLOC_SLURM_SOCKET), sync also
+does the hooks' work for examples/bridges/slurm/gpualloc-hook.py, which the Slurm scripts run
+instead of this command (services/bridges/slurm/hooks.py): milliseconds per job, not a Python
+start; the epilog's release then happens after it returned. The
 allocator is GPUALLOC_ALLOCATOR_ADDR (default 127.0.0.1:50051), the inventory
 GPUALLOC_INVENTORY_ADDR (default: the allocator's address). TLS: GPUALLOC_CLIENT_TLS_CA (the
 servers' CA; any TLS variable turns TLS on), GPUALLOC_CLIENT_TLS_CERT + GPUALLOC_CLIENT_TLS_KEY
@@ -31,13 +36,16 @@ be reached or failed; 4 (task-prolog) the job asked for GPUs and gpualloc holds 
 from __future__ import annotations
 
 import argparse
+import io
 import logging
 import os
 import re
 import signal
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TextIO
 
@@ -46,10 +54,13 @@ import yaml
 from services.bridges.slurm.claims import claim_for_node
 from services.bridges.slurm.commands import SlurmCommands
 from services.bridges.slurm.gresconf import parse_mig_minors, render_gres_conf
+from services.bridges.slurm.hooks import HookAnswer, HookServer, Releases
 from services.bridges.slurm.prolog import (
     JOB_LEASE_SECONDS,
+    JobGpus,
     NoReservation,
     SlurmJob,
+    release_ended_holders,
     run_epilog,
     run_prolog,
     sweep,
@@ -59,6 +70,7 @@ from services.bridges.slurm.request import SlurmGpuRequest, request_from_options
 from services.bridges.slurm.sync import HOLDER_NAME, Syncer, is_holder
 from services.client.cli_flags import add_client_flags, client_settings
 from services.client.client import AllocatorClient
+from services.client.config import ClientSettings
 from services.client.errors import Unplaceable
 from services.client.inventory import InventoryClient
 from services.common.config import env_duration
@@ -72,9 +84,19 @@ EXIT_UNPLACEABLE = 1
 EXIT_INVALID = 2
 EXIT_FAILED = 3
 EXIT_NO_RESERVATION = 4
+log = logging.getLogger("gpualloc.slurm.cli")
+
 SLURMCTLD_CONTEXT = "prolog_slurmctld"
 COMMENT_LIMIT = 400
 SYNC_INTERVAL_SECONDS = 10.0
+HOOK_COMMANDS = frozenset({"prolog", "task-prolog", "epilog"})
+CHANGING_HOOKS = frozenset({"prolog", "epilog"})
+"""Served only to root, the service's own user and --hook-uid (SlurmUser): they change
+reservations. task-prolog (the job's user) only reads."""
+RELEASE_WAIT_SECONDS = 5.0
+"""How long a prolog waits for the epilogs' releases queued before it."""
+RELEASE_THREADS = 8
+SWEEP_SECONDS = 5.0
 
 
 def _request_flags(parser: argparse.ArgumentParser) -> None:
@@ -143,6 +165,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="pause between passes (a duration; env GPUALLOC_SLURM_SYNC_INTERVAL, default 10s)",
     )
     sync.add_argument("--cluster", help="this Slurm's ClusterName (default: scontrol's)")
+    hooks = commands.add_parser(
+        "hooks",
+        help="only the hooks' work on --socket (a compute node's TaskProlog); a service",
+    )
+    for served in (sync, hooks):
+        served.add_argument(
+            "--socket",
+            help="do the Slurm hooks' work for gpualloc-hook.py on this Unix socket (env "
+            "GPUALLOC_SLURM_SOCKET; sync: none when unset)",
+        )
+        served.add_argument(
+            "--hook-uid",
+            type=int,
+            action="append",
+            default=[],
+            help="a uid besides root and the service's own that may run prolog and epilog "
+            "through the socket (SlurmUser's; repeat for more)",
+        )
     translate = commands.add_parser("translate", help="print the claim a request becomes")
     _request_flags(translate)
     return parser
@@ -217,28 +257,47 @@ def main(
     out, err = stdout or sys.stdout, stderr or sys.stderr
     env = os.environ if environ is None else environ
     args = build_parser().parse_args(argv)
+    return _answer(args, env, out, err, lambda: _connect_and_run(args, env, out, err))
+
+
+def _connect_and_run(
+    args: argparse.Namespace, env: Mapping[str, str], out: TextIO, err: TextIO
+) -> int:
+    settings = client_settings(args, env)
+    if args.command == "translate":
+        return _translate(args, env, out)
+    target = args.allocator or settings.target
+    with (
+        AllocatorClient(
+            target,
+            tls=settings.tls,
+            token_file=settings.token_file,
+            deadline_seconds=settings.deadline_seconds,
+            retry=settings.retry,
+        ) as client,
+        InventoryClient(
+            args.inventory or settings.inventory_target or target,
+            tls=settings.tls,
+            token_file=settings.token_file,
+            deadline_seconds=settings.deadline_seconds,
+            retry=settings.retry,
+        ) as inventory,
+    ):
+        if args.command in ("sync", "hooks"):
+            return _serve(args, env, settings, client, inventory, out)
+        return _run(args, env, client, inventory, out, err)
+
+
+def _answer(
+    args: argparse.Namespace,
+    env: Mapping[str, str],
+    out: TextIO,
+    err: TextIO,
+    work: Callable[[], int],
+) -> int:
+    """`work`'s exit status, the typed errors mapped to the documented ones (module doc)."""
     try:
-        settings = client_settings(args, env)
-        if args.command == "translate":
-            return _translate(args, env, out)
-        target = args.allocator or settings.target
-        with (
-            AllocatorClient(
-                target,
-                tls=settings.tls,
-                token_file=settings.token_file,
-                deadline_seconds=settings.deadline_seconds,
-                retry=settings.retry,
-            ) as client,
-            InventoryClient(
-                args.inventory or settings.inventory_target or target,
-                tls=settings.tls,
-                token_file=settings.token_file,
-                deadline_seconds=settings.deadline_seconds,
-                retry=settings.retry,
-            ) as inventory,
-        ):
-            return _run(args, env, client, inventory, out, err)
+        return work()
     except Unplaceable as error:
         print(f"gpualloc-slurm: {error}", file=err)
         _tell_the_job(args, env, str(error), err)
@@ -275,8 +334,6 @@ def _run(
             raise InvalidArgument.at("--node", f"node {args.node!r} is not in the inventory")
         out.write("\n".join(render_gres_conf(n, minors) for n in nodes if n is not None))
         return 0
-    if args.command == "sync":
-        return _sync(args, environ, client, inventory, out)
     if is_holder(environ):
         job_id = environ.get("SLURM_JOB_ID", "")
         print(
@@ -293,7 +350,7 @@ def _run(
         if args.sweep:
             if not job.cluster:
                 raise InvalidArgument.at("SLURM_CLUSTER_NAME", "--sweep needs the cluster's name")
-            swept = sweep(client, job.cluster, _live_jobs(environ), keep=job.job_id)
+            swept = sweep(client, job.cluster, lambda: _live_jobs(environ), keep=job.job_id)
             if swept:
                 print(
                     f"gpualloc-slurm: released {len(swept)} reservation(s) of ended jobs", file=err
@@ -301,7 +358,7 @@ def _run(
         return 0
     if args.command == "prolog":
         lease = env_duration(environ, "GPUALLOC_SLURM_LEASE", JOB_LEASE_SECONDS, minimum=0.0)
-        found = run_prolog(client, inventory, job, lease_seconds=lease)
+        found = _reserve(client, inventory, job, lease, environ)
         if not found:
             print(f"gpualloc-slurm: job {job.job_id} requests no GPU", file=err)
         elif environ.get("SLURM_JOB_RESTART_COUNT", "0").strip() not in ("", "0"):
@@ -318,12 +375,164 @@ def _run(
     return 0
 
 
+def _reserve(
+    client: AllocatorClient,
+    inventory: InventoryClient,
+    job: SlurmJob,
+    lease: float,
+    environ: Mapping[str, str],
+) -> list[JobGpus]:
+    """run_prolog; when what blocks Slurm's pick is only jobs of this cluster that no longer
+    run (the job that just left these GPUs, its epilog not done yet), those are released and
+    the prolog reserves once more (release_ended_holders): Slurm saw the GPUs free, and they
+    are. Any other holder stays, and the job is requeued with the reason."""
+    try:
+        return run_prolog(client, inventory, job, lease_seconds=lease)
+    except Unplaceable as error:
+        if not job.cluster or not release_ended_holders(
+            client, error.placement, job.cluster, _live_jobs(environ), keep=job.job_id
+        ):
+            raise
+    return run_prolog(client, inventory, job, lease_seconds=lease)
+
+
+class _Hooks:
+    """The Slurm scripts' commands done in this long-running process, for gpualloc-hook.py
+    (services/bridges/slurm/hooks.py): the same commands (`_run`) on this process's channels,
+    the epilog's release queued (`Releases`) and answered at once."""
+
+    def __init__(
+        self,
+        environ: Mapping[str, str],
+        settings: ClientSettings,
+        client: AllocatorClient,
+        inventory: InventoryClient,
+        hook_uids: Iterable[int],
+    ) -> None:
+        self.environ = dict(environ)
+        self.settings = settings
+        self.client = client
+        self.inventory = inventory
+        self.allowed_uids = frozenset({0, os.getuid(), *hook_uids})
+        self._swept = -SWEEP_SECONDS
+        self.releases = Releases(self._release, then=self._sweep)
+
+    def close(self) -> None:
+        self.releases.close()
+
+    def answer(self, argv: Sequence[str], env: Mapping[str, str], uid: int) -> HookAnswer:
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit:
+            return HookAnswer(EXIT_INVALID, stderr=f"gpualloc-slurm: bad hook arguments {argv}\n")
+        if args.command not in HOOK_COMMANDS:
+            return HookAnswer(EXIT_INVALID, stderr=f"gpualloc-slurm: {args.command}: not a hook\n")
+        if args.command in CHANGING_HOOKS and uid not in self.allowed_uids:
+            return HookAnswer(
+                EXIT_INVALID,
+                stderr=f"gpualloc-slurm: uid {uid} may not run {args.command} through the "
+                "socket (root, the service's user and its --hook-uid only)\n",
+            )
+        job_env = {k: v for k, v in env.items() if k.startswith("SLURM") or k == "GPUALLOC_NVLINK"}
+        environ = {**self.environ, **job_env}
+        if args.command == "epilog":
+            self.releases.submit((args, environ))
+            job_id = args.job_id or environ.get("SLURM_JOB_ID", "")
+            return HookAnswer(0, stderr=f"gpualloc-slurm: job {job_id}: release queued\n")
+        if args.command == "prolog" and not self.releases.wait_for_queued(RELEASE_WAIT_SECONDS):
+            log.warning("prolog: the releases queued before it took over %gs", RELEASE_WAIT_SECONDS)
+        began = time.monotonic()
+        answer = self._run(args, environ)
+        log.info(
+            "%s of job %s: exit %d in %.0f ms",
+            args.command,
+            environ.get("SLURM_JOB_ID", "?"),
+            answer.code,
+            (time.monotonic() - began) * 1000,
+        )
+        return answer
+
+    def _run(self, args: argparse.Namespace, environ: Mapping[str, str]) -> HookAnswer:
+        """The command, as `main` runs it, on a client of its own (`_run` sets the job's
+        owner on it) sharing this process's channel."""
+        out, err = io.StringIO(), io.StringIO()
+        client = AllocatorClient(
+            self.client.target,
+            channel=self.client.channel,
+            deadline_seconds=self.settings.deadline_seconds,
+            retry=self.settings.retry,
+        )
+        code = _answer(
+            args, environ, out, err, lambda: _run(args, environ, client, self.inventory, out, err)
+        )
+        return HookAnswer(code, out.getvalue(), err.getvalue())
+
+    def _release(self, batch: Sequence[tuple[argparse.Namespace, Mapping[str, str]]]) -> None:
+        """The queued epilogs' releases, side by side (each job's own: independent)."""
+
+        def release(item: tuple[argparse.Namespace, Mapping[str, str]]) -> None:
+            args, environ = item
+            done = self._run(argparse.Namespace(**{**vars(args), "sweep": False}), environ)
+            if done.code:
+                log.warning("epilog %s: %s", environ.get("SLURM_JOB_ID"), done.stderr.strip())
+
+        with ThreadPoolExecutor(min(len(batch), RELEASE_THREADS)) as pool:
+            list(pool.map(release, batch))
+
+    def _sweep(self, batch: Sequence[tuple[argparse.Namespace, Mapping[str, str]]]) -> None:
+        """The epilogs' `--sweep`, after their releases (no prolog waits for it), at most
+        every SWEEP_SECONDS: it lists every reservation and asks squeue."""
+        asked = [env for args, env in batch if args.sweep and env.get("SLURM_CLUSTER_NAME")]
+        if not asked or time.monotonic() - self._swept < SWEEP_SECONDS:
+            return
+        self._swept = time.monotonic()
+        environ = asked[-1]
+        try:
+            sweep(self.client, environ["SLURM_CLUSTER_NAME"].strip(), lambda: _live_jobs(environ))
+        except GpuallocError as error:
+            log.warning("the epilogs' sweep failed: %s: %s", type(error).__name__, error)
+
+
+def _serve(
+    args: argparse.Namespace,
+    environ: Mapping[str, str],
+    settings: ClientSettings,
+    client: AllocatorClient,
+    inventory: InventoryClient,
+    out: TextIO,
+) -> int:
+    """sync (with the hooks on --socket when given) or hooks alone, until SIGTERM/SIGINT."""
+    path = args.socket or environ.get("GPUALLOC_SLURM_SOCKET", "").strip()
+    if args.command == "hooks" and not path:
+        raise InvalidArgument.at("--socket", "hooks needs the socket's path")
+    if args.command == "sync" and args.once:
+        return _sync(args, environ, client, inventory, out, None)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    hooks = _Hooks(environ, settings, client, inventory, args.hook_uid) if path else None
+    server = HookServer(path, hooks.answer).start() if hooks is not None else None
+    try:
+        if args.command == "hooks":
+            log.info("serving the Slurm hooks on %s", path)
+            stop.wait()
+            return 0
+        return _sync(args, environ, client, inventory, out, stop)
+    finally:
+        if server is not None:
+            server.close()
+        if hooks is not None:
+            hooks.close()
+
+
 def _sync(
     args: argparse.Namespace,
     environ: Mapping[str, str],
     client: AllocatorClient,
     inventory: InventoryClient,
     out: TextIO,
+    stop: threading.Event | None,
 ) -> int:
     slurm = SlurmCommands(environ)
     cluster = args.cluster or environ.get("SLURM_CLUSTER_NAME", "").strip() or _cluster(slurm)
@@ -339,13 +548,9 @@ def _sync(
             "renewed: make the interval at most a third of the lease",
         )
     syncer = Syncer(client, inventory, slurm, cluster, lease_seconds=lease)
-    if args.once:
+    if stop is None:
         out.write("\n".join(syncer.sync_once().lines()) + "\n")
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
     syncer.run(stop, interval)
     return 0
 

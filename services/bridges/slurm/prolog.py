@@ -29,7 +29,7 @@ task's output).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 
@@ -50,7 +50,7 @@ from services.client.inventory import InventoryClient, InventoryDevice, NodeInve
 from services.client.lease import Lease
 from services.client.results import Placement, Reservation
 from services.common.dra.model import DeviceID, ResourceClaim
-from services.common.errors import FailedPrecondition, InvalidArgument
+from services.common.errors import FailedPrecondition, InvalidArgument, NotFound
 
 __all__ = [
     "JobGpus",
@@ -59,6 +59,7 @@ __all__ = [
     "gres_types",
     "idempotency_key",
     "job_gpus",
+    "release_ended_holders",
     "run_epilog",
     "run_prolog",
     "slurm_devices",
@@ -83,6 +84,15 @@ ENDED_STATES = frozenset(
         "TIMEOUT",
     }
 )
+
+NOT_RUNNING_STATES = ENDED_STATES | {
+    "COMPLETING",
+    "PENDING",
+    "REQUEUED",
+    "REQUEUE_FED",
+    "REQUEUE_HOLD",
+}
+"""A job in one of these uses no GPU (a requeued job waits, pending, to start again)."""
 
 
 class NoReservation(FailedPrecondition):
@@ -391,20 +401,66 @@ def run_epilog(client: AllocatorClient, job: SlurmJob, *, all_nodes: bool = Fals
 
 
 def sweep(
-    client: AllocatorClient, cluster: str, live_jobs: Mapping[str, str], *, keep: str = ""
+    client: AllocatorClient,
+    cluster: str,
+    live_jobs: Callable[[], Mapping[str, str]],
+    *,
+    keep: str = "",
 ) -> list[str]:
     """Release the reservations of this cluster's Slurm jobs that have ended: those an epilog
-    could not release (gpualloc was unreachable then). `live_jobs`: job id -> state, as
-    `squeue -t all` shows them; a job slurmctld no longer lists has ended. Reservations without
-    this cluster's label are left alone (another cluster may share the allocator)."""
+    could not release (gpualloc was unreachable then). `live_jobs()`: job id -> state, as
+    `squeue -t all` shows them; a job slurmctld no longer lists has ended. It is asked after
+    the reservations are listed: a job that reserved before the list was submitted before it,
+    so Slurm lists it unless it ended (asked before, a job submitted and started in between
+    would look ended and lose its GPUs). Reservations without this cluster's label are left
+    alone (another cluster may share the allocator)."""
+    ours = [
+        r
+        for r in client.list()
+        if slurm_job_of(r.owner) is not None and r.labels.get(CLUSTER_LABEL) == cluster
+    ]
+    live = live_jobs() if ours else {}
     released = []
-    for reservation in client.list():
+    for reservation in ours:
         owner = reservation.owner
         job_id = slurm_job_of(owner)
-        if job_id is None or reservation.labels.get(CLUSTER_LABEL) != cluster:
-            continue
-        if job_id == keep or live_jobs.get(job_id, "COMPLETED") not in ENDED_STATES:
+        if job_id is None or job_id == keep or live.get(job_id, "COMPLETED") not in ENDED_STATES:
             continue
         client.release(reservation, owner=owner, allow_missing=True)
         released.append(reservation.id)
+    return released
+
+
+def release_ended_holders(
+    client: AllocatorClient,
+    placement: Placement,
+    cluster: str,
+    live_jobs: Mapping[str, str],
+    *,
+    keep: str,
+) -> list[str]:
+    """Release the reservations in `placement`'s holders (what blocked a job's GPUs) of this
+    cluster's Slurm jobs that have ended or are completing (`live_jobs` as in `sweep`):
+    Slurm hands a job's GPUs to the next job as soon as the job ends, before (or while) its
+    EpilogSlurmctld runs, so the next job's prolog can find them still held by the job that
+    just left them (or by a requeued job whose epilog has not run yet). Slurm gave those GPUs
+    to the new job, so such a holder uses none of them: a running one is a real conflict and
+    stays. The prolog then reserves again. Returns the ids released (none: the holders run,
+    or are another owner's)."""
+    released = []
+    for holder in placement.holders:
+        job_id = slurm_job_of(holder.owner)
+        if not holder.reservation_id or job_id is None or job_id == keep:
+            continue
+        if live_jobs.get(job_id, "COMPLETED") not in NOT_RUNNING_STATES:
+            continue
+        try:
+            held = client.get(holder.reservation_id)
+        except NotFound:
+            released.append(holder.reservation_id)  # released meanwhile (its epilog)
+            continue
+        if held.labels.get(CLUSTER_LABEL) != cluster:
+            continue
+        client.release(held, owner=held.owner, allow_missing=True)
+        released.append(held.id)
     return released

@@ -235,7 +235,7 @@ class Syncer:
 
     def _keep_leases(self, jobs: Sequence[SlurmJobRow], report: SyncReport) -> None:
         states = {row.job_id: row.state for row in jobs}
-        report.released = len(sweep(self.client, self.cluster, states))
+        report.released = len(sweep(self.client, self.cluster, self._live_jobs))
         if not self.lease_seconds:
             return
         now = datetime.now(UTC)
@@ -260,6 +260,9 @@ class Syncer:
                 report.renewed += 1
             except (NotFound, FailedPrecondition) as error:  # released or committed meanwhile
                 log.info("lease of %s not renewed: %s", reservation.owner, error)
+
+    def _live_jobs(self) -> dict[str, str]:
+        return {row.job_id: row.state for row in self.slurm.jobs()}
 
     # --- outside holdings -> holder jobs ----------------------------------------------------
 

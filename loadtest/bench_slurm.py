@@ -1,0 +1,321 @@
+"""Slurm bridge benchmark: plain Slurm (A) vs Slurm with the gpualloc bridge (B), in one run.
+
+    python -m loadtest.bench slurm [--quick] [--json]      (make bench ARGS=slurm)
+
+A real munged, slurmctld and two slurmd from Debian's slurm-wlm, started exactly as tests/slurm
+starts them (tests/slurm/conftest.py `start_slurm`: 8 GPUs per node, gres.conf from the
+inventory, examples/bridges/slurm's slurm.conf lines and scripts), with the project's gpualloc
+server in this process. Modes, run one after the other for each setting (alternating), each
+on a fresh Slurm:
+
+- A: plain Slurm, examples/bridges/slurm/slurm.conf without PrologSlurmctld, TaskProlog and
+  EpilogSlurmctld;
+- B: the bridge as docs/bridges.md wires it: the three scripts, `gpualloc-slurm sync --socket`
+  running (the scripts hand each job to it through gpualloc-hook.py);
+- C: B with slurmd's node `Epilog=` (examples/bridges/slurm/epilog.sh: `gpualloc-hook.py
+  epilog`, this node) in place of EpilogSlurmctld;
+- S: B's slurm.conf with each script a shell `exit 0`: what Slurm's running any PrologSlurmctld,
+  TaskProlog and EpilogSlurmctld costs by itself, the floor for any client (a compiled one
+  included); P and E: only the `exit 0` PrologSlurmctld, only the `exit 0` EpilogSlurmctld.
+  Not run unless named: GPUALLOC_BENCH_SLURM_MODES=A,B,C,S,P,E (default A,B,C).
+
+A run ends when every job is done or after RUN_SECONDS (180 s; 90 s with --quick): jobs/s is
+then the jobs done / the time, and `done` says how many. Settings: one node (partition `gpu`)
+and two nodes (partition `multi`), each with Slurm's default scheduler settings and with
+`SchedulerParameters=bf_interval=1`. N jobs (200; 24 with --quick) of `--gres=gpu:1`,
+`--gres=gpu:4` and `--gres=gpu:h100:2` in turn, each running a
+one-line shell script, submitted by sbatch as fast as one client can. Figures per run:
+
+- jobs/s: the jobs done / (the last job gone from squeue, or the run's end - the first
+  submission);
+- start p50/p99: a job's task start (its script's `date +%s.%N`) - its submission;
+- alloc->task p50/p99: its task start - slurmctld's allocation (`sched: Allocate JobId=` or
+  `sched/backfill: _start_job: Started JobId=`, milliseconds in slurmctld.log): what the
+  prolog chain adds;
+- requeued: jobs that ran with SLURM_RESTART_COUNT > 0;
+- host CPU: user+system seconds during the run of everything it started: the Slurm daemons
+  and what they ran (prologs, steps: slurmstepd is reaped by this process, a subreaper),
+  sync, sbatch/squeue, and this process (the gpualloc server in it).
+
+Ratio rows `B/A` and `C/A`: jobs/s and CPU as ratios, alloc->task as milliseconds added.
+Targets (issue 31, at N=200): jobs/s >= 0.9 x plain Slurm, 0 requeued, alloc->task added p50 <=
+50 ms and p99 <= 200 ms, CPU <= 1.5 x. The machine is shared: the ratios within a run count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from loadtest.report import BenchReport, Target, percentile
+from services.bridges import local_cluster
+from tests.slurm.conftest import (
+    NODE,
+    NODE_EPILOG,
+    NODES,
+    SlurmCluster,
+    TcpProxy,
+    start_slurm,
+)
+
+N_JOBS = 200
+N_QUICK = 24
+GRES = ("gpu:1", "gpu:4", "gpu:h100:2")
+SETTINGS = (("1-node", "gpu"), ("2-node", "multi"))
+SCHEDULERS = ("default", "bf_interval=1")
+MODES = ("A", "B", "C")
+PROBES = ("S", "P", "E")
+RUN_SECONDS = 180.0
+RUN_QUICK_SECONDS = 90.0
+HOOKED = ("PrologSlurmctld=", "TaskProlog=", "EpilogSlurmctld=")
+_PR_SET_CHILD_SUBREAPER = 36
+_ALLOCATED = re.compile(
+    r"^\[(\S+)\] (?:sched: Allocate|sched/backfill: _start_job: Started) JobId=(\d+)\b", re.M
+)
+_JOB = """#!/bin/sh
+echo "$(date +%s.%N) ${{SLURM_RESTART_COUNT:-0}} ${{CUDA_VISIBLE_DEVICES-}}" \
+  >> {out}/t-$SLURM_JOB_ID
+"""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    jobs_per_s: float
+    wall_s: float
+    done: int
+    start_s: list[float]
+    alloc_task_s: list[float]
+    cpu_s: float
+    requeued: int
+    without_uuids: int
+    """Jobs whose CUDA_VISIBLE_DEVICES is not GPU UUIDs (gpualloc's TaskProlog writes them;
+    Slurm's own, indices, is what A and S show)."""
+
+
+def _settings(mode: str, scheduler: str, directory: Path, lines: list[str]) -> list[str]:
+    """examples/bridges/slurm/slurm.conf's lines for the mode and scheduler."""
+    only = {"P": ("PrologSlurmctld=",), "E": ("EpilogSlurmctld=",), "A": ()}.get(mode)
+    kept = [
+        line
+        for line in lines
+        if only is None or not line.startswith(HOOKED) or line.startswith(only)
+    ]
+    if mode in PROBES:
+        for name in ("prolog-slurmctld.sh", "taskprolog.sh", "epilog-slurmctld.sh"):
+            (directory / "gpualloc" / name).write_text("#!/bin/sh\nexit 0\n")
+    if mode == "C":
+        epilog = directory / "gpualloc" / NODE_EPILOG
+        kept = [
+            f"Epilog={epilog}" if line.startswith("EpilogSlurmctld=") else line for line in kept
+        ]
+    if scheduler != "default":
+        kept = [
+            f"{line},{scheduler}" if line.startswith("SchedulerParameters=") else line
+            for line in kept
+        ]
+    return kept
+
+
+def _proc_cpu(pid: int) -> float:
+    """utime + stime + the reaped children's, of a running process, in seconds."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def _reap() -> None:
+    """Collect the exited orphans this subreaper inherited (slurmstepd), so their CPU counts."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
+def _host_cpu(pids: list[int]) -> float:
+    _reap()
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    used = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return used + sum(_proc_cpu(p) for p in pids)
+
+
+def _allocated(log: str) -> dict[str, float]:
+    """Job id -> the time slurmctld last allocated it (local time, as slurmctld logs it)."""
+    return {m[2]: datetime.fromisoformat(m[1]).timestamp() for m in _ALLOCATED.finditer(log)}
+
+
+@contextlib.contextmanager
+def _slurm(mode: str, scheduler: str, directory: Path) -> Iterator[tuple[SlurmCluster, list[int]]]:
+    """A fresh Slurm (and gpualloc, and sync for B and C): the cluster and the pids to count."""
+    with local_cluster.start() as gpualloc:
+        proxy = TcpProxy(("127.0.0.1", gpualloc.port))
+
+        def settings(lines: list[str]) -> list[str]:
+            return _settings(mode, scheduler, directory, lines)
+
+        cluster = start_slurm(directory, gpualloc, proxy, settings)
+        try:
+            with contextlib.ExitStack() as stack:
+                pids = [p.pid for p in cluster.processes]
+                if mode in ("B", "C"):
+                    sync = stack.enter_context(cluster.syncing("--interval=10s"))
+                    pids.append(sync.pid)
+                yield cluster, pids
+        finally:
+            cluster.stop()
+            proxy.close()
+
+
+def run_once(
+    mode: str, scheduler: str, partition: str, jobs: int, seconds: float = RUN_SECONDS
+) -> RunResult:
+    with tempfile.TemporaryDirectory(prefix="gpualloc-bench-slurm-") as top:
+        directory = Path(top)
+        directory.chmod(0o755)
+        with _slurm(mode, scheduler, directory) as (cluster, pids):
+            return _measure(cluster, pids, partition, jobs, seconds)
+
+
+def _measure(
+    cluster: SlurmCluster, pids: list[int], partition: str, jobs: int, seconds: float
+) -> RunResult:
+    script = cluster.out / "job.sh"
+    script.write_text(_JOB.format(out=cluster.out))
+    script.chmod(0o755)
+    time.sleep(1.0)  # sync's first pass
+    cpu_before = _host_cpu(pids)
+    began = time.time()
+    submitted: dict[str, float] = {}
+    for index in range(jobs):
+        at = time.time()
+        done = cluster.run(
+            "sbatch", "--parsable", f"--partition={partition}", f"--gres={GRES[index % 3]}",
+            "--output=/dev/null", str(script),
+        )  # fmt: skip
+        submitted[done.stdout.strip().split(";")[0]] = at
+    deadline = began + seconds
+    while cluster.run("squeue", "-h", "-o", "%i").stdout.split() and time.time() < deadline:
+        time.sleep(0.25)
+    ended = time.time()
+    time.sleep(0.5)  # the last steps' slurmstepd exit
+    cpu = _host_cpu(pids) - cpu_before
+    allocated = _allocated(cluster.controller_log())
+    starts: list[float] = []
+    alloc_task: list[float] = []
+    requeued = without = 0
+    for job_id, at in submitted.items():
+        path = cluster.out / f"t-{job_id}"
+        text = path.read_text() if path.exists() else ""
+        runs = [line.split(" ", 2) for line in text.splitlines()]
+        if not runs:
+            continue  # not run within the run's time
+        started, restarts, gpus = float(runs[-1][0]), int(runs[-1][1]), runs[-1][2:]
+        if restarts > 0 or len(runs) > 1:
+            requeued += 1
+            why = cluster.job(job_id).get("Comment", "")
+            print(f"job {job_id} was requeued: {why or '(no Comment)'}", file=sys.stderr)
+        without += not (gpus and gpus[0].startswith("GPU-"))
+        starts.append(started - at)
+        if job_id in allocated:
+            alloc_task.append(started - allocated[job_id])
+    _keep_logs(cluster)
+    finished = len(starts)
+    return RunResult(
+        finished / (ended - began), ended - began, finished, starts, alloc_task, cpu, requeued,
+        without,
+    )  # fmt: skip
+
+
+LOGS = Path(tempfile.gettempdir()) / "gpualloc-bench-slurm-logs"
+
+
+def _keep_logs(cluster: SlurmCluster) -> None:
+    """slurmctld's, slurmd's and sync's logs of the run, in LOGS/<n>/ (the run's directory
+    goes)."""
+    LOGS.mkdir(exist_ok=True)
+    kept = LOGS / str(len(list(LOGS.iterdir())))
+    kept.mkdir()
+    for name in ("slurmctld.log", "sync.log", *(f"slurmd-{n}.log" for n in NODES)):
+        path = cluster.directory / "log" / name
+        if path.exists():
+            (kept / name).write_bytes(path.read_bytes())
+    print(f"logs of the run: {kept}", file=sys.stderr)
+
+
+def _row(result: RunResult) -> dict[str, float | int | str]:
+    return {
+        "jobs_per_s": result.jobs_per_s,
+        "wall_s": result.wall_s,
+        "done": result.done,
+        "start_p50_s": statistics.median(result.start_s or [0.0]),
+        "start_p99_s": percentile(result.start_s, 0.99),
+        "alloc_task_p50_ms": statistics.median(result.alloc_task_s or [0.0]) * 1000,
+        "alloc_task_p99_ms": percentile(result.alloc_task_s, 0.99) * 1000,
+        "cpu_s": result.cpu_s,
+        "requeued": result.requeued,
+        "not_uuids": result.without_uuids,
+    }
+
+
+def run(quick: bool = False) -> BenchReport:
+    jobs = N_QUICK if quick else N_JOBS
+    seconds = RUN_QUICK_SECONDS if quick else RUN_SECONDS
+    modes = os.environ.get("GPUALLOC_BENCH_SLURM_MODES", ",".join(MODES)).split(",")
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    report = BenchReport(
+        "slurm",
+        setup={
+            "jobs": jobs,
+            "gres": "/".join(GRES),
+            "gpus_per_node": 8,
+            "node": NODE,
+            "modes": ",".join(modes),
+            "run_s_max": seconds,
+        },
+    )
+    for setting, partition in SETTINGS:
+        for scheduler in SCHEDULERS:
+            case = f"{setting}:{scheduler}"
+            results = {}
+            for mode in modes:
+                results[mode] = run_once(mode, scheduler, partition, jobs, seconds)
+                report.add(f"{case}:{mode}", **_row(results[mode]))
+                print(f"{case}:{mode} {_row(results[mode])}", file=sys.stderr, flush=True)
+            plain = _row(results["A"])
+            for mode in [m for m in modes if m != "A"]:
+                row = _row(results[mode])
+                name = f"{case}:{mode}/A"
+                report.add(
+                    name,
+                    jobs_per_s=float(row["jobs_per_s"]) / float(plain["jobs_per_s"]),
+                    alloc_task_p50_ms=float(row["alloc_task_p50_ms"])
+                    - float(plain["alloc_task_p50_ms"]),
+                    alloc_task_p99_ms=float(row["alloc_task_p99_ms"])
+                    - float(plain["alloc_task_p99_ms"]),
+                    cpu_s=float(row["cpu_s"]) / float(plain["cpu_s"]),
+                    requeued=int(row["requeued"]),
+                    not_uuids=int(row["not_uuids"]),
+                )
+                if mode in PROBES:
+                    continue  # a measure of Slurm itself: no target, no gpualloc UUIDs
+                report.targets += [
+                    Target(name, "jobs_per_s", 0.9, at_least=True),
+                    Target(name, "requeued", 0),
+                    Target(name, "not_uuids", 0),
+                    Target(name, "alloc_task_p50_ms", 50),
+                    Target(name, "alloc_task_p99_ms", 200),
+                    Target(name, "cpu_s", 1.5),
+                ]
+    return report

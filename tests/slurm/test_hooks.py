@@ -1,0 +1,132 @@
+"""The Slurm scripts through `gpualloc-slurm sync --socket` under a real slurmctld and slurmd
+(tests/slurm/conftest.py): gpualloc-hook.py hands each job to the service, which reserves,
+answers the TaskProlog and releases after the EpilogSlurmctld returned; and a job whose GPUs
+the job before it still held in gpualloc (its release not done yet) runs, not requeued
+(docs/bridges.md, "Hooks at Slurm's speed"). The benchmark is `make bench ARGS=slurm`."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from services.bridges.slurm.request import gpu_ids_from_job_details
+from services.client import AllocatorClient
+from services.client.specs import RequestSpec, build_claim
+from tests.slurm.conftest import HOOK, NODE, SCRIPTS, SlurmCluster
+from tests.slurm.test_real_slurm import (
+    assert_agree,
+    assert_node_not_drained,
+    held_devices,
+    hold,
+    lines,
+    report,
+    wait_released,
+)
+
+CLUSTER = "gpualloc-test"
+
+
+@contextlib.contextmanager
+def without_the_command(slurm: SlurmCluster) -> Iterator[None]:
+    """The scripts' fallback command is /bin/false: a job runs only if the service did it."""
+    with contextlib.ExitStack() as stack:
+        for name in SCRIPTS:
+            text = re.sub(r"GPUALLOC_SLURM_CLI=\S+", "GPUALLOC_SLURM_CLI=/bin/false",
+                          slurm.script_text(name))  # fmt: skip
+            stack.enter_context(slurm.script(name, text))
+        yield
+
+
+def test_a_job_runs_on_exactly_its_gpus_through_the_service(slurm):
+    with slurm.syncing("--interval=0.5s"), without_the_command(slurm):
+        job_id = slurm.sbatch("--gres=gpu:2", script=f"{report(slurm)} batch\n{hold(slurm)}\n")
+        slurm.wait_for_file(slurm.out / f"ready-{job_id}")
+        slurm_ids = list(gpu_ids_from_job_details(slurm.job_details(job_id))[NODE])
+        assert held_devices(slurm, job_id) == sorted(f"gpu-{i}" for i in slurm_ids)
+        (slurm.out / f"go-{job_id}").touch()
+        done = slurm.wait_for(job_id, ["COMPLETED", "FAILED"])
+        assert done["JobState"] == "COMPLETED" and done["Restarts"] == "0", done
+        task = lines((slurm.out / f"{job_id}.out").read_text())["batch"]
+        assert_agree(slurm, task, slurm_ids)
+        wait_released(slurm, job_id)  # after the EpilogSlurmctld returned
+    assert_node_not_drained(slurm)
+
+
+def hook(
+    slurm: SlurmCluster, *argv: str, user: str = "", **environ: str
+) -> subprocess.CompletedProcess[str]:
+    run_as = ["runuser", "-u", user, "--"] if user else []
+    return subprocess.run(
+        [*run_as, "env", f"GPUALLOC_SLURM_SOCKET={slurm.socket}", "GPUALLOC_SLURM_CLI=/bin/false",
+         *(f"{k}={v}" for k, v in environ.items()),
+         "/usr/bin/python3", "-I", "-S", str(slurm.directory / "gpualloc" / HOOK), *argv],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+
+
+def reserve_for_gone_job(slurm: SlurmCluster, job_id: str, cluster: str = CLUSTER) -> None:
+    """What a job of `cluster` that slurmctld no longer runs still holds: all 8 GPUs."""
+    with AllocatorClient(slurm.target) as client:
+        placement = client.allocate(
+            [build_claim(f"job-{job_id}", [RequestSpec("gpus", 8)])],
+            node_name=NODE,
+            reserve=True,
+            owner=f"slurm/job/{job_id}",
+            idempotency_key=f"slurm-{job_id}-{NODE}",
+            labels={"slurm.job_id": job_id, "slurm.node": NODE, "slurm.cluster": cluster},
+            lease_ttl_seconds=600,
+        )
+        assert placement.fits
+
+
+def test_an_epilog_through_the_service_returns_at_once_and_the_release_follows(slurm):
+    reserve_for_gone_job(slurm, "900001")
+    with slurm.syncing("--interval=60s"):
+        began = time.monotonic()
+        done = hook(slurm, "epilog", "--all-nodes", SLURM_JOB_ID="900001",
+                    SLURM_CLUSTER_NAME=CLUSTER)  # fmt: skip
+        took = time.monotonic() - began
+        assert done.returncode == 0 and "release queued" in done.stderr, done
+        print(f"epilog hook returned after {took * 1000:.0f} ms")
+        wait_released(slurm, "900001", timeout=10)
+
+
+@pytest.mark.parametrize("command", ["prolog", "epilog"])
+def test_a_job_user_cannot_reserve_or_release_through_the_socket(slurm, command):
+    reserve_for_gone_job(slurm, "900002", cluster="elsewhere")  # sync's sweep leaves it
+    with slurm.syncing("--interval=60s"):
+        done = hook(slurm, command, user="nobody", SLURM_JOB_ID="900002",
+                    SLURM_JOB_NODELIST=NODE, SLURM_CLUSTER_NAME=CLUSTER)  # fmt: skip
+        assert done.returncode == 2 and f"may not run {command}" in done.stderr, done
+        # the read-only TaskProlog is everyone's: it answers (no reservation of this node's
+        # step GPUs here, so it says why and exits 4)
+        task = hook(slurm, "task-prolog", user="nobody", SLURM_JOB_ID="900003",
+                    SLURMD_NODENAME=NODE, SLURM_JOB_GPUS="0")  # fmt: skip
+        assert task.returncode == 4 and task.stdout.startswith("print "), task
+    assert [r.owner for r in slurm.reservations()] == ["slurm/job/900002"]
+
+
+@pytest.mark.parametrize("through", ["the-service", "the-command"])
+def test_a_job_whose_gpus_an_ended_job_still_holds_runs_not_requeued(slurm, through):
+    # Slurm hands a finished job's GPUs to the next job before (or while) the finished job's
+    # EpilogSlurmctld runs. Their order used to decide: the next prolog's reservation first,
+    # and the job was requeued (1-2 of 200 per run, issue 31). Now the prolog frees what a job
+    # that no longer runs holds of Slurm's pick, and reserves.
+    with contextlib.ExitStack() as stack:
+        if through == "the-service":
+            stack.enter_context(slurm.syncing("--interval=60s"))
+            stack.enter_context(without_the_command(slurm))
+            time.sleep(1.0)  # sync's first pass (whose sweep would free it first) is over
+        reserve_for_gone_job(slurm, "900004")
+        job_id = slurm.sbatch("--gres=gpu:8", script="true\n")
+        # requeued, it would be PENDING with Restarts=1 for Slurm's requeue delay (minutes)
+        done = slurm.wait_for(job_id, ["COMPLETED", "FAILED"])
+        assert done["JobState"] == "COMPLETED" and done["Restarts"] == "0", done
+        wait_released(slurm, job_id)
+    assert slurm.reservations() == []
+    assert_node_not_drained(slurm)
