@@ -8,7 +8,7 @@ PY     := $(BIN)/python
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install run run-cluster test lint fmt protos protos-check bench loadtest demo fuzz chaos clean
+.PHONY: help install run run-cluster test lint fmt protos protos-check bench loadtest demo fuzz chaos clean peers
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -32,6 +32,7 @@ run-cluster: $(STAMP) ## `make run` on a local 3+3 Redis Cluster (loopback ports
 	  $(BIN)/gpualloc serve --demo --redis-url "$$url"
 
 test: $(STAMP) ## run the whole test suite (starts its own redis-server)
+test: peers
 	$(BIN)/pytest
 
 chaos: $(STAMP) ## kill a Redis Cluster primary mid-race, longer than in `make test` (figures printed)
@@ -66,6 +67,9 @@ fuzz: $(STAMP) ## the RPC fuzzer at 10,000 requests (the suite runs 300): no INT
 
 demo: $(STAMP) ## the Slurm bridge and the Kueue sidecar sharing one allocator on the example cluster
 	$(PY) -m services.bridges.demo
+
+peers: ## build (or reuse from ~/.cache/gpualloc/peers) the Go peers the tests run: kube-apiserver, etcd, Kueue, ghz, grpcurl -> .peers/
+	tools/peers/build.sh
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
