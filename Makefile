@@ -57,6 +57,7 @@ protos-check: $(STAMP) ## fail when the committed generated code is stale
 	$(PY) protos/generate.py --check
 
 bench: $(STAMP) ## benchmarks (solver, quality, inventory, service); pass ARGS=--json for machine-readable output
+bench: peers
 	$(PY) -m loadtest.bench $(ARGS)
 
 loadtest: $(STAMP) ## ~30 s load smoke on loopback (embedded + Redis): ghz-format reports + PNGs in loadtest/out/

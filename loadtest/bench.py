@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from loadtest.report import BenchReport
 
-SUITES = ("solver", "quality", "inventory", "service", "store", "tenants")
+SUITES = ("solver", "quality", "inventory", "service", "store", "tenants", "ghz")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

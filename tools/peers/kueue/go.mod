@@ -1,5 +1,5 @@
-// Kueue's controller manager for the test control plane (tools/peers/build.sh): the newest Kueue
-// release built against Kubernetes 1.34 (its go.mod requires the k8s.io/* modules at v0.34.2).
+// Kueue's controller manager for the test control plane (tools/peers/build.sh). v0.15.2: the newest
+// Kueue on Kubernetes 1.34 (k8s.io/* v0.34.2) whose module the proxy serves (v0.15.3..v0.15.8: 403).
 module gpualloc.dev/tools/peers/kueue
 
 go 1.25.0
