@@ -204,25 +204,25 @@ class ControlPlane:
         return kubernetes.client.ApiClient(configuration)
 
     def apply_files(self, paths: list[Path]) -> None:
-        """Create (or replace) the objects of YAML files, as `kubectl apply` would, through the
-        dynamic client's server-side apply."""
+        """Create (or replace) the objects of YAML files, as `kubectl apply` would."""
+        for path in paths:
+            for document in yaml.safe_load_all(path.read_text()):
+                if document:
+                    self.apply(document)
+
+    def apply(self, document: dict[str, Any]) -> None:
+        """One object, server-side applied by the dynamic client (plain JSON, no client model)."""
         import kubernetes
 
         client = kubernetes.dynamic.DynamicClient(self.api_client())
-        for path in paths:
-            for document in yaml.safe_load_all(path.read_text()):
-                if not document:
-                    continue
-                api = client.resources.get(
-                    api_version=document["apiVersion"], kind=document["kind"]
-                )
-                client.server_side_apply(
-                    api,
-                    body=document,
-                    namespace=document["metadata"].get("namespace"),
-                    field_manager="gpualloc-tests",
-                    force_conflicts=True,
-                )
+        api = client.resources.get(api_version=document["apiVersion"], kind=document["kind"])
+        client.server_side_apply(
+            api,
+            body=document,
+            namespace=document["metadata"].get("namespace"),
+            field_manager="gpualloc-tests",
+            force_conflicts=True,
+        )
 
     # --- Kueue ------------------------------------------------------------------------------
 
@@ -265,9 +265,10 @@ class ControlPlane:
         path = self.directory / "kueue-config.yaml"
         path.write_text(yaml.safe_dump(config))
         log = self.directory / "kueue.log"
+        kueue = [str(peer("kueue")), "--config", str(path), "--kubeconfig", str(self.kubeconfig),
+                 "--feature-gates", "VisibilityOnDemand=false"]  # fmt: skip
         self._kueue = _spawn(
-            [str(peer("kueue")), "--config", str(path), "--kubeconfig", str(self.kubeconfig),
-             "--feature-gates", "VisibilityOnDemand=false"],
+            _with_metrics_certificate(pki, kueue),
             log,
             env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
         )  # fmt: skip
@@ -286,6 +287,21 @@ class ControlPlane:
         self.stop_kueue()
         self.stop_apiserver()
         _stop(self._etcd)
+
+
+METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
+
+
+def _with_metrics_certificate(certificate: Path, command: list[str]) -> list[str]:
+    """`command` in a mount namespace of its own where Kueue's hard-coded metrics certificate
+    directory (/etc/kueue/metrics/certs: a Secret volume in its Deployment; without internal
+    cert management it exits when the files are missing) is the fixture's certificate, bind
+    mounted: nothing is written under /etc but the empty mount point. Needs root, as the
+    rest of the suite (slurmctld) does."""
+    METRICS_CERT_DIR.mkdir(parents=True, exist_ok=True)
+    script = 'mount --bind "$0" "$1" && shift && exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
+            str(certificate), str(METRICS_CERT_DIR), *command]  # fmt: skip
 
 
 def _v1beta2_stored(path: Path, into: Path) -> Path:
