@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the Go peers the tests run for real (kube-apiserver, etcd, Kueue's manager with its CRDs,
-# ghz, grpcurl) from the small modules beside this script, into .peers/ at the repo root (ignored).
+# ghz, grpcurl) from the small modules beside this script, and the upstream-allocator benchmark
+# (loadtest/upstream), into .peers/ at the repo root (ignored).
 #
 # Each module is built once per content: its binaries are kept under
 #   ${GPUALLOC_PEERS_CACHE:-~/.cache/gpualloc/peers}/<module>-<hash of go.mod, go.sum, *.go, go version>/
@@ -9,7 +10,7 @@
 # its module and error (the log stays in .peers/logs/) and the others are still built; the exit
 # status is then 1.
 #
-# usage: tools/peers/build.sh [module ...]     (default: kube kueue ghz grpcurl)
+# usage: tools/peers/build.sh [module ...]     (default: all: kube kueue ghz grpcurl upstream-allocator)
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -20,9 +21,19 @@ export GOTOOLCHAIN=local GOFLAGS="${GOFLAGS:--mod=readonly}"
 [ -x "$GO" ] || { echo "peers: no Go toolchain (looked for go on PATH and /usr/local/go/bin/go)" >&2; exit 1; }
 mkdir -p "$out/bin" "$out/logs" "$cache"
 
+# module -> its directory (the peers' modules sit here; the upstream-allocator benchmark, a
+# harness rather than a peer, in loadtest/upstream)
+moddir() {
+  case "$1" in
+    upstream-allocator) echo "$root/loadtest/upstream" ;;
+    *) echo "$here/$1" ;;
+  esac
+}
+
 # module -> the packages it builds (binary name = last path element)
 targets() {
   case "$1" in
+    upstream-allocator) echo "." ;;
     kube) echo "k8s.io/kubernetes/cmd/kube-apiserver ./cmd/etcd" ;;
     kueue) echo "sigs.k8s.io/kueue/cmd/kueue" ;;
     ghz) echo "github.com/bojand/ghz/cmd/ghz" ;;
@@ -42,7 +53,7 @@ ldflags() {
 }
 
 content_hash() {
-  (cd "$here/$1" && { "$GO" version; find . -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) \
+  (cd "$(moddir "$1")" && { "$GO" version; find . -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) \
      | LC_ALL=C sort | xargs sha256sum; } | sha256sum | cut -c1-16)
 }
 
@@ -56,7 +67,7 @@ build_module() {
     echo "peers: building $mod ($pkgs) into $dir"
     rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
     start=$(date +%s)
-    if ! (cd "$here/$mod" && nice /usr/bin/env time -f "%e s wall, %M KiB max RSS" \
+    if ! (cd "$(moddir "$mod")" && nice /usr/bin/env time -f "%e s wall, %M KiB max RSS" \
           "$GO" build -trimpath -ldflags "$(ldflags "$mod")" -o "$dir.tmp/" $pkgs) >"$log" 2>&1; then
       echo "peers: FAILED to build module tools/peers/$mod ($pkgs); the error:" >&2
       tail -n 20 "$log" >&2
@@ -80,7 +91,7 @@ build_module() {
 }
 
 status=0
-for mod in "${@:-kube kueue ghz grpcurl}"; do
+for mod in "${@:-ghz grpcurl kube kueue upstream-allocator}"; do
   for m in $mod; do build_module "$m" || status=1; done
 done
 exit $status
