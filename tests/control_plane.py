@@ -214,9 +214,9 @@ class ControlPlane:
         """One object, server-side applied by the dynamic client (plain JSON, no client model)."""
         import kubernetes
 
-        client = kubernetes.dynamic.DynamicClient(self.api_client())
+        client = kubernetes.dynamic.DynamicClient(self.api_client())  # type: ignore[no-untyped-call]
         api = client.resources.get(api_version=document["apiVersion"], kind=document["kind"])
-        client.server_side_apply(
+        client.server_side_apply(  # type: ignore[no-untyped-call]
             api,
             body=document,
             namespace=document["metadata"].get("namespace"),
@@ -238,19 +238,18 @@ class ControlPlane:
         for path in crds:
             name = yaml.safe_load(path.read_text())["metadata"]["name"]
             while True:
-                conditions = extensions.read_custom_resource_definition(name).status.conditions
+                status = extensions.read_custom_resource_definition(name).status
+                conditions = status.conditions if status else None
                 if any(c.type == "Established" and c.status == "True" for c in conditions or []):
                     break
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"CRD {name} not Established")
                 time.sleep(0.2)
-        core = kubernetes.client.CoreV1Api(self.api_client())
-        with contextlib.suppress(kubernetes.client.ApiException):
-            core.create_namespace({"metadata": {"name": KUEUE_NAMESPACE}})
+        self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KUEUE_NAMESPACE}})
 
     def start_kueue(self) -> None:
         pki = self.directory / "pki" / "kueue-webhook"
-        config = {
+        config: dict[str, Any] = {
             "apiVersion": "config.kueue.x-k8s.io/v1beta1",
             "kind": "Configuration",
             "namespace": KUEUE_NAMESPACE,

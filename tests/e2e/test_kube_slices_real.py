@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -42,7 +43,7 @@ def _custom(plane: ControlPlane):
     return kubernetes.client.CustomObjectsApi(plane.api_client())
 
 
-def _create(plane: ControlPlane, doc: dict) -> None:
+def _create(plane: ControlPlane, doc: dict[str, Any]) -> None:
     body = {**doc, "metadata": {"name": doc["metadata"]["name"]}}
     _custom(plane).create_cluster_custom_object(GROUP, VERSION, PLURAL, body)
 

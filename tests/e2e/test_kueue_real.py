@@ -54,8 +54,7 @@ def until(
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     with control_plane_in(tmp_path_factory.mktemp("control-plane"), kueue=True) as started:
-        core = kubernetes.client.CoreV1Api(started.api_client())
-        core.create_namespace({"metadata": {"name": NAMESPACE}})
+        started.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
         started.apply_files([OUR_CHECK, EXAMPLES / "cluster-queue.yml"])
         yield started
 
@@ -173,10 +172,12 @@ def _held(sidecar: Sidecar, workload: str) -> list[Any]:
 
 
 def _admitted(cluster: Cluster, job: str) -> Workload:
-    return until(
-        "Workload admitted",
-        lambda: (w := cluster.workload_of(job)) is not None and w.admitted and w,
-    )
+    def admitted() -> Workload | None:
+        found = cluster.workload_of(job)
+        return found if found is not None and found.admitted else None
+
+    workload: Workload = until("Workload admitted", admitted)
+    return workload
 
 
 def _unsuspended(cluster: Cluster, job: str) -> Any:

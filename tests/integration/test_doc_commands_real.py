@@ -92,7 +92,7 @@ def _shell_commands(block: str) -> Iterator[str]:
 
 
 def doc_commands() -> list[DocCommand]:
-    found = []
+    found: list[DocCommand] = []
     for path in PAGES:
         text = path.read_text()
         page = path.stem

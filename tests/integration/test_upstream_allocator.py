@@ -6,6 +6,8 @@ free devices of that node; and upstream, asked node by node, finds feasible node
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from loadtest import upstream_allocator
@@ -19,7 +21,7 @@ GPUS = 1_000
 
 
 @pytest.fixture(scope="module")
-def compared() -> tuple[BenchReport, dict, set]:
+def compared() -> tuple[BenchReport, dict[str, Any], set[str]]:
     peer("upstream-allocator")
     cluster = generate(GPUS, seed=GPUS)
     snapshot = ClusterSnapshot.build(cluster.slices, cluster.nodes, topologies=cluster.topologies)
