@@ -17,25 +17,19 @@ from typing import Any
 
 from loadtest.ghzlike.cli import execute
 from loadtest.ghzlike.config import load_config
+from loadtest.peers import peer_binary
 from loadtest.report import BenchReport
 from loadtest.smoke import CONFIGS, ROOT, gpualloc_serve
 
-__all__ = ["compare", "ghz_binary", "ghz_report", "p99_ms", "run"]
+__all__ = ["compare", "ghz_report", "p99_ms", "run"]
 
 COMPARED = ("health.json", "allocate.json", "explain.json")  # ghz calls one method per run
 CPUS = 1
 
 
-def ghz_binary() -> Path:
-    found = ROOT / ".peers" / "bin" / "ghz"
-    if not found.exists():
-        raise RuntimeError(f"ghz is not built ({found}): run `make peers`")
-    return found
-
-
 def ghz_report(config: Path, target: str, duration_s: float) -> dict[str, Any]:
     """The real ghz's JSON report of `config` against `target` (data files are repo-relative)."""
-    command = [str(ghz_binary()), "--config", str(config), "-z", f"{duration_s:g}s",
+    command = [str(peer_binary("ghz")), "--config", str(config), "-z", f"{duration_s:g}s",
                "--cpus", str(CPUS), "-O", "json", target]  # fmt: skip
     done = subprocess.run(
         command, cwd=ROOT, capture_output=True, text=True, timeout=duration_s + 60, check=False

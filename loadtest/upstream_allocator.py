@@ -30,22 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.clusters import GeneratedCluster
+from loadtest.peers import peer_binary
 from loadtest.report import BenchReport, percentile
 from services.allocator.core import Allocated, AllocatedState, ClusterSnapshot, SelectorCache, solve
 from services.common.dra.model import DeviceClass, ResourceClaim
 from services.common.dra.serialize import to_dict
 
-__all__ = ["COMPARED_KINDS", "binary", "compare", "run_upstream", "write_cluster"]
-
-ROOT = Path(__file__).resolve().parents[1]
+__all__ = ["COMPARED_KINDS", "compare", "run_upstream", "write_cluster"]
 COMPARED_KINDS = ("one-gpu-cel", "eight-gpus", "mig-1g-fallback")
-
-
-def binary() -> Path:
-    found = ROOT / ".peers" / "bin" / "upstream-allocator"
-    if not found.exists():
-        raise RuntimeError(f"upstream-allocator is not built ({found}): run `make peers`")
-    return found
 
 
 def _kube(obj: Any, api_version: str, kind: str) -> dict[str, Any]:
@@ -78,7 +70,7 @@ def write_cluster(
 
 def run_upstream(directory: Path, timeout_s: float = 1800) -> dict[str, dict[str, Any]]:
     done = subprocess.run(
-        [str(binary()), str(directory)],
+        [str(peer_binary("upstream-allocator")), str(directory)],
         capture_output=True,
         text=True,
         timeout=timeout_s,
