@@ -242,6 +242,11 @@ def _with_health_port(main: grpc.Server, health: Health, settings: ServerSetting
         options=[("grpc.so_reuseport", 0)],
     )
     health.add_to_server(probe)
+    # reflection of the health service alone, so `grpcurl -plaintext HOST:PORT
+    # grpc.health.v1.Health/Check` works there as docs/deploy.md shows (nothing else is served)
+    reflection.enable_server_reflection(
+        [HEALTH_SERVICE_NAME, reflection.SERVICE_NAME], probe, pool=_MethodSymbolPool()
+    )
     address = settings.health_listen_address
     try:
         port = probe.add_insecure_port(address)

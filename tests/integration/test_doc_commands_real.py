@@ -5,14 +5,19 @@ and ghz (built by `make peers` from their Go modules: tools/peers/) against `gpu
 What a command's text cannot carry here is the only thing changed: the host (127.0.0.1:50051,
 10.0.0.5:50051, localhost:50051 become the test server's), a file a command writes (`-o`) goes
 to a private directory, and a ghz config's 10 s duration is cut to 2 s (`-z`, which the docs say
-overrides the file). Server streams (WatchInventory, WatchReservations) get `-max-time`: they
-answer their first messages and then DeadlineExceeded. The answer each command should get is in
-EXPECTED (OK unless named); a request body real grpcurl cannot parse fails the test, which the
-protobuf-JSON stand-in of test_readme.py cannot show.
+overrides the file); docs/deploy.md's two run against a mutual-TLS server with `gpualloc
+certs`'s certificates in compose-certs/ and its plaintext health port (DEPLOYED). Server streams
+(WatchInventory, WatchReservations) get `-max-time`: they answer their first messages and then
+DeadlineExceeded. The answer each command should get is in EXPECTED (OK unless named); a
+request body real grpcurl cannot parse fails the test, which the protobuf-JSON stand-in of
+test_readme.py cannot show. It found two documented commands that did not work: ghz's `--call`
+(reflection could not resolve a method's own name) and grpcurl on the health-only port (no
+reflection there); both servers now answer them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -49,9 +54,11 @@ EXPECTED = {
     "api-WatchInventory": "DeadlineExceeded",
     "api-WatchReservations": "DeadlineExceeded",
 }
-# Commands that need what the test cannot give them here: a docker compose deployment's
-# certificates, a kubectl port-forward (docs/deploy.md runs those against its own layouts).
-NOT_HERE = {"deploy-list": "compose-certs/ from `docker compose cp`", "deploy-Check": "kubectl"}
+# docs/deploy.md's commands address a deployment: its compose layout (mutual TLS with the
+# `gpualloc certs` CA copied to compose-certs/) and its plaintext health port (8086, through a
+# kubectl port-forward). They run against `deployed`: the same server with those certificates
+# in a private compose-certs/ and a `--health-listen` port.
+DEPLOYED = ("deploy-list", "deploy-Check")
 
 
 @dataclass(frozen=True)
@@ -86,7 +93,10 @@ def _shell_commands(block: str) -> Iterator[str]:
             continue
         command = line
         while (command.count("'") % 2 or command.rstrip().endswith("\\")) and i < len(lines):
-            command = command.rstrip().removesuffix("\\") + "\n" + lines[i]
+            if command.rstrip().endswith("\\"):  # a shell continuation: one line
+                command = command.rstrip().removesuffix("\\") + " " + lines[i].lstrip()
+            else:  # inside a quoted JSON body: the newline is the body's
+                command += "\n" + lines[i]
             i += 1
         yield command
 
@@ -125,33 +135,74 @@ def test_the_pages_have_the_commands_they_show():
     assert len(set(IDS)) == len(IDS)
 
 
+@contextlib.contextmanager
+def _serving(directory: Path, flags: list[str], health_target: str) -> Iterator[None]:
+    """`gpualloc serve --demo FLAGS` until it is killed; ready once `health_target` (a
+    plaintext port) answers."""
+    log = directory / "serve.log"
+    env = {**os.environ, "GPUALLOC_LOG_FORMAT": "text", "GPUALLOC_REDIS_URL": ""}
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", "serve", "--demo", *flags,
+             "--web-listen", f"127.0.0.1:{free_port()}"],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        with grpc.insecure_channel(health_target) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    health.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                    break
+                except grpc.RpcError:
+                    if process.poll() is not None or time.monotonic() > deadline:
+                        pytest.fail(f"gpualloc serve did not start: {log.read_text()}")
+                    time.sleep(0.2)
+        yield
+    finally:
+        process.kill()
+        process.wait(10)
+
+
 @pytest.fixture(scope="module")
 def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    log = (tmp_path_factory.mktemp("serve") / "serve.log").open("w")
-    env = {**os.environ, "GPUALLOC_LOG_FORMAT": "text", "GPUALLOC_REDIS_URL": ""}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "serve", "--demo", "--listen",
-         f"127.0.0.1:{port}", "--web-listen", f"127.0.0.1:{free_port()}"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+    target = f"127.0.0.1:{free_port()}"
+    with _serving(tmp_path_factory.mktemp("serve"), ["--listen", target], target):
+        yield target
+
+
+@dataclass(frozen=True)
+class Deployed:
+    directory: Path  # holds compose-certs/
+    target: str
+    health: str
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
+    directory = tmp_path_factory.mktemp("deployed")
+    certs = directory / "compose-certs"
+    subprocess.run(
+        [sys.executable, "-m", "services.cli", "certs", "--out", str(certs),
+         "--server", "allocator:localhost,127.0.0.1", "--client", "dev"],
+        cwd=ROOT, check=True, capture_output=True, timeout=60,
     )  # fmt: skip
-    target = f"127.0.0.1:{port}"
-    with grpc.insecure_channel(target) as channel:
-        health = health_pb2_grpc.HealthStub(channel)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                health.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                break
-            except grpc.RpcError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    process.kill()
-                    pytest.fail(f"gpualloc serve did not start: {Path(log.name).read_text()}")
-                time.sleep(0.2)
-    yield target
-    process.kill()
-    process.wait(10)
-    log.close()
+    port, health = free_port(), free_port()
+    tls = [
+        "--tls-cert",
+        str(certs / "allocator" / "tls.crt"),
+        "--tls-key",
+        str(certs / "allocator" / "tls.key"),
+        "--tls-client-ca",
+        str(certs / "ca.crt"),
+    ]
+    with _serving(
+        directory,
+        ["--listen", f"127.0.0.1:{port}", *tls, "--health-listen", f"127.0.0.1:{health}"],
+        f"127.0.0.1:{health}",
+    ):
+        yield Deployed(directory, f"localhost:{port}", f"localhost:{health}")  # fmt: skip
 
 
 def _as_run_here(command: DocCommand, target: str, scratch: Path) -> str:
@@ -176,12 +227,15 @@ def _grpc_code(output: str) -> str:
 @pytest.mark.parametrize("command", COMMANDS, ids=IDS)
 def test_each_command_runs_with_the_real_tool(command, demo_server, tmp_path, request):
     key = request.node.callspec.id
-    if key in NOT_HERE:
-        pytest.skip(f"needs {NOT_HERE[key]}")  # listed, so counted: not a silent skip
     tools = {"grpcurl": peer("grpcurl"), "ghz": peer("ghz")}
     shutil.copy(ROOT / "examples" / "cluster" / "h100-node-1.yaml", tmp_path / "slices.yaml")
     text = _as_run_here(command, demo_server, tmp_path)
     cwd = tmp_path if "slices.yaml" in text else ROOT  # ghz's data files are repo-relative
+    if key in DEPLOYED:
+        where: Deployed = request.getfixturevalue("deployed")
+        text = command.text.replace("localhost:50051", where.target)
+        text = text.replace("localhost:8086", where.health)
+        cwd = where.directory
     env = {**os.environ, "PATH": f"{tools['grpcurl'].parent}{os.pathsep}{os.environ['PATH']}"}
     done = subprocess.run(
         ["bash", "-o", "pipefail", "-c", text],
