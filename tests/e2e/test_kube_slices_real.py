@@ -29,6 +29,7 @@ from tests.integration.test_inventory_kube_watch import (
 )
 
 kubernetes = pytest.importorskip("kubernetes")
+pytestmark = pytest.mark.timeout(300)  # etcd, kube-apiserver and its restart
 
 GROUP, VERSION, PLURAL = "resource.k8s.io", "v1", "resourceslices"
 

@@ -30,6 +30,7 @@ from tests.control_plane import ControlPlane, control_plane_in
 from tests.unit.bridges.support import ROOT, documents, release_everything
 
 kubernetes = pytest.importorskip("kubernetes")  # the `kube` extra, installed by make install
+pytestmark = pytest.mark.timeout(300)  # the control plane's start counts in the first test's
 
 EXAMPLES = ROOT / "examples" / "bridges" / "kueue"
 OUR_CHECK = ROOT / "deploy" / "k8s" / "kueue" / "admission-check.yaml"
