@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import kubernetes  # the `kube` extra (make install): a real import, never a skip
 import pytest
 
 from services.inventory.adapters.sources.kube_slices import (
@@ -28,7 +29,6 @@ from tests.integration.test_inventory_kube_watch import (
     t4_slice,
 )
 
-kubernetes = pytest.importorskip("kubernetes")
 pytestmark = pytest.mark.timeout(300)  # etcd, kube-apiserver and its restart
 
 GROUP, VERSION, PLURAL = "resource.k8s.io", "v1", "resourceslices"

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import kubernetes  # the `kube` extra (make install): a real import, never a skip
 import pytest
 
 from services.bridges import local_cluster
@@ -29,7 +30,6 @@ from services.client import AllocatorClient, InventoryClient, ReservationState
 from tests.control_plane import ControlPlane, control_plane_in
 from tests.unit.bridges.support import ROOT, documents, release_everything
 
-kubernetes = pytest.importorskip("kubernetes")  # the `kube` extra, installed by make install
 pytestmark = pytest.mark.timeout(300)  # the control plane's start counts in the first test's
 
 EXAMPLES = ROOT / "examples" / "bridges" / "kueue"
@@ -121,10 +121,14 @@ class Cluster:
         found = self.raw_workload_of(job)
         return Workload.from_dict(found) if found else None
 
-    def raw_workload_of(self, job: str) -> dict[str, Any] | None:
-        for item in self.custom.list_namespaced_custom_object(
+    def workloads(self) -> list[dict[str, Any]]:
+        listed: Any = self.custom.list_namespaced_custom_object(
             GROUP, VERSION, NAMESPACE, "workloads"
-        )["items"]:
+        )
+        return list(listed["items"])
+
+    def raw_workload_of(self, job: str) -> dict[str, Any] | None:
+        for item in self.workloads():
             owners = item["metadata"].get("ownerReferences") or []
             if any(o["kind"] == "Job" and o["name"] == job for o in owners):
                 return dict(item)
@@ -156,10 +160,9 @@ def _delete_workload(custom: Any, name: str) -> None:
 def _delete_all(plane: ControlPlane) -> None:
     cluster = Cluster(plane)
     for job in cluster.batch.list_namespaced_job(NAMESPACE).items:
-        cluster.delete_job(job.metadata.name)
-    for item in cluster.custom.list_namespaced_custom_object(
-        GROUP, VERSION, NAMESPACE, "workloads"
-    )["items"]:
+        if job.metadata and job.metadata.name:
+            cluster.delete_job(job.metadata.name)
+    for item in cluster.workloads():
         _delete_workload(cluster.custom, item["metadata"]["name"])
 
 
