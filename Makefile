@@ -56,7 +56,7 @@ protos: $(STAMP) ## regenerate the committed Python code from protos/**/*.proto
 protos-check: $(STAMP) ## fail when the committed generated code is stale
 	$(PY) protos/generate.py --check
 
-bench: $(STAMP) ## benchmarks (solver, quality, inventory, service); pass ARGS=--json for machine-readable output
+bench: $(STAMP) ## benchmarks (solver with upstream's allocator beside it, quality, inventory, service, store, tenants, ghz); ARGS=--json for JSON
 bench: peers
 	$(PY) -m loadtest.bench $(ARGS)
 
