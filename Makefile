@@ -8,7 +8,7 @@ PY     := $(BIN)/python
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install run run-cluster test lint fmt protos protos-check bench loadtest demo fuzz chaos clean
+.PHONY: help install run run-cluster test lint fmt protos protos-check bench loadtest demo fuzz chaos clean peers
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -31,7 +31,8 @@ run-cluster: $(STAMP) ## `make run` on a local 3+3 Redis Cluster (loopback ports
 	  trap 'deploy/local/redis-cluster.sh stop' EXIT INT TERM && \
 	  $(BIN)/gpualloc serve --demo --redis-url "$$url"
 
-test: $(STAMP) ## run the whole test suite (starts its own Redis, Slurm and Chromium; installs them when missing, see README)
+test: $(STAMP) ## run the whole test suite (starts its own Redis, Slurm, Chromium, kube-apiserver and Kueue; installs or builds them when missing, see README)
+test: peers
 	.ci/test-deps
 	$(BIN)/pytest
 
@@ -56,7 +57,8 @@ protos: $(STAMP) ## regenerate the committed Python code from protos/**/*.proto
 protos-check: $(STAMP) ## fail when the committed generated code is stale
 	$(PY) protos/generate.py --check
 
-bench: $(STAMP) ## benchmarks (solver, quality, inventory, service, ...; ARGS=slurm: the Slurm bridge, root); ARGS=--json for machine-readable output
+bench: $(STAMP) ## benchmarks (solver with upstream's allocator beside it, quality, inventory, service, store, tenants, ghz; ARGS=slurm: the Slurm bridge, root); ARGS=--json for JSON
+bench: peers
 	$(PY) -m loadtest.bench $(ARGS)
 
 loadtest: $(STAMP) ## ~30 s load smoke on loopback (embedded + Redis): ghz-format reports + PNGs in loadtest/out/
@@ -67,6 +69,9 @@ fuzz: $(STAMP) ## the RPC fuzzer at 10,000 requests (the suite runs 300): no INT
 
 demo: $(STAMP) ## the Slurm bridge and the Kueue sidecar sharing one allocator on the example cluster
 	$(PY) -m services.bridges.demo
+
+peers: ## build (or reuse from ~/.cache/gpualloc/peers) the Go peers the tests run: kube-apiserver, etcd, Kueue, ghz, grpcurl -> .peers/
+	tools/peers/build.sh
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from loadtest.report import BenchReport
 
-SUITES = ("solver", "quality", "inventory", "service", "store", "tenants")
+SUITES = ("solver", "quality", "inventory", "service", "store", "tenants", "ghz")
 ON_REQUEST = ("slurm",)
 """Run only when named: a real Slurm, as root, for minutes (loadtest/bench_slurm.py)."""
 

@@ -21,7 +21,9 @@ full and the node groups change under the solver. Measured per kind:
   bound: the number of distinct device profiles the kind's selectors read;
 - memory: the peak traced allocation of one solve (tracemalloc, after the timed runs), and the
   process's resident set after building each cluster;
-- a 4-node x 8-GPU gang in one NVLink domain (`solve_gang`, grouped by the clique label).
+- a 4-node x 8-GPU gang in one NVLink domain (`solve_gang`, grouped by the clique label);
+- beside Kubernetes' own structured allocator on the same files (loadtest/upstream_allocator.py:
+  `<gpus>/<kind>/vs-upstream` rows, pinned and fleet-wide, with the ratios).
 
 The placement quality replay (loadtest/replay.py) is its own suite: loadtest/bench_quality.py.
 
@@ -43,6 +45,8 @@ from typing import Any
 
 from loadtest.clusters import CLIQUE_LABEL, DRIVER, GeneratedCluster, device_classes, generate
 from loadtest.report import BenchReport, Target, percentile
+from loadtest.upstream_allocator import COMPARED_KINDS
+from loadtest.upstream_allocator import compare as compare_upstream
 from services.allocator.core import (
     Allocated,
     AllocatedState,
@@ -196,6 +200,8 @@ def _run_size(
         medians[(gpus, kind.name)] = float(values["median_ms"])
         report.add(f"{gpus}/{kind.name}", **values)
     report.add(f"{gpus}/{GANG_KIND}", **_run_gang(snapshot, state, classes, max(20, solves // 5)))
+    compared = {k.name: k.claims for k in KINDS if k.name in COMPARED_KINDS}
+    compare_upstream(report, gpus, cluster, snapshot, state, classes, compared, quick=quick)
     gc.unfreeze()
 
 

@@ -44,6 +44,8 @@ from types import FrameType
 from typing import Any
 
 import grpc
+from google.protobuf import descriptor_pool
+from google.protobuf.descriptor import FileDescriptor
 from grpc_reflection.v1alpha import reflection
 
 from services.common.admission import Admission, AdmissionLimits
@@ -175,7 +177,7 @@ def create_server(
         health.set_serving(service.name)
     health.add_to_server(server)
     reflection.enable_server_reflection(
-        [*names, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME], server
+        [*names, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME], server, pool=_MethodSymbolPool()
     )
     port = _listen(server, address, settings)
     if exposure is not None:
@@ -190,6 +192,32 @@ def create_server(
     if settings.health_listen_address:
         server = _with_health_port(server, health, settings)
     return server, port
+
+
+class _MethodSymbolPool:
+    """The default descriptor pool for reflection, which also finds the file of a method's
+    name (`grpc.health.v1.Health.Check`). ghz asks for the method itself; protobuf's upb pool
+    only knows messages, enums, services and extensions, so ghz's `--call` failed with "Symbol
+    not found" (tests/integration/test_doc_commands_real.py runs the real ghz)."""
+
+    def __init__(self) -> None:
+        self._pool = descriptor_pool.Default()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
+
+    def FindFileContainingSymbol(self, symbol: str) -> FileDescriptor:  # noqa: N802 - the pool's
+        try:
+            return self._pool.FindFileContainingSymbol(symbol)
+        except KeyError:
+            service, _, method = symbol.rpartition(".")
+            try:
+                found = self._pool.FindServiceByName(service)
+            except KeyError:
+                raise KeyError(symbol) from None
+            if method not in found.methods_by_name:
+                raise KeyError(symbol) from None
+            return found.file
 
 
 def _listen(server: grpc.Server, address: str, settings: ServerSettings) -> int:
@@ -214,6 +242,11 @@ def _with_health_port(main: grpc.Server, health: Health, settings: ServerSetting
         options=[("grpc.so_reuseport", 0)],
     )
     health.add_to_server(probe)
+    # reflection of the health service alone, so `grpcurl -plaintext HOST:PORT
+    # grpc.health.v1.Health/Check` works there as docs/deploy.md shows (nothing else is served)
+    reflection.enable_server_reflection(
+        [HEALTH_SERVICE_NAME, reflection.SERVICE_NAME], probe, pool=_MethodSymbolPool()
+    )
     address = settings.health_listen_address
     try:
         port = probe.add_insecure_port(address)

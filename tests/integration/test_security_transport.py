@@ -21,6 +21,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import rsa
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from protos.allocator.v1 import allocator_pb2 as pb
 from protos.allocator.v1 import allocator_pb2_grpc
@@ -195,6 +196,14 @@ def test_the_health_port_answers_plaintext_probes_beside_a_tls_server(tmp_path: 
             with pytest.raises(grpc.RpcError) as caught:
                 allocator_pb2_grpc.AllocatorStub(channel).Allocate(pb.AllocateRequest(), timeout=5)
             assert caught.value.code() is grpc.StatusCode.UNIMPLEMENTED
+            # reflection there lists the health service (grpcurl's Check works) and nothing else
+            reflect = reflection_pb2_grpc.ServerReflectionStub(channel)
+            request = reflection_pb2.ServerReflectionRequest(list_services="")
+            (answer,) = reflect.ServerReflectionInfo(iter([request]), timeout=5)
+            assert {s.name for s in answer.list_services_response.service} == {
+                "grpc.health.v1.Health",
+                "grpc.reflection.v1alpha.ServerReflection",
+            }
     finally:
         server.stop(None).wait()
 

@@ -10,8 +10,9 @@ Status writes are server-side apply, as Kueue's own admission-check controllers 
 so applying one entry under our field manager leaves the other checks' entries alone; the
 AdmissionCheck's `Active` condition is applied the same way.
 
-Not run against a live API server in this repository (docs/bridges.md says so): the port's
-behaviour is pinned by MemoryKueueApi and the controller tests.
+Run against a real kube-apiserver v1.34.4 under a real Kueue v0.15.2 in
+tests/e2e/test_kueue_real.py (docs/bridges.md, "Kueue"); the port's behaviour is also pinned by
+MemoryKueueApi and the controller tests.
 """
 
 from __future__ import annotations

@@ -1,0 +1,313 @@
+"""The Kueue sidecar (gpualloc-kueue's AdmissionController over KubernetesKueueApi) under a real
+Kueue v0.15.2 on a real kube-apiserver v1.34.4 (tests/control_plane.py), with a real gpualloc
+(inventory + allocator on port 0, the example cluster) behind it.
+
+The chain Kueue's users see: a batch/v1 Job with `kueue.x-k8s.io/queue-name` and a GPU
+request -> Kueue makes its Workload and reserves quota in the ClusterQueue that lists our
+AdmissionCheck -> the sidecar reserves in gpualloc and sets the check Ready with
+podSetUpdates (the node's hostname) -> Kueue admits the Workload and unsuspends the Job with
+that node selector. No kubelet: pods never run.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes  # the `kube` extra (make install): a real import, never a skip
+import pytest
+
+from services.bridges import local_cluster
+from services.bridges.kueue.controller import AdmissionController
+from services.bridges.kueue.k8s_adapter import KubernetesKueueApi
+from services.bridges.kueue.objects import CheckState, Workload
+from services.bridges.placing import Placer
+from services.client import AllocatorClient, InventoryClient, ReservationState
+from tests.control_plane import ControlPlane, control_plane_in
+from tests.unit.bridges.support import ROOT, documents, release_everything
+
+pytestmark = pytest.mark.timeout(300)  # the control plane's start counts in the first test's
+
+EXAMPLES = ROOT / "examples" / "bridges" / "kueue"
+OUR_CHECK = ROOT / "deploy" / "k8s" / "kueue" / "admission-check.yaml"
+NAMESPACE = "team-a"
+GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
+WAIT_S = 60.0
+
+
+def until(
+    what: str, found: Callable[[], Any], timeout: float = WAIT_S, shown: Callable[[], Any] = str
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = found()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}: {shown()}")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    with control_plane_in(tmp_path_factory.mktemp("control-plane"), kueue=True) as started:
+        started.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        started.apply_files([OUR_CHECK, EXAMPLES / "cluster-queue.yml"])
+        yield started
+
+
+@pytest.fixture(scope="module")
+def gpualloc() -> Iterator[local_cluster.LocalCluster]:
+    with local_cluster.start() as started:
+        yield started
+
+
+class Sidecar:
+    """gpualloc-kueue as it runs (`AdmissionController.run`, resync 1 s) on a thread."""
+
+    def __init__(self, plane: ControlPlane, target: str) -> None:
+        self.client = AllocatorClient(target, owner="test")
+        self.inventory = InventoryClient(target)
+        self.api = KubernetesKueueApi(api_client=plane.api_client())
+        self.controller = AdmissionController(
+            self.api, Placer(self.client, self.inventory), lease_ttl_seconds=60
+        )
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.controller.run, args=(self.stop, 1.0))
+        self.thread.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(30)
+        self.client.close()
+        self.inventory.close()
+
+
+@pytest.fixture
+def sidecar(plane, gpualloc) -> Iterator[Sidecar]:
+    running = Sidecar(plane, gpualloc.target)
+    yield running
+    running.close()
+    _delete_all(plane)
+    release_everything(gpualloc.target)
+
+
+class Cluster:
+    def __init__(self, plane: ControlPlane) -> None:
+        self.plane = plane
+        client = plane.api_client()
+        self.batch = kubernetes.client.BatchV1Api(client)
+        self.custom = kubernetes.client.CustomObjectsApi(client)
+
+    def submit(self, path: Path, name: str | None = None) -> str:
+        (job,) = [d for d in documents(path) if d["kind"] == "Job"]
+        job = copy.deepcopy(job)
+        job["metadata"]["namespace"] = NAMESPACE
+        job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "gpu-queue"
+        if name:
+            job["metadata"]["name"] = name
+        job["spec"]["suspend"] = True  # what Kueue's Job webhook does (not registered here)
+        self.plane.apply(job)
+        return str(job["metadata"]["name"])
+
+    def job(self, name: str) -> Any:
+        return self.batch.read_namespaced_job(name, NAMESPACE)
+
+    def workload_of(self, job: str) -> Workload | None:
+        found = self.raw_workload_of(job)
+        return Workload.from_dict(found) if found else None
+
+    def workloads(self) -> list[dict[str, Any]]:
+        listed: Any = self.custom.list_namespaced_custom_object(
+            GROUP, VERSION, NAMESPACE, "workloads"
+        )
+        return list(listed["items"])
+
+    def raw_workload_of(self, job: str) -> dict[str, Any] | None:
+        for item in self.workloads():
+            owners = item["metadata"].get("ownerReferences") or []
+            if any(o["kind"] == "Job" and o["name"] == job for o in owners):
+                return dict(item)
+        return None
+
+    def check_of(self, job: str) -> Any:
+        workload = self.workload_of(job)
+        return workload.check("gpualloc") if workload else None
+
+    def delete_job(self, name: str) -> None:
+        """Delete the Job, and its Workload as the garbage collector would (no controller
+        manager runs here to follow the ownerReference)."""
+        workload = self.workload_of(name)
+        self.batch.delete_namespaced_job(name, NAMESPACE, propagation_policy="Background")
+        if workload is not None:
+            _delete_workload(self.custom, workload.name)
+
+
+def _delete_workload(custom: Any, name: str) -> None:
+    body = {"metadata": {"finalizers": None}}
+    try:
+        custom.patch_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "workloads", name, body)
+        custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "workloads", name)
+    except kubernetes.client.ApiException as error:
+        if error.status != 404:
+            raise
+
+
+def _delete_all(plane: ControlPlane) -> None:
+    cluster = Cluster(plane)
+    for job in cluster.batch.list_namespaced_job(NAMESPACE).items:
+        if job.metadata and job.metadata.name:
+            cluster.delete_job(job.metadata.name)
+    for item in cluster.workloads():
+        _delete_workload(cluster.custom, item["metadata"]["name"])
+
+
+@pytest.fixture
+def cluster(plane) -> Cluster:
+    return Cluster(plane)
+
+
+def _held(sidecar: Sidecar, workload: str) -> list[Any]:
+    return list(sidecar.client.list(owner=f"kueue/{NAMESPACE}/{workload}"))
+
+
+def _admitted(cluster: Cluster, job: str) -> Workload:
+    def admitted() -> Workload | None:
+        found = cluster.workload_of(job)
+        return found if found is not None and found.admitted else None
+
+    workload: Workload = until("Workload admitted", admitted)
+    return workload
+
+
+def _unsuspended(cluster: Cluster, job: str) -> Any:
+    found = cluster.job(job)
+    return found if found.spec.suspend is False else None
+
+
+def test_our_admission_check_turns_active_and_the_cluster_queue_with_it(plane, sidecar, cluster):
+    def active(plural: str, name: str) -> bool:
+        found = cluster.custom.get_cluster_custom_object(GROUP, VERSION, plural, name)
+        conditions = found.get("status", {}).get("conditions", [])
+        return any(c["type"] == "Active" and c["status"] == "True" for c in conditions)
+
+    until("AdmissionCheck gpualloc Active", lambda: active("admissionchecks", "gpualloc"))
+    until("ClusterQueue active", lambda: active("clusterqueues", "gpu-cluster-queue"))
+
+
+def test_a_gpu_job_is_admitted_and_unsuspended_on_the_node_gpualloc_reserved(sidecar, cluster):
+    job = cluster.submit(EXAMPLES / "h100-nvlink-job.yml")
+    check = until(
+        "check Ready",
+        lambda: (c := cluster.check_of(job)) and c.state is CheckState.READY and c,
+    )
+    (update,) = check.pod_set_updates
+    node = update.node_selector["kubernetes.io/hostname"]
+    assert node.startswith("h100-node")
+    started = until("Job unsuspended by Kueue", lambda: _unsuspended(cluster, job))
+    selector = started.spec.template.spec.node_selector
+    assert selector["kubernetes.io/hostname"] == node
+    assert selector["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"  # the Job's own kept
+    workload = until(
+        "Workload admitted", lambda: (w := cluster.workload_of(job)) and w.admitted and w
+    )
+    (held,) = until(
+        "reservation committed",
+        lambda: [r for r in _held(sidecar, workload.name) if r.state is ReservationState.COMMITTED],
+    )
+    assert held.node_name == node and len(held.devices) == 4
+
+
+def test_a_job_that_can_never_fit_is_rejected_and_kueue_deactivates_it(sidecar, cluster):
+    """Rejected (documented: Kueue deactivates the Workload, which evicts it and resets the
+    check): the Workload ends inactive, evicted as DeactivatedDueToAdmissionCheck naming our
+    check, its Job suspended, nothing held."""
+    job = cluster.submit(EXAMPLES / "too-big-job.yml")
+
+    def deactivated() -> dict[str, Any] | None:
+        found = cluster.raw_workload_of(job)
+        if not found or found["spec"].get("active") is not False:
+            return None
+        conditions = found.get("status", {}).get("conditions", [])
+        evicted = any(c["type"] == "Evicted" and c["status"] == "True" for c in conditions)
+        return found if evicted else None  # Kueue writes spec.active, then the eviction
+
+    workload = until(
+        "Workload deactivated", deactivated, shown=lambda: cluster.raw_workload_of(job)
+    )
+    conditions = {c["type"]: c for c in workload["status"]["conditions"]}
+    evicted = conditions["Evicted"]
+    assert evicted["status"] == "True", evicted
+    assert evicted["reason"] == "DeactivatedDueToAdmissionCheck", evicted
+    assert "gpualloc" in evicted["message"] and "rejected" in evicted["message"], evicted
+    assert cluster.job(job).spec.suspend is True
+    assert _held(sidecar, workload["metadata"]["name"]) == []
+
+
+def test_a_lost_reservation_makes_kueue_evict_and_requeue_the_workload(sidecar, cluster):
+    job = cluster.submit(EXAMPLES / "h100-nvlink-job.yml")
+    until("Job unsuspended", lambda: _unsuspended(cluster, job))
+    workload = until(
+        "Workload admitted", lambda: (w := cluster.workload_of(job)) and w.admitted and w
+    )
+    (held,) = until("reserved", lambda: _held(sidecar, workload.name))
+    sidecar.client.release(held, owner=held.owner)  # gone from under the admitted Workload
+
+    def evictions() -> int:
+        found = cluster.raw_workload_of(job) or {}
+        stats = found.get("status", {}).get("schedulingStats", {}).get("evictions", [])
+        return sum(int(e.get("count", 0)) for e in stats)
+
+    # Kueue evicts it (the Job suspended) and requeues it; the cycle may be quicker than a
+    # poll of the Job, so what it leaves is checked: the eviction counted on the Workload
+    until("Workload evicted", lambda: evictions() >= 1, shown=lambda: cluster.raw_workload_of(job))
+    # requeued: Kueue reserves quota again, the sidecar places it again, Kueue admits again
+    (again,) = until(
+        "placed again", lambda: [r for r in _held(sidecar, workload.name) if r.id != held.id]
+    )
+    until("Job unsuspended again", lambda: _unsuspended(cluster, job), timeout=120)
+    assert again.node_name.startswith("h100-node")
+
+
+def test_a_deleted_job_s_reservation_is_released(sidecar, cluster):
+    job = cluster.submit(EXAMPLES / "h100-nvlink-job.yml")
+    workload = until(
+        "Workload admitted", lambda: (w := cluster.workload_of(job)) and w.admitted and w
+    )
+    until("reserved", lambda: _held(sidecar, workload.name))
+    cluster.delete_job(job)
+    until("released", lambda: _held(sidecar, workload.name) == [])
+
+
+def test_a_sidecar_restarted_mid_flight_neither_leaks_nor_duplicates(plane, gpualloc, cluster):
+    """The sidecar stops after reserving and setting Ready (before it commits); a new one
+    (fresh memory) finds the same reservation, commits it once, and nothing else is held."""
+    first = Sidecar(plane, gpualloc.target)
+    try:
+        job = cluster.submit(EXAMPLES / "h100-nvlink-job.yml", name="restarted")
+        until("check Ready", lambda: (c := cluster.check_of(job)) and c.state is CheckState.READY)
+    finally:
+        first.close()
+    workload = cluster.workload_of(job)
+    assert workload is not None
+    (before,) = _held(first_or_new := Sidecar(plane, gpualloc.target), workload.name)
+    try:
+        until("Job unsuspended", lambda: _unsuspended(cluster, job))
+        (after,) = until(
+            "committed once",
+            lambda: [
+                r
+                for r in _held(first_or_new, workload.name)
+                if r.state is ReservationState.COMMITTED
+            ],
+        )
+        assert after.id == before.id
+        assert len(list(first_or_new.client.list())) == 1
+    finally:
+        first_or_new.close()
+        _delete_all(plane)
+        release_everything(gpualloc.target)
