@@ -31,8 +31,7 @@ run-cluster: $(STAMP) ## `make run` on a local 3+3 Redis Cluster (loopback ports
 	  trap 'deploy/local/redis-cluster.sh stop' EXIT INT TERM && \
 	  $(BIN)/gpualloc serve --demo --redis-url "$$url"
 
-test: $(STAMP) ## run the whole test suite (starts its own Redis, Slurm, Chromium, kube-apiserver and Kueue; installs or builds them when missing, see README)
-test: peers
+test: $(STAMP) peers ## run the whole test suite (starts its own Redis, Slurm, Chromium, kube-apiserver and Kueue; installs or builds them when missing, see README)
 	.ci/test-deps
 	$(BIN)/pytest
 
@@ -57,8 +56,7 @@ protos: $(STAMP) ## regenerate the committed Python code from protos/**/*.proto
 protos-check: $(STAMP) ## fail when the committed generated code is stale
 	$(PY) protos/generate.py --check
 
-bench: $(STAMP) ## benchmarks (solver with upstream's allocator beside it, quality, inventory, service, store, tenants, ghz; ARGS=slurm: the Slurm bridge, root); ARGS=--json for JSON
-bench: peers
+bench: $(STAMP) peers ## benchmarks (solver with upstream's allocator beside it, quality, inventory, service, store, tenants, ghz; ARGS=slurm: the Slurm bridge, root); ARGS=--json for JSON
 	$(PY) -m loadtest.bench $(ARGS)
 
 loadtest: $(STAMP) ## ~30 s load smoke on loopback (embedded + Redis): ghz-format reports + PNGs in loadtest/out/
