@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -24,7 +24,7 @@ from services.allocator.app.messages import LeaseOptions
 from services.allocator.reservations.model import ReservationStore
 from services.client import AllocatorClient, claim_from_spec
 from services.client.client import AllocateItem
-from services.common.deadline import Deadline
+from services.common.deadline import UNBOUNDED, Deadline
 from services.common.errors import DeadlineExceeded, InvalidArgument, NotFound, PermissionDenied
 from tests.e2e.allocator_harness import ServedAllocator, allocate_request, serve_allocator
 from tests.integration.conftest import store_of
@@ -145,14 +145,15 @@ def test_items_not_reached_answer_deadline_exceeded():
     calls: list[int] = []
     deadline = Deadline.after(0.05)
 
-    def allocate(query, lease=None, *, deadline):
+    def allocate(query: Any, lease: Any = None, *, deadline: Deadline = UNBOUNDED) -> Any:
         calls.append(query)
         time.sleep(0.06)  # the first item takes the whole call's time
         return "answer"
 
-    results = allocate_batch(
-        allocate, [lambda i=i: BatchItem(i) for i in range(3)], deadline=deadline
-    )
+    def item(i: Any) -> Callable[[], BatchItem]:
+        return lambda: BatchItem(i)
+
+    results: list[Any] = allocate_batch(allocate, [item(i) for i in range(3)], deadline=deadline)
     assert calls == [0] and results[0] == "answer"
     assert all(isinstance(r, DeadlineExceeded) for r in results[1:])
     assert "after 1 of 3 items" in results[1].message
@@ -192,7 +193,7 @@ def test_an_owner_the_principal_may_not_name_is_an_item_error():
     def refuse() -> BatchItem:
         raise PermissionDenied("identity x may not act for owner y")
 
-    results = allocate_batch(lambda *a, **k: None, [refuse])  # type: ignore[arg-type,return-value]
+    results = allocate_batch(lambda *a, **k: None, [refuse])  # type: ignore[arg-type]
     assert isinstance(results[0], PermissionDenied)
 
 
@@ -211,16 +212,16 @@ def test_an_owner_the_principal_may_not_name_is_an_item_error():
 def test_identical_non_reserving_items_share_a_solve(items, solves):
     calls: list[str] = []
 
-    def allocate(query, lease=None, *, deadline):
+    def allocate(query: Any, lease: Any = None, *, deadline: Deadline = UNBOUNDED) -> Any:
         calls.append(query)
         return f"answer {query}"
 
     lease = LeaseOptions(owner="team/a")
-    made = [
-        lambda q=q, r=r: BatchItem(q, lease if r else None, q.encode())  # type: ignore[arg-type]
-        for q, r in items
-    ]
-    results = allocate_batch(allocate, made)  # type: ignore[arg-type]
+
+    def item(q: Any, reserve: bool) -> Callable[[], BatchItem]:
+        return lambda: BatchItem(q, lease if reserve else None, q.encode())
+
+    results: list[Any] = allocate_batch(allocate, [item(q, r) for q, r in items])
     assert calls == solves
     assert results == [f"answer {q}" for q, _ in items]
 

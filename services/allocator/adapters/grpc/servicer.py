@@ -52,7 +52,7 @@ from services.allocator.app.tenancy import (
     watched_changes,
 )
 from services.allocator.reservations.model import NODE_SEPARATOR, Reservation
-from services.common.deadline import Deadline
+from services.common.deadline import UNBOUNDED, Deadline
 from services.common.errors import PermissionDenied
 from services.common.grpc_server import call_deadline
 from services.common.security.edge import (
@@ -186,7 +186,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                 items.append(pb.AllocateBatchItem(error=status))
 
         def allocate(
-            query: Query, lease: LeaseOptions | None = None, *, deadline: Deadline
+            query: Query, lease: LeaseOptions | None = None, *, deadline: Deadline = UNBOUNDED
         ) -> Answer:
             with self._errors_shown_to(principal):  # redacted before the batch keeps them
                 return self._service.allocate(query, lease, deadline=deadline)
