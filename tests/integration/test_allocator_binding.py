@@ -26,6 +26,7 @@ from google.protobuf import duration_pb2
 from protos.allocator.v1 import allocator_pb2 as pb
 from protos.common.v1 import dra_pb2
 from services.allocator.app.inventory_feed import StaticFeed
+from services.allocator.app.telemetry import Telemetry
 from services.allocator.config import AllocatorSettings
 from services.common.dra.model import (
     DeviceClass,
@@ -60,15 +61,22 @@ FABRIC = (
 CLASS = DeviceClass("fabric-gpu", (DeviceSelector('device.driver == "gpu.nvidia.com"'),))
 
 
-@pytest.fixture
-def fabric(grpc_channel_factory: Any, store: Any, tmp_path: Path) -> Iterator[ServedAllocator]:
+def serve_fabric(
+    grpc_channel_factory: Any, store: Any, tmp_path: Path, telemetry: Telemetry | None = None
+) -> ServedAllocator:
     (tmp_path / "fabric.yaml").write_text(FABRIC)
-    served = serve_allocator(
+    return serve_allocator(
         grpc_channel_factory,
         store,
         settings=AllocatorSettings(expire_interval=0.1, binding_timeout=TIMEOUT),
         feed=StaticFeed.from_paths([str(tmp_path)]),
+        telemetry=telemetry,
     )
+
+
+@pytest.fixture
+def fabric(grpc_channel_factory: Any, store: Any, tmp_path: Path) -> Iterator[ServedAllocator]:
+    served = serve_fabric(grpc_channel_factory, store, tmp_path)
     yield served
     served.app.close()
 
@@ -237,18 +245,73 @@ def test_released_meanwhile_the_report_finds_nothing(fabric: ServedAllocator) ->
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_a_report_for_a_device_it_does_not_hold_is_invalid(fabric: ServedAllocator) -> None:
+def condition(device: dra_pb2.DeviceID, type_: str = ATTACHED) -> pb.DeviceCondition:
+    return pb.DeviceCondition(device=device, type=type_, status=True)
+
+
+ELSEWHERE = dra_pb2.DeviceID(driver="gpu.nvidia.com", pool="fabric", device="gpu-9")
+# (the report's conditions, given the reserved device; the field path the refusal names)
+BAD_REPORTS = [
+    pytest.param(lambda d: [], "conditions", id="no-conditions"),
+    pytest.param(lambda d: [pb.DeviceCondition(type=ATTACHED, status=True)],
+                 "conditions[0].device", id="device-unset"),
+    pytest.param(lambda d: [condition(ELSEWHERE)], "conditions[0].device",
+                 id="a-device-it-does-not-hold"),
+    pytest.param(lambda d: [condition(d, "")], "conditions[0].type", id="type-empty"),
+    pytest.param(lambda d: [condition(d, "Not A Name")], "conditions[0].type",
+                 id="type-not-a-qualified-name"),
+    pytest.param(lambda d: [condition(d), condition(d)], "conditions[1].type",
+                 id="a-type-twice-for-a-device"),
+    pytest.param(lambda d: [condition(d, f"dra.example.com/c{i}") for i in range(9)],
+                 "conditions", id="more-than-8-types-for-a-device"),
+    pytest.param(lambda d: [condition(d)] * 100_000, "conditions", id="a-flood-of-conditions"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("conditions", "path"), BAD_REPORTS)
+def test_a_bad_report_is_invalid_and_changes_nothing(
+    fabric: ServedAllocator, conditions: Any, path: str
+) -> None:
+    """Upstream keeps at most 8 conditions a device, one per type (status.devices[].conditions
+    is a map keyed by type): a report past that is refused, not stored."""
     reservation = reserve(fabric)
-    other = dra_pb2.DeviceID(driver="gpu.nvidia.com", pool="fabric", device="gpu-9")
+    [device] = reservation.devices
 
     with pytest.raises(grpc.RpcError) as caught:
         fabric.stub.ReportDeviceConditions(
             pb.ReportDeviceConditionsRequest(
-                reservation_id=reservation.id,
-                conditions=[pb.DeviceCondition(device=other, type=ATTACHED, status=True)],
+                reservation_id=reservation.id, conditions=conditions(device)
             ),
             timeout=10,
         )
 
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "conditions[0].device" in (caught.value.details() or "")
+    assert path in (caught.value.details() or "")
+    got = fabric.stub.GetReservation(
+        pb.GetReservationRequest(reservation_id=reservation.id), metadata=HOLDER, timeout=10
+    ).reservation
+    assert (list(got.conditions), got.binding) == ([], pb.BINDING_PHASE_BINDING)
+
+
+def test_types_past_8_across_reports_are_refused(fabric: ServedAllocator) -> None:
+    reservation = reserve(fabric)
+    [device] = reservation.devices
+    for first in range(0, 8, 4):
+        fabric.stub.ReportDeviceConditions(
+            pb.ReportDeviceConditionsRequest(
+                reservation_id=reservation.id,
+                conditions=[
+                    condition(device, f"dra.example.com/c{i}") for i in range(first, first + 4)
+                ],
+            ),
+            timeout=10,
+        )
+
+    with pytest.raises(grpc.RpcError) as caught:
+        report(fabric, reservation, "dra.example.com/c8")
+
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "would have 9 condition types: at most 8" in (caught.value.details() or "")
+    assert report(fabric, reservation, "dra.example.com/c7", False).reservation.conditions[7] == (
+        pb.DeviceCondition(device=device, type="dra.example.com/c7", status=False)
+    )  # a type it has may still change

@@ -82,10 +82,12 @@ from services.allocator.core import (
 )
 from services.allocator.reservations.binding import (
     DEFAULT_BINDING_TIMEOUT_SECONDS,
+    MAX_DEVICE_CONDITIONS,
     Binding,
     binding_of,
     binding_revocation,
     is_pool_hold,
+    merge_conditions,
 )
 from services.allocator.reservations.holds import device_key, placement_holds
 from services.allocator.reservations.model import (
@@ -454,6 +456,13 @@ class AllocatorService:
             raise InvalidArgument.at("conditions", "must not be empty")
         current = self.store.get(reservation_id)
         held = {device_key(r.device_id) for a in current.allocations for r in a.results}
+        if len(conditions) > MAX_DEVICE_CONDITIONS * len(held):
+            raise InvalidArgument.at(
+                "conditions",
+                f"{len(conditions)} conditions for {len(held)} devices: at most "
+                f"{MAX_DEVICE_CONDITIONS} a device",
+            )
+        seen: set[tuple[str, str]] = set()
         for index, condition in enumerate(conditions):
             path = f"conditions[{index}]"
             if condition.device not in held:
@@ -465,6 +474,21 @@ class AllocatorService:
             if problems:
                 raise InvalidArgument.at(
                     f"{path}.type", f"{condition.type!r}: {'; '.join(problems)}"
+                )
+            if (condition.device, condition.type) in seen:
+                raise InvalidArgument.at(
+                    f"{path}.type", f"{condition.type!r} twice for device {condition.device}"
+                )
+            seen.add((condition.device, condition.type))
+        types = collections.Counter(
+            c.device for c in merge_conditions(current.conditions, conditions)
+        )
+        for device, count in types.items():
+            if count > MAX_DEVICE_CONDITIONS:
+                raise InvalidArgument.at(
+                    "conditions",
+                    f"device {device} would have {count} condition types: at most "
+                    f"{MAX_DEVICE_CONDITIONS} (as a ResourceClaim's status.devices[].conditions)",
                 )
         reported = self.store.report_conditions(reservation_id, fencing_token, conditions)
         self.holdings.committed(reported)  # same holds, new conditions: this copy shows them
