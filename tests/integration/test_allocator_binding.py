@@ -315,3 +315,45 @@ def test_types_past_8_across_reports_are_refused(fabric: ServedAllocator) -> Non
     assert report(fabric, reservation, "dra.example.com/c7", False).reservation.conditions[7] == (
         pb.DeviceCondition(device=device, type="dra.example.com/c7", status=False)
     )  # a type it has may still change
+
+
+class CommitAfterRead:
+    """The store, with the holder's Commit landing right after one read of `target`: a binding
+    sweep read the reservation still binding, then the agent's last report and the holder's
+    Commit came before the sweep's revoke."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.target = ""
+
+    def get(self, reservation_id: str) -> Any:
+        found = self.inner.get(reservation_id)
+        if reservation_id == self.target:
+            self.target = ""
+            self.inner.commit(reservation_id, found.owner)
+        return found
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+def test_a_sweep_that_loses_to_a_commit_leaves_the_reservation_held(
+    grpc_channel_factory: Any, store: Any, tmp_path: Path
+) -> None:
+    racing = CommitAfterRead(store)
+    served = serve_fabric(grpc_channel_factory, racing, tmp_path)
+    try:
+        reservation = reserve(served)
+        racing.target = reservation.id  # the sweep past the timeout reads it next
+        deadline = time.monotonic() + TIMEOUT + 10
+        while racing.target and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)  # the sweep's revoke, refused
+
+        got = served.stub.GetReservation(
+            pb.GetReservationRequest(reservation_id=reservation.id), metadata=HOLDER, timeout=10
+        ).reservation
+        assert got.state == pb.RESERVATION_STATE_COMMITTED
+        assert reservation.id in {r.id for r in served.app.holdings.reservations()}
+    finally:
+        served.app.close()

@@ -538,9 +538,14 @@ class AllocatorService:
         ]
         gone = []
         for each in (reservation, *pools):
-            with contextlib.suppress(NotFound, FailedPrecondition):  # gone or granted anew
+            try:
                 self.store.revoke(each.id, each.fencing_token, why)
                 gone.append(each.id)
+            except NotFound:  # gone meanwhile (another replica settled it, say)
+                continue
+            except FailedPrecondition:  # committed (so bound) or granted anew meanwhile: stays
+                if each is reservation:
+                    return ""
         self.holdings.removed([reservation.id, *gone])
         if self.quotas is not None:
             self.quotas.released([reservation.id, *gone], reservation.owner)
