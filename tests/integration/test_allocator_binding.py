@@ -22,11 +22,12 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf import duration_pb2
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from protos.allocator.v1 import allocator_pb2 as pb
 from protos.common.v1 import dra_pb2
 from services.allocator.app.inventory_feed import StaticFeed
-from services.allocator.app.telemetry import Telemetry
+from services.allocator.app.telemetry import Telemetry, configure_telemetry
 from services.allocator.config import AllocatorSettings
 from services.common.dra.model import (
     DeviceClass,
@@ -357,3 +358,43 @@ def test_a_sweep_that_loses_to_a_commit_leaves_the_reservation_held(
         assert reservation.id in {r.id for r in served.app.holdings.reservations()}
     finally:
         served.app.close()
+
+
+def test_binding_failures_are_counted_by_reason(
+    grpc_channel_factory: Any, store: Any, tmp_path: Path
+) -> None:
+    reader = InMemoryMetricReader()
+    served = serve_fabric(
+        grpc_channel_factory, store, tmp_path, configure_telemetry({}, metric_readers=[reader])
+    )
+    try:
+        assert failures(reader) == {"failed": 0, "timed_out": 0}  # a series from the start
+        changes = watch(served)
+        failing, lapsing = reserve(served), reserve(served)
+        assert report(served, failing, FAILED).released
+        end = time.monotonic() + TIMEOUT + 10  # the node's reservations', and their pools'
+        while (
+            next_kind(
+                changes, pb.RESERVATION_CHANGE_KIND_BINDING_FAILED, end - time.monotonic()
+            ).reservation_id
+            != lapsing.id
+        ):
+            pass
+
+        assert failures(reader) == {"failed": 1, "timed_out": 1}
+    finally:
+        served.app.close()
+
+
+def failures(reader: InMemoryMetricReader) -> dict[str, int]:
+    """gpualloc.reservation.binding_failures by reason."""
+    data = reader.get_metrics_data()
+    counted: dict[str, int] = {}
+    for resource in data.resource_metrics if data else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == "gpualloc.reservation.binding_failures":
+                    for point in metric.data.data_points:
+                        reason = str((point.attributes or {})["reason"])
+                        counted[reason] = counted.get(reason, 0) + int(getattr(point, "value", 0))
+    return counted

@@ -549,6 +549,9 @@ class AllocatorService:
         self.holdings.removed([reservation.id, *gone])
         if self.quotas is not None:
             self.quotas.released([reservation.id, *gone], reservation.owner)
+        if self._metrics is not None and reservation.id in gone:  # counted once, by the revoker
+            reason = "failed" if binding.failed is not None else "timed_out"
+            self._metrics.binding_failures.add(1, {"reason": reason})
         return why
 
     def reservation_usage(self, reservation: Reservation) -> dict[str, int]:
