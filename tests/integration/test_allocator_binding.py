@@ -40,25 +40,12 @@ from services.common.errors import NotBound, Preempted
 from services.common.grpc_errors import error_from_rpc
 from services.common.pb.dra_mapping import to_pb_device_class, to_pb_resource_claim
 from tests.e2e.allocator_harness import ServedAllocator, owner, serve_allocator
+from tests.fabric import ATTACHED, FAILED, fabric_manifest
 
-ATTACHED, FAILED = "dra.example.com/attached", "dra.example.com/attach-failed"
 TIMEOUT = 4.0  # GPUALLOC_BINDING_TIMEOUT of the server under test
 HOLDER = owner("slurm/job/7")
 
-DEVICES = "".join(
-    f"  - {{name: gpu-{i}, bindsToNode: true, bindingConditions: [{ATTACHED}], "
-    f"bindingFailureConditions: [{FAILED}]}}\n"
-    for i in range(4)
-)
-FABRIC = (
-    "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {name: fabric}\nspec:\n"
-    "  driver: gpu.nvidia.com\n"
-    "  pool: {name: fabric, generation: 1, resourceSliceCount: 1}\n"
-    "  nodeSelector:\n"
-    '    nodeSelectorTerms: [{matchExpressions: [{key: fabric, operator: In, values: ["a"]}]}]\n'
-    "  devices:\n" + DEVICES + "---\n"
-    "apiVersion: v1\nkind: Node\nmetadata: {name: composable-1, labels: {fabric: a}}\n"
-)
+FABRIC = fabric_manifest(4)
 CLASS = DeviceClass("fabric-gpu", (DeviceSelector('device.driver == "gpu.nvidia.com"'),))
 
 
