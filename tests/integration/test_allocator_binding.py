@@ -74,21 +74,23 @@ def reserve(allocator: ServedAllocator) -> pb.Reservation:
     return reserve_placement(allocator)[0]
 
 
-def reserve_placement(allocator: ServedAllocator) -> tuple[pb.Reservation, pb.Reservation]:
-    """One fabric GPU, reserved: the node's reservation and the fabric pool's."""
+def placement_request(idempotency_key: str = "") -> pb.AllocateRequest:
+    """One fabric GPU, to reserve."""
     claim = ResourceClaim(
         "composed", requests=(DeviceRequest("gpu", ExactDeviceRequest("fabric-gpu")),)
     )
-    response = allocator.stub.Allocate(
-        pb.AllocateRequest(
-            claims=[to_pb_resource_claim(claim)],
-            device_classes=[to_pb_device_class(CLASS)],
-            reserve=True,
-            lease_ttl=duration_pb2.Duration(seconds=60),
-        ),
-        metadata=HOLDER,
-        timeout=10,
+    return pb.AllocateRequest(
+        claims=[to_pb_resource_claim(claim)],
+        device_classes=[to_pb_device_class(CLASS)],
+        reserve=True,
+        lease_ttl=duration_pb2.Duration(seconds=60),
+        idempotency_key=idempotency_key,
     )
+
+
+def reserve_placement(allocator: ServedAllocator) -> tuple[pb.Reservation, pb.Reservation]:
+    """One fabric GPU, reserved: the node's reservation and the fabric pool's."""
+    response = allocator.stub.Allocate(placement_request(), metadata=HOLDER, timeout=10)
     [result] = response.allocations[0].allocation.results
     assert list(result.binding_conditions) == [ATTACHED]
     assert list(result.binding_failure_conditions) == [FAILED]
@@ -303,6 +305,34 @@ def test_types_past_8_across_reports_are_refused(fabric: ServedAllocator) -> Non
     assert report(fabric, reservation, "dra.example.com/c7", False).reservation.conditions[7] == (
         pb.DeviceCondition(device=device, type="dra.example.com/c7", status=False)
     )  # a type it has may still change
+
+
+def test_another_replica_shows_the_reported_binding_before_its_refresh(
+    grpc_channel_factory: Any, store: Any, tmp_path: Path
+) -> None:
+    """Two allocators on one store: a report on one, and the other's answers (an idempotent
+    Allocate's replay, from its copy) show the reservation bound from the CONDITIONS event, not
+    only after its next refresh (GPUALLOC_RESYNC_INTERVAL, 30 s)."""
+    first = serve_fabric(grpc_channel_factory, store, tmp_path)
+    second = serve_fabric(grpc_channel_factory, store, tmp_path)
+    try:
+        request = placement_request(idempotency_key="job-7")
+        node = first.stub.Allocate(request, metadata=HOLDER, timeout=10).reservations[0]
+        assert report(first, node, ATTACHED).reservation.binding == pb.BINDING_PHASE_BOUND
+
+        end = time.monotonic() + 5  # well before the refresh
+        phase = pb.BINDING_PHASE_BINDING
+        while phase != pb.BINDING_PHASE_BOUND and time.monotonic() < end:
+            replay = second.stub.Allocate(request, metadata=HOLDER, timeout=10)
+            assert replay.reservations[0].id == node.id  # the replay, not a new placement
+            phase = replay.reservations[0].binding
+            time.sleep(0.05)
+
+        assert phase == pb.BINDING_PHASE_BOUND
+        commit(second, node)
+    finally:
+        second.app.close()
+        first.app.close()
 
 
 class CommitAfterRead:
