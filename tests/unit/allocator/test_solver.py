@@ -2241,6 +2241,24 @@ CASES = [
     pytest.param(
         Case(
             [
+                slice_("slice-1", device("device-1").binds_to_node())
+                .nodes(node_selector(req("planet", "In", "earth")))
+                .pool("pool-1")
+            ],
+            [claim("c0").request("req-0")],
+            [{"req-0=pool-1/device-1"}],
+            nodes=[node(NODE, region="region-1", planet="earth")],
+            binding_conditions=False,
+            want_selector=node_selector(req("planet", "In", "earth")),
+            steps=2,
+        ),
+        # Not upstream's table: with its gate off the API server drops bindsToNode and the
+        # stable allocator never reads it, so the slice's own selector stands.
+        id="node-restriction-without-feature-gate",
+    ),
+    pytest.param(
+        Case(
+            [
                 slice_("slice-1", bound_1().consumes("set-1", memory="4Gi")).counter_set(
                     "set-1", memory="8Gi"
                 )
