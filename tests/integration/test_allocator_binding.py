@@ -12,6 +12,7 @@ the agent reports: the report is NOT_FOUND and changes nothing).
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -39,6 +40,7 @@ from services.common.dra.model import (
 from services.common.errors import NotBound, Preempted
 from services.common.grpc_errors import error_from_rpc
 from services.common.pb.dra_mapping import to_pb_device_class, to_pb_resource_claim
+from services.common.security.audit import AUDIT_LOGGER
 from tests.e2e.allocator_harness import ServedAllocator, owner, serve_allocator
 from tests.fabric import ATTACHED, FAILED, fabric_manifest
 
@@ -333,6 +335,32 @@ def test_another_replica_shows_the_reported_binding_before_its_refresh(
     finally:
         second.app.close()
         first.app.close()
+
+
+def test_a_report_is_audited_with_what_it_said_and_did(
+    fabric: ServedAllocator, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=AUDIT_LOGGER)
+    reservation = reserve(fabric)
+    [device] = reservation.devices
+
+    report(fabric, reservation, ATTACHED, False)
+    report(fabric, reservation, FAILED)
+
+    events = [
+        vars(r) for r in caplog.records
+        if r.name == AUDIT_LOGGER and getattr(r, "event", "") == "reservation.conditions"
+    ]  # fmt: skip
+    key = f"{device.driver}/{device.pool}/{device.device}"
+    assert [(e["reservation"], e["owner"], e["node"]) for e in events] == [
+        (reservation.id, "slurm/job/7", "composable-1")
+    ] * 2
+    assert [e["conditions"] for e in events] == [
+        [f"{key} {ATTACHED}=False"],
+        [f"{key} {FAILED}=True"],
+    ]
+    assert "released" not in events[0]  # empty fields are left out
+    assert events[1]["released"].startswith("binding: binding failed: device " + key)
 
 
 class CommitAfterRead:
