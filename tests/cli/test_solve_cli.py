@@ -20,6 +20,7 @@ from services.allocator.cli.solve import (
     run_solve,
 )
 from services.allocator.core import Policy
+from tests.fabric import fabric_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = [str(ROOT / "examples" / "cluster"), str(ROOT / "examples" / "deviceclasses.yaml")]
@@ -297,24 +298,9 @@ def test_policy_decides_where_whole_gpus_go(policy, node):
 
 # --- device binding conditions -----------------------------------------------------------------
 
-FABRIC = """\
-apiVersion: resource.k8s.io/v1
-kind: ResourceSlice
-metadata: {name: fabric}
-spec:
-  driver: gpu.nvidia.com
-  pool: {name: fabric, generation: 1, resourceSliceCount: 1}
-  nodeSelector:
-    nodeSelectorTerms: [{matchExpressions: [{key: fabric, operator: In, values: ["a"]}]}]
-  devices:
-  - name: gpu-0
-    bindsToNode: true
-    bindingConditions: [dra.example.com/attached]
-    bindingFailureConditions: [dra.example.com/attach-failed]
----
-apiVersion: v1
-kind: Node
-metadata: {name: composable-1, labels: {fabric: a}}
+FABRIC = (
+    fabric_manifest()
+    + """\
 ---
 apiVersion: resource.k8s.io/v1
 kind: DeviceClass
@@ -326,6 +312,7 @@ kind: ResourceClaim
 metadata: {name: composed}
 spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: fabric-gpu}}]}}
 """
+)
 
 
 def solve_fabric(output: str, *, emit: str = "report", binding: bool = True) -> tuple[int, str]:

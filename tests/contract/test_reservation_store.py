@@ -694,6 +694,20 @@ def test_a_binding_revocation_is_answered_as_such_and_is_no_pending_preemption(
         store.report_conditions(reservation.id, 0, [CONDITION])
 
 
+def test_a_binding_revocation_leaves_a_committed_reservation_alone(store: Store) -> None:
+    """A commit that lands between a binding sweep's read and its revoke was bound: the revoke
+    is refused and the committed reservation stays, holds and all."""
+    reservation = store.reserve(reserve_request(GPU0, owner="team-a/alice"))
+    committed = store.commit(reservation.id, "team-a/alice")
+
+    with pytest.raises(FailedPrecondition, match="committed"):
+        store.revoke(committed.id, committed.fencing_token, by="binding: binding timed out")
+
+    assert store.get(committed.id) == committed
+    with pytest.raises(Conflict):
+        store.reserve(reserve_request(GPU0, owner="team-b/bob"))
+
+
 # --- events -----------------------------------------------------------------------------------
 
 

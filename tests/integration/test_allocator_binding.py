@@ -12,6 +12,7 @@ the agent reports: the report is NOT_FOUND and changes nothing).
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -22,10 +23,12 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf import duration_pb2
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from protos.allocator.v1 import allocator_pb2 as pb
 from protos.common.v1 import dra_pb2
 from services.allocator.app.inventory_feed import StaticFeed
+from services.allocator.app.telemetry import Telemetry, configure_telemetry
 from services.allocator.config import AllocatorSettings
 from services.common.dra.model import (
     DeviceClass,
@@ -37,38 +40,33 @@ from services.common.dra.model import (
 from services.common.errors import NotBound, Preempted
 from services.common.grpc_errors import error_from_rpc
 from services.common.pb.dra_mapping import to_pb_device_class, to_pb_resource_claim
+from services.common.security.audit import AUDIT_LOGGER
 from tests.e2e.allocator_harness import ServedAllocator, owner, serve_allocator
+from tests.fabric import ATTACHED, FAILED, fabric_manifest
 
-ATTACHED, FAILED = "dra.example.com/attached", "dra.example.com/attach-failed"
 TIMEOUT = 4.0  # GPUALLOC_BINDING_TIMEOUT of the server under test
 HOLDER = owner("slurm/job/7")
 
-DEVICES = "".join(
-    f"  - {{name: gpu-{i}, bindsToNode: true, bindingConditions: [{ATTACHED}], "
-    f"bindingFailureConditions: [{FAILED}]}}\n"
-    for i in range(4)
-)
-FABRIC = (
-    "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {name: fabric}\nspec:\n"
-    "  driver: gpu.nvidia.com\n"
-    "  pool: {name: fabric, generation: 1, resourceSliceCount: 1}\n"
-    "  nodeSelector:\n"
-    '    nodeSelectorTerms: [{matchExpressions: [{key: fabric, operator: In, values: ["a"]}]}]\n'
-    "  devices:\n" + DEVICES + "---\n"
-    "apiVersion: v1\nkind: Node\nmetadata: {name: composable-1, labels: {fabric: a}}\n"
-)
+FABRIC = fabric_manifest(4)
 CLASS = DeviceClass("fabric-gpu", (DeviceSelector('device.driver == "gpu.nvidia.com"'),))
 
 
-@pytest.fixture
-def fabric(grpc_channel_factory: Any, store: Any, tmp_path: Path) -> Iterator[ServedAllocator]:
+def serve_fabric(
+    grpc_channel_factory: Any, store: Any, tmp_path: Path, telemetry: Telemetry | None = None
+) -> ServedAllocator:
     (tmp_path / "fabric.yaml").write_text(FABRIC)
-    served = serve_allocator(
+    return serve_allocator(
         grpc_channel_factory,
         store,
         settings=AllocatorSettings(expire_interval=0.1, binding_timeout=TIMEOUT),
         feed=StaticFeed.from_paths([str(tmp_path)]),
+        telemetry=telemetry,
     )
+
+
+@pytest.fixture
+def fabric(grpc_channel_factory: Any, store: Any, tmp_path: Path) -> Iterator[ServedAllocator]:
+    served = serve_fabric(grpc_channel_factory, store, tmp_path)
     yield served
     served.app.close()
 
@@ -78,21 +76,23 @@ def reserve(allocator: ServedAllocator) -> pb.Reservation:
     return reserve_placement(allocator)[0]
 
 
-def reserve_placement(allocator: ServedAllocator) -> tuple[pb.Reservation, pb.Reservation]:
-    """One fabric GPU, reserved: the node's reservation and the fabric pool's."""
+def placement_request(idempotency_key: str = "") -> pb.AllocateRequest:
+    """One fabric GPU, to reserve."""
     claim = ResourceClaim(
         "composed", requests=(DeviceRequest("gpu", ExactDeviceRequest("fabric-gpu")),)
     )
-    response = allocator.stub.Allocate(
-        pb.AllocateRequest(
-            claims=[to_pb_resource_claim(claim)],
-            device_classes=[to_pb_device_class(CLASS)],
-            reserve=True,
-            lease_ttl=duration_pb2.Duration(seconds=60),
-        ),
-        metadata=HOLDER,
-        timeout=10,
+    return pb.AllocateRequest(
+        claims=[to_pb_resource_claim(claim)],
+        device_classes=[to_pb_device_class(CLASS)],
+        reserve=True,
+        lease_ttl=duration_pb2.Duration(seconds=60),
+        idempotency_key=idempotency_key,
     )
+
+
+def reserve_placement(allocator: ServedAllocator) -> tuple[pb.Reservation, pb.Reservation]:
+    """One fabric GPU, reserved: the node's reservation and the fabric pool's."""
+    response = allocator.stub.Allocate(placement_request(), metadata=HOLDER, timeout=10)
     [result] = response.allocations[0].allocation.results
     assert list(result.binding_conditions) == [ATTACHED]
     assert list(result.binding_failure_conditions) == [FAILED]
@@ -237,18 +237,209 @@ def test_released_meanwhile_the_report_finds_nothing(fabric: ServedAllocator) ->
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_a_report_for_a_device_it_does_not_hold_is_invalid(fabric: ServedAllocator) -> None:
+def condition(device: dra_pb2.DeviceID, type_: str = ATTACHED) -> pb.DeviceCondition:
+    return pb.DeviceCondition(device=device, type=type_, status=True)
+
+
+ELSEWHERE = dra_pb2.DeviceID(driver="gpu.nvidia.com", pool="fabric", device="gpu-9")
+# (the report's conditions, given the reserved device; the field path the refusal names)
+BAD_REPORTS = [
+    pytest.param(lambda d: [], "conditions", id="no-conditions"),
+    pytest.param(lambda d: [pb.DeviceCondition(type=ATTACHED, status=True)],
+                 "conditions[0].device", id="device-unset"),
+    pytest.param(lambda d: [condition(ELSEWHERE)], "conditions[0].device",
+                 id="a-device-it-does-not-hold"),
+    pytest.param(lambda d: [condition(d, "")], "conditions[0].type", id="type-empty"),
+    pytest.param(lambda d: [condition(d, "Not A Name")], "conditions[0].type",
+                 id="type-not-a-qualified-name"),
+    pytest.param(lambda d: [condition(d), condition(d)], "conditions[1].type",
+                 id="a-type-twice-for-a-device"),
+    pytest.param(lambda d: [condition(d, f"dra.example.com/c{i}") for i in range(9)],
+                 "conditions", id="more-than-8-types-for-a-device"),
+    pytest.param(lambda d: [condition(d)] * 100_000, "conditions", id="a-flood-of-conditions"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("conditions", "path"), BAD_REPORTS)
+def test_a_bad_report_is_invalid_and_changes_nothing(
+    fabric: ServedAllocator, conditions: Any, path: str
+) -> None:
+    """Upstream keeps at most 8 conditions a device, one per type (status.devices[].conditions
+    is a map keyed by type): a report past that is refused, not stored."""
     reservation = reserve(fabric)
-    other = dra_pb2.DeviceID(driver="gpu.nvidia.com", pool="fabric", device="gpu-9")
+    [device] = reservation.devices
 
     with pytest.raises(grpc.RpcError) as caught:
         fabric.stub.ReportDeviceConditions(
             pb.ReportDeviceConditionsRequest(
-                reservation_id=reservation.id,
-                conditions=[pb.DeviceCondition(device=other, type=ATTACHED, status=True)],
+                reservation_id=reservation.id, conditions=conditions(device)
             ),
             timeout=10,
         )
 
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "conditions[0].device" in (caught.value.details() or "")
+    assert path in (caught.value.details() or "")
+    got = fabric.stub.GetReservation(
+        pb.GetReservationRequest(reservation_id=reservation.id), metadata=HOLDER, timeout=10
+    ).reservation
+    assert (list(got.conditions), got.binding) == ([], pb.BINDING_PHASE_BINDING)
+
+
+def test_types_past_8_across_reports_are_refused(fabric: ServedAllocator) -> None:
+    reservation = reserve(fabric)
+    [device] = reservation.devices
+    for first in range(0, 8, 4):
+        fabric.stub.ReportDeviceConditions(
+            pb.ReportDeviceConditionsRequest(
+                reservation_id=reservation.id,
+                conditions=[
+                    condition(device, f"dra.example.com/c{i}") for i in range(first, first + 4)
+                ],
+            ),
+            timeout=10,
+        )
+
+    with pytest.raises(grpc.RpcError) as caught:
+        report(fabric, reservation, "dra.example.com/c8")
+
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "would have 9 condition types: at most 8" in (caught.value.details() or "")
+    assert report(fabric, reservation, "dra.example.com/c7", False).reservation.conditions[7] == (
+        pb.DeviceCondition(device=device, type="dra.example.com/c7", status=False)
+    )  # a type it has may still change
+
+
+def test_another_replica_shows_the_reported_binding_before_its_refresh(
+    grpc_channel_factory: Any, store: Any, tmp_path: Path
+) -> None:
+    """Two allocators on one store: a report on one, and the other's answers (an idempotent
+    Allocate's replay, from its copy) show the reservation bound from the CONDITIONS event, not
+    only after its next refresh (GPUALLOC_RESYNC_INTERVAL, 30 s)."""
+    first = serve_fabric(grpc_channel_factory, store, tmp_path)
+    second = serve_fabric(grpc_channel_factory, store, tmp_path)
+    try:
+        request = placement_request(idempotency_key="job-7")
+        node = first.stub.Allocate(request, metadata=HOLDER, timeout=10).reservations[0]
+        assert report(first, node, ATTACHED).reservation.binding == pb.BINDING_PHASE_BOUND
+
+        end = time.monotonic() + 5  # well before the refresh
+        phase = pb.BINDING_PHASE_BINDING
+        while phase != pb.BINDING_PHASE_BOUND and time.monotonic() < end:
+            replay = second.stub.Allocate(request, metadata=HOLDER, timeout=10)
+            assert replay.reservations[0].id == node.id  # the replay, not a new placement
+            phase = replay.reservations[0].binding
+            time.sleep(0.05)
+
+        assert phase == pb.BINDING_PHASE_BOUND
+        commit(second, node)
+    finally:
+        second.app.close()
+        first.app.close()
+
+
+def test_a_report_is_audited_with_what_it_said_and_did(
+    fabric: ServedAllocator, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=AUDIT_LOGGER)
+    reservation = reserve(fabric)
+    [device] = reservation.devices
+
+    report(fabric, reservation, ATTACHED, False)
+    report(fabric, reservation, FAILED)
+
+    events = [
+        vars(r) for r in caplog.records
+        if r.name == AUDIT_LOGGER and getattr(r, "event", "") == "reservation.conditions"
+    ]  # fmt: skip
+    key = f"{device.driver}/{device.pool}/{device.device}"
+    assert [(e["reservation"], e["owner"], e["node"]) for e in events] == [
+        (reservation.id, "slurm/job/7", "composable-1")
+    ] * 2
+    assert [e["conditions"] for e in events] == [
+        [f"{key} {ATTACHED}=False"],
+        [f"{key} {FAILED}=True"],
+    ]
+    assert "released" not in events[0]  # empty fields are left out
+    assert events[1]["released"].startswith("binding: binding failed: device " + key)
+
+
+class CommitAfterRead:
+    """The store, with the holder's Commit landing right after one read of `target`: a binding
+    sweep read the reservation still binding, then the agent's last report and the holder's
+    Commit came before the sweep's revoke."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.target = ""
+
+    def get(self, reservation_id: str) -> Any:
+        found = self.inner.get(reservation_id)
+        if reservation_id == self.target:
+            self.target = ""
+            self.inner.commit(reservation_id, found.owner)
+        return found
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+def test_a_sweep_that_loses_to_a_commit_leaves_the_reservation_held(
+    grpc_channel_factory: Any, store: Any, tmp_path: Path
+) -> None:
+    racing = CommitAfterRead(store)
+    served = serve_fabric(grpc_channel_factory, racing, tmp_path)
+    try:
+        reservation = reserve(served)
+        racing.target = reservation.id  # the sweep past the timeout reads it next
+        deadline = time.monotonic() + TIMEOUT + 10
+        while racing.target and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)  # the sweep's revoke, refused
+
+        got = served.stub.GetReservation(
+            pb.GetReservationRequest(reservation_id=reservation.id), metadata=HOLDER, timeout=10
+        ).reservation
+        assert got.state == pb.RESERVATION_STATE_COMMITTED
+        assert reservation.id in {r.id for r in served.app.holdings.reservations()}
+    finally:
+        served.app.close()
+
+
+def test_binding_failures_are_counted_by_reason(
+    grpc_channel_factory: Any, store: Any, tmp_path: Path
+) -> None:
+    reader = InMemoryMetricReader()
+    served = serve_fabric(
+        grpc_channel_factory, store, tmp_path, configure_telemetry({}, metric_readers=[reader])
+    )
+    try:
+        assert failures(reader) == {"failed": 0, "timed_out": 0}  # a series from the start
+        changes = watch(served)
+        failing, lapsing = reserve(served), reserve(served)
+        assert report(served, failing, FAILED).released
+        end = time.monotonic() + TIMEOUT + 10  # the node's reservations', and their pools'
+        while (
+            next_kind(
+                changes, pb.RESERVATION_CHANGE_KIND_BINDING_FAILED, end - time.monotonic()
+            ).reservation_id
+            != lapsing.id
+        ):
+            pass
+
+        assert failures(reader) == {"failed": 1, "timed_out": 1}
+    finally:
+        served.app.close()
+
+
+def failures(reader: InMemoryMetricReader) -> dict[str, int]:
+    """gpualloc.reservation.binding_failures by reason."""
+    data = reader.get_metrics_data()
+    counted: dict[str, int] = {}
+    for resource in data.resource_metrics if data else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == "gpualloc.reservation.binding_failures":
+                    for point in metric.data.data_points:
+                        reason = str((point.attributes or {})["reason"])
+                        counted[reason] = counted.get(reason, 0) + int(getattr(point, "value", 0))
+    return counted

@@ -24,32 +24,11 @@ from services.bridges.slurm import cli as slurm_cli
 from services.client import AllocatorClient, InventoryClient, ReservationState
 from services.client.results import Reservation
 from services.common.dra.model import DeviceID
+from tests.fabric import ATTACHED, FAILED, fabric_manifest
 from tests.unit.bridges.support import ROOT, documents, release_everything
 
-ATTACHED, FAILED = "dra.example.com/attached", "dra.example.com/attach-failed"
 PRODUCT = "Composable B200"
-FABRIC = f"""\
-apiVersion: resource.k8s.io/v1
-kind: ResourceSlice
-metadata: {{name: fabric}}
-spec:
-  driver: gpu.nvidia.com
-  pool: {{name: fabric, generation: 1, resourceSliceCount: 1}}
-  nodeSelector:
-    nodeSelectorTerms: [{{matchExpressions: [{{key: fabric, operator: In, values: ["a"]}}]}}]
-  devices:
-  - name: gpu-0
-    bindsToNode: true
-    bindingConditions: [{ATTACHED}]
-    bindingFailureConditions: [{FAILED}]
-    attributes:
-      type: {{string: gpu}}
-      productName: {{string: {PRODUCT}}}
----
-apiVersion: v1
-kind: Node
-metadata: {{name: composable-1, labels: {{fabric: a}}}}
-"""
+FABRIC = fabric_manifest(product=PRODUCT)
 JOB = f"""\
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate

@@ -801,3 +801,22 @@ def test_every_attack_of_the_issue_fails(fleet: SecuredFleet, held: Held):
         pb.GetReservationRequest(reservation_id=held.id), timeout=10
     )
     assert got.reservation.state == pb.RESERVATION_STATE_RESERVED
+
+
+def test_a_condition_report_shows_another_tenants_reservation_only_as_held(
+    fleet: SecuredFleet, held: Held
+) -> None:
+    """An inventory-admin (or a node's agent) may report any reservation's device conditions
+    but reads no reservation: the answer shows it as GetReservation shows another tenant's,
+    its devices, conditions and binding phase, not its id, owner, token or labels."""
+    stub = allocator_pb2_grpc.AllocatorStub(fleet.channel("inventory-admin"))
+    condition = pb.DeviceCondition(device=held.device, type="example.com/seen", status=True)
+
+    shown = stub.ReportDeviceConditions(
+        pb.ReportDeviceConditionsRequest(reservation_id=held.id, conditions=[condition]),
+        timeout=10,
+    ).reservation
+
+    assert (shown.id, shown.owner, shown.tenant, shown.fencing_token) == ("", "", "team-a", 0)
+    assert not shown.labels and not shown.idempotency_key
+    assert list(shown.devices) == [held.device] and condition in shown.conditions

@@ -124,6 +124,7 @@ class Holdings:
         self._cached: _Cached | None = None
         self._synced = False
         self._waiting: dict[str, float] = {}  # unknown reserved ids -> when to fetch them
+        self._reported: set[str] = set()  # known ids to fetch again: conditions were reported
         self._wake: queue.SimpleQueue[bool | None] = queue.SimpleQueue()  # None: close
         self._closed = threading.Event()
         self._subscription: Subscription | None = None
@@ -384,6 +385,11 @@ class Holdings:
             elif op is ReservationEventOp.RELEASE or op is ReservationEventOp.EXPIRE:
                 if reservation_id in self._by_id or reservation_id not in self._tombstones:
                     self.removed([reservation_id])
+            elif op is ReservationEventOp.CONDITIONS:
+                if reservation_id in self._by_id:  # reported, maybe on another replica
+                    with self._lock:
+                        self._reported.add(reservation_id)
+                    self._unknown(event)
             elif op is ReservationEventOp.COMMIT:
                 known = self._by_id.get(reservation_id)
                 if known is not None and known.state is not ReservationState.COMMITTED:
@@ -437,6 +443,12 @@ class Holdings:
 
     def _fetch(self, reservation_ids: Sequence[str]) -> None:
         for reservation_id in reservation_ids:
+            with self._lock:
+                reported = reservation_id in self._reported
+                self._reported.discard(reservation_id)
+            if reported:
+                self._fetch_conditions(reservation_id)
+                continue
             if reservation_id in self._by_id or reservation_id in self._tombstones:
                 continue  # this process made it, or it is gone already
             try:
@@ -445,6 +457,21 @@ class Holdings:
                 continue
             except GpuallocError as error:
                 log.warning("cannot fetch reservation %s: %s", reservation_id, error)
+
+    def _fetch_conditions(self, reservation_id: str) -> None:
+        """Take a known reservation's reported conditions from the store (its binding phase,
+        reservations/binding.py), so that this replica's answers show them before the next
+        refresh. Only the conditions: a commit or release seen meanwhile stays as applied."""
+        try:
+            fresh = self._store.get(reservation_id)
+        except GpuallocError:  # gone (its event removes it) or unreachable (refresh heals)
+            return
+        with self._lock:
+            known = self._by_id.get(reservation_id)
+            if known is not None:
+                self._by_id[reservation_id] = dataclasses.replace(
+                    known, conditions=fresh.conditions
+                )
 
     def _janitor(self) -> None:
         last_refresh = time.monotonic()

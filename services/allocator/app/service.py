@@ -91,10 +91,12 @@ from services.allocator.core import (
 )
 from services.allocator.reservations.binding import (
     DEFAULT_BINDING_TIMEOUT_SECONDS,
+    MAX_DEVICE_CONDITIONS,
     Binding,
     binding_of,
     binding_revocation,
     is_pool_hold,
+    merge_conditions,
 )
 from services.allocator.reservations.holds import device_key, placement_holds
 from services.allocator.reservations.model import (
@@ -463,6 +465,13 @@ class AllocatorService:
             raise InvalidArgument.at("conditions", "must not be empty")
         current = self.store.get(reservation_id)
         held = {device_key(r.device_id) for a in current.allocations for r in a.results}
+        if len(conditions) > MAX_DEVICE_CONDITIONS * len(held):
+            raise InvalidArgument.at(
+                "conditions",
+                f"{len(conditions)} conditions for {len(held)} devices: at most "
+                f"{MAX_DEVICE_CONDITIONS} a device",
+            )
+        seen: set[tuple[str, str]] = set()
         for index, condition in enumerate(conditions):
             path = f"conditions[{index}]"
             if condition.device not in held:
@@ -474,6 +483,21 @@ class AllocatorService:
             if problems:
                 raise InvalidArgument.at(
                     f"{path}.type", f"{condition.type!r}: {'; '.join(problems)}"
+                )
+            if (condition.device, condition.type) in seen:
+                raise InvalidArgument.at(
+                    f"{path}.type", f"{condition.type!r} twice for device {condition.device}"
+                )
+            seen.add((condition.device, condition.type))
+        types = collections.Counter(
+            c.device for c in merge_conditions(current.conditions, conditions)
+        )
+        for device, count in types.items():
+            if count > MAX_DEVICE_CONDITIONS:
+                raise InvalidArgument.at(
+                    "conditions",
+                    f"device {device} would have {count} condition types: at most "
+                    f"{MAX_DEVICE_CONDITIONS} (as a ResourceClaim's status.devices[].conditions)",
                 )
         reported = self.store.report_conditions(reservation_id, fencing_token, conditions)
         self.holdings.committed(reported)  # same holds, new conditions: this copy shows them
@@ -523,12 +547,20 @@ class AllocatorService:
         ]
         gone = []
         for each in (reservation, *pools):
-            with contextlib.suppress(NotFound, FailedPrecondition):  # gone or granted anew
+            try:
                 self.store.revoke(each.id, each.fencing_token, why)
                 gone.append(each.id)
+            except NotFound:  # gone meanwhile (another replica settled it, say)
+                continue
+            except FailedPrecondition:  # committed (so bound) or granted anew meanwhile: stays
+                if each is reservation:
+                    return ""
         self.holdings.removed([reservation.id, *gone])
         if self.quotas is not None:
             self.quotas.released([reservation.id, *gone], reservation.owner)
+        if self._metrics is not None and reservation.id in gone:  # counted once, by the revoker
+            reason = "failed" if binding.failed is not None else "timed_out"
+            self._metrics.binding_failures.add(1, {"reason": reason})
         return why
 
     def reservation_usage(self, reservation: Reservation) -> dict[str, int]:

@@ -6,6 +6,7 @@
 | `gpualloc.reservation.conflicts` | counter | Conflicts met while reserving (retried or not) |
 | `gpualloc.reservation.aborted` | counter | calls answered ABORTED after the retries |
 | `gpualloc.reservation.lease_expiries` | counter | expiry events seen (every replica sees each) |
+| `gpualloc.reservation.binding_failures` | counter | released: binding failed or timed out |
 | `gpualloc.solve.duration` | histogram, s | one core solve |
 | `gpualloc.cel.evaluations` | observable counter | real CEL evaluations |
 | `gpualloc.cel.profile_hits` | observable counter | CEL results served per profile |
@@ -74,10 +75,16 @@ class AllocatorMetrics:
             "gpualloc.reservation.preemptions",
             description="reservations revoked by preemptions, by the victim's tenant and rule",
         )
+        self.binding_failures = meter.create_counter(
+            "gpualloc.reservation.binding_failures",
+            description="reservations released because their binding failed or timed out",
+        )
         # Counters exist from the start at 0, so rate() and alerts see a series before the
         # first event instead of none.
         for counter in (self.conflicts, self.aborted, self.lease_expiries, self.disconnects):
             counter.add(0)
+        for reason in ("failed", "timed_out"):
+            self.binding_failures.add(0, {"reason": reason})
         for operation in STORE_OPERATIONS:
             self.store_errors.add(0, {"operation": operation, "outcome": "Unavailable"})
 

@@ -339,7 +339,7 @@ class _Builder:
             )
         else:
             access = NodeAccess.of_slice(slice_)
-        if device.binds_to_node:
+        if device.binds_to_node and self.binding_conditions:  # a gated field upstream
             access = replace(access, binds_to_node=True)
         profile, cel = self.interner.profile(slice_.driver, device)
         totals = entry.counter_totals

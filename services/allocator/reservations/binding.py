@@ -29,6 +29,7 @@ from services.allocator.reservations.model import DeviceCondition, Reservation
 __all__ = [
     "BINDING_REVOKED_BY",
     "DEFAULT_BINDING_TIMEOUT_SECONDS",
+    "MAX_DEVICE_CONDITIONS",
     "Binding",
     "binding_devices",
     "binding_of",
@@ -38,6 +39,7 @@ __all__ = [
 ]
 
 DEFAULT_BINDING_TIMEOUT_SECONDS = 600.0  # kube-scheduler's DynamicResources bindingTimeout
+MAX_DEVICE_CONDITIONS = 8  # condition types kept per device, as status.devices[].conditions
 
 BINDING_REVOKED_BY = "binding:"  # model.preempted_error words these
 """The prefix of the `by` of a revocation for a failed binding: `binding: <why>`. Stores do not

@@ -208,7 +208,8 @@ class ReservationStore(Protocol):
         day after, commit/renew/release of it answer FailedPrecondition naming `by`. In the
         same atomic step the revocation becomes *pending* for the owner's tenant: until the
         owner itself is answered 'preempted' (by commit, renew or release with that owner), or
-        the day is over."""
+        the day is over. A failed binding's revocation (`by` starts with `binding:`) takes only
+        a leased reservation: a committed one was bound, and stays (FailedPrecondition)."""
         ...
 
     def pending_preemptions(

@@ -347,8 +347,9 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
             conditions=[f"{c.device} {c.type}={c.status}" for c in conditions],
             released=released,
         )
+        shown = visible_reservation(reservation, current_principal(context))  # an agent: held
         return pb.ReportDeviceConditionsResponse(
-            reservation=reservation_to_pb(reservation),
+            reservation=reservation_to_pb(shown),
             released=bool(released),
             released_reason=released.removeprefix("binding:").strip(),
         )

@@ -307,11 +307,14 @@ class MemoryReservationStore:
                     f"reservation {reservation_id}: fencing token {fencing_token} is stale "
                     f"(current {current.fencing_token})"
                 )
+            binding = by.startswith(BINDING_REVOKED_BY)
+            if binding and current.state is ReservationState.COMMITTED:
+                raise FailedPrecondition(f"reservation {reservation_id} is committed: no lease")
             self._free(current, ReservationEventOp.RELEASE, by)
             until = now + self._memory_seconds
             self._preempted[reservation_id] = (by, until)
             self._preempted = {k: v for k, v in self._preempted.items() if v[1] > now}
-            if not by.startswith(BINDING_REVOKED_BY):  # a failed binding preempts nobody
+            if not binding:  # a failed binding preempts nobody
                 self._untold[reservation_id] = (current.owner, until)
             self._untold = {k: v for k, v in self._untold.items() if v[1] > now}
         self._deliver()

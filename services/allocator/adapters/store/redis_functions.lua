@@ -239,13 +239,15 @@ local function revoke(keys, args)
   local id, fence, by, ttl = args[4], tonumber(args[5]), args[6], args[7]
   local now = now_ms()
   local expired = expire_due(ctx, now)
-  local r = redis.call('HMGET', ctx.base .. 'res:' .. id, 'fence', 'owner')
+  local r = redis.call('HMGET', ctx.base .. 'res:' .. id, 'fence', 'owner', 'state')
   local current, owner = r[1], r[2]
   if not current then return {'notfound', expired} end
   if tonumber(current) ~= fence then return {'fence', current, expired} end
+  local binding = string.sub(by, 1, 8) == 'binding:'  -- a failed binding (binding.py)
+  if binding and r[3] == 'COMMITTED' then return {'committed', expired} end  -- bound: stays
   free(ctx, id)
   redis.call('SET', ctx.base .. 'preempted:' .. id, by, 'PX', ttl)
-  if string.sub(by, 1, 8) ~= 'binding:' then  -- a failed binding (binding.py) preempts nobody
+  if not binding then  -- a failed binding preempts nobody
     redis.call('SET', ctx.base .. 'pending-owner:' .. id, owner, 'PX', ttl)
     local pending = ctx.base .. 'pending:' .. tenant_of(owner)
     redis.call('ZREMRANGEBYSCORE', pending, '-inf', string.format('%d', now))
