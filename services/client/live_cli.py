@@ -56,6 +56,8 @@ from services.client.live_output import (
     expiry,
     fleet_node_to_dict,
     label_text,
+    node_headers,
+    node_row,
     placement_to_dict,
     reservation_ids,
     reservation_to_dict,
@@ -281,31 +283,13 @@ def _named(nodes: list[NodeInventory], names: Sequence[str]) -> list[NodeInvento
 def _get_nodes(args: argparse.Namespace, session: Session, out: TextIO) -> int:
     selector = parse_selector(args.selector or "")
     nodes = [n for n in _fleet(session, args.names) if selector(n.labels)]
-    headers = ["NAME", "MODEL", "GPUS", "FREE", "RESERVED", "COMMITTED", "MIG-FREE"]
-    if args.output == "wide":
-        headers += ["DEVICES", "BLOCKED", "TAINTED", "RESERVATIONS"]
+    wide = args.output == "wide"
+    headers = node_headers(wide=wide)
     if args.show_labels:
         headers.append("LABELS")
     rows: list[Sequence[object]] = []
     for node in nodes:
-        slices = [d for d in node.devices if d.type == "mig"]
-        mig = f"{sum(1 for d in slices if d.use is Use.FREE)}/{len(slices)}" if slices else "-"
-        row: list[object] = [
-            node.name,
-            ",".join(node.models),
-            len(node.gpus),
-            sum(1 for g in node.gpus if g.free),
-            node.count(Use.RESERVED),
-            node.count(Use.COMMITTED),
-            mig,
-        ]
-        if args.output == "wide":
-            row += [
-                len(node.devices),
-                node.count(Use.BLOCKED),
-                node.count(Use.TAINTED),
-                len(node.reservations),
-            ]
+        row = node_row(node, wide=wide)
         if args.show_labels:
             row.append(label_text(node.labels))
         rows.append(row)

@@ -35,6 +35,8 @@ __all__ = [
     "device_to_dict",
     "expiry",
     "fleet_node_to_dict",
+    "node_headers",
+    "node_row",
     "placement_to_dict",
     "reservation_ids",
     "reservation_to_dict",
@@ -149,6 +151,32 @@ def device_to_dict(state: DeviceState) -> dict[str, Any]:
             expiresAt=_time(state.expires_at),
         ),
     }
+
+
+def node_headers(*, wide: bool = False) -> list[str]:
+    """The columns of `get nodes`; `-o wide` adds its own after them, as kubectl's does."""
+    headers = ["NAME", "MODEL", "GPUS", "FREE", "TAINTED", "RESERVED", "COMMITTED", "MIG-FREE"]
+    return headers + ["DEVICES", "BLOCKED", "RESERVATIONS"] if wide else headers
+
+
+def node_row(node: FleetNode, *, wide: bool = False) -> list[object]:
+    """A `get nodes` row under `node_headers`: FREE and TAINTED count whole GPUs (a tainted
+    GPU nothing holds is never free), RESERVED, COMMITTED and BLOCKED count devices."""
+    slices = [d for d in node.devices if d.type == "mig"]
+    mig = f"{sum(1 for d in slices if d.use is Use.FREE)}/{len(slices)}" if slices else "-"
+    row: list[object] = [
+        node.name,
+        ",".join(node.models),
+        len(node.gpus),
+        sum(1 for g in node.gpus if g.free),
+        sum(1 for g in node.gpus if g.tainted),
+        node.count(Use.RESERVED),
+        node.count(Use.COMMITTED),
+        mig,
+    ]
+    if wide:
+        row += [len(node.devices), node.count(Use.BLOCKED), len(node.reservations)]
+    return row
 
 
 def fleet_node_to_dict(node: FleetNode) -> dict[str, Any]:

@@ -70,7 +70,7 @@ class Query:
 QUERIES = {
     "get-nodes-table": Query(
         ("get", "nodes"),
-        stdout=("NAME", "MIG-FREE", "a100-node-1", "h100-node-1", "h100-node-2", "l40s-node-1"),
+        stdout=("NAME", "TAINTED", "MIG-FREE", "a100-node-1", "h100-node-1", "h100-node-2"),
         lines=5,
     ),
     "get-nodes-by-zone-label": Query(
@@ -85,7 +85,7 @@ QUERIES = {
     ),
     "get-nodes-wide": Query(
         ("get", "nodes", "-o", "wide"),
-        stdout=("DEVICES", "BLOCKED", "RESERVATIONS"),
+        stdout=("TAINTED", "DEVICES", "BLOCKED", "RESERVATIONS"),
         absent=("LABELS",),
     ),
     "get-nodes-show-labels": Query(
@@ -397,7 +397,8 @@ def test_a_held_mig_slice_blocks_the_slices_it_overlaps(address: str, home: Path
         rows = table.splitlines()[1:]
         assert rows and all(re.search(r"blocked\s+team-b/mig\s+in \d+m?\d+s$", r) for r in rows)
         nodes = gpualloc("get", "nodes", "a100-node-1", "-s", address, home=home).stdout
-        assert re.search(r"a100-node-1\s+NVIDIA A100-SXM4-40GB\s+4\s+3\s+1\s+0\s+9\d/100", nodes)
+        counts = r"4\s+3\s+0\s+1\s+0\s+9\d/100"  # GPUS FREE TAINTED RESERVED COMMITTED MIG-FREE
+        assert re.search(rf"a100-node-1\s+NVIDIA A100-SXM4-40GB\s+{counts}", nodes)
     finally:
         gpualloc("release", reservation[1], *as_owner, home=home)
 

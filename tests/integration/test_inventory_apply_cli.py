@@ -94,6 +94,26 @@ def test_xml_with_a_node_is_sent_as_a_report_to_the_env_address(
     assert view is not None and len(view.synthesized) == 2
 
 
+def test_a_report_reapplied_with_the_same_facts_prints_unchanged(start, tmp_path: Path) -> None:
+    """The second apply only refreshes the report's TTL: no new generation, `unchanged`; a
+    report whose facts differ (here the driver version) is configured again."""
+    app, address = start()
+    first = "nodereport/n1 configured (generation 1: 0 matched, 2 synthesized, 0 tainted)"
+    again = "nodereport/n1 unchanged (generation 1: 0 matched, 2 synthesized, 0 tainted)"
+    code, out, _ = apply("-f", str(A5000_XML), "--node", "n1", "--inventory", address)
+    assert (code, out.splitlines()) == (0, [first])
+    code, out, _ = apply("-f", str(A5000_XML), "--node", "n1", "--inventory", address)
+    assert (code, out.splitlines()) == (0, [again])
+    assert app.service.generation == 1
+    newer = tmp_path / "newer-driver.xml"
+    newer.write_text(A5000_XML.read_text().replace("590.44.01", "590.48.01"))
+    code, out, _ = apply("-f", str(newer), "--node", "n1", "--inventory", address)
+    assert (code, out.splitlines()) == (
+        0,
+        ["nodereport/n1 configured (generation 2: 0 matched, 2 synthesized, 0 tainted)"],
+    )
+
+
 def test_the_servers_invalid_argument_exits_2_with_its_field_path(start) -> None:
     app, address = start(InventoryService(max_objects_per_apply=1))
     code, out, err = apply("-f", str(T4_SLICE), "-f", "-", "--inventory", address, stdin=NODES)

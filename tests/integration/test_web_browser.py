@@ -113,6 +113,15 @@ def test_reserved_and_committed_holders_look_different(page, demo):
         demo.stub.Release(pb.ReleaseRequest(reservation_id=reservation.id), metadata=owner)
 
 
+def test_the_legend_names_tainted_with_the_dashed_border_a_tainted_gpu_has(page):
+    """A tainted GPU is drawn with a dashed border (issue 28: the legend did not say so)."""
+    item = page.find_element(By.CSS_SELECTOR, ".legend li:has(.swatch.tainted)")
+    assert item.text.startswith("tainted")
+    swatch = item.find_element(By.CSS_SELECTOR, ".swatch.tainted")
+    assert swatch.value_of_css_property("border-top-style") == "dashed"
+    assert swatch.value_of_css_property("border-top-color") == "rgba(185, 28, 28, 1)"
+
+
 EXPLAINS = {
     "a-claim-that-does-not-fit": ("sixteen-h100-one-node.yaml", "UNSATISFIABLE", "8 of 16 devices"),
     "a-claim-that-fits": ("mig-small-else-medium.yaml", "ALLOCATED", "a100-node-1"),

@@ -1000,8 +1000,13 @@ class ReportNodeResponse(_message.Message):
     SYNTHESIZED_DEVICES_FIELD_NUMBER: _builtins.int
     TAINTS_FIELD_NUMBER: _builtins.int
     WARNINGS_FIELD_NUMBER: _builtins.int
+    UNCHANGED_FIELD_NUMBER: _builtins.int
     generation: _builtins.int
     """The inventory generation that includes the report."""
+    unchanged: _builtins.bool
+    """The report said what the node's last (fresh) report said, but for its timestamp: only the
+    report's TTL was refreshed, no new generation.
+    """
     @_builtins.property
     def matched_devices(self) -> _containers.RepeatedCompositeFieldContainer[_dra_pb2.DeviceID]:
         """The DRA devices the report's GPUs were joined with (by UUID or PCI bus id), sorted."""
@@ -1026,10 +1031,11 @@ class ReportNodeResponse(_message.Message):
         synthesized_devices: _abc.Iterable[_dra_pb2.DeviceID] | None = ...,
         taints: _abc.Iterable[Global___DeviceTaints] | None = ...,
         warnings: _abc.Iterable[_builtins.str] | None = ...,
+        unchanged: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "matched_devices", b"matched_devices", "synthesized_devices", b"synthesized_devices", "taints", b"taints", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation", "matched_devices", b"matched_devices", "synthesized_devices", b"synthesized_devices", "taints", b"taints", "unchanged", b"unchanged", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -60,6 +60,7 @@ class ApplyResult:
 class ReportResult:
     generation: int
     view: NodeView  # matched, synthesized, taints and warnings of the node after the report
+    unchanged: bool = False  # the node's last report said the same: only its TTL was refreshed
 
 
 @dataclass(frozen=True)
@@ -183,7 +184,7 @@ class InventoryService:
                 self._publish(after, change)
             view = after.view(report.node)
             assert view is not None
-            return ReportResult(after.generation, view)
+            return ReportResult(after.generation, view, unchanged=change is None)
 
     def _check_node_limit(self, before: InventoryState, after: InventoryState) -> None:
         """ResourceExhausted when a change would grow the inventory past its node limit (a

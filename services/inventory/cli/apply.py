@@ -10,7 +10,7 @@ go in ONE ApplyResourceSlices call (atomic: all or nothing), then each report in
 call. A `topo -m` matrix with no report beside it hangs on the GPUs of its node's slices (given,
 or asked from the inventory), and is sent as that node's report. Prints
 `resourceslice/<name> configured|unchanged`, `node/<name> configured|unchanged` and
-`nodereport/<node> configured` lines. The inventory address is `--inventory`, else
+`nodereport/<node> configured|unchanged` lines. The inventory address is `--inventory`, else
 $GPUALLOC_INVENTORY_ADDR, else 127.0.0.1:50051 (where `gpualloc serve` runs both services).
 TLS, mutual TLS and a bearer token: `--tls-ca --tls-cert --tls-key --tls-server-name
 --token-file` (defaults GPUALLOC_CLIENT_TLS_CA / _CERT / _KEY / _SERVER_NAME and
@@ -204,8 +204,9 @@ def _send(
         answer = stub.ReportNode(
             inventory_pb2.ReportNodeRequest(report=to_pb_node_report(report)), timeout=_TIMEOUT_S
         )
+        done = "unchanged" if answer.unchanged else "configured"  # False from an older server
         print(
-            f"nodereport/{report.node} configured (generation {answer.generation}: "
+            f"nodereport/{report.node} {done} (generation {answer.generation}: "
             f"{len(answer.matched_devices)} matched, {len(answer.synthesized_devices)} "
             f"synthesized, {len(answer.taints)} tainted)",
             file=out,

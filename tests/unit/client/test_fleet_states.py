@@ -1,5 +1,5 @@
 """client/fleet.py: the states `get nodes`, `get devices` and `describe node` show. A tainted
-GPU nothing holds is `tainted`, never counted free."""
+GPU nothing holds is `tainted`, never counted free, and `get nodes` has a TAINTED column."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from services.client.fleet import Use, fleet_view
 from services.client.inventory import InventoryDevice, NodeInventory
-from services.client.live_output import fleet_node_to_dict
+from services.client.live_output import fleet_node_to_dict, node_headers, node_row, table
 from services.common.dra.model import Device, DeviceID
 from tests.builders import XID_TAINT
 
@@ -42,3 +42,19 @@ def test_a_tainted_gpu_is_its_own_state(devices, free, tainted, uses):
     shown = fleet_node_to_dict(node)
     assert (shown["freeGPUs"], shown["taintedGPUs"]) == (free, tainted)
     assert shown["devices"][Use.TAINTED.value] == tainted
+
+
+@pytest.mark.parametrize("wide", [pytest.param(False, id="default"), pytest.param(True, id="wide")])
+def test_get_nodes_counts_tainted_gpus_in_their_own_column(wide):
+    devices = (gpu("gpu-0"), gpu("gpu-1", tainted=True), gpu("gpu-2", tainted=True))
+    (node,) = fleet_view([NodeInventory(NODE, devices=devices)], [])
+    headers = node_headers(wide=wide)
+    assert len(set(headers)) == len(headers)  # -o wide adds columns, never a second TAINTED
+    shown = dict(zip(headers, node_row(node, wide=wide), strict=True))
+    assert (shown["GPUS"], shown["FREE"], shown["TAINTED"]) == (3, 1, 2)
+    lines = table(headers, [node_row(node, wide=wide)]).splitlines()
+    width = len("NAME    MODEL    GPUS   FREE   TAINTED   RESERVED   COMMITTED   MIG-FREE")
+    assert [line[:width].rstrip() for line in lines] == [
+        "NAME    MODEL    GPUS   FREE   TAINTED   RESERVED   COMMITTED   MIG-FREE",
+        "dgx-a   <none>   3      1      2         0          0           -",
+    ]

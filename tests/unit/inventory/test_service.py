@@ -85,6 +85,20 @@ def test_a_dry_run_reports_what_would_change_and_changes_nothing() -> None:
     assert service.generation == 0
 
 
+def test_a_report_is_unchanged_only_when_it_repeats_the_last_fresh_one() -> None:
+    """`gpualloc apply` prints `nodereport/NODE unchanged` from this: the same facts only
+    refresh the TTL; a report ending a staleness clears the unreachable taint, a change."""
+    clock = FakeClock()
+    service = InventoryService(clock=clock, report_ttl=60.0)
+    seen = [service.report(report())]
+    clock.now += 30
+    seen.append(service.report(replace(report(), timestamp="Thu Jan  1 00:00:30 2026")))
+    clock.now += 61
+    assert service.sweep() is not None  # stale: its synthesized devices get the taint
+    seen.append(service.report(report()))
+    assert [(r.unchanged, r.generation) for r in seen] == [(False, 1), (True, 1), (False, 3)]
+
+
 def test_the_sweeper_taints_silent_nodes_and_a_new_report_clears_it() -> None:
     clock = FakeClock()
     service = InventoryService(clock=clock, report_ttl=60.0)

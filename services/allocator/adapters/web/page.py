@@ -160,6 +160,7 @@ def _legend(fleet: Fleet, colours: Mapping[str, str]) -> str:
         '<li><span class="swatch free"></span>free</li>',
         '<li><span class="swatch h0 reserved"></span>reserved (lease running)</li>',
         '<li><span class="swatch h0 committed"></span>committed</li>',
+        '<li><span class="swatch tainted"></span>tainted (kept out of new allocations)</li>',
     ]
     for owner, count in fleet.holders().items():
         items.append(

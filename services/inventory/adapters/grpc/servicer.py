@@ -168,6 +168,7 @@ class InventoryServicer(inventory_pb2_grpc.InventoryServicer):
             synthesized_devices=to_pb_device_ids(view.synthesized),
             taints=to_pb_device_taints(view),
             warnings=view.warnings,
+            unchanged=result.unchanged,
         )
 
     def _remember(self, node: str, cache: GpuCache) -> None:
