@@ -31,7 +31,7 @@ from services.bridges.placing import Placer
 from services.client import AllocatorClient, InventoryClient, ReservationState
 from services.client.config import ClientSettings
 from tests.control_plane import ControlPlane, control_plane_in
-from tests.integration.test_quota_bridges import gpu_claim, kueue_settings
+from tests.integration.test_quota_bridges import SHARED, gpu_claim, kueue_settings
 from tests.security_fixtures import SecuredFleet, policy_with, secured_fleet
 from tests.unit.bridges.support import ROOT, documents, release_everything
 
@@ -328,17 +328,9 @@ def test_a_sidecar_restarted_mid_flight_neither_leaks_nor_duplicates(plane, gpua
 
 # team-c (the sidecar's token) has no quota of its own: all it holds is borrowed from hpc's
 # idle 4 GPUs in their cohort, so hpc reclaiming them preempts the Kueue Workload's reservation
-BORROWING = """\
-  quota:
-    resources: [{name: gpus, deviceClassNames: [gpu.nvidia.com]}]
-  tenants:
-  - name: team-a
-  - name: team-b
-  - {name: team-c, cohort: shared, quotas: [{resource: gpus, nominal: 0}]}
-  - name: tools
-    allowAdminAccess: true
-  - {name: hpc, cohort: shared, quotas: [{resource: gpus, nominal: 4}]}
-"""
+OWN_QUOTA = "{name: team-c, cohort: shared, quotas: [{resource: gpus, nominal: 4}]}"
+BORROWING = SHARED.replace(OWN_QUOTA, OWN_QUOTA.replace("nominal: 4", "nominal: 0"))
+assert BORROWING != SHARED, "test_quota_bridges' SHARED policy changed: update OWN_QUOTA"
 
 
 @pytest.fixture(scope="module")
