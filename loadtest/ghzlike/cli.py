@@ -43,6 +43,8 @@ from loadtest.ghzlike.config import (
 )
 from loadtest.ghzlike.cycle import CYCLES
 from loadtest.ghzlike.engine import RunOutcome, run_load, unary_invoke
+from loadtest.ghzlike.html import html_text
+from loadtest.ghzlike.method import import_paths_of
 from loadtest.ghzlike.report import Options, Report, build_report, report_json
 from loadtest.ghzlike.summary import client_line, csv_text, make_progress, summary_text
 from services.common.console import console_main
@@ -84,6 +86,8 @@ def options_of(config: LoadConfig, processes: int) -> Options:
     return Options(
         call=config.call,
         host=config.host,
+        proto=config.proto,
+        import_paths=import_paths_of(config) if config.proto else (),
         insecure=config.insecure,
         rps=config.rps,
         load_schedule="const",
@@ -117,6 +121,8 @@ def render_report(report: dict[str, Any], output_format: str) -> str:
         return summary_text(report)
     if output_format == "csv":
         return csv_text(report)
+    if output_format == "html":
+        return html_text(report)
     return report_json(report, pretty=output_format == "pretty") + (
         "\n" if output_format == "pretty" else ""
     )
@@ -146,7 +152,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--tags", metavar="JSON", help='report tags, e.g. \'{"store": "redis"}\' (plot title)'
     )
-    parser.add_argument("-O", "--format", choices=FORMATS, help="summary, csv, json or pretty")
+    parser.add_argument("--proto", metavar="FILE", help="the .proto of --call (else reflection)")
+    parser.add_argument(
+        "-i", "--import-paths", metavar="DIRS", help="comma-separated -I directories for --proto"
+    )
+    parser.add_argument(
+        "-O", "--format", choices=FORMATS, help="summary, csv, json, pretty or html"
+    )
     parser.add_argument("-o", "--output", help="write the report here instead of stdout")
     parser.add_argument("--png", help="also write a latency histogram + timeline PNG here")
     parser.add_argument(
@@ -219,6 +231,10 @@ def _configured(args: argparse.Namespace) -> LoadConfig:
         metadata=metadata_option(args.metadata, args.metadata_file),
         host=args.host,
         call=args.call,
+        proto=args.proto,
+        import_paths=None
+        if args.import_paths is None
+        else tuple(p for p in args.import_paths.split(",") if p),
         concurrency=args.concurrency,
         total=args.total,
         duration=_duration(args),

@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 MAX_INT32 = 2**31 - 1  # ghz's `total` once a `duration` is set (runner/options.go)
-FORMATS = ("summary", "csv", "json", "pretty")
+FORMATS = ("summary", "csv", "json", "pretty", "html")
 STOP_ACTIONS = ("close", "wait", "ignore")
 
 
@@ -51,6 +51,8 @@ class LoadConfig:
 
     call: str
     host: str
+    proto: str = ""  # a .proto file that defines `call` ("": ask the server's reflection)
+    import_paths: tuple[str, ...] = ()  # protoc's -I directories for `proto`
     insecure: bool = False
     cacert: str = ""  # PEM CA the server's certificate must chain to ("": the system's roots)
     cert: str = ""  # PEM client certificate: with `key`, mutual TLS
@@ -154,6 +156,12 @@ def _str(value: Any, key: str) -> str:
     return value
 
 
+def _str_list(value: Any, key: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{key}: must be an array of strings, got {value!r}")
+    return tuple(value)
+
+
 def _str_map(value: Any, key: str) -> dict[str, str]:
     if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
         raise ConfigError(f"{key}: must be an object of string values, got {value!r}")
@@ -177,6 +185,8 @@ SUPPORTED_KEYS: dict[str, tuple[str, Any]] = {
     "host": ("host", _str),
     "insecure": ("insecure", _bool),
     "cacert": ("cacert", _str),
+    "proto": ("proto", _str),
+    "import-paths": ("import_paths", _str_list),
     "cert": ("cert", _str),
     "key": ("key", _str),
     "cname": ("cname", _str),
@@ -207,13 +217,11 @@ SUPPORTED_KEYS: dict[str, tuple[str, Any]] = {
 }
 
 # ghz keys the runner does not implement -> ghz's default (accepted) and why not.
-_SCHEMA = "the Python runner resolves methods by server reflection only"
+_SCHEMA = "the Python runner reads .proto files (proto, import-paths) or asks reflection"
 _SKIP_TLS = "gRPC Python always verifies the server's certificate: give its CA with cacert"
 _SCHEDULE = "the Python runner runs a constant load (rps) with constant concurrency"
 UNSUPPORTED_KEYS: dict[str, tuple[Any, str]] = {
-    "proto": ("", _SCHEMA),
     "protoset": ("", _SCHEMA),
-    "import-paths": ([], _SCHEMA),
     "skipTLS": (False, _SKIP_TLS),
     "authority": ("", "the Python runner does not override :authority"),
     "async": (False, "the Python runner's workers wait for each reply (ghz's default)"),

@@ -36,7 +36,7 @@ from typing import Any, Protocol
 import grpc
 
 from loadtest.ghzlike.config import ConfigError, LoadConfig, tls_of
-from loadtest.ghzlike.method import Method, RequestSource, resolve_method
+from loadtest.ghzlike.method import Method, RequestSource, resolve_from_proto, resolve_method
 from loadtest.ghzlike.report import CallResult, error_text, go_status_name
 from loadtest.ghzlike.templates import TemplateError
 from services.client.calls import open_channel as open_client_channel
@@ -164,7 +164,11 @@ def _prepare(config: LoadConfig, share: _Share, invoke_factory: InvokeFactory) -
     """Resolve the method, check the data, connect: everything that may fail before the clock."""
     with open_channel(config, own_connection=False) as reflection_channel:
         _wait_ready(reflection_channel, config)
-        method = resolve_method(reflection_channel, config.call, config.reflect_metadata)
+        method = (
+            resolve_from_proto(config)
+            if config.proto
+            else resolve_method(reflection_channel, config.call, config.reflect_metadata)
+        )
     requests = RequestSource(method, config)
     try:
         requests.check()

@@ -1,21 +1,29 @@
-"""The called method, found by server reflection, and the requests sent to it.
+"""The called method, found in a .proto file or by server reflection, and the requests sent to it.
 
-As ghz does without `proto`/`protoset`: ask the server's reflection service for the file that
-defines the service, build the message classes from those descriptors (descriptor_pool +
-message_factory), and parse the config's JSON data with json_format, the proto3 JSON mapping
-ghz uses too. Data without template actions is parsed once; data with actions is rendered and
-parsed for every call, like ghz's data provider. An array is sent round-robin by request number.
+As ghz does: with `proto`, compile that file with protoc (grpcio-tools' bundled one) over the
+file's own directory, `import-paths` and "." (ghz's order); without it, ask the server's
+reflection service for the file that defines the service. Either way the message classes come
+from those descriptors (descriptor_pool + message_factory), and the config's JSON data is parsed
+with json_format, the proto3 JSON mapping ghz uses too. Data without template actions is parsed
+once; data with actions is rendered and parsed for every call, like ghz's data provider. An
+array is sent round-robin by request number.
 """
 
 from __future__ import annotations
 
 import collections
+import importlib.util
 import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from google.protobuf import descriptor_pool, json_format, message_factory
+from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
 from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import Message
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
@@ -25,7 +33,16 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 from loadtest.ghzlike.config import ConfigError, LoadConfig
 from loadtest.ghzlike.templates import CallData, has_actions, render
 
-__all__ = ["Method", "RequestSource", "resolve_method", "split_call"]
+__all__ = [
+    "Method",
+    "RequestSource",
+    "import_paths_of",
+    "method_in",
+    "proto_pool",
+    "resolve_from_proto",
+    "resolve_method",
+    "split_call",
+]
 
 
 @dataclass(frozen=True)
@@ -72,26 +89,69 @@ def split_call(call: str) -> tuple[str, str]:
     return service, method
 
 
+def import_paths_of(config: LoadConfig) -> tuple[str, ...]:
+    """ghz's include path for `proto`: the file's directory, then `import-paths`, then "."."""
+    return (os.path.dirname(config.proto) or ".", *config.import_paths, ".")
+
+
+def proto_pool(config: LoadConfig) -> descriptor_pool.DescriptorPool:
+    """The descriptors of `config.proto` and its imports, compiled by protoc (ConfigError if
+    protoc refuses the file, with protoc's own message)."""
+    spec = importlib.util.find_spec("grpc_tools")
+    if spec is None or spec.origin is None:
+        raise ConfigError("proto: reading .proto files needs grpcio-tools (the dev extra)")
+    well_known = os.path.join(os.path.dirname(spec.origin), "_proto")
+    includes = [f"-I{path}" for path in (*import_paths_of(config), well_known)]
+    with tempfile.TemporaryDirectory(prefix="gpualloc-load-") as tmp:
+        out = os.path.join(tmp, "descriptors.pb")
+        command = [sys.executable, "-m", "grpc_tools.protoc", *includes, "--include_imports",
+                   f"--descriptor_set_out={out}", config.proto]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+        if done.returncode != 0:
+            raise ConfigError(f"proto: protoc cannot compile {config.proto}: {done.stderr.strip()}")
+        with open(out, "rb") as file:
+            files = descriptor_pb2.FileDescriptorSet.FromString(file.read())
+    pool = descriptor_pool.DescriptorPool()
+    for file_proto in files.file:  # protoc writes imports before the files that use them
+        pool.Add(file_proto)
+    return pool
+
+
 def resolve_method(
     channel: grpc.Channel, call: str, reflect_metadata: dict[str, str] | None = None
 ) -> Method:
     """Find `call` through the server's reflection service (raises ConfigError if absent)."""
-    service_name, method_name = split_call(call)
     if reflect_metadata:
         channel = grpc.intercept_channel(channel, _ReflectMetadata(reflect_metadata))
     database = ProtoReflectionDescriptorDatabase(channel)
     pool = descriptor_pool.DescriptorPool(database)
     try:
-        service = pool.FindServiceByName(service_name)
+        return method_in(pool, call, lambda: sorted(database.get_services()), "the server")
     except grpc.RpcError as error:
         raise ConfigError(
             f"call: server reflection failed ({error.code().name}: {error.details()}); "
-            "the Python runner needs the server's reflection service"
+            "without --proto the Python runner needs the server's reflection service"
         ) from None
+
+
+def resolve_from_proto(config: LoadConfig) -> Method:
+    """Find `config.call` among the services of `config.proto` (ghz's `proto` option)."""
+    pool = proto_pool(config)
+    file = pool.FindFileByName(os.path.basename(config.proto))
+    return method_in(pool, config.call, lambda: sorted(file.services_by_name), config.proto)
+
+
+def method_in(
+    pool: descriptor_pool.DescriptorPool, call: str, services: Callable[[], list[str]], where: str
+) -> Method:
+    """`call` in `pool`; ConfigError naming what `where` has when it is not there."""
+    service_name, method_name = split_call(call)
+    try:
+        service = pool.FindServiceByName(service_name)
     except KeyError:
-        known = ", ".join(sorted(database.get_services()))
+        known = ", ".join(services())
         raise ConfigError(
-            f"call: the server at the host has no service {service_name!r} (it has: {known})"
+            f"call: {where} has no service {service_name!r} (it has: {known})"
         ) from None
     method = service.methods_by_name.get(method_name)
     if method is None:

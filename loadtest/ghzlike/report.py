@@ -84,6 +84,8 @@ class Options:
 
     call: str = ""
     host: str = ""
+    proto: str = ""
+    import_paths: tuple[str, ...] = ()
     insecure: bool = False
     rps: int = 0
     load_schedule: str = ""
@@ -108,6 +110,8 @@ class Options:
         out: dict[str, Any] = {}
         _put(out, "call", self.call, omitempty=True)
         _put(out, "host", self.host, omitempty=True)
+        _put(out, "proto", self.proto, omitempty=True)
+        _put(out, "import-paths", list(self.import_paths), omitempty=True)
         out["insecure"] = self.insecure
         _put(out, "rps", self.rps, omitempty=True)
         out["load-schedule"] = self.load_schedule

@@ -21,13 +21,18 @@ from typing import Any
 import kubernetes  # the `kube` extra (make install): a real import, never a skip
 import pytest
 
+from protos.allocator.v1 import allocator_pb2 as pb
+from protos.allocator.v1 import allocator_pb2_grpc
 from services.bridges import local_cluster
 from services.bridges.kueue.controller import AdmissionController
 from services.bridges.kueue.k8s_adapter import KubernetesKueueApi
 from services.bridges.kueue.objects import CheckState, Workload
 from services.bridges.placing import Placer
 from services.client import AllocatorClient, InventoryClient, ReservationState
+from services.client.config import ClientSettings
 from tests.control_plane import ControlPlane, control_plane_in
+from tests.integration.test_quota_bridges import SHARED, gpu_claim, kueue_settings
+from tests.security_fixtures import SecuredFleet, policy_with, secured_fleet
 from tests.unit.bridges.support import ROOT, documents, release_everything
 
 pytestmark = pytest.mark.timeout(300)  # the control plane's start counts in the first test's
@@ -67,11 +72,19 @@ def gpualloc() -> Iterator[local_cluster.LocalCluster]:
 
 
 class Sidecar:
-    """gpualloc-kueue as it runs (`AdmissionController.run`, resync 1 s) on a thread."""
+    """gpualloc-kueue as it runs (`AdmissionController.run`, resync 1 s) on a thread; with
+    `settings`, as it runs under an access policy (TLS and its service-account token)."""
 
-    def __init__(self, plane: ControlPlane, target: str) -> None:
-        self.client = AllocatorClient(target, owner="test")
-        self.inventory = InventoryClient(target)
+    def __init__(
+        self, plane: ControlPlane, target: str, settings: ClientSettings | None = None
+    ) -> None:
+        if settings is None:
+            self.client = AllocatorClient(target, owner="test")
+            self.inventory = InventoryClient(target)
+        else:
+            tls, token = settings.tls, settings.token_file
+            self.client = AllocatorClient(settings.target, tls=tls, token_file=token)
+            self.inventory = InventoryClient(settings.inventory, tls=tls, token_file=token)
         self.api = KubernetesKueueApi(api_client=plane.api_client())
         self.controller = AdmissionController(
             self.api, Placer(self.client, self.inventory), lease_ttl_seconds=60
@@ -311,3 +324,53 @@ def test_a_sidecar_restarted_mid_flight_neither_leaks_nor_duplicates(plane, gpua
         first_or_new.close()
         _delete_all(plane)
         release_everything(gpualloc.target)
+
+
+# team-c (the sidecar's token) has no quota of its own: all it holds is borrowed from hpc's
+# idle 4 GPUs in their cohort, so hpc reclaiming them preempts the Kueue Workload's reservation
+OWN_QUOTA = "{name: team-c, cohort: shared, quotas: [{resource: gpus, nominal: 4}]}"
+BORROWING = SHARED.replace(OWN_QUOTA, OWN_QUOTA.replace("nominal: 4", "nominal: 0"))
+assert BORROWING != SHARED, "test_quota_bridges' SHARED policy changed: update OWN_QUOTA"
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredFleet]:
+    with secured_fleet(tmp_path_factory.mktemp("pki-kueue"), policy=policy_with(BORROWING)) as made:
+        yield made
+
+
+def test_a_preemption_in_gpualloc_makes_kueue_evict_and_requeue_the_workload(
+    plane, fleet, cluster, tmp_path
+):
+    """The sidecar under the policy (TLS, team-c's token) places a Job's Workload on quota
+    borrowed from hpc; hpc reclaims it with Allocate(preempt) through gpualloc's policy, which
+    revokes the Workload's reservation: the sidecar sends the check to Retry naming hpc, Kueue
+    evicts the Workload (the Job suspended) and requeues it, and it stays pending while hpc
+    holds the GPUs (team-c has no quota of its own left to borrow)."""
+    sidecar = Sidecar(plane, "", kueue_settings(fleet, tmp_path / "token"))
+    try:
+        job = cluster.submit(EXAMPLES / "h100-nvlink-job.yml")
+        until("Job unsuspended", lambda: _unsuspended(cluster, job))
+        workload = _admitted(cluster, job)
+        (held,) = until("reserved", lambda: _held(sidecar, workload.name))
+        hpc = allocator_pb2_grpc.AllocatorStub(fleet.channel("slurm-bridge"))
+        request = pb.AllocateRequest(
+            claims=[gpu_claim(4)], reserve=True, preempt=True, owner="slurm/job/7002"
+        )
+        answer = hpc.Allocate(request, timeout=20)
+        assert answer.outcome == pb.OUTCOME_ALLOCATED
+        assert [v.reason for v in answer.preemption.victims] == ["reclaim"]
+
+        def evictions() -> list[dict[str, Any]]:
+            found = cluster.raw_workload_of(job) or {}
+            return list(found.get("status", {}).get("schedulingStats", {}).get("evictions", []))
+
+        until("Workload evicted", evictions, shown=lambda: cluster.raw_workload_of(job))
+        until("Job suspended", lambda: cluster.job(job).spec.suspend is True)
+        requeued = until("Workload requeued", lambda: cluster.workload_of(job))
+        assert not requeued.admitted
+        placed = [r for r in _held(sidecar, workload.name) if r.id != held.id]
+        assert not placed, "nothing placed again while hpc holds the GPUs"
+    finally:
+        sidecar.close()
+        _delete_all(plane)

@@ -17,7 +17,13 @@ root="$(cd "$here/../.." && pwd)"
 out="$root/.peers"
 cache="${GPUALLOC_PEERS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpualloc/peers}"
 GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
-export GOTOOLCHAIN=local GOFLAGS="${GOFLAGS:--mod=readonly}"
+# Only what the modules pin, whatever the caller's environment holds: a GOFLAGS set on this
+# machine (-mod=mod, a vendor dir) would change what is built, and VCS stamping (-buildvcs auto)
+# fails in a clone owned by another user (git's safe.directory), as CI checkouts often are.
+export GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false"
+# GNU time reports each build's peak memory; a fresh machine may not have it (Debian: `time`).
+timer=()
+[ -x /usr/bin/time ] && timer=(/usr/bin/time -f "%e s wall, %M KiB max RSS")
 [ -x "$GO" ] || { echo "peers: no Go toolchain (looked for go on PATH and /usr/local/go/bin/go)" >&2; exit 1; }
 mkdir -p "$out/bin" "$out/logs" "$cache"
 
@@ -67,7 +73,7 @@ build_module() {
     echo "peers: building $mod ($pkgs) into $dir"
     rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
     start=$(date +%s)
-    if ! (cd "$(moddir "$mod")" && nice /usr/bin/env time -f "%e s wall, %M KiB max RSS" \
+    if ! (cd "$(moddir "$mod")" && nice "${timer[@]}" \
           "$GO" build -trimpath -ldflags "$(ldflags "$mod")" -o "$dir.tmp/" $pkgs) >"$log" 2>&1; then
       echo "peers: FAILED to build module tools/peers/$mod ($pkgs); the error:" >&2
       tail -n 20 "$log" >&2

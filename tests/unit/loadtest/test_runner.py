@@ -8,6 +8,7 @@ tiny (tens of calls), and no assertion depends on how fast this machine is.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +19,8 @@ import pytest
 
 from loadtest.ghzlike.cli import execute, main
 from loadtest.ghzlike.config import ConfigError, parse_config
+from loadtest.ghzlike.html import SECTIONS, SUMMARY_FIELDS
+from loadtest.smoke import ROOT
 from protos.allocator.v1 import allocator_pb2, allocator_pb2_grpc
 from services.allocator.app.inventory_feed import StaticFeed
 from services.allocator.bootstrap import build_allocator
@@ -186,6 +189,46 @@ def test_the_command_exits_2_on_a_bad_config(tmp_path: Path, capsys: Any) -> Non
     config.write_text(json.dumps({"call": ALLOCATE, "host": "h:1", "protoset": "x.bin"}))
     assert main(["--config", str(config)]) == 2
     assert "protoset: the ghz option is not supported" in capsys.readouterr().err
+
+
+PROTO = "protos/allocator/v1/allocator.proto"
+
+
+def test_proto_and_import_paths_resolve_the_method_without_reflection(
+    allocator: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "r.json"
+    argv = ["--call", ALLOCATE, allocator, "--insecure", "-n", "5", "--proto", PROTO,
+            "--import-paths", ".", "-O", "json", "-o", str(out), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    assert report["count"] == 5 and "Unimplemented" not in report["statusCodeDistribution"]
+    assert report["options"]["proto"] == PROTO
+    assert report["options"]["import-paths"] == ["protos/allocator/v1", ".", "."], "ghz's order"
+
+
+def test_a_proto_protoc_refuses_exits_2_with_protoc_s_message(
+    allocator: str, tmp_path: Path, capsys: Any
+) -> None:
+    broken = tmp_path / "broken.proto"
+    broken.write_text('syntax = "proto3";\nmessage {\n')
+    argv = ["--call", ALLOCATE, allocator, "--insecure", "--proto", str(broken)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "proto: protoc cannot compile" in err and "broken.proto" in err
+
+
+def test_html_report_has_ghz_s_sections(allocator: str, tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    argv = ["--call", HEALTH, allocator, "--insecure", "-n", "5", "-O", "html", "-o", str(out),
+            "--name", "<health>", "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    page = out.read_text()
+    assert re.findall(r"<h3>(.*?)</h3>", page) == list(SECTIONS)
+    assert re.findall(r"<tr><th>(.*?)</th><td>", page)[:6] == list(SUMMARY_FIELDS)
+    assert "<title>ghz - &lt;health&gt;</title>" in page, "the name is escaped"
+    assert "<tr><td>OK</td><td>5</td><td>100.00 %</td></tr>" in page
 
 
 HEALTH = "grpc.health.v1.Health/Check"
