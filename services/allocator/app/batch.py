@@ -90,13 +90,11 @@ def allocate_batch(
     answered: dict[bytes, Answer] = {}  # non-reserving answers since the last reserving item
     for index, make in enumerate(items):
         if deadline.passed():
+            not_reached = DeadlineExceeded(  # one error for them all: cheap to answer
+                f"not reached: the call's deadline passed after {index} of {len(items)} items"
+            )
             for _ in range(index, len(items)):
-                decided(
-                    DeadlineExceeded(
-                        f"not reached: the call's deadline passed after {index} of "
-                        f"{len(items)} items"
-                    )
-                )
+                decided(not_reached)
             break
         try:
             item = make()
@@ -116,9 +114,11 @@ def allocate_batch(
     return results
 
 
-REPLY_SHARE = 0.2
+REPLY_SHARE = 0.4
 """Of the time a batch has, the part kept for sending its reply (at most REPLY_SECONDS): the
-items stop there. A reply of thousands of answers takes a while to encode and send."""
+items stop there. A reply of thousands of answers takes a while to encode and send; with a fifth
+of 1.5 s a loaded 2-core CI machine let a 4,096-item call's reply miss its deadline (the items
+not reached share one error, so answering them costs little; the reply's encoding dominates)."""
 REPLY_SECONDS = 1.0
 
 

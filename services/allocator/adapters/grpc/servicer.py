@@ -177,13 +177,23 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
 
         items: list[pb.AllocateBatchItem] = []
 
+        mapped: dict[int, tuple[pb.BatchItemStatus, int]] = {}  # id(error) -> status, its path
+
         def shown(result: ItemResult) -> None:
             if isinstance(result, Answer):
                 response = self._answered(context, result, principal)
                 items.append(pb.AllocateBatchItem(response=response))
+                return
+            path = f"items[{len(items)}]"
+            seen = mapped.get(id(result))  # the items not reached share one error: map it once
+            if seen is None:
+                status = batch_item_status(result, path)
+                mapped[id(result)] = (status, len(path))
             else:
-                status = batch_item_status(result, f"items[{len(items)}]")
-                items.append(pb.AllocateBatchItem(error=status))
+                first, prefix = seen
+                message = path + first.message[prefix:]
+                status = pb.BatchItemStatus(code=first.code, message=message, details=first.details)
+            items.append(pb.AllocateBatchItem(error=status))
 
         def allocate(
             query: Query, lease: LeaseOptions | None = None, *, deadline: Deadline = UNBOUNDED
