@@ -1079,13 +1079,19 @@ def test_quota_gauges_and_preemptions_are_exported(tmp_path: Path) -> None:
 
 # --- resource flavors ---------------------------------------------------------------------
 
-FLAVORED = """\
+FLAVORS = """\
   quota:
     resourceFlavors:
     - {name: hopper, nodeLabels: {nvidia.com/gpu.family: hopper}}
     - {name: ada, nodeLabels: {nvidia.com/gpu.family: ada-lovelace}}
     resources:
     - {name: gpus, deviceClassNames: [gpu.nvidia.com], flavors: [hopper, ada]}
+"""
+"""The quota section's flavors and resource, shared by the flavor tests' policies."""
+
+FLAVORED = (
+    FLAVORS
+    + """\
   tenants:
   - name: team-a
   - name: team-b
@@ -1097,6 +1103,7 @@ FLAVORED = """\
     - {resource: gpus, flavor: hopper, nominal: 2}
     - {resource: gpus, flavor: ada, nominal: 3}
 """
+)
 
 
 def test_a_grant_falls_back_to_the_next_flavor_when_the_first_is_spent(tmp_path: Path) -> None:
@@ -1121,13 +1128,9 @@ def test_a_grant_falls_back_to_the_next_flavor_when_the_first_is_spent(tmp_path:
         release_all(hpc, held)
 
 
-FUNGIBLE = """\
-  quota:
-    resourceFlavors:
-    - {name: hopper, nodeLabels: {nvidia.com/gpu.family: hopper}}
-    - {name: ada, nodeLabels: {nvidia.com/gpu.family: ada-lovelace}}
-    resources:
-    - {name: gpus, deviceClassNames: [gpu.nvidia.com], flavors: [hopper, ada]}
+FUNGIBLE = (
+    FLAVORS
+    + """\
   tenants:
   - name: team-a
     cohort: pool
@@ -1149,6 +1152,7 @@ FUNGIBLE = """\
     - {resource: gpus, flavor: hopper, nominal: 0}
     - {resource: gpus, flavor: ada, nominal: 2}
 """
+)
 
 
 def test_when_can_borrow_stops_at_a_borrowed_flavor_or_tries_the_next(tmp_path: Path) -> None:
