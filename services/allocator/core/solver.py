@@ -21,7 +21,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
@@ -56,6 +56,7 @@ from services.allocator.core.outcome import (
     Stats,
     Unsatisfiable,
 )
+from services.allocator.core.outcomes import NodeOutcome, OutcomeMemo, outcome_memo, signature
 from services.allocator.core.plan import Alternative, Plan, build_plan
 from services.allocator.core.preferences import (
     TopologyFit,
@@ -65,7 +66,7 @@ from services.allocator.core.preferences import (
 )
 from services.allocator.core.results import ShareIdFactory, allocation_result, default_share_id
 from services.allocator.core.scoring import NodeKey, Policy, Score, free_capacity
-from services.allocator.core.search import BudgetExhausted, NodeSearch, StepCounter
+from services.allocator.core.search import BudgetExhausted, NodeSearch, Pick, StepCounter
 from services.allocator.core.selection import Equivalence, Selection
 from services.allocator.core.snapshot import ClusterSnapshot, DeviceEntry, NodeView
 from services.allocator.core.state import AllocatedState
@@ -144,16 +145,17 @@ def feasible_nodes(
     budget: SearchBudget = DEFAULT_BUDGET,
     topology_constraints: Sequence[TopologyConstraint] = (),
     fragmentation_mix: FragmentationMix = DEFAULT_MIX,
-) -> tuple[dict[str, NodeKey], Stats]:
-    """Every node where `claims` fit on their own, with its node key (scoring.node_key): one
-    search per node group, not per node. For gangs (gang.py) and capacity questions."""
+) -> tuple[list[tuple[NodeKey, Sequence[str]]], Stats]:
+    """Every node where `claims` fit on their own, as groups of nodes that score alike: each
+    group's node key (scoring.node_key) is its first node's, and a later node's is the same
+    key under its own name. One search per node group, not per node. For gangs (gang.py)."""
     ctx = _context(
         snapshot, state, classes, claims, policy, selectors, None, topology_constraints, budget
     )
     ctx = replace(ctx, mix=fragmentation_mix)
     run = _Run(ctx, StepCounter(budget.max_steps, budget.max_steps_per_node, budget.cancelled))
-    keys = run.all_feasible(snapshot)
-    return keys, run.stats(0)
+    groups = run.all_feasible(snapshot)
+    return groups, run.stats(0)
 
 
 def node_groups_of(
@@ -206,26 +208,40 @@ def _context(
 
 @dataclass
 class _Found:
+    """A node that fits: its key, and the placement found there, from this solve's search or
+    from a kept outcome of a node of its group (outcomes.py)."""
+
     view: NodeView
-    search: NodeSearch
     key: NodeKey  # from the placement's ranks and free capacity: cheap, enough to rank nodes
     topology: TopologyFit
     fragmentation: Fraction
+    search: NodeSearch | None = None
+    outcome: NodeOutcome | None = None  # kept for its group; its Score is filled in once known
+    rescore: Callable[[], Score] | None = None  # searches the node again when nothing knows it
     _score: Score | None = None
 
     @property
     def score(self) -> Score:
         """The full score (free devices need a per-device check): only for nodes shown."""
         if self._score is None:
-            fit = self.topology
-            self._score = replace(
-                self.search.score(),
-                preferred_missed=fit.preferred_missed,
-                implicit_missed=fit.implicit_missed,
-                nvlink_links=fit.nvlink_links,
-                numa_nodes=fit.numa_nodes,
-                fragmentation=self.fragmentation,
-            )
+            kept = self.outcome.score if self.outcome is not None else None
+            if kept is not None:
+                self._score = kept
+            elif self.search is not None:
+                fit = self.topology
+                self._score = replace(
+                    self.search.score(),
+                    preferred_missed=fit.preferred_missed,
+                    implicit_missed=fit.implicit_missed,
+                    nvlink_links=fit.nvlink_links,
+                    numa_nodes=fit.numa_nodes,
+                    fragmentation=self.fragmentation,
+                )
+            else:
+                assert self.rescore is not None
+                self._score = self.rescore()
+            if self.outcome is not None:
+                self.outcome.score = self._score
         return self._score
 
 
@@ -242,6 +258,7 @@ class _Run:
         self.feasible: int | None = None  # nodes known to fit, when groups stand for nodes
         self.exhausted = False
         self.eligible_only = False  # the candidates were restricted to named nodes
+        self._question: Hashable | None = None  # outcomes.signature, once a kept one is read
 
     def pinned(self, view: NodeView, snapshot: ClusterSnapshot) -> None:
         self.nodes_total = 1
@@ -298,8 +315,9 @@ class _Run:
         if not self.found and self.errors:
             raise self.errors[0]  # node-only errors count only when no node fits
 
-    def all_feasible(self, snapshot: ClusterSnapshot) -> dict[str, NodeKey]:
-        """Every feasible node's key: by groups when they may stand for their nodes."""
+    def all_feasible(self, snapshot: ClusterSnapshot) -> list[tuple[NodeKey, Sequence[str]]]:
+        """Every feasible node, by groups of nodes that score alike (each group with the key
+        of its first node) when groups may stand for their nodes, else one by one."""
         templates = node_templates(snapshot)
         if usable(self.ctx.plan, self.ctx, templates):
             choice = GroupedChoice(
@@ -314,17 +332,17 @@ class _Run:
             self.nodes_total = len(templates.of_node) + len(templates.ungrouped)
             self.searched, self.feasible = choice.searched, choice.feasible
             self.pruned = self.nodes_total - choice.searched
-            return choice.keys
-        keys = {}
+            return choice.feasible_groups
+        found: list[tuple[NodeKey, Sequence[str]]] = []
         views = [v for v in snapshot.views() if v.device_count > 0]
         self.nodes_total = len(views)
         for view in views:
             key = self._evaluate(view, None, None, None)
             if key is not None and view.name is not None:
-                keys[view.name] = key
+                found.append((key, (view.name,)))
             if self._out_of_steps():
                 break
-        return keys
+        return found
 
     def choose_by_groups(self, snapshot: ClusterSnapshot) -> bool:
         """Best-first over node groups (nodechoice.py); False when groups cannot stand for
@@ -377,9 +395,21 @@ class _Run:
         before: Fraction | None = None,
         prepared: Prepared | None = None,
         in_use: frozenset[int] | None = None,
+        *,
+        keep: bool = True,
     ) -> _Found | None:
         """Search one node; `before` is its free capacity and `prepared` its static check
-        outcomes when the caller knows them (node groups, with the devices `in_use`)."""
+        outcomes when the caller knows them (node groups, with the devices `in_use`). A node
+        of a template, outside an explanation, reads the outcome kept for its group when one
+        is (outcomes.py), else searches and keeps what it found (`keep` False: neither)."""
+        kept = self._kept(view, prepared, in_use) if keep else None
+        if kept is not None:
+            memo, used = kept
+            outcome = memo.get(used)
+            if outcome is not None and self._affordable(outcome.steps):
+                assert prepared is not None
+                return self._reuse(view, outcome, prepared, used)
+        started = self.steps.steps
         cands = NodeCandidates(self.ctx, view, prepared, in_use)
         cands.prepare()
         search = NodeSearch(self.ctx, cands, self.steps)
@@ -387,6 +417,8 @@ class _Run:
         if miss is not None:
             self.pruned += 1
             self.misses.append(miss)
+            if kept is not None:
+                kept[0].put(kept[1], self._missed(self.steps.steps - started, True, miss))
             return None
         self.searched += 1
         try:
@@ -402,6 +434,7 @@ class _Run:
             self.exhausted = True
             self.misses.append(_budget_miss(view, search))
             return None
+        steps = self.steps.steps - started
         if fits:
             if before is None:
                 state = self.ctx.state
@@ -411,12 +444,80 @@ class _Run:
             missed = (fit.preferred_missed, fit.implicit_missed)
             added = added_fragmentation(self.ctx, search, before - capacity)
             key = self.ctx.rules.node_key(view.name, search.ranks(), capacity, missed, added)
-            found = _Found(view, search, key, fit, added)
+            outcome = None
+            if kept is not None:
+                outcome = _fitted(steps, key, search, fit, added)
+                kept[0].put(kept[1], outcome)
+            found = _Found(view, key, fit, added, search=search, outcome=outcome)
             self.found.append(found)
             return found
         if search.miss is not None:
             self.misses.append(search.miss)
+        if kept is not None:
+            kept[0].put(kept[1], self._missed(steps, False, search.miss))
         return None
+
+    # --- outcomes kept per node group (outcomes.py) ----------------------------------------
+
+    def _kept(
+        self, view: NodeView, prepared: Prepared | None, in_use: frozenset[int] | None
+    ) -> tuple[OutcomeMemo, frozenset[int]] | None:
+        """The memo of this question for the node's template, and the node's devices in use;
+        None when the node's search cannot stand for its group's (no template's static
+        checks, or an explanation, whose per-device reasons come from the search itself)."""
+        snapshot = self.ctx.snapshot
+        if prepared is None or self.ctx.recorder is not None or snapshot is None:
+            return None
+        template = node_templates(snapshot).of_node.get(view.name or "")
+        if template is None:
+            return None
+        if self._question is None:
+            self._question = signature(self.ctx)
+        used = in_use if in_use is not None else self.ctx.state.node_in_use(snapshot, view)
+        return outcome_memo(template, self._question), used
+
+    def _affordable(self, steps: int) -> bool:
+        """Whether the budget allows the steps a kept search took (else search again, and
+        run out of budget where the search itself would)."""
+        counter = self.steps
+        return steps <= counter.max_steps_per_node and counter.steps + steps <= counter.max_steps
+
+    def _reuse(
+        self, view: NodeView, outcome: NodeOutcome, prepared: Prepared, used: frozenset[int]
+    ) -> _Found | None:
+        self.steps.steps += outcome.steps
+        if outcome.pruned:
+            self.pruned += 1
+        else:
+            self.searched += 1
+        if outcome.key is None:
+            miss = outcome.miss_on(view.name, self.ctx.plan)
+            if miss is not None:
+                self.misses.append(miss)
+            return None
+        found = _Found(
+            view,
+            outcome.key.named(view.name or ""),
+            outcome.topology,
+            outcome.fragmentation,
+            outcome=outcome,
+            rescore=lambda: self._rescore(view, prepared, used),
+        )
+        self.found.append(found)
+        return found
+
+    def _rescore(self, view: NodeView, prepared: Prepared, used: frozenset[int]) -> Score:
+        """The Score of a kept outcome nobody scored yet: the node searched again, apart
+        from this solve's bookkeeping."""
+        again = _Run(self.ctx, replace(self.steps, steps=0))
+        found = again._node(view, None, prepared, used, keep=False)
+        assert found is not None, "a kept fit must fit again"
+        return found.score
+
+    def _missed(self, steps: int, pruned: bool, miss: NodeMiss | None) -> NodeOutcome:
+        labels = [claim.label for claim in self.ctx.plan.claims]
+        claim = labels.index(miss.claim) if miss is not None and miss.claim in labels else -1
+        return NodeOutcome(steps, pruned, miss=miss, miss_claim=claim)
 
     def stats(self, cel_evaluations: int, cel_profile_hits: int = 0) -> Stats:
         return Stats(
@@ -444,14 +545,16 @@ class _Run:
         return Allocated((placement,), stats, explanation)
 
     def _allocations(self, found: _Found, share_id: ShareIdFactory) -> tuple[AllocationResult, ...]:
-        search = found.search
+        if found.search is not None:
+            picks: Sequence[Sequence[Pick]] = found.search.picks
+            chosen: Sequence[Mapping[int, Alternative]] = found.search.chosen
+        else:
+            assert found.outcome is not None
+            alternatives = {a.key: a for a in self.ctx.plan.alternatives()}
+            picks, chosen = found.outcome.placed_on(tuple(found.view.devices()), alternatives)
         return tuple(
             allocation_result(
-                claim,
-                search.picks[claim.index],
-                search.chosen[claim.index],
-                found.view.name,
-                share_id,
+                claim, picks[claim.index], chosen[claim.index], found.view.name, share_id
             )
             for claim in self.ctx.plan.claims
         )
@@ -575,3 +678,19 @@ def _error_miss(view: NodeView, error: GpuallocError) -> NodeMiss:
 def _budget_miss(view: NodeView, search: NodeSearch) -> NodeMiss:
     placed = search.miss.placed if search.miss else 0
     return NodeMiss(view.name, placed, search.needed(), "", "", 0, 0, (), budget_exhausted=True)
+
+
+def _fitted(
+    steps: int, key: NodeKey, search: NodeSearch, fit: TopologyFit, added: Fraction
+) -> NodeOutcome:
+    """The outcome of a search that fits, its picks by device index on the node."""
+    position = {entry.id: i for i, entry in enumerate(search.view.devices())}
+    picks = tuple(
+        tuple((pick.alternative.key, position[pick.entry.id]) for pick in claim)
+        for claim in search.picks
+    )
+    chosen = tuple(
+        tuple((request, alternative.key) for request, alternative in sorted(claim.items()))
+        for claim in search.chosen
+    )
+    return NodeOutcome(steps, False, key, picks, chosen, fit, added)
