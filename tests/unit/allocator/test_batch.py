@@ -239,9 +239,14 @@ def test_a_repeated_question_reads_kept_outcomes_instead_of_searching(
     snapshot, state = _fleet()
     claims_, options = KINDS["mig-fallback"]
     first = solve(snapshot, state, device_classes(), claims_, selectors=SelectorCache(), **options)
-    runs = []
+    runs: list[object] = []
     original = search.NodeSearch.run
-    monkeypatch.setattr(search.NodeSearch, "run", lambda self: runs.append(1) or original(self))
+
+    def counted(self: search.NodeSearch) -> bool:
+        runs.append(self)
+        return original(self)
+
+    monkeypatch.setattr(search.NodeSearch, "run", counted)
     again = solve(snapshot, state, device_classes(), claims_, selectors=SelectorCache(), **options)
     assert isinstance(first, Allocated) and isinstance(again, Allocated)
     assert (again.node, again.allocations, again.score) == (
