@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
@@ -64,13 +65,14 @@ from services.allocator.core.preferences import (
     preference_phases,
     topology_fit,
 )
+from services.allocator.core.replay import GroupTape, NodeTape, Replays, replayed_miss, taping
 from services.allocator.core.results import ShareIdFactory, allocation_result, default_share_id
 from services.allocator.core.scoring import NodeKey, Policy, Score, free_capacity
 from services.allocator.core.search import BudgetExhausted, NodeSearch, Pick, StepCounter
 from services.allocator.core.selection import Equivalence, Selection
 from services.allocator.core.snapshot import ClusterSnapshot, DeviceEntry, NodeView
 from services.allocator.core.state import AllocatedState
-from services.allocator.core.templates import node_templates
+from services.allocator.core.templates import NodeTemplate, node_templates
 from services.allocator.core.topology_constraints import (
     TopologyConstraint,
     TopologyPlan,
@@ -259,6 +261,9 @@ class _Run:
         self.exhausted = False
         self.eligible_only = False  # the candidates were restricted to named nodes
         self._question: Hashable | None = None  # outcomes.signature, once a kept one is read
+        self._replays: Replays | None = None  # explaining by node groups (replay.py)
+        self._no_replays = False
+        self._unreplayable: set[int] = set()
 
     def pinned(self, view: NodeView, snapshot: ClusterSnapshot) -> None:
         self.nodes_total = 1
@@ -280,18 +285,21 @@ class _Run:
 
     def choose(self, views: Sequence[NodeView]) -> None:
         self.nodes_total = len(views)
-        for view in views:
-            found = None
-            try:
-                found = self._node(view)
-            except NodeError as err:
-                self.errors.append(err.error)
-                self.misses.append(_error_miss(view, err.error))
-            if found is not None and self.ctx.rules.final(found.key):
-                return  # nodes come by name: no later one can beat it
-            if self.steps.steps >= self.steps.max_steps:
-                self.exhausted = True
-                return
+        try:
+            for view in views:
+                found = None
+                try:
+                    found = self._visit(view)
+                except NodeError as err:
+                    self.errors.append(err.error)
+                    self.misses.append(_error_miss(view, err.error))
+                if found is not None and self.ctx.rules.final(found.key):
+                    return  # nodes come by name: no later one can beat it
+                if self.steps.steps >= self.steps.max_steps:
+                    self.exhausted = True
+                    return
+        finally:
+            self._finish_replays()
         if not self.found and self.errors:
             raise self.errors[0]
 
@@ -300,18 +308,21 @@ class _Run:
         each node, so a last node's search that used it up leaves the answer complete."""
         self.eligible_only = True
         self.nodes_total = len(views)
-        for view in views:
-            if self.steps.steps >= self.steps.max_steps:
-                self.exhausted = True
-                break
-            try:
-                found = self._node(view, prepared=self._prepared(view, snapshot))
-            except NodeError as err:
-                self.errors.append(err.error)
-                self.misses.append(_error_miss(view, err.error))
-                continue
-            if found is not None and self.ctx.rules.final(found.key):
-                break  # nodes come by name: no later one can beat it
+        try:
+            for view in views:
+                if self.steps.steps >= self.steps.max_steps:
+                    self.exhausted = True
+                    break
+                try:
+                    found = self._visit(view, prepared=self._prepared(view, snapshot))
+                except NodeError as err:
+                    self.errors.append(err.error)
+                    self.misses.append(_error_miss(view, err.error))
+                    continue
+                if found is not None and self.ctx.rules.final(found.key):
+                    break  # nodes come by name: no later one can beat it
+        finally:
+            self._finish_replays()
         if not self.found and self.errors:
             raise self.errors[0]  # node-only errors count only when no node fits
 
@@ -457,6 +468,124 @@ class _Run:
             kept[0].put(kept[1], self._missed(steps, False, search.miss))
         return None
 
+    # --- explaining by node groups (replay.py) ---------------------------------------------
+
+    def _visit(self, view: NodeView, prepared: Prepared | None = None) -> _Found | None:
+        """One node of a choice over nodes by name: explained by its group's tape when it
+        can be (replay.py), else searched on its own."""
+        replays = self._replaying()
+        if replays is None or view.name is None:
+            return self._node(view, prepared=prepared)
+        snapshot = replays.snapshot
+        template = node_templates(snapshot).of_node.get(view.name)
+        if template is None or template.id in self._unreplayable:
+            return self._node(view, prepared=prepared)
+        used = self.ctx.state.node_in_use(snapshot, view)
+        group = replays.groups.get((template.id, used))
+        if group is not None and group.reusable and self._affordable(group.steps):
+            return self._replayed(view, group)
+        return self._taped(view, template, used, replays)
+
+    def _replaying(self) -> Replays | None:
+        """The solve's group tapes, when it explains and its plan lets groups stand for
+        their nodes (templates.py)."""
+        if self._replays is None and self.ctx.recorder is not None and not self._no_replays:
+            snapshot = self.ctx.snapshot
+            templates = node_templates(snapshot) if snapshot is not None else None
+            if (
+                snapshot is None
+                or templates is None
+                or not usable(self.ctx.plan, self.ctx, templates)
+            ):
+                self._no_replays = True
+                return None
+            self._replays = Replays(self.ctx, snapshot)
+            self._unreplayable = {
+                t.id
+                for t in templates.templates
+                if any(p.pool.incomplete for p in snapshot.view(t.nodes[0]).pools)
+            }  # their searches note their own pools: every node explains itself
+        return self._replays
+
+    def _taped(
+        self, view: NodeView, template: NodeTemplate, used: frozenset[int], replays: Replays
+    ) -> _Found | None:
+        """Search the node with its template's candidate lists, its events on a tape that
+        its group's other nodes replay (when the search was complete)."""
+        with taping(self.ctx, None):  # the template's own checks are not this node's events
+            facts = template_plan(self.ctx, replays.snapshot, template)
+        tape = NodeTape()
+        started, misses, pruned, searched = (
+            self.steps.steps,
+            len(self.misses),
+            self.pruned,
+            self.searched,
+        )
+        exhausted, error = self.exhausted, None
+        found = None
+        with taping(self.ctx, tape):
+            try:
+                found = self._node(
+                    view, template.free_capacity(used), facts.prepared, used, keep=False
+                )
+            except NodeError as err:
+                error = err.error
+        assert not tape.considered, "a template's candidate lists consider no device"
+        group = GroupTape.of(template, tape, node_templates(replays.snapshot).slot)
+        group.members.append(view.name or "")
+        group.steps = self.steps.steps - started
+        group.pruned, group.searched = self.pruned - pruned, self.searched - searched
+        group.misses = tuple(self.misses[misses:])
+        group.reusable = not (self.exhausted and not exhausted)
+        if found is not None:
+            assert found.search is not None
+            outcome = _fitted(
+                group.steps, found.key, found.search, found.topology, found.fragmentation
+            )
+            found.outcome = outcome
+            group.fit = (found, outcome)
+        if group.reusable:
+            replays.groups.setdefault((template.id, used), group)
+        else:
+            replays.once.append(group)
+        if error is not None:
+            group.errors = (error,)
+            raise NodeError(error)
+        return found
+
+    def _replayed(self, view: NodeView, group: GroupTape) -> _Found | None:
+        """A node of a group already searched: its answer is the group's, under its name."""
+        name = view.name or ""
+        group.members.append(name)
+        self.steps.steps += group.steps
+        self.pruned += group.pruned
+        self.searched += group.searched
+        for miss in group.misses:
+            replayed = replayed_miss(miss, name)
+            if replayed is not None:
+                self.misses.append(replayed)
+        if group.errors:
+            self.errors.append(group.errors[0])
+            self.misses.append(_error_miss(view, group.errors[0]))
+            return None
+        if group.fit is None:
+            return None
+        first, outcome = group.fit
+        found = _Found(
+            view,
+            first.key.named(name),
+            first.topology,
+            first.fragmentation,
+            outcome=outcome,
+            rescore=lambda: first.score,
+        )
+        self.found.append(found)
+        return found
+
+    def _finish_replays(self) -> None:
+        if self._replays is not None and self.ctx.recorder is not None:
+            self._replays.finish(self.ctx.recorder)
+
     # --- outcomes kept per node group (outcomes.py) ----------------------------------------
 
     def _kept(
@@ -537,7 +666,7 @@ class _Run:
         stats = self.stats(selection.cel_evaluations, selection.cel_profile_hits)
         if not self.found:
             return Unsatisfiable(self._unsatisfiable_explanation(), stats, self.exhausted)
-        ranked = sorted(self.found, key=lambda f: f.key)
+        ranked = heapq.nsmallest(2, self.found, key=_key_of)  # the best and the runner-up
         best = ranked[0]
         allocations = self._allocations(best, share_id)
         explanation = self._choice_explanation(ranked) if self.ctx.recorder is not None else None
@@ -589,7 +718,7 @@ class _Run:
         choice = NodeChoice(
             node=best.view.name,
             score=best.score,
-            feasible_nodes=len(ranked),
+            feasible_nodes=len(self.found),
             runner_up=runner_up.view.name if runner_up else None,
             runner_up_score=runner_up.score if runner_up else None,
             policy=str(self.ctx.policy),
@@ -680,13 +809,18 @@ def _budget_miss(view: NodeView, search: NodeSearch) -> NodeMiss:
     return NodeMiss(view.name, placed, search.needed(), "", "", 0, 0, (), budget_exhausted=True)
 
 
+def _key_of(found: _Found) -> NodeKey:
+    return found.key
+
+
 def _fitted(
     steps: int, key: NodeKey, search: NodeSearch, fit: TopologyFit, added: Fraction
 ) -> NodeOutcome:
-    """The outcome of a search that fits, its picks by device index on the node."""
-    position = {entry.id: i for i, entry in enumerate(search.view.devices())}
+    """The outcome of a search that fits on a node of a template, its picks by device index
+    on the node."""
+    slot = node_templates(search.ctx.snapshot).slot if search.ctx.snapshot else {}
     picks = tuple(
-        tuple((pick.alternative.key, position[pick.entry.id]) for pick in claim)
+        tuple((pick.alternative.key, slot[pick.entry.id][1]) for pick in claim)
         for claim in search.picks
     )
     chosen = tuple(
