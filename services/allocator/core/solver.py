@@ -47,7 +47,6 @@ from services.allocator.core.fragmentation import (
     DEFAULT_MIX,
     FragmentationMix,
 )
-from services.allocator.core.groups import GroupKey
 from services.allocator.core.nodechoice import GroupedChoice, template_plan, usable
 from services.allocator.core.outcome import (
     Allocated,
@@ -86,7 +85,13 @@ from services.common.dra.model import (
 )
 from services.common.errors import GpuallocError
 
-__all__ = ["DEFAULT_BUDGET", "feasible_nodes", "node_groups_of", "solve"]
+__all__ = [
+    "DEFAULT_BUDGET",
+    "NodeRun",
+    "feasible_nodes",
+    "solve",
+    "solve_context",
+]
 
 DEFAULT_BUDGET = SearchBudget()
 
@@ -116,11 +121,11 @@ def solve(
     if node is not None and nodes is not None:
         raise ValueError("solve takes a pinned node or candidate nodes, not both")
     recorder = Recorder() if explain else None
-    ctx = _context(
+    ctx = solve_context(
         snapshot, state, classes, claims, policy, selectors, recorder, topology_constraints, budget
     )
     ctx = replace(ctx, mix=fragmentation_mix)
-    run = _Run(ctx, StepCounter(budget.max_steps, budget.max_steps_per_node, budget.cancelled))
+    run = NodeRun(ctx, StepCounter(budget.max_steps, budget.max_steps_per_node, budget.cancelled))
     if node is not None:
         view = snapshot.view(node)
         run.pinned(view, snapshot)
@@ -151,37 +156,16 @@ def feasible_nodes(
     """Every node where `claims` fit on their own, as groups of nodes that score alike: each
     group's node key (scoring.node_key) is its first node's, and a later node's is the same
     key under its own name. One search per node group, not per node. For gangs (gang.py)."""
-    ctx = _context(
+    ctx = solve_context(
         snapshot, state, classes, claims, policy, selectors, None, topology_constraints, budget
     )
     ctx = replace(ctx, mix=fragmentation_mix)
-    run = _Run(ctx, StepCounter(budget.max_steps, budget.max_steps_per_node, budget.cancelled))
+    run = NodeRun(ctx, StepCounter(budget.max_steps, budget.max_steps_per_node, budget.cancelled))
     groups = run.all_feasible(snapshot)
     return groups, run.stats(0)
 
 
-def node_groups_of(
-    snapshot: ClusterSnapshot,
-    state: AllocatedState,
-    classes: Mapping[str, DeviceClass],
-    claims: Sequence[ResourceClaim],
-    *,
-    policy: Policy = Policy.BINPACK,
-    selectors: SelectorCache,
-    topology_constraints: Sequence[TopologyConstraint] = (),
-) -> dict[str, GroupKey]:
-    """Per node, its group's key (one template, one free state, groups.py): nodes with one key
-    answer every solve of `claims` alike, pinned or not, so a question asked of each node
-    (Capacity) needs one answer per key. Empty when the claims read what templates abstract
-    away (every node answers for itself); nodes outside every template are not in it."""
-    ctx = _context(snapshot, state, classes, claims, policy, selectors, None, topology_constraints)
-    if not usable(ctx.plan, ctx, node_templates(snapshot)):
-        return {}
-    members = state.node_groups(snapshot).members
-    return {node: key for key, nodes in members.items() for node in nodes}
-
-
-def _context(
+def solve_context(
     snapshot: ClusterSnapshot,
     state: AllocatedState,
     classes: Mapping[str, DeviceClass],
@@ -247,7 +231,7 @@ class _Found:
         return self._score
 
 
-class _Run:
+class NodeRun:
     """One solve's bookkeeping across nodes."""
 
     def __init__(self, ctx: SolveContext, steps: StepCounter) -> None:
@@ -468,6 +452,14 @@ class _Run:
             kept[0].put(kept[1], self._missed(steps, False, search.miss))
         return None
 
+    def search_node(
+        self, view: NodeView, before: Fraction, prepared: Prepared, in_use: frozenset[int]
+    ) -> _Found | None:
+        """One node of a template with the devices `in_use` (its free capacity `before`), as
+        a pinned solve searches it; its outcome is kept for its group (outcomes.py)."""
+        self.nodes_total += 1
+        return self._node(view, before, prepared, in_use)
+
     # --- explaining by node groups (replay.py) ---------------------------------------------
 
     def _visit(self, view: NodeView, prepared: Prepared | None = None) -> _Found | None:
@@ -638,7 +630,7 @@ class _Run:
     def _rescore(self, view: NodeView, prepared: Prepared, used: frozenset[int]) -> Score:
         """The Score of a kept outcome nobody scored yet: the node searched again, apart
         from this solve's bookkeeping."""
-        again = _Run(self.ctx, replace(self.steps, steps=0))
+        again = NodeRun(self.ctx, replace(self.steps, steps=0))
         found = again._node(view, None, prepared, used, keep=False)
         assert found is not None, "a kept fit must fit again"
         return found.score

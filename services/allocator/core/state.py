@@ -119,6 +119,16 @@ class AllocatedState:
         placements that only pinned solves read (a gang's members, a Capacity count)."""
         return self._copy(groups=False)
 
+    def take_in_place(self, devices: Iterable[DeviceID], owner: str) -> None:
+        """Hold `devices` whole, changing this state itself: only for a state made by
+        `detached` that nothing else reads (a Capacity count's scratch state, counting.py)."""
+        assert self._groups is None, "a state with node groups is shared: copy it instead"
+        for device_id in devices:
+            owners, shares, consumed = self._device(device_id)
+            self._delta[device_id] = ((*owners, owner), shares, consumed)
+            if not (owners or shares):
+                self._count(device_id, 1)
+
     def rebase(self, snapshot: ClusterSnapshot) -> AllocatedState:
         """The same holdings over a new snapshot (counter consumption is re-resolved)."""
         state = self._copy()

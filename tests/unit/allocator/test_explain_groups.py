@@ -47,7 +47,7 @@ def explained(call: Any) -> SolveResult | str:
 def both(call: Any) -> tuple[SolveResult | str, SolveResult | str]:
     grouped = explained(call)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(solver_module._Run, "_replaying", lambda self: None)
+        patch.setattr(solver_module.NodeRun, "_replaying", lambda self: None)
         alone = explained(call)
     return grouped, alone
 
