@@ -637,6 +637,7 @@ class _Objects:
                 "resources.transformations",
                 "gpualloc counts devices, not transformed Pod resources",
             )
+        _feature_gates(checker, document.get("featureGates", {}))
         self.excluded_prefixes = [
             checker.string(p, f"resources.excludeResourcePrefixes[{i}]")
             for i, p in enumerate(
@@ -803,6 +804,35 @@ _CONFIGURATION_FIELDS = (
     "clientConnection", "integrations", "multiKueue", "fairSharing", "admissionFairSharing",
     "resources", "featureGates", "objectRetentionPolicies",
 )  # fmt: skip
+
+
+# Kueue v0.17's feature gates that change a quota decision, with their defaults: gpualloc
+# decides as Kueue does with these defaults, so a Configuration that turns one the other way is
+# refused (the others are the manager's business).
+QUOTA_FEATURE_GATES: Mapping[str, bool] = {
+    "FlavorFungibility": True,
+    "LendingLimit": True,
+    "HierarchicalCohorts": True,
+    "PrioritySortingWithinCohort": True,
+    "FairSharingPreemptWithinNominal": True,
+    "FairSharingPrioritizeNonBorrowing": True,
+    "PriorityBoost": False,
+}
+
+
+def _feature_gates(checker: _Checker, value: object) -> None:
+    gates = checker.mapping(value, "featureGates", None)
+    for name, enabled in gates.items():
+        where = f"featureGates[{name}]"
+        if not isinstance(enabled, bool):
+            checker.fail(FieldError.INVALID, where, "must be true or false")
+        elif name in QUOTA_FEATURE_GATES and enabled != QUOTA_FEATURE_GATES[name]:
+            checker.fail(
+                FieldError.REFUSED,
+                where,
+                f"gpualloc decides as Kueue does with {name}={QUOTA_FEATURE_GATES[name]} "
+                "(its default)",
+            )
 
 
 def _object_name(document: Mapping[str, Any]) -> str:

@@ -896,6 +896,12 @@ INVALID = [
         [(X, "Configuration", "", "resources.transformations")],
     ),
     (
+        "a-feature-gate-that-changes-a-quota-decision",
+        "apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\n"
+        "featureGates: {LendingLimit: false, PriorityBoost: false, TLSOptions: true}",
+        [(X, "Configuration", "", "featureGates[LendingLimit]")],
+    ),
+    (
         "a-device-class-mapped-to-two-names",
         "apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\n"
         "resources: {deviceClassMappings: [{name: a/gpus, deviceClassNames: [gpu.nvidia.com]}, "
