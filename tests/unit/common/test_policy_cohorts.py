@@ -13,7 +13,6 @@ import yaml
 
 from services.common.errors import InvalidArgument
 from services.common.security.fair_sharing import (
-    AdmissionFairSharing,
     FairSharing,
     PreemptionStrategy,
 )
@@ -36,12 +35,8 @@ spec:
       quotas: [{resource: gpus, nominal: 4, borrowingLimit: 2, lendingLimit: 1}]
       fairSharing: {weight: 2}
     fairSharing:
-      enabled: true
+      enabled: false
       preemptionStrategies: [LessThanOrEqualToFinalShare, LessThanInitialShare]
-    admissionFairSharing:
-      usageHalfLifeTime: 168h
-      usageSamplingInterval: 5m
-      resourceWeights: {gpus: 1}
   tenants:
   - name: team-a
     cohort: research
@@ -70,32 +65,23 @@ def test_the_tree_and_fair_sharing_load() -> None:
     assert quotas.path("team-a") == ("org", "research")
     assert quotas.ledgers() == ("cohort:org",)  # one tree, one ledger
     assert quotas.fair_sharing == FairSharing(
-        True,
+        False,
         (
             PreemptionStrategy.LESS_THAN_OR_EQUAL_TO_FINAL_SHARE,
             PreemptionStrategy.LESS_THAN_INITIAL_SHARE,
         ),
     )
-    assert quotas.admission_fair_sharing == AdmissionFairSharing(
-        7 * 24 * 3600.0, 300.0, {"gpus": Fraction(1)}
-    )
+    assert quotas.admission_fair_sharing is None
 
 
 DEFAULTS = [
     ("fair-sharing-off-by-default", "spec.quota.fairSharing", None, "fair_sharing", FairSharing()),
     (
-        "strategies-default-to-kueues-list",
-        "spec.quota.fairSharing",
-        {"enabled": True},
-        "fair_sharing",
-        FairSharing(True),
-    ),
-    (
         "one-strategy",
         "spec.quota.fairSharing",
-        {"enabled": True, "preemptionStrategies": ["LessThanInitialShare"]},
+        {"preemptionStrategies": ["LessThanInitialShare"]},
         "fair_sharing",
-        FairSharing(True, (PreemptionStrategy.LESS_THAN_INITIAL_SHARE,)),
+        FairSharing(False, (PreemptionStrategy.LESS_THAN_INITIAL_SHARE,)),
     ),
     (
         "no-usage-decay-by-default",
@@ -103,20 +89,6 @@ DEFAULTS = [
         None,
         "admission_fair_sharing",
         None,
-    ),
-    (
-        "sampling-every-5m-by-default-and-weights-1",
-        "spec.quota.admissionFairSharing",
-        {"usageHalfLifeTime": "1h30m"},
-        "admission_fair_sharing",
-        AdmissionFairSharing(5400.0, 300.0, {}),
-    ),
-    (
-        "a-half-life-of-0-resets-usage",
-        "spec.quota.admissionFairSharing",
-        {"usageHalfLifeTime": "0s"},
-        "admission_fair_sharing",
-        AdmissionFairSharing(0.0),
     ),
 ]
 
@@ -183,6 +155,13 @@ BAD = [
         "a tenant without quotas shares nothing",
     ),
     ("fair-sharing-not-boolean", "spec.quota.fairSharing.enabled", "yes", "true or false"),
+    ("fair-sharing-not-yet", "spec.quota.fairSharing.enabled", True, "not supported yet"),
+    (
+        "usage-decay-not-yet",
+        "spec.quota.admissionFairSharing",
+        {"usageHalfLifeTime": "168h"},
+        "not supported yet",
+    ),
     (
         "unknown-strategy",
         "spec.quota.fairSharing.preemptionStrategies",
@@ -197,38 +176,38 @@ BAD = [
     ),
     (
         "half-life-required",
-        "spec.quota.admissionFairSharing.usageHalfLifeTime",
-        None,
+        "spec.quota.admissionFairSharing",
+        {"usageSamplingInterval": "5m"},
         "Required value",
     ),
     (
         "half-life-not-a-duration",
-        "spec.quota.admissionFairSharing.usageHalfLifeTime",
-        "a week",
+        "spec.quota.admissionFairSharing",
+        {"usageHalfLifeTime": "a week"},
         "must be a duration",
     ),
     (
         "half-life-a-bare-number",
-        "spec.quota.admissionFairSharing.usageHalfLifeTime",
-        3600,
+        "spec.quota.admissionFairSharing",
+        {"usageHalfLifeTime": 3600},
         "must be a duration",
     ),
     (
         "sampling-zero",
-        "spec.quota.admissionFairSharing.usageSamplingInterval",
-        "0s",
+        "spec.quota.admissionFairSharing",
+        {"usageHalfLifeTime": "1h", "usageSamplingInterval": "0s"},
         "must be greater than 0",
     ),
     (
         "weight-of-an-unknown-resource",
-        "spec.quota.admissionFairSharing.resourceWeights",
-        {"cpu": 1},
+        "spec.quota.admissionFairSharing",
+        {"usageHalfLifeTime": "1h", "resourceWeights": {"cpu": 1}},
         "unknown quota resource 'cpu'",
     ),
     (
         "resource-weight-negative",
-        "spec.quota.admissionFairSharing.resourceWeights",
-        {"gpus": -1},
+        "spec.quota.admissionFairSharing",
+        {"usageHalfLifeTime": "1h", "resourceWeights": {"gpus": -1}},
         "must be a finite number >= 0",
     ),
 ]
