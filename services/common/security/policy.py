@@ -56,6 +56,7 @@ from services.common.security.fair_sharing import (
     FairSharing,
     PreemptionStrategy,
 )
+from services.common.security.kueue_quota import KueueTranslation, apply_kueue
 from services.common.security.principal import (
     ROLE_PERMISSIONS,
     Identity,
@@ -182,6 +183,7 @@ class AccessPolicy:
     bindings: tuple[Binding, ...]
     jwt_issuers: tuple[JwtIssuer, ...] = ()
     quotas: QuotaModel = QuotaModel((), {})
+    kueue: KueueTranslation | None = None  # the quota section was given as Kueue's objects
 
     def resolve(self, identity: Identity) -> Principal | None:
         """The principal of a proven identity; None when no binding names it (the edge then
@@ -273,8 +275,14 @@ def _deny(principal: Principal, access: Access, permission: Permission) -> None:
 # --- parsing --------------------------------------------------------------------------------
 
 
-def parse_policy(document: object, source: str = "policy") -> AccessPolicy:
-    """An AccessPolicy from its decoded YAML; InvalidArgument listing every bad field."""
+def parse_policy(
+    document: object,
+    source: str = "policy",
+    kueue_files: Mapping[str, Sequence[tuple[str, object]]] | None = None,
+) -> AccessPolicy:
+    """An AccessPolicy from its decoded YAML; InvalidArgument listing every bad field.
+    `kueue_files`: per `spec.quota.kueue.files` entry, its decoded documents with their
+    origins (the edge reads them: kueue_quota.py)."""
     errors: list[FieldViolation] = []
     reader = _Reader(errors)
     root = reader.mapping(document, "", {"apiVersion", "kind", "metadata", "spec"})
@@ -299,12 +307,16 @@ def parse_policy(document: object, source: str = "policy") -> AccessPolicy:
             "cohorts",
             "fairSharing",
             "admissionFairSharing",
+            "kueue",
         },
+    )
+    quota, tenant_items, kueue = apply_kueue(
+        quota, spec.get("tenants", []), kueue_files or {}, errors
     )
     flavors = _resource_flavors(reader, quota.get("resourceFlavors", []))
     resources = _quota_resources(reader, quota.get("resources", []), flavors)
     priorities, default_priority = _priority_classes(reader, quota.get("priorityClasses", []))
-    tenants, quotas = _tenants(reader, spec.get("tenants", []), resources)
+    tenants, quotas = _tenants(reader, tenant_items, resources)
     cohorts = _cohorts(reader, quota.get("cohorts", []), resources, tenants, quotas)
     fair_sharing = _fair_sharing(reader, quota.get("fairSharing", {}))
     usage_decay = _admission_fair_sharing(reader, quota.get("admissionFairSharing"), resources)
@@ -337,6 +349,7 @@ def parse_policy(document: object, source: str = "policy") -> AccessPolicy:
             fair_sharing,
             usage_decay,
         ),
+        kueue,
     )
 
 
@@ -697,8 +710,12 @@ def _quota_resources(
         name = reader.string(fields.get("name"), f"{path}.name")
         if any((resource.base or resource.name) == name for resource in resources):
             reader.fail(f"{path}.name", f"duplicate quota resource {name!r}")
-        if "/" in name:
-            reader.fail(f"{path}.name", "must not contain '/' (quotas are <resource>/<flavor>)")
+        if name.count("/") > 1:
+            reader.fail(
+                f"{path}.name",
+                "may hold one '/' (a resource name such as nvidia.com/gpu; per flavor, quotas "
+                "are <resource>/<flavor>)",
+            )
         classes = tuple(
             reader.string(c, f"{path}.deviceClassNames[{j}]")
             for j, c in enumerate(
@@ -752,6 +769,9 @@ def _quota_resources(
                 outside=outside,
             )
         )
+    every = [r.name for r in resources]
+    for repeated in sorted({n for n in every if every.count(n) > 1}):
+        reader.fail("spec.quota.resources", f"{repeated!r} is both a resource and a flavor's")
     return resources
 
 
@@ -767,13 +787,14 @@ def _quota_limits(
     nominal (it lends its children's quota too)."""
     known = {resource.base or resource.name for resource in resources}
     flavored = {r.name for r in resources if r.flavor and r.flavor != NO_FLAVOR}
+    with_flavors = {r.base for r in resources if r.flavor}
     limits: dict[str, QuotaLimits] = {}
     allowed = {"resource", "flavor", "nominal", "borrowingLimit", "lendingLimit"}
     for j, item in enumerate(reader.sequence(value, path)):
         where = f"{path}[{j}]"
         fields = reader.mapping(item, where, allowed)
-        resource = reader.string(fields.get("resource"), f"{where}.resource")
-        per_flavor = any(name.startswith(f"{resource}/") for name in flavored)
+        resource = base = reader.string(fields.get("resource"), f"{where}.resource")
+        per_flavor = resource in with_flavors
         if "flavor" in fields or per_flavor:
             flavor = reader.string(fields.get("flavor"), f"{where}.flavor")
             if not per_flavor:
@@ -791,7 +812,7 @@ def _quota_limits(
             )
         if resource in limits:
             reader.fail(f"{where}.resource", f"duplicate quota for {resource!r}")
-        if resource.split("/")[0] not in known:
+        if base not in known:
             continue
         nominal = _amount(reader, fields.get("nominal"), f"{where}.nominal")
         borrowing = lending = None
