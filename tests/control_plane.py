@@ -85,6 +85,7 @@ class ControlPlane:
     _etcd: subprocess.Popen[bytes] | None = None
     _apiserver: subprocess.Popen[bytes] | None = None
     _kueue: subprocess.Popen[bytes] | None = None
+    kueue_webhook_port: int = 0
 
     @property
     def url(self) -> str:
@@ -261,6 +262,7 @@ class ControlPlane:
             "manageJobsWithoutQueueName": False,
             "integrations": {"frameworks": ["batch/job"]},
         }
+        self.kueue_webhook_port = config["webhook"]["port"]
         path = self.directory / "kueue-config.yaml"
         path.write_text(yaml.safe_dump(config))
         log = self.directory / "kueue.log"
@@ -273,6 +275,36 @@ class ControlPlane:
         )  # fmt: skip
         health = f"http://{config['health']['healthProbeBindAddress']}/readyz"
         _wait("kueue", lambda: _http_ok(health), self._kueue, log)
+
+    def register_kueue_validation(self) -> None:
+        """Kueue's validating webhooks for ClusterQueues, ResourceFlavors and Cohorts, served
+        by the running manager (its paths, https://127.0.0.1:<port>, the fixture's CA), as
+        Kueue's manifests register them: the apiserver then refuses what Kueue refuses. The
+        mutating ones (finalizers, Jobs suspended) stay unregistered."""
+        import base64
+
+        bundle = base64.b64encode(self.ca.read_bytes()).decode()
+        hooks = []
+        for kind in ("clusterqueue", "resourceflavor", "cohort"):
+            url = (
+                f"https://127.0.0.1:{self.kueue_webhook_port}"
+                f"/validate-kueue-x-k8s-io-v1beta2-{kind}"
+            )
+            hooks.append({
+                "name": f"v{kind}.kb.io",
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "failurePolicy": "Fail",
+                "clientConfig": {"url": url, "caBundle": bundle},
+                "rules": [{"apiGroups": ["kueue.x-k8s.io"], "apiVersions": ["v1beta2"],
+                           "operations": ["CREATE", "UPDATE"], "resources": [f"{kind}s"]}],
+            })  # fmt: skip
+        self.apply({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": "kueue-validating-webhook-configuration"},
+            "webhooks": hooks,
+        })  # fmt: skip
 
     def stop_kueue(self) -> None:
         _stop(self._kueue)
