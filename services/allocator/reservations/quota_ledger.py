@@ -24,7 +24,15 @@ from typing import Protocol
 
 from services.common.security.quota import Usage, add_usage
 
-__all__ = ["LedgerRead", "QuotaEntry", "QuotaLedger", "check_lease", "usage_by_tenant"]
+__all__ = [
+    "LedgerRead",
+    "QuotaEntry",
+    "QuotaLedger",
+    "Ticket",
+    "TicketBinding",
+    "check_lease",
+    "usage_by_tenant",
+]
 
 
 @dataclass(frozen=True)
@@ -41,19 +49,35 @@ class LedgerRead:
     entries: tuple[QuotaEntry, ...]  # live ones only, sorted by id
 
 
+@dataclass(frozen=True)
+class Ticket:
+    """Step one of a grant: its entry (id `ticket:<hex>`), held `lease_seconds` from the take."""
+
+    entry: QuotaEntry
+    lease_seconds: float
+
+
+@dataclass(frozen=True)
+class TicketBinding:
+    """Step two of a grant done: `parts` (one entry per reservation) replace the ticket,
+    keeping its expiry (`lease_seconds` from now when the ticket is gone)."""
+
+    ticket: str
+    parts: tuple[QuotaEntry, ...]
+    lease_seconds: float
+
+
 class QuotaLedger(Protocol):
     def read(self, cohort: str) -> LedgerRead: ...
 
-    def take(self, cohort: str, version: int, entry: QuotaEntry, lease_seconds: float) -> bool:
-        """Add `entry` (expiring lease_seconds from now) if the cohort's version is still
-        `version`; False (nothing added) when another take came first."""
+    def take(self, cohort: str, version: int, tickets: Sequence[Ticket]) -> bool:
+        """Add every ticket if the cohort's version is still `version` (one compare-and-set,
+        for one grant or a batch's); False (nothing added) when another take came first."""
         ...
 
-    def bind(
-        self, cohort: str, ticket: str, parts: Sequence[QuotaEntry], lease_seconds: float
-    ) -> None:
-        """Replace the ticket by `parts` (one entry per reservation of its grant), keeping the
-        ticket's expiry (`lease_seconds` from now when the ticket is gone)."""
+    def bind(self, cohort: str, bindings: Sequence[TicketBinding]) -> None:
+        """Each binding's parts replace its ticket (an entry that exists already, an
+        idempotent replay's, is left as it is): one step for a batch's grants."""
         ...
 
     def extend(self, cohort: str, entry_id: str, lease_seconds: float) -> bool:
