@@ -128,7 +128,12 @@ from services.common.errors import (
     PermissionDenied,
 )
 from services.common.security.principal import tenant_of_owner
-from services.common.security.quota import QuotaRefusal, TenantStatus, WhenCanBorrow
+from services.common.security.quota import (
+    CohortStatus,
+    QuotaRefusal,
+    TenantStatus,
+    WhenCanBorrow,
+)
 
 __all__ = ["AllocatorService", "ServiceLimits"]
 
@@ -588,6 +593,18 @@ class AllocatorService:
             else row
             for row in rows
         ], True
+
+    @property
+    def fair_sharing(self) -> bool:
+        """Whether preemption goes by fair sharing (the policy's spec.quota.fairSharing)."""
+        return self.quotas is not None and self.quotas.model.fair_sharing.enabled
+
+    def cohort_status(self, tenants: Sequence[str] = ()) -> list[CohortStatus]:
+        """The cohorts on the given tenants' paths, with their standing (every cohort when no
+        tenant is given); [] when quotas are not enforced."""
+        if self.quotas is None or not self.quotas.model.enabled:
+            return []
+        return self.quotas.cohort_status(tenants)
 
     def _known(self, reservation_id: str) -> Reservation | None:
         """The reservation as this allocator last saw it, else as the store has it; None when

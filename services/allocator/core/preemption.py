@@ -34,8 +34,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from services.common.security.cohorts import tenant_node
 from services.common.security.quota import (
     BorrowWithinCohort,
+    PreemptionPolicy,
     PriorityClass,
     QuotaModel,
     ReclaimWithinCohort,
@@ -83,8 +85,14 @@ class Holding:
 
 @dataclass(frozen=True)
 class Candidate:
+    """A reservation the rules let the grant take, and why. `lca`: for another tenant's, the
+    cohort of the preemptor's tree it was found under (the lowest they share; "" for the
+    cohort of a tree of one level): the rules take it only while its tenant and the cohorts
+    below that one borrow."""
+
     holding: Holding
     reason: PreemptionReason
+    lca: str = ""
 
 
 @dataclass(frozen=True)
@@ -150,25 +158,35 @@ def preemption_candidates(context: PreemptionContext) -> list[Candidate]:
 
 
 def _passes(context: PreemptionContext) -> list[tuple[list[Candidate], bool]]:
-    """(candidates, within nominal) per pass, in the order they are tried."""
+    """(candidates, within nominal) per pass, in the order they are tried: Kueue's classical
+    preemption (its candidate iterator's runs with and without borrowing)."""
     if not context.priority.preempts:
         return []
     quota = context.model.quota_of(context.tenant)
     own = _own(context, quota)
     if quota is None:
         return [(own, False)]
-    policy = quota.preemption
+    advantage, priority = _cohort_candidates(context, quota)
+    forbidden = quota.preemption.borrow_within_cohort is BorrowWithinCohort.NEVER
     below = _below_nominal(quota, context.amounts, context.usage.get(context.tenant, {}))
-    if policy.borrow_within_cohort is not BorrowWithinCohort.NEVER:
-        if below:
-            cohort = _reclaimable(context, quota, PreemptionReason.RECLAIM)
+    attempts: tuple[bool, ...]
+    if not advantage and not priority or (forbidden and not below):
+        attempts = (True,)
+    elif forbidden and not advantage:
+        attempts = (False, True)
+    else:
+        attempts = (True, False)
+    passes = []
+    for borrowing in attempts:
+        if not borrowing and not _can_end_within_nominal(context, quota, own):
+            continue  # could only fail, at the cost of solves
+        if borrowing:
+            allowed = [c for c, while_borrowing in priority if while_borrowing]
         else:
-            cohort = _borrowable(context, quota)
-        return [(_ordered(context.tenant, own + cohort), False)]
-    cohort = _reclaimable(context, quota, PreemptionReason.RECLAIM) if below else []
-    if not cohort or not _can_end_within_nominal(context, quota, own):
-        return [(own, False)]
-    return [(_ordered(context.tenant, own + cohort), True), (own, False)]
+            allowed = [c for c, _ in priority]
+        pool = [*_ordered(context.tenant, advantage), *_ordered(context.tenant, allowed), *own]
+        passes.append((pool, not borrowing))
+    return passes
 
 
 def _own(context: PreemptionContext, quota: TenantQuota | None) -> list[Candidate]:
@@ -191,42 +209,76 @@ def _own(context: PreemptionContext, quota: TenantQuota | None) -> list[Candidat
     return _ordered(context.tenant, found)
 
 
-def _reclaimable(
-    context: PreemptionContext, quota: TenantQuota, reason: PreemptionReason
-) -> list[Candidate]:
-    """The cohort's borrowing tenants' reservations reclaimWithinCohort allows."""
-    policy = quota.preemption.reclaim_within_cohort
-    if policy is ReclaimWithinCohort.NEVER:
-        return []
-    lower_only = policy is ReclaimWithinCohort.LOWER_PRIORITY
-    return [
-        Candidate(h, reason)
-        for h in _borrowers(context, quota)
-        if not lower_only or h.priority.value < context.priority.value
-    ]
+def _cohort_candidates(
+    context: PreemptionContext, quota: TenantQuota
+) -> tuple[list[Candidate], list[tuple[Candidate, bool]]]:
+    """The other tenants' reservations reclaimWithinCohort allows, found level by level up
+    the preemptor's tree (Kueue's hierarchical reclaim): those of tenants that borrow, in
+    subtrees that borrow. A candidate found at a level where the grant already fits in the
+    quota of the preemptor's side of the tree (its own nominal, or a cohort's subtree quota
+    on its way up) is a *hierarchical* one, taken whatever the preemptor borrows (first list);
+    the others (second list) only by a preemptor that ends within nominal, unless
+    borrowWithinCohort lets it take them while borrowing (the flag)."""
+    policy = quota.preemption
+    model, tree = context.model, context.model.tree
+    me = tenant_node(context.tenant)
+    if tree.parent(me) is None or policy.reclaim_within_cohort is ReclaimWithinCohort.NEVER:
+        return [], []
+    need = {name: amount for name, amount in context.amounts.items() if amount > 0}
+    levels = {name: model.levels_of(me, name, context.usage) for name in need}
+    holdings: dict[str, list[Holding]] = {}
+    for h in context.holdings:
+        if h.tenant != context.tenant and h.priority.preemptible:
+            holdings.setdefault(h.tenant, []).append(h)
+    mine = context.priority.value
+    lower_only = policy.reclaim_within_cohort is ReclaimWithinCohort.LOWER_PRIORITY
+    fits = all(lv.subtree[me] >= lv.usage[me] + need[name] for name, lv in levels.items())
+    remaining = {
+        name: max(0, need[name] - max(0, lv.local[me] - lv.usage[me]))
+        for name, lv in levels.items()
+    }
+    advantage: list[Candidate] = []
+    priority: list[tuple[Candidate, bool]] = []
+    below = me
+    for level in tree.ancestors(me):
+        skip = set(tree.subtree(below))
+        for key in tree.subtree(level):
+            if key[0] != "tenant" or key in skip:
+                continue
+            for h in holdings.get(key[1], ()):
+                if lower_only and h.priority.value >= mine:
+                    continue
+                if fits:
+                    advantage.append(Candidate(h, PreemptionReason.RECLAIM, level[1]))
+                    continue
+                while_borrowing = _while_borrowing(policy, h, mine)
+                reason = (
+                    PreemptionReason.RECLAIM_WHILE_BORROWING
+                    if while_borrowing
+                    else PreemptionReason.RECLAIM
+                )
+                priority.append((Candidate(h, reason, level[1]), while_borrowing))
+        here = all(
+            lv.subtree[level] >= lv.usage[level] + remaining[name] for name, lv in levels.items()
+        )
+        for name, lv in levels.items():
+            remaining[name] = max(0, remaining[name] - max(0, lv.local[level] - lv.usage[level]))
+        fits = fits or here
+        below = level
+    usage = context.usage
+    advantage = _still_borrowing(advantage, model, usage, each=True)
+    kept = {id(c) for c in _still_borrowing([c for c, _ in priority], model, usage, each=True)}
+    return advantage, [(c, flag) for c, flag in priority if id(c) in kept]
 
 
-def _borrowable(context: PreemptionContext, quota: TenantQuota) -> list[Candidate]:
-    """The cohort's borrowing tenants' reservations borrowWithinCohort allows: of a lower
-    priority than the preemptor's, and at most maxPriorityThreshold when set."""
-    threshold = quota.preemption.max_priority_threshold
-    return [
-        Candidate(h, PreemptionReason.RECLAIM_WHILE_BORROWING)
-        for h in _borrowers(context, quota)
-        if h.priority.value < context.priority.value
-        and (threshold is None or h.priority.value <= threshold)
-    ]
-
-
-def _borrowers(context: PreemptionContext, quota: TenantQuota) -> list[Holding]:
-    members = set(context.model.members(quota)) - {context.tenant}
-    return [
-        h
-        for h in context.holdings
-        if h.tenant in members
-        and h.priority.preemptible
-        and _borrows_what_it_holds(context.model, h, context.usage.get(h.tenant, {}))
-    ]
+def _while_borrowing(policy: PreemptionPolicy, holding: Holding, mine: int) -> bool:
+    """Whether borrowWithinCohort lets a borrowing preemptor of priority `mine` take it: of a
+    lower priority, and at most maxPriorityThreshold when set."""
+    if policy.borrow_within_cohort is BorrowWithinCohort.NEVER:
+        return False
+    value = holding.priority.value
+    threshold = policy.max_priority_threshold
+    return value < mine and (threshold is None or value <= threshold)
 
 
 def _ordered(tenant: str, candidates: Iterable[Candidate]) -> list[Candidate]:
@@ -352,20 +404,29 @@ def _all_taken(
 
 
 def _still_borrowing(
-    candidates: Sequence[Candidate], model: QuotaModel, usage: Mapping[str, Usage]
+    candidates: Sequence[Candidate],
+    model: QuotaModel,
+    usage: Mapping[str, Usage],
+    *,
+    each: bool = False,
 ) -> list[Candidate]:
-    """The candidates the rules take in this order: another tenant's candidate only while its
-    tenant still borrows once the ones before it are revoked."""
+    """The candidates the rules take in this order: another tenant's candidate only while it
+    still borrows what it holds once the ones before it are revoked (its tenant above nominal,
+    and each cohort between the tenant and the level it was found at above its subtree quota,
+    on a resource the reservation counts: Kueue's reclaim takes back what is borrowed, never
+    a tenant's or a subtree's own quota). `each`: every candidate judged on `usage` as it is
+    (none revoked)."""
     left = {t: dict(u) for t, u in usage.items()}
     taken: list[Candidate] = []
     for candidate in candidates:
         holding = candidate.holding
         if candidate.reason in _FROM_THE_COHORT:
-            if not _borrows_what_it_holds(model, holding, left.get(holding.tenant, {})):
+            if not _borrows_what_it_holds(model, candidate, left):
                 continue
-            mine = left.setdefault(holding.tenant, {})
-            for name, amount in holding.amounts.items():
-                mine[name] = mine.get(name, 0) - amount
+            if not each:
+                mine = left.setdefault(holding.tenant, {})
+                for name, amount in holding.amounts.items():
+                    mine[name] = mine.get(name, 0) - amount
         taken.append(candidate)
     return taken
 
@@ -539,11 +600,26 @@ def _can_end_within_nominal(
     return _within_nominal(quota, context.amounts, used)
 
 
-def _borrows_what_it_holds(model: QuotaModel, holding: Holding, used: Usage) -> bool:
+def _borrows_what_it_holds(
+    model: QuotaModel, candidate: Candidate, usage: Mapping[str, Usage]
+) -> bool:
+    holding = candidate.holding
     quota = model.quota_of(holding.tenant)
     if quota is None:
         return False
-    return any(
-        amount > 0 and used.get(name, 0) > quota.of(name).nominal
-        for name, amount in holding.amounts.items()
-    )
+    used = usage.get(holding.tenant, {})
+    key = tenant_node(holding.tenant)
+    for name, amount in holding.amounts.items():
+        if amount <= 0 or used.get(name, 0) <= quota.of(name).nominal:
+            continue
+        if not candidate.lca:
+            return True
+        levels = model.levels_of(key, name, usage)
+        between = []
+        for level in model.tree.ancestors(key):
+            if level[1] == candidate.lca:
+                break
+            between.append(level)
+        if all(levels.borrowing(level) for level in between):
+            return True
+    return False

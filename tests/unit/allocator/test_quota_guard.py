@@ -11,10 +11,17 @@ from services.allocator.adapters.store.memory_quota import MemoryQuotaLedger
 from services.allocator.app.quotas import QuotaGuard, QuotaSettings
 from services.allocator.core import ClusterSnapshot, SelectorCache
 from services.allocator.reservations.holds import scope_of
+from services.allocator.reservations.model import Hold, Reservation, ReservationState
 from services.allocator.reservations.quota_ledger import QuotaEntry
 from services.common.dra.model import AllocationResult, DeviceRequestAllocationResult
 from services.common.errors import Unavailable
-from services.common.security.quota import QuotaLimits, QuotaModel, QuotaResource, TenantQuota
+from services.common.security.quota import (
+    CohortQuota,
+    QuotaLimits,
+    QuotaModel,
+    QuotaResource,
+    TenantQuota,
+)
 
 
 class AlwaysContended(MemoryQuotaLedger):
@@ -96,3 +103,60 @@ def test_a_gpu_share_counts_the_memory_slices_a_device_takes(
     result = DeviceRequestAllocationResult("r", entry.id.driver, entry.id.pool, entry.id.device)
     usage = guard.usage(snapshot, scope_of(entry), [AllocationResult((result,))])
     assert usage == {"gpus": shares, "sms": sms}
+
+
+# --- a reload that moves a tenant to another tree -----------------------------------------------
+
+
+def _tree(parent: str) -> QuotaModel:
+    """team-a in cohort research, whose parent is `parent` ("": research is a root)."""
+    return QuotaModel(
+        (QuotaResource("gpus", ("gpu.nvidia.com",)),),
+        {
+            "team-a": TenantQuota("team-a", "research", {"gpus": QuotaLimits(4000)}),
+            "hpc": TenantQuota("hpc", "org", {"gpus": QuotaLimits(2000)}),
+        },
+        cohorts={
+            "org": CohortQuota("org"),
+            "research": CohortQuota("research", parent),
+        },
+    )
+
+
+def test_a_reload_that_moves_a_tenant_moves_its_ledger_entries() -> None:
+    """research joins org (one tree, one ledger): team-a's entries, leased and committed,
+    move from research's ledger to org's before the guard rules on the new tree."""
+    models = [_tree("")]
+    ledger = MemoryQuotaLedger()
+    guard = QuotaGuard(lambda: models[-1], ledger, dict, SelectorCache())
+    leased = guard.take("team-a/job/1", [{"gpus": 3000}], 60)
+    assert not isinstance(leased, tuple) and leased is not None
+    committed = QuotaEntry("res-held@n1", "team-a", {"gpus": 1000}, None)
+    assert ledger.take("cohort:research", ledger.read("cohort:research").version, committed, 60)
+    ledger.commit("cohort:research", "res-held@n1")
+    models.append(_tree("org"))
+    assert guard.usage_around("team-a/job/2") == {"team-a": {"gpus": 4000}}
+    moved = {e.id: e.expires_at for e in ledger.read("cohort:org").entries}
+    assert moved.keys() == {leased.ticket, "res-held@n1"} and moved["res-held@n1"] is None
+    assert ledger.read("cohort:research").entries == ()
+
+
+def test_the_reconciler_moves_what_a_replica_missed() -> None:
+    """A replica that never saw the old tree (started after research left org) finds
+    team-a's committed entry in org's ledger, which hpc still uses: the reconciler backfills
+    the live reservation into research's ledger and drops the stale entry, so it is counted
+    once, where the rule reads it."""
+    model = _tree("")
+    ledger = MemoryQuotaLedger()
+    guard = QuotaGuard(lambda: model, ledger, dict, SelectorCache())
+    stale = QuotaEntry("res-a@n1", "team-a", {"gpus": 1000}, None)
+    assert ledger.take("cohort:org", ledger.read("cohort:org").version, stale, 60)
+    ledger.commit("cohort:org", "res-a@n1")
+    held = Reservation(
+        "res-a@n1", "team-a/job/1", "n1", (), (), Hold(), ReservationState.COMMITTED, 1, 0.0, None
+    )
+    found = guard.reconcile(MemoryReservationStore(), lambda: [held], lambda r: {"gpus": 1000})
+    assert found == (1, 1)
+    assert ledger.read("cohort:org").entries == ()
+    [entry] = ledger.read("cohort:research").entries
+    assert (entry.id, entry.amounts, entry.expires_at) == ("res-a@n1", {"gpus": 1000}, None)
