@@ -507,19 +507,31 @@ class _Objects:
                 "spec",
                 "at least one nodeLabel is required when topology is set",
             )
-        refused = {
-            "nodeTaints": "flavors select devices by node labels only (taints: not yet)",
-            "tolerations": "flavors select devices by node labels only (tolerations: not yet)",
-            "topologyName": "topology-aware scheduling is Kueue's; gpualloc places by its "
-            "own topology rules (docs/tenancy.md)",
-        }
-        for key, why in refused.items():
-            if key in spec:
-                checker.fail(FieldError.REFUSED, f"spec.{key}", why)
-        self.flavors[checker.ref.name] = {
+        before = len(self.errors)
+        taints = _taints(checker, spec.get("nodeTaints", []), "spec.nodeTaints")
+        tolerations = _tolerations(checker, spec.get("tolerations", []), "spec.tolerations")
+        valid = len(self.errors) == before
+        if "topologyName" in spec:
+            checker.fail(
+                FieldError.REFUSED,
+                "spec.topologyName",
+                "topology-aware scheduling is Kueue's; gpualloc places by its own topology "
+                "rules (docs/tenancy.md)",
+            )
+        native: dict[str, Any] = {
             "name": checker.ref.name,
             "nodeLabels": {str(k): str(v) for k, v in labels.items()},
         }
+        for key, value in (("nodeTaints", taints), ("tolerations", tolerations)):
+            if value and valid and not NATIVE_FLAVOR_SEARCH:
+                checker.fail(
+                    FieldError.REFUSED,
+                    f"spec.{key}",
+                    "flavors select devices by node labels only (taints and tolerations: not yet)",
+                )
+            elif value:
+                native[key] = value
+        self.flavors[checker.ref.name] = native
 
     # --- priorities -------------------------------------------------------------------------
 
@@ -883,6 +895,10 @@ _CONFIGURATION_FIELDS = (
 )  # fmt: skip
 
 
+# Whether the native section has flavors' taints and tolerations, whenCanPreempt and
+# preference yet (issue 26's flavor search): until it does, they are refused by name here.
+NATIVE_FLAVOR_SEARCH = False
+
 # Whether the native quota section takes fair sharing on (`quota.fairSharing.enabled`) and
 # admission fair sharing yet: until it does, the Configuration's are refused by name here, with
 # the Kueue object's path (the translation below is what they will become).
@@ -1194,21 +1210,112 @@ def _fungibility(checker: _Checker, value: object) -> dict[str, Any]:
                     f"preference {fields['preference']!r} requires both whenCanBorrow and "
                     "whenCanPreempt to be TryNextFlavor",
                 )
-            else:
+            elif not NATIVE_FLAVOR_SEARCH:
                 checker.fail(
                     FieldError.REFUSED,
                     where,
                     "gpualloc tries flavors in order; a preference between borrowing and "
                     "preemption is not supported yet",
                 )
-    if _OLD_NAMES.get(str(preempt), preempt) == "MayStopSearch":
+    preempt = _OLD_NAMES.get(str(preempt), preempt)
+    if preempt == "MayStopSearch" and not NATIVE_FLAVOR_SEARCH:
         checker.fail(
             FieldError.REFUSED,
             f"{path}.whenCanPreempt",
             "MayStopSearch is not supported yet: gpualloc tries the next flavor before "
             "preempting (TryNextFlavor, Kueue's default)",
         )
-    return {"whenCanBorrow": _OLD_NAMES.get(str(borrow), borrow)}
+    native = {"whenCanBorrow": _OLD_NAMES.get(str(borrow), borrow)}
+    if NATIVE_FLAVOR_SEARCH:  # Kueue's defaults written out, as the queue's preemption's
+        native["whenCanPreempt"] = preempt
+        if "preference" in fields:
+            native["preference"] = fields["preference"]
+    return native
+
+
+_TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def _taints(checker: _Checker, value: object, path: str) -> list[dict[str, Any]]:
+    """A ResourceFlavor's nodeTaints as Kueue checks them (at most 8; a label name for a key,
+    a label value; Kubernetes' effects; one per key and effect); as the native flavor's
+    (`timeAdded`, a NoExecute taint's bookkeeping, is no part of admission)."""
+    items = checker.sequence(value, path)
+    if len(items) > 8:
+        checker.fail(FieldError.TOO_MANY, path, "must have at most 8 items")
+    taints: list[dict[str, Any]] = []
+    seen: set[tuple[str, str]] = set()
+    for i, item in enumerate(items):
+        where = f"{path}[{i}]"
+        fields = checker.mapping(item, where, {"key", "value", "effect", "timeAdded"})
+        key = checker.string(fields.get("key"), f"{where}.key")
+        for problem in label_name_errors(key) if key else ():
+            checker.fail(FieldError.INVALID, f"{where}.key", problem)
+        text = checker.string(fields.get("value", ""), f"{where}.value", required=False)
+        for problem in label_value_errors(text):
+            checker.fail(FieldError.INVALID, f"{where}.value", problem)
+        effect = fields.get("effect")
+        if not checker.choice(effect, f"{where}.effect", _TAINT_EFFECTS):
+            continue
+        if (key, str(effect)) in seen:
+            checker.fail(FieldError.DUPLICATE, where, "taints must be unique by key and effect")
+        seen.add((key, str(effect)))
+        taints.append({"key": key, **({"value": text} if text else {}), "effect": effect})
+    return taints
+
+
+def _tolerations(checker: _Checker, value: object, path: str) -> list[dict[str, Any]]:
+    """A ResourceFlavor's tolerations as Kueue's CRD and webhook check them; as the native
+    flavor's (`tolerationSeconds`, how long a pod stays on a NoExecute-tainted node, is the
+    pods' business: Kueue injects it, admission reads it not)."""
+    items = checker.sequence(value, path)
+    if len(items) > 8:
+        checker.fail(FieldError.TOO_MANY, path, "must have at most 8 items")
+    tolerations: list[dict[str, Any]] = []
+    for i, item in enumerate(items):
+        where = f"{path}[{i}]"
+        allowed = {"key", "operator", "value", "effect", "tolerationSeconds"}
+        fields = checker.mapping(item, where, allowed)
+        key = checker.string(fields.get("key", ""), f"{where}.key", required=False)
+        for problem in label_name_errors(key) if key else ():
+            checker.fail(FieldError.INVALID, f"{where}.key", problem)
+        operator = fields.get("operator", "Equal")
+        if not checker.choice(operator, f"{where}.operator", ("Equal", "Exists")):
+            continue
+        if not key and operator != "Exists":
+            checker.fail(
+                FieldError.INVALID,
+                f"{where}.operator",
+                "operator must be Exists when 'key' is empty, which means 'match all values "
+                "and all keys'",
+            )
+        text = checker.string(fields.get("value", ""), f"{where}.value", required=False)
+        if operator == "Exists" and "value" in fields:
+            checker.fail(
+                FieldError.INVALID,
+                f"{where}.value",
+                "a value must be empty when 'operator' is 'Exists'",
+            )
+        effect = fields.get("effect")
+        if effect is not None and not checker.choice(effect, f"{where}.effect", _TAINT_EFFECTS):
+            continue
+        if "tolerationSeconds" in fields:
+            checker.int64(fields["tolerationSeconds"], f"{where}.tolerationSeconds")
+            if effect != "NoExecute":
+                checker.fail(
+                    FieldError.INVALID,
+                    f"{where}.effect",
+                    "effect must be 'NoExecute' when 'tolerationSeconds' is set",
+                )
+        native: dict[str, Any] = {"operator": operator}
+        if key:
+            native["key"] = key
+        if text:
+            native["value"] = text
+        if effect is not None:
+            native["effect"] = effect
+        tolerations.append(native)
+    return tolerations
 
 
 def _kueue_only_queue_fields(checker: _Checker, spec: Mapping[str, Any], v1beta1: bool) -> None:
@@ -1372,6 +1479,15 @@ class _Checker:
             return 0
         if not _INT32[0] <= value <= _INT32[1]:
             self.fail(FieldError.INVALID, path, "must fit in 32 bits")
+            return 0
+        return value
+
+    def int64(self, value: object, path: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(FieldError.INVALID, path, f"must be an integer, got {value!r}")
+            return 0
+        if not -(2**63) <= value < 2**63:
+            self.fail(FieldError.INVALID, path, "must fit in 64 bits")
             return 0
         return value
 

@@ -668,6 +668,91 @@ def test_the_configurations_fair_sharing_is_translated_for_the_native_section(
         assert translation.quota.get(key) == expected.get(key)
 
 
+# Flavors' taints and tolerations, whenCanPreempt and preference, as the native section will
+# take them once it has flavors' search (kueue_quota.NATIVE_FLAVOR_SEARCH); refused by name
+# until then (INVALID's `flavor-taints-are-refused`, `flavor-tolerations-are-refused`,
+# `when-can-preempt-may-stop-search-is-refused`, `preference-is-refused`).
+# (id, objects, the native resourceFlavors, the native flavorFungibility of team-a)
+FLAVOR_SEARCH_MAPPING = [
+    (
+        "taints-tolerations-and-fungibility",
+        documents(
+            f"""
+apiVersion: {V2}
+kind: ResourceFlavor
+metadata: {{name: default-flavor}}
+spec:
+  nodeLabels: {{pool: spot}}
+  nodeTaints:
+  - {{key: spot, value: "true", effect: NoSchedule, timeAdded: "2026-01-01T00:00:00Z"}}
+  - {{key: maintenance, effect: PreferNoSchedule}}
+  tolerations:
+  - {{key: spot, operator: Exists, effect: NoExecute, tolerationSeconds: 300}}
+  - {{operator: Exists}}
+""",
+            GPU_QUEUE.replace(
+                "spec:",
+                "spec:\n  flavorFungibility: {whenCanBorrow: TryNextFlavor, "
+                "whenCanPreempt: TryNextFlavor, preference: PreemptionOverBorrowing}",
+            ),
+        ),
+        """
+- name: default-flavor
+  nodeLabels: {pool: spot}
+  nodeTaints:
+  - {key: spot, value: "true", effect: NoSchedule}
+  - {key: maintenance, effect: PreferNoSchedule}
+  tolerations:
+  - {key: spot, operator: Exists, effect: NoExecute}
+  - {operator: Exists}
+""",
+        {
+            "whenCanBorrow": "TryNextFlavor",
+            "whenCanPreempt": "TryNextFlavor",
+            "preference": "PreemptionOverBorrowing",
+        },
+    ),
+    (
+        "kueues-default-when-can-preempt-written-out",
+        documents(DEFAULT_FLAVOR, GPU_QUEUE),
+        "[{name: default-flavor, nodeLabels: {}}]",
+        {"whenCanBorrow": "MayStopSearch", "whenCanPreempt": "TryNextFlavor"},
+    ),
+    (
+        "v1beta1s-preempt-is-may-stop-search",
+        documents(
+            DEFAULT_FLAVOR,
+            GPU_QUEUE.replace(V2, V1).replace(
+                "spec:", "spec:\n  flavorFungibility: {whenCanPreempt: Preempt}"
+            ),
+        ),
+        "[{name: default-flavor, nodeLabels: {}}]",
+        {"whenCanBorrow": "MayStopSearch", "whenCanPreempt": "MayStopSearch"},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("objects", "flavors", "fungibility"),
+    [pytest.param(*c[1:], id=c[0]) for c in FLAVOR_SEARCH_MAPPING],
+)
+def test_flavors_taints_and_fungibility_are_translated_for_the_native_section(
+    objects: str, flavors: str, fungibility: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a ResourceFlavor's taints and tolerations and a ClusterQueue's whenCanPreempt and
+    preference become once the native section takes them (the translation, compared before
+    the native parser, which refuses them still)."""
+    monkeypatch.setattr(kueue_quota, "NATIVE_FLAVOR_SEARCH", True)
+    errors: list[FieldViolation] = []
+    files = {
+        "site.yaml": [(f"site.yaml[{i}]", d) for i, d in enumerate(yaml.safe_load_all(objects))]
+    }
+    translation = kueue_quota.translate({"files": ["site.yaml"]}, files, errors)
+    assert errors == []
+    assert translation.quota["resourceFlavors"] == yaml.safe_load(flavors)
+    assert translation.tenants["team-a"]["flavorFungibility"] == fungibility
+
+
 # --- validation -----------------------------------------------------------------------------
 
 
@@ -992,6 +1077,52 @@ INVALID = [
         "apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata: {name: tas}\n"
         "spec: {nodeLabels: {a: b}, topologyName: default}",
         [(X, "ResourceFlavor", "tas", "spec.topologyName")],
+    ),
+    (
+        "taint-effect-not-kubernetes",
+        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata: {name: spot}\n"
+        "spec: {nodeTaints: [{key: spot, effect: Never}]}",
+        [(NS, "ResourceFlavor", "spot", "spec.nodeTaints[0].effect")],
+    ),
+    (
+        "a-taint-twice-for-one-key-and-effect",
+        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata: {name: spot}\n"
+        "spec: {nodeTaints: [{key: spot, effect: NoSchedule}, "
+        "{key: spot, value: 'yes', effect: NoSchedule}]}",
+        [(D, "ResourceFlavor", "spot", "spec.nodeTaints[1]")],
+    ),
+    (
+        "more-than-8-taints",
+        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata: {name: spot}\n"
+        "spec: {nodeTaints: ["
+        + ", ".join(f"{{key: t{i}, effect: NoSchedule}}" for i in range(9))
+        + "]}",
+        [(TM, "ResourceFlavor", "spot", "spec.nodeTaints")],
+    ),
+    (
+        "toleration-without-a-key-not-exists",
+        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata: {name: spot}\n"
+        "spec: {tolerations: [{operator: Equal, value: x}]}",
+        [(INV, "ResourceFlavor", "spot", "spec.tolerations[0].operator")],
+    ),
+    (
+        "toleration-exists-with-a-value",
+        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata: {name: spot}\n"
+        "spec: {tolerations: [{key: spot, operator: Exists, value: x}]}",
+        [(INV, "ResourceFlavor", "spot", "spec.tolerations[0].value")],
+    ),
+    (
+        "toleration-seconds-without-no-execute",
+        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata: {name: spot}\n"
+        "spec: {tolerations: [{key: spot, operator: Exists, effect: NoSchedule, "
+        "tolerationSeconds: 5}]}",
+        [(INV, "ResourceFlavor", "spot", "spec.tolerations[0].effect")],
+    ),
+    (
+        "toleration-key-not-a-label-name",
+        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata: {name: spot}\n"
+        "spec: {tolerations: [{key: 'spot instance', operator: Exists}]}",
+        [(INV, "ResourceFlavor", "spot", "spec.tolerations[0].key")],
     ),
     (
         "workload-priority-value-required",
