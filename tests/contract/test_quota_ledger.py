@@ -15,7 +15,7 @@ from services.allocator.adapters.store.memory import MemoryReservationStore
 from services.allocator.adapters.store.memory_quota import MemoryQuotaLedger
 from services.allocator.adapters.store.redis_quota import RedisQuotaLedger
 from services.allocator.adapters.store.redis_store import RedisReservationStore
-from services.allocator.reservations.model import PREEMPTED_MEMORY_SECONDS
+from services.allocator.reservations.model import PREEMPTED_MEMORY_SECONDS, reserve_placement
 from services.allocator.reservations.quota_ledger import (
     QuotaEntry,
     QuotaLedger,
@@ -193,7 +193,7 @@ def test_a_revocation_is_remembered_for_a_day() -> None:
     NOT_FOUND (the embedded store's clock; Redis sets the same expiry on its marker)."""
     clock = FakeClock()
     store = MemoryReservationStore(clock=clock)
-    held = store.reserve(reserve_request(device("gpu-0")))
+    held = reserve_placement(store, [reserve_request(device("gpu-0"))])[0]
     store.revoke(held.id, held.fencing_token, by="team-b/job/1")
     clock.advance(PREEMPTED_MEMORY_SECONDS - 1)
     with pytest.raises(Preempted):

@@ -14,7 +14,7 @@ is pending in `Holdings`, so this process's concurrent solves already avoid it.
 A gang (`Query.gang`: the same claims on N nodes of one domain) is solved by the core's
 `solve_gang` on the same state. An answer's placement is one shape either way (`Answer.placements`,
 one NodePlacement per node: a single node is a gang of one), reserved as one reservation per
-scope (app/gang_answers.py), all or nothing (`store.reserve_gang` when there are several),
+scope (app/gang_answers.py), all or nothing (one placement of `store.reserve`),
 with the same retries on Conflict.
 
 Time: every use case takes the call's `Deadline` (services.common.deadline) as a value —
@@ -108,6 +108,7 @@ from services.allocator.reservations.model import (
     ReservationStore,
     ReserveRequest,
     device_conflict_key,
+    reserve_placement,
 )
 from services.common.deadline import UNBOUNDED, Deadline
 from services.common.dra.model import (
@@ -1145,10 +1146,7 @@ class AllocatorService:
         try:
             with self._tracer.start_as_current_span("reserve") as span:
                 span.set_attribute("gpualloc.node", requests[0].node)
-                if len(requests) == 1:
-                    reservations = [self.store.reserve(requests[0])]
-                else:
-                    reservations = self.store.reserve_gang(requests)
+                reservations = reserve_placement(self.store, requests)
         except BaseException:
             self.holdings.drop_pending(pending)
             raise
