@@ -1476,3 +1476,25 @@ def test_a_change_of_a_named_file_reloads_the_policy(tmp_path: Path) -> None:
     queues.write_text(GPU_QUEUE)
     now[0] += 2
     assert nominal("team-a") == 4000 and nominal("team-c") == 4000
+
+
+def test_nothing_past_kueues_limits_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ClusterQueue of 10,000 resource groups (one group aliased over and over, each with an
+    unknown field) is refused with one TOO_MANY and the errors of the 16 groups Kueue allows
+    at most, not 10,000 of them; and past the objects' limit (5,000; 10 here) none is read."""
+    group = "{coveredResources: [nvidia.com/gpu], flavors: [], bogus: 1}"
+    aliased = f"&g {group}, " + ", ".join(["*g"] * 9_999)
+    text = _queue(f"  resourceGroups: [{aliased}]\n")
+    with pytest.raises(InvalidArgument) as caught:
+        kueue(documents(DEFAULT_FLAVOR, text))
+    errors = [(v.error, v.path) for v in caught.value.violations if isinstance(v, KueueViolation)]
+    assert errors[0] == (TM, "spec.resourceGroups")
+    assert len(errors) == 1 + 16 * 2 + 15  # each: the unknown field, no flavors; a duplicate
+    monkeypatch.setattr(kueue_quota, "_OBJECTS_LIMIT", 10)
+    many = "apiVersion: v1\nkind: List\nitems:\n" + "".join(
+        f"- {{apiVersion: {V2}, kind: ResourceFlavor, metadata: {{name: f{i}}}}}\n"
+        for i in range(20)
+    )
+    with pytest.raises(InvalidArgument) as caught:
+        kueue(many)
+    assert [(v.error, v.origin) for v in caught.value.violations] == [(TM, "site.yaml[0].items[9]")]
