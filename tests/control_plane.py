@@ -1,7 +1,7 @@
 """A real Kubernetes control plane for tests: etcd, kube-apiserver and Kueue's manager.
 
 The binaries are the Go peers `make peers` builds (tools/peers: kube-apiserver v1.34.4 from
-k8s.io/kubernetes, etcd over go.etcd.io/etcd/server/v3/embed, Kueue v0.15.2's cmd/kueue and its
+k8s.io/kubernetes, etcd over go.etcd.io/etcd/server/v3/embed, Kueue v0.17.0's cmd/kueue and its
 CRDs). Everything listens on free loopback ports (tests/ports.py) and lives in one directory:
 
 - etcd: one member, plaintext on loopback;
@@ -338,7 +338,7 @@ def _with_metrics_certificate(certificate: Path, command: list[str]) -> list[str
 def _v1beta2_stored(path: Path, into: Path) -> Path:
     """Kueue's CRD with v1beta2 as the storage version. The bases store v1beta1 and rely on a
     conversion webhook that Kueue's kustomization adds (and its cert manager injects); Kueue
-    v0.15's controllers and the sidecar both use v1beta2, so storing that needs no conversion."""
+    controllers (v0.15 on) and the sidecar both use v1beta2, so storing that needs no conversion."""
     crd = yaml.safe_load(path.read_text())
     names = [v["name"] for v in crd["spec"]["versions"]]
     if "v1beta2" in names:

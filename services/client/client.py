@@ -481,6 +481,7 @@ class AllocatorClient:
                     q.dominant_resource,
                     q.decayed_used,
                     q.decayed_usage,
+                    q.decayed_at.ToNanoseconds() / 1e9 if q.HasField("decayed_at") else None,
                 )
                 for q in response.tenants
             ),

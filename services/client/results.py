@@ -151,6 +151,7 @@ class TenantQuota:
     dominant_resource: str = ""
     decayed_used: str = ""  # its usage of the resource with a half-life ("" when not configured)
     decayed_usage: str = ""  # per tenant: the weighted sum, what a bridge orders its queue by
+    decayed_at: float | None = None  # when it was sampled (seconds since the epoch)
 
 
 @dataclass(frozen=True)

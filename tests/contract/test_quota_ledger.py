@@ -24,6 +24,7 @@ from services.allocator.reservations.quota_ledger import (
     usage_by_tenant,
 )
 from services.common.errors import NotFound, Preempted, Unavailable
+from services.common.security.fair_sharing import ConsumedUsage
 from tests.conftest import RedisServerFactory
 from tests.contract.conftest import (
     REDIS_URL_FIXTURES,
@@ -169,6 +170,34 @@ def test_racing_takes_never_overrun_a_limit(under_test: LedgerUnderTest) -> None
         thread.join()
     assert len(won) == 10
     assert sum(e.amounts["gpus"] for e in ledger.read("race").entries) == limit
+
+
+def test_decayed_usage_is_a_compare_and_set_by_the_ledgers_clock(
+    under_test: LedgerUnderTest,
+) -> None:
+    """The decayed usage starts empty at version 0 with the ledger's clock; a put with the
+    version read replaces it (fractional milli-units kept) and bumps the version; a put with an
+    old version (another replica sampled first) writes nothing; it lives beside the entries,
+    in the same tree's keys, and entries do not move its version."""
+    ledger = under_test.ledger
+    first = ledger.read_consumed("tree")
+    assert (first.version, dict(first.tenants)) == (0, {})
+    assert abs(first.now - time.time()) < 3600 * 24 * 365 * 60  # seconds since the epoch
+    sample = {
+        "a": ConsumedUsage({"gpus": 1234.5, "gpus/hopper": 0.25}, 1_700_000_000.125),
+        "b": ConsumedUsage({}, 1_700_000_000.0),
+    }
+    assert ledger.put_consumed("tree", 0, sample)
+    assert not ledger.put_consumed("tree", 0, {"a": ConsumedUsage({"gpus": 1.0}, 1.0)})
+    ledger.take("tree", ledger.read("tree").version, [Ticket(entry("ticket:x"), 60)])
+    read = ledger.read_consumed("tree")
+    assert read.version == 1 and dict(read.tenants) == sample
+    assert read.now >= first.now
+    assert ledger.put_consumed("tree", 1, {"b": ConsumedUsage({"gpus": 2.0}, 1_700_000_300.0)})
+    assert dict(ledger.read_consumed("tree").tenants) == {
+        "b": ConsumedUsage({"gpus": 2.0}, 1_700_000_300.0)
+    }
+    assert ledger.read_consumed("other").tenants == {}
 
 
 @pytest.mark.redis

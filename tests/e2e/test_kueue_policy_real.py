@@ -1,7 +1,6 @@
 """The Kueue objects gpualloc reads as its quotas, put to a real kube-apiserver with Kueue's CRDs
-and Kueue's own validating webhooks (tests/control_plane.py: Kueue v0.15.2's manager and CRDs;
-between v0.15.2 and v0.17.0 pkg/webhooks' ClusterQueue, ResourceFlavor and Cohort rules and the
-v1beta2 CRDs' validation markers did not change, but for the LendingLimit gate, on in both).
+and Kueue's own validating webhooks (tests/control_plane.py: Kueue v0.17.0's manager and CRDs,
+the version gpualloc reads its objects as).
 
 Each object is created with `dryRun=All` and `fieldValidation=Strict` (as `kubectl apply
 --dry-run=server --validate=strict`): nothing is stored, every check runs. So:
@@ -45,7 +44,8 @@ KUEUE_ACCEPTS = {
     "flavor-taints-are-refused",
     "flavor-tolerations-are-refused",
     "flavor-topology-is-refused",
-    "a-cohort-object-is-not-supported-yet",
+    "cohorts-in-a-cycle",
+    "a-cohort-named-as-a-cluster-queue",
     "a-config-map-that-is-not-kueues",
     "a-workload-priority-class-and-a-priority-class-of-one-name",
     "duplicate-name",

@@ -24,6 +24,7 @@ import yaml
 
 from protos.allocator.v1 import allocator_pb2 as pb
 from services.allocator.config import AllocatorSettings
+from tests.integration.test_quota_tree import TREE_POLICY
 from tests.integration.test_quotas import release_all, reserve, status, stub
 from tests.security_fixtures import SecuredFleet, policy_with, secured_fleet
 from tests.unit.bridges.support import ROOT
@@ -128,7 +129,7 @@ def _decision(fleet: SecuredFleet, held: dict[str, Any], step: tuple[Any, ...]) 
         sorted(
             (
                 q.tenant,
-                q.resource.rsplit("/", 1)[1],
+                q.resource.rsplit("/", 1)[-1],
                 q.requested,
                 q.used,
                 q.nominal,
@@ -180,6 +181,119 @@ def test_the_same_quotas_as_kueue_objects_and_native_make_the_same_decisions(
     refusal = decisions[4][2]
     assert refusal == [("team-b", "hopper", "2", "2", "4", "0", "0")]  # used 2 of 4, 0 left
     assert decisions[6][3][0][1] == "team-a"  # team-a's borrowed reservation
+
+
+# docs/tenancy.md's tree of cohorts (tests/integration/test_quota_tree.py's TREE_POLICY, in
+# gpualloc's form, its tenants without a preemption section: gpualloc's defaults) as Kueue's
+# objects, given inline (spec.quota.kueue.objects), with those defaults spelled as Kueue's.
+TREE_OBJECTS = """
+- {apiVersion: kueue.x-k8s.io/v1beta2, kind: ResourceFlavor, metadata: {name: any-gpu}}
+- apiVersion: kueue.x-k8s.io/v1beta2
+  kind: WorkloadPriorityClass
+  metadata: {name: standard}
+  value: 100
+- apiVersion: kueue.x-k8s.io/v1beta2
+  kind: Cohort
+  metadata: {name: org}
+  spec:
+    resourceGroups:
+    - coveredResources: [nvidia.com/gpu]
+      flavors: [{name: any-gpu, resources: [{name: nvidia.com/gpu, nominalQuota: 2}]}]
+- apiVersion: kueue.x-k8s.io/v1beta2
+  kind: Cohort
+  metadata: {name: research}
+  spec:
+    parentName: org
+    resourceGroups:
+    - coveredResources: [nvidia.com/gpu]
+      flavors:
+      - name: any-gpu
+        resources: [{name: nvidia.com/gpu, nominalQuota: 0, borrowingLimit: 2}]
+"""
+TREE_QUEUES = {"team-a": ("research", "nominalQuota: 2"), "team-b": ("research", "nominalQuota: 2"),
+               "hpc": ("org", "nominalQuota: 4, lendingLimit: 2")}  # fmt: skip
+TREE_QUEUE = """
+- apiVersion: kueue.x-k8s.io/v1beta2
+  kind: ClusterQueue
+  metadata: {{name: {name}}}
+  spec:
+    cohortName: {cohort}
+    preemption: {{withinClusterQueue: LowerPriority, reclaimWithinCohort: Any}}
+    resourceGroups:
+    - coveredResources: [nvidia.com/gpu]
+      flavors: [{{name: any-gpu, resources: [{{name: nvidia.com/gpu, {quota}}}]}}]
+"""
+TREE_SCENARIO: list[tuple[Any, ...]] = [
+    ("team-a", "a-own", 4, "", False),  # its 2 and team-b's 2, inside research
+    ("team-a", "a-org", 2, "", False),  # research borrows 2 from org, its borrowingLimit
+    ("team-a", "a-over", 1, "", False),  # research may borrow no more
+    ("hpc", "h-own", 4, "", False),  # the 2 it keeps and the 2 it lends, unused so far
+    ("team-b", "b-own", 1, "", False),  # its 2 are in team-a's hands
+    ("team-b", "b-own", 1, "", True),  # reclaimed from team-a, which borrows in research
+    ("release", "h-own"),
+    ("team-a", "a-more", 2, "", False),
+]
+
+
+def tree_policies() -> dict[str, str]:
+    objects = yaml.safe_load(TREE_OBJECTS) + [
+        yaml.safe_load(TREE_QUEUE.format(name=name, cohort=cohort, quota=quota))[0]
+        for name, (cohort, quota) in TREE_QUEUES.items()
+    ]
+    kueue = {"quota": {"kueue": {"objects": objects}}, "tenants": OTHER_TENANTS}
+    return {"kueue": policy_with(_section(kueue)), "native": TREE_POLICY}
+
+
+def _tree_rows(fleet: SecuredFleet) -> Any:
+    """QuotaStatus's tenant and cohort rows of the one GPU resource (by any name)."""
+    answer = stub(fleet, "admin").QuotaStatus(pb.QuotaStatusRequest(), timeout=10)
+    tenants = sorted(
+        (r.tenant, r.nominal, r.used, r.borrowed, r.lent, r.left)
+        for r in answer.tenants
+        if not r.resource.endswith("/(none)")
+    )
+    cohorts = sorted(
+        (r.cohort, tuple(r.cohort_path), r.nominal, r.subtree_quota, r.used, r.borrowed, r.left)
+        for r in answer.cohorts
+        if not r.resource.endswith("/(none)")
+    )
+    return tenants, cohorts
+
+
+def test_a_tree_of_kueue_cohorts_and_the_native_tree_make_the_same_decisions(
+    tmp_path: Path,
+) -> None:
+    """The hierarchical worked example run on both forms: the same outcomes, victims and
+    QuotaStatus (tenants and cohorts) after every step; and what docs/tenancy.md's tree example
+    says of its steps holds for the Kueue objects too."""
+    runs: dict[str, list[Any]] = {}
+    for form, text in tree_policies().items():
+        with secured_fleet(tmp_path / form, policy=text, allocator=SETTINGS) as fleet:
+            held: dict[str, Any] = {}
+            runs[form] = []
+            for step in TREE_SCENARIO:
+                decision = _decision(fleet, held, step)
+                if decision[0] != "released":  # one resource: its name differs between forms
+                    decision = (*decision[:2], [r[:1] + r[2:] for r in decision[2]], decision[3])
+                runs[form].append((decision, _tree_rows(fleet)))
+    for i, (kueue, native) in enumerate(zip(runs["kueue"], runs["native"], strict=True)):
+        assert kueue == native, f"step {i} {TREE_SCENARIO[i]}"
+    outcomes = [decision[0] for decision, _ in runs["kueue"]]
+    assert outcomes[:6] == [
+        "OUTCOME_ALLOCATED",
+        "OUTCOME_ALLOCATED",
+        "OUTCOME_QUOTA_EXCEEDED",
+        "OUTCOME_ALLOCATED",
+        "OUTCOME_QUOTA_EXCEEDED",
+        "OUTCOME_ALLOCATED",
+    ]
+    assert [v[3] for v in runs["kueue"][5][0][3]] == ["reclaim"]
+    tenants, cohorts = runs["kueue"][1][1]  # after team-a's 6: research borrows 2 of org
+    assert [row[0] for row in tenants] == ["hpc", "team-a", "team-b"]
+    assert [(row[0], row[4], row[5]) for row in cohorts] == [
+        ("org", "6", "0"),
+        ("research", "6", "2"),
+    ]
 
 
 def test_a_changed_cluster_queue_is_reloaded_and_a_broken_one_is_not(

@@ -105,6 +105,10 @@ def test_borrowing_goes_up_the_tree_within_each_levels_limits(fleet: SecuredFlee
         assert list(research.cohort_path) == ["org"] and list(org.cohort_path) == []
         assert (research.subtree_quota, research.used, research.borrowed) == ("4", "6", "2")
         assert (research.borrowing_limit, research.left) == ("2", "0")
+        # research borrows 2 of the 8 org could lend it: share 250 (shown with fair sharing
+        # off too); team-a borrows 4 of the 6 research could give it at most: 667
+        assert (research.weighted_share, research.dominant_resource) == (250, "gpus")
+        assert rows["team-a", "gpus"].weighted_share == 667
         # org: its own 2, research's 4, hpc's lent 2; research uses 6, hpc 2 beyond its 2
         assert (org.nominal, org.subtree_quota, org.used, org.left) == ("2", "8", "8", "0")
     finally:

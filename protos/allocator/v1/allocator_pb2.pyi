@@ -935,7 +935,9 @@ class PreemptionVictim(_message.Message):
     reason: _builtins.str
     """Why it may be revoked: `reclaim` (its tenant borrows quota the caller's tenant lends),
     `reclaim-while-borrowing` (likewise, the caller's tenant borrowing too: its policy's
-    borrowWithinCohort), `priority` (a reservation of the caller's tenant its policy's
+    borrowWithinCohort), `fair-sharing` (under spec.quota.fairSharing: its tenant's share of
+    what the cohort tree lends is higher than the caller's would be, by the policy's
+    preemption strategies), `priority` (a reservation of the caller's tenant its policy's
     withinClusterQueue allows) or `consolidate` (a reservation of a movable priority class,
     moved to an equivalent device on another node so that a grant within nominal quota finds
     room: docs/tenancy.md).
@@ -2462,6 +2464,7 @@ class TenantQuotaStatus(_message.Message):
     DOMINANT_RESOURCE_FIELD_NUMBER: _builtins.int
     DECAYED_USED_FIELD_NUMBER: _builtins.int
     DECAYED_USAGE_FIELD_NUMBER: _builtins.int
+    DECAYED_AT_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     """The tenant."""
     resource: _builtins.str
@@ -2501,7 +2504,8 @@ class TenantQuotaStatus(_message.Message):
     """The resource whose share is the largest (empty when the tenant borrows nothing)."""
     decayed_used: _builtins.str
     """The tenant's usage of this resource decayed with the policy's usageHalfLifeTime
-    (spec.quota.admissionFairSharing), as of now: empty when usage decay is not configured.
+    (spec.quota.admissionFairSharing), as last sampled (every usageSamplingInterval, by the
+    store's clock: every replica shows the same): empty when usage decay is not configured.
     """
     decayed_usage: _builtins.str
     """The tenant's decayed usage as one number: the sum over resources of each resource's
@@ -2518,6 +2522,10 @@ class TenantQuotaStatus(_message.Message):
         """The cohorts from the root of the tenant's cohort tree down to its own cohort (empty when
         it has none): its own cohort is the last.
         """
+
+    @_builtins.property
+    def decayed_at(self) -> _timestamp_pb2.Timestamp:
+        """When decayed_used was sampled (unset before the tenant's first sample)."""
 
     def __init__(
         self,
@@ -2540,10 +2548,11 @@ class TenantQuotaStatus(_message.Message):
         dominant_resource: _builtins.str = ...,
         decayed_used: _builtins.str = ...,
         decayed_usage: _builtins.str = ...,
+        decayed_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["decayed_at", b"decayed_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["borrowed", b"borrowed", "borrowing_limit", b"borrowing_limit", "cohort", b"cohort", "cohort_path", b"cohort_path", "decayed_usage", b"decayed_usage", "decayed_used", b"decayed_used", "dominant_resource", b"dominant_resource", "fair_sharing_weight", b"fair_sharing_weight", "left", b"left", "lending_limit", b"lending_limit", "lent", b"lent", "nominal", b"nominal", "pending_preemption_ids", b"pending_preemption_ids", "pending_preemptions", b"pending_preemptions", "resource", b"resource", "tenant", b"tenant", "used", b"used", "weighted_share", b"weighted_share"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["borrowed", b"borrowed", "borrowing_limit", b"borrowing_limit", "cohort", b"cohort", "cohort_path", b"cohort_path", "decayed_at", b"decayed_at", "decayed_usage", b"decayed_usage", "decayed_used", b"decayed_used", "dominant_resource", b"dominant_resource", "fair_sharing_weight", b"fair_sharing_weight", "left", b"left", "lending_limit", b"lending_limit", "lent", b"lent", "nominal", b"nominal", "pending_preemption_ids", b"pending_preemption_ids", "pending_preemptions", b"pending_preemptions", "resource", b"resource", "tenant", b"tenant", "used", b"used", "weighted_share", b"weighted_share"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

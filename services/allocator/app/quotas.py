@@ -48,6 +48,7 @@ from services.cel import CelError
 from services.common.dra.model import AllocationResult, DeviceClass
 from services.common.errors import GpuallocError, NotFound, ResourceExhausted, Unavailable
 from services.common.security.cohorts import cohort_node
+from services.common.security.fair_sharing import ConsumedUsage, resample, sample_due
 from services.common.security.principal import tenant_of_owner
 from services.common.security.quota import (
     CohortStatus,
@@ -284,9 +285,14 @@ class QuotaGuard:
         model = self.model
         wanted = list(tenants) or list(model.tenants)
         usage: dict[str, dict[str, int]] = {}
+        consumed: dict[str, ConsumedUsage] | None = None
+        if model.admission_fair_sharing is not None:
+            consumed = {}
         for cohort in sorted({model.ledger_key(q) for t in wanted if (q := model.quota_of(t))}):
             usage.update(usage_by_tenant(self.ledger.read(cohort).entries))
-        return model.status(usage, wanted)
+            if consumed is not None:
+                consumed.update(self.ledger.read_consumed(cohort).tenants)
+        return model.status(usage, wanted, consumed=consumed)
 
     def cohort_status(self, tenants: Iterable[str] = ()) -> list[CohortStatus]:
         """The cohorts on the given tenants' paths (every cohort when none are given), from
@@ -396,23 +402,60 @@ class QuotaGuard:
         """Reconcile now and then every reconcile_interval, in a thread, until `close`."""
 
         def run() -> None:
+            due = 0.0  # the next reconcile, by this process's monotonic clock
             while True:
+                if time.monotonic() >= due:
+                    due = time.monotonic() + self.settings.reconcile_interval
+                    try:
+                        dropped, added = self.reconcile(store, live, usage_of)
+                    except GpuallocError as error:
+                        log.warning("quota reconcile failed: %s", error)
+                    else:
+                        if dropped or added:
+                            log.info(
+                                "quota reconcile: %d stale entries dropped, %d reservations added",
+                                dropped,
+                                added,
+                            )
                 try:
-                    dropped, added = self.reconcile(store, live, usage_of)
+                    self.sample_usage()
                 except GpuallocError as error:
-                    log.warning("quota reconcile failed: %s", error)
-                else:
-                    if dropped or added:
-                        log.info(
-                            "quota reconcile: %d stale entries dropped, %d reservations added",
-                            dropped,
-                            added,
-                        )
-                if self._stop.wait(self.settings.reconcile_interval):
+                    log.warning("quota usage sample failed: %s", error)
+                if self._stop.wait(self._next_wait()):
                     return
 
         self._thread = threading.Thread(target=run, name="gpualloc-quota-reconcile", daemon=True)
         self._thread.start()
+
+    def _next_wait(self) -> float:
+        """Until the next look: the reconcile interval, or half the usage sampling interval
+        when usage decays (a sample is due by the ledger's clock, whoever takes it)."""
+        decay = self.model.admission_fair_sharing
+        if decay is None:
+            return self.settings.reconcile_interval
+        return max(0.05, min(self.settings.reconcile_interval, decay.sampling_seconds / 2))
+
+    def sample_usage(self) -> int:
+        """Admission fair sharing: in each tree whose last sample is older than the sampling
+        interval (by the ledger's clock), every tenant's decayed usage sampled with what it
+        holds now, written by compare-and-set so that replicas sampling at once write one
+        sample. Returns how many trees were sampled."""
+        model = self.model
+        decay = model.admission_fair_sharing
+        if decay is None:
+            return 0
+        sampled = 0
+        for ledger in model.ledgers():
+            consumed = self.ledger.read_consumed(ledger)
+            last = max((c.at for c in consumed.tenants.values()), default=None)
+            if not sample_due(last, consumed.now, decay.sampling_seconds):
+                continue
+            held = usage_by_tenant(self.ledger.read(ledger).entries)
+            tenants = [t for t, q in model.tenants.items() if model.ledger_key(q) == ledger]
+            fresh = resample(consumed.tenants, held, tenants, consumed.now, decay.half_life_seconds)
+            if self.ledger.put_consumed(ledger, consumed.version, fresh):
+                sampled += 1
+        return sampled
 
     def close(self) -> None:
         self._stop.set()

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from services.allocator.core.fair_preemption import FairCandidate, fair_sequence
 from services.common.security.cohorts import tenant_node
 from services.common.security.quota import (
     BorrowWithinCohort,
@@ -69,6 +70,7 @@ class PreemptionReason(StrEnum):
     PRIORITY = "priority"  # the preemptor's own tenant (Kueue: InClusterQueue)
     RECLAIM = "reclaim"  # a cohort tenant borrowing, the preemptor within nominal
     RECLAIM_WHILE_BORROWING = "reclaim-while-borrowing"  # borrowWithinCohort
+    FAIR_SHARING = "fair-sharing"  # a tenant of a higher share (Kueue: InCohortFairSharing)
     CONSOLIDATE = "consolidate"  # moved to an equivalent device elsewhere, not just revoked
 
 
@@ -136,6 +138,9 @@ def plan_preemption(
     candidates in one fleet-wide order free no node is tried node by node (`victims_by_node`,
     on `nodes` when given)."""
     model, usage = context.model, context.usage
+    quota = model.quota_of(context.tenant)
+    if model.fair_sharing.enabled and quota is not None and context.priority.preempts:
+        return _plan_fair(context, quota, place, node_of=node_of, nodes=nodes)
     for pool, within_nominal in _passes(context):
         if not pool:
             continue
@@ -148,6 +153,79 @@ def plan_preemption(
             if best is not None:
                 return PreemptionPlan(best.victims, best.node)
     return None
+
+
+def _plan_fair(
+    context: PreemptionContext,
+    quota: TenantQuota,
+    place: Place,
+    *,
+    node_of: Mapping[str, str] | None,
+    nodes: Iterable[str] | None,
+) -> PreemptionPlan | None:
+    """Preemption with fair sharing (core/fair_preemption.py): the victims in the order the
+    strategies take them, the shortest run after which the grant fits, pruned; node by node
+    as the classical passes do, each node's candidates first."""
+    model, tenant = context.model, context.tenant
+    own = _own(context, quota)
+    others = [
+        c for c, _ in _cohort_candidates(context, quota, all_levels=True)[1]
+    ]  # every borrower of the tree reclaimWithinCohort allows
+    pool = _ordered(tenant, [*others, *own])
+    mine = context.usage.get(tenant, {})
+    within = all(
+        mine.get(name, 0) + amount <= quota.of(name).nominal
+        for name, amount in context.amounts.items()
+        if amount > 0
+    )
+
+    def sequence(chosen: Sequence[Candidate], first: Sequence[Candidate]) -> list[Candidate]:
+        """The strategies' victims among `first` once `chosen` are gone, then the rest's."""
+        usage = {t: dict(u) for t, u in context.usage.items()}
+        for c in chosen:
+            held = usage.setdefault(c.holding.tenant, {})
+            for name, amount in c.holding.amounts.items():
+                held[name] = held.get(name, 0) - amount
+        inputs = [
+            FairCandidate(i, c.holding.tenant, c.holding.amounts) for i, c in enumerate(first)
+        ]
+        taken = fair_sequence(
+            model,
+            tenant,
+            context.amounts,
+            usage,
+            inputs,
+            model.fair_sharing.strategies,
+            within_nominal=within,
+        )
+        found = []
+        for fair, by_share in taken:
+            holding = first[fair.index].holding
+            if holding.tenant == tenant:
+                reason = PreemptionReason.PRIORITY
+            elif by_share:
+                reason = PreemptionReason.FAIR_SHARING
+            else:
+                reason = PreemptionReason.RECLAIM
+            found.append(Candidate(holding, reason))
+        return found
+
+    victims = sequence((), pool)
+    fits_on = functools.partial(_fits, context, place, False)
+    chosen = _minimal(victims, functools.partial(fits_on, ""))
+    if chosen is not None:
+        return PreemptionPlan(tuple(chosen))
+    if node_of is None:
+        return None
+
+    def pool_on(node: str, here: Sequence[Candidate]) -> list[Candidate]:
+        ids = {c.holding.id for c in here}
+        first = sequence((), [c for c in pool if c.holding.id in ids])
+        rest = [c for c in pool if c.holding.id not in ids]
+        return [*first, *sequence(first, rest)]
+
+    best = victims_by_node(pool, node_of, fits_on, nodes=nodes, smaller=0, pool_on=pool_on)
+    return None if best is None else PreemptionPlan(best.victims, best.node)
 
 
 def preemption_candidates(context: PreemptionContext) -> list[Candidate]:
@@ -210,7 +288,7 @@ def _own(context: PreemptionContext, quota: TenantQuota | None) -> list[Candidat
 
 
 def _cohort_candidates(
-    context: PreemptionContext, quota: TenantQuota
+    context: PreemptionContext, quota: TenantQuota, *, all_levels: bool = False
 ) -> tuple[list[Candidate], list[tuple[Candidate, bool]]]:
     """The other tenants' reservations reclaimWithinCohort allows, found level by level up
     the preemptor's tree (Kueue's hierarchical reclaim): those of tenants that borrow, in
@@ -247,6 +325,9 @@ def _cohort_candidates(
                 continue
             for h in holdings.get(key[1], ()):
                 if lower_only and h.priority.value >= mine:
+                    continue
+                if all_levels:  # fair sharing: every borrower, as its tenant (no level)
+                    priority.append((Candidate(h, PreemptionReason.RECLAIM), True))
                     continue
                 if fits:
                     advantage.append(Candidate(h, PreemptionReason.RECLAIM, level[1]))
@@ -456,6 +537,7 @@ def victims_by_node(
     max_nodes: int = 16,
     limit: int = 64,
     smaller: int = 32,
+    pool_on: Callable[[str, Sequence[Candidate]], list[Candidate]] | None = None,
 ) -> NodeVictims | None:
     """For a grant that goes to one node, the victims node by node, as kube-scheduler's
     preemption chooses them: on each node (of `nodes`, else every node holding a candidate;
@@ -465,7 +547,9 @@ def victims_by_node(
     best node only). `fits_on(node, chosen)`: whether the grant fits on `node` once `chosen`
     are revoked. The best node:
     the fewest victims of the preemptor's own tenant, then the lowest highest victim priority,
-    then the fewest victims, then the node's name.
+    then the fewest victims, then the node's name. `pool_on(node, its candidates)`: the
+    candidates in the order to try them there, instead of the node's first, then the others
+    (fair sharing's order, which depends on what went before).
 
     Candidates held across the fleet, taken in one global order, would rarely free one node:
     a whole-GPU grant needs every slice of a GPU gone, and the newest reservations are spread
@@ -493,6 +577,8 @@ def victims_by_node(
     def allowed_on(node: str) -> list[Candidate]:
         """The node's own candidates first (they free its devices and quota), then the others
         (they free quota only), each in the rules' order, as the rules would take them."""
+        if pool_on is not None:
+            return pool_on(node, on[node])[:limit]
         here = set(map(id, on[node]))
         ordered = [*on[node], *(c for c in candidates if id(c) not in here)][:limit]
         if model is None or usage is None:

@@ -149,7 +149,7 @@ class _Loaded:
 
     policy: AccessPolicy
     tokens: TokenVerifier
-    followed: LoadedPolicy
+    source: LoadedPolicy  # the policy with the files it was read from (what a reload watches)
     resolved: dict[Identity, Principal | None] = field(default_factory=dict)
 
     def resolve(self, identity: Identity) -> Principal | None:
@@ -188,7 +188,7 @@ class Authenticator:
                 load,
                 what="access policy",
                 min_interval=min_interval,
-                follow=lambda loaded: loaded.followed.followed,
+                follow=lambda loaded: loaded.source.followed,
             )
 
     @property

@@ -34,6 +34,7 @@ Kubernetes field-error type (`FieldError`). Pure: decoded documents in, native m
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -93,6 +94,7 @@ _INT32 = (-(2**31), 2**31 - 1)
 _HIGHEST_USER_PRIORITY = 1_000_000_000  # Kubernetes: a PriorityClass's value above it is system's
 _WEIGHT_FLOOR = Quantity.parse("1n")
 _FILES_LIMIT = 256
+_OBJECTS_LIMIT = 5000  # objects in all: a site's queues, flavors and classes, with room to spare
 
 
 class FieldError(StrEnum):
@@ -389,16 +391,29 @@ class _Objects:
     errors: list[FieldViolation]
     flavors: dict[str, dict[str, Any]] = field(default_factory=dict)
     queues: dict[str, _Queue] = field(default_factory=dict)
+    cohorts: dict[str, _Queue] = field(default_factory=dict)  # Cohort objects, read as queues
+    fair_sharing: dict[str, Any] | None = None  # the Configuration's, natively
+    admission_fair_sharing: dict[str, Any] | None = None
     priorities: dict[str, dict[str, Any]] = field(default_factory=dict)
     device_class_mappings: dict[str, dict[str, Any]] = field(default_factory=dict)
     kueue_only: list[ObjectRef] = field(default_factory=list)
     configuration: ObjectRef | None = None
     excluded_prefixes: list[str] = field(default_factory=list)
+    count: int = 0  # objects met so far (List items each)
     _names: dict[tuple[str, str], ObjectRef] = field(default_factory=dict)  # (kind, name)
 
     def add(self, origin: str, document: object) -> None:
         if document is None:
             return  # an empty YAML document (`---` at the end)
+        self.count += 1
+        if self.count > _OBJECTS_LIMIT:
+            if self.count == _OBJECTS_LIMIT + 1:
+                _Checker(self.errors, ObjectRef(origin)).fail(
+                    FieldError.TOO_MANY,
+                    "",
+                    f"more than {_OBJECTS_LIMIT} objects: none past it is read",
+                )
+            return
         checker = _Checker(self.errors, ObjectRef(origin))
         if not isinstance(document, Mapping):
             checker.fail(FieldError.INVALID, "", "must be a Kubernetes object (a mapping)")
@@ -503,19 +518,31 @@ class _Objects:
                 "spec",
                 "at least one nodeLabel is required when topology is set",
             )
-        refused = {
-            "nodeTaints": "flavors select devices by node labels only (taints: not yet)",
-            "tolerations": "flavors select devices by node labels only (tolerations: not yet)",
-            "topologyName": "topology-aware scheduling is Kueue's; gpualloc places by its "
-            "own topology rules (docs/tenancy.md)",
-        }
-        for key, why in refused.items():
-            if key in spec:
-                checker.fail(FieldError.REFUSED, f"spec.{key}", why)
-        self.flavors[checker.ref.name] = {
+        before = len(self.errors)
+        taints = _taints(checker, spec.get("nodeTaints", []), "spec.nodeTaints")
+        tolerations = _tolerations(checker, spec.get("tolerations", []), "spec.tolerations")
+        valid = len(self.errors) == before
+        if "topologyName" in spec:
+            checker.fail(
+                FieldError.REFUSED,
+                "spec.topologyName",
+                "topology-aware scheduling is Kueue's; gpualloc places by its own topology "
+                "rules (docs/tenancy.md)",
+            )
+        native: dict[str, Any] = {
             "name": checker.ref.name,
             "nodeLabels": {str(k): str(v) for k, v in labels.items()},
         }
+        for key, value in (("nodeTaints", taints), ("tolerations", tolerations)):
+            if value and valid and not NATIVE_FLAVOR_SEARCH:
+                checker.fail(
+                    FieldError.REFUSED,
+                    f"spec.{key}",
+                    "flavors select devices by node labels only (taints and tolerations: not yet)",
+                )
+            elif value:
+                native[key] = value
+        self.flavors[checker.ref.name] = native
 
     # --- priorities -------------------------------------------------------------------------
 
@@ -569,12 +596,24 @@ class _Objects:
     # --- Cohort -----------------------------------------------------------------------------
 
     def _cohort(self, checker: _Checker, document: Mapping[str, Any]) -> None:
-        checker.fail(
-            FieldError.REFUSED,
-            "",
-            "hierarchical cohorts (the Cohort object) are not supported yet: a ClusterQueue's "
-            "cohortName alone makes a flat cohort",
+        """A Cohort: its parent, quotas of its own and fair-sharing weight (native
+        `quota.cohorts[]`)."""
+        spec = checker.mapping(
+            document.get("spec", {}), "spec", {"parentName", "resourceGroups", "fairSharing"}
         )
+        parent = checker.string(spec.get("parentName", ""), "spec.parentName", required=False)
+        for problem in dns1123_subdomain_errors(parent) if parent else ():
+            checker.fail(FieldError.INVALID, "spec.parentName", problem)
+        fields: dict[str, Any] = {"parent": parent} if parent else {}
+        cohort = _Queue(checker.ref, fields, [])
+        before = len(self.errors)
+        groups = spec.get("resourceGroups", [])
+        _resource_groups(checker, groups, bool(parent), cohort, of_cohort=True)
+        weight = _fair_sharing(checker, spec.get("fairSharing"), "spec.fairSharing")
+        if weight is not None:
+            fields["fairSharing"] = {"weight": weight}
+        cohort.valid = len(self.errors) == before
+        self.cohorts[checker.ref.name] = cohort
 
     # --- Configuration ----------------------------------------------------------------------
 
@@ -611,21 +650,18 @@ class _Objects:
             )
             return
         self.configuration = checker.ref
-        fair = document.get("fairSharing")
-        if fair is not None and not (
-            v1beta1 and isinstance(fair, Mapping) and not fair.get("enable")
-        ):
-            checker.fail(
-                FieldError.REFUSED,
-                "fairSharing",
-                "fair sharing is not supported yet (issue 26 item 3)",
-            )
-        if document.get("admissionFairSharing") is not None:
-            checker.fail(
-                FieldError.REFUSED,
-                "admissionFairSharing",
-                "admission fair sharing is not supported yet (issue 26 item 3)",
-            )
+        before = len(self.errors)
+        self.fair_sharing = _configured_fair_sharing(checker, document.get("fairSharing"), v1beta1)
+        self.admission_fair_sharing = _admission_fair_sharing(
+            checker, document.get("admissionFairSharing")
+        )
+        valid = len(self.errors) == before
+        for key in ("fairSharing", "admissionFairSharing") if not NATIVE_FAIR_SHARING else ():
+            if not valid:
+                break
+            if getattr(self, _CONFIGURED[key]) is not None:
+                checker.fail(FieldError.REFUSED, key, "not supported yet (issue 26 item 3)")
+                setattr(self, _CONFIGURED[key], None)
         resources = checker.mapping(
             document.get("resources", {}),
             "resources",
@@ -717,7 +753,9 @@ class _Objects:
                 f"{stop}: a stopped ClusterQueue is not supported (remove the tenant's quotas "
                 "to stop its grants)",
             )
-        _fair_sharing(checker, spec.get("fairSharing"), "spec.fairSharing")
+        weight = _fair_sharing(checker, spec.get("fairSharing"), "spec.fairSharing")
+        if weight is not None:
+            fields["fairSharing"] = {"weight": weight}
         scope = checker.mapping(
             spec.get("admissionScope", {}), "spec.admissionScope", {"admissionMode"}
         )
@@ -734,43 +772,23 @@ class _Objects:
 
     def translate(self, resources: _Resources) -> KueueTranslation:
         order: dict[str, list[str]] = {}  # enforced resource -> its flavors, first seen first
-        tenants: dict[str, dict[str, Any]] = {}
         not_enforced: list[tuple[str, str]] = []
-        for name, queue in self.queues.items():
-            checker = _Checker(self.errors, queue.ref)
-            quotas: list[dict[str, Any]] = []
-            missing: set[str] = set()
-            refused: set[str] = set()
-            for resource, flavor, limits, path, covered_at in queue.quotas if queue.valid else ():
-                if flavor not in self.flavors and flavor not in missing:
-                    missing.add(flavor)
-                    checker.fail(
-                        FieldError.NOT_FOUND,
-                        f"{path}.name",
-                        f"ResourceFlavor {flavor} is not among the objects given",
-                    )
-                refusal = resources.refusal(resource)
-                if refusal is not None:
-                    if resource not in refused:
-                        refused.add(resource)
-                        checker.fail(FieldError.REFUSED, covered_at, refusal)
-                    continue
-                if resources.counted(resource) is None:
-                    if (name, resource) not in not_enforced:
-                        not_enforced.append((name, resource))
-                    continue
-                for prefix in self.excluded_prefixes:
-                    if resource.startswith(prefix) and self.configuration is not None:
-                        _Checker(self.errors, self.configuration).fail(
-                            FieldError.REFUSED,
-                            "resources.excludeResourcePrefixes",
-                            f"{prefix} excludes {resource}, which gpualloc enforces",
-                        )
-                flavors = order.setdefault(resource, [])
-                if flavor not in flavors:
-                    flavors.append(flavor)
-                quotas.append({"resource": resource, "flavor": flavor, **limits})
-            tenants[name] = {**queue.fields, "quotas": quotas}
+        tenants = {
+            name: {**queue.fields, "quotas": self._quotas(queue, resources, order, not_enforced)}
+            for name, queue in self.queues.items()
+        }
+        cohorts = [
+            {"name": name, **cohort.fields,
+             "quotas": self._quotas(cohort, resources, order, not_enforced)}
+            for name, cohort in self.cohorts.items()
+        ]  # fmt: skip
+        self._check_cohort_tree()
+        declared = set(self.cohorts)
+        for cohort in list(self.cohorts.values()):  # a parent no object declares: Kueue's
+            parent = cohort.fields.get("parent")  # default Cohort (no quota, no limits)
+            if parent and parent not in declared:
+                declared.add(parent)
+                cohorts.append({"name": parent})
         native_resources = []
         for resource, flavors in order.items():
             counted = resources.counted(resource)
@@ -781,7 +799,89 @@ class _Objects:
             "resourceFlavors": list(self.flavors.values()),
             "priorityClasses": list(self.priorities.values()),
         }
+        if cohorts:
+            quota["cohorts"] = cohorts
+        if self.fair_sharing is not None:
+            quota["fairSharing"] = self.fair_sharing
+        if self.admission_fair_sharing is not None:
+            weights = self.admission_fair_sharing["resourceWeights"]
+            quota["admissionFairSharing"] = {  # gpualloc counts no usage of the others
+                **self.admission_fair_sharing,
+                "resourceWeights": {r: w for r, w in weights.items() if r in order},
+            }
         return KueueTranslation(quota, tenants, tuple(not_enforced), tuple(self.kueue_only))
+
+    def _quotas(
+        self,
+        queue: _Queue,
+        resources: _Resources,
+        order: dict[str, list[str]],
+        not_enforced: list[tuple[str, str]],
+    ) -> list[dict[str, Any]]:
+        """The native quotas of a ClusterQueue's or Cohort's resource groups: those of
+        resources gpualloc enforces; the others listed in `not_enforced` or refused."""
+        checker = _Checker(self.errors, queue.ref)
+        quotas: list[dict[str, Any]] = []
+        missing: set[str] = set()
+        refused: set[str] = set()
+        for resource, flavor, limits, path, covered_at in queue.quotas if queue.valid else ():
+            if flavor not in self.flavors and flavor not in missing:
+                missing.add(flavor)
+                checker.fail(
+                    FieldError.NOT_FOUND,
+                    f"{path}.name",
+                    f"ResourceFlavor {flavor} is not among the objects given",
+                )
+            refusal = resources.refusal(resource)
+            if refusal is not None:
+                if resource not in refused:
+                    refused.add(resource)
+                    checker.fail(FieldError.REFUSED, covered_at, refusal)
+                continue
+            if resources.counted(resource) is None:
+                if (queue.ref.name, resource) not in not_enforced:
+                    not_enforced.append((queue.ref.name, resource))
+                continue
+            for prefix in self.excluded_prefixes:
+                if resource.startswith(prefix) and self.configuration is not None:
+                    _Checker(self.errors, self.configuration).fail(
+                        FieldError.REFUSED,
+                        "resources.excludeResourcePrefixes",
+                        f"{prefix} excludes {resource}, which gpualloc enforces",
+                    )
+            flavors = order.setdefault(resource, [])
+            if flavor not in flavors:
+                flavors.append(flavor)
+            quotas.append({"resource": resource, "flavor": flavor, **limits})
+        return quotas
+
+    def _check_cohort_tree(self) -> None:
+        """What Kueue accepts as objects but cannot run: a cycle of parents (Kueue disables
+        every member until it is gone) and a Cohort named as a ClusterQueue (gpualloc's
+        tenants and cohorts share one namespace). Refused."""
+        for name, cohort in self.cohorts.items():
+            if name in self.queues:
+                _Checker(self.errors, cohort.ref).fail(
+                    FieldError.REFUSED,
+                    "metadata.name",
+                    f"a ClusterQueue is named {name} too: gpualloc's tenants and cohorts "
+                    "share names",
+                )
+        reported: set[str] = set()
+        for name in self.cohorts:
+            chain, at = [name], self.cohorts[name].fields.get("parent")
+            while at in self.cohorts and at not in chain:
+                chain.append(at)
+                at = self.cohorts[at].fields.get("parent")
+            if at in chain and at not in reported:
+                loop = [*chain[chain.index(at) :], at]
+                reported.update(loop)
+                _Checker(self.errors, self.cohorts[at].ref).fail(
+                    FieldError.REFUSED,
+                    "spec.parentName",
+                    "Cohorts form a cycle (Kueue stops every member until it is removed): "
+                    + " -> ".join(loop),
+                )
 
 
 _NAMESPACED = ("LocalQueue", "ConfigMap")  # the kinds read whose objects live in a namespace
@@ -804,6 +904,84 @@ _CONFIGURATION_FIELDS = (
     "clientConnection", "integrations", "multiKueue", "fairSharing", "admissionFairSharing",
     "resources", "featureGates", "objectRetentionPolicies",
 )  # fmt: skip
+
+
+# Whether the native section has flavors' taints and tolerations, whenCanPreempt and
+# preference yet (issue 26's flavor search): until it does, they are refused by name here.
+NATIVE_FLAVOR_SEARCH = False
+
+# Whether the native quota section takes fair sharing on (`quota.fairSharing.enabled`) and
+# admission fair sharing yet: until it does, the Configuration's are refused by name here, with
+# the Kueue object's path (the translation below is what they will become).
+NATIVE_FAIR_SHARING = False
+_CONFIGURED = {"fairSharing": "fair_sharing", "admissionFairSharing": "admission_fair_sharing"}
+_STRATEGIES = ("LessThanOrEqualToFinalShare", "LessThanInitialShare")
+_STRATEGY_SETS = ((_STRATEGIES[0],), (_STRATEGIES[1],), _STRATEGIES)  # Kueue's valid lists
+
+
+def _configured_fair_sharing(
+    checker: _Checker, value: object, v1beta1: bool
+) -> dict[str, Any] | None:
+    """The Configuration's fairSharing as the native `quota.fairSharing`: v1beta2's present
+    means enabled (preemptionStrategies required); v1beta1's has `enable` and defaults the
+    strategies to both. None: fair sharing off."""
+    if value is None:
+        return None
+    allowed = {"enable", "preemptionStrategies"} if v1beta1 else {"preemptionStrategies"}
+    fields = checker.mapping(value, "fairSharing", allowed)
+    if v1beta1 and fields.get("enable") is not True:
+        if not isinstance(fields.get("enable", False), bool):
+            checker.fail(FieldError.INVALID, "fairSharing.enable", "must be true or false")
+        return None
+    where = "fairSharing.preemptionStrategies"
+    strategies = tuple(checker.sequence(fields.get("preemptionStrategies", []), where))
+    if not strategies and v1beta1:
+        strategies = _STRATEGIES
+    if not strategies:
+        checker.fail(FieldError.REQUIRED, where, "must be specified")
+        return None
+    if strategies not in _STRATEGY_SETS:
+        listed = "; ".join(",".join(s) for s in _STRATEGY_SETS)
+        checker.fail(FieldError.NOT_SUPPORTED, where, f"supported values: {listed}")
+        return None
+    return {"enabled": True, "preemptionStrategies": list(strategies)}
+
+
+_DURATION = re.compile(r"(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+|0")
+
+
+def _admission_fair_sharing(checker: _Checker, value: object) -> dict[str, Any] | None:
+    """The Configuration's admissionFairSharing as the native one: the half-life (>= 0), the
+    sampling interval (> 0, 5m by default), the resource weights (>= 0; translated with the
+    resource names, below)."""
+    if value is None:
+        return None
+    path = "admissionFairSharing"
+    fields = checker.mapping(
+        value, path, {"usageHalfLifeTime", "usageSamplingInterval", "resourceWeights"}
+    )
+    native: dict[str, Any] = {}
+    for key, default in (("usageHalfLifeTime", "0s"), ("usageSamplingInterval", "5m")):
+        text = checker.string(fields.get(key, default), f"{path}.{key}")
+        if text.startswith("-"):
+            checker.fail(FieldError.INVALID, f"{path}.{key}", "must be greater than or equal to 0")
+        elif text and not _DURATION.fullmatch(text):
+            checker.fail(FieldError.INVALID, f"{path}.{key}", f"not a duration: {text!r}")
+        elif key == "usageSamplingInterval" and re.fullmatch(r"0+(\.0+)?[a-zµ]*", text):
+            checker.fail(FieldError.INVALID, f"{path}.{key}", "must be greater than 0")
+        native[key] = text
+    weights = checker.mapping(fields.get("resourceWeights", {}), f"{path}.resourceWeights", None)
+    native["resourceWeights"] = {}
+    for name, weight in weights.items():
+        where = f"{path}.resourceWeights[{name}]"
+        checker.resource_name(name, where)
+        if isinstance(weight, bool) or not isinstance(weight, int | float):
+            checker.fail(FieldError.INVALID, where, "must be a number")
+        elif weight < 0:
+            checker.fail(FieldError.INVALID, where, "must be greater than or equal to 0")
+        else:
+            native["resourceWeights"][name] = weight
+    return native
 
 
 # Kueue v0.17's feature gates that change a quota decision, with their defaults: gpualloc
@@ -852,15 +1030,18 @@ def _description(checker: _Checker, document: Mapping[str, Any]) -> None:
             checker.fail(FieldError.TOO_LONG, "description", "must have at most 2048 characters")
 
 
-def _resource_groups(checker: _Checker, value: object, in_cohort: bool, queue: _Queue) -> None:
-    """spec.resourceGroups as Kueue's CRD and webhook check them; the quotas into `queue`."""
+def _resource_groups(
+    checker: _Checker, value: object, in_cohort: bool, queue: _Queue, *, of_cohort: bool = False
+) -> None:
+    """spec.resourceGroups as Kueue's CRD and webhook check them (a ClusterQueue's, or a
+    Cohort's: `of_cohort`); the quotas into `queue`."""
     groups = checker.sequence(value, "spec.resourceGroups")
     if len(groups) > 16:
         checker.fail(FieldError.TOO_MANY, "spec.resourceGroups", "must have at most 16 items")
     seen_resources: set[str] = set()
     seen_flavors: set[str] = set()
     total_flavors = total_resources = 0
-    for i, group in enumerate(groups):
+    for i, group in enumerate(groups[:16]):  # past Kueue's limits nothing more is read
         path = f"spec.resourceGroups[{i}]"
         fields = checker.mapping(group, path, {"coveredResources", "flavors"})
         covered = checker.sequence(fields.get("coveredResources"), f"{path}.coveredResources")
@@ -873,7 +1054,7 @@ def _resource_groups(checker: _Checker, value: object, in_cohort: bool, queue: _
         total_flavors += len(flavors)
         total_resources += len(covered)
         names: list[str] = []
-        for j, raw in enumerate(covered):
+        for j, raw in enumerate(covered[:64]):
             where = f"{path}.coveredResources[{j}]"
             name = checker.resource_name(raw, where)
             if name in seen_resources:
@@ -881,7 +1062,7 @@ def _resource_groups(checker: _Checker, value: object, in_cohort: bool, queue: _
             seen_resources.add(name)
             names.append(name)
         combinations = 0
-        for j, item in enumerate(flavors):
+        for j, item in enumerate(flavors[:64]):
             where = f"{path}.flavors[{j}]"
             flavor = checker.mapping(item, where, {"name", "resources"})
             flavor_name = checker.string(flavor.get("name"), f"{where}.name")
@@ -904,8 +1085,10 @@ def _resource_groups(checker: _Checker, value: object, in_cohort: bool, queue: _
                     path,
                     "flavors must have the same number of resources as the coveredResources",
                 )
-            for k, entry in enumerate(quotas):
-                limits = _resource_quota(checker, entry, f"{where}.resources[{k}]", in_cohort)
+            for k, entry in enumerate(quotas[:64]):
+                limits = _resource_quota(
+                    checker, entry, f"{where}.resources[{k}]", in_cohort, of_cohort=of_cohort
+                )
                 if k < len(names) and limits is not None:
                     resource_name, fields_of = limits
                     if resource_name != names[k]:
@@ -937,10 +1120,12 @@ def _resource_groups(checker: _Checker, value: object, in_cohort: bool, queue: _
 
 
 def _resource_quota(
-    checker: _Checker, value: object, path: str, in_cohort: bool
+    checker: _Checker, value: object, path: str, in_cohort: bool, *, of_cohort: bool = False
 ) -> tuple[str, dict[str, Any]] | None:
     """One ResourceQuota: (its name, the native limits: nominal, borrowingLimit,
-    lendingLimit as written); None when it cannot be read."""
+    lendingLimit as written); None when it cannot be read. `in_cohort`: the ClusterQueue has a
+    cohort (the Cohort a parent: `of_cohort`), without which it may neither borrow nor lend;
+    a Cohort may lend more than its own nominal (its members' quota), a ClusterQueue not."""
     fields = checker.mapping(
         value, path, {"name", "nominalQuota", "borrowingLimit", "lendingLimit"}
     )
@@ -952,9 +1137,11 @@ def _resource_quota(
             continue
         amount = checker.quantity(fields[key], f"{path}.{key}")
         if not in_cohort:
-            checker.fail(FieldError.INVALID, f"{path}.{key}", "must be nil when cohort is empty")
+            empty = "parent" if of_cohort else "cohort"
+            checker.fail(FieldError.INVALID, f"{path}.{key}", f"must be nil when {empty} is empty")
         if (
-            key == "lendingLimit"
+            not of_cohort
+            and key == "lendingLimit"
             and amount is not None
             and nominal is not None
             and amount > nominal
@@ -1034,21 +1221,112 @@ def _fungibility(checker: _Checker, value: object) -> dict[str, Any]:
                     f"preference {fields['preference']!r} requires both whenCanBorrow and "
                     "whenCanPreempt to be TryNextFlavor",
                 )
-            else:
+            elif not NATIVE_FLAVOR_SEARCH:
                 checker.fail(
                     FieldError.REFUSED,
                     where,
                     "gpualloc tries flavors in order; a preference between borrowing and "
                     "preemption is not supported yet",
                 )
-    if _OLD_NAMES.get(str(preempt), preempt) == "MayStopSearch":
+    preempt = _OLD_NAMES.get(str(preempt), preempt)
+    if preempt == "MayStopSearch" and not NATIVE_FLAVOR_SEARCH:
         checker.fail(
             FieldError.REFUSED,
             f"{path}.whenCanPreempt",
             "MayStopSearch is not supported yet: gpualloc tries the next flavor before "
             "preempting (TryNextFlavor, Kueue's default)",
         )
-    return {"whenCanBorrow": _OLD_NAMES.get(str(borrow), borrow)}
+    native = {"whenCanBorrow": _OLD_NAMES.get(str(borrow), borrow)}
+    if NATIVE_FLAVOR_SEARCH:  # Kueue's defaults written out, as the queue's preemption's
+        native["whenCanPreempt"] = preempt
+        if "preference" in fields:
+            native["preference"] = fields["preference"]
+    return native
+
+
+_TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def _taints(checker: _Checker, value: object, path: str) -> list[dict[str, Any]]:
+    """A ResourceFlavor's nodeTaints as Kueue checks them (at most 8; a label name for a key,
+    a label value; Kubernetes' effects; one per key and effect); as the native flavor's
+    (`timeAdded`, a NoExecute taint's bookkeeping, is no part of admission)."""
+    items = checker.sequence(value, path)
+    if len(items) > 8:
+        checker.fail(FieldError.TOO_MANY, path, "must have at most 8 items")
+    taints: list[dict[str, Any]] = []
+    seen: set[tuple[str, str]] = set()
+    for i, item in enumerate(items):
+        where = f"{path}[{i}]"
+        fields = checker.mapping(item, where, {"key", "value", "effect", "timeAdded"})
+        key = checker.string(fields.get("key"), f"{where}.key")
+        for problem in label_name_errors(key) if key else ():
+            checker.fail(FieldError.INVALID, f"{where}.key", problem)
+        text = checker.string(fields.get("value", ""), f"{where}.value", required=False)
+        for problem in label_value_errors(text):
+            checker.fail(FieldError.INVALID, f"{where}.value", problem)
+        effect = fields.get("effect")
+        if not checker.choice(effect, f"{where}.effect", _TAINT_EFFECTS):
+            continue
+        if (key, str(effect)) in seen:
+            checker.fail(FieldError.DUPLICATE, where, "taints must be unique by key and effect")
+        seen.add((key, str(effect)))
+        taints.append({"key": key, **({"value": text} if text else {}), "effect": effect})
+    return taints
+
+
+def _tolerations(checker: _Checker, value: object, path: str) -> list[dict[str, Any]]:
+    """A ResourceFlavor's tolerations as Kueue's CRD and webhook check them; as the native
+    flavor's (`tolerationSeconds`, how long a pod stays on a NoExecute-tainted node, is the
+    pods' business: Kueue injects it, admission reads it not)."""
+    items = checker.sequence(value, path)
+    if len(items) > 8:
+        checker.fail(FieldError.TOO_MANY, path, "must have at most 8 items")
+    tolerations: list[dict[str, Any]] = []
+    for i, item in enumerate(items):
+        where = f"{path}[{i}]"
+        allowed = {"key", "operator", "value", "effect", "tolerationSeconds"}
+        fields = checker.mapping(item, where, allowed)
+        key = checker.string(fields.get("key", ""), f"{where}.key", required=False)
+        for problem in label_name_errors(key) if key else ():
+            checker.fail(FieldError.INVALID, f"{where}.key", problem)
+        operator = fields.get("operator", "Equal")
+        if not checker.choice(operator, f"{where}.operator", ("Equal", "Exists")):
+            continue
+        if not key and operator != "Exists":
+            checker.fail(
+                FieldError.INVALID,
+                f"{where}.operator",
+                "operator must be Exists when 'key' is empty, which means 'match all values "
+                "and all keys'",
+            )
+        text = checker.string(fields.get("value", ""), f"{where}.value", required=False)
+        if operator == "Exists" and "value" in fields:
+            checker.fail(
+                FieldError.INVALID,
+                f"{where}.value",
+                "a value must be empty when 'operator' is 'Exists'",
+            )
+        effect = fields.get("effect")
+        if effect is not None and not checker.choice(effect, f"{where}.effect", _TAINT_EFFECTS):
+            continue
+        if "tolerationSeconds" in fields:
+            checker.int64(fields["tolerationSeconds"], f"{where}.tolerationSeconds")
+            if effect != "NoExecute":
+                checker.fail(
+                    FieldError.INVALID,
+                    f"{where}.effect",
+                    "effect must be 'NoExecute' when 'tolerationSeconds' is set",
+                )
+        native: dict[str, Any] = {"operator": operator}
+        if key:
+            native["key"] = key
+        if text:
+            native["value"] = text
+        if effect is not None:
+            native["effect"] = effect
+        tolerations.append(native)
+    return tolerations
 
 
 def _kueue_only_queue_fields(checker: _Checker, spec: Mapping[str, Any], v1beta1: bool) -> None:
@@ -1116,21 +1394,23 @@ def _label_selector(checker: _Checker, value: object, path: str) -> None:
             )
 
 
-def _fair_sharing(checker: _Checker, value: object, path: str) -> None:
+def _fair_sharing(checker: _Checker, value: object, path: str) -> object | None:
     """fairSharing.weight: a quantity, 0 or above 10^-9 (it counts only where the
-    Configuration enables fair sharing, which is refused until it is supported)."""
+    Configuration enables fair sharing); the weight as written, None when unset."""
     if value is None:
-        return
+        return None
     fields = checker.mapping(value, path, {"weight"})
     if "weight" not in fields:
-        return
+        return None
     weight = checker.quantity(fields["weight"], f"{path}.weight", negative_ok=True)
     if weight is None:
-        return
+        return None
     if weight.value < 0:
         checker.fail(FieldError.INVALID, f"{path}.weight", "must be greater than or equal to 0")
     elif 0 < weight.value <= _WEIGHT_FLOOR.value:
         checker.fail(FieldError.INVALID, f"{path}.weight", "When not 0, weight must be > 10e-9")
+    weight_as_written: object = fields["weight"]
+    return weight_as_written
 
 
 class _Checker:
@@ -1210,6 +1490,15 @@ class _Checker:
             return 0
         if not _INT32[0] <= value <= _INT32[1]:
             self.fail(FieldError.INVALID, path, "must fit in 32 bits")
+            return 0
+        return value
+
+    def int64(self, value: object, path: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(FieldError.INVALID, path, f"must be an integer, got {value!r}")
+            return 0
+        if not -(2**63) <= value < 2**63:
+            self.fail(FieldError.INVALID, path, "must fit in 64 bits")
             return 0
         return value
 

@@ -523,8 +523,6 @@ def _fair_sharing(reader: _Reader, value: object) -> FairSharing:
     path = "spec.quota.fairSharing"
     fields = reader.mapping(value, path, {"enabled", "preemptionStrategies"})
     enabled = reader.boolean(fields.get("enabled", False), f"{path}.enabled")
-    if enabled:  # TODO(#26 fair sharing): lifted with preemption by fair sharing
-        reader.fail(f"{path}.enabled", "not supported yet (issue #26: preemption by fair sharing)")
     if "preemptionStrategies" not in fields:
         return FairSharing(enabled)
     where = f"{path}.preemptionStrategies"
@@ -549,7 +547,6 @@ def _admission_fair_sharing(
     if value is None:
         return None
     path = "spec.quota.admissionFairSharing"
-    reader.fail(path, "not supported yet (issue #26: usage decayed with a half-life)")
     fields = reader.mapping(
         value, path, {"usageHalfLifeTime", "usageSamplingInterval", "resourceWeights"}
     )

@@ -47,8 +47,10 @@ from services.common.security.cohorts import (
 )
 from services.common.security.fair_sharing import (
     AdmissionFairSharing,
+    ConsumedUsage,
     FairSharing,
     Share,
+    decayed_score,
     dominant_share,
 )
 
@@ -290,6 +292,7 @@ class TenantStatus:
     share: Share = Share()  # per tenant: its dominant resource share now
     decayed: float | None = None  # its decayed usage of the resource (admission fair sharing)
     decayed_usage: float | None = None  # per tenant: the weighted sum over resources
+    decayed_at: float | None = None  # when it was sampled (seconds since the epoch)
 
 
 @dataclass(frozen=True)
@@ -475,9 +478,18 @@ class QuotaModel:
         found = levels if levels is not None else self.levels(key, usage)
         return dominant_share(self._tree, key, found, self.base_of(), extra)
 
-    def status(self, usage: Mapping[str, Usage], tenants: Iterable[str] = ()) -> list[TenantStatus]:
-        """Per tenant (those given, else every tenant with quotas) and quota resource."""
+    def status(
+        self,
+        usage: Mapping[str, Usage],
+        tenants: Iterable[str] = (),
+        *,
+        consumed: Mapping[str, ConsumedUsage] | None = None,
+    ) -> list[TenantStatus]:
+        """Per tenant (those given, else every tenant with quotas) and quota resource; with
+        `consumed` (the tenants' decayed usage as last sampled) and usage decay configured,
+        each row's decayed usage and the tenant's weighted sum of it."""
         rows: list[TenantStatus] = []
+        decay = self.admission_fair_sharing if consumed is not None else None
         by_tree: dict[NodeKey, dict[str, Levels]] = {}
         lent_by_tree: dict[NodeKey, dict[str, dict[NodeKey, int]]] = {}
         for tenant in sorted(tenants) if tenants else sorted(self.tenants):
@@ -492,6 +504,14 @@ class QuotaModel:
             levels = by_tree[root]
             share = dominant_share(self._tree, key, levels, self.base_of())
             path = self._tree.path(key)
+            decayed: Mapping[str, float] | None = None
+            score: float | None = None
+            sampled: float | None = None
+            if decay is not None and consumed is not None:
+                record = consumed.get(tenant)
+                decayed = record.amounts if record is not None else {}
+                sampled = record.at if record is not None else None
+                score = decayed_score(decayed, decay.resource_weights, self._base_of, quota.weight)
             for resource in self.resources:
                 name = resource.name
                 limits = quota.of(name)
@@ -515,6 +535,9 @@ class QuotaModel:
                         path=path,
                         weight=quota.weight,
                         share=share,
+                        decayed=None if decayed is None else decayed.get(name, 0.0),
+                        decayed_usage=score,
+                        decayed_at=sampled,
                     )
                 )
         return rows

@@ -3,7 +3,9 @@ of attempts, then UNAVAILABLE (docs/tenancy.md)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from fractions import Fraction
 
 import pytest
 
@@ -18,6 +20,7 @@ from services.allocator.reservations.model import Hold, Reservation, Reservation
 from services.allocator.reservations.quota_ledger import QuotaEntry, Ticket
 from services.common.dra.model import AllocationResult, DeviceRequestAllocationResult
 from services.common.errors import Unavailable
+from services.common.security.fair_sharing import AdmissionFairSharing
 from services.common.security.quota import (
     CohortQuota,
     QuotaLimits,
@@ -27,10 +30,12 @@ from services.common.security.quota import (
 )
 
 
-def _take(guard: QuotaGuard, owner: str, amounts: dict[str, int]) -> TakeResult:
+def _take(
+    guard: QuotaGuard, owner: str, amounts: dict[str, int], lease_seconds: float = 60
+) -> TakeResult:
     """Step one of one grant, as the grant path takes it (app/quota_grants.py)."""
     tally = QuotaTally(guard)
-    admitted = tally.admit(QuotaAsk(owner, (amounts,), 60))
+    admitted = tally.admit(QuotaAsk(owner, (amounts,), lease_seconds))
     assert not isinstance(admitted, tuple), admitted
     return tally.take()[admitted]
 
@@ -173,6 +178,55 @@ def test_the_reconciler_moves_what_a_replica_missed() -> None:
     assert ledger.read("cohort:org").entries == ()
     [entry] = ledger.read("cohort:research").entries
     assert (entry.id, entry.amounts, entry.expires_at) == ("res-a@n1", {"gpus": 1000}, None)
+
+
+# --- usage decayed with a half-life (admission fair sharing) ------------------------------------
+
+
+def test_usage_is_sampled_every_interval_with_its_half_life() -> None:
+    """Two tenants of one cohort, a 10-minute half-life sampled every 5 minutes by the ledger's
+    clock: the first look starts everyone at 0; team-a holds 4 GPUs; a look before 5 minutes
+    samples nothing; after 5 minutes team-a's decayed usage is 4 * (1 - 0.5 ** 0.5); two
+    guards (replicas) looking at once write one sample; QuotaStatus shows it, weighted."""
+    now = [1_700_000_000.0]
+    ledger = MemoryQuotaLedger(lambda: now[0])
+    model = QuotaModel(
+        (QuotaResource("gpus", ("gpu.nvidia.com",)),),
+        {
+            t: TenantQuota(t, "research", {"gpus": QuotaLimits(4000)}, weight=weight)
+            for t, weight in (("team-a", Fraction(2)), ("team-b", Fraction(1)))
+        },
+        admission_fair_sharing=AdmissionFairSharing(600.0, 300.0, {"gpus": Fraction(3)}),
+    )
+    guard = QuotaGuard(lambda: model, ledger, dict, SelectorCache())
+    replica = QuotaGuard(lambda: model, ledger, dict, SelectorCache())
+    assert guard.sample_usage() == 1
+    first = ledger.read_consumed("cohort:research")
+    assert {t: c.amounts for t, c in first.tenants.items()} == {"team-a": {}, "team-b": {}}
+    grant = _take(guard, "team-a/job/1", {"gpus": 4000}, 3600)
+    assert grant is not None and not isinstance(grant, tuple)
+    now[0] += 299
+    assert guard.sample_usage() == 0  # not due yet
+    now[0] += 1
+    assert guard.sample_usage() + replica.sample_usage() == 1  # one of them wrote it
+    [a, b] = guard.status()
+    expected = 4000 * (1 - 0.5**0.5)
+    assert a.decayed is not None and math.isclose(a.decayed, expected)
+    assert a.decayed_usage is not None and math.isclose(a.decayed_usage, 3 * expected / 1000 / 2)
+    assert (a.decayed_at, b.decayed, b.decayed_usage) == (now[0], 0.0, 0.0)
+
+
+def test_no_decay_configured_shows_none_and_samples_nothing() -> None:
+    model = QuotaModel(
+        (QuotaResource("gpus", ("gpu.nvidia.com",)),),
+        {"hpc": TenantQuota("hpc", "", {"gpus": QuotaLimits(8000)})},
+    )
+    ledger = MemoryQuotaLedger()
+    guard = QuotaGuard(lambda: model, ledger, dict, SelectorCache())
+    assert guard.sample_usage() == 0
+    [row] = guard.status()
+    assert (row.decayed, row.decayed_usage, row.decayed_at) == (None, None, None)
+    assert ledger.read_consumed("tenant:hpc").tenants == {}
 
 
 # --- a batch's grants: one compare-and-set per ledger -----------------------------------------

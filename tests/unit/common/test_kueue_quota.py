@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from services.common.errors import FieldViolation, InvalidArgument
+from services.common.security import kueue_quota
 from services.common.security.kueue_quota import FieldError, KueueViolation
 from services.common.security.policy import AccessPolicy, parse_policy
 from services.common.security.policy_files import load_policy
@@ -365,7 +366,6 @@ preemptionPolicy: Never
   namespaceSelector: {matchExpressions: [{key: team, operator: In, values: [a]}]}
   queueingStrategy: StrictFIFO
   stopPolicy: None
-  fairSharing: {weight: 2}
   admissionScope: {admissionMode: UsageBasedAdmissionFairSharing}
   admissionChecksStrategy:
     admissionChecks: [{name: gpualloc, onFlavors: [default-flavor]}]""",
@@ -422,6 +422,88 @@ data:
         f"""
   - name: team-a
     quotas: [{{resource: example.com/gpus, flavor: default-flavor, nominal: 4}}]
+{KUEUE_DEFAULTS}""",
+    ),
+    (
+        "cohorts-with-a-parent-quotas-and-weights",
+        documents(
+            DEFAULT_FLAVOR,
+            f"""
+apiVersion: {V2}
+kind: Cohort
+metadata: {{name: org}}
+spec:
+  fairSharing: {{weight: 2}}
+  resourceGroups:
+  - coveredResources: [nvidia.com/gpu]
+    flavors: [{{name: default-flavor, resources: [{{name: nvidia.com/gpu, nominalQuota: 8}}]}}]
+---
+apiVersion: {V1}
+kind: Cohort
+metadata: {{name: research}}
+spec:
+  parentName: org
+  resourceGroups:
+  - coveredResources: [cpu, nvidia.com/gpu]
+    flavors:
+    - name: default-flavor
+      resources:
+      - {{name: cpu, nominalQuota: 10}}
+      - {{name: nvidia.com/gpu, nominalQuota: 2, borrowingLimit: 4, lendingLimit: 10}}
+""",
+            GPU_QUEUE.replace(
+                "spec:", "spec:\n  cohortName: research\n  fairSharing: {weight: 500m}"
+            ),
+        ),
+        {},
+        NATIVE_GPU
+        + """
+    cohorts:
+    - name: org
+      quotas: [{resource: nvidia.com/gpu, flavor: default-flavor, nominal: 8}]
+      fairSharing: {weight: 2}
+    - name: research
+      parent: org
+      quotas:
+      - {resource: nvidia.com/gpu, flavor: default-flavor, nominal: 2, borrowingLimit: 4,
+         lendingLimit: 10}
+""",
+        f"""
+  - name: team-a
+    cohort: research
+    quotas: [{{resource: nvidia.com/gpu, flavor: default-flavor, nominal: 4}}]
+    fairSharing: {{weight: 500m}}
+{KUEUE_DEFAULTS}""",
+    ),
+    (
+        "a-parent-no-object-declares-is-kueues-default-cohort",
+        documents(
+            DEFAULT_FLAVOR,
+            f"{{apiVersion: {V2}, kind: Cohort, metadata: {{name: research}}, "
+            "spec: {parentName: org}}",
+            GPU_QUEUE.replace("spec:", "spec:\n  cohortName: research"),
+        ),
+        {},
+        NATIVE_GPU + "    cohorts: [{name: research, parent: org}, {name: org}]\n",
+        f"""
+  - name: team-a
+    cohort: research
+    quotas: [{{resource: nvidia.com/gpu, flavor: default-flavor, nominal: 4}}]
+{KUEUE_DEFAULTS}""",
+    ),
+    (
+        "v1beta1s-fair-sharing-not-enabled-is-off",
+        documents(
+            DEFAULT_FLAVOR,
+            GPU_QUEUE,
+            "apiVersion: config.kueue.x-k8s.io/v1beta1\nkind: Configuration\n"
+            "fairSharing: {enable: false}",
+        ),
+        {},
+        NATIVE_GPU,
+        f"""
+  - name: team-a
+    quotas: [{{resource: nvidia.com/gpu, flavor: default-flavor, nominal: 4}}]
 {KUEUE_DEFAULTS}""",
     ),
     (
@@ -513,6 +595,162 @@ def test_inline_objects_and_files_together() -> None:
 {KUEUE_DEFAULTS}""",
         ).quotas
     )
+
+
+# The Configuration's fair sharing, as the native section will take it once it supports fair
+# sharing (kueue_quota.NATIVE_FAIR_SHARING); refused by name until then (INVALID's rows
+# `fair-sharing-is-not-supported-yet`, `admission-fair-sharing-is-not-supported-yet`).
+FAIR_SHARING_MAPPING: list[tuple[str, str, dict[str, Any], str, str]] = [
+    (
+        "the-configurations-fair-sharing",
+        documents(
+            DEFAULT_FLAVOR,
+            GPU_QUEUE,
+            "apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\n"
+            "fairSharing: {preemptionStrategies: [LessThanInitialShare]}\n"
+            "admissionFairSharing:\n  usageHalfLifeTime: 168h\n"
+            "  resourceWeights: {nvidia.com/gpu: 2, cpu: 1}",
+        ),
+        {},
+        NATIVE_GPU
+        + """
+    fairSharing: {enabled: true, preemptionStrategies: [LessThanInitialShare]}
+    admissionFairSharing:
+      usageHalfLifeTime: 168h
+      usageSamplingInterval: 5m
+      resourceWeights: {nvidia.com/gpu: 2}
+""",
+        f"""
+  - name: team-a
+    quotas: [{{resource: nvidia.com/gpu, flavor: default-flavor, nominal: 4}}]
+{KUEUE_DEFAULTS}""",
+    ),
+    (
+        "v1beta1s-enabled-fair-sharing-takes-both-strategies",
+        documents(
+            DEFAULT_FLAVOR,
+            GPU_QUEUE,
+            "apiVersion: config.kueue.x-k8s.io/v1beta1\nkind: Configuration\n"
+            "fairSharing: {enable: true}",
+        ),
+        {},
+        NATIVE_GPU
+        + """
+    fairSharing:
+      enabled: true
+      preemptionStrategies: [LessThanOrEqualToFinalShare, LessThanInitialShare]
+""",
+        f"""
+  - name: team-a
+    quotas: [{{resource: nvidia.com/gpu, flavor: default-flavor, nominal: 4}}]
+{KUEUE_DEFAULTS}""",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("objects", "quota"), [pytest.param(c[1], c[3], id=c[0]) for c in FAIR_SHARING_MAPPING]
+)
+def test_the_configurations_fair_sharing_is_translated_for_the_native_section(
+    objects: str, quota: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the Configuration's fair sharing becomes once the native section takes it (the
+    translation, compared before the native parser, which refuses it still)."""
+    monkeypatch.setattr(kueue_quota, "NATIVE_FAIR_SHARING", True)
+    errors: list[FieldViolation] = []
+    files = {
+        "site.yaml": [(f"site.yaml[{i}]", d) for i, d in enumerate(yaml.safe_load_all(objects))]
+    }
+    translation = kueue_quota.translate({"files": ["site.yaml"]}, files, errors)
+    assert errors == []
+    expected = yaml.safe_load(quota)
+    for key in ("fairSharing", "admissionFairSharing"):
+        assert translation.quota.get(key) == expected.get(key)
+
+
+# Flavors' taints and tolerations, whenCanPreempt and preference, as the native section will
+# take them once it has flavors' search (kueue_quota.NATIVE_FLAVOR_SEARCH); refused by name
+# until then (INVALID's `flavor-taints-are-refused`, `flavor-tolerations-are-refused`,
+# `when-can-preempt-may-stop-search-is-refused`, `preference-is-refused`).
+# (id, objects, the native resourceFlavors, the native flavorFungibility of team-a)
+FLAVOR_SEARCH_MAPPING = [
+    (
+        "taints-tolerations-and-fungibility",
+        documents(
+            f"""
+apiVersion: {V2}
+kind: ResourceFlavor
+metadata: {{name: default-flavor}}
+spec:
+  nodeLabels: {{pool: spot}}
+  nodeTaints:
+  - {{key: spot, value: "true", effect: NoSchedule, timeAdded: "2026-01-01T00:00:00Z"}}
+  - {{key: maintenance, effect: PreferNoSchedule}}
+  tolerations:
+  - {{key: spot, operator: Exists, effect: NoExecute, tolerationSeconds: 300}}
+  - {{operator: Exists}}
+""",
+            GPU_QUEUE.replace(
+                "spec:",
+                "spec:\n  flavorFungibility: {whenCanBorrow: TryNextFlavor, "
+                "whenCanPreempt: TryNextFlavor, preference: PreemptionOverBorrowing}",
+            ),
+        ),
+        """
+- name: default-flavor
+  nodeLabels: {pool: spot}
+  nodeTaints:
+  - {key: spot, value: "true", effect: NoSchedule}
+  - {key: maintenance, effect: PreferNoSchedule}
+  tolerations:
+  - {key: spot, operator: Exists, effect: NoExecute}
+  - {operator: Exists}
+""",
+        {
+            "whenCanBorrow": "TryNextFlavor",
+            "whenCanPreempt": "TryNextFlavor",
+            "preference": "PreemptionOverBorrowing",
+        },
+    ),
+    (
+        "kueues-default-when-can-preempt-written-out",
+        documents(DEFAULT_FLAVOR, GPU_QUEUE),
+        "[{name: default-flavor, nodeLabels: {}}]",
+        {"whenCanBorrow": "MayStopSearch", "whenCanPreempt": "TryNextFlavor"},
+    ),
+    (
+        "v1beta1s-preempt-is-may-stop-search",
+        documents(
+            DEFAULT_FLAVOR,
+            GPU_QUEUE.replace(V2, V1).replace(
+                "spec:", "spec:\n  flavorFungibility: {whenCanPreempt: Preempt}"
+            ),
+        ),
+        "[{name: default-flavor, nodeLabels: {}}]",
+        {"whenCanBorrow": "MayStopSearch", "whenCanPreempt": "MayStopSearch"},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("objects", "flavors", "fungibility"),
+    [pytest.param(*c[1:], id=c[0]) for c in FLAVOR_SEARCH_MAPPING],
+)
+def test_flavors_taints_and_fungibility_are_translated_for_the_native_section(
+    objects: str, flavors: str, fungibility: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a ResourceFlavor's taints and tolerations and a ClusterQueue's whenCanPreempt and
+    preference become once the native section takes them (the translation, compared before
+    the native parser, which refuses them still)."""
+    monkeypatch.setattr(kueue_quota, "NATIVE_FLAVOR_SEARCH", True)
+    errors: list[FieldViolation] = []
+    files = {
+        "site.yaml": [(f"site.yaml[{i}]", d) for i, d in enumerate(yaml.safe_load_all(objects))]
+    }
+    translation = kueue_quota.translate({"files": ["site.yaml"]}, files, errors)
+    assert errors == []
+    assert translation.quota["resourceFlavors"] == yaml.safe_load(flavors)
+    assert translation.tenants["team-a"]["flavorFungibility"] == fungibility
 
 
 # --- validation -----------------------------------------------------------------------------
@@ -841,6 +1079,52 @@ INVALID = [
         [(X, "ResourceFlavor", "tas", "spec.topologyName")],
     ),
     (
+        "taint-effect-not-kubernetes",
+        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata: {name: spot}\n"
+        "spec: {nodeTaints: [{key: spot, effect: Never}]}",
+        [(NS, "ResourceFlavor", "spot", "spec.nodeTaints[0].effect")],
+    ),
+    (
+        "a-taint-twice-for-one-key-and-effect",
+        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata: {name: spot}\n"
+        "spec: {nodeTaints: [{key: spot, effect: NoSchedule}, "
+        "{key: spot, value: 'yes', effect: NoSchedule}]}",
+        [(D, "ResourceFlavor", "spot", "spec.nodeTaints[1]")],
+    ),
+    (
+        "more-than-8-taints",
+        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata: {name: spot}\n"
+        "spec: {nodeTaints: ["
+        + ", ".join(f"{{key: t{i}, effect: NoSchedule}}" for i in range(9))
+        + "]}",
+        [(TM, "ResourceFlavor", "spot", "spec.nodeTaints")],
+    ),
+    (
+        "toleration-without-a-key-not-exists",
+        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata: {name: spot}\n"
+        "spec: {tolerations: [{operator: Equal, value: x}]}",
+        [(INV, "ResourceFlavor", "spot", "spec.tolerations[0].operator")],
+    ),
+    (
+        "toleration-exists-with-a-value",
+        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata: {name: spot}\n"
+        "spec: {tolerations: [{key: spot, operator: Exists, value: x}]}",
+        [(INV, "ResourceFlavor", "spot", "spec.tolerations[0].value")],
+    ),
+    (
+        "toleration-seconds-without-no-execute",
+        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata: {name: spot}\n"
+        "spec: {tolerations: [{key: spot, operator: Exists, effect: NoSchedule, "
+        "tolerationSeconds: 5}]}",
+        [(INV, "ResourceFlavor", "spot", "spec.tolerations[0].effect")],
+    ),
+    (
+        "toleration-key-not-a-label-name",
+        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata: {name: spot}\n"
+        "spec: {tolerations: [{key: 'spot instance', operator: Exists}]}",
+        [(INV, "ResourceFlavor", "spot", "spec.tolerations[0].key")],
+    ),
+    (
         "workload-priority-value-required",
         "apiVersion: kueue.x-k8s.io/v1beta2\nkind: WorkloadPriorityClass\nmetadata: {name: p}",
         [(R, "WorkloadPriorityClass", "p", "value")],
@@ -872,10 +1156,29 @@ INVALID = [
         [(D, "WorkloadPriorityClass", "p", "metadata.name")],
     ),
     (
-        "a-cohort-object-is-not-supported-yet",
-        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: Cohort\nmetadata: {name: research}\n"
-        "spec: {parentName: org}",
-        [(X, "Cohort", "research", "")],
+        "cohorts-in-a-cycle",
+        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: Cohort\nmetadata: {name: a}\n"
+        "spec: {parentName: b}\n---\napiVersion: kueue.x-k8s.io/v1beta2\nkind: Cohort\n"
+        "metadata: {name: b}\nspec: {parentName: a}",
+        [(X, "Cohort", "a", "spec.parentName")],
+    ),
+    (
+        "a-cohort-named-as-a-cluster-queue",
+        _queue(GROUP + COHORT)
+        + "\n---\napiVersion: kueue.x-k8s.io/v1beta2\nkind: Cohort\nmetadata: {name: team-a}",
+        [(X, "Cohort", "team-a", "metadata.name")],
+    ),
+    (
+        "a-root-cohort-cannot-borrow",
+        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: Cohort\nmetadata: {name: org}\nspec:\n"
+        + GROUP.replace("4}", "4, borrowingLimit: 1}"),
+        [(INV, "Cohort", "org", "spec.resourceGroups[0].flavors[0].resources[0].borrowingLimit")],
+    ),
+    (
+        "cohort-parent-not-a-dns-subdomain",
+        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: Cohort\nmetadata: {name: org}\n"
+        "spec: {parentName: Org}",
+        [(INV, "Cohort", "org", "spec.parentName")],
     ),
     (
         "fair-sharing-is-not-supported-yet",
@@ -884,10 +1187,45 @@ INVALID = [
         [(X, "Configuration", "", "fairSharing")],
     ),
     (
+        "v1beta1s-enabled-fair-sharing-is-not-supported-yet",
+        "apiVersion: config.kueue.x-k8s.io/v1beta1\nkind: Configuration\n"
+        "fairSharing: {enable: true}",
+        [(X, "Configuration", "", "fairSharing")],
+    ),
+    (
         "admission-fair-sharing-is-not-supported-yet",
         "apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\n"
-        "admissionFairSharing: {usageHalfLifeTime: 168h, usageSamplingInterval: 5m}",
+        "admissionFairSharing: {usageHalfLifeTime: 168h}",
         [(X, "Configuration", "", "admissionFairSharing")],
+    ),
+    (
+        "fair-sharing-without-strategies",
+        "apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\nfairSharing: {}",
+        [(R, "Configuration", "", "fairSharing.preemptionStrategies")],
+    ),
+    (
+        "fair-sharing-strategies-not-kueues",
+        "apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\n"
+        "fairSharing: {preemptionStrategies: [LessThanInitialShare, LessThanOrEqualToFinalShare]}",
+        [(NS, "Configuration", "", "fairSharing.preemptionStrategies")],
+    ),
+    (
+        "admission-fair-sharing-negative-half-life",
+        "apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\n"
+        "admissionFairSharing: {usageHalfLifeTime: -1h}",
+        [(INV, "Configuration", "", "admissionFairSharing.usageHalfLifeTime")],
+    ),
+    (
+        "admission-fair-sharing-sampling-every-zero",
+        "apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\n"
+        "admissionFairSharing: {usageHalfLifeTime: 1h, usageSamplingInterval: 0s}",
+        [(INV, "Configuration", "", "admissionFairSharing.usageSamplingInterval")],
+    ),
+    (
+        "admission-fair-sharing-negative-weight",
+        "apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\n"
+        "admissionFairSharing: {usageHalfLifeTime: 1h, resourceWeights: {nvidia.com/gpu: -1}}",
+        [(INV, "Configuration", "", "admissionFairSharing.resourceWeights[nvidia.com/gpu]")],
     ),
     (
         "transformations-are-refused",
@@ -1138,3 +1476,27 @@ def test_a_change_of_a_named_file_reloads_the_policy(tmp_path: Path) -> None:
     queues.write_text(GPU_QUEUE)
     now[0] += 2
     assert nominal("team-a") == 4000 and nominal("team-c") == 4000
+
+
+def test_nothing_past_kueues_limits_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ClusterQueue of 10,000 resource groups (one group aliased over and over, each with an
+    unknown field) is refused with one TOO_MANY and the errors of the 16 groups Kueue allows
+    at most, not 10,000 of them; and past the objects' limit (5,000; 10 here) none is read."""
+    group = "{coveredResources: [nvidia.com/gpu], flavors: [], bogus: 1}"
+    aliased = f"&g {group}, " + ", ".join(["*g"] * 9_999)
+    text = _queue(f"  resourceGroups: [{aliased}]\n")
+    with pytest.raises(InvalidArgument) as caught:
+        kueue(documents(DEFAULT_FLAVOR, text))
+    errors = [(v.error, v.path) for v in caught.value.violations if isinstance(v, KueueViolation)]
+    assert errors[0] == (TM, "spec.resourceGroups")
+    assert len(errors) == 1 + 16 * 2 + 15  # each: the unknown field, no flavors; a duplicate
+    monkeypatch.setattr(kueue_quota, "_OBJECTS_LIMIT", 10)
+    many = "apiVersion: v1\nkind: List\nitems:\n" + "".join(
+        f"- {{apiVersion: {V2}, kind: ResourceFlavor, metadata: {{name: f{i}}}}}\n"
+        for i in range(20)
+    )
+    with pytest.raises(InvalidArgument) as caught:
+        kueue(many)
+    found = [v for v in caught.value.violations if isinstance(v, KueueViolation)]
+    assert len(found) == len(caught.value.violations)
+    assert [(v.error, v.origin) for v in found] == [(TM, "site.yaml[0].items[9]")]

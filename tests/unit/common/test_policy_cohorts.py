@@ -13,6 +13,7 @@ import yaml
 
 from services.common.errors import InvalidArgument
 from services.common.security.fair_sharing import (
+    AdmissionFairSharing,
     FairSharing,
     PreemptionStrategy,
 )
@@ -35,8 +36,12 @@ spec:
       quotas: [{resource: gpus, nominal: 4, borrowingLimit: 2, lendingLimit: 1}]
       fairSharing: {weight: 2}
     fairSharing:
-      enabled: false
+      enabled: true
       preemptionStrategies: [LessThanOrEqualToFinalShare, LessThanInitialShare]
+    admissionFairSharing:
+      usageHalfLifeTime: 168h
+      usageSamplingInterval: 5m
+      resourceWeights: {gpus: 1}
   tenants:
   - name: team-a
     cohort: research
@@ -65,23 +70,32 @@ def test_the_tree_and_fair_sharing_load() -> None:
     assert quotas.path("team-a") == ("org", "research")
     assert quotas.ledgers() == ("cohort:org",)  # one tree, one ledger
     assert quotas.fair_sharing == FairSharing(
-        False,
+        True,
         (
             PreemptionStrategy.LESS_THAN_OR_EQUAL_TO_FINAL_SHARE,
             PreemptionStrategy.LESS_THAN_INITIAL_SHARE,
         ),
     )
-    assert quotas.admission_fair_sharing is None
+    assert quotas.admission_fair_sharing == AdmissionFairSharing(
+        7 * 24 * 3600.0, 300.0, {"gpus": Fraction(1)}
+    )
 
 
 DEFAULTS = [
     ("fair-sharing-off-by-default", "spec.quota.fairSharing", None, "fair_sharing", FairSharing()),
     (
+        "strategies-default-to-kueues-list",
+        "spec.quota.fairSharing",
+        {"enabled": True},
+        "fair_sharing",
+        FairSharing(True),
+    ),
+    (
         "one-strategy",
         "spec.quota.fairSharing",
-        {"preemptionStrategies": ["LessThanInitialShare"]},
+        {"enabled": True, "preemptionStrategies": ["LessThanInitialShare"]},
         "fair_sharing",
-        FairSharing(False, (PreemptionStrategy.LESS_THAN_INITIAL_SHARE,)),
+        FairSharing(True, (PreemptionStrategy.LESS_THAN_INITIAL_SHARE,)),
     ),
     (
         "no-usage-decay-by-default",
@@ -89,6 +103,20 @@ DEFAULTS = [
         None,
         "admission_fair_sharing",
         None,
+    ),
+    (
+        "sampling-every-5m-by-default-and-weights-1",
+        "spec.quota.admissionFairSharing",
+        {"usageHalfLifeTime": "1h30m"},
+        "admission_fair_sharing",
+        AdmissionFairSharing(5400.0, 300.0, {}),
+    ),
+    (
+        "a-half-life-of-0-resets-usage",
+        "spec.quota.admissionFairSharing",
+        {"usageHalfLifeTime": "0s"},
+        "admission_fair_sharing",
+        AdmissionFairSharing(0.0),
     ),
 ]
 
@@ -155,13 +183,6 @@ BAD = [
         "a tenant without quotas shares nothing",
     ),
     ("fair-sharing-not-boolean", "spec.quota.fairSharing.enabled", "yes", "true or false"),
-    ("fair-sharing-not-yet", "spec.quota.fairSharing.enabled", True, "not supported yet"),
-    (
-        "usage-decay-not-yet",
-        "spec.quota.admissionFairSharing",
-        {"usageHalfLifeTime": "168h"},
-        "not supported yet",
-    ),
     (
         "unknown-strategy",
         "spec.quota.fairSharing.preemptionStrategies",

@@ -525,6 +525,7 @@ def quota_status_response(
                 dominant_resource=row.share.dominant,
                 decayed_used=decayed(row),
                 decayed_usage=score(row.decayed_usage, row.decayed is not None),
+                decayed_at=None if row.decayed_at is None else _timestamp(row.decayed_at),
             )
             for row in rows
         ],

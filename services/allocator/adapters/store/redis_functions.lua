@@ -381,6 +381,9 @@ base = "<prefix>:{quota:<cohort>}:":
   base..'entries'  HASH    entry id -> JSON {"tenant":..., "amounts":{resource: milli}}
   base..'expires'  ZSET    the leased entries by expiry (ms, server TIME); committed ones absent
   base..'version'  STRING  grows with every take: the compare-and-set of a grant's check
+  base..'consumed'          HASH    tenant -> JSON {"amounts":{resource: milli}, "at": ms}: its
+                                    usage decayed with a half-life, as last sampled
+  base..'consumed-version'  STRING  grows with every sample written
 The rule is checked by the caller on a read; a take adds only if nothing was taken since.
 ]]
 
@@ -500,6 +503,24 @@ local function quota_drop(keys, args)
   return dropped
 end
 
+-- Read-only. ARGV: base -> {now, version, consumed (flat)}
+local function quota_consumed_read(keys, args)
+  local base = args[1]
+  return {string.format('%d', now_ms()), redis.call('GET', base .. 'consumed-version') or '0',
+    redis.call('HGETALL', base .. 'consumed')}
+end
+
+-- ARGV: base version (tenant json)... -> 1 when the sample replaced the last one, else 0 (another
+-- sample came first)
+local function quota_consumed_put(keys, args)
+  local base = args[1]
+  if (redis.call('GET', base .. 'consumed-version') or '0') ~= args[2] then return 0 end
+  redis.call('DEL', base .. 'consumed')
+  for i = 3, #args, 2 do redis.call('HSET', base .. 'consumed', args[i], args[i + 1]) end
+  redis.call('INCR', base .. 'consumed-version')
+  return 1
+end
+
 local function version()
   return VERSION
 end
@@ -520,6 +541,9 @@ redis.register_function('gpualloc_quota_bind_many', quota_bind_many)
 redis.register_function('gpualloc_quota_extend', quota_extend)
 redis.register_function('gpualloc_quota_commit', quota_commit)
 redis.register_function('gpualloc_quota_drop', quota_drop)
+redis.register_function('gpualloc_quota_consumed_put', quota_consumed_put)
+redis.register_function{function_name = 'gpualloc_quota_consumed_read',
+  callback = quota_consumed_read, flags = {'no-writes'}}
 redis.register_function{function_name = 'gpualloc_quota_read', callback = quota_read,
   flags = {'no-writes'}}
 redis.register_function{function_name = 'gpualloc_get', callback = get, flags = {'no-writes'}}

@@ -871,7 +871,14 @@ class RedisReservationStore:
 
 
 _READ_ONLY = frozenset(
-    {"gpualloc_get", "gpualloc_list", "gpualloc_pending", "gpualloc_version", "gpualloc_quota_read"}
+    {
+        "gpualloc_get",
+        "gpualloc_list",
+        "gpualloc_pending",
+        "gpualloc_version",
+        "gpualloc_quota_read",
+        "gpualloc_quota_consumed_read",
+    }
 )
 
 
