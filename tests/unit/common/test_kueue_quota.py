@@ -507,6 +507,50 @@ spec:
 {KUEUE_DEFAULTS}""",
     ),
     (
+        "the-configurations-fair-sharing",
+        documents(
+            DEFAULT_FLAVOR,
+            GPU_QUEUE,
+            "apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\n"
+            "fairSharing: {preemptionStrategies: [LessThanInitialShare]}\n"
+            "admissionFairSharing:\n  usageHalfLifeTime: 168h\n"
+            "  resourceWeights: {nvidia.com/gpu: 2, cpu: 1}",
+        ),
+        {},
+        NATIVE_GPU
+        + """
+    fairSharing: {enabled: true, preemptionStrategies: [LessThanInitialShare]}
+    admissionFairSharing:
+      usageHalfLifeTime: 168h
+      usageSamplingInterval: 5m
+      resourceWeights: {nvidia.com/gpu: 2}
+""",
+        f"""
+  - name: team-a
+    quotas: [{{resource: nvidia.com/gpu, flavor: default-flavor, nominal: 4}}]
+{KUEUE_DEFAULTS}""",
+    ),
+    (
+        "v1beta1s-enabled-fair-sharing-takes-both-strategies",
+        documents(
+            DEFAULT_FLAVOR,
+            GPU_QUEUE,
+            "apiVersion: config.kueue.x-k8s.io/v1beta1\nkind: Configuration\n"
+            "fairSharing: {enable: true}",
+        ),
+        {},
+        NATIVE_GPU
+        + """
+    fairSharing:
+      enabled: true
+      preemptionStrategies: [LessThanOrEqualToFinalShare, LessThanInitialShare]
+""",
+        f"""
+  - name: team-a
+    quotas: [{{resource: nvidia.com/gpu, flavor: default-flavor, nominal: 4}}]
+{KUEUE_DEFAULTS}""",
+    ),
+    (
         "a-queue-without-resource-groups-is-granted-nothing",
         documents(
             DEFAULT_FLAVOR,
@@ -595,77 +639,6 @@ def test_inline_objects_and_files_together() -> None:
 {KUEUE_DEFAULTS}""",
         ).quotas
     )
-
-
-# The Configuration's fair sharing, as the native section will take it once it supports fair
-# sharing (kueue_quota.NATIVE_FAIR_SHARING); refused by name until then (INVALID's rows
-# `fair-sharing-is-not-supported-yet`, `admission-fair-sharing-is-not-supported-yet`).
-FAIR_SHARING_MAPPING: list[tuple[str, str, dict[str, Any], str, str]] = [
-    (
-        "the-configurations-fair-sharing",
-        documents(
-            DEFAULT_FLAVOR,
-            GPU_QUEUE,
-            "apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\n"
-            "fairSharing: {preemptionStrategies: [LessThanInitialShare]}\n"
-            "admissionFairSharing:\n  usageHalfLifeTime: 168h\n"
-            "  resourceWeights: {nvidia.com/gpu: 2, cpu: 1}",
-        ),
-        {},
-        NATIVE_GPU
-        + """
-    fairSharing: {enabled: true, preemptionStrategies: [LessThanInitialShare]}
-    admissionFairSharing:
-      usageHalfLifeTime: 168h
-      usageSamplingInterval: 5m
-      resourceWeights: {nvidia.com/gpu: 2}
-""",
-        f"""
-  - name: team-a
-    quotas: [{{resource: nvidia.com/gpu, flavor: default-flavor, nominal: 4}}]
-{KUEUE_DEFAULTS}""",
-    ),
-    (
-        "v1beta1s-enabled-fair-sharing-takes-both-strategies",
-        documents(
-            DEFAULT_FLAVOR,
-            GPU_QUEUE,
-            "apiVersion: config.kueue.x-k8s.io/v1beta1\nkind: Configuration\n"
-            "fairSharing: {enable: true}",
-        ),
-        {},
-        NATIVE_GPU
-        + """
-    fairSharing:
-      enabled: true
-      preemptionStrategies: [LessThanOrEqualToFinalShare, LessThanInitialShare]
-""",
-        f"""
-  - name: team-a
-    quotas: [{{resource: nvidia.com/gpu, flavor: default-flavor, nominal: 4}}]
-{KUEUE_DEFAULTS}""",
-    ),
-]
-
-
-@pytest.mark.parametrize(
-    ("objects", "quota"), [pytest.param(c[1], c[3], id=c[0]) for c in FAIR_SHARING_MAPPING]
-)
-def test_the_configurations_fair_sharing_is_translated_for_the_native_section(
-    objects: str, quota: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """What the Configuration's fair sharing becomes once the native section takes it (the
-    translation, compared before the native parser, which refuses it still)."""
-    monkeypatch.setattr(kueue_quota, "NATIVE_FAIR_SHARING", True)
-    errors: list[FieldViolation] = []
-    files = {
-        "site.yaml": [(f"site.yaml[{i}]", d) for i, d in enumerate(yaml.safe_load_all(objects))]
-    }
-    translation = kueue_quota.translate({"files": ["site.yaml"]}, files, errors)
-    assert errors == []
-    expected = yaml.safe_load(quota)
-    for key in ("fairSharing", "admissionFairSharing"):
-        assert translation.quota.get(key) == expected.get(key)
 
 
 # Flavors' taints and tolerations, whenCanPreempt and preference, as the native section will
@@ -1179,24 +1152,6 @@ INVALID = [
         "apiVersion: kueue.x-k8s.io/v1beta2\nkind: Cohort\nmetadata: {name: org}\n"
         "spec: {parentName: Org}",
         [(INV, "Cohort", "org", "spec.parentName")],
-    ),
-    (
-        "fair-sharing-is-not-supported-yet",
-        "apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\n"
-        "fairSharing: {preemptionStrategies: [LessThanInitialShare]}",
-        [(X, "Configuration", "", "fairSharing")],
-    ),
-    (
-        "v1beta1s-enabled-fair-sharing-is-not-supported-yet",
-        "apiVersion: config.kueue.x-k8s.io/v1beta1\nkind: Configuration\n"
-        "fairSharing: {enable: true}",
-        [(X, "Configuration", "", "fairSharing")],
-    ),
-    (
-        "admission-fair-sharing-is-not-supported-yet",
-        "apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\n"
-        "admissionFairSharing: {usageHalfLifeTime: 168h}",
-        [(X, "Configuration", "", "admissionFairSharing")],
     ),
     (
         "fair-sharing-without-strategies",
