@@ -8,6 +8,7 @@ gpualloc refuses, and asserts the error by type, object and field path.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -1455,3 +1456,60 @@ def test_nothing_past_kueues_limits_is_read(monkeypatch: pytest.MonkeyPatch) -> 
     found = [v for v in caught.value.violations if isinstance(v, KueueViolation)]
     assert len(found) == len(caught.value.violations)
     assert [(v.error, v.origin) for v in found] == [(TM, "site.yaml[0].items[9]")]
+
+
+def _kubelet_projects(directory: Path, files: dict[str, str], version: str) -> None:
+    """`files` as kubelet projects a ConfigMap volume: in a hidden timestamped directory,
+    `..data` a symlink to it swapped atomically (a rename), each key a symlink through
+    `..data`; the previous version removed."""
+    directory.mkdir(exist_ok=True)
+    target = directory / f"..{version}"
+    target.mkdir()
+    for name, text in files.items():
+        (target / name).write_text(text)
+    previous = (directory / "..data").resolve() if (directory / "..data").exists() else None
+    (directory / "..data_tmp").symlink_to(target.name)
+    (directory / "..data_tmp").rename(directory / "..data")
+    for name in files:
+        link = directory / name
+        if not link.is_symlink():
+            link.symlink_to(f"..data/{name}")
+    if previous is not None:
+        shutil.rmtree(previous)
+
+
+def test_a_configmap_volume_of_kueue_files_reloads_when_kubelet_swaps_it(tmp_path: Path) -> None:
+    """The Kueue files mounted from a ConfigMap (kubelet's layout: keys as symlinks through
+    `..data`, a new version swapped in with one rename): its hidden directories are not read,
+    and an update of the ConfigMap reloads the policy."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY_FILE.replace("[kueue/, extra.yaml]", "[kueue/]"))
+    _kubelet_projects(
+        tmp_path / "kueue", {"flavors.yaml": DEFAULT_FLAVOR, "queues.yaml": GPU_QUEUE}, "v1"
+    )
+    now = [0.0]
+    watched = WatchedFiles(
+        [str(policy)],
+        lambda contents: load_policy(str(policy), contents[0]),
+        what="policy",
+        clock=lambda: now[0],
+        follow=lambda loaded: loaded.followed,
+    )
+
+    def nominal() -> int:
+        quota = watched.current().policy.quotas.quota_of("team-a")
+        assert quota is not None
+        return quota.of("nvidia.com/gpu/default-flavor").nominal
+
+    assert nominal() == 4000
+    assert sorted(Path(p).name for p in watched.current().followed) == [
+        "flavors.yaml",
+        "kueue",
+        "queues.yaml",
+    ]
+    raised = GPU_QUEUE.replace("nominalQuota: 4", "nominalQuota: 7")
+    _kubelet_projects(
+        tmp_path / "kueue", {"flavors.yaml": DEFAULT_FLAVOR, "queues.yaml": raised}, "v2"
+    )
+    now[0] += 2
+    assert nominal() == 7000
