@@ -87,7 +87,7 @@ BUILT_IN_RESOURCES: Mapping[str, Mapping[str, Any]] = {
 # Resources of a Pod that gpualloc does not allocate: accepted in a ClusterQueue and listed as
 # not enforced (Kueue still enforces them on its own Workloads).
 NOT_ALLOCATED = ("cpu", "memory", "ephemeral-storage", "pods", "storage")
-_NOT_ALLOCATED_PREFIXES = ("hugepages-", "requests.", "limits.")
+_NOT_ALLOCATED_PREFIXES = ("hugepages-",)
 _MIG_PREFIX = "nvidia.com/mig-"
 
 _INT32 = (-(2**31), 2**31 - 1)

@@ -1373,6 +1373,10 @@ def _site(tmp_path: Path) -> Path:
     (tmp_path / "kueue" / "flavors.yaml").write_text(DEFAULT_FLAVOR)
     (tmp_path / "kueue" / "queues.yml").write_text(GPU_QUEUE)
     (tmp_path / "kueue" / "notes.txt").write_text("not read")
+    (tmp_path / "kueue" / "priority.json").write_text(
+        '{"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass", '
+        '"metadata": {"name": "from-json"}, "value": 7}'
+    )
     (tmp_path / "extra.yaml").write_text(GPU_QUEUE.replace("team-a", "team-b"))
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY_FILE)
@@ -1383,9 +1387,9 @@ def test_files_and_directories_are_read_relative_to_the_policy(tmp_path: Path) -
     policy = _site(tmp_path)
     loaded = load_policy(str(policy), policy.read_bytes())
     assert sorted(loaded.policy.quotas.tenants) == ["team-a", "team-b"]
-    assert sorted(loaded.followed) == sorted(
-        str(tmp_path / p) for p in ("kueue", "kueue/flavors.yaml", "kueue/queues.yml", "extra.yaml")
-    )
+    assert loaded.policy.quotas.priority("from-json").value == 7  # a JSON file of the directory
+    read = ("kueue", "kueue/flavors.yaml", "kueue/priority.json", "kueue/queues.yml", "extra.yaml")
+    assert sorted(loaded.followed) == sorted(str(tmp_path / p) for p in read)
     (tmp_path / "extra.yaml").write_text(GPU_QUEUE.replace("nominalQuota: 4", "nominalQuota: x"))
     with pytest.raises(InvalidArgument) as caught:
         load_policy(str(policy), policy.read_bytes())
