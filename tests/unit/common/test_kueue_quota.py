@@ -1517,3 +1517,15 @@ def test_a_configmap_volume_of_kueue_files_reloads_when_kubelet_swaps_it(tmp_pat
     )
     now[0] += 2
     assert nominal() == 7000
+
+
+def test_at_most_256_files_of_at_most_4_mib_are_read(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        policy_of({"quota": {"kueue": {"files": [f"f{i}.yaml" for i in range(257)]}}})
+    assert caught.value.violations[0].path == "spec.quota.kueue.files"
+    policy = _site(tmp_path)
+    (tmp_path / "extra.yaml").write_text("# padding\n" * (4 * 2**20 // 10 + 1))
+    with pytest.raises(InvalidArgument) as caught:
+        load_policy(str(policy), policy.read_bytes())
+    assert caught.value.field_path == f"{policy}: spec.quota.kueue.files[1]"
+    assert "larger than 4194304 bytes" in str(caught.value)
