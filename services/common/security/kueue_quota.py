@@ -87,7 +87,7 @@ BUILT_IN_RESOURCES: Mapping[str, Mapping[str, Any]] = {
 # Resources of a Pod that gpualloc does not allocate: accepted in a ClusterQueue and listed as
 # not enforced (Kueue still enforces them on its own Workloads).
 NOT_ALLOCATED = ("cpu", "memory", "ephemeral-storage", "pods", "storage")
-_NOT_ALLOCATED_PREFIXES = ("hugepages-", "requests.", "limits.")
+_NOT_ALLOCATED_PREFIXES = ("hugepages-",)
 _MIG_PREFIX = "nvidia.com/mig-"
 
 _INT32 = (-(2**31), 2**31 - 1)
@@ -913,7 +913,7 @@ NATIVE_FLAVOR_SEARCH = False
 # Whether the native quota section takes fair sharing on (`quota.fairSharing.enabled`) and
 # admission fair sharing yet: until it does, the Configuration's are refused by name here, with
 # the Kueue object's path (the translation below is what they will become).
-NATIVE_FAIR_SHARING = False
+NATIVE_FAIR_SHARING = True
 _CONFIGURED = {"fairSharing": "fair_sharing", "admissionFairSharing": "admission_fair_sharing"}
 _STRATEGIES = ("LessThanOrEqualToFinalShare", "LessThanInitialShare")
 _STRATEGY_SETS = ((_STRATEGIES[0],), (_STRATEGIES[1],), _STRATEGIES)  # Kueue's valid lists
