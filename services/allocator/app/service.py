@@ -14,7 +14,7 @@ is pending in `Holdings`, so this process's concurrent solves already avoid it.
 A gang (`Query.gang`: the same claims on N nodes of one domain) is solved by the core's
 `solve_gang` on the same state. An answer's placement is one shape either way (`Answer.placements`,
 one NodePlacement per node: a single node is a gang of one), reserved as one reservation per
-scope (app/gang_answers.py), all or nothing (`store.reserve_gang` when there are several),
+scope (app/gang_answers.py), all or nothing (one placement of `store.reserve`),
 with the same retries on Conflict.
 
 Time: every use case takes the call's `Deadline` (services.common.deadline) as a value —
@@ -54,6 +54,7 @@ from services.allocator.app.gang_answers import (
     members_of_reservations,
     placement_requests,
 )
+from services.allocator.app.granting import GrantRun
 from services.allocator.app.holders import blocking_holders, holder
 from services.allocator.app.live_reservations import Holdings
 from services.allocator.app.messages import (
@@ -68,7 +69,7 @@ from services.allocator.app.messages import (
 )
 from services.allocator.app.paging import decode_token, encode_token, query_hash
 from services.allocator.app.placing import PlacementSearch, eligible_nodes
-from services.allocator.app.quotas import Grant, QuotaExceeded, QuotaGuard
+from services.allocator.app.quotas import QuotaExceeded, QuotaGuard
 from services.allocator.app.reservation_limit import ReservationLimit
 from services.allocator.app.telemetry import AllocatorMetrics
 from services.allocator.core import (
@@ -108,6 +109,7 @@ from services.allocator.reservations.model import (
     ReservationStore,
     ReserveRequest,
     device_conflict_key,
+    reserved,
 )
 from services.common.deadline import UNBOUNDED, Deadline
 from services.common.dra.model import (
@@ -128,7 +130,12 @@ from services.common.errors import (
     PermissionDenied,
 )
 from services.common.security.principal import tenant_of_owner
-from services.common.security.quota import QuotaRefusal, TenantStatus, WhenCanBorrow
+from services.common.security.quota import (
+    CohortStatus,
+    QuotaRefusal,
+    TenantStatus,
+    WhenCanBorrow,
+)
 
 __all__ = ["AllocatorService", "ServiceLimits"]
 
@@ -589,6 +596,18 @@ class AllocatorService:
             for row in rows
         ], True
 
+    @property
+    def fair_sharing(self) -> bool:
+        """Whether preemption goes by fair sharing (the policy's spec.quota.fairSharing)."""
+        return self.quotas is not None and self.quotas.model.fair_sharing.enabled
+
+    def cohort_status(self, tenants: Sequence[str] = ()) -> list[CohortStatus]:
+        """The cohorts on the given tenants' paths, with their standing (every cohort when no
+        tenant is given); [] when quotas are not enforced."""
+        if self.quotas is None or not self.quotas.model.enabled:
+            return []
+        return self.quotas.cohort_status(tenants)
+
     def _known(self, reservation_id: str) -> Reservation | None:
         """The reservation as this allocator last saw it, else as the store has it; None when
         gone (the store's own step then says how: released, expired, preempted)."""
@@ -741,37 +760,19 @@ class AllocatorService:
         checked: bool = True,
         limit: int | None = None,
     ) -> list[Reservation]:
-        """Within the tenant's bound on live reservations (`limit`: app/reservation_limit.py),
-        take its quota (app/quotas.py, step one), then the devices (step two). `checked`
-        False: counted without a check (a consolidation's replacement)."""
+        """One placement through a grant run of one (app/granting.py): within the tenant's
+        bound on live reservations (`limit`), its quota (step one), then the devices (step
+        two). `checked` False: counted without a check (a consolidation's replacement)."""
         deadline.check("reserve")
-        with self._reservation_limit.granting(requests[0].owner, len(requests), limit):
-            grant = self._take_quota(requests, view, checked=checked)
-            try:
-                reservations = self._take_devices(requests)
-            except BaseException:
-                if grant is not None and self.quotas is not None:
-                    self.quotas.abandon(grant)
-                raise
-            if grant is not None and self.quotas is not None:
-                self.quotas.bind(grant, reservations)
-            return reservations
+        run = self._grant_run()
+        run.add(view.snapshot, requests, limit=limit, checked=checked)
+        with self._tracer.start_as_current_span("reserve") as span:
+            span.set_attribute("gpualloc.node", requests[0].node)
+            [outcome] = run.write(deadline)
+        return reserved(outcome)
 
-    def _take_quota(
-        self, requests: Sequence[ReserveRequest], view: ViewSnapshot, *, checked: bool = True
-    ) -> Grant | None:
-        if self.quotas is None:
-            return None
-        amounts = [
-            self.quotas.usage(view.snapshot, request.node, request.allocations)
-            for request in requests
-        ]
-        taken = self.quotas.take(
-            requests[0].owner, amounts, requests[0].lease_seconds, checked=checked
-        )
-        if isinstance(taken, tuple):
-            raise QuotaExceeded(taken)
-        return taken
+    def _grant_run(self) -> GrantRun:
+        return GrantRun(self.store, self.holdings, self.quotas, self._reservation_limit)
 
     def _quota_check(
         self, view: ViewSnapshot, query: Query, answer: Answer, owner: str
@@ -1120,23 +1121,6 @@ class AllocatorService:
             for name, amount in usage.items():
                 total[name] = total.get(name, 0) + amount
         return total
-
-    def _take_devices(self, requests: Sequence[ReserveRequest]) -> list[Reservation]:
-        # Held for this process's other solves while the store decides (app/live_reservations.py).
-        placed = {id(a): a for request in requests for a in request.allocations}
-        pending = self.holdings.hold_pending([r.node for r in requests], tuple(placed.values()))
-        try:
-            with self._tracer.start_as_current_span("reserve") as span:
-                span.set_attribute("gpualloc.node", requests[0].node)
-                if len(requests) == 1:
-                    reservations = [self.store.reserve(requests[0])]
-                else:
-                    reservations = self.store.reserve_gang(requests)
-        except BaseException:
-            self.holdings.drop_pending(pending)
-            raise
-        self.holdings.settle_pending(pending, reservations)
-        return reservations
 
     def _reserved_answer(
         self, query: Query, reservations: Sequence[Reservation], generation: int
