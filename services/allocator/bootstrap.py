@@ -50,7 +50,7 @@ from services.allocator.app.fleet_gauges import FleetGauges
 from services.allocator.app.inventory_feed import Closeable, InventoryFeed
 from services.allocator.app.live_reservations import Holdings
 from services.allocator.app.placing import PlacementSearch
-from services.allocator.app.quotas import QuotaGuard, QuotaSettings
+from services.allocator.app.quotas import QuotaGuard, QuotaSettings, check_flavor_selectors
 from services.allocator.app.reservation_watch import ReservationWatch
 from services.allocator.app.service import AllocatorService, ServiceLimits
 from services.allocator.app.telemetry import AllocatorMetrics, Telemetry, configure_telemetry
@@ -183,7 +183,9 @@ def build_quotas(
         return None
     watched = WatchedFiles(
         [policy_file],
-        lambda contents: load_policy_file(policy_file, contents[0]).quotas,
+        lambda contents: check_flavor_selectors(
+            load_policy_file(policy_file, contents[0]).quotas, selectors
+        ),
         what="access policy (quotas)",
     )
     backing = store.inner if isinstance(store, MeteredStore) else store
