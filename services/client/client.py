@@ -46,7 +46,9 @@ from services.client.mapping import (
 )
 from services.client.results import (
     Capacity,
+    CohortQuota,
     Placement,
+    QuotaStatus,
     Reservation,
     ReservationChange,
     ReservationState,
@@ -451,24 +453,59 @@ class AllocatorClient:
 
     def quotas(self, tenants: Sequence[str] = ()) -> tuple[TenantQuota, ...]:
         """The tenants' quotas the caller may see (docs/tenancy.md); [] when none are set."""
+        return self.quota_status(tenants).tenants
+
+    def quota_status(self, tenants: Sequence[str] = ()) -> QuotaStatus:
+        """The tenants' quotas the caller may see, the cohorts above them (docs/tenancy.md),
+        and whether quotas and fair sharing are on."""
         request = pb.QuotaStatusRequest(tenants=list(tenants))
         response = self._caller.call(self._stub.QuotaStatus, request, read=True)
-        return tuple(
-            TenantQuota(
-                q.tenant,
-                q.resource,
-                q.cohort,
-                q.nominal,
-                q.used,
-                q.borrowed,
-                q.lent,
-                q.left,
-                q.borrowing_limit,
-                q.lending_limit,
-                q.pending_preemptions,
-                tuple(q.pending_preemption_ids),
-            )
-            for q in response.tenants
+        return QuotaStatus(
+            tuple(
+                TenantQuota(
+                    q.tenant,
+                    q.resource,
+                    q.cohort,
+                    q.nominal,
+                    q.used,
+                    q.borrowed,
+                    q.lent,
+                    q.left,
+                    q.borrowing_limit,
+                    q.lending_limit,
+                    q.pending_preemptions,
+                    tuple(q.pending_preemption_ids),
+                    tuple(q.cohort_path),
+                    q.fair_sharing_weight or "1",
+                    q.weighted_share,
+                    q.dominant_resource,
+                    q.decayed_used,
+                    q.decayed_usage,
+                    q.decayed_at.ToNanoseconds() / 1e9 if q.HasField("decayed_at") else None,
+                )
+                for q in response.tenants
+            ),
+            tuple(
+                CohortQuota(
+                    c.cohort,
+                    c.resource,
+                    tuple(c.cohort_path),
+                    c.nominal,
+                    c.subtree_quota,
+                    c.used,
+                    c.borrowed,
+                    c.lent,
+                    c.left,
+                    c.borrowing_limit,
+                    c.lending_limit,
+                    c.fair_sharing_weight or "1",
+                    c.weighted_share,
+                    c.dominant_resource,
+                )
+                for c in response.cohorts
+            ),
+            response.enabled,
+            response.fair_sharing,
         )
 
     # --- the lifecycle ------------------------------------------------------------------------

@@ -15,13 +15,14 @@ from services.allocator.adapters.store.memory import MemoryReservationStore
 from services.allocator.adapters.store.memory_quota import MemoryQuotaLedger
 from services.allocator.adapters.store.redis_quota import RedisQuotaLedger
 from services.allocator.adapters.store.redis_store import RedisReservationStore
-from services.allocator.reservations.model import PREEMPTED_MEMORY_SECONDS
+from services.allocator.reservations.model import PREEMPTED_MEMORY_SECONDS, reserve_placement
 from services.allocator.reservations.quota_ledger import (
     QuotaEntry,
     QuotaLedger,
     usage_by_tenant,
 )
 from services.common.errors import NotFound, Preempted, Unavailable
+from services.common.security.fair_sharing import ConsumedUsage
 from tests.conftest import RedisServerFactory
 from tests.contract.conftest import (
     REDIS_URL_FIXTURES,
@@ -142,6 +143,34 @@ def test_racing_takes_never_overrun_a_limit(under_test: LedgerUnderTest) -> None
     assert sum(e.amounts["gpus"] for e in ledger.read("race").entries) == limit
 
 
+def test_decayed_usage_is_a_compare_and_set_by_the_ledgers_clock(
+    under_test: LedgerUnderTest,
+) -> None:
+    """The decayed usage starts empty at version 0 with the ledger's clock; a put with the
+    version read replaces it (fractional milli-units kept) and bumps the version; a put with an
+    old version (another replica sampled first) writes nothing; it lives beside the entries,
+    in the same tree's keys, and entries do not move its version."""
+    ledger = under_test.ledger
+    first = ledger.read_consumed("tree")
+    assert (first.version, dict(first.tenants)) == (0, {})
+    assert abs(first.now - time.time()) < 3600 * 24 * 365 * 60  # seconds since the epoch
+    sample = {
+        "a": ConsumedUsage({"gpus": 1234.5, "gpus/hopper": 0.25}, 1_700_000_000.125),
+        "b": ConsumedUsage({}, 1_700_000_000.0),
+    }
+    assert ledger.put_consumed("tree", 0, sample)
+    assert not ledger.put_consumed("tree", 0, {"a": ConsumedUsage({"gpus": 1.0}, 1.0)})
+    ledger.take("tree", ledger.read("tree").version, entry("ticket:x"), 60)
+    read = ledger.read_consumed("tree")
+    assert read.version == 1 and dict(read.tenants) == sample
+    assert read.now >= first.now
+    assert ledger.put_consumed("tree", 1, {"b": ConsumedUsage({"gpus": 2.0}, 1_700_000_300.0)})
+    assert dict(ledger.read_consumed("tree").tenants) == {
+        "b": ConsumedUsage({"gpus": 2.0}, 1_700_000_300.0)
+    }
+    assert ledger.read_consumed("other").tenants == {}
+
+
 @pytest.mark.redis
 def test_ledger_writes_wait_for_replicas_like_the_store(
     redis_server_factory: RedisServerFactory,
@@ -164,7 +193,7 @@ def test_a_revocation_is_remembered_for_a_day() -> None:
     NOT_FOUND (the embedded store's clock; Redis sets the same expiry on its marker)."""
     clock = FakeClock()
     store = MemoryReservationStore(clock=clock)
-    held = store.reserve(reserve_request(device("gpu-0")))
+    held = reserve_placement(store, [reserve_request(device("gpu-0"))])[0]
     store.revoke(held.id, held.fencing_token, by="team-b/job/1")
     clock.advance(PREEMPTED_MEMORY_SECONDS - 1)
     with pytest.raises(Preempted):

@@ -1069,7 +1069,9 @@ class PreemptionVictim(_message.Message):
     reason: _builtins.str
     """Why it may be revoked: `reclaim` (its tenant borrows quota the caller's tenant lends),
     `reclaim-while-borrowing` (likewise, the caller's tenant borrowing too: its policy's
-    borrowWithinCohort), `priority` (a reservation of the caller's tenant its policy's
+    borrowWithinCohort), `fair-sharing` (under spec.quota.fairSharing: its tenant's share of
+    what the cohort tree lends is higher than the caller's would be, by the policy's
+    preemption strategies), `priority` (a reservation of the caller's tenant its policy's
     withinClusterQueue allows) or `consolidate` (a reservation of a movable priority class,
     moved to an equivalent device on another node so that a grant within nominal quota finds
     room: docs/tenancy.md).
@@ -2596,6 +2598,13 @@ class TenantQuotaStatus(_message.Message):
     LENDING_LIMIT_FIELD_NUMBER: _builtins.int
     PENDING_PREEMPTIONS_FIELD_NUMBER: _builtins.int
     PENDING_PREEMPTION_IDS_FIELD_NUMBER: _builtins.int
+    COHORT_PATH_FIELD_NUMBER: _builtins.int
+    FAIR_SHARING_WEIGHT_FIELD_NUMBER: _builtins.int
+    WEIGHTED_SHARE_FIELD_NUMBER: _builtins.int
+    DOMINANT_RESOURCE_FIELD_NUMBER: _builtins.int
+    DECAYED_USED_FIELD_NUMBER: _builtins.int
+    DECAYED_USAGE_FIELD_NUMBER: _builtins.int
+    DECAYED_AT_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     """The tenant."""
     resource: _builtins.str
@@ -2623,9 +2632,40 @@ class TenantQuotaStatus(_message.Message):
     the day a revocation is remembered. Per tenant: the same on each of its rows. Set by
     QuotaStatus only (0 in Capacity's rows).
     """
+    fair_sharing_weight: _builtins.str
+    """The tenant's fair-sharing weight (spec.tenants[].fairSharing.weight), a quantity."""
+    weighted_share: _builtins.int
+    """The tenant's dominant resource share now, as Kueue's status.fairSharing.weightedShare:
+    what it uses above nominal of its dominant resource, over what its cohort tree could
+    lend it, times 1000, over its weight, rounded up; 0 when it borrows nothing; the largest
+    int64 for a weight of 0 while borrowing. Per tenant: the same on each of its rows.
+    """
+    dominant_resource: _builtins.str
+    """The resource whose share is the largest (empty when the tenant borrows nothing)."""
+    decayed_used: _builtins.str
+    """The tenant's usage of this resource decayed with the policy's usageHalfLifeTime
+    (spec.quota.admissionFairSharing), as last sampled (every usageSamplingInterval, by the
+    store's clock: every replica shows the same): empty when usage decay is not configured.
+    """
+    decayed_usage: _builtins.str
+    """The tenant's decayed usage as one number: the sum over resources of each resource's
+    weight times its decayed usage, over the tenant's fair-sharing weight ("inf" for a weight
+    of 0); what a bridge orders its queue by, lowest first. Empty when usage decay is not
+    configured. Per tenant: the same on each of its rows.
+    """
     @_builtins.property
     def pending_preemption_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The ids of the oldest of them, at most 20, oldest first."""
+
+    @_builtins.property
+    def cohort_path(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The cohorts from the root of the tenant's cohort tree down to its own cohort (empty when
+        it has none): its own cohort is the last.
+        """
+
+    @_builtins.property
+    def decayed_at(self) -> _timestamp_pb2.Timestamp:
+        """When decayed_used was sampled (unset before the tenant's first sample)."""
 
     def __init__(
         self,
@@ -2642,14 +2682,99 @@ class TenantQuotaStatus(_message.Message):
         lending_limit: _builtins.str = ...,
         pending_preemptions: _builtins.int = ...,
         pending_preemption_ids: _abc.Iterable[_builtins.str] | None = ...,
+        cohort_path: _abc.Iterable[_builtins.str] | None = ...,
+        fair_sharing_weight: _builtins.str = ...,
+        weighted_share: _builtins.int = ...,
+        dominant_resource: _builtins.str = ...,
+        decayed_used: _builtins.str = ...,
+        decayed_usage: _builtins.str = ...,
+        decayed_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["decayed_at", b"decayed_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["borrowed", b"borrowed", "borrowing_limit", b"borrowing_limit", "cohort", b"cohort", "left", b"left", "lending_limit", b"lending_limit", "lent", b"lent", "nominal", b"nominal", "pending_preemption_ids", b"pending_preemption_ids", "pending_preemptions", b"pending_preemptions", "resource", b"resource", "tenant", b"tenant", "used", b"used"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["borrowed", b"borrowed", "borrowing_limit", b"borrowing_limit", "cohort", b"cohort", "cohort_path", b"cohort_path", "decayed_at", b"decayed_at", "decayed_usage", b"decayed_usage", "decayed_used", b"decayed_used", "dominant_resource", b"dominant_resource", "fair_sharing_weight", b"fair_sharing_weight", "left", b"left", "lending_limit", b"lending_limit", "lent", b"lent", "nominal", b"nominal", "pending_preemption_ids", b"pending_preemption_ids", "pending_preemptions", b"pending_preemptions", "resource", b"resource", "tenant", b"tenant", "used", b"used", "weighted_share", b"weighted_share"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TenantQuotaStatus: _TypeAlias = TenantQuotaStatus  # noqa: Y015
+
+@_typing.final
+class CohortQuotaStatus(_message.Message):
+    """One cohort's standing on one quota resource (Kueue's hierarchical Cohort). Amounts are
+    Kubernetes quantities.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COHORT_FIELD_NUMBER: _builtins.int
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    COHORT_PATH_FIELD_NUMBER: _builtins.int
+    NOMINAL_FIELD_NUMBER: _builtins.int
+    SUBTREE_QUOTA_FIELD_NUMBER: _builtins.int
+    USED_FIELD_NUMBER: _builtins.int
+    BORROWED_FIELD_NUMBER: _builtins.int
+    LENT_FIELD_NUMBER: _builtins.int
+    LEFT_FIELD_NUMBER: _builtins.int
+    BORROWING_LIMIT_FIELD_NUMBER: _builtins.int
+    LENDING_LIMIT_FIELD_NUMBER: _builtins.int
+    FAIR_SHARING_WEIGHT_FIELD_NUMBER: _builtins.int
+    WEIGHTED_SHARE_FIELD_NUMBER: _builtins.int
+    DOMINANT_RESOURCE_FIELD_NUMBER: _builtins.int
+    cohort: _builtins.str
+    """The cohort."""
+    resource: _builtins.str
+    """The quota resource."""
+    nominal: _builtins.str
+    """The cohort's own nominal quota (spec.quota.cohorts[].quotas)."""
+    subtree_quota: _builtins.str
+    """Its own quota plus what its children lend it: what its subtree holds in all."""
+    used: _builtins.str
+    """What its children use beyond the parts they keep to themselves (their lending limits)."""
+    borrowed: _builtins.str
+    """What it uses above its subtree quota: borrowed from its parent."""
+    lent: _builtins.str
+    """What its parent's other children use of what it lends."""
+    left: _builtins.str
+    """What its subtree could still be granted now, in all."""
+    borrowing_limit: _builtins.str
+    """The borrowing limit towards its parent; empty when unlimited."""
+    lending_limit: _builtins.str
+    """The lending limit towards its parent; empty when all of it may be lent."""
+    fair_sharing_weight: _builtins.str
+    """The cohort's fair-sharing weight, a quantity."""
+    weighted_share: _builtins.int
+    """The cohort's dominant resource share now (as TenantQuotaStatus.weighted_share)."""
+    dominant_resource: _builtins.str
+    """The resource whose share is the largest (empty when it borrows nothing)."""
+    @_builtins.property
+    def cohort_path(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The cohorts from the root down to its parent (empty for a root): its parent is the last."""
+
+    def __init__(
+        self,
+        *,
+        cohort: _builtins.str = ...,
+        resource: _builtins.str = ...,
+        cohort_path: _abc.Iterable[_builtins.str] | None = ...,
+        nominal: _builtins.str = ...,
+        subtree_quota: _builtins.str = ...,
+        used: _builtins.str = ...,
+        borrowed: _builtins.str = ...,
+        lent: _builtins.str = ...,
+        left: _builtins.str = ...,
+        borrowing_limit: _builtins.str = ...,
+        lending_limit: _builtins.str = ...,
+        fair_sharing_weight: _builtins.str = ...,
+        weighted_share: _builtins.int = ...,
+        dominant_resource: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["borrowed", b"borrowed", "borrowing_limit", b"borrowing_limit", "cohort", b"cohort", "cohort_path", b"cohort_path", "dominant_resource", b"dominant_resource", "fair_sharing_weight", b"fair_sharing_weight", "left", b"left", "lending_limit", b"lending_limit", "lent", b"lent", "nominal", b"nominal", "resource", b"resource", "subtree_quota", b"subtree_quota", "used", b"used", "weighted_share", b"weighted_share"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CohortQuotaStatus: _TypeAlias = CohortQuotaStatus  # noqa: Y015
 
 @_typing.final
 class QuotaStatusResponse(_message.Message):
@@ -2659,21 +2784,35 @@ class QuotaStatusResponse(_message.Message):
 
     TENANTS_FIELD_NUMBER: _builtins.int
     ENABLED_FIELD_NUMBER: _builtins.int
+    COHORTS_FIELD_NUMBER: _builtins.int
+    FAIR_SHARING_FIELD_NUMBER: _builtins.int
     enabled: _builtins.bool
     """Whether quotas are enforced at all (an access policy with spec.quota and tenant quotas)."""
+    fair_sharing: _builtins.bool
+    """Whether preemption goes by fair sharing (spec.quota.fairSharing.enabled): then a bridge
+    ordering its queue as Kueue does takes the tenant with the lowest weighted_share first.
+    """
     @_builtins.property
     def tenants(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantQuotaStatus]:
         """Sorted by tenant, then by resource in the policy's order."""
+
+    @_builtins.property
+    def cohorts(self) -> _containers.RepeatedCompositeFieldContainer[Global___CohortQuotaStatus]:
+        """The cohorts of the tenants shown, with their ancestors (every cohort for a caller that
+        sees every tenant), sorted by name, then by resource in the policy's order.
+        """
 
     def __init__(
         self,
         *,
         tenants: _abc.Iterable[Global___TenantQuotaStatus] | None = ...,
         enabled: _builtins.bool = ...,
+        cohorts: _abc.Iterable[Global___CohortQuotaStatus] | None = ...,
+        fair_sharing: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["enabled", b"enabled", "tenants", b"tenants"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cohorts", b"cohorts", "enabled", b"enabled", "fair_sharing", b"fair_sharing", "tenants", b"tenants"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

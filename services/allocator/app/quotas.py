@@ -48,9 +48,12 @@ from services.common.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from services.common.security.cohorts import cohort_node
+from services.common.security.fair_sharing import ConsumedUsage, resample, sample_due
 from services.common.security.principal import tenant_of_owner
 from services.common.security.quota import (
     NO_FLAVOR,
+    CohortStatus,
     QuotaModel,
     QuotaRefusal,
     QuotaResource,
@@ -58,7 +61,6 @@ from services.common.security.quota import (
     TenantStatus,
     Usage,
     add_usage,
-    cohort_key,
 )
 from services.common.telemetry import Labelled, Telemetry
 
@@ -110,10 +112,57 @@ class QuotaGuard:
         self.settings = settings
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._settle_lock = threading.Lock()
+        self._settled: QuotaModel | None = None
+        self._ledger_of: dict[str, str] | None = None  # tenant -> its ledger, as last settled
 
     @property
     def model(self) -> QuotaModel:
-        return self._model()
+        model = self._model()
+        if model is not self._settled:
+            self._settle(model)
+        return model
+
+    def _settle(self, model: QuotaModel) -> None:
+        """A reload that moves tenants to another tree moves their ledger entries with them,
+        before this replica rules on the new tree (else the new ledger would not count what
+        they hold); entries of tenants no longer limited are dropped. The reconciler catches
+        what this misses (another replica's grants meanwhile, a failure here)."""
+        with self._settle_lock:
+            if model is self._settled:
+                return
+            now = {t: model.ledger_key(q) for t, q in model.tenants.items()}
+            before, self._ledger_of, self._settled = self._ledger_of, now, model
+        if before is None:
+            return
+        leaving: dict[str, set[str]] = {}
+        for tenant, old in before.items():
+            if now.get(tenant) != old:
+                leaving.setdefault(old, set()).add(tenant)
+        for old, tenants in sorted(leaving.items()):
+            try:
+                self._move(old, tenants, now)
+            except GpuallocError as error:
+                log.warning("quota entries of %s left in %s: %s", sorted(tenants), old, error)
+
+    def _move(self, old: str, tenants: set[str], ledger_of: Mapping[str, str]) -> None:
+        gone = []
+        for entry in self.ledger.read(old).entries:
+            if entry.tenant not in tenants:
+                continue
+            new = ledger_of.get(entry.tenant)
+            if new is not None:
+                lease = self.settings.grace_seconds
+                if entry.expires_at is not None:
+                    lease = max(0.001, entry.expires_at - time.time())
+                moved = QuotaEntry(entry.id, entry.tenant, dict(entry.amounts), None)
+                self._take_entry(new, moved, lease, lambda entries: ())
+                if entry.expires_at is None:
+                    self.ledger.commit(new, entry.id)
+            gone.append(entry.id)
+        if gone:
+            self.ledger.drop(old, gone)
+        log.info("quota entries moved from %s: %d of %s", old, len(gone), sorted(tenants))
 
     # --- what a placement counts ------------------------------------------------------------
 
@@ -214,15 +263,16 @@ class QuotaGuard:
         quota = model.quota_of(tenant_of_owner(owner))
         if quota is None:
             return ()
-        read = self.ledger.read(cohort_key(quota))
+        read = self.ledger.read(model.ledger_key(quota))
         return model.admit(quota.tenant, amounts, usage_by_tenant(read.entries))
 
     def usage_around(self, owner: str) -> dict[str, dict[str, int]]:
         """tenant -> usage, for the cohort of `owner`'s tenant ({} when it is not limited)."""
-        quota = self.model.quota_of(tenant_of_owner(owner))
+        model = self.model
+        quota = model.quota_of(tenant_of_owner(owner))
         if quota is None:
             return {}
-        return usage_by_tenant(self.ledger.read(cohort_key(quota)).entries)
+        return usage_by_tenant(self.ledger.read(model.ledger_key(quota)).entries)
 
     def take(
         self, owner: str, amounts: Sequence[Usage], lease_seconds: float, *, checked: bool = True
@@ -240,7 +290,7 @@ class QuotaGuard:
         for part in amounts:
             add_usage(total, tenant, part)
         wanted = total.get(tenant, {})
-        cohort = cohort_key(quota)
+        cohort = model.ledger_key(quota)
         ticket = QuotaEntry(HoldKind.TICKET.id(secrets.token_hex(12)), tenant, wanted, None)
 
         def refuse(entries: Sequence[QuotaEntry]) -> tuple[QuotaRefusal, ...]:
@@ -316,8 +366,9 @@ class QuotaGuard:
             log.warning("quota entries of %s left to the reconciler: %s", owner, error)
 
     def _cohort_of(self, owner: str) -> str | None:
-        quota = self.model.quota_of(tenant_of_owner(owner))
-        return cohort_key(quota) if quota is not None else None
+        model = self.model
+        quota = model.quota_of(tenant_of_owner(owner))
+        return model.ledger_key(quota) if quota is not None else None
 
     # --- visibility and repair --------------------------------------------------------------
 
@@ -325,9 +376,28 @@ class QuotaGuard:
         model = self.model
         wanted = list(tenants) or list(model.tenants)
         usage: dict[str, dict[str, int]] = {}
-        for cohort in sorted({cohort_key(q) for t in wanted if (q := model.quota_of(t))}):
+        consumed: dict[str, ConsumedUsage] | None = None
+        if model.admission_fair_sharing is not None:
+            consumed = {}
+        for cohort in sorted({model.ledger_key(q) for t in wanted if (q := model.quota_of(t))}):
             usage.update(usage_by_tenant(self.ledger.read(cohort).entries))
-        return model.status(usage, wanted)
+            if consumed is not None:
+                consumed.update(self.ledger.read_consumed(cohort).tenants)
+        return model.status(usage, wanted, consumed=consumed)
+
+    def cohort_status(self, tenants: Iterable[str] = ()) -> list[CohortStatus]:
+        """The cohorts on the given tenants' paths (every cohort when none are given), from
+        one read of each ledger (tree) they are in."""
+        model = self.model
+        wanted = list(tenants)
+        if wanted:
+            names = sorted({name for t in wanted for name in model.path(t)})
+        else:
+            names = list(model.cohort_names())
+        usage: dict[str, dict[str, int]] = {}
+        for ledger in sorted({model.ledger_of(cohort_node(name)) for name in names}):
+            usage.update(usage_by_tenant(self.ledger.read(ledger).entries))
+        return model.cohort_status(usage, names) if names else []
 
     def register(self, telemetry: Telemetry) -> None:
         """`gpualloc.quota` (tenant, resource, cohort, kind: nominal, used, borrowed, lent,
@@ -367,12 +437,19 @@ class QuotaGuard:
         model = self.model
         reservations = {r.id: r for r in live()}
         dropped = added = 0
-        for cohort in model.cohorts():
+        misplaced: dict[str, list[str]] = {}
+        for cohort in model.ledgers():
             read = self.ledger.read(cohort)
             covered = {entry.id for entry in read.entries}
             gone = []
             for entry in read.entries:
-                if HoldKind.of(entry.id) is HoldKind.TICKET or entry.id in reservations:
+                if HoldKind.of(entry.id) is HoldKind.TICKET:
+                    continue
+                quota = model.quota_of(entry.tenant)
+                if quota is None or model.ledger_key(quota) != cohort:
+                    misplaced.setdefault(cohort, []).append(entry.id)  # its tenant moved
+                    continue
+                if entry.id in reservations:
                     continue
                 try:
                     store.get(entry.id)
@@ -383,10 +460,13 @@ class QuotaGuard:
                 dropped += len(gone)
             for reservation in reservations.values():
                 quota = model.quota_of(tenant_of_owner(reservation.owner))
-                if quota is None or cohort_key(quota) != cohort or reservation.id in covered:
+                if quota is None or model.ledger_key(quota) != cohort or reservation.id in covered:
                     continue
                 if self._backfill(cohort, quota.tenant, reservation, usage_of(reservation)):
                     added += 1
+        for cohort, ids in misplaced.items():  # backfilled in their tenants' ledgers above
+            self.ledger.drop(cohort, ids)
+            dropped += len(ids)
         return dropped, added
 
     def _backfill(self, cohort: str, tenant: str, reservation: Reservation, amounts: Usage) -> bool:
@@ -413,23 +493,60 @@ class QuotaGuard:
         """Reconcile now and then every reconcile_interval, in a thread, until `close`."""
 
         def run() -> None:
+            due = 0.0  # the next reconcile, by this process's monotonic clock
             while True:
+                if time.monotonic() >= due:
+                    due = time.monotonic() + self.settings.reconcile_interval
+                    try:
+                        dropped, added = self.reconcile(store, live, usage_of)
+                    except GpuallocError as error:
+                        log.warning("quota reconcile failed: %s", error)
+                    else:
+                        if dropped or added:
+                            log.info(
+                                "quota reconcile: %d stale entries dropped, %d reservations added",
+                                dropped,
+                                added,
+                            )
                 try:
-                    dropped, added = self.reconcile(store, live, usage_of)
+                    self.sample_usage()
                 except GpuallocError as error:
-                    log.warning("quota reconcile failed: %s", error)
-                else:
-                    if dropped or added:
-                        log.info(
-                            "quota reconcile: %d stale entries dropped, %d reservations added",
-                            dropped,
-                            added,
-                        )
-                if self._stop.wait(self.settings.reconcile_interval):
+                    log.warning("quota usage sample failed: %s", error)
+                if self._stop.wait(self._next_wait()):
                     return
 
         self._thread = threading.Thread(target=run, name="gpualloc-quota-reconcile", daemon=True)
         self._thread.start()
+
+    def _next_wait(self) -> float:
+        """Until the next look: the reconcile interval, or half the usage sampling interval
+        when usage decays (a sample is due by the ledger's clock, whoever takes it)."""
+        decay = self.model.admission_fair_sharing
+        if decay is None:
+            return self.settings.reconcile_interval
+        return max(0.05, min(self.settings.reconcile_interval, decay.sampling_seconds / 2))
+
+    def sample_usage(self) -> int:
+        """Admission fair sharing: in each tree whose last sample is older than the sampling
+        interval (by the ledger's clock), every tenant's decayed usage sampled with what it
+        holds now, written by compare-and-set so that replicas sampling at once write one
+        sample. Returns how many trees were sampled."""
+        model = self.model
+        decay = model.admission_fair_sharing
+        if decay is None:
+            return 0
+        sampled = 0
+        for ledger in model.ledgers():
+            consumed = self.ledger.read_consumed(ledger)
+            last = max((c.at for c in consumed.tenants.values()), default=None)
+            if not sample_due(last, consumed.now, decay.sampling_seconds):
+                continue
+            held = usage_by_tenant(self.ledger.read(ledger).entries)
+            tenants = [t for t, q in model.tenants.items() if model.ledger_key(q) == ledger]
+            fresh = resample(consumed.tenants, held, tenants, consumed.now, decay.half_life_seconds)
+            if self.ledger.put_consumed(ledger, consumed.version, fresh):
+                sampled += 1
+        return sampled
 
     def close(self) -> None:
         self._stop.set()

@@ -14,7 +14,7 @@ is pending in `Holdings`, so this process's concurrent solves already avoid it.
 A gang (`Query.gang`: the same claims on N nodes of one domain) is solved by the core's
 `solve_gang` on the same state. An answer's placement is one shape either way (`Answer.placements`,
 one NodePlacement per node: a single node is a gang of one), reserved as one reservation per
-scope (app/gang_answers.py), all or nothing (`store.reserve_gang` when there are several),
+scope (app/gang_answers.py), all or nothing (one placement of `store.reserve`),
 with the same retries on Conflict.
 
 Time: every use case takes the call's `Deadline` (services.common.deadline) as a value —
@@ -101,6 +101,7 @@ from services.allocator.reservations.model import (
     ReservationStore,
     ReserveRequest,
     device_conflict_key,
+    reserve_placement,
 )
 from services.common.deadline import UNBOUNDED, Deadline
 from services.common.dra.model import (
@@ -118,7 +119,7 @@ from services.common.errors import (
     PermissionDenied,
 )
 from services.common.security.principal import tenant_of_owner
-from services.common.security.quota import QuotaRefusal, TenantStatus
+from services.common.security.quota import CohortStatus, QuotaRefusal, TenantStatus
 
 __all__ = ["AllocatorService", "ServiceLimits"]
 
@@ -591,6 +592,18 @@ class AllocatorService:
             for row in rows
         ], True
 
+    @property
+    def fair_sharing(self) -> bool:
+        """Whether preemption goes by fair sharing (the policy's spec.quota.fairSharing)."""
+        return self.quotas is not None and self.quotas.model.fair_sharing.enabled
+
+    def cohort_status(self, tenants: Sequence[str] = ()) -> list[CohortStatus]:
+        """The cohorts on the given tenants' paths, with their standing (every cohort when no
+        tenant is given); [] when quotas are not enforced."""
+        if self.quotas is None or not self.quotas.model.enabled:
+            return []
+        return self.quotas.cohort_status(tenants)
+
     def _known(self, reservation_id: str) -> Reservation | None:
         """The reservation as this allocator last saw it, else as the store has it; None when
         gone (the store's own step then says how: released, expired, preempted)."""
@@ -1007,10 +1020,7 @@ class AllocatorService:
         try:
             with self._tracer.start_as_current_span("reserve") as span:
                 span.set_attribute("gpualloc.node", requests[0].node)
-                if len(requests) == 1:
-                    reservations = [self.store.reserve(requests[0])]
-                else:
-                    reservations = self.store.reserve_gang(requests)
+                reservations = reserve_placement(self.store, requests)
         except BaseException:
             self.holdings.drop_pending(pending)
             raise

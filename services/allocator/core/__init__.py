@@ -15,6 +15,7 @@ Bad input raises `services.common.errors` types (InvalidArgument with a field pa
 FailedPrecondition, NotFound for an unknown pinned node, DeadlineExceeded when cancelled).
 """
 
+from services.allocator.core.batch import solve_many
 from services.allocator.core.candidates import taint_detail, tolerates, untolerated_taint
 from services.allocator.core.explain import (
     NO_SUMMARY,
@@ -180,6 +181,7 @@ __all__ = [
     "DEFAULT_MIX",
     "node_usable",
     "solve_gang",
+    "solve_many",
     "GroupKey",
     "NodeAccess",
     "free_capacity",

@@ -4,6 +4,10 @@ An entry is one grant's amounts for one tenant: a *ticket* while its grant is be
 one entry per reservation (named by the reservation id). A leased entry expires by the ledger's
 clock; a committed one lasts until dropped. Usage = the sum of a cohort's live entries.
 
+Beside the entries, a ledger keeps each tenant's usage decayed with a half-life (admission fair
+sharing): `read_consumed` returns it with the ledger's clock and a version, `put_consumed`
+replaces it only if the version is unchanged, so replicas sampling at once write one sample.
+
 The ledger is a compare-and-set store, not a rule engine: `read` returns the cohort's entries and
 a version; `take` adds an entry only if the version is unchanged (the version grows with every
 take), so a grant checked against a read is added atomically with that check. Entries that
@@ -18,13 +22,21 @@ contract suite runs against both (tests/contract/test_quota_ledger.py).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from services.common.security.fair_sharing import ConsumedUsage
 from services.common.security.quota import Usage, add_usage
 
-__all__ = ["LedgerRead", "QuotaEntry", "QuotaLedger", "check_lease", "usage_by_tenant"]
+__all__ = [
+    "ConsumedRead",
+    "LedgerRead",
+    "QuotaEntry",
+    "QuotaLedger",
+    "check_lease",
+    "usage_by_tenant",
+]
 
 
 @dataclass(frozen=True)
@@ -39,6 +51,16 @@ class QuotaEntry:
 class LedgerRead:
     version: int
     entries: tuple[QuotaEntry, ...]  # live ones only, sorted by id
+
+
+@dataclass(frozen=True)
+class ConsumedRead:
+    """The tenants' decayed usage as last sampled, the ledger's clock now (seconds since the
+    epoch) and the version a `put_consumed` must find."""
+
+    version: int
+    now: float
+    tenants: Mapping[str, ConsumedUsage]
 
 
 class QuotaLedger(Protocol):
@@ -65,6 +87,13 @@ class QuotaLedger(Protocol):
         ...
 
     def drop(self, cohort: str, entry_ids: Sequence[str]) -> None: ...
+
+    def read_consumed(self, cohort: str) -> ConsumedRead: ...
+
+    def put_consumed(self, cohort: str, version: int, tenants: Mapping[str, ConsumedUsage]) -> bool:
+        """Replace the decayed usage if the version is still `version`; False (nothing
+        written) when another sample came first."""
+        ...
 
     def close(self) -> None: ...
 

@@ -44,8 +44,10 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from fractions import Fraction
 from typing import Any, TypeVar
 
+from services.common.config import parse_go_duration
 from services.common.dra.model import (
     DeviceTaint,
     DeviceToleration,
@@ -55,6 +57,13 @@ from services.common.dra.model import (
 from services.common.dra.names import qualified_name_errors
 from services.common.dra.quantity import Quantity
 from services.common.errors import FieldViolation, InvalidArgument, PermissionDenied
+from services.common.security.fair_sharing import (
+    VALID_STRATEGIES,
+    AdmissionFairSharing,
+    FairSharing,
+    PreemptionStrategy,
+)
+from services.common.security.kueue_quota import KueueTranslation, apply_kueue
 from services.common.security.principal import (
     ROLE_PERMISSIONS,
     Identity,
@@ -67,6 +76,7 @@ from services.common.security.quota import (
     DEFAULT_PRIORITY,
     NO_FLAVOR,
     BorrowWithinCohort,
+    CohortQuota,
     FlavorFungibility,
     FlavorPreference,
     PreemptionPolicy,
@@ -184,6 +194,7 @@ class AccessPolicy:
     bindings: tuple[Binding, ...]
     jwt_issuers: tuple[JwtIssuer, ...] = ()
     quotas: QuotaModel = QuotaModel((), {})
+    kueue: KueueTranslation | None = None  # the quota section was given as Kueue's objects
 
     def resolve(self, identity: Identity) -> Principal | None:
         """The principal of a proven identity; None when no binding names it (the edge then
@@ -275,8 +286,14 @@ def _deny(principal: Principal, access: Access, permission: Permission) -> None:
 # --- parsing --------------------------------------------------------------------------------
 
 
-def parse_policy(document: object, source: str = "policy") -> AccessPolicy:
-    """An AccessPolicy from its decoded YAML; InvalidArgument listing every bad field."""
+def parse_policy(
+    document: object,
+    source: str = "policy",
+    kueue_files: Mapping[str, Sequence[tuple[str, object]]] | None = None,
+) -> AccessPolicy:
+    """An AccessPolicy from its decoded YAML; InvalidArgument listing every bad field.
+    `kueue_files`: per `spec.quota.kueue.files` entry, its decoded documents with their
+    origins (the edge reads them: kueue_quota.py)."""
     errors: list[FieldViolation] = []
     reader = _Reader(errors)
     root = reader.mapping(document, "", {"apiVersion", "kind", "metadata", "spec"})
@@ -292,12 +309,28 @@ def parse_policy(document: object, source: str = "policy") -> AccessPolicy:
         root.get("spec"), "spec", {"authentication", "tenants", "bindings", "quota"}
     )
     quota = reader.mapping(
-        spec.get("quota", {}), "spec.quota", {"resources", "priorityClasses", "resourceFlavors"}
+        spec.get("quota", {}),
+        "spec.quota",
+        {
+            "resources",
+            "priorityClasses",
+            "resourceFlavors",
+            "cohorts",
+            "fairSharing",
+            "admissionFairSharing",
+            "kueue",
+        },
+    )
+    quota, tenant_items, kueue = apply_kueue(
+        quota, spec.get("tenants", []), kueue_files or {}, errors
     )
     flavors = _resource_flavors(reader, quota.get("resourceFlavors", []))
     resources = _quota_resources(reader, quota.get("resources", []), flavors)
     priorities, default_priority = _priority_classes(reader, quota.get("priorityClasses", []))
-    tenants, quotas = _tenants(reader, spec.get("tenants", []), resources)
+    tenants, quotas = _tenants(reader, tenant_items, resources)
+    cohorts = _cohorts(reader, quota.get("cohorts", []), resources, tenants, quotas)
+    fair_sharing = _fair_sharing(reader, quota.get("fairSharing", {}))
+    usage_decay = _admission_fair_sharing(reader, quota.get("admissionFairSharing"), resources)
     bindings = _bindings(reader, spec.get("bindings", []), tenants)
     issuers = _issuers(reader, spec.get("authentication", {}))
     known_issuers = {issuer.issuer for issuer in issuers}
@@ -318,7 +351,16 @@ def parse_policy(document: object, source: str = "policy") -> AccessPolicy:
         tenants,
         tuple(bindings),
         tuple(issuers),
-        QuotaModel(tuple(resources), quotas, priorities, default_priority),
+        QuotaModel(
+            tuple(resources),
+            quotas,
+            priorities,
+            default_priority,
+            cohorts,
+            fair_sharing,
+            usage_decay,
+        ),
+        kueue,
     )
 
 
@@ -340,6 +382,7 @@ def _tenants(
         "preemption",
         "flavorFungibility",
         "tolerations",
+        "fairSharing",
     }
     for i, item in enumerate(reader.sequence(value, "spec.tenants")):
         path = f"spec.tenants[{i}]"
@@ -365,7 +408,10 @@ def _tenants(
                 reader, fields.get("flavorFungibility", {}), f"{path}.flavorFungibility"
             )
             tolerations = _tolerations(reader, fields.get("tolerations", []), f"{path}.tolerations")
-            quotas[name] = TenantQuota(name, cohort, limits, preemption, fungibility, tolerations)
+            weight = _fair_weight(reader, fields.get("fairSharing", {}), f"{path}.fairSharing")
+            quotas[name] = TenantQuota(
+                name, cohort, limits, preemption, fungibility, tolerations, weight
+            )
         elif cohort:
             reader.fail(f"{path}.cohort", "a tenant without quotas is in no cohort")
         elif "preemption" in fields:
@@ -374,7 +420,187 @@ def _tenants(
             reader.fail(f"{path}.flavorFungibility", "a tenant without quotas has no flavors")
         elif "tolerations" in fields:
             reader.fail(f"{path}.tolerations", "a tenant without quotas has no flavors")
+        elif "fairSharing" in fields:
+            reader.fail(f"{path}.fairSharing", "a tenant without quotas shares nothing")
     return tenants, quotas
+
+
+def _cohorts(
+    reader: _Reader,
+    value: object,
+    resources: Sequence[QuotaResource],
+    tenants: Mapping[str, Tenant],
+    quotas: Mapping[str, TenantQuota],
+) -> dict[str, CohortQuota]:
+    """Kueue's Cohort objects: a parent (which must be declared here too), quotas of the
+    cohort's own (limits only towards a parent, as Kueue's webhook has it) and a fair-sharing
+    weight; no cycles, and no name a tenant has."""
+    cohorts: dict[str, CohortQuota] = {}
+    paths: dict[str, str] = {}
+    for i, item in enumerate(reader.sequence(value, "spec.quota.cohorts")):
+        path = f"spec.quota.cohorts[{i}]"
+        fields = reader.mapping(item, path, {"name", "parent", "quotas", "fairSharing"})
+        name = reader.string(fields.get("name"), f"{path}.name")
+        if any(c in name for c in "/{}"):
+            reader.fail(f"{path}.name", "must not contain '/', '{' or '}' (a store hash tag)")
+        if name in cohorts:
+            reader.fail(f"{path}.name", f"duplicate cohort {name!r}")
+        if name in tenants:
+            reader.fail(f"{path}.name", f"a tenant is named {name!r} (they share names)")
+        parent = reader.string(fields.get("parent", ""), f"{path}.parent", required=False)
+        if parent and parent == name:
+            reader.fail(f"{path}.parent", "a cohort cannot be its own parent")
+            parent = ""
+        limits: dict[str, QuotaLimits] = {}
+        if "quotas" in fields:
+            limits = _quota_limits(
+                reader, fields["quotas"], f"{path}.quotas", resources, cohort=True
+            )
+            if not parent:
+                _refuse_limits_at_a_root(reader, fields["quotas"], f"{path}.quotas")
+        weight = _fair_weight(reader, fields.get("fairSharing", {}), f"{path}.fairSharing")
+        if name and name not in cohorts:
+            cohorts[name] = CohortQuota(name, parent, limits, weight)
+            paths[name] = path
+    for name, cohort in cohorts.items():
+        if cohort.parent and cohort.parent not in cohorts:
+            known = ", ".join(sorted(cohorts))
+            reader.fail(
+                f"{paths[name]}.parent",
+                f"unknown cohort {cohort.parent!r} (spec.quota.cohorts: {known})",
+            )
+    reported: set[str] = set()
+    for name in cohorts:
+        chain, at = [name], cohorts[name].parent
+        while at in cohorts and at not in chain:
+            chain.append(at)
+            at = cohorts[at].parent
+        if at in chain and at not in reported:
+            loop = chain[chain.index(at) :] + [at]
+            reported.update(loop)
+            reader.fail(f"{paths[at]}.parent", "cohorts form a cycle: " + " -> ".join(loop))
+    for tenant, quota in quotas.items():
+        if quota.cohort in tenants:
+            reader.fail(
+                f"spec.tenants[{list(tenants).index(tenant)}].cohort",
+                f"{quota.cohort!r} is a tenant: a tenant's cohort must be a cohort",
+            )
+    return cohorts
+
+
+def _refuse_limits_at_a_root(reader: _Reader, value: object, path: str) -> None:
+    if not isinstance(value, list):
+        return
+    for j, item in enumerate(value):
+        if not isinstance(item, Mapping):
+            continue
+        for limit in ("borrowingLimit", "lendingLimit"):
+            if limit in item:
+                reader.fail(
+                    f"{path}[{j}].{limit}",
+                    "only a cohort with a parent borrows or lends (Kueue: must be nil when "
+                    "parent is empty)",
+                )
+
+
+def _fair_weight(reader: _Reader, value: object, path: str) -> Fraction:
+    """`fairSharing: {weight: <quantity>}`: >= 0, and not so small it collapses (Kueue's
+    webhook: 0 or more than 1n); 1 when unset."""
+    fields = reader.mapping(value, path, {"weight"})
+    raw = fields.get("weight")
+    if raw is None:
+        return Fraction(1)
+    where = f"{path}.weight"
+    if isinstance(raw, bool) or not isinstance(raw, int | float | str):
+        reader.fail(where, f"must be a quantity such as 1, 0.5 or 500m, got {raw!r}")
+        return Fraction(1)
+    try:
+        weight = Quantity.parse(str(raw)).value
+    except ValueError:
+        reader.fail(where, f"must be a quantity such as 1, 0.5 or 500m, got {raw!r}")
+        return Fraction(1)
+    if weight < 0:
+        reader.fail(where, "must not be negative")
+        return Fraction(1)
+    if 0 < weight <= Fraction(1, 10**9):
+        reader.fail(where, "when not 0, must be more than 1n (10e-9)")
+        return Fraction(1)
+    return weight
+
+
+def _fair_sharing(reader: _Reader, value: object) -> FairSharing:
+    """`spec.quota.fairSharing` (Kueue's Configuration fairSharing): enabled, and the
+    preemption strategies as one of the lists Kueue accepts."""
+    path = "spec.quota.fairSharing"
+    fields = reader.mapping(value, path, {"enabled", "preemptionStrategies"})
+    enabled = reader.boolean(fields.get("enabled", False), f"{path}.enabled")
+    if "preemptionStrategies" not in fields:
+        return FairSharing(enabled)
+    where = f"{path}.preemptionStrategies"
+    names = reader.sequence(fields["preemptionStrategies"], where)
+    chosen = []
+    for j, name in enumerate(names):
+        strategy = _choice(reader, name, f"{where}[{j}]", PreemptionStrategy)
+        if strategy is not None:
+            chosen.append(strategy)
+    if len(chosen) == len(names) and tuple(chosen) not in VALID_STRATEGIES:
+        allowed = "; ".join("[" + ", ".join(s) + "]" for s in VALID_STRATEGIES)
+        reader.fail(where, f"must be one of {allowed}")
+        return FairSharing(enabled)
+    return FairSharing(enabled, tuple(chosen)) if chosen else FairSharing(enabled)
+
+
+def _admission_fair_sharing(
+    reader: _Reader, value: object, resources: Sequence[QuotaResource]
+) -> AdmissionFairSharing | None:
+    """`spec.quota.admissionFairSharing` (Kueue's Configuration field): the usage half-life
+    (>= 0), the sampling interval (> 0, 5m by default) and resource weights (>= 0)."""
+    if value is None:
+        return None
+    path = "spec.quota.admissionFairSharing"
+    fields = reader.mapping(
+        value, path, {"usageHalfLifeTime", "usageSamplingInterval", "resourceWeights"}
+    )
+    half_life = _duration(reader, fields.get("usageHalfLifeTime"), f"{path}.usageHalfLifeTime")
+    interval = 300.0
+    if "usageSamplingInterval" in fields:
+        where = f"{path}.usageSamplingInterval"
+        interval = _duration(reader, fields["usageSamplingInterval"], where)
+        if interval <= 0:
+            reader.fail(where, "must be greater than 0")
+    known = {resource.base or resource.name for resource in resources}
+    weights: dict[str, Fraction] = {}
+    where = f"{path}.resourceWeights"
+    raw = fields.get("resourceWeights", {})
+    if not isinstance(raw, Mapping):
+        reader.fail(where, f"must be a mapping, got {type(raw).__name__}")
+        raw = {}
+    for name, weight in raw.items():
+        at = f"{where}.{name}"
+        if name not in known:
+            names = ", ".join(sorted(known)) or "none"
+            reader.fail(at, f"unknown quota resource {name!r} (spec.quota.resources: {names})")
+            continue
+        if isinstance(weight, bool) or not isinstance(weight, int | float):
+            reader.fail(at, f"must be a number, got {weight!r}")
+            continue
+        if not math.isfinite(weight) or weight < 0:
+            reader.fail(at, "must be a finite number >= 0")
+            continue
+        weights[str(name)] = Fraction(weight)
+    return AdmissionFairSharing(half_life, interval if interval > 0 else 300.0, weights)
+
+
+def _duration(reader: _Reader, value: object, path: str) -> float:
+    """A Go duration (`168h`, `5m`, `1h30m`), as Kubernetes' metav1.Duration; >= 0."""
+    if value is None:
+        reader.fail(path, "Required value")
+        return 0.0
+    seconds = parse_go_duration(value) if isinstance(value, str) else None
+    if seconds is None:
+        reader.fail(path, f"must be a duration such as 168h, 5m or 1h30m, got {value!r}")
+        return 0.0
+    return seconds
 
 
 _E = TypeVar("_E", bound=StrEnum)
@@ -652,8 +878,12 @@ def _quota_resources(
         name = reader.string(fields.get("name"), f"{path}.name")
         if any((resource.base or resource.name) == name for resource in resources):
             reader.fail(f"{path}.name", f"duplicate quota resource {name!r}")
-        if "/" in name:
-            reader.fail(f"{path}.name", "must not contain '/' (quotas are <resource>/<flavor>)")
+        if name.count("/") > 1:
+            reader.fail(
+                f"{path}.name",
+                "may hold one '/' (a resource name such as nvidia.com/gpu; per flavor, quotas "
+                "are <resource>/<flavor>)",
+            )
         classes = tuple(
             reader.string(c, f"{path}.deviceClassNames[{j}]")
             for j, c in enumerate(
@@ -711,21 +941,32 @@ def _quota_resources(
                 f"{name}/{NO_FLAVOR}", classes, counter, share, base=name, flavor=NO_FLAVOR
             )
         )
+    every = [r.name for r in resources]
+    for repeated in sorted({n for n in every if every.count(n) > 1}):
+        reader.fail("spec.quota.resources", f"{repeated!r} is both a resource and a flavor's")
     return resources
 
 
 def _quota_limits(
-    reader: _Reader, value: object, path: str, resources: Sequence[QuotaResource]
+    reader: _Reader,
+    value: object,
+    path: str,
+    resources: Sequence[QuotaResource],
+    *,
+    cohort: bool = False,
 ) -> dict[str, QuotaLimits]:
+    """A tenant's or (`cohort`) a cohort's quotas; a cohort's lendingLimit may pass its own
+    nominal (it lends its children's quota too)."""
     known = {resource.base or resource.name for resource in resources}
     flavored = {r.name for r in resources if r.spec is not None}
+    with_flavors = {r.base for r in resources if r.flavor}
     limits: dict[str, QuotaLimits] = {}
     allowed = {"resource", "flavor", "nominal", "borrowingLimit", "lendingLimit"}
     for j, item in enumerate(reader.sequence(value, path)):
         where = f"{path}[{j}]"
         fields = reader.mapping(item, where, allowed)
-        resource = reader.string(fields.get("resource"), f"{where}.resource")
-        per_flavor = any(name.startswith(f"{resource}/") for name in flavored)
+        resource = base = reader.string(fields.get("resource"), f"{where}.resource")
+        per_flavor = resource in with_flavors
         if "flavor" in fields or per_flavor:
             flavor = reader.string(fields.get("flavor"), f"{where}.flavor")
             if not per_flavor:
@@ -743,7 +984,7 @@ def _quota_limits(
             )
         if resource in limits:
             reader.fail(f"{where}.resource", f"duplicate quota for {resource!r}")
-        if resource.split("/")[0] not in known:
+        if base not in known:
             continue
         nominal = _amount(reader, fields.get("nominal"), f"{where}.nominal")
         borrowing = lending = None
@@ -751,7 +992,7 @@ def _quota_limits(
             borrowing = _amount(reader, fields["borrowingLimit"], f"{where}.borrowingLimit")
         if "lendingLimit" in fields:
             lending = _amount(reader, fields["lendingLimit"], f"{where}.lendingLimit")
-            if lending > nominal:
+            if lending > nominal and not cohort:
                 reader.fail(f"{where}.lendingLimit", "must not exceed nominal")
         limits[resource] = QuotaLimits(nominal, borrowing, lending)
     return limits

@@ -61,6 +61,7 @@ from services.allocator.reservations.binding import binding_of
 from services.allocator.reservations.model import DeviceCondition, Reservation, ReservationState
 from services.common.dra.model import AllocationResult, DeviceID, ResourceClaim
 from services.common.dra.names import label_name_errors
+from services.common.dra.quantity import Quantity, QuantityFormat
 from services.common.errors import FieldViolation, GpuallocError, InvalidArgument, clip
 from services.common.grpc_errors import MAX_MESSAGE_CHARS, status_code_of, to_rpc_status
 from services.common.pb.dra_mapping import (
@@ -73,7 +74,12 @@ from services.common.pb.dra_mapping import (
     to_pb_device_id,
 )
 from services.common.security.principal import tenant_of_owner
-from services.common.security.quota import QuotaRefusal, TenantStatus, quantity_text
+from services.common.security.quota import (
+    CohortStatus,
+    QuotaRefusal,
+    TenantStatus,
+    quantity_text,
+)
 
 __all__ = [
     "ClaimReader",
@@ -513,12 +519,28 @@ def quota_refusal_to_pb(refusal: QuotaRefusal) -> pb.QuotaRefusal:
     )
 
 
-def quota_status_response(rows: Sequence[TenantStatus], enabled: bool) -> pb.QuotaStatusResponse:
+def quota_status_response(
+    rows: Sequence[TenantStatus],
+    enabled: bool,
+    cohorts: Sequence[CohortStatus] = (),
+    fair_sharing: bool = False,
+) -> pb.QuotaStatusResponse:
     def limit(milli: int | None, binary: bool) -> str:
         return "" if milli is None else quantity_text(milli, binary)
 
+    def decayed(row: TenantStatus) -> str:
+        if row.decayed is None:
+            return ""
+        return quantity_text(round(row.decayed), row.binary)
+
+    def score(value: float | None, configured: bool) -> str:
+        if not configured:
+            return ""
+        return "inf" if value is None else f"{value:.6g}"
+
     return pb.QuotaStatusResponse(
         enabled=enabled,
+        fair_sharing=fair_sharing,
         tenants=[
             pb.TenantQuotaStatus(
                 tenant=row.tenant,
@@ -533,10 +555,41 @@ def quota_status_response(rows: Sequence[TenantStatus], enabled: bool) -> pb.Quo
                 lending_limit=limit(row.lending_limit, row.binary),
                 pending_preemptions=row.pending_preemptions,
                 pending_preemption_ids=row.pending_preemption_ids,
+                cohort_path=row.path,
+                fair_sharing_weight=weight_text(row.weight),
+                weighted_share=row.share.rounded(),
+                dominant_resource=row.share.dominant,
+                decayed_used=decayed(row),
+                decayed_usage=score(row.decayed_usage, row.decayed is not None),
+                decayed_at=None if row.decayed_at is None else _timestamp(row.decayed_at),
             )
             for row in rows
         ],
+        cohorts=[
+            pb.CohortQuotaStatus(
+                cohort=row.cohort,
+                resource=row.resource,
+                cohort_path=row.path,
+                nominal=quantity_text(row.nominal, row.binary),
+                subtree_quota=quantity_text(row.subtree, row.binary),
+                used=quantity_text(row.used, row.binary),
+                borrowed=quantity_text(row.borrowed, row.binary),
+                lent=quantity_text(row.lent, row.binary),
+                left=quantity_text(row.left, row.binary),
+                borrowing_limit=limit(row.borrowing_limit, row.binary),
+                lending_limit=limit(row.lending_limit, row.binary),
+                fair_sharing_weight=weight_text(row.weight),
+                weighted_share=row.share.rounded(),
+                dominant_resource=row.share.dominant,
+            )
+            for row in cohorts
+        ],
     )
+
+
+def weight_text(weight: Fraction) -> str:
+    """A fair-sharing weight as a Kubernetes quantity (`1`, `500m`)."""
+    return str(Quantity.of(weight, QuantityFormat.DECIMAL_SI))
 
 
 def capacity_response(answer: CapacityAnswer) -> pb.CapacityResponse:

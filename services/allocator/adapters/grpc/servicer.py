@@ -409,7 +409,11 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
             if not asked:
                 return pb.QuotaStatusResponse()
         rows, enabled = self._service.quota_status(asked)
-        return quota_status_response(rows, enabled)
+        # the cohorts above the tenants shown (their aggregates name no reservation): a tenant
+        # sees the tree it borrows from; every cohort for a caller that sees every tenant
+        cohorts = self._service.cohort_status(asked) if enabled else []
+        fair = enabled and self._service.fair_sharing
+        return quota_status_response(rows, enabled, cohorts, fair)
 
     def WatchReservations(
         self, request: pb.WatchReservationsRequest, context: grpc.ServicerContext

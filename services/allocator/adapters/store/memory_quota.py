@@ -9,9 +9,15 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from services.allocator.reservations.quota_ledger import LedgerRead, QuotaEntry, check_lease
+from services.allocator.reservations.quota_ledger import (
+    ConsumedRead,
+    LedgerRead,
+    QuotaEntry,
+    check_lease,
+)
+from services.common.security.fair_sharing import ConsumedUsage
 
 __all__ = ["MemoryQuotaLedger"]
 
@@ -76,6 +82,20 @@ class MemoryQuotaLedger:
             for entry_id in entry_ids:
                 found.entries.pop(entry_id, None)
 
+    def read_consumed(self, cohort: str) -> ConsumedRead:
+        with self._lock:
+            found = self._live(cohort)
+            return ConsumedRead(found.consumed_version, self._clock(), dict(found.consumed))
+
+    def put_consumed(self, cohort: str, version: int, tenants: Mapping[str, ConsumedUsage]) -> bool:
+        with self._lock:
+            found = self._live(cohort)
+            if found.consumed_version != version:
+                return False
+            found.consumed = dict(tenants)
+            found.consumed_version += 1
+            return True
+
     def close(self) -> None:
         pass
 
@@ -89,6 +109,8 @@ class _Cohort:
     def __init__(self) -> None:
         self.version = 0
         self.entries: dict[str, QuotaEntry] = {}
+        self.consumed: dict[str, ConsumedUsage] = {}
+        self.consumed_version = 0
         self._due: list[tuple[float, str]] = []  # (expiry, id); stale items are skipped
 
     def put(self, entry: QuotaEntry) -> None:
