@@ -11,6 +11,7 @@ edited under a running server: a changed ClusterQueue is reloaded, a broken one 
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import time
@@ -235,39 +236,61 @@ TREE_SCENARIO: list[tuple[Any, ...]] = [
 ]
 
 
-def tree_policies() -> dict[str, str]:
+FAIR = {"preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]}
+
+
+def tree_policies(fair: bool) -> dict[str, str]:
+    """The tree in both forms; `fair`: with fair sharing on (Kueue's Configuration; the
+    native `quota.fairSharing`)."""
     objects = yaml.safe_load(TREE_OBJECTS) + [
         yaml.safe_load(TREE_QUEUE.format(name=name, cohort=cohort, quota=quota))[0]
         for name, (cohort, quota) in TREE_QUEUES.items()
     ]
+    native = TREE_POLICY
+    if fair:
+        config = {"apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration"}
+        objects.append({**config, "fairSharing": FAIR})
+        fair_sharing = f"    fairSharing: {json.dumps({'enabled': True, **FAIR})}\n"
+        native = native.replace("  quota:\n", "  quota:\n" + fair_sharing, 1)
     kueue = {"quota": {"kueue": {"objects": objects}}, "tenants": OTHER_TENANTS}
-    return {"kueue": policy_with(_section(kueue)), "native": TREE_POLICY}
+    return {"kueue": policy_with(_section(kueue)), "native": native}
 
 
 def _tree_rows(fleet: SecuredFleet) -> Any:
     """QuotaStatus's tenant and cohort rows of the one GPU resource (by any name)."""
     answer = stub(fleet, "admin").QuotaStatus(pb.QuotaStatusRequest(), timeout=10)
     tenants = sorted(
-        (r.tenant, r.nominal, r.used, r.borrowed, r.lent, r.left)
+        (r.tenant, r.nominal, r.used, r.borrowed, r.lent, r.left, r.weighted_share)
         for r in answer.tenants
         if not r.resource.endswith("/(none)")
     )
     cohorts = sorted(
-        (r.cohort, tuple(r.cohort_path), r.nominal, r.subtree_quota, r.used, r.borrowed, r.left)
+        (
+            r.cohort,
+            tuple(r.cohort_path),
+            r.nominal,
+            r.subtree_quota,
+            r.used,
+            r.borrowed,
+            r.left,
+            r.weighted_share,
+        )
         for r in answer.cohorts
         if not r.resource.endswith("/(none)")
     )
     return tenants, cohorts
 
 
+@pytest.mark.parametrize("fair", [False, True], ids=["classic", "fair-sharing"])
 def test_a_tree_of_kueue_cohorts_and_the_native_tree_make_the_same_decisions(
-    tmp_path: Path,
+    tmp_path: Path, fair: bool
 ) -> None:
-    """The hierarchical worked example run on both forms: the same outcomes, victims and
-    QuotaStatus (tenants and cohorts) after every step; and what docs/tenancy.md's tree example
-    says of its steps holds for the Kueue objects too."""
+    """The hierarchical worked example run on both forms, with classic preemption and with
+    fair sharing on: the same outcomes, victims and QuotaStatus (tenants and cohorts, shares
+    included) after every step; and what docs/tenancy.md's tree example says of its steps holds
+    for the Kueue objects too."""
     runs: dict[str, list[Any]] = {}
-    for form, text in tree_policies().items():
+    for form, text in tree_policies(fair).items():
         with secured_fleet(tmp_path / form, policy=text, allocator=SETTINGS) as fleet:
             held: dict[str, Any] = {}
             runs[form] = []
@@ -279,6 +302,10 @@ def test_a_tree_of_kueue_cohorts_and_the_native_tree_make_the_same_decisions(
     for i, (kueue, native) in enumerate(zip(runs["kueue"], runs["native"], strict=True)):
         assert kueue == native, f"step {i} {TREE_SCENARIO[i]}"
     outcomes = [decision[0] for decision, _ in runs["kueue"]]
+    if fair:  # the reclaim then follows the shares: that both forms agree is the point
+        assert outcomes[:5] == [outcomes[0], "OUTCOME_ALLOCATED", "OUTCOME_QUOTA_EXCEEDED",
+                                "OUTCOME_ALLOCATED", "OUTCOME_QUOTA_EXCEEDED"]  # fmt: skip
+        return
     assert outcomes[:6] == [
         "OUTCOME_ALLOCATED",
         "OUTCOME_ALLOCATED",

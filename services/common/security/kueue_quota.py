@@ -87,13 +87,14 @@ BUILT_IN_RESOURCES: Mapping[str, Mapping[str, Any]] = {
 # Resources of a Pod that gpualloc does not allocate: accepted in a ClusterQueue and listed as
 # not enforced (Kueue still enforces them on its own Workloads).
 NOT_ALLOCATED = ("cpu", "memory", "ephemeral-storage", "pods", "storage")
-_NOT_ALLOCATED_PREFIXES = ("hugepages-", "requests.", "limits.")
+_NOT_ALLOCATED_PREFIXES = ("hugepages-",)
 _MIG_PREFIX = "nvidia.com/mig-"
 
 _INT32 = (-(2**31), 2**31 - 1)
 _HIGHEST_USER_PRIORITY = 1_000_000_000  # Kubernetes: a PriorityClass's value above it is system's
 _WEIGHT_FLOOR = Quantity.parse("1n")
 _FILES_LIMIT = 256
+_OBJECTS_LIMIT = 5000  # objects in all: a site's queues, flavors and classes, with room to spare
 
 
 class FieldError(StrEnum):
@@ -398,11 +399,21 @@ class _Objects:
     kueue_only: list[ObjectRef] = field(default_factory=list)
     configuration: ObjectRef | None = None
     excluded_prefixes: list[str] = field(default_factory=list)
+    count: int = 0  # objects met so far (List items each)
     _names: dict[tuple[str, str], ObjectRef] = field(default_factory=dict)  # (kind, name)
 
     def add(self, origin: str, document: object) -> None:
         if document is None:
             return  # an empty YAML document (`---` at the end)
+        self.count += 1
+        if self.count > _OBJECTS_LIMIT:
+            if self.count == _OBJECTS_LIMIT + 1:
+                _Checker(self.errors, ObjectRef(origin)).fail(
+                    FieldError.TOO_MANY,
+                    "",
+                    f"more than {_OBJECTS_LIMIT} objects: none past it is read",
+                )
+            return
         checker = _Checker(self.errors, ObjectRef(origin))
         if not isinstance(document, Mapping):
             checker.fail(FieldError.INVALID, "", "must be a Kubernetes object (a mapping)")
@@ -902,7 +913,7 @@ NATIVE_FLAVOR_SEARCH = False
 # Whether the native quota section takes fair sharing on (`quota.fairSharing.enabled`) and
 # admission fair sharing yet: until it does, the Configuration's are refused by name here, with
 # the Kueue object's path (the translation below is what they will become).
-NATIVE_FAIR_SHARING = False
+NATIVE_FAIR_SHARING = True
 _CONFIGURED = {"fairSharing": "fair_sharing", "admissionFairSharing": "admission_fair_sharing"}
 _STRATEGIES = ("LessThanOrEqualToFinalShare", "LessThanInitialShare")
 _STRATEGY_SETS = ((_STRATEGIES[0],), (_STRATEGIES[1],), _STRATEGIES)  # Kueue's valid lists
@@ -1030,7 +1041,7 @@ def _resource_groups(
     seen_resources: set[str] = set()
     seen_flavors: set[str] = set()
     total_flavors = total_resources = 0
-    for i, group in enumerate(groups):
+    for i, group in enumerate(groups[:16]):  # past Kueue's limits nothing more is read
         path = f"spec.resourceGroups[{i}]"
         fields = checker.mapping(group, path, {"coveredResources", "flavors"})
         covered = checker.sequence(fields.get("coveredResources"), f"{path}.coveredResources")
@@ -1043,7 +1054,7 @@ def _resource_groups(
         total_flavors += len(flavors)
         total_resources += len(covered)
         names: list[str] = []
-        for j, raw in enumerate(covered):
+        for j, raw in enumerate(covered[:64]):
             where = f"{path}.coveredResources[{j}]"
             name = checker.resource_name(raw, where)
             if name in seen_resources:
@@ -1051,7 +1062,7 @@ def _resource_groups(
             seen_resources.add(name)
             names.append(name)
         combinations = 0
-        for j, item in enumerate(flavors):
+        for j, item in enumerate(flavors[:64]):
             where = f"{path}.flavors[{j}]"
             flavor = checker.mapping(item, where, {"name", "resources"})
             flavor_name = checker.string(flavor.get("name"), f"{where}.name")
@@ -1074,7 +1085,7 @@ def _resource_groups(
                     path,
                     "flavors must have the same number of resources as the coveredResources",
                 )
-            for k, entry in enumerate(quotas):
+            for k, entry in enumerate(quotas[:64]):
                 limits = _resource_quota(
                     checker, entry, f"{where}.resources[{k}]", in_cohort, of_cohort=of_cohort
                 )

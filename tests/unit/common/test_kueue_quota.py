@@ -8,6 +8,7 @@ gpualloc refuses, and asserts the error by type, object and field path.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -507,6 +508,50 @@ spec:
 {KUEUE_DEFAULTS}""",
     ),
     (
+        "the-configurations-fair-sharing",
+        documents(
+            DEFAULT_FLAVOR,
+            GPU_QUEUE,
+            "apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\n"
+            "fairSharing: {preemptionStrategies: [LessThanInitialShare]}\n"
+            "admissionFairSharing:\n  usageHalfLifeTime: 168h\n"
+            "  resourceWeights: {nvidia.com/gpu: 2, cpu: 1}",
+        ),
+        {},
+        NATIVE_GPU
+        + """
+    fairSharing: {enabled: true, preemptionStrategies: [LessThanInitialShare]}
+    admissionFairSharing:
+      usageHalfLifeTime: 168h
+      usageSamplingInterval: 5m
+      resourceWeights: {nvidia.com/gpu: 2}
+""",
+        f"""
+  - name: team-a
+    quotas: [{{resource: nvidia.com/gpu, flavor: default-flavor, nominal: 4}}]
+{KUEUE_DEFAULTS}""",
+    ),
+    (
+        "v1beta1s-enabled-fair-sharing-takes-both-strategies",
+        documents(
+            DEFAULT_FLAVOR,
+            GPU_QUEUE,
+            "apiVersion: config.kueue.x-k8s.io/v1beta1\nkind: Configuration\n"
+            "fairSharing: {enable: true}",
+        ),
+        {},
+        NATIVE_GPU
+        + """
+    fairSharing:
+      enabled: true
+      preemptionStrategies: [LessThanOrEqualToFinalShare, LessThanInitialShare]
+""",
+        f"""
+  - name: team-a
+    quotas: [{{resource: nvidia.com/gpu, flavor: default-flavor, nominal: 4}}]
+{KUEUE_DEFAULTS}""",
+    ),
+    (
         "a-queue-without-resource-groups-is-granted-nothing",
         documents(
             DEFAULT_FLAVOR,
@@ -595,77 +640,6 @@ def test_inline_objects_and_files_together() -> None:
 {KUEUE_DEFAULTS}""",
         ).quotas
     )
-
-
-# The Configuration's fair sharing, as the native section will take it once it supports fair
-# sharing (kueue_quota.NATIVE_FAIR_SHARING); refused by name until then (INVALID's rows
-# `fair-sharing-is-not-supported-yet`, `admission-fair-sharing-is-not-supported-yet`).
-FAIR_SHARING_MAPPING: list[tuple[str, str, dict[str, Any], str, str]] = [
-    (
-        "the-configurations-fair-sharing",
-        documents(
-            DEFAULT_FLAVOR,
-            GPU_QUEUE,
-            "apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\n"
-            "fairSharing: {preemptionStrategies: [LessThanInitialShare]}\n"
-            "admissionFairSharing:\n  usageHalfLifeTime: 168h\n"
-            "  resourceWeights: {nvidia.com/gpu: 2, cpu: 1}",
-        ),
-        {},
-        NATIVE_GPU
-        + """
-    fairSharing: {enabled: true, preemptionStrategies: [LessThanInitialShare]}
-    admissionFairSharing:
-      usageHalfLifeTime: 168h
-      usageSamplingInterval: 5m
-      resourceWeights: {nvidia.com/gpu: 2}
-""",
-        f"""
-  - name: team-a
-    quotas: [{{resource: nvidia.com/gpu, flavor: default-flavor, nominal: 4}}]
-{KUEUE_DEFAULTS}""",
-    ),
-    (
-        "v1beta1s-enabled-fair-sharing-takes-both-strategies",
-        documents(
-            DEFAULT_FLAVOR,
-            GPU_QUEUE,
-            "apiVersion: config.kueue.x-k8s.io/v1beta1\nkind: Configuration\n"
-            "fairSharing: {enable: true}",
-        ),
-        {},
-        NATIVE_GPU
-        + """
-    fairSharing:
-      enabled: true
-      preemptionStrategies: [LessThanOrEqualToFinalShare, LessThanInitialShare]
-""",
-        f"""
-  - name: team-a
-    quotas: [{{resource: nvidia.com/gpu, flavor: default-flavor, nominal: 4}}]
-{KUEUE_DEFAULTS}""",
-    ),
-]
-
-
-@pytest.mark.parametrize(
-    ("objects", "quota"), [pytest.param(c[1], c[3], id=c[0]) for c in FAIR_SHARING_MAPPING]
-)
-def test_the_configurations_fair_sharing_is_translated_for_the_native_section(
-    objects: str, quota: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """What the Configuration's fair sharing becomes once the native section takes it (the
-    translation, compared before the native parser, which refuses it still)."""
-    monkeypatch.setattr(kueue_quota, "NATIVE_FAIR_SHARING", True)
-    errors: list[FieldViolation] = []
-    files = {
-        "site.yaml": [(f"site.yaml[{i}]", d) for i, d in enumerate(yaml.safe_load_all(objects))]
-    }
-    translation = kueue_quota.translate({"files": ["site.yaml"]}, files, errors)
-    assert errors == []
-    expected = yaml.safe_load(quota)
-    for key in ("fairSharing", "admissionFairSharing"):
-        assert translation.quota.get(key) == expected.get(key)
 
 
 # Flavors' taints and tolerations, whenCanPreempt and preference, as the native section will
@@ -1181,24 +1155,6 @@ INVALID = [
         [(INV, "Cohort", "org", "spec.parentName")],
     ),
     (
-        "fair-sharing-is-not-supported-yet",
-        "apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\n"
-        "fairSharing: {preemptionStrategies: [LessThanInitialShare]}",
-        [(X, "Configuration", "", "fairSharing")],
-    ),
-    (
-        "v1beta1s-enabled-fair-sharing-is-not-supported-yet",
-        "apiVersion: config.kueue.x-k8s.io/v1beta1\nkind: Configuration\n"
-        "fairSharing: {enable: true}",
-        [(X, "Configuration", "", "fairSharing")],
-    ),
-    (
-        "admission-fair-sharing-is-not-supported-yet",
-        "apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\n"
-        "admissionFairSharing: {usageHalfLifeTime: 168h}",
-        [(X, "Configuration", "", "admissionFairSharing")],
-    ),
-    (
         "fair-sharing-without-strategies",
         "apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\nfairSharing: {}",
         [(R, "Configuration", "", "fairSharing.preemptionStrategies")],
@@ -1417,6 +1373,10 @@ def _site(tmp_path: Path) -> Path:
     (tmp_path / "kueue" / "flavors.yaml").write_text(DEFAULT_FLAVOR)
     (tmp_path / "kueue" / "queues.yml").write_text(GPU_QUEUE)
     (tmp_path / "kueue" / "notes.txt").write_text("not read")
+    (tmp_path / "kueue" / "priority.json").write_text(
+        '{"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass", '
+        '"metadata": {"name": "from-json"}, "value": 7}'
+    )
     (tmp_path / "extra.yaml").write_text(GPU_QUEUE.replace("team-a", "team-b"))
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY_FILE)
@@ -1427,9 +1387,9 @@ def test_files_and_directories_are_read_relative_to_the_policy(tmp_path: Path) -
     policy = _site(tmp_path)
     loaded = load_policy(str(policy), policy.read_bytes())
     assert sorted(loaded.policy.quotas.tenants) == ["team-a", "team-b"]
-    assert sorted(loaded.followed) == sorted(
-        str(tmp_path / p) for p in ("kueue", "kueue/flavors.yaml", "kueue/queues.yml", "extra.yaml")
-    )
+    assert loaded.policy.quotas.priority("from-json").value == 7  # a JSON file of the directory
+    read = ("kueue", "kueue/flavors.yaml", "kueue/priority.json", "kueue/queues.yml", "extra.yaml")
+    assert sorted(loaded.followed) == sorted(str(tmp_path / p) for p in read)
     (tmp_path / "extra.yaml").write_text(GPU_QUEUE.replace("nominalQuota: 4", "nominalQuota: x"))
     with pytest.raises(InvalidArgument) as caught:
         load_policy(str(policy), policy.read_bytes())
@@ -1476,3 +1436,96 @@ def test_a_change_of_a_named_file_reloads_the_policy(tmp_path: Path) -> None:
     queues.write_text(GPU_QUEUE)
     now[0] += 2
     assert nominal("team-a") == 4000 and nominal("team-c") == 4000
+
+
+def test_nothing_past_kueues_limits_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ClusterQueue of 10,000 resource groups (one group aliased over and over, each with an
+    unknown field) is refused with one TOO_MANY and the errors of the 16 groups Kueue allows
+    at most, not 10,000 of them; and past the objects' limit (5,000; 10 here) none is read."""
+    group = "{coveredResources: [nvidia.com/gpu], flavors: [], bogus: 1}"
+    aliased = f"&g {group}, " + ", ".join(["*g"] * 9_999)
+    text = _queue(f"  resourceGroups: [{aliased}]\n")
+    with pytest.raises(InvalidArgument) as caught:
+        kueue(documents(DEFAULT_FLAVOR, text))
+    errors = [(v.error, v.path) for v in caught.value.violations if isinstance(v, KueueViolation)]
+    assert errors[0] == (TM, "spec.resourceGroups")
+    assert len(errors) == 1 + 16 * 2 + 15  # each: the unknown field, no flavors; a duplicate
+    monkeypatch.setattr(kueue_quota, "_OBJECTS_LIMIT", 10)
+    many = "apiVersion: v1\nkind: List\nitems:\n" + "".join(
+        f"- {{apiVersion: {V2}, kind: ResourceFlavor, metadata: {{name: f{i}}}}}\n"
+        for i in range(20)
+    )
+    with pytest.raises(InvalidArgument) as caught:
+        kueue(many)
+    found = [v for v in caught.value.violations if isinstance(v, KueueViolation)]
+    assert len(found) == len(caught.value.violations)
+    assert [(v.error, v.origin) for v in found] == [(TM, "site.yaml[0].items[9]")]
+
+
+def _kubelet_projects(directory: Path, files: dict[str, str], version: str) -> None:
+    """`files` as kubelet projects a ConfigMap volume: in a hidden timestamped directory,
+    `..data` a symlink to it swapped atomically (a rename), each key a symlink through
+    `..data`; the previous version removed."""
+    directory.mkdir(exist_ok=True)
+    target = directory / f"..{version}"
+    target.mkdir()
+    for name, text in files.items():
+        (target / name).write_text(text)
+    previous = (directory / "..data").resolve() if (directory / "..data").exists() else None
+    (directory / "..data_tmp").symlink_to(target.name)
+    (directory / "..data_tmp").rename(directory / "..data")
+    for name in files:
+        link = directory / name
+        if not link.is_symlink():
+            link.symlink_to(f"..data/{name}")
+    if previous is not None:
+        shutil.rmtree(previous)
+
+
+def test_a_configmap_volume_of_kueue_files_reloads_when_kubelet_swaps_it(tmp_path: Path) -> None:
+    """The Kueue files mounted from a ConfigMap (kubelet's layout: keys as symlinks through
+    `..data`, a new version swapped in with one rename): its hidden directories are not read,
+    and an update of the ConfigMap reloads the policy."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY_FILE.replace("[kueue/, extra.yaml]", "[kueue/]"))
+    _kubelet_projects(
+        tmp_path / "kueue", {"flavors.yaml": DEFAULT_FLAVOR, "queues.yaml": GPU_QUEUE}, "v1"
+    )
+    now = [0.0]
+    watched = WatchedFiles(
+        [str(policy)],
+        lambda contents: load_policy(str(policy), contents[0]),
+        what="policy",
+        clock=lambda: now[0],
+        follow=lambda loaded: loaded.followed,
+    )
+
+    def nominal() -> int:
+        quota = watched.current().policy.quotas.quota_of("team-a")
+        assert quota is not None
+        return quota.of("nvidia.com/gpu/default-flavor").nominal
+
+    assert nominal() == 4000
+    assert sorted(Path(p).name for p in watched.current().followed) == [
+        "flavors.yaml",
+        "kueue",
+        "queues.yaml",
+    ]
+    raised = GPU_QUEUE.replace("nominalQuota: 4", "nominalQuota: 7")
+    _kubelet_projects(
+        tmp_path / "kueue", {"flavors.yaml": DEFAULT_FLAVOR, "queues.yaml": raised}, "v2"
+    )
+    now[0] += 2
+    assert nominal() == 7000
+
+
+def test_at_most_256_files_of_at_most_4_mib_are_read(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        policy_of({"quota": {"kueue": {"files": [f"f{i}.yaml" for i in range(257)]}}})
+    assert caught.value.violations[0].path == "spec.quota.kueue.files"
+    policy = _site(tmp_path)
+    (tmp_path / "extra.yaml").write_text("# padding\n" * (4 * 2**20 // 10 + 1))
+    with pytest.raises(InvalidArgument) as caught:
+        load_policy(str(policy), policy.read_bytes())
+    assert caught.value.field_path == f"{policy}: spec.quota.kueue.files[1]"
+    assert "larger than 4194304 bytes" in str(caught.value)
