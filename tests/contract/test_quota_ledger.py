@@ -19,6 +19,8 @@ from services.allocator.reservations.model import PREEMPTED_MEMORY_SECONDS, rese
 from services.allocator.reservations.quota_ledger import (
     QuotaEntry,
     QuotaLedger,
+    Ticket,
+    TicketBinding,
     usage_by_tenant,
 )
 from services.common.errors import NotFound, Preempted, Unavailable
@@ -65,8 +67,8 @@ def test_take_is_a_compare_and_set_on_the_version(under_test: LedgerUnderTest) -
     ledger = under_test.ledger
     first = ledger.read("cohort:x")
     assert first.entries == ()
-    assert ledger.take("cohort:x", first.version, entry("ticket:1"), 60)
-    assert not ledger.take("cohort:x", first.version, entry("ticket:2"), 60)  # stale
+    assert ledger.take("cohort:x", first.version, [Ticket(entry("ticket:1"), 60)])
+    assert not ledger.take("cohort:x", first.version, [Ticket(entry("ticket:2"), 60)])  # stale
     second = ledger.read("cohort:x")
     assert second.version > first.version
     assert [e.id for e in second.entries] == ["ticket:1"]
@@ -75,8 +77,9 @@ def test_take_is_a_compare_and_set_on_the_version(under_test: LedgerUnderTest) -
 
 def test_bind_replaces_the_ticket_and_keeps_its_expiry(under_test: LedgerUnderTest) -> None:
     ledger = under_test.ledger
-    ledger.take("c", ledger.read("c").version, entry("ticket:t", gpus=3000), SHORT)
-    ledger.bind("c", "ticket:t", [entry("res-1@n1", gpus=2000), entry("res-2@pool", gpus=1000)], 60)
+    ledger.take("c", ledger.read("c").version, [Ticket(entry("ticket:t", gpus=3000), SHORT)])
+    parts = (entry("res-1@n1", gpus=2000), entry("res-2@pool", gpus=1000))
+    ledger.bind("c", [TicketBinding("ticket:t", parts, 60)])
     found = ledger.read("c").entries
     assert [(e.id, e.amounts["gpus"]) for e in found] == [("res-1@n1", 2000), ("res-2@pool", 1000)]
     under_test.wait(PAST_SHORT)
@@ -85,19 +88,45 @@ def test_bind_replaces_the_ticket_and_keeps_its_expiry(under_test: LedgerUnderTe
 
 def test_bind_leaves_an_existing_entry_alone(under_test: LedgerUnderTest) -> None:
     ledger = under_test.ledger
-    ledger.take("c", ledger.read("c").version, entry("ticket:t1"), 60)
-    ledger.bind("c", "ticket:t1", [entry("res-1@n")], 60)
+    ledger.take("c", ledger.read("c").version, [Ticket(entry("ticket:t1"), 60)])
+    ledger.bind("c", [TicketBinding("ticket:t1", (entry("res-1@n"),), 60)])
     assert ledger.commit("c", "res-1@n")
-    ledger.take("c", ledger.read("c").version, entry("ticket:t2"), SHORT)  # a replay's ticket
-    ledger.bind("c", "ticket:t2", [entry("res-1@n")], SHORT)
+    ledger.take(
+        "c", ledger.read("c").version, [Ticket(entry("ticket:t2"), SHORT)]
+    )  # a replay's ticket
+    ledger.bind("c", [TicketBinding("ticket:t2", (entry("res-1@n"),), SHORT)])
     under_test.wait(PAST_SHORT)
     assert [(e.id, e.expires_at) for e in ledger.read("c").entries] == [("res-1@n", None)]
+
+
+def test_a_batch_of_tickets_is_one_compare_and_set(under_test: LedgerUnderTest) -> None:
+    """A batch's grants: every ticket added at once (the version grows once), or none when
+    the version moved; then all bound in one step, each keeping its own expiry."""
+    ledger = under_test.ledger
+    first = ledger.read("c")
+    batch = [Ticket(entry("ticket:1"), SHORT), Ticket(entry("ticket:2", "b", 2000), 60)]
+    assert ledger.take("c", first.version, batch)
+    assert not ledger.take("c", first.version, [Ticket(entry("ticket:3"), 60)])
+    second = ledger.read("c")
+    assert [e.id for e in second.entries] == ["ticket:1", "ticket:2"]
+    assert second.version > first.version
+    assert ledger.take("c", second.version, [])  # nothing to add: still a compare-and-set
+    ledger.bind(
+        "c",
+        [
+            TicketBinding("ticket:1", (entry("res-1@n1"),), 60),
+            TicketBinding("ticket:2", (entry("res-2@n1", "b"), entry("res-3@pool", "b")), 60),
+        ],
+    )
+    assert [e.id for e in ledger.read("c").entries] == ["res-1@n1", "res-2@n1", "res-3@pool"]
+    under_test.wait(PAST_SHORT)
+    assert [e.id for e in ledger.read("c").entries] == ["res-2@n1", "res-3@pool"]
 
 
 def test_leases_extend_commit_and_drop(under_test: LedgerUnderTest) -> None:
     ledger = under_test.ledger
     for name in ("ticket:a", "ticket:b", "ticket:c"):
-        assert ledger.take("c", ledger.read("c").version, entry(name), SHORT)
+        assert ledger.take("c", ledger.read("c").version, [Ticket(entry(name), SHORT)])
     assert ledger.extend("c", "ticket:a", 60)
     assert ledger.commit("c", "ticket:b")
     assert not ledger.extend("c", "ticket:b", 60)  # committed: no lease to extend
@@ -113,7 +142,7 @@ def test_leases_extend_commit_and_drop(under_test: LedgerUnderTest) -> None:
 def test_usage_sums_per_tenant(under_test: LedgerUnderTest) -> None:
     ledger = under_test.ledger
     for name, tenant, gpus in [("t:1", "a", 2000), ("t:2", "b", 1000), ("t:3", "a", 500)]:
-        ledger.take("c", ledger.read("c").version, entry(name, tenant, gpus), 60)
+        ledger.take("c", ledger.read("c").version, [Ticket(entry(name, tenant, gpus), 60)])
     assert usage_by_tenant(ledger.read("c").entries) == {"a": {"gpus": 2500}, "b": {"gpus": 1000}}
 
 
@@ -129,7 +158,7 @@ def test_racing_takes_never_overrun_a_limit(under_test: LedgerUnderTest) -> None
             held = sum(e.amounts["gpus"] for e in read.entries)
             if held + 1000 > limit:
                 return
-            if ledger.take("race", read.version, entry(f"ticket:{index}"), 60):
+            if ledger.take("race", read.version, [Ticket(entry(f"ticket:{index}"), 60)]):
                 with lock:
                     won.append(index)
                 return
@@ -160,7 +189,7 @@ def test_decayed_usage_is_a_compare_and_set_by_the_ledgers_clock(
     }
     assert ledger.put_consumed("tree", 0, sample)
     assert not ledger.put_consumed("tree", 0, {"a": ConsumedUsage({"gpus": 1.0}, 1.0)})
-    ledger.take("tree", ledger.read("tree").version, entry("ticket:x"), 60)
+    ledger.take("tree", ledger.read("tree").version, [Ticket(entry("ticket:x"), 60)])
     read = ledger.read_consumed("tree")
     assert read.version == 1 and dict(read.tenants) == sample
     assert read.now >= first.now
@@ -182,7 +211,7 @@ def test_ledger_writes_wait_for_replicas_like_the_store(
     try:
         ledger = RedisQuotaLedger(store)
         with pytest.raises(Unavailable, match="confirmed by 0 of 1"):
-            ledger.take("c", ledger.read("c").version, entry("ticket:w"), 60)
+            ledger.take("c", ledger.read("c").version, [Ticket(entry("ticket:w"), 60)])
         assert [e.id for e in ledger.read("c").entries] == ["ticket:w"]
     finally:
         store.close()

@@ -6,11 +6,12 @@ file declares them, so they reload with it). This module applies them to reserva
 - `usage` counts what one store request (one node's part of a placement) holds, per quota
   resource: each device of a mapped DeviceClass counts 1 (1000 milli-units), or, for a counter
   resource, the amount of that counter the device consumes (charged once per device).
-- `take` is step one of a grant: the tenant's amounts are checked against the cohort's ledger
-  and added to it as a *ticket* in one compare-and-set (reservations/quota_ledger.py), with the
-  lease plus a grace period as expiry. Then the store takes the devices (step two: another hash slot
-  on Redis Cluster, so no script can do both). On success `bind` turns the ticket into one entry
-  per reservation; on failure `abandon` drops it.
+- step one of a grant (app/quota_grants.py, `QuotaTally`: one grant, or a batch's at once):
+  the tenant's amounts are checked against the ledger of its cohort tree and added to it as a
+  *ticket* in one compare-and-set (reservations/quota_ledger.py), with the lease plus a grace
+  period as expiry. Then the store takes the devices (step two: another hash slot on Redis
+  Cluster, so no script can do both). On success `bind` turns the ticket into one entry per
+  reservation; on failure `abandon` drops it.
 
 Why no tenant ever goes over quota, across replicas and crashes: every live reservation is
 covered by a live ledger entry (the ticket exists before the grant and outlives the lease it
@@ -28,7 +29,6 @@ from __future__ import annotations
 import logging
 import math
 import random
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -38,7 +38,12 @@ from services.allocator.core import ClusterSnapshot, DeviceEntry, SelectorCache
 from services.allocator.reservations.hold_kinds import HoldKind
 from services.allocator.reservations.holds import scope_of
 from services.allocator.reservations.model import Reservation, ReservationState, ReservationStore
-from services.allocator.reservations.quota_ledger import QuotaEntry, QuotaLedger, usage_by_tenant
+from services.allocator.reservations.quota_ledger import (
+    QuotaEntry,
+    QuotaLedger,
+    Ticket,
+    usage_by_tenant,
+)
 from services.cel import CelError
 from services.common.dra.model import AllocationResult, DeviceClass
 from services.common.errors import GpuallocError, NotFound, ResourceExhausted, Unavailable
@@ -52,7 +57,6 @@ from services.common.security.quota import (
     QuotaResource,
     TenantStatus,
     Usage,
-    add_usage,
 )
 from services.common.telemetry import Labelled, Telemetry
 
@@ -225,36 +229,6 @@ class QuotaGuard:
             return {}
         return usage_by_tenant(self.ledger.read(model.ledger_key(quota)).entries)
 
-    def take(
-        self, owner: str, amounts: Sequence[Usage], lease_seconds: float, *, checked: bool = True
-    ) -> Grant | tuple[QuotaRefusal, ...] | None:
-        """Check the tenant's quota and hold the amounts: a Grant, the refusals, or None when
-        the tenant is not limited. Unavailable when the ledger stays contended. `checked`
-        False: held whatever the quota says (a consolidation's replacement, which the holder
-        counts already: app/consolidation.py)."""
-        model = self.model
-        tenant = tenant_of_owner(owner)
-        quota = model.quota_of(tenant)
-        if quota is None:
-            return None
-        total: dict[str, dict[str, int]] = {}
-        for part in amounts:
-            add_usage(total, tenant, part)
-        wanted = total.get(tenant, {})
-        cohort = model.ledger_key(quota)
-        ticket = QuotaEntry(HoldKind.TICKET.id(secrets.token_hex(12)), tenant, wanted, None)
-
-        def refuse(entries: Sequence[QuotaEntry]) -> tuple[QuotaRefusal, ...]:
-            if not checked:
-                return ()
-            return model.admit(tenant, wanted, usage_by_tenant(entries))
-
-        hold_for = lease_seconds + self.settings.grace_seconds
-        refusals = self._take_entry(cohort, ticket, hold_for, refuse)
-        if refusals:
-            return refusals
-        return Grant(ticket.id, cohort, tenant, tuple(amounts), lease_seconds)
-
     def _take_entry(
         self,
         cohort: str,
@@ -270,29 +244,13 @@ class QuotaGuard:
             refusals = refuse(read.entries)
             if refusals:
                 return refusals
-            if self.ledger.take(cohort, read.version, entry, lease_seconds):
+            if self.ledger.take(cohort, read.version, [Ticket(entry, lease_seconds)]):
                 return ()
             time.sleep(random.uniform(0, 0.0005 * 2 ** min(attempt, 6)))
         raise Unavailable(
             f"quota ledger of {cohort} is contended: {self.settings.take_attempts} attempts "
             "lost to other grants; retry"
         )
-
-    def bind(self, grant: Grant, reservations: Sequence[Reservation]) -> None:
-        """Step two succeeded: one entry per reservation replaces the ticket."""
-        parts = [
-            QuotaEntry(reservation.id, grant.tenant, dict(amounts), None)
-            for reservation, amounts in zip(reservations, grant.amounts, strict=True)
-        ]
-        hold_for = grant.lease_seconds + self.settings.grace_seconds
-        self.ledger.bind(grant.cohort, grant.ticket, parts, hold_for)
-
-    def abandon(self, grant: Grant) -> None:
-        """Step two failed: free the ticket (if this fails too, the ticket expires)."""
-        try:
-            self.ledger.drop(grant.cohort, [grant.ticket])
-        except GpuallocError as error:
-            log.warning("quota ticket %s left to expire: %s", grant.ticket, error)
 
     def committing(self, reservation: Reservation) -> None:
         """Before the store commits: the reservation's entry stops expiring."""

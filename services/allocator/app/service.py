@@ -54,6 +54,7 @@ from services.allocator.app.gang_answers import (
     members_of_reservations,
     placement_requests,
 )
+from services.allocator.app.granting import GrantRun
 from services.allocator.app.holders import blocking_holders, holder
 from services.allocator.app.live_reservations import Holdings
 from services.allocator.app.messages import (
@@ -68,7 +69,7 @@ from services.allocator.app.messages import (
 )
 from services.allocator.app.paging import decode_token, encode_token, query_hash
 from services.allocator.app.placing import PlacementSearch, eligible_nodes
-from services.allocator.app.quotas import Grant, QuotaExceeded, QuotaGuard
+from services.allocator.app.quotas import QuotaExceeded, QuotaGuard
 from services.allocator.app.reservation_limit import ReservationLimit
 from services.allocator.app.telemetry import AllocatorMetrics
 from services.allocator.core import (
@@ -108,7 +109,7 @@ from services.allocator.reservations.model import (
     ReservationStore,
     ReserveRequest,
     device_conflict_key,
-    reserve_placement,
+    reserved,
 )
 from services.common.deadline import UNBOUNDED, Deadline
 from services.common.dra.model import (
@@ -759,37 +760,19 @@ class AllocatorService:
         checked: bool = True,
         limit: int | None = None,
     ) -> list[Reservation]:
-        """Within the tenant's bound on live reservations (`limit`: app/reservation_limit.py),
-        take its quota (app/quotas.py, step one), then the devices (step two). `checked`
-        False: counted without a check (a consolidation's replacement)."""
+        """One placement through a grant run of one (app/granting.py): within the tenant's
+        bound on live reservations (`limit`), its quota (step one), then the devices (step
+        two). `checked` False: counted without a check (a consolidation's replacement)."""
         deadline.check("reserve")
-        with self._reservation_limit.granting(requests[0].owner, len(requests), limit):
-            grant = self._take_quota(requests, view, checked=checked)
-            try:
-                reservations = self._take_devices(requests)
-            except BaseException:
-                if grant is not None and self.quotas is not None:
-                    self.quotas.abandon(grant)
-                raise
-            if grant is not None and self.quotas is not None:
-                self.quotas.bind(grant, reservations)
-            return reservations
+        run = self._grant_run()
+        run.add(view.snapshot, requests, limit=limit, checked=checked)
+        with self._tracer.start_as_current_span("reserve") as span:
+            span.set_attribute("gpualloc.node", requests[0].node)
+            [outcome] = run.write(deadline)
+        return reserved(outcome)
 
-    def _take_quota(
-        self, requests: Sequence[ReserveRequest], view: ViewSnapshot, *, checked: bool = True
-    ) -> Grant | None:
-        if self.quotas is None:
-            return None
-        amounts = [
-            self.quotas.usage(view.snapshot, request.node, request.allocations)
-            for request in requests
-        ]
-        taken = self.quotas.take(
-            requests[0].owner, amounts, requests[0].lease_seconds, checked=checked
-        )
-        if isinstance(taken, tuple):
-            raise QuotaExceeded(taken)
-        return taken
+    def _grant_run(self) -> GrantRun:
+        return GrantRun(self.store, self.holdings, self.quotas, self._reservation_limit)
 
     def _quota_check(
         self, view: ViewSnapshot, query: Query, answer: Answer, owner: str
@@ -1138,20 +1121,6 @@ class AllocatorService:
             for name, amount in usage.items():
                 total[name] = total.get(name, 0) + amount
         return total
-
-    def _take_devices(self, requests: Sequence[ReserveRequest]) -> list[Reservation]:
-        # Held for this process's other solves while the store decides (app/live_reservations.py).
-        placed = {id(a): a for request in requests for a in request.allocations}
-        pending = self.holdings.hold_pending([r.node for r in requests], tuple(placed.values()))
-        try:
-            with self._tracer.start_as_current_span("reserve") as span:
-                span.set_attribute("gpualloc.node", requests[0].node)
-                reservations = reserve_placement(self.store, requests)
-        except BaseException:
-            self.holdings.drop_pending(pending)
-            raise
-        self.holdings.settle_pending(pending, reservations)
-        return reservations
 
     def _reserved_answer(
         self, query: Query, reservations: Sequence[Reservation], generation: int

@@ -34,6 +34,8 @@ __all__ = [
     "LedgerRead",
     "QuotaEntry",
     "QuotaLedger",
+    "Ticket",
+    "TicketBinding",
     "check_lease",
     "usage_by_tenant",
 ]
@@ -54,6 +56,24 @@ class LedgerRead:
 
 
 @dataclass(frozen=True)
+class Ticket:
+    """Step one of a grant: its entry (id `ticket:<hex>`), held `lease_seconds` from the take."""
+
+    entry: QuotaEntry
+    lease_seconds: float
+
+
+@dataclass(frozen=True)
+class TicketBinding:
+    """Step two of a grant done: `parts` (one entry per reservation) replace the ticket,
+    keeping its expiry (`lease_seconds` from now when the ticket is gone)."""
+
+    ticket: str
+    parts: tuple[QuotaEntry, ...]
+    lease_seconds: float
+
+
+@dataclass(frozen=True)
 class ConsumedRead:
     """The tenants' decayed usage as last sampled, the ledger's clock now (seconds since the
     epoch) and the version a `put_consumed` must find."""
@@ -66,16 +86,14 @@ class ConsumedRead:
 class QuotaLedger(Protocol):
     def read(self, cohort: str) -> LedgerRead: ...
 
-    def take(self, cohort: str, version: int, entry: QuotaEntry, lease_seconds: float) -> bool:
-        """Add `entry` (expiring lease_seconds from now) if the cohort's version is still
-        `version`; False (nothing added) when another take came first."""
+    def take(self, cohort: str, version: int, tickets: Sequence[Ticket]) -> bool:
+        """Add every ticket if the cohort's version is still `version` (one compare-and-set,
+        for one grant or a batch's); False (nothing added) when another take came first."""
         ...
 
-    def bind(
-        self, cohort: str, ticket: str, parts: Sequence[QuotaEntry], lease_seconds: float
-    ) -> None:
-        """Replace the ticket by `parts` (one entry per reservation of its grant), keeping the
-        ticket's expiry (`lease_seconds` from now when the ticket is gone)."""
+    def bind(self, cohort: str, bindings: Sequence[TicketBinding]) -> None:
+        """Each binding's parts replace its ticket (an entry that exists already, an
+        idempotent replay's, is left as it is): one step for a batch's grants."""
         ...
 
     def extend(self, cohort: str, entry_id: str, lease_seconds: float) -> bool:

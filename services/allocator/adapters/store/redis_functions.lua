@@ -432,6 +432,47 @@ local function quota_bind(keys, args)
   return {'ok'}
 end
 
+-- Many tickets in one compare-and-set (a batch's grants of one ledger); the version grows once.
+-- ARGV: base version count, then count x (id json lease_ms) -> {'ok'} | {'stale'}
+local function quota_take_many(keys, args)
+  local base = args[1]
+  local now = now_ms()
+  quota_prune(base, now)
+  if (redis.call('GET', base .. 'version') or '0') ~= args[2] then return {'stale'} end
+  for i = 1, tonumber(args[3]) do
+    local at = 4 + (i - 1) * 3
+    redis.call('HSET', base .. 'entries', args[at], args[at + 1])
+    redis.call('ZADD', base .. 'expires', string.format('%d', now + tonumber(args[at + 2])),
+      args[at])
+  end
+  redis.call('INCR', base .. 'version')
+  return {'ok'}
+end
+
+-- Many tickets bound at once, as quota_bind each.
+-- ARGV: base count, then per ticket: ticket lease_ms parts, then parts x (id json) -> {'ok'}
+local function quota_bind_many(keys, args)
+  local base = args[1]
+  local now = now_ms()
+  quota_prune(base, now)
+  local at = 3
+  for _ = 1, tonumber(args[2]) do
+    local ticket, lease_ms, parts = args[at], tonumber(args[at + 1]), tonumber(args[at + 2])
+    at = at + 3
+    local expires = redis.call('ZSCORE', base .. 'expires', ticket)
+    if not expires then expires = string.format('%d', now + lease_ms) end
+    redis.call('HDEL', base .. 'entries', ticket)
+    redis.call('ZREM', base .. 'expires', ticket)
+    for _ = 1, parts do
+      if redis.call('HSETNX', base .. 'entries', args[at], args[at + 1]) == 1 then
+        redis.call('ZADD', base .. 'expires', expires, args[at])
+      end
+      at = at + 2
+    end
+  end
+  return {'ok'}
+end
+
 -- ARGV: base id lease_ms -> 1 when the leased entry now expires lease_ms from now, else 0
 local function quota_extend(keys, args)
   local base, id = args[1], args[2]
@@ -495,6 +536,8 @@ redis.register_function('gpualloc_revoke', revoke)
 redis.register_function('gpualloc_conditions', conditions)
 redis.register_function('gpualloc_quota_take', quota_take)
 redis.register_function('gpualloc_quota_bind', quota_bind)
+redis.register_function('gpualloc_quota_take_many', quota_take_many)
+redis.register_function('gpualloc_quota_bind_many', quota_bind_many)
 redis.register_function('gpualloc_quota_extend', quota_extend)
 redis.register_function('gpualloc_quota_commit', quota_commit)
 redis.register_function('gpualloc_quota_drop', quota_drop)

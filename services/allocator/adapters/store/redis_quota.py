@@ -14,7 +14,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from services.allocator.adapters.store.redis_store import RedisReservationStore
-from services.allocator.reservations.quota_ledger import ConsumedRead, LedgerRead, QuotaEntry
+from services.allocator.reservations.quota_ledger import (
+    ConsumedRead,
+    LedgerRead,
+    QuotaEntry,
+    Ticket,
+    TicketBinding,
+)
 from services.common.security.fair_sharing import ConsumedUsage
 
 __all__ = ["RedisQuotaLedger"]
@@ -48,20 +54,24 @@ class RedisQuotaLedger:
         entries.sort(key=lambda entry: entry.id)
         return LedgerRead(int(_text(version)), tuple(entries))
 
-    def take(self, cohort: str, version: int, entry: QuotaEntry, lease_seconds: float) -> bool:
+    def take(self, cohort: str, version: int, tickets: Sequence[Ticket]) -> bool:
         base = self._base(cohort)
-        args = [base, str(version), entry.id, _doc(entry), _ms(lease_seconds)]
-        reply = self._store.call_function("gpualloc_quota_take", self._keys(base), args, write=True)
+        args = [base, str(version), str(len(tickets))]
+        for ticket in tickets:
+            args += [ticket.entry.id, _doc(ticket.entry), _ms(ticket.lease_seconds)]
+        reply = self._store.call_function(
+            "gpualloc_quota_take_many", self._keys(base), args, write=True
+        )
         return _text(reply[0]) == "ok"
 
-    def bind(
-        self, cohort: str, ticket: str, parts: Sequence[QuotaEntry], lease_seconds: float
-    ) -> None:
+    def bind(self, cohort: str, bindings: Sequence[TicketBinding]) -> None:
         base = self._base(cohort)
-        args = [base, ticket, _ms(lease_seconds)]
-        for part in parts:
-            args += [part.id, _doc(part)]
-        self._store.call_function("gpualloc_quota_bind", self._keys(base), args, write=True)
+        args = [base, str(len(bindings))]
+        for binding in bindings:
+            args += [binding.ticket, _ms(binding.lease_seconds), str(len(binding.parts))]
+            for part in binding.parts:
+                args += [part.id, _doc(part)]
+        self._store.call_function("gpualloc_quota_bind_many", self._keys(base), args, write=True)
 
     def extend(self, cohort: str, entry_id: str, lease_seconds: float) -> bool:
         base = self._base(cohort)
