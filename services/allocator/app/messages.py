@@ -15,6 +15,7 @@ from enum import StrEnum
 
 from services.allocator.core import (
     Explanation,
+    FlavorAttempt,
     NodePlacement,
     Policy,
     PreemptionReason,
@@ -144,6 +145,8 @@ class Answer:
     holders: tuple[Holder, ...] = ()
     quota: tuple[QuotaRefusal, ...] = ()  # why the tenant's quota refuses it (QUOTA_EXCEEDED)
     preemption: tuple[Victim, ...] = ()  # who would go (not ALLOCATED) or went (ALLOCATED)
+    # the flavors tried for a grant charged to flavors, in order (app/flavor_search.py)
+    flavors: tuple[FlavorAttempt[None], ...] = ()
 
     @property
     def single(self) -> NodePlacement | None:

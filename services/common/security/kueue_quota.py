@@ -952,8 +952,8 @@ _DURATION = re.compile(r"(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+|0")
 
 def _admission_fair_sharing(checker: _Checker, value: object) -> dict[str, Any] | None:
     """The Configuration's admissionFairSharing as the native one: the half-life (>= 0), the
-    sampling interval (> 0, 5m by default), the resource weights (>= 0; translated with the
-    resource names, below)."""
+    sampling interval (not negative; 5m when omitted or zero, as Kueue defaults it before it
+    validates), the resource weights (>= 0; translated with the resource names, below)."""
     if value is None:
         return None
     path = "admissionFairSharing"
@@ -967,8 +967,8 @@ def _admission_fair_sharing(checker: _Checker, value: object) -> dict[str, Any] 
             checker.fail(FieldError.INVALID, f"{path}.{key}", "must be greater than or equal to 0")
         elif text and not _DURATION.fullmatch(text):
             checker.fail(FieldError.INVALID, f"{path}.{key}", f"not a duration: {text!r}")
-        elif key == "usageSamplingInterval" and re.fullmatch(r"0+(\.0+)?[a-zµ]*", text):
-            checker.fail(FieldError.INVALID, f"{path}.{key}", "must be greater than 0")
+        elif key == "usageSamplingInterval" and re.fullmatch(r"(0+(\.0+)?[a-zµ]*)+", text):
+            text = default  # Kueue defaults a zero interval before it validates: 5m
         native[key] = text
     weights = checker.mapping(fields.get("resourceWeights", {}), f"{path}.resourceWeights", None)
     native["resourceWeights"] = {}

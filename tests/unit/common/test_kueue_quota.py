@@ -514,7 +514,7 @@ spec:
             GPU_QUEUE,
             "apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\n"
             "fairSharing: {preemptionStrategies: [LessThanInitialShare]}\n"
-            "admissionFairSharing:\n  usageHalfLifeTime: 168h\n"
+            "admissionFairSharing:\n  usageHalfLifeTime: 168h\n  usageSamplingInterval: 0s\n"
             "  resourceWeights: {nvidia.com/gpu: 2, cpu: 1}",
         ),
         {},
@@ -1172,9 +1172,9 @@ INVALID = [
         [(INV, "Configuration", "", "admissionFairSharing.usageHalfLifeTime")],
     ),
     (
-        "admission-fair-sharing-sampling-every-zero",
+        "admission-fair-sharing-sampling-every-negative",
         "apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\n"
-        "admissionFairSharing: {usageHalfLifeTime: 1h, usageSamplingInterval: 0s}",
+        "admissionFairSharing: {usageHalfLifeTime: 1h, usageSamplingInterval: -5m}",
         [(INV, "Configuration", "", "admissionFairSharing.usageSamplingInterval")],
     ),
     (

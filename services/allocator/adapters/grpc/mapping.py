@@ -42,6 +42,9 @@ from services.allocator.core import (
     NO_SUMMARY,
     ConstraintExplanation,
     Explanation,
+    FlavorAttempt,
+    FlavorMode,
+    FlavorReason,
     NodeMiss,
     NodePlacement,
     PcieRelation,
@@ -428,6 +431,7 @@ def allocate_response(answer: Answer, max_nodes: int = 10) -> pb.AllocateRespons
         inventory_generation=answer.generation,
         holders=[_holder_to_pb(h) for h in answer.holders],
         quota_refusals=[quota_refusal_to_pb(r) for r in answer.quota],
+        flavors=[flavor_attempt_to_pb(a) for a in answer.flavors],
     )
     if answer.preemption:
         response.preemption.CopyFrom(_preemption(answer))
@@ -445,11 +449,43 @@ def explain_response(answer: Answer, max_nodes: int = 10) -> pb.ExplainResponse:
         inventory_generation=answer.generation,
         holders=[_holder_to_pb(h) for h in answer.holders],
         quota_refusals=[quota_refusal_to_pb(r) for r in answer.quota],
+        flavors=[flavor_attempt_to_pb(a) for a in answer.flavors],
     )
     if answer.preemption:
         response.preemption.CopyFrom(_preemption(answer))
     response.explanation.CopyFrom(_explanation(answer, max_nodes))
     return response
+
+
+_FLAVOR_MODES = {
+    FlavorMode.NO_FIT: pb.FLAVOR_MODE_NO_FIT,
+    FlavorMode.NO_CANDIDATES: pb.FLAVOR_MODE_NO_CANDIDATES,
+    FlavorMode.PREEMPT: pb.FLAVOR_MODE_PREEMPT,
+    FlavorMode.RECLAIM: pb.FLAVOR_MODE_RECLAIM,
+    FlavorMode.FIT: pb.FLAVOR_MODE_FIT,
+}
+_FLAVOR_REFUSALS = {
+    FlavorReason.UNTOLERATED_TAINT: pb.FLAVOR_REFUSAL_UNTOLERATED_TAINT,
+    FlavorReason.NO_DEVICES: pb.FLAVOR_REFUSAL_NO_DEVICES,
+    FlavorReason.CHARGED_ELSEWHERE: pb.FLAVOR_REFUSAL_CHARGED_ELSEWHERE,
+    FlavorReason.ABOVE_MAX: pb.FLAVOR_REFUSAL_ABOVE_MAX,
+    FlavorReason.DEVICES_IN_USE: pb.FLAVOR_REFUSAL_DEVICES_IN_USE,
+    FlavorReason.QUOTA: pb.FLAVOR_REFUSAL_QUOTA,
+}
+
+
+def flavor_attempt_to_pb(attempt: FlavorAttempt[None]) -> pb.FlavorAttempt:
+    return pb.FlavorAttempt(
+        resource=attempt.resource,
+        flavor=attempt.flavor,
+        mode=_FLAVOR_MODES[attempt.mode],
+        borrowing=attempt.borrows,
+        reason=_FLAVOR_REFUSALS.get(attempt.reason, pb.FLAVOR_REFUSAL_UNSPECIFIED)
+        if attempt.reason is not None
+        else pb.FLAVOR_REFUSAL_UNSPECIFIED,
+        message=attempt.message,
+        chosen=attempt.chosen,
+    )
 
 
 def _preemption(answer: Answer) -> pb.Preemption:
