@@ -49,7 +49,9 @@ def explained(call: Any) -> SolveResult | str:
 
 
 def both(call: Any) -> tuple[SolveResult | str, SolveResult | str]:
+    """(by groups, node by node); by groups twice: the second reads the first's kept tapes."""
     grouped = explained(call)
+    assert explained(call) == grouped
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(solver_module.NodeRun, "_replaying", lambda self: None)
         alone = explained(call)
