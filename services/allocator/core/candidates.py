@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
 
 from services.allocator.core.capacity import capacity_problem, consumed_capacity
 from services.allocator.core.constraints import lookup_attribute, show_value
@@ -241,7 +240,7 @@ class NodeCandidates:
         self._tally: dict[int, dict[ReasonCode, int]] = {}
         self._overdrawn: dict[int, Shortage | None] = {}
         self._labels = {c.index: c.label for c in ctx.plan.claims}
-        self._sets_used: dict[tuple[int, Any], bool] = {}
+        self._sets_used: dict[tuple[int, frozenset[str]], bool] = {}
         self._device_tuple: tuple[DeviceEntry, ...] | None = None
         self._slice_devices: dict[int, list[DeviceEntry]] | None = None
         self._slice_states: dict[int, tuple[tuple[Amount, ...], frozenset[int]]] = {}
@@ -620,16 +619,12 @@ class NodeCandidates:
         return lost - mix.capacity * (entry.size if entry.counters else 1)
 
     def _set_in_use(self, entry: DeviceEntry) -> bool:
-        key = (entry.slice.index, entry.consumption)
+        """Whether a counter set the device draws from is in use (memoised per slice and
+        sets: on one node they answer alike)."""
+        key = (entry.slice.index, entry.counter_sets)
         found = self._sets_used.get(key)
         if found is None:
-            sets = frozenset(counter.counter_set for counter, _ in entry.counters)
-            set_key = (entry.slice.index, sets)
-            found = self._sets_used.get(set_key)
-            if found is None:
-                found = counter_sets_used(entry, self.ctx.state.counter_amount)
-                self._sets_used[set_key] = found
-            self._sets_used[key] = found
+            found = self._sets_used[key] = counter_sets_used(entry, self.ctx.state.counter_amount)
         return found
 
 
