@@ -97,6 +97,7 @@ __all__ = [
     "feasible_nodes",
     "solve",
     "solve_context",
+    "solve_in",
 ]
 
 DEFAULT_BUDGET = SearchBudget()
@@ -131,6 +132,24 @@ def solve(
         snapshot, state, classes, claims, policy, selectors, recorder, topology_constraints, budget
     )
     ctx = replace(ctx, mix=fragmentation_mix)
+    return solve_in(ctx, budget, node=node, nodes=nodes, share_id=share_id)
+
+
+def solve_in(
+    ctx: SolveContext,
+    budget: SearchBudget,
+    *,
+    node: str | None = None,
+    nodes: Collection[str] | None = None,
+    share_id: ShareIdFactory = default_share_id,
+    cel_before: tuple[int, int] = (0, 0),
+) -> SolveResult:
+    """`solve` in a context built already (solve_context): the one node loop every question
+    goes through — pinned, among named nodes, by node groups, or node by node for an
+    explanation. `cel_before`: the context's CEL counts before this solve (a context shared
+    by the items of a batch counts for all of them)."""
+    snapshot, recorder = ctx.snapshot, ctx.recorder
+    assert snapshot is not None
     run = NodeRun(ctx, StepCounter(budget.max_steps, budget.max_steps_per_node, budget.cancelled))
     if node is not None:
         view = snapshot.view(node)
@@ -144,7 +163,7 @@ def solve(
     elif recorder is not None or not run.choose_by_groups(snapshot):
         views = list(snapshot.views()) if snapshot.node_names else [snapshot.nil_view]
         run.choose([v for v in views if v.device_count > 0] or views[:1])
-    return run.result(share_id)
+    return run.result(share_id, cel_before)
 
 
 def feasible_nodes(
@@ -672,10 +691,12 @@ class NodeRun:
             cel_profile_hits=cel_profile_hits,
         )
 
-    def result(self, share_id: ShareIdFactory) -> SolveResult:
-        """The solve's answer; its CEL counts are this solve's own (its meter's)."""
+    def result(self, share_id: ShareIdFactory, cel_before: tuple[int, int] = (0, 0)) -> SolveResult:
+        """The solve's answer; its CEL counts are this solve's own (its meter's, less
+        `cel_before`)."""
         selection = self.ctx.selection
-        stats = self.stats(selection.cel_evaluations, selection.cel_profile_hits)
+        evaluations = selection.cel_evaluations - cel_before[0]
+        stats = self.stats(evaluations, selection.cel_profile_hits - cel_before[1])
         if not self.found:
             return Unsatisfiable(self._unsatisfiable_explanation(), stats, self.exhausted)
         ranked = heapq.nsmallest(2, self.found, key=_key_of)  # the best and the runner-up
