@@ -91,6 +91,8 @@ class LeaseOptions:
     request_digest: str = ""  # a digest of what was asked: a reused key must ask the same
     priority_class: str = ""  # the policy's priority class ("" : its default)
     preempt: bool = False  # revoke the victims of a preemption proposal, then reserve
+    # when the work was queued (seconds since the epoch; None: when the call arrived)
+    queued_at: float | None = None
     max_reservations: int | None = None  # the owner's tenant's live reservations bound
 
 

@@ -30,6 +30,7 @@ from services.allocator.core import (
     plan_preemption,
 )
 from services.allocator.reservations.model import Reservation
+from services.allocator.reservations.queued import queued_at
 from services.common.deadline import Deadline
 from services.common.dra.model import AllocationResult
 from services.common.security.principal import tenant_of_owner
@@ -223,6 +224,7 @@ def _holding(
         reservation.created_at,
         amounts,
         move=None if in_gang else _movable(reservation),
+        queued_at=queued_at(reservation),
     )
 
 

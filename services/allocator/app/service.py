@@ -104,6 +104,7 @@ from services.allocator.reservations.model import (
     device_conflict_key,
     reserved,
 )
+from services.allocator.reservations.queued import with_queued_at
 from services.common.deadline import UNBOUNDED, Deadline
 from services.common.dra.model import (
     AllocationResult,
@@ -206,6 +207,8 @@ class AllocatorService:
             if known:
                 _check_replay(query, known, lease)
                 return self._reserved_answer(query, known, self.view.require(0).generation)
+        if lease is not None and lease.queued_at is not None:  # kept on the reservation
+            lease = replace(lease, labels=with_queued_at(lease.labels, lease.queued_at))
         attempts = 1 + (self.limits.reserve_retries if lease is not None else 0)
         conflict: Conflict | None = None
         revoked: tuple[Victim, ...] = ()
@@ -282,15 +285,17 @@ class AllocatorService:
         owner: str = "",
         priority_class: str = "",
         *,
+        queued_at: float | None = None,
         deadline: Deadline = UNBOUNDED,
     ) -> Answer:
         """Allocate's search with reasons recorded, plus the reservations that blocked it;
         with `owner`, a placement found is checked against its tenant's quota too, and one not
-        found (or refused by the quota) comes with the preemption that would make it fit."""
+        found (or refused by the quota) comes with the preemption that would make it fit (for
+        a grant of `priority_class` whose work was queued at `queued_at`)."""
         view, state = self._read(query, deadline)
         answer = self._answer(view, state, query, deadline, explain=True)
         if owner and self.quotas is not None:
-            lease = LeaseOptions(owner, priority_class=priority_class)
+            lease = LeaseOptions(owner, priority_class=priority_class, queued_at=queued_at)
             decision = self._decide(view, state, query, answer, lease, (), deadline, checked=False)
             explanation = decision.answer.explanation or answer.explanation
             answer = replace(decision.answer, explanation=explanation)
@@ -803,7 +808,7 @@ class AllocatorService:
                 self._standing(lease.owner),
                 with_inline(self.classes, query.device_classes),
                 first=answer,
-                now=time.time(),
+                now=_queued(lease),
                 max_consolidation_nodes=self.limits.max_consolidation_nodes,
             )
             if flavored
@@ -848,7 +853,7 @@ class AllocatorService:
             query,
             lease,
             self._standing(lease.owner),
-            now=time.time(),
+            now=_queued(lease),
             max_consolidation_nodes=self.limits.max_consolidation_nodes,
         )
 
@@ -1125,6 +1130,12 @@ def _bounded(conflict: Conflict) -> Conflict:
         keys[:_MAX_CONFLICTS],
         conflict.holders,
     )
+
+
+def _queued(lease: LeaseOptions) -> float:
+    """When the grant's work was queued: as its request says, else now (a request arriving
+    now is newer than every reservation held)."""
+    return time.time() if lease.queued_at is None else lease.queued_at
 
 
 def _refused(answer: Answer, refusals: Sequence[QuotaRefusal]) -> Answer:

@@ -87,9 +87,15 @@ class Holding:
     id: str
     tenant: str
     priority: PriorityClass
-    created_at: float
+    created_at: float  # when it was reserved (Kueue's admission time: the "newest" order)
     amounts: Usage  # what it counts against its tenant's quota
     move: Movable | None = None  # where it is, when consolidation may move it (one device)
+    queued_at: float | None = None  # when its work was queued (None: when it was reserved)
+
+    @property
+    def queued(self) -> float:
+        """Kueue's queue order timestamp (LowerOrNewerEqualPriority compares it)."""
+        return self.created_at if self.queued_at is None else self.queued_at
 
 
 @dataclass(frozen=True)
@@ -108,8 +114,8 @@ class Candidate:
 class PreemptionContext:
     """Everything the planner decides from: `amounts` is what the grant counts (as placed on
     an empty fleet), `usage` the live usage of the tenant's cohort, `created_at` when the
-    preemptor was created (LowerOrNewerEqualPriority spares equal-priority victims older than
-    it)."""
+    preemptor's work was queued (LowerOrNewerEqualPriority takes equal-priority victims queued
+    after it, `Holding.queued`)."""
 
     model: QuotaModel
     tenant: str
@@ -283,7 +289,7 @@ def _own(context: PreemptionContext, quota: TenantQuota | None) -> list[Candidat
         if policy is WithinTenant.NEVER:
             return False
         if policy is WithinTenant.LOWER_OR_NEWER_EQUAL_PRIORITY and value == mine:
-            return holding.created_at > context.created_at
+            return holding.queued > context.created_at
         return value < mine
 
     found = [

@@ -312,6 +312,7 @@ def lease_from_pb(
     priority_class: str = "",
     preempt: bool = False,
     max_reservations: int | None = None,
+    queued_at: float | None = None,
 ) -> LeaseOptions:
     return LeaseOptions(
         owner=owner,
@@ -322,7 +323,29 @@ def lease_from_pb(
         priority_class=priority_class,
         preempt=preempt,
         max_reservations=max_reservations,
+        queued_at=queued_at,
     )
+
+
+MAX_CLOCK_SKEW_SECONDS = 60.0  # a queued time this far ahead of the server's clock is refused
+
+
+def queued_from_pb(
+    request: pb.AllocateRequest | pb.ExplainRequest, now: float, path: str = "queued_time"
+) -> float | None:
+    """The request's queued time in seconds since the epoch (None when unset); refused when
+    out of Timestamp's range or in the future (beyond MAX_CLOCK_SKEW_SECONDS)."""
+    if not request.HasField("queued_time"):
+        return None
+    stamp = request.queued_time
+    if not 0 <= stamp.nanos < 1_000_000_000 or not 0 <= stamp.seconds < 253_402_300_800:
+        raise InvalidArgument.at(path, "must be a time between 1970 and 9999")
+    seconds = stamp.seconds + stamp.nanos / 1e9
+    if seconds > now + MAX_CLOCK_SKEW_SECONDS:
+        raise InvalidArgument.at(
+            path, f"must not be in the future (it is {seconds - now:.0f}s ahead of the server)"
+        )
+    return seconds
 
 
 def request_digest(request: pb.AllocateRequest) -> str:
@@ -337,6 +360,7 @@ def request_digest(request: pb.AllocateRequest) -> str:
     kept.ClearField("lease_ttl")
     kept.ClearField("owner")
     kept.ClearField("idempotency_key")
+    kept.ClearField("queued_time")
     return hashlib.sha256(kept.SerializeToString(deterministic=True)).hexdigest()[:32]
 
 
