@@ -37,15 +37,10 @@ NOT_API_OBJECTS = {"Configuration"}  # Kueue reads it from a file at start, not 
 # Rows of INVALID whose objects Kueue accepts: what gpualloc refuses there is its own rule (it
 # cannot honour the field, a flavor is missing, one file holds an object twice).
 KUEUE_ACCEPTS = {
-    "preference-is-refused",
-    "when-can-preempt-may-stop-search-is-refused",
-    "v1beta1s-preempt-is-may-stop-search-refused",
     "stop-policy-hold-is-refused",
     "flavor-not-given",
     "a-resource-gpualloc-does-not-allocate",
     "a-mig-profile-is-not-supported-yet",
-    "flavor-taints-are-refused",
-    "flavor-tolerations-are-refused",
     "flavor-topology-is-refused",
     "cohorts-in-a-cycle",
     "a-cohort-named-as-a-cluster-queue",

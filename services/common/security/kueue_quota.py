@@ -518,10 +518,8 @@ class _Objects:
                 "spec",
                 "at least one nodeLabel is required when topology is set",
             )
-        before = len(self.errors)
         taints = _taints(checker, spec.get("nodeTaints", []), "spec.nodeTaints")
         tolerations = _tolerations(checker, spec.get("tolerations", []), "spec.tolerations")
-        valid = len(self.errors) == before
         if "topologyName" in spec:
             checker.fail(
                 FieldError.REFUSED,
@@ -534,13 +532,7 @@ class _Objects:
             "nodeLabels": {str(k): str(v) for k, v in labels.items()},
         }
         for key, value in (("nodeTaints", taints), ("tolerations", tolerations)):
-            if value and valid and not NATIVE_FLAVOR_SEARCH:
-                checker.fail(
-                    FieldError.REFUSED,
-                    f"spec.{key}",
-                    "flavors select devices by node labels only (taints and tolerations: not yet)",
-                )
-            elif value:
+            if value:
                 native[key] = value
         self.flavors[checker.ref.name] = native
 
@@ -650,18 +642,10 @@ class _Objects:
             )
             return
         self.configuration = checker.ref
-        before = len(self.errors)
         self.fair_sharing = _configured_fair_sharing(checker, document.get("fairSharing"), v1beta1)
         self.admission_fair_sharing = _admission_fair_sharing(
             checker, document.get("admissionFairSharing")
         )
-        valid = len(self.errors) == before
-        for key in ("fairSharing", "admissionFairSharing") if not NATIVE_FAIR_SHARING else ():
-            if not valid:
-                break
-            if getattr(self, _CONFIGURED[key]) is not None:
-                checker.fail(FieldError.REFUSED, key, "not supported yet (issue 26 item 3)")
-                setattr(self, _CONFIGURED[key], None)
         resources = checker.mapping(
             document.get("resources", {}),
             "resources",
@@ -906,15 +890,6 @@ _CONFIGURATION_FIELDS = (
 )  # fmt: skip
 
 
-# Whether the native section has flavors' taints and tolerations, whenCanPreempt and
-# preference yet (issue 26's flavor search): until it does, they are refused by name here.
-NATIVE_FLAVOR_SEARCH = False
-
-# Whether the native quota section takes fair sharing on (`quota.fairSharing.enabled`) and
-# admission fair sharing yet: until it does, the Configuration's are refused by name here, with
-# the Kueue object's path (the translation below is what they will become).
-NATIVE_FAIR_SHARING = True
-_CONFIGURED = {"fairSharing": "fair_sharing", "admissionFairSharing": "admission_fair_sharing"}
 _STRATEGIES = ("LessThanOrEqualToFinalShare", "LessThanInitialShare")
 _STRATEGY_SETS = ((_STRATEGIES[0],), (_STRATEGIES[1],), _STRATEGIES)  # Kueue's valid lists
 
@@ -1211,36 +1186,22 @@ def _fungibility(checker: _Checker, value: object) -> dict[str, Any]:
     checker.choice(preempt, f"{path}.whenCanPreempt", choices)
     if "preference" in fields:
         where = f"{path}.preference"
-        if checker.choice(
+        known = checker.choice(
             fields["preference"], where, ("BorrowingOverPreemption", "PreemptionOverBorrowing")
-        ):
-            if borrow != "TryNextFlavor" or preempt != "TryNextFlavor":
-                checker.fail(
-                    FieldError.INVALID,
-                    where,
-                    f"preference {fields['preference']!r} requires both whenCanBorrow and "
-                    "whenCanPreempt to be TryNextFlavor",
-                )
-            elif not NATIVE_FLAVOR_SEARCH:
-                checker.fail(
-                    FieldError.REFUSED,
-                    where,
-                    "gpualloc tries flavors in order; a preference between borrowing and "
-                    "preemption is not supported yet",
-                )
-    preempt = _OLD_NAMES.get(str(preempt), preempt)
-    if preempt == "MayStopSearch" and not NATIVE_FLAVOR_SEARCH:
-        checker.fail(
-            FieldError.REFUSED,
-            f"{path}.whenCanPreempt",
-            "MayStopSearch is not supported yet: gpualloc tries the next flavor before "
-            "preempting (TryNextFlavor, Kueue's default)",
         )
-    native = {"whenCanBorrow": _OLD_NAMES.get(str(borrow), borrow)}
-    if NATIVE_FLAVOR_SEARCH:  # Kueue's defaults written out, as the queue's preemption's
-        native["whenCanPreempt"] = preempt
-        if "preference" in fields:
-            native["preference"] = fields["preference"]
+        if known and (borrow != "TryNextFlavor" or preempt != "TryNextFlavor"):
+            checker.fail(
+                FieldError.INVALID,
+                where,
+                f"preference {fields['preference']!r} requires both whenCanBorrow and "
+                "whenCanPreempt to be TryNextFlavor",
+            )
+    native = {  # Kueue's defaults written out, as the queue's preemption's
+        "whenCanBorrow": _OLD_NAMES.get(str(borrow), borrow),
+        "whenCanPreempt": _OLD_NAMES.get(str(preempt), preempt),
+    }
+    if "preference" in fields:
+        native["preference"] = fields["preference"]
     return native
 
 

@@ -46,7 +46,7 @@ KUEUE_DEFAULTS = """
       withinClusterQueue: Never
       reclaimWithinCohort: Never
       borrowWithinCohort: {policy: Never}
-    flavorFungibility: {whenCanBorrow: MayStopSearch}
+    flavorFungibility: {whenCanBorrow: MayStopSearch, whenCanPreempt: TryNextFlavor}
 """
 NATIVE_GPU = """
     resources:
@@ -552,6 +552,83 @@ spec:
 {KUEUE_DEFAULTS}""",
     ),
     (
+        "a-flavors-taints-and-tolerations",
+        documents(
+            f"""
+apiVersion: {V2}
+kind: ResourceFlavor
+metadata: {{name: default-flavor}}
+spec:
+  nodeLabels: {{pool: spot}}
+  nodeTaints:
+  - {{key: spot, value: "true", effect: NoSchedule, timeAdded: "2026-01-01T00:00:00Z"}}
+  - {{key: maintenance, effect: PreferNoSchedule}}
+  tolerations:
+  - {{key: spot, operator: Exists, effect: NoExecute, tolerationSeconds: 300}}
+  - {{operator: Exists}}
+""",
+            GPU_QUEUE,
+        ),
+        {},
+        """
+    resources:
+    - {name: nvidia.com/gpu, deviceClassNames: [gpu.nvidia.com], flavors: [default-flavor]}
+    resourceFlavors:
+    - name: default-flavor
+      nodeLabels: {pool: spot}
+      nodeTaints:
+      - {key: spot, value: "true", effect: NoSchedule}
+      - {key: maintenance, effect: PreferNoSchedule}
+      tolerations:
+      - {key: spot, operator: Exists, effect: NoExecute}
+      - {operator: Exists}
+""",
+        f"""
+  - name: team-a
+    quotas: [{{resource: nvidia.com/gpu, flavor: default-flavor, nominal: 4}}]
+{KUEUE_DEFAULTS}""",
+    ),
+    (
+        "when-can-preempt-and-preference",
+        documents(
+            DEFAULT_FLAVOR,
+            GPU_QUEUE.replace(
+                "spec:",
+                "spec:\n  flavorFungibility: {whenCanBorrow: TryNextFlavor, "
+                "whenCanPreempt: TryNextFlavor, preference: PreemptionOverBorrowing}",
+            ),
+        ),
+        {},
+        NATIVE_GPU,
+        """
+  - name: team-a
+    quotas: [{resource: nvidia.com/gpu, flavor: default-flavor, nominal: 4}]
+    preemption:
+      withinClusterQueue: Never
+      reclaimWithinCohort: Never
+      borrowWithinCohort: {policy: Never}
+    flavorFungibility:
+      whenCanBorrow: TryNextFlavor
+      whenCanPreempt: TryNextFlavor
+      preference: PreemptionOverBorrowing
+""",
+    ),
+    (
+        "v1beta1s-preempt-is-may-stop-search",
+        documents(
+            DEFAULT_FLAVOR,
+            GPU_QUEUE.replace(V2, V1).replace(
+                "spec:", "spec:\n  flavorFungibility: {whenCanPreempt: Preempt}"
+            ),
+        ),
+        {},
+        NATIVE_GPU,
+        f"""
+  - name: team-a
+    quotas: [{{resource: nvidia.com/gpu, flavor: default-flavor, nominal: 4}}]
+{KUEUE_DEFAULTS.replace("whenCanPreempt: TryNextFlavor", "whenCanPreempt: MayStopSearch")}""",
+    ),
+    (
         "a-queue-without-resource-groups-is-granted-nothing",
         documents(
             DEFAULT_FLAVOR,
@@ -640,91 +717,6 @@ def test_inline_objects_and_files_together() -> None:
 {KUEUE_DEFAULTS}""",
         ).quotas
     )
-
-
-# Flavors' taints and tolerations, whenCanPreempt and preference, as the native section will
-# take them once it has flavors' search (kueue_quota.NATIVE_FLAVOR_SEARCH); refused by name
-# until then (INVALID's `flavor-taints-are-refused`, `flavor-tolerations-are-refused`,
-# `when-can-preempt-may-stop-search-is-refused`, `preference-is-refused`).
-# (id, objects, the native resourceFlavors, the native flavorFungibility of team-a)
-FLAVOR_SEARCH_MAPPING = [
-    (
-        "taints-tolerations-and-fungibility",
-        documents(
-            f"""
-apiVersion: {V2}
-kind: ResourceFlavor
-metadata: {{name: default-flavor}}
-spec:
-  nodeLabels: {{pool: spot}}
-  nodeTaints:
-  - {{key: spot, value: "true", effect: NoSchedule, timeAdded: "2026-01-01T00:00:00Z"}}
-  - {{key: maintenance, effect: PreferNoSchedule}}
-  tolerations:
-  - {{key: spot, operator: Exists, effect: NoExecute, tolerationSeconds: 300}}
-  - {{operator: Exists}}
-""",
-            GPU_QUEUE.replace(
-                "spec:",
-                "spec:\n  flavorFungibility: {whenCanBorrow: TryNextFlavor, "
-                "whenCanPreempt: TryNextFlavor, preference: PreemptionOverBorrowing}",
-            ),
-        ),
-        """
-- name: default-flavor
-  nodeLabels: {pool: spot}
-  nodeTaints:
-  - {key: spot, value: "true", effect: NoSchedule}
-  - {key: maintenance, effect: PreferNoSchedule}
-  tolerations:
-  - {key: spot, operator: Exists, effect: NoExecute}
-  - {operator: Exists}
-""",
-        {
-            "whenCanBorrow": "TryNextFlavor",
-            "whenCanPreempt": "TryNextFlavor",
-            "preference": "PreemptionOverBorrowing",
-        },
-    ),
-    (
-        "kueues-default-when-can-preempt-written-out",
-        documents(DEFAULT_FLAVOR, GPU_QUEUE),
-        "[{name: default-flavor, nodeLabels: {}}]",
-        {"whenCanBorrow": "MayStopSearch", "whenCanPreempt": "TryNextFlavor"},
-    ),
-    (
-        "v1beta1s-preempt-is-may-stop-search",
-        documents(
-            DEFAULT_FLAVOR,
-            GPU_QUEUE.replace(V2, V1).replace(
-                "spec:", "spec:\n  flavorFungibility: {whenCanPreempt: Preempt}"
-            ),
-        ),
-        "[{name: default-flavor, nodeLabels: {}}]",
-        {"whenCanBorrow": "MayStopSearch", "whenCanPreempt": "MayStopSearch"},
-    ),
-]
-
-
-@pytest.mark.parametrize(
-    ("objects", "flavors", "fungibility"),
-    [pytest.param(*c[1:], id=c[0]) for c in FLAVOR_SEARCH_MAPPING],
-)
-def test_flavors_taints_and_fungibility_are_translated_for_the_native_section(
-    objects: str, flavors: str, fungibility: dict[str, str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """What a ResourceFlavor's taints and tolerations and a ClusterQueue's whenCanPreempt and
-    preference become once the native section takes them (the translation, compared before
-    the native parser, which refuses them still)."""
-    monkeypatch.setattr(kueue_quota, "NATIVE_FLAVOR_SEARCH", True)
-    errors: list[FieldViolation] = []
-    files = {
-        "site.yaml": [(f"site.yaml[{i}]", d) for i, d in enumerate(yaml.safe_load_all(objects))]
-    }
-    translation = kueue_quota.translate({"files": ["site.yaml"]}, files, errors)
-    assert errors == []
-    assert translation.quota["resourceFlavors"] == yaml.safe_load(flavors)
-    assert translation.tenants["team-a"]["flavorFungibility"] == fungibility
 
 
 # --- validation -----------------------------------------------------------------------------
@@ -948,28 +940,6 @@ INVALID = [
         [(INV, *Q, "spec.flavorFungibility.preference")],
     ),
     (
-        "preference-is-refused",
-        _queue(
-            GROUP + "  flavorFungibility: {whenCanBorrow: TryNextFlavor, "
-            "whenCanPreempt: TryNextFlavor, preference: PreemptionOverBorrowing}\n"
-        ),
-        [(X, *Q, "spec.flavorFungibility.preference")],
-    ),
-    (
-        "when-can-preempt-may-stop-search-is-refused",
-        _queue(GROUP + "  flavorFungibility: {whenCanPreempt: MayStopSearch}\n"),
-        [(X, *Q, "spec.flavorFungibility.whenCanPreempt")],
-    ),
-    (
-        "v1beta1s-preempt-is-may-stop-search-refused",
-        _queue(
-            GROUP.replace("cohortName", "cohort")
-            + "  flavorFungibility: {whenCanPreempt: Preempt}\n",
-            V1,
-        ),
-        [(X, *Q, "spec.flavorFungibility.whenCanPreempt")],
-    ),
-    (
         "stop-policy-hold-is-refused",
         _queue(GROUP + "  stopPolicy: Hold\n"),
         [(X, *Q, "spec.stopPolicy")],
@@ -1033,18 +1003,6 @@ INVALID = [
         "apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata: {name: bad}\n"
         "spec: {nodeLabels: {gpu: 'not a value'}}",
         [(INV, "ResourceFlavor", "bad", "spec.nodeLabels[gpu]")],
-    ),
-    (
-        "flavor-taints-are-refused",
-        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata: {name: spot}\n"
-        "spec: {nodeTaints: [{key: spot, value: 'true', effect: NoSchedule}]}",
-        [(X, "ResourceFlavor", "spot", "spec.nodeTaints")],
-    ),
-    (
-        "flavor-tolerations-are-refused",
-        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata: {name: spot}\n"
-        "spec: {tolerations: [{key: spot, operator: Exists}]}",
-        [(X, "ResourceFlavor", "spot", "spec.tolerations")],
     ),
     (
         "flavor-topology-is-refused",
