@@ -194,7 +194,7 @@ class KueueTranslation:
 
 _SECTION_FIELDS = {"files", "objects", "resources", "notEnforced"}
 _NATIVE_QUOTA_FIELDS = ("resources", "resourceFlavors", "priorityClasses")
-_TENANT_QUOTA_FIELDS = ("cohort", "quotas", "preemption", "flavorFungibility")
+_TENANT_QUOTA_FIELDS = ("cohort", "quotas", "preemption", "flavorFungibility", "fairSharing")
 
 
 def kueue_file_entries(policy: object) -> tuple[str, ...]:
@@ -246,7 +246,7 @@ def _merge_tenants(
 ) -> object:
     """spec.tenants with each ClusterQueue's quota fields added to the tenant of its name
     (appended when the policy does not list it); a listed tenant may carry only what Kueue
-    has no word for (allowAdminAccess, maxReservations)."""
+    has no word for (allowAdminAccess, maxReservations, gpualloc's tolerations)."""
     if not isinstance(tenants, list):
         return tenants  # the parser says why
     merged: list[object] = []

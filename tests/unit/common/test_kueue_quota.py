@@ -716,13 +716,18 @@ def test_what_is_left_out_on_purpose_is_listed() -> None:
 def test_a_cluster_queue_is_a_tenant_the_bindings_may_name() -> None:
     """A ClusterQueue the policy's tenants do not list is a tenant; one they list keeps its
     allowAdminAccess and maxReservations; a tenant without a ClusterQueue is not limited."""
-    tenants = "[{name: team-a, allowAdminAccess: true, maxReservations: 5}, {name: tools}]"
+    tenants = (
+        "[{name: team-a, allowAdminAccess: true, maxReservations: 5, "
+        "tolerations: [{key: spot, operator: Exists}]}, {name: tools}]"
+    )
     policy = kueue(
         documents(DEFAULT_FLAVOR, GPU_QUEUE, GPU_QUEUE.replace("team-a", "team-b")), tenants
     )
     assert sorted(policy.tenants) == ["team-a", "team-b", "tools"]
     assert policy.tenants["team-a"].allow_admin_access
     assert policy.tenants["team-a"].max_reservations == 5
+    team_a = policy.quotas.quota_of("team-a")
+    assert team_a is not None and [t.key for t in team_a.tolerations] == ["spot"]
     assert policy.quotas.quota_of("team-b") is not None
     assert policy.quotas.quota_of("tools") is None
 
@@ -1266,6 +1271,14 @@ POLICY_INVALID = [
             "tenants": [{"name": "team-a", "cohort": "x"}],
         },
         ["spec.tenants[0].cohort"],
+    ),
+    (
+        "a-tenants-fair-sharing-for-a-cluster-queue",
+        {
+            "quota": {"kueue": {"files": ["site.yaml"]}},
+            "tenants": [{"name": "team-a", "fairSharing": {"weight": 2}}],
+        },
+        ["spec.tenants[0].fairSharing"],
     ),
     (
         "an-unknown-field-of-the-section",
