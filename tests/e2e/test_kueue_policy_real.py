@@ -40,7 +40,7 @@ KUEUE_ACCEPTS = {
     "stop-policy-hold-is-refused",
     "flavor-not-given",
     "a-resource-gpualloc-does-not-allocate",
-    "a-mig-profile-is-not-supported-yet",
+    "a-mig-name-that-is-no-profile",
     "flavor-topology-is-refused",
     "cohorts-in-a-cycle",
     "a-cohort-named-as-a-cluster-queue",

@@ -17,6 +17,13 @@ FailedPrecondition, NotFound for an unknown pinned node, DeadlineExceeded when c
 
 from services.allocator.core.batch import solve_many
 from services.allocator.core.candidates import taint_detail, tolerates, untolerated_taint
+from services.allocator.core.counting import (
+    UNKNOWN_MODEL,
+    NodeUnits,
+    UnitCount,
+    count_units,
+    gangs_that_fit,
+)
 from services.allocator.core.explain import (
     NO_SUMMARY,
     ConstraintExplanation,
@@ -84,7 +91,7 @@ from services.allocator.core.preemption import (
 from services.allocator.core.results import ShareIdFactory, default_share_id
 from services.allocator.core.scoring import Policy, Score, free_capacity
 from services.allocator.core.snapshot import ClusterSnapshot, CounterID, DeviceEntry, NodeView
-from services.allocator.core.solver import node_groups_of, solve
+from services.allocator.core.solver import solve
 from services.allocator.core.state import AllocatedState
 from services.allocator.core.templates import node_templates
 from services.allocator.core.topology import GpuPlace, NicInfo, NodeTopology, PcieRelation
@@ -182,9 +189,13 @@ __all__ = [
     "node_usable",
     "solve_gang",
     "solve_many",
+    "UNKNOWN_MODEL",
+    "NodeUnits",
+    "UnitCount",
+    "count_units",
+    "gangs_that_fit",
     "GroupKey",
     "NodeAccess",
     "free_capacity",
-    "node_groups_of",
     "node_templates",
 ]

@@ -60,6 +60,7 @@ __all__ = [
     "ObjectRef",
     "apply_kueue",
     "kueue_file_entries",
+    "mig_profile_resource",
     "translate",
 ]
 
@@ -89,6 +90,21 @@ BUILT_IN_RESOURCES: Mapping[str, Mapping[str, Any]] = {
 NOT_ALLOCATED = ("cpu", "memory", "ephemeral-storage", "pods", "storage")
 _NOT_ALLOCATED_PREFIXES = ("hugepages-",)
 _MIG_PREFIX = "nvidia.com/mig-"
+# NVIDIA's MIG profile names (1g.10gb, 1c.3g.71gb, 1g.10gb-me), as services/client/specs.py has
+_MIG_PROFILE = re.compile(r"\d+(c\.\d+)?g\.\d+gb(\+me(\.all)?|\+gfx|-me)?")
+_MIG_CLASS = "mig.nvidia.com"  # the NVIDIA DRA driver's class of MIG devices
+
+
+def mig_profile_resource(name: str) -> Mapping[str, Any] | None:
+    """How the device plugin's `nvidia.com/mig-<profile>` (the GPU Operator's mixed MIG
+    strategy) counts: each device of class mig.nvidia.com of that profile counts 1, what the
+    Kueue bridge allocates for it (services/bridges/kueue/translate.py); None for another name."""
+    profile = name.removeprefix(_MIG_PREFIX)
+    if not name.startswith(_MIG_PREFIX) or not _MIG_PROFILE.fullmatch(profile):
+        return None
+    expression = f"device.attributes['gpu.nvidia.com'].profile == '{profile}'"
+    return {"deviceClassNames": [_MIG_CLASS], "selectors": [{"cel": {"expression": expression}}]}
+
 
 _INT32 = (-(2**31), 2**31 - 1)
 _HIGHEST_USER_PRIORITY = 1_000_000_000  # Kubernetes: a PriorityClass's value above it is system's
@@ -178,7 +194,7 @@ class KueueTranslation:
 
 _SECTION_FIELDS = {"files", "objects", "resources", "notEnforced"}
 _NATIVE_QUOTA_FIELDS = ("resources", "resourceFlavors", "priorityClasses")
-_TENANT_QUOTA_FIELDS = ("cohort", "quotas", "preemption", "flavorFungibility")
+_TENANT_QUOTA_FIELDS = ("cohort", "quotas", "preemption", "flavorFungibility", "fairSharing")
 
 
 def kueue_file_entries(policy: object) -> tuple[str, ...]:
@@ -230,7 +246,7 @@ def _merge_tenants(
 ) -> object:
     """spec.tenants with each ClusterQueue's quota fields added to the tenant of its name
     (appended when the policy does not list it); a listed tenant may carry only what Kueue
-    has no word for (allowAdminAccess, maxReservations)."""
+    has no word for (allowAdminAccess, maxReservations, gpualloc's tolerations)."""
     if not isinstance(tenants, list):
         return tenants  # the parser says why
     merged: list[object] = []
@@ -298,7 +314,9 @@ def _explicit_resources(top: _Checker, value: object) -> dict[str, dict[str, Any
     mapped: dict[str, dict[str, Any]] = {}
     for i, item in enumerate(top.sequence(value, "resources")):
         path = f"resources[{i}]"
-        fields = top.mapping(item, path, {"name", "deviceClassNames", "counter", "gpuShare"})
+        fields = top.mapping(
+            item, path, {"name", "deviceClassNames", "counter", "gpuShare", "selectors"}
+        )
         name = top.resource_name(fields.get("name"), f"{path}.name")
         if name in mapped:
             top.fail(FieldError.DUPLICATE, f"{path}.name", name)
@@ -316,6 +334,8 @@ def _explicit_resources(top: _Checker, value: object) -> dict[str, dict[str, Any
             if not isinstance(fields["gpuShare"], bool):
                 top.fail(FieldError.INVALID, f"{path}.gpuShare", "must be true or false")
             native["gpuShare"] = fields["gpuShare"] is True
+        if "selectors" in fields:  # a DeviceClass's shape, checked by the native parser
+            native["selectors"] = fields["selectors"]
         if native.get("counter") and native.get("gpuShare"):
             top.fail(FieldError.INVALID, f"{path}.gpuShare", "counts a counter or GPU shares")
         if name:
@@ -345,12 +365,12 @@ class _Resources:
             self.top.fail(FieldError.INVALID, "notEnforced", f"{name} is mapped to devices")
 
     def counted(self, name: str) -> Mapping[str, Any] | None:
-        """The native fields (deviceClassNames, counter, gpuShare) `name` counts by; None when
-        it is not enforced (`allocated` says whether that is allowed)."""
+        """The native fields (deviceClassNames, counter, gpuShare, selectors) `name` counts by;
+        None when it counts no device (`refusal` says whether that is allowed)."""
         for table in (self.explicit, self.mappings, BUILT_IN_RESOURCES):
             if name in table:
                 return table[name]
-        return None
+        return mig_profile_resource(name)
 
     def refusal(self, name: str) -> str | None:
         """Why a covered resource is refused; None when it counts or is not enforced."""
@@ -362,9 +382,8 @@ class _Resources:
             return None
         if name.startswith(_MIG_PREFIX):
             return (
-                f"{name}: per-profile MIG quotas are not supported yet (count MIG devices with a "
-                "deviceClassMappings name, or their memory with spec.quota.kueue.resources and "
-                "counter: memory)"
+                f"{name}: not a MIG profile (NVIDIA's mixed strategy names them "
+                "nvidia.com/mig-<profile>, e.g. nvidia.com/mig-1g.10gb)"
             )
         return (
             f"gpualloc allocates no resource {name}: map it to DeviceClasses "

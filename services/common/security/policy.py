@@ -871,7 +871,7 @@ def _quota_resources(
 ) -> list[QuotaResource]:
     """The quota resources; one given `flavors` is one QuotaResource per flavor."""
     resources: list[QuotaResource] = []
-    allowed = {"name", "deviceClassNames", "counter", "gpuShare", "flavors"}
+    allowed = {"name", "deviceClassNames", "counter", "gpuShare", "flavors", "selectors"}
     for i, item in enumerate(reader.sequence(value, "spec.quota.resources")):
         path = f"spec.quota.resources[{i}]"
         fields = reader.mapping(item, path, allowed)
@@ -896,8 +896,9 @@ def _quota_resources(
         share = reader.boolean(fields.get("gpuShare", False), f"{path}.gpuShare")
         if share and counter:
             reader.fail(f"{path}.gpuShare", "counts a counter or GPU shares, not both")
+        selectors = _cel_selectors(reader, fields.get("selectors", []), f"{path}.selectors")
         if "flavors" not in fields:
-            resources.append(QuotaResource(name, classes, counter, share))
+            resources.append(QuotaResource(name, classes, counter, share, selectors=selectors))
             continue
         names = reader.sequence(fields["flavors"], f"{path}.flavors")
         if not names:
@@ -934,11 +935,18 @@ def _quota_resources(
                     base=name,
                     flavor=flavor_name,
                     spec=spec,
+                    selectors=selectors,
                 )
             )
         resources.append(
             QuotaResource(
-                f"{name}/{NO_FLAVOR}", classes, counter, share, base=name, flavor=NO_FLAVOR
+                f"{name}/{NO_FLAVOR}",
+                classes,
+                counter,
+                share,
+                base=name,
+                flavor=NO_FLAVOR,
+                selectors=selectors,
             )
         )
     every = [r.name for r in resources]

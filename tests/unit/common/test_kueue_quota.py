@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
+from services.allocator.app.quotas import check_flavor_selectors
+from services.cel import SelectorCache
 from services.common.errors import FieldViolation, InvalidArgument
 from services.common.security import kueue_quota
 from services.common.security.kueue_quota import FieldError, KueueViolation
@@ -629,6 +631,36 @@ spec:
 {KUEUE_DEFAULTS.replace("whenCanPreempt: TryNextFlavor", "whenCanPreempt: MayStopSearch")}""",
     ),
     (
+        "a-mig-profile-counts-the-mig-devices-of-that-profile",
+        documents(
+            DEFAULT_FLAVOR,
+            GPU_QUEUE.replace(
+                "[nvidia.com/gpu]", "[nvidia.com/gpu, nvidia.com/mig-1g.10gb]"
+            ).replace(
+                "resources: [{name: nvidia.com/gpu, nominalQuota: 4}]",
+                "resources: [{name: nvidia.com/gpu, nominalQuota: 4}, "
+                "{name: nvidia.com/mig-1g.10gb, nominalQuota: 16}]",
+            ),
+        ),
+        {},
+        """
+    resources:
+    - {name: nvidia.com/gpu, deviceClassNames: [gpu.nvidia.com], flavors: [default-flavor]}
+    - name: nvidia.com/mig-1g.10gb
+      deviceClassNames: [mig.nvidia.com]
+      selectors:
+      - cel: {expression: "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"}
+      flavors: [default-flavor]
+    resourceFlavors: [{name: default-flavor, nodeLabels: {}}]
+""",
+        f"""
+  - name: team-a
+    quotas:
+    - {{resource: nvidia.com/gpu, flavor: default-flavor, nominal: 4}}
+    - {{resource: nvidia.com/mig-1g.10gb, flavor: default-flavor, nominal: 16}}
+{KUEUE_DEFAULTS}""",
+    ),
+    (
         "a-queue-without-resource-groups-is-granted-nothing",
         documents(
             DEFAULT_FLAVOR,
@@ -684,13 +716,18 @@ def test_what_is_left_out_on_purpose_is_listed() -> None:
 def test_a_cluster_queue_is_a_tenant_the_bindings_may_name() -> None:
     """A ClusterQueue the policy's tenants do not list is a tenant; one they list keeps its
     allowAdminAccess and maxReservations; a tenant without a ClusterQueue is not limited."""
-    tenants = "[{name: team-a, allowAdminAccess: true, maxReservations: 5}, {name: tools}]"
+    tenants = (
+        "[{name: team-a, allowAdminAccess: true, maxReservations: 5, "
+        "tolerations: [{key: spot, operator: Exists}]}, {name: tools}]"
+    )
     policy = kueue(
         documents(DEFAULT_FLAVOR, GPU_QUEUE, GPU_QUEUE.replace("team-a", "team-b")), tenants
     )
     assert sorted(policy.tenants) == ["team-a", "team-b", "tools"]
     assert policy.tenants["team-a"].allow_admin_access
     assert policy.tenants["team-a"].max_reservations == 5
+    team_a = policy.quotas.quota_of("team-a")
+    assert team_a is not None and [t.key for t in team_a.tolerations] == ["spot"]
     assert policy.quotas.quota_of("team-b") is not None
     assert policy.quotas.quota_of("tools") is None
 
@@ -988,8 +1025,8 @@ INVALID = [
         [(X, *Q, "spec.resourceGroups[0].coveredResources[0]")],
     ),
     (
-        "a-mig-profile-is-not-supported-yet",
-        _queue(GROUP.replace("nvidia.com/gpu", "nvidia.com/mig-1g.10gb")),
+        "a-mig-name-that-is-no-profile",
+        _queue(GROUP.replace("nvidia.com/gpu", "nvidia.com/mig-big")),
         [(X, *Q, "spec.resourceGroups[0].coveredResources[0]")],
     ),
     (
@@ -1234,6 +1271,14 @@ POLICY_INVALID = [
             "tenants": [{"name": "team-a", "cohort": "x"}],
         },
         ["spec.tenants[0].cohort"],
+    ),
+    (
+        "a-tenants-fair-sharing-for-a-cluster-queue",
+        {
+            "quota": {"kueue": {"files": ["site.yaml"]}},
+            "tenants": [{"name": "team-a", "fairSharing": {"weight": 2}}],
+        },
+        ["spec.tenants[0].fairSharing"],
     ),
     (
         "an-unknown-field-of-the-section",
@@ -1487,3 +1532,23 @@ def test_at_most_256_files_of_at_most_4_mib_are_read(tmp_path: Path) -> None:
         load_policy(str(policy), policy.read_bytes())
     assert caught.value.field_path == f"{policy}: spec.quota.kueue.files[1]"
     assert "larger than 4194304 bytes" in str(caught.value)
+
+
+def test_a_quota_resources_selector_that_does_not_compile_is_refused_at_load() -> None:
+    """A resource's own CEL selectors (a MIG profile's, or one written in the native form)
+    are compiled where the allocator loads the policy: one that does not compile names the
+    resource and the selector, and the policy is not loaded."""
+    policy = native(
+        """
+    resources:
+    - name: nvidia.com/mig-1g.10gb
+      deviceClassNames: [mig.nvidia.com]
+      selectors: [{cel: {expression: "device.attributes['gpu.nvidia.com'].profile =="}}]
+""",
+        "[{name: t, quotas: [{resource: nvidia.com/mig-1g.10gb, nominal: 1}]}]",
+    )
+    with pytest.raises(InvalidArgument) as caught:
+        check_flavor_selectors(policy.quotas, SelectorCache())
+    assert caught.value.field_path == (
+        "spec.quota.resources[nvidia.com/mig-1g.10gb].selectors[0].cel.expression"
+    )
