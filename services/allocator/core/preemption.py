@@ -319,7 +319,10 @@ def _cohort_candidates(
     levels = {name: model.levels_of(me, name, context.usage) for name in need}
     holdings: dict[str, list[Holding]] = {}
     for h in context.holdings:
-        if h.tenant != context.tenant and h.priority.preemptible:
+        # Kueue's WorkloadUsesResources: only a reservation counting a resource the grant
+        # needs (on a flavor: one of that flavor) gives back anything it needs
+        uses = any(h.amounts.get(name, 0) > 0 for name in need)
+        if h.tenant != context.tenant and h.priority.preemptible and uses:
             holdings.setdefault(h.tenant, []).append(h)
     mine = context.priority.value
     lower_only = policy.reclaim_within_cohort is ReclaimWithinCohort.LOWER_PRIORITY
