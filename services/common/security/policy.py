@@ -293,7 +293,7 @@ def parse_policy(
 ) -> AccessPolicy:
     """An AccessPolicy from its decoded YAML; InvalidArgument listing every bad field.
     `kueue_files`: per `spec.quota.kueue.files` entry, its decoded documents with their
-    origins (the edge reads them: kueue_quota.py)."""
+    origins (the edge reads them: kueue_quota/)."""
     errors: list[FieldViolation] = []
     reader = _Reader(errors)
     root = reader.mapping(document, "", {"apiVersion", "kind", "metadata", "spec"})
