@@ -1,6 +1,6 @@
 """The Slurm scripts through `gpualloc-slurm sync --socket` under a real slurmctld and slurmd
 (tests/slurm/conftest.py): gpualloc-hook.py hands each job to the service, which reserves,
-answers the TaskProlog and releases after the EpilogSlurmctld returned; and a job whose GPUs
+answers the TaskProlog and releases after the job completion script returned; and a job whose GPUs
 the job before it still held in gpualloc (its release not done yet) runs, not requeued
 (docs/bridges.md, "Hooks at Slurm's speed"). The benchmark is `make bench ARGS=slurm`."""
 
@@ -53,7 +53,7 @@ def test_a_job_runs_on_exactly_its_gpus_through_the_service(slurm):
         assert done["JobState"] == "COMPLETED" and done["Restarts"] == "0", done
         task = lines((slurm.out / f"{job_id}.out").read_text())["batch"]
         assert_agree(slurm, task, slurm_ids)
-        wait_released(slurm, job_id)  # after the EpilogSlurmctld returned
+        wait_released(slurm, job_id)  # after the job completion script returned
     assert_node_not_drained(slurm)
 
 
@@ -114,7 +114,7 @@ def test_a_job_user_cannot_reserve_or_release_through_the_socket(slurm, command)
 @pytest.mark.parametrize("through", ["the-service", "the-command"])
 def test_a_job_whose_gpus_an_ended_job_still_holds_runs_not_requeued(slurm, through):
     # Slurm hands a finished job's GPUs to the next job before (or while) the finished job's
-    # EpilogSlurmctld runs. Their order used to decide: the next prolog's reservation first,
+    # release runs. Their order used to decide: the next prolog's reservation first,
     # and the job was requeued (1-2 of 200 per run, issue 31). Now the prolog frees what a job
     # that no longer runs holds of Slurm's pick, and reserves.
     with contextlib.ExitStack() as stack:
