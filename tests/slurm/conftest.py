@@ -45,6 +45,7 @@ import pytest
 from services.bridges import local_cluster
 from services.bridges.slurm import cli
 from services.client import AllocatorClient, Reservation
+from tests.peers import peer
 from tests.ports import free_port
 from tests.unit.bridges.support import ROOT, release_everything
 
@@ -160,6 +161,7 @@ class TcpProxy:
             except OSError:
                 client.close()
                 continue
+            server.settimeout(None)  # the timeout was the connect's: an idle stream stays open
             with self._lock:
                 self._open.update((client, server))
             for a, b in ((client, server), (server, client)):
@@ -568,10 +570,7 @@ def start_slurm(
         path = directory / "gpualloc" / script
         path.write_text(_render((EXAMPLES / script).read_text(), replacements))
         path.chmod(0o755)
-    compiled = ROOT / ".peers" / "bin" / COMPILED_HOOK
-    if not compiled.is_file():
-        pytest.fail(f"{compiled} not found: run `make peers` (make test does)", pytrace=False)
-    shutil.copy(compiled, directory / "gpualloc" / COMPILED_HOOK)
+    shutil.copy(peer(COMPILED_HOOK), directory / "gpualloc" / COMPILED_HOOK)
     (directory / "gpualloc" / COMPILED_HOOK).chmod(0o755)
     (directory / "cgroup.conf").write_text((EXAMPLES / "cgroup.conf").read_text())
     (directory / "gres.conf").write_text(_gres_conf(gpualloc.target, directory / "dev"))

@@ -24,11 +24,10 @@ from services.client import AllocatorClient, Reservation
 from services.client.inventory import InventoryClient
 from services.client.results import Placement
 from services.client.specs import RequestSpec, build_claim
+from tests.peers import peer
 from tests.unit.bridges.support import ROOT, release_everything
 
 HOOK = ROOT / "examples" / "bridges" / "slurm" / "gpualloc-hook.py"
-COMPILED = ROOT / ".peers" / "bin" / "gpualloc-hook"
-"""examples/bridges/slurm/gpualloc-hook/ as `make peers` builds it."""
 NODE = "h100-node-1"
 CLUSTER = "c1"
 
@@ -38,9 +37,7 @@ def hook_client(request: pytest.FixtureRequest) -> list[str]:
     """The hook client's command: the compiled one or gpualloc-hook.py (the same protocol)."""
     if request.param == "portable":
         return ["/usr/bin/python3", "-I", "-S", str(HOOK)]
-    if not COMPILED.is_file():
-        pytest.fail(f"{COMPILED} not found: run `make peers` (make test does)", pytrace=False)
-    return [str(COMPILED)]
+    return [str(peer("gpualloc-hook"))]
 
 
 def run_hook(
