@@ -23,8 +23,9 @@ on a fresh Slurm:
   PrologSlurmctld, TaskProlog and job completion script costs by itself, the floor for any
   client; P and E: plain Slurm with only an `exit 0` PrologSlurmctld, with only an `exit 0`
   EpilogSlurmctld.
-  GPUALLOC_BENCH_SLURM_MODES picks them (default A,B); GPUALLOC_BENCH_SLURM_SETTINGS picks the
-  settings (default all four: 1-node:default,1-node:bf_interval=1,2-node:default,...).
+  GPUALLOC_BENCH_SLURM_MODES picks them (default A,S,B: S is the floor of what B adds);
+  GPUALLOC_BENCH_SLURM_SETTINGS picks the settings (default all four:
+  1-node:default,1-node:bf_interval=1,2-node:default,2-node:bf_interval=1).
 
 A run ends when every job is done or after RUN_SECONDS (180 s; 90 s with --quick): jobs/s is
 then the jobs done / the time, and `done` says how many. Settings: one node (partition `gpu`)
@@ -86,7 +87,7 @@ N_QUICK = 24
 GRES = ("gpu:1", "gpu:4", "gpu:h100:2")
 SETTINGS = (("1-node", "gpu"), ("2-node", "multi"))
 SCHEDULERS = ("default", "bf_interval=1")
-MODES = ("A", "B")
+MODES = ("A", "S", "B")
 VARIANTS = ("C", "D", "Y")
 PROBES = ("S", "P", "E")
 RUN_SECONDS = 180.0

@@ -3,13 +3,13 @@
 Slurm starts jobs in waves: a scheduling pass allocates many, and slurmctld runs their
 PrologSlurmctld side by side, so `gpualloc-slurm sync --socket` serves many prologs at once,
 each on its own thread. `AllocateBatcher` turns their reserving Allocates into AllocateBatch
-calls (docs/api.md): a call that finds no batch in flight sends what is queued at once; calls
-that come while one is in flight wait for it and go together in the next. No prolog waits for
-a timer, and a wave of N costs a few round trips, not N. AllocateBatch places its items in
-order, each seeing the reservations of the ones before it, and answers each with its own
-result, so every prolog gets exactly what its own Allocate would have given it (an error of its
-item alone is raised in its thread). An allocator without AllocateBatch (UNIMPLEMENTED) gets
-one Allocate per prolog from then on.
+calls (docs/api.md): a call that finds no batch in flight waits GATHER_SECONDS (3 ms) for the
+rest of its wave, then sends what is queued; calls that come while one is in flight wait for
+it and go together in the next. A wave of N costs one or two round trips, not N.
+AllocateBatch places its items in order, each seeing the reservations of the ones before it,
+and answers each with its own result, so every prolog gets exactly what its own Allocate would
+have given it (an error of its item alone is raised in its thread). An allocator without
+AllocateBatch (UNIMPLEMENTED) gets one Allocate per prolog from then on.
 
 `BatchingClient` is the AllocatorClient a hook's command runs on in the service: its reserving
 `allocate` goes through the batcher; everything else is the client's own.
@@ -24,24 +24,30 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 
+from services.bridges.placing import slurm_job_of
 from services.client.client import AllocateItem, AllocatorClient
 from services.client.inventory import InventoryClient, NodeInventory
-from services.client.results import Placement
+from services.client.results import Placement, Reservation
 from services.common.errors import GpuallocError
 from services.common.grpc_errors import RemoteError
 
-__all__ = ["AllocateBatcher", "BatchingClient", "WarmInventory"]
+__all__ = ["AllocateBatcher", "BatchingClient", "Reserved", "WarmInventory"]
 
 log = logging.getLogger("gpualloc.slurm.batching")
 
 MAX_BATCH = 64
 """Items per AllocateBatch call (the rest wait for the next)."""
+GATHER_SECONDS = 0.003
+"""How long a prolog that finds nothing queued waits for the rest of its wave: slurmscriptd
+starts a scheduling pass's prologs one after the other, 1-5 ms apart here (slurmctld's and
+sync's logs), so without it the first goes alone and the rest wait for its round trip."""
 INVENTORY_MAX_AGE_SECONDS = 10.0
 
 
@@ -57,6 +63,7 @@ class AllocateBatcher:
 
     client: AllocatorClient
     max_batch: int = MAX_BATCH
+    gather_seconds: float = GATHER_SECONDS
     batches: int = 0
     """AllocateBatch calls made (and single Allocates, once the allocator has no batches)."""
     _queue: list[_Slot] = field(default_factory=list)
@@ -73,8 +80,10 @@ class AllocateBatcher:
                 if self._busy:
                     self._changed.wait()
                     continue
-                batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
                 self._busy = True
+                if len(self._queue) == 1 and self.gather_seconds:
+                    self._changed.wait(self.gather_seconds)  # the rest of the wave joins it
+                batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
                 self._changed.release()
                 results: list[Placement | GpuallocError] = []
                 try:
@@ -127,18 +136,54 @@ class AllocateBatcher:
             return error
 
 
-class BatchingClient(AllocatorClient):
-    """An AllocatorClient whose reserving `allocate` goes through a shared AllocateBatcher."""
+class Reserved:
+    """The reservations this service made, by Slurm job: what a job's release frees without
+    listing every reservation first (the prolog and the job's release both run in the
+    controller's sync). At most `limit` jobs (the oldest forgotten first: a job whose release
+    never came is the sweep's). A job it does not know is listed as before."""
 
-    def __init__(self, batcher: AllocateBatcher, **options: Any) -> None:
+    def __init__(self, limit: int = 65536) -> None:
+        self.limit = limit
+        self._by_job: OrderedDict[str, dict[str, Reservation]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def add(self, placement: Placement) -> None:
+        with self._lock:
+            for reservation in placement.reservations:
+                job_id = slurm_job_of(reservation.owner)
+                if job_id is None:
+                    continue
+                self._by_job.setdefault(job_id, {})[reservation.node_name] = reservation
+                self._by_job.move_to_end(job_id)
+            while len(self._by_job) > self.limit:
+                self._by_job.popitem(last=False)
+
+    def pop(self, job_id: str) -> list[Reservation] | None:
+        """The job's reservations, forgotten; None when none was made here (list them)."""
+        with self._lock:
+            held = self._by_job.pop(job_id, None)
+        return None if held is None else list(held.values())
+
+
+class BatchingClient(AllocatorClient):
+    """An AllocatorClient whose reserving `allocate` goes through a shared AllocateBatcher
+    (and what it reserves is remembered in `reserved`)."""
+
+    def __init__(
+        self, batcher: AllocateBatcher, reserved: Reserved | None = None, **options: Any
+    ) -> None:
         super().__init__(batcher.client.target, channel=batcher.client.channel, **options)
         self._batcher = batcher
+        self._reserved = reserved
 
     def allocate(self, claims: Sequence[Any], **options: Any) -> Placement:
         if not options.get("reserve"):
             return super().allocate(claims, **options)
         options["owner"] = self._owner(options.get("owner"))
-        return self._batcher.allocate(AllocateItem(claims, **options))
+        placement = self._batcher.allocate(AllocateItem(claims, **options))
+        if self._reserved is not None and placement.fits:
+            self._reserved.add(placement)
+        return placement
 
 
 class WarmInventory(InventoryClient):

@@ -54,7 +54,12 @@ from typing import TextIO
 import yaml
 
 from services.bridges.placing import slurm_job_of
-from services.bridges.slurm.batching import AllocateBatcher, BatchingClient, WarmInventory
+from services.bridges.slurm.batching import (
+    AllocateBatcher,
+    BatchingClient,
+    Reserved,
+    WarmInventory,
+)
 from services.bridges.slurm.claims import claim_for_node
 from services.bridges.slurm.commands import SlurmCommands
 from services.bridges.slurm.gresconf import parse_mig_minors, render_gres_conf
@@ -454,6 +459,7 @@ class _Hooks:
         self.inventory = inventory
         self.allowed_uids = frozenset({0, os.getuid(), *hook_uids})
         self.batcher = AllocateBatcher(client)
+        self.reserved = Reserved()
         self._parser = build_parser()  # once: building it costs more than a hook's work
         self._parsing = threading.Lock()
         self.details = JobDetails(environ)
@@ -537,6 +543,7 @@ class _Hooks:
         out, err = io.StringIO(), io.StringIO()
         client = BatchingClient(
             self.batcher,
+            self.reserved,
             deadline_seconds=self.settings.deadline_seconds,
             retry=self.settings.retry,
         )
@@ -548,9 +555,10 @@ class _Hooks:
         return HookAnswer(code, out.getvalue(), err.getvalue())
 
     def _release(self, batch: Sequence[tuple[argparse.Namespace, Mapping[str, str]]]) -> None:
-        """The queued epilogs' releases: one List for the batch, then each job's reservations
-        (of its cluster, on its node or, with --all-nodes, everywhere) released, side by side
-        (each job's own: independent). A release that fails is logged; the sweep or the lease
+        """The queued epilogs' releases: each job's reservations (of its cluster, on its node
+        or, with --all-nodes, everywhere) released, side by side (each job's own:
+        independent); those this service reserved are known (`Reserved`), the others come
+        from one List for the batch. A release that fails is logged; the sweep or the lease
         frees it."""
         ended: dict[str, list[tuple[str | None, str]]] = {}  # job -> (node or all, cluster)
         for args, environ in batch:
@@ -562,11 +570,19 @@ class _Hooks:
             ended.setdefault(job_id, []).append((node, cluster))
         if not ended:
             return
+        held: list[Reservation] = []
+        unknown = False
+        for job_id, asked in ended.items():
+            if all(node is None for node, _ in asked):
+                known = self.reserved.pop(job_id)
+                held += known or []
+                unknown = unknown or known is None
+            else:
+                unknown = True
         try:
-            held = self.client.list()
+            held += self.client.list() if unknown else []
         except GpuallocError as error:
             log.warning("releasing %d job(s): %s: %s", len(ended), type(error).__name__, error)
-            return
 
         def releases(reservation: Reservation) -> bool:
             job_id = slurm_job_of(reservation.owner)
@@ -582,7 +598,7 @@ class _Hooks:
             except GpuallocError as error:
                 log.warning("epilog of %s: %s: %s", reservation.owner, type(error).__name__, error)
 
-        gone = [r for r in held if releases(r)]
+        gone = list({r.id: r for r in held if releases(r)}.values())
         if gone:
             with ThreadPoolExecutor(min(len(gone), RELEASE_THREADS)) as pool:
                 list(pool.map(release, gone))

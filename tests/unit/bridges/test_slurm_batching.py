@@ -133,6 +133,23 @@ def test_prologs_that_come_together_go_in_one_allocate_batch(client):
     assert owners == {f"slurm/job/{j}" for j in range(6)}
 
 
+def test_a_wave_that_comes_within_the_gather_time_goes_in_one_call(client):
+    counting = CountingClient(client.target)
+    batcher = AllocateBatcher(counting, gather_seconds=0.5)  # a wave within 0.5 s, even loaded
+    results: dict[int, Placement] = {}
+
+    def prolog(job: int) -> None:
+        results[job] = batcher.allocate(job_item(client, job, [job]))
+
+    threads = [threading.Thread(target=prolog, args=(job,)) for job in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert counting.singles == 0 and counting.batch_sizes == [3]
+    assert {job: held(p) for job, p in results.items()} == {j: [f"gpu-{j}"] for j in range(3)}
+
+
 def test_an_item_that_fails_fails_its_prolog_alone(client):
     batcher = AllocateBatcher(client)
     good = job_item(client, 10, [0])
@@ -299,3 +316,39 @@ def test_prologs_through_the_service_reserve_exactly_slurms_pick(client, hooks):
         "slurm/job/85": ["gpu-5"],
     }
     assert 1 <= hooks.batcher.batches <= 3
+
+
+class CountingLists(AllocatorClient):
+    lists = 0
+
+    def list(self, *args, **options):
+        self.lists += 1
+        return super().list(*args, **options)
+
+
+def test_a_job_this_service_reserved_is_released_without_listing(client):
+    counting = CountingLists(client.target)
+    env = {"GPUALLOC_ALLOCATOR_ADDR": client.target, "SLURM_CONF": "/nonexistent"}
+    inventory = WarmInventory(client.target)
+    served = cli._Hooks(  # noqa: SLF001
+        env, ClientSettings.from_env(env), counting, inventory, [], lambda: "c1", sweeps=False
+    )
+    try:
+        served.details.show = lambda job_id: (  # type: ignore[method-assign]
+            f"JobId={job_id}\n   Nodes={NODE} CPU_IDs=0 Mem=0 GRES=gpu:h100:1(IDX:4)\n"
+        )
+        job = {"SLURM_JOB_ID": "90", "SLURM_JOB_NODELIST": NODE, "SLURM_CLUSTER_NAME": "c1",
+               "SLURM_SCRIPT_CONTEXT": "prolog_slurmctld"}  # fmt: skip
+        assert served.answer(["prolog"], job, 0).code == 0
+        reserve(client, 91, NODE, "c1", gpu=5)  # reserved elsewhere (the command, say)
+        lists = counting.lists
+        served.answer(["epilog", "--all-nodes"], job, 0)
+        assert served.releases.wait_for_queued(10)
+        assert counting.lists == lists  # known: released by id
+        assert [r.owner for r in client.list()] == ["slurm/job/91"]
+        served.answer(["epilog", "--all-nodes"], {**job, "SLURM_JOB_ID": "91"}, 0)
+        assert served.releases.wait_for_queued(10)
+        assert counting.lists == lists + 1 and client.list() == []  # unknown: listed
+    finally:
+        served.close()
+        inventory.close()
