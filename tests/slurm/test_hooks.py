@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -27,6 +28,7 @@ from tests.slurm.test_real_slurm import (
     report,
     wait_released,
 )
+from tests.unit.bridges.support import ROOT
 
 CLUSTER = "gpualloc-test"
 
@@ -130,3 +132,21 @@ def test_a_job_whose_gpus_an_ended_job_still_holds_runs_not_requeued(slurm, thro
         wait_released(slurm, job_id)
     assert slurm.reservations() == []
     assert_node_not_drained(slurm)
+
+
+def test_libslurm_gives_the_prolog_what_scontrol_prints(slurm):
+    # sync reads Slurm's GPU ids through libslurm (services/bridges/slurm/libslurm.py) instead
+    # of starting scontrol per prolog: the text must be scontrol's, byte for byte. Asked in a
+    # process of its own, as sync asks it (slurm_init reads this Slurm's slurm.conf once).
+    job_id = slurm.sbatch("-p", "multi", "-N2", "--gpus-per-node=3", script=f"{hold(slurm)}\n")
+    slurm.wait_for_file(slurm.out / f"ready-{job_id}")
+    asked = subprocess.run(
+        [sys.executable, "-c",
+         "import os, sys; from services.bridges.slurm.libslurm import JobDetails; "
+         "print(JobDetails(os.environ).show(sys.argv[1]), end='')", job_id],
+        env=slurm.env, capture_output=True, text=True, timeout=60, check=True, cwd=ROOT,
+    )  # fmt: skip
+    assert asked.stdout == slurm.job_details(job_id)
+    assert len(gpu_ids_from_job_details(asked.stdout)) == 2  # both nodes' GPU ids
+    (slurm.out / f"go-{job_id}").touch()
+    assert slurm.wait_for(job_id, ["COMPLETED", "FAILED"])["JobState"] == "COMPLETED"
