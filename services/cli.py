@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, str] = {
     "inventory": "services.inventory.cli.inventory",
     "apply": "services.inventory.cli.apply",
     "certs": "services.common.security.certs_cli",
+    "policy": "services.common.security.policy_cli",
     # the live service, kubectl-shaped (services/client/live_cli.py); `module:function`
     # registers one verb of a module that holds several
     "get": "services.client.live_cli:register_get",

@@ -1,7 +1,7 @@
 """A real Kubernetes control plane for tests: etcd, kube-apiserver and Kueue's manager.
 
 The binaries are the Go peers `make peers` builds (tools/peers: kube-apiserver v1.34.4 from
-k8s.io/kubernetes, etcd over go.etcd.io/etcd/server/v3/embed, Kueue v0.15.2's cmd/kueue and its
+k8s.io/kubernetes, etcd over go.etcd.io/etcd/server/v3/embed, Kueue v0.17.0's cmd/kueue and its
 CRDs). Everything listens on free loopback ports (tests/ports.py) and lives in one directory:
 
 - etcd: one member, plaintext on loopback;
@@ -85,6 +85,7 @@ class ControlPlane:
     _etcd: subprocess.Popen[bytes] | None = None
     _apiserver: subprocess.Popen[bytes] | None = None
     _kueue: subprocess.Popen[bytes] | None = None
+    kueue_webhook_port: int = 0
 
     @property
     def url(self) -> str:
@@ -261,6 +262,7 @@ class ControlPlane:
             "manageJobsWithoutQueueName": False,
             "integrations": {"frameworks": ["batch/job"]},
         }
+        self.kueue_webhook_port = config["webhook"]["port"]
         path = self.directory / "kueue-config.yaml"
         path.write_text(yaml.safe_dump(config))
         log = self.directory / "kueue.log"
@@ -273,6 +275,36 @@ class ControlPlane:
         )  # fmt: skip
         health = f"http://{config['health']['healthProbeBindAddress']}/readyz"
         _wait("kueue", lambda: _http_ok(health), self._kueue, log)
+
+    def register_kueue_validation(self) -> None:
+        """Kueue's validating webhooks for ClusterQueues, ResourceFlavors and Cohorts, served
+        by the running manager (its paths, https://127.0.0.1:<port>, the fixture's CA), as
+        Kueue's manifests register them: the apiserver then refuses what Kueue refuses. The
+        mutating ones (finalizers, Jobs suspended) stay unregistered."""
+        import base64
+
+        bundle = base64.b64encode(self.ca.read_bytes()).decode()
+        hooks = []
+        for kind in ("clusterqueue", "resourceflavor", "cohort"):
+            url = (
+                f"https://127.0.0.1:{self.kueue_webhook_port}"
+                f"/validate-kueue-x-k8s-io-v1beta2-{kind}"
+            )
+            hooks.append({
+                "name": f"v{kind}.kb.io",
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "failurePolicy": "Fail",
+                "clientConfig": {"url": url, "caBundle": bundle},
+                "rules": [{"apiGroups": ["kueue.x-k8s.io"], "apiVersions": ["v1beta2"],
+                           "operations": ["CREATE", "UPDATE"], "resources": [f"{kind}s"]}],
+            })  # fmt: skip
+        self.apply({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": "kueue-validating-webhook-configuration"},
+            "webhooks": hooks,
+        })  # fmt: skip
 
     def stop_kueue(self) -> None:
         _stop(self._kueue)
@@ -306,7 +338,7 @@ def _with_metrics_certificate(certificate: Path, command: list[str]) -> list[str
 def _v1beta2_stored(path: Path, into: Path) -> Path:
     """Kueue's CRD with v1beta2 as the storage version. The bases store v1beta1 and rely on a
     conversion webhook that Kueue's kustomization adds (and its cert manager injects); Kueue
-    v0.15's controllers and the sidecar both use v1beta2, so storing that needs no conversion."""
+    controllers (v0.15 on) and the sidecar both use v1beta2, so storing that needs no conversion."""
     crd = yaml.safe_load(path.read_text())
     names = [v["name"] for v in crd["spec"]["versions"]]
     if "v1beta2" in names:

@@ -29,7 +29,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -50,7 +50,7 @@ from services.allocator.app.fleet_gauges import FleetGauges
 from services.allocator.app.inventory_feed import Closeable, InventoryFeed
 from services.allocator.app.live_reservations import Holdings
 from services.allocator.app.placing import PlacementSearch
-from services.allocator.app.quotas import QuotaGuard, QuotaSettings
+from services.allocator.app.quotas import QuotaGuard, QuotaSettings, check_flavor_selectors
 from services.allocator.app.reservation_watch import ReservationWatch
 from services.allocator.app.service import AllocatorService, ServiceLimits
 from services.allocator.app.telemetry import AllocatorMetrics, Telemetry, configure_telemetry
@@ -67,7 +67,8 @@ from services.common.dra.model import DeviceClass
 from services.common.grpc_server import ServiceRegistration
 from services.common.health import Health
 from services.common.security.audit import audit_event
-from services.common.security.edge import Authenticator, load_policy_file
+from services.common.security.edge import Authenticator
+from services.common.security.policy_files import LoadedPolicy, load_policy
 from services.common.security.principal import tenant_of_owner
 from services.common.security.tls import WatchedFiles
 from services.common.telemetry import METRICS_LISTEN_VARIABLE
@@ -181,10 +182,19 @@ def build_quotas(
     policy_file = settings.server.auth_policy_file
     if not policy_file:
         return None
+
+    def load(contents: Sequence[bytes]) -> LoadedPolicy:
+        loaded = load_policy(policy_file, contents[0])
+        check_flavor_selectors(loaded.policy.quotas, selectors)  # a bad CEL: not loaded
+        for note in loaded.policy.kueue.notes() if loaded.policy.kueue else ():
+            log.info("access policy %s: %s", policy_file, note)
+        return loaded
+
     watched = WatchedFiles(
         [policy_file],
-        lambda contents: load_policy_file(policy_file, contents[0]).quotas,
+        load,
         what="access policy (quotas)",
+        follow=lambda loaded: loaded.followed,
     )
     backing = store.inner if isinstance(store, MeteredStore) else store
     ledger: QuotaLedger = (
@@ -194,7 +204,7 @@ def build_quotas(
     )
     known = dict(classes)
     return QuotaGuard(
-        watched.current,
+        lambda: watched.current().policy.quotas,
         ledger,
         lambda: known,
         selectors,

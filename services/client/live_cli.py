@@ -64,7 +64,13 @@ from services.client.live_output import (
     table,
     write_structured,
 )
-from services.client.results import Placement, Reservation, ReservationChange, ReservationState
+from services.client.results import (
+    CohortQuota,
+    Placement,
+    Reservation,
+    ReservationChange,
+    ReservationState,
+)
 from services.client.selectors import parse_selector
 from services.common.config import env_duration, read_document_limits
 from services.common.dra.model import DeviceClass, ResourceClaim
@@ -417,40 +423,74 @@ def _devices_text(reservation: Reservation, shown: int = 3) -> str:
 
 
 def _get_quotas(args: argparse.Namespace, session: Session, out: TextIO) -> int:
+    """Two tables, as `kubectl get` prints two kinds: the tenants' rows (COHORT is the path
+    from the root cohort down to the tenant's own), then the cohorts above them, each named
+    by its path so that the tree reads top down."""
     with session.allocator() as allocator:
-        quotas = allocator.quotas(args.names)
-    headers = [
-        "TENANT",
-        "RESOURCE",
-        "COHORT",
-        "NOMINAL",
-        "USED",
-        "BORROWED",
-        "LENT",
-        "LEFT",
-        "PENDING",
-    ]
-    if args.output == "wide":
-        headers += ["BORROWING-LIMIT", "LENDING-LIMIT"]
+        found = allocator.quota_status(args.names)
+    quotas, cohorts = found.tenants, found.cohorts
+    decay = any(q.decayed_usage for q in quotas)
+    wide = args.output == "wide"
+    headers = ["TENANT", "RESOURCE", "COHORT", "NOMINAL", "USED", "BORROWED", "LENT", "LEFT"]
+    headers += ["SHARE"] if found.fair_sharing or wide else []
+    headers += ["DECAYED"] if decay else []
+    headers += ["PENDING"]
+    if wide:
+        headers += ["BORROWING-LIMIT", "LENDING-LIMIT", "WEIGHT"]
+        headers += ["DECAYED-USAGE"] if decay else []
     rows: list[Sequence[object]] = []
     for q in quotas:
         row: list[object] = [
             q.tenant,
             q.resource,
-            q.cohort or "-",
+            "/".join(q.cohort_path) or "-",
             q.nominal,
             q.used,
             q.borrowed,
             q.lent,
             q.left,
-            q.pending_preemptions,
         ]
-        if args.output == "wide":
-            row += [q.borrowing_limit or "-", q.lending_limit or "-"]
+        row += [_share_text(q.weighted_share)] if found.fair_sharing or wide else []
+        row += [q.decayed_used or "0"] if decay else []
+        row += [q.pending_preemptions]
+        if wide:
+            row += [q.borrowing_limit or "-", q.lending_limit or "-", q.fair_sharing_weight]
+            row += [q.decayed_usage or "-"] if decay else []
         rows.append(row)
-    items = [dataclasses.asdict(q) for q in quotas]
-    _outputs(args, items, [f"quota/{q.tenant}/{q.resource}" for q in quotas], headers, rows, out)
+    if args.output in ("json", "yaml", "name"):
+        items = [{"kind": "TenantQuota", **dataclasses.asdict(q)} for q in quotas]
+        items += [{"kind": "CohortQuota", **dataclasses.asdict(c)} for c in cohorts]
+        names = [f"quota/{q.tenant}/{q.resource}" for q in quotas]
+        names += [f"cohortquota/{c.cohort}/{c.resource}" for c in cohorts]
+        _outputs(args, items, names, headers, rows, out)
+        return 0
+    _outputs(args, [], [], headers, rows, out)
+    if cohorts:
+        out.write("\n" + table(*_cohort_table(cohorts, found.fair_sharing, wide)))
     return 0
+
+
+def _cohort_table(
+    cohorts: Sequence[CohortQuota], fair_sharing: bool, wide: bool
+) -> tuple[list[str], list[Sequence[object]]]:
+    headers = ["COHORT", "RESOURCE", "NOMINAL", "SUBTREE", "USED", "BORROWED", "LENT", "LEFT"]
+    headers += ["SHARE"] if fair_sharing or wide else []
+    if wide:
+        headers += ["BORROWING-LIMIT", "LENDING-LIMIT", "WEIGHT"]
+    rows: list[Sequence[object]] = []
+    for c in sorted(cohorts, key=lambda c: (*c.cohort_path, c.cohort)):
+        row: list[object] = ["/".join((*c.cohort_path, c.cohort)), c.resource, c.nominal]
+        row += [c.subtree_quota, c.used, c.borrowed, c.lent, c.left]
+        row += [_share_text(c.weighted_share)] if fair_sharing or wide else []
+        if wide:
+            row += [c.borrowing_limit or "-", c.lending_limit or "-", c.fair_sharing_weight]
+        rows.append(row)
+    return headers, rows
+
+
+def _share_text(share: int) -> str:
+    """Kueue's weightedShare; its largest int64 (a weight of 0 while borrowing) as `inf`."""
+    return "inf" if share >= 2**63 - 1 else str(share)
 
 
 GET_RESOURCES: dict[str, GetResource] = {

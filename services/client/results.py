@@ -145,6 +145,45 @@ class TenantQuota:
     # the tenant's reservations revoked by a preemption whose holders were not told yet
     pending_preemptions: int = 0
     pending_preemption_ids: tuple[str, ...] = ()  # the oldest of them
+    cohort_path: tuple[str, ...] = ()  # the cohorts from the root down to its own
+    fair_sharing_weight: str = "1"
+    weighted_share: int = 0  # Kueue's weightedShare: per tenant, its dominant resource share
+    dominant_resource: str = ""
+    decayed_used: str = ""  # its usage of the resource with a half-life ("" when not configured)
+    decayed_usage: str = ""  # per tenant: the weighted sum, what a bridge orders its queue by
+    decayed_at: float | None = None  # when it was sampled (seconds since the epoch)
+
+
+@dataclass(frozen=True)
+class CohortQuota:
+    """One cohort's standing on one quota resource, as QuotaStatus answers it (Kueue's
+    hierarchical Cohort; Kubernetes quantities; an empty limit is unlimited)."""
+
+    cohort: str
+    resource: str
+    cohort_path: tuple[str, ...]  # the cohorts from the root down to its parent
+    nominal: str
+    subtree_quota: str
+    used: str
+    borrowed: str
+    lent: str
+    left: str
+    borrowing_limit: str = ""
+    lending_limit: str = ""
+    fair_sharing_weight: str = "1"
+    weighted_share: int = 0
+    dominant_resource: str = ""
+
+
+@dataclass(frozen=True)
+class QuotaStatus:
+    """QuotaStatus's answer: the tenants' rows, the cohorts above them, and whether quotas and
+    fair sharing are on."""
+
+    tenants: tuple[TenantQuota, ...]
+    cohorts: tuple[CohortQuota, ...] = ()
+    enabled: bool = False
+    fair_sharing: bool = False
 
 
 @dataclass(frozen=True)

@@ -177,6 +177,12 @@ def _parse_duration(text: str) -> float | None:
         pass
     else:
         return seconds if math.isfinite(seconds) else None
+    return parse_go_duration(text)
+
+
+def parse_go_duration(text: str) -> float | None:
+    """Seconds from a Go duration (`168h`, `5m`, `1h30m`, `500ms`; Kubernetes' metav1.Duration
+    without a sign); None when `text` is not one."""
     position, total = 0, 0.0
     for match in _DURATION_PART.finditer(text):
         if match.start() != position:

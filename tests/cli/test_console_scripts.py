@@ -201,6 +201,12 @@ CASES = {
     "serve-on-a-port-another-server-holds": Case(
         ("gpualloc", "serve", "--demo", "--listen", SERVER), 2
     ),
+    "policy-check-of-a-missing-file": Case(
+        ("gpualloc", "policy", "check", "nowhere/policy.yaml"), 2, stderr="No such file"
+    ),
+    "policy-check-of-an-invalid-file": Case(
+        ("gpualloc", "policy", "check", "examples/deviceclasses.yaml"), 2, stderr="not valid YAML"
+    ),
     "load-flag-only-without-a-host": Case(
         ("gpualloc-load", "--insecure", "--call", "grpc.health.v1.Health/Check"),
         2,

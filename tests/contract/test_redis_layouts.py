@@ -23,6 +23,7 @@ from services.allocator.reservations.model import (
     PendingPreemptions,
     Reservation,
     ReservationState,
+    reserve_placement,
 )
 from services.common.errors import Preempted, Unavailable
 from services.common.redis_layout import connect
@@ -79,7 +80,7 @@ def test_cluster_library_is_on_every_primary_and_reloaded(
 ) -> None:
     nodes = _nodes_on_distinct_shards(redis_cluster.url)
     for node in nodes:
-        cluster_store.reserve(reserve_request(device("gpu-0", node), node=node))
+        reserve_placement(cluster_store, [reserve_request(device("gpu-0", node), node=node)])[0]
     for primary in redis_cluster.primaries():
         with primary.client() as client:
             libraries = [
@@ -89,7 +90,7 @@ def test_cluster_library_is_on_every_primary_and_reloaded(
     with redis_cluster.primaries()[0].client() as client:
         client.function_flush()  # a primary without the library (a resharding onto a new one)
     for node in nodes:
-        cluster_store.reserve(reserve_request(device("gpu-1", node), node=node))
+        reserve_placement(cluster_store, [reserve_request(device("gpu-1", node), node=node)])[0]
     assert len(cluster_store.list()) == 6
     assert {r.node for r in cluster_store.list()} == set(nodes)
 
@@ -100,7 +101,7 @@ def test_cluster_nodes_index_is_one_set_per_bucket(
     """No cross-slot key: the index is NODE_BUCKETS sets, each a single-key command."""
     nodes = [f"node-{i}" for i in range(40)]
     for node in nodes:
-        cluster_store.reserve(reserve_request(device("gpu-0", node), node=node))
+        reserve_placement(cluster_store, [reserve_request(device("gpu-0", node), node=node)])[0]
     client = connect(redis_cluster.url, socket_timeout=1.0)
     try:
         members: set[str] = set()
@@ -125,7 +126,7 @@ def test_a_plain_url_to_one_cluster_node_is_unavailable_not_internal(
         outcomes = []
         for node in nodes:
             try:
-                store.reserve(reserve_request(device("gpu-0", node), node=node))
+                reserve_placement(store, [reserve_request(device("gpu-0", node), node=node)])[0]
                 outcomes.append("reserved")
             except Unavailable as error:
                 assert "MovedError" in str(error)
@@ -145,7 +146,7 @@ def test_wait_acknowledges_once_a_replica_has_the_step(
     url: str = request.getfixturevalue(f"redis_{layout}_url")
     store = RedisReservationStore(url, socket_timeout=3.0, wait_replicas=1, wait_timeout=2.0)
     try:
-        reservation = store.reserve(reserve_request(GPU0, key="k1"))
+        reservation = reserve_placement(store, [reserve_request(GPU0, key="k1")])[0]
         committed = store.commit(reservation.id, "alice")
         assert committed.state is ReservationState.COMMITTED
     finally:
@@ -162,9 +163,9 @@ def test_wait_without_enough_replicas_is_unavailable_and_retryable(
     plain = RedisReservationStore(server.url)
     try:
         with pytest.raises(Unavailable, match="confirmed by 0 of 1"):
-            store.reserve(reserve_request(GPU0, key="k1"))
+            reserve_placement(store, [reserve_request(GPU0, key="k1")])[0]
         [held] = plain.list()
-        assert plain.reserve(reserve_request(GPU0, key="k1")).id == held.id
+        assert reserve_placement(plain, [reserve_request(GPU0, key="k1")])[0].id == held.id
         with pytest.raises(Unavailable, match="confirmed by 0 of 1"):
             store.commit(held.id, "alice")
         assert plain.get(held.id).state is ReservationState.COMMITTED
@@ -181,13 +182,16 @@ def test_sentinel_failover_is_followed_and_waited_commits_survive(
     try:
         committed = []
         for index in range(10):
-            reservation = store.reserve(reserve_request(device(f"gpu-{index}")))
+            reservation = reserve_placement(store, [reserve_request(device(f"gpu-{index}"))])[0]
             committed.append(store.commit(reservation.id, "alice").id)
         old = group.primary()
         old.stop(kill=True)
 
         store_wait_off = RedisReservationStore(group.url, socket_timeout=0.5)
-        took = _until("reserve after failover", lambda: store_wait_off.reserve(reserve_request()))
+        took = _until(
+            "reserve after failover",
+            lambda: reserve_placement(store_wait_off, [reserve_request()])[0],
+        )
         store_wait_off.close()
         assert group.primary() is not old
         assert took < FAILOVER_S
@@ -208,9 +212,9 @@ def test_cluster_failover_is_followed_and_waited_commits_survive(
         committed = []
         for node in nodes:
             for index in range(4):
-                reservation = store.reserve(
-                    reserve_request(device(f"gpu-{index}", node), node=node)
-                )
+                reservation = reserve_placement(
+                    store, [reserve_request(device(f"gpu-{index}", node), node=node)]
+                )[0]
                 committed.append(store.commit(reservation.id, "alice").id)
         victim_node = nodes[0]
         client = connect(group.url, socket_timeout=1.0)
@@ -223,9 +227,9 @@ def test_cluster_failover_is_followed_and_waited_commits_survive(
         wait_off = RedisReservationStore(group.url, socket_timeout=0.5)
         took = _until(
             "reserve on the failed shard",
-            lambda: wait_off.reserve(
-                reserve_request(device("gpu-9", victim_node), node=victim_node)
-            ),
+            lambda: reserve_placement(
+                wait_off, [reserve_request(device("gpu-9", victim_node), node=victim_node)]
+            )[0],
         )
         wait_off.close()
         assert took < FAILOVER_S
@@ -235,13 +239,18 @@ def test_cluster_failover_is_followed_and_waited_commits_survive(
         # The promoted replica has no replica of its own: WAIT 1 cannot be confirmed there
         # until the old primary is back (as its replica).
         with pytest.raises(Unavailable, match="confirmed by 0 of 1"):
-            store.reserve(reserve_request(device("gpu-8", victim_node), node=victim_node))
+            reserve_placement(
+                store, [reserve_request(device("gpu-8", victim_node), node=victim_node)]
+            )[0]
         killed.start()
         _until(
             "WAIT after the old primary rejoined",
-            lambda: store.reserve(  # the key: a grant whose WAIT failed is found, not doubled
-                reserve_request(device("gpu-7", victim_node), node=victim_node, key="rejoin")
-            ),
+            lambda: reserve_placement(
+                store,
+                [  # the key: a grant whose WAIT failed is found, not doubled
+                    reserve_request(device("gpu-7", victim_node), node=victim_node, key="rejoin")
+                ],
+            )[0],
         )
     finally:
         store.close()
@@ -260,7 +269,9 @@ def test_a_shard_that_is_down_makes_only_its_nodes_unavailable(
     assert isinstance(client, RedisCluster)
     try:
         for node in nodes:  # known to this process: the index is not needed again
-            store.reserve(reserve_request(device("gpu-0", node), node=node, lease=0.5))
+            reserve_placement(
+                store, [reserve_request(device("gpu-0", node), node=node, lease=0.5)]
+            )[0]
         dead = client.get_node_from_key(f"gpualloc:{{{nodes[0]}}}:ids")  # type: ignore[no-untyped-call]
         on_dead = {n for n in nodes if client.get_node_from_key(f"gpualloc:{{{n}}}:ids") == dead}  # type: ignore[no-untyped-call]
         with redis.Redis(host=dead.host, port=dead.port, decode_responses=True) as primary:
@@ -272,9 +283,9 @@ def test_a_shard_that_is_down_makes_only_its_nodes_unavailable(
         for node in nodes:
             if node in on_dead:
                 with pytest.raises(Unavailable):
-                    store.reserve(reserve_request(device("gpu-1", node), node=node))
+                    reserve_placement(store, [reserve_request(device("gpu-1", node), node=node)])[0]
                 continue
-            held = store.reserve(reserve_request(device("gpu-1", node), node=node))
+            held = reserve_placement(store, [reserve_request(device("gpu-1", node), node=node)])[0]
             store.release(store.commit(held.id, "alice").id, "alice")
         time.sleep(0.6)
         assert store.expire() > 0  # the leases of live shards' nodes the live index sets name
@@ -297,7 +308,10 @@ def test_resharding_onto_a_new_primary_keeps_every_reservation(
     store = RedisReservationStore(group.url, socket_timeout=2.0)
     try:
         nodes = [f"node-{i}" for i in range(20)]
-        held = {n: store.reserve(reserve_request(device("gpu-0", n), node=n)) for n in nodes}
+        held = {
+            n: reserve_placement(store, [reserve_request(device("gpu-0", n), node=n)])[0]
+            for n in nodes
+        }
         committed = store.commit(held[nodes[0]].id, "alice")
         before = {r.id for r in store.list()}
 
@@ -339,7 +353,7 @@ def test_resharding_onto_a_new_primary_keeps_every_reservation(
         assert store.commit(held[nodes[1]].id, "alice").state is ReservationState.COMMITTED
         for node in nodes[1:]:
             store.release(held[node].id, "alice")
-            store.reserve(reserve_request(device("gpu-1", node), node=node))
+            reserve_placement(store, [reserve_request(device("gpu-1", node), node=node)])[0]
         assert len(store.list()) == len(nodes)
         with new.client() as client:
             assert len(client.function_list()) == 1  # loaded where a call found it missing
@@ -373,12 +387,12 @@ def test_the_documented_acl_user_runs_the_store_and_the_inventory(
     store = RedisReservationStore(url, wait_replicas=1, wait_timeout=0.05)
     try:
         with pytest.raises(Unavailable, match="confirmed by 0 of 1"):  # WAIT ran, no replica
-            store.reserve(reserve_request(GPU0, key="k"))
+            reserve_placement(store, [reserve_request(GPU0, key="k")])[0]
         [held] = store.list()
         store.release(held.id, "alice")
         assert store.expire() == 0
         with pytest.raises(Unavailable, match="confirmed by 0 of 1"):
-            store.reserve(reserve_request(GPU0, owner="team-a/job/1", key="p"))
+            reserve_placement(store, [reserve_request(GPU0, owner="team-a/job/1", key="p")])[0]
         [victim] = store.list()
         with pytest.raises(Unavailable, match="confirmed by 0 of 1"):  # revoked on the primary
             store.revoke(victim.id, victim.fencing_token, by="team-b/job/2")
@@ -418,11 +432,11 @@ def _store_round_trip(url: str) -> None:
     """Reserve (confirmed by a replica: WAIT), list, renew, preempt, release, expire at `url`."""
     store = RedisReservationStore(url, socket_timeout=3.0, wait_replicas=1, wait_timeout=2.0)
     try:
-        held = store.reserve(reserve_request(GPU0, key="k"))
+        held = reserve_placement(store, [reserve_request(GPU0, key="k")])[0]
         assert [r.id for r in store.list()] == [held.id]
         store.renew(held.id, held.owner, 30)
         store.release(held.id, held.owner)
-        victim = store.reserve(reserve_request(GPU0, owner="team-a/job/1", key="p"))
+        victim = reserve_placement(store, [reserve_request(GPU0, owner="team-a/job/1", key="p")])[0]
         store.revoke(victim.id, victim.fencing_token, by="team-b/job/2")
         assert store.pending_preemptions(["team-a"]) == {
             "team-a": PendingPreemptions(1, (victim.id,))

@@ -18,7 +18,7 @@ from services.allocator.adapters.store.redis_store import (
     NODE_BUCKETS,
     RedisReservationStore,
 )
-from services.allocator.reservations.model import ReservationState
+from services.allocator.reservations.model import ReservationState, reserve_placement
 from services.common.errors import Conflict, InvalidArgument, NotFound, Unavailable
 from tests.conftest import RedisServer, RedisServerFactory
 from tests.contract.conftest import capacity, counter, device, mem, reserve_request
@@ -44,9 +44,9 @@ def store(redis_url: str) -> Iterator[RedisReservationStore]:
 
 
 def test_one_node_keys_share_a_slot(store: RedisReservationStore, raw: redis.Redis) -> None:
-    reservation = store.reserve(
-        reserve_request(GPU0, uses=[mem(1000), mem(10, 80, capacity())], key="k1")
-    )
+    reservation = reserve_placement(
+        store, [reserve_request(GPU0, uses=[mem(1000), mem(10, 80, capacity())], key="k1")]
+    )[0]
 
     base = "gpualloc:{node-1}:"
     bucket = f"gpualloc:nodes:{{{zlib.crc32(b'node-1') % NODE_BUCKETS}}}"
@@ -71,7 +71,7 @@ def test_one_node_keys_share_a_slot(store: RedisReservationStore, raw: redis.Red
 def test_allocations_are_stored_as_kubernetes_json(
     store: RedisReservationStore, raw: redis.Redis
 ) -> None:
-    reservation = store.reserve(reserve_request(GPU0))
+    reservation = reserve_placement(store, [reserve_request(GPU0)])[0]
 
     doc = json.loads(raw.hget("gpualloc:{node-1}:res:" + reservation.id, "doc") or "{}")
 
@@ -90,13 +90,13 @@ def test_allocations_are_stored_as_kubernetes_json(
 def test_library_is_reloaded_after_function_flush(
     store: RedisReservationStore, raw: redis.Redis
 ) -> None:
-    first = store.reserve(reserve_request(GPU0))
+    first = reserve_placement(store, [reserve_request(GPU0)])[0]
 
     raw.function_flush()
 
     assert store.get(first.id) == first
     with pytest.raises(Conflict):
-        store.reserve(reserve_request(GPU0))
+        reserve_placement(store, [reserve_request(GPU0)])[0]
     raw.function_flush()
     assert store.expire() == 0
     assert raw.fcall_ro("gpualloc_version", 0) == LIBRARY_VERSION
@@ -112,7 +112,7 @@ def test_an_older_library_is_replaced(redis_url: str, raw: redis.Redis) -> None:
 
     store = RedisReservationStore(redis_url)
     try:
-        reservation = store.reserve(reserve_request(GPU0))
+        reservation = reserve_placement(store, [reserve_request(GPU0)])[0]
         assert store.get(reservation.id) == reservation
     finally:
         store.close()
@@ -126,9 +126,9 @@ def test_stale_index_entries_read_as_not_found(
 
     with pytest.raises(NotFound):
         store.get("res-crashed")
-    winner = store.reserve(reserve_request(GPU0))
+    winner = reserve_placement(store, [reserve_request(GPU0)])[0]
     with pytest.raises(Conflict):
-        store.reserve(reserve_request(GPU0))
+        reserve_placement(store, [reserve_request(GPU0)])[0]
     store.release(winner.id, "alice")
     assert raw.hkeys("gpualloc:reservations") == ["res-crashed"]
 
@@ -137,7 +137,7 @@ def test_nodes_an_older_version_indexed_are_walked(
     store: RedisReservationStore, raw: redis.Redis
 ) -> None:
     """Older versions kept every node in one set `<prefix>:nodes`: List and expiry read it too."""
-    mine = store.reserve(reserve_request(device("gpu-9")))  # loads the library
+    mine = reserve_placement(store, [reserve_request(device("gpu-9"))])[0]  # loads the library
     raw.delete(f"gpualloc:nodes:{{{zlib.crc32(b'node-1') % NODE_BUCKETS}}}")
     _legacy_reserve(raw, "res-legacy-2", device("gpu-1"))
     _legacy_reserve(raw, "res-legacy", GPU0, lease_ms=1)
@@ -177,16 +177,16 @@ def test_ids_an_older_version_indexed_still_work(
     raw: redis.Redis,
     finish: Callable[[RedisReservationStore, str], None],
 ) -> None:
-    store.reserve(reserve_request(device("gpu-9")))  # loads the library
+    reserve_placement(store, [reserve_request(device("gpu-9"))])[0]  # loads the library
     _legacy_reserve(raw, "res-legacy", GPU0)
 
     assert store.get("res-legacy").node == "node-1"
     with pytest.raises(Conflict):
-        store.reserve(reserve_request(GPU0))
+        reserve_placement(store, [reserve_request(GPU0)])[0]
     finish(store, "res-legacy")
 
     assert raw.hkeys("gpualloc:reservations") == []
-    assert store.reserve(reserve_request(GPU0)).node == "node-1"
+    assert reserve_placement(store, [reserve_request(GPU0)])[0].node == "node-1"
 
 
 @pytest.mark.parametrize(
@@ -201,7 +201,7 @@ def test_ids_an_older_version_indexed_still_work(
 def test_ids_that_name_a_wrong_node_are_not_found(
     store: RedisReservationStore, reservation_id: str
 ) -> None:
-    store.reserve(reserve_request(GPU0))
+    reserve_placement(store, [reserve_request(GPU0)])[0]
 
     with pytest.raises(NotFound):
         store.get(reservation_id)
@@ -211,7 +211,7 @@ def test_ids_that_name_a_wrong_node_are_not_found(
 
 def test_node_names_cannot_break_the_hash_tag(store: RedisReservationStore) -> None:
     with pytest.raises(InvalidArgument) as raised:
-        store.reserve(reserve_request(GPU0, node="node-{1}"))
+        reserve_placement(store, [reserve_request(GPU0, node="node-{1}")])[0]
 
     assert raised.value.field_path == "node"
 
@@ -221,7 +221,7 @@ def test_events_are_json_on_the_channel(store: RedisReservationStore, raw: redis
     pubsub.subscribe(store.channel)
     time.sleep(0.05)
 
-    reservation = store.reserve(reserve_request(GPU0))
+    reservation = reserve_placement(store, [reserve_request(GPU0)])[0]
     deadline, message = time.monotonic() + 2.0, None
     while message is None and time.monotonic() < deadline:
         message = pubsub.get_message(timeout=0.1)  # the first read swallows the confirmation
@@ -243,12 +243,12 @@ def test_events_are_json_on_the_channel(store: RedisReservationStore, raw: redis
 def test_stopped_redis_is_unavailable_quickly(redis_server_factory: RedisServerFactory) -> None:
     server = redis_server_factory()
     store = RedisReservationStore(server.url, socket_timeout=0.5, backoff_seconds=0.01)
-    store.reserve(reserve_request(GPU0))
+    reserve_placement(store, [reserve_request(GPU0)])[0]
 
     server.stop(kill=True)
     for call in (
-        lambda: store.reserve(reserve_request(device("gpu-1"))),
-        lambda: store.reserve(reserve_request(device("gpu-1"), key="k")),  # retried
+        lambda: reserve_placement(store, [reserve_request(device("gpu-1"))])[0],
+        lambda: reserve_placement(store, [reserve_request(device("gpu-1"), key="k")])[0],  # retried
         store.live,
     ):
         started = time.monotonic()
@@ -257,7 +257,7 @@ def test_stopped_redis_is_unavailable_quickly(redis_server_factory: RedisServerF
         assert time.monotonic() - started < 1.5
 
     server.start()
-    assert store.reserve(reserve_request(device("gpu-1"))).node == "node-1"
+    assert reserve_placement(store, [reserve_request(device("gpu-1"))])[0].node == "node-1"
     store.close()
 
 
@@ -266,14 +266,14 @@ def test_hung_redis_is_unavailable_after_the_socket_timeout(
 ) -> None:
     server = redis_server_factory()
     store = RedisReservationStore(server.url, socket_timeout=0.3, retries=0)
-    store.reserve(reserve_request(GPU0))
+    reserve_placement(store, [reserve_request(GPU0)])[0]
     pid = int(server.client().info("server")["process_id"])
 
     os.kill(pid, signal.SIGSTOP)
     try:
         started = time.monotonic()
         with pytest.raises(Unavailable):
-            store.reserve(reserve_request(device("gpu-1")))
+            reserve_placement(store, [reserve_request(device("gpu-1"))])[0]
         elapsed = time.monotonic() - started
     finally:
         os.kill(pid, signal.SIGCONT)
@@ -287,9 +287,9 @@ def test_aof_restart_keeps_reservations_and_fencing(
 ) -> None:
     server = redis_server_factory(appendonly=True, extra_args=("--appendfsync", "always"))
     store = RedisReservationStore(server.url, socket_timeout=1.0)
-    committed = store.reserve(reserve_request(GPU0))
+    committed = reserve_placement(store, [reserve_request(GPU0)])[0]
     committed = store.commit(committed.id, "alice")
-    leased = store.reserve(reserve_request(device("gpu-1")))
+    leased = reserve_placement(store, [reserve_request(device("gpu-1"))])[0]
 
     server.stop(kill=True)
     server.start()
@@ -297,8 +297,8 @@ def test_aof_restart_keeps_reservations_and_fencing(
     assert store.get(committed.id) == committed
     assert store.get(leased.id) == leased  # the lease's absolute expiry survived too
     with pytest.raises(Conflict):
-        store.reserve(reserve_request(GPU0, owner="bob"))
-    after = store.reserve(reserve_request(device("gpu-2")))
+        reserve_placement(store, [reserve_request(GPU0, owner="bob")])[0]
+    after = reserve_placement(store, [reserve_request(device("gpu-2"))])[0]
     assert after.fencing_token == leased.fencing_token + 1
     assert store.get(committed.id).state is ReservationState.COMMITTED
     store.close()
@@ -312,11 +312,11 @@ def test_acl_user_in_the_url(redis_server_factory: RedisServerFactory) -> None:
     bad = f"redis://gpualloc:wrong@{server.host}:{server.port}/0"
 
     with_good = RedisReservationStore(good)
-    assert with_good.reserve(reserve_request(GPU0)).owner == "alice"
+    assert reserve_placement(with_good, [reserve_request(GPU0)])[0].owner == "alice"
     with_good.close()
     with_bad = RedisReservationStore(bad, retries=0)
     with pytest.raises(Unavailable):
-        with_bad.reserve(reserve_request(GPU0))
+        reserve_placement(with_bad, [reserve_request(GPU0)])[0]
     with_bad.close()
 
 
@@ -325,11 +325,11 @@ def test_fencing_tokens_keep_increasing_after_data_loss(
 ) -> None:
     server = redis_server_factory()  # no persistence: a restart loses everything
     store = RedisReservationStore(server.url, socket_timeout=1.0)
-    before = store.reserve(reserve_request(GPU0))
+    before = reserve_placement(store, [reserve_request(GPU0)])[0]
 
     server.stop(kill=True)
     server.start()
-    after = store.reserve(reserve_request(GPU0))
+    after = reserve_placement(store, [reserve_request(GPU0)])[0]
 
     assert after.fencing_token > before.fencing_token
     assert before.fencing_token > before.created_at * 1000  # seeded from the server's clock

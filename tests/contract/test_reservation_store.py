@@ -22,6 +22,8 @@ from services.allocator.reservations.model import (
     ReservationEvent,
     ReservationState,
     ReserveRequest,
+    reserve_placement,
+    reserved,
 )
 from services.allocator.reservations.model import ReservationEventOp as Op
 from services.common.dra.model import (
@@ -95,7 +97,7 @@ def test_reserve_round_trips_every_field(store: Store) -> None:
         priority_class="batch-low",
     )
 
-    reservation = store.reserve(request)
+    reservation = reserve_placement(store, [request])[0]
 
     assert reservation.state is ReservationState.RESERVED
     assert (reservation.owner, reservation.node) == ("slurm/job-1234", "node-1")
@@ -119,7 +121,9 @@ RESERVATION_ID = re.compile(r"res-[0-9a-f]{32}@(?P<node>.+)")
 )
 def test_ids_are_res_hex_at_node_in_every_store(store: Store, node: str) -> None:
     """docs/reservations.md, "Ids": `res-<32 random hex>@<node>`, whichever store mints it."""
-    reservation = store.reserve(reserve_request(device("gpu-0", pool=node), node=node))
+    reservation = reserve_placement(
+        store, [reserve_request(device("gpu-0", pool=node), node=node)]
+    )[0]
 
     match = RESERVATION_ID.fullmatch(reservation.id)
     assert match is not None, reservation.id
@@ -129,9 +133,15 @@ def test_ids_are_res_hex_at_node_in_every_store(store: Store, node: str) -> None
 
 def test_list_filters_by_owner_and_node_sorted_by_node_then_id(store: Store) -> None:
     made = [
-        store.reserve(reserve_request(device("gpu-0", "node-b"), node="node-b", owner="bob")),
-        store.reserve(reserve_request(device("gpu-0", "node-a"), node="node-a", owner="alice")),
-        store.reserve(reserve_request(device("gpu-1", "node-a"), node="node-a", owner="bob")),
+        reserve_placement(
+            store, [reserve_request(device("gpu-0", "node-b"), node="node-b", owner="bob")]
+        )[0],
+        reserve_placement(
+            store, [reserve_request(device("gpu-0", "node-a"), node="node-a", owner="alice")]
+        )[0],
+        reserve_placement(
+            store, [reserve_request(device("gpu-1", "node-a"), node="node-a", owner="bob")]
+        )[0],
     ]
     by_key = sorted(made, key=lambda r: (r.node, r.id))
 
@@ -195,13 +205,13 @@ CONFLICT_CASES = [
 
 @pytest.mark.parametrize("case", CONFLICT_CASES)
 def test_reserve_conflicts(store: Store, case: ConflictCase) -> None:
-    first = store.reserve(case.first)
+    first = reserve_placement(store, [case.first])[0]
 
     if not case.conflicts:
-        assert store.reserve(case.second).id != first.id
+        assert reserve_placement(store, [case.second])[0].id != first.id
         return
     with pytest.raises(Conflict) as raised:
-        store.reserve(case.second)
+        reserve_placement(store, [case.second])[0]
 
     assert raised.value.conflicts == case.conflicts
     for part in case.message_parts:
@@ -210,22 +220,27 @@ def test_reserve_conflicts(store: Store, case: ConflictCase) -> None:
 
 
 def test_counter_fills_to_its_limit_then_frees_on_release(store: Store) -> None:
-    taken = [store.reserve(reserve_request(uses=[mem(1000)], owner=f"o{i}")) for i in range(7)]
+    taken = [
+        reserve_placement(store, [reserve_request(uses=[mem(1000)], owner=f"o{i}")])[0]
+        for i in range(7)
+    ]
 
     with pytest.raises(Conflict) as raised:
-        store.reserve(reserve_request(uses=[mem(1000)]))
+        reserve_placement(store, [reserve_request(uses=[mem(1000)])])[0]
     assert "needs 1000 has 0 free" in raised.value.message
 
     store.release(taken[3].id, "o3")
-    assert store.reserve(reserve_request(uses=[mem(1000)])).hold.uses == (mem(1000),)
+    assert reserve_placement(store, [reserve_request(uses=[mem(1000)])])[0].hold.uses == (
+        mem(1000),
+    )
 
 
 def test_uses_of_one_key_in_a_hold_are_summed(store: Store) -> None:
-    reservation = store.reserve(reserve_request(uses=[mem(3000), mem(3000)]))
+    reservation = reserve_placement(store, [reserve_request(uses=[mem(3000), mem(3000)])])[0]
 
     assert reservation.hold.uses == (mem(6000),)
     with pytest.raises(Conflict):
-        store.reserve(reserve_request(uses=[mem(1001)]))
+        reserve_placement(store, [reserve_request(uses=[mem(1001)])])[0]
 
 
 INVALID_REQUESTS = [
@@ -246,7 +261,7 @@ INVALID_REQUESTS = [
 @pytest.mark.parametrize(("request_", "path"), INVALID_REQUESTS)
 def test_invalid_requests_name_the_field(store: Store, request_: ReserveRequest, path: str) -> None:
     with pytest.raises(InvalidArgument) as raised:
-        store.reserve(request_)
+        reserve_placement(store, [request_])[0]
 
     assert raised.value.field_path == path
     assert store.live() == []
@@ -257,16 +272,18 @@ def test_invalid_requests_name_the_field(store: Store, request_: ReserveRequest,
 
 def test_expired_lease_frees_its_holds(store_under_test: StoreUnderTest) -> None:
     store = store_under_test.store
-    short = store.reserve(reserve_request(GPU0, uses=[mem(7000)], lease=SHORT_LEASE))
+    short = reserve_placement(store, [reserve_request(GPU0, uses=[mem(7000)], lease=SHORT_LEASE)])[
+        0
+    ]
     with pytest.raises(Conflict):
-        store.reserve(reserve_request(GPU0, owner="bob"))
+        reserve_placement(store, [reserve_request(GPU0, owner="bob")])[0]
 
     store_under_test.wait(PAST_SHORT_LEASE)
 
     assert store.live() == []
     with pytest.raises(NotFound):
         store.get(short.id)
-    taken = store.reserve(reserve_request(GPU0, uses=[mem(7000)], owner="bob"))
+    taken = reserve_placement(store, [reserve_request(GPU0, uses=[mem(7000)], owner="bob")])[0]
     assert taken.owner == "bob"
     with pytest.raises(NotFound):
         store.commit(short.id, "alice")
@@ -274,9 +291,11 @@ def test_expired_lease_frees_its_holds(store_under_test: StoreUnderTest) -> None
 
 def test_expire_counts_the_leases_it_frees(store_under_test: StoreUnderTest) -> None:
     store = store_under_test.store
-    store.reserve(reserve_request(GPU0, lease=SHORT_LEASE))
-    store.reserve(reserve_request(device("gpu-0", "node-2"), node="node-2", lease=SHORT_LEASE))
-    kept = store.reserve(reserve_request(GPU1))
+    reserve_placement(store, [reserve_request(GPU0, lease=SHORT_LEASE)])[0]
+    reserve_placement(
+        store, [reserve_request(device("gpu-0", "node-2"), node="node-2", lease=SHORT_LEASE)]
+    )[0]
+    kept = reserve_placement(store, [reserve_request(GPU1)])[0]
 
     store_under_test.wait(PAST_SHORT_LEASE)
 
@@ -287,7 +306,7 @@ def test_expire_counts_the_leases_it_frees(store_under_test: StoreUnderTest) -> 
 
 def test_commit_makes_the_lease_permanent(store_under_test: StoreUnderTest) -> None:
     store = store_under_test.store
-    reserved = store.reserve(reserve_request(GPU0, lease=SHORT_LEASE))
+    reserved = reserve_placement(store, [reserve_request(GPU0, lease=SHORT_LEASE)])[0]
 
     committed = store.commit(reserved.id, "alice", reserved.fencing_token)
     store_under_test.wait(PAST_SHORT_LEASE)
@@ -299,12 +318,12 @@ def test_commit_makes_the_lease_permanent(store_under_test: StoreUnderTest) -> N
     assert store.commit(reserved.id, "alice") == committed  # committing twice is harmless
     assert store.expire() == 0
     with pytest.raises(Conflict):
-        store.reserve(reserve_request(GPU0, owner="bob"))
+        reserve_placement(store, [reserve_request(GPU0, owner="bob")])[0]
 
 
 def test_renew_extends_the_lease(store_under_test: StoreUnderTest) -> None:
     store = store_under_test.store
-    reserved = store.reserve(reserve_request(GPU0, lease=SHORT_LEASE))
+    reserved = reserve_placement(store, [reserve_request(GPU0, lease=SHORT_LEASE)])[0]
 
     renewed = store.renew(reserved.id, "alice", 30.0)
     store_under_test.wait(PAST_SHORT_LEASE)
@@ -341,7 +360,7 @@ REFUSALS = [
 
 @pytest.mark.parametrize(("call", "error"), REFUSALS)
 def test_refusals_change_nothing(store: Store, call: Call, error: type[Exception]) -> None:
-    reservation = store.reserve(reserve_request(GPU0))
+    reservation = reserve_placement(store, [reserve_request(GPU0)])[0]
 
     with pytest.raises(error):
         call(store, reservation)
@@ -350,7 +369,7 @@ def test_refusals_change_nothing(store: Store, call: Call, error: type[Exception
 
 
 def test_release_frees_once(store: Store) -> None:
-    reservation = store.reserve(reserve_request(GPU0, key="k"))
+    reservation = reserve_placement(store, [reserve_request(GPU0, key="k")])[0]
 
     store.release(reservation.id, "alice", reservation.fencing_token)
 
@@ -358,19 +377,19 @@ def test_release_frees_once(store: Store) -> None:
         store.release(reservation.id, "alice")
     with pytest.raises(NotFound):
         store.get(reservation.id)
-    assert store.reserve(reserve_request(GPU0, owner="bob")).owner == "bob"
+    assert reserve_placement(store, [reserve_request(GPU0, owner="bob")])[0].owner == "bob"
 
 
 @pytest.mark.parametrize("op", ["commit", "renew", "release"])
 def test_revoke_frees_and_later_changes_say_who_preempted(store: Store, op: str) -> None:
-    reservation = store.reserve(reserve_request(GPU0, owner="alice"))
+    reservation = reserve_placement(store, [reserve_request(GPU0, owner="alice")])[0]
     with pytest.raises(FailedPrecondition, match="stale"):
         store.revoke(reservation.id, reservation.fencing_token + 1, by="team-b/job/9")
     assert store.get(reservation.id) == reservation  # a stale token revokes nothing
 
     store.revoke(reservation.id, reservation.fencing_token, by="team-b/job/9")
 
-    assert store.reserve(reserve_request(GPU0, owner="bob")).owner == "bob"
+    assert reserve_placement(store, [reserve_request(GPU0, owner="bob")])[0].owner == "bob"
     with pytest.raises(NotFound):
         store.get(reservation.id)
     with pytest.raises(FailedPrecondition, match="was preempted by team-b/job/9"):
@@ -412,8 +431,10 @@ PENDING_CASES = [
 def test_a_revocation_is_pending_until_its_owner_is_told(
     store: Store, calls: list[tuple[Call, type[Exception]]], pending: int
 ) -> None:
-    victim = store.reserve(reserve_request(GPU0, owner="team-a/alice"))
-    kept = store.reserve(reserve_request(GPU1, owner="team-a/carol"))  # live: never pending
+    victim = reserve_placement(store, [reserve_request(GPU0, owner="team-a/alice")])[0]
+    kept = reserve_placement(store, [reserve_request(GPU1, owner="team-a/carol")])[
+        0
+    ]  # live: never pending
     store.revoke(victim.id, victim.fencing_token, by="team-b/job/9")
 
     for call, error in calls:
@@ -438,13 +459,15 @@ def test_pending_revocations_count_per_tenant_across_nodes(
     revoked = []
     for index, owner in enumerate(owners):
         node = f"node-{index % 3 + 1}"
-        held = store.reserve(reserve_request(device(f"gpu-{index}", node), owner=owner, node=node))
+        held = reserve_placement(
+            store, [reserve_request(device(f"gpu-{index}", node), owner=owner, node=node)]
+        )[0]
         store.revoke(held.id, held.fencing_token, by="hpc/urgent")
         revoked.append(held)
         store_under_test.wait(0.01)  # distinct revocation times: "oldest first" is defined
-    stale = store.reserve(
-        reserve_request(device("gpu-9", "node-2"), owner="team-b/x", node="node-2")
-    )
+    stale = reserve_placement(
+        store, [reserve_request(device("gpu-9", "node-2"), owner="team-b/x", node="node-2")]
+    )[0]
     with pytest.raises(FailedPrecondition, match="stale"):
         store.revoke(stale.id, stale.fencing_token + 1, by="hpc/urgent")  # revokes nothing
     with pytest.raises(Preempted):
@@ -465,7 +488,7 @@ def test_pending_revocations_count_per_tenant_across_nodes(
 
 def test_a_pending_revocation_ends_with_its_memory(store_under_test: StoreUnderTest) -> None:
     store = store_under_test.remembering(SHORT_LEASE)
-    victim = store.reserve(reserve_request(GPU0, owner="team-a/alice"))
+    victim = reserve_placement(store, [reserve_request(GPU0, owner="team-a/alice")])[0]
     store.revoke(victim.id, victim.fencing_token, by="team-b/job/9")
     assert store.pending_preemptions(["team-a"]) == {"team-a": PendingPreemptions(1, (victim.id,))}
 
@@ -481,7 +504,7 @@ def test_a_pending_revocation_ends_with_its_memory(store_under_test: StoreUnderT
 
 def test_fencing_tokens_increase_per_node_with_every_grant(store: Store) -> None:
     def on(node: str, name: str) -> Reservation:
-        return store.reserve(reserve_request(device(name, node), node=node))
+        return reserve_placement(store, [reserve_request(device(name, node), node=node)])[0]
 
     a1 = on("node-1", "gpu-0")
     b1 = on("node-2", "gpu-0")
@@ -506,16 +529,16 @@ def test_fencing_tokens_increase_per_node_with_every_grant(store: Store) -> None
 
 def test_idempotency_key_returns_the_live_reservation(store_under_test: StoreUnderTest) -> None:
     store = store_under_test.store
-    first = store.reserve(reserve_request(GPU0, key="attempt-1", lease=SHORT_LEASE))
+    first = reserve_placement(store, [reserve_request(GPU0, key="attempt-1", lease=SHORT_LEASE)])[0]
 
-    again = store.reserve(reserve_request(GPU0, key="attempt-1"))
-    other_owner = store.reserve(reserve_request(GPU1, key="attempt-1", owner="bob"))
+    again = reserve_placement(store, [reserve_request(GPU0, key="attempt-1")])[0]
+    other_owner = reserve_placement(store, [reserve_request(GPU1, key="attempt-1", owner="bob")])[0]
     store_under_test.wait(PAST_SHORT_LEASE)
-    after_expiry = store.reserve(reserve_request(GPU0, key="attempt-1"))
+    after_expiry = reserve_placement(store, [reserve_request(GPU0, key="attempt-1")])[0]
     committed = store.commit(after_expiry.id, "alice")
-    after_commit = store.reserve(reserve_request(GPU0, key="attempt-1"))
+    after_commit = reserve_placement(store, [reserve_request(GPU0, key="attempt-1")])[0]
     store.release(after_expiry.id, "alice")
-    after_release = store.reserve(reserve_request(GPU0, key="attempt-1"))
+    after_release = reserve_placement(store, [reserve_request(GPU0, key="attempt-1")])[0]
 
     assert again == first
     assert other_owner.id != first.id
@@ -532,7 +555,9 @@ def test_concurrent_retries_with_one_key_make_one_reservation(store: Store) -> N
 
     def retry() -> None:
         barrier.wait()
-        ids.append(store.reserve(reserve_request(GPU0, uses=[mem(4000)], key="once")).id)
+        ids.append(
+            reserve_placement(store, [reserve_request(GPU0, uses=[mem(4000)], key="once")])[0].id
+        )
 
     run_threads([retry] * threads)
 
@@ -545,16 +570,18 @@ def test_concurrent_retries_with_one_key_make_one_reservation(store: Store) -> N
 
 
 def test_gang_is_all_or_nothing(store: Store) -> None:
-    blocker = store.reserve(reserve_request(device("gpu-0", "node-3"), node="node-3", owner="bob"))
+    blocker = reserve_placement(
+        store, [reserve_request(device("gpu-0", "node-3"), node="node-3", owner="bob")]
+    )[0]
     gang = [reserve_request(device("gpu-0", f"node-{n}"), node=f"node-{n}") for n in (1, 2, 3)]
 
     with pytest.raises(Conflict) as raised:
-        store.reserve_gang(gang)
+        reserve_placement(store, gang)
 
     assert raised.value.conflicts == ("device:gpu.nvidia.com/node-3/gpu-0",)
     assert store.live() == [blocker]
     store.release(blocker.id, "bob")
-    taken = store.reserve_gang(gang)
+    taken = reserve_placement(store, gang)
     assert [r.node for r in taken] == ["node-1", "node-2", "node-3"]
     assert store.live() == taken
 
@@ -562,8 +589,12 @@ def test_gang_is_all_or_nothing(store: Store) -> None:
 def test_a_failed_gang_leaves_an_earlier_calls_reservation_of_the_same_key(store: Store) -> None:
     """A retry with the same idempotency key gets the first call's reservation back for a
     member; when another member then conflicts, only what the retry created is released."""
-    first = store.reserve(reserve_request(device("gpu-0", "node-1"), node="node-1", key="job-7"))
-    store.reserve(reserve_request(device("gpu-0", "node-2"), node="node-2", owner="bob"))
+    first = reserve_placement(
+        store, [reserve_request(device("gpu-0", "node-1"), node="node-1", key="job-7")]
+    )[0]
+    reserve_placement(
+        store, [reserve_request(device("gpu-0", "node-2"), node="node-2", owner="bob")]
+    )[0]
     retry = [
         reserve_request(device("gpu-1", "node-1"), node="node-1", key="job-7"),
         reserve_request(device("gpu-9", "node-3"), node="node-3", key="job-7"),
@@ -571,7 +602,7 @@ def test_a_failed_gang_leaves_an_earlier_calls_reservation_of_the_same_key(store
     ]
 
     with pytest.raises(Conflict):
-        store.reserve_gang(retry)
+        reserve_placement(store, retry)
 
     assert store.get(first.id) == first
     assert sorted(r.node for r in store.live()) == ["node-1", "node-2"]
@@ -581,9 +612,103 @@ def test_gang_with_an_invalid_member_takes_nothing(store: Store) -> None:
     gang = [reserve_request(GPU0), reserve_request(GPU1, lease=-1)]
 
     with pytest.raises(InvalidArgument):
-        store.reserve_gang(gang)
+        reserve_placement(store, gang)
 
     assert store.live() == []
+
+
+# --- many placements in one call ----------------------------------------------------------------
+
+
+def test_placements_of_one_call_fail_alone_and_see_the_ones_before_them(store: Store) -> None:
+    """One call, four placements on two nodes: the second wants the first's device (the first
+    wins: in order), the third is invalid, the fourth takes two nodes; each gets its own
+    outcome, and only the refused ones hold nothing."""
+    node2 = device("gpu-0", "node-2")
+    outcomes = store.reserve(
+        [
+            [reserve_request(GPU0)],
+            [reserve_request(GPU0, owner="bob")],
+            [reserve_request(GPU1, lease=-1)],
+            [reserve_request(GPU1), reserve_request(node2, node="node-2")],
+        ]
+    )
+
+    first, second, third, fourth = outcomes
+    assert isinstance(first, list) and [r.hold.devices for r in first] == [(GPU0,)]
+    assert isinstance(second, Conflict)
+    assert second.conflicts == (f"device:{GPU0}",)
+    assert second.holders == {f"device:{GPU0}": first[0].id}
+    assert isinstance(third, InvalidArgument) and third.field_path == "lease_seconds"
+    assert isinstance(fourth, list) and [r.node for r in fourth] == ["node-1", "node-2"]
+    assert sorted(r.id for r in store.live()) == sorted(r.id for r in [*first, *fourth])
+
+
+def test_a_placement_that_conflicts_on_one_node_leaves_the_others_of_the_call_held(
+    store: Store,
+) -> None:
+    """Three gangs in one call, all on node-1 and node-2; node-2's gpu-1 is taken, so the
+    middle gang (which wants it) fails whole, releasing its node-1 part, and the others hold."""
+    reserve_placement(store, [reserve_request(device("gpu-1", "node-2"), node="node-2", owner="x")])
+
+    def gang(index: int) -> list[ReserveRequest]:
+        return [
+            reserve_request(device(f"gpu-{index}", "node-1"), owner=f"job-{index}"),
+            reserve_request(device(f"gpu-{index}", "node-2"), node="node-2", owner=f"job-{index}"),
+        ]
+
+    zero, one, two = store.reserve([gang(0), gang(1), gang(2)])
+
+    assert isinstance(zero, list) and isinstance(two, list)
+    assert isinstance(one, Conflict) and one.conflicts == ("device:gpu.nvidia.com/node-2/gpu-1",)
+    assert sorted(r.owner for r in store.list(node="node-1")) == ["job-0", "job-2"]
+    assert sorted(r.owner for r in store.list(node="node-2")) == ["job-0", "job-2", "x"]
+
+
+def test_one_idempotency_key_twice_in_a_call_is_one_reservation(store: Store) -> None:
+    first, again, other = store.reserve(
+        [
+            [reserve_request(GPU0, key="job-1")],
+            [reserve_request(GPU0, key="job-1")],
+            [reserve_request(GPU1, key="job-2")],
+        ]
+    )
+
+    assert isinstance(first, list) and isinstance(again, list) and isinstance(other, list)
+    assert again == first
+    assert len(store.live()) == 2
+
+
+def test_a_call_of_no_placements_and_a_placement_of_no_request(store: Store) -> None:
+    assert store.reserve([]) == []
+    [empty] = store.reserve([[]])
+    assert isinstance(empty, InvalidArgument)
+
+
+def test_every_reservation_of_a_call_is_announced(store_under_test: StoreUnderTest) -> None:
+    """Grants of one call on one node reach subscribers as one event each (Redis sends them
+    in one message), with their own ids, tokens and owners, in order."""
+    store = store_under_test.store
+    events: list[ReservationEvent] = []
+    subscription = store.subscribe(events.append)
+    time.sleep(0.05)  # Redis: let the subscriber thread subscribe
+    node2 = device("gpu-0", "node-2")
+    outcomes = store.reserve(
+        [
+            [reserve_request(GPU0, owner="a")],
+            [reserve_request(GPU1, owner="b")],
+            [reserve_request(node2, node="node-2", owner="c")],
+            [reserve_request(GPU2, owner="d")],
+        ]
+    )
+    made = [r for outcome in outcomes for r in reserved(outcome)]
+    wait_for(lambda: len(events) >= 4)
+    subscription.close()
+
+    announced = {(e.op, e.id, e.node, e.fencing_token, e.owner) for e in events}
+    assert announced == {(Op.RESERVE, r.id, r.node, r.fencing_token, r.owner) for r in made}
+    on_node1 = [e.owner for e in events if e.node == "node-1"]
+    assert on_node1 == ["a", "b", "d"]
 
 
 # --- races ------------------------------------------------------------------------------------
@@ -604,7 +729,9 @@ def test_racing_overlapping_reserves_never_double_book(store: Store) -> None:
             picked = [device(d, node) for d in rng.sample(devices, rng.randint(0, 2))]
             uses = [LimitedUse(counter(pool=node), rng.choice((1000, 2000)), limit)]
             try:
-                granted.append(store.reserve(reserve_request(*picked, uses=uses, node=node)).id)
+                granted.append(
+                    reserve_placement(store, [reserve_request(*picked, uses=uses, node=node)])[0].id
+                )
             except Conflict as conflict:
                 refused.append(conflict)
 
@@ -629,7 +756,7 @@ def test_racing_overlapping_reserves_never_double_book(store: Store) -> None:
 def test_reported_conditions_merge_newest_per_device_and_type_and_outlive_commit(
     store: Store,
 ) -> None:
-    reservation = store.reserve(reserve_request(GPU0, GPU1))
+    reservation = reserve_placement(store, [reserve_request(GPU0, GPU1)])[0]
     attached, failed = "dra.example.com/attached", "dra.example.com/failed"
 
     first = store.report_conditions(
@@ -652,7 +779,10 @@ def test_reported_conditions_merge_newest_per_device_and_type_and_outlive_commit
     assert again == dataclass_replace(reservation, conditions=again.conditions)
     assert store.get(reservation.id).conditions == again.conditions
     assert store.commit(reservation.id, "alice").conditions == again.conditions
-    assert store.renew(store.reserve(reserve_request(GPU2)).id, "alice", 30).conditions == ()
+    assert (
+        store.renew(reserve_placement(store, [reserve_request(GPU2)])[0].id, "alice", 30).conditions
+        == ()
+    )
 
 
 CONDITION = DeviceCondition(GPU0, "dra.example.com/attached", True)
@@ -668,7 +798,7 @@ REPORT_REFUSALS = [
 def test_condition_reports_refused_change_nothing(
     store: Store, call: Call, error: type[Exception]
 ) -> None:
-    reservation = store.reserve(reserve_request(GPU0))
+    reservation = reserve_placement(store, [reserve_request(GPU0)])[0]
 
     with pytest.raises(error):
         call(store, reservation)
@@ -681,7 +811,7 @@ def test_a_binding_revocation_is_answered_as_such_and_is_no_pending_preemption(
 ) -> None:
     """A failed binding is a revocation by `binding: ...`: changes answer Preempted with the
     reason, reports too, and the tenant has no preemption pending."""
-    reservation = store.reserve(reserve_request(GPU0, owner="team-a/alice"))
+    reservation = reserve_placement(store, [reserve_request(GPU0, owner="team-a/alice")])[0]
     why = "binding: binding failed: device gpu.nvidia.com/node-1/gpu-0 reported Failed"
 
     store.revoke(reservation.id, reservation.fencing_token, by=why)
@@ -697,7 +827,7 @@ def test_a_binding_revocation_is_answered_as_such_and_is_no_pending_preemption(
 def test_a_binding_revocation_leaves_a_committed_reservation_alone(store: Store) -> None:
     """A commit that lands between a binding sweep's read and its revoke was bound: the revoke
     is refused and the committed reservation stays, holds and all."""
-    reservation = store.reserve(reserve_request(GPU0, owner="team-a/alice"))
+    reservation = reserve_placement(store, [reserve_request(GPU0, owner="team-a/alice")])[0]
     committed = store.commit(reservation.id, "team-a/alice")
 
     with pytest.raises(FailedPrecondition, match="committed"):
@@ -705,7 +835,7 @@ def test_a_binding_revocation_leaves_a_committed_reservation_alone(store: Store)
 
     assert store.get(committed.id) == committed
     with pytest.raises(Conflict):
-        store.reserve(reserve_request(GPU0, owner="team-b/bob"))
+        reserve_placement(store, [reserve_request(GPU0, owner="team-b/bob")])[0]
 
 
 # --- events -----------------------------------------------------------------------------------
@@ -719,14 +849,14 @@ def test_every_change_is_announced(store_under_test: StoreUnderTest) -> None:
     subscription = store.subscribe(events.append)
     time.sleep(0.05)  # Redis: let the subscriber thread subscribe
 
-    reservation = store.reserve(reserve_request(GPU0))
+    reservation = reserve_placement(store, [reserve_request(GPU0)])[0]
     store.commit(reservation.id, "alice")
     store.release(reservation.id, "alice")
-    lapsing = store.reserve(reserve_request(GPU0, owner="bob", lease=SHORT_LEASE))
+    lapsing = reserve_placement(store, [reserve_request(GPU0, owner="bob", lease=SHORT_LEASE)])[0]
     store.renew(lapsing.id, "bob", SHORT_LEASE)
     store_under_test.wait(PAST_SHORT_LEASE)
     store.expire()
-    revoked = store.reserve(reserve_request(GPU0, owner="team-a/carol"))
+    revoked = reserve_placement(store, [reserve_request(GPU0, owner="team-a/carol")])[0]
     store.report_conditions(revoked.id, 0, [CONDITION])
     store.revoke(revoked.id, revoked.fencing_token, by="team-b/job/9")
     wait_for(lambda: len(events) >= 9)

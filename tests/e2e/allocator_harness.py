@@ -26,9 +26,9 @@ from services.allocator.app.telemetry import Telemetry, configure_telemetry
 from services.allocator.bootstrap import AllocatorApp, build_allocator
 from services.allocator.config import AllocatorSettings
 from services.allocator.reservations.model import (
-    Reservation,
     ReservationEvent,
     ReservationStore,
+    ReserveOutcome,
     ReserveRequest,
 )
 from services.common.dra.model import DeviceClass, ResourceClaim
@@ -78,11 +78,8 @@ class SilentStore:
     def subscribe(self, callback: Callable[[ReservationEvent], None]) -> object:
         return _NoSubscription()
 
-    def reserve(self, request: ReserveRequest) -> Reservation:
-        return self.inner.reserve(request)
-
-    def reserve_gang(self, requests: Sequence[ReserveRequest]) -> list[Reservation]:
-        return self.inner.reserve_gang(requests)
+    def reserve(self, placements: Sequence[Sequence[ReserveRequest]]) -> list[ReserveOutcome]:
+        return self.inner.reserve(placements)
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)

@@ -1,5 +1,5 @@
 """The Kueue sidecar (gpualloc-kueue's AdmissionController over KubernetesKueueApi) under a real
-Kueue v0.15.2 on a real kube-apiserver v1.34.4 (tests/control_plane.py), with a real gpualloc
+Kueue v0.17.0 on a real kube-apiserver v1.34.4 (tests/control_plane.py), with a real gpualloc
 (inventory + allocator on port 0, the example cluster) behind it.
 
 The chain Kueue's users see: a batch/v1 Job with `kueue.x-k8s.io/queue-name` and a GPU

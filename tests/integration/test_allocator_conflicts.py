@@ -8,6 +8,7 @@ node's reservations and solves again, up to GPUALLOC_RESERVE_RETRIES times.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -19,7 +20,7 @@ from services.allocator.app.telemetry import configure_telemetry
 from services.allocator.config import AllocatorSettings
 from services.allocator.core import AllocatedState
 from services.allocator.reservations.holds import placement_holds
-from services.allocator.reservations.model import ReserveRequest
+from services.allocator.reservations.model import ReserveRequest, reserve_placement
 from services.common.errors import Conflict
 from services.common.grpc_errors import error_from_rpc
 from services.common.pb.dra_mapping import from_pb_allocation_result
@@ -43,9 +44,10 @@ def _taken_behind_its_back(served, store) -> str:
     allocation = from_pb_allocation_result(answer.allocations[0].allocation)
     snapshot = served.app.view.current().snapshot
     [hold] = placement_holds(snapshot, NODE, [allocation]).values()
-    store.reserve(
-        ReserveRequest("other-replica", NODE, ("default/other",), (allocation,), hold, 60.0)
-    )
+    reserve_placement(
+        store,
+        [ReserveRequest("other-replica", NODE, ("default/other",), (allocation,), hold, 60.0)],
+    )[0]
     return hold.devices[0]
 
 
@@ -167,13 +169,14 @@ class _LearnsTheWinnerFirst(SilentStore):
         super().__init__(store)
         self.holdings: Any = None
 
-    def reserve(self, request: ReserveRequest) -> Any:
+    def reserve(self, placements: Sequence[Sequence[ReserveRequest]]) -> Any:
         if self.holdings is not None:
+            [[request]] = placements
             winner = dataclasses.replace(request, owner="other-replica", idempotency_key="")
-            self.inner.reserve(winner)
+            reserve_placement(self.inner, [winner])
             self.holdings.refresh(request.node)
             self.holdings = None
-        return self.inner.reserve(request)
+        return self.inner.reserve(placements)
 
 
 def test_a_conflict_already_explained_before_the_refresh_does_not_rebuild(

@@ -18,7 +18,11 @@ from protos.allocator.v1 import allocator_pb2 as pb
 from services.allocator.app.telemetry import configure_telemetry
 from services.allocator.config import AllocatorSettings
 from services.allocator.reservations.holds import placement_holds
-from services.allocator.reservations.model import ReservationStore, ReserveRequest
+from services.allocator.reservations.model import (
+    ReservationStore,
+    ReserveRequest,
+    reserve_placement,
+)
 from services.common.errors import Conflict, InvalidArgument
 from services.common.grpc_errors import error_from_rpc
 from services.common.pb.dra_mapping import from_pb_allocation_result
@@ -201,7 +205,9 @@ def _taken_behind_its_back(
     single = dataclasses.replace(allocation, results=allocation.results[:1])
     snapshot = served.app.view.require(0).snapshot
     [hold] = placement_holds(snapshot, node, [single]).values()
-    store.reserve(ReserveRequest("other-replica", node, ("default/other",), (single,), hold, 60.0))
+    reserve_placement(
+        store, [ReserveRequest("other-replica", node, ("default/other",), (single,), hold, 60.0)]
+    )[0]
     return hold.devices[0]
 
 

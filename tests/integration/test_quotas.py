@@ -29,7 +29,6 @@ from services.allocator.config import AllocatorSettings
 from services.allocator.reservations.quota_ledger import usage_by_tenant
 from services.client.mapping import placement_from_pb
 from services.common.security.policy import parse_policy
-from services.common.security.quota import cohort_key
 from tests.integration.test_metrics_endpoint import Served, value
 from tests.ports import free_port
 from tests.security_fixtures import TENANTS, SecuredFleet, policy_with, secured_fleet
@@ -353,7 +352,7 @@ def test_two_replicas_racing_never_overrun_a_quota(
         ledger = RedisQuotaLedger(audit)
         research = model.quota_of("team-a")
         assert research is not None
-        left = usage_by_tenant(ledger.read(cohort_key(research)).entries)
+        left = usage_by_tenant(ledger.read(model.ledger_key(research)).entries)
         audit.close()
     print(f"\nquota race: outcomes {dict(outcomes)}, most held {dict(worst)}, filled {full}")
     assert outcomes["OUTCOME_ALLOCATED"] > 50 and outcomes["OUTCOME_QUOTA_EXCEEDED"] > 0
@@ -393,7 +392,7 @@ def test_a_grant_whose_devices_are_taken_gives_its_quota_back(
         assert caught.value.code() is grpc.StatusCode.ABORTED, caught.value.details()
         store = RedisReservationStore(redis_url)
         try:
-            assert RedisQuotaLedger(store).read(cohort_key(research)).entries == ()
+            assert RedisQuotaLedger(store).read(model.ledger_key(research)).entries == ()
         finally:
             store.close()
         assert status(stub(fleet, "admin"), "team-a")["team-a", "gpus"].used == "0"

@@ -164,6 +164,86 @@ what its cohort lends); see `quota_refusals`.
 """
 Global___Outcome: _TypeAlias = Outcome  # noqa: Y015
 
+class _FlavorMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _FlavorModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FlavorMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    FLAVOR_MODE_UNSPECIFIED: _FlavorMode.ValueType  # 0
+    """Not set."""
+    FLAVOR_MODE_NO_FIT: _FlavorMode.ValueType  # 1
+    """It can never fit as things are: no devices of the flavor serve the request, a taint the
+    request does not tolerate, or more than the quota could ever grant.
+    """
+    FLAVOR_MODE_NO_CANDIDATES: _FlavorMode.ValueType  # 2
+    """It could fit, but no reservation the policy lets go makes room now."""
+    FLAVOR_MODE_PREEMPT: _FlavorMode.ValueType  # 3
+    """It fits if reservations go, some of them the tenant's own."""
+    FLAVOR_MODE_RECLAIM: _FlavorMode.ValueType  # 4
+    """It fits if reservations go, all of them other tenants' borrowings."""
+    FLAVOR_MODE_FIT: _FlavorMode.ValueType  # 5
+    """It fits now (within nominal or borrowing: `borrowing`)."""
+
+class FlavorMode(_FlavorMode, metaclass=_FlavorModeEnumTypeWrapper):
+    """Kueue's flavor assignment modes."""
+
+FLAVOR_MODE_UNSPECIFIED: FlavorMode.ValueType  # 0
+"""Not set."""
+FLAVOR_MODE_NO_FIT: FlavorMode.ValueType  # 1
+"""It can never fit as things are: no devices of the flavor serve the request, a taint the
+request does not tolerate, or more than the quota could ever grant.
+"""
+FLAVOR_MODE_NO_CANDIDATES: FlavorMode.ValueType  # 2
+"""It could fit, but no reservation the policy lets go makes room now."""
+FLAVOR_MODE_PREEMPT: FlavorMode.ValueType  # 3
+"""It fits if reservations go, some of them the tenant's own."""
+FLAVOR_MODE_RECLAIM: FlavorMode.ValueType  # 4
+"""It fits if reservations go, all of them other tenants' borrowings."""
+FLAVOR_MODE_FIT: FlavorMode.ValueType  # 5
+"""It fits now (within nominal or borrowing: `borrowing`)."""
+Global___FlavorMode: _TypeAlias = FlavorMode  # noqa: Y015
+
+class _FlavorRefusal:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _FlavorRefusalEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FlavorRefusal.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    FLAVOR_REFUSAL_UNSPECIFIED: _FlavorRefusal.ValueType  # 0
+    """Not set (it fits)."""
+    FLAVOR_REFUSAL_UNTOLERATED_TAINT: _FlavorRefusal.ValueType  # 1
+    """The flavor's nodeTaints: neither the request nor its tenant tolerates one."""
+    FLAVOR_REFUSAL_NO_DEVICES: _FlavorRefusal.ValueType  # 2
+    """No devices of the flavor serve the request, even with all of them free."""
+    FLAVOR_REFUSAL_CHARGED_ELSEWHERE: _FlavorRefusal.ValueType  # 3
+    """The devices found are charged to a flavor the resource lists before this one."""
+    FLAVOR_REFUSAL_ABOVE_MAX: _FlavorRefusal.ValueType  # 4
+    """More than the tenant's quota of the flavor could ever grant."""
+    FLAVOR_REFUSAL_DEVICES_IN_USE: _FlavorRefusal.ValueType  # 5
+    """The devices are held now."""
+    FLAVOR_REFUSAL_QUOTA: _FlavorRefusal.ValueType  # 6
+    """The quota refuses it now."""
+
+class FlavorRefusal(_FlavorRefusal, metaclass=_FlavorRefusalEnumTypeWrapper):
+    """Why a flavor does not fit as is."""
+
+FLAVOR_REFUSAL_UNSPECIFIED: FlavorRefusal.ValueType  # 0
+"""Not set (it fits)."""
+FLAVOR_REFUSAL_UNTOLERATED_TAINT: FlavorRefusal.ValueType  # 1
+"""The flavor's nodeTaints: neither the request nor its tenant tolerates one."""
+FLAVOR_REFUSAL_NO_DEVICES: FlavorRefusal.ValueType  # 2
+"""No devices of the flavor serve the request, even with all of them free."""
+FLAVOR_REFUSAL_CHARGED_ELSEWHERE: FlavorRefusal.ValueType  # 3
+"""The devices found are charged to a flavor the resource lists before this one."""
+FLAVOR_REFUSAL_ABOVE_MAX: FlavorRefusal.ValueType  # 4
+"""More than the tenant's quota of the flavor could ever grant."""
+FLAVOR_REFUSAL_DEVICES_IN_USE: FlavorRefusal.ValueType  # 5
+"""The devices are held now."""
+FLAVOR_REFUSAL_QUOTA: FlavorRefusal.ValueType  # 6
+"""The quota refuses it now."""
+Global___FlavorRefusal: _TypeAlias = FlavorRefusal  # noqa: Y015
+
 class _RejectionReason:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -602,6 +682,7 @@ class AllocateRequest(_message.Message):
     RESERVATION_LABELS_FIELD_NUMBER: _builtins.int
     PRIORITY_CLASS_NAME_FIELD_NUMBER: _builtins.int
     PREEMPT_FIELD_NUMBER: _builtins.int
+    QUEUED_TIME_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     """Allocate on this node only; empty lets the allocator choose."""
     policy: Global___AllocationPolicy.ValueType
@@ -667,6 +748,15 @@ class AllocateRequest(_message.Message):
     def reservation_labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Labels stored on the reservation, e.g. `slurm.job_id`."""
 
+    @_builtins.property
+    def queued_time(self) -> _timestamp_pb2.Timestamp:
+        """When the work this grant is for was queued: a Kueue Workload's creation, a Slurm job's
+        submit time. Unset: when the call arrived (every item of one AllocateBatch alike). Kept on
+        the reservation (label `gpualloc.dev/queued-at`); a tenant's `withinClusterQueue:
+        LowerOrNewerEqualPriority` lets a grant take its tenant's reservations of its own priority
+        queued after it (docs/tenancy.md). Must not be in the future.
+        """
+
     def __init__(
         self,
         *,
@@ -687,10 +777,11 @@ class AllocateRequest(_message.Message):
         reservation_labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         priority_class_name: _builtins.str = ...,
         preempt: _builtins.bool = ...,
+        queued_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "gang", b"gang", "lease_ttl", b"lease_ttl", "node_selector", b"node_selector"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "gang", b"gang", "lease_ttl", b"lease_ttl", "node_selector", b"node_selector", "queued_time", b"queued_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "claims", b"claims", "device_classes", b"device_classes", "explain", b"explain", "gang", b"gang", "idempotency_key", b"idempotency_key", "lease_ttl", b"lease_ttl", "min_inventory_generation", b"min_inventory_generation", "node_name", b"node_name", "node_selector", b"node_selector", "owner", b"owner", "policy", b"policy", "preempt", b"preempt", "priority_class_name", b"priority_class_name", "reservation_labels", b"reservation_labels", "reserve", b"reserve", "topology_constraints", b"topology_constraints"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "claims", b"claims", "device_classes", b"device_classes", "explain", b"explain", "gang", b"gang", "idempotency_key", b"idempotency_key", "lease_ttl", b"lease_ttl", "min_inventory_generation", b"min_inventory_generation", "node_name", b"node_name", "node_selector", b"node_selector", "owner", b"owner", "policy", b"policy", "preempt", b"preempt", "priority_class_name", b"priority_class_name", "queued_time", b"queued_time", "reservation_labels", b"reservation_labels", "reserve", b"reserve", "topology_constraints", b"topology_constraints"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -833,6 +924,7 @@ class AllocateResponse(_message.Message):
     HOLDERS_FIELD_NUMBER: _builtins.int
     QUOTA_REFUSALS_FIELD_NUMBER: _builtins.int
     PREEMPTION_FIELD_NUMBER: _builtins.int
+    FLAVORS_FIELD_NUMBER: _builtins.int
     outcome: Global___Outcome.ValueType
     """What happened."""
     node_name: _builtins.str
@@ -872,6 +964,12 @@ class AllocateResponse(_message.Message):
         that were revoked to make the reservations.
         """
 
+    @_builtins.property
+    def flavors(self) -> _containers.RepeatedCompositeFieldContainer[Global___FlavorAttempt]:
+        """A grant its tenant's quota charges to resource flavors: each flavor tried, in order, with
+        how it fared and whether it was taken (docs/tenancy.md, "Resource flavors").
+        """
+
     def __init__(
         self,
         *,
@@ -886,14 +984,61 @@ class AllocateResponse(_message.Message):
         holders: _abc.Iterable[Global___Holder] | None = ...,
         quota_refusals: _abc.Iterable[Global___QuotaRefusal] | None = ...,
         preemption: Global___Preemption | None = ...,
+        flavors: _abc.Iterable[Global___FlavorAttempt] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["explanation", b"explanation", "preemption", b"preemption"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "explanation", b"explanation", "gang_placements", b"gang_placements", "holders", b"holders", "inventory_generation", b"inventory_generation", "node_name", b"node_name", "outcome", b"outcome", "preemption", b"preemption", "quota_refusals", b"quota_refusals", "reservations", b"reservations", "score", b"score"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "explanation", b"explanation", "flavors", b"flavors", "gang_placements", b"gang_placements", "holders", b"holders", "inventory_generation", b"inventory_generation", "node_name", b"node_name", "outcome", b"outcome", "preemption", b"preemption", "quota_refusals", b"quota_refusals", "reservations", b"reservations", "score", b"score"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AllocateResponse: _TypeAlias = AllocateResponse  # noqa: Y015
+
+@_typing.final
+class FlavorAttempt(_message.Message):
+    """How one flavor fared in a grant's flavor search (Kueue's flavor assignment modes)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    FLAVOR_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    BORROWING_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    CHOSEN_FIELD_NUMBER: _builtins.int
+    resource: _builtins.str
+    """The quota resource the flavor is of (the access policy's spec.quota.resources[].name)."""
+    flavor: _builtins.str
+    """The flavor (spec.quota.resourceFlavors[].name)."""
+    mode: Global___FlavorMode.ValueType
+    """How the grant fits on it."""
+    borrowing: _builtins.int
+    """0: within the tenant's nominal quota; 1: borrowing from its cohort."""
+    reason: Global___FlavorRefusal.ValueType
+    """Why it does not fit as is (unset when FIT)."""
+    message: _builtins.str
+    """What the reason is about, for people (the taint, the quota's numbers)."""
+    chosen: _builtins.bool
+    """The search took this flavor."""
+    def __init__(
+        self,
+        *,
+        resource: _builtins.str = ...,
+        flavor: _builtins.str = ...,
+        mode: Global___FlavorMode.ValueType = ...,
+        borrowing: _builtins.int = ...,
+        reason: Global___FlavorRefusal.ValueType = ...,
+        message: _builtins.str = ...,
+        chosen: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["borrowing", b"borrowing", "chosen", b"chosen", "flavor", b"flavor", "message", b"message", "mode", b"mode", "reason", b"reason", "resource", b"resource"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FlavorAttempt: _TypeAlias = FlavorAttempt  # noqa: Y015
 
 @_typing.final
 class Preemption(_message.Message):
@@ -935,7 +1080,9 @@ class PreemptionVictim(_message.Message):
     reason: _builtins.str
     """Why it may be revoked: `reclaim` (its tenant borrows quota the caller's tenant lends),
     `reclaim-while-borrowing` (likewise, the caller's tenant borrowing too: its policy's
-    borrowWithinCohort), `priority` (a reservation of the caller's tenant its policy's
+    borrowWithinCohort), `fair-sharing` (under spec.quota.fairSharing: its tenant's share of
+    what the cohort tree lends is higher than the caller's would be, by the policy's
+    preemption strategies), `priority` (a reservation of the caller's tenant its policy's
     withinClusterQueue allows) or `consolidate` (a reservation of a movable priority class,
     moved to an equivalent device on another node so that a grant within nominal quota finds
     room: docs/tenancy.md).
@@ -1105,6 +1252,7 @@ class ExplainRequest(_message.Message):
     MIN_INVENTORY_GENERATION_FIELD_NUMBER: _builtins.int
     MAX_NODES_EXPLAINED_FIELD_NUMBER: _builtins.int
     PRIORITY_CLASS_NAME_FIELD_NUMBER: _builtins.int
+    QUEUED_TIME_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     """Explain for this node only; empty considers every node."""
     policy: Global___AllocationPolicy.ValueType
@@ -1141,6 +1289,12 @@ class ExplainRequest(_message.Message):
     def budget(self) -> Global___SearchBudget:
         """Search bounds."""
 
+    @_builtins.property
+    def queued_time(self) -> _timestamp_pb2.Timestamp:
+        """When the work was queued (see AllocateRequest.queued_time): what the proposal may revoke
+        depends on it too.
+        """
+
     def __init__(
         self,
         *,
@@ -1155,10 +1309,11 @@ class ExplainRequest(_message.Message):
         min_inventory_generation: _builtins.int = ...,
         max_nodes_explained: _builtins.int = ...,
         priority_class_name: _builtins.str = ...,
+        queued_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "gang", b"gang", "node_selector", b"node_selector"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "gang", b"gang", "node_selector", b"node_selector", "queued_time", b"queued_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "claims", b"claims", "device_classes", b"device_classes", "gang", b"gang", "max_nodes_explained", b"max_nodes_explained", "min_inventory_generation", b"min_inventory_generation", "node_name", b"node_name", "node_selector", b"node_selector", "policy", b"policy", "priority_class_name", b"priority_class_name", "topology_constraints", b"topology_constraints"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "claims", b"claims", "device_classes", b"device_classes", "gang", b"gang", "max_nodes_explained", b"max_nodes_explained", "min_inventory_generation", b"min_inventory_generation", "node_name", b"node_name", "node_selector", b"node_selector", "policy", b"policy", "priority_class_name", b"priority_class_name", "queued_time", b"queued_time", "topology_constraints", b"topology_constraints"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1179,6 +1334,7 @@ class ExplainResponse(_message.Message):
     HOLDERS_FIELD_NUMBER: _builtins.int
     QUOTA_REFUSALS_FIELD_NUMBER: _builtins.int
     PREEMPTION_FIELD_NUMBER: _builtins.int
+    FLAVORS_FIELD_NUMBER: _builtins.int
     outcome: Global___Outcome.ValueType
     """The outcome Allocate would have had."""
     node_name: _builtins.str
@@ -1211,6 +1367,10 @@ class ExplainResponse(_message.Message):
     def preemption(self) -> Global___Preemption:
         """The victims whose revocation would make it fit (see AllocateResponse.preemption)."""
 
+    @_builtins.property
+    def flavors(self) -> _containers.RepeatedCompositeFieldContainer[Global___FlavorAttempt]:
+        """Each flavor tried, with why it was or was not taken (see AllocateResponse.flavors)."""
+
     def __init__(
         self,
         *,
@@ -1223,10 +1383,11 @@ class ExplainResponse(_message.Message):
         holders: _abc.Iterable[Global___Holder] | None = ...,
         quota_refusals: _abc.Iterable[Global___QuotaRefusal] | None = ...,
         preemption: Global___Preemption | None = ...,
+        flavors: _abc.Iterable[Global___FlavorAttempt] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["explanation", b"explanation", "preemption", b"preemption"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "explanation", b"explanation", "gang_placements", b"gang_placements", "holders", b"holders", "inventory_generation", b"inventory_generation", "node_name", b"node_name", "outcome", b"outcome", "preemption", b"preemption", "quota_refusals", b"quota_refusals"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "explanation", b"explanation", "flavors", b"flavors", "gang_placements", b"gang_placements", "holders", b"holders", "inventory_generation", b"inventory_generation", "node_name", b"node_name", "outcome", b"outcome", "preemption", b"preemption", "quota_refusals", b"quota_refusals"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2456,6 +2617,13 @@ class TenantQuotaStatus(_message.Message):
     LENDING_LIMIT_FIELD_NUMBER: _builtins.int
     PENDING_PREEMPTIONS_FIELD_NUMBER: _builtins.int
     PENDING_PREEMPTION_IDS_FIELD_NUMBER: _builtins.int
+    COHORT_PATH_FIELD_NUMBER: _builtins.int
+    FAIR_SHARING_WEIGHT_FIELD_NUMBER: _builtins.int
+    WEIGHTED_SHARE_FIELD_NUMBER: _builtins.int
+    DOMINANT_RESOURCE_FIELD_NUMBER: _builtins.int
+    DECAYED_USED_FIELD_NUMBER: _builtins.int
+    DECAYED_USAGE_FIELD_NUMBER: _builtins.int
+    DECAYED_AT_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     """The tenant."""
     resource: _builtins.str
@@ -2483,9 +2651,40 @@ class TenantQuotaStatus(_message.Message):
     the day a revocation is remembered. Per tenant: the same on each of its rows. Set by
     QuotaStatus only (0 in Capacity's rows).
     """
+    fair_sharing_weight: _builtins.str
+    """The tenant's fair-sharing weight (spec.tenants[].fairSharing.weight), a quantity."""
+    weighted_share: _builtins.int
+    """The tenant's dominant resource share now, as Kueue's status.fairSharing.weightedShare:
+    what it uses above nominal of its dominant resource, over what its cohort tree could
+    lend it, times 1000, over its weight, rounded up; 0 when it borrows nothing; the largest
+    int64 for a weight of 0 while borrowing. Per tenant: the same on each of its rows.
+    """
+    dominant_resource: _builtins.str
+    """The resource whose share is the largest (empty when the tenant borrows nothing)."""
+    decayed_used: _builtins.str
+    """The tenant's usage of this resource decayed with the policy's usageHalfLifeTime
+    (spec.quota.admissionFairSharing), as last sampled (every usageSamplingInterval, by the
+    store's clock: every replica shows the same): empty when usage decay is not configured.
+    """
+    decayed_usage: _builtins.str
+    """The tenant's decayed usage as one number: the sum over resources of each resource's
+    weight times its decayed usage, over the tenant's fair-sharing weight ("inf" for a weight
+    of 0); what a bridge orders its queue by, lowest first. Empty when usage decay is not
+    configured. Per tenant: the same on each of its rows.
+    """
     @_builtins.property
     def pending_preemption_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The ids of the oldest of them, at most 20, oldest first."""
+
+    @_builtins.property
+    def cohort_path(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The cohorts from the root of the tenant's cohort tree down to its own cohort (empty when
+        it has none): its own cohort is the last.
+        """
+
+    @_builtins.property
+    def decayed_at(self) -> _timestamp_pb2.Timestamp:
+        """When decayed_used was sampled (unset before the tenant's first sample)."""
 
     def __init__(
         self,
@@ -2502,14 +2701,99 @@ class TenantQuotaStatus(_message.Message):
         lending_limit: _builtins.str = ...,
         pending_preemptions: _builtins.int = ...,
         pending_preemption_ids: _abc.Iterable[_builtins.str] | None = ...,
+        cohort_path: _abc.Iterable[_builtins.str] | None = ...,
+        fair_sharing_weight: _builtins.str = ...,
+        weighted_share: _builtins.int = ...,
+        dominant_resource: _builtins.str = ...,
+        decayed_used: _builtins.str = ...,
+        decayed_usage: _builtins.str = ...,
+        decayed_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["decayed_at", b"decayed_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["borrowed", b"borrowed", "borrowing_limit", b"borrowing_limit", "cohort", b"cohort", "left", b"left", "lending_limit", b"lending_limit", "lent", b"lent", "nominal", b"nominal", "pending_preemption_ids", b"pending_preemption_ids", "pending_preemptions", b"pending_preemptions", "resource", b"resource", "tenant", b"tenant", "used", b"used"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["borrowed", b"borrowed", "borrowing_limit", b"borrowing_limit", "cohort", b"cohort", "cohort_path", b"cohort_path", "decayed_at", b"decayed_at", "decayed_usage", b"decayed_usage", "decayed_used", b"decayed_used", "dominant_resource", b"dominant_resource", "fair_sharing_weight", b"fair_sharing_weight", "left", b"left", "lending_limit", b"lending_limit", "lent", b"lent", "nominal", b"nominal", "pending_preemption_ids", b"pending_preemption_ids", "pending_preemptions", b"pending_preemptions", "resource", b"resource", "tenant", b"tenant", "used", b"used", "weighted_share", b"weighted_share"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TenantQuotaStatus: _TypeAlias = TenantQuotaStatus  # noqa: Y015
+
+@_typing.final
+class CohortQuotaStatus(_message.Message):
+    """One cohort's standing on one quota resource (Kueue's hierarchical Cohort). Amounts are
+    Kubernetes quantities.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COHORT_FIELD_NUMBER: _builtins.int
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    COHORT_PATH_FIELD_NUMBER: _builtins.int
+    NOMINAL_FIELD_NUMBER: _builtins.int
+    SUBTREE_QUOTA_FIELD_NUMBER: _builtins.int
+    USED_FIELD_NUMBER: _builtins.int
+    BORROWED_FIELD_NUMBER: _builtins.int
+    LENT_FIELD_NUMBER: _builtins.int
+    LEFT_FIELD_NUMBER: _builtins.int
+    BORROWING_LIMIT_FIELD_NUMBER: _builtins.int
+    LENDING_LIMIT_FIELD_NUMBER: _builtins.int
+    FAIR_SHARING_WEIGHT_FIELD_NUMBER: _builtins.int
+    WEIGHTED_SHARE_FIELD_NUMBER: _builtins.int
+    DOMINANT_RESOURCE_FIELD_NUMBER: _builtins.int
+    cohort: _builtins.str
+    """The cohort."""
+    resource: _builtins.str
+    """The quota resource."""
+    nominal: _builtins.str
+    """The cohort's own nominal quota (spec.quota.cohorts[].quotas)."""
+    subtree_quota: _builtins.str
+    """Its own quota plus what its children lend it: what its subtree holds in all."""
+    used: _builtins.str
+    """What its children use beyond the parts they keep to themselves (their lending limits)."""
+    borrowed: _builtins.str
+    """What it uses above its subtree quota: borrowed from its parent."""
+    lent: _builtins.str
+    """What its parent's other children use of what it lends."""
+    left: _builtins.str
+    """What its subtree could still be granted now, in all."""
+    borrowing_limit: _builtins.str
+    """The borrowing limit towards its parent; empty when unlimited."""
+    lending_limit: _builtins.str
+    """The lending limit towards its parent; empty when all of it may be lent."""
+    fair_sharing_weight: _builtins.str
+    """The cohort's fair-sharing weight, a quantity."""
+    weighted_share: _builtins.int
+    """The cohort's dominant resource share now (as TenantQuotaStatus.weighted_share)."""
+    dominant_resource: _builtins.str
+    """The resource whose share is the largest (empty when it borrows nothing)."""
+    @_builtins.property
+    def cohort_path(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The cohorts from the root down to its parent (empty for a root): its parent is the last."""
+
+    def __init__(
+        self,
+        *,
+        cohort: _builtins.str = ...,
+        resource: _builtins.str = ...,
+        cohort_path: _abc.Iterable[_builtins.str] | None = ...,
+        nominal: _builtins.str = ...,
+        subtree_quota: _builtins.str = ...,
+        used: _builtins.str = ...,
+        borrowed: _builtins.str = ...,
+        lent: _builtins.str = ...,
+        left: _builtins.str = ...,
+        borrowing_limit: _builtins.str = ...,
+        lending_limit: _builtins.str = ...,
+        fair_sharing_weight: _builtins.str = ...,
+        weighted_share: _builtins.int = ...,
+        dominant_resource: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["borrowed", b"borrowed", "borrowing_limit", b"borrowing_limit", "cohort", b"cohort", "cohort_path", b"cohort_path", "dominant_resource", b"dominant_resource", "fair_sharing_weight", b"fair_sharing_weight", "left", b"left", "lending_limit", b"lending_limit", "lent", b"lent", "nominal", b"nominal", "resource", b"resource", "subtree_quota", b"subtree_quota", "used", b"used", "weighted_share", b"weighted_share"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CohortQuotaStatus: _TypeAlias = CohortQuotaStatus  # noqa: Y015
 
 @_typing.final
 class QuotaStatusResponse(_message.Message):
@@ -2519,21 +2803,35 @@ class QuotaStatusResponse(_message.Message):
 
     TENANTS_FIELD_NUMBER: _builtins.int
     ENABLED_FIELD_NUMBER: _builtins.int
+    COHORTS_FIELD_NUMBER: _builtins.int
+    FAIR_SHARING_FIELD_NUMBER: _builtins.int
     enabled: _builtins.bool
     """Whether quotas are enforced at all (an access policy with spec.quota and tenant quotas)."""
+    fair_sharing: _builtins.bool
+    """Whether preemption goes by fair sharing (spec.quota.fairSharing.enabled): then a bridge
+    ordering its queue as Kueue does takes the tenant with the lowest weighted_share first.
+    """
     @_builtins.property
     def tenants(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantQuotaStatus]:
         """Sorted by tenant, then by resource in the policy's order."""
+
+    @_builtins.property
+    def cohorts(self) -> _containers.RepeatedCompositeFieldContainer[Global___CohortQuotaStatus]:
+        """The cohorts of the tenants shown, with their ancestors (every cohort for a caller that
+        sees every tenant), sorted by name, then by resource in the policy's order.
+        """
 
     def __init__(
         self,
         *,
         tenants: _abc.Iterable[Global___TenantQuotaStatus] | None = ...,
         enabled: _builtins.bool = ...,
+        cohorts: _abc.Iterable[Global___CohortQuotaStatus] | None = ...,
+        fair_sharing: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["enabled", b"enabled", "tenants", b"tenants"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cohorts", b"cohorts", "enabled", b"enabled", "fair_sharing", b"fair_sharing", "tenants", b"tenants"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

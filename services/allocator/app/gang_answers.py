@@ -5,8 +5,8 @@ Reserving takes one reservation per scope — the node's, then one per pool it u
 Reserving a gang takes one reservation per member node — plus one per pool that several nodes
 share (allNodes / nodeSelector slices), holding what every member takes there, so that a pool
 scope appears once per gang and its idempotency key (owner, scope, key) stays unique — all or
-nothing (`ReservationStore.reserve_gang`). A retry with the same idempotency key finds the
-member reservations again by (owner, key); they come back by node name.
+nothing (one placement of `ReservationStore.reserve`). A retry with the same idempotency key
+finds the member reservations again by (owner, key); they come back by node name.
 """
 
 from __future__ import annotations

@@ -6,11 +6,12 @@ file declares them, so they reload with it). This module applies them to reserva
 - `usage` counts what one store request (one node's part of a placement) holds, per quota
   resource: each device of a mapped DeviceClass counts 1 (1000 milli-units), or, for a counter
   resource, the amount of that counter the device consumes (charged once per device).
-- `take` is step one of a grant: the tenant's amounts are checked against the cohort's ledger
-  and added to it as a *ticket* in one compare-and-set (reservations/quota_ledger.py), with the
-  lease plus a grace period as expiry. Then the store takes the devices (step two: another hash slot
-  on Redis Cluster, so no script can do both). On success `bind` turns the ticket into one entry
-  per reservation; on failure `abandon` drops it.
+- step one of a grant (app/quota_grants.py, `QuotaTally`: one grant, or a batch's at once):
+  the tenant's amounts are checked against the ledger of its cohort tree and added to it as a
+  *ticket* in one compare-and-set (reservations/quota_ledger.py), with the lease plus a grace
+  period as expiry. Then the store takes the devices (step two: another hash slot on Redis
+  Cluster, so no script can do both). On success `bind` turns the ticket into one entry per
+  reservation; on failure `abandon` drops it.
 
 Why no tenant ever goes over quota, across replicas and crashes: every live reservation is
 covered by a live ledger entry (the ticket exists before the grant and outlives the lease it
@@ -28,7 +29,6 @@ from __future__ import annotations
 import logging
 import math
 import random
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -38,23 +38,37 @@ from services.allocator.core import ClusterSnapshot, DeviceEntry, SelectorCache
 from services.allocator.reservations.hold_kinds import HoldKind
 from services.allocator.reservations.holds import scope_of
 from services.allocator.reservations.model import Reservation, ReservationState, ReservationStore
-from services.allocator.reservations.quota_ledger import QuotaEntry, QuotaLedger, usage_by_tenant
+from services.allocator.reservations.quota_ledger import (
+    QuotaEntry,
+    QuotaLedger,
+    Ticket,
+    usage_by_tenant,
+)
 from services.cel import CelError
 from services.common.dra.model import AllocationResult, DeviceClass
-from services.common.errors import GpuallocError, NotFound, ResourceExhausted, Unavailable
+from services.common.errors import (
+    GpuallocError,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
+from services.common.security.cohorts import cohort_node
+from services.common.security.fair_sharing import ConsumedUsage, resample, sample_due
 from services.common.security.principal import tenant_of_owner
 from services.common.security.quota import (
+    NO_FLAVOR,
+    CohortStatus,
     QuotaModel,
     QuotaRefusal,
     QuotaResource,
+    ResourceFlavor,
     TenantStatus,
     Usage,
-    add_usage,
-    cohort_key,
 )
 from services.common.telemetry import Labelled, Telemetry
 
-__all__ = ["Grant", "QuotaExceeded", "QuotaGuard", "QuotaSettings"]
+__all__ = ["Grant", "QuotaExceeded", "QuotaGuard", "QuotaSettings", "check_flavor_selectors"]
 
 log = logging.getLogger("gpualloc.quota")
 
@@ -102,10 +116,57 @@ class QuotaGuard:
         self.settings = settings
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._settle_lock = threading.Lock()
+        self._settled: QuotaModel | None = None
+        self._ledger_of: dict[str, str] | None = None  # tenant -> its ledger, as last settled
 
     @property
     def model(self) -> QuotaModel:
-        return self._model()
+        model = self._model()
+        if model is not self._settled:
+            self._settle(model)
+        return model
+
+    def _settle(self, model: QuotaModel) -> None:
+        """A reload that moves tenants to another tree moves their ledger entries with them,
+        before this replica rules on the new tree (else the new ledger would not count what
+        they hold); entries of tenants no longer limited are dropped. The reconciler catches
+        what this misses (another replica's grants meanwhile, a failure here)."""
+        with self._settle_lock:
+            if model is self._settled:
+                return
+            now = {t: model.ledger_key(q) for t, q in model.tenants.items()}
+            before, self._ledger_of, self._settled = self._ledger_of, now, model
+        if before is None:
+            return
+        leaving: dict[str, set[str]] = {}
+        for tenant, old in before.items():
+            if now.get(tenant) != old:
+                leaving.setdefault(old, set()).add(tenant)
+        for old, tenants in sorted(leaving.items()):
+            try:
+                self._move(old, tenants, now)
+            except GpuallocError as error:
+                log.warning("quota entries of %s left in %s: %s", sorted(tenants), old, error)
+
+    def _move(self, old: str, tenants: set[str], ledger_of: Mapping[str, str]) -> None:
+        gone = []
+        for entry in self.ledger.read(old).entries:
+            if entry.tenant not in tenants:
+                continue
+            new = ledger_of.get(entry.tenant)
+            if new is not None:
+                lease = self.settings.grace_seconds
+                if entry.expires_at is not None:
+                    lease = max(0.001, entry.expires_at - time.time())
+                moved = QuotaEntry(entry.id, entry.tenant, dict(entry.amounts), None)
+                self._take_entry(new, moved, lease, lambda entries: ())
+                if entry.expires_at is None:
+                    self.ledger.commit(new, entry.id)
+            gone.append(entry.id)
+        if gone:
+            self.ledger.drop(old, gone)
+        log.info("quota entries moved from %s: %d of %s", old, len(gone), sorted(tenants))
 
     # --- what a placement counts ------------------------------------------------------------
 
@@ -113,7 +174,8 @@ class QuotaGuard:
         self, snapshot: ClusterSnapshot, scope: str, allocations: Sequence[AllocationResult]
     ) -> dict[str, int]:
         """Per quota resource, what the part of `allocations` taken under `scope` (a store
-        request's or a reservation's node: reservations/holds.py) holds."""
+        request's or a reservation's node: reservations/holds.py) holds; a flavored resource
+        counts a device on the first of its flavors that selects it (`flavor_of`)."""
         model = self.model
         amounts: dict[str, int] = {}
         if not model.enabled:
@@ -126,12 +188,19 @@ class QuotaGuard:
                 entry = snapshot.device(result.device_id)
                 if entry is None or scope_of(entry) != scope:
                     continue
-                labels = _node_labels(snapshot, entry)
+                flavors: dict[str, str] = {}
                 for resource in model.resources:
                     key = (resource.name, entry.id)
                     by_amount = resource.counter or resource.gpu_share
-                    if (by_amount and key in charged) or not resource.on(labels):
-                        continue  # counted once, or of another flavor
+                    if by_amount and key in charged:
+                        continue  # counted once
+                    if resource.base:
+                        if resource.base not in flavors:
+                            flavors[resource.base] = self.flavor_of(
+                                model, resource.base, snapshot, entry
+                            )
+                        if flavors[resource.base] != resource.flavor:
+                            continue  # of another flavor
                     if not self._counts(resource, entry):
                         continue
                     charged.add(key)
@@ -140,13 +209,54 @@ class QuotaGuard:
                     )
         return amounts
 
+    def flavor_of(
+        self, model: QuotaModel, base: str, snapshot: ClusterSnapshot, entry: DeviceEntry
+    ) -> str:
+        """The flavor of resource `base` a device is charged to: the first the resource
+        lists that selects it (its node's labels, its device classes, its CEL selectors), else
+        (none)."""
+        labels = _node_labels(snapshot, entry)
+        for resource in model.flavors_of(base):
+            if resource.spec is not None and self.selects(resource.spec, entry, labels):
+                return resource.flavor
+        return NO_FLAVOR
+
+    def selects(
+        self, flavor: ResourceFlavor, entry: DeviceEntry, labels: Mapping[str, str]
+    ) -> bool:
+        """Whether `entry` (on a node with `labels`) is a device of `flavor`."""
+        if not all(labels.get(key) == value for key, value in flavor.node_labels):
+            return False
+        if flavor.device_classes:
+            classes = self._classes()
+            if not any(
+                (found := classes.get(name)) is not None and self._matches(found, entry)
+                for name in flavor.device_classes
+            ):
+                return False
+        try:
+            return all(
+                self._selectors.compile(expression).matches(entry.cel)
+                for expression in flavor.selectors
+            )
+        except CelError:  # checked when the policy loaded; an error at run time selects nothing
+            return False
+
     def _counts(self, resource: QuotaResource, entry: DeviceEntry) -> bool:
         classes = self._classes()
         for name in resource.device_classes:
             device_class = classes.get(name)
             if device_class is not None and self._matches(device_class, entry):
-                return True
-        return False
+                break
+        else:
+            return False
+        try:  # and the resource's own selectors (compiled when the policy was loaded)
+            return all(
+                self._selectors.compile(expression).matches(entry.cel)
+                for expression in resource.selectors
+            )
+        except CelError:
+            return False
 
     def _matches(self, device_class: DeviceClass, entry: DeviceEntry) -> bool:
         try:
@@ -165,45 +275,16 @@ class QuotaGuard:
         quota = model.quota_of(tenant_of_owner(owner))
         if quota is None:
             return ()
-        read = self.ledger.read(cohort_key(quota))
+        read = self.ledger.read(model.ledger_key(quota))
         return model.admit(quota.tenant, amounts, usage_by_tenant(read.entries))
 
     def usage_around(self, owner: str) -> dict[str, dict[str, int]]:
         """tenant -> usage, for the cohort of `owner`'s tenant ({} when it is not limited)."""
-        quota = self.model.quota_of(tenant_of_owner(owner))
+        model = self.model
+        quota = model.quota_of(tenant_of_owner(owner))
         if quota is None:
             return {}
-        return usage_by_tenant(self.ledger.read(cohort_key(quota)).entries)
-
-    def take(
-        self, owner: str, amounts: Sequence[Usage], lease_seconds: float, *, checked: bool = True
-    ) -> Grant | tuple[QuotaRefusal, ...] | None:
-        """Check the tenant's quota and hold the amounts: a Grant, the refusals, or None when
-        the tenant is not limited. Unavailable when the ledger stays contended. `checked`
-        False: held whatever the quota says (a consolidation's replacement, which the holder
-        counts already: app/consolidation.py)."""
-        model = self.model
-        tenant = tenant_of_owner(owner)
-        quota = model.quota_of(tenant)
-        if quota is None:
-            return None
-        total: dict[str, dict[str, int]] = {}
-        for part in amounts:
-            add_usage(total, tenant, part)
-        wanted = total.get(tenant, {})
-        cohort = cohort_key(quota)
-        ticket = QuotaEntry(HoldKind.TICKET.id(secrets.token_hex(12)), tenant, wanted, None)
-
-        def refuse(entries: Sequence[QuotaEntry]) -> tuple[QuotaRefusal, ...]:
-            if not checked:
-                return ()
-            return model.admit(tenant, wanted, usage_by_tenant(entries))
-
-        hold_for = lease_seconds + self.settings.grace_seconds
-        refusals = self._take_entry(cohort, ticket, hold_for, refuse)
-        if refusals:
-            return refusals
-        return Grant(ticket.id, cohort, tenant, tuple(amounts), lease_seconds)
+        return usage_by_tenant(self.ledger.read(model.ledger_key(quota)).entries)
 
     def _take_entry(
         self,
@@ -220,29 +301,13 @@ class QuotaGuard:
             refusals = refuse(read.entries)
             if refusals:
                 return refusals
-            if self.ledger.take(cohort, read.version, entry, lease_seconds):
+            if self.ledger.take(cohort, read.version, [Ticket(entry, lease_seconds)]):
                 return ()
             time.sleep(random.uniform(0, 0.0005 * 2 ** min(attempt, 6)))
         raise Unavailable(
             f"quota ledger of {cohort} is contended: {self.settings.take_attempts} attempts "
             "lost to other grants; retry"
         )
-
-    def bind(self, grant: Grant, reservations: Sequence[Reservation]) -> None:
-        """Step two succeeded: one entry per reservation replaces the ticket."""
-        parts = [
-            QuotaEntry(reservation.id, grant.tenant, dict(amounts), None)
-            for reservation, amounts in zip(reservations, grant.amounts, strict=True)
-        ]
-        hold_for = grant.lease_seconds + self.settings.grace_seconds
-        self.ledger.bind(grant.cohort, grant.ticket, parts, hold_for)
-
-    def abandon(self, grant: Grant) -> None:
-        """Step two failed: free the ticket (if this fails too, the ticket expires)."""
-        try:
-            self.ledger.drop(grant.cohort, [grant.ticket])
-        except GpuallocError as error:
-            log.warning("quota ticket %s left to expire: %s", grant.ticket, error)
 
     def committing(self, reservation: Reservation) -> None:
         """Before the store commits: the reservation's entry stops expiring."""
@@ -267,8 +332,9 @@ class QuotaGuard:
             log.warning("quota entries of %s left to the reconciler: %s", owner, error)
 
     def _cohort_of(self, owner: str) -> str | None:
-        quota = self.model.quota_of(tenant_of_owner(owner))
-        return cohort_key(quota) if quota is not None else None
+        model = self.model
+        quota = model.quota_of(tenant_of_owner(owner))
+        return model.ledger_key(quota) if quota is not None else None
 
     # --- visibility and repair --------------------------------------------------------------
 
@@ -276,9 +342,28 @@ class QuotaGuard:
         model = self.model
         wanted = list(tenants) or list(model.tenants)
         usage: dict[str, dict[str, int]] = {}
-        for cohort in sorted({cohort_key(q) for t in wanted if (q := model.quota_of(t))}):
+        consumed: dict[str, ConsumedUsage] | None = None
+        if model.admission_fair_sharing is not None:
+            consumed = {}
+        for cohort in sorted({model.ledger_key(q) for t in wanted if (q := model.quota_of(t))}):
             usage.update(usage_by_tenant(self.ledger.read(cohort).entries))
-        return model.status(usage, wanted)
+            if consumed is not None:
+                consumed.update(self.ledger.read_consumed(cohort).tenants)
+        return model.status(usage, wanted, consumed=consumed)
+
+    def cohort_status(self, tenants: Iterable[str] = ()) -> list[CohortStatus]:
+        """The cohorts on the given tenants' paths (every cohort when none are given), from
+        one read of each ledger (tree) they are in."""
+        model = self.model
+        wanted = list(tenants)
+        if wanted:
+            names = sorted({name for t in wanted for name in model.path(t)})
+        else:
+            names = list(model.cohort_names())
+        usage: dict[str, dict[str, int]] = {}
+        for ledger in sorted({model.ledger_of(cohort_node(name)) for name in names}):
+            usage.update(usage_by_tenant(self.ledger.read(ledger).entries))
+        return model.cohort_status(usage, names) if names else []
 
     def register(self, telemetry: Telemetry) -> None:
         """`gpualloc.quota` (tenant, resource, cohort, kind: nominal, used, borrowed, lent,
@@ -318,12 +403,19 @@ class QuotaGuard:
         model = self.model
         reservations = {r.id: r for r in live()}
         dropped = added = 0
-        for cohort in model.cohorts():
+        misplaced: dict[str, list[str]] = {}
+        for cohort in model.ledgers():
             read = self.ledger.read(cohort)
             covered = {entry.id for entry in read.entries}
             gone = []
             for entry in read.entries:
-                if HoldKind.of(entry.id) is HoldKind.TICKET or entry.id in reservations:
+                if HoldKind.of(entry.id) is HoldKind.TICKET:
+                    continue
+                quota = model.quota_of(entry.tenant)
+                if quota is None or model.ledger_key(quota) != cohort:
+                    misplaced.setdefault(cohort, []).append(entry.id)  # its tenant moved
+                    continue
+                if entry.id in reservations:
                     continue
                 try:
                     store.get(entry.id)
@@ -334,10 +426,13 @@ class QuotaGuard:
                 dropped += len(gone)
             for reservation in reservations.values():
                 quota = model.quota_of(tenant_of_owner(reservation.owner))
-                if quota is None or cohort_key(quota) != cohort or reservation.id in covered:
+                if quota is None or model.ledger_key(quota) != cohort or reservation.id in covered:
                     continue
                 if self._backfill(cohort, quota.tenant, reservation, usage_of(reservation)):
                     added += 1
+        for cohort, ids in misplaced.items():  # backfilled in their tenants' ledgers above
+            self.ledger.drop(cohort, ids)
+            dropped += len(ids)
         return dropped, added
 
     def _backfill(self, cohort: str, tenant: str, reservation: Reservation, amounts: Usage) -> bool:
@@ -364,29 +459,97 @@ class QuotaGuard:
         """Reconcile now and then every reconcile_interval, in a thread, until `close`."""
 
         def run() -> None:
+            due = 0.0  # the next reconcile, by this process's monotonic clock
             while True:
+                if time.monotonic() >= due:
+                    due = time.monotonic() + self.settings.reconcile_interval
+                    try:
+                        dropped, added = self.reconcile(store, live, usage_of)
+                    except GpuallocError as error:
+                        log.warning("quota reconcile failed: %s", error)
+                    else:
+                        if dropped or added:
+                            log.info(
+                                "quota reconcile: %d stale entries dropped, %d reservations added",
+                                dropped,
+                                added,
+                            )
                 try:
-                    dropped, added = self.reconcile(store, live, usage_of)
+                    self.sample_usage()
                 except GpuallocError as error:
-                    log.warning("quota reconcile failed: %s", error)
-                else:
-                    if dropped or added:
-                        log.info(
-                            "quota reconcile: %d stale entries dropped, %d reservations added",
-                            dropped,
-                            added,
-                        )
-                if self._stop.wait(self.settings.reconcile_interval):
+                    log.warning("quota usage sample failed: %s", error)
+                if self._stop.wait(self._next_wait()):
                     return
 
         self._thread = threading.Thread(target=run, name="gpualloc-quota-reconcile", daemon=True)
         self._thread.start()
+
+    def _next_wait(self) -> float:
+        """Until the next look: the reconcile interval, or half the usage sampling interval
+        when usage decays (a sample is due by the ledger's clock, whoever takes it)."""
+        decay = self.model.admission_fair_sharing
+        if decay is None:
+            return self.settings.reconcile_interval
+        return max(0.05, min(self.settings.reconcile_interval, decay.sampling_seconds / 2))
+
+    def sample_usage(self) -> int:
+        """Admission fair sharing: in each tree whose last sample is older than the sampling
+        interval (by the ledger's clock), every tenant's decayed usage sampled with what it
+        holds now, written by compare-and-set so that replicas sampling at once write one
+        sample. Returns how many trees were sampled."""
+        model = self.model
+        decay = model.admission_fair_sharing
+        if decay is None:
+            return 0
+        sampled = 0
+        for ledger in model.ledgers():
+            consumed = self.ledger.read_consumed(ledger)
+            last = max((c.at for c in consumed.tenants.values()), default=None)
+            if not sample_due(last, consumed.now, decay.sampling_seconds):
+                continue
+            held = usage_by_tenant(self.ledger.read(ledger).entries)
+            tenants = [t for t, q in model.tenants.items() if model.ledger_key(q) == ledger]
+            fresh = resample(consumed.tenants, held, tenants, consumed.now, decay.half_life_seconds)
+            if self.ledger.put_consumed(ledger, consumed.version, fresh):
+                sampled += 1
+        return sampled
 
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.ledger.close()
+
+
+def check_flavor_selectors(model: QuotaModel, selectors: SelectorCache) -> QuotaModel:
+    """`model`, once every resource flavor's and quota resource's CEL selector compiles
+    (InvalidArgument naming the flavor or resource and the selector otherwise: the policy is
+    then not loaded, the last good quotas stay)."""
+    seen: set[str] = set()
+    for resource in model.resources:
+        flavor = resource.spec
+        if flavor is None or flavor.name in seen:
+            continue
+        seen.add(flavor.name)
+        for i, expression in enumerate(flavor.selectors):
+            try:
+                selectors.compile(expression)
+            except CelError as error:
+                raise InvalidArgument.at(
+                    f"spec.quota.resourceFlavors[{flavor.name}].selectors[{i}].cel.expression",
+                    str(error),
+                ) from None
+    for resource in model.resources:  # a resource's own selectors (one MIG profile's)
+        for i, expression in enumerate(resource.selectors):
+            try:
+                selectors.compile(expression)
+            except CelError as error:
+                raise InvalidArgument.at(
+                    f"spec.quota.resources[{resource.base or resource.name}].selectors[{i}]"
+                    ".cel.expression",
+                    str(error),
+                ) from None
+    return model
 
 
 def _node_labels(snapshot: ClusterSnapshot, entry: DeviceEntry) -> Mapping[str, str]:

@@ -34,7 +34,6 @@ __all__ = ["STORE_OPERATIONS", "AllocatorMetrics", "Telemetry", "configure_telem
 
 STORE_OPERATIONS = (
     "reserve",
-    "reserve_gang",
     "commit",
     "renew",
     "release",

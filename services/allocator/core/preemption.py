@@ -20,8 +20,8 @@ The rules (docs/tenancy.md, Kueue's classical preemption, per tenant `Preemption
   candidates below the threshold when it borrows already);
 - the fewest victims, never a set that takes a higher priority than the ordered search needs.
 
-Consolidation (rule 3, beyond Kueue: move rather than revoke) lists its candidates here too
-(`movable_candidates`); app/consolidation.py finds the devices they move to.
+Consolidation (rule 3, beyond Kueue: move rather than revoke) is planned here too
+(`plan_consolidation`: the node, who moves, and the devices they move to, core/moves.py).
 
 Pure: values in, values out.
 """
@@ -34,8 +34,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from services.allocator.core.fair_preemption import FairCandidate, fair_sequence
+from services.allocator.core.moves import Movable, Move, device_group, movable_device, place_moves
+from services.allocator.core.snapshot import ClusterSnapshot
+from services.allocator.core.state import AllocatedState
+from services.common.dra.model import AllocationResult
+from services.common.security.cohorts import tenant_node
 from services.common.security.quota import (
     BorrowWithinCohort,
+    PreemptionPolicy,
     PriorityClass,
     QuotaModel,
     ReclaimWithinCohort,
@@ -46,6 +53,7 @@ from services.common.security.quota import (
 
 __all__ = [
     "Candidate",
+    "ConsolidationPlan",
     "Holding",
     "NodeVictims",
     "PreemptionContext",
@@ -55,6 +63,7 @@ __all__ = [
     "fewest_moves",
     "fewest_victims",
     "movable_candidates",
+    "plan_consolidation",
     "plan_preemption",
     "preemption_candidates",
     "victims_by_node",
@@ -67,6 +76,7 @@ class PreemptionReason(StrEnum):
     PRIORITY = "priority"  # the preemptor's own tenant (Kueue: InClusterQueue)
     RECLAIM = "reclaim"  # a cohort tenant borrowing, the preemptor within nominal
     RECLAIM_WHILE_BORROWING = "reclaim-while-borrowing"  # borrowWithinCohort
+    FAIR_SHARING = "fair-sharing"  # a tenant of a higher share (Kueue: InCohortFairSharing)
     CONSOLIDATE = "consolidate"  # moved to an equivalent device elsewhere, not just revoked
 
 
@@ -77,22 +87,35 @@ class Holding:
     id: str
     tenant: str
     priority: PriorityClass
-    created_at: float
+    created_at: float  # when it was reserved (Kueue's admission time: the "newest" order)
     amounts: Usage  # what it counts against its tenant's quota
+    move: Movable | None = None  # where it is, when consolidation may move it (one device)
+    queued_at: float | None = None  # when its work was queued (None: when it was reserved)
+
+    @property
+    def queued(self) -> float:
+        """Kueue's queue order timestamp (LowerOrNewerEqualPriority compares it)."""
+        return self.created_at if self.queued_at is None else self.queued_at
 
 
 @dataclass(frozen=True)
 class Candidate:
+    """A reservation the rules let the grant take, and why. `lca`: for another tenant's, the
+    cohort of the preemptor's tree it was found under (the lowest they share; "" for the
+    cohort of a tree of one level): the rules take it only while its tenant and the cohorts
+    below that one borrow."""
+
     holding: Holding
     reason: PreemptionReason
+    lca: str = ""
 
 
 @dataclass(frozen=True)
 class PreemptionContext:
     """Everything the planner decides from: `amounts` is what the grant counts (as placed on
     an empty fleet), `usage` the live usage of the tenant's cohort, `created_at` when the
-    preemptor was created (LowerOrNewerEqualPriority spares equal-priority victims older than
-    it)."""
+    preemptor's work was queued (LowerOrNewerEqualPriority takes equal-priority victims queued
+    after it, `Holding.queued`)."""
 
     model: QuotaModel
     tenant: str
@@ -128,6 +151,9 @@ def plan_preemption(
     candidates in one fleet-wide order free no node is tried node by node (`victims_by_node`,
     on `nodes` when given)."""
     model, usage = context.model, context.usage
+    quota = model.quota_of(context.tenant)
+    if model.fair_sharing.enabled and quota is not None and context.priority.preempts:
+        return _plan_fair(context, quota, place, node_of=node_of, nodes=nodes)
     for pool, within_nominal in _passes(context):
         if not pool:
             continue
@@ -142,6 +168,79 @@ def plan_preemption(
     return None
 
 
+def _plan_fair(
+    context: PreemptionContext,
+    quota: TenantQuota,
+    place: Place,
+    *,
+    node_of: Mapping[str, str] | None,
+    nodes: Iterable[str] | None,
+) -> PreemptionPlan | None:
+    """Preemption with fair sharing (core/fair_preemption.py): the victims in the order the
+    strategies take them, the shortest run after which the grant fits, pruned; node by node
+    as the classical passes do, each node's candidates first."""
+    model, tenant = context.model, context.tenant
+    own = _own(context, quota)
+    others = [
+        c for c, _ in _cohort_candidates(context, quota, all_levels=True)[1]
+    ]  # every borrower of the tree reclaimWithinCohort allows
+    pool = _ordered(tenant, [*others, *own])
+    mine = context.usage.get(tenant, {})
+    within = all(
+        mine.get(name, 0) + amount <= quota.of(name).nominal
+        for name, amount in context.amounts.items()
+        if amount > 0
+    )
+
+    def sequence(chosen: Sequence[Candidate], first: Sequence[Candidate]) -> list[Candidate]:
+        """The strategies' victims among `first` once `chosen` are gone, then the rest's."""
+        usage = {t: dict(u) for t, u in context.usage.items()}
+        for c in chosen:
+            held = usage.setdefault(c.holding.tenant, {})
+            for name, amount in c.holding.amounts.items():
+                held[name] = held.get(name, 0) - amount
+        inputs = [
+            FairCandidate(i, c.holding.tenant, c.holding.amounts) for i, c in enumerate(first)
+        ]
+        taken = fair_sequence(
+            model,
+            tenant,
+            context.amounts,
+            usage,
+            inputs,
+            model.fair_sharing.strategies,
+            within_nominal=within,
+        )
+        found = []
+        for fair, by_share in taken:
+            holding = first[fair.index].holding
+            if holding.tenant == tenant:
+                reason = PreemptionReason.PRIORITY
+            elif by_share:
+                reason = PreemptionReason.FAIR_SHARING
+            else:
+                reason = PreemptionReason.RECLAIM
+            found.append(Candidate(holding, reason))
+        return found
+
+    victims = sequence((), pool)
+    fits_on = functools.partial(_fits, context, place, False)
+    chosen = _minimal(victims, functools.partial(fits_on, ""))
+    if chosen is not None:
+        return PreemptionPlan(tuple(chosen))
+    if node_of is None:
+        return None
+
+    def pool_on(node: str, here: Sequence[Candidate]) -> list[Candidate]:
+        ids = {c.holding.id for c in here}
+        first = sequence((), [c for c in pool if c.holding.id in ids])
+        rest = [c for c in pool if c.holding.id not in ids]
+        return [*first, *sequence(first, rest)]
+
+    best = victims_by_node(pool, node_of, fits_on, nodes=nodes, smaller=0, pool_on=pool_on)
+    return None if best is None else PreemptionPlan(best.victims, best.node)
+
+
 def preemption_candidates(context: PreemptionContext) -> list[Candidate]:
     """Every reservation the policy lets the grant preempt, in Kueue's order (the first
     pass's candidates): nothing for a priority class whose preemptionPolicy is Never."""
@@ -150,25 +249,35 @@ def preemption_candidates(context: PreemptionContext) -> list[Candidate]:
 
 
 def _passes(context: PreemptionContext) -> list[tuple[list[Candidate], bool]]:
-    """(candidates, within nominal) per pass, in the order they are tried."""
+    """(candidates, within nominal) per pass, in the order they are tried: Kueue's classical
+    preemption (its candidate iterator's runs with and without borrowing)."""
     if not context.priority.preempts:
         return []
     quota = context.model.quota_of(context.tenant)
     own = _own(context, quota)
     if quota is None:
         return [(own, False)]
-    policy = quota.preemption
+    advantage, priority = _cohort_candidates(context, quota)
+    forbidden = quota.preemption.borrow_within_cohort is BorrowWithinCohort.NEVER
     below = _below_nominal(quota, context.amounts, context.usage.get(context.tenant, {}))
-    if policy.borrow_within_cohort is not BorrowWithinCohort.NEVER:
-        if below:
-            cohort = _reclaimable(context, quota, PreemptionReason.RECLAIM)
+    attempts: tuple[bool, ...]
+    if not advantage and not priority or (forbidden and not below):
+        attempts = (True,)
+    elif forbidden and not advantage:
+        attempts = (False, True)
+    else:
+        attempts = (True, False)
+    passes = []
+    for borrowing in attempts:
+        if not borrowing and not _can_end_within_nominal(context, quota, own):
+            continue  # could only fail, at the cost of solves
+        if borrowing:
+            allowed = [c for c, while_borrowing in priority if while_borrowing]
         else:
-            cohort = _borrowable(context, quota)
-        return [(_ordered(context.tenant, own + cohort), False)]
-    cohort = _reclaimable(context, quota, PreemptionReason.RECLAIM) if below else []
-    if not cohort or not _can_end_within_nominal(context, quota, own):
-        return [(own, False)]
-    return [(_ordered(context.tenant, own + cohort), True), (own, False)]
+            allowed = [c for c, _ in priority]
+        pool = [*_ordered(context.tenant, advantage), *_ordered(context.tenant, allowed), *own]
+        passes.append((pool, not borrowing))
+    return passes
 
 
 def _own(context: PreemptionContext, quota: TenantQuota | None) -> list[Candidate]:
@@ -180,7 +289,7 @@ def _own(context: PreemptionContext, quota: TenantQuota | None) -> list[Candidat
         if policy is WithinTenant.NEVER:
             return False
         if policy is WithinTenant.LOWER_OR_NEWER_EQUAL_PRIORITY and value == mine:
-            return holding.created_at > context.created_at
+            return holding.queued > context.created_at
         return value < mine
 
     found = [
@@ -191,42 +300,82 @@ def _own(context: PreemptionContext, quota: TenantQuota | None) -> list[Candidat
     return _ordered(context.tenant, found)
 
 
-def _reclaimable(
-    context: PreemptionContext, quota: TenantQuota, reason: PreemptionReason
-) -> list[Candidate]:
-    """The cohort's borrowing tenants' reservations reclaimWithinCohort allows."""
-    policy = quota.preemption.reclaim_within_cohort
-    if policy is ReclaimWithinCohort.NEVER:
-        return []
-    lower_only = policy is ReclaimWithinCohort.LOWER_PRIORITY
-    return [
-        Candidate(h, reason)
-        for h in _borrowers(context, quota)
-        if not lower_only or h.priority.value < context.priority.value
-    ]
+def _cohort_candidates(
+    context: PreemptionContext, quota: TenantQuota, *, all_levels: bool = False
+) -> tuple[list[Candidate], list[tuple[Candidate, bool]]]:
+    """The other tenants' reservations reclaimWithinCohort allows, found level by level up
+    the preemptor's tree (Kueue's hierarchical reclaim): those of tenants that borrow, in
+    subtrees that borrow. A candidate found at a level where the grant already fits in the
+    quota of the preemptor's side of the tree (its own nominal, or a cohort's subtree quota
+    on its way up) is a *hierarchical* one, taken whatever the preemptor borrows (first list);
+    the others (second list) only by a preemptor that ends within nominal, unless
+    borrowWithinCohort lets it take them while borrowing (the flag)."""
+    policy = quota.preemption
+    model, tree = context.model, context.model.tree
+    me = tenant_node(context.tenant)
+    if tree.parent(me) is None or policy.reclaim_within_cohort is ReclaimWithinCohort.NEVER:
+        return [], []
+    need = {name: amount for name, amount in context.amounts.items() if amount > 0}
+    levels = {name: model.levels_of(me, name, context.usage) for name in need}
+    holdings: dict[str, list[Holding]] = {}
+    for h in context.holdings:
+        # Kueue's WorkloadUsesResources: only a reservation counting a resource the grant
+        # needs (on a flavor: one of that flavor) gives back anything it needs
+        uses = any(h.amounts.get(name, 0) > 0 for name in need)
+        if h.tenant != context.tenant and h.priority.preemptible and uses:
+            holdings.setdefault(h.tenant, []).append(h)
+    mine = context.priority.value
+    lower_only = policy.reclaim_within_cohort is ReclaimWithinCohort.LOWER_PRIORITY
+    fits = all(lv.subtree[me] >= lv.usage[me] + need[name] for name, lv in levels.items())
+    remaining = {
+        name: max(0, need[name] - max(0, lv.local[me] - lv.usage[me]))
+        for name, lv in levels.items()
+    }
+    advantage: list[Candidate] = []
+    priority: list[tuple[Candidate, bool]] = []
+    below = me
+    for level in tree.ancestors(me):
+        skip = set(tree.subtree(below))
+        for key in tree.subtree(level):
+            if key[0] != "tenant" or key in skip:
+                continue
+            for h in holdings.get(key[1], ()):
+                if lower_only and h.priority.value >= mine:
+                    continue
+                if all_levels:  # fair sharing: every borrower, as its tenant (no level)
+                    priority.append((Candidate(h, PreemptionReason.RECLAIM), True))
+                    continue
+                if fits:
+                    advantage.append(Candidate(h, PreemptionReason.RECLAIM, level[1]))
+                    continue
+                while_borrowing = _while_borrowing(policy, h, mine)
+                reason = (
+                    PreemptionReason.RECLAIM_WHILE_BORROWING
+                    if while_borrowing
+                    else PreemptionReason.RECLAIM
+                )
+                priority.append((Candidate(h, reason, level[1]), while_borrowing))
+        here = all(
+            lv.subtree[level] >= lv.usage[level] + remaining[name] for name, lv in levels.items()
+        )
+        for name, lv in levels.items():
+            remaining[name] = max(0, remaining[name] - max(0, lv.local[level] - lv.usage[level]))
+        fits = fits or here
+        below = level
+    usage = context.usage
+    advantage = _still_borrowing(advantage, model, usage, each=True)
+    kept = {id(c) for c in _still_borrowing([c for c, _ in priority], model, usage, each=True)}
+    return advantage, [(c, flag) for c, flag in priority if id(c) in kept]
 
 
-def _borrowable(context: PreemptionContext, quota: TenantQuota) -> list[Candidate]:
-    """The cohort's borrowing tenants' reservations borrowWithinCohort allows: of a lower
-    priority than the preemptor's, and at most maxPriorityThreshold when set."""
-    threshold = quota.preemption.max_priority_threshold
-    return [
-        Candidate(h, PreemptionReason.RECLAIM_WHILE_BORROWING)
-        for h in _borrowers(context, quota)
-        if h.priority.value < context.priority.value
-        and (threshold is None or h.priority.value <= threshold)
-    ]
-
-
-def _borrowers(context: PreemptionContext, quota: TenantQuota) -> list[Holding]:
-    members = set(context.model.members(quota)) - {context.tenant}
-    return [
-        h
-        for h in context.holdings
-        if h.tenant in members
-        and h.priority.preemptible
-        and _borrows_what_it_holds(context.model, h, context.usage.get(h.tenant, {}))
-    ]
+def _while_borrowing(policy: PreemptionPolicy, holding: Holding, mine: int) -> bool:
+    """Whether borrowWithinCohort lets a borrowing preemptor of priority `mine` take it: of a
+    lower priority, and at most maxPriorityThreshold when set."""
+    if policy.borrow_within_cohort is BorrowWithinCohort.NEVER:
+        return False
+    value = holding.priority.value
+    threshold = policy.max_priority_threshold
+    return value < mine and (threshold is None or value <= threshold)
 
 
 def _ordered(tenant: str, candidates: Iterable[Candidate]) -> list[Candidate]:
@@ -352,20 +501,29 @@ def _all_taken(
 
 
 def _still_borrowing(
-    candidates: Sequence[Candidate], model: QuotaModel, usage: Mapping[str, Usage]
+    candidates: Sequence[Candidate],
+    model: QuotaModel,
+    usage: Mapping[str, Usage],
+    *,
+    each: bool = False,
 ) -> list[Candidate]:
-    """The candidates the rules take in this order: another tenant's candidate only while its
-    tenant still borrows once the ones before it are revoked."""
+    """The candidates the rules take in this order: another tenant's candidate only while it
+    still borrows what it holds once the ones before it are revoked (its tenant above nominal,
+    and each cohort between the tenant and the level it was found at above its subtree quota,
+    on a resource the reservation counts: Kueue's reclaim takes back what is borrowed, never
+    a tenant's or a subtree's own quota). `each`: every candidate judged on `usage` as it is
+    (none revoked)."""
     left = {t: dict(u) for t, u in usage.items()}
     taken: list[Candidate] = []
     for candidate in candidates:
         holding = candidate.holding
         if candidate.reason in _FROM_THE_COHORT:
-            if not _borrows_what_it_holds(model, holding, left.get(holding.tenant, {})):
+            if not _borrows_what_it_holds(model, candidate, left):
                 continue
-            mine = left.setdefault(holding.tenant, {})
-            for name, amount in holding.amounts.items():
-                mine[name] = mine.get(name, 0) - amount
+            if not each:
+                mine = left.setdefault(holding.tenant, {})
+                for name, amount in holding.amounts.items():
+                    mine[name] = mine.get(name, 0) - amount
         taken.append(candidate)
     return taken
 
@@ -395,6 +553,7 @@ def victims_by_node(
     max_nodes: int = 16,
     limit: int = 64,
     smaller: int = 32,
+    pool_on: Callable[[str, Sequence[Candidate]], list[Candidate]] | None = None,
 ) -> NodeVictims | None:
     """For a grant that goes to one node, the victims node by node, as kube-scheduler's
     preemption chooses them: on each node (of `nodes`, else every node holding a candidate;
@@ -404,7 +563,9 @@ def victims_by_node(
     best node only). `fits_on(node, chosen)`: whether the grant fits on `node` once `chosen`
     are revoked. The best node:
     the fewest victims of the preemptor's own tenant, then the lowest highest victim priority,
-    then the fewest victims, then the node's name.
+    then the fewest victims, then the node's name. `pool_on(node, its candidates)`: the
+    candidates in the order to try them there, instead of the node's first, then the others
+    (fair sharing's order, which depends on what went before).
 
     Candidates held across the fleet, taken in one global order, would rarely free one node:
     a whole-GPU grant needs every slice of a GPU gone, and the newest reservations are spread
@@ -432,6 +593,8 @@ def victims_by_node(
     def allowed_on(node: str) -> list[Candidate]:
         """The node's own candidates first (they free its devices and quota), then the others
         (they free quota only), each in the rules' order, as the rules would take them."""
+        if pool_on is not None:
+            return pool_on(node, on[node])[:limit]
         here = set(map(id, on[node]))
         ordered = [*on[node], *(c for c in candidates if id(c) not in here)][:limit]
         if model is None or usage is None:
@@ -477,6 +640,78 @@ def movable_candidates(context: PreemptionContext) -> list[Candidate]:
     ]
     movable.sort(key=lambda h: (-h.created_at, h.id))
     return [Candidate(h, PreemptionReason.CONSOLIDATE) for h in movable]
+
+
+@dataclass(frozen=True)
+class ConsolidationPlan:
+    """A consolidation: the node the grant goes to, who moves (reason CONSOLIDATE) and the
+    device each moves to."""
+
+    node: str
+    victims: tuple[Candidate, ...]
+    moves: tuple[Move, ...]
+
+
+# PlaceOn(node, chosen): what the grant counts and its allocations when placed on `node` once
+# `chosen` are gone from it; None when it is not placed there
+PlaceOn = Callable[[str, Sequence[Candidate]], tuple[Usage, Sequence[AllocationResult]] | None]
+
+_GRANT = "(the grant)"  # the grant's allocations in a trial state: no reservation holds them yet
+
+
+def plan_consolidation(
+    context: PreemptionContext,
+    snapshot: ClusterSnapshot,
+    state: AllocatedState,
+    place_on: PlaceOn,
+    *,
+    nodes: Iterable[str] | None = None,
+    max_nodes: int = 16,
+) -> ConsolidationPlan | None:
+    """Rule 3: on the nodes holding the fewest movable reservations first (of `nodes`, when
+    given; at most `max_nodes`), the fewest moves, emptiest GPUs first, after which the grant
+    fits there (devices and quota: a move takes nothing from anyone's quota), each to an
+    equivalent free device on another node (`place_moves`, the grant placed); the first node
+    where every move finds one. Only holdings with a `move` (the caller's: one device, not a
+    gang's member) whose device is movable are candidates."""
+    model, tenant, usage = context.model, context.tenant, context.usage
+    devices = {
+        c.holding.id: movable_device(snapshot, c.holding.move)
+        for c in movable_candidates(context)
+        if c.holding.move is not None
+    }
+    candidates = [c for c in movable_candidates(context) if devices.get(c.holding.id)]
+    on: dict[str, list[Candidate]] = {}
+    for candidate in candidates:
+        assert candidate.holding.move is not None
+        on.setdefault(candidate.holding.move.node, []).append(candidate)
+    allowed = list(on) if nodes is None else [n for n in nodes if n in on]
+
+    def held(node: str) -> tuple[int, str]:
+        return (sum(a for c in on[node] for a in c.holding.amounts.values()), node)
+
+    groups = {i: device_group(e) for i, e in devices.items() if e is not None}
+    for node in sorted(allowed, key=held)[:max_nodes]:
+
+        def fits(chosen: Sequence[Candidate], node: str = node) -> bool:
+            placed = place_on(node, chosen)
+            return placed is not None and not model.admit(tenant, placed[0], usage)
+
+        chosen = fewest_moves(consolidation_order(on[node], groups), fits)
+        if chosen is None:
+            continue
+        placed = place_on(node, chosen)
+        assert placed is not None
+        moving = [c.holding.move for c in chosen if c.holding.move is not None]
+        trial = state.with_changes(
+            [(m.id, None, a) for m in moving for a in m.allocations]
+            + [(None, _GRANT, a) for a in placed[1]]
+        )
+        moves = place_moves(snapshot, trial, moving, away_from=node)
+        if moves is None:
+            continue
+        return ConsolidationPlan(node, tuple(chosen), tuple(moves))
+    return None
 
 
 def consolidation_order(
@@ -539,11 +774,26 @@ def _can_end_within_nominal(
     return _within_nominal(quota, context.amounts, used)
 
 
-def _borrows_what_it_holds(model: QuotaModel, holding: Holding, used: Usage) -> bool:
+def _borrows_what_it_holds(
+    model: QuotaModel, candidate: Candidate, usage: Mapping[str, Usage]
+) -> bool:
+    holding = candidate.holding
     quota = model.quota_of(holding.tenant)
     if quota is None:
         return False
-    return any(
-        amount > 0 and used.get(name, 0) > quota.of(name).nominal
-        for name, amount in holding.amounts.items()
-    )
+    used = usage.get(holding.tenant, {})
+    key = tenant_node(holding.tenant)
+    for name, amount in holding.amounts.items():
+        if amount <= 0 or used.get(name, 0) <= quota.of(name).nominal:
+            continue
+        if not candidate.lca:
+            return True
+        levels = model.levels_of(key, name, usage)
+        between = []
+        for level in model.tree.ancestors(key):
+            if level[1] == candidate.lca:
+                break
+            between.append(level)
+        if all(levels.borrowing(level) for level in between):
+            return True
+    return False

@@ -16,7 +16,7 @@ Scopes. A store step sees one scope (in Redis: one hash slot), and a device must
 taken under the same scope or two scopes could both take it. A device local to a node is taken
 under that node's name; a device of a slice shared by several nodes (allNodes, nodeSelector)
 under its pool, `<driver>/<pool>` (a "/" never occurs in node names). A placement that uses
-both becomes one reservation per scope, taken all or nothing (`reserve_gang`).
+both becomes one reservation per scope, taken all or nothing (one placement of `reserve`).
 
 `placement_holds` also validates placements that clients send to Reserve: every device must
 exist in the snapshot and be usable from the node; field paths name the offending result.

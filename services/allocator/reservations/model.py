@@ -20,7 +20,6 @@ i.e. about 9 PB of memory).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import secrets
 from collections.abc import Callable, Sequence
@@ -62,7 +61,10 @@ __all__ = [
     "new_reservation_id",
     "node_reservation_id",
     "preempted_error",
-    "reserve_gang",
+    "ReserveOutcome",
+    "reserve_placement",
+    "reserved",
+    "validate_placement",
     "validate_reserve_request",
 ]
 
@@ -145,6 +147,9 @@ class Reservation:
     conditions: tuple[DeviceCondition, ...] = ()  # reported for its devices (binding.py)
 
 
+ReserveOutcome = list[Reservation] | GpuallocError
+"""What `ReservationStore.reserve` answers per placement: its reservations or its error."""
+
 PENDING_IDS_SHOWN = 20  # ids of pending revocations a read returns per tenant, at most
 
 
@@ -172,14 +177,16 @@ class ReservationStore(Protocol):
     `Unavailable` (the backing store cannot be reached).
     """
 
-    def reserve(self, request: ReserveRequest) -> Reservation:
-        """Take the hold atomically, or raise Conflict. Same (owner, node, idempotency key)
-        while that reservation lives -> the same reservation, even when the two calls race."""
-        ...
-
-    def reserve_gang(self, requests: Sequence[ReserveRequest]) -> list[Reservation]:
-        """Reserve every request (one per node, in order) or none: on any failure the ones
-        already taken are released before the error is raised."""
+    def reserve(self, placements: Sequence[Sequence[ReserveRequest]]) -> list[ReserveOutcome]:
+        """Take each placement — its requests, one per scope (a node's, a shared pool's; a
+        gang's member nodes) — all or nothing, in order, each seeing the ones before it.
+        One outcome per placement: its reservations (in request order), or the typed error that
+        refused it (`Conflict` naming what is taken, `InvalidArgument` for a bad request,
+        `Unavailable` when its store could not be reached); a placement that fails leaves
+        nothing reserved, and never fails another. Each scope's hold is checked and taken
+        atomically; one round trip per shard for the whole call. Same (owner, node,
+        idempotency key) while that reservation lives -> the same reservation, even when two
+        calls race, and within one call."""
         ...
 
     def commit(self, reservation_id: str, owner: str, fencing_token: int = 0) -> Reservation:
@@ -242,7 +249,7 @@ class ReservationStore(Protocol):
     def close(self) -> None: ...
 
 
-# --- shared by every store (additive: events, validation, conflicts, gang compensation) ------
+# --- shared by every store (additive: events, validation, conflicts) ------------------------
 
 
 class ReservationEventOp(StrEnum):
@@ -332,6 +339,17 @@ def validate_reserve_request(request: ReserveRequest) -> Hold:
     return Hold(request.hold.devices, tuple(merged.values()))
 
 
+def validate_placement(requests: Sequence[ReserveRequest]) -> list[Hold] | InvalidArgument:
+    """A placement's holds, each normalized (`validate_reserve_request`), or why it is invalid
+    (as a value: one bad placement fails alone)."""
+    if not requests:
+        return InvalidArgument.at("requests", "a placement needs at least one request")
+    try:
+        return [validate_reserve_request(request) for request in requests]
+    except InvalidArgument as error:
+        return error
+
+
 def device_conflict_key(device: str) -> str:
     """The Conflict key of a hold's device (`driver/pool/device`) that another reservation
     holds: `device:<driver>/<pool>/<device>`."""
@@ -375,32 +393,15 @@ def conflict_error(items: Sequence[DeviceTaken | UseExceeded]) -> Conflict:
     )
 
 
-def reserve_gang(
-    store: ReservationStore,
-    requests: Sequence[ReserveRequest],
-    grant: Callable[[ReserveRequest], tuple[Reservation, bool]] | None = None,
+def reserved(outcome: ReserveOutcome) -> list[Reservation]:
+    """A placement's reservations, or the error that refused it, raised."""
+    if isinstance(outcome, GpuallocError):
+        raise outcome
+    return outcome
+
+
+def reserve_placement(
+    store: ReservationStore, requests: Sequence[ReserveRequest]
 ) -> list[Reservation]:
-    """Reserve in order; on the first failure release (newest first) what this call created,
-    then re-raise. `grant` reserves one request and says whether it created the reservation
-    (False: an idempotency key returned an earlier call's, which is not ours to release);
-    without it every reservation counts as created. A release that fails too is left to lease
-    expiry: a gang is never committed partially, because the caller only gets the reservations
-    when all of them were taken."""
-    for request in requests:
-        validate_reserve_request(request)
-    take = grant or (lambda request: (store.reserve(request), True))
-    taken: list[Reservation] = []
-    created: list[Reservation] = []
-    try:
-        for request in requests:
-            reservation, new = take(request)
-            taken.append(reservation)
-            if new:
-                created.append(reservation)
-    except BaseException:
-        for reservation in reversed(created):
-            # NotFound (expired meanwhile) or Unavailable: then the lease runs out instead.
-            with contextlib.suppress(GpuallocError):
-                store.release(reservation.id, reservation.owner, reservation.fencing_token)
-        raise
-    return taken
+    """One placement through `store.reserve`: its reservations, or its error raised."""
+    return reserved(store.reserve([requests])[0])

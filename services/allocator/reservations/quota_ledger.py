@@ -4,6 +4,10 @@ An entry is one grant's amounts for one tenant: a *ticket* while its grant is be
 one entry per reservation (named by the reservation id). A leased entry expires by the ledger's
 clock; a committed one lasts until dropped. Usage = the sum of a cohort's live entries.
 
+Beside the entries, a ledger keeps each tenant's usage decayed with a half-life (admission fair
+sharing): `read_consumed` returns it with the ledger's clock and a version, `put_consumed`
+replaces it only if the version is unchanged, so replicas sampling at once write one sample.
+
 The ledger is a compare-and-set store, not a rule engine: `read` returns the cohort's entries and
 a version; `take` adds an entry only if the version is unchanged (the version grows with every
 take), so a grant checked against a read is added atomically with that check. Entries that
@@ -18,13 +22,23 @@ contract suite runs against both (tests/contract/test_quota_ledger.py).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from services.common.security.fair_sharing import ConsumedUsage
 from services.common.security.quota import Usage, add_usage
 
-__all__ = ["LedgerRead", "QuotaEntry", "QuotaLedger", "check_lease", "usage_by_tenant"]
+__all__ = [
+    "ConsumedRead",
+    "LedgerRead",
+    "QuotaEntry",
+    "QuotaLedger",
+    "Ticket",
+    "TicketBinding",
+    "check_lease",
+    "usage_by_tenant",
+]
 
 
 @dataclass(frozen=True)
@@ -41,19 +55,45 @@ class LedgerRead:
     entries: tuple[QuotaEntry, ...]  # live ones only, sorted by id
 
 
+@dataclass(frozen=True)
+class Ticket:
+    """Step one of a grant: its entry (id `ticket:<hex>`), held `lease_seconds` from the take."""
+
+    entry: QuotaEntry
+    lease_seconds: float
+
+
+@dataclass(frozen=True)
+class TicketBinding:
+    """Step two of a grant done: `parts` (one entry per reservation) replace the ticket,
+    keeping its expiry (`lease_seconds` from now when the ticket is gone)."""
+
+    ticket: str
+    parts: tuple[QuotaEntry, ...]
+    lease_seconds: float
+
+
+@dataclass(frozen=True)
+class ConsumedRead:
+    """The tenants' decayed usage as last sampled, the ledger's clock now (seconds since the
+    epoch) and the version a `put_consumed` must find."""
+
+    version: int
+    now: float
+    tenants: Mapping[str, ConsumedUsage]
+
+
 class QuotaLedger(Protocol):
     def read(self, cohort: str) -> LedgerRead: ...
 
-    def take(self, cohort: str, version: int, entry: QuotaEntry, lease_seconds: float) -> bool:
-        """Add `entry` (expiring lease_seconds from now) if the cohort's version is still
-        `version`; False (nothing added) when another take came first."""
+    def take(self, cohort: str, version: int, tickets: Sequence[Ticket]) -> bool:
+        """Add every ticket if the cohort's version is still `version` (one compare-and-set,
+        for one grant or a batch's); False (nothing added) when another take came first."""
         ...
 
-    def bind(
-        self, cohort: str, ticket: str, parts: Sequence[QuotaEntry], lease_seconds: float
-    ) -> None:
-        """Replace the ticket by `parts` (one entry per reservation of its grant), keeping the
-        ticket's expiry (`lease_seconds` from now when the ticket is gone)."""
+    def bind(self, cohort: str, bindings: Sequence[TicketBinding]) -> None:
+        """Each binding's parts replace its ticket (an entry that exists already, an
+        idempotent replay's, is left as it is): one step for a batch's grants."""
         ...
 
     def extend(self, cohort: str, entry_id: str, lease_seconds: float) -> bool:
@@ -65,6 +105,13 @@ class QuotaLedger(Protocol):
         ...
 
     def drop(self, cohort: str, entry_ids: Sequence[str]) -> None: ...
+
+    def read_consumed(self, cohort: str) -> ConsumedRead: ...
+
+    def put_consumed(self, cohort: str, version: int, tenants: Mapping[str, ConsumedUsage]) -> bool:
+        """Replace the decayed usage if the version is still `version`; False (nothing
+        written) when another sample came first."""
+        ...
 
     def close(self) -> None: ...
 

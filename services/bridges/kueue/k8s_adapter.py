@@ -10,7 +10,7 @@ Status writes are server-side apply, as Kueue's own admission-check controllers 
 so applying one entry under our field manager leaves the other checks' entries alone; the
 AdmissionCheck's `Active` condition is applied the same way.
 
-Run against a real kube-apiserver v1.34.4 under a real Kueue v0.15.2 in
+Run against a real kube-apiserver v1.34.4 under a real Kueue v0.17.0 in
 tests/e2e/test_kueue_real.py (docs/bridges.md, "Kueue"); the port's behaviour is also pinned by
 MemoryKueueApi and the controller tests.
 """

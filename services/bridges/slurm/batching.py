@@ -131,6 +131,7 @@ class AllocateBatcher:
                 gang=item.gang,
                 priority_class=item.priority_class,
                 preempt=item.preempt,
+                queued_at=item.queued_at,
             )
         except GpuallocError as error:
             return error

@@ -27,13 +27,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
-import yaml
 from google.protobuf.message import Message
 
 from services.common.admission import Admission, AdmissionLimits
 from services.common.errors import (
     FailedPrecondition,
-    InvalidArgument,
     PermissionDenied,
     Unauthenticated,
 )
@@ -48,7 +46,8 @@ from services.common.grpc_errors import (
 )
 from services.common.log import current_trace_ids
 from services.common.security.audit import audit_event
-from services.common.security.policy import Access, AccessPolicy, authorize, parse_policy
+from services.common.security.policy import Access, AccessPolicy, authorize
+from services.common.security.policy_files import LoadedPolicy, load_policy
 from services.common.security.principal import (
     Identity,
     IdentityKind,
@@ -150,6 +149,7 @@ class _Loaded:
 
     policy: AccessPolicy
     tokens: TokenVerifier
+    source: LoadedPolicy  # the policy with the files it was read from (what a reload watches)
     resolved: dict[Identity, Principal | None] = field(default_factory=dict)
 
     def resolve(self, identity: Identity) -> Principal | None:
@@ -165,12 +165,9 @@ class _Loaded:
 
 
 def load_policy_file(path: str, contents: bytes) -> AccessPolicy:
-    """Parse an AccessPolicy file (YAML); InvalidArgument naming the file and the field."""
-    try:
-        document = yaml.safe_load(contents.decode("utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as error:
-        raise InvalidArgument.at(path, f"not valid YAML: {error}") from None
-    return parse_policy(document, source=path)
+    """Parse an AccessPolicy file (YAML) and the Kueue files it names (policy_files.py);
+    InvalidArgument naming the file and the field."""
+    return load_policy(path, contents).policy
 
 
 class Authenticator:
@@ -183,11 +180,15 @@ class Authenticator:
         if policy_file:
 
             def load(contents: Sequence[bytes]) -> _Loaded:
-                policy = load_policy_file(policy_file, contents[0])
-                return _Loaded(policy, TokenVerifier(policy.jwt_issuers))
+                loaded = load_policy(policy_file, contents[0])
+                return _Loaded(loaded.policy, TokenVerifier(loaded.policy.jwt_issuers), loaded)
 
             self._watched = WatchedFiles(
-                [policy_file], load, what="access policy", min_interval=min_interval
+                [policy_file],
+                load,
+                what="access policy",
+                min_interval=min_interval,
+                follow=lambda loaded: loaded.source.followed,
             )
 
     @property

@@ -44,10 +44,26 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from fractions import Fraction
 from typing import Any, TypeVar
 
+from services.common.config import parse_go_duration
+from services.common.dra.model import (
+    DeviceTaint,
+    DeviceToleration,
+    TaintEffect,
+    TolerationOperator,
+)
+from services.common.dra.names import qualified_name_errors
 from services.common.dra.quantity import Quantity
 from services.common.errors import FieldViolation, InvalidArgument, PermissionDenied
+from services.common.security.fair_sharing import (
+    VALID_STRATEGIES,
+    AdmissionFairSharing,
+    FairSharing,
+    PreemptionStrategy,
+)
+from services.common.security.kueue_quota import KueueTranslation, apply_kueue
 from services.common.security.principal import (
     ROLE_PERMISSIONS,
     Identity,
@@ -60,14 +76,19 @@ from services.common.security.quota import (
     DEFAULT_PRIORITY,
     NO_FLAVOR,
     BorrowWithinCohort,
+    CohortQuota,
+    FlavorFungibility,
+    FlavorPreference,
     PreemptionPolicy,
     PriorityClass,
     QuotaLimits,
     QuotaModel,
     QuotaResource,
     ReclaimWithinCohort,
+    ResourceFlavor,
     TenantQuota,
     WhenCanBorrow,
+    WhenCanPreempt,
     WithinTenant,
 )
 
@@ -173,6 +194,7 @@ class AccessPolicy:
     bindings: tuple[Binding, ...]
     jwt_issuers: tuple[JwtIssuer, ...] = ()
     quotas: QuotaModel = QuotaModel((), {})
+    kueue: KueueTranslation | None = None  # the quota section was given as Kueue's objects
 
     def resolve(self, identity: Identity) -> Principal | None:
         """The principal of a proven identity; None when no binding names it (the edge then
@@ -264,8 +286,14 @@ def _deny(principal: Principal, access: Access, permission: Permission) -> None:
 # --- parsing --------------------------------------------------------------------------------
 
 
-def parse_policy(document: object, source: str = "policy") -> AccessPolicy:
-    """An AccessPolicy from its decoded YAML; InvalidArgument listing every bad field."""
+def parse_policy(
+    document: object,
+    source: str = "policy",
+    kueue_files: Mapping[str, Sequence[tuple[str, object]]] | None = None,
+) -> AccessPolicy:
+    """An AccessPolicy from its decoded YAML; InvalidArgument listing every bad field.
+    `kueue_files`: per `spec.quota.kueue.files` entry, its decoded documents with their
+    origins (the edge reads them: kueue_quota/)."""
     errors: list[FieldViolation] = []
     reader = _Reader(errors)
     root = reader.mapping(document, "", {"apiVersion", "kind", "metadata", "spec"})
@@ -281,12 +309,28 @@ def parse_policy(document: object, source: str = "policy") -> AccessPolicy:
         root.get("spec"), "spec", {"authentication", "tenants", "bindings", "quota"}
     )
     quota = reader.mapping(
-        spec.get("quota", {}), "spec.quota", {"resources", "priorityClasses", "resourceFlavors"}
+        spec.get("quota", {}),
+        "spec.quota",
+        {
+            "resources",
+            "priorityClasses",
+            "resourceFlavors",
+            "cohorts",
+            "fairSharing",
+            "admissionFairSharing",
+            "kueue",
+        },
+    )
+    quota, tenant_items, kueue = apply_kueue(
+        quota, spec.get("tenants", []), kueue_files or {}, errors
     )
     flavors = _resource_flavors(reader, quota.get("resourceFlavors", []))
     resources = _quota_resources(reader, quota.get("resources", []), flavors)
     priorities, default_priority = _priority_classes(reader, quota.get("priorityClasses", []))
-    tenants, quotas = _tenants(reader, spec.get("tenants", []), resources)
+    tenants, quotas = _tenants(reader, tenant_items, resources)
+    cohorts = _cohorts(reader, quota.get("cohorts", []), resources, tenants, quotas)
+    fair_sharing = _fair_sharing(reader, quota.get("fairSharing", {}))
+    usage_decay = _admission_fair_sharing(reader, quota.get("admissionFairSharing"), resources)
     bindings = _bindings(reader, spec.get("bindings", []), tenants)
     issuers = _issuers(reader, spec.get("authentication", {}))
     known_issuers = {issuer.issuer for issuer in issuers}
@@ -307,7 +351,16 @@ def parse_policy(document: object, source: str = "policy") -> AccessPolicy:
         tenants,
         tuple(bindings),
         tuple(issuers),
-        QuotaModel(tuple(resources), quotas, priorities, default_priority),
+        QuotaModel(
+            tuple(resources),
+            quotas,
+            priorities,
+            default_priority,
+            cohorts,
+            fair_sharing,
+            usage_decay,
+        ),
+        kueue,
     )
 
 
@@ -328,6 +381,8 @@ def _tenants(
         "quotas",
         "preemption",
         "flavorFungibility",
+        "tolerations",
+        "fairSharing",
     }
     for i, item in enumerate(reader.sequence(value, "spec.tenants")):
         path = f"spec.tenants[{i}]"
@@ -349,15 +404,13 @@ def _tenants(
         if "quotas" in fields:
             limits = _quota_limits(reader, fields["quotas"], f"{path}.quotas", resources)
             preemption = _preemption(reader, fields.get("preemption", {}), f"{path}.preemption")
-            where = f"{path}.flavorFungibility"
-            fungibility = reader.mapping(
-                fields.get("flavorFungibility", {}), where, {"whenCanBorrow"}
+            fungibility = _fungibility(
+                reader, fields.get("flavorFungibility", {}), f"{path}.flavorFungibility"
             )
-            borrow = _choice(
-                reader, fungibility.get("whenCanBorrow"), f"{where}.whenCanBorrow", WhenCanBorrow
-            )
+            tolerations = _tolerations(reader, fields.get("tolerations", []), f"{path}.tolerations")
+            weight = _fair_weight(reader, fields.get("fairSharing", {}), f"{path}.fairSharing")
             quotas[name] = TenantQuota(
-                name, cohort, limits, preemption, borrow or WhenCanBorrow.MAY_STOP_SEARCH
+                name, cohort, limits, preemption, fungibility, tolerations, weight
             )
         elif cohort:
             reader.fail(f"{path}.cohort", "a tenant without quotas is in no cohort")
@@ -365,7 +418,189 @@ def _tenants(
             reader.fail(f"{path}.preemption", "a tenant without quotas preempts by no policy")
         elif "flavorFungibility" in fields:
             reader.fail(f"{path}.flavorFungibility", "a tenant without quotas has no flavors")
+        elif "tolerations" in fields:
+            reader.fail(f"{path}.tolerations", "a tenant without quotas has no flavors")
+        elif "fairSharing" in fields:
+            reader.fail(f"{path}.fairSharing", "a tenant without quotas shares nothing")
     return tenants, quotas
+
+
+def _cohorts(
+    reader: _Reader,
+    value: object,
+    resources: Sequence[QuotaResource],
+    tenants: Mapping[str, Tenant],
+    quotas: Mapping[str, TenantQuota],
+) -> dict[str, CohortQuota]:
+    """Kueue's Cohort objects: a parent (which must be declared here too), quotas of the
+    cohort's own (limits only towards a parent, as Kueue's webhook has it) and a fair-sharing
+    weight; no cycles, and no name a tenant has."""
+    cohorts: dict[str, CohortQuota] = {}
+    paths: dict[str, str] = {}
+    for i, item in enumerate(reader.sequence(value, "spec.quota.cohorts")):
+        path = f"spec.quota.cohorts[{i}]"
+        fields = reader.mapping(item, path, {"name", "parent", "quotas", "fairSharing"})
+        name = reader.string(fields.get("name"), f"{path}.name")
+        if any(c in name for c in "/{}"):
+            reader.fail(f"{path}.name", "must not contain '/', '{' or '}' (a store hash tag)")
+        if name in cohorts:
+            reader.fail(f"{path}.name", f"duplicate cohort {name!r}")
+        if name in tenants:
+            reader.fail(f"{path}.name", f"a tenant is named {name!r} (they share names)")
+        parent = reader.string(fields.get("parent", ""), f"{path}.parent", required=False)
+        if parent and parent == name:
+            reader.fail(f"{path}.parent", "a cohort cannot be its own parent")
+            parent = ""
+        limits: dict[str, QuotaLimits] = {}
+        if "quotas" in fields:
+            limits = _quota_limits(
+                reader, fields["quotas"], f"{path}.quotas", resources, cohort=True
+            )
+            if not parent:
+                _refuse_limits_at_a_root(reader, fields["quotas"], f"{path}.quotas")
+        weight = _fair_weight(reader, fields.get("fairSharing", {}), f"{path}.fairSharing")
+        if name and name not in cohorts:
+            cohorts[name] = CohortQuota(name, parent, limits, weight)
+            paths[name] = path
+    for name, cohort in cohorts.items():
+        if cohort.parent and cohort.parent not in cohorts:
+            known = ", ".join(sorted(cohorts))
+            reader.fail(
+                f"{paths[name]}.parent",
+                f"unknown cohort {cohort.parent!r} (spec.quota.cohorts: {known})",
+            )
+    reported: set[str] = set()
+    for name in cohorts:
+        chain, at = [name], cohorts[name].parent
+        while at in cohorts and at not in chain:
+            chain.append(at)
+            at = cohorts[at].parent
+        if at in chain and at not in reported:
+            loop = chain[chain.index(at) :] + [at]
+            reported.update(loop)
+            reader.fail(f"{paths[at]}.parent", "cohorts form a cycle: " + " -> ".join(loop))
+    for tenant, quota in quotas.items():
+        if quota.cohort in tenants:
+            reader.fail(
+                f"spec.tenants[{list(tenants).index(tenant)}].cohort",
+                f"{quota.cohort!r} is a tenant: a tenant's cohort must be a cohort",
+            )
+    return cohorts
+
+
+def _refuse_limits_at_a_root(reader: _Reader, value: object, path: str) -> None:
+    if not isinstance(value, list):
+        return
+    for j, item in enumerate(value):
+        if not isinstance(item, Mapping):
+            continue
+        for limit in ("borrowingLimit", "lendingLimit"):
+            if limit in item:
+                reader.fail(
+                    f"{path}[{j}].{limit}",
+                    "only a cohort with a parent borrows or lends (Kueue: must be nil when "
+                    "parent is empty)",
+                )
+
+
+def _fair_weight(reader: _Reader, value: object, path: str) -> Fraction:
+    """`fairSharing: {weight: <quantity>}`: >= 0, and not so small it collapses (Kueue's
+    webhook: 0 or more than 1n); 1 when unset."""
+    fields = reader.mapping(value, path, {"weight"})
+    raw = fields.get("weight")
+    if raw is None:
+        return Fraction(1)
+    where = f"{path}.weight"
+    if isinstance(raw, bool) or not isinstance(raw, int | float | str):
+        reader.fail(where, f"must be a quantity such as 1, 0.5 or 500m, got {raw!r}")
+        return Fraction(1)
+    try:
+        weight = Quantity.parse(str(raw)).value
+    except ValueError:
+        reader.fail(where, f"must be a quantity such as 1, 0.5 or 500m, got {raw!r}")
+        return Fraction(1)
+    if weight < 0:
+        reader.fail(where, "must not be negative")
+        return Fraction(1)
+    if 0 < weight <= Fraction(1, 10**9):
+        reader.fail(where, "when not 0, must be more than 1n (10e-9)")
+        return Fraction(1)
+    return weight
+
+
+def _fair_sharing(reader: _Reader, value: object) -> FairSharing:
+    """`spec.quota.fairSharing` (Kueue's Configuration fairSharing): enabled, and the
+    preemption strategies as one of the lists Kueue accepts."""
+    path = "spec.quota.fairSharing"
+    fields = reader.mapping(value, path, {"enabled", "preemptionStrategies"})
+    enabled = reader.boolean(fields.get("enabled", False), f"{path}.enabled")
+    if "preemptionStrategies" not in fields:
+        return FairSharing(enabled)
+    where = f"{path}.preemptionStrategies"
+    names = reader.sequence(fields["preemptionStrategies"], where)
+    chosen = []
+    for j, name in enumerate(names):
+        strategy = _choice(reader, name, f"{where}[{j}]", PreemptionStrategy)
+        if strategy is not None:
+            chosen.append(strategy)
+    if len(chosen) == len(names) and tuple(chosen) not in VALID_STRATEGIES:
+        allowed = "; ".join("[" + ", ".join(s) + "]" for s in VALID_STRATEGIES)
+        reader.fail(where, f"must be one of {allowed}")
+        return FairSharing(enabled)
+    return FairSharing(enabled, tuple(chosen)) if chosen else FairSharing(enabled)
+
+
+def _admission_fair_sharing(
+    reader: _Reader, value: object, resources: Sequence[QuotaResource]
+) -> AdmissionFairSharing | None:
+    """`spec.quota.admissionFairSharing` (Kueue's Configuration field): the usage half-life
+    (>= 0), the sampling interval (> 0, 5m by default) and resource weights (>= 0)."""
+    if value is None:
+        return None
+    path = "spec.quota.admissionFairSharing"
+    fields = reader.mapping(
+        value, path, {"usageHalfLifeTime", "usageSamplingInterval", "resourceWeights"}
+    )
+    half_life = _duration(reader, fields.get("usageHalfLifeTime"), f"{path}.usageHalfLifeTime")
+    interval = 300.0
+    if "usageSamplingInterval" in fields:
+        where = f"{path}.usageSamplingInterval"
+        interval = _duration(reader, fields["usageSamplingInterval"], where)
+        if interval <= 0:
+            reader.fail(where, "must be greater than 0")
+    known = {resource.base or resource.name for resource in resources}
+    weights: dict[str, Fraction] = {}
+    where = f"{path}.resourceWeights"
+    raw = fields.get("resourceWeights", {})
+    if not isinstance(raw, Mapping):
+        reader.fail(where, f"must be a mapping, got {type(raw).__name__}")
+        raw = {}
+    for name, weight in raw.items():
+        at = f"{where}.{name}"
+        if name not in known:
+            names = ", ".join(sorted(known)) or "none"
+            reader.fail(at, f"unknown quota resource {name!r} (spec.quota.resources: {names})")
+            continue
+        if isinstance(weight, bool) or not isinstance(weight, int | float):
+            reader.fail(at, f"must be a number, got {weight!r}")
+            continue
+        if not math.isfinite(weight) or weight < 0:
+            reader.fail(at, "must be a finite number >= 0")
+            continue
+        weights[str(name)] = Fraction(weight)
+    return AdmissionFairSharing(half_life, interval if interval > 0 else 300.0, weights)
+
+
+def _duration(reader: _Reader, value: object, path: str) -> float:
+    """A Go duration (`168h`, `5m`, `1h30m`), as Kubernetes' metav1.Duration; >= 0."""
+    if value is None:
+        reader.fail(path, "Required value")
+        return 0.0
+    seconds = parse_go_duration(value) if isinstance(value, str) else None
+    if seconds is None:
+        reader.fail(path, f"must be a duration such as 168h, 5m or 1h30m, got {value!r}")
+        return 0.0
+    return seconds
 
 
 _E = TypeVar("_E", bound=StrEnum)
@@ -405,16 +640,135 @@ def _preemption(reader: _Reader, value: object, path: str) -> PreemptionPolicy:
     )
 
 
-def _choice(reader: _Reader, value: object, path: str, kind: type[_E]) -> _E | None:
-    """One of `kind`'s values by its Kueue spelling; None when unset (or refused)."""
+def _choice(
+    reader: _Reader,
+    value: object,
+    path: str,
+    kind: type[_E],
+    older: Mapping[str, _E] | None = None,
+) -> _E | None:
+    """One of `kind`'s values by its Kueue spelling (or an `older` name Kueue still accepts);
+    None when unset (or refused)."""
     if value is None:
         return None
     for member in kind:
         if value == member.value:
             return member
-    choices = ", ".join(member.value for member in kind)
+    if older and isinstance(value, str) and value in older:
+        return older[value]
+    choices = ", ".join([member.value for member in kind] + list(older or ()))
     reader.fail(path, f"must be one of {choices}, got {value!r}")
     return None
+
+
+def _fungibility(reader: _Reader, value: object, path: str) -> FlavorFungibility:
+    """A tenant's `flavorFungibility`, as Kueue's ClusterQueue spells it (v1beta1's older
+    names `Borrow` and `Preempt` too), with Kueue's defaults and its rule that `preference`
+    needs both policies TryNextFlavor."""
+    fields = reader.mapping(value, path, {"whenCanBorrow", "whenCanPreempt", "preference"})
+    default = FlavorFungibility()
+    borrow = _choice(
+        reader,
+        fields.get("whenCanBorrow"),
+        f"{path}.whenCanBorrow",
+        WhenCanBorrow,
+        {"Borrow": WhenCanBorrow.MAY_STOP_SEARCH},
+    )
+    preempt = _choice(
+        reader,
+        fields.get("whenCanPreempt"),
+        f"{path}.whenCanPreempt",
+        WhenCanPreempt,
+        {"Preempt": WhenCanPreempt.MAY_STOP_SEARCH},
+    )
+    preference = _choice(reader, fields.get("preference"), f"{path}.preference", FlavorPreference)
+    made = FlavorFungibility(
+        borrow or default.when_can_borrow, preempt or default.when_can_preempt, preference
+    )
+    both = (made.when_can_borrow, made.when_can_preempt) == (
+        WhenCanBorrow.TRY_NEXT_FLAVOR,
+        WhenCanPreempt.TRY_NEXT_FLAVOR,
+    )
+    if preference is not None and not both:
+        reader.fail(
+            f"{path}.preference",
+            "preference can only be set when both whenCanBorrow and whenCanPreempt are "
+            "TryNextFlavor",
+        )
+    return made
+
+
+_MAX_TAINTS = 8  # Kueue's ResourceFlavor: at most 8 nodeTaints and 8 tolerations
+_EFFECTS = {"NoSchedule": TaintEffect.NO_SCHEDULE, "NoExecute": TaintEffect.NO_EXECUTE}
+_PREFER_NO_SCHEDULE = "PreferNoSchedule"  # accepted; never refuses (Kueue's check skips it)
+
+
+def _taints(reader: _Reader, value: object, path: str) -> tuple[DeviceTaint, ...]:
+    """A flavor's `nodeTaints` (Kubernetes Taints: key, value, effect), at most 8; the
+    PreferNoSchedule ones are accepted and dropped, as Kueue's flavor check ignores them."""
+    items = reader.sequence(value, path)
+    if len(items) > _MAX_TAINTS:
+        reader.fail(path, f"must have at most {_MAX_TAINTS} items, got {len(items)}")
+    taints: list[DeviceTaint] = []
+    seen: set[tuple[str, str]] = set()
+    for i, item in enumerate(items):
+        where = f"{path}[{i}]"
+        fields = reader.mapping(item, where, {"key", "value", "effect"})
+        key = _taint_key(reader, fields.get("key"), f"{where}.key", required=True)
+        taint_value = reader.string(fields.get("value", ""), f"{where}.value", required=False)
+        effect = fields.get("effect")
+        if effect not in (*_EFFECTS, _PREFER_NO_SCHEDULE):
+            reader.fail(
+                f"{where}.effect",
+                f"must be one of NoSchedule, PreferNoSchedule, NoExecute, got {effect!r}",
+            )
+            continue
+        if (key, effect) in seen:
+            reader.fail(where, f"duplicate taint {key!r} with effect {effect}")
+        seen.add((key, effect))
+        if effect in _EFFECTS:
+            taints.append(DeviceTaint(key, _EFFECTS[effect], taint_value))
+    return tuple(taints)
+
+
+def _tolerations(reader: _Reader, value: object, path: str) -> tuple[DeviceToleration, ...]:
+    """Kubernetes Tolerations (key, operator Equal or Exists, value, effect), at most 8, with
+    their validation: Exists takes no value, an empty key only with Exists. A PreferNoSchedule
+    toleration is dropped (no taint it tolerates refuses anything)."""
+    items = reader.sequence(value, path)
+    if len(items) > _MAX_TAINTS:
+        reader.fail(path, f"must have at most {_MAX_TAINTS} items, got {len(items)}")
+    tolerations: list[DeviceToleration] = []
+    for i, item in enumerate(items):
+        where = f"{path}[{i}]"
+        fields = reader.mapping(item, where, {"key", "operator", "value", "effect"})
+        key = _taint_key(reader, fields.get("key"), f"{where}.key", required=False)
+        operator = _choice(
+            reader, fields.get("operator"), f"{where}.operator", TolerationOperator
+        ) or (TolerationOperator.EQUAL)
+        wanted = reader.string(fields.get("value", ""), f"{where}.value", required=False)
+        if operator is TolerationOperator.EXISTS and wanted:
+            reader.fail(f"{where}.value", "must be empty when operator is Exists")
+        if not key and operator is not TolerationOperator.EXISTS:
+            reader.fail(f"{where}.operator", "must be Exists when key is empty")
+        effect = fields.get("effect", "")
+        if effect not in ("", *_EFFECTS, _PREFER_NO_SCHEDULE):
+            reader.fail(
+                f"{where}.effect",
+                f"must be one of NoSchedule, PreferNoSchedule, NoExecute, got {effect!r}",
+            )
+            continue
+        if effect != _PREFER_NO_SCHEDULE:
+            tolerations.append(DeviceToleration(key, operator, wanted, _EFFECTS.get(effect)))
+    return tuple(tolerations)
+
+
+def _taint_key(reader: _Reader, value: object, path: str, *, required: bool) -> str:
+    key = reader.string(value, path, required=required)
+    problems = qualified_name_errors(key) if key else []
+    if problems:
+        reader.fail(path, f"{key!r}: {'; '.join(problems)}")
+    return key
 
 
 def _priority_classes(
@@ -450,12 +804,19 @@ def _priority_classes(
     return classes, default
 
 
-def _resource_flavors(reader: _Reader, value: object) -> dict[str, tuple[tuple[str, str], ...]]:
-    """Kueue's ResourceFlavors: a name and the node labels its devices' nodes carry."""
-    flavors: dict[str, tuple[tuple[str, str], ...]] = {}
+_MAX_FLAVOR_SELECTORS = 32  # a DeviceClass's limit on selectors
+_MAX_CEL_CHARACTERS = 10 * 1024  # DRA's limit on one CEL expression
+
+
+def _resource_flavors(reader: _Reader, value: object) -> dict[str, ResourceFlavor]:
+    """Kueue's ResourceFlavors: a name, the node labels its devices' nodes carry, its node
+    taints and tolerations; and gpualloc's device-level selection (device classes, CEL
+    selectors; a CEL expression is compiled where the allocator loads the policy)."""
+    flavors: dict[str, ResourceFlavor] = {}
+    allowed = {"name", "nodeLabels", "nodeTaints", "tolerations", "deviceClassNames", "selectors"}
     for i, item in enumerate(reader.sequence(value, "spec.quota.resourceFlavors")):
         path = f"spec.quota.resourceFlavors[{i}]"
-        fields = reader.mapping(item, path, {"name", "nodeLabels"})
+        fields = reader.mapping(item, path, allowed)
         name = reader.string(fields.get("name"), f"{path}.name")
         if "/" in name or name == NO_FLAVOR:
             reader.fail(f"{path}.name", "must not contain '/' (quotas are <resource>/<flavor>)")
@@ -467,24 +828,62 @@ def _resource_flavors(reader: _Reader, value: object) -> dict[str, tuple[tuple[s
         ):
             reader.fail(f"{path}.nodeLabels", "must map label names to string values")
             labels = {}
-        flavors[name] = tuple(sorted(labels.items()))
+        classes = tuple(
+            reader.string(c, f"{path}.deviceClassNames[{j}]")
+            for j, c in enumerate(
+                reader.sequence(fields.get("deviceClassNames", []), f"{path}.deviceClassNames")
+            )
+        )
+        flavors[name] = ResourceFlavor(
+            name,
+            tuple(sorted(labels.items())),
+            _taints(reader, fields.get("nodeTaints", []), f"{path}.nodeTaints"),
+            _tolerations(reader, fields.get("tolerations", []), f"{path}.tolerations"),
+            classes,
+            _cel_selectors(reader, fields.get("selectors", []), f"{path}.selectors"),
+        )
     return flavors
 
 
+def _cel_selectors(reader: _Reader, value: object, path: str) -> tuple[str, ...]:
+    """`[{cel: {expression: ...}}]`, a DeviceClass's selectors' shape: the expressions."""
+    items = reader.sequence(value, path)
+    if len(items) > _MAX_FLAVOR_SELECTORS:
+        reader.fail(path, f"must have at most {_MAX_FLAVOR_SELECTORS} items, got {len(items)}")
+    expressions: list[str] = []
+    for i, item in enumerate(items):
+        selector = reader.mapping(item, f"{path}[{i}]", {"cel"})
+        cel = reader.mapping(selector.get("cel"), f"{path}[{i}].cel", {"expression"})
+        where = f"{path}[{i}].cel.expression"
+        expression = cel.get("expression")
+        if not isinstance(expression, str) or not expression.strip():
+            reader.fail(where, "Required value")
+            continue
+        if len(expression) > _MAX_CEL_CHARACTERS:
+            reader.fail(where, f"must be at most {_MAX_CEL_CHARACTERS} characters")
+            continue
+        expressions.append(expression)
+    return tuple(expressions)
+
+
 def _quota_resources(
-    reader: _Reader, value: object, flavors: Mapping[str, tuple[tuple[str, str], ...]]
+    reader: _Reader, value: object, flavors: Mapping[str, ResourceFlavor]
 ) -> list[QuotaResource]:
     """The quota resources; one given `flavors` is one QuotaResource per flavor."""
     resources: list[QuotaResource] = []
-    allowed = {"name", "deviceClassNames", "counter", "gpuShare", "flavors"}
+    allowed = {"name", "deviceClassNames", "counter", "gpuShare", "flavors", "selectors"}
     for i, item in enumerate(reader.sequence(value, "spec.quota.resources")):
         path = f"spec.quota.resources[{i}]"
         fields = reader.mapping(item, path, allowed)
         name = reader.string(fields.get("name"), f"{path}.name")
         if any((resource.base or resource.name) == name for resource in resources):
             reader.fail(f"{path}.name", f"duplicate quota resource {name!r}")
-        if "/" in name:
-            reader.fail(f"{path}.name", "must not contain '/' (quotas are <resource>/<flavor>)")
+        if name.count("/") > 1:
+            reader.fail(
+                f"{path}.name",
+                "may hold one '/' (a resource name such as nvidia.com/gpu; per flavor, quotas "
+                "are <resource>/<flavor>)",
+            )
         classes = tuple(
             reader.string(c, f"{path}.deviceClassNames[{j}]")
             for j, c in enumerate(
@@ -497,13 +896,14 @@ def _quota_resources(
         share = reader.boolean(fields.get("gpuShare", False), f"{path}.gpuShare")
         if share and counter:
             reader.fail(f"{path}.gpuShare", "counts a counter or GPU shares, not both")
+        selectors = _cel_selectors(reader, fields.get("selectors", []), f"{path}.selectors")
         if "flavors" not in fields:
-            resources.append(QuotaResource(name, classes, counter, share))
+            resources.append(QuotaResource(name, classes, counter, share, selectors=selectors))
             continue
         names = reader.sequence(fields["flavors"], f"{path}.flavors")
         if not names:
             reader.fail(f"{path}.flavors", "must name at least one resource flavor")
-        first = len(resources)
+        listed: set[str] = set()
         for j, flavor in enumerate(names):
             where = f"{path}.flavors[{j}]"
             flavor_name = reader.string(flavor, where)
@@ -515,6 +915,17 @@ def _quota_resources(
                     f"{known})",
                 )
                 continue
+            if flavor_name in listed:
+                reader.fail(where, f"resource flavor {flavor_name!r} twice")
+                continue
+            listed.add(flavor_name)
+            spec = flavors[flavor_name]
+            if spec.device_classes and not set(spec.device_classes) & set(classes):
+                reader.fail(
+                    where,
+                    f"resource flavor {flavor_name!r} selects none of the resource's device "
+                    f"classes ({', '.join(classes)})",
+                )
             resources.append(
                 QuotaResource(
                     f"{name}/{flavor_name}",
@@ -523,10 +934,10 @@ def _quota_resources(
                     share,
                     base=name,
                     flavor=flavor_name,
-                    node_labels=flavors[flavor_name],
+                    spec=spec,
+                    selectors=selectors,
                 )
             )
-        outside = tuple(r.node_labels for r in resources[first:])
         resources.append(
             QuotaResource(
                 f"{name}/{NO_FLAVOR}",
@@ -535,24 +946,35 @@ def _quota_resources(
                 share,
                 base=name,
                 flavor=NO_FLAVOR,
-                outside=outside,
+                selectors=selectors,
             )
         )
+    every = [r.name for r in resources]
+    for repeated in sorted({n for n in every if every.count(n) > 1}):
+        reader.fail("spec.quota.resources", f"{repeated!r} is both a resource and a flavor's")
     return resources
 
 
 def _quota_limits(
-    reader: _Reader, value: object, path: str, resources: Sequence[QuotaResource]
+    reader: _Reader,
+    value: object,
+    path: str,
+    resources: Sequence[QuotaResource],
+    *,
+    cohort: bool = False,
 ) -> dict[str, QuotaLimits]:
+    """A tenant's or (`cohort`) a cohort's quotas; a cohort's lendingLimit may pass its own
+    nominal (it lends its children's quota too)."""
     known = {resource.base or resource.name for resource in resources}
-    flavored = {r.name for r in resources if r.flavor and r.flavor != NO_FLAVOR}
+    flavored = {r.name for r in resources if r.spec is not None}
+    with_flavors = {r.base for r in resources if r.flavor}
     limits: dict[str, QuotaLimits] = {}
     allowed = {"resource", "flavor", "nominal", "borrowingLimit", "lendingLimit"}
     for j, item in enumerate(reader.sequence(value, path)):
         where = f"{path}[{j}]"
         fields = reader.mapping(item, where, allowed)
-        resource = reader.string(fields.get("resource"), f"{where}.resource")
-        per_flavor = any(name.startswith(f"{resource}/") for name in flavored)
+        resource = base = reader.string(fields.get("resource"), f"{where}.resource")
+        per_flavor = resource in with_flavors
         if "flavor" in fields or per_flavor:
             flavor = reader.string(fields.get("flavor"), f"{where}.flavor")
             if not per_flavor:
@@ -570,7 +992,7 @@ def _quota_limits(
             )
         if resource in limits:
             reader.fail(f"{where}.resource", f"duplicate quota for {resource!r}")
-        if resource.split("/")[0] not in known:
+        if base not in known:
             continue
         nominal = _amount(reader, fields.get("nominal"), f"{where}.nominal")
         borrowing = lending = None
@@ -578,7 +1000,7 @@ def _quota_limits(
             borrowing = _amount(reader, fields["borrowingLimit"], f"{where}.borrowingLimit")
         if "lendingLimit" in fields:
             lending = _amount(reader, fields["lendingLimit"], f"{where}.lendingLimit")
-            if lending > nominal:
+            if lending > nominal and not cohort:
                 reader.fail(f"{where}.lendingLimit", "must not exceed nominal")
         limits[resource] = QuotaLimits(nominal, borrowing, lending)
     return limits

@@ -15,11 +15,16 @@ batch system because every grant passes through the allocator:
 - A *cohort* pools what its tenants lend. Tenant t's guaranteed part is `nominal - lendingLimit`;
   the cohort's pool is the sum of the lending limits; a tenant's usage above its guaranteed part
   draws from the pool. A tenant without a cohort is a cohort of one (it can never borrow).
+- Cohorts form a tree (Kueue's hierarchical Cohorts): a cohort may name a parent and have
+  quotas of its own, with lending and borrowing limits towards its parent. Borrowing goes up
+  the tree and lending down (services/common/security/cohorts.py). One tree shares one quota
+  ledger, named after its root (`ledger_key`).
 
-The rule (`admit`), per quota resource with a positive amount: the tenant's usage after the
-grant stays within `nominal + borrowingLimit`, and the cohort's draws on its pool stay within
-the pool. Both are checks over values: the store supplies the usage (its live entries) and takes
-the grant atomically with the same check (see services/allocator/app/quotas.py).
+The rule (`admit`), per quota resource with a positive amount: the amount fits in what the
+tenant may still take at every level of its tree (Kueue's available capacity): within
+`nominal + borrowingLimit`, and within what each cohort above it can still give within its
+own limits. It is a check over values: the store supplies the usage (its live entries) and
+takes the grant atomically with the same check (see services/allocator/app/quotas.py).
 
 Pure: values in, values out. Amounts are integer milli-units (a device counts 1000).
 """
@@ -31,16 +36,40 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from fractions import Fraction
 
+from services.common.dra.model import DeviceTaint, DeviceToleration
 from services.common.dra.quantity import Quantity, QuantityFormat
+from services.common.security.cohorts import (
+    CohortTree,
+    Levels,
+    NodeKey,
+    TreeNode,
+    cohort_node,
+    tenant_node,
+)
+from services.common.security.fair_sharing import (
+    AdmissionFairSharing,
+    ConsumedUsage,
+    FairSharing,
+    Share,
+    decayed_score,
+    dominant_share,
+)
 
 __all__ = [
+    "DEFAULT_FUNGIBILITY",
     "DEFAULT_PREEMPTION",
     "NO_FLAVOR",
     "DEFAULT_PRIORITY",
     "NO_QUOTAS",
     "BorrowWithinCohort",
+    "CohortQuota",
+    "CohortStatus",
+    "FlavorFungibility",
+    "FlavorPreference",
     "PreemptionPolicy",
+    "ResourceFlavor",
     "WhenCanBorrow",
+    "WhenCanPreempt",
     "PriorityClass",
     "QuotaLimits",
     "QuotaModel",
@@ -52,11 +81,37 @@ __all__ = [
     "Usage",
     "WithinTenant",
     "add_usage",
-    "cohort_key",
     "quantity_text",
 ]
 
 Usage = Mapping[str, int]  # quota resource -> milli-units
+
+
+@dataclass(frozen=True)
+class ResourceFlavor:
+    """Kueue's ResourceFlavor, for devices: which devices a flavor's quota covers and who may
+    use them.
+
+    A device is of the flavor when its node carries every one of `node_labels`, one of
+    `device_classes` selects it (any, when empty) and it matches every CEL expression of
+    `selectors` (gpualloc's: a flavor of devices rather than of nodes, e.g. whole GPUs and MIG
+    slices on one node). A grant may use the flavor only when its requests (or its tenant)
+    tolerate every one of `node_taints` (Kueue's nodeTaints: NoSchedule and NoExecute; its own
+    `tolerations` count too, as Kueue's check does); `tolerations` are added to the requests
+    placed on the flavor, so that devices tainted as the flavor's nodes are can be allocated
+    (Kueue injects them into the pods it admits)."""
+
+    name: str
+    node_labels: tuple[tuple[str, str], ...] = ()
+    node_taints: tuple[DeviceTaint, ...] = ()
+    tolerations: tuple[DeviceToleration, ...] = ()
+    device_classes: tuple[str, ...] = ()
+    selectors: tuple[str, ...] = ()  # CEL expressions over `device`, as a DeviceClass's
+
+    @property
+    def by_device(self) -> bool:
+        """Whether the flavor selects devices, not only nodes."""
+        return bool(self.device_classes or self.selectors)
 
 
 @dataclass(frozen=True)
@@ -68,10 +123,11 @@ class QuotaResource:
     one unit is one GPU on every model, whatever counters its MIG table knows.
 
     A resource given per flavor (Kueue's ResourceFlavor) is one QuotaResource per flavor,
-    named `<resource>/<flavor>` (`base` and `flavor` its parts): it counts only devices on
-    nodes carrying every one of the flavor's `node_labels`. One more, `<resource>/(none)`,
-    counts the devices on nodes of none of its flavors (`outside`: their labels); no tenant
-    can list it, so a limited tenant is never granted them (Kueue admits a workload only to a
+    named `<resource>/<flavor>` (`base` and `flavor` its parts, `spec` the flavor): it counts
+    the devices the flavor selects and none listed before it on the resource does (a device is
+    charged to the first flavor of its resource that selects it). One more,
+    `<resource>/(none)` (`spec` None), counts the devices of none of its flavors; no tenant can
+    list it, so a limited tenant is never granted them (Kueue admits a workload only to a
     flavor of its ClusterQueue)."""
 
     name: str
@@ -80,30 +136,53 @@ class QuotaResource:
     gpu_share: bool = False
     base: str = ""  # the resource a flavor's quota belongs to ("" for an unflavored one)
     flavor: str = ""
-    node_labels: tuple[tuple[str, str], ...] = ()
-    outside: tuple[tuple[tuple[str, str], ...], ...] = ()
-
-    def on(self, labels: Mapping[str, str]) -> bool:
-        """Whether a device on a node with `labels` is of this resource's flavor."""
-        if self.outside:
-            return not any(_carries(labels, flavor) for flavor in self.outside)
-        return _carries(labels, self.node_labels)
+    spec: ResourceFlavor | None = None  # the flavor (None for an unflavored one and (none))
+    # CEL expressions over `device` a counted device must match too (beside its class): a
+    # resource of one MIG profile, as Kueue's `nvidia.com/mig-<profile>` counts
+    selectors: tuple[str, ...] = ()
 
 
 NO_FLAVOR = "(none)"  # the flavor name of the devices in none of a resource's flavors
 
 
-def _carries(labels: Mapping[str, str], wanted: Iterable[tuple[str, str]]) -> bool:
-    return all(labels.get(key) == value for key, value in wanted)
-
-
 class WhenCanBorrow(StrEnum):
     """Kueue's flavorFungibility.whenCanBorrow: a flavor the grant fits only by borrowing
-    ends the search (MayStopSearch) or a later flavor within nominal is preferred
-    (TryNextFlavor)."""
+    ends the search (MayStopSearch; Kueue v1beta1's older name `Borrow`) or a later flavor is
+    tried (TryNextFlavor)."""
 
     MAY_STOP_SEARCH = "MayStopSearch"
     TRY_NEXT_FLAVOR = "TryNextFlavor"
+
+
+class WhenCanPreempt(StrEnum):
+    """Kueue's flavorFungibility.whenCanPreempt: a flavor the grant fits only if victims go
+    makes the search try the next flavor (TryNextFlavor, the default) or ends it
+    (MayStopSearch; Kueue v1beta1's older name `Preempt`)."""
+
+    MAY_STOP_SEARCH = "MayStopSearch"
+    TRY_NEXT_FLAVOR = "TryNextFlavor"
+
+
+class FlavorPreference(StrEnum):
+    """Kueue's flavorFungibility.preference: when every flavor tried needs borrowing,
+    preemption or both, which weighs first."""
+
+    BORROWING_OVER_PREEMPTION = "BorrowingOverPreemption"
+    PREEMPTION_OVER_BORROWING = "PreemptionOverBorrowing"
+
+
+@dataclass(frozen=True)
+class FlavorFungibility:
+    """Kueue's ClusterQueue flavorFungibility, with its defaults. `preference` None is
+    Kueue's default (BorrowingOverPreemption); it may be set only when both policies are
+    TryNextFlavor (Kueue's validation rule)."""
+
+    when_can_borrow: WhenCanBorrow = WhenCanBorrow.MAY_STOP_SEARCH
+    when_can_preempt: WhenCanPreempt = WhenCanPreempt.TRY_NEXT_FLAVOR
+    preference: FlavorPreference | None = None
+
+
+DEFAULT_FUNGIBILITY = FlavorFungibility()
 
 
 @dataclass(frozen=True)
@@ -192,10 +271,26 @@ class TenantQuota:
     cohort: str  # "" when the tenant is a cohort of its own
     limits: Mapping[str, QuotaLimits]
     preemption: PreemptionPolicy = DEFAULT_PREEMPTION
-    when_can_borrow: WhenCanBorrow = WhenCanBorrow.MAY_STOP_SEARCH
+    fungibility: FlavorFungibility = DEFAULT_FUNGIBILITY
+    # gpualloc's: taints of resource flavors every grant of the tenant tolerates
+    tolerations: tuple[DeviceToleration, ...] = ()
+    weight: Fraction = Fraction(1)  # fairSharing.weight
 
     def of(self, resource: str) -> QuotaLimits:
         return self.limits.get(resource, _NO_QUOTA)
+
+
+@dataclass(frozen=True)
+class CohortQuota:
+    """A cohort of the tree (Kueue's Cohort): its parent ("" for a root), quotas of its own
+    per resource (lent to every tenant below it; borrowing and lending limits towards its
+    parent) and its fair-sharing weight. A cohort that tenants name but the policy does not
+    declare is a root with no quotas of its own."""
+
+    name: str
+    parent: str = ""
+    limits: Mapping[str, QuotaLimits] = field(default_factory=dict)
+    weight: Fraction = Fraction(1)
 
 
 @dataclass(frozen=True)
@@ -251,12 +346,36 @@ class TenantStatus:
     # per tenant, the same on each of its rows: revoked by a preemption, the holder not told yet
     pending_preemptions: int = 0
     pending_preemption_ids: tuple[str, ...] = ()  # the oldest of them
+    path: tuple[str, ...] = ()  # the cohorts from the root down to its own
+    weight: Fraction = Fraction(1)  # fairSharing.weight
+    share: Share = Share()  # per tenant: its dominant resource share now
+    decayed: float | None = None  # its decayed usage of the resource (admission fair sharing)
+    decayed_usage: float | None = None  # per tenant: the weighted sum over resources
+    decayed_at: float | None = None  # when it was sampled (seconds since the epoch)
 
 
-def cohort_key(quota: TenantQuota) -> str:
-    """The name under which the store keeps a cohort's usage: `cohort:<name>`, or
-    `tenant:<name>` for a tenant that is a cohort of its own."""
-    return f"cohort:{quota.cohort}" if quota.cohort else f"tenant:{quota.tenant}"
+@dataclass(frozen=True)
+class CohortStatus:
+    """One cohort's standing on one quota resource (milli-units), as Kueue's resource node
+    has it: its own nominal quota, the subtree quota (its own plus what its children lend it),
+    what its children use of it beyond their local quotas, what it borrows from its parent and
+    lends to its parent's other children, and what its subtree could still be granted."""
+
+    cohort: str
+    resource: str
+    parent: str
+    nominal: int
+    subtree: int
+    used: int
+    borrowed: int  # used above the subtree quota: taken from its parent
+    lent: int
+    left: int
+    borrowing_limit: int | None
+    lending_limit: int | None
+    binary: bool = False
+    path: tuple[str, ...] = ()  # the cohorts from the root down to its parent
+    weight: Fraction = Fraction(1)
+    share: Share = Share()
 
 
 @dataclass(frozen=True)
@@ -265,25 +384,68 @@ class QuotaModel:
     tenants: Mapping[str, TenantQuota]  # only tenants with quotas
     priority_classes: Mapping[str, PriorityClass] = field(default_factory=dict)
     default_priority: PriorityClass = DEFAULT_PRIORITY
-    _members: Mapping[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
+    cohorts: Mapping[str, CohortQuota] = field(default_factory=dict)  # the declared ones
+    fair_sharing: FairSharing = FairSharing()
+    admission_fair_sharing: AdmissionFairSharing | None = None
+    _tree: CohortTree = field(init=False, repr=False, compare=False)
+    _members: Mapping[NodeKey, tuple[str, ...]] = field(init=False, repr=False, compare=False)
+    _base_of: Mapping[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        members: dict[str, list[str]] = {}
+        nodes = [
+            TreeNode(tenant_node(q.tenant), q.cohort, q.limits, q.weight)
+            for q in self.tenants.values()
+        ]
+        nodes += [
+            TreeNode(cohort_node(c.name), c.parent, c.limits, c.weight)
+            for c in self.cohorts.values()
+        ]
+        tree = CohortTree(nodes)  # CohortCycle for a cycle (the parser refuses one first)
+        members: dict[NodeKey, list[str]] = {}
         for quota in self.tenants.values():
-            members.setdefault(cohort_key(quota), []).append(quota.tenant)
+            members.setdefault(tree.root(tenant_node(quota.tenant)), []).append(quota.tenant)
+        object.__setattr__(self, "_tree", tree)
         object.__setattr__(self, "_members", {k: tuple(sorted(v)) for k, v in members.items()})
+        object.__setattr__(self, "_base_of", {r.name: r.base or r.name for r in self.resources})
 
     @property
     def enabled(self) -> bool:
         return bool(self.resources) and bool(self.tenants)
+
+    @property
+    def tree(self) -> CohortTree:
+        return self._tree
 
     def quota_of(self, tenant: str) -> TenantQuota | None:
         """The tenant's quota; None: the tenant is not limited."""
         return self.tenants.get(tenant)
 
     def members(self, quota: TenantQuota) -> tuple[str, ...]:
-        """The tenants sharing `quota`'s cohort (itself included)."""
-        return self._members.get(cohort_key(quota), (quota.tenant,))
+        """The tenants sharing `quota`'s tree (itself included): those its usage is ruled
+        with, kept in one ledger."""
+        root = self._tree.root(tenant_node(quota.tenant))
+        return self._members.get(root, (quota.tenant,))
+
+    def ledger_key(self, quota: TenantQuota) -> str:
+        """The name under which the store keeps the usage of `quota`'s tree: `cohort:<root>`,
+        or `tenant:<name>` for a tenant in no cohort."""
+        return self.ledger_of(tenant_node(quota.tenant))
+
+    def ledger_of(self, key: NodeKey) -> str:
+        """The ledger of the tree a tenant or cohort is in."""
+        kind, name = self._tree.root(key)
+        return f"cohort:{name}" if kind == "cohort" else f"tenant:{name}"
+
+    def ledgers(self) -> tuple[str, ...]:
+        """Every ledger the policy's tenants use, by name."""
+        return tuple(sorted({self.ledger_key(q) for q in self.tenants.values()}))
+
+    def path(self, tenant: str) -> tuple[str, ...]:
+        """The cohorts from the root of the tenant's tree down to its own (() when it has
+        none or is not limited)."""
+        if tenant not in self.tenants:
+            return ()
+        return self._tree.path(tenant_node(tenant))
 
     def priority(self, name: str) -> PriorityClass:
         """The class a reservation names; "" or a class the policy no longer has: the
@@ -294,8 +456,10 @@ class QuotaModel:
             else (self.default_priority)
         )
 
-    def cohorts(self) -> tuple[str, ...]:
-        return tuple(sorted(self._members))
+    def flavors_of(self, base: str) -> tuple[QuotaResource, ...]:
+        """The flavors of resource `base` in the order the resource lists them: a device is
+        charged to the first of them that selects it ((none) left out)."""
+        return tuple(r for r in self.resources if r.base == base and r.spec is not None)
 
     def flavor_order(self, tenant: str, base: str) -> tuple[QuotaResource, ...]:
         """The flavors of resource `base` the tenant lists, in the order it lists them (the
@@ -315,7 +479,7 @@ class QuotaModel:
         within_nominal: bool = False,
     ) -> tuple[QuotaRefusal, ...]:
         """Whether `tenant` may be granted `amounts` on top of `usage` (tenant -> its usage, the
-        cohort's tenants at least): () when it may, else one refusal per resource that does
+        tenants of its tree at least): () when it may, else one refusal per resource that does
         not fit. `within_nominal`: also refused where the grant would borrow (the preemption
         pass that must leave the preemptor within nominal, core/preemption.py)."""
         quota = self.quota_of(tenant)
@@ -349,17 +513,76 @@ class QuotaModel:
                 )
         return tuple(refusals)
 
-    def status(self, usage: Mapping[str, Usage], tenants: Iterable[str] = ()) -> list[TenantStatus]:
-        """Per tenant (those given, else every tenant with quotas) and quota resource."""
+    # --- the tree's figures -----------------------------------------------------------------
+
+    def levels(self, key: NodeKey, usage: Mapping[str, Usage]) -> dict[str, Levels]:
+        """Every resource's Levels of `key`'s tree (usage: tenant -> its usage)."""
+        return {r.name: self.levels_of(key, r.name, usage) for r in self.resources}
+
+    def levels_of(self, key: NodeKey, resource: str, usage: Mapping[str, Usage]) -> Levels:
+        """One resource's Levels of `key`'s tree."""
+        of_resource = {t: u.get(resource, 0) for t, u in usage.items()}
+        return self._tree.levels(resource, of_resource, key)
+
+    def base_of(self) -> Mapping[str, str]:
+        """quota resource -> the resource it is a flavor of (itself when unflavored)."""
+        return self._base_of
+
+    def share(
+        self,
+        key: NodeKey,
+        usage: Mapping[str, Usage],
+        extra: Usage | None = None,
+        levels: Mapping[str, Levels] | None = None,
+    ) -> Share:
+        """The dominant resource share of a tenant or cohort now (with `extra` more used by
+        it: a grant's amounts)."""
+        if key not in self._tree:
+            return Share()
+        found = levels if levels is not None else self.levels(key, usage)
+        return dominant_share(self._tree, key, found, self.base_of(), extra)
+
+    def status(
+        self,
+        usage: Mapping[str, Usage],
+        tenants: Iterable[str] = (),
+        *,
+        consumed: Mapping[str, ConsumedUsage] | None = None,
+    ) -> list[TenantStatus]:
+        """Per tenant (those given, else every tenant with quotas) and quota resource; with
+        `consumed` (the tenants' decayed usage as last sampled) and usage decay configured,
+        each row's decayed usage and the tenant's weighted sum of it."""
         rows: list[TenantStatus] = []
+        decay = self.admission_fair_sharing if consumed is not None else None
+        by_tree: dict[NodeKey, dict[str, Levels]] = {}
+        lent_by_tree: dict[NodeKey, dict[str, dict[NodeKey, int]]] = {}
         for tenant in sorted(tenants) if tenants else sorted(self.tenants):
             quota = self.quota_of(tenant)
             if quota is None:
                 continue
+            key = tenant_node(tenant)
+            root = self._tree.root(key)
+            if root not in by_tree:
+                by_tree[root] = self.levels(root, usage)
+                lent_by_tree[root] = {name: lv.lent() for name, lv in by_tree[root].items()}
+            levels = by_tree[root]
+            share = dominant_share(self._tree, key, levels, self.base_of())
+            path = self._tree.path(key)
+            decayed: Mapping[str, float] | None = None
+            score: float | None = None
+            sampled: float | None = None
+            if decay is not None and consumed is not None:
+                record = consumed.get(tenant)
+                decayed = record.amounts if record is not None else {}
+                sampled = record.at if record is not None else None
+                score = decayed_score(decayed, decay.resource_weights, self._base_of, quota.weight)
             for resource in self.resources:
                 name = resource.name
                 limits = quota.of(name)
                 used = usage.get(tenant, {}).get(name, 0)
+                left = 0
+                if name in quota.limits:
+                    left = max(0, levels[name].available(key))
                 rows.append(
                     TenantStatus(
                         tenant,
@@ -368,11 +591,63 @@ class QuotaModel:
                         nominal=limits.nominal,
                         used=used,
                         borrowed=max(0, used - limits.nominal),
-                        lent=self._lent(quota, name, usage),
-                        left=self._left(quota, name, usage),
+                        lent=lent_by_tree[root][name].get(key, 0),
+                        left=left,
                         borrowing_limit=limits.borrowing_limit,
                         lending_limit=limits.lending_limit,
                         binary=bool(resource.counter),
+                        path=path,
+                        weight=quota.weight,
+                        share=share,
+                        decayed=None if decayed is None else decayed.get(name, 0.0),
+                        decayed_usage=score,
+                        decayed_at=sampled,
+                    )
+                )
+        return rows
+
+    def cohort_names(self) -> tuple[str, ...]:
+        """Every cohort of the tree (declared, or named by a tenant or a child), by name."""
+        return tuple(sorted(name for kind, name in self._tree.nodes() if kind == "cohort"))
+
+    def cohort_status(
+        self, usage: Mapping[str, Usage], cohorts: Iterable[str] = ()
+    ) -> list[CohortStatus]:
+        """Per cohort (those given, else every cohort) and quota resource."""
+        rows: list[CohortStatus] = []
+        by_tree: dict[NodeKey, dict[str, Levels]] = {}
+        lent_by_tree: dict[NodeKey, dict[str, dict[NodeKey, int]]] = {}
+        for name in sorted(set(cohorts)) if cohorts else self.cohort_names():
+            key = cohort_node(name)
+            if key not in self._tree:
+                continue
+            root = self._tree.root(key)
+            if root not in by_tree:
+                by_tree[root] = self.levels(root, usage)
+                lent_by_tree[root] = {r: lv.lent() for r, lv in by_tree[root].items()}
+            levels = by_tree[root]
+            share = dominant_share(self._tree, key, levels, self.base_of())
+            node = self._tree.node(key)
+            for resource in self.resources:
+                level = levels[resource.name]
+                limits = node.limits.get(resource.name)
+                rows.append(
+                    CohortStatus(
+                        name,
+                        resource.name,
+                        node.parent,
+                        nominal=limits.nominal if limits is not None else 0,
+                        subtree=level.subtree[key],
+                        used=level.usage[key],
+                        borrowed=max(0, level.usage[key] - level.subtree[key]),
+                        lent=lent_by_tree[root][resource.name].get(key, 0),
+                        left=max(0, level.available(key)),
+                        borrowing_limit=limits.borrowing_limit if limits is not None else None,
+                        lending_limit=limits.lending_limit if limits is not None else None,
+                        binary=bool(resource.counter),
+                        path=self._tree.path(key),
+                        weight=node.weight,
+                        share=share,
                     )
                 )
         return rows
@@ -380,46 +655,16 @@ class QuotaModel:
     # --- the rule ---------------------------------------------------------------------------
 
     def _left(self, quota: TenantQuota, resource: str, usage: Mapping[str, Usage]) -> int:
-        """The largest amount `admit` grants the tenant now.
+        """The largest amount `admit` grants the tenant now: what it may still take at every
+        level of its tree (cohorts.py's `available`).
 
-        With u its usage, g its guaranteed part, P the cohort's pool and E the other tenants'
-        draws on it (their usage above their guaranteed parts): a grant a fits when
-        u + a <= nominal + borrowingLimit and max(0, u + a - g) + E <= P, so
+        In a cohort of tenants only, with u its usage, g its guaranteed part, P the cohort's
+        pool and E the other tenants' draws on it (their usage above their guaranteed parts):
         a <= min(nominal + borrowingLimit - u, g - u + max(0, P - E))."""
         if resource not in quota.limits:
             return 0  # never granted (Kueue: a resource the ClusterQueue does not cover)
-        limits = quota.of(resource)
-        used = usage.get(quota.tenant, {}).get(resource, 0)
-        pool, others = 0, 0
-        for member in self.members(quota):
-            member_limits = self.tenants[member].of(resource)
-            pool += member_limits.lendable
-            if member != quota.tenant:
-                member_used = usage.get(member, {}).get(resource, 0)
-                others += max(0, member_used - member_limits.guaranteed)
-        left = limits.guaranteed - used + max(0, pool - others)
-        if limits.borrowing_limit is not None:
-            left = min(left, limits.nominal + limits.borrowing_limit - used)
-        return max(0, left)
-
-    def _lent(self, quota: TenantQuota, resource: str, usage: Mapping[str, Usage]) -> int:
-        """How much of the tenant's unused lendable quota the cohort's borrowers use now:
-        the borrowers' draws beyond the other lenders' unused lendable parts are charged to
-        the lenders in name order (a deterministic, documented attribution)."""
-        borrowed = 0
-        unused: list[tuple[str, int]] = []
-        for member in self.members(quota):
-            limits = self.tenants[member].of(resource)
-            used = usage.get(member, {}).get(resource, 0)
-            borrowed += max(0, used - limits.nominal)
-            spare = min(limits.lendable, max(0, limits.nominal - used))
-            unused.append((member, spare))
-        for member, spare in unused:
-            charged = min(spare, borrowed)
-            borrowed -= charged
-            if member == quota.tenant:
-                return charged
-        return 0
+        key = tenant_node(quota.tenant)
+        return max(0, self.levels_of(key, resource, usage).available(key))
 
 
 NO_QUOTAS = QuotaModel((), {})

@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar, cast
@@ -28,20 +28,35 @@ from cryptography.hazmat.primitives import serialization
 
 from services.common.errors import FailedPrecondition, InvalidArgument
 
-__all__ = ["ServerTls", "WatchedFiles", "server_credentials", "tls_pair_problem"]
+__all__ = [
+    "ServerTls",
+    "Stamp",
+    "WatchedFiles",
+    "file_stamp",
+    "server_credentials",
+    "tls_pair_problem",
+]
 
 T = TypeVar("T")
 
 log = logging.getLogger("gpualloc.tls")
 
-_Stamp = tuple[int, int, int]  # inode, size, mtime_ns
+Stamp = tuple[int, int, int]  # inode, size, mtime_ns
+
+
+def file_stamp(path: str) -> Stamp:
+    """What tells a file (or a directory: its entries) changed; OSError when it is missing."""
+    info = os.stat(path)
+    return (info.st_ino, info.st_size, info.st_mtime_ns)
 
 
 class WatchedFiles(Generic[T]):
     """The value `load` makes of some files' contents, made again when any of them changes.
 
     `current()` is cheap (one `stat` per file at most every `min_interval` seconds). A reload
-    that fails keeps the last good value and logs why; the first load's failure is raised."""
+    that fails keeps the last good value and logs why; the first load's failure is raised.
+    `follow`: the other files a value was made from (the files an access policy names), with
+    the stamps they had when `load` read them; a change of any of them reloads too."""
 
     def __init__(
         self,
@@ -51,8 +66,10 @@ class WatchedFiles(Generic[T]):
         what: str,
         min_interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        follow: Callable[[T], Mapping[str, Stamp]] | None = None,
     ) -> None:
         self._paths = tuple(paths)
+        self._follow = follow
         self._load = load
         self._what = what
         self._min_interval = min_interval
@@ -78,7 +95,7 @@ class WatchedFiles(Generic[T]):
             except FailedPrecondition as error:
                 log.error("%s: keeping the previous one: %s", self._what, error)
                 return False
-            if stamps == self._stamps:
+            if stamps == self._stamps and not self._followed_changed():
                 return False
             try:
                 value = self._load(self._read())
@@ -93,7 +110,18 @@ class WatchedFiles(Generic[T]):
             log.info("%s reloaded from %s", self._what, ", ".join(self._paths))
             return True
 
-    def _stat(self) -> tuple[_Stamp, ...]:
+    def _followed_changed(self) -> bool:
+        if self._follow is None:
+            return False
+        for path, stamp in self._follow(self._value).items():
+            try:
+                if file_stamp(path) != stamp:
+                    return True
+            except OSError:
+                return True
+        return False
+
+    def _stat(self) -> tuple[Stamp, ...]:
         stamps = []
         for path in self._paths:
             try:

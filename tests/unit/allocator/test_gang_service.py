@@ -274,13 +274,9 @@ class _SlowStore:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    def reserve(self, request: Any) -> Any:
+    def reserve(self, placements: Any) -> Any:
         time.sleep(0.05)
-        return self._store.reserve(request)
-
-    def reserve_gang(self, requests: Any) -> Any:
-        time.sleep(0.05)
-        return self._store.reserve_gang(requests)
+        return self._store.reserve(placements)
 
 
 @pytest.mark.parametrize(

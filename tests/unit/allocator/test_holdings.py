@@ -23,6 +23,7 @@ from services.allocator.reservations.model import (
     ReservationEventOp,
     ReservationState,
     ReserveRequest,
+    reserve_placement,
 )
 from services.common.dra.model import AllocationResult, DeviceID, DeviceRequestAllocationResult
 from services.common.errors import Conflict
@@ -88,7 +89,7 @@ def holdings(store):
 
 
 def test_start_loads_what_is_live(store, holdings):
-    store.reserve(_request(A100, MIG[0]))
+    reserve_placement(store, [_request(A100, MIG[0])])[0]
     holdings.start()
     assert holdings.synced
     assert holdings.state_for(VIEW).in_use(MIG[0])
@@ -96,7 +97,7 @@ def test_start_loads_what_is_live(store, holdings):
 
 def test_other_replicas_changes_arrive_as_events(store, holdings):
     holdings.start()
-    reservation = store.reserve(_request(A100, MIG[0]))
+    reservation = reserve_placement(store, [_request(A100, MIG[0])])[0]
     _until(lambda: holdings.state_for(VIEW).in_use(MIG[0]))
     assert holdings.state_for(VIEW).owners(MIG[0]) == (reservation.id,)
     store.release(reservation.id, "o")
@@ -105,7 +106,7 @@ def test_other_replicas_changes_arrive_as_events(store, holdings):
 
 def test_expired_leases_are_freed_by_the_janitor(store, holdings):
     holdings.start()
-    store.reserve(_request(A100, MIG[0], lease=1.0))
+    reserve_placement(store, [_request(A100, MIG[0], lease=1.0)])[0]
     _until(lambda: holdings.state_for(VIEW).in_use(MIG[0]))
     store.clock.now += 2.0
     _until(lambda: not holdings.state_for(VIEW).in_use(MIG[0]))
@@ -152,7 +153,9 @@ def test_a_nodes_refresh_applies_what_it_finds_without_a_rebuild(store):
     holdings = Holdings(store, expire_interval=3600, refresh_interval=3600)
     holdings.refresh()
     before = holdings.state_for(VIEW)
-    missed = store.reserve(_request(A100, MIG[0]))  # another replica's: no event applied here
+    missed = reserve_placement(store, [_request(A100, MIG[0])])[
+        0
+    ]  # another replica's: no event applied here
     assert holdings.refresh(A100) is True
     assert holdings._journal is not None  # the change goes in incrementally
     state = holdings.state_for(VIEW)
@@ -162,7 +165,7 @@ def test_a_nodes_refresh_applies_what_it_finds_without_a_rebuild(store):
 
 def test_a_nodes_refresh_that_finds_nothing_says_so_and_rebuild_heals(store):
     holdings = Holdings(store, expire_interval=3600, refresh_interval=3600)
-    holdings.added([store.reserve(_request(A100, MIG[1]))])
+    holdings.added([reserve_placement(store, [_request(A100, MIG[1])])[0]])
     holdings.state_for(VIEW)
     assert holdings.refresh(A100) is False
     holdings.rebuild()
@@ -192,7 +195,7 @@ def test_node_refreshes_keep_the_incremental_state_exact(operations):
         devices = sorted({MIG[p] for p in picks})
         if op in ("theirs", "ours"):
             try:
-                made = store.reserve(_request(A100, *devices))
+                made = reserve_placement(store, [_request(A100, *devices)])[0]
             except Conflict:
                 continue
             if op == "ours":
@@ -290,9 +293,13 @@ def test_own_reserves_are_not_fetched_back_but_other_replicas_are(store):
     try:
         request = _request(A100, MIG[0])
         token = holdings.hold_pending([A100], request.allocations)
-        own = store.reserve(request)  # its event arrives while the placement is pending
+        own = reserve_placement(store, [request])[
+            0
+        ]  # its event arrives while the placement is pending
         holdings.settle_pending(token, [own])
-        other = store.reserve(_request(A100, MIG[1]))  # no placement pending: another replica
+        other = reserve_placement(store, [_request(A100, MIG[1])])[
+            0
+        ]  # no placement pending: another replica
         _until(lambda: holdings.get(other.id) is not None)
         time.sleep(0.1)  # past the grace an unknown id on a pending node waits
         assert counting.gets == [other.id]
@@ -302,7 +309,7 @@ def test_own_reserves_are_not_fetched_back_but_other_replicas_are(store):
 
 def test_other_replicas_commits_arrive_as_events(store, holdings):
     holdings.start()
-    reservation = store.reserve(_request(A100, MIG[0]))
+    reservation = reserve_placement(store, [_request(A100, MIG[0])])[0]
     _until(lambda: holdings.get(reservation.id) is not None)
     store.commit(reservation.id, "o")
     _until(lambda: holdings.get(reservation.id).state is ReservationState.COMMITTED)
@@ -317,7 +324,9 @@ def test_another_replicas_reserve_on_a_node_with_a_pending_placement_is_fetched_
     holdings.start()
     try:
         token = holdings.hold_pending([A100], [_allocation(MIG[0])])
-        other = store.reserve(_request(A100, MIG[1]))  # not this process's: never settled here
+        other = reserve_placement(store, [_request(A100, MIG[1])])[
+            0
+        ]  # not this process's: never settled here
         _until(lambda: holdings.get(other.id) is not None)
         assert counting.gets == [other.id]
         assert holdings.state_for(VIEW).owners(MIG[1]) == (other.id,)

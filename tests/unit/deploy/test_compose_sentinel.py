@@ -24,7 +24,7 @@ import pytest
 import redis
 
 from services.allocator.adapters.store.redis_store import RedisReservationStore
-from services.allocator.reservations.model import ReservationState
+from services.allocator.reservations.model import ReservationState, reserve_placement
 from services.common.config import read_settings
 from services.common.redis_layout import parse_layout
 from services.inventory.adapters.store.redis_repository import RedisInventoryRepository
@@ -285,7 +285,7 @@ def test_the_commands_make_a_sentinel_group_both_services_work_on(
     wait = int(environment(services()["allocator-1"])["GPUALLOC_REDIS_WAIT_REPLICAS"])
     store = RedisReservationStore(url, socket_timeout=3.0, wait_replicas=wait, wait_timeout=2.0)
     try:
-        reservation = store.reserve(reserve_request(device("gpu-0"), key="compose"))
+        reservation = reserve_placement(store, [reserve_request(device("gpu-0"), key="compose")])[0]
         assert store.commit(reservation.id, "alice").state is ReservationState.COMMITTED
     finally:
         store.close()

@@ -42,6 +42,9 @@ from services.allocator.core import (
     NO_SUMMARY,
     ConstraintExplanation,
     Explanation,
+    FlavorAttempt,
+    FlavorMode,
+    FlavorReason,
     NodeMiss,
     NodePlacement,
     PcieRelation,
@@ -58,6 +61,7 @@ from services.allocator.reservations.binding import binding_of
 from services.allocator.reservations.model import DeviceCondition, Reservation, ReservationState
 from services.common.dra.model import AllocationResult, DeviceID, ResourceClaim
 from services.common.dra.names import label_name_errors
+from services.common.dra.quantity import Quantity, QuantityFormat
 from services.common.errors import FieldViolation, GpuallocError, InvalidArgument, clip
 from services.common.grpc_errors import MAX_MESSAGE_CHARS, status_code_of, to_rpc_status
 from services.common.pb.dra_mapping import (
@@ -70,7 +74,12 @@ from services.common.pb.dra_mapping import (
     to_pb_device_id,
 )
 from services.common.security.principal import tenant_of_owner
-from services.common.security.quota import QuotaRefusal, TenantStatus, quantity_text
+from services.common.security.quota import (
+    CohortStatus,
+    QuotaRefusal,
+    TenantStatus,
+    quantity_text,
+)
 
 __all__ = [
     "ClaimReader",
@@ -303,6 +312,7 @@ def lease_from_pb(
     priority_class: str = "",
     preempt: bool = False,
     max_reservations: int | None = None,
+    queued_at: float | None = None,
 ) -> LeaseOptions:
     return LeaseOptions(
         owner=owner,
@@ -313,7 +323,29 @@ def lease_from_pb(
         priority_class=priority_class,
         preempt=preempt,
         max_reservations=max_reservations,
+        queued_at=queued_at,
     )
+
+
+MAX_CLOCK_SKEW_SECONDS = 60.0  # a queued time this far ahead of the server's clock is refused
+
+
+def queued_from_pb(
+    request: pb.AllocateRequest | pb.ExplainRequest, now: float, path: str = "queued_time"
+) -> float | None:
+    """The request's queued time in seconds since the epoch (None when unset); refused when
+    out of Timestamp's range or in the future (beyond MAX_CLOCK_SKEW_SECONDS)."""
+    if not request.HasField("queued_time"):
+        return None
+    stamp = request.queued_time
+    if not 0 <= stamp.nanos < 1_000_000_000 or not 0 <= stamp.seconds < 253_402_300_800:
+        raise InvalidArgument.at(path, "must be a time between 1970 and 9999")
+    seconds = stamp.seconds + stamp.nanos / 1e9
+    if seconds > now + MAX_CLOCK_SKEW_SECONDS:
+        raise InvalidArgument.at(
+            path, f"must not be in the future (it is {seconds - now:.0f}s ahead of the server)"
+        )
+    return seconds
 
 
 def request_digest(request: pb.AllocateRequest) -> str:
@@ -328,6 +360,7 @@ def request_digest(request: pb.AllocateRequest) -> str:
     kept.ClearField("lease_ttl")
     kept.ClearField("owner")
     kept.ClearField("idempotency_key")
+    kept.ClearField("queued_time")
     return hashlib.sha256(kept.SerializeToString(deterministic=True)).hexdigest()[:32]
 
 
@@ -422,6 +455,7 @@ def allocate_response(answer: Answer, max_nodes: int = 10) -> pb.AllocateRespons
         inventory_generation=answer.generation,
         holders=[_holder_to_pb(h) for h in answer.holders],
         quota_refusals=[quota_refusal_to_pb(r) for r in answer.quota],
+        flavors=[flavor_attempt_to_pb(a) for a in answer.flavors],
     )
     if answer.preemption:
         response.preemption.CopyFrom(_preemption(answer))
@@ -439,11 +473,43 @@ def explain_response(answer: Answer, max_nodes: int = 10) -> pb.ExplainResponse:
         inventory_generation=answer.generation,
         holders=[_holder_to_pb(h) for h in answer.holders],
         quota_refusals=[quota_refusal_to_pb(r) for r in answer.quota],
+        flavors=[flavor_attempt_to_pb(a) for a in answer.flavors],
     )
     if answer.preemption:
         response.preemption.CopyFrom(_preemption(answer))
     response.explanation.CopyFrom(_explanation(answer, max_nodes))
     return response
+
+
+_FLAVOR_MODES = {
+    FlavorMode.NO_FIT: pb.FLAVOR_MODE_NO_FIT,
+    FlavorMode.NO_CANDIDATES: pb.FLAVOR_MODE_NO_CANDIDATES,
+    FlavorMode.PREEMPT: pb.FLAVOR_MODE_PREEMPT,
+    FlavorMode.RECLAIM: pb.FLAVOR_MODE_RECLAIM,
+    FlavorMode.FIT: pb.FLAVOR_MODE_FIT,
+}
+_FLAVOR_REFUSALS = {
+    FlavorReason.UNTOLERATED_TAINT: pb.FLAVOR_REFUSAL_UNTOLERATED_TAINT,
+    FlavorReason.NO_DEVICES: pb.FLAVOR_REFUSAL_NO_DEVICES,
+    FlavorReason.CHARGED_ELSEWHERE: pb.FLAVOR_REFUSAL_CHARGED_ELSEWHERE,
+    FlavorReason.ABOVE_MAX: pb.FLAVOR_REFUSAL_ABOVE_MAX,
+    FlavorReason.DEVICES_IN_USE: pb.FLAVOR_REFUSAL_DEVICES_IN_USE,
+    FlavorReason.QUOTA: pb.FLAVOR_REFUSAL_QUOTA,
+}
+
+
+def flavor_attempt_to_pb(attempt: FlavorAttempt[None]) -> pb.FlavorAttempt:
+    return pb.FlavorAttempt(
+        resource=attempt.resource,
+        flavor=attempt.flavor,
+        mode=_FLAVOR_MODES[attempt.mode],
+        borrowing=attempt.borrows,
+        reason=_FLAVOR_REFUSALS.get(attempt.reason, pb.FLAVOR_REFUSAL_UNSPECIFIED)
+        if attempt.reason is not None
+        else pb.FLAVOR_REFUSAL_UNSPECIFIED,
+        message=attempt.message,
+        chosen=attempt.chosen,
+    )
 
 
 def _preemption(answer: Answer) -> pb.Preemption:
@@ -477,12 +543,28 @@ def quota_refusal_to_pb(refusal: QuotaRefusal) -> pb.QuotaRefusal:
     )
 
 
-def quota_status_response(rows: Sequence[TenantStatus], enabled: bool) -> pb.QuotaStatusResponse:
+def quota_status_response(
+    rows: Sequence[TenantStatus],
+    enabled: bool,
+    cohorts: Sequence[CohortStatus] = (),
+    fair_sharing: bool = False,
+) -> pb.QuotaStatusResponse:
     def limit(milli: int | None, binary: bool) -> str:
         return "" if milli is None else quantity_text(milli, binary)
 
+    def decayed(row: TenantStatus) -> str:
+        if row.decayed is None:
+            return ""
+        return quantity_text(round(row.decayed), row.binary)
+
+    def score(value: float | None, configured: bool) -> str:
+        if not configured:
+            return ""
+        return "inf" if value is None else f"{value:.6g}"
+
     return pb.QuotaStatusResponse(
         enabled=enabled,
+        fair_sharing=fair_sharing,
         tenants=[
             pb.TenantQuotaStatus(
                 tenant=row.tenant,
@@ -497,10 +579,41 @@ def quota_status_response(rows: Sequence[TenantStatus], enabled: bool) -> pb.Quo
                 lending_limit=limit(row.lending_limit, row.binary),
                 pending_preemptions=row.pending_preemptions,
                 pending_preemption_ids=row.pending_preemption_ids,
+                cohort_path=row.path,
+                fair_sharing_weight=weight_text(row.weight),
+                weighted_share=row.share.rounded(),
+                dominant_resource=row.share.dominant,
+                decayed_used=decayed(row),
+                decayed_usage=score(row.decayed_usage, row.decayed is not None),
+                decayed_at=None if row.decayed_at is None else _timestamp(row.decayed_at),
             )
             for row in rows
         ],
+        cohorts=[
+            pb.CohortQuotaStatus(
+                cohort=row.cohort,
+                resource=row.resource,
+                cohort_path=row.path,
+                nominal=quantity_text(row.nominal, row.binary),
+                subtree_quota=quantity_text(row.subtree, row.binary),
+                used=quantity_text(row.used, row.binary),
+                borrowed=quantity_text(row.borrowed, row.binary),
+                lent=quantity_text(row.lent, row.binary),
+                left=quantity_text(row.left, row.binary),
+                borrowing_limit=limit(row.borrowing_limit, row.binary),
+                lending_limit=limit(row.lending_limit, row.binary),
+                fair_sharing_weight=weight_text(row.weight),
+                weighted_share=row.share.rounded(),
+                dominant_resource=row.share.dominant,
+            )
+            for row in cohorts
+        ],
     )
+
+
+def weight_text(weight: Fraction) -> str:
+    """A fair-sharing weight as a Kubernetes quantity (`1`, `500m`)."""
+    return str(Quantity.of(weight, QuantityFormat.DECIMAL_SI))
 
 
 def capacity_response(answer: CapacityAnswer) -> pb.CapacityResponse:

@@ -15,6 +15,7 @@ ends) and passes it to the service.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
@@ -33,6 +34,7 @@ from services.allocator.adapters.grpc.mapping import (
     lease_from_pb,
     proto_field_paths,
     query_from_pb,
+    queued_from_pb,
     quota_status_response,
     request_digest,
     reservation_change_to_pb,
@@ -226,6 +228,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
             request.priority_class_name,
             request.preempt,
             principal.max_reservations,
+            queued_from_pb(request, time.time()),
         )
         return query, lease
 
@@ -257,6 +260,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                 request.max_nodes_explained,
                 _quota_owner(principal),
                 request.priority_class_name,
+                queued_at=queued_from_pb(request, time.time()),
                 deadline=self._deadline(context),
             )
         answer = self._visible(answer, principal)
@@ -409,7 +413,11 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
             if not asked:
                 return pb.QuotaStatusResponse()
         rows, enabled = self._service.quota_status(asked)
-        return quota_status_response(rows, enabled)
+        # the cohorts above the tenants shown (their aggregates name no reservation): a tenant
+        # sees the tree it borrows from; every cohort for a caller that sees every tenant
+        cohorts = self._service.cohort_status(asked) if enabled else []
+        fair = enabled and self._service.fair_sharing
+        return quota_status_response(rows, enabled, cohorts, fair)
 
     def WatchReservations(
         self, request: pb.WatchReservationsRequest, context: grpc.ServicerContext

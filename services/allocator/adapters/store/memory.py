@@ -36,16 +36,19 @@ from services.allocator.reservations.model import (
     ReservationEvent,
     ReservationEventOp,
     ReservationState,
+    ReserveOutcome,
     ReserveRequest,
     UseExceeded,
     conflict_error,
     new_reservation_id,
     node_reservation_id,
     preempted_error,
-    validate_reserve_request,
+    validate_placement,
 )
 from services.common.errors import (
+    Conflict,
     FailedPrecondition,
+    GpuallocError,
     InvalidArgument,
     NotFound,
     PermissionDenied,
@@ -107,34 +110,20 @@ class MemoryReservationStore:
 
     # --- the port ------------------------------------------------------------------------
 
-    def reserve(self, request: ReserveRequest) -> Reservation:
-        hold = validate_reserve_request(request)
-        with self._lock:
-            reservation = self._reserve(request, hold, self._expire_due())
-        self._deliver()
-        return reservation
-
-    def reserve_gang(self, requests: Sequence[ReserveRequest]) -> list[Reservation]:
-        """All or nothing under the lock: nobody, not even a reader, sees a partial gang."""
-        holds = [validate_reserve_request(request) for request in requests]
+    def reserve(self, placements: Sequence[Sequence[ReserveRequest]]) -> list[ReserveOutcome]:
+        """Every placement under the lock, in order, each all or nothing: nobody, not even a
+        reader, sees part of one."""
+        holds = [validate_placement(requests) for requests in placements]
+        outcomes: list[ReserveOutcome] = []
         with self._lock:
             now = self._expire_due()
-            taken: list[Reservation] = []
-            created: list[Reservation] = []  # not those an idempotency key returned
-            try:
-                for request, hold in zip(requests, holds, strict=True):
-                    key = (request.owner, request.node, request.idempotency_key)
-                    earlier = bool(request.idempotency_key) and key in self._idempotency
-                    reservation = self._reserve(request, hold, now)
-                    taken.append(reservation)
-                    if not earlier:
-                        created.append(reservation)
-            except BaseException:
-                for reservation in reversed(created):
-                    self._free(reservation, ReservationEventOp.RELEASE)
-                raise
+            for requests, checked in zip(placements, holds, strict=True):
+                if isinstance(checked, GpuallocError):
+                    outcomes.append(checked)
+                    continue
+                outcomes.append(self._reserve_all(requests, checked, now))
         self._deliver()
-        return taken
+        return outcomes
 
     def commit(self, reservation_id: str, owner: str, fencing_token: int = 0) -> Reservation:
         with self._lock:
@@ -248,6 +237,26 @@ class MemoryReservationStore:
         return MemorySubscription(unsubscribe)
 
     # --- inside the lock -----------------------------------------------------------------
+
+    def _reserve_all(
+        self, requests: Sequence[ReserveRequest], holds: Sequence[Hold], now: float
+    ) -> ReserveOutcome:
+        """One placement: every request, or none (the ones this call created are freed)."""
+        taken: list[Reservation] = []
+        created: list[Reservation] = []  # not those an idempotency key returned
+        try:
+            for request, hold in zip(requests, holds, strict=True):
+                key = (request.owner, request.node, request.idempotency_key)
+                earlier = bool(request.idempotency_key) and key in self._idempotency
+                reservation = self._reserve(request, hold, now)
+                taken.append(reservation)
+                if not earlier:
+                    created.append(reservation)
+        except Conflict as conflict:
+            for reservation in reversed(created):
+                self._free(reservation, ReservationEventOp.RELEASE)
+            return conflict
+        return taken
 
     def _reserve(self, request: ReserveRequest, hold: Hold, now: float) -> Reservation:
         idempotency = (request.owner, request.node, request.idempotency_key)

@@ -9,9 +9,17 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from services.allocator.reservations.quota_ledger import LedgerRead, QuotaEntry, check_lease
+from services.allocator.reservations.quota_ledger import (
+    ConsumedRead,
+    LedgerRead,
+    QuotaEntry,
+    Ticket,
+    TicketBinding,
+    check_lease,
+)
+from services.common.security.fair_sharing import ConsumedUsage
 
 __all__ = ["MemoryQuotaLedger"]
 
@@ -29,27 +37,32 @@ class MemoryQuotaLedger:
             found = self._live(cohort)
             return LedgerRead(found.version, tuple(sorted(found.entries.values(), key=_by_id)))
 
-    def take(self, cohort: str, version: int, entry: QuotaEntry, lease_seconds: float) -> bool:
-        check_lease(lease_seconds)
+    def take(self, cohort: str, version: int, tickets: Sequence[Ticket]) -> bool:
+        for ticket in tickets:
+            check_lease(ticket.lease_seconds)
         with self._lock:
             found = self._live(cohort)
             if found.version != version:
                 return False
-            found.put(_with_expiry(entry, self._clock() + lease_seconds))
+            now = self._clock()
+            for ticket in tickets:
+                found.put(_with_expiry(ticket.entry, now + ticket.lease_seconds))
             found.version += 1
             return True
 
-    def bind(
-        self, cohort: str, ticket: str, parts: Sequence[QuotaEntry], lease_seconds: float
-    ) -> None:
-        check_lease(lease_seconds)
+    def bind(self, cohort: str, bindings: Sequence[TicketBinding]) -> None:
+        for binding in bindings:
+            check_lease(binding.lease_seconds)
         with self._lock:
             found = self._live(cohort)
-            held = found.entries.pop(ticket, None)
-            expires = held.expires_at if held is not None else self._clock() + lease_seconds
-            for part in parts:
-                if part.id not in found.entries:  # an idempotent replay keeps its entry
-                    found.put(_with_expiry(part, expires))
+            for binding in bindings:
+                held = found.entries.pop(binding.ticket, None)
+                expires = (
+                    held.expires_at if held is not None else self._clock() + binding.lease_seconds
+                )
+                for part in binding.parts:
+                    if part.id not in found.entries:  # an idempotent replay keeps its entry
+                        found.put(_with_expiry(part, expires))
 
     def extend(self, cohort: str, entry_id: str, lease_seconds: float) -> bool:
         check_lease(lease_seconds)
@@ -76,6 +89,20 @@ class MemoryQuotaLedger:
             for entry_id in entry_ids:
                 found.entries.pop(entry_id, None)
 
+    def read_consumed(self, cohort: str) -> ConsumedRead:
+        with self._lock:
+            found = self._live(cohort)
+            return ConsumedRead(found.consumed_version, self._clock(), dict(found.consumed))
+
+    def put_consumed(self, cohort: str, version: int, tenants: Mapping[str, ConsumedUsage]) -> bool:
+        with self._lock:
+            found = self._live(cohort)
+            if found.consumed_version != version:
+                return False
+            found.consumed = dict(tenants)
+            found.consumed_version += 1
+            return True
+
     def close(self) -> None:
         pass
 
@@ -89,6 +116,8 @@ class _Cohort:
     def __init__(self) -> None:
         self.version = 0
         self.entries: dict[str, QuotaEntry] = {}
+        self.consumed: dict[str, ConsumedUsage] = {}
+        self.consumed_version = 0
         self._due: list[tuple[float, str]] = []  # (expiry, id); stale items are skipped
 
     def put(self, entry: QuotaEntry) -> None:

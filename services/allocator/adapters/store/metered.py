@@ -21,6 +21,7 @@ from services.allocator.reservations.model import (
     Reservation,
     ReservationEvent,
     ReservationStore,
+    ReserveOutcome,
     ReserveRequest,
     Subscription,
 )
@@ -58,11 +59,8 @@ class MeteredStore:
                 time.perf_counter() - started, {"operation": operation, "outcome": outcome}
             )
 
-    def reserve(self, request: ReserveRequest) -> Reservation:
-        return self._timed("reserve", lambda: self.inner.reserve(request))
-
-    def reserve_gang(self, requests: Sequence[ReserveRequest]) -> list[Reservation]:
-        return self._timed("reserve_gang", lambda: self.inner.reserve_gang(requests))
+    def reserve(self, placements: Sequence[Sequence[ReserveRequest]]) -> list[ReserveOutcome]:
+        return self._timed("reserve", lambda: self.inner.reserve(placements))
 
     def commit(self, reservation_id: str, owner: str, fencing_token: int = 0) -> Reservation:
         return self._timed(

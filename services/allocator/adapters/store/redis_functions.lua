@@ -116,20 +116,15 @@ local function owned(ctx, id, owner, fence)
   return {owner = r[1], fence = r[2], state = r[3]}, nil
 end
 
--- ARGV: base node channel id owner idem lease_ms devices_json uses_json doc
--- -> {'ok', {fence, created, expires}, expired} | {'existing', fields, expired}
---  | {'conflict', items, expired}   (a grant returns only what the caller did not send)
-local function grant(keys, args)
-  local ctx = context(args)
-  local id, owner, idem, lease_ms = args[4], args[5], args[6], tonumber(args[7])
-  local devices_json, uses_json, doc = args[8], args[9], args[10]
-  local now = now_ms()
-  local expired = expire_due(ctx, now)
+-- One grant at `now` (due leases already freed): its reply, and its event appended to `granted`
+-- ({id, fence, owner}) when it took the hold.
+-- -> {'ok', {fence, created, expires}} | {'existing', fields} | {'conflict', items}
+local function take(ctx, now, id, owner, idem, lease_ms, devices_json, uses_json, doc, granted)
   if idem ~= '' then
     local existing = redis.call('HGET', ctx.base .. 'idem', idem)
     if existing then
       local fields = redis.call('HGETALL', ctx.base .. 'res:' .. existing)
-      if #fields > 0 then return {'existing', fields, expired} end
+      if #fields > 0 then return {'existing', fields} end
     end
   end
   local devices, uses = cjson.decode(devices_json), cjson.decode(uses_json)
@@ -148,7 +143,7 @@ local function grant(keys, args)
       table.insert(conflicts, {'use', use[1], use[2], string.format('%d', free_amount)})
     end
   end
-  if #conflicts > 0 then return {'conflict', conflicts, expired} end
+  if #conflicts > 0 then return {'conflict', conflicts} end
 
   -- A node's first grant starts from the clock (ms), so that tokens keep increasing even
   -- after Redis lost its data, unless a node averaged more than 1000 grants per second.
@@ -157,7 +152,7 @@ local function grant(keys, args)
     redis.call('SET', fence_key, string.format('%d', now))
   end
   local fence = redis.call('INCR', fence_key)
-  local expires = string.format('%d', now + lease_ms)
+  local expires = string.format('%d', now + tonumber(lease_ms))
   for _, device in ipairs(devices) do
     redis.call('SET', ctx.base .. 'dev:' .. device, id)
   end
@@ -171,8 +166,56 @@ local function grant(keys, args)
   redis.call('ZADD', ctx.base .. 'leases', expires, id)
   redis.call('SADD', ctx.base .. 'ids', id)
   if idem ~= '' then redis.call('HSET', ctx.base .. 'idem', idem, id) end
-  publish(ctx, 'reserve', id, fence, owner)
-  return {'ok', {fence, string.format('%d', now), expires}, expired}
+  table.insert(granted, {id, fence, owner})
+  return {'ok', {fence, string.format('%d', now), expires}}
+end
+
+-- ARGV: base node channel id owner idem lease_ms devices_json uses_json doc
+-- -> {'ok', {fence, created, expires}, expired} | {'existing', fields, expired}
+--  | {'conflict', items, expired}   (a grant returns only what the caller did not send)
+local function grant(keys, args)
+  local ctx = context(args)
+  local now = now_ms()
+  local expired = expire_due(ctx, now)
+  local granted = {}
+  local reply = take(ctx, now, args[4], args[5], args[6], args[7], args[8], args[9], args[10],
+    granted)
+  for _, g in ipairs(granted) do publish(ctx, 'reserve', g[1], g[2], g[3]) end
+  table.insert(reply, expired)
+  return reply
+end
+
+-- Many grants on one node in one step, in order, each seeing the ones before it (a batch's
+-- placements there), announced by ONE message: the first grant as a single event's fields, the
+-- others in `more` ([id, fencing token, owner] each; readers that do not know it see the first).
+-- ARGV: base node channel count, then count x (id owner idem lease_ms devices_json uses_json doc)
+-- -> {replies, expired}: replies[i] as `take` answers for grant i
+local function grant_many(keys, args)
+  local ctx = context(args)
+  local now = now_ms()
+  local expired = expire_due(ctx, now)
+  local replies, granted = {}, {}
+  for i = 1, tonumber(args[4]) do
+    local at = 5 + (i - 1) * 7
+    replies[i] = take(ctx, now, args[at], args[at + 1], args[at + 2], args[at + 3], args[at + 4],
+      args[at + 5], args[at + 6], granted)
+  end
+  if #granted > 0 then
+    local first = granted[1]
+    local more = {}
+    for i = 2, #granted do
+      local g = granted[i]
+      table.insert(more, string.format('[%s,%d,%s]', cjson.encode(g[1]), tonumber(g[2]),
+        cjson.encode(g[3])))
+    end
+    local extra = ''
+    if #more > 0 then extra = ',"more":[' .. table.concat(more, ',') .. ']' end
+    redis.call('PUBLISH', ctx.channel, string.format(
+      '{"op":"reserve","id":%s,"node":%s,"fencing_token":%d,"owner":%s%s}',
+      cjson.encode(first[1]), cjson.encode(ctx.node), tonumber(first[2]),
+      cjson.encode(first[3]), extra))
+  end
+  return {replies, expired}
 end
 
 -- The step as versions before gpualloc_grant called it (same ARGV): a grant replies with every
@@ -338,6 +381,9 @@ base = "<prefix>:{quota:<cohort>}:":
   base..'entries'  HASH    entry id -> JSON {"tenant":..., "amounts":{resource: milli}}
   base..'expires'  ZSET    the leased entries by expiry (ms, server TIME); committed ones absent
   base..'version'  STRING  grows with every take: the compare-and-set of a grant's check
+  base..'consumed'          HASH    tenant -> JSON {"amounts":{resource: milli}, "at": ms}: its
+                                    usage decayed with a half-life, as last sampled
+  base..'consumed-version'  STRING  grows with every sample written
 The rule is checked by the caller on a read; a take adds only if nothing was taken since.
 ]]
 
@@ -386,6 +432,47 @@ local function quota_bind(keys, args)
   return {'ok'}
 end
 
+-- Many tickets in one compare-and-set (a batch's grants of one ledger); the version grows once.
+-- ARGV: base version count, then count x (id json lease_ms) -> {'ok'} | {'stale'}
+local function quota_take_many(keys, args)
+  local base = args[1]
+  local now = now_ms()
+  quota_prune(base, now)
+  if (redis.call('GET', base .. 'version') or '0') ~= args[2] then return {'stale'} end
+  for i = 1, tonumber(args[3]) do
+    local at = 4 + (i - 1) * 3
+    redis.call('HSET', base .. 'entries', args[at], args[at + 1])
+    redis.call('ZADD', base .. 'expires', string.format('%d', now + tonumber(args[at + 2])),
+      args[at])
+  end
+  redis.call('INCR', base .. 'version')
+  return {'ok'}
+end
+
+-- Many tickets bound at once, as quota_bind each.
+-- ARGV: base count, then per ticket: ticket lease_ms parts, then parts x (id json) -> {'ok'}
+local function quota_bind_many(keys, args)
+  local base = args[1]
+  local now = now_ms()
+  quota_prune(base, now)
+  local at = 3
+  for _ = 1, tonumber(args[2]) do
+    local ticket, lease_ms, parts = args[at], tonumber(args[at + 1]), tonumber(args[at + 2])
+    at = at + 3
+    local expires = redis.call('ZSCORE', base .. 'expires', ticket)
+    if not expires then expires = string.format('%d', now + lease_ms) end
+    redis.call('HDEL', base .. 'entries', ticket)
+    redis.call('ZREM', base .. 'expires', ticket)
+    for _ = 1, parts do
+      if redis.call('HSETNX', base .. 'entries', args[at], args[at + 1]) == 1 then
+        redis.call('ZADD', base .. 'expires', expires, args[at])
+      end
+      at = at + 2
+    end
+  end
+  return {'ok'}
+end
+
 -- ARGV: base id lease_ms -> 1 when the leased entry now expires lease_ms from now, else 0
 local function quota_extend(keys, args)
   local base, id = args[1], args[2]
@@ -416,11 +503,30 @@ local function quota_drop(keys, args)
   return dropped
 end
 
+-- Read-only. ARGV: base -> {now, version, consumed (flat)}
+local function quota_consumed_read(keys, args)
+  local base = args[1]
+  return {string.format('%d', now_ms()), redis.call('GET', base .. 'consumed-version') or '0',
+    redis.call('HGETALL', base .. 'consumed')}
+end
+
+-- ARGV: base version (tenant json)... -> 1 when the sample replaced the last one, else 0 (another
+-- sample came first)
+local function quota_consumed_put(keys, args)
+  local base = args[1]
+  if (redis.call('GET', base .. 'consumed-version') or '0') ~= args[2] then return 0 end
+  redis.call('DEL', base .. 'consumed')
+  for i = 3, #args, 2 do redis.call('HSET', base .. 'consumed', args[i], args[i + 1]) end
+  redis.call('INCR', base .. 'consumed-version')
+  return 1
+end
+
 local function version()
   return VERSION
 end
 
 redis.register_function('gpualloc_grant', grant)
+redis.register_function('gpualloc_grant_many', grant_many)
 redis.register_function('gpualloc_reserve', reserve)
 redis.register_function('gpualloc_commit', commit)
 redis.register_function('gpualloc_renew', renew)
@@ -430,9 +536,14 @@ redis.register_function('gpualloc_revoke', revoke)
 redis.register_function('gpualloc_conditions', conditions)
 redis.register_function('gpualloc_quota_take', quota_take)
 redis.register_function('gpualloc_quota_bind', quota_bind)
+redis.register_function('gpualloc_quota_take_many', quota_take_many)
+redis.register_function('gpualloc_quota_bind_many', quota_bind_many)
 redis.register_function('gpualloc_quota_extend', quota_extend)
 redis.register_function('gpualloc_quota_commit', quota_commit)
 redis.register_function('gpualloc_quota_drop', quota_drop)
+redis.register_function('gpualloc_quota_consumed_put', quota_consumed_put)
+redis.register_function{function_name = 'gpualloc_quota_consumed_read',
+  callback = quota_consumed_read, flags = {'no-writes'}}
 redis.register_function{function_name = 'gpualloc_quota_read', callback = quota_read,
   flags = {'no-writes'}}
 redis.register_function{function_name = 'gpualloc_get', callback = get, flags = {'no-writes'}}

@@ -10,11 +10,18 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from services.allocator.adapters.store.redis_store import RedisReservationStore
-from services.allocator.reservations.quota_ledger import LedgerRead, QuotaEntry
+from services.allocator.reservations.quota_ledger import (
+    ConsumedRead,
+    LedgerRead,
+    QuotaEntry,
+    Ticket,
+    TicketBinding,
+)
+from services.common.security.fair_sharing import ConsumedUsage
 
 __all__ = ["RedisQuotaLedger"]
 
@@ -47,20 +54,24 @@ class RedisQuotaLedger:
         entries.sort(key=lambda entry: entry.id)
         return LedgerRead(int(_text(version)), tuple(entries))
 
-    def take(self, cohort: str, version: int, entry: QuotaEntry, lease_seconds: float) -> bool:
+    def take(self, cohort: str, version: int, tickets: Sequence[Ticket]) -> bool:
         base = self._base(cohort)
-        args = [base, str(version), entry.id, _doc(entry), _ms(lease_seconds)]
-        reply = self._store.call_function("gpualloc_quota_take", self._keys(base), args, write=True)
+        args = [base, str(version), str(len(tickets))]
+        for ticket in tickets:
+            args += [ticket.entry.id, _doc(ticket.entry), _ms(ticket.lease_seconds)]
+        reply = self._store.call_function(
+            "gpualloc_quota_take_many", self._keys(base), args, write=True
+        )
         return _text(reply[0]) == "ok"
 
-    def bind(
-        self, cohort: str, ticket: str, parts: Sequence[QuotaEntry], lease_seconds: float
-    ) -> None:
+    def bind(self, cohort: str, bindings: Sequence[TicketBinding]) -> None:
         base = self._base(cohort)
-        args = [base, ticket, _ms(lease_seconds)]
-        for part in parts:
-            args += [part.id, _doc(part)]
-        self._store.call_function("gpualloc_quota_bind", self._keys(base), args, write=True)
+        args = [base, str(len(bindings))]
+        for binding in bindings:
+            args += [binding.ticket, _ms(binding.lease_seconds), str(len(binding.parts))]
+            for part in binding.parts:
+                args += [part.id, _doc(part)]
+        self._store.call_function("gpualloc_quota_bind_many", self._keys(base), args, write=True)
 
     def extend(self, cohort: str, entry_id: str, lease_seconds: float) -> bool:
         base = self._base(cohort)
@@ -85,6 +96,31 @@ class RedisQuotaLedger:
             "gpualloc_quota_drop", self._keys(base), [base, *entry_ids], write=True
         )
 
+    def read_consumed(self, cohort: str) -> ConsumedRead:
+        base = self._base(cohort)
+        now, version, flat = self._store.call_function(
+            "gpualloc_quota_consumed_read", self._keys(base), [base], write=False
+        )
+        tenants = {}
+        for i in range(0, len(flat), 2):
+            doc = json.loads(_text(flat[i + 1]))
+            amounts = {str(k): float(v) for k, v in doc["amounts"].items()}
+            tenants[_text(flat[i])] = ConsumedUsage(amounts, int(doc["at"]) / 1000)
+        return ConsumedRead(int(_text(version)), int(_text(now)) / 1000, tenants)
+
+    def put_consumed(self, cohort: str, version: int, tenants: Mapping[str, ConsumedUsage]) -> bool:
+        base = self._base(cohort)
+        args = [base, str(version)]
+        for tenant in sorted(tenants):
+            usage = tenants[tenant]
+            amounts = {name: usage.amounts[name] for name in sorted(usage.amounts)}
+            doc = {"amounts": amounts, "at": round(usage.at * 1000)}
+            args += [tenant, json.dumps(doc, separators=(",", ":"))]
+        reply = self._store.call_function(
+            "gpualloc_quota_consumed_put", self._keys(base), args, write=True
+        )
+        return int(reply) == 1
+
     def close(self) -> None:
         pass  # the connection is the reservation store's
 
@@ -93,7 +129,13 @@ class RedisQuotaLedger:
 
     @staticmethod
     def _keys(base: str) -> list[str]:
-        return [base + "entries", base + "expires", base + "version"]
+        return [
+            base + "entries",
+            base + "expires",
+            base + "version",
+            base + "consumed",
+            base + "consumed-version",
+        ]
 
 
 def _doc(entry: QuotaEntry) -> str:

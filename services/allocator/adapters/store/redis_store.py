@@ -34,9 +34,9 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import redis
 from redis.client import PubSubWorkerThread
@@ -56,18 +56,19 @@ from services.allocator.reservations.model import (
     ReservationEvent,
     ReservationEventOp,
     ReservationState,
+    ReserveOutcome,
     ReserveRequest,
     UseExceeded,
     conflict_error,
     new_reservation_id,
     node_reservation_id,
     preempted_error,
-    reserve_gang,
-    validate_reserve_request,
+    validate_placement,
 )
 from services.common.dra.serialize import allocation_result_to_dict
 from services.common.errors import (
     FailedPrecondition,
+    GpuallocError,
     InvalidArgument,
     NotFound,
     PermissionDenied,
@@ -172,67 +173,200 @@ class RedisReservationStore:
 
     # --- the port ------------------------------------------------------------------------
 
-    def reserve(self, request: ReserveRequest) -> Reservation:
-        return self._grant(request)[0]
+    def reserve(
+        self, placements: Sequence[Sequence[ReserveRequest]]
+    ) -> builtins.list[ReserveOutcome]:
+        """Every placement's grants grouped by node: one `gpualloc_grant_many` step per node
+        (its grants in call order, each seeing the ones before it), one pipeline per shard,
+        the shards at once. A placement whose grants did not all succeed gets its error, and
+        the grants it took are released (not those only WAIT did not confirm: the step
+        happened on the primary, and a retry with the idempotency key finds them)."""
+        outcomes: builtins.list[ReserveOutcome | None] = [None] * len(placements)
+        grants: builtins.list[_Grant] = []
+        for index, requests in enumerate(placements):
+            holds = validate_placement(requests)
+            if not isinstance(holds, GpuallocError):
+                holds = _check_nodes(requests, holds)
+            if isinstance(holds, GpuallocError):
+                outcomes[index] = holds
+                continue
+            grants += [
+                _Grant(index, request, hold, node_reservation_id(self._id_factory(), request.node))
+                for request, hold in zip(requests, holds, strict=True)
+            ]
+        self._grant_all(grants)
+        by_placement: dict[int, builtins.list[_Grant]] = {}
+        for grant in grants:
+            by_placement.setdefault(grant.placement, []).append(grant)
+        for index, taken in by_placement.items():
+            outcomes[index] = self._outcome(taken)
+        return [outcome for outcome in outcomes if outcome is not None]
 
-    def _grant(self, request: ReserveRequest) -> tuple[Reservation, bool]:
-        """The reservation, and whether this call created it (False: the idempotency key's)."""
-        hold = validate_reserve_request(request)
-        node = _check_node(request.node)
-        reservation_id = node_reservation_id(self._id_factory(), node)
+    def _outcome(self, grants: Sequence[_Grant]) -> ReserveOutcome:
+        """One placement's outcome from its grants' replies; what it took is released when
+        one of them failed (not for an unconfirmed WAIT alone)."""
+        conflicts = [item for g in grants for item in g.conflicts]
+        errors = [g.error for g in grants if g.error is not None]
+        if not conflicts and not errors:
+            return [g.reservation for g in grants if g.reservation is not None]
+        hard = [e for e in errors if not isinstance(e, _Unconfirmed)]
+        if conflicts or hard:
+            for grant in reversed(grants):
+                if grant.created and grant.reservation is not None:
+                    # NotFound (expired meanwhile) or Unavailable: the lease runs out instead.
+                    with contextlib.suppress(GpuallocError):
+                        self.release(grant.reservation.id, grant.request.owner)
+        if hard:
+            return hard[0]
+        return conflict_error(conflicts) if conflicts else errors[0]
+
+    def _grant_all(self, grants: Sequence[_Grant]) -> None:
+        """Run the grants (one step per node, a pipeline per shard, shards at once) and record
+        each one's reply on it: its reservation, or its error."""
+        by_node: dict[str, builtins.list[_Grant]] = {}
+        for grant in grants:
+            by_node.setdefault(grant.request.node, []).append(grant)
+        calls = [self._grant_call(node, group) for node, group in by_node.items()]
+        if self._cluster:
+            self._register([c.node for c in calls if c.node not in self._registered])
+        pending = calls
+        for attempt in range(3):
+            batches = self._by_shard(pending, lambda call: call.keys[0])
+            results = self._per_shard(self._grant_batch, batches)
+            again: builtins.list[_GrantCall] = []
+            for batch, result in zip(batches, results, strict=True):
+                if isinstance(result, BaseException):
+                    retry = all(g.request.idempotency_key for c in batch for g in c.grants)
+                    if retry and attempt < 2:
+                        time.sleep(self._backoff_seconds * 2**attempt)
+                        again.extend(batch)
+                        continue
+                    error = Unavailable(f"redis unavailable ({type(result).__name__}): {result}")
+                    for call in batch:
+                        call.fail(error)
+                    continue
+                for call, reply in zip(batch, result, strict=True):
+                    if attempt < 2 and _is_redirect(reply):
+                        call.reply = reply
+                        again.append(call)
+                    else:
+                        self._record(call, reply)
+            if not again:
+                return
+            if any(_is_missing_function(c.reply) for c in again if c.reply is not None):
+                self._load_library()
+            if self._cluster and any(isinstance(c.reply, MovedError | AskError) for c in again):
+                self._refresh_topology()
+            for call in again:
+                call.reply = None
+            pending = again
+        for call in pending:  # pragma: no cover - the loop above records every call by then
+            call.fail(Unavailable("redis: grants keep failing over"))
+
+    def _grant_call(self, node: str, grants: Sequence[_Grant]) -> _GrantCall:
         base = self._base(node)
-        idem = (
-            json.dumps([request.owner, request.idempotency_key]) if request.idempotency_key else ""
-        )
-        uses = [[use.key, str(use.amount), str(use.limit)] for use in hold.uses]
-        keys = [base + "res:" + reservation_id, base + "leases", base + "ids", base + "fence"]
-        keys += [base + "idem", *(base + "dev:" + d for d in hold.devices)]
-        keys += [base + "use:" + use.key for use in hold.uses]
-        args = [
-            *self._context(node),
-            reservation_id,
-            request.owner,
-            idem,
-            str(max(1, math.ceil(request.lease_seconds * 1000))),
-            json.dumps(list(hold.devices)),
-            json.dumps(uses),
-            json.dumps(_doc(request)),
-        ]
-
-        def step() -> list[Any]:
-            return cast(
-                list[Any], self._write("gpualloc_grant", keys, args, register=node, wait=True)
+        keys = [base + "leases", base + "ids", base + "fence", base + "idem"]
+        args = [*self._context(node), str(len(grants))]
+        for grant in grants:
+            request, hold = grant.request, grant.hold
+            keys.append(base + "res:" + grant.id)
+            keys += [base + "dev:" + device for device in hold.devices]
+            keys += [base + "use:" + use.key for use in hold.uses]
+            idem = (
+                json.dumps([request.owner, request.idempotency_key])
+                if request.idempotency_key
+                else ""
             )
+            uses = [[use.key, str(use.amount), str(use.limit)] for use in hold.uses]
+            args += [
+                grant.id,
+                request.owner,
+                idem,
+                str(max(1, math.ceil(request.lease_seconds * 1000))),
+                json.dumps(list(hold.devices)),
+                json.dumps(uses),
+                json.dumps(_doc(request)),
+            ]
+        return _GrantCall(node, keys, args, grants)
 
-        reply = self._attempt(step, retry=bool(request.idempotency_key))
-        status, expired = _text(reply[0]), reply[-1]
+    def _grant_batch(self, calls: Sequence[_GrantCall]) -> Replies:
+        """One shard's grant steps in one pipeline (after its nodes' registration in the
+        nodes index, on one server; with WAIT last when configured). The replies, one per
+        call (a WAIT that fell short marks them unconfirmed)."""
+        self._ensure_library()
+        client: Any = self._client
+        if self._cluster:  # WAIT must follow the steps on their primary's connection
+            cluster: Any = self._client  # redis-py's cluster API is untyped
+            client = cluster.get_redis_connection(cluster.get_node_from_key(calls[0].keys[0]))
+        registered = self._registered
+        register = [] if self._cluster else [c.node for c in calls if c.node not in registered]
+        wait = self._wait_replicas > 0
+        try:
+            with client.pipeline(transaction=False) as pipe:
+                for node in register:
+                    pipe.sadd(self._nodes_key(node), node)
+                for call in calls:
+                    pipe.fcall("gpualloc_grant_many", len(call.keys), *call.keys, *call.args)
+                if wait:
+                    pipe.wait(self._wait_replicas, self._wait_ms)
+                replies = pipe.execute(raise_on_error=False)
+        except _UNAVAILABLE:
+            if self._cluster:  # we went around the cluster client: refresh its layout
+                self._refresh_topology()
+            raise
+        for node, added in zip(register, replies, strict=False):
+            if isinstance(added, Exception):
+                # The grant happens anyway (the janitor finds nodes by this set); the next
+                # grant on the node tries again.
+                log.warning("nodes index: %s not added: %s", node, added)
+            else:
+                self._registered.add(node)
+        steps: Replies = replies[len(register) : len(register) + len(calls)]
+        if wait:
+            acked = replies[-1]
+            if isinstance(acked, Exception) or int(acked) < self._wait_replicas:
+                for call in calls:
+                    call.unconfirmed = _Unconfirmed(
+                        f"redis: gpualloc_grant_many done on the primary but confirmed by "
+                        f"{acked} of {self._wait_replicas} replica(s) within {self._wait_ms} "
+                        "ms; retry it"
+                    )
+        return steps
+
+    def _record(self, call: _GrantCall, reply: Any) -> None:
+        """A grant step's reply on its grants: each one's reservation or its error."""
+        if isinstance(reply, Exception):
+            if isinstance(reply, _UNAVAILABLE):
+                call.fail(Unavailable(f"redis unavailable ({type(reply).__name__}): {reply}"))
+                return
+            raise reply
+        answers, expired = reply
         self._unindex(expired)
-        if status == "conflict":
-            raise conflict_error([_conflict_item(item) for item in reply[1]])
-        if status == "existing":
-            return self._decode(reply[1]), False
-        fence, created, expires = (int(_text(value)) for value in reply[1])
-        reservation = Reservation(
-            id=reservation_id,
-            owner=request.owner,
-            node=node,
-            claim_names=tuple(request.claim_names),
-            allocations=tuple(request.allocations),
-            hold=hold,
-            state=ReservationState.RESERVED,
-            fencing_token=fence,
-            created_at=created / 1000,
-            expires_at=expires / 1000,
-            idempotency_key=request.idempotency_key,
-            labels=tuple((key, value) for key, value in request.labels),
-            request_digest=request.request_digest,
-            priority_class=request.priority_class,
-        )
-        return reservation, True
+        for grant, answer in zip(call.grants, answers, strict=True):
+            status = _text(answer[0])
+            if status == "conflict":
+                grant.conflicts = [_conflict_item(item) for item in answer[1]]
+                continue
+            if status == "existing":
+                grant.reservation = self._decode(answer[1])
+            else:
+                fence, created, expires = (int(_text(value)) for value in answer[1])
+                grant.reservation = _granted(grant, fence, created, expires)
+                grant.created = True
+            if call.unconfirmed is not None:
+                grant.error = call.unconfirmed
 
-    def reserve_gang(self, requests: Sequence[ReserveRequest]) -> list[Reservation]:
-        """Per node in order, releasing what was taken if one fails (see `reserve_gang`)."""
-        return reserve_gang(self, requests, self._grant)
+    def _register(self, nodes: Sequence[str]) -> None:
+        """Nodes to have in the nodes index before their first grant (a cluster: the index
+        sets live in other slots, so a round trip before, only the first time this process
+        sees the node); a shard that is down leaves them to the janitor."""
+        for node in nodes:
+            try:
+                self._client.sadd(self._nodes_key(node), node)
+                self._registered.add(node)
+            except _UNAVAILABLE as error:
+                log.warning("nodes index: %s not added yet: %s", node, error)
+                self._pending.add(node)
 
     def commit(self, reservation_id: str, owner: str, fencing_token: int = 0) -> Reservation:
         node = self._node_of(reservation_id)
@@ -368,16 +502,21 @@ class RedisReservationStore:
         def on_message(message: dict[str, Any]) -> None:
             try:
                 data = json.loads(_text(message["data"]))
+                op, node = ReservationEventOp(data["op"]), data["node"]
                 callback(
                     ReservationEvent(
-                        ReservationEventOp(data["op"]),
+                        op,
                         data["id"],
-                        data["node"],
+                        node,
                         int(data["fencing_token"]),
                         str(data.get("owner") or ""),
                         str(data.get("preempted_by") or ""),
                     )
                 )
+                # a step that made several changes on the node (gpualloc_grant_many) sends
+                # one message: the others as [id, fencing token, owner]
+                for reservation_id, fence, owner in data.get("more", ()):
+                    callback(ReservationEvent(op, reservation_id, node, int(fence), str(owner)))
             except Exception:
                 log.exception("reservation event callback failed")
 
@@ -558,29 +697,13 @@ class RedisReservationStore:
         keys: Sequence[str],
         args: Sequence[str],
         *,
-        register: str = "",
         wait: bool = False,
     ) -> Any:
-        """FCALL a writing step. `register`: a node to have in the nodes index first (in the
-        same round trip on one server; a round trip before on a cluster, since the index set
-        lives in another slot, and only the first time this process sees the node).
-        `wait`: with `wait_replicas`, `WAIT` on the connection that ran the step; fewer
-        replicas than asked within the timeout -> Unavailable (the step happened)."""
+        """FCALL a writing step. `wait`: with `wait_replicas`, `WAIT` on the connection that
+        ran the step; fewer replicas than asked within the timeout -> Unavailable (the step
+        happened)."""
         self._ensure_library()
-        if register in self._registered:
-            register = ""
-        if register and self._cluster:
-            try:
-                self._client.sadd(self._nodes_key(register), register)
-                self._registered.add(register)
-            except _UNAVAILABLE as error:
-                # The index set lives on another shard, which is down: the node's own shard
-                # may be up, so grant anyway; the janitor adds the node once it can.
-                log.warning("nodes index: %s not added yet: %s", register, error)
-                self._pending.add(register)
-            register = ""
-        wait = wait and self._wait_replicas > 0
-        if not register and not wait:
+        if not (wait and self._wait_replicas > 0):
             return self._fcall(function, keys, args)
         for attempt in range(3):
             client: Any = self._client
@@ -589,17 +712,13 @@ class RedisReservationStore:
                 client = cluster.get_redis_connection(cluster.get_node_from_key(keys[0]))
             try:
                 with client.pipeline(transaction=False) as pipe:
-                    if register:
-                        pipe.sadd(self._nodes_key(register), register)
                     pipe.fcall(function, len(keys), *keys, *args)
-                    if wait:
-                        pipe.wait(self._wait_replicas, self._wait_ms)
-                    replies = pipe.execute(raise_on_error=False)
+                    pipe.wait(self._wait_replicas, self._wait_ms)
+                    reply, acked = pipe.execute(raise_on_error=False)
             except _UNAVAILABLE:
                 if self._cluster:  # we went around the cluster client: refresh its layout
                     self._refresh_topology()
                 raise
-            reply = replies[1 if register else 0]
             if attempt < 2 and _is_missing_function(reply):
                 self._load_library()
                 continue
@@ -609,20 +728,11 @@ class RedisReservationStore:
                 continue
             if isinstance(reply, Exception):
                 raise reply
-            if register:
-                if isinstance(replies[0], Exception):
-                    # The grant happened: do not lose it over the registration (the janitor
-                    # finds nodes by this set); the next grant on the node tries again.
-                    log.warning("nodes index: %s not added: %s", register, replies[0])
-                else:
-                    self._registered.add(register)
-            if wait:
-                acked = replies[-1]
-                if isinstance(acked, Exception) or int(acked) < self._wait_replicas:
-                    raise Unavailable(
-                        f"redis: {function} done on the primary but confirmed by {acked} of "
-                        f"{self._wait_replicas} replica(s) within {self._wait_ms} ms; retry it"
-                    )
+            if isinstance(acked, Exception) or int(acked) < self._wait_replicas:
+                raise Unavailable(
+                    f"redis: {function} done on the primary but confirmed by {acked} of "
+                    f"{self._wait_replicas} replica(s) within {self._wait_ms} ms; retry it"
+                )
             return reply
         raise Unavailable(f"redis: {function} keeps failing over")
 
@@ -761,7 +871,14 @@ class RedisReservationStore:
 
 
 _READ_ONLY = frozenset(
-    {"gpualloc_get", "gpualloc_list", "gpualloc_pending", "gpualloc_version", "gpualloc_quota_read"}
+    {
+        "gpualloc_get",
+        "gpualloc_list",
+        "gpualloc_pending",
+        "gpualloc_version",
+        "gpualloc_quota_read",
+        "gpualloc_quota_consumed_read",
+    }
 )
 
 
@@ -777,6 +894,78 @@ class RedisSubscription:
         self._thread.join(timeout=1.0)
         if self in self._registry:
             self._registry.remove(self)
+
+
+class _Unconfirmed(Unavailable):
+    """A grant step done on the primary that WAIT did not see reach enough replicas."""
+
+
+@dataclass
+class _Grant:
+    """One request of a placement on its way through `reserve`, and what became of it."""
+
+    placement: int  # its placement's index in the call
+    request: ReserveRequest
+    hold: Hold
+    id: str
+    reservation: Reservation | None = None  # taken (created) or found (its idempotency key)
+    created: bool = False
+    conflicts: builtins.list[DeviceTaken | UseExceeded] = field(default_factory=builtins.list)
+    error: GpuallocError | None = None
+
+
+@dataclass
+class _GrantCall:
+    """One node's `gpualloc_grant_many` step: its keys, arguments and grants."""
+
+    node: str
+    keys: Strings
+    args: Strings
+    grants: Sequence[_Grant]
+    reply: Any = None  # a reply that sends the step around again (moved, function missing)
+    unconfirmed: _Unconfirmed | None = None
+
+    def fail(self, error: GpuallocError) -> None:
+        for grant in self.grants:
+            grant.error = error
+
+
+def _granted(grant: _Grant, fence: int, created: int, expires: int) -> Reservation:
+    """The reservation a grant made, from what it sent and the step's reply (times in ms)."""
+    request = grant.request
+    return Reservation(
+        id=grant.id,
+        owner=request.owner,
+        node=request.node,
+        claim_names=tuple(request.claim_names),
+        allocations=tuple(request.allocations),
+        hold=grant.hold,
+        state=ReservationState.RESERVED,
+        fencing_token=fence,
+        created_at=created / 1000,
+        expires_at=expires / 1000,
+        idempotency_key=request.idempotency_key,
+        labels=tuple((key, value) for key, value in request.labels),
+        request_digest=request.request_digest,
+        priority_class=request.priority_class,
+    )
+
+
+def _check_nodes(
+    requests: Sequence[ReserveRequest], holds: builtins.list[Hold]
+) -> builtins.list[Hold] | InvalidArgument:
+    """`holds`, unless a node name would break its keys' hash tag."""
+    for request in requests:
+        if "{" in request.node or "}" in request.node:
+            return InvalidArgument.at(
+                "node", f"{request.node!r}: braces would break the {{node}} hash tag"
+            )
+    return holds
+
+
+def _is_redirect(reply: Any) -> bool:
+    """A step not executed that can go again: the slot moved, or the library is missing."""
+    return isinstance(reply, MovedError | AskError) or _is_missing_function(reply)
 
 
 def _doc(request: ReserveRequest) -> dict[str, Any]:

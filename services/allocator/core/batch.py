@@ -1,0 +1,78 @@
+"""Batches of identical items: `count` copies of the same claims placed one after another.
+
+An AllocateBatch of many alike items (a scheduler's queue of "one H100" jobs), a Capacity count
+and a gang's members all ask the same thing again and again, each seeing the ones before it
+placed. `solve_many` answers such a batch: result i is what `solve` answers on `state` with the
+allocations of results 0..i-1 added, so a batch equals its items solved one by one in order
+(tests/unit/allocator/test_batch.py checks it over generated fleets). It stops after the first
+item that does not fit (every later one would not fit either: placing nothing changes nothing).
+
+The placements it holds between items are the core's own (owner ""): the caller decides what
+to keep (a store may refuse an item; the caller then solves the rest again on what it holds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+
+from services.allocator.core.fragmentation import DEFAULT_MIX, FragmentationMix
+from services.allocator.core.outcome import Allocated, SearchBudget, SolveResult
+from services.allocator.core.results import ShareIdFactory, default_share_id
+from services.allocator.core.scoring import Policy
+from services.allocator.core.snapshot import ClusterSnapshot
+from services.allocator.core.solver import DEFAULT_BUDGET, solve
+from services.allocator.core.state import AllocatedState
+from services.allocator.core.topology_constraints import TopologyConstraint
+from services.cel import SelectorCache
+from services.common.dra.model import DeviceClass, ResourceClaim
+from services.common.errors import InvalidArgument
+
+__all__ = ["solve_many"]
+
+
+def solve_many(
+    snapshot: ClusterSnapshot,
+    state: AllocatedState,
+    classes: Mapping[str, DeviceClass],
+    claims: Sequence[ResourceClaim],
+    count: int,
+    *,
+    node: str | None = None,
+    nodes: Collection[str] | None = None,
+    policy: Policy = Policy.BINPACK,
+    selectors: SelectorCache,
+    budget: SearchBudget = DEFAULT_BUDGET,
+    explain: bool = False,
+    share_id: ShareIdFactory = default_share_id,
+    topology_constraints: Sequence[TopologyConstraint] = (),
+    fragmentation_mix: FragmentationMix = DEFAULT_MIX,
+) -> list[SolveResult]:
+    """Up to `count` placements of `claims`, each on the state holding the ones before it;
+    the list ends with the first Unsatisfiable (or after `count` Allocated). `budget` bounds
+    each item's search on its own, as for one `solve`; the options are `solve`'s."""
+    if count < 0:
+        raise InvalidArgument.at("count", f"must not be negative, not {count}")
+    results: list[SolveResult] = []
+    for _ in range(count):
+        result = solve(
+            snapshot,
+            state,
+            classes,
+            claims,
+            node=node,
+            nodes=nodes,
+            policy=policy,
+            selectors=selectors,
+            budget=budget,
+            explain=explain,
+            share_id=share_id,
+            topology_constraints=topology_constraints,
+            fragmentation_mix=fragmentation_mix,
+        )
+        results.append(result)
+        if not isinstance(result, Allocated):
+            break
+        for placement in result.placements:
+            for allocation in placement.allocations:
+                state = state.with_allocation(allocation)
+    return results
