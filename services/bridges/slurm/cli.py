@@ -2,7 +2,7 @@
 
     gpualloc-slurm prolog        # slurm.conf PrologSlurmctld= (or Prolog=): reserve + commit
     gpualloc-slurm task-prolog   # slurm.conf TaskProlog=: export CUDA_VISIBLE_DEVICES=GPU-...
-    gpualloc-slurm epilog --all-nodes  # slurm.conf EpilogSlurmctld= (or Epilog=): release
+    gpualloc-slurm epilog --all-nodes  # slurm.conf JobCompLoc= (jobcomp.sh; or Epilog=): release
     gpualloc-slurm gres-conf --node h100-node-1 > /etc/slurm/gres.conf
     gpualloc-slurm sync --socket /run/gpualloc-slurm.sock  # on the controller, as root:
                                  # holder jobs, leases, and the hooks' work (a service)
@@ -143,13 +143,15 @@ def build_parser() -> argparse.ArgumentParser:
     epilog.add_argument("--job-id", help="the job (default SLURM_JOB_ID)")
     epilog.add_argument("--node", help="this node only (default SLURMD_NODENAME)")
     epilog.add_argument(
-        "--all-nodes", action="store_true", help="release on every node (EpilogSlurmctld)"
+        "--all-nodes",
+        action="store_true",
+        help="release on every node (the job completion script, EpilogSlurmctld)",
     )
     epilog.add_argument(
         "--sweep",
         action="store_true",
         help="also release the reservations of this cluster's ended jobs (from squeue): what "
-        "an earlier epilog could not release (EpilogSlurmctld)",
+        "an earlier epilog could not release (the job completion script)",
     )
     epilog.add_argument(
         "--ignore-errors",
