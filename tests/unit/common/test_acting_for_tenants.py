@@ -14,6 +14,7 @@ from services.common.errors import InvalidArgument, PermissionDenied
 from services.common.security.audit import AUDIT_LOGGER, audit_event
 from services.common.security.policy import AccessPolicy, parse_policy
 from services.common.security.principal import Identity, IdentityKind, Principal
+from tests.unit.bridges.support import ROOT
 
 BASE = """
 apiVersion: gpualloc.dev/v1alpha1
@@ -251,3 +252,44 @@ def test_the_audit_trail_records_the_identity_and_the_tenant_acted_for(
     assert acted.identity_tenant == "ml"  # type: ignore[attr-defined]
     assert (itself.identity, itself.tenant) == ("ml-sidecar", "ml")  # type: ignore[attr-defined]
     assert not hasattr(itself, "acts_for_tenant")
+
+
+def test_the_binding_docs_security_md_shows_parses_and_acts_as_it_says():
+    """docs/security.md's "Acting for a tenant" binding, in a policy of its tenants."""
+    text = (ROOT / "docs" / "security.md").read_text()
+    section = text.split("### Acting for a tenant", 1)[1]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    (binding,) = yaml.safe_load(block)
+    document = {
+        "apiVersion": "gpualloc.dev/v1alpha1",
+        "kind": "AccessPolicy",
+        "metadata": {"name": "doc"},
+        "spec": {
+            "authentication": {
+                "jwt": [
+                    {
+                        "issuer": "https://kubernetes.default.svc.cluster.local",
+                        "audiences": ["gpualloc"],
+                        "jwksFile": "/dev/null",
+                    }
+                ]
+            },
+            "tenants": [{"name": "hpc"}, {"name": "team-a"}, {"name": "ml"}],
+            "bindings": [binding],
+        },
+    }
+    parsed = parse_policy(document)
+    sidecar = Identity(
+        IdentityKind.JWT,
+        "system:serviceaccount:kueue-system:gpualloc-kueue",
+        (
+            "jwt:https://kubernetes.default.svc.cluster.local#"
+            "system:serviceaccount:kueue-system:gpualloc-kueue",
+        ),
+    )
+    principal = parsed.resolve(sidecar)
+    assert principal is not None and principal.tenant is None
+    assert parsed.act_for_tenant(principal, "team-a").tenant == "team-a"
+    assert parsed.act_for_tenant(principal, "hpc").tenant == "hpc"
+    with pytest.raises(PermissionDenied, match="may not act for tenant 'ml'"):
+        parsed.act_for_tenant(principal, "ml")
