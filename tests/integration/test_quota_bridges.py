@@ -396,7 +396,9 @@ def test_one_tenants_slurm_and_kueue_work_share_one_flavored_quota(tmp_path: Pat
         template = job["spec"]["template"]
         del template["metadata"]["annotations"]["gpualloc.io/nvlink"]
         del template["spec"]["nodeSelector"]  # any model will do
-        name = api.apply(workload_for_job(job, name="any-model"))["metadata"]["name"]
+        workload = workload_for_job(job, name="any-model")
+        workload["metadata"]["creationTimestamp"] = "2026-12-01T08:00:00Z"  # as the apiserver sets
+        name = api.apply(workload)["metadata"]["name"]
         with kueue_placer(kueue_settings(fleet, tmp_path / "token")) as placer:
             controller = AdmissionController(api, placer, lease_ttl_seconds=60)
             KueueStandIn(api).step()
@@ -408,6 +410,9 @@ def test_one_tenants_slurm_and_kueue_work_share_one_flavored_quota(tmp_path: Pat
         admin = allocator_pb2_grpc.AllocatorStub(fleet.channel("admin"))
         held = admin.ListReservations(pb.ListReservationsRequest(), timeout=10).reservations
         assert sorted(r.owner.split("/")[1] for r in held) == ["kueue", "slurm"]
+        (kueue_held,) = [r for r in held if r.owner.startswith("hpc/kueue/")]
+        # the sidecar sends the Workload's creation as the grant's queued time
+        assert kueue_held.labels["gpualloc.dev/queued-at"] == "2026-12-01T08:00:00.000000Z"
         assert {r.owner.split("/")[0] for r in held} == {"hpc"}  # one tenant, two bridges
         quotas = admin.QuotaStatus(pb.QuotaStatusRequest(), timeout=10).tenants
         used = {(q.tenant, q.resource): q.used for q in quotas if q.used != "0"}

@@ -376,6 +376,15 @@ CASES = {
         ("hop-low",),
         Outcome.QUOTA_EXCEEDED,
     ),
+    "every-flavor-no-fit-is-quota-exceeded-without-victims": Case(
+        "- {name: hpc, quotas: [{resource: gpus, flavor: hopper, nominal: 2}, "
+        "{resource: gpus, flavor: ada, nominal: 2}]}",
+        (), 3, "high",
+        (("hopper", "NoFit", 0), ("ada", "NoFit", 0)),
+        None,
+        (),
+        Outcome.QUOTA_EXCEEDED,
+    ),
     "a-flavor-the-tenant-does-not-list-is-never-tried": Case(
         "- {name: hpc, quotas: [{resource: gpus, flavor: ada, nominal: 3}]}",
         (), 1, "",
