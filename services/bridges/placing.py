@@ -128,6 +128,13 @@ class Placer:
     client: AllocatorClient
     inventory: InventoryClient
 
+    def for_tenant(self, tenant: str) -> Placer:
+        """This placer with every allocator call acting for `tenant` (AllocatorClient's
+        for_tenant; "": the caller's own tenant)."""
+        if tenant == self.client.tenant:
+            return self
+        return replace(self, client=self.client.for_tenant(tenant))
+
     def allocate(
         self,
         claims: Sequence[ResourceClaim],
