@@ -140,21 +140,35 @@ def test_a_bad_item_fails_alone_with_its_own_status(allocator):
     assert len(held) == 2  # the third item saw the first one's reservation
 
 
+class FakeService:
+    """The service's two entries, recording what each was asked: a unary allocate answers
+    `answer <query>`; a run answers each of its items so (or `answers`' next ones)."""
+
+    def __init__(self, pause: float = 0.0) -> None:
+        self.calls: list[Any] = []
+        self.runs: list[list[Any]] = []
+        self.pause = pause
+
+    def allocate(self, query: Any, lease: Any = None, *, deadline: Deadline = UNBOUNDED) -> Any:
+        self.calls.append(query)
+        time.sleep(self.pause)
+        return f"answer {query}"
+
+    def allocate_run(self, items: Any, *, deadline: Deadline = UNBOUNDED) -> Any:
+        self.runs.append([query for query, _ in items])
+        return [f"answer {query}" for query, _ in items]
+
+
 def test_items_not_reached_answer_deadline_exceeded():
     """A deadline that passes mid-batch: the items after it are not solved, each says so."""
-    calls: list[int] = []
+    service = FakeService(pause=0.06)  # the first item takes the whole call's time
     deadline = Deadline.after(0.05)
-
-    def allocate(query: Any, lease: Any = None, *, deadline: Deadline = UNBOUNDED) -> Any:
-        calls.append(query)
-        time.sleep(0.06)  # the first item takes the whole call's time
-        return "answer"
 
     def item(i: Any) -> Callable[[], BatchItem]:
         return lambda: BatchItem(i)
 
-    results: list[Any] = allocate_batch(allocate, [item(i) for i in range(3)], deadline=deadline)
-    assert calls == [0] and results[0] == "answer"
+    results: list[Any] = allocate_batch(service, [item(i) for i in range(3)], deadline=deadline)
+    assert service.calls == [0] and results[0] == "answer 0"
     assert all(isinstance(r, DeadlineExceeded) for r in results[1:])
     assert "after 1 of 3 items" in results[1].message
 
@@ -193,36 +207,39 @@ def test_an_owner_the_principal_may_not_name_is_an_item_error():
     def refuse() -> BatchItem:
         raise PermissionDenied("identity x may not act for owner y")
 
-    results = allocate_batch(lambda *a, **k: None, [refuse])  # type: ignore[arg-type]
+    results = allocate_batch(FakeService(), [refuse])
     assert isinstance(results[0], PermissionDenied)
 
 
 @pytest.mark.parametrize(
-    ("items", "solves"),
+    ("items", "solves", "runs"),
     [
-        pytest.param([("a", False)] * 3, ["a"], id="identical-items-share-one-solve"),
+        pytest.param([("a", False)] * 3, ["a"], [], id="identical-items-share-one-solve"),
         pytest.param(
             [("a", False), ("a", True), ("a", False)],
-            ["a", "a", "a"],
+            ["a", "a"],
+            [["a"]],
             id="a-reserving-item-between-makes-the-next-solve-again",
         ),
-        pytest.param([("a", False), ("b", False), ("a", False)], ["a", "b"], id="by-signature"),
+        pytest.param([("a", False), ("b", False), ("a", False)], ["a", "b"], [], id="by-signature"),
+        pytest.param(
+            [("a", True), ("b", True), ("c", False), ("d", True), ("e", True)],
+            ["c"],
+            [["a", "b"], ["d", "e"]],
+            id="consecutive-reserving-items-are-one-run",
+        ),
     ],
 )
-def test_identical_non_reserving_items_share_a_solve(items, solves):
-    calls: list[str] = []
-
-    def allocate(query: Any, lease: Any = None, *, deadline: Deadline = UNBOUNDED) -> Any:
-        calls.append(query)
-        return f"answer {query}"
-
+def test_identical_non_reserving_items_share_a_solve(items, solves, runs):
+    service = FakeService()
     lease = LeaseOptions(owner="team/a")
 
     def item(q: Any, reserve: bool) -> Callable[[], BatchItem]:
         return lambda: BatchItem(q, lease if reserve else None, q.encode())
 
-    results: list[Any] = allocate_batch(allocate, [item(q, r) for q, r in items])
-    assert calls == solves
+    results: list[Any] = allocate_batch(service, [item(q, r) for q, r in items])
+    assert service.calls == solves
+    assert service.runs == runs
     assert results == [f"answer {q}" for q, _ in items]
 
 
