@@ -50,7 +50,7 @@ from services.allocator.app.fleet_gauges import FleetGauges
 from services.allocator.app.inventory_feed import Closeable, InventoryFeed
 from services.allocator.app.live_reservations import Holdings
 from services.allocator.app.placing import PlacementSearch
-from services.allocator.app.quotas import QuotaGuard, QuotaSettings
+from services.allocator.app.quotas import QuotaGuard, QuotaSettings, check_flavor_selectors
 from services.allocator.app.reservation_watch import ReservationWatch
 from services.allocator.app.service import AllocatorService, ServiceLimits
 from services.allocator.app.telemetry import AllocatorMetrics, Telemetry, configure_telemetry
@@ -185,6 +185,7 @@ def build_quotas(
 
     def load(contents: Sequence[bytes]) -> LoadedPolicy:
         loaded = load_policy(policy_file, contents[0])
+        check_flavor_selectors(loaded.policy.quotas, selectors)  # a bad CEL: not loaded
         for note in loaded.policy.kueue.notes() if loaded.policy.kueue else ():
             log.info("access policy %s: %s", policy_file, note)
         return loaded

@@ -140,9 +140,11 @@ class Placer:
         labels: Mapping[str, str] | None = None,
         priority_class: str = "",
         preempt: bool = False,
+        queued_at: float | None = None,
     ) -> Placement:
         """Allocate and reserve (preempting, with `preempt`, as the server's rules allow); an
-        unsatisfiable answer comes with Explain's reasons."""
+        unsatisfiable answer comes with Explain's reasons. `queued_at`: when the job was
+        queued in its batch system (its Workload's creation)."""
 
         def call(sent: Sequence[ResourceClaim], selector: NodeSelector | None) -> Placement:
             return self.client.allocate(
@@ -157,6 +159,7 @@ class Placer:
                 labels=labels,
                 priority_class=priority_class,
                 preempt=preempt,
+                queued_at=queued_at,
             )
 
         placement = self._with_fallback(claims, node_name, node_selector, call)

@@ -115,6 +115,7 @@ class AllocateItem:
     gang: Gang | None = None
     priority_class: str = ""
     preempt: bool = False
+    queued_at: float | None = None  # when the work was queued (seconds since the epoch)
 
 
 def _id(reservation: ReservationRef) -> str:
@@ -193,10 +194,13 @@ class AllocatorClient:
         gang: Gang | None = None,
         priority_class: str = "",
         preempt: bool = False,
+        queued_at: float | None = None,
     ) -> Placement:
         """A placement for the claims together on one node (on each node of a `gang`),
         reserved when `reserve` is set; with `preempt` too, revoking the reservations the
-        server's preemption rules choose when that is what makes it fit (docs/tenancy.md)."""
+        server's preemption rules choose when that is what makes it fit (docs/tenancy.md).
+        `queued_at`: when the work was queued in its batch system (seconds since the epoch;
+        unset: when the call arrives)."""
         item = AllocateItem(
             claims,
             node_name=node_name,
@@ -212,6 +216,7 @@ class AllocatorClient:
             gang=gang,
             priority_class=priority_class,
             preempt=preempt,
+            queued_at=queued_at,
         )
         request = self._allocate_request(item)
         response = self._caller.call(
@@ -265,6 +270,8 @@ class AllocatorClient:
             request.reservation_labels.update(item.labels or {})
             if item.lease_ttl_seconds is not None:
                 request.lease_ttl.CopyFrom(duration_to_pb(item.lease_ttl_seconds))
+            if item.queued_at is not None:
+                request.queued_time.FromNanoseconds(int(item.queued_at * 1e9))
         return request
 
     def explain(
@@ -278,12 +285,16 @@ class AllocatorClient:
         max_nodes: int = 0,
         gang: Gang | None = None,
         priority_class: str = "",
+        queued_at: float | None = None,
     ) -> Placement:
         """Why the claims fit or not (the same search as allocate, never reserving), and
-        which reservations a preempting allocate at `priority_class` would revoke."""
+        which reservations a preempting allocate at `priority_class` (its work queued at
+        `queued_at`) would revoke."""
         request = pb.ExplainRequest(
             max_nodes_explained=max_nodes, priority_class_name=priority_class
         )
+        if queued_at is not None:
+            request.queued_time.FromNanoseconds(int(queued_at * 1e9))
         _fill_query(request, claims, node_name, node_selector, policy, device_classes, gang)
         return placement_from_pb(self._caller.call(self._stub.Explain, request, read=True))
 

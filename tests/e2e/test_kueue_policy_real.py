@@ -15,7 +15,9 @@ Each object is created with `dryRun=All` and `fieldValidation=Strict` (as `kubec
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import kubernetes  # the `kube` extra (make install): a real import, never a skip
@@ -23,6 +25,7 @@ import pytest
 import yaml
 
 from tests.control_plane import ControlPlane, control_plane_in
+from tests.peers import peer
 from tests.unit.bridges.support import ROOT
 from tests.unit.common.test_kueue_quota import DEFAULT_FLAVOR, INVALID, MAPPING, documents
 
@@ -34,15 +37,10 @@ NOT_API_OBJECTS = {"Configuration"}  # Kueue reads it from a file at start, not 
 # Rows of INVALID whose objects Kueue accepts: what gpualloc refuses there is its own rule (it
 # cannot honour the field, a flavor is missing, one file holds an object twice).
 KUEUE_ACCEPTS = {
-    "preference-is-refused",
-    "when-can-preempt-may-stop-search-is-refused",
-    "v1beta1s-preempt-is-may-stop-search-refused",
     "stop-policy-hold-is-refused",
     "flavor-not-given",
     "a-resource-gpualloc-does-not-allocate",
-    "a-mig-profile-is-not-supported-yet",
-    "flavor-taints-are-refused",
-    "flavor-tolerations-are-refused",
+    "a-mig-name-that-is-no-profile",
     "flavor-topology-is-refused",
     "cohorts-in-a-cycle",
     "a-cohort-named-as-a-cluster-queue",
@@ -132,3 +130,68 @@ def test_kueue_refuses_what_breaks_its_rules_and_accepts_what_gpualloc_only_cann
         assert not refused, refused
     else:
         assert refused, "Kueue accepted what gpualloc refuses as breaking Kueue's rules"
+
+
+# --- the Configuration: Kueue's manager loads it from a file and checks it before anything else
+
+# Rows of INVALID whose Configuration Kueue loads: what gpualloc refuses there is its own rule.
+KUEUE_LOADS = {
+    "transformations-are-refused",
+    "an-excluded-prefix-that-excludes-gpus",
+    "a-feature-gate-that-changes-a-quota-decision",
+}
+
+
+def _configurations(text: str) -> list[dict[str, Any]]:
+    found = []
+    for document in yaml.safe_load_all(text):
+        if not document:
+            continue
+        if document["kind"] == "ConfigMap" and "controller_manager_config.yaml" in document["data"]:
+            document = yaml.safe_load(document["data"]["controller_manager_config.yaml"])
+        if document["kind"] == "Configuration":
+            found.append(document)
+    return found
+
+
+def kueue_loads(configuration: dict[str, Any], directory: Path) -> str | None:
+    """None when Kueue's manager loads `configuration` (it then stops, for want of a
+    kubeconfig), else why it does not."""
+    path = directory / "kueue-config.yaml"
+    path.write_text(yaml.safe_dump(configuration))
+    done = subprocess.run(
+        [str(peer("kueue")), "--config", str(path), "--kubeconfig", str(directory / "none")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    output = done.stdout + done.stderr
+    if "Successfully loaded configuration" in output:
+        return None
+    assert "Unable to load the configuration" in output, output[-2000:]
+    return output[-2000:]
+
+
+def _with_configurations(rows: list[Any]) -> list[Any]:
+    return [pytest.param(c[1], id=c[0]) for c in rows if _configurations(c[1])]
+
+
+@pytest.mark.parametrize("objects", _with_configurations(MAPPING))
+def test_kueue_loads_every_mapped_configuration(objects: str, tmp_path: Path) -> None:
+    for configuration in _configurations(objects):
+        assert kueue_loads(configuration, tmp_path) is None
+
+
+@pytest.mark.parametrize("objects", _with_configurations(INVALID))
+def test_kueue_refuses_the_configurations_that_break_its_rules(
+    objects: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    row = request.node.callspec.id
+    why = [kueue_loads(c, tmp_path) for c in _configurations(objects)]
+    if row == "two-configurations":  # one file holds one Configuration: each loads alone
+        assert why == [None, None]
+    elif row in KUEUE_LOADS:
+        assert why == [None]
+    else:
+        assert why and all(why), f"Kueue loaded what gpualloc refuses as breaking its rules: {row}"

@@ -164,6 +164,86 @@ what its cohort lends); see `quota_refusals`.
 """
 Global___Outcome: _TypeAlias = Outcome  # noqa: Y015
 
+class _FlavorMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _FlavorModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FlavorMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    FLAVOR_MODE_UNSPECIFIED: _FlavorMode.ValueType  # 0
+    """Not set."""
+    FLAVOR_MODE_NO_FIT: _FlavorMode.ValueType  # 1
+    """It can never fit as things are: no devices of the flavor serve the request, a taint the
+    request does not tolerate, or more than the quota could ever grant.
+    """
+    FLAVOR_MODE_NO_CANDIDATES: _FlavorMode.ValueType  # 2
+    """It could fit, but no reservation the policy lets go makes room now."""
+    FLAVOR_MODE_PREEMPT: _FlavorMode.ValueType  # 3
+    """It fits if reservations go, some of them the tenant's own."""
+    FLAVOR_MODE_RECLAIM: _FlavorMode.ValueType  # 4
+    """It fits if reservations go, all of them other tenants' borrowings."""
+    FLAVOR_MODE_FIT: _FlavorMode.ValueType  # 5
+    """It fits now (within nominal or borrowing: `borrowing`)."""
+
+class FlavorMode(_FlavorMode, metaclass=_FlavorModeEnumTypeWrapper):
+    """Kueue's flavor assignment modes."""
+
+FLAVOR_MODE_UNSPECIFIED: FlavorMode.ValueType  # 0
+"""Not set."""
+FLAVOR_MODE_NO_FIT: FlavorMode.ValueType  # 1
+"""It can never fit as things are: no devices of the flavor serve the request, a taint the
+request does not tolerate, or more than the quota could ever grant.
+"""
+FLAVOR_MODE_NO_CANDIDATES: FlavorMode.ValueType  # 2
+"""It could fit, but no reservation the policy lets go makes room now."""
+FLAVOR_MODE_PREEMPT: FlavorMode.ValueType  # 3
+"""It fits if reservations go, some of them the tenant's own."""
+FLAVOR_MODE_RECLAIM: FlavorMode.ValueType  # 4
+"""It fits if reservations go, all of them other tenants' borrowings."""
+FLAVOR_MODE_FIT: FlavorMode.ValueType  # 5
+"""It fits now (within nominal or borrowing: `borrowing`)."""
+Global___FlavorMode: _TypeAlias = FlavorMode  # noqa: Y015
+
+class _FlavorRefusal:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _FlavorRefusalEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FlavorRefusal.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    FLAVOR_REFUSAL_UNSPECIFIED: _FlavorRefusal.ValueType  # 0
+    """Not set (it fits)."""
+    FLAVOR_REFUSAL_UNTOLERATED_TAINT: _FlavorRefusal.ValueType  # 1
+    """The flavor's nodeTaints: neither the request nor its tenant tolerates one."""
+    FLAVOR_REFUSAL_NO_DEVICES: _FlavorRefusal.ValueType  # 2
+    """No devices of the flavor serve the request, even with all of them free."""
+    FLAVOR_REFUSAL_CHARGED_ELSEWHERE: _FlavorRefusal.ValueType  # 3
+    """The devices found are charged to a flavor the resource lists before this one."""
+    FLAVOR_REFUSAL_ABOVE_MAX: _FlavorRefusal.ValueType  # 4
+    """More than the tenant's quota of the flavor could ever grant."""
+    FLAVOR_REFUSAL_DEVICES_IN_USE: _FlavorRefusal.ValueType  # 5
+    """The devices are held now."""
+    FLAVOR_REFUSAL_QUOTA: _FlavorRefusal.ValueType  # 6
+    """The quota refuses it now."""
+
+class FlavorRefusal(_FlavorRefusal, metaclass=_FlavorRefusalEnumTypeWrapper):
+    """Why a flavor does not fit as is."""
+
+FLAVOR_REFUSAL_UNSPECIFIED: FlavorRefusal.ValueType  # 0
+"""Not set (it fits)."""
+FLAVOR_REFUSAL_UNTOLERATED_TAINT: FlavorRefusal.ValueType  # 1
+"""The flavor's nodeTaints: neither the request nor its tenant tolerates one."""
+FLAVOR_REFUSAL_NO_DEVICES: FlavorRefusal.ValueType  # 2
+"""No devices of the flavor serve the request, even with all of them free."""
+FLAVOR_REFUSAL_CHARGED_ELSEWHERE: FlavorRefusal.ValueType  # 3
+"""The devices found are charged to a flavor the resource lists before this one."""
+FLAVOR_REFUSAL_ABOVE_MAX: FlavorRefusal.ValueType  # 4
+"""More than the tenant's quota of the flavor could ever grant."""
+FLAVOR_REFUSAL_DEVICES_IN_USE: FlavorRefusal.ValueType  # 5
+"""The devices are held now."""
+FLAVOR_REFUSAL_QUOTA: FlavorRefusal.ValueType  # 6
+"""The quota refuses it now."""
+Global___FlavorRefusal: _TypeAlias = FlavorRefusal  # noqa: Y015
+
 class _RejectionReason:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -602,6 +682,7 @@ class AllocateRequest(_message.Message):
     RESERVATION_LABELS_FIELD_NUMBER: _builtins.int
     PRIORITY_CLASS_NAME_FIELD_NUMBER: _builtins.int
     PREEMPT_FIELD_NUMBER: _builtins.int
+    QUEUED_TIME_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     """Allocate on this node only; empty lets the allocator choose."""
     policy: Global___AllocationPolicy.ValueType
@@ -667,6 +748,15 @@ class AllocateRequest(_message.Message):
     def reservation_labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Labels stored on the reservation, e.g. `slurm.job_id`."""
 
+    @_builtins.property
+    def queued_time(self) -> _timestamp_pb2.Timestamp:
+        """When the work this grant is for was queued: a Kueue Workload's creation, a Slurm job's
+        submit time. Unset: when the call arrived (every item of one AllocateBatch alike). Kept on
+        the reservation (label `gpualloc.dev/queued-at`); a tenant's `withinClusterQueue:
+        LowerOrNewerEqualPriority` lets a grant take its tenant's reservations of its own priority
+        queued after it (docs/tenancy.md). Must not be in the future.
+        """
+
     def __init__(
         self,
         *,
@@ -687,10 +777,11 @@ class AllocateRequest(_message.Message):
         reservation_labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         priority_class_name: _builtins.str = ...,
         preempt: _builtins.bool = ...,
+        queued_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "gang", b"gang", "lease_ttl", b"lease_ttl", "node_selector", b"node_selector"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "gang", b"gang", "lease_ttl", b"lease_ttl", "node_selector", b"node_selector", "queued_time", b"queued_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "claims", b"claims", "device_classes", b"device_classes", "explain", b"explain", "gang", b"gang", "idempotency_key", b"idempotency_key", "lease_ttl", b"lease_ttl", "min_inventory_generation", b"min_inventory_generation", "node_name", b"node_name", "node_selector", b"node_selector", "owner", b"owner", "policy", b"policy", "preempt", b"preempt", "priority_class_name", b"priority_class_name", "reservation_labels", b"reservation_labels", "reserve", b"reserve", "topology_constraints", b"topology_constraints"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "claims", b"claims", "device_classes", b"device_classes", "explain", b"explain", "gang", b"gang", "idempotency_key", b"idempotency_key", "lease_ttl", b"lease_ttl", "min_inventory_generation", b"min_inventory_generation", "node_name", b"node_name", "node_selector", b"node_selector", "owner", b"owner", "policy", b"policy", "preempt", b"preempt", "priority_class_name", b"priority_class_name", "queued_time", b"queued_time", "reservation_labels", b"reservation_labels", "reserve", b"reserve", "topology_constraints", b"topology_constraints"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -833,6 +924,7 @@ class AllocateResponse(_message.Message):
     HOLDERS_FIELD_NUMBER: _builtins.int
     QUOTA_REFUSALS_FIELD_NUMBER: _builtins.int
     PREEMPTION_FIELD_NUMBER: _builtins.int
+    FLAVORS_FIELD_NUMBER: _builtins.int
     outcome: Global___Outcome.ValueType
     """What happened."""
     node_name: _builtins.str
@@ -872,6 +964,12 @@ class AllocateResponse(_message.Message):
         that were revoked to make the reservations.
         """
 
+    @_builtins.property
+    def flavors(self) -> _containers.RepeatedCompositeFieldContainer[Global___FlavorAttempt]:
+        """A grant its tenant's quota charges to resource flavors: each flavor tried, in order, with
+        how it fared and whether it was taken (docs/tenancy.md, "Resource flavors").
+        """
+
     def __init__(
         self,
         *,
@@ -886,14 +984,61 @@ class AllocateResponse(_message.Message):
         holders: _abc.Iterable[Global___Holder] | None = ...,
         quota_refusals: _abc.Iterable[Global___QuotaRefusal] | None = ...,
         preemption: Global___Preemption | None = ...,
+        flavors: _abc.Iterable[Global___FlavorAttempt] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["explanation", b"explanation", "preemption", b"preemption"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "explanation", b"explanation", "gang_placements", b"gang_placements", "holders", b"holders", "inventory_generation", b"inventory_generation", "node_name", b"node_name", "outcome", b"outcome", "preemption", b"preemption", "quota_refusals", b"quota_refusals", "reservations", b"reservations", "score", b"score"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "explanation", b"explanation", "flavors", b"flavors", "gang_placements", b"gang_placements", "holders", b"holders", "inventory_generation", b"inventory_generation", "node_name", b"node_name", "outcome", b"outcome", "preemption", b"preemption", "quota_refusals", b"quota_refusals", "reservations", b"reservations", "score", b"score"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AllocateResponse: _TypeAlias = AllocateResponse  # noqa: Y015
+
+@_typing.final
+class FlavorAttempt(_message.Message):
+    """How one flavor fared in a grant's flavor search (Kueue's flavor assignment modes)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    FLAVOR_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    BORROWING_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    CHOSEN_FIELD_NUMBER: _builtins.int
+    resource: _builtins.str
+    """The quota resource the flavor is of (the access policy's spec.quota.resources[].name)."""
+    flavor: _builtins.str
+    """The flavor (spec.quota.resourceFlavors[].name)."""
+    mode: Global___FlavorMode.ValueType
+    """How the grant fits on it."""
+    borrowing: _builtins.int
+    """0: within the tenant's nominal quota; 1: borrowing from its cohort."""
+    reason: Global___FlavorRefusal.ValueType
+    """Why it does not fit as is (unset when FIT)."""
+    message: _builtins.str
+    """What the reason is about, for people (the taint, the quota's numbers)."""
+    chosen: _builtins.bool
+    """The search took this flavor."""
+    def __init__(
+        self,
+        *,
+        resource: _builtins.str = ...,
+        flavor: _builtins.str = ...,
+        mode: Global___FlavorMode.ValueType = ...,
+        borrowing: _builtins.int = ...,
+        reason: Global___FlavorRefusal.ValueType = ...,
+        message: _builtins.str = ...,
+        chosen: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["borrowing", b"borrowing", "chosen", b"chosen", "flavor", b"flavor", "message", b"message", "mode", b"mode", "reason", b"reason", "resource", b"resource"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FlavorAttempt: _TypeAlias = FlavorAttempt  # noqa: Y015
 
 @_typing.final
 class Preemption(_message.Message):
@@ -1107,6 +1252,7 @@ class ExplainRequest(_message.Message):
     MIN_INVENTORY_GENERATION_FIELD_NUMBER: _builtins.int
     MAX_NODES_EXPLAINED_FIELD_NUMBER: _builtins.int
     PRIORITY_CLASS_NAME_FIELD_NUMBER: _builtins.int
+    QUEUED_TIME_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     """Explain for this node only; empty considers every node."""
     policy: Global___AllocationPolicy.ValueType
@@ -1143,6 +1289,12 @@ class ExplainRequest(_message.Message):
     def budget(self) -> Global___SearchBudget:
         """Search bounds."""
 
+    @_builtins.property
+    def queued_time(self) -> _timestamp_pb2.Timestamp:
+        """When the work was queued (see AllocateRequest.queued_time): what the proposal may revoke
+        depends on it too.
+        """
+
     def __init__(
         self,
         *,
@@ -1157,10 +1309,11 @@ class ExplainRequest(_message.Message):
         min_inventory_generation: _builtins.int = ...,
         max_nodes_explained: _builtins.int = ...,
         priority_class_name: _builtins.str = ...,
+        queued_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "gang", b"gang", "node_selector", b"node_selector"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "gang", b"gang", "node_selector", b"node_selector", "queued_time", b"queued_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "claims", b"claims", "device_classes", b"device_classes", "gang", b"gang", "max_nodes_explained", b"max_nodes_explained", "min_inventory_generation", b"min_inventory_generation", "node_name", b"node_name", "node_selector", b"node_selector", "policy", b"policy", "priority_class_name", b"priority_class_name", "topology_constraints", b"topology_constraints"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "claims", b"claims", "device_classes", b"device_classes", "gang", b"gang", "max_nodes_explained", b"max_nodes_explained", "min_inventory_generation", b"min_inventory_generation", "node_name", b"node_name", "node_selector", b"node_selector", "policy", b"policy", "priority_class_name", b"priority_class_name", "queued_time", b"queued_time", "topology_constraints", b"topology_constraints"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1181,6 +1334,7 @@ class ExplainResponse(_message.Message):
     HOLDERS_FIELD_NUMBER: _builtins.int
     QUOTA_REFUSALS_FIELD_NUMBER: _builtins.int
     PREEMPTION_FIELD_NUMBER: _builtins.int
+    FLAVORS_FIELD_NUMBER: _builtins.int
     outcome: Global___Outcome.ValueType
     """The outcome Allocate would have had."""
     node_name: _builtins.str
@@ -1213,6 +1367,10 @@ class ExplainResponse(_message.Message):
     def preemption(self) -> Global___Preemption:
         """The victims whose revocation would make it fit (see AllocateResponse.preemption)."""
 
+    @_builtins.property
+    def flavors(self) -> _containers.RepeatedCompositeFieldContainer[Global___FlavorAttempt]:
+        """Each flavor tried, with why it was or was not taken (see AllocateResponse.flavors)."""
+
     def __init__(
         self,
         *,
@@ -1225,10 +1383,11 @@ class ExplainResponse(_message.Message):
         holders: _abc.Iterable[Global___Holder] | None = ...,
         quota_refusals: _abc.Iterable[Global___QuotaRefusal] | None = ...,
         preemption: Global___Preemption | None = ...,
+        flavors: _abc.Iterable[Global___FlavorAttempt] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["explanation", b"explanation", "preemption", b"preemption"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "explanation", b"explanation", "gang_placements", b"gang_placements", "holders", b"holders", "inventory_generation", b"inventory_generation", "node_name", b"node_name", "outcome", b"outcome", "preemption", b"preemption", "quota_refusals", b"quota_refusals"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "explanation", b"explanation", "flavors", b"flavors", "gang_placements", b"gang_placements", "holders", b"holders", "inventory_generation", b"inventory_generation", "node_name", b"node_name", "outcome", b"outcome", "preemption", b"preemption", "quota_refusals", b"quota_refusals"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

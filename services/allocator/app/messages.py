@@ -15,6 +15,7 @@ from enum import StrEnum
 
 from services.allocator.core import (
     Explanation,
+    FlavorAttempt,
     NodePlacement,
     Policy,
     PreemptionReason,
@@ -90,6 +91,8 @@ class LeaseOptions:
     request_digest: str = ""  # a digest of what was asked: a reused key must ask the same
     priority_class: str = ""  # the policy's priority class ("" : its default)
     preempt: bool = False  # revoke the victims of a preemption proposal, then reserve
+    # when the work was queued (seconds since the epoch; None: when the call arrived)
+    queued_at: float | None = None
     max_reservations: int | None = None  # the owner's tenant's live reservations bound
 
 
@@ -144,6 +147,8 @@ class Answer:
     holders: tuple[Holder, ...] = ()
     quota: tuple[QuotaRefusal, ...] = ()  # why the tenant's quota refuses it (QUOTA_EXCEEDED)
     preemption: tuple[Victim, ...] = ()  # who would go (not ALLOCATED) or went (ALLOCATED)
+    # the flavors tried for a grant charged to flavors, in order (app/flavor_search.py)
+    flavors: tuple[FlavorAttempt[None], ...] = ()
 
     @property
     def single(self) -> NodePlacement | None:

@@ -25,7 +25,6 @@ from services.allocator.core import (
     AllocatedState,
     ClusterSnapshot,
     Explanation,
-    GroupKey,
     NodeAccess,
     Policy,
     SearchBudget,
@@ -34,7 +33,6 @@ from services.allocator.core import (
     TopologyConstraint,
     Unsatisfiable,
     constraints_from_annotations,
-    node_groups_of,
     solve,
     solve_gang,
     solve_many,
@@ -175,29 +173,6 @@ class PlacementSearch:
             topology_constraints=topology,
             nodes=nodes,
         )
-
-    def node_groups(
-        self,
-        snapshot: ClusterSnapshot,
-        state: AllocatedState,
-        classes: Mapping[str, DeviceClass],
-        query: Query,
-    ) -> dict[str, GroupKey]:
-        """Per node, the key of the nodes that answer `query`'s claims alike (core
-        node_groups_of); empty when they cannot stand for each other, or when the claims are
-        in error (each node's own solve then reports it)."""
-        try:
-            return node_groups_of(
-                snapshot,
-                state,
-                classes,
-                query.claims,
-                policy=query.policy or self.policy,
-                selectors=self.selectors,
-                topology_constraints=topology_constraints(query),
-            )
-        except GpuallocError:
-            return {}
 
     def _place_gang(
         self,

@@ -46,21 +46,29 @@ from services.allocator.reservations.quota_ledger import (
 )
 from services.cel import CelError
 from services.common.dra.model import AllocationResult, DeviceClass
-from services.common.errors import GpuallocError, NotFound, ResourceExhausted, Unavailable
+from services.common.errors import (
+    GpuallocError,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
 from services.common.security.cohorts import cohort_node
 from services.common.security.fair_sharing import ConsumedUsage, resample, sample_due
 from services.common.security.principal import tenant_of_owner
 from services.common.security.quota import (
+    NO_FLAVOR,
     CohortStatus,
     QuotaModel,
     QuotaRefusal,
     QuotaResource,
+    ResourceFlavor,
     TenantStatus,
     Usage,
 )
 from services.common.telemetry import Labelled, Telemetry
 
-__all__ = ["Grant", "QuotaExceeded", "QuotaGuard", "QuotaSettings"]
+__all__ = ["Grant", "QuotaExceeded", "QuotaGuard", "QuotaSettings", "check_flavor_selectors"]
 
 log = logging.getLogger("gpualloc.quota")
 
@@ -166,7 +174,8 @@ class QuotaGuard:
         self, snapshot: ClusterSnapshot, scope: str, allocations: Sequence[AllocationResult]
     ) -> dict[str, int]:
         """Per quota resource, what the part of `allocations` taken under `scope` (a store
-        request's or a reservation's node: reservations/holds.py) holds."""
+        request's or a reservation's node: reservations/holds.py) holds; a flavored resource
+        counts a device on the first of its flavors that selects it (`flavor_of`)."""
         model = self.model
         amounts: dict[str, int] = {}
         if not model.enabled:
@@ -179,12 +188,19 @@ class QuotaGuard:
                 entry = snapshot.device(result.device_id)
                 if entry is None or scope_of(entry) != scope:
                     continue
-                labels = _node_labels(snapshot, entry)
+                flavors: dict[str, str] = {}
                 for resource in model.resources:
                     key = (resource.name, entry.id)
                     by_amount = resource.counter or resource.gpu_share
-                    if (by_amount and key in charged) or not resource.on(labels):
-                        continue  # counted once, or of another flavor
+                    if by_amount and key in charged:
+                        continue  # counted once
+                    if resource.base:
+                        if resource.base not in flavors:
+                            flavors[resource.base] = self.flavor_of(
+                                model, resource.base, snapshot, entry
+                            )
+                        if flavors[resource.base] != resource.flavor:
+                            continue  # of another flavor
                     if not self._counts(resource, entry):
                         continue
                     charged.add(key)
@@ -193,13 +209,54 @@ class QuotaGuard:
                     )
         return amounts
 
+    def flavor_of(
+        self, model: QuotaModel, base: str, snapshot: ClusterSnapshot, entry: DeviceEntry
+    ) -> str:
+        """The flavor of resource `base` a device is charged to: the first the resource
+        lists that selects it (its node's labels, its device classes, its CEL selectors), else
+        (none)."""
+        labels = _node_labels(snapshot, entry)
+        for resource in model.flavors_of(base):
+            if resource.spec is not None and self.selects(resource.spec, entry, labels):
+                return resource.flavor
+        return NO_FLAVOR
+
+    def selects(
+        self, flavor: ResourceFlavor, entry: DeviceEntry, labels: Mapping[str, str]
+    ) -> bool:
+        """Whether `entry` (on a node with `labels`) is a device of `flavor`."""
+        if not all(labels.get(key) == value for key, value in flavor.node_labels):
+            return False
+        if flavor.device_classes:
+            classes = self._classes()
+            if not any(
+                (found := classes.get(name)) is not None and self._matches(found, entry)
+                for name in flavor.device_classes
+            ):
+                return False
+        try:
+            return all(
+                self._selectors.compile(expression).matches(entry.cel)
+                for expression in flavor.selectors
+            )
+        except CelError:  # checked when the policy loaded; an error at run time selects nothing
+            return False
+
     def _counts(self, resource: QuotaResource, entry: DeviceEntry) -> bool:
         classes = self._classes()
         for name in resource.device_classes:
             device_class = classes.get(name)
             if device_class is not None and self._matches(device_class, entry):
-                return True
-        return False
+                break
+        else:
+            return False
+        try:  # and the resource's own selectors (compiled when the policy was loaded)
+            return all(
+                self._selectors.compile(expression).matches(entry.cel)
+                for expression in resource.selectors
+            )
+        except CelError:
+            return False
 
     def _matches(self, device_class: DeviceClass, entry: DeviceEntry) -> bool:
         try:
@@ -462,6 +519,37 @@ class QuotaGuard:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.ledger.close()
+
+
+def check_flavor_selectors(model: QuotaModel, selectors: SelectorCache) -> QuotaModel:
+    """`model`, once every resource flavor's and quota resource's CEL selector compiles
+    (InvalidArgument naming the flavor or resource and the selector otherwise: the policy is
+    then not loaded, the last good quotas stay)."""
+    seen: set[str] = set()
+    for resource in model.resources:
+        flavor = resource.spec
+        if flavor is None or flavor.name in seen:
+            continue
+        seen.add(flavor.name)
+        for i, expression in enumerate(flavor.selectors):
+            try:
+                selectors.compile(expression)
+            except CelError as error:
+                raise InvalidArgument.at(
+                    f"spec.quota.resourceFlavors[{flavor.name}].selectors[{i}].cel.expression",
+                    str(error),
+                ) from None
+    for resource in model.resources:  # a resource's own selectors (one MIG profile's)
+        for i, expression in enumerate(resource.selectors):
+            try:
+                selectors.compile(expression)
+            except CelError as error:
+                raise InvalidArgument.at(
+                    f"spec.quota.resources[{resource.base or resource.name}].selectors[{i}]"
+                    ".cel.expression",
+                    str(error),
+                ) from None
+    return model
 
 
 def _node_labels(snapshot: ClusterSnapshot, entry: DeviceEntry) -> Mapping[str, str]:

@@ -41,21 +41,16 @@ from opentelemetry.metrics import Counter
 
 from services.allocator.app.capacity_count import count_capacity
 from services.allocator.app.cluster_view import ClusterView, ViewSnapshot
-from services.allocator.app.consolidation import (
-    MOVED_FROM_LABEL,
-    Move,
-    device_group,
-    movable_device,
-    place_moves,
-)
+from services.allocator.app.consolidation import MOVED_FROM_LABEL
 from services.allocator.app.device_classes import with_inline
+from services.allocator.app.flavor_search import search_flavors
 from services.allocator.app.gang_answers import (
     allocated_explanation,
     members_of_reservations,
     placement_requests,
 )
 from services.allocator.app.granting import GrantRun
-from services.allocator.app.holders import blocking_holders, holder
+from services.allocator.app.holders import blocking_holders
 from services.allocator.app.live_reservations import Holdings
 from services.allocator.app.messages import (
     Answer,
@@ -68,28 +63,26 @@ from services.allocator.app.messages import (
     claim_ref,
 )
 from services.allocator.app.paging import decode_token, encode_token, query_hash
-from services.allocator.app.placing import PlacementSearch, eligible_nodes
+from services.allocator.app.placing import PlacementSearch
+from services.allocator.app.preemption_plans import (
+    Proposal,
+    Relocation,
+    Standing,
+    Trials,
+    propose,
+)
 from services.allocator.app.quotas import QuotaExceeded, QuotaGuard
 from services.allocator.app.reservation_limit import ReservationLimit
 from services.allocator.app.telemetry import AllocatorMetrics
 from services.allocator.core import (
     AllocatedState,
-    Candidate,
-    DeviceEntry,
     Explanation,
-    Holding,
     NodePlacement,
     Policy,
-    PreemptionContext,
-    PreemptionReason,
     SolveResult,
     Summary,
     SummaryKind,
     Unsatisfiable,
-    consolidation_order,
-    fewest_moves,
-    movable_candidates,
-    plan_preemption,
 )
 from services.allocator.reservations.binding import (
     DEFAULT_BINDING_TIMEOUT_SECONDS,
@@ -112,13 +105,11 @@ from services.allocator.reservations.model import (
     device_conflict_key,
     reserved,
 )
+from services.allocator.reservations.queued import with_queued_at
 from services.common.deadline import UNBOUNDED, Deadline
 from services.common.dra.model import (
     AllocationResult,
     DeviceClass,
-    NodeSelector,
-    NodeSelectorRequirement,
-    NodeSelectorTerm,
 )
 from services.common.dra.names import label_name_errors
 from services.common.errors import (
@@ -132,12 +123,7 @@ from services.common.errors import (
     PermissionDenied,
 )
 from services.common.security.principal import tenant_of_owner
-from services.common.security.quota import (
-    CohortStatus,
-    QuotaRefusal,
-    TenantStatus,
-    WhenCanBorrow,
-)
+from services.common.security.quota import CohortStatus, QuotaRefusal, TenantStatus
 
 __all__ = ["AllocatorService", "ServiceLimits"]
 
@@ -161,12 +147,14 @@ class ServiceLimits:
 
 
 @dataclass(frozen=True)
-class Proposal:
-    """A preemption: the victims as answers show them, and the reservations to revoke."""
+class Decision:
+    """What one attempt of a call decided: the answer (ALLOCATED: the placement to reserve),
+    the query it is for (pinned to the flavors chosen), and the preemption that would make it
+    fit."""
 
-    victims: tuple[Victim, ...]
-    reservations: tuple[Reservation, ...]
-    moves: tuple[Move, ...] = ()  # consolidation: the victims moved, not only revoked
+    answer: Answer
+    query: Query
+    proposal: Proposal | None = None
 
 
 class AllocatorService:
@@ -222,6 +210,8 @@ class AllocatorService:
             if known:
                 _check_replay(query, known, lease)
                 return self._reserved_answer(query, known, self.view.require(0).generation)
+        if lease is not None and lease.queued_at is not None:  # kept on the reservation
+            lease = replace(lease, labels=with_queued_at(lease.labels, lease.queued_at))
         attempts = 1 + (self.limits.reserve_retries if lease is not None else 0)
         conflict: Conflict | None = None
         revoked: tuple[Victim, ...] = ()
@@ -233,41 +223,41 @@ class AllocatorService:
             answer = self._answer(view, state, query, deadline, explain=query.explain)
             if lease is None:
                 return answer
-            answer = self._by_flavor(view, state, query, answer, lease.owner, deadline)
-            if answer.outcome is not Outcome.ALLOCATED:
-                proposal = self._proposal(view, state, query, answer, lease, revoked, deadline)
-                if proposal is None or revoked or not lease.preempt:
-                    return replace(answer, preemption=proposal.victims) if proposal else answer
-                try:
-                    revoked = self._revoke(proposal, lease.owner, deadline)
-                except Conflict as error:  # a move's device was taken: nothing was revoked
-                    conflict = error
-                continue
-            requests = placement_requests(
-                view.snapshot, answer.placements, names, lease, lease_seconds, gang=answer.is_gang
-            )
-            try:
-                reservations = self._store_reserve(
-                    requests, view, deadline, limit=lease.max_reservations
+            decision = self._decide(view, state, query, answer, lease, revoked, deadline)
+            answer, proposal = decision.answer, decision.proposal
+            if answer.outcome is Outcome.ALLOCATED:
+                requests = placement_requests(
+                    view.snapshot,
+                    answer.placements,
+                    names,
+                    lease,
+                    lease_seconds,
+                    gang=answer.is_gang,
                 )
-            except QuotaExceeded as refused:
-                answer = replace(answer, outcome=Outcome.QUOTA_EXCEEDED, quota=refused.refusals)
-                proposal = self._proposal(view, state, query, answer, lease, revoked, deadline)
-                if proposal is None or revoked or not lease.preempt:
-                    return replace(answer, preemption=proposal.victims) if proposal else answer
                 try:
-                    revoked = self._revoke(proposal, lease.owner, deadline)
-                except Conflict as error:  # a move's device was taken: nothing was revoked
+                    reservations = self._store_reserve(
+                        requests, view, deadline, limit=lease.max_reservations
+                    )
+                except QuotaExceeded as refused:  # the take's check: the ledger's own word
+                    answer = replace(answer, outcome=Outcome.QUOTA_EXCEEDED, quota=refused.refusals)
+                    proposal = self._proposal(
+                        view, state, decision.query, answer, lease, revoked, deadline
+                    )
+                except Conflict as error:
                     conflict = error
-                continue
-            except Conflict as error:
+                    self._count(self._metrics.conflicts if self._metrics else None)
+                    found = [self.holdings.refresh(request.node) for request in requests]
+                    if self._drifted(error, requests, view, any(found)):
+                        self.holdings.rebuild()
+                    continue
+                else:
+                    return self._held(query, answer, reservations, lease, revoked, view)
+            if proposal is None or revoked or not lease.preempt:
+                return replace(answer, preemption=proposal.victims) if proposal else answer
+            try:
+                revoked = self._revoke(proposal, lease.owner, deadline)
+            except Conflict as error:  # a move's device was taken: nothing was revoked
                 conflict = error
-                self._count(self._metrics.conflicts if self._metrics else None)
-                found = [self.holdings.refresh(request.node) for request in requests]
-                if self._drifted(error, requests, view, any(found)):
-                    self.holdings.rebuild()
-                continue
-            return self._held(query, answer, reservations, lease, revoked, view)
         self._count(self._metrics.aborted if self._metrics else None)
         assert conflict is not None
         raise _bounded(conflict)
@@ -289,7 +279,7 @@ class AllocatorService:
         # One node's answer, or a gang for which the store answered (idempotency key) with an
         # earlier call's reservations: the answer is what is held.
         held = self._reserved_answer(query, reservations, view.generation)
-        return replace(held, preemption=revoked)
+        return replace(held, preemption=revoked, flavors=answer.flavors)
 
     def explain(
         self,
@@ -298,22 +288,22 @@ class AllocatorService:
         owner: str = "",
         priority_class: str = "",
         *,
+        queued_at: float | None = None,
         deadline: Deadline = UNBOUNDED,
     ) -> Answer:
         """Allocate's search with reasons recorded, plus the reservations that blocked it;
         with `owner`, a placement found is checked against its tenant's quota too, and one not
-        found (or refused by the quota) comes with the preemption that would make it fit."""
+        found (or refused by the quota) comes with the preemption that would make it fit (for
+        a grant of `priority_class` whose work was queued at `queued_at`)."""
         view, state = self._read(query, deadline)
         answer = self._answer(view, state, query, deadline, explain=True)
-        if owner and self.quotas is not None and answer.outcome is Outcome.ALLOCATED:
-            refusals = self._quota_check(view, query, answer, owner)
-            if refusals:
-                answer = replace(answer, outcome=Outcome.QUOTA_EXCEEDED, quota=refusals)
-        if owner and self.quotas is not None and answer.outcome is not Outcome.ALLOCATED:
-            lease = LeaseOptions(owner, priority_class=priority_class)
-            proposal = self._proposal(view, state, query, answer, lease, (), deadline)
-            if proposal is not None:
-                answer = replace(answer, preemption=proposal.victims)
+        if owner and self.quotas is not None:
+            lease = LeaseOptions(owner, priority_class=priority_class, queued_at=queued_at)
+            decision = self._decide(view, state, query, answer, lease, (), deadline, checked=False)
+            explanation = decision.answer.explanation or answer.explanation
+            answer = replace(decision.answer, explanation=explanation)
+            if decision.proposal is not None:
+                answer = replace(answer, preemption=decision.proposal.victims)
         shown = max_nodes or self.limits.max_nodes_explained
         return _with_holders(answer, blocking_holders(answer, self.holdings.reservations(), shown))
 
@@ -461,13 +451,17 @@ class AllocatorService:
             view, state = self._read(query, deadline)
             answers = self._answers(view, state, query, deadline, explain=query.explain, count=same)
             answer, ahead[:] = answers[0], answers[1:]
+        if lease.queued_at is not None:  # kept on the reservation
+            lease = replace(lease, labels=with_queued_at(lease.labels, lease.queued_at))
         if self.quotas is not None:
-            flavored = self._by_flavor(
-                view, state or self.holdings.state_for(view), query, answer, lease.owner, deadline
-            )
-            if flavored is not answer:
+            state = state or self.holdings.state_for(view)
+            decision = self._decide(view, state, query, answer, lease, (), deadline)
+            if decision.answer is not answer:
                 ahead.clear()  # another flavor's placement: the next items solve again
-            answer = flavored
+            if decision.proposal is not None:
+                ahead.clear()
+                return None  # a preemption to make room: the unary path carries it out
+            answer = decision.answer
         if answer.outcome is not Outcome.ALLOCATED:
             ahead.clear()
             return answer if self.quotas is None else None  # quotas: it may preempt
@@ -990,61 +984,58 @@ class AllocatorService:
     def _grant_run(self) -> GrantRun:
         return GrantRun(self.store, self.holdings, self.quotas, self._reservation_limit)
 
-    def _quota_check(
-        self, view: ViewSnapshot, query: Query, answer: Answer, owner: str
-    ) -> tuple[QuotaRefusal, ...]:
-        """What the quota says of reserving `answer` for `owner` now (read-only)."""
-        assert self.quotas is not None
-        return self.quotas.check(owner, self._placement_usage(view, query, answer, owner))
-
-    def _by_flavor(
+    def _decide(
         self,
         view: ViewSnapshot,
         state: AllocatedState,
         query: Query,
         answer: Answer,
-        owner: str,
+        lease: LeaseOptions,
+        revoked: tuple[Victim, ...],
         deadline: Deadline,
-    ) -> Answer:
-        """Kueue's flavor assignment, for a placement its tenant's quota charges to a flavor:
-        the flavors of that resource in the order the tenant lists them, the query pinned to
-        each flavor's node labels in turn; the first the quota admits within nominal, or the
-        first it admits by borrowing (whenCanBorrow MayStopSearch; with TryNextFlavor a later
-        one within nominal is preferred). `answer` when none is admitted (it is refused as it
-        was, and preemption looks for victims for it)."""
-        if self.quotas is None or answer.outcome is not Outcome.ALLOCATED:
-            return answer
+        *,
+        checked: bool = True,
+    ) -> Decision:
+        """What to reserve for `lease.owner` (or why not) and the preemption that would make
+        it fit. A grant its tenant's quota charges to flavors: Kueue's flavor assignment
+        (app/flavor_search.py). Else the solver's `answer`, checked against the quota here
+        unless the reserve's take will (`checked`), and the planner's proposal when it does
+        not fit."""
+        if self.quotas is None:
+            return Decision(answer, query)
+        trials = self._trials(view, state, query, lease.owner, deadline)
         model = self.quotas.model
-        tenant = tenant_of_owner(owner)
-        quota = model.quota_of(tenant)
-        if quota is None or not any(r.flavor for r in model.resources):
-            return answer
-        placed = self._placement_usage(view, query, answer, owner)
-        bases = sorted({r.base for r in model.resources if r.flavor and placed.get(r.name, 0)})
-        if not bases:
-            return answer
-        usage = self.quotas.usage_around(owner)
-        borrowing: Answer | None = None
-        for flavor in model.flavor_order(tenant, bases[0]):
-            others = (r for r in model.resources if r.base == flavor.base and r is not flavor)
-            if placed.get(flavor.name, 0) and not any(placed.get(r.name, 0) for r in others):
-                found, amounts = answer, placed  # the solver's own choice is of this flavor
-            else:
-                pinned = replace(
-                    query, node_selector=_with_labels(query.node_selector, flavor.node_labels)
-                )
-                found = self._answer(view, state, pinned, deadline, explain=False)
-                if found.outcome is not Outcome.ALLOCATED:
-                    continue
-                amounts = self._placement_usage(view, query, found, owner)
-            if model.admit(tenant, amounts, usage):
-                continue  # this flavor's quota refuses it
-            if not model.admit(tenant, amounts, usage, within_nominal=True):
-                return found
-            borrowing = borrowing or found
-            if quota.when_can_borrow is WhenCanBorrow.MAY_STOP_SEARCH:
-                return found
-        return borrowing or answer
+        flavored = model.quota_of(tenant_of_owner(lease.owner)) is not None and any(
+            r.base for r in model.resources
+        )
+        choice = (
+            search_flavors(
+                trials,
+                query,
+                lease,
+                self._standing(lease.owner),
+                with_inline(self.classes, query.device_classes),
+                first=answer,
+                now=_queued(lease),
+                max_consolidation_nodes=self.limits.max_consolidation_nodes,
+            )
+            if flavored
+            else None
+        )
+        if choice is None:
+            if not checked and answer.outcome is Outcome.ALLOCATED:
+                refusals = self.quotas.check(lease.owner, trials.counts(answer))
+                if refusals:
+                    answer = replace(answer, outcome=Outcome.QUOTA_EXCEEDED, quota=refusals)
+            proposal = self._proposal(view, state, query, answer, lease, revoked, deadline)
+            return Decision(answer, query, proposal)
+        flavors = tuple(attempt.bare() for attempt in choice.tried)
+        found = choice.chosen.found if choice.chosen is not None else None
+        if found is None:  # every flavor NoFit: the solver's own answer, refused
+            refused = _refused(answer, self.quotas.check(lease.owner, trials.counts(answer)))
+            return Decision(replace(refused, flavors=flavors), query)
+        proposal = None if revoked else found.proposal
+        return Decision(replace(found.answer, flavors=flavors), found.query, proposal)
 
     # --- preemption --------------------------------------------------------------------------
 
@@ -1059,170 +1050,50 @@ class AllocatorService:
         deadline: Deadline,
     ) -> Proposal | None:
         """The fewest reservations whose revocation makes `query` fit for `lease.owner`
-        (core/preemption.py's planner, the placement tried by the solver), or None. Only for
-        an answer that is UNSATISFIABLE or QUOTA_EXCEEDED, under quotas, and once per call."""
+        (app/preemption_plans.py), or None. Only for an answer that is UNSATISFIABLE or
+        QUOTA_EXCEEDED, under quotas, and once per call."""
         if self.quotas is None or revoked:
             return None
         if answer.outcome not in (Outcome.UNSATISFIABLE, Outcome.QUOTA_EXCEEDED):
             return None
+        return propose(
+            self._trials(view, state, query, lease.owner, deadline),
+            query,
+            lease,
+            self._standing(lease.owner),
+            now=_queued(lease),
+            max_consolidation_nodes=self.limits.max_consolidation_nodes,
+        )
+
+    def _trials(
+        self,
+        view: ViewSnapshot,
+        state: AllocatedState,
+        query: Query,
+        owner: str,
+        deadline: Deadline,
+    ) -> Trials:
+        """This call's means of trying placements (solves on trial states, what they count)."""
+
+        def solve(on: Query, trial: AllocatedState) -> Answer:
+            return self._answer(view, trial, on, deadline, explain=False)
+
+        def counts(found: Answer) -> dict[str, int]:
+            return self._placement_usage(view, query, found, owner)
+
+        return Trials(view, state, solve, counts, deadline)
+
+    def _standing(self, owner: str) -> Standing:
+        """The quota around `owner`, read when first needed."""
         quotas = self.quotas
-        model = quotas.model
-        priority = model.priority(lease.priority_class)
-        if not priority.preempts:
-            return None
-        tenant = tenant_of_owner(lease.owner)
-        empty = self._answer(view, AllocatedState(view.snapshot), query, deadline, explain=False)
-        if empty.outcome is not Outcome.ALLOCATED:
-            return None  # it does not fit an empty fleet: no victim helps
-        # only the caller's tenant and its cohort can lose reservations to it (the planner's
-        # rules): nobody else's usage needs counting
-        quota = model.quota_of(tenant)
-        eligible = {tenant, *(model.members(quota) if quota is not None else ())}
-        live = {
-            r.id: r for r in self.holdings.reservations() if tenant_of_owner(r.owner) in eligible
-        }
-        amounts = {r.id: self.reservation_usage(r) for r in live.values()}
-        holdings = [
-            Holding(
-                r.id,
-                tenant_of_owner(r.owner),
-                model.priority(r.priority_class),
-                r.created_at,
-                amounts[r.id],
-            )
-            for r in live.values()
-        ]
-        usage = quotas.usage_around(lease.owner)
-        wanted = self._placement_usage(view, query, empty, lease.owner)
-        context = PreemptionContext(
-            model, tenant, priority, wanted, holdings, usage, created_at=time.time()
+        assert quotas is not None
+        return Standing(
+            quotas.model,
+            owner,
+            lambda: quotas.usage_around(owner),
+            self.holdings.reservations,
+            self.reservation_usage,
         )
-        pinned: dict[str, Query] = {}
-
-        def place(chosen: Sequence[Candidate], node: str) -> Mapping[str, int] | None:
-            """What the query counts when placed (on `node`, "" anywhere) once `chosen` are
-            revoked; None when it is not placed."""
-            on = query
-            if node:
-                on = pinned.setdefault(node, replace(query, node=node, node_selector=None))
-            gone = [live[c.holding.id] for c in chosen]
-            found = self._found_without(view, state, on, gone, deadline)
-            return None if found is None else self._placement_usage(view, query, found, lease.owner)
-
-        # the candidates in one fleet-wide order rarely free one node (a whole-GPU grant needs
-        # every slice of its GPUs gone): the planner also tries node by node, as
-        # kube-scheduler does, on the nodes the query may use
-        nodes: Sequence[str] | None = None
-        if query.node:
-            nodes = (query.node,)
-        elif query.node_selector is not None or query.max_nodes > 0:
-            nodes = eligible_nodes(view.snapshot, query)
-        by_node = {r.id: r.node for r in live.values()} if query.gang is None else None
-        plan = plan_preemption(context, place, node_of=by_node, nodes=nodes)
-        if plan is None and query.gang is None:
-            return self._consolidation(view, state, query, lease, context, live, deadline)
-        if plan is None:
-            return None
-        chosen = tuple(
-            Victim(holder(live[c.holding.id]), live[c.holding.id].priority_class, c.reason)
-            for c in plan.victims
-        )
-        return Proposal(chosen, tuple(live[c.holding.id] for c in plan.victims))
-
-    def _found_without(
-        self,
-        view: ViewSnapshot,
-        state: AllocatedState,
-        query: Query,
-        gone: Sequence[Reservation],
-        deadline: Deadline,
-    ) -> Answer | None:
-        """`query`'s placement once `gone` are revoked (their devices free), or None."""
-        trial = state.with_changes((r.id, None, a) for r in gone for a in r.allocations)
-        found = self._answer(view, trial, query, deadline, explain=False)
-        return found if found.outcome is Outcome.ALLOCATED else None
-
-    def _consolidation(
-        self,
-        view: ViewSnapshot,
-        state: AllocatedState,
-        query: Query,
-        lease: LeaseOptions,
-        context: PreemptionContext,
-        live: Mapping[str, Reservation],
-        deadline: Deadline,
-    ) -> Proposal | None:
-        """Rule 3 (core/preemption.py's movable_candidates): on the nodes holding the fewest movable
-        reservations first (of those the query may use, at most max_consolidation_nodes), the
-        fewest moves, emptiest GPUs first, that make room for `query` there, each to an
-        equivalent free device on another node (app/consolidation.py); the first node where
-        every move finds one."""
-        model, tenant, usage = context.model, context.tenant, context.usage
-        snapshot = view.snapshot
-        movable = movable_candidates(context)
-        keyed = collections.Counter(
-            (r.owner, r.idempotency_key) for r in live.values() if r.idempotency_key
-        )
-
-        def device(reservation: Reservation) -> DeviceEntry | None:
-            if keyed[(reservation.owner, reservation.idempotency_key)] > 1:
-                return None  # a gang's member (its key on other nodes too): never moved
-            return movable_device(snapshot, reservation)
-
-        devices = {c.holding.id: device(live[c.holding.id]) for c in movable}
-        candidates = [c for c in movable if devices[c.holding.id] is not None]
-        on: dict[str, list[Candidate]] = {}
-        for candidate in candidates:
-            on.setdefault(live[candidate.holding.id].node, []).append(candidate)
-        allowed: Sequence[str] = list(on)
-        if query.node:
-            allowed = [query.node] if query.node in on else []
-        elif query.node_selector is not None or query.max_nodes > 0:
-            allowed = [n for n in eligible_nodes(snapshot, query) if n in on]
-
-        def held(node: str) -> tuple[int, str]:
-            return (sum(a for c in on[node] for a in c.holding.amounts.values()), node)
-
-        groups = {i: device_group(e) for i, e in devices.items() if e is not None}
-        for node in sorted(allowed, key=held)[: self.limits.max_consolidation_nodes]:
-            deadline.check("consolidate")
-            pinned = replace(query, node=node, node_selector=None)
-
-            def found_after(chosen: Sequence[Candidate], on_node: Query = pinned) -> Answer | None:
-                gone = [live[c.holding.id] for c in chosen]
-                found = self._found_without(view, state, on_node, gone, deadline)
-                if found is None:
-                    return None
-                placed = self._placement_usage(view, query, found, lease.owner)
-                return None if model.admit(tenant, placed, usage) else found
-
-            chosen = fewest_moves(
-                consolidation_order(on[node], groups), lambda c: found_after(c) is not None
-            )
-            if chosen is None:
-                continue
-            found = found_after(chosen)
-            assert found is not None
-            gone = [live[c.holding.id] for c in chosen]
-            trial = state.with_changes(
-                [(r.id, None, a) for r in gone for a in r.allocations]
-                + [(None, lease.owner, a) for p in found.placements for a in p.allocations]
-            )
-            moves = place_moves(snapshot, trial, gone, away_from=node)
-            if moves is None:
-                continue
-            to = {m.reservation.id: m.node for m in moves}
-            victims = tuple(
-                Victim(
-                    holder(r),
-                    r.priority_class,
-                    PreemptionReason.CONSOLIDATE,
-                    moved_to_node=to[r.id],
-                )
-                for r in gone
-            )
-            return Proposal(victims, tuple(gone), tuple(moves))
-        return None
 
     def _revoke(self, proposal: Proposal, by: str, deadline: Deadline) -> tuple[Victim, ...]:
         """Revoke the victims (each only if its fencing token is the one chosen: a stale one
@@ -1267,7 +1138,7 @@ class AllocatorService:
             for v in proposal.victims
         )
 
-    def _replace(self, moves: Sequence[Move], deadline: Deadline) -> dict[str, Reservation]:
+    def _replace(self, moves: Sequence[Relocation], deadline: Deadline) -> dict[str, Reservation]:
         """Reserve each move's replacement for the moved reservation's owner, before the
         original is revoked: the same claims, idempotency key, labels (plus
         `gpualloc.dev/moved-from`) and priority class, leased (the lease the original had
@@ -1493,14 +1364,20 @@ def _bounded(conflict: Conflict) -> Conflict:
     )
 
 
-def _with_labels(selector: NodeSelector | None, labels: Sequence[tuple[str, str]]) -> NodeSelector:
-    """`selector` and also every one of `labels` (a flavor's nodeLabels): each term gains
-    the requirements, so a node matches when it matches a term and carries the labels."""
-    required = tuple(NodeSelectorRequirement(key, "In", (value,)) for key, value in labels)
-    terms = selector.node_selector_terms if selector is not None else (NodeSelectorTerm(),)
-    return NodeSelector(
-        tuple(replace(t, match_expressions=(*t.match_expressions, *required)) for t in terms)
-    )
+def _queued(lease: LeaseOptions) -> float:
+    """When the grant's work was queued: as its request says, else now (a request arriving
+    now is newer than every reservation held)."""
+    return time.time() if lease.queued_at is None else lease.queued_at
+
+
+def _refused(answer: Answer, refusals: Sequence[QuotaRefusal]) -> Answer:
+    """The solver's answer when no flavor is taken: never ALLOCATED (QUOTA_EXCEEDED with the
+    quota's refusals, else UNSATISFIABLE: the flavors' attempts say why)."""
+    if answer.outcome is not Outcome.ALLOCATED:
+        return answer
+    if refusals:
+        return replace(answer, outcome=Outcome.QUOTA_EXCEEDED, quota=tuple(refusals))
+    return replace(answer, outcome=Outcome.UNSATISFIABLE)
 
 
 def _with_holders(answer: Answer, holders: tuple[Holder, ...]) -> Answer:

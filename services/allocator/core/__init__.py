@@ -16,7 +16,14 @@ FailedPrecondition, NotFound for an unknown pinned node, DeadlineExceeded when c
 """
 
 from services.allocator.core.batch import solve_many
-from services.allocator.core.candidates import taint_detail, untolerated_taint
+from services.allocator.core.candidates import taint_detail, tolerates, untolerated_taint
+from services.allocator.core.counting import (
+    UNKNOWN_MODEL,
+    NodeUnits,
+    UnitCount,
+    count_units,
+    gangs_that_fit,
+)
 from services.allocator.core.explain import (
     NO_SUMMARY,
     ConstraintExplanation,
@@ -32,10 +39,29 @@ from services.allocator.core.explain import (
     holders,
     summary_text,
 )
+from services.allocator.core.flavors import (
+    FlavorAttempt,
+    FlavorChoice,
+    FlavorMode,
+    FlavorReason,
+    QuotaStanding,
+    choose_flavor,
+    preferred,
+    quota_standing,
+    should_try_next,
+)
 from services.allocator.core.fleet import COMMITTED, RESERVED, STATES, FleetCount, count_fleet
 from services.allocator.core.fragmentation import DEFAULT_MIX, FragmentationMix, node_usable
 from services.allocator.core.gang import solve_gang
 from services.allocator.core.groups import GroupKey
+from services.allocator.core.moves import (
+    IDENTITY,
+    Movable,
+    Move,
+    device_group,
+    movable_device,
+    place_moves,
+)
 from services.allocator.core.nodeselect import NodeAccess, allocation_node_selector
 from services.allocator.core.outcome import (
     Allocated,
@@ -47,6 +73,7 @@ from services.allocator.core.outcome import (
 )
 from services.allocator.core.preemption import (
     Candidate,
+    ConsolidationPlan,
     Holding,
     NodeVictims,
     PreemptionContext,
@@ -56,6 +83,7 @@ from services.allocator.core.preemption import (
     fewest_moves,
     fewest_victims,
     movable_candidates,
+    plan_consolidation,
     plan_preemption,
     preemption_candidates,
     victims_by_node,
@@ -63,7 +91,7 @@ from services.allocator.core.preemption import (
 from services.allocator.core.results import ShareIdFactory, default_share_id
 from services.allocator.core.scoring import Policy, Score, free_capacity
 from services.allocator.core.snapshot import ClusterSnapshot, CounterID, DeviceEntry, NodeView
-from services.allocator.core.solver import node_groups_of, solve
+from services.allocator.core.solver import solve
 from services.allocator.core.state import AllocatedState
 from services.allocator.core.templates import node_templates
 from services.allocator.core.topology import GpuPlace, NicInfo, NodeTopology, PcieRelation
@@ -76,6 +104,24 @@ from services.allocator.core.topology_constraints import (
 from services.cel import CelDevice, CelError, CompiledSelector, SelectorCache
 
 __all__ = [
+    "tolerates",
+    "IDENTITY",
+    "ConsolidationPlan",
+    "Movable",
+    "Move",
+    "device_group",
+    "movable_device",
+    "place_moves",
+    "plan_consolidation",
+    "FlavorAttempt",
+    "FlavorChoice",
+    "FlavorMode",
+    "FlavorReason",
+    "QuotaStanding",
+    "choose_flavor",
+    "preferred",
+    "quota_standing",
+    "should_try_next",
     "Candidate",
     "Holding",
     "NodeVictims",
@@ -143,9 +189,13 @@ __all__ = [
     "node_usable",
     "solve_gang",
     "solve_many",
+    "UNKNOWN_MODEL",
+    "NodeUnits",
+    "UnitCount",
+    "count_units",
+    "gangs_that_fit",
     "GroupKey",
     "NodeAccess",
     "free_capacity",
-    "node_groups_of",
     "node_templates",
 ]

@@ -35,7 +35,6 @@ from services.allocator.core.explain import (
     Shortage,
     ShortageKind,
     Taint,
-    holders,
     taint_text,
 )
 from services.allocator.core.fragmentation import DEFAULT_MIX, FragmentationMix, set_loss
@@ -295,7 +294,7 @@ class NodeCandidates:
                 continue
             busy[ReasonCode.IN_USE] = busy.get(ReasonCode.IN_USE, 0) + 1
             if self.ctx.recorder is not None:
-                held = holders(state.owners(entry.id))
+                held = self.ctx.recorder.holders_of(state.owners, entry.id)
                 self.ctx.recorder.reject(alternative, entry.id, ReasonCode.IN_USE, None, held)
         most = len(free)
         if not unbounded:
@@ -397,6 +396,8 @@ class NodeCandidates:
         per state of the node's devices."""
         assert self._prepared is not None
         self._tally[alternative.key] = dict(tally)
+        if self.ctx.recorder is not None:
+            self.ctx.recorder.listed(alternative)
         devices = self._devices()
         orders = self._prepared.orders
         key = (alternative.key, self._in_use) if self._in_use is not None else None

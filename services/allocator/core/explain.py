@@ -8,9 +8,10 @@ Everything a caller sees is sorted, so the same inputs always give the same text
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any, Protocol
 
 from services.allocator.core.plan import Alternative, ConstraintKind, ConstraintSpec
 from services.allocator.core.scoring import Score
@@ -31,6 +32,7 @@ __all__ = [
     "detail_text",
     "held_by",
     "holders",
+    "Listener",
     "Recorder",
     "RejectionGroup",
     "RequestExplanation",
@@ -605,10 +607,45 @@ class Explanation:
 
 
 _RejectionKey = tuple[int, ReasonCode, tuple[str, ...], Fact | None]
+_ProblemKey = tuple[str, int, ConstraintMiss]
+
+
+class Listener(Protocol):
+    """What a search reports to its recorder; a recorder may hand it to a listener instead
+    (`Recorder.tape`: one node's events, to stand for its group's, core/replay.py)."""
+
+    def consider(self, alternative: Alternative, claim: str, device: DeviceID) -> None: ...
+
+    def reject(
+        self,
+        alternative: Alternative,
+        device: DeviceID,
+        code: ReasonCode,
+        fact: Fact | None = None,
+        holders: tuple[str, ...] = (),
+    ) -> None: ...
+
+    def constraint(
+        self,
+        claim: str,
+        spec: ConstraintSpec,
+        device: DeviceID,
+        problem: ConstraintMiss,
+        values: Iterable[str],
+    ) -> None: ...
+
+    def note(self, note: IncompletePool) -> None: ...
+
+    def listed(self, alternative: Alternative) -> None: ...
 
 
 class Recorder:
-    """Collects per-device reasons during one solve (only when an explanation was asked for)."""
+    """Collects per-device reasons during one solve (only when an explanation was asked for).
+
+    Devices come one by one (`consider`, `reject`, `constraint`), or in bulk for nodes that
+    stand for each other (`add_considered`, `add_rejected`, `add_problem`: a count of devices
+    no other call names, with the smallest of them as examples). While `tape` is set, every
+    event goes to it instead (core/replay.py records one node's search there)."""
 
     def __init__(self) -> None:
         self._alternatives: dict[int, Alternative] = {}
@@ -617,10 +654,17 @@ class Recorder:
         self._rejected: dict[_RejectionKey, set[DeviceID]] = {}
         self._constraints: dict[tuple[str, int], ConstraintSpec] = {}
         self._constraint_values: dict[tuple[str, int], set[str]] = {}
-        self._constraint_problems: dict[tuple[str, int, ConstraintMiss], set[DeviceID]] = {}
+        self._constraint_problems: dict[_ProblemKey, set[DeviceID]] = {}
         self._notes: set[IncompletePool] = set()
+        self._bulk_considered: dict[int, int] = {}
+        self._bulk_rejected: dict[_RejectionKey, _Bulk] = {}
+        self._bulk_problems: dict[_ProblemKey, _Bulk] = {}
+        self.tape: Listener | None = None
 
     def consider(self, alternative: Alternative, claim: str, device: DeviceID) -> None:
+        if self.tape is not None:
+            self.tape.consider(alternative, claim, device)
+            return
         self._alternatives[alternative.key] = alternative
         self._claims[alternative.key] = claim
         self._considered.setdefault(alternative.key, set()).add(device)
@@ -635,6 +679,9 @@ class Recorder:
     ) -> None:
         """`holders`: for IN_USE, who holds the device (`holders(state.owners(device))`);
         `fact`: what the rejection is about (the shortage, the taint, the false selector...)."""
+        if self.tape is not None:
+            self.tape.reject(alternative, device, code, fact, holders)
+            return
         key = (alternative.key, code, holders, fact)
         self._rejected.setdefault(key, set()).add(device)
 
@@ -646,22 +693,80 @@ class Recorder:
         problem: ConstraintMiss,
         values: Iterable[str],
     ) -> None:
+        if self.tape is not None:
+            self.tape.constraint(claim, spec, device, problem, values)
+            return
         self._constraints[(claim, spec.index)] = spec
         self._constraint_values.setdefault((claim, spec.index), set()).update(values)
         self._constraint_problems.setdefault((claim, spec.index, problem), set()).add(device)
 
     def note(self, note: IncompletePool) -> None:
+        if self.tape is not None:
+            self.tape.note(note)
+            return
         self._notes.add(note)
+
+    def holders_of(
+        self, owners: Callable[[DeviceID], Iterable[str]], device: DeviceID
+    ) -> tuple[str, ...]:
+        """`holders(owners(device))` for an IN_USE rejection; nothing while taping (a tape
+        finds each node's holders itself)."""
+        return () if self.tape is not None else holders(owners(device))
+
+    def listed(self, alternative: Alternative) -> None:
+        """The alternative's candidate list was built from a template's static checks (its
+        devices' own events come in bulk)."""
+        if self.tape is not None:
+            self.tape.listed(alternative)
+
+    # --- in bulk ----------------------------------------------------------------------------
+
+    def add_considered(self, alternative: Alternative, claim: str, count: int) -> None:
+        self._alternatives[alternative.key] = alternative
+        self._claims[alternative.key] = claim
+        self._bulk_considered[alternative.key] = (
+            self._bulk_considered.get(alternative.key, 0) + count
+        )
+
+    def add_rejected(
+        self,
+        alternative: Alternative,
+        code: ReasonCode,
+        fact: Fact | None,
+        count: int,
+        examples: Iterable[DeviceID],
+    ) -> None:
+        key = (alternative.key, code, (), fact)
+        _add_bulk(self._bulk_rejected, key, count, examples)
+
+    def add_problem(
+        self,
+        claim: str,
+        spec: ConstraintSpec,
+        problem: ConstraintMiss,
+        values: Iterable[str],
+        count: int,
+        examples: Iterable[DeviceID],
+    ) -> None:
+        self._constraints[(claim, spec.index)] = spec
+        self._constraint_values.setdefault((claim, spec.index), set()).update(values)
+        _add_bulk(self._bulk_problems, (claim, spec.index, problem), count, examples)
+
+    # --- the explanation --------------------------------------------------------------------
 
     def requests(self) -> tuple[RequestExplanation, ...]:
         grouped: dict[int, list[RejectionGroup]] = {}
-        for (key, code, held, fact), devices in self._rejected.items():
-            grouped.setdefault(key, []).append(_group(code, devices, held, fact))
+        for key in {*self._rejected, *self._bulk_rejected}:
+            alternative, code, held, fact = key
+            group = _group(
+                code, self._rejected.get(key, ()), self._bulk_rejected.get(key), held, fact
+            )
+            grouped.setdefault(alternative, []).append(group)
         explained = [
             RequestExplanation(
                 claim=self._claims[key],
                 request=alternative.result_name,
-                considered=len(self._considered.get(key, ())),
+                considered=len(self._considered.get(key, ())) + self._bulk_considered.get(key, 0),
                 rejections=_sorted(grouped.get(key, [])),
             )
             for key, alternative in self._alternatives.items()
@@ -670,8 +775,11 @@ class Recorder:
 
     def constraints(self) -> tuple[ConstraintExplanation, ...]:
         grouped: dict[tuple[str, int], list[RejectionGroup]] = {}
-        for (claim, index, problem), devices in self._constraint_problems.items():
-            group = _group(ReasonCode.CONSTRAINT, devices, fact=problem)
+        for key in {*self._constraint_problems, *self._bulk_problems}:
+            claim, index, problem = key
+            devices = self._constraint_problems.get(key, ())
+            bulk = self._bulk_problems.get(key)
+            group = _group(ReasonCode.CONSTRAINT, devices, bulk, fact=problem)
             grouped.setdefault((claim, index), []).append(group)
         explained = [
             ConstraintExplanation(
@@ -690,15 +798,33 @@ class Recorder:
         return tuple(sorted(self._notes))
 
 
+@dataclass
+class _Bulk:
+    """Devices counted in bulk: how many, and the smallest few seen (examples)."""
+
+    count: int = 0
+    examples: list[DeviceID] = field(default_factory=list)
+
+
+def _add_bulk(table: dict[Any, _Bulk], key: Any, count: int, examples: Iterable[DeviceID]) -> None:
+    found = table.get(key)
+    if found is None:
+        found = table[key] = _Bulk()
+    found.count += count
+    found.examples = sorted({*found.examples, *examples})[:MAX_EXAMPLES]
+
+
 def _group(
     code: ReasonCode,
-    devices: Iterable[DeviceID],
+    devices: Collection[DeviceID],
+    bulk: _Bulk | None = None,
     held: tuple[str, ...] = (),
     fact: Fact | None = None,
 ) -> RejectionGroup:
-    ordered = sorted(devices)
+    ordered = sorted({*devices, *(bulk.examples if bulk is not None else ())})
+    count = len(devices) + (bulk.count if bulk is not None else 0)
     examples = tuple(str(d) for d in ordered[:MAX_EXAMPLES])
-    return RejectionGroup(code, len(ordered), examples, held, fact)
+    return RejectionGroup(code, count, examples, held, fact)
 
 
 def _sorted(groups: Iterable[RejectionGroup]) -> tuple[RejectionGroup, ...]:

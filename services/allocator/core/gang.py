@@ -31,7 +31,7 @@ from services.allocator.core.outcome import (
     Unsatisfiable,
 )
 from services.allocator.core.results import ShareIdFactory, default_share_id
-from services.allocator.core.scoring import NodeKey, Policy
+from services.allocator.core.scoring import DomainKey, NodeKey, Policy
 from services.allocator.core.snapshot import ClusterSnapshot
 from services.allocator.core.solver import DEFAULT_BUDGET, feasible_nodes, solve
 from services.allocator.core.state import AllocatedState
@@ -64,7 +64,7 @@ def solve_gang(
     if node_count < 1:
         raise InvalidArgument.at("gang.nodeCount", "must be at least 1")
     common = _Options(policy, selectors, budget, tuple(topology_constraints), fragmentation_mix)
-    keys, stats = feasible_nodes(
+    groups, stats = feasible_nodes(
         snapshot,
         state,
         classes,
@@ -75,25 +75,20 @@ def solve_gang(
         topology_constraints=topology_constraints,
         fragmentation_mix=fragmentation_mix,
     )
-    if nodes is not None:
-        allowed = set(nodes)
-        keys = {name: key for name, key in keys.items() if name in allowed}
-    domains = _domains(snapshot, keys, group_by_label)
-    fitting = [(label, members) for label, members in domains.items() if len(members) >= node_count]
-    rules = policy.rules
-    fitting.sort(
-        key=lambda item: rules.domain_key(item[0], item[1], [keys[m] for m in item[1][:node_count]])
-    )
+    domains = _domains(snapshot, groups, group_by_label, None if nodes is None else set(nodes))
+    fitting = _ranked(policy, domains, node_count)
     for label, members in fitting:
-        placed = _place(
-            snapshot, state, classes, claims_per_node, members[:node_count], share_id, common
-        )
+        chosen = [name for _, name, _ in members[:node_count]]
+        placed = _place(snapshot, state, classes, claims_per_node, chosen, share_id, common)
         if placed is not None:
             placements = tuple(m.placements[0] for m in placed)  # best node first
             return Allocated(placements, _sum(stats, *(m.stats for m in placed)), domain=label)
     return Unsatisfiable(
         _explain(domains, node_count, group_by_label, stats), stats, stats.budget_exhausted
     )
+
+
+_Member = tuple[int, str, NodeKey]  # (rank of its group's key, name, its group's key)
 
 
 @dataclass(frozen=True)
@@ -106,22 +101,75 @@ class _Options:
 
 
 def _domains(
-    snapshot: ClusterSnapshot, keys: Mapping[str, NodeKey], label: str | None
-) -> dict[str | None, list[str]]:
-    """Feasible nodes per label value, each list best node key first."""
-    found: dict[str | None, list[str]] = {}
-    for name in keys:
-        if label is None:
-            value: str | None = None
-        else:
-            node = snapshot.view(name).node
-            value = node.labels.get(label) if node is not None else None
-            if value is None:
+    snapshot: ClusterSnapshot,
+    groups: Sequence[tuple[NodeKey, Sequence[str]]],
+    label: str | None,
+    allowed: set[str] | None,
+) -> dict[str | None, list[_Member]]:
+    """Feasible nodes per label value, each list best node key first. A node's key is its
+    group's under its own name, so nodes sort by (their group's rank, name): no key per node."""
+    ranks = {k: i for i, k in enumerate(sorted({key[:-1] for key, _ in groups}))}
+    values = snapshot.derived(_LabelValues).of(label) if label is not None else None
+    found: dict[str | None, list[_Member]] = {}
+    for key, members in groups:
+        rank = ranks[key[:-1]]
+        for name in members:
+            if allowed is not None and name not in allowed:
                 continue
-        found.setdefault(value, []).append(name)
-    for members in found.values():
-        members.sort(key=keys.__getitem__)
+            value = values.get(name) if values is not None else None
+            if values is not None and value is None:
+                continue
+            found.setdefault(value, []).append((rank, name, key))
+    for listed in found.values():
+        listed.sort(key=_rank_and_name)
     return found
+
+
+def _rank_and_name(member: _Member) -> tuple[int, str]:
+    return member[0], member[1]
+
+
+def _ranked(
+    policy: Policy, domains: Mapping[str | None, list[_Member]], node_count: int
+) -> list[tuple[str | None, list[_Member]]]:
+    """The domains with `node_count` feasible nodes, best first by the policy's domain key.
+    Domains whose chosen members come from the same groups and that have as many feasible
+    nodes share one key but for the label: computed once."""
+    rules = policy.rules
+    bodies: dict[tuple[tuple[int, ...], int], DomainKey] = {}
+    keyed = []
+    for label, members in domains.items():
+        if len(members) < node_count:
+            continue
+        chosen = members[:node_count]
+        shape = (tuple(rank for rank, _, _ in chosen), len(members))
+        body = bodies.get(shape)
+        if body is None:
+            keys = [key.named(name) for _, name, key in chosen]
+            body = bodies[shape] = rules.domain_key(None, [m[1] for m in members], keys)
+        keyed.append((body._replace(label=label or ""), label, members))
+    keyed.sort(key=lambda item: item[0])
+    return [(label, members) for _, label, members in keyed]
+
+
+class _LabelValues:
+    """Per label, every node's value (nodes without the label are not in it); kept with the
+    snapshot (ClusterSnapshot.derived)."""
+
+    def __init__(self, snapshot: ClusterSnapshot) -> None:
+        self._snapshot = snapshot
+        self._by_label: dict[str, dict[str, str]] = {}
+
+    def of(self, label: str) -> dict[str, str]:
+        found = self._by_label.get(label)
+        if found is None:
+            found = {}
+            for view in self._snapshot.views():
+                value = view.node.labels.get(label) if view.node is not None else None
+                if view.name is not None and value is not None:
+                    found[view.name] = value
+            self._by_label[label] = found
+        return found
 
 
 def _place(
@@ -134,6 +182,7 @@ def _place(
     options: _Options,
 ) -> tuple[Allocated, ...] | None:
     placed = []
+    state = state.detached()  # the members' pinned solves do not read the node groups
     for name in members:
         result = solve(
             snapshot,
@@ -157,7 +206,7 @@ def _place(
 
 
 def _explain(
-    domains: Mapping[str | None, Sequence[str]],
+    domains: Mapping[str | None, Sequence[_Member]],
     count: int,
     label: str | None,
     stats: Stats,
@@ -174,7 +223,7 @@ def _explain(
             count=count,
             label=label,
             domain=None if best[0] is None else str(best[0]),
-            nodes=tuple(best[1][:count]),
+            nodes=tuple(name for _, name, _ in best[1][:count]),
             fitting=len(best[1]),
             budget_exhausted=exhausted,
         )

@@ -6,9 +6,9 @@ index lists, per (template, in-use device indices), its nodes in name order, and
 its groups in order of free capacity, so a BINPACK or SPREAD choice reads the few groups at the
 right end instead of every node.
 
-AllocatedState owns one index per snapshot and updates it when a device becomes used or free
-(`move`), copying only what changes (the nodes moved since the last fold, the group maps):
-states stay immutable values.
+AllocatedState owns one index per snapshot and updates it when devices become used or free
+(`devices_changed`: each node moves once), copying only what changes (the nodes moved since the
+last fold, the group maps): states stay immutable values.
 """
 
 from __future__ import annotations
@@ -106,16 +106,18 @@ class GroupIndex:
         template = self.templates.of_node.get(node)
         return None if template is None else (template.id, self.node_in_use(node))
 
-    def device_changed(self, device: DeviceID, used: bool) -> None:
-        """`device` became used (True) or free (False)."""
-        slot = self.templates.slot.get(device)
-        if slot is None:
-            return
-        node, position = slot
-        before = self.node_in_use(node)
-        after = before | {position} if used else before - {position}
-        if after != before:
-            self._move(node, before, after)
+    def devices_changed(self, devices: Iterable[DeviceID], used: bool) -> None:
+        """`devices` became used (True) or free (False): each node they are on moves once."""
+        positions: dict[str, set[int]] = {}
+        for device in devices:
+            slot = self.templates.slot.get(device)
+            if slot is not None:
+                positions.setdefault(slot[0], set()).add(slot[1])
+        for node, changed in positions.items():
+            before = self.node_in_use(node)
+            after = before | changed if used else before - changed
+            if after != before:
+                self._move(node, before, after)
 
     def _move(self, node: str, before: frozenset[int], after: frozenset[int]) -> None:
         template = self.templates.of_node[node]

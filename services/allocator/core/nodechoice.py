@@ -20,8 +20,8 @@ Per template, the policy's `groups` gives the groups in bound order from the ind
 order (FIRST_FIT: the template's nodes by name), merged across templates by a heap. Groups that
 cannot hold what the plan needs (too little free capacity, too few free matching devices) are
 skipped unsearched. Nodes outside every template are searched one by one, first. In
-`exhaustive` mode (gangs) every group that may fit is searched and each feasible node gets its
-key.
+`exhaustive` mode (gangs) every group that may fit is searched and each feasible group is listed
+with its key and nodes.
 
 The per-template facts (matching devices per alternative) come from static checks on the
 template's first node and are cached on the template by the alternatives' content, so a repeated
@@ -113,14 +113,15 @@ class GroupedChoice:
         exhaustive: bool = False,
     ) -> None:
         """`exhaustive`: search every group that may fit instead of stopping at the best, and
-        collect every feasible node's key in `keys` (what gangs need)."""
+        collect the feasible groups in `feasible_groups` (what gangs need)."""
         self.ctx = ctx
         self.snapshot = snapshot
         self.groups = groups
         self.evaluate = evaluate
         self.out_of_steps = out_of_steps
         self.exhaustive = exhaustive
-        self.keys: dict[str, NodeKey] = {}
+        # exhaustive: (key of the group's first node, the group's nodes) per feasible group
+        self.feasible_groups: list[tuple[NodeKey, Sequence[str]]] = []
         self.searched = 0
         self.feasible = 0
         self._heap: list[tuple[NodeKey, int, Any]] = []
@@ -164,9 +165,8 @@ class GroupedChoice:
         if key is not None:
             self.feasible += len(members)
             heapq.heappush(self._heap, (key, next(self._seq), None))
-            if self.exhaustive:
-                for name in members:  # every member scores alike, under its own name
-                    self.keys[name] = key.named(name)
+            if self.exhaustive:  # every member scores alike, under its own name
+                self.feasible_groups.append((key, members))
 
     def _advance(
         self,

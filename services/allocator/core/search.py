@@ -20,6 +20,7 @@ candidate), and at one slot a candidate is skipped when an interchangeable one (
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -44,7 +45,6 @@ from services.allocator.core.explain import (
     Shortage,
     ShortageKind,
     TopologyMiss,
-    holders,
     tally_reasons,
 )
 from services.allocator.core.leftover import leftover_score
@@ -293,7 +293,7 @@ class NodeSearch:
             frame.tally[code] = frame.tally.get(code, 0) + 1
             if self.ctx.recorder is not None:
                 if code is ReasonCode.IN_USE or detail is None:
-                    held = holders(self.ctx.state.owners(entry.id))
+                    held = self.ctx.recorder.holders_of(self.ctx.state.owners, entry.id)
                     self.ctx.recorder.reject(frame.alternative, entry.id, code, None, held)
                 else:
                     shown = detail.data() if isinstance(detail, _Shortage) else detail
@@ -587,7 +587,9 @@ def _interchangeable(alternative: Alternative, entry: DeviceEntry) -> bool:
     return not alternative.admin and not entry.multi
 
 
+@functools.lru_cache(maxsize=4096)
 def _show(value: Fraction) -> str:
-    """Binary SI for whole multiples of 1024 (memory counters), decimal SI otherwise."""
+    """Binary SI for whole multiples of 1024 (memory counters), decimal SI otherwise
+    (memoised: explanations show the same few amounts again and again)."""
     whole = value.denominator == 1 and value.numerator % 1024 == 0 and value != 0
     return str(Quantity(value, QuantityFormat.BINARY_SI if whole else QuantityFormat.DECIMAL_SI))

@@ -21,7 +21,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+import heapq
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
@@ -46,7 +47,6 @@ from services.allocator.core.fragmentation import (
     DEFAULT_MIX,
     FragmentationMix,
 )
-from services.allocator.core.groups import GroupKey
 from services.allocator.core.nodechoice import GroupedChoice, template_plan, usable
 from services.allocator.core.outcome import (
     Allocated,
@@ -56,6 +56,7 @@ from services.allocator.core.outcome import (
     Stats,
     Unsatisfiable,
 )
+from services.allocator.core.outcomes import NodeOutcome, OutcomeMemo, outcome_memo, signature
 from services.allocator.core.plan import Alternative, Plan, build_plan
 from services.allocator.core.preferences import (
     TopologyFit,
@@ -63,13 +64,14 @@ from services.allocator.core.preferences import (
     preference_phases,
     topology_fit,
 )
+from services.allocator.core.replay import GroupTape, NodeTape, Replays, replayed_miss, taping
 from services.allocator.core.results import ShareIdFactory, allocation_result, default_share_id
 from services.allocator.core.scoring import NodeKey, Policy, Score, free_capacity
-from services.allocator.core.search import BudgetExhausted, NodeSearch, StepCounter
+from services.allocator.core.search import BudgetExhausted, NodeSearch, Pick, StepCounter
 from services.allocator.core.selection import Equivalence, Selection
 from services.allocator.core.snapshot import ClusterSnapshot, DeviceEntry, NodeView
 from services.allocator.core.state import AllocatedState
-from services.allocator.core.templates import node_templates
+from services.allocator.core.templates import NodeTemplate, node_templates
 from services.allocator.core.topology_constraints import (
     TopologyConstraint,
     TopologyPlan,
@@ -83,7 +85,13 @@ from services.common.dra.model import (
 )
 from services.common.errors import GpuallocError
 
-__all__ = ["DEFAULT_BUDGET", "feasible_nodes", "node_groups_of", "solve"]
+__all__ = [
+    "DEFAULT_BUDGET",
+    "NodeRun",
+    "feasible_nodes",
+    "solve",
+    "solve_context",
+]
 
 DEFAULT_BUDGET = SearchBudget()
 
@@ -113,11 +121,11 @@ def solve(
     if node is not None and nodes is not None:
         raise ValueError("solve takes a pinned node or candidate nodes, not both")
     recorder = Recorder() if explain else None
-    ctx = _context(
+    ctx = solve_context(
         snapshot, state, classes, claims, policy, selectors, recorder, topology_constraints, budget
     )
     ctx = replace(ctx, mix=fragmentation_mix)
-    run = _Run(ctx, StepCounter(budget.max_steps, budget.max_steps_per_node, budget.cancelled))
+    run = NodeRun(ctx, StepCounter(budget.max_steps, budget.max_steps_per_node, budget.cancelled))
     if node is not None:
         view = snapshot.view(node)
         run.pinned(view, snapshot)
@@ -144,40 +152,20 @@ def feasible_nodes(
     budget: SearchBudget = DEFAULT_BUDGET,
     topology_constraints: Sequence[TopologyConstraint] = (),
     fragmentation_mix: FragmentationMix = DEFAULT_MIX,
-) -> tuple[dict[str, NodeKey], Stats]:
-    """Every node where `claims` fit on their own, with its node key (scoring.node_key): one
-    search per node group, not per node. For gangs (gang.py) and capacity questions."""
-    ctx = _context(
+) -> tuple[list[tuple[NodeKey, Sequence[str]]], Stats]:
+    """Every node where `claims` fit on their own, as groups of nodes that score alike: each
+    group's node key (scoring.node_key) is its first node's, and a later node's is the same
+    key under its own name. One search per node group, not per node. For gangs (gang.py)."""
+    ctx = solve_context(
         snapshot, state, classes, claims, policy, selectors, None, topology_constraints, budget
     )
     ctx = replace(ctx, mix=fragmentation_mix)
-    run = _Run(ctx, StepCounter(budget.max_steps, budget.max_steps_per_node, budget.cancelled))
-    keys = run.all_feasible(snapshot)
-    return keys, run.stats(0)
+    run = NodeRun(ctx, StepCounter(budget.max_steps, budget.max_steps_per_node, budget.cancelled))
+    groups = run.all_feasible(snapshot)
+    return groups, run.stats(0)
 
 
-def node_groups_of(
-    snapshot: ClusterSnapshot,
-    state: AllocatedState,
-    classes: Mapping[str, DeviceClass],
-    claims: Sequence[ResourceClaim],
-    *,
-    policy: Policy = Policy.BINPACK,
-    selectors: SelectorCache,
-    topology_constraints: Sequence[TopologyConstraint] = (),
-) -> dict[str, GroupKey]:
-    """Per node, its group's key (one template, one free state, groups.py): nodes with one key
-    answer every solve of `claims` alike, pinned or not, so a question asked of each node
-    (Capacity) needs one answer per key. Empty when the claims read what templates abstract
-    away (every node answers for itself); nodes outside every template are not in it."""
-    ctx = _context(snapshot, state, classes, claims, policy, selectors, None, topology_constraints)
-    if not usable(ctx.plan, ctx, node_templates(snapshot)):
-        return {}
-    members = state.node_groups(snapshot).members
-    return {node: key for key, nodes in members.items() for node in nodes}
-
-
-def _context(
+def solve_context(
     snapshot: ClusterSnapshot,
     state: AllocatedState,
     classes: Mapping[str, DeviceClass],
@@ -206,30 +194,44 @@ def _context(
 
 @dataclass
 class _Found:
+    """A node that fits: its key, and the placement found there, from this solve's search or
+    from a kept outcome of a node of its group (outcomes.py)."""
+
     view: NodeView
-    search: NodeSearch
     key: NodeKey  # from the placement's ranks and free capacity: cheap, enough to rank nodes
     topology: TopologyFit
     fragmentation: Fraction
+    search: NodeSearch | None = None
+    outcome: NodeOutcome | None = None  # kept for its group; its Score is filled in once known
+    rescore: Callable[[], Score] | None = None  # searches the node again when nothing knows it
     _score: Score | None = None
 
     @property
     def score(self) -> Score:
         """The full score (free devices need a per-device check): only for nodes shown."""
         if self._score is None:
-            fit = self.topology
-            self._score = replace(
-                self.search.score(),
-                preferred_missed=fit.preferred_missed,
-                implicit_missed=fit.implicit_missed,
-                nvlink_links=fit.nvlink_links,
-                numa_nodes=fit.numa_nodes,
-                fragmentation=self.fragmentation,
-            )
+            kept = self.outcome.score if self.outcome is not None else None
+            if kept is not None:
+                self._score = kept
+            elif self.search is not None:
+                fit = self.topology
+                self._score = replace(
+                    self.search.score(),
+                    preferred_missed=fit.preferred_missed,
+                    implicit_missed=fit.implicit_missed,
+                    nvlink_links=fit.nvlink_links,
+                    numa_nodes=fit.numa_nodes,
+                    fragmentation=self.fragmentation,
+                )
+            else:
+                assert self.rescore is not None
+                self._score = self.rescore()
+            if self.outcome is not None:
+                self.outcome.score = self._score
         return self._score
 
 
-class _Run:
+class NodeRun:
     """One solve's bookkeeping across nodes."""
 
     def __init__(self, ctx: SolveContext, steps: StepCounter) -> None:
@@ -242,6 +244,10 @@ class _Run:
         self.feasible: int | None = None  # nodes known to fit, when groups stand for nodes
         self.exhausted = False
         self.eligible_only = False  # the candidates were restricted to named nodes
+        self._question: Hashable | None = None  # outcomes.signature, once a kept one is read
+        self._replays: Replays | None = None  # explaining by node groups (replay.py)
+        self._no_replays = False
+        self._unreplayable: set[int] = set()
 
     def pinned(self, view: NodeView, snapshot: ClusterSnapshot) -> None:
         self.nodes_total = 1
@@ -263,18 +269,21 @@ class _Run:
 
     def choose(self, views: Sequence[NodeView]) -> None:
         self.nodes_total = len(views)
-        for view in views:
-            found = None
-            try:
-                found = self._node(view)
-            except NodeError as err:
-                self.errors.append(err.error)
-                self.misses.append(_error_miss(view, err.error))
-            if found is not None and self.ctx.rules.final(found.key):
-                return  # nodes come by name: no later one can beat it
-            if self.steps.steps >= self.steps.max_steps:
-                self.exhausted = True
-                return
+        try:
+            for view in views:
+                found = None
+                try:
+                    found = self._visit(view)
+                except NodeError as err:
+                    self.errors.append(err.error)
+                    self.misses.append(_error_miss(view, err.error))
+                if found is not None and self.ctx.rules.final(found.key):
+                    return  # nodes come by name: no later one can beat it
+                if self.steps.steps >= self.steps.max_steps:
+                    self.exhausted = True
+                    return
+        finally:
+            self._finish_replays()
         if not self.found and self.errors:
             raise self.errors[0]
 
@@ -283,23 +292,27 @@ class _Run:
         each node, so a last node's search that used it up leaves the answer complete."""
         self.eligible_only = True
         self.nodes_total = len(views)
-        for view in views:
-            if self.steps.steps >= self.steps.max_steps:
-                self.exhausted = True
-                break
-            try:
-                found = self._node(view, prepared=self._prepared(view, snapshot))
-            except NodeError as err:
-                self.errors.append(err.error)
-                self.misses.append(_error_miss(view, err.error))
-                continue
-            if found is not None and self.ctx.rules.final(found.key):
-                break  # nodes come by name: no later one can beat it
+        try:
+            for view in views:
+                if self.steps.steps >= self.steps.max_steps:
+                    self.exhausted = True
+                    break
+                try:
+                    found = self._visit(view, prepared=self._prepared(view, snapshot))
+                except NodeError as err:
+                    self.errors.append(err.error)
+                    self.misses.append(_error_miss(view, err.error))
+                    continue
+                if found is not None and self.ctx.rules.final(found.key):
+                    break  # nodes come by name: no later one can beat it
+        finally:
+            self._finish_replays()
         if not self.found and self.errors:
             raise self.errors[0]  # node-only errors count only when no node fits
 
-    def all_feasible(self, snapshot: ClusterSnapshot) -> dict[str, NodeKey]:
-        """Every feasible node's key: by groups when they may stand for their nodes."""
+    def all_feasible(self, snapshot: ClusterSnapshot) -> list[tuple[NodeKey, Sequence[str]]]:
+        """Every feasible node, by groups of nodes that score alike (each group with the key
+        of its first node) when groups may stand for their nodes, else one by one."""
         templates = node_templates(snapshot)
         if usable(self.ctx.plan, self.ctx, templates):
             choice = GroupedChoice(
@@ -314,17 +327,17 @@ class _Run:
             self.nodes_total = len(templates.of_node) + len(templates.ungrouped)
             self.searched, self.feasible = choice.searched, choice.feasible
             self.pruned = self.nodes_total - choice.searched
-            return choice.keys
-        keys = {}
+            return choice.feasible_groups
+        found: list[tuple[NodeKey, Sequence[str]]] = []
         views = [v for v in snapshot.views() if v.device_count > 0]
         self.nodes_total = len(views)
         for view in views:
             key = self._evaluate(view, None, None, None)
             if key is not None and view.name is not None:
-                keys[view.name] = key
+                found.append((key, (view.name,)))
             if self._out_of_steps():
                 break
-        return keys
+        return found
 
     def choose_by_groups(self, snapshot: ClusterSnapshot) -> bool:
         """Best-first over node groups (nodechoice.py); False when groups cannot stand for
@@ -377,9 +390,21 @@ class _Run:
         before: Fraction | None = None,
         prepared: Prepared | None = None,
         in_use: frozenset[int] | None = None,
+        *,
+        keep: bool = True,
     ) -> _Found | None:
         """Search one node; `before` is its free capacity and `prepared` its static check
-        outcomes when the caller knows them (node groups, with the devices `in_use`)."""
+        outcomes when the caller knows them (node groups, with the devices `in_use`). A node
+        of a template, outside an explanation, reads the outcome kept for its group when one
+        is (outcomes.py), else searches and keeps what it found (`keep` False: neither)."""
+        kept = self._kept(view, prepared, in_use) if keep else None
+        if kept is not None:
+            memo, used = kept
+            outcome = memo.get(used)
+            if outcome is not None and self._affordable(outcome.steps):
+                assert prepared is not None
+                return self._reuse(view, outcome, prepared, used)
+        started = self.steps.steps
         cands = NodeCandidates(self.ctx, view, prepared, in_use)
         cands.prepare()
         search = NodeSearch(self.ctx, cands, self.steps)
@@ -387,6 +412,8 @@ class _Run:
         if miss is not None:
             self.pruned += 1
             self.misses.append(miss)
+            if kept is not None:
+                kept[0].put(kept[1], self._missed(self.steps.steps - started, True, miss))
             return None
         self.searched += 1
         try:
@@ -402,6 +429,7 @@ class _Run:
             self.exhausted = True
             self.misses.append(_budget_miss(view, search))
             return None
+        steps = self.steps.steps - started
         if fits:
             if before is None:
                 state = self.ctx.state
@@ -411,12 +439,206 @@ class _Run:
             missed = (fit.preferred_missed, fit.implicit_missed)
             added = added_fragmentation(self.ctx, search, before - capacity)
             key = self.ctx.rules.node_key(view.name, search.ranks(), capacity, missed, added)
-            found = _Found(view, search, key, fit, added)
+            outcome = None
+            if kept is not None:
+                outcome = _fitted(steps, key, search, fit, added)
+                kept[0].put(kept[1], outcome)
+            found = _Found(view, key, fit, added, search=search, outcome=outcome)
             self.found.append(found)
             return found
         if search.miss is not None:
             self.misses.append(search.miss)
+        if kept is not None:
+            kept[0].put(kept[1], self._missed(steps, False, search.miss))
         return None
+
+    def search_node(
+        self, view: NodeView, before: Fraction, prepared: Prepared, in_use: frozenset[int]
+    ) -> _Found | None:
+        """One node of a template with the devices `in_use` (its free capacity `before`), as
+        a pinned solve searches it; its outcome is kept for its group (outcomes.py)."""
+        self.nodes_total += 1
+        return self._node(view, before, prepared, in_use)
+
+    # --- explaining by node groups (replay.py) ---------------------------------------------
+
+    def _visit(self, view: NodeView, prepared: Prepared | None = None) -> _Found | None:
+        """One node of a choice over nodes by name: explained by its group's tape when it
+        can be (replay.py), else searched on its own."""
+        replays = self._replaying()
+        if replays is None or view.name is None:
+            return self._node(view, prepared=prepared)
+        snapshot = replays.snapshot
+        template = node_templates(snapshot).of_node.get(view.name)
+        if template is None or template.id in self._unreplayable:
+            return self._node(view, prepared=prepared)
+        used = self.ctx.state.node_in_use(snapshot, view)
+        group = replays.groups.get((template.id, used))
+        if group is not None and group.reusable and self._affordable(group.steps):
+            return self._replayed(view, group)
+        return self._taped(view, template, used, replays)
+
+    def _replaying(self) -> Replays | None:
+        """The solve's group tapes, when it explains and its plan lets groups stand for
+        their nodes (templates.py)."""
+        if self._replays is None and self.ctx.recorder is not None and not self._no_replays:
+            snapshot = self.ctx.snapshot
+            templates = node_templates(snapshot) if snapshot is not None else None
+            if (
+                snapshot is None
+                or templates is None
+                or not usable(self.ctx.plan, self.ctx, templates)
+            ):
+                self._no_replays = True
+                return None
+            self._replays = Replays(self.ctx, snapshot)
+            self._unreplayable = {
+                t.id
+                for t in templates.templates
+                if any(p.pool.incomplete for p in snapshot.view(t.nodes[0]).pools)
+            }  # their searches note their own pools: every node explains itself
+        return self._replays
+
+    def _taped(
+        self, view: NodeView, template: NodeTemplate, used: frozenset[int], replays: Replays
+    ) -> _Found | None:
+        """Search the node with its template's candidate lists, its events on a tape that
+        its group's other nodes replay (when the search was complete)."""
+        with taping(self.ctx, None):  # the template's own checks are not this node's events
+            facts = template_plan(self.ctx, replays.snapshot, template)
+        tape = NodeTape()
+        started, misses, pruned, searched = (
+            self.steps.steps,
+            len(self.misses),
+            self.pruned,
+            self.searched,
+        )
+        exhausted, error = self.exhausted, None
+        found = None
+        with taping(self.ctx, tape):
+            try:
+                found = self._node(
+                    view, template.free_capacity(used), facts.prepared, used, keep=False
+                )
+            except NodeError as err:
+                error = err.error
+        assert not tape.considered, "a template's candidate lists consider no device"
+        group = GroupTape.of(template, tape, node_templates(replays.snapshot).slot)
+        group.members.append(view.name or "")
+        group.steps = self.steps.steps - started
+        group.pruned, group.searched = self.pruned - pruned, self.searched - searched
+        group.misses = tuple(self.misses[misses:])
+        group.reusable = not (self.exhausted and not exhausted)
+        if found is not None:
+            assert found.search is not None
+            outcome = _fitted(
+                group.steps, found.key, found.search, found.topology, found.fragmentation
+            )
+            found.outcome = outcome
+            group.fit = (found, outcome)
+        if group.reusable:
+            replays.groups.setdefault((template.id, used), group)
+        else:
+            replays.once.append(group)
+        if error is not None:
+            group.errors = (error,)
+            raise NodeError(error)
+        return found
+
+    def _replayed(self, view: NodeView, group: GroupTape) -> _Found | None:
+        """A node of a group already searched: its answer is the group's, under its name."""
+        name = view.name or ""
+        group.members.append(name)
+        self.steps.steps += group.steps
+        self.pruned += group.pruned
+        self.searched += group.searched
+        for miss in group.misses:
+            replayed = replayed_miss(miss, name)
+            if replayed is not None:
+                self.misses.append(replayed)
+        if group.errors:
+            self.errors.append(group.errors[0])
+            self.misses.append(_error_miss(view, group.errors[0]))
+            return None
+        if group.fit is None:
+            return None
+        first, outcome = group.fit
+        found = _Found(
+            view,
+            first.key.named(name),
+            first.topology,
+            first.fragmentation,
+            outcome=outcome,
+            rescore=lambda: first.score,
+        )
+        self.found.append(found)
+        return found
+
+    def _finish_replays(self) -> None:
+        if self._replays is not None and self.ctx.recorder is not None:
+            self._replays.finish(self.ctx.recorder)
+
+    # --- outcomes kept per node group (outcomes.py) ----------------------------------------
+
+    def _kept(
+        self, view: NodeView, prepared: Prepared | None, in_use: frozenset[int] | None
+    ) -> tuple[OutcomeMemo, frozenset[int]] | None:
+        """The memo of this question for the node's template, and the node's devices in use;
+        None when the node's search cannot stand for its group's (no template's static
+        checks, or an explanation, whose per-device reasons come from the search itself)."""
+        snapshot = self.ctx.snapshot
+        if prepared is None or self.ctx.recorder is not None or snapshot is None:
+            return None
+        template = node_templates(snapshot).of_node.get(view.name or "")
+        if template is None:
+            return None
+        if self._question is None:
+            self._question = signature(self.ctx)
+        used = in_use if in_use is not None else self.ctx.state.node_in_use(snapshot, view)
+        return outcome_memo(template, self._question), used
+
+    def _affordable(self, steps: int) -> bool:
+        """Whether the budget allows the steps a kept search took (else search again, and
+        run out of budget where the search itself would)."""
+        counter = self.steps
+        return steps <= counter.max_steps_per_node and counter.steps + steps <= counter.max_steps
+
+    def _reuse(
+        self, view: NodeView, outcome: NodeOutcome, prepared: Prepared, used: frozenset[int]
+    ) -> _Found | None:
+        self.steps.steps += outcome.steps
+        if outcome.pruned:
+            self.pruned += 1
+        else:
+            self.searched += 1
+        if outcome.key is None:
+            miss = outcome.miss_on(view.name, self.ctx.plan)
+            if miss is not None:
+                self.misses.append(miss)
+            return None
+        found = _Found(
+            view,
+            outcome.key.named(view.name or ""),
+            outcome.topology,
+            outcome.fragmentation,
+            outcome=outcome,
+            rescore=lambda: self._rescore(view, prepared, used),
+        )
+        self.found.append(found)
+        return found
+
+    def _rescore(self, view: NodeView, prepared: Prepared, used: frozenset[int]) -> Score:
+        """The Score of a kept outcome nobody scored yet: the node searched again, apart
+        from this solve's bookkeeping."""
+        again = NodeRun(self.ctx, replace(self.steps, steps=0))
+        found = again._node(view, None, prepared, used, keep=False)
+        assert found is not None, "a kept fit must fit again"
+        return found.score
+
+    def _missed(self, steps: int, pruned: bool, miss: NodeMiss | None) -> NodeOutcome:
+        labels = [claim.label for claim in self.ctx.plan.claims]
+        claim = labels.index(miss.claim) if miss is not None and miss.claim in labels else -1
+        return NodeOutcome(steps, pruned, miss=miss, miss_claim=claim)
 
     def stats(self, cel_evaluations: int, cel_profile_hits: int = 0) -> Stats:
         return Stats(
@@ -436,7 +658,7 @@ class _Run:
         stats = self.stats(selection.cel_evaluations, selection.cel_profile_hits)
         if not self.found:
             return Unsatisfiable(self._unsatisfiable_explanation(), stats, self.exhausted)
-        ranked = sorted(self.found, key=lambda f: f.key)
+        ranked = heapq.nsmallest(2, self.found, key=_key_of)  # the best and the runner-up
         best = ranked[0]
         allocations = self._allocations(best, share_id)
         explanation = self._choice_explanation(ranked) if self.ctx.recorder is not None else None
@@ -444,14 +666,16 @@ class _Run:
         return Allocated((placement,), stats, explanation)
 
     def _allocations(self, found: _Found, share_id: ShareIdFactory) -> tuple[AllocationResult, ...]:
-        search = found.search
+        if found.search is not None:
+            picks: Sequence[Sequence[Pick]] = found.search.picks
+            chosen: Sequence[Mapping[int, Alternative]] = found.search.chosen
+        else:
+            assert found.outcome is not None
+            alternatives = {a.key: a for a in self.ctx.plan.alternatives()}
+            picks, chosen = found.outcome.placed_on(tuple(found.view.devices()), alternatives)
         return tuple(
             allocation_result(
-                claim,
-                search.picks[claim.index],
-                search.chosen[claim.index],
-                found.view.name,
-                share_id,
+                claim, picks[claim.index], chosen[claim.index], found.view.name, share_id
             )
             for claim in self.ctx.plan.claims
         )
@@ -486,7 +710,7 @@ class _Run:
         choice = NodeChoice(
             node=best.view.name,
             score=best.score,
-            feasible_nodes=len(ranked),
+            feasible_nodes=len(self.found),
             runner_up=runner_up.view.name if runner_up else None,
             runner_up_score=runner_up.score if runner_up else None,
             policy=str(self.ctx.policy),
@@ -575,3 +799,24 @@ def _error_miss(view: NodeView, error: GpuallocError) -> NodeMiss:
 def _budget_miss(view: NodeView, search: NodeSearch) -> NodeMiss:
     placed = search.miss.placed if search.miss else 0
     return NodeMiss(view.name, placed, search.needed(), "", "", 0, 0, (), budget_exhausted=True)
+
+
+def _key_of(found: _Found) -> NodeKey:
+    return found.key
+
+
+def _fitted(
+    steps: int, key: NodeKey, search: NodeSearch, fit: TopologyFit, added: Fraction
+) -> NodeOutcome:
+    """The outcome of a search that fits on a node of a template, its picks by device index
+    on the node."""
+    slot = node_templates(search.ctx.snapshot).slot if search.ctx.snapshot else {}
+    picks = tuple(
+        tuple((pick.alternative.key, slot[pick.entry.id][1]) for pick in claim)
+        for claim in search.picks
+    )
+    chosen = tuple(
+        tuple((request, alternative.key) for request, alternative in sorted(claim.items()))
+        for claim in search.chosen
+    )
+    return NodeOutcome(steps, False, key, picks, chosen, fit, added)

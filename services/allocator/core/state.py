@@ -25,7 +25,7 @@ from fractions import Fraction
 from math import isqrt
 
 from services.allocator.core.groups import GroupIndex
-from services.allocator.core.snapshot import Amount, ClusterSnapshot, CounterID
+from services.allocator.core.snapshot import Amount, ClusterSnapshot, CounterID, NodeView
 from services.allocator.core.templates import node_templates
 from services.common.dra.model import AllocationResult, DeviceID, ResourceClaim
 from services.common.dra.quantity import Quantity
@@ -114,6 +114,21 @@ class AllocatedState:
                 state._rename(allocation, old, new)
         return state
 
+    def detached(self) -> AllocatedState:
+        """The same holdings without the node groups kept up to date: for a short run of
+        placements that only pinned solves read (a gang's members, a Capacity count)."""
+        return self._copy(groups=False)
+
+    def take_in_place(self, devices: Iterable[DeviceID], owner: str) -> None:
+        """Hold `devices` whole, changing this state itself: only for a state made by
+        `detached` that nothing else reads (a Capacity count's scratch state, counting.py)."""
+        assert self._groups is None, "a state with node groups is shared: copy it instead"
+        for device_id in devices:
+            owners, shares, consumed = self._device(device_id)
+            self._delta[device_id] = ((*owners, owner), shares, consumed)
+            if not (owners or shares):
+                self._count(device_id, 1)
+
     def rebase(self, snapshot: ClusterSnapshot) -> AllocatedState:
         """The same holdings over a new snapshot (counter consumption is re-resolved)."""
         state = self._copy()
@@ -126,7 +141,7 @@ class AllocatedState:
         state._flatten()
         return state
 
-    def _copy(self) -> AllocatedState:
+    def _copy(self, *, groups: bool = True) -> AllocatedState:
         """A state sharing this one's base maps and copying its deltas; the deltas are
         folded into new base maps once they outgrow ~sqrt(holdings), so that a change costs
         O(its devices) amortized, not O(every device held)."""
@@ -138,7 +153,7 @@ class AllocatedState:
         state._counters = self._counters
         state._delta = dict(self._delta)
         state._counter_delta = dict(self._counter_delta)
-        state._groups = self._groups.copy() if self._groups is not None else None
+        state._groups = self._groups.copy() if groups and self._groups is not None else None
         held = len(self._exclusive) + len(self._shares)
         if len(state._delta) + len(state._counter_delta) > _FOLD_MIN + isqrt(held):
             state._flatten()
@@ -179,6 +194,7 @@ class AllocatedState:
         )
 
     def _add(self, allocation: AllocationResult, owner: str) -> None:
+        taken: list[DeviceID] = []
         for result in allocation.results:
             if result.admin_access:
                 continue
@@ -193,10 +209,12 @@ class AllocatedState:
             self._delta[device_id] = (owners, shares, consumed)
             if not was_in_use:
                 self._count(device_id, 1)
-                if self._groups is not None:
-                    self._groups.device_changed(device_id, True)
+                taken.append(device_id)
+        if taken and self._groups is not None:
+            self._groups.devices_changed(taken, True)
 
     def _remove(self, allocation: AllocationResult, owner: str) -> None:
+        freed: list[DeviceID] = []
         for result in allocation.results:
             if result.admin_access:
                 continue
@@ -220,8 +238,9 @@ class AllocatedState:
             self._delta[device_id] = (owners, shares, consumed)
             if not (owners or shares):
                 self._count(device_id, -1)
-                if self._groups is not None:
-                    self._groups.device_changed(device_id, False)
+                freed.append(device_id)
+        if freed and self._groups is not None:
+            self._groups.devices_changed(freed, False)
 
     def _rename(self, allocation: AllocationResult, old: str, new: str) -> None:
         held = [r for r in allocation.results if not r.admin_access]
@@ -265,6 +284,13 @@ class AllocatedState:
         if self._groups is None:
             self._groups = GroupIndex.build(node_templates(snapshot), self.devices_in_use)
         return self._groups
+
+    def node_in_use(self, snapshot: ClusterSnapshot, view: NodeView) -> frozenset[int]:
+        """The node's devices in use, by their index in its view (its group's key, groups.py):
+        from the node groups when they are kept, else from the devices themselves."""
+        if self._groups is not None and snapshot is self._snapshot and view.name is not None:
+            return self._groups.node_in_use(view.name)
+        return frozenset(i for i, entry in enumerate(view.devices()) if self.in_use(entry.id))
 
     def is_exclusive(self, device_id: DeviceID) -> bool:
         """Held whole by some allocation (a dedicated device, not a capacity share)."""

@@ -197,6 +197,7 @@ class AdmissionController:
                 labels={"kueue.workload": workload.key, POD_SET_LABEL: unit.pod_set},
                 priority_class=self.priority_class,
                 preempt=self.preempt,
+                queued_at=workload.created_at,  # Kueue's queue order: the Workload's creation
             )
             if not placement.fits:
                 self._release(owner, placed)

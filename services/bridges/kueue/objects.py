@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -158,6 +159,7 @@ class Workload:
     cluster_queue: str = ""
     conditions: Mapping[str, bool] = field(default_factory=dict)
     admission_checks: tuple[AdmissionCheckState, ...] = ()
+    created_at: float | None = None  # metadata.creationTimestamp, seconds since the epoch
 
     @property
     def key(self) -> str:
@@ -205,7 +207,19 @@ class Workload:
             admission_checks=tuple(
                 AdmissionCheckState.from_dict(c) for c in status.get("admissionChecks") or ()
             ),
+            created_at=_timestamp(metadata.get("creationTimestamp")),
         )
+
+
+def _timestamp(value: object) -> float | None:
+    """An RFC 3339 time (a Kubernetes object's creationTimestamp) in seconds since the epoch;
+    None when absent or unreadable."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)

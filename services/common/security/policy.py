@@ -48,6 +48,13 @@ from fractions import Fraction
 from typing import Any, TypeVar
 
 from services.common.config import parse_go_duration
+from services.common.dra.model import (
+    DeviceTaint,
+    DeviceToleration,
+    TaintEffect,
+    TolerationOperator,
+)
+from services.common.dra.names import qualified_name_errors
 from services.common.dra.quantity import Quantity
 from services.common.errors import FieldViolation, InvalidArgument, PermissionDenied
 from services.common.security.fair_sharing import (
@@ -70,14 +77,18 @@ from services.common.security.quota import (
     NO_FLAVOR,
     BorrowWithinCohort,
     CohortQuota,
+    FlavorFungibility,
+    FlavorPreference,
     PreemptionPolicy,
     PriorityClass,
     QuotaLimits,
     QuotaModel,
     QuotaResource,
     ReclaimWithinCohort,
+    ResourceFlavor,
     TenantQuota,
     WhenCanBorrow,
+    WhenCanPreempt,
     WithinTenant,
 )
 
@@ -282,7 +293,7 @@ def parse_policy(
 ) -> AccessPolicy:
     """An AccessPolicy from its decoded YAML; InvalidArgument listing every bad field.
     `kueue_files`: per `spec.quota.kueue.files` entry, its decoded documents with their
-    origins (the edge reads them: kueue_quota.py)."""
+    origins (the edge reads them: kueue_quota/)."""
     errors: list[FieldViolation] = []
     reader = _Reader(errors)
     root = reader.mapping(document, "", {"apiVersion", "kind", "metadata", "spec"})
@@ -370,6 +381,7 @@ def _tenants(
         "quotas",
         "preemption",
         "flavorFungibility",
+        "tolerations",
         "fairSharing",
     }
     for i, item in enumerate(reader.sequence(value, "spec.tenants")):
@@ -392,16 +404,13 @@ def _tenants(
         if "quotas" in fields:
             limits = _quota_limits(reader, fields["quotas"], f"{path}.quotas", resources)
             preemption = _preemption(reader, fields.get("preemption", {}), f"{path}.preemption")
-            where = f"{path}.flavorFungibility"
-            fungibility = reader.mapping(
-                fields.get("flavorFungibility", {}), where, {"whenCanBorrow"}
+            fungibility = _fungibility(
+                reader, fields.get("flavorFungibility", {}), f"{path}.flavorFungibility"
             )
-            borrow = _choice(
-                reader, fungibility.get("whenCanBorrow"), f"{where}.whenCanBorrow", WhenCanBorrow
-            )
+            tolerations = _tolerations(reader, fields.get("tolerations", []), f"{path}.tolerations")
             weight = _fair_weight(reader, fields.get("fairSharing", {}), f"{path}.fairSharing")
             quotas[name] = TenantQuota(
-                name, cohort, limits, preemption, borrow or WhenCanBorrow.MAY_STOP_SEARCH, weight
+                name, cohort, limits, preemption, fungibility, tolerations, weight
             )
         elif cohort:
             reader.fail(f"{path}.cohort", "a tenant without quotas is in no cohort")
@@ -409,6 +418,8 @@ def _tenants(
             reader.fail(f"{path}.preemption", "a tenant without quotas preempts by no policy")
         elif "flavorFungibility" in fields:
             reader.fail(f"{path}.flavorFungibility", "a tenant without quotas has no flavors")
+        elif "tolerations" in fields:
+            reader.fail(f"{path}.tolerations", "a tenant without quotas has no flavors")
         elif "fairSharing" in fields:
             reader.fail(f"{path}.fairSharing", "a tenant without quotas shares nothing")
     return tenants, quotas
@@ -629,16 +640,135 @@ def _preemption(reader: _Reader, value: object, path: str) -> PreemptionPolicy:
     )
 
 
-def _choice(reader: _Reader, value: object, path: str, kind: type[_E]) -> _E | None:
-    """One of `kind`'s values by its Kueue spelling; None when unset (or refused)."""
+def _choice(
+    reader: _Reader,
+    value: object,
+    path: str,
+    kind: type[_E],
+    older: Mapping[str, _E] | None = None,
+) -> _E | None:
+    """One of `kind`'s values by its Kueue spelling (or an `older` name Kueue still accepts);
+    None when unset (or refused)."""
     if value is None:
         return None
     for member in kind:
         if value == member.value:
             return member
-    choices = ", ".join(member.value for member in kind)
+    if older and isinstance(value, str) and value in older:
+        return older[value]
+    choices = ", ".join([member.value for member in kind] + list(older or ()))
     reader.fail(path, f"must be one of {choices}, got {value!r}")
     return None
+
+
+def _fungibility(reader: _Reader, value: object, path: str) -> FlavorFungibility:
+    """A tenant's `flavorFungibility`, as Kueue's ClusterQueue spells it (v1beta1's older
+    names `Borrow` and `Preempt` too), with Kueue's defaults and its rule that `preference`
+    needs both policies TryNextFlavor."""
+    fields = reader.mapping(value, path, {"whenCanBorrow", "whenCanPreempt", "preference"})
+    default = FlavorFungibility()
+    borrow = _choice(
+        reader,
+        fields.get("whenCanBorrow"),
+        f"{path}.whenCanBorrow",
+        WhenCanBorrow,
+        {"Borrow": WhenCanBorrow.MAY_STOP_SEARCH},
+    )
+    preempt = _choice(
+        reader,
+        fields.get("whenCanPreempt"),
+        f"{path}.whenCanPreempt",
+        WhenCanPreempt,
+        {"Preempt": WhenCanPreempt.MAY_STOP_SEARCH},
+    )
+    preference = _choice(reader, fields.get("preference"), f"{path}.preference", FlavorPreference)
+    made = FlavorFungibility(
+        borrow or default.when_can_borrow, preempt or default.when_can_preempt, preference
+    )
+    both = (made.when_can_borrow, made.when_can_preempt) == (
+        WhenCanBorrow.TRY_NEXT_FLAVOR,
+        WhenCanPreempt.TRY_NEXT_FLAVOR,
+    )
+    if preference is not None and not both:
+        reader.fail(
+            f"{path}.preference",
+            "preference can only be set when both whenCanBorrow and whenCanPreempt are "
+            "TryNextFlavor",
+        )
+    return made
+
+
+_MAX_TAINTS = 8  # Kueue's ResourceFlavor: at most 8 nodeTaints and 8 tolerations
+_EFFECTS = {"NoSchedule": TaintEffect.NO_SCHEDULE, "NoExecute": TaintEffect.NO_EXECUTE}
+_PREFER_NO_SCHEDULE = "PreferNoSchedule"  # accepted; never refuses (Kueue's check skips it)
+
+
+def _taints(reader: _Reader, value: object, path: str) -> tuple[DeviceTaint, ...]:
+    """A flavor's `nodeTaints` (Kubernetes Taints: key, value, effect), at most 8; the
+    PreferNoSchedule ones are accepted and dropped, as Kueue's flavor check ignores them."""
+    items = reader.sequence(value, path)
+    if len(items) > _MAX_TAINTS:
+        reader.fail(path, f"must have at most {_MAX_TAINTS} items, got {len(items)}")
+    taints: list[DeviceTaint] = []
+    seen: set[tuple[str, str]] = set()
+    for i, item in enumerate(items):
+        where = f"{path}[{i}]"
+        fields = reader.mapping(item, where, {"key", "value", "effect"})
+        key = _taint_key(reader, fields.get("key"), f"{where}.key", required=True)
+        taint_value = reader.string(fields.get("value", ""), f"{where}.value", required=False)
+        effect = fields.get("effect")
+        if effect not in (*_EFFECTS, _PREFER_NO_SCHEDULE):
+            reader.fail(
+                f"{where}.effect",
+                f"must be one of NoSchedule, PreferNoSchedule, NoExecute, got {effect!r}",
+            )
+            continue
+        if (key, effect) in seen:
+            reader.fail(where, f"duplicate taint {key!r} with effect {effect}")
+        seen.add((key, effect))
+        if effect in _EFFECTS:
+            taints.append(DeviceTaint(key, _EFFECTS[effect], taint_value))
+    return tuple(taints)
+
+
+def _tolerations(reader: _Reader, value: object, path: str) -> tuple[DeviceToleration, ...]:
+    """Kubernetes Tolerations (key, operator Equal or Exists, value, effect), at most 8, with
+    their validation: Exists takes no value, an empty key only with Exists. A PreferNoSchedule
+    toleration is dropped (no taint it tolerates refuses anything)."""
+    items = reader.sequence(value, path)
+    if len(items) > _MAX_TAINTS:
+        reader.fail(path, f"must have at most {_MAX_TAINTS} items, got {len(items)}")
+    tolerations: list[DeviceToleration] = []
+    for i, item in enumerate(items):
+        where = f"{path}[{i}]"
+        fields = reader.mapping(item, where, {"key", "operator", "value", "effect"})
+        key = _taint_key(reader, fields.get("key"), f"{where}.key", required=False)
+        operator = _choice(
+            reader, fields.get("operator"), f"{where}.operator", TolerationOperator
+        ) or (TolerationOperator.EQUAL)
+        wanted = reader.string(fields.get("value", ""), f"{where}.value", required=False)
+        if operator is TolerationOperator.EXISTS and wanted:
+            reader.fail(f"{where}.value", "must be empty when operator is Exists")
+        if not key and operator is not TolerationOperator.EXISTS:
+            reader.fail(f"{where}.operator", "must be Exists when key is empty")
+        effect = fields.get("effect", "")
+        if effect not in ("", *_EFFECTS, _PREFER_NO_SCHEDULE):
+            reader.fail(
+                f"{where}.effect",
+                f"must be one of NoSchedule, PreferNoSchedule, NoExecute, got {effect!r}",
+            )
+            continue
+        if effect != _PREFER_NO_SCHEDULE:
+            tolerations.append(DeviceToleration(key, operator, wanted, _EFFECTS.get(effect)))
+    return tuple(tolerations)
+
+
+def _taint_key(reader: _Reader, value: object, path: str, *, required: bool) -> str:
+    key = reader.string(value, path, required=required)
+    problems = qualified_name_errors(key) if key else []
+    if problems:
+        reader.fail(path, f"{key!r}: {'; '.join(problems)}")
+    return key
 
 
 def _priority_classes(
@@ -674,12 +804,19 @@ def _priority_classes(
     return classes, default
 
 
-def _resource_flavors(reader: _Reader, value: object) -> dict[str, tuple[tuple[str, str], ...]]:
-    """Kueue's ResourceFlavors: a name and the node labels its devices' nodes carry."""
-    flavors: dict[str, tuple[tuple[str, str], ...]] = {}
+_MAX_FLAVOR_SELECTORS = 32  # a DeviceClass's limit on selectors
+_MAX_CEL_CHARACTERS = 10 * 1024  # DRA's limit on one CEL expression
+
+
+def _resource_flavors(reader: _Reader, value: object) -> dict[str, ResourceFlavor]:
+    """Kueue's ResourceFlavors: a name, the node labels its devices' nodes carry, its node
+    taints and tolerations; and gpualloc's device-level selection (device classes, CEL
+    selectors; a CEL expression is compiled where the allocator loads the policy)."""
+    flavors: dict[str, ResourceFlavor] = {}
+    allowed = {"name", "nodeLabels", "nodeTaints", "tolerations", "deviceClassNames", "selectors"}
     for i, item in enumerate(reader.sequence(value, "spec.quota.resourceFlavors")):
         path = f"spec.quota.resourceFlavors[{i}]"
-        fields = reader.mapping(item, path, {"name", "nodeLabels"})
+        fields = reader.mapping(item, path, allowed)
         name = reader.string(fields.get("name"), f"{path}.name")
         if "/" in name or name == NO_FLAVOR:
             reader.fail(f"{path}.name", "must not contain '/' (quotas are <resource>/<flavor>)")
@@ -691,16 +828,50 @@ def _resource_flavors(reader: _Reader, value: object) -> dict[str, tuple[tuple[s
         ):
             reader.fail(f"{path}.nodeLabels", "must map label names to string values")
             labels = {}
-        flavors[name] = tuple(sorted(labels.items()))
+        classes = tuple(
+            reader.string(c, f"{path}.deviceClassNames[{j}]")
+            for j, c in enumerate(
+                reader.sequence(fields.get("deviceClassNames", []), f"{path}.deviceClassNames")
+            )
+        )
+        flavors[name] = ResourceFlavor(
+            name,
+            tuple(sorted(labels.items())),
+            _taints(reader, fields.get("nodeTaints", []), f"{path}.nodeTaints"),
+            _tolerations(reader, fields.get("tolerations", []), f"{path}.tolerations"),
+            classes,
+            _cel_selectors(reader, fields.get("selectors", []), f"{path}.selectors"),
+        )
     return flavors
 
 
+def _cel_selectors(reader: _Reader, value: object, path: str) -> tuple[str, ...]:
+    """`[{cel: {expression: ...}}]`, a DeviceClass's selectors' shape: the expressions."""
+    items = reader.sequence(value, path)
+    if len(items) > _MAX_FLAVOR_SELECTORS:
+        reader.fail(path, f"must have at most {_MAX_FLAVOR_SELECTORS} items, got {len(items)}")
+    expressions: list[str] = []
+    for i, item in enumerate(items):
+        selector = reader.mapping(item, f"{path}[{i}]", {"cel"})
+        cel = reader.mapping(selector.get("cel"), f"{path}[{i}].cel", {"expression"})
+        where = f"{path}[{i}].cel.expression"
+        expression = cel.get("expression")
+        if not isinstance(expression, str) or not expression.strip():
+            reader.fail(where, "Required value")
+            continue
+        if len(expression) > _MAX_CEL_CHARACTERS:
+            reader.fail(where, f"must be at most {_MAX_CEL_CHARACTERS} characters")
+            continue
+        expressions.append(expression)
+    return tuple(expressions)
+
+
 def _quota_resources(
-    reader: _Reader, value: object, flavors: Mapping[str, tuple[tuple[str, str], ...]]
+    reader: _Reader, value: object, flavors: Mapping[str, ResourceFlavor]
 ) -> list[QuotaResource]:
     """The quota resources; one given `flavors` is one QuotaResource per flavor."""
     resources: list[QuotaResource] = []
-    allowed = {"name", "deviceClassNames", "counter", "gpuShare", "flavors"}
+    allowed = {"name", "deviceClassNames", "counter", "gpuShare", "flavors", "selectors"}
     for i, item in enumerate(reader.sequence(value, "spec.quota.resources")):
         path = f"spec.quota.resources[{i}]"
         fields = reader.mapping(item, path, allowed)
@@ -725,13 +896,14 @@ def _quota_resources(
         share = reader.boolean(fields.get("gpuShare", False), f"{path}.gpuShare")
         if share and counter:
             reader.fail(f"{path}.gpuShare", "counts a counter or GPU shares, not both")
+        selectors = _cel_selectors(reader, fields.get("selectors", []), f"{path}.selectors")
         if "flavors" not in fields:
-            resources.append(QuotaResource(name, classes, counter, share))
+            resources.append(QuotaResource(name, classes, counter, share, selectors=selectors))
             continue
         names = reader.sequence(fields["flavors"], f"{path}.flavors")
         if not names:
             reader.fail(f"{path}.flavors", "must name at least one resource flavor")
-        first = len(resources)
+        listed: set[str] = set()
         for j, flavor in enumerate(names):
             where = f"{path}.flavors[{j}]"
             flavor_name = reader.string(flavor, where)
@@ -743,6 +915,17 @@ def _quota_resources(
                     f"{known})",
                 )
                 continue
+            if flavor_name in listed:
+                reader.fail(where, f"resource flavor {flavor_name!r} twice")
+                continue
+            listed.add(flavor_name)
+            spec = flavors[flavor_name]
+            if spec.device_classes and not set(spec.device_classes) & set(classes):
+                reader.fail(
+                    where,
+                    f"resource flavor {flavor_name!r} selects none of the resource's device "
+                    f"classes ({', '.join(classes)})",
+                )
             resources.append(
                 QuotaResource(
                     f"{name}/{flavor_name}",
@@ -751,10 +934,10 @@ def _quota_resources(
                     share,
                     base=name,
                     flavor=flavor_name,
-                    node_labels=flavors[flavor_name],
+                    spec=spec,
+                    selectors=selectors,
                 )
             )
-        outside = tuple(r.node_labels for r in resources[first:])
         resources.append(
             QuotaResource(
                 f"{name}/{NO_FLAVOR}",
@@ -763,7 +946,7 @@ def _quota_resources(
                 share,
                 base=name,
                 flavor=NO_FLAVOR,
-                outside=outside,
+                selectors=selectors,
             )
         )
     every = [r.name for r in resources]
@@ -783,7 +966,7 @@ def _quota_limits(
     """A tenant's or (`cohort`) a cohort's quotas; a cohort's lendingLimit may pass its own
     nominal (it lends its children's quota too)."""
     known = {resource.base or resource.name for resource in resources}
-    flavored = {r.name for r in resources if r.flavor and r.flavor != NO_FLAVOR}
+    flavored = {r.name for r in resources if r.spec is not None}
     with_flavors = {r.base for r in resources if r.flavor}
     limits: dict[str, QuotaLimits] = {}
     allowed = {"resource", "flavor", "nominal", "borrowingLimit", "lendingLimit"}

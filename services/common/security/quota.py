@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from fractions import Fraction
 
+from services.common.dra.model import DeviceTaint, DeviceToleration
 from services.common.dra.quantity import Quantity, QuantityFormat
 from services.common.security.cohorts import (
     CohortTree,
@@ -55,6 +56,7 @@ from services.common.security.fair_sharing import (
 )
 
 __all__ = [
+    "DEFAULT_FUNGIBILITY",
     "DEFAULT_PREEMPTION",
     "NO_FLAVOR",
     "DEFAULT_PRIORITY",
@@ -62,8 +64,12 @@ __all__ = [
     "BorrowWithinCohort",
     "CohortQuota",
     "CohortStatus",
+    "FlavorFungibility",
+    "FlavorPreference",
     "PreemptionPolicy",
+    "ResourceFlavor",
     "WhenCanBorrow",
+    "WhenCanPreempt",
     "PriorityClass",
     "QuotaLimits",
     "QuotaModel",
@@ -82,6 +88,33 @@ Usage = Mapping[str, int]  # quota resource -> milli-units
 
 
 @dataclass(frozen=True)
+class ResourceFlavor:
+    """Kueue's ResourceFlavor, for devices: which devices a flavor's quota covers and who may
+    use them.
+
+    A device is of the flavor when its node carries every one of `node_labels`, one of
+    `device_classes` selects it (any, when empty) and it matches every CEL expression of
+    `selectors` (gpualloc's: a flavor of devices rather than of nodes, e.g. whole GPUs and MIG
+    slices on one node). A grant may use the flavor only when its requests (or its tenant)
+    tolerate every one of `node_taints` (Kueue's nodeTaints: NoSchedule and NoExecute; its own
+    `tolerations` count too, as Kueue's check does); `tolerations` are added to the requests
+    placed on the flavor, so that devices tainted as the flavor's nodes are can be allocated
+    (Kueue injects them into the pods it admits)."""
+
+    name: str
+    node_labels: tuple[tuple[str, str], ...] = ()
+    node_taints: tuple[DeviceTaint, ...] = ()
+    tolerations: tuple[DeviceToleration, ...] = ()
+    device_classes: tuple[str, ...] = ()
+    selectors: tuple[str, ...] = ()  # CEL expressions over `device`, as a DeviceClass's
+
+    @property
+    def by_device(self) -> bool:
+        """Whether the flavor selects devices, not only nodes."""
+        return bool(self.device_classes or self.selectors)
+
+
+@dataclass(frozen=True)
 class QuotaResource:
     """What one quota resource counts: the devices of `device_classes`, each counting 1, or
     (with `counter`) the amount of that consumed counter the devices take, or (with
@@ -90,10 +123,11 @@ class QuotaResource:
     one unit is one GPU on every model, whatever counters its MIG table knows.
 
     A resource given per flavor (Kueue's ResourceFlavor) is one QuotaResource per flavor,
-    named `<resource>/<flavor>` (`base` and `flavor` its parts): it counts only devices on
-    nodes carrying every one of the flavor's `node_labels`. One more, `<resource>/(none)`,
-    counts the devices on nodes of none of its flavors (`outside`: their labels); no tenant
-    can list it, so a limited tenant is never granted them (Kueue admits a workload only to a
+    named `<resource>/<flavor>` (`base` and `flavor` its parts, `spec` the flavor): it counts
+    the devices the flavor selects and none listed before it on the resource does (a device is
+    charged to the first flavor of its resource that selects it). One more,
+    `<resource>/(none)` (`spec` None), counts the devices of none of its flavors; no tenant can
+    list it, so a limited tenant is never granted them (Kueue admits a workload only to a
     flavor of its ClusterQueue)."""
 
     name: str
@@ -102,30 +136,53 @@ class QuotaResource:
     gpu_share: bool = False
     base: str = ""  # the resource a flavor's quota belongs to ("" for an unflavored one)
     flavor: str = ""
-    node_labels: tuple[tuple[str, str], ...] = ()
-    outside: tuple[tuple[tuple[str, str], ...], ...] = ()
-
-    def on(self, labels: Mapping[str, str]) -> bool:
-        """Whether a device on a node with `labels` is of this resource's flavor."""
-        if self.outside:
-            return not any(_carries(labels, flavor) for flavor in self.outside)
-        return _carries(labels, self.node_labels)
+    spec: ResourceFlavor | None = None  # the flavor (None for an unflavored one and (none))
+    # CEL expressions over `device` a counted device must match too (beside its class): a
+    # resource of one MIG profile, as Kueue's `nvidia.com/mig-<profile>` counts
+    selectors: tuple[str, ...] = ()
 
 
 NO_FLAVOR = "(none)"  # the flavor name of the devices in none of a resource's flavors
 
 
-def _carries(labels: Mapping[str, str], wanted: Iterable[tuple[str, str]]) -> bool:
-    return all(labels.get(key) == value for key, value in wanted)
-
-
 class WhenCanBorrow(StrEnum):
     """Kueue's flavorFungibility.whenCanBorrow: a flavor the grant fits only by borrowing
-    ends the search (MayStopSearch) or a later flavor within nominal is preferred
-    (TryNextFlavor)."""
+    ends the search (MayStopSearch; Kueue v1beta1's older name `Borrow`) or a later flavor is
+    tried (TryNextFlavor)."""
 
     MAY_STOP_SEARCH = "MayStopSearch"
     TRY_NEXT_FLAVOR = "TryNextFlavor"
+
+
+class WhenCanPreempt(StrEnum):
+    """Kueue's flavorFungibility.whenCanPreempt: a flavor the grant fits only if victims go
+    makes the search try the next flavor (TryNextFlavor, the default) or ends it
+    (MayStopSearch; Kueue v1beta1's older name `Preempt`)."""
+
+    MAY_STOP_SEARCH = "MayStopSearch"
+    TRY_NEXT_FLAVOR = "TryNextFlavor"
+
+
+class FlavorPreference(StrEnum):
+    """Kueue's flavorFungibility.preference: when every flavor tried needs borrowing,
+    preemption or both, which weighs first."""
+
+    BORROWING_OVER_PREEMPTION = "BorrowingOverPreemption"
+    PREEMPTION_OVER_BORROWING = "PreemptionOverBorrowing"
+
+
+@dataclass(frozen=True)
+class FlavorFungibility:
+    """Kueue's ClusterQueue flavorFungibility, with its defaults. `preference` None is
+    Kueue's default (BorrowingOverPreemption); it may be set only when both policies are
+    TryNextFlavor (Kueue's validation rule)."""
+
+    when_can_borrow: WhenCanBorrow = WhenCanBorrow.MAY_STOP_SEARCH
+    when_can_preempt: WhenCanPreempt = WhenCanPreempt.TRY_NEXT_FLAVOR
+    preference: FlavorPreference | None = None
+
+
+DEFAULT_FUNGIBILITY = FlavorFungibility()
 
 
 @dataclass(frozen=True)
@@ -214,7 +271,9 @@ class TenantQuota:
     cohort: str  # "" when the tenant is a cohort of its own
     limits: Mapping[str, QuotaLimits]
     preemption: PreemptionPolicy = DEFAULT_PREEMPTION
-    when_can_borrow: WhenCanBorrow = WhenCanBorrow.MAY_STOP_SEARCH
+    fungibility: FlavorFungibility = DEFAULT_FUNGIBILITY
+    # gpualloc's: taints of resource flavors every grant of the tenant tolerates
+    tolerations: tuple[DeviceToleration, ...] = ()
     weight: Fraction = Fraction(1)  # fairSharing.weight
 
     def of(self, resource: str) -> QuotaLimits:
@@ -396,6 +455,11 @@ class QuotaModel:
             if name
             else (self.default_priority)
         )
+
+    def flavors_of(self, base: str) -> tuple[QuotaResource, ...]:
+        """The flavors of resource `base` in the order the resource lists them: a device is
+        charged to the first of them that selects it ((none) left out)."""
+        return tuple(r for r in self.resources if r.base == base and r.spec is not None)
 
     def flavor_order(self, tenant: str, base: str) -> tuple[QuotaResource, ...]:
         """The flavors of resource `base` the tenant lists, in the order it lists them (the

@@ -220,3 +220,51 @@ def test_a_negative_count_is_invalid() -> None:
     snapshot = ClusterSnapshot.build([])
     with pytest.raises(InvalidArgument):
         solve_many(snapshot, AllocatedState(snapshot), {}, [], -1, selectors=SelectorCache())
+
+
+# --- outcomes kept per node group (core/outcomes.py) -----------------------------------------
+
+
+def _fleet() -> tuple[ClusterSnapshot, AllocatedState]:
+    cluster = generate(320, seed=7)
+    snapshot = ClusterSnapshot.build(cluster.slices, cluster.nodes, topologies=cluster.topologies)
+    return snapshot, AllocatedState.build(snapshot, cluster.held)
+
+
+def test_a_repeated_question_reads_kept_outcomes_instead_of_searching(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from services.allocator.core import search
+
+    snapshot, state = _fleet()
+    claims_, options = KINDS["mig-fallback"]
+    first = solve(snapshot, state, device_classes(), claims_, selectors=SelectorCache(), **options)
+    runs: list[object] = []
+    original = search.NodeSearch.run
+
+    def counted(self: search.NodeSearch) -> bool:
+        runs.append(self)
+        return original(self)
+
+    monkeypatch.setattr(search.NodeSearch, "run", counted)
+    again = solve(snapshot, state, device_classes(), claims_, selectors=SelectorCache(), **options)
+    assert isinstance(first, Allocated) and isinstance(again, Allocated)
+    assert (again.node, again.allocations, again.score) == (
+        first.node,
+        first.allocations,
+        first.score,
+    )
+    assert again.stats.steps == first.stats.steps  # a kept outcome charges its search's steps
+    assert runs == []
+
+
+def test_a_kept_outcome_does_not_stretch_a_budget() -> None:
+    from services.allocator.core import SearchBudget
+
+    snapshot, state = _fleet()
+    claims_, options = KINDS["eight"]
+    classes = device_classes()
+    solve(snapshot, state, classes, claims_, selectors=SelectorCache(), **options)
+    tight = SearchBudget(max_steps=1)
+    again = solve(snapshot, state, classes, claims_, selectors=SelectorCache(), budget=tight)
+    assert not isinstance(again, Allocated) and again.budget_exhausted

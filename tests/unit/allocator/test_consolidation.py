@@ -24,14 +24,14 @@ from services.allocator.adapters.store.memory_quota import MemoryQuotaLedger
 from services.allocator.adapters.store.redis_quota import RedisQuotaLedger
 from services.allocator.adapters.store.redis_store import RedisReservationStore
 from services.allocator.app.cluster_view import ClusterView
-from services.allocator.app.consolidation import IDENTITY, MOVED_FROM_LABEL, device_group
+from services.allocator.app.consolidation import MOVED_FROM_LABEL
 from services.allocator.app.inventory_feed import InventoryUpdate
 from services.allocator.app.live_reservations import Holdings
 from services.allocator.app.messages import GangSpec, LeaseOptions, Outcome, Query
 from services.allocator.app.placing import PlacementSearch
 from services.allocator.app.quotas import QuotaGuard
 from services.allocator.app.service import AllocatorService
-from services.allocator.core import ClusterSnapshot, Policy, SelectorCache
+from services.allocator.core import IDENTITY, ClusterSnapshot, Policy, SelectorCache, device_group
 from services.allocator.reservations.model import Reservation, ReservationState
 from services.client.mapping import placement_from_pb
 from services.common.deadline import UNBOUNDED

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from services.allocator.app.capacity_count import count_capacity
-from services.allocator.app.messages import CapacityAnswer, Query
+from services.allocator.app.messages import Query
 from services.allocator.app.placing import Deadline, PlacementSearch
 from services.allocator.core import (
     Allocated,
@@ -32,7 +32,7 @@ from services.allocator.core import (
     Unsatisfiable,
     solve,
 )
-from services.allocator.core.groups import GroupIndex, GroupKey
+from services.allocator.core.groups import GroupIndex
 from services.allocator.core.scoring import node_key
 from services.allocator.core.templates import node_templates
 from services.common.dra.model import (
@@ -305,36 +305,6 @@ def test_explain_and_groups_choose_the_same_node(policy: Policy) -> None:
     )
     assert isinstance(fast, Allocated) and isinstance(slow, Allocated)
     assert (fast.node, fast.allocations) == (slow.node, slow.allocations)
-
-
-class _EveryNodeOnItsOwn(PlacementSearch):
-    """The reference: Capacity without groups, every node counted by its own solves."""
-
-    def node_groups(self, *args: object, **kwargs: object) -> dict[str, GroupKey]:
-        return {}
-
-
-@SETTINGS
-@given(cluster=clusters(), claims_=claims(), policy=st.sampled_from(list(Policy)))
-def test_capacity_counted_once_per_group_equals_counting_every_node(
-    cluster: tuple[ClusterSnapshot, list[tuple[str, AllocationResult]]],
-    claims_: list[ResourceClaim],
-    policy: Policy,
-) -> None:
-    snapshot, held = cluster
-    state = AllocatedState.build(snapshot, held)
-    query = Query(claims=tuple(claims_), policy=policy)
-
-    def count(solver: PlacementSearch) -> CapacityAnswer | str:
-        try:
-            return count_capacity(
-                solver, snapshot, state, CLASSES, query, Deadline(None), generation=1
-            )
-        except GpuallocError as error:
-            return error.message
-
-    grouped = count(PlacementSearch(SelectorCache()))
-    assert grouped == count(_EveryNodeOnItsOwn(SelectorCache()))
 
 
 def test_capacity_counts_no_tainted_gpu() -> None:

@@ -456,23 +456,22 @@ def test_policy_declares_flavored_quotas_in_the_tenants_order() -> None:
     names = [r.name for r in quotas.resources]
     assert names[:3] == ["gpus/h100", "gpus/a100", "gpus/(none)"]
     nowhere = quotas.resources[2]  # devices of no flavor: no tenant can list them
-    assert nowhere.on({"nvidia.com/gpu.family": "ada-lovelace"}) and not nowhere.on(
-        {"nvidia.com/gpu.family": "ampere"}
-    )
+    assert nowhere.spec is None and nowhere.flavor == "(none)"
     assert quotas.admit("ml", {"gpus/(none)": GPU}, {}) != ()
     h100 = quotas.resources[0]
-    assert (h100.base, h100.flavor, h100.node_labels) == (
+    assert h100.spec is not None
+    assert (h100.base, h100.flavor, h100.spec.node_labels) == (
         "gpus",
         "h100",
         (("nvidia.com/gpu.family", "hopper"),),
     )
-    assert h100.on({"nvidia.com/gpu.family": "hopper"}) and not h100.on({})
+    assert [r.flavor for r in quotas.flavors_of("gpus")] == ["h100", "a100"]
     ml = quotas.quota_of("ml")
     assert ml is not None and ml.of("gpus/h100") == QuotaLimits(2 * GPU, 1 * GPU)
     assert [r.flavor for r in quotas.flavor_order("ml", "gpus")] == ["a100", "h100"]
-    assert ml.when_can_borrow is WhenCanBorrow.TRY_NEXT_FLAVOR
+    assert ml.fungibility.when_can_borrow is WhenCanBorrow.TRY_NEXT_FLAVOR
     hpc = quotas.quota_of("hpc")
-    assert hpc is not None and hpc.when_can_borrow is WhenCanBorrow.MAY_STOP_SEARCH
+    assert hpc is not None and hpc.fungibility.when_can_borrow is WhenCanBorrow.MAY_STOP_SEARCH
     # a flavor the tenant does not list is never granted to it (Kueue: not in its queue)
     assert quotas.admit("hpc", {"gpus/a100": GPU}, {}) != ()
 
@@ -487,9 +486,11 @@ FLAVOR_BAD = [
     ("flavor-twice", "[{resource: gpus, flavor: h100, nominal: 1}, {resource: gpus, flavor: h100,"
      " nominal: 1}]", "", "duplicate quota for 'gpus/h100'"),
     ("when-can-borrow-unknown", "[{resource: gpus, flavor: h100, nominal: 1}]",
-     ", flavorFungibility: {whenCanBorrow: Borrow}", "must be one of MayStopSearch, TryNextFlavor"),
-    ("when-can-preempt-is-not-supported-yet", "[{resource: gpus, flavor: h100, nominal: 1}]",
-     ", flavorFungibility: {whenCanPreempt: TryNextFlavor}", "unknown field"),
+     ", flavorFungibility: {whenCanBorrow: Preempt}",
+     "must be one of MayStopSearch, TryNextFlavor, Borrow"),
+    ("when-can-preempt-unknown", "[{resource: gpus, flavor: h100, nominal: 1}]",
+     ", flavorFungibility: {whenCanPreempt: Borrow}",
+     "must be one of MayStopSearch, TryNextFlavor, Preempt"),
 ]  # fmt: skip
 
 

@@ -42,6 +42,9 @@ from services.allocator.core import (
     NO_SUMMARY,
     ConstraintExplanation,
     Explanation,
+    FlavorAttempt,
+    FlavorMode,
+    FlavorReason,
     NodeMiss,
     NodePlacement,
     PcieRelation,
@@ -309,6 +312,7 @@ def lease_from_pb(
     priority_class: str = "",
     preempt: bool = False,
     max_reservations: int | None = None,
+    queued_at: float | None = None,
 ) -> LeaseOptions:
     return LeaseOptions(
         owner=owner,
@@ -319,7 +323,29 @@ def lease_from_pb(
         priority_class=priority_class,
         preempt=preempt,
         max_reservations=max_reservations,
+        queued_at=queued_at,
     )
+
+
+MAX_CLOCK_SKEW_SECONDS = 60.0  # a queued time this far ahead of the server's clock is refused
+
+
+def queued_from_pb(
+    request: pb.AllocateRequest | pb.ExplainRequest, now: float, path: str = "queued_time"
+) -> float | None:
+    """The request's queued time in seconds since the epoch (None when unset); refused when
+    out of Timestamp's range or in the future (beyond MAX_CLOCK_SKEW_SECONDS)."""
+    if not request.HasField("queued_time"):
+        return None
+    stamp = request.queued_time
+    if not 0 <= stamp.nanos < 1_000_000_000 or not 0 <= stamp.seconds < 253_402_300_800:
+        raise InvalidArgument.at(path, "must be a time between 1970 and 9999")
+    seconds = stamp.seconds + stamp.nanos / 1e9
+    if seconds > now + MAX_CLOCK_SKEW_SECONDS:
+        raise InvalidArgument.at(
+            path, f"must not be in the future (it is {seconds - now:.0f}s ahead of the server)"
+        )
+    return seconds
 
 
 def request_digest(request: pb.AllocateRequest) -> str:
@@ -334,6 +360,7 @@ def request_digest(request: pb.AllocateRequest) -> str:
     kept.ClearField("lease_ttl")
     kept.ClearField("owner")
     kept.ClearField("idempotency_key")
+    kept.ClearField("queued_time")
     return hashlib.sha256(kept.SerializeToString(deterministic=True)).hexdigest()[:32]
 
 
@@ -429,6 +456,7 @@ def allocate_response(answer: Answer, max_nodes: int = 10) -> pb.AllocateRespons
         inventory_generation=answer.generation,
         holders=[_holder_to_pb(h) for h in answer.holders],
         quota_refusals=[quota_refusal_to_pb(r) for r in answer.quota],
+        flavors=[flavor_attempt_to_pb(a) for a in answer.flavors],
     )
     if answer.preemption:
         response.preemption.CopyFrom(_preemption(answer))
@@ -446,11 +474,43 @@ def explain_response(answer: Answer, max_nodes: int = 10) -> pb.ExplainResponse:
         inventory_generation=answer.generation,
         holders=[_holder_to_pb(h) for h in answer.holders],
         quota_refusals=[quota_refusal_to_pb(r) for r in answer.quota],
+        flavors=[flavor_attempt_to_pb(a) for a in answer.flavors],
     )
     if answer.preemption:
         response.preemption.CopyFrom(_preemption(answer))
     response.explanation.CopyFrom(_explanation(answer, max_nodes))
     return response
+
+
+_FLAVOR_MODES = {
+    FlavorMode.NO_FIT: pb.FLAVOR_MODE_NO_FIT,
+    FlavorMode.NO_CANDIDATES: pb.FLAVOR_MODE_NO_CANDIDATES,
+    FlavorMode.PREEMPT: pb.FLAVOR_MODE_PREEMPT,
+    FlavorMode.RECLAIM: pb.FLAVOR_MODE_RECLAIM,
+    FlavorMode.FIT: pb.FLAVOR_MODE_FIT,
+}
+_FLAVOR_REFUSALS = {
+    FlavorReason.UNTOLERATED_TAINT: pb.FLAVOR_REFUSAL_UNTOLERATED_TAINT,
+    FlavorReason.NO_DEVICES: pb.FLAVOR_REFUSAL_NO_DEVICES,
+    FlavorReason.CHARGED_ELSEWHERE: pb.FLAVOR_REFUSAL_CHARGED_ELSEWHERE,
+    FlavorReason.ABOVE_MAX: pb.FLAVOR_REFUSAL_ABOVE_MAX,
+    FlavorReason.DEVICES_IN_USE: pb.FLAVOR_REFUSAL_DEVICES_IN_USE,
+    FlavorReason.QUOTA: pb.FLAVOR_REFUSAL_QUOTA,
+}
+
+
+def flavor_attempt_to_pb(attempt: FlavorAttempt[None]) -> pb.FlavorAttempt:
+    return pb.FlavorAttempt(
+        resource=attempt.resource,
+        flavor=attempt.flavor,
+        mode=_FLAVOR_MODES[attempt.mode],
+        borrowing=attempt.borrows,
+        reason=_FLAVOR_REFUSALS.get(attempt.reason, pb.FLAVOR_REFUSAL_UNSPECIFIED)
+        if attempt.reason is not None
+        else pb.FLAVOR_REFUSAL_UNSPECIFIED,
+        message=attempt.message,
+        chosen=attempt.chosen,
+    )
 
 
 def _preemption(answer: Answer) -> pb.Preemption:

@@ -15,6 +15,7 @@ ends) and passes it to the service.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
@@ -33,6 +34,7 @@ from services.allocator.adapters.grpc.mapping import (
     lease_from_pb,
     proto_field_paths,
     query_from_pb,
+    queued_from_pb,
     quota_status_response,
     request_digest,
     reservation_change_to_pb,
@@ -226,6 +228,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
             request.priority_class_name,
             request.preempt,
             principal.max_reservations,
+            queued_from_pb(request, time.time()),
         )
         return query, lease
 
@@ -257,6 +260,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                 request.max_nodes_explained,
                 _quota_owner(principal),
                 request.priority_class_name,
+                queued_at=queued_from_pb(request, time.time()),
                 deadline=self._deadline(context),
             )
         answer = self._visible(answer, principal)

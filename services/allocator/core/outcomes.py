@@ -1,0 +1,143 @@
+"""What searching one node of a group found, kept for every later search of the same question.
+
+A node of one template in one free state (groups.py) answers a search alike, whichever node of
+the group it is and whenever it is asked (the answer reads only the node's own devices and
+counters). So the outcome of one search — fits, with which devices and which node key, or the
+closest miss — is kept per (question, template, devices in use) and read back instead of
+searching again: by the next item of a batch (batch.py), by the next unit of a Capacity count,
+by a gang's exhaustive pass, and by a later solve of the same question while the snapshot lives.
+That is the shared feasibility and scoring pass of opportunistic batching (KEP-5598): items with
+one signature reuse the ranked outcomes, and only the nodes whose state changed are searched.
+
+The question's signature is what a node's search reads of the plan: per alternative its class,
+selectors, count, mode, tolerations, capacity and names; per claim its constraints; the topology
+constraints as resolved to requests; the policy; the fragmentation mix. Claim names are not in
+it (items of a batch differ by name): a kept miss names its claim by index and is labelled for
+the asker. Outcomes are kept only for complete searches (not cut short by the budget, no node
+error) and charge the steps the search took, so a budget gives the same answer as without them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+from typing import Any
+
+from services.allocator.core.candidates import SolveContext
+from services.allocator.core.explain import NodeMiss
+from services.allocator.core.plan import Alternative, Plan
+from services.allocator.core.preferences import TopologyFit
+from services.allocator.core.scoring import NodeKey, Score
+from services.allocator.core.search import Pick
+from services.allocator.core.snapshot import DeviceEntry
+from services.allocator.core.templates import NodeTemplate
+
+__all__ = ["NodeOutcome", "OutcomeMemo", "outcome_memo", "signature"]
+
+_LIMIT = 2048  # outcomes kept per (template, question); cleared when full
+_QUESTIONS = 64  # questions kept per template; the oldest goes first
+
+
+@dataclass(slots=True)
+class NodeOutcome:
+    """One complete search of a node: `key` (named for the node searched) when it fits, with
+    its picks by (alternative key, device index) per claim and its chosen alternative keys per
+    request; else the closest miss, if the search found one (its claim by index)."""
+
+    steps: int
+    pruned: bool  # ruled out by the cheap check, without a search
+    key: NodeKey | None = None
+    picks: tuple[tuple[tuple[int, int], ...], ...] = ()
+    chosen: tuple[tuple[tuple[int, int], ...], ...] = ()  # per claim: (request, alternative key)
+    topology: TopologyFit = TopologyFit()
+    fragmentation: Fraction = Fraction(0)
+    miss: NodeMiss | None = None
+    miss_claim: int = -1
+    score: Score | None = None  # the full Score, once some solve needed it
+
+    def placed_on(
+        self, devices: Sequence[DeviceEntry], alternatives: Mapping[int, Alternative]
+    ) -> tuple[list[list[Pick]], list[dict[int, Alternative]]]:
+        """The picks and chosen alternatives on a node of the group (its `devices`, in view
+        order), for the asking plan's `alternatives` by key."""
+        picks = [
+            [Pick(alternatives[key], devices[index], None, False) for key, index in claim]
+            for claim in self.picks
+        ]
+        chosen = [{request: alternatives[key] for request, key in claim} for claim in self.chosen]
+        return picks, chosen
+
+    def miss_on(self, node: str | None, plan: Plan) -> NodeMiss | None:
+        """The kept miss, for `node` and labelled with the asking plan's claim."""
+        if self.miss is None:
+            return None
+        label = plan.claims[self.miss_claim].label if self.miss_claim >= 0 else self.miss.claim
+        return replace(self.miss, node=node, claim=label)
+
+
+@dataclass
+class OutcomeMemo:
+    """The outcomes of one question on one template, by the template's devices in use."""
+
+    outcomes: dict[frozenset[int], NodeOutcome] = field(default_factory=dict)
+
+    def get(self, used: frozenset[int]) -> NodeOutcome | None:
+        return self.outcomes.get(used)
+
+    def put(self, used: frozenset[int], outcome: NodeOutcome) -> None:
+        if len(self.outcomes) >= _LIMIT:
+            self.outcomes.clear()
+        self.outcomes[used] = outcome
+
+
+def outcome_memo(template: NodeTemplate, question: Hashable) -> OutcomeMemo:
+    """The template's memo for `question` (a `signature`), kept with the template's caches
+    (at most _QUESTIONS of them, each at most _LIMIT outcomes)."""
+    memos = template.caches.get(_MEMOS)
+    if memos is None:
+        memos = template.caches[_MEMOS] = {}
+    found = memos.get(question)
+    if found is None:
+        if len(memos) >= _QUESTIONS:
+            memos.pop(next(iter(memos)), None)
+        found = memos[question] = OutcomeMemo()
+    assert isinstance(found, OutcomeMemo)
+    return found
+
+
+_MEMOS = "outcome-memos"
+
+
+def signature(ctx: SolveContext) -> Hashable:
+    """What one node's search reads of the question (module docstring)."""
+    plan = ctx.plan
+    alternatives = tuple(
+        (
+            a.key,
+            a.claim_index,
+            a.request_index,
+            a.sub_index,
+            a.request,
+            a.subrequest,
+            a.device_class.name,
+            tuple(s.cel for s in a.device_class.selectors),
+            tuple(s.cel for s in a.selectors),
+            a.mode,
+            a.count,
+            a.admin,
+            a.tolerations,
+            tuple(sorted(a.capacity.items())),
+            a.constraints,
+        )
+        for a in plan.alternatives()
+    )
+    constraints = tuple(
+        tuple((s.kind, s.attribute, s.requests) for s in claim.constraints) for claim in plan.claims
+    )
+    topology: Any = None
+    if ctx.topology is not None:
+        topology = tuple(
+            (s.index, s.constraint, s.implicit, s.requests) for s in ctx.topology.scoped
+        )
+    return (ctx.policy, ctx.mix, alternatives, constraints, topology)
