@@ -128,6 +128,13 @@ class Placer:
     client: AllocatorClient
     inventory: InventoryClient
 
+    def for_tenant(self, tenant: str) -> Placer:
+        """This placer with every allocator call acting for `tenant` (AllocatorClient's
+        for_tenant; "": the caller's own tenant)."""
+        if tenant == self.client.tenant:
+            return self
+        return replace(self, client=self.client.for_tenant(tenant))
+
     def allocate(
         self,
         claims: Sequence[ResourceClaim],
@@ -143,8 +150,10 @@ class Placer:
         queued_at: float | None = None,
     ) -> Placement:
         """Allocate and reserve (preempting, with `preempt`, as the server's rules allow); an
-        unsatisfiable answer comes with Explain's reasons. `queued_at`: when the job was
-        queued in its batch system (its Workload's creation)."""
+        unsatisfiable answer comes with Explain's reasons. A fitting answer always holds the
+        reservation: when Explain finds the devices free (released since the Allocate), the
+        Allocate is made once more. `queued_at`: when the job was queued in its batch system
+        (its Workload's creation)."""
 
         def call(sent: Sequence[ResourceClaim], selector: NodeSelector | None) -> Placement:
             return self.client.allocate(
@@ -165,7 +174,16 @@ class Placer:
         placement = self._with_fallback(claims, node_name, node_selector, call)
         if placement.fits:
             return placement
-        return self.explain(claims, node_name=node_name, node_selector=node_selector)
+        explained = self.explain(claims, node_name=node_name, node_selector=node_selector)
+        if not explained.fits:
+            return explained
+        # Freed between the two calls (a release raced the Allocate): Explain's "fits" reserved
+        # nothing, so it must not stand for the answer. Reserve again, once.
+        placement = self._with_fallback(claims, node_name, node_selector, call)
+        if placement.fits:
+            return placement
+        explained = self.explain(claims, node_name=node_name, node_selector=node_selector)
+        return placement if explained.fits else explained
 
     def explain(
         self,

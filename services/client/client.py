@@ -17,6 +17,7 @@ NodePlacement per node); reserve a gang with allocate(reserve=True).
 
 from __future__ import annotations
 
+import copy
 import random as random_module
 import time
 import uuid
@@ -137,12 +138,16 @@ class AllocatorClient:
         channel: grpc.Channel | None = None,
         sleep: Callable[[float], None] = time.sleep,
         random: Callable[[], float] = random_module.random,
+        tenant: str = "",
     ) -> None:
-        """`owner` is sent with every call (`x-gpualloc-owner`) unless a call names another.
-        `tls` and `token_file` (a bearer JWT, TLS only) secure the channel (calls.open_channel).
-        Pass `channel` to share one (the client then does not close it)."""
+        """`owner` is sent with every call (`x-gpualloc-owner`) unless a call names another;
+        `tenant`, the tenant every call acts for (`x-gpualloc-tenant`, when the access policy
+        lets the caller: docs/security.md). `tls` and `token_file` (a bearer JWT, TLS only)
+        secure the channel (calls.open_channel). Pass `channel` to share one (the client then
+        does not close it)."""
         self.target = target
         self.owner = owner
+        self.tenant = tenant
         self._owns_channel = channel is None
         self._channel = (
             channel if channel is not None else open_channel(target, tls, token_file=token_file)
@@ -154,11 +159,23 @@ class AllocatorClient:
             retry=retry or RetryPolicy(),
             sleep=sleep,
             random=random,
+            tenant=tenant,
         )
 
     @property
     def channel(self) -> grpc.Channel:
         return self._channel
+
+    def for_tenant(self, tenant: str) -> AllocatorClient:
+        """A client on the same channel (it closes nothing) whose every call acts for
+        `tenant` ("": the identity's own), with this one's owner, deadline and retries."""
+        if tenant == self.tenant:
+            return self
+        acting = copy.copy(self)
+        acting.tenant = tenant
+        acting._owns_channel = False
+        acting._caller = self._caller.for_tenant(tenant)
+        return acting
 
     def close(self) -> None:
         if self._owns_channel:
@@ -456,9 +473,10 @@ class AllocatorClient:
         call misses nothing; changes are at most once all the same (list again on a `resync`
         change). Not retried: a failure raises its typed error."""
         request = pb.WatchReservationsRequest(owner=owner, node_name=node_name)
-        changes = ReservationChanges(
-            self._stub.WatchReservations(request, timeout=seconds), ends=seconds is not None
+        call = self._stub.WatchReservations(
+            request, timeout=seconds, metadata=self._caller.metadata()
         )
+        changes = ReservationChanges(call, ends=seconds is not None)
         next(changes, None)  # the first HEARTBEAT: registered
         return changes
 

@@ -804,6 +804,7 @@ def _placement_text(placement: Placement, out: TextIO) -> None:
         for x in a.allocation.results
     ]
     out.write(table(["NODE", "CLAIM", "REQUEST", "POOL", "DEVICE"], rows))
+    out.write("".join(f"flavor: {flavor}\n" for flavor in placement.flavors))
     for r in placement.reservations:
         until = f"until {_when(r.expires_at, relative=True)}" if r.expires_at else "committed"
         out.write(

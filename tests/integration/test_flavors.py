@@ -24,6 +24,9 @@ import pytest
 from protos.allocator.v1 import allocator_pb2 as pb
 from protos.common.v1 import dra_pb2
 from services.allocator.config import AllocatorSettings
+from services.client import AllocatorClient
+from services.client.config import ClientSettings
+from services.common.pb.dra_mapping import from_pb_resource_claim
 from tests.integration.test_quotas import (
     _rewrite_policy,
     claim,
@@ -321,3 +324,17 @@ def test_a_reload_with_a_flavor_selector_that_does_not_compile_keeps_the_old_quo
         held = [reserve(hpc, 2, owner="slurm/job/old-quota")]
         assert [r.node_name for r in held[0].reservations] == ["l40s-node-1"]
         release_all(hpc, held)
+
+
+def test_the_client_tells_the_flavors_tried(fleet: SecuredFleet) -> None:
+    """The client library's Placement lists each flavor tried in its reason (what the bridges
+    log) and in the CLI's text: team-b's Explain names ampere NoFit with the taint, hopper
+    taken."""
+    settings = ClientSettings.from_env(fleet.client_environ("scheduler-b"))
+    with AllocatorClient(settings.target, tls=settings.tls) as client:
+        placement = client.explain([from_pb_resource_claim(claim(1))])
+    assert placement.flavors == (
+        "gpus/ampere: NoFit: untolerated taint reserved=ml:NoSchedule in flavor ampere",
+        "gpus/hopper: Fit (taken)",
+    )
+    assert "flavor: gpus/ampere: NoFit" in placement.reason()
