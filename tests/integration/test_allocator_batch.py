@@ -334,7 +334,7 @@ def test_a_store_conflict_on_one_item_fails_that_item_only(grpc_channel_factory,
     replica at every write: it goes through the unary path (refresh, solve again, retries)
     and ends ABORTED holding nothing; the others hold one device each, none twice."""
     racing = _VictimLosesItsDevices(store)
-    served = serve_allocator(grpc_channel_factory, racing)  # type: ignore[arg-type]
+    served = serve_allocator(grpc_channel_factory, racing)
     owners = ["team/a", "team/victim", "team/b", "team/c"]
     items = [allocate_request("one-h100", reserve=True, owner=who) for who in owners]
     try:
