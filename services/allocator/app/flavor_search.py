@@ -233,6 +233,7 @@ class _Search:
             self.around,
             now=self.now,
             max_consolidation_nodes=self.max_consolidation_nodes,
+            empty=empty,
         )
         found = Found(answer, tried.pinned, proposal)
         if proposal is None:
