@@ -43,7 +43,7 @@ from services.allocator.app.capacity_count import count_capacity
 from services.allocator.app.cluster_view import ClusterView, ViewSnapshot
 from services.allocator.app.consolidation import MOVED_FROM_LABEL
 from services.allocator.app.device_classes import with_inline
-from services.allocator.app.flavor_search import search_flavors
+from services.allocator.app.flavor_search import search_flavors, units_within_flavors
 from services.allocator.app.gang_answers import (
     allocated_explanation,
     members_of_reservations,
@@ -326,11 +326,25 @@ class AllocatorService:
         rows = tuple(self.quotas.status([tenant_of_owner(owner)]))
         if not rows:
             return counted
+        left = {row.resource: row.left for row in rows}
+        tenant = self.quotas.model.quota_of(tenant_of_owner(owner))
+        per_flavor = None
+        if tenant is not None and any(r.base for r in self.quotas.model.resources):
+            per_flavor = units_within_flavors(
+                self._trials(view, state, query, owner, deadline),
+                query,
+                tenant,
+                self.quotas.model,
+                with_inline(self.classes, query.device_classes),
+                left,
+                lambda pinned: self._count_units(view, state, pinned, deadline).total,
+            )
+        if per_flavor is not None:
+            return replace(counted, quota=rows, within_quota=min(counted.total, per_flavor))
         first = self._answer(view, state, query, deadline, explain=False)
         within = 0
         if first.outcome is Outcome.ALLOCATED:
             unit = self._placement_usage(view, query, first, owner)
-            left = {row.resource: row.left for row in rows}
             bounds = [left.get(name, 0) // amount for name, amount in unit.items() if amount > 0]
             within = min([counted.total, *bounds])
         return replace(counted, quota=rows, within_quota=within)
