@@ -51,7 +51,7 @@ from services.common.security.quota import (
     Usage,
 )
 
-__all__ = ["Found", "flavored_bases", "search_flavors"]
+__all__ = ["Found", "flavored_bases", "search_flavors", "units_within_flavors"]
 
 
 @dataclass(frozen=True)
@@ -233,6 +233,7 @@ class _Search:
             self.around,
             now=self.now,
             max_consolidation_nodes=self.max_consolidation_nodes,
+            empty=empty,
         )
         found = Found(answer, tried.pinned, proposal)
         if proposal is None:
@@ -301,3 +302,37 @@ def _without(around: Standing, proposal: Proposal) -> dict[str, dict[str, int]]:
         for name, amount in around.amounts.get(reservation.id, {}).items():
             mine[name] = mine.get(name, 0) - amount
     return left
+
+
+def units_within_flavors(
+    trials: Trials,
+    query: Query,
+    tenant: TenantQuota,
+    model: QuotaModel,
+    classes: Mapping[str, DeviceClass],
+    left: Mapping[str, int],
+    count: Callable[[Query], int],
+) -> int | None:
+    """How many units a flavored tenant's quota headroom allows (Capacity's
+    totalWithinQuota): per flavor of the resource a unit counts, the units that fit pinned
+    to it (`count`), at most what that flavor's `left` allows of what one counts there,
+    summed over the tenant's flavors (their devices are disjoint: each is charged to one).
+    None when a unit counts no flavored resource, or several (then the first placement's
+    bound applies)."""
+    placed = trials.on_empty_fleet(query)
+    bases = flavored_bases(model, trials.counts(placed)) if placed is not None else []
+    if len(bases) != 1:
+        return None
+    within = 0
+    for resource in model.flavor_order(tenant.tenant, bases[0]):
+        pinned = pin(query, [pin_of(model, resource)], tenant.tolerations, classes)
+        if isinstance(pinned, DeviceTaint):
+            continue
+        units = count(pinned)
+        one = trials.on_empty_fleet(pinned) if units else None
+        if one is None:
+            continue
+        unit = trials.counts(one)
+        bounds = [left.get(name, 0) // amount for name, amount in unit.items() if amount > 0]
+        within += min([units, *bounds])
+    return within

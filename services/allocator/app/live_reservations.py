@@ -29,8 +29,10 @@ resurrect a released reservation.
 
 `state_for(view)` turns the copy (and the pending placements) into an AllocatedState over a
 view's snapshot, owners being reservation ids (Explain names them; a pending placement is owned
-by `pending:<n>`). It is cached per (view, version); a new view rebases the cached state, a few
-changes are applied incrementally (to one copy), anything bigger rebuilds.
+by `pending:<n>`). It is cached per (view, version); a new view rebases the cached state, the
+changes since are applied incrementally (to one copy) while they are fewer than half the
+holdings (a batch's placements and their settling are a few hundred changes: cheaper applied
+than a rebuild over every reservation), anything bigger rebuilds.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ __all__ = ["Holdings"]
 log = logging.getLogger(__name__)
 
 _TOMBSTONE_SECONDS = 300.0
-_INCREMENTAL_LIMIT = 64  # more changes than this since the cached state: rebuild it
+_INCREMENTAL_LIMIT = 64  # more changes than this (or than half the holdings): rebuild the state
 _FETCH_GRACE = 0.05  # seconds an unknown id reserved on a node with a pending placement waits
 
 
@@ -211,7 +213,8 @@ class Holdings:
             if cached is not None and cached.view is view and cached.version == self._version:
                 return cached.state
             journal = self._journal
-            if cached is None or journal is None or len(journal) > _INCREMENTAL_LIMIT:
+            limit = max(_INCREMENTAL_LIMIT, len(self._by_id) // 2)
+            if cached is None or journal is None or len(journal) > limit:
                 held = ((r.id, a) for r in self._by_id.values() for a in r.allocations)
                 pending = ((t, a) for t, allocations in self._pending.items() for a in allocations)
                 state = AllocatedState.build(view.snapshot, itertools.chain(held, pending))

@@ -35,6 +35,7 @@ from services.allocator.core import (
     constraints_from_annotations,
     solve,
     solve_gang,
+    solve_many,
 )
 from services.cel import DEFAULT_REQUEST_COST
 from services.common.deadline import Deadline
@@ -106,6 +107,40 @@ class PlacementSearch:
             share_id=share_id,
             node=query.node or None,
             nodes=eligible_nodes(snapshot, query) if restricted else None,
+        )
+
+    def place_many(
+        self,
+        snapshot: ClusterSnapshot,
+        state: AllocatedState,
+        classes: Mapping[str, DeviceClass],
+        query: Query,
+        count: int,
+        deadline: Deadline,
+        *,
+        explain: bool = False,
+    ) -> list[SolveResult]:
+        """`count` identical queries, each placed on `state` with the ones before it held
+        (the core's `solve_many`: one shared feasibility and scoring pass); the list ends with
+        the first one not placed. A gang's is `place`'s one result. Raises DeadlineExceeded
+        when the deadline cut a search short."""
+        if query.gang is not None or count <= 1:
+            return [self.place(snapshot, state, classes, query, deadline, explain=explain)]
+        restricted = not query.node and (query.node_selector is not None or query.max_nodes > 0)
+        return solve_many(
+            snapshot,
+            state,
+            classes,
+            query.claims,
+            count,
+            node=query.node or None,
+            nodes=eligible_nodes(snapshot, query) if restricted else None,
+            policy=query.policy or self.policy,
+            selectors=self.selectors,
+            budget=self.budget(query, deadline),
+            explain=explain,
+            share_id=unique_share_id,
+            topology_constraints=topology_constraints(query),
         )
 
     def _solve(

@@ -125,15 +125,17 @@ def propose(
     *,
     now: float,
     max_consolidation_nodes: int,
+    empty: Answer | None = None,
 ) -> Proposal | None:
     """The fewest reservations whose revocation (or move) makes `query` fit for `lease.owner`
     (its work queued at `now`), or None: the planner's passes, then consolidation (a single
-    node's query only)."""
+    node's query only). `empty`: the query's placement on an empty fleet, when the caller has
+    it (else solved here)."""
     model = around.model
     priority = model.priority(lease.priority_class)
     if not priority.preempts:
         return None
-    empty = trials.on_empty_fleet(query)
+    empty = empty or trials.on_empty_fleet(query)
     if empty is None:
         return None  # it does not fit an empty fleet: no victim helps
     live = around.live

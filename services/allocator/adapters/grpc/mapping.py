@@ -445,13 +445,14 @@ def batch_item_status(error: GpuallocError, item_path: str) -> pb.BatchItemStatu
 
 
 def allocate_response(answer: Answer, max_nodes: int = 10) -> pb.AllocateResponse:
+    made: dict[int, dra_pb2.AllocationResult] = {}  # the placement's and its reservations'
     response = pb.AllocateResponse(
         outcome=_OUTCOMES[answer.outcome],
         node_name=answer.node or "",
-        allocations=_claim_allocations(answer.claims, answer.allocations),
+        allocations=_claim_allocations(answer.claims, answer.allocations, made),
         gang_placements=[_node_placement(answer, m) for m in _members(answer)],
         score=_gang_score(answer) if _members(answer) else _score(answer.score, answer.policy),
-        reservations=[reservation_to_pb(r) for r in answer.reservations],
+        reservations=[reservation_to_pb(r, made) for r in answer.reservations],
         inventory_generation=answer.generation,
         holders=[_holder_to_pb(h) for h in answer.holders],
         quota_refusals=[quota_refusal_to_pb(r) for r in answer.quota],
@@ -652,14 +653,17 @@ def reservation_change_to_pb(change: ReservationChange) -> pb.WatchReservationsR
     )
 
 
-def reservation_to_pb(reservation: Reservation) -> pb.Reservation:
+def reservation_to_pb(
+    reservation: Reservation, made: dict[int, dra_pb2.AllocationResult] | None = None
+) -> pb.Reservation:
+    """`made`: allocations' messages already made for this response, by the object's id."""
     message = pb.Reservation(
         id=reservation.id,
         owner="" if reservation.redacted else reservation.owner,
         tenant=tenant_of_owner(reservation.owner),
         node_name=reservation.node,
         allocations=[
-            _claim_allocation(name, allocation)
+            _claim_allocation(name, allocation, made)
             for name, allocation in zip(
                 reservation.claim_names, reservation.allocations, strict=True
             )
@@ -710,25 +714,42 @@ def device_conditions_from_pb(
     return tuple(conditions)
 
 
-def _claim_allocation(ref: str, allocation: AllocationResult) -> pb.ClaimAllocation:
+def _claim_allocation(
+    ref: str, allocation: AllocationResult, made: dict[int, dra_pb2.AllocationResult] | None
+) -> pb.ClaimAllocation:
     namespace, _, name = ref.rpartition("/")
     return pb.ClaimAllocation(
-        namespace=namespace, name=name, allocation=to_pb_allocation_result(allocation)
+        namespace=namespace, name=name, allocation=_allocation_pb(allocation, made)
     )
 
 
 def _claim_allocations(
-    claims: Sequence[ResourceClaim], allocations: Sequence[AllocationResult]
+    claims: Sequence[ResourceClaim],
+    allocations: Sequence[AllocationResult],
+    made: dict[int, dra_pb2.AllocationResult] | None = None,
 ) -> list[pb.ClaimAllocation]:
     return [
         pb.ClaimAllocation(
             namespace=claim.namespace,
             name=claim.name,
             uid=claim.uid,
-            allocation=to_pb_allocation_result(allocation),
+            allocation=_allocation_pb(allocation, made),
         )
         for claim, allocation in zip(claims, allocations, strict=False)
     ]
+
+
+def _allocation_pb(
+    allocation: AllocationResult, made: dict[int, dra_pb2.AllocationResult] | None
+) -> dra_pb2.AllocationResult:
+    """The allocation's message; made once per response (a reservation repeats the
+    placement's allocations: the same objects)."""
+    if made is None:
+        return to_pb_allocation_result(allocation)
+    found = made.get(id(allocation))
+    if found is None:
+        found = made[id(allocation)] = to_pb_allocation_result(allocation)
+    return found
 
 
 def _members(answer: Answer) -> tuple[NodePlacement, ...]:

@@ -54,8 +54,8 @@ from services.allocator.app.tenancy import (
     watched_changes,
 )
 from services.allocator.reservations.model import NODE_SEPARATOR, Reservation
-from services.common.deadline import UNBOUNDED, Deadline
-from services.common.errors import PermissionDenied
+from services.common.deadline import Deadline
+from services.common.errors import GpuallocError, PermissionDenied
 from services.common.grpc_server import call_deadline
 from services.common.security.edge import (
     OWNER_METADATA,
@@ -168,12 +168,18 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         """Each item as an Allocate (app/batch.py): mapped, authorized for its owner, audited
         and shown as one; an item's error is its own status, not the call's."""
         principal = current_principal(context)
+        known: dict[bytes, BatchItem] = {}  # identical items map once (a queue of alike jobs)
 
         def item(entry: pb.AllocateRequest) -> Callable[[], BatchItem]:
             def make() -> BatchItem:
+                signature = entry.SerializeToString(deterministic=True)
+                found = known.get(signature)
+                if found is not None:
+                    return found
                 with proto_field_paths(claims_path(entry)), self._errors_shown_to(principal):
                     query, lease = self._item(entry, principal)
-                    return BatchItem(query, lease, entry.SerializeToString(deterministic=True))
+                known[signature] = mapped_item = BatchItem(query, lease, signature)
+                return mapped_item
 
             return make
 
@@ -189,7 +195,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
             path = f"items[{len(items)}]"
             seen = mapped.get(id(result))  # the items not reached share one error: map it once
             if seen is None:
-                status = batch_item_status(result, path)
+                status = batch_item_status(self._error_shown(result, principal), path)
                 mapped[id(result)] = (status, len(path))
             else:
                 first, prefix = seen
@@ -197,14 +203,8 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                 status = pb.BatchItemStatus(code=first.code, message=message, details=first.details)
             items.append(pb.AllocateBatchItem(error=status))
 
-        def allocate(
-            query: Query, lease: LeaseOptions | None = None, *, deadline: Deadline = UNBOUNDED
-        ) -> Answer:
-            with self._errors_shown_to(principal):  # redacted before the batch keeps them
-                return self._service.allocate(query, lease, deadline=deadline)
-
         allocate_batch(
-            allocate,
+            self._service,
             [item(entry) for entry in request.items],
             deadline=self._deadline(context),
             on_result=shown,
@@ -450,6 +450,14 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
 
     def _errors_shown_to(self, principal: Principal) -> AbstractContextManager[None]:
         return visible_errors(principal, self._service.holdings.owner_of)
+
+    def _error_shown(self, error: GpuallocError, principal: Principal) -> GpuallocError:
+        """An item's error as the caller may see it (`visible_errors`, as a value)."""
+        try:
+            with self._errors_shown_to(principal):
+                raise error
+        except GpuallocError as shown:
+            return shown
 
 
 def _quota_owner(principal: Principal) -> str:
