@@ -8,8 +8,9 @@ Workload is admitted. This controller owns the checks whose `spec.controllerName
 - marks those AdmissionChecks Active (else Kueue keeps their ClusterQueues inactive);
 - Workload with quota reserved, check `Pending`: translates its pod sets (translate.py),
   narrows each to the nodes of the ResourceFlavors Kueue assigned it (their nodeLabels, which
-  Kueue adds to the pods), allocates and reserves each pod set on one node (owner `kueue/<ns>/<name>`, idempotency key
-  `kueue-<uid>-<podset>`, so a retry or a restart finds the same devices), then sets the check
+  Kueue adds to the pods), allocates and reserves each pod set on one node (owner
+  `kueue/<ns>/<name>`, idempotency key `kueue-<uid>-<podset>`, so a retry or a restart finds
+  the same devices), then sets the check
   - `Ready`, with `podSetUpdates[].nodeSelector` `kubernetes.io/hostname: <node>` so the pods
     land where the devices are held;
   - `Retry`, with Explain's message (and who holds the devices), when it does not fit now;
