@@ -183,16 +183,14 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
 
             return make
 
-        items: list[pb.AllocateBatchItem] = []
-
+        reply = pb.AllocateBatchResponse()  # filled in place: no copy of every item at the end
         mapped: dict[int, tuple[pb.BatchItemStatus, int]] = {}  # id(error) -> status, its path
 
         def shown(result: ItemResult) -> None:
             if isinstance(result, Answer):
-                response = self._answered(context, result, principal)
-                items.append(pb.AllocateBatchItem(response=response))
+                reply.items.add().response.CopyFrom(self._answered(context, result, principal))
                 return
-            path = f"items[{len(items)}]"
+            path = f"items[{len(reply.items)}]"
             seen = mapped.get(id(result))  # the items not reached share one error: map it once
             if seen is None:
                 status = batch_item_status(self._error_shown(result, principal), path)
@@ -201,7 +199,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                 first, prefix = seen
                 message = path + first.message[prefix:]
                 status = pb.BatchItemStatus(code=first.code, message=message, details=first.details)
-            items.append(pb.AllocateBatchItem(error=status))
+            reply.items.add().error.CopyFrom(status)
 
         allocate_batch(
             self._service,
@@ -209,7 +207,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
             deadline=self._deadline(context),
             on_result=shown,
         )
-        return pb.AllocateBatchResponse(items=items)
+        return reply
 
     def _item(
         self, request: pb.AllocateRequest, principal: Principal
