@@ -325,7 +325,10 @@ def test_explain_of_a_fitting_gang_says_where(service):
     answer = service.explain(_gang(2))
     assert answer.outcome is Outcome.ALLOCATED
     assert summary_text(answer.explanation.summary) == "gang of 2 nodes in rack=a: a1, a2"
-    assert [p.node_name for p in explain_response(answer, gang=True).gang_placements] == ["a1", "a2"]
+    assert [p.node_name for p in explain_response(answer, gang=True).gang_placements] == [
+        "a1",
+        "a2",
+    ]
 
 
 @pytest.mark.parametrize(
