@@ -127,9 +127,14 @@ class Cluster:
         self.batch = kubernetes.client.BatchV1Api(client)
         self.custom = kubernetes.client.CustomObjectsApi(client)
 
-    def submit(self, path: Path, name: str | None = None, queue: str = "gpu-queue") -> str:
+    def submit(
+        self, path: Path, name: str | None = None, queue: str = "gpu-queue", any_model: bool = False
+    ) -> str:
         (job,) = [d for d in documents(path) if d["kind"] == "Job"]
         job = copy.deepcopy(job)
+        if any_model:  # 4 GPUs of any model, NVLinked or not
+            del job["spec"]["template"]["spec"]["nodeSelector"]
+            del job["spec"]["template"]["metadata"]["annotations"]
         job["metadata"]["namespace"] = NAMESPACE
         job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = queue
         if name:
@@ -387,44 +392,60 @@ def test_a_preemption_in_gpualloc_makes_kueue_evict_and_requeue_the_workload(
         _delete_all(plane)
 
 
-# A second ClusterQueue beside the example's, with a LocalQueue in the same namespace: the site's
-# objects, applied to Kueue and given to gpualloc's policy alike
-RESEARCH = [
-    {
+def _flavor(name: str, family: str) -> dict[str, Any]:
+    return {
         "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "ClusterQueue",
-        "metadata": {"name": "research"},
-        "spec": {
-            "namespaceSelector": {},
-            "resourceGroups": [
-                {
-                    "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
-                    "flavors": [
-                        {
-                            "name": "gpu-flavor",
-                            "resources": [
-                                {"name": "cpu", "nominalQuota": 64},
-                                {"name": "memory", "nominalQuota": "512Gi"},
-                                {"name": "nvidia.com/gpu", "nominalQuota": 4},
-                            ],
-                        }
-                    ],
-                }
-            ],
-            "admissionChecksStrategy": {"admissionChecks": [{"name": "gpualloc"}]},
+        "kind": "ResourceFlavor",
+        "metadata": {"name": name},
+        "spec": {"nodeLabels": {"nvidia.com/gpu.family": family}},
+    }
+
+
+def _queue(name: str, flavor: str) -> list[dict[str, Any]]:
+    """A ClusterQueue of 4 GPUs of one flavor (and the cpu and memory Kueue counts for the
+    Job), with gpualloc's check, and its LocalQueue `<name>-queue` in the test's namespace."""
+    resources = [
+        {"name": "cpu", "nominalQuota": 64},
+        {"name": "memory", "nominalQuota": "512Gi"},
+        {"name": "nvidia.com/gpu", "nominalQuota": 4},
+    ]
+    return [
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "ClusterQueue",
+            "metadata": {"name": name},
+            "spec": {
+                "namespaceSelector": {},
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                        "flavors": [{"name": flavor, "resources": resources}],
+                    }
+                ],
+                "admissionChecksStrategy": {"admissionChecks": [{"name": "gpualloc"}]},
+            },
         },
-    },
-    {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "LocalQueue",
-        "metadata": {"namespace": NAMESPACE, "name": "research-queue"},
-        "spec": {"clusterQueue": "research"},
-    },
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "LocalQueue",
+            "metadata": {"namespace": NAMESPACE, "name": f"{name}-queue"},
+            "spec": {"clusterQueue": name},
+        },
+    ]
+
+
+# The site's objects, applied to Kueue and given to gpualloc's policy alike: two ClusterQueues,
+# research on the H100 nodes (flavor hopper), inference on the L40S node (flavor ada)
+SITE = [
+    _flavor("hopper", "hopper"),
+    _flavor("ada", "ada-lovelace"),
+    *_queue("research", "hopper"),
+    *_queue("inference", "ada"),
 ]
 QUEUES_AS_TENANTS = f"""\
   quota:
     kueue:
-      objects: {json.dumps([*documents(EXAMPLES / "cluster-queue.yml"), *RESEARCH])}
+      objects: {json.dumps(SITE)}
   tenants:
   - name: team-a
   - name: team-b
@@ -434,27 +455,27 @@ QUEUES_AS_TENANTS = f"""\
   - name: hpc
 """
 SLURM_AS_HPC = '    tenant: hpc\n    roles: [scheduler]\n    actFor: ["slurm/job/*"]'
-ACTING = (
-    '    roles: [scheduler]\n    actFor: ["kueue/*"]\n'
-    "    actForTenants: [gpu-cluster-queue, research]"
-)
+ACTING = '    roles: [scheduler]\n    actFor: ["kueue/*"]\n    actForTenants: [research, inference]'
 
 
-def test_a_cluster_queues_slurm_and_kueue_work_share_its_quota_under_a_real_kueue(
+def test_cluster_queues_slurm_and_kueue_work_share_their_quotas_under_a_real_kueue(
     plane, cluster, tmp_path
 ):
-    """The policy is the site's Kueue objects (the example ClusterQueue and `research`, 4
-    GPUs), the Slurm bridge bound to tenant research, the sidecar (its service-account token)
-    acting for both ClusterQueues with `tenants=cluster-queue`. Slurm job 7001's prolog takes
-    4 H100s as research. A Job of each LocalQueue: the example's is admitted, held as
-    `gpu-cluster-queue/kueue/...`; research's, which Kueue's own count admits (Kueue sees no
-    Slurm job), is refused by gpualloc on research's quota, so Kueue evicts and requeues it
-    and the Job stays suspended. Job 7001's epilog frees the quota: Kueue's next try is
-    admitted and unsuspended, held as `research/kueue/...`."""
+    """The policy is the site's Kueue objects: ClusterQueues research (4 GPUs of flavor
+    hopper, whose nodeLabels name the H100 nodes) and inference (4 of ada, the L40S node).
+    The Slurm bridge is bound to research; the sidecar (its service-account token) acts for
+    both with `tenants=cluster-queue`. Slurm job 7001's prolog takes 4 H100s as research.
+    A Job of 4 GPUs of any model in each LocalQueue: inference's is admitted and unsuspended
+    on the L40S node, held as `inference/kueue/...`; research's, which Kueue's own count admits
+    (it sees no Slurm job), is refused by gpualloc on research's quota, so Kueue evicts and
+    requeues it and the Job stays suspended. Job 7001's epilog frees the quota: Kueue's next
+    try is admitted, held as `research/kueue/...`. Each Job is unsuspended with its flavor's
+    nodeLabels (Kueue's) and the node gpualloc holds agreeing: gpualloc placed each on the
+    flavor Kueue assigned it."""
     policy = policy_with(QUEUES_AS_TENANTS).replace(KUEUE_AS_TEAM_C, ACTING)
     policy = policy.replace(SLURM_AS_HPC, SLURM_AS_HPC.replace("hpc", "research"))
     assert ACTING in policy and "tenant: research" in policy
-    for document in RESEARCH:
+    for document in SITE:
         plane.apply(document)
     job_7001 = {"SLURM_JOB_GRES": "gpu:h100:4"}
     with secured_fleet(tmp_path / "pki", policy=policy) as fleet:
@@ -473,12 +494,19 @@ def test_a_cluster_queues_slurm_and_kueue_work_share_its_quota_under_a_real_kueu
             listed = admin.ListReservations(pb.ListReservationsRequest(), timeout=10)
             return sorted(r.owner for r in listed.reservations)
 
+        def running(job: str, family: str, node: str) -> Workload:
+            unsuspended = until(f"{job} unsuspended", lambda: _unsuspended(cluster, job))
+            selector = unsuspended.spec.template.spec.node_selector
+            assert selector["nvidia.com/gpu.family"] == family  # Kueue's, from the flavor
+            assert selector["kubernetes.io/hostname"].startswith(node)  # gpualloc's
+            return _admitted(cluster, job)
+
+        job_path = EXAMPLES / "h100-nvlink-job.yml"
         try:
-            example = cluster.submit(EXAMPLES / "h100-nvlink-job.yml", name="example-job")
-            research = cluster.submit(
-                EXAMPLES / "h100-nvlink-job.yml", name="research-job", queue="research-queue"
-            )
-            until("example-job unsuspended", lambda: _unsuspended(cluster, example))
+            inference = cluster.submit(job_path, "inference-job", "inference-queue", True)
+            research = cluster.submit(job_path, "research-job", "research-queue", True)
+            served = running(inference, "ada-lovelace", "l40s-node-")
+            assert served.assigned_flavors == {"main": ("ada",)}
 
             def refused() -> str:
                 found = cluster.raw_workload_of(research) or {}
@@ -490,27 +518,24 @@ def test_a_cluster_queues_slurm_and_kueue_work_share_its_quota_under_a_real_kueu
             why = until(
                 "research refused", refused, shown=lambda: cluster.raw_workload_of(research)
             )
-            assert "research" in why and "nvidia.com/gpu/gpu-flavor" in why
+            assert "research" in why and "nvidia.com/gpu/hopper" in why
             assert cluster.job(research).spec.suspend is True
-            workload = _admitted(cluster, example).name
             assert owners() == [
-                f"gpu-cluster-queue/kueue/{NAMESPACE}/{workload}",
+                f"inference/kueue/{NAMESPACE}/{served.name}",
                 "research/slurm/job/7001",
             ]
 
             code, _, err = slurm(fleet, job_7001, "epilog")  # the Slurm job ends
             assert code == 0, err
-            until("research-job unsuspended", lambda: _unsuspended(cluster, research))
-            placed = _admitted(cluster, research).name
-            assert owners() == sorted(
-                [
-                    f"gpu-cluster-queue/kueue/{NAMESPACE}/{workload}",
-                    f"research/kueue/{NAMESPACE}/{placed}",
-                ]
-            )
+            trained = running(research, "hopper", "h100-node-")
+            assert trained.assigned_flavors == {"main": ("hopper",)}
+            assert owners() == [
+                f"inference/kueue/{NAMESPACE}/{served.name}",
+                f"research/kueue/{NAMESPACE}/{trained.name}",
+            ]
             assert used() == {
-                ("gpu-cluster-queue", "nvidia.com/gpu/gpu-flavor"): "4",
-                ("research", "nvidia.com/gpu/gpu-flavor"): "4",
+                ("inference", "nvidia.com/gpu/ada"): "4",
+                ("research", "nvidia.com/gpu/hopper"): "4",
             }
         finally:
             sidecar.close()
