@@ -338,3 +338,46 @@ def test_the_client_tells_the_flavors_tried(fleet: SecuredFleet) -> None:
         "gpus/hopper: Fit (taken)",
     )
     assert "flavor: gpus/ampere: NoFit" in placement.reason()
+
+
+CLASS_FLAVORS = """\
+  quota:
+    resourceFlavors:
+    - {name: whole, deviceClassNames: [gpu.nvidia.com]}
+    - {name: mig, deviceClassNames: [mig.nvidia.com]}
+    resources:
+    - {name: gpus, deviceClassNames: [gpu.nvidia.com, mig.nvidia.com], gpuShare: true,
+       flavors: [whole, mig]}
+  tenants:
+  - name: team-a
+  - name: team-b
+  - name: team-c
+  - name: tools
+    allowAdminAccess: true
+  - name: hpc
+    quotas:
+    - {resource: gpus, flavor: mig, nominal: 1}
+    - {resource: gpus, flavor: whole, nominal: 2}
+"""
+
+
+def test_device_class_flavors_charge_whole_gpus_and_mig_slices_apart(tmp_path: Path) -> None:
+    """Flavors by device class on one resource of GPU shares: hpc's MIG slice is charged to
+    gpus/mig, its whole GPU to gpus/whole, each request landing on the one flavor whose devices
+    serve it (the other is NoFit, no devices)."""
+    settings = AllocatorSettings(expire_interval=0.2, quota_grace_seconds=0.5)
+    with secured_fleet(tmp_path, policy=policy_with(CLASS_FLAVORS), allocator=settings) as fleet:
+        hpc = stub(fleet, "slurm-bridge")
+        held = [reserve(hpc, 1, owner="slurm/job/slice", device_class="mig.nvidia.com")]
+        held.append(reserve(hpc, 1, owner="slurm/job/whole"))
+        slice_, whole = held
+        assert (slice_.outcome, whole.outcome) == (pb.OUTCOME_ALLOCATED, pb.OUTCOME_ALLOCATED)
+        assert [(f.flavor, f.mode) for f in slice_.flavors] == [("mig", pb.FLAVOR_MODE_FIT)]
+        assert [(f.flavor, f.mode, f.reason) for f in whole.flavors] == [
+            ("mig", pb.FLAVOR_MODE_NO_FIT, pb.FLAVOR_REFUSAL_NO_DEVICES),
+            ("whole", pb.FLAVOR_MODE_FIT, pb.FLAVOR_REFUSAL_UNSPECIFIED),
+        ]
+        rows = status(stub(fleet, "admin"), "hpc")
+        assert rows["hpc", "gpus/whole"].used == "1"
+        assert rows["hpc", "gpus/mig"].used not in ("0", "1")  # a slice's share of its GPU
+        release_all(hpc, held)

@@ -32,6 +32,8 @@ from services.bridges.kueue.controller import AdmissionController, TenantMode
 from services.bridges.kueue.memory_api import KueueStandIn, MemoryKueueApi, workload_for_job
 from services.bridges.kueue.objects import AdmissionCheckState, CheckState, Workload
 from services.bridges.slurm import cli as slurm_cli
+from services.client import Outcome, Placement, claim_from_spec
+from services.client.client import AllocateItem
 from services.common.security.audit import AUDIT_LOGGER
 from tests.integration.test_bridges_slurm import exports
 from tests.integration.test_quota_bridges import (
@@ -326,10 +328,13 @@ def test_one_cluster_queues_slurm_and_kueue_work_share_one_flavored_quota(
 ) -> None:
     """ClusterQueue hpc (hopper 8, ada 4; its cohort lends it nothing) is the Slurm bridge's
     tenant and, through the sidecar acting for it, its Kueue Workloads'. Slurm job 7001's
-    prolog takes 8 H100s: hopper is spent. A Kueue Workload of hpc asking for 4 GPUs of any
-    model falls back to ada (the L40S node), although h100-node-2 is idle; one asking for 4
-    H100s waits (Retry on hpc's hopper quota). Job 7001's epilog frees hopper: requeued by
-    Kueue, the waiting Workload is placed on an H100 node."""
+    prolog takes 8 H100s: hopper is spent. Kueue, whose own count sees no Slurm job, assigns
+    hopper to a Workload of hpc asking for 4 GPUs of any model: gpualloc keeps to Kueue's
+    flavor (the pods will carry hopper's nodeLabels) and refuses it on hpc's hopper quota
+    (Retry), although h100-node-2 is idle and ada would fit; Kueue's next try assigns ada, and
+    gpualloc places it on the L40S node, charged to ada. A Workload of 4 H100s, assigned
+    hopper, waits (Retry) until job 7001's epilog frees hopper; requeued, it is placed on an
+    H100 node."""
     code, out, err = slurm(fleet, {}, "prolog")
     assert code == 0, err
     assert len(exports(out)["CUDA_VISIBLE_DEVICES"].split(",")) == 8
@@ -337,19 +342,29 @@ def test_one_cluster_queues_slurm_and_kueue_work_share_one_flavored_quota(
     submit(api, "hpc", "any-model", h100=False)
     submit(api, "hpc", "h100s")
     stand_in = KueueStandIn(api)
+    hopper, ada = {"nvidia.com/gpu": "hopper"}, {"nvidia.com/gpu": "ada"}
+    stand_in.flavors |= {"hpc/any-model": hopper, "hpc/h100s": hopper}
     with kueue_placer(kueue_settings(fleet, tmp_path / "token")) as placer:
         controller = AdmissionController(
             api, placer, lease_ttl_seconds=60, tenants=TenantMode.CLUSTER_QUEUE
         )
-        stand_in.step()
+        stand_in.step()  # Kueue reserves its quota, both on hopper
+        controller.reconcile_all()
+        for name in ("any-model", "h100s"):
+            refused = check_of(api, "hpc", name)
+            assert refused.state is CheckState.RETRY, refused
+            assert "nvidia.com/gpu/hopper" in refused.message and "hpc" in refused.message
+        assert owners(fleet) == ["hpc/slurm/job/7001"]
+
+        stand_in.flavors["hpc/any-model"] = ada  # Kueue's next try: the next flavor
+        stand_in.step()  # Retry: Kueue requeues both
+        stand_in.step()  # and reserves quota again
         controller.reconcile_all()
         fallen_back = check_of(api, "hpc", "any-model")
         assert fallen_back.state is CheckState.READY, fallen_back
         (update,) = fallen_back.pod_set_updates
         assert update.node_selector["kubernetes.io/hostname"] == "l40s-node-1"
-        waiting = check_of(api, "hpc", "h100s")
-        assert waiting.state is CheckState.RETRY, waiting
-        assert "nvidia.com/gpu/hopper" in waiting.message and "hpc" in waiting.message
+        assert check_of(api, "hpc", "h100s").state is CheckState.RETRY  # hopper: waits
         assert owners(fleet) == ["hpc/kueue/hpc/any-model", "hpc/slurm/job/7001"]
         assert used(fleet) == {
             ("hpc", "nvidia.com/gpu/hopper"): "8",
@@ -359,9 +374,75 @@ def test_one_cluster_queues_slurm_and_kueue_work_share_one_flavored_quota(
         code, _, err = slurm(fleet, {}, "epilog")  # job 7001 ends: hopper is free again
         assert code == 0, err
         stand_in.step()  # Retry: Kueue requeues h100s
-        stand_in.step()  # and reserves its quota again: Pending
+        stand_in.step()  # and reserves its quota again, on hopper
         controller.reconcile_all()
         placed = check_of(api, "hpc", "h100s")
         assert placed.state is CheckState.READY, placed
         (update,) = placed.pod_set_updates
         assert update.node_selector["kubernetes.io/hostname"].startswith("h100-node-")
+        assert used(fleet) == {
+            ("hpc", "nvidia.com/gpu/hopper"): "4",
+            ("hpc", "nvidia.com/gpu/ada"): "4",
+        }
+
+
+def test_without_a_flavor_from_kueue_gpualloc_chooses_the_flavor(
+    fleet: SecuredFleet, tmp_path: Path
+) -> None:
+    """A Workload whose admission names no flavors (an older Kueue, a stand-in) is placed by
+    gpualloc's own flavor search: with hpc's hopper spent by Slurm job 7001, 4 GPUs of any
+    model go to ada, the L40S node."""
+    code, _, err = slurm(fleet, {}, "prolog")
+    assert code == 0, err
+    api = kueue()
+    submit(api, "hpc", "any-model", h100=False)
+    with kueue_placer(kueue_settings(fleet, tmp_path / "token")) as placer:
+        controller = AdmissionController(
+            api, placer, lease_ttl_seconds=60, tenants=TenantMode.CLUSTER_QUEUE
+        )
+        KueueStandIn(api).step()
+        controller.reconcile_all()
+        placed = check_of(api, "hpc", "any-model")
+        assert placed.state is CheckState.READY, placed
+        (update,) = placed.pod_set_updates
+        assert update.node_selector["kubernetes.io/hostname"] == "l40s-node-1"
+    code, _, err = slurm(fleet, {}, "epilog")
+    assert code == 0, err
+
+
+def test_a_flavor_kueue_assigned_that_is_gone_sends_the_workload_to_retry(
+    fleet: SecuredFleet, tmp_path: Path
+) -> None:
+    api = kueue()
+    submit(api, "team-a", "a1")
+    stand_in = KueueStandIn(api)
+    stand_in.flavors["team-a/a1"] = {"nvidia.com/gpu": "deleted-meanwhile"}
+    with kueue_placer(kueue_settings(fleet, tmp_path / "token")) as placer:
+        controller = AdmissionController(
+            api, placer, lease_ttl_seconds=60, tenants=TenantMode.CLUSTER_QUEUE
+        )
+        stand_in.step()
+        controller.reconcile_all()
+        retried = check_of(api, "team-a", "a1")
+    assert retried.state is CheckState.RETRY, retried
+    assert "ResourceFlavor deleted-meanwhile, which Kueue assigned, is gone" in retried.message
+    assert owners(fleet) == []
+
+
+def test_an_allocate_batch_is_the_tenant_its_call_names(fleet: SecuredFleet, tmp_path: Path):
+    """AllocateBatch is one call, so one tenant's: the sidecar's batch acting for team-a
+    (hopper 4, no cohort) reserves as team-a, its items charged to team-a's quota, and the
+    fifth GPU is that item's own QUOTA_EXCEEDED while the call succeeds."""
+    claims = [claim_from_spec("1 x H100", name="gpu")]
+    items = [
+        AllocateItem(claims, reserve=True, owner=f"kueue/team-a/w{i}", idempotency_key=f"a-{i}")
+        for i in range(5)
+    ]
+    with kueue_placer(kueue_settings(fleet, tmp_path / "token")) as placer:
+        answers = placer.client.for_tenant("team-a").allocate_many(items)
+    placed = [a for a in answers if isinstance(a, Placement) and a.fits]
+    assert len(placed) == 4
+    refused = answers[4]
+    assert isinstance(refused, Placement) and refused.outcome is Outcome.QUOTA_EXCEEDED
+    assert owners(fleet) == [f"team-a/kueue/team-a/w{i}" for i in range(4)]
+    assert used(fleet) == {("team-a", "nvidia.com/gpu/hopper"): "4"}

@@ -281,7 +281,10 @@ class Holdings:
                 self._journal = journal
             if allocations is not None:
                 self._version += 1
-                if journal is not None:
+                if journal is not None and _unapplied(journal, token):
+                    # no state saw it pending: its reservations go in as plain additions
+                    journal.extend(_Change(r, None) for r in added)
+                elif journal is not None:
                     journal.append(_PendingChange(token, allocations, False, added))
             elif journal is not None:
                 journal.extend(_Change(r, None) for r in added)
@@ -297,7 +300,7 @@ class Holdings:
             return
         del self._pending_nodes[token]
         self._version += 1
-        if self._journal is not None:
+        if self._journal is not None and not _unapplied(self._journal, token):
             self._journal.append(_PendingChange(token, allocations, False))
 
     def committed(self, reservation: Reservation) -> None:
@@ -501,6 +504,18 @@ class Holdings:
 
 
 Step = tuple[str | None, str | None, AllocationResult]  # AllocatedState.with_changes
+
+
+def _unapplied(journal: list[_Change | _PendingChange], token: str) -> bool:
+    """Remove the journal's addition of pending placement `token` if it is still there (no
+    state has it yet, so its settling need not undo it); whether it was. A batch settles a
+    few hundred at once: half the changes for the next state."""
+    for index in range(len(journal) - 1, -1, -1):
+        change = journal[index]
+        if isinstance(change, _PendingChange) and change.token == token and change.added:
+            del journal[index]
+            return True
+    return False
 
 
 def _differences(before: dict[str, Reservation], after: dict[str, Reservation]) -> list[_Change]:

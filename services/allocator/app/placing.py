@@ -22,6 +22,7 @@ from dataclasses import replace
 
 from services.allocator.app.messages import GangSpec, Query
 from services.allocator.core import (
+    Allocated,
     AllocatedState,
     ClusterSnapshot,
     Explanation,
@@ -30,6 +31,8 @@ from services.allocator.core import (
     SearchBudget,
     SelectorCache,
     SolveResult,
+    Summary,
+    SummaryKind,
     TopologyConstraint,
     Unsatisfiable,
     constraints_from_annotations,
@@ -43,6 +46,22 @@ from services.common.dra.model import DeviceClass, DeviceID, ResourceClaim
 from services.common.errors import GpuallocError
 
 __all__ = ["Deadline", "PlacementSearch", "eligible_nodes", "unique_share_id"]
+
+
+def allocated_explanation(result: Allocated, gang: GangSpec) -> Explanation:
+    """Why this gang: the domain it went to and its nodes, in the order chosen."""
+    labelled = bool(gang.group_by_label) and result.domain is not None
+    summary = Summary(
+        SummaryKind.GANG_ALLOCATED,
+        count=gang.node_count,
+        label=gang.group_by_label if labelled else None,
+        domain=str(result.domain) if labelled else None,
+        nodes=tuple(p.node or "" for p in result.placements),
+    )
+    return Explanation(
+        summary=summary,
+        budget_exhausted=result.stats.budget_exhausted,
+    )
 
 
 def unique_share_id(claim: ResourceClaim, request: str, device: DeviceID, position: int) -> str:
@@ -206,6 +225,9 @@ class PlacementSearch:
             detail = self._gang_detail(snapshot, state, classes, query, gang, deadline, topology)
             if detail is not None:
                 result = replace(result, explanation=_with_detail(result.explanation, detail))
+        elif isinstance(result, Allocated):  # why this gang: its domain and nodes, when asked
+            explained = allocated_explanation(result, gang) if explain else None
+            result = replace(result, explanation=explained)
         return result
 
     def _gang_detail(

@@ -45,7 +45,6 @@ from services.allocator.app.consolidation import MOVED_FROM_LABEL
 from services.allocator.app.device_classes import with_inline
 from services.allocator.app.flavor_search import search_flavors, units_within_flavors
 from services.allocator.app.gang_answers import (
-    allocated_explanation,
     members_of_reservations,
     placement_requests,
 )
@@ -227,12 +226,7 @@ class AllocatorService:
             answer, proposal = decision.answer, decision.proposal
             if answer.outcome is Outcome.ALLOCATED:
                 requests = placement_requests(
-                    view.snapshot,
-                    answer.placements,
-                    names,
-                    lease,
-                    lease_seconds,
-                    gang=answer.is_gang,
+                    view.snapshot, answer.placements, names, lease, lease_seconds
                 )
                 try:
                     reservations = self._store_reserve(
@@ -274,10 +268,10 @@ class AllocatorService:
         """A reserving Allocate's answer once the store reserved."""
         if lease.idempotency_key:  # the store may answer with another replica's first call
             _check_same_request(reservations, lease)
-        if answer.is_gang and _same_placement(reservations, answer.placements):
+        if _same_placement(reservations, answer.placements):
             return replace(answer, reservations=tuple(reservations), preemption=revoked)
-        # One node's answer, or a gang for which the store answered (idempotency key) with an
-        # earlier call's reservations: the answer is what is held.
+        # The store answered (idempotency key) with an earlier call's reservations: the
+        # answer is what is held.
         held = self._reserved_answer(query, reservations, view.generation)
         return replace(held, preemption=revoked, flavors=answer.flavors)
 
@@ -480,9 +474,7 @@ class AllocatorService:
             ahead.clear()
             return answer if self.quotas is None else None  # quotas: it may preempt
         names = tuple(claim_ref(claim.namespace, claim.name) for claim in query.claims)
-        requests = placement_requests(
-            view.snapshot, answer.placements, names, lease, lease_seconds, gang=answer.is_gang
-        )
+        requests = placement_requests(view.snapshot, answer.placements, names, lease, lease_seconds)
         try:
             run.grants.add(view.snapshot, requests, limit=lease.max_reservations)
         except QuotaExceeded:
@@ -906,14 +898,11 @@ class AllocatorService:
         classes = with_inline(self.classes, query.device_classes)
         policy = query.policy or self.solver.policy
         started = time.perf_counter()
-        with self._tracer.start_as_current_span(
-            "solve" if query.gang is None else "solve_gang"
-        ) as span:
+        with self._tracer.start_as_current_span("solve") as span:
             span.set_attribute("gpualloc.inventory.generation", view.generation)
+            span.set_attribute("gpualloc.placement.nodes", query.node_count)
             searching = deadline.answering()
             results: list[SolveResult | None]
-            if query.gang is not None:
-                span.set_attribute("gpualloc.gang.nodes", query.gang.node_count)
             if count > 1:
                 span.set_attribute("gpualloc.batch.items", count)
             try:
@@ -925,9 +914,7 @@ class AllocatorService:
             except DeadlineExceeded:
                 results = [None]
             elapsed = (time.perf_counter() - started) / len(results)
-            last = results[-1]
-            gang = "Gang" if query.gang is not None and last is not None else ""
-            span.set_attribute("gpualloc.outcome", gang + type(last).__name__)  # GangAllocated
+            span.set_attribute("gpualloc.outcome", type(results[-1]).__name__)
         return [self._answered(view, query, policy, result, elapsed, explain) for result in results]
 
     def _answered(
@@ -963,15 +950,11 @@ class AllocatorService:
             )
             holders = blocking_holders(answer, self.holdings.reservations(), 3)
             return _with_holders(answer, holders)
-        explanation = result.explanation
-        if query.gang is not None:
-            explanation = allocated_explanation(result, query.gang) if explain else None
         return replace(
             answer,
             outcome=Outcome.ALLOCATED,
             placements=result.placements,
-            is_gang=query.gang is not None,
-            explanation=explanation,
+            explanation=result.explanation,
             stats=result.stats,
         )
 
@@ -1213,9 +1196,7 @@ class AllocatorService:
         assert self.quotas is not None
         lease = LeaseOptions(owner)
         names = tuple(claim_ref(claim.namespace, claim.name) for claim in query.claims)
-        requests = placement_requests(
-            view.snapshot, answer.placements, names, lease, 1.0, gang=answer.is_gang
-        )
+        requests = placement_requests(view.snapshot, answer.placements, names, lease, 1.0)
         total: dict[str, int] = {}
         for request in requests:
             usage = self.quotas.usage(view.snapshot, request.node, request.allocations)
@@ -1227,20 +1208,12 @@ class AllocatorService:
         self, query: Query, reservations: Sequence[Reservation], generation: int
     ) -> Answer:
         """The answer of a reserving Allocate: the placement as the store holds it (which, for
-        an idempotent retry, is the first call's): one node's is its first reservation's (the
-        node scope), a gang's members are sorted by node."""
-        first = reservations[0]
-        placements = (
-            members_of_reservations(reservations)
-            if query.gang is not None
-            else (NodePlacement(first.node, first.allocations),)
-        )
+        an idempotent retry, is the first call's), its nodes sorted by name."""
         return Answer(
             Outcome.ALLOCATED,
             generation=generation,
             claims=query.claims,
-            placements=placements,
-            is_gang=query.gang is not None,
+            placements=members_of_reservations(reservations),
             policy=query.policy or self.solver.policy,
             reservations=tuple(reservations),
         )
@@ -1420,17 +1393,15 @@ def _check_same_request(known: Sequence[Reservation], lease: LeaseOptions) -> No
 
 
 def _check_replay(query: Query, known: Sequence[Reservation], lease: LeaseOptions) -> None:
-    """A repeated key must repeat its request, and a gang's must still hold the whole gang:
-    one whose members were partly released or expired is not returned as ALLOCATED."""
+    """A repeated key must repeat its request, and still hold every node of its placement:
+    a gang whose members were partly released or expired is not returned as ALLOCATED."""
     _check_same_request(known, lease)
     key = lease.idempotency_key
-    if query.gang is None:
-        return
     members = members_of_reservations(known)
-    if len(members) != query.gang.node_count:
+    if len(members) != query.node_count:
         raise FailedPrecondition(
-            f"idempotency key {key!r} holds {len(members)} node reservation(s), not a gang of "
-            f"{query.gang.node_count}: release them or allocate with a new key"
+            f"idempotency key {key!r} holds {len(members)} node reservation(s), not a "
+            f"placement on {query.node_count}: release them or allocate with a new key"
         )
 
 

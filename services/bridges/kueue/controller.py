@@ -7,8 +7,10 @@ Workload is admitted. This controller owns the checks whose `spec.controllerName
 
 - marks those AdmissionChecks Active (else Kueue keeps their ClusterQueues inactive);
 - Workload with quota reserved, check `Pending`: translates its pod sets (translate.py),
-  allocates and reserves each pod set on one node (owner `kueue/<ns>/<name>`, idempotency key
-  `kueue-<uid>-<podset>`, so a retry or a restart finds the same devices), then sets the check
+  narrows each to the nodes of the ResourceFlavors Kueue assigned it (their nodeLabels, which
+  Kueue adds to the pods), allocates and reserves each pod set on one node (owner
+  `kueue/<ns>/<name>`, idempotency key `kueue-<uid>-<podset>`, so a retry or a restart finds
+  the same devices), then sets the check
   - `Ready`, with `podSetUpdates[].nodeSelector` `kubernetes.io/hostname: <node>` so the pods
     land where the devices are held;
   - `Retry`, with Explain's message (and who holds the devices), when it does not fit now;
@@ -46,7 +48,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 
@@ -59,7 +61,7 @@ from services.bridges.kueue.objects import (
     Workload,
 )
 from services.bridges.kueue.port import KueueApi
-from services.bridges.kueue.translate import PodSetClaims, workload_claims
+from services.bridges.kueue.translate import PodSetClaims, with_node_labels, workload_claims
 from services.bridges.placing import Placer, kueue_owner, kueue_owner_of
 from services.bridges.preemptions import PreemptionFollower
 from services.client.client import AllocatorClient
@@ -217,12 +219,14 @@ class AdmissionController:
             return self._place_in_tenant(workload, check)
         except PermissionDenied as error:  # the policy does not let it act for the tenant
             return self._refused(workload, check, error.message)
+        except NotFound as error:  # a ResourceFlavor Kueue assigned is gone
+            return self._set(workload, check, CheckState.RETRY, f"gpualloc: {error.message}")
 
     def _place_in_tenant(self, workload: Workload, check: AdmissionCheckState) -> Decision:
         owner = kueue_owner(workload.namespace, workload.name)
         placer = self._placer_for(self._tenant_of(workload))
         try:
-            units = workload_claims(workload, self.api.get_resource_claim_template)
+            units = self._pod_sets(workload)
         except InvalidArgument as error:
             return self._set(workload, check, CheckState.REJECTED, f"gpualloc: {error}")
         updates: list[PodSetUpdate] = []
@@ -265,6 +269,26 @@ class AdmissionController:
             message + (f" ({ids})" if ids else ""),
             tuple(updates),
         )
+
+    def _pod_sets(self, workload: Workload) -> list[PodSetClaims]:
+        """The Workload's pod sets that ask for GPUs (translate.py), each on the nodes of the
+        ResourceFlavors Kueue assigned it (their nodeLabels, which Kueue adds to the pods when
+        it admits the Workload): gpualloc's flavor search then charges the flavor Kueue chose
+        or refuses, and Kueue's requeue moves on to its next flavor. InvalidArgument: a pod
+        set that cannot be translated; NotFound: an assigned ResourceFlavor is gone."""
+        units = workload_claims(workload, self.api.get_resource_claim_template)
+        pinned = []
+        for unit in units:
+            labels: dict[str, str] = {}
+            for name in workload.assigned_flavors.get(unit.pod_set, ()):
+                flavor = self.api.get_resource_flavor(name)
+                if flavor is None:
+                    raise NotFound(f"ResourceFlavor {name}, which Kueue assigned, is gone")
+                node_labels = (flavor.get("spec") or {}).get("nodeLabels") or {}
+                labels.update({str(k): str(v) for k, v in node_labels.items()})
+            selector = with_node_labels(unit.node_selector, labels)
+            pinned.append(replace(unit, node_selector=selector))
+        return pinned
 
     def _binding(self, owner: str, placed: Sequence[Reservation]) -> list[str] | None:
         """The ids of the placed reservations still binding (DRA binding conditions), read

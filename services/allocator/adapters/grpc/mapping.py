@@ -444,14 +444,24 @@ def batch_item_status(error: GpuallocError, item_path: str) -> pb.BatchItemStatu
     return pb.BatchItemStatus(code=status.code, message=message, details=status.details)
 
 
-def allocate_response(answer: Answer, max_nodes: int = 10) -> pb.AllocateResponse:
+def allocate_response(
+    answer: Answer, max_nodes: int = 10, *, gang: bool = False
+) -> pb.AllocateResponse:
+    """`gang`: the request asked for a gang (its placement goes in `gang_placements`, else in
+    `node_name` and `allocations`)."""
     made: dict[int, dra_pb2.AllocationResult] = {}  # the placement's and its reservations'
+    single = None if gang else answer.single
+    members = answer.placements if gang else ()
     response = pb.AllocateResponse(
         outcome=_OUTCOMES[answer.outcome],
-        node_name=answer.node or "",
-        allocations=_claim_allocations(answer.claims, answer.allocations, made),
-        gang_placements=[_node_placement(answer, m) for m in _members(answer)],
-        score=_gang_score(answer) if _members(answer) else _score(answer.score, answer.policy),
+        node_name=single.node or "" if single is not None else "",
+        allocations=_claim_allocations(
+            answer.claims, single.allocations if single is not None else (), made
+        ),
+        gang_placements=[_node_placement(answer, m) for m in members],
+        score=_gang_score(answer, members)
+        if members
+        else _score(single.score if single is not None else None, answer.policy),
         reservations=[reservation_to_pb(r, made) for r in answer.reservations],
         inventory_generation=answer.generation,
         holders=[_holder_to_pb(h) for h in answer.holders],
@@ -465,12 +475,18 @@ def allocate_response(answer: Answer, max_nodes: int = 10) -> pb.AllocateRespons
     return response
 
 
-def explain_response(answer: Answer, max_nodes: int = 10) -> pb.ExplainResponse:
+def explain_response(
+    answer: Answer, max_nodes: int = 10, *, gang: bool = False
+) -> pb.ExplainResponse:
+    """`gang`: as for allocate_response."""
+    single = None if gang else answer.single
     response = pb.ExplainResponse(
         outcome=_OUTCOMES[answer.outcome],
-        node_name=answer.node or "",
-        allocations=_claim_allocations(answer.claims, answer.allocations),
-        gang_placements=[_node_placement(answer, m) for m in _members(answer)],
+        node_name=single.node or "" if single is not None else "",
+        allocations=_claim_allocations(
+            answer.claims, single.allocations if single is not None else ()
+        ),
+        gang_placements=[_node_placement(answer, m) for m in answer.placements if gang],
         inventory_generation=answer.generation,
         holders=[_holder_to_pb(h) for h in answer.holders],
         quota_refusals=[quota_refusal_to_pb(r) for r in answer.quota],
@@ -752,12 +768,6 @@ def _allocation_pb(
     return found
 
 
-def _members(answer: Answer) -> tuple[NodePlacement, ...]:
-    """A gang's placement, for the gang fields (a single node's fills node_name and
-    allocations: Answer.node, Answer.allocations)."""
-    return answer.placements if answer.is_gang else ()
-
-
 def _node_placement(answer: Answer, member: NodePlacement) -> pb.NodePlacement:
     return pb.NodePlacement(
         node_name=member.node or "",
@@ -766,9 +776,8 @@ def _node_placement(answer: Answer, member: NodePlacement) -> pb.NodePlacement:
     )
 
 
-def _gang_score(answer: Answer) -> float:
+def _gang_score(answer: Answer, members: Sequence[NodePlacement]) -> float:
     """A gang's score: the mean of its members' (0 for members replayed from reservations)."""
-    members = _members(answer)
     return sum(_score(m.score, answer.policy) for m in members) / len(members)
 
 

@@ -160,7 +160,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         with proto_field_paths(claims_path(request)), self._errors_shown_to(principal):
             query, lease = self._item(request, principal)
             answer = self._service.allocate(query, lease, deadline=self._deadline(context))
-        return self._answered(context, answer, principal)
+        return self._answered(context, answer, principal, gang=request.HasField("gang"))
 
     def AllocateBatch(
         self, request: pb.AllocateBatchRequest, context: grpc.ServicerContext
@@ -183,16 +183,16 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
 
             return make
 
-        items: list[pb.AllocateBatchItem] = []
-
+        reply = pb.AllocateBatchResponse()  # filled in place: no copy of every item at the end
         mapped: dict[int, tuple[pb.BatchItemStatus, int]] = {}  # id(error) -> status, its path
 
         def shown(result: ItemResult) -> None:
             if isinstance(result, Answer):
-                response = self._answered(context, result, principal)
-                items.append(pb.AllocateBatchItem(response=response))
+                gang = request.items[len(reply.items)].HasField("gang")
+                response = self._answered(context, result, principal, gang=gang)
+                reply.items.add().response.CopyFrom(response)
                 return
-            path = f"items[{len(items)}]"
+            path = f"items[{len(reply.items)}]"
             seen = mapped.get(id(result))  # the items not reached share one error: map it once
             if seen is None:
                 status = batch_item_status(self._error_shown(result, principal), path)
@@ -201,7 +201,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                 first, prefix = seen
                 message = path + first.message[prefix:]
                 status = pb.BatchItemStatus(code=first.code, message=message, details=first.details)
-            items.append(pb.AllocateBatchItem(error=status))
+            reply.items.add().error.CopyFrom(status)
 
         allocate_batch(
             self._service,
@@ -209,7 +209,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
             deadline=self._deadline(context),
             on_result=shown,
         )
-        return pb.AllocateBatchResponse(items=items)
+        return reply
 
     def _item(
         self, request: pb.AllocateRequest, principal: Principal
@@ -233,9 +233,10 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         return query, lease
 
     def _answered(
-        self, context: grpc.ServicerContext, answer: Answer, principal: Principal
+        self, context: grpc.ServicerContext, answer: Answer, principal: Principal, *, gang: bool
     ) -> pb.AllocateResponse:
-        """An Allocate's answer on the wire, its preemptions and grants audited."""
+        """An Allocate's answer on the wire (`gang`: in the gang fields, as asked), its
+        preemptions and grants audited."""
         if answer.reservations:
             for victim in answer.preemption:
                 audit_call(
@@ -248,7 +249,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                 )
         for reservation in answer.reservations:
             _audit(context, "reservation.grant", reservation)
-        return allocate_response(self._visible(answer, principal))
+        return allocate_response(self._visible(answer, principal), gang=gang)
 
     def Explain(
         self, request: pb.ExplainRequest, context: grpc.ServicerContext
@@ -264,7 +265,8 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                 deadline=self._deadline(context),
             )
         answer = self._visible(answer, principal)
-        return explain_response(answer, request.max_nodes_explained or 10)
+        gang = request.HasField("gang")
+        return explain_response(answer, request.max_nodes_explained or 10, gang=gang)
 
     def Capacity(
         self, request: pb.CapacityRequest, context: grpc.ServicerContext
