@@ -32,6 +32,8 @@ from services.bridges.kueue.controller import AdmissionController, TenantMode
 from services.bridges.kueue.memory_api import KueueStandIn, MemoryKueueApi, workload_for_job
 from services.bridges.kueue.objects import AdmissionCheckState, CheckState, Workload
 from services.bridges.slurm import cli as slurm_cli
+from services.client import Outcome, Placement, claim_from_spec
+from services.client.client import AllocateItem
 from services.common.security.audit import AUDIT_LOGGER
 from tests.integration.test_bridges_slurm import exports
 from tests.integration.test_quota_bridges import (
@@ -425,3 +427,22 @@ def test_a_flavor_kueue_assigned_that_is_gone_sends_the_workload_to_retry(
     assert retried.state is CheckState.RETRY, retried
     assert "ResourceFlavor deleted-meanwhile, which Kueue assigned, is gone" in retried.message
     assert owners(fleet) == []
+
+
+def test_an_allocate_batch_is_the_tenant_its_call_names(fleet: SecuredFleet, tmp_path: Path):
+    """AllocateBatch is one call, so one tenant's: the sidecar's batch acting for team-a
+    (hopper 4, no cohort) reserves as team-a, its items charged to team-a's quota, and the
+    fifth GPU is that item's own QUOTA_EXCEEDED while the call succeeds."""
+    claims = [claim_from_spec("1 x H100", name="gpu")]
+    items = [
+        AllocateItem(claims, reserve=True, owner=f"kueue/team-a/w{i}", idempotency_key=f"a-{i}")
+        for i in range(5)
+    ]
+    with kueue_placer(kueue_settings(fleet, tmp_path / "token")) as placer:
+        answers = placer.client.for_tenant("team-a").allocate_many(items)
+    placed = [a for a in answers if isinstance(a, Placement) and a.fits]
+    assert len(placed) == 4
+    refused = answers[4]
+    assert isinstance(refused, Placement) and refused.outcome is Outcome.QUOTA_EXCEEDED
+    assert owners(fleet) == [f"team-a/kueue/team-a/w{i}" for i in range(4)]
+    assert used(fleet) == {("team-a", "nvidia.com/gpu/hopper"): "4"}
