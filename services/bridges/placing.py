@@ -18,7 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import combinations
 
-from services.client.client import AllocatorClient
+import grpc
+
+from services.client.client import AllocateItem, AllocatorClient
 from services.client.inventory import InventoryClient, NodeInventory
 from services.client.results import Explanation, Outcome, Placement
 from services.client.topology import ANNOTATION, TopologyKind, constraints_of
@@ -28,7 +30,8 @@ from services.common.dra.model import (
     NodeSelectorTerm,
     ResourceClaim,
 )
-from services.common.errors import InvalidArgument
+from services.common.errors import GpuallocError, InvalidArgument
+from services.common.grpc_errors import RemoteError
 
 __all__ = [
     "Placer",
@@ -184,6 +187,53 @@ class Placer:
             return placement
         explained = self.explain(claims, node_name=node_name, node_selector=node_selector)
         return placement if explained.fits else explained
+
+    def allocate_many(self, items: Sequence[AllocateItem]) -> list[Placement | GpuallocError]:
+        """Many reserving `allocate`s in one AllocateBatch (a bridge's pass: docs/api.md), in
+        order, each seeing the reservations of the ones before it; per item its Placement, or
+        the typed error it alone failed with. What `allocate` adds is added per item: an
+        unsatisfiable answer comes with Explain's reasons (and is allocated once more when
+        Explain finds it fits now), an item refused for its NVLink topology constraint takes
+        the fallback. An allocator without AllocateBatch gets one Allocate per item."""
+        sent = [replace(item, reserve=True, explain=False) for item in items]
+        try:
+            results = self.client.allocate_many(sent)
+        except RemoteError as error:
+            if error.code is not grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            results = [self._one(item) for item in sent]
+        return [self._finished(item, result) for item, result in zip(sent, results, strict=True)]
+
+    def _finished(
+        self, item: AllocateItem, result: Placement | GpuallocError
+    ) -> Placement | GpuallocError:
+        """A batch item's result as `allocate` would have answered it."""
+        if isinstance(result, Placement):
+            if result.fits:
+                return result
+            explained = self.explain(
+                item.claims, node_name=item.node_name, node_selector=item.node_selector
+            )
+            return self._one(item) if explained.fits else explained  # fits now: once more
+        nvlink = isinstance(result, InvalidArgument) and result.field_path == "topology_constraints"
+        return self._one(item) if nvlink and needs_nvlink(item.claims) else result
+
+    def _one(self, item: AllocateItem) -> Placement | GpuallocError:
+        try:
+            return self.allocate(
+                item.claims,
+                owner=item.owner or self.client.owner,
+                idempotency_key=item.idempotency_key,
+                node_name=item.node_name,
+                node_selector=item.node_selector,
+                lease_ttl_seconds=item.lease_ttl_seconds,
+                labels=item.labels,
+                priority_class=item.priority_class,
+                preempt=item.preempt,
+                queued_at=item.queued_at,
+            )
+        except GpuallocError as error:
+            return error
 
     def explain(
         self,

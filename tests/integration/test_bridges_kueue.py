@@ -262,3 +262,37 @@ def test_which_tenant_a_workload_is_charged_to_is_a_setting(
         return
     assert kueue_cli.run(MemoryKueueApi(), environ, once=True, tenants=tenants) == 0
     assert made == [expected]
+
+
+def test_a_pass_places_its_pending_workloads_in_one_batch(setup, monkeypatch):
+    """Three Workloads pending at once: one AllocateBatch carries every pod set, in the order
+    the Workloads are listed, and each Workload is decided from its own items (all Ready)."""
+    names = [
+        setup.submit(EXAMPLES / "h100-nvlink-job.yml"),
+        setup.submit(EXAMPLES / "mig-inference-job.yml"),
+        setup.submit(EXAMPLES / "dra-template-job.yml"),
+    ]
+    batches: list[list[str]] = []
+    unary: list[str] = []
+    many, one = setup.client.allocate_many, setup.client.allocate
+
+    def allocate_many(items):
+        batches.append([item.owner for item in items])
+        return many(items)
+
+    def allocate(*args, **kwargs):
+        unary.append(kwargs.get("owner", ""))
+        return one(*args, **kwargs)
+
+    monkeypatch.setattr(setup.client, "allocate_many", allocate_many)
+    monkeypatch.setattr(setup.client, "allocate", allocate)
+    setup.kueue.step()
+    setup.controller.reconcile_all()
+    listed = [w["metadata"]["name"] for w in setup.api.list_workloads()]
+    assert sorted(listed) == sorted(names)
+    assert batches == [[f"kueue/team-a/{name}" for name in listed]]
+    assert unary == []
+    for name in names:
+        check = setup.workload(name).check("gpualloc")
+        assert check is not None and check.state is CheckState.READY
+        assert len(setup.held(name)) == 1

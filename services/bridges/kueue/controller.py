@@ -10,7 +10,10 @@ Workload is admitted. This controller owns the checks whose `spec.controllerName
   narrows each to the nodes of the ResourceFlavors Kueue assigned it (their nodeLabels, which
   Kueue adds to the pods), allocates and reserves each pod set on one node (owner
   `kueue/<ns>/<name>`, idempotency key `kueue-<uid>-<podset>`, so a retry or a restart finds
-  the same devices), then sets the check
+  the same devices) — every pod set of every such Workload of a pass in ONE AllocateBatch per
+  tenant, in the order Kueue lists them (each seeing the reservations of the ones before it, as
+  a scheduling cycle; a Workload with a pod set that does not fit gives the others back once
+  the batch answered) — then sets the check
   - `Ready`, with `podSetUpdates[].nodeSelector` `kubernetes.io/hostname: <node>` so the pods
     land where the devices are held;
   - `Retry`, with Explain's message (and who holds the devices), when it does not fit now;
@@ -48,7 +51,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 
@@ -64,8 +67,8 @@ from services.bridges.kueue.port import KueueApi
 from services.bridges.kueue.translate import PodSetClaims, with_node_labels, workload_claims
 from services.bridges.placing import Placer, kueue_owner, kueue_owner_of
 from services.bridges.preemptions import PreemptionFollower
-from services.client.client import AllocatorClient
-from services.client.results import Reservation, ReservationState
+from services.client.client import AllocateItem, AllocatorClient
+from services.client.results import Placement, Reservation, ReservationState
 from services.common.errors import (
     FailedPrecondition,
     GpuallocError,
@@ -163,7 +166,8 @@ class AdmissionController:
         held = self._held(tenants)
         self._follow(t for t in tenants if t not in self._denied)
         lost = self._revoked_since_last_pass(held)
-        decisions = []
+        decisions: list[Decision] = []
+        pending: list[_Pending] = []  # placed together after the loop: one batch per tenant
         live = set()
         for workload in workloads:
             owner = kueue_owner(workload.namespace, workload.name)
@@ -173,12 +177,18 @@ class AdmissionController:
                 continue
             denied = self._denied.get(self._tenant_of(workload))
             if denied is not None and workload.quota_reserved:
-                decision = self._refused(workload, check, denied)
+                decisions.append(self._refused(workload, check, denied))
+            elif _to_place(workload, check):
+                pending.append(_Pending(len(decisions), workload, check))
+                decisions.append(Decision(workload.key, "unchanged", check.state))
             else:
-                decision = self.reconcile(workload, check, held.get(owner, []), lost.get(owner, ""))
+                held_now, lost_now = held.get(owner, []), lost.get(owner, "")
+                decisions.append(self.reconcile(workload, check, held_now, lost_now))
+        for index, decision in self._place_all(pending):
+            decisions[index] = decision
+        for decision in decisions:
             if decision.action != "unchanged":
                 log.info("%s: %s %s", decision.workload, decision.action, decision.message)
-            decisions.append(decision)
         for owner, reservations in sorted(held.items()):
             if owner not in live:
                 self._release(owner, reservations)
@@ -210,45 +220,107 @@ class AdmissionController:
             return Decision(workload.key, "unchanged", check.state)
         if check.state is CheckState.READY:
             return self._keep(workload, check, held, lost)
-        return self._place(workload, check)
+        [(_, decision)] = self._place_all([_Pending(0, workload, check)])
+        return decision
 
     # --- Pending: place -----------------------------------------------------------------------
 
-    def _place(self, workload: Workload, check: AdmissionCheckState) -> Decision:
-        try:
-            return self._place_in_tenant(workload, check)
-        except PermissionDenied as error:  # the policy does not let it act for the tenant
-            return self._refused(workload, check, error.message)
-        except NotFound as error:  # a ResourceFlavor Kueue assigned is gone
-            return self._set(workload, check, CheckState.RETRY, f"gpualloc: {error.message}")
+    def _place_all(self, pending: Sequence[_Pending]) -> list[tuple[int, Decision]]:
+        """Place the pass's Pending Workloads: every pod set of every Workload of a tenant in
+        ONE AllocateBatch (Placer.allocate_many: in order, each seeing the reservations of the
+        ones before it, as a scheduling cycle), then each Workload decided from its pod sets'
+        answers. A Workload with a pod set that does not fit gives the others back at once
+        (so later Workloads of the same batch may have seen them held: the next pass places
+        them). Returns (the `_Pending` index, its decision) per Workload."""
+        decided: list[tuple[int, Decision]] = []
+        by_tenant: dict[str, list[_Pending]] = {}
+        for entry in pending:
+            by_tenant.setdefault(self._tenant_of(entry.workload), []).append(entry)
+        for tenant, group in by_tenant.items():
+            placer = self._placer_for(tenant)
+            asks: list[_Pending] = []
+            for entry in group:
+                try:
+                    entry.units = self._pod_sets(entry.workload)
+                except InvalidArgument as error:
+                    message = f"gpualloc: {error}"
+                    decided.append(self._decided(entry, CheckState.REJECTED, message))
+                    continue
+                except NotFound as error:  # a ResourceFlavor Kueue assigned is gone
+                    message = f"gpualloc: {error.message}"
+                    decided.append(self._decided(entry, CheckState.RETRY, message))
+                    continue
+                asks.append(entry)
+            items = [self._item(entry.workload, unit) for entry in asks for unit in entry.units]
+            try:
+                results = placer.allocate_many(items) if items else []
+            except PermissionDenied as error:  # the policy does not let it act for the tenant
+                for entry in asks:
+                    decided.append(
+                        (entry.index, self._refused(entry.workload, entry.check, error.message))
+                    )
+                continue
+            at = 0
+            for entry in asks:
+                mine = results[at : at + len(entry.units)]
+                at += len(entry.units)
+                decided.append((entry.index, self._placed(entry, mine, placer)))
+        return decided
 
-    def _place_in_tenant(self, workload: Workload, check: AdmissionCheckState) -> Decision:
+    def _item(self, workload: Workload, unit: PodSetClaims) -> AllocateItem:
+        return AllocateItem(
+            unit.claims,
+            node_selector=unit.node_selector,
+            reserve=True,
+            lease_ttl_seconds=self.lease_ttl_seconds,
+            owner=kueue_owner(workload.namespace, workload.name),
+            idempotency_key=f"kueue-{workload.uid}-{unit.pod_set}",
+            labels={"kueue.workload": workload.key, POD_SET_LABEL: unit.pod_set},
+            priority_class=self.priority_class,
+            preempt=self.preempt,
+            queued_at=workload.created_at,  # Kueue's queue order: the Workload's creation
+        )
+
+    def _decided(self, entry: _Pending, state: CheckState, message: str) -> tuple[int, Decision]:
+        return entry.index, self._set(entry.workload, entry.check, state, message)
+
+    def _placed(
+        self, entry: _Pending, results: Sequence[Placement | GpuallocError], placer: Placer
+    ) -> Decision:
+        """A Workload decided from its pod sets' answers, in order."""
+        workload, check = entry.workload, entry.check
         owner = kueue_owner(workload.namespace, workload.name)
-        placer = self._placer_for(self._tenant_of(workload))
-        try:
-            units = self._pod_sets(workload)
-        except InvalidArgument as error:
-            return self._set(workload, check, CheckState.REJECTED, f"gpualloc: {error}")
+        mine = [
+            r for result in results if isinstance(result, Placement) for r in result.reservations
+        ]
+        self._known.update((r.id, r) for r in mine)
         updates: list[PodSetUpdate] = []
-        placed: list[Reservation] = []
-        for unit in units:
-            placement = placer.allocate(
-                unit.claims,
-                owner=owner,
-                idempotency_key=f"kueue-{workload.uid}-{unit.pod_set}",
-                node_selector=unit.node_selector,
-                lease_ttl_seconds=self.lease_ttl_seconds,
-                labels={"kueue.workload": workload.key, POD_SET_LABEL: unit.pod_set},
-                priority_class=self.priority_class,
-                preempt=self.preempt,
-                queued_at=workload.created_at,  # Kueue's queue order: the Workload's creation
-            )
-            if not placement.fits:
-                self._release(owner, placed)
-                return self._not_now(workload, check, unit, placement.reason(), placer)
-            placed.extend(placement.reservations)
-            self._known.update((r.id, r) for r in placement.reservations)
-            updates.append(PodSetUpdate(unit.pod_set, {HOSTNAME_LABEL: placement.node_name}))
+        for unit, result in zip(entry.units, results, strict=True):
+            if isinstance(result, PermissionDenied):
+                self._release(owner, mine)
+                return self._refused(workload, check, result.message)
+            if isinstance(result, NotFound):
+                self._release(owner, mine)
+                return self._set(workload, check, CheckState.RETRY, f"gpualloc: {result.message}")
+            if isinstance(result, GpuallocError):  # a lost race, an unreachable store: next pass
+                self._release(owner, mine)
+                log.warning("%s: pod set %s not placed: %s", workload.key, unit.pod_set, result)
+                return Decision(workload.key, "unchanged", check.state, str(result))
+            if not result.fits:
+                self._release(owner, mine)
+                return self._not_now(workload, check, unit, result.reason(), placer)
+            updates.append(PodSetUpdate(unit.pod_set, {HOSTNAME_LABEL: result.node_name}))
+        return self._ready(workload, check, mine, updates)
+
+    def _ready(
+        self,
+        workload: Workload,
+        check: AdmissionCheckState,
+        placed: Sequence[Reservation],
+        updates: Sequence[PodSetUpdate],
+    ) -> Decision:
+        """Every pod set holds its devices: Ready (once bound), with where the pods go."""
+        owner = kueue_owner(workload.namespace, workload.name)
         summary = (
             "; ".join(f"{u.name} on {u.node_selector[HOSTNAME_LABEL]}" for u in updates)
             or "no GPUs requested"
@@ -553,6 +625,24 @@ class AdmissionController:
             self.reconcile_all()
         except GpuallocError as error:
             log.warning("reconcile pass failed: %s", error)
+
+
+@dataclass
+class _Pending:
+    """A Workload this pass places: its index among the pass's decisions, and its pod sets."""
+
+    index: int
+    workload: Workload
+    check: AdmissionCheckState
+    units: list[PodSetClaims] = field(default_factory=list)
+
+
+def _to_place(workload: Workload, check: AdmissionCheckState) -> bool:
+    """Whether `reconcile` would place the Workload now (its check Pending, quota reserved)."""
+    gone = workload.finished or workload.evicted or workload.deleting or not workload.active
+    if gone or not workload.quota_reserved:
+        return False
+    return check.state not in (CheckState.RETRY, CheckState.REJECTED, CheckState.READY)
 
 
 def _pod_set_of(reservation: Reservation) -> str:

@@ -51,6 +51,8 @@ def audit_event(
     """Log one audit event; `fields` (reservation, owner, node, method, ...) go in as given,
     empty ones left out. `principal` None means the server itself (lease expiry), or, with
     `presented` (what a denied caller showed), a caller that has none."""
+    if not _log.isEnabledFor(logging.INFO):  # audit logging off: nothing to build
+        return
     if principal is not None:
         identity = principal.name
     else:

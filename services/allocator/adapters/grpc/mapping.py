@@ -693,9 +693,9 @@ def reservation_to_pb(
         binding=_binding_phase(reservation),
         conditions=[_condition_to_pb(c) for c in reservation.conditions],
     )
-    message.created_at.CopyFrom(_timestamp(reservation.created_at))
+    message.created_at.FromNanoseconds(round(reservation.created_at * 1e9))
     if reservation.expires_at is not None:
-        message.expires_at.CopyFrom(_timestamp(reservation.expires_at))
+        message.expires_at.FromNanoseconds(round(reservation.expires_at * 1e9))
     return message
 
 
