@@ -537,9 +537,18 @@ def _stop(server: subprocess.Popen[bytes]) -> None:
         server.kill()
 
 
+PHASES_VARIABLE = "GPUALLOC_BENCH_SERVICE_PHASES"
+"""A comma-separated subset of PHASES to run (plaintext only, no mTLS or store rows): for
+quick before/after comparisons of a few rows; unset, every row."""
+
+
 def run(quick: bool) -> BenchReport:
     seconds = 2.0 if quick else 6.0
     scale = 0.1 if quick else 1.0
+    chosen = [p for p in os.environ.get(PHASES_VARIABLE, "").split(",") if p]
+    unknown = sorted(set(chosen) - set(PHASES))
+    if unknown:
+        raise ValueError(f"{PHASES_VARIABLE}: unknown phases {unknown} (known: {list(PHASES)})")
     with tempfile.TemporaryDirectory(prefix="gpualloc-bench-") as tmp:
         directory = Path(tmp)
         gpus, h100_nodes = generate_inventory(directory, scale)
@@ -577,10 +586,11 @@ def run(quick: bool) -> BenchReport:
                     str(pki / "client" / "tls.key"),
                 )
             )
-            for prefix, phases, extra, client_flags, dial in (
-                ("", PHASES, [], [], None),
+            cases = [
+                ("", [p for p in PHASES if p in chosen] or PHASES, [], [], None),
                 ("mtls:", MTLS_PHASES, tls_flags, mtls_client, mtls_dial),
-            ):
+            ]
+            for prefix, phases, extra, client_flags, dial in cases[:1] if chosen else cases:
                 port = _free_port()
                 server = _server(directory, port, redis.url, server_cpus, extra)
                 target = f"127.0.0.1:{port}"
@@ -603,6 +613,9 @@ def run(quick: bool) -> BenchReport:
                     _stop(server)
         finally:
             redis.stop()
+        if chosen:
+            _add_ratios(report)
+            return report
         # the store layout as a dimension: bench_store builds on this module's client and server
         from loadtest.bench_store import CLUSTER, STANDALONE, measure_layouts
 

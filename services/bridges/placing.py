@@ -18,7 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import combinations
 
-from services.client.client import AllocatorClient
+import grpc
+
+from services.client.client import AllocateItem, AllocatorClient
 from services.client.inventory import InventoryClient, NodeInventory
 from services.client.results import Explanation, Outcome, Placement
 from services.client.topology import ANNOTATION, TopologyKind, constraints_of
@@ -28,7 +30,8 @@ from services.common.dra.model import (
     NodeSelectorTerm,
     ResourceClaim,
 )
-from services.common.errors import InvalidArgument
+from services.common.errors import GpuallocError, InvalidArgument
+from services.common.grpc_errors import RemoteError
 
 __all__ = [
     "Placer",
@@ -128,6 +131,13 @@ class Placer:
     client: AllocatorClient
     inventory: InventoryClient
 
+    def for_tenant(self, tenant: str) -> Placer:
+        """This placer with every allocator call acting for `tenant` (AllocatorClient's
+        for_tenant; "": the caller's own tenant)."""
+        if tenant == self.client.tenant:
+            return self
+        return replace(self, client=self.client.for_tenant(tenant))
+
     def allocate(
         self,
         claims: Sequence[ResourceClaim],
@@ -140,9 +150,13 @@ class Placer:
         labels: Mapping[str, str] | None = None,
         priority_class: str = "",
         preempt: bool = False,
+        queued_at: float | None = None,
     ) -> Placement:
         """Allocate and reserve (preempting, with `preempt`, as the server's rules allow); an
-        unsatisfiable answer comes with Explain's reasons."""
+        unsatisfiable answer comes with Explain's reasons. A fitting answer always holds the
+        reservation: when Explain finds the devices free (released since the Allocate), the
+        Allocate is made once more. `queued_at`: when the job was queued in its batch system
+        (its Workload's creation)."""
 
         def call(sent: Sequence[ResourceClaim], selector: NodeSelector | None) -> Placement:
             return self.client.allocate(
@@ -157,12 +171,69 @@ class Placer:
                 labels=labels,
                 priority_class=priority_class,
                 preempt=preempt,
+                queued_at=queued_at,
             )
 
         placement = self._with_fallback(claims, node_name, node_selector, call)
         if placement.fits:
             return placement
-        return self.explain(claims, node_name=node_name, node_selector=node_selector)
+        explained = self.explain(claims, node_name=node_name, node_selector=node_selector)
+        if not explained.fits:
+            return explained
+        # Freed between the two calls (a release raced the Allocate): Explain's "fits" reserved
+        # nothing, so it must not stand for the answer. Reserve again, once.
+        placement = self._with_fallback(claims, node_name, node_selector, call)
+        if placement.fits:
+            return placement
+        explained = self.explain(claims, node_name=node_name, node_selector=node_selector)
+        return placement if explained.fits else explained
+
+    def allocate_many(self, items: Sequence[AllocateItem]) -> list[Placement | GpuallocError]:
+        """Many reserving `allocate`s in one AllocateBatch (a bridge's pass: docs/api.md), in
+        order, each seeing the reservations of the ones before it; per item its Placement, or
+        the typed error it alone failed with. What `allocate` adds is added per item: an
+        unsatisfiable answer comes with Explain's reasons (and is allocated once more when
+        Explain finds it fits now), an item refused for its NVLink topology constraint takes
+        the fallback. An allocator without AllocateBatch gets one Allocate per item."""
+        sent = [replace(item, reserve=True, explain=False) for item in items]
+        try:
+            results = self.client.allocate_many(sent)
+        except RemoteError as error:
+            if error.code is not grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            results = [self._one(item) for item in sent]
+        return [self._finished(item, result) for item, result in zip(sent, results, strict=True)]
+
+    def _finished(
+        self, item: AllocateItem, result: Placement | GpuallocError
+    ) -> Placement | GpuallocError:
+        """A batch item's result as `allocate` would have answered it."""
+        if isinstance(result, Placement):
+            if result.fits:
+                return result
+            explained = self.explain(
+                item.claims, node_name=item.node_name, node_selector=item.node_selector
+            )
+            return self._one(item) if explained.fits else explained  # fits now: once more
+        nvlink = isinstance(result, InvalidArgument) and result.field_path == "topology_constraints"
+        return self._one(item) if nvlink and needs_nvlink(item.claims) else result
+
+    def _one(self, item: AllocateItem) -> Placement | GpuallocError:
+        try:
+            return self.allocate(
+                item.claims,
+                owner=item.owner or self.client.owner,
+                idempotency_key=item.idempotency_key,
+                node_name=item.node_name,
+                node_selector=item.node_selector,
+                lease_ttl_seconds=item.lease_ttl_seconds,
+                labels=item.labels,
+                priority_class=item.priority_class,
+                preempt=item.preempt,
+                queued_at=item.queued_at,
+            )
+        except GpuallocError as error:
+            return error
 
     def explain(
         self,

@@ -11,6 +11,7 @@ for reads, with the policy's backoff; a failure comes back as the typed error of
 
 from __future__ import annotations
 
+import copy
 import logging
 import random as random_module
 import time
@@ -24,10 +25,12 @@ from services.client.config import RetryPolicy, TlsConfig, check_token_needs_tls
 from services.client.credentials import BearerTokenFile
 from services.common.grpc_errors import error_from_rpc
 
-__all__ = ["OWNER_METADATA", "Caller", "is_retryable", "open_channel"]
+__all__ = ["OWNER_METADATA", "TENANT_METADATA", "Caller", "is_retryable", "open_channel"]
 
 OWNER_METADATA = "x-gpualloc-owner"
 """The call metadata the allocator reads the caller's owner from (it wins over request fields)."""
+TENANT_METADATA = "x-gpualloc-tenant"
+"""The call metadata naming the tenant a call acts for (a binding's actForTenants)."""
 
 _ALWAYS_RETRIED = frozenset({grpc.StatusCode.UNAVAILABLE})
 _RETRIED_FOR_READS = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
@@ -80,12 +83,26 @@ class Caller:
         retry: RetryPolicy,
         sleep: Callable[[float], None] = time.sleep,
         random: Callable[[], float] = random_module.random,
+        tenant: str = "",
     ) -> None:
+        """`tenant`: sent with every call (TENANT_METADATA) when set."""
         self.channel = channel
         self.deadline_seconds = deadline_seconds
         self.retry = retry
+        self.tenant = tenant
         self._sleep = sleep
         self._random = random
+
+    def for_tenant(self, tenant: str) -> Caller:
+        """This caller with every call acting for `tenant`."""
+        acting = copy.copy(self)
+        acting.tenant = tenant
+        return acting
+
+    def metadata(self, owner: str = "") -> tuple[tuple[str, str], ...] | None:
+        """The metadata of a call: the owner and the tenant, each when set."""
+        pairs = ((OWNER_METADATA, owner), (TENANT_METADATA, self.tenant))
+        return tuple((key, value) for key, value in pairs if value) or None
 
     def call(
         self,
@@ -96,7 +113,7 @@ class Caller:
         owner: str = "",
     ) -> Response:
         """`method(request)` with retries; raises the typed error of the last attempt."""
-        metadata = ((OWNER_METADATA, owner),) if owner else None
+        metadata = self.metadata(owner)
         attempt = 1
         while True:
             try:

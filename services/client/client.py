@@ -17,6 +17,7 @@ NodePlacement per node); reserve a gang with allocate(reserve=True).
 
 from __future__ import annotations
 
+import copy
 import random as random_module
 import time
 import uuid
@@ -115,6 +116,7 @@ class AllocateItem:
     gang: Gang | None = None
     priority_class: str = ""
     preempt: bool = False
+    queued_at: float | None = None  # when the work was queued (seconds since the epoch)
 
 
 def _id(reservation: ReservationRef) -> str:
@@ -136,12 +138,16 @@ class AllocatorClient:
         channel: grpc.Channel | None = None,
         sleep: Callable[[float], None] = time.sleep,
         random: Callable[[], float] = random_module.random,
+        tenant: str = "",
     ) -> None:
-        """`owner` is sent with every call (`x-gpualloc-owner`) unless a call names another.
-        `tls` and `token_file` (a bearer JWT, TLS only) secure the channel (calls.open_channel).
-        Pass `channel` to share one (the client then does not close it)."""
+        """`owner` is sent with every call (`x-gpualloc-owner`) unless a call names another;
+        `tenant`, the tenant every call acts for (`x-gpualloc-tenant`, when the access policy
+        lets the caller: docs/security.md). `tls` and `token_file` (a bearer JWT, TLS only)
+        secure the channel (calls.open_channel). Pass `channel` to share one (the client then
+        does not close it)."""
         self.target = target
         self.owner = owner
+        self.tenant = tenant
         self._owns_channel = channel is None
         self._channel = (
             channel if channel is not None else open_channel(target, tls, token_file=token_file)
@@ -153,11 +159,23 @@ class AllocatorClient:
             retry=retry or RetryPolicy(),
             sleep=sleep,
             random=random,
+            tenant=tenant,
         )
 
     @property
     def channel(self) -> grpc.Channel:
         return self._channel
+
+    def for_tenant(self, tenant: str) -> AllocatorClient:
+        """A client on the same channel (it closes nothing) whose every call acts for
+        `tenant` ("": the identity's own), with this one's owner, deadline and retries."""
+        if tenant == self.tenant:
+            return self
+        acting = copy.copy(self)
+        acting.tenant = tenant
+        acting._owns_channel = False
+        acting._caller = self._caller.for_tenant(tenant)
+        return acting
 
     def close(self) -> None:
         if self._owns_channel:
@@ -193,10 +211,13 @@ class AllocatorClient:
         gang: Gang | None = None,
         priority_class: str = "",
         preempt: bool = False,
+        queued_at: float | None = None,
     ) -> Placement:
         """A placement for the claims together on one node (on each node of a `gang`),
         reserved when `reserve` is set; with `preempt` too, revoking the reservations the
-        server's preemption rules choose when that is what makes it fit (docs/tenancy.md)."""
+        server's preemption rules choose when that is what makes it fit (docs/tenancy.md).
+        `queued_at`: when the work was queued in its batch system (seconds since the epoch;
+        unset: when the call arrives)."""
         item = AllocateItem(
             claims,
             node_name=node_name,
@@ -212,6 +233,7 @@ class AllocatorClient:
             gang=gang,
             priority_class=priority_class,
             preempt=preempt,
+            queued_at=queued_at,
         )
         request = self._allocate_request(item)
         response = self._caller.call(
@@ -265,6 +287,8 @@ class AllocatorClient:
             request.reservation_labels.update(item.labels or {})
             if item.lease_ttl_seconds is not None:
                 request.lease_ttl.CopyFrom(duration_to_pb(item.lease_ttl_seconds))
+            if item.queued_at is not None:
+                request.queued_time.FromNanoseconds(int(item.queued_at * 1e9))
         return request
 
     def explain(
@@ -278,12 +302,16 @@ class AllocatorClient:
         max_nodes: int = 0,
         gang: Gang | None = None,
         priority_class: str = "",
+        queued_at: float | None = None,
     ) -> Placement:
         """Why the claims fit or not (the same search as allocate, never reserving), and
-        which reservations a preempting allocate at `priority_class` would revoke."""
+        which reservations a preempting allocate at `priority_class` (its work queued at
+        `queued_at`) would revoke."""
         request = pb.ExplainRequest(
             max_nodes_explained=max_nodes, priority_class_name=priority_class
         )
+        if queued_at is not None:
+            request.queued_time.FromNanoseconds(int(queued_at * 1e9))
         _fill_query(request, claims, node_name, node_selector, policy, device_classes, gang)
         return placement_from_pb(self._caller.call(self._stub.Explain, request, read=True))
 
@@ -445,9 +473,10 @@ class AllocatorClient:
         call misses nothing; changes are at most once all the same (list again on a `resync`
         change). Not retried: a failure raises its typed error."""
         request = pb.WatchReservationsRequest(owner=owner, node_name=node_name)
-        changes = ReservationChanges(
-            self._stub.WatchReservations(request, timeout=seconds), ends=seconds is not None
+        call = self._stub.WatchReservations(
+            request, timeout=seconds, metadata=self._caller.metadata()
         )
+        changes = ReservationChanges(call, ends=seconds is not None)
         next(changes, None)  # the first HEARTBEAT: registered
         return changes
 

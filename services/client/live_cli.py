@@ -5,7 +5,7 @@ service from a shell, shaped like kubectl.
     gpualloc get devices [--node NAME] [--state free] ;  gpualloc get reservations [--owner O]
     gpualloc describe node h100-node-1 ;  gpualloc describe reservation res-...
     gpualloc allocate -f claim.yaml [--reserve --lease 2m] [--node N] [--policy P]
-    gpualloc allocate -f claims.yaml --each [--reserve]   (each claim on its own, one batch)
+    gpualloc allocate -f jobs.yaml [--reserve]   (a List of claims: each on its own, one batch)
     gpualloc explain -f claim.yaml ;  gpualloc capacity -f claim.yaml
     gpualloc commit|renew|release RESERVATION-ID
     gpualloc config view|get-contexts|use-context NAME|set-context NAME --server ADDR ...
@@ -24,6 +24,7 @@ reached, refused or failed.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import difflib
 import getpass
@@ -81,7 +82,7 @@ from services.common.errors import (
     NotFound,
     Unavailable,
 )
-from services.common.manifests import expand_paths, load_manifests
+from services.common.manifests import expand_paths, load_located_manifests
 
 __all__ = [
     "EXIT_FAILED",
@@ -757,12 +758,22 @@ _POLICY_NAMES = [p.value for p in Policy]
 
 def _claims(args: argparse.Namespace) -> tuple[list[ResourceClaim], list[DeviceClass]]:
     """The unallocated ResourceClaims of the -f files, and any DeviceClasses beside them."""
-    objects = load_manifests(args.filename, None, read_document_limits(os.environ))
-    classes = [o for o in objects if isinstance(o, DeviceClass)]
-    claims = [o for o in objects if isinstance(o, ResourceClaim) and o.allocation is None]
+    claims, classes, _ = _listed_claims(args)
+    return claims, classes
+
+
+def _listed_claims(
+    args: argparse.Namespace,
+) -> tuple[list[ResourceClaim], list[DeviceClass], bool]:
+    """`_claims`, and whether a List (one document) holds several of the claims: a list of
+    jobs, as kubectl reads a List as its items each on their own."""
+    located = load_located_manifests(args.filename, None, read_document_limits(os.environ))
+    classes = [o for o, _ in located if isinstance(o, DeviceClass)]
+    claims = [(o, w) for o, w in located if isinstance(o, ResourceClaim) and o.allocation is None]
     if not claims:
         raise InvalidArgument.at("-f", "no ResourceClaim without status.allocation in the files")
-    return claims, classes
+    documents = collections.Counter((w.source, w.document) for _, w in claims)
+    return [o for o, _ in claims], classes, any(count > 1 for count in documents.values())
 
 
 def _where(args: argparse.Namespace, classes: list[DeviceClass]) -> dict[str, Any]:
@@ -804,6 +815,7 @@ def _placement_text(placement: Placement, out: TextIO) -> None:
         for x in a.allocation.results
     ]
     out.write(table(["NODE", "CLAIM", "REQUEST", "POOL", "DEVICE"], rows))
+    out.write("".join(f"flavor: {flavor}\n" for flavor in placement.flavors))
     for r in placement.reservations:
         until = f"until {_when(r.expires_at, relative=True)}" if r.expires_at else "committed"
         out.write(
@@ -817,8 +829,10 @@ def _allocate(args: argparse.Namespace, session: Session, out: TextIO) -> int:
         raise InvalidArgument.at("--lease", "needs --reserve")
     lease = _duration("--lease", args.lease) if args.lease else None
     labels = dict(_label(item) for item in args.label or [])
-    claims, classes = _claims(args)
-    if args.each:
+    if args.each and args.together:
+        raise InvalidArgument.at("--each", "either --each or --together, not both")
+    claims, classes, listed = _listed_claims(args)
+    if args.each or (listed and not args.together):
         return _allocate_each(args, session, out, claims, classes, lease, labels)
     with session.allocator() as allocator:
         placement = allocator.allocate(
@@ -842,9 +856,10 @@ def _allocate_each(
     lease: float | None,
     labels: dict[str, str],
 ) -> int:
-    """`--each`: every claim of the files (a List of them) on its own, in file order, in one
-    AllocateBatch call; each claim's answer or error. Exit 0 when every claim was allocated, 3
-    when one does not fit, 1 when one failed (its error is printed under its name)."""
+    """A List of claims (or `--each`): every claim of the files on its own, in file order, in
+    one AllocateBatch call; each claim's answer or error. Exit 0 when every claim was
+    allocated, 3 when one does not fit, 1 when one failed (its error is printed under its
+    name)."""
     key = args.idempotency_key or ""
     items = [
         AllocateItem(
@@ -919,7 +934,13 @@ def register_allocate(subparsers: Any) -> None:
     parser.add_argument(
         "--each",
         action="store_true",
-        help="each claim on its own, in file order, in one AllocateBatch call (not together)",
+        help="each claim on its own, in file order, in one AllocateBatch call (not together); "
+        "the default for a List of several claims",
+    )
+    parser.add_argument(
+        "--together",
+        action="store_true",
+        help="a List's claims together on one node (one pod's claims), as separate documents",
     )
     _connection_flags(parser)
     parser.set_defaults(func=_run("allocate", _allocate))

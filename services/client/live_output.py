@@ -225,6 +225,7 @@ def placement_to_dict(placement: Placement) -> dict[str, Any]:
             ],
             reservations=[reservation_to_dict(r) for r in placement.reservations],
             holders=[_holder_to_dict(h) for h in placement.holders],
+            flavors=list(placement.flavors),
             explanation=None
             if explanation is None
             else _compact(

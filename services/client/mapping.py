@@ -176,7 +176,26 @@ def placement_from_pb(message: pb.AllocateResponse | pb.ExplainResponse) -> Plac
         ),
         quota_refusals=tuple(_quota_refusal(r) for r in message.quota_refusals),
         preemption=tuple(_victim(v) for v in message.preemption.victims),
+        flavors=tuple(_flavor(f) for f in message.flavors),
     )
+
+
+_FLAVOR_MODES = {
+    pb.FLAVOR_MODE_NO_FIT: "NoFit",
+    pb.FLAVOR_MODE_NO_CANDIDATES: "NoCandidates",
+    pb.FLAVOR_MODE_PREEMPT: "Preempt",
+    pb.FLAVOR_MODE_RECLAIM: "Reclaim",
+    pb.FLAVOR_MODE_FIT: "Fit",
+}
+
+
+def _flavor(attempt: pb.FlavorAttempt) -> str:
+    """`gpus/hopper: Preempt, borrowing (taken): <why>`, as Kueue names the modes."""
+    mode = _FLAVOR_MODES.get(attempt.mode, "unspecified")
+    borrowing = ", borrowing" if attempt.borrowing else ""
+    taken = " (taken)" if attempt.chosen else ""
+    why = f": {attempt.message}" if attempt.message else ""
+    return f"{attempt.resource}/{attempt.flavor}: {mode}{borrowing}{taken}{why}"
 
 
 def _victim(victim: pb.PreemptionVictim) -> str:

@@ -202,6 +202,7 @@ class Placement:
     gang: tuple[NodePlacement, ...] = ()
     quota_refusals: tuple[str, ...] = ()  # QUOTA_EXCEEDED: each quota the grant would exceed
     preemption: tuple[str, ...] = ()  # the victims a preempt call would revoke (or revoked)
+    flavors: tuple[str, ...] = ()  # a flavored grant: each flavor tried, its mode and why
 
     @property
     def fits(self) -> bool:
@@ -220,6 +221,7 @@ class Placement:
         lines = [f"outcome: {self.outcome.value}", *messages[:1]]
         lines.extend(f"quota: {refusal}" for refusal in self.quota_refusals)
         lines.extend(f"preempt: {victim}" for victim in self.preemption)
+        lines.extend(f"flavor: {flavor}" for flavor in self.flavors)
         lines.extend(f"held: {holder}" for holder in self.holders)
         lines.extend(messages[1:])
         if len(lines) > max_lines:

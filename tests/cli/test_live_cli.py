@@ -515,8 +515,10 @@ def test_bash_completes(line: str, words: set[str], home: Path, address: str) ->
 
 
 def test_allocate_each_claim_of_a_list_in_one_batch(address: str, home: Path) -> None:
-    """`allocate --each`: a List of claims, each on its own, in order, one AllocateBatch call:
-    the two H100 claims are reserved on distinct devices, the 16-GPU one does not fit (exit 3)."""
+    """`allocate -f` of a List of claims (a list of jobs, as kubectl reads a List): each on its
+    own, in order, one AllocateBatch call: the two H100 claims are reserved on distinct
+    devices, the 16-GPU one does not fit (exit 3). `--together` places a List's claims
+    together, as one pod's (one reservation); `--each` does the former for any input."""
     one = yaml.safe_load((ROOT / ONE_H100).read_text())
     sixteen = yaml.safe_load((ROOT / SIXTEEN).read_text())
     items = [
@@ -526,7 +528,7 @@ def test_allocate_each_claim_of_a_list_in_one_batch(address: str, home: Path) ->
     ]
     listing = yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items})
     as_owner = ("-s", address, "--as", "team-d/batch")
-    done = gpualloc("allocate", "-f", "-", "--each", "--reserve", "-o", "json", *as_owner,
+    done = gpualloc("allocate", "-f", "-", "--reserve", "-o", "json", *as_owner,
                     home=home, stdin=listing)  # fmt: skip
     shown = json.loads(done.stdout)
     ids = [r["id"] for item in shown for r in item.get("reservations", [])]
@@ -541,6 +543,16 @@ def test_allocate_each_claim_of_a_list_in_one_batch(address: str, home: Path) ->
         held = {(d["nodeName"], d["device"]) for d in json.loads(devices.stdout)["items"]
                 if d.get("owner") == "team-d/batch"}  # fmt: skip
         assert len(held) == 2
+        pair = yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items[:2]})
+        together = gpualloc("allocate", "-f", "-", "--together", "--reserve", "-o", "json",
+                            *as_owner, home=home, stdin=pair)  # fmt: skip
+        assert together.returncode == 0, together.stderr
+        placed = json.loads(together.stdout)
+        ids += [r["id"] for r in placed["reservations"]]
+        assert len(placed["reservations"]) == 1 and len(placed["claims"]) == 2
+        both = gpualloc("allocate", "-f", "-", "--each", "--together", *as_owner, home=home,
+                        stdin=pair)  # fmt: skip
+        assert both.returncode == 2 and "--each" in both.stderr
     finally:
         for reservation in ids:
             gpualloc("release", reservation, *as_owner, home=home)

@@ -12,6 +12,7 @@ that node selector. No kubelet: pods never run.
 from __future__ import annotations
 
 import copy
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,14 +25,20 @@ import pytest
 from protos.allocator.v1 import allocator_pb2 as pb
 from protos.allocator.v1 import allocator_pb2_grpc
 from services.bridges import local_cluster
-from services.bridges.kueue.controller import AdmissionController
+from services.bridges.kueue.controller import AdmissionController, TenantMode
 from services.bridges.kueue.k8s_adapter import KubernetesKueueApi
 from services.bridges.kueue.objects import CheckState, Workload
 from services.bridges.placing import Placer
 from services.client import AllocatorClient, InventoryClient, ReservationState
 from services.client.config import ClientSettings
 from tests.control_plane import ControlPlane, control_plane_in
-from tests.integration.test_quota_bridges import SHARED, gpu_claim, kueue_settings
+from tests.integration.test_kueue_tenants import slurm
+from tests.integration.test_quota_bridges import (
+    KUEUE_AS_TEAM_C,
+    SHARED,
+    gpu_claim,
+    kueue_settings,
+)
 from tests.security_fixtures import SecuredFleet, policy_with, secured_fleet
 from tests.unit.bridges.support import ROOT, documents, release_everything
 
@@ -76,7 +83,11 @@ class Sidecar:
     `settings`, as it runs under an access policy (TLS and its service-account token)."""
 
     def __init__(
-        self, plane: ControlPlane, target: str, settings: ClientSettings | None = None
+        self,
+        plane: ControlPlane,
+        target: str,
+        settings: ClientSettings | None = None,
+        tenants: TenantMode = TenantMode.BINDING,
     ) -> None:
         if settings is None:
             self.client = AllocatorClient(target, owner="test")
@@ -87,7 +98,7 @@ class Sidecar:
             self.inventory = InventoryClient(settings.inventory, tls=tls, token_file=token)
         self.api = KubernetesKueueApi(api_client=plane.api_client())
         self.controller = AdmissionController(
-            self.api, Placer(self.client, self.inventory), lease_ttl_seconds=60
+            self.api, Placer(self.client, self.inventory), lease_ttl_seconds=60, tenants=tenants
         )
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.controller.run, args=(self.stop, 1.0))
@@ -116,11 +127,16 @@ class Cluster:
         self.batch = kubernetes.client.BatchV1Api(client)
         self.custom = kubernetes.client.CustomObjectsApi(client)
 
-    def submit(self, path: Path, name: str | None = None) -> str:
+    def submit(
+        self, path: Path, name: str | None = None, queue: str = "gpu-queue", any_model: bool = False
+    ) -> str:
         (job,) = [d for d in documents(path) if d["kind"] == "Job"]
         job = copy.deepcopy(job)
+        if any_model:  # 4 GPUs of any model, NVLinked or not
+            del job["spec"]["template"]["spec"]["nodeSelector"]
+            del job["spec"]["template"]["metadata"]["annotations"]
         job["metadata"]["namespace"] = NAMESPACE
-        job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "gpu-queue"
+        job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = queue
         if name:
             job["metadata"]["name"] = name
         job["spec"]["suspend"] = True  # what Kueue's Job webhook does (not registered here)
@@ -374,3 +390,153 @@ def test_a_preemption_in_gpualloc_makes_kueue_evict_and_requeue_the_workload(
     finally:
         sidecar.close()
         _delete_all(plane)
+
+
+def _flavor(name: str, family: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ResourceFlavor",
+        "metadata": {"name": name},
+        "spec": {"nodeLabels": {"nvidia.com/gpu.family": family}},
+    }
+
+
+def _queue(name: str, flavor: str) -> list[dict[str, Any]]:
+    """A ClusterQueue of 4 GPUs of one flavor (and the cpu and memory Kueue counts for the
+    Job), with gpualloc's check, and its LocalQueue `<name>-queue` in the test's namespace."""
+    resources = [
+        {"name": "cpu", "nominalQuota": 64},
+        {"name": "memory", "nominalQuota": "512Gi"},
+        {"name": "nvidia.com/gpu", "nominalQuota": 4},
+    ]
+    return [
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "ClusterQueue",
+            "metadata": {"name": name},
+            "spec": {
+                "namespaceSelector": {},
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                        "flavors": [{"name": flavor, "resources": resources}],
+                    }
+                ],
+                "admissionChecksStrategy": {"admissionChecks": [{"name": "gpualloc"}]},
+            },
+        },
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "LocalQueue",
+            "metadata": {"namespace": NAMESPACE, "name": f"{name}-queue"},
+            "spec": {"clusterQueue": name},
+        },
+    ]
+
+
+# The site's objects, applied to Kueue and given to gpualloc's policy alike: two ClusterQueues,
+# research on the H100 nodes (flavor hopper), inference on the L40S node (flavor ada)
+SITE = [
+    _flavor("hopper", "hopper"),
+    _flavor("ada", "ada-lovelace"),
+    *_queue("research", "hopper"),
+    *_queue("inference", "ada"),
+]
+QUEUES_AS_TENANTS = f"""\
+  quota:
+    kueue:
+      objects: {json.dumps(SITE)}
+  tenants:
+  - name: team-a
+  - name: team-b
+  - name: team-c
+  - name: tools
+    allowAdminAccess: true
+  - name: hpc
+"""
+SLURM_AS_HPC = '    tenant: hpc\n    roles: [scheduler]\n    actFor: ["slurm/job/*"]'
+ACTING = '    roles: [scheduler]\n    actFor: ["kueue/*"]\n    actForTenants: [research, inference]'
+
+
+def test_cluster_queues_slurm_and_kueue_work_share_their_quotas_under_a_real_kueue(
+    plane, cluster, tmp_path
+):
+    """The policy is the site's Kueue objects: ClusterQueues research (4 GPUs of flavor
+    hopper, whose nodeLabels name the H100 nodes) and inference (4 of ada, the L40S node).
+    The Slurm bridge is bound to research; the sidecar (its service-account token) acts for
+    both with `tenants=cluster-queue`. Slurm job 7001's prolog takes 4 H100s as research.
+    A Job of 4 GPUs of any model in each LocalQueue: inference's is admitted and unsuspended
+    on the L40S node, held as `inference/kueue/...`; research's, which Kueue's own count admits
+    (it sees no Slurm job), is refused by gpualloc on research's quota, so Kueue evicts and
+    requeues it and the Job stays suspended. Job 7001's epilog frees the quota: Kueue's next
+    try is admitted, held as `research/kueue/...`. Each Job is unsuspended with its flavor's
+    nodeLabels (Kueue's) and the node gpualloc holds agreeing: gpualloc placed each on the
+    flavor Kueue assigned it."""
+    policy = policy_with(QUEUES_AS_TENANTS).replace(KUEUE_AS_TEAM_C, ACTING)
+    policy = policy.replace(SLURM_AS_HPC, SLURM_AS_HPC.replace("hpc", "research"))
+    assert ACTING in policy and "tenant: research" in policy
+    for document in SITE:
+        plane.apply(document)
+    job_7001 = {"SLURM_JOB_GRES": "gpu:h100:4"}
+    with secured_fleet(tmp_path / "pki", policy=policy) as fleet:
+        code, _, err = slurm(fleet, job_7001, "prolog")
+        assert code == 0, err
+        sidecar = Sidecar(
+            plane, "", kueue_settings(fleet, tmp_path / "token"), TenantMode.CLUSTER_QUEUE
+        )
+        admin = allocator_pb2_grpc.AllocatorStub(fleet.channel("admin"))
+
+        def used() -> dict[tuple[str, str], str]:
+            quotas = admin.QuotaStatus(pb.QuotaStatusRequest(), timeout=10).tenants
+            return {(q.tenant, q.resource): q.used for q in quotas if q.used != "0"}
+
+        def owners() -> list[str]:
+            listed = admin.ListReservations(pb.ListReservationsRequest(), timeout=10)
+            return sorted(r.owner for r in listed.reservations)
+
+        def running(job: str, family: str, node: str) -> Workload:
+            unsuspended = until(f"{job} unsuspended", lambda: _unsuspended(cluster, job))
+            selector = unsuspended.spec.template.spec.node_selector
+            assert selector["nvidia.com/gpu.family"] == family  # Kueue's, from the flavor
+            assert selector["kubernetes.io/hostname"].startswith(node)  # gpualloc's
+            return _admitted(cluster, job)
+
+        job_path = EXAMPLES / "h100-nvlink-job.yml"
+        try:
+            inference = cluster.submit(job_path, "inference-job", "inference-queue", True)
+            research = cluster.submit(job_path, "research-job", "research-queue", True)
+            served = running(inference, "ada-lovelace", "l40s-node-")
+            assert served.assigned_flavors == {"main": ("ada",)}
+
+            def refused() -> str:
+                found = cluster.raw_workload_of(research) or {}
+                for check in found.get("status", {}).get("admissionChecks", []):
+                    if check.get("name") == "gpualloc" and "quota" in check.get("message", ""):
+                        return str(check["message"])
+                return ""
+
+            why = until(
+                "research refused", refused, shown=lambda: cluster.raw_workload_of(research)
+            )
+            assert "research" in why and "nvidia.com/gpu/hopper" in why
+            assert cluster.job(research).spec.suspend is True
+            assert owners() == [
+                f"inference/kueue/{NAMESPACE}/{served.name}",
+                "research/slurm/job/7001",
+            ]
+
+            code, _, err = slurm(fleet, job_7001, "epilog")  # the Slurm job ends
+            assert code == 0, err
+            trained = running(research, "hopper", "h100-node-")
+            assert trained.assigned_flavors == {"main": ("hopper",)}
+            assert owners() == [
+                f"inference/kueue/{NAMESPACE}/{served.name}",
+                f"research/kueue/{NAMESPACE}/{trained.name}",
+            ]
+            assert used() == {
+                ("inference", "nvidia.com/gpu/ada"): "4",
+                ("research", "nvidia.com/gpu/hopper"): "4",
+            }
+        finally:
+            sidecar.close()
+            _delete_all(plane)

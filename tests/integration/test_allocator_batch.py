@@ -7,6 +7,7 @@ examples/cluster (two 8-H100 nodes, an A100 node of MIG partitions, a 4-L40S nod
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +22,7 @@ from protos.allocator.v1 import allocator_pb2 as pb
 from services.allocator.adapters.store.redis_store import RedisReservationStore
 from services.allocator.app.batch import MAX_BATCH_ITEMS, BatchItem, allocate_batch
 from services.allocator.app.messages import LeaseOptions
-from services.allocator.reservations.model import ReservationStore
+from services.allocator.reservations.model import ReservationStore, reserve_placement
 from services.client import AllocatorClient, claim_from_spec
 from services.client.client import AllocateItem
 from services.common.deadline import UNBOUNDED, Deadline
@@ -120,6 +121,35 @@ def test_a_batch_equals_its_items_sent_one_by_one_in_order(allocator, specs):
     assert batched == one_by_one
 
 
+RUNS = st.lists(
+    st.tuples(
+        st.sampled_from(CLAIMS),
+        st.integers(min_value=1, max_value=6),
+        st.booleans(),
+        st.sampled_from(("team/a", "team/b")),
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+@settings(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(runs=RUNS)
+def test_runs_of_identical_reserving_items_equal_their_items_one_by_one(allocator, runs):
+    """Runs of identical items (a queue of alike jobs: one shared search for the run, its
+    reservations written together) give what the items sent one by one give."""
+    items = [
+        _item((name, reserve, who)) for name, count, reserve, who in runs for _ in range(count)
+    ]
+    one_by_one = _one_by_one(allocator, items)
+    release_everything(allocator.target)
+    batched = _batched(allocator, items)
+    release_everything(allocator.target)
+    assert batched == one_by_one
+
+
 def test_a_bad_item_fails_alone_with_its_own_status(allocator):
     items = [
         allocate_request("one-h100", reserve=True, owner="team/a"),
@@ -140,21 +170,35 @@ def test_a_bad_item_fails_alone_with_its_own_status(allocator):
     assert len(held) == 2  # the third item saw the first one's reservation
 
 
+class FakeService:
+    """The service's two entries, recording what each was asked: a unary allocate answers
+    `answer <query>`; a run answers each of its items so (or `answers`' next ones)."""
+
+    def __init__(self, pause: float = 0.0) -> None:
+        self.calls: list[Any] = []
+        self.runs: list[list[Any]] = []
+        self.pause = pause
+
+    def allocate(self, query: Any, lease: Any = None, *, deadline: Deadline = UNBOUNDED) -> Any:
+        self.calls.append(query)
+        time.sleep(self.pause)
+        return f"answer {query}"
+
+    def allocate_run(self, items: Any, *, deadline: Deadline = UNBOUNDED) -> Any:
+        self.runs.append([query for query, _ in items])
+        return [f"answer {query}" for query, _ in items]
+
+
 def test_items_not_reached_answer_deadline_exceeded():
     """A deadline that passes mid-batch: the items after it are not solved, each says so."""
-    calls: list[int] = []
+    service = FakeService(pause=0.06)  # the first item takes the whole call's time
     deadline = Deadline.after(0.05)
-
-    def allocate(query: Any, lease: Any = None, *, deadline: Deadline = UNBOUNDED) -> Any:
-        calls.append(query)
-        time.sleep(0.06)  # the first item takes the whole call's time
-        return "answer"
 
     def item(i: Any) -> Callable[[], BatchItem]:
         return lambda: BatchItem(i)
 
-    results: list[Any] = allocate_batch(allocate, [item(i) for i in range(3)], deadline=deadline)
-    assert calls == [0] and results[0] == "answer"
+    results: list[Any] = allocate_batch(service, [item(i) for i in range(3)], deadline=deadline)
+    assert service.calls == [0] and results[0] == "answer 0"
     assert all(isinstance(r, DeadlineExceeded) for r in results[1:])
     assert "after 1 of 3 items" in results[1].message
 
@@ -193,36 +237,39 @@ def test_an_owner_the_principal_may_not_name_is_an_item_error():
     def refuse() -> BatchItem:
         raise PermissionDenied("identity x may not act for owner y")
 
-    results = allocate_batch(lambda *a, **k: None, [refuse])  # type: ignore[arg-type]
+    results = allocate_batch(FakeService(), [refuse])
     assert isinstance(results[0], PermissionDenied)
 
 
 @pytest.mark.parametrize(
-    ("items", "solves"),
+    ("items", "solves", "runs"),
     [
-        pytest.param([("a", False)] * 3, ["a"], id="identical-items-share-one-solve"),
+        pytest.param([("a", False)] * 3, ["a"], [], id="identical-items-share-one-solve"),
         pytest.param(
             [("a", False), ("a", True), ("a", False)],
-            ["a", "a", "a"],
+            ["a", "a"],
+            [["a"]],
             id="a-reserving-item-between-makes-the-next-solve-again",
         ),
-        pytest.param([("a", False), ("b", False), ("a", False)], ["a", "b"], id="by-signature"),
+        pytest.param([("a", False), ("b", False), ("a", False)], ["a", "b"], [], id="by-signature"),
+        pytest.param(
+            [("a", True), ("b", True), ("c", False), ("d", True), ("e", True)],
+            ["c"],
+            [["a", "b"], ["d", "e"]],
+            id="consecutive-reserving-items-are-one-run",
+        ),
     ],
 )
-def test_identical_non_reserving_items_share_a_solve(items, solves):
-    calls: list[str] = []
-
-    def allocate(query: Any, lease: Any = None, *, deadline: Deadline = UNBOUNDED) -> Any:
-        calls.append(query)
-        return f"answer {query}"
-
+def test_identical_non_reserving_items_share_a_solve(items, solves, runs):
+    service = FakeService()
     lease = LeaseOptions(owner="team/a")
 
     def item(q: Any, reserve: bool) -> Callable[[], BatchItem]:
         return lambda: BatchItem(q, lease if reserve else None, q.encode())
 
-    results: list[Any] = allocate_batch(allocate, [item(q, r) for q, r in items])
-    assert calls == solves
+    results: list[Any] = allocate_batch(service, [item(q, r) for q, r in items])
+    assert service.calls == solves
+    assert service.runs == runs
     assert results == [f"answer {q}" for q, _ in items]
 
 
@@ -254,6 +301,60 @@ def test_a_quota_refusal_mid_batch_refuses_that_item_only(fleet) -> None:  # noq
     finally:
         release_all(hpc, answers)
     assert quota_status(quota_stub(fleet, "admin"), "hpc")["hpc", "gpus"].used == "0"
+
+
+class _VictimLosesItsDevices:
+    """A store where another replica takes the first device of every placement of owner
+    `team/victim` just before it is written (the race a run's write can lose); events and
+    everything else are the real store's."""
+
+    def __init__(self, store: ReservationStore) -> None:
+        self.inner = store
+        self.taken: list[str] = []
+
+    def reserve(self, placements: Any) -> Any:
+        for requests in placements:
+            request = requests[0]
+            if request.owner == "team/victim" and request.hold.devices:
+                winner = dataclasses.replace(
+                    request,
+                    owner="other-replica",
+                    idempotency_key="",
+                    hold=dataclasses.replace(request.hold, devices=request.hold.devices[:1]),
+                )
+                self.taken.extend(r.id for r in reserve_placement(self.inner, [winner]))
+        return self.inner.reserve(placements)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_store_conflict_on_one_item_fails_that_item_only(grpc_channel_factory, store):
+    """A run of four one-H100 items whose second (team/victim) loses its device to another
+    replica at every write: it goes through the unary path (refresh, solve again, retries)
+    and ends ABORTED holding nothing; the others hold one device each, none twice."""
+    racing = _VictimLosesItsDevices(store)
+    served = serve_allocator(grpc_channel_factory, racing)
+    owners = ["team/a", "team/victim", "team/b", "team/c"]
+    items = [allocate_request("one-h100", reserve=True, owner=who) for who in owners]
+    try:
+        response = served.stub.AllocateBatch(pb.AllocateBatchRequest(items=items), timeout=30)
+        first, victim, third, fourth = response.items
+        assert victim.error.code == grpc.StatusCode.ABORTED.value[0]
+        assert victim.error.message.startswith("items[1]: ")
+        held = [i.response for i in (first, third, fourth)]
+        assert [a.outcome for a in held] == [pb.OUTCOME_ALLOCATED] * 3
+        live = store.list()
+        assert not [r for r in live if r.owner == "team/victim"]  # nothing of it stays
+        devices = [(r.node, d) for r in live for d in r.hold.devices]
+        assert len(devices) == len(set(devices)) == 3 + len(racing.taken)
+        assert {r.id for r in live} == {
+            *racing.taken,
+            *(r.id for a in held for r in a.reservations),
+        }
+    finally:
+        release_everything(served.target)  # the other replica's too
+        served.app.close()
 
 
 @pytest.mark.redis

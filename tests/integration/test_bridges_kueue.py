@@ -15,11 +15,12 @@ import pytest
 
 from services.bridges import local_cluster
 from services.bridges.kueue import cli as kueue_cli
-from services.bridges.kueue.controller import AdmissionController
+from services.bridges.kueue.controller import AdmissionController, Decision, TenantMode
 from services.bridges.kueue.memory_api import KueueStandIn, MemoryKueueApi, workload_for_job
 from services.bridges.kueue.objects import AdmissionCheck, CheckState, Workload
 from services.bridges.placing import Placer
 from services.client import AllocatorClient, InventoryClient, ReservationState, claim_from_spec
+from services.common.errors import InvalidArgument
 from tests.unit.bridges.support import DATA, ROOT, documents, release_everything
 
 EXAMPLES = ROOT / "examples" / "bridges" / "kueue"
@@ -229,3 +230,69 @@ def test_command_without_the_kubernetes_client_says_what_to_install(capsys, monk
     monkeypatch.setitem(sys.modules, "kubernetes", None)
     assert kueue_cli.main(["--once"], {}) == 3
     assert "pip install kubernetes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "expected"),
+    [
+        pytest.param([], {}, TenantMode.BINDING, id="binding-by-default"),
+        pytest.param([], {"GPUALLOC_KUEUE_TENANTS": "cluster-queue"}, TenantMode.CLUSTER_QUEUE,
+                     id="cluster-queue-by-the-variable"),
+        pytest.param(["--tenants", "binding"], {"GPUALLOC_KUEUE_TENANTS": "cluster-queue"},
+                     TenantMode.BINDING, id="the-flag-overrides-the-variable"),
+        pytest.param([], {"GPUALLOC_KUEUE_TENANTS": "per-queue"}, None, id="an-unknown-mode"),
+    ],
+)  # fmt: skip
+def test_which_tenant_a_workload_is_charged_to_is_a_setting(
+    cluster, monkeypatch, argv, environ, expected
+):
+    made: list[TenantMode] = []
+
+    class Recording(AdmissionController):
+        def reconcile_all(self) -> list[Decision]:
+            made.append(self.tenants)
+            return []
+
+    monkeypatch.setattr(kueue_cli, "AdmissionController", Recording)
+    tenants = kueue_cli.build_parser().parse_args(["--once", *argv]).tenants
+    environ = {"GPUALLOC_ALLOCATOR_ADDR": cluster.target, **environ}
+    if expected is None:
+        with pytest.raises(InvalidArgument, match="GPUALLOC_KUEUE_TENANTS"):
+            kueue_cli.run(MemoryKueueApi(), environ, once=True, tenants=tenants)
+        return
+    assert kueue_cli.run(MemoryKueueApi(), environ, once=True, tenants=tenants) == 0
+    assert made == [expected]
+
+
+def test_a_pass_places_its_pending_workloads_in_one_batch(setup, monkeypatch):
+    """Three Workloads pending at once: one AllocateBatch carries every pod set, in the order
+    the Workloads are listed, and each Workload is decided from its own items (all Ready)."""
+    names = [
+        setup.submit(EXAMPLES / "h100-nvlink-job.yml"),
+        setup.submit(EXAMPLES / "mig-inference-job.yml"),
+        setup.submit(EXAMPLES / "dra-template-job.yml"),
+    ]
+    batches: list[list[str]] = []
+    unary: list[str] = []
+    many, one = setup.client.allocate_many, setup.client.allocate
+
+    def allocate_many(items):
+        batches.append([item.owner for item in items])
+        return many(items)
+
+    def allocate(*args, **kwargs):
+        unary.append(kwargs.get("owner", ""))
+        return one(*args, **kwargs)
+
+    monkeypatch.setattr(setup.client, "allocate_many", allocate_many)
+    monkeypatch.setattr(setup.client, "allocate", allocate)
+    setup.kueue.step()
+    setup.controller.reconcile_all()
+    listed = [w["metadata"]["name"] for w in setup.api.list_workloads()]
+    assert sorted(listed) == sorted(names)
+    assert batches == [[f"kueue/team-a/{name}" for name in listed]]
+    assert unary == []
+    for name in names:
+        check = setup.workload(name).check("gpualloc")
+        assert check is not None and check.state is CheckState.READY
+        assert len(setup.held(name)) == 1

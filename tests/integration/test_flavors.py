@@ -13,6 +13,8 @@ node of 4, `ada-lovelace`), reservations made over gRPC.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +24,17 @@ import pytest
 from protos.allocator.v1 import allocator_pb2 as pb
 from protos.common.v1 import dra_pb2
 from services.allocator.config import AllocatorSettings
-from tests.integration.test_quotas import claim, release_all, reserve, status, stub
+from services.client import AllocatorClient
+from services.client.config import ClientSettings
+from services.common.pb.dra_mapping import from_pb_resource_claim
+from tests.integration.test_quotas import (
+    _rewrite_policy,
+    claim,
+    release_all,
+    reserve,
+    status,
+    stub,
+)
 from tests.security_fixtures import SecuredFleet, policy_with, secured_fleet
 
 pytestmark = pytest.mark.timeout(300)
@@ -204,6 +216,7 @@ def test_explain_answers_per_flavor(fleet: SecuredFleet) -> None:
     assert {explained.node_name} <= HOPPER
 
 
+_PRODUCT = 'device.attributes["gpu.nvidia.com"].productName'
 CEL_FLAVORS = """\
   quota:
     resourceFlavors:
@@ -225,7 +238,7 @@ CEL_FLAVORS = """\
     quotas:
     - {resource: gpus, flavor: l40s, nominal: 2}
     - {resource: gpus, flavor: h100, nominal: 8}
-""".replace("PRODUCT", 'device.attributes["gpu.nvidia.com"].productName')
+""".replace("PRODUCT", _PRODUCT)
 
 
 def test_a_cel_flavor_charges_each_first_available_alternative_to_its_flavor(
@@ -276,4 +289,95 @@ def test_a_cel_flavor_charges_each_first_available_alternative_to_its_flavor(
         rows = status(stub(fleet, "admin"), "hpc")
         used = {resource: rows[t, resource].used for t, resource in rows}
         assert used == {"gpus/h100": "8", "gpus/l40s": "2", "gpus/(none)": "0"}
+        release_all(hpc, held)
+
+
+def test_a_reload_with_a_flavor_selector_that_does_not_compile_keeps_the_old_quotas(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The policy file is rewritten with an h100 flavor selector that does not compile and a
+    raised nominal: the allocator refuses the reload, logging the flavor's selector by field,
+    and QuotaStatus and grants keep the old quotas."""
+    settings = AllocatorSettings(expire_interval=0.2, quota_grace_seconds=0.5)
+    with secured_fleet(tmp_path, policy=policy_with(CEL_FLAVORS), allocator=settings) as fleet:
+        caplog.set_level(logging.ERROR, logger="gpualloc.tls")
+        l40s = "{resource: gpus, flavor: l40s, nominal: %d}"
+        _rewrite_policy(
+            fleet,
+            (f'{_PRODUCT}.startsWith("NVIDIA H100")', "device.attributes["),
+            (l40s % 2, l40s % 3),
+        )
+        deadline = time.monotonic() + 10
+        refused: list[str] = []
+        while not refused and time.monotonic() < deadline:
+            time.sleep(0.2)
+            rows = status(stub(fleet, "admin"), "hpc")  # a look polls the file
+            assert rows["hpc", "gpus/l40s"].nominal == "2", "the invalid policy was applied"
+            refused = [
+                r.getMessage()
+                for r in caplog.records
+                if "access policy (quotas) changed but cannot be loaded" in r.getMessage()
+            ]
+        assert refused, "the reload was not refused"
+        assert "spec.quota.resourceFlavors[h100].selectors[0].cel.expression" in refused[0]
+        hpc = stub(fleet, "slurm-bridge")
+        held = [reserve(hpc, 2, owner="slurm/job/old-quota")]
+        assert [r.node_name for r in held[0].reservations] == ["l40s-node-1"]
+        release_all(hpc, held)
+
+
+def test_the_client_tells_the_flavors_tried(fleet: SecuredFleet) -> None:
+    """The client library's Placement lists each flavor tried in its reason (what the bridges
+    log) and in the CLI's text: team-b's Explain names ampere NoFit with the taint, hopper
+    taken."""
+    settings = ClientSettings.from_env(fleet.client_environ("scheduler-b"))
+    with AllocatorClient(settings.target, tls=settings.tls) as client:
+        placement = client.explain([from_pb_resource_claim(claim(1))])
+    assert placement.flavors == (
+        "gpus/ampere: NoFit: untolerated taint reserved=ml:NoSchedule in flavor ampere",
+        "gpus/hopper: Fit (taken)",
+    )
+    assert "flavor: gpus/ampere: NoFit" in placement.reason()
+
+
+CLASS_FLAVORS = """\
+  quota:
+    resourceFlavors:
+    - {name: whole, deviceClassNames: [gpu.nvidia.com]}
+    - {name: mig, deviceClassNames: [mig.nvidia.com]}
+    resources:
+    - {name: gpus, deviceClassNames: [gpu.nvidia.com, mig.nvidia.com], gpuShare: true,
+       flavors: [whole, mig]}
+  tenants:
+  - name: team-a
+  - name: team-b
+  - name: team-c
+  - name: tools
+    allowAdminAccess: true
+  - name: hpc
+    quotas:
+    - {resource: gpus, flavor: mig, nominal: 1}
+    - {resource: gpus, flavor: whole, nominal: 2}
+"""
+
+
+def test_device_class_flavors_charge_whole_gpus_and_mig_slices_apart(tmp_path: Path) -> None:
+    """Flavors by device class on one resource of GPU shares: hpc's MIG slice is charged to
+    gpus/mig, its whole GPU to gpus/whole, each request landing on the one flavor whose devices
+    serve it (the other is NoFit, no devices)."""
+    settings = AllocatorSettings(expire_interval=0.2, quota_grace_seconds=0.5)
+    with secured_fleet(tmp_path, policy=policy_with(CLASS_FLAVORS), allocator=settings) as fleet:
+        hpc = stub(fleet, "slurm-bridge")
+        held = [reserve(hpc, 1, owner="slurm/job/slice", device_class="mig.nvidia.com")]
+        held.append(reserve(hpc, 1, owner="slurm/job/whole"))
+        slice_, whole = held
+        assert (slice_.outcome, whole.outcome) == (pb.OUTCOME_ALLOCATED, pb.OUTCOME_ALLOCATED)
+        assert [(f.flavor, f.mode) for f in slice_.flavors] == [("mig", pb.FLAVOR_MODE_FIT)]
+        assert [(f.flavor, f.mode, f.reason) for f in whole.flavors] == [
+            ("mig", pb.FLAVOR_MODE_NO_FIT, pb.FLAVOR_REFUSAL_NO_DEVICES),
+            ("whole", pb.FLAVOR_MODE_FIT, pb.FLAVOR_REFUSAL_UNSPECIFIED),
+        ]
+        rows = status(stub(fleet, "admin"), "hpc")
+        assert rows["hpc", "gpus/whole"].used == "1"
+        assert rows["hpc", "gpus/mig"].used not in ("0", "1")  # a slice's share of its GPU
         release_all(hpc, held)

@@ -24,6 +24,8 @@ import pytest
 import yaml
 
 from protos.allocator.v1 import allocator_pb2 as pb
+from protos.allocator.v1 import allocator_pb2_grpc
+from protos.common.v1 import dra_pb2
 from services.allocator.config import AllocatorSettings
 from tests.integration.test_quota_tree import TREE_POLICY
 from tests.integration.test_quotas import release_all, reserve, status, stub
@@ -405,3 +407,57 @@ def _until(found: Any, what: str, timeout: float = 10.0) -> None:
     while not found():
         assert time.monotonic() < deadline, f"never saw {what}"
         time.sleep(0.2)
+
+
+BRIDGE_QUEUE = ROOT / "examples" / "bridges" / "kueue" / "cluster-queue.yml"
+
+
+def _mig(stub_: allocator_pb2_grpc.AllocatorStub, profile: str, owner: str) -> pb.AllocateResponse:
+    expression = f"device.attributes['gpu.nvidia.com'].profile == '{profile}'"
+    exactly = dra_pb2.ExactDeviceRequest(
+        device_class_name="mig.nvidia.com",
+        count=1,
+        selectors=[dra_pb2.DeviceSelector(cel=expression)],
+    )
+    claim = dra_pb2.ResourceClaim(
+        name="mig", namespace="default", requests=[dra_pb2.DeviceRequest(name="m", exactly=exactly)]
+    )
+    request = pb.AllocateRequest(claims=[claim], reserve=True, owner=owner)
+    request.lease_ttl.FromSeconds(120)
+    return stub_.Allocate(request, timeout=20)
+
+
+def test_the_kueue_bridges_own_cluster_queue_is_a_policy_and_counts_mig_slices_by_profile(
+    tmp_path: Path,
+) -> None:
+    """examples/bridges/kueue/cluster-queue.yml, the ClusterQueue the Kueue bridge's docs apply
+    (cpu, memory, nvidia.com/gpu and nvidia.com/mig-1g.10gb, an admission check, a LocalQueue),
+    as the policy's quotas (renamed team-a, its MIG quota 2): MIG 1g.10gb slices count against
+    `nvidia.com/mig-1g.10gb/gpu-flavor` until its nominal, then QUOTA_EXCEEDED naming it; a
+    2g.10gb slice, a profile the queue does not cover, is counted by no quota resource, so not
+    limited (as any device no quota resource counts)."""
+    text = BRIDGE_QUEUE.read_text()
+    assert text.count('name: "gpu-cluster-queue"') == 1 and "nominalQuota: 16" in text
+    (tmp_path / "kueue").mkdir()
+    (tmp_path / "kueue" / "cluster-queue.yml").write_text(
+        text.replace('name: "gpu-cluster-queue"', "name: team-a").replace(
+            "nominalQuota: 16", "nominalQuota: 2"
+        )
+    )
+    tenants = [*OTHER_TENANTS, {"name": "team-b"}, {"name": "hpc"}]  # bound, not limited
+    policy = policy_with(_section({"quota": {"kueue": {"files": ["kueue/"]}}, "tenants": tenants}))
+    with secured_fleet(tmp_path, policy=policy, allocator=SETTINGS) as fleet:
+        a = stub(fleet, "scheduler-a")
+        held = [_mig(a, "1g.10gb", f"job/slice-{i}") for i in range(2)]
+        assert [h.outcome for h in held] == [pb.OUTCOME_ALLOCATED] * 2
+        over = _mig(a, "1g.10gb", "job/slice-over")
+        assert over.outcome == pb.OUTCOME_QUOTA_EXCEEDED
+        assert [(q.resource, q.used, q.nominal) for q in over.quota_refusals] == [
+            ("nvidia.com/mig-1g.10gb/gpu-flavor", "2", "2")
+        ]
+        other = _mig(a, "2g.10gb", "job/other-profile")
+        assert other.outcome == pb.OUTCOME_ALLOCATED
+        rows = status(stub(fleet, "admin"), "team-a")
+        assert rows["team-a", "nvidia.com/mig-1g.10gb/gpu-flavor"].used == "2"
+        assert rows["team-a", "nvidia.com/gpu/gpu-flavor"].used == "0"
+        release_all(a, [*held, other])

@@ -354,3 +354,86 @@ def test_a_kueue_workload_falls_back_to_a_second_flavor_while_slurm_holds_the_fi
         assert used == {("hpc", "gpus/hopper"): "8", ("team-c", "gpus/ada"): "4"}
         code, _, err = slurm(fleet, "epilog")
         assert code == 0, err
+
+
+ONE_TENANT = """\
+  quota:
+    resourceFlavors:
+    - {name: hopper, nodeLabels: {nvidia.com/gpu.family: hopper}}
+    - {name: ada, nodeLabels: {nvidia.com/gpu.family: ada-lovelace}}
+    resources: [{name: gpus, deviceClassNames: [gpu.nvidia.com], flavors: [hopper, ada]}]
+  tenants:
+  - name: team-a
+  - name: team-b
+  - name: team-c
+  - name: tools
+    allowAdminAccess: true
+  - name: hpc
+    quotas:
+    - {resource: gpus, flavor: hopper, nominal: 8}
+    - {resource: gpus, flavor: ada, nominal: 4}
+"""
+KUEUE_AS_TEAM_C = '    tenant: team-c\n    roles: [scheduler]\n    actFor: ["kueue/*"]'
+
+
+def test_one_tenants_slurm_and_kueue_work_share_one_flavored_quota(tmp_path: Path) -> None:
+    """The Slurm bridge and the Kueue sidecar both act for tenant hpc (hopper nominal 8, ada
+    4). Slurm job 7001 takes the 8 H100s of h100-node-1; a Kueue Workload of hpc asking for 4
+    GPUs of any model lands on the L40S node (hopper spent), charged to gpus/ada; Slurm job
+    7002 on h100-node-2 is then refused (QUOTA_EXCEEDED on gpus/hopper: the prolog fails and
+    holds nothing) although that node is idle, because one quota counts both bridges' grants;
+    once job 7001's epilog releases its GPUs, job 7002's prolog gets 4."""
+    policy = policy_with(ONE_TENANT)
+    assert KUEUE_AS_TEAM_C in policy
+    policy = policy.replace(KUEUE_AS_TEAM_C, KUEUE_AS_TEAM_C.replace("team-c", "hpc"))
+    with secured_fleet(tmp_path / "pki", policy=policy) as fleet:
+        code, out, err = slurm(fleet, "prolog")
+        assert code == 0, err
+        assert len(exports(out)["CUDA_VISIBLE_DEVICES"].split(",")) == 8
+        api = kueue_with_our_check()
+        (job,) = [d for d in documents(EXAMPLES / "h100-nvlink-job.yml") if d["kind"] == "Job"]
+        job = copy.deepcopy(job)
+        template = job["spec"]["template"]
+        del template["metadata"]["annotations"]["gpualloc.io/nvlink"]
+        del template["spec"]["nodeSelector"]  # any model will do
+        workload = workload_for_job(job, name="any-model")
+        workload["metadata"]["creationTimestamp"] = "2026-12-01T08:00:00Z"  # as the apiserver sets
+        name = api.apply(workload)["metadata"]["name"]
+        with kueue_placer(kueue_settings(fleet, tmp_path / "token")) as placer:
+            controller = AdmissionController(api, placer, lease_ttl_seconds=60)
+            KueueStandIn(api).step()
+            controller.reconcile_all()
+            check = Workload.from_dict(api.get("Workload", "team-a", name)).check("gpualloc")
+            assert check is not None and check.state is CheckState.READY, check
+            (update,) = check.pod_set_updates
+            assert update.node_selector["kubernetes.io/hostname"] == "l40s-node-1"
+        admin = allocator_pb2_grpc.AllocatorStub(fleet.channel("admin"))
+        held = admin.ListReservations(pb.ListReservationsRequest(), timeout=10).reservations
+        assert sorted(r.owner.split("/")[1] for r in held) == ["kueue", "slurm"]
+        (kueue_held,) = [r for r in held if r.owner.startswith("hpc/kueue/")]
+        # the sidecar sends the Workload's creation as the grant's queued time
+        assert kueue_held.labels["gpualloc.dev/queued-at"] == "2026-12-01T08:00:00.000000Z"
+        assert {r.owner.split("/")[0] for r in held} == {"hpc"}  # one tenant, two bridges
+        quotas = admin.QuotaStatus(pb.QuotaStatusRequest(), timeout=10).tenants
+        used = {(q.tenant, q.resource): q.used for q in quotas if q.used != "0"}
+        assert used == {("hpc", "gpus/hopper"): "8", ("hpc", "gpus/ada"): "4"}
+
+        second = {"SLURM_JOB_ID": "7002", "SLURMD_NODENAME": "h100-node-2"}
+        second |= {"SLURM_JOB_GRES": "gpu:h100:4", "SLURM_CLUSTER_NAME": ""}  # no squeue here
+        code, _, err = slurm_as(fleet, second, "prolog")
+        assert code != 0 and "gpus/hopper" in err, err
+        left = admin.ListReservations(pb.ListReservationsRequest(), timeout=10).reservations
+        assert len(left) == 2  # the refused prolog holds nothing
+        code, _, err = slurm(fleet, "epilog")  # job 7001 ends: hopper is free again
+        assert code == 0, err
+        code, out, err = slurm_as(fleet, second, "prolog")
+        assert code == 0, err
+        assert len(exports(out)["CUDA_VISIBLE_DEVICES"].split(",")) == 4
+
+
+def slurm_as(fleet: SecuredFleet, job: dict[str, str], *argv: str) -> tuple[int, str, str]:
+    """The Slurm bridge's hook for another job than JOB (its variables over JOB's)."""
+    out, err = io.StringIO(), io.StringIO()
+    environ = {**fleet.client_environ("slurm-bridge"), **JOB, **job}
+    code = slurm_cli.main(list(argv), environ, out, err)
+    return code, out.getvalue(), err.getvalue()

@@ -263,10 +263,33 @@ def test_quota_status_shows_a_tenant_only_its_own(fleet: SecuredFleet) -> None:
 # --- two replicas, 32 clients, real Redis ---------------------------------------------------
 
 
+BATCH = 3  # one-GPU items per AllocateBatch in the race's batch mode
+
+
+def reserve_batch(
+    stub: allocator_pb2_grpc.AllocatorStub, owner: str, lease: int = 120
+) -> list[pb.AllocateResponse | grpc.StatusCode]:
+    """BATCH one-GPU reservations in one AllocateBatch: each item's answer or error code."""
+    items = []
+    for index in range(BATCH):
+        item = pb.AllocateRequest(claims=[claim(1)], reserve=True, owner=f"{owner}-{index}")
+        item.lease_ttl.FromSeconds(lease)
+        items.append(item)
+    response = stub.AllocateBatch(pb.AllocateBatchRequest(items=items), timeout=30)
+    return [
+        i.response if i.HasField("response") else grpc.StatusCode(_CODES[i.error.code])
+        for i in response.items
+    ]
+
+
+_CODES = {code.value[0]: code.value for code in grpc.StatusCode}
+
+
 @pytest.mark.redis
 @ON_EVERY_LAYOUT
+@pytest.mark.parametrize("mode", ["unary", "batch"])
 def test_two_replicas_racing_never_overrun_a_quota(
-    tmp_path: Path, layout: str, request: pytest.FixtureRequest
+    tmp_path: Path, layout: str, mode: str, request: pytest.FixtureRequest
 ) -> None:
     """On each store layout (on Redis Cluster a node's devices and the cohort's quota ledger
     live in different hash slots: the two-step grant of docs/tenancy.md), 16 clients per
@@ -274,7 +297,9 @@ def test_two_replicas_racing_never_overrun_a_quota(
     raced (3 s at least, 60 at most), then only reserve until each is refused; an auditor
     reads the reservations from Redis throughout, and once more when all are full. Quota
     limits: team-a at most 8 (4 + borrowing 4), team-b 8 (2 guaranteed + the pool of 6), both
-    together at most 8 (the guaranteed 2 + the pool)."""
+    together at most 8 (the guaranteed 2 + the pool). In `batch` mode each client sends
+    AllocateBatches of BATCH one-GPU items (their quota tickets one compare-and-set per ledger,
+    their devices one store call): an item refused or aborted holds nothing, the others hold."""
     redis_url = request.getfixturevalue(layout)
     settings = AllocatorSettings(expire_interval=0.2, redis_url=redis_url)
     model = parse_policy(yaml.safe_load(QUOTA_POLICY.replace("JWKS_FILE", "/dev/null"))).quotas
@@ -302,17 +327,26 @@ def test_two_replicas_racing_never_overrun_a_quota(
                     if mine and rng.random() < 0.4 and not filling.is_set():
                         release_all(allocator, [mine.pop(rng.randrange(len(mine)))])
                         continue
-                    answer = reserve(allocator, 1, owner=f"job/{index}-{rng.randrange(10**9)}")
+                    owner = f"job/{index}-{rng.randrange(10**9)}"
+                    if mode == "batch":
+                        answers = reserve_batch(allocator, owner)
+                    else:
+                        answers = [reserve(allocator, 1, owner=owner)]
                 except grpc.RpcError as error:
                     with lock:
                         outcomes[error.code().name] += 1
                     continue
-                with lock:
-                    outcomes[pb.Outcome.Name(answer.outcome)] += 1
-                if answer.outcome == pb.OUTCOME_ALLOCATED:
-                    mine.append(answer)
-                elif filling.is_set():
-                    refused_once[index] = True
+                for answer in answers:
+                    if isinstance(answer, grpc.StatusCode):
+                        with lock:
+                            outcomes[answer.name] += 1
+                        continue
+                    with lock:
+                        outcomes[pb.Outcome.Name(answer.outcome)] += 1
+                    if answer.outcome == pb.OUTCOME_ALLOCATED:
+                        mine.append(answer)
+                    elif filling.is_set():
+                        refused_once[index] = True
             release_all(allocator, mine)
 
         def auditor() -> None:

@@ -11,8 +11,9 @@ The nodes are `h100-node-1` and `h100-node-2` of the demo inventory (two slurmd 
 machine, sharing the stand-ins); gpualloc is the project's own in-process
 server (services.bridges.local_cluster) on a free port; gres.conf is what
 `gpualloc-slurm gres-conf --node h100-node-1` writes, and slurm.conf's gpualloc lines, the
-cgroup.conf and the PrologSlurmctld / TaskProlog / EpilogSlurmctld scripts are the ones in
-examples/bridges/slurm, with only their paths and address replaced.
+cgroup.conf, the PrologSlurmctld / TaskProlog / job completion (jobcomp.sh) scripts and the
+compiled hook client are the ones in examples/bridges/slurm (`make peers` builds the client),
+with only their paths and address replaced.
 
 The binaries are never faked or skipped: if they are missing (or the run is not root: slurmd,
 mknod and cgroups need it) the tests FAIL with what to install — .ci/run installs them. Tests
@@ -22,6 +23,7 @@ that use the fixture get the `slurm` marker, so `pytest -m "not slurm"` deselect
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import os
 import re
@@ -43,6 +45,7 @@ import pytest
 from services.bridges import local_cluster
 from services.bridges.slurm import cli
 from services.client import AllocatorClient, Reservation
+from tests.peers import peer
 from tests.ports import free_port
 from tests.unit.bridges.support import ROOT, release_everything
 
@@ -75,12 +78,24 @@ START_ATTEMPTS = 3
 daemon's bind race with the suite's other servers) is started again on other ports."""
 _SBIN = "/usr/sbin:/usr/bin:/sbin:/bin"
 _PROGRAMS = ("munged", "slurmctld", "slurmd", "slurmstepd", "sbatch", "srun", "scontrol", "squeue")
-SCRIPTS = ("prolog-slurmctld.sh", "taskprolog.sh", "epilog-slurmctld.sh")
-"""examples/bridges/slurm's scripts, in <directory>/gpualloc/ for slurm.conf."""
+SCRIPTS = ("prolog-slurmctld.sh", "taskprolog.sh", "jobcomp.sh")
+"""examples/bridges/slurm's scripts, in <directory>/gpualloc/ for slurm.conf (PrologSlurmctld,
+TaskProlog, JobCompLoc)."""
 HOOK = "gpualloc-hook.py"
-"""Their client of `gpualloc-slurm sync --socket`, next to them."""
+"""Their portable client of `gpualloc-slurm sync --socket`, next to them."""
+COMPILED_HOOK = "gpualloc-hook"
+"""Their compiled client (examples/bridges/slurm/gpualloc-hook/, built by `make peers` into
+.peers/bin/), next to them: the scripts use it when it is there."""
 NODE_EPILOG = "epilog.sh"
 """The node Epilog variant, copied beside them (slurm.conf names it only in the benchmark)."""
+CTLD_EPILOG = "epilog-slurmctld.sh"
+"""The EpilogSlurmctld variant, likewise."""
+CGROUP_LOCK = Path(tempfile.gettempdir()) / "gpualloc-slurm-cgroups.lock"
+"""Held from a Slurm's start to its stop: every Slurm here names its cgroups after the same
+nodes (`slurm_h100-node-1`), and a second one starting clears them, killing the first one's
+jobs (their slurmstepd gone, Slurm requeues them). So two Slurms on one machine (tests in
+parallel, the benchmark beside them) take turns instead."""
+LOCK_TIMEOUT_SECONDS = 3600.0
 _SLURM_FIXTURES = frozenset({"slurm_cluster", "slurm", "system_install"})
 
 
@@ -146,6 +161,7 @@ class TcpProxy:
             except OSError:
                 client.close()
                 continue
+            server.settimeout(None)  # the timeout was the connect's: an idle stream stays open
             with self._lock:
                 self._open.update((client, server))
             for a, b in ((client, server), (server, client)):
@@ -177,7 +193,10 @@ class SlurmCluster:
     env: dict[str, str]
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     epilog_may_fail: bool = False
-    """Set by a test that makes EpilogSlurmctld fail; any other failure fails the test."""
+    """Set by a test that makes the job's release (jobcomp.sh) fail; any other failure fails
+    the test."""
+    cgroups: int | None = None
+    """The CGROUP_LOCK this Slurm holds until `stop()`."""
 
     def controller_log(self) -> str:
         path = self.directory / "log" / "slurmctld.log"
@@ -361,6 +380,28 @@ class SlurmCluster:
                     process.kill()
                     process.wait()
         _remove_cgroups()
+        if self.cgroups is not None:
+            os.close(self.cgroups)  # the next Slurm of this machine may start
+            self.cgroups = None
+
+
+def _take_cgroups(timeout: float = LOCK_TIMEOUT_SECONDS) -> int:
+    """CGROUP_LOCK, once no other Slurm of this machine holds it (at most `timeout`)."""
+    fd = os.open(CGROUP_LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    deadline = time.monotonic() + timeout
+    waited = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                pytest.fail(f"another Slurm held {CGROUP_LOCK} for {timeout:g}s", pytrace=False)
+            if not waited:
+                print(f"waiting for another Slurm of this machine to stop ({CGROUP_LOCK})")
+                waited = True
+            time.sleep(0.5)
 
 
 def _fields(text: str) -> dict[str, str]:
@@ -525,17 +566,19 @@ def start_slurm(
         "/etc/slurm/slurm.conf": str(conf),
         "/run/gpualloc-slurm.sock": str(directory / "gpualloc" / "hooks.sock"),
     }
-    for script in (*SCRIPTS, HOOK, NODE_EPILOG):
+    for script in (*SCRIPTS, HOOK, NODE_EPILOG, CTLD_EPILOG):
         path = directory / "gpualloc" / script
         path.write_text(_render((EXAMPLES / script).read_text(), replacements))
         path.chmod(0o755)
+    shutil.copy(peer(COMPILED_HOOK), directory / "gpualloc" / COMPILED_HOOK)
+    (directory / "gpualloc" / COMPILED_HOOK).chmod(0o755)
     (directory / "cgroup.conf").write_text((EXAMPLES / "cgroup.conf").read_text())
     (directory / "gres.conf").write_text(_gres_conf(gpualloc.target, directory / "dev"))
 
     env = {"PATH": f"{bin_dir}:{_SBIN}", "SLURM_CONF": str(conf), "HOME": str(directory)}
     for attempt in range(1, START_ATTEMPTS + 1):
         conf.write_text(_slurm_conf(directory, replacements, settings))  # new ports each attempt
-        cluster = SlurmCluster(directory, gpualloc, proxy, env)
+        cluster = SlurmCluster(directory, gpualloc, proxy, env, cgroups=_take_cgroups())
         try:
             _start_daemons(cluster, programs, key, conf)
             return cluster
@@ -661,7 +704,7 @@ def slurm(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
     failed = [
         line
         for line in slurm_cluster.controller_log()[start:].splitlines()
-        if "EpilogSlurmctld exit status" in line
+        if "EpilogSlurmctld exit status" in line or "jobcomp/script: script" in line
     ]
     if failed and not slurm_cluster.epilog_may_fail:
-        pytest.fail("EpilogSlurmctld failed:\n" + "\n".join(failed), pytrace=False)
+        pytest.fail("the job's release failed:\n" + "\n".join(failed), pytrace=False)

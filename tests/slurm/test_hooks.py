@@ -1,6 +1,6 @@
 """The Slurm scripts through `gpualloc-slurm sync --socket` under a real slurmctld and slurmd
 (tests/slurm/conftest.py): gpualloc-hook.py hands each job to the service, which reserves,
-answers the TaskProlog and releases after the EpilogSlurmctld returned; and a job whose GPUs
+answers the TaskProlog and releases after the job completion script returned; and a job whose GPUs
 the job before it still held in gpualloc (its release not done yet) runs, not requeued
 (docs/bridges.md, "Hooks at Slurm's speed"). The benchmark is `make bench ARGS=slurm`."""
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -27,6 +28,7 @@ from tests.slurm.test_real_slurm import (
     report,
     wait_released,
 )
+from tests.unit.bridges.support import ROOT
 
 CLUSTER = "gpualloc-test"
 
@@ -53,7 +55,7 @@ def test_a_job_runs_on_exactly_its_gpus_through_the_service(slurm):
         assert done["JobState"] == "COMPLETED" and done["Restarts"] == "0", done
         task = lines((slurm.out / f"{job_id}.out").read_text())["batch"]
         assert_agree(slurm, task, slurm_ids)
-        wait_released(slurm, job_id)  # after the EpilogSlurmctld returned
+        wait_released(slurm, job_id)  # after the job completion script returned
     assert_node_not_drained(slurm)
 
 
@@ -114,7 +116,7 @@ def test_a_job_user_cannot_reserve_or_release_through_the_socket(slurm, command)
 @pytest.mark.parametrize("through", ["the-service", "the-command"])
 def test_a_job_whose_gpus_an_ended_job_still_holds_runs_not_requeued(slurm, through):
     # Slurm hands a finished job's GPUs to the next job before (or while) the finished job's
-    # EpilogSlurmctld runs. Their order used to decide: the next prolog's reservation first,
+    # release runs. Their order used to decide: the next prolog's reservation first,
     # and the job was requeued (1-2 of 200 per run, issue 31). Now the prolog frees what a job
     # that no longer runs holds of Slurm's pick, and reserves.
     with contextlib.ExitStack() as stack:
@@ -130,3 +132,21 @@ def test_a_job_whose_gpus_an_ended_job_still_holds_runs_not_requeued(slurm, thro
         wait_released(slurm, job_id)
     assert slurm.reservations() == []
     assert_node_not_drained(slurm)
+
+
+def test_libslurm_gives_the_prolog_what_scontrol_prints(slurm):
+    # sync reads Slurm's GPU ids through libslurm (services/bridges/slurm/libslurm.py) instead
+    # of starting scontrol per prolog: the text must be scontrol's, byte for byte. Asked in a
+    # process of its own, as sync asks it (slurm_init reads this Slurm's slurm.conf once).
+    job_id = slurm.sbatch("-p", "multi", "-N2", "--gpus-per-node=3", script=f"{hold(slurm)}\n")
+    slurm.wait_for_file(slurm.out / f"ready-{job_id}")
+    asked = subprocess.run(
+        [sys.executable, "-c",
+         "import os, sys; from services.bridges.slurm.libslurm import JobDetails; "
+         "print(JobDetails(os.environ).show(sys.argv[1]), end='')", job_id],
+        env=slurm.env, capture_output=True, text=True, timeout=60, check=True, cwd=ROOT,
+    )  # fmt: skip
+    assert asked.stdout == slurm.job_details(job_id)
+    assert len(gpu_ids_from_job_details(asked.stdout)) == 2  # both nodes' GPU ids
+    (slurm.out / f"go-{job_id}").touch()
+    assert slurm.wait_for(job_id, ["COMPLETED", "FAILED"])["JobState"] == "COMPLETED"

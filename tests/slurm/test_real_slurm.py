@@ -1,5 +1,5 @@
 """The Slurm bridge under a real slurmctld and slurmd (tests/slurm/conftest.py): real jobs, the
-example PrologSlurmctld / TaskProlog / EpilogSlurmctld, gpualloc's reservations, cgroups.
+example PrologSlurmctld / TaskProlog / job completion script, gpualloc's reservations, cgroups.
 
 "The GPUs a job has" is checked four ways and must agree: the ids Slurm picked (`scontrol show
 job -d`, SLURM_JOB_GPUS / SLURM_STEP_GPUS), the devices gpualloc holds for `slurm/job/<id>`,
@@ -25,7 +25,7 @@ from services.client.config import ClientSettings
 from services.client.inventory import InventoryClient
 from services.client.specs import RequestSpec, build_claim
 from tests.security_fixtures import SecuredFleet, policy_with, secured_fleet
-from tests.slurm.conftest import GPUS, NODE, NODES, SlurmCluster
+from tests.slurm.conftest import GPUS, NODE, NODES, SCRIPTS, SlurmCluster
 
 OTHER_OWNER = "kueue/team-a/train"
 _REPORT = """#!/bin/sh
@@ -88,7 +88,7 @@ def names(devices: str) -> list[str]:
 
 
 def wait_released(slurm: SlurmCluster, job_id: str, timeout: float = 30.0) -> None:
-    """EpilogSlurmctld runs after the job ends: its reservations go soon after."""
+    """The job completion script runs after the job ends: its reservations go soon after."""
     deadline = time.monotonic() + timeout
     while slurm.reservations(owner=f"slurm/job/{job_id}"):
         assert time.monotonic() < deadline, f"job {job_id}'s reservation was never released"
@@ -335,7 +335,7 @@ def wait_requeued(slurm: SlurmCluster, job_id: str) -> dict[str, str]:
 
 
 def test_gpualloc_unreachable_at_the_prolog_requeues_without_draining(slurm):
-    slurm.epilog_may_fail = True  # the requeue's EpilogSlurmctld cannot reach gpualloc either
+    slurm.epilog_may_fail = True  # the requeue's release cannot reach gpualloc either
     slurm.proxy.down()
     submitted = time.monotonic()
     job_id = slurm.sbatch("--gres=gpu:1", script=f"{report(slurm)} batch\n")
@@ -361,11 +361,11 @@ def test_gpualloc_unreachable_at_the_epilog_is_released_by_a_later_epilog(slurm)
     (slurm.out / f"go-{job_id}").touch()
     assert slurm.wait_for(job_id, ["COMPLETED"])["JobState"] == "COMPLETED"
     slurm.wait_until_idle()
-    # the EpilogSlurmctld could not reach gpualloc: the job is done, no node drained, and its
+    # the job's release could not reach gpualloc: the job is done, no node drained, and its
     # GPUs are still held (until their lease expires, 10 minutes here; test_sync.py) ...
     assert_node_not_drained(slurm)
     assert len(held_devices(slurm, job_id)) == 2
-    # ... or until the next job's EpilogSlurmctld (`epilog --sweep`) reaches gpualloc again
+    # ... or until the next job's release (`epilog --sweep`) reaches gpualloc again
     slurm.proxy.up()
     slurm.run("srun", "true")
     wait_released(slurm, job_id)
@@ -405,9 +405,8 @@ def test_a_job_of_an_unprivileged_user_runs_with_the_system_wide_install(slurm, 
     """The TaskProlog runs as the job's user: from the docs' install (not the test's venv,
     which that user cannot execute) it gives `nobody`'s job exactly Slurm's GPUs."""
     installed = f"{system_install}/bin/gpualloc-slurm"
-    scripts = ("prolog-slurmctld.sh", "taskprolog.sh", "epilog-slurmctld.sh")
     with contextlib.ExitStack() as stack:
-        for name in scripts:
+        for name in SCRIPTS:
             cli = f"GPUALLOC_SLURM_CLI={installed}"
             text = re.sub(r"GPUALLOC_SLURM_CLI=\S+", cli, slurm.script_text(name))
             assert installed in text

@@ -110,10 +110,10 @@ def test_a_lost_epilog_does_not_leak_the_reservation(slurm, sync_survives):
     prolog = slurm.script_text("prolog-slurmctld.sh")
     leased = prolog.replace("GPUALLOC_SLURM_LEASE:-10m}", f"GPUALLOC_SLURM_LEASE:-{LEASE:g}s}}")
     assert leased != prolog
-    lost = "#!/bin/sh\nexit 0\n"  # the EpilogSlurmctld never tells gpualloc (a crash, say)
+    lost = "#!/bin/sh\nexit 0\n"  # the job's release never tells gpualloc (a crash, say)
     with (
         slurm.script("prolog-slurmctld.sh", leased),
-        slurm.script("epilog-slurmctld.sh", lost),
+        slurm.script("jobcomp.sh", lost),
         slurm.syncing("--interval=0.5s", GPUALLOC_SLURM_LEASE=f"{LEASE:g}s") as sync,
     ):
         job_id = slurm.sbatch("--gres=gpu:2", script=f"{hold(slurm)}\n")

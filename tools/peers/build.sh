@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the Go peers the tests run for real (kube-apiserver, etcd, Kueue's manager with its CRDs,
-# ghz, grpcurl) from the small modules beside this script, and the upstream-allocator benchmark
-# (loadtest/upstream), into .peers/ at the repo root (ignored).
+# ghz, grpcurl) from the small modules beside this script, the upstream-allocator benchmark
+# (loadtest/upstream) and the Slurm scripts' compiled hook client (examples/bridges/slurm/
+# gpualloc-hook: a client program, standard library only), into .peers/ at the repo root
+# (ignored).
 #
 # Each module is built once per content: its binaries are kept under
 #   ${GPUALLOC_PEERS_CACHE:-~/.cache/gpualloc/peers}/<module>-<hash of go.mod, go.sum, *.go, go version>/
@@ -10,7 +12,8 @@
 # its module and error (the log stays in .peers/logs/) and the others are still built; the exit
 # status is then 1.
 #
-# usage: tools/peers/build.sh [module ...]     (default: all: kube kueue ghz grpcurl upstream-allocator)
+# usage: tools/peers/build.sh [module ...]
+#        (default: all: kube kueue ghz grpcurl upstream-allocator gpualloc-hook)
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -32,6 +35,7 @@ mkdir -p "$out/bin" "$out/logs" "$cache"
 moddir() {
   case "$1" in
     upstream-allocator) echo "$root/loadtest/upstream" ;;
+    gpualloc-hook) echo "$root/examples/bridges/slurm/gpualloc-hook" ;;
     *) echo "$here/$1" ;;
   esac
 }
@@ -39,7 +43,7 @@ moddir() {
 # module -> the packages it builds (binary name = last path element)
 targets() {
   case "$1" in
-    upstream-allocator) echo "." ;;
+    upstream-allocator | gpualloc-hook) echo "." ;;
     kube) echo "k8s.io/kubernetes/cmd/kube-apiserver ./cmd/etcd" ;;
     kueue) echo "sigs.k8s.io/kueue/cmd/kueue" ;;
     ghz) echo "github.com/bojand/ghz/cmd/ghz" ;;
@@ -97,7 +101,7 @@ build_module() {
 }
 
 status=0
-for mod in "${@:-ghz grpcurl kube kueue upstream-allocator}"; do
+for mod in "${@:-ghz grpcurl kube kueue upstream-allocator gpualloc-hook}"; do
   for m in $mod; do build_module "$m" || status=1; done
 done
 exit $status

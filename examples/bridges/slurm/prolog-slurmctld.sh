@@ -18,7 +18,10 @@ export GPUALLOC_ALLOCATOR_ADDR GPUALLOC_SLURM_LEASE SLURM_CONF GPUALLOC_SLURM_SO
 # gpualloc-slurm sync's holder jobs (named gpualloc-held, submitted by root) need nothing
 # here; skipping them in the shell spares the controller a Python start per holder.
 [ "${SLURM_JOB_NAME-}:${SLURM_JOB_UID-}" = "gpualloc-held:0" ] && exit 0
-# gpualloc-hook.py (standard library only: a start of milliseconds) hands the job to
-# `gpualloc-slurm sync --socket` (or, on a compute node, `gpualloc-slurm hooks --socket`), which
-# does the work; when nothing listens there it runs $GPUALLOC_SLURM_CLI prolog itself.
+# The hook client hands the job to `gpualloc-slurm sync --socket` (or, on a compute node,
+# `gpualloc-slurm hooks --socket`), which does the work; when nothing listens there it runs
+# $GPUALLOC_SLURM_CLI prolog itself. gpualloc-hook is the compiled one (a start of about a
+# millisecond; `make peers` builds it), gpualloc-hook.py the portable one (a `python3 -I -S` start
+# of built-in modules only, 10-100 ms on a loaded machine): the first one there is used.
+[ -x /etc/slurm/gpualloc/gpualloc-hook ] && exec /etc/slurm/gpualloc/gpualloc-hook prolog
 exec /usr/bin/python3 -I -S /etc/slurm/gpualloc/gpualloc-hook.py prolog

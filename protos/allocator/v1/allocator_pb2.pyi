@@ -682,6 +682,7 @@ class AllocateRequest(_message.Message):
     RESERVATION_LABELS_FIELD_NUMBER: _builtins.int
     PRIORITY_CLASS_NAME_FIELD_NUMBER: _builtins.int
     PREEMPT_FIELD_NUMBER: _builtins.int
+    QUEUED_TIME_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     """Allocate on this node only; empty lets the allocator choose."""
     policy: Global___AllocationPolicy.ValueType
@@ -747,6 +748,15 @@ class AllocateRequest(_message.Message):
     def reservation_labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Labels stored on the reservation, e.g. `slurm.job_id`."""
 
+    @_builtins.property
+    def queued_time(self) -> _timestamp_pb2.Timestamp:
+        """When the work this grant is for was queued: a Kueue Workload's creation, a Slurm job's
+        submit time. Unset: when the call arrived (every item of one AllocateBatch alike). Kept on
+        the reservation (label `gpualloc.dev/queued-at`); a tenant's `withinClusterQueue:
+        LowerOrNewerEqualPriority` lets a grant take its tenant's reservations of its own priority
+        queued after it (docs/tenancy.md). Must not be in the future.
+        """
+
     def __init__(
         self,
         *,
@@ -767,10 +777,11 @@ class AllocateRequest(_message.Message):
         reservation_labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         priority_class_name: _builtins.str = ...,
         preempt: _builtins.bool = ...,
+        queued_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "gang", b"gang", "lease_ttl", b"lease_ttl", "node_selector", b"node_selector"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "gang", b"gang", "lease_ttl", b"lease_ttl", "node_selector", b"node_selector", "queued_time", b"queued_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "claims", b"claims", "device_classes", b"device_classes", "explain", b"explain", "gang", b"gang", "idempotency_key", b"idempotency_key", "lease_ttl", b"lease_ttl", "min_inventory_generation", b"min_inventory_generation", "node_name", b"node_name", "node_selector", b"node_selector", "owner", b"owner", "policy", b"policy", "preempt", b"preempt", "priority_class_name", b"priority_class_name", "reservation_labels", b"reservation_labels", "reserve", b"reserve", "topology_constraints", b"topology_constraints"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "claims", b"claims", "device_classes", b"device_classes", "explain", b"explain", "gang", b"gang", "idempotency_key", b"idempotency_key", "lease_ttl", b"lease_ttl", "min_inventory_generation", b"min_inventory_generation", "node_name", b"node_name", "node_selector", b"node_selector", "owner", b"owner", "policy", b"policy", "preempt", b"preempt", "priority_class_name", b"priority_class_name", "queued_time", b"queued_time", "reservation_labels", b"reservation_labels", "reserve", b"reserve", "topology_constraints", b"topology_constraints"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1241,6 +1252,7 @@ class ExplainRequest(_message.Message):
     MIN_INVENTORY_GENERATION_FIELD_NUMBER: _builtins.int
     MAX_NODES_EXPLAINED_FIELD_NUMBER: _builtins.int
     PRIORITY_CLASS_NAME_FIELD_NUMBER: _builtins.int
+    QUEUED_TIME_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     """Explain for this node only; empty considers every node."""
     policy: Global___AllocationPolicy.ValueType
@@ -1277,6 +1289,12 @@ class ExplainRequest(_message.Message):
     def budget(self) -> Global___SearchBudget:
         """Search bounds."""
 
+    @_builtins.property
+    def queued_time(self) -> _timestamp_pb2.Timestamp:
+        """When the work was queued (see AllocateRequest.queued_time): what the proposal may revoke
+        depends on it too.
+        """
+
     def __init__(
         self,
         *,
@@ -1291,10 +1309,11 @@ class ExplainRequest(_message.Message):
         min_inventory_generation: _builtins.int = ...,
         max_nodes_explained: _builtins.int = ...,
         priority_class_name: _builtins.str = ...,
+        queued_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "gang", b"gang", "node_selector", b"node_selector"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "gang", b"gang", "node_selector", b"node_selector", "queued_time", b"queued_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "claims", b"claims", "device_classes", b"device_classes", "gang", b"gang", "max_nodes_explained", b"max_nodes_explained", "min_inventory_generation", b"min_inventory_generation", "node_name", b"node_name", "node_selector", b"node_selector", "policy", b"policy", "priority_class_name", b"priority_class_name", "topology_constraints", b"topology_constraints"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "claims", b"claims", "device_classes", b"device_classes", "gang", b"gang", "max_nodes_explained", b"max_nodes_explained", "min_inventory_generation", b"min_inventory_generation", "node_name", b"node_name", "node_selector", b"node_selector", "policy", b"policy", "priority_class_name", b"priority_class_name", "queued_time", b"queued_time", "topology_constraints", b"topology_constraints"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

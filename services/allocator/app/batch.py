@@ -1,27 +1,33 @@
 """AllocateBatch: many independent Allocates in one call, as a scheduler's pass sends its queue.
 
 Each item is an Allocate in all but transport — its own claims, owner, idempotency key,
-priority class and reserve flag — and goes through `AllocatorService.allocate`, the unary path,
-unchanged. Items run in request order on this thread, so each one's solve reads the holdings
-the earlier items' reservations left (an item with `reserve` holds its devices before the next
-item is solved; an item without it holds nothing, exactly as a unary Allocate). So a batch gives
-the same answers as the same items sent one by one in order, which is what the tests check.
+priority class and reserve flag — and gets the answer it would get sent on its own, in order:
+items run in request order on this thread, each solved on the holdings the items before it left
+(an item with `reserve` holds its devices before the next item is solved; an item without it
+holds nothing, exactly as a unary Allocate). So a batch gives the same answers as the same items
+sent one by one in order, which is what the tests check.
 
-Opportunistic batching, the part done so far: consecutive items without `reserve` that ask the
-same thing (`BatchItem.signature`, the request's bytes) with no reserving item between them
-share one solve — one by one they would get the same answer from the same state, since an
-Allocate without `reserve` changes nothing. Reserving items are each solved and written on
-their own (issue 29 asks for more: ranked candidates reused with the last placement applied,
-one store round trip per shard).
+What a batch saves over one call per item:
+
+- consecutive reserving items are one *run* (`AllocatorService.allocate_run`): each is solved
+  with the earlier items' placements held pending in this process, and the run is written
+  together — the quota tickets in one compare-and-set per ledger, the devices in one store call,
+  one round trip per shard (app/granting.py). An item the run cannot finish on its own (it may
+  preempt, its quota refuses it, its key is busy, another writer took its devices) takes the
+  unary path after the items before it are written;
+- consecutive items without `reserve` that ask the same thing (`BatchItem.signature`, the
+  request's bytes) with no reserving item between them share one solve: one by one they would
+  get the same answer from the same state, since an Allocate without `reserve` changes nothing;
+- the gRPC floor is paid once.
 
 Each item ends in its own result: the Answer (ALLOCATED, UNSATISFIABLE, QUOTA_EXCEEDED with
 preemption victims, BUDGET_EXHAUSTED) or the typed error it met — a bad item (its request does
 not map, its owner may not be named, its store write conflicts past the retries) fails alone
-and the items after it still run. A typed error never leaves anything of its item reserved,
-since the unary path reserves all or nothing. The call's deadline is shared, less the part kept
-for the reply (REPLY_SHARE): every item's search stops before it (BUDGET_EXHAUSTED, as a unary
-Allocate), and once it has passed — or the client went away — the items not reached answer
-DeadlineExceeded without being solved.
+and the items after it still run, and nothing of it is left reserved (a run's placement is all
+or nothing, and a failed one's quota ticket and pending hold are dropped). The call's deadline is
+shared, less the part kept for the reply (REPLY_SHARE): every item's search stops before it
+(BUDGET_EXHAUSTED, as a unary Allocate), and once it has passed — or the client went away — the
+items not reached answer DeadlineExceeded without being solved.
 """
 
 from __future__ import annotations
@@ -34,7 +40,14 @@ from services.allocator.app.messages import Answer, LeaseOptions, Query
 from services.common.deadline import UNBOUNDED, Deadline
 from services.common.errors import DeadlineExceeded, GpuallocError, InvalidArgument
 
-__all__ = ["MAX_BATCH_ITEMS", "Allocating", "BatchItem", "ItemResult", "allocate_batch"]
+__all__ = [
+    "MAX_BATCH_ITEMS",
+    "MAX_RUN_ITEMS",
+    "Allocating",
+    "BatchItem",
+    "ItemResult",
+    "allocate_batch",
+]
 
 MAX_BATCH_ITEMS = 4096
 """The most items one batch may carry (a larger batch is INVALID_ARGUMENT as a whole)."""
@@ -56,31 +69,37 @@ ItemResult = Answer | GpuallocError
 
 
 class Allocating(Protocol):
-    """What a batch needs of the service: `AllocatorService.allocate`."""
+    """What a batch needs of the service (`AllocatorService`): the unary Allocate, and a run
+    of consecutive reserving items."""
 
-    def __call__(
+    def allocate(
         self, query: Query, lease: LeaseOptions | None = None, *, deadline: Deadline = UNBOUNDED
     ) -> Answer: ...
 
+    def allocate_run(
+        self, items: Sequence[tuple[Query, LeaseOptions]], *, deadline: Deadline = UNBOUNDED
+    ) -> list[Answer | GpuallocError]: ...
+
 
 def allocate_batch(
-    allocate: Allocating,
+    service: Allocating,
     items: Sequence[Callable[[], BatchItem]],
     *,
     deadline: Deadline = UNBOUNDED,
     on_result: Callable[[ItemResult], None] | None = None,
 ) -> list[ItemResult]:
-    """One result per item, in order. `allocate` is `AllocatorService.allocate`; each item is a
-    thunk so that mapping it from the wire (which may raise InvalidArgument or PermissionDenied)
-    fails that item only. `on_result` sees each result as it is decided (the servicer turns it
-    into its reply there, so that the deadline covers that work too and the reply can still be
-    sent). Raises InvalidArgument for a batch over MAX_BATCH_ITEMS."""
+    """One result per item, in order. Each item is a thunk so that mapping it from the wire
+    (which may raise InvalidArgument or PermissionDenied) fails that item only. `on_result`
+    sees each result as it is decided, in order (the servicer turns it into its reply there, so
+    that the deadline covers that work too and the reply can still be sent). Raises
+    InvalidArgument for a batch over MAX_BATCH_ITEMS."""
     if len(items) > MAX_BATCH_ITEMS:
         raise InvalidArgument.at(
             "items", f"a batch carries at most {MAX_BATCH_ITEMS} items, not {len(items)}"
         )
     results: list[ItemResult] = []
     deadline = _answering(deadline)
+    mapped = _Mapped(items)
 
     def decided(result: ItemResult) -> None:
         results.append(result)
@@ -88,7 +107,8 @@ def allocate_batch(
             on_result(result)
 
     answered: dict[bytes, Answer] = {}  # non-reserving answers since the last reserving item
-    for index, make in enumerate(items):
+    index = 0
+    while index < len(items):
         if deadline.passed():
             not_reached = DeadlineExceeded(  # one error for them all: cheap to answer
                 f"not reached: the call's deadline passed after {index} of {len(items)} items"
@@ -96,22 +116,74 @@ def allocate_batch(
             for _ in range(index, len(items)):
                 decided(not_reached)
             break
-        try:
-            item = make()
-            shared = answered.get(item.signature) if item.lease is None else None
-            if shared is not None:
-                decided(shared)
-                continue
-            answer = allocate(item.query, item.lease, deadline=deadline)
-        except GpuallocError as error:
-            decided(error)
+        item = mapped[index]
+        if isinstance(item, GpuallocError):
+            decided(item)
+            index += 1
             continue
-        decided(answer)
-        if item.lease is not None:
-            answered.clear()  # it may have reserved (or revoked): later items solve again
-        elif item.signature:
-            answered[item.signature] = answer
+        if item.lease is None:
+            decided(_answer(service, item, answered, deadline))
+            index += 1
+            continue
+        run = mapped.reserving_from(index)
+        reserving = [(i.query, i.lease) for i in run if i.lease is not None]
+        done = service.allocate_run(reserving, deadline=deadline)
+        for result in done:
+            decided(result)
+        answered.clear()  # they may have reserved (or revoked): later items solve again
+        index += len(done)  # fewer than the run's: the deadline passed (the loop's check says so)
     return results
+
+
+def _answer(
+    service: Allocating, item: BatchItem, answered: dict[bytes, Answer], deadline: Deadline
+) -> ItemResult:
+    """A non-reserving item's answer: an identical earlier one's, or its own solve."""
+    shared = answered.get(item.signature)
+    if shared is not None:
+        return shared
+    try:
+        answer = service.allocate(item.query, None, deadline=deadline)
+    except GpuallocError as error:
+        return error
+    if item.signature:
+        answered[item.signature] = answer
+    return answer
+
+
+class _Mapped:
+    """The batch's items mapped from the wire as they are reached (once each)."""
+
+    def __init__(self, items: Sequence[Callable[[], BatchItem]]) -> None:
+        self._items = items
+        self._mapped: dict[int, BatchItem | GpuallocError] = {}
+
+    def __getitem__(self, index: int) -> BatchItem | GpuallocError:
+        found = self._mapped.get(index)
+        if found is None:
+            try:
+                found = self._items[index]()
+            except GpuallocError as error:
+                found = error
+            self._mapped[index] = found
+        return found
+
+    def reserving_from(self, index: int) -> list[BatchItem]:
+        """The reserving items from `index` on, up to the first that is not one (at most
+        MAX_RUN_ITEMS)."""
+        run: list[BatchItem] = []
+        while index < len(self._items) and len(run) < MAX_RUN_ITEMS:
+            item = self[index]
+            if isinstance(item, GpuallocError) or item.lease is None:
+                break
+            run.append(item)
+            index += 1
+        return run
+
+
+MAX_RUN_ITEMS = 512
+"""Reserving items written together at most: a larger run is written in parts (its holds stay
+pending while it is solved, and one store call carries it)."""
 
 
 REPLY_SHARE = 0.4

@@ -26,6 +26,7 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from services.allocator.app.flavor_pins import Pin, pin, pin_of, taint_text
 from services.allocator.app.messages import Answer, LeaseOptions, Outcome, Query
 from services.allocator.app.preemption_plans import Proposal, Standing, Trials, propose
 from services.allocator.core import (
@@ -37,30 +38,20 @@ from services.allocator.core import (
     QuotaStanding,
     choose_flavor,
     quota_standing,
-    tolerates,
 )
 from services.common.dra.model import (
     DeviceClass,
-    DeviceRequest,
-    DeviceSelector,
-    DeviceSubRequest,
     DeviceTaint,
-    DeviceToleration,
-    NodeSelector,
-    NodeSelectorRequirement,
-    NodeSelectorTerm,
-    ResourceClaim,
 )
 from services.common.security.principal import tenant_of_owner
 from services.common.security.quota import (
     QuotaModel,
     QuotaResource,
-    ResourceFlavor,
     TenantQuota,
     Usage,
 )
 
-__all__ = ["Found", "flavored_bases", "pin", "search_flavors"]
+__all__ = ["Found", "flavored_bases", "search_flavors", "units_within_flavors"]
 
 
 @dataclass(frozen=True)
@@ -71,22 +62,6 @@ class Found:
     answer: Answer
     query: Query
     proposal: Proposal | None = None
-
-
-@dataclass(frozen=True)
-class _Pin:
-    """A flavor the query is pinned to: its quota resource (`gpus/hopper`), the flavor, and
-    the flavors its resource lists before it (their devices are charged to them: excluded)."""
-
-    resource: QuotaResource
-    flavor: ResourceFlavor
-    before: tuple[ResourceFlavor, ...] = ()
-
-
-def _pin_of(model: QuotaModel, resource: QuotaResource) -> _Pin:
-    flavors = model.flavors_of(resource.base)
-    index = [r.name for r in flavors].index(resource.name)
-    return _Pin(resource, _spec(resource), tuple(_spec(r) for r in flavors[:index]))
 
 
 def flavored_bases(model: QuotaModel, amounts: Usage) -> list[str]:
@@ -124,7 +99,7 @@ def search_flavors(
     search = _Search(trials, query, lease, around, quota, classes, now, max_consolidation_nodes)
     if first.outcome is Outcome.ALLOCATED:
         search.reuse = first
-    pins: list[_Pin] = []
+    pins: list[Pin] = []
     tried: list[FlavorAttempt[Found]] = []
     chosen: FlavorAttempt[Found] | None = None
     assigned: set[str] = set()
@@ -139,7 +114,7 @@ def search_flavors(
         chosen = choice.chosen
         if chosen is None or chosen.found is None:
             break
-        pins.append(_pin_of(model, order[chosen.flavor]))
+        pins.append(pin_of(model, order[chosen.flavor]))
         # the next resource: one the placement on the flavors chosen so far counts
         now_placed = chosen.found.answer
         if now_placed.outcome is not Outcome.ALLOCATED:
@@ -147,6 +122,18 @@ def search_flavors(
         counted = trials.counts(now_placed) if now_placed.outcome is Outcome.ALLOCATED else {}
         bases = [b for b in flavored_bases(model, counted) if b not in assigned]
     return FlavorChoice(chosen, tuple(tried))
+
+
+@dataclass(frozen=True)
+class _Try:
+    """One flavor's attempt in the making: its quota resource, the pins (the flavors chosen
+    before and it), the query pinned to them, and what a placement counts of their
+    resources."""
+
+    resource: QuotaResource
+    pins: Sequence[Pin]
+    pinned: Query
+    counts: Callable[[Answer], dict[str, int]]
 
 
 class _Search:
@@ -170,79 +157,95 @@ class _Search:
 
     def attempt(
         self,
-        pins: Sequence[_Pin],
+        pins: Sequence[Pin],
         base: str,
         flavors: Mapping[str, QuotaResource],
         name: str,
     ) -> FlavorAttempt[Found]:
         """One attempt of flavor `name` of resource `base` (`flavors`: the tenant's, by name),
-        pinned to `pins` (the flavors chosen for the resources before) and to it."""
-        model, tenant = self.around.model, self.quota.tenant
-        resource = flavors[name]
-        here = [*pins, _pin_of(model, resource)]
-        flavor = resource.flavor
-
-        def made(
-            mode: FlavorMode,
-            reason: FlavorReason | None = None,
-            message: str = "",
-            found: Found | None = None,
-            borrows: int = 0,
-        ) -> FlavorAttempt[Found]:
-            return FlavorAttempt(base, flavor, mode, borrows, reason, message, found)
-
+        pinned to `pins` (the flavors chosen for the resources before) and to it: on the live
+        state, else once victims go."""
+        model, resource = self.around.model, flavors[name]
+        here = [*pins, pin_of(model, resource)]
         pinned = pin(self.query, here, self.quota.tolerations, self.classes)
+        made = functools.partial(FlavorAttempt[Found], base, resource.flavor)
         if isinstance(pinned, DeviceTaint):
-            why = f"untolerated taint {_taint_text(pinned)} in flavor {flavor}"
-            return made(FlavorMode.NO_FIT, FlavorReason.UNTOLERATED_TAINT, why)
-        bases = {p.resource.base for p in here}
-        counts = _only(self.trials.counts, model, bases)
-        answer = self._solve(pinned, not pins and self._reused_on(resource))
-        if answer.outcome is Outcome.ALLOCATED:
-            amounts = counts(answer)
-            elsewhere = _charged_elsewhere(model, amounts, here)
-            if elsewhere:
-                why = f"the devices found are charged to flavor {elsewhere} (listed before)"
-                return made(FlavorMode.NO_FIT, FlavorReason.CHARGED_ELSEWHERE, why)
-            standing = quota_standing(model, tenant, amounts, self.around.usage)
-            if standing >= QuotaStanding.BORROWING:
-                borrows = int(standing is QuotaStanding.BORROWING)
-                return made(FlavorMode.FIT, found=Found(answer, pinned), borrows=borrows)
-            refusals = model.admit(tenant, amounts, self.around.usage)
-            answer = replace(answer, outcome=Outcome.QUOTA_EXCEEDED, quota=refusals)
-            reason, message = FlavorReason.QUOTA, "; ".join(map(str, refusals))
-        else:
-            reason = FlavorReason.DEVICES_IN_USE
-            message = f"no free devices of flavor {flavor} fit the request"
-        empty = self.trials.on_empty_fleet(pinned)
+            why = f"untolerated taint {taint_text(pinned)} in flavor {resource.flavor}"
+            return made(FlavorMode.NO_FIT, 0, FlavorReason.UNTOLERATED_TAINT, why)
+        tried = _Try(
+            resource,
+            here,
+            pinned,
+            _only(self.trials.counts, model, {p.resource.base for p in here}),
+        )
+        live = self._on_live_state(tried, reuse=not pins and self._reused_on(resource))
+        return live if isinstance(live, FlavorAttempt) else self._once_victims_go(tried, *live)
+
+    def _on_live_state(
+        self, tried: _Try, *, reuse: bool
+    ) -> FlavorAttempt[Found] | tuple[Answer, FlavorReason, str]:
+        """The attempt when the flavor fits now (or is charged elsewhere); else the answer
+        there and why it does not fit."""
+        model, tenant, flavor = self.around.model, self.quota.tenant, tried.resource.flavor
+        answer = self._solve(tried.pinned, reuse)
+        if answer.outcome is not Outcome.ALLOCATED:
+            why = f"no free devices of flavor {flavor} fit the request"
+            return answer, FlavorReason.DEVICES_IN_USE, why
+        amounts = tried.counts(answer)
+        made = functools.partial(FlavorAttempt[Found], tried.resource.base, flavor)
+        elsewhere = _charged_elsewhere(model, amounts, tried.pins)
+        if elsewhere:
+            why = f"the devices found are charged to flavor {elsewhere} (listed before)"
+            return made(FlavorMode.NO_FIT, 0, FlavorReason.CHARGED_ELSEWHERE, why)
+        standing = quota_standing(model, tenant, amounts, self.around.usage)
+        if standing >= QuotaStanding.BORROWING:
+            borrows = int(standing is QuotaStanding.BORROWING)
+            return made(FlavorMode.FIT, borrows, found=Found(answer, tried.pinned))
+        refusals = model.admit(tenant, amounts, self.around.usage)
+        refused = replace(answer, outcome=Outcome.QUOTA_EXCEEDED, quota=refusals)
+        return refused, FlavorReason.QUOTA, "; ".join(map(str, refusals))
+
+    def _once_victims_go(
+        self, tried: _Try, answer: Answer, reason: FlavorReason, message: str
+    ) -> FlavorAttempt[Found]:
+        """NoFit (no devices of the flavor even all free, or more than the quota could ever
+        grant), else the preemption planner on the pinned query: Reclaim, Preempt or
+        NoCandidates."""
+        model, tenant, flavor = self.around.model, self.quota.tenant, tried.resource.flavor
+        made = functools.partial(FlavorAttempt[Found], tried.resource.base, flavor)
+        empty = self.trials.on_empty_fleet(tried.pinned)
         if empty is None:
             why = f"no devices of flavor {flavor} fit the request, even with all of them free"
-            return made(FlavorMode.NO_FIT, FlavorReason.NO_DEVICES, why, Found(answer, pinned))
-        wanted = counts(empty)
+            return made(
+                FlavorMode.NO_FIT, 0, FlavorReason.NO_DEVICES, why, Found(answer, tried.pinned)
+            )
+        wanted = tried.counts(empty)
         if quota_standing(model, tenant, wanted, self.around.usage) is QuotaStanding.ABOVE_MAX:
             refusals = model.admit(tenant, wanted, {})
             why = "; ".join(map(str, refusals)) or "more than the quota can ever grant"
-            return made(FlavorMode.NO_FIT, FlavorReason.ABOVE_MAX, why, Found(answer, pinned))
-        trials = replace(self.trials, counts=counts)
+            return made(
+                FlavorMode.NO_FIT, 0, FlavorReason.ABOVE_MAX, why, Found(answer, tried.pinned)
+            )
         proposal = propose(
-            trials,
-            pinned,
+            replace(self.trials, counts=tried.counts),
+            tried.pinned,
             self.lease,
             self.around,
             now=self.now,
             max_consolidation_nodes=self.max_consolidation_nodes,
+            empty=empty,
         )
-        found = Found(answer, pinned, proposal)
+        found = Found(answer, tried.pinned, proposal)
         if proposal is None:
-            return made(FlavorMode.NO_CANDIDATES, reason, message, found)
+            return made(FlavorMode.NO_CANDIDATES, 0, reason, message, found)
         reclaims = all(
             v.reason in (PreemptionReason.RECLAIM, PreemptionReason.RECLAIM_WHILE_BORROWING)
             for v in proposal.victims
         )
-        mode = FlavorMode.RECLAIM if reclaims else FlavorMode.PREEMPT
         left = _without(self.around, proposal)
         borrows = int(quota_standing(model, tenant, wanted, left) < QuotaStanding.WITHIN_NOMINAL)
-        return made(mode, reason, message, found, borrows)
+        mode = FlavorMode.RECLAIM if reclaims else FlavorMode.PREEMPT
+        return made(mode, borrows, reason, message, found)
 
     def _reused_on(self, resource: QuotaResource) -> bool:
         """Whether the unpinned answer is all on `resource`'s flavor (no solve needed)."""
@@ -258,11 +261,6 @@ class _Search:
         if reuse and self.reuse is not None:
             return self.reuse
         return self.trials.solve(pinned, self.trials.state)
-
-
-def _spec(resource: QuotaResource) -> ResourceFlavor:
-    assert resource.spec is not None
-    return resource.spec
 
 
 def _only(
@@ -282,7 +280,7 @@ def _only(
     return counted
 
 
-def _charged_elsewhere(model: QuotaModel, amounts: Usage, pins: Sequence[_Pin]) -> str:
+def _charged_elsewhere(model: QuotaModel, amounts: Usage, pins: Sequence[Pin]) -> str:
     """The flavor a pinned placement is charged to instead of its pin's ("": none), when an
     earlier flavor of the resource selects the same devices."""
     for p in pins:
@@ -306,154 +304,35 @@ def _without(around: Standing, proposal: Proposal) -> dict[str, dict[str, int]]:
     return left
 
 
-def _taint_text(taint: DeviceTaint) -> str:
-    value = f"={taint.value}" if taint.value else ""
-    return f"{taint.key}{value}:{taint.effect}"
-
-
-# --- pinning a query to flavors ---------------------------------------------------------------
-
-
-def pin(
+def units_within_flavors(
+    trials: Trials,
     query: Query,
-    pins: Sequence[_Pin],
-    tenant_tolerations: Sequence[DeviceToleration],
+    tenant: TenantQuota,
+    model: QuotaModel,
     classes: Mapping[str, DeviceClass],
-) -> Query | DeviceTaint:
-    """`query` restricted to the pinned flavors: a node selector of their node labels; on each
-    request (each subrequest) a quota resource of a pin counts, the flavor's CEL selectors (its
-    device classes as one more selector when the request's class is not among them) and its
-    tolerations; a subrequest that does not tolerate the flavor's nodeTaints is dropped. The
-    taint no alternative of a request tolerates, when one does not."""
-    labels = [pair for p in pins for pair in p.flavor.node_labels]
-    avoided = [e.node_labels for p in pins for e in p.before if e.node_labels and not e.by_device]
-    claims: list[ResourceClaim] = []
-    for claim in query.claims:
-        requests: list[DeviceRequest] = []
-        for request in claim.requests:
-            restricted = _request(request, pins, tenant_tolerations, classes)
-            if isinstance(restricted, DeviceTaint):
-                return restricted
-            requests.append(restricted)
-        claims.append(replace(claim, requests=tuple(requests)))
-    selector = query.node_selector
-    if labels or avoided:
-        selector = _with_labels(selector, labels, avoided)
-    return replace(query, claims=tuple(claims), node_selector=selector)
-
-
-def _request(
-    request: DeviceRequest,
-    pins: Sequence[_Pin],
-    tenant_tolerations: Sequence[DeviceToleration],
-    classes: Mapping[str, DeviceClass],
-) -> DeviceRequest | DeviceTaint:
-    if request.exactly is not None:
-        exactly = request.exactly
-        for p in pins:
-            if exactly.device_class_name not in p.resource.device_classes:
-                continue
-            given = (*exactly.tolerations, *tenant_tolerations)
-            untolerated = _untolerated(p.flavor, given)
-            if untolerated is not None:
-                return untolerated
-            exactly = replace(
-                exactly,
-                selectors=(
-                    *exactly.selectors,
-                    *_selectors(p, exactly.device_class_name, classes),
-                ),
-                tolerations=(*exactly.tolerations, *p.flavor.tolerations),
-            )
-        return replace(request, exactly=exactly)
-    kept: list[DeviceSubRequest] = []
-    refused: DeviceTaint | None = None
-    for sub in request.first_available:
-        made: DeviceSubRequest | None = sub
-        for p in pins:
-            if made is None or sub.device_class_name not in p.resource.device_classes:
-                continue
-            untolerated = _untolerated(p.flavor, (*sub.tolerations, *tenant_tolerations))
-            if untolerated is not None:
-                refused, made = refused or untolerated, None
-                continue
-            made = replace(
-                made,
-                selectors=(*made.selectors, *_selectors(p, sub.device_class_name, classes)),
-                tolerations=(*made.tolerations, *p.flavor.tolerations),
-            )
-        if made is not None:
-            kept.append(made)
-    if not kept and refused is not None:
-        return refused
-    return replace(request, first_available=tuple(kept))
-
-
-def _untolerated(flavor: ResourceFlavor, given: Sequence[DeviceToleration]) -> DeviceTaint | None:
-    """The first of the flavor's nodeTaints neither `given` nor the flavor's own tolerations
-    tolerate (Kueue's flavor check counts both)."""
-    tolerations = (*given, *flavor.tolerations)
-    for taint in flavor.node_taints:
-        if not any(tolerates(t, taint) for t in tolerations):
-            return taint
-    return None
-
-
-def _selectors(
-    pinned: _Pin, device_class: str, classes: Mapping[str, DeviceClass]
-) -> tuple[DeviceSelector, ...]:
-    """The CEL selectors that keep a request of `device_class` to the pinned flavor's devices:
-    its own selectors, its device classes (when the request's is not among them), and the
-    negation of each flavor listed before it that selects by device only."""
-    flavor = pinned.flavor
-    selectors = [DeviceSelector(expression) for expression in flavor.selectors]
-    if flavor.device_classes and device_class not in flavor.device_classes:
-        either = _classes_cel(flavor.device_classes, classes)
-        if either is not None:
-            selectors.append(DeviceSelector(either))
-    for earlier in pinned.before:
-        if earlier.node_labels or not earlier.by_device:
-            continue  # a node-level flavor is avoided by the node selector
-        parts = [f"({expression})" for expression in earlier.selectors]
-        if earlier.device_classes:
-            either = _classes_cel(earlier.device_classes, classes)
-            if either is not None:
-                parts.append(f"({either})")
-        if parts:
-            selectors.append(DeviceSelector(f"!({' && '.join(parts)})"))
-    return tuple(selectors)
-
-
-def _classes_cel(names: Sequence[str], classes: Mapping[str, DeviceClass]) -> str | None:
-    """A CEL expression true for the devices one of the classes `names` selects (None: every
-    device; "false": none, no class known)."""
-    either: list[str] = []
-    for name in names:
-        found = classes.get(name)
-        if found is None:
+    left: Mapping[str, int],
+    count: Callable[[Query], int],
+) -> int | None:
+    """How many units a flavored tenant's quota headroom allows (Capacity's
+    totalWithinQuota): per flavor of the resource a unit counts, the units that fit pinned
+    to it (`count`), at most what that flavor's `left` allows of what one counts there,
+    summed over the tenant's flavors (their devices are disjoint: each is charged to one).
+    None when a unit counts no flavored resource, or several (then the first placement's
+    bound applies)."""
+    placed = trials.on_empty_fleet(query)
+    bases = flavored_bases(model, trials.counts(placed)) if placed is not None else []
+    if len(bases) != 1:
+        return None
+    within = 0
+    for resource in model.flavor_order(tenant.tenant, bases[0]):
+        pinned = pin(query, [pin_of(model, resource)], tenant.tolerations, classes)
+        if isinstance(pinned, DeviceTaint):
             continue
-        if not found.selectors:
-            return None
-        either.append(" && ".join(f"({s.cel})" for s in found.selectors))
-    return " || ".join(f"({e})" for e in either) or "false"
-
-
-def _with_labels(
-    selector: NodeSelector | None,
-    labels: Sequence[tuple[str, str]],
-    avoided: Sequence[Sequence[tuple[str, str]]] = (),
-) -> NodeSelector:
-    """`selector` and also every one of `labels` (the pinned flavors' nodeLabels), and not all
-    of any of `avoided` (the node labels of flavors listed before them): each term gains the
-    requirements, and is split in one term per label of an avoided flavor (NotIn: a node
-    without the label, or with another value)."""
-    required = tuple(NodeSelectorRequirement(key, "In", (value,)) for key, value in labels)
-    terms = selector.node_selector_terms if selector is not None else (NodeSelectorTerm(),)
-    made = [replace(t, match_expressions=(*t.match_expressions, *required)) for t in terms]
-    for flavor in avoided:
-        made = [
-            replace(t, match_expressions=(*t.match_expressions, not_in))
-            for t in made
-            for not_in in (NodeSelectorRequirement(key, "NotIn", (value,)) for key, value in flavor)
-        ]
-    return NodeSelector(tuple(made))
+        units = count(pinned)
+        one = trials.on_empty_fleet(pinned) if units else None
+        if one is None:
+            continue
+        unit = trials.counts(one)
+        bounds = [left.get(name, 0) // amount for name, amount in unit.items() if amount > 0]
+        within += min([units, *bounds])
+    return within

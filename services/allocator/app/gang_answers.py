@@ -14,36 +14,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from services.allocator.app.messages import GangSpec, LeaseOptions
+from services.allocator.app.messages import LeaseOptions
 from services.allocator.core import (
-    Allocated,
     ClusterSnapshot,
-    Explanation,
     NodePlacement,
-    Summary,
-    SummaryKind,
 )
 from services.allocator.reservations.holds import placement_holds
 from services.allocator.reservations.model import Hold, LimitedUse, Reservation, ReserveRequest
 from services.common.dra.model import AllocationResult
 
-__all__ = ["allocated_explanation", "members_of_reservations", "placement_requests"]
-
-
-def allocated_explanation(result: Allocated, gang: GangSpec) -> Explanation:
-    """Why this gang: the domain it went to and its nodes, in the order chosen."""
-    labelled = bool(gang.group_by_label) and result.domain is not None
-    summary = Summary(
-        SummaryKind.GANG_ALLOCATED,
-        count=gang.node_count,
-        label=gang.group_by_label if labelled else None,
-        domain=str(result.domain) if labelled else None,
-        nodes=tuple(p.node or "" for p in result.placements),
-    )
-    return Explanation(
-        summary=summary,
-        budget_exhausted=result.stats.budget_exhausted,
-    )
+__all__ = ["members_of_reservations", "placement_requests"]
 
 
 @dataclass
@@ -60,15 +40,13 @@ def placement_requests(
     claim_names: tuple[str, ...],
     lease: LeaseOptions,
     lease_seconds: float,
-    *,
-    gang: bool,
 ) -> list[ReserveRequest]:
     """One store request per scope of the placement: each node's (in placement order), then
-    every pool outside them once, with what all its nodes take there. `gang`: the placement's
-    nodes are a gang's members (a bad device is named at `gang_placements[i]`)."""
+    every pool outside them once, with what all its nodes take there (a bad device of a
+    placement on several nodes is named at `gang_placements[i]`)."""
     scopes: dict[str, _Scope] = {}
     for index, member in enumerate(placement):
-        path = f"gang_placements[{index}].allocations" if gang else "allocations"
+        path = f"gang_placements[{index}].allocations" if len(placement) > 1 else "allocations"
         holds = placement_holds(snapshot, member.node or "", member.allocations, path=path)
         for scope, hold in holds.items():
             entry = scopes.setdefault(scope, _Scope())
@@ -94,10 +72,14 @@ def placement_requests(
 
 
 def members_of_reservations(reservations: Sequence[Reservation]) -> tuple[NodePlacement, ...]:
-    """The members a gang's reservations hold: one per node scope (pool scopes, whose names
-    hold a "/", repeat the members' allocations), by node name; reservations keep no score."""
-    return tuple(
+    """The placement a placement's reservations hold: one NodePlacement per node scope (pool
+    scopes, whose names hold a "/", repeat the nodes' allocations), by node name; one on no
+    node when every scope is a pool's (a fleet without nodes); reservations keep no score."""
+    nodes = tuple(
         NodePlacement(r.node, r.allocations)
         for r in sorted(reservations, key=lambda r: (r.node, r.id))
         if "/" not in r.node
     )
+    if nodes or not reservations:
+        return nodes
+    return (NodePlacement(None, reservations[0].allocations),)

@@ -130,6 +130,13 @@ class GrantRun:
             self._placements = []
         return [outcome for outcome in outcomes if outcome is not None]
 
+    def abandon(self) -> None:
+        """Give up the placements not written: their pending holds and counts go."""
+        for placement in self._placements:
+            self._holdings.drop_pending(placement.pending)
+            placement.limits.close()
+        self._placements = []
+
     def _write(self, deadline: Deadline, outcomes: list[ReserveOutcome | None]) -> None:
         granted: list[tuple[int, Grant | None]] = []
         try:

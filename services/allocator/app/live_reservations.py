@@ -29,8 +29,10 @@ resurrect a released reservation.
 
 `state_for(view)` turns the copy (and the pending placements) into an AllocatedState over a
 view's snapshot, owners being reservation ids (Explain names them; a pending placement is owned
-by `pending:<n>`). It is cached per (view, version); a new view rebases the cached state, a few
-changes are applied incrementally (to one copy), anything bigger rebuilds.
+by `pending:<n>`). It is cached per (view, version); a new view rebases the cached state, the
+changes since are applied incrementally (to one copy) while they are fewer than half the
+holdings (a batch's placements and their settling are a few hundred changes: cheaper applied
+than a rebuild over every reservation), anything bigger rebuilds.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ __all__ = ["Holdings"]
 log = logging.getLogger(__name__)
 
 _TOMBSTONE_SECONDS = 300.0
-_INCREMENTAL_LIMIT = 64  # more changes than this since the cached state: rebuild it
+_INCREMENTAL_LIMIT = 64  # more changes than this (or than half the holdings): rebuild the state
 _FETCH_GRACE = 0.05  # seconds an unknown id reserved on a node with a pending placement waits
 
 
@@ -211,7 +213,8 @@ class Holdings:
             if cached is not None and cached.view is view and cached.version == self._version:
                 return cached.state
             journal = self._journal
-            if cached is None or journal is None or len(journal) > _INCREMENTAL_LIMIT:
+            limit = max(_INCREMENTAL_LIMIT, len(self._by_id) // 2)
+            if cached is None or journal is None or len(journal) > limit:
                 held = ((r.id, a) for r in self._by_id.values() for a in r.allocations)
                 pending = ((t, a) for t, allocations in self._pending.items() for a in allocations)
                 state = AllocatedState.build(view.snapshot, itertools.chain(held, pending))
@@ -278,7 +281,10 @@ class Holdings:
                 self._journal = journal
             if allocations is not None:
                 self._version += 1
-                if journal is not None:
+                if journal is not None and _unapplied(journal, token):
+                    # no state saw it pending: its reservations go in as plain additions
+                    journal.extend(_Change(r, None) for r in added)
+                elif journal is not None:
                     journal.append(_PendingChange(token, allocations, False, added))
             elif journal is not None:
                 journal.extend(_Change(r, None) for r in added)
@@ -294,7 +300,7 @@ class Holdings:
             return
         del self._pending_nodes[token]
         self._version += 1
-        if self._journal is not None:
+        if self._journal is not None and not _unapplied(self._journal, token):
             self._journal.append(_PendingChange(token, allocations, False))
 
     def committed(self, reservation: Reservation) -> None:
@@ -498,6 +504,18 @@ class Holdings:
 
 
 Step = tuple[str | None, str | None, AllocationResult]  # AllocatedState.with_changes
+
+
+def _unapplied(journal: list[_Change | _PendingChange], token: str) -> bool:
+    """Remove the journal's addition of pending placement `token` if it is still there (no
+    state has it yet, so its settling need not undo it); whether it was. A batch settles a
+    few hundred at once: half the changes for the next state."""
+    for index in range(len(journal) - 1, -1, -1):
+        change = journal[index]
+        if isinstance(change, _PendingChange) and change.token == token and change.added:
+            del journal[index]
+            return True
+    return False
 
 
 def _differences(before: dict[str, Reservation], after: dict[str, Reservation]) -> list[_Change]:

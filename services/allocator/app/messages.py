@@ -79,6 +79,11 @@ class Query:
     topology_constraints: tuple[TopologyConstraint, ...] = ()  # besides the claims' annotations
     gang: GangSpec | None = None  # the claims on several nodes (then `node` is empty)
 
+    @property
+    def node_count(self) -> int:
+        """How many nodes its placement spans: a gang's members, else one."""
+        return self.gang.node_count if self.gang is not None else 1
+
 
 @dataclass(frozen=True)
 class LeaseOptions:
@@ -91,6 +96,8 @@ class LeaseOptions:
     request_digest: str = ""  # a digest of what was asked: a reused key must ask the same
     priority_class: str = ""  # the policy's priority class ("" : its default)
     preempt: bool = False  # revoke the victims of a preemption proposal, then reserve
+    # when the work was queued (seconds since the epoch; None: when the call arrived)
+    queued_at: float | None = None
     max_reservations: int | None = None  # the owner's tenant's live reservations bound
 
 
@@ -127,15 +134,16 @@ class Victim:
 
 @dataclass(frozen=True)
 class Answer:
-    """What Allocate and Explain return. When ALLOCATED, `placements` is the placement: one
-    NodePlacement for a single node's query, one per member node for a gang's (`is_gang`, even
-    a gang of one); its reservations cover every node."""
+    """What Allocate and Explain return. When ALLOCATED, `placements` is the placement, one
+    shape whatever was asked: one NodePlacement per node it spans (a single node's query is a
+    gang of one); its reservations cover every node. Which protobuf fields carry it (a gang's
+    `gang_placements`, a single node's `node_name` and `allocations`) is the wire's business:
+    the servicer knows what was asked."""
 
     outcome: Outcome
     generation: int  # the inventory generation the answer was computed from
     claims: tuple[ResourceClaim, ...]
     placements: tuple[NodePlacement, ...] = ()  # allocations one per claim, in claim order
-    is_gang: bool = False  # the query's was a gang's (the protobuf's gang fields carry it)
     policy: Policy = Policy.BINPACK
     explanation: Explanation | None = None
     stats: Stats | None = None
@@ -150,18 +158,19 @@ class Answer:
 
     @property
     def single(self) -> NodePlacement | None:
-        """A single node's placement (None for a gang's, or when not ALLOCATED)."""
-        return self.placements[0] if self.placements and not self.is_gang else None
+        """The placement when it is on one node (None across several, or when not
+        ALLOCATED)."""
+        return self.placements[0] if len(self.placements) == 1 else None
 
     @property
     def node(self) -> str | None:
-        """A single node's placement's node (None for a gang, or on no node)."""
+        """The placement's node when it is on one node (None across several, or on none)."""
         single = self.single
         return single.node if single is not None else None
 
     @property
     def allocations(self) -> tuple[AllocationResult, ...]:
-        """A single node's placement's allocations, one per claim (empty for a gang)."""
+        """The placement's allocations, one per claim, when it is on one node (else empty)."""
         single = self.single
         return single.allocations if single is not None else ()
 

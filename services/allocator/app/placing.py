@@ -22,6 +22,7 @@ from dataclasses import replace
 
 from services.allocator.app.messages import GangSpec, Query
 from services.allocator.core import (
+    Allocated,
     AllocatedState,
     ClusterSnapshot,
     Explanation,
@@ -30,11 +31,14 @@ from services.allocator.core import (
     SearchBudget,
     SelectorCache,
     SolveResult,
+    Summary,
+    SummaryKind,
     TopologyConstraint,
     Unsatisfiable,
     constraints_from_annotations,
     solve,
     solve_gang,
+    solve_many,
 )
 from services.cel import DEFAULT_REQUEST_COST
 from services.common.deadline import Deadline
@@ -42,6 +46,22 @@ from services.common.dra.model import DeviceClass, DeviceID, ResourceClaim
 from services.common.errors import GpuallocError
 
 __all__ = ["Deadline", "PlacementSearch", "eligible_nodes", "unique_share_id"]
+
+
+def allocated_explanation(result: Allocated, gang: GangSpec) -> Explanation:
+    """Why this gang: the domain it went to and its nodes, in the order chosen."""
+    labelled = bool(gang.group_by_label) and result.domain is not None
+    summary = Summary(
+        SummaryKind.GANG_ALLOCATED,
+        count=gang.node_count,
+        label=gang.group_by_label if labelled else None,
+        domain=str(result.domain) if labelled else None,
+        nodes=tuple(p.node or "" for p in result.placements),
+    )
+    return Explanation(
+        summary=summary,
+        budget_exhausted=result.stats.budget_exhausted,
+    )
 
 
 def unique_share_id(claim: ResourceClaim, request: str, device: DeviceID, position: int) -> str:
@@ -108,6 +128,40 @@ class PlacementSearch:
             nodes=eligible_nodes(snapshot, query) if restricted else None,
         )
 
+    def place_many(
+        self,
+        snapshot: ClusterSnapshot,
+        state: AllocatedState,
+        classes: Mapping[str, DeviceClass],
+        query: Query,
+        count: int,
+        deadline: Deadline,
+        *,
+        explain: bool = False,
+    ) -> list[SolveResult]:
+        """`count` identical queries, each placed on `state` with the ones before it held
+        (the core's `solve_many`: one shared feasibility and scoring pass); the list ends with
+        the first one not placed. A gang's is `place`'s one result. Raises DeadlineExceeded
+        when the deadline cut a search short."""
+        if query.gang is not None or count <= 1:
+            return [self.place(snapshot, state, classes, query, deadline, explain=explain)]
+        restricted = not query.node and (query.node_selector is not None or query.max_nodes > 0)
+        return solve_many(
+            snapshot,
+            state,
+            classes,
+            query.claims,
+            count,
+            node=query.node or None,
+            nodes=eligible_nodes(snapshot, query) if restricted else None,
+            policy=query.policy or self.policy,
+            selectors=self.selectors,
+            budget=self.budget(query, deadline),
+            explain=explain,
+            share_id=unique_share_id,
+            topology_constraints=topology_constraints(query),
+        )
+
     def _solve(
         self,
         snapshot: ClusterSnapshot,
@@ -171,6 +225,9 @@ class PlacementSearch:
             detail = self._gang_detail(snapshot, state, classes, query, gang, deadline, topology)
             if detail is not None:
                 result = replace(result, explanation=_with_detail(result.explanation, detail))
+        elif isinstance(result, Allocated):  # why this gang: its domain and nodes, when asked
+            explained = allocated_explanation(result, gang) if explain else None
+            result = replace(result, explanation=explained)
         return result
 
     def _gang_detail(

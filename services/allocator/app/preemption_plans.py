@@ -30,6 +30,7 @@ from services.allocator.core import (
     plan_preemption,
 )
 from services.allocator.reservations.model import Reservation
+from services.allocator.reservations.queued import queued_at
 from services.common.deadline import Deadline
 from services.common.dra.model import AllocationResult
 from services.common.security.principal import tenant_of_owner
@@ -124,14 +125,17 @@ def propose(
     *,
     now: float,
     max_consolidation_nodes: int,
+    empty: Answer | None = None,
 ) -> Proposal | None:
-    """The fewest reservations whose revocation (or move) makes `query` fit for `lease.owner`,
-    or None: the planner's passes, then consolidation (a single node's query only)."""
+    """The fewest reservations whose revocation (or move) makes `query` fit for `lease.owner`
+    (its work queued at `now`), or None: the planner's passes, then consolidation (a single
+    node's query only). `empty`: the query's placement on an empty fleet, when the caller has
+    it (else solved here)."""
     model = around.model
     priority = model.priority(lease.priority_class)
     if not priority.preempts:
         return None
-    empty = trials.on_empty_fleet(query)
+    empty = empty or trials.on_empty_fleet(query)
     if empty is None:
         return None  # it does not fit an empty fleet: no victim helps
     live = around.live
@@ -145,23 +149,13 @@ def propose(
         around.usage,
         created_at=now,
     )
-    pinned: dict[str, Query] = {}
-
-    def pin(node: str) -> Query:
-        return pinned.setdefault(node, replace(query, node=node, node_selector=None))
-
-    def place(chosen: Sequence[Candidate], node: str) -> Usage | None:
-        """What the query counts when placed (on `node`, "" anywhere) once `chosen` are
-        revoked; None when it is not placed."""
-        found = trials.without(pin(node) if node else query, [live[c.holding.id] for c in chosen])
-        return None if found is None else trials.counts(found)
-
+    placing = _Placing(trials, query, live)
     # the candidates in one fleet-wide order rarely free one node (a whole-GPU grant needs
     # every slice of its GPUs gone): the planner also tries node by node, as kube-scheduler
     # does, on the nodes the query may use
     nodes = _nodes(trials, query)
     by_node = {r.id: r.node for r in live.values()} if query.gang is None else None
-    plan = plan_preemption(context, place, node_of=by_node, nodes=nodes)
+    plan = plan_preemption(context, placing.place, node_of=by_node, nodes=nodes)
     if plan is not None:
         return Proposal(
             tuple(_victim(live[c.holding.id], c.reason) for c in plan.victims),
@@ -169,20 +163,11 @@ def propose(
         )
     if query.gang is not None:
         return None
-
-    def place_on(
-        node: str, chosen: Sequence[Candidate]
-    ) -> tuple[Usage, Sequence[AllocationResult]] | None:
-        found = trials.without(pin(node), [live[c.holding.id] for c in chosen])
-        if found is None:
-            return None
-        return trials.counts(found), [a for p in found.placements for a in p.allocations]
-
     moved = plan_consolidation(
         context,
         trials.view.snapshot,
         trials.state,
-        place_on,
+        placing.place_on,
         nodes=nodes,
         max_nodes=max_consolidation_nodes,
     )
@@ -195,6 +180,35 @@ def propose(
         tuple(gone),
         tuple(_relocation(r, to[r.id]) for r in gone),
     )
+
+
+class _Placing:
+    """The planner's callbacks for one query: where it lands once chosen reservations go."""
+
+    def __init__(self, trials: Trials, query: Query, live: Mapping[str, Reservation]) -> None:
+        self.trials, self.query, self.live = trials, query, live
+        self._pinned: dict[str, Query] = {}
+
+    def on(self, node: str) -> Query:
+        """The query pinned to `node` ("" : as it is)."""
+        if not node:
+            return self.query
+        return self._pinned.setdefault(node, replace(self.query, node=node, node_selector=None))
+
+    def place(self, chosen: Sequence[Candidate], node: str) -> Usage | None:
+        """What the query counts when placed (on `node`, "" anywhere) once `chosen` are
+        revoked; None when it is not placed."""
+        found = self.trials.without(self.on(node), [self.live[c.holding.id] for c in chosen])
+        return None if found is None else self.trials.counts(found)
+
+    def place_on(
+        self, node: str, chosen: Sequence[Candidate]
+    ) -> tuple[Usage, Sequence[AllocationResult]] | None:
+        """What it counts and its allocations on `node` once `chosen` are gone from it."""
+        found = self.trials.without(self.on(node), [self.live[c.holding.id] for c in chosen])
+        if found is None:
+            return None
+        return self.trials.counts(found), [a for p in found.placements for a in p.allocations]
 
 
 def _nodes(trials: Trials, query: Query) -> Sequence[str] | None:
@@ -223,6 +237,7 @@ def _holding(
         reservation.created_at,
         amounts,
         move=None if in_gang else _movable(reservation),
+        queued_at=queued_at(reservation),
     )
 
 

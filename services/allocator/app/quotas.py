@@ -247,8 +247,16 @@ class QuotaGuard:
         for name in resource.device_classes:
             device_class = classes.get(name)
             if device_class is not None and self._matches(device_class, entry):
-                return True
-        return False
+                break
+        else:
+            return False
+        try:  # and the resource's own selectors (compiled when the policy was loaded)
+            return all(
+                self._selectors.compile(expression).matches(entry.cel)
+                for expression in resource.selectors
+            )
+        except CelError:
+            return False
 
     def _matches(self, device_class: DeviceClass, entry: DeviceEntry) -> bool:
         try:
@@ -514,9 +522,9 @@ class QuotaGuard:
 
 
 def check_flavor_selectors(model: QuotaModel, selectors: SelectorCache) -> QuotaModel:
-    """`model`, once every resource flavor's CEL selector compiles (InvalidArgument naming the
-    flavor and the selector otherwise: the policy is then not loaded, the last good quotas
-    stay)."""
+    """`model`, once every resource flavor's and quota resource's CEL selector compiles
+    (InvalidArgument naming the flavor or resource and the selector otherwise: the policy is
+    then not loaded, the last good quotas stay)."""
     seen: set[str] = set()
     for resource in model.resources:
         flavor = resource.spec
@@ -529,6 +537,16 @@ def check_flavor_selectors(model: QuotaModel, selectors: SelectorCache) -> Quota
             except CelError as error:
                 raise InvalidArgument.at(
                     f"spec.quota.resourceFlavors[{flavor.name}].selectors[{i}].cel.expression",
+                    str(error),
+                ) from None
+    for resource in model.resources:  # a resource's own selectors (one MIG profile's)
+        for i, expression in enumerate(resource.selectors):
+            try:
+                selectors.compile(expression)
+            except CelError as error:
+                raise InvalidArgument.at(
+                    f"spec.quota.resources[{resource.base or resource.name}].selectors[{i}]"
+                    ".cel.expression",
                     str(error),
                 ) from None
     return model

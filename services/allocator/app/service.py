@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from opentelemetry import trace
 from opentelemetry.metrics import Counter
@@ -43,9 +43,8 @@ from services.allocator.app.capacity_count import count_capacity
 from services.allocator.app.cluster_view import ClusterView, ViewSnapshot
 from services.allocator.app.consolidation import MOVED_FROM_LABEL
 from services.allocator.app.device_classes import with_inline
-from services.allocator.app.flavor_search import search_flavors
+from services.allocator.app.flavor_search import search_flavors, units_within_flavors
 from services.allocator.app.gang_answers import (
-    allocated_explanation,
     members_of_reservations,
     placement_requests,
 )
@@ -78,6 +77,7 @@ from services.allocator.core import (
     AllocatedState,
     Explanation,
     NodePlacement,
+    Policy,
     SolveResult,
     Summary,
     SummaryKind,
@@ -104,6 +104,7 @@ from services.allocator.reservations.model import (
     device_conflict_key,
     reserved,
 )
+from services.allocator.reservations.queued import with_queued_at
 from services.common.deadline import UNBOUNDED, Deadline
 from services.common.dra.model import (
     AllocationResult,
@@ -114,6 +115,7 @@ from services.common.errors import (
     Conflict,
     DeadlineExceeded,
     FailedPrecondition,
+    GpuallocError,
     InvalidArgument,
     NotBound,
     NotFound,
@@ -181,6 +183,7 @@ class AllocatorService:
         self._metrics = metrics
         self._tracer = tracer or trace.NoOpTracer()
         self._keys = _KeyedLocks()
+        self._placing = threading.Lock()  # one batch run solving at a time (allocate_run)
         self._reservation_limit = ReservationLimit(holdings.reservations)
 
     # --- Allocate / Explain / Capacity -------------------------------------------------------
@@ -206,6 +209,8 @@ class AllocatorService:
             if known:
                 _check_replay(query, known, lease)
                 return self._reserved_answer(query, known, self.view.require(0).generation)
+        if lease is not None and lease.queued_at is not None:  # kept on the reservation
+            lease = replace(lease, labels=with_queued_at(lease.labels, lease.queued_at))
         attempts = 1 + (self.limits.reserve_retries if lease is not None else 0)
         conflict: Conflict | None = None
         revoked: tuple[Victim, ...] = ()
@@ -221,12 +226,7 @@ class AllocatorService:
             answer, proposal = decision.answer, decision.proposal
             if answer.outcome is Outcome.ALLOCATED:
                 requests = placement_requests(
-                    view.snapshot,
-                    answer.placements,
-                    names,
-                    lease,
-                    lease_seconds,
-                    gang=answer.is_gang,
+                    view.snapshot, answer.placements, names, lease, lease_seconds
                 )
                 try:
                     reservations = self._store_reserve(
@@ -268,10 +268,10 @@ class AllocatorService:
         """A reserving Allocate's answer once the store reserved."""
         if lease.idempotency_key:  # the store may answer with another replica's first call
             _check_same_request(reservations, lease)
-        if answer.is_gang and _same_placement(reservations, answer.placements):
+        if _same_placement(reservations, answer.placements):
             return replace(answer, reservations=tuple(reservations), preemption=revoked)
-        # One node's answer, or a gang for which the store answered (idempotency key) with an
-        # earlier call's reservations: the answer is what is held.
+        # The store answered (idempotency key) with an earlier call's reservations: the
+        # answer is what is held.
         held = self._reserved_answer(query, reservations, view.generation)
         return replace(held, preemption=revoked, flavors=answer.flavors)
 
@@ -282,15 +282,17 @@ class AllocatorService:
         owner: str = "",
         priority_class: str = "",
         *,
+        queued_at: float | None = None,
         deadline: Deadline = UNBOUNDED,
     ) -> Answer:
         """Allocate's search with reasons recorded, plus the reservations that blocked it;
         with `owner`, a placement found is checked against its tenant's quota too, and one not
-        found (or refused by the quota) comes with the preemption that would make it fit."""
+        found (or refused by the quota) comes with the preemption that would make it fit (for
+        a grant of `priority_class` whose work was queued at `queued_at`)."""
         view, state = self._read(query, deadline)
         answer = self._answer(view, state, query, deadline, explain=True)
         if owner and self.quotas is not None:
-            lease = LeaseOptions(owner, priority_class=priority_class)
+            lease = LeaseOptions(owner, priority_class=priority_class, queued_at=queued_at)
             decision = self._decide(view, state, query, answer, lease, (), deadline, checked=False)
             explanation = decision.answer.explanation or answer.explanation
             answer = replace(decision.answer, explanation=explanation)
@@ -318,11 +320,25 @@ class AllocatorService:
         rows = tuple(self.quotas.status([tenant_of_owner(owner)]))
         if not rows:
             return counted
+        left = {row.resource: row.left for row in rows}
+        tenant = self.quotas.model.quota_of(tenant_of_owner(owner))
+        per_flavor = None
+        if tenant is not None and any(r.base for r in self.quotas.model.resources):
+            per_flavor = units_within_flavors(
+                self._trials(view, state, query, owner, deadline),
+                query,
+                tenant,
+                self.quotas.model,
+                with_inline(self.classes, query.device_classes),
+                left,
+                lambda pinned: self._count_units(view, state, pinned, deadline).total,
+            )
+        if per_flavor is not None:
+            return replace(counted, quota=rows, within_quota=min(counted.total, per_flavor))
         first = self._answer(view, state, query, deadline, explain=False)
         within = 0
         if first.outcome is Outcome.ALLOCATED:
             unit = self._placement_usage(view, query, first, owner)
-            left = {row.resource: row.left for row in rows}
             bounds = [left.get(name, 0) // amount for name, amount in unit.items() if amount > 0]
             within = min([counted.total, *bounds])
         return replace(counted, quota=rows, within_quota=within)
@@ -341,6 +357,177 @@ class AllocatorService:
                 generation=view.generation,
                 max_units=self.limits.max_capacity_units,
             )
+
+    # --- AllocateBatch's reserving items (app/batch.py) ----------------------------------------
+
+    def allocate_run(
+        self, items: Sequence[tuple[Query, LeaseOptions]], *, deadline: Deadline = UNBOUNDED
+    ) -> list[Answer | GpuallocError]:
+        """Consecutive reserving items of a batch, each answered as `allocate` answers it when
+        the items are sent one by one in order: solved one after another, each on the holdings
+        with the earlier items' placements held (identical consecutive items in one shared
+        search: `_answers`), and written together — quota tickets in one compare-and-set per
+        ledger, devices in one store call (app/granting.py). While a run is solved no other run
+        of this process solves (`_placing`): it would pick the same devices. An item this pass
+        does not finish — its answer is not a placement while quotas are on (a preemption may
+        be due), its quota refuses it, its idempotency key is busy, or another writer took its
+        devices — goes through `allocate` once the items before it are written. Items not
+        started when the deadline passes are left out (the list is then shorter)."""
+        results: list[Answer | GpuallocError | None] = []
+        while len(results) < len(items) and not deadline.passed():
+            run = _Run(self._grant_run())
+            try:
+                with self._placing:
+                    unary = self._solve_run(run, items, results, deadline)
+                self._write_run(run, results, deadline)
+            finally:  # after a failure (a bug): nothing of the run stays pending or locked
+                run.grants.abandon()
+                run.keys.close()
+            if unary:  # after the items before it are written
+                query, lease = items[len(results)]
+                results.append(self._allocate_caught(query, lease, deadline))
+        return [result for result in results if result is not None]
+
+    def _solve_run(
+        self,
+        run: _Run,
+        items: Sequence[tuple[Query, LeaseOptions]],
+        results: list[Answer | GpuallocError | None],
+        deadline: Deadline,
+    ) -> bool:
+        """Solve items from `len(results)` on into `run` (their results placeholders until it
+        is written) until the end, the deadline, or an item for the unary path (True)."""
+        ahead: list[Answer] = []  # the next identical items' answers, solved together
+        ahead_view: ViewSnapshot | None = None
+        while len(results) < len(items) and not deadline.passed():
+            position = len(results)
+            query, lease = items[position]
+            if ahead and items[position - 1][0] != query:
+                ahead = []
+            same = 1  # identical items from here on: solved together when `ahead` is empty
+            while not ahead and position + same < len(items) and items[position + same][0] == query:
+                same += 1
+            try:
+                step = self._run_item(run, query, lease, ahead, ahead_view, same, deadline)
+            except GpuallocError as error:
+                results.append(error)
+                ahead = []
+                continue
+            if step is None:
+                return True
+            if isinstance(step, _Placed):
+                results.append(None)
+                run.placed.append((position, step))
+                ahead_view = step.view
+            else:
+                results.append(step)
+                ahead = []
+        return False
+
+    def _run_item(
+        self,
+        run: _Run,
+        query: Query,
+        lease: LeaseOptions,
+        ahead: list[Answer],
+        ahead_view: ViewSnapshot | None,
+        same: int,
+        deadline: Deadline,
+    ) -> Answer | _Placed | None:
+        """One reserving item: its final answer (an idempotent replay; no placement and no
+        quotas), its placement added to the run, or None (the unary path answers it). `ahead`:
+        answers solved for it and the identical items after it on `ahead_view` (consumed here;
+        when empty, refilled for `same` identical items); cleared when this item does not take
+        its answer's placement."""
+        lease_seconds = self._lease_seconds(lease.lease_seconds, "lease_ttl")
+        self._check_priority_class(lease.priority_class)
+        if lease.idempotency_key:
+            held = run.keys.enter_context(
+                self._keys.held((lease.owner, lease.idempotency_key), blocking=False)
+            )
+            if not held:  # another call's, or this run's: after the run, one at a time
+                return None
+            known = self.holdings.find_idempotent(lease.owner, lease.idempotency_key)
+            if known:
+                _check_replay(query, known, lease)
+                ahead.clear()
+                return self._reserved_answer(query, known, self.view.require(0).generation)
+        state: AllocatedState | None = None
+        if ahead and ahead_view is not None:
+            view, answer = ahead_view, ahead.pop(0)
+        else:
+            view, state = self._read(query, deadline)
+            answers = self._answers(view, state, query, deadline, explain=query.explain, count=same)
+            answer, ahead[:] = answers[0], answers[1:]
+        if lease.queued_at is not None:  # kept on the reservation
+            lease = replace(lease, labels=with_queued_at(lease.labels, lease.queued_at))
+        if self.quotas is not None:
+            state = state or self.holdings.state_for(view)
+            decision = self._decide(view, state, query, answer, lease, (), deadline)
+            if decision.answer is not answer:
+                ahead.clear()  # another flavor's placement: the next items solve again
+            if decision.proposal is not None:
+                ahead.clear()
+                return None  # a preemption to make room: the unary path carries it out
+            answer = decision.answer
+        if answer.outcome is not Outcome.ALLOCATED:
+            ahead.clear()
+            return answer if self.quotas is None else None  # quotas: it may preempt
+        names = tuple(claim_ref(claim.namespace, claim.name) for claim in query.claims)
+        requests = placement_requests(view.snapshot, answer.placements, names, lease, lease_seconds)
+        try:
+            run.grants.add(view.snapshot, requests, limit=lease.max_reservations)
+        except QuotaExceeded:
+            ahead.clear()
+            return None  # the unary path answers it, with the preemption that would make room
+        except BaseException:
+            ahead.clear()  # its placement is not held: the next items solve again
+            raise
+        return _Placed(query, lease, answer, requests, view)
+
+    def _write_run(
+        self, run: _Run, results: list[Answer | GpuallocError | None], deadline: Deadline
+    ) -> None:
+        """Write the run's placements and put each item's answer in `results`; items that
+        lost their devices to another writer, or whose ledger refused them on a second read,
+        go through `allocate` after all of them."""
+        if not run.placed:
+            run.keys.close()
+            return
+        with self._tracer.start_as_current_span("reserve") as span:
+            span.set_attribute("gpualloc.batch.placements", len(run.placed))
+            outcomes = run.grants.write(deadline)
+        again: list[tuple[int, _Placed]] = []
+        for (index, placed), outcome in zip(run.placed, outcomes, strict=True):
+            if isinstance(outcome, Conflict):
+                self._count(self._metrics.conflicts if self._metrics else None)
+                found = [self.holdings.refresh(request.node) for request in placed.requests]
+                if self._drifted(outcome, placed.requests, placed.view, any(found)):
+                    self.holdings.rebuild()
+                again.append((index, placed))
+            elif isinstance(outcome, QuotaExceeded):
+                again.append((index, placed))
+            elif isinstance(outcome, GpuallocError):
+                results[index] = outcome
+            else:
+                try:
+                    results[index] = self._held(
+                        placed.query, placed.answer, outcome, placed.lease, (), placed.view
+                    )
+                except GpuallocError as error:
+                    results[index] = error
+        run.placed = []
+        run.keys.close()  # the unary path takes each key itself
+        for index, placed in again:
+            results[index] = self._allocate_caught(placed.query, placed.lease, deadline)
+
+    def _allocate_caught(
+        self, query: Query, lease: LeaseOptions, deadline: Deadline
+    ) -> Answer | GpuallocError:
+        try:
+            return self.allocate(query, lease, deadline=deadline)
+        except GpuallocError as error:
+            return error
 
     # --- the reservation life cycle ----------------------------------------------------------
 
@@ -693,26 +880,53 @@ class AllocatorService:
         explain: bool,
     ) -> Answer:
         """The solver's answer to `query` (a gang's with `solve_gang`) on this view and state."""
+        return self._answers(view, state, query, deadline, explain=explain)[0]
+
+    def _answers(
+        self,
+        view: ViewSnapshot,
+        state: AllocatedState,
+        query: Query,
+        deadline: Deadline,
+        *,
+        explain: bool,
+        count: int = 1,
+    ) -> list[Answer]:
+        """The answers to `count` identical queries, each on `state` with the placements of
+        the ones before it held (one shared search: PlacementSearch.place_many); the list ends
+        with the first that is not ALLOCATED."""
         classes = with_inline(self.classes, query.device_classes)
         policy = query.policy or self.solver.policy
         started = time.perf_counter()
-        with self._tracer.start_as_current_span(
-            "solve" if query.gang is None else "solve_gang"
-        ) as span:
+        with self._tracer.start_as_current_span("solve") as span:
             span.set_attribute("gpualloc.inventory.generation", view.generation)
+            span.set_attribute("gpualloc.placement.nodes", query.node_count)
             searching = deadline.answering()
-            result: SolveResult | None
-            if query.gang is not None:
-                span.set_attribute("gpualloc.gang.nodes", query.gang.node_count)
+            results: list[SolveResult | None]
+            if count > 1:
+                span.set_attribute("gpualloc.batch.items", count)
             try:
-                result = self.solver.place(
-                    view.snapshot, state, classes, query, searching, explain=explain
+                results = list(
+                    self.solver.place_many(
+                        view.snapshot, state, classes, query, count, searching, explain=explain
+                    )
                 )
             except DeadlineExceeded:
-                result = None
-            elapsed = time.perf_counter() - started
-            gang = "Gang" if query.gang is not None and result is not None else ""
-            span.set_attribute("gpualloc.outcome", gang + type(result).__name__)  # GangAllocated
+                results = [None]
+            elapsed = (time.perf_counter() - started) / len(results)
+            span.set_attribute("gpualloc.outcome", type(results[-1]).__name__)
+        return [self._answered(view, query, policy, result, elapsed, explain) for result in results]
+
+    def _answered(
+        self,
+        view: ViewSnapshot,
+        query: Query,
+        policy: Policy,
+        result: SolveResult | None,
+        elapsed: float,
+        explain: bool,
+    ) -> Answer:
+        """A solve's result (None: the deadline cut it short) as an Answer."""
         if self._metrics is not None:
             self._metrics.solve_duration.record(elapsed)
         answer = Answer(
@@ -736,15 +950,11 @@ class AllocatorService:
             )
             holders = blocking_holders(answer, self.holdings.reservations(), 3)
             return _with_holders(answer, holders)
-        explanation = result.explanation
-        if query.gang is not None:
-            explanation = allocated_explanation(result, query.gang) if explain else None
         return replace(
             answer,
             outcome=Outcome.ALLOCATED,
             placements=result.placements,
-            is_gang=query.gang is not None,
-            explanation=explanation,
+            explanation=result.explanation,
             stats=result.stats,
         )
 
@@ -803,7 +1013,7 @@ class AllocatorService:
                 self._standing(lease.owner),
                 with_inline(self.classes, query.device_classes),
                 first=answer,
-                now=time.time(),
+                now=_queued(lease),
                 max_consolidation_nodes=self.limits.max_consolidation_nodes,
             )
             if flavored
@@ -848,7 +1058,7 @@ class AllocatorService:
             query,
             lease,
             self._standing(lease.owner),
-            now=time.time(),
+            now=_queued(lease),
             max_consolidation_nodes=self.limits.max_consolidation_nodes,
         )
 
@@ -986,9 +1196,7 @@ class AllocatorService:
         assert self.quotas is not None
         lease = LeaseOptions(owner)
         names = tuple(claim_ref(claim.namespace, claim.name) for claim in query.claims)
-        requests = placement_requests(
-            view.snapshot, answer.placements, names, lease, 1.0, gang=answer.is_gang
-        )
+        requests = placement_requests(view.snapshot, answer.placements, names, lease, 1.0)
         total: dict[str, int] = {}
         for request in requests:
             usage = self.quotas.usage(view.snapshot, request.node, request.allocations)
@@ -1000,20 +1208,12 @@ class AllocatorService:
         self, query: Query, reservations: Sequence[Reservation], generation: int
     ) -> Answer:
         """The answer of a reserving Allocate: the placement as the store holds it (which, for
-        an idempotent retry, is the first call's): one node's is its first reservation's (the
-        node scope), a gang's members are sorted by node."""
-        first = reservations[0]
-        placements = (
-            members_of_reservations(reservations)
-            if query.gang is not None
-            else (NodePlacement(first.node, first.allocations),)
-        )
+        an idempotent retry, is the first call's), its nodes sorted by name."""
         return Answer(
             Outcome.ALLOCATED,
             generation=generation,
             claims=query.claims,
-            placements=placements,
-            is_gang=query.gang is not None,
+            placements=members_of_reservations(reservations),
             policy=query.policy or self.solver.policy,
             reservations=tuple(reservations),
         )
@@ -1047,6 +1247,26 @@ class AllocatorService:
             counter.add(1)
 
 
+@dataclass(frozen=True)
+class _Placed:
+    """A batch item solved and added to its run, waiting for the run's write."""
+
+    query: Query
+    lease: LeaseOptions
+    answer: Answer
+    requests: Sequence[ReserveRequest]
+    view: ViewSnapshot
+
+
+@dataclass
+class _Run:
+    """A batch's run of reserving items: the grants, the items placed, the keys held."""
+
+    grants: GrantRun
+    placed: list[tuple[int, _Placed]] = field(default_factory=list)  # (result index, item)
+    keys: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+
 class _KeyedLocks:
     """One lock per key while anyone holds or waits for it (then forgotten)."""
 
@@ -1055,14 +1275,18 @@ class _KeyedLocks:
         self._locks: dict[object, tuple[threading.Lock, int]] = {}
 
     @contextmanager
-    def held(self, key: object) -> Iterator[None]:
+    def held(self, key: object, *, blocking: bool = True) -> Iterator[bool]:
+        """Hold `key`'s lock for the block; not `blocking`: yields whether it was free (the
+        block then runs without it when it was not)."""
         with self._guard:
             lock, users = self._locks.get(key, (threading.Lock(), 0))
             self._locks[key] = (lock, users + 1)
+        acquired = lock.acquire(blocking)
         try:
-            with lock:
-                yield
+            yield acquired
         finally:
+            if acquired:
+                lock.release()
             with self._guard:
                 lock, users = self._locks[key]
                 if users == 1:
@@ -1127,6 +1351,12 @@ def _bounded(conflict: Conflict) -> Conflict:
     )
 
 
+def _queued(lease: LeaseOptions) -> float:
+    """When the grant's work was queued: as its request says, else now (a request arriving
+    now is newer than every reservation held)."""
+    return time.time() if lease.queued_at is None else lease.queued_at
+
+
 def _refused(answer: Answer, refusals: Sequence[QuotaRefusal]) -> Answer:
     """The solver's answer when no flavor is taken: never ALLOCATED (QUOTA_EXCEEDED with the
     quota's refusals, else UNSATISFIABLE: the flavors' attempts say why)."""
@@ -1163,17 +1393,15 @@ def _check_same_request(known: Sequence[Reservation], lease: LeaseOptions) -> No
 
 
 def _check_replay(query: Query, known: Sequence[Reservation], lease: LeaseOptions) -> None:
-    """A repeated key must repeat its request, and a gang's must still hold the whole gang:
-    one whose members were partly released or expired is not returned as ALLOCATED."""
+    """A repeated key must repeat its request, and still hold every node of its placement:
+    a gang whose members were partly released or expired is not returned as ALLOCATED."""
     _check_same_request(known, lease)
     key = lease.idempotency_key
-    if query.gang is None:
-        return
     members = members_of_reservations(known)
-    if len(members) != query.gang.node_count:
+    if len(members) != query.node_count:
         raise FailedPrecondition(
-            f"idempotency key {key!r} holds {len(members)} node reservation(s), not a gang of "
-            f"{query.gang.node_count}: release them or allocate with a new key"
+            f"idempotency key {key!r} holds {len(members)} node reservation(s), not a "
+            f"placement on {query.node_count}: release them or allocate with a new key"
         )
 
 

@@ -38,7 +38,6 @@ import yaml
 
 from services.allocator.adapters.inventory.topology_files import split_topologies
 from services.allocator.app.capacity_count import count_capacity
-from services.allocator.app.gang_answers import allocated_explanation
 from services.allocator.app.messages import GangSpec, Query
 from services.allocator.app.placing import Deadline, PlacementSearch
 from services.allocator.config import ALLOCATOR_SETTINGS
@@ -460,10 +459,10 @@ def _solve_gang(
             }
             for member in result.placements
         ]
-        explanation = allocated_explanation(result, gang)
     else:
         report["budgetExhausted"] = result.budget_exhausted
-        explanation = result.explanation
+    explanation = result.explanation
+    assert explanation is not None  # explained: the gang's domain and nodes, or why not
     report["explanation"] = explanation_to_dict(explanation)
     report["stats"] = stats_to_dict(result.stats)
     return report

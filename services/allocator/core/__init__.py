@@ -17,6 +17,13 @@ FailedPrecondition, NotFound for an unknown pinned node, DeadlineExceeded when c
 
 from services.allocator.core.batch import solve_many
 from services.allocator.core.candidates import taint_detail, tolerates, untolerated_taint
+from services.allocator.core.consolidation import (
+    ConsolidationPlan,
+    consolidation_order,
+    fewest_moves,
+    movable_candidates,
+    plan_consolidation,
+)
 from services.allocator.core.counting import (
     UNKNOWN_MODEL,
     NodeUnits,
@@ -73,17 +80,12 @@ from services.allocator.core.outcome import (
 )
 from services.allocator.core.preemption import (
     Candidate,
-    ConsolidationPlan,
     Holding,
     NodeVictims,
     PreemptionContext,
     PreemptionPlan,
     PreemptionReason,
-    consolidation_order,
-    fewest_moves,
     fewest_victims,
-    movable_candidates,
-    plan_consolidation,
     plan_preemption,
     preemption_candidates,
     victims_by_node,

@@ -20,8 +20,8 @@ The rules (docs/tenancy.md, Kueue's classical preemption, per tenant `Preemption
   candidates below the threshold when it borrows already);
 - the fewest victims, never a set that takes a higher priority than the ordered search needs.
 
-Consolidation (rule 3, beyond Kueue: move rather than revoke) is planned here too
-(`plan_consolidation`: the node, who moves, and the devices they move to, core/moves.py).
+Consolidation (rule 3, beyond Kueue: move rather than revoke) is planned beside it
+(core/consolidation.py: the node, who moves, and the devices they move to, core/moves.py).
 
 Pure: values in, values out.
 """
@@ -35,10 +35,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from services.allocator.core.fair_preemption import FairCandidate, fair_sequence
-from services.allocator.core.moves import Movable, Move, device_group, movable_device, place_moves
-from services.allocator.core.snapshot import ClusterSnapshot
-from services.allocator.core.state import AllocatedState
-from services.common.dra.model import AllocationResult
+from services.allocator.core.moves import Movable
 from services.common.security.cohorts import tenant_node
 from services.common.security.quota import (
     BorrowWithinCohort,
@@ -53,17 +50,12 @@ from services.common.security.quota import (
 
 __all__ = [
     "Candidate",
-    "ConsolidationPlan",
     "Holding",
     "NodeVictims",
     "PreemptionContext",
     "PreemptionPlan",
     "PreemptionReason",
-    "consolidation_order",
-    "fewest_moves",
     "fewest_victims",
-    "movable_candidates",
-    "plan_consolidation",
     "plan_preemption",
     "preemption_candidates",
     "victims_by_node",
@@ -87,9 +79,15 @@ class Holding:
     id: str
     tenant: str
     priority: PriorityClass
-    created_at: float
+    created_at: float  # when it was reserved (Kueue's admission time: the "newest" order)
     amounts: Usage  # what it counts against its tenant's quota
     move: Movable | None = None  # where it is, when consolidation may move it (one device)
+    queued_at: float | None = None  # when its work was queued (None: when it was reserved)
+
+    @property
+    def queued(self) -> float:
+        """Kueue's queue order timestamp (LowerOrNewerEqualPriority compares it)."""
+        return self.created_at if self.queued_at is None else self.queued_at
 
 
 @dataclass(frozen=True)
@@ -108,8 +106,8 @@ class Candidate:
 class PreemptionContext:
     """Everything the planner decides from: `amounts` is what the grant counts (as placed on
     an empty fleet), `usage` the live usage of the tenant's cohort, `created_at` when the
-    preemptor was created (LowerOrNewerEqualPriority spares equal-priority victims older than
-    it)."""
+    preemptor's work was queued (LowerOrNewerEqualPriority takes equal-priority victims queued
+    after it, `Holding.queued`)."""
 
     model: QuotaModel
     tenant: str
@@ -283,7 +281,7 @@ def _own(context: PreemptionContext, quota: TenantQuota | None) -> list[Candidat
         if policy is WithinTenant.NEVER:
             return False
         if policy is WithinTenant.LOWER_OR_NEWER_EQUAL_PRIORITY and value == mine:
-            return holding.created_at > context.created_at
+            return holding.queued > context.created_at
         return value < mine
 
     found = [
@@ -313,7 +311,10 @@ def _cohort_candidates(
     levels = {name: model.levels_of(me, name, context.usage) for name in need}
     holdings: dict[str, list[Holding]] = {}
     for h in context.holdings:
-        if h.tenant != context.tenant and h.priority.preemptible:
+        # Kueue's WorkloadUsesResources: only a reservation counting a resource the grant
+        # needs (on a flavor: one of that flavor) gives back anything it needs
+        uses = any(h.amounts.get(name, 0) > 0 for name in need)
+        if h.tenant != context.tenant and h.priority.preemptible and uses:
             holdings.setdefault(h.tenant, []).append(h)
     mine = context.priority.value
     lower_only = policy.reclaim_within_cohort is ReclaimWithinCohort.LOWER_PRIORITY
@@ -603,134 +604,6 @@ def victims_by_node(
     _, node, pool, found = best  # the smaller-set search on the best node only
     found = _smaller(pool, found, functools.partial(fits_on, node), smaller, model, usage)
     return NodeVictims(node, tuple(found))
-
-
-# --- consolidation (beyond Kueue) -------------------------------------------------------------
-
-
-def movable_candidates(context: PreemptionContext) -> list[Candidate]:
-    """Rule 3, *consolidate*, for when revoking what the passes allow cannot make room
-    (the free devices are spread over nodes, as KAI Scheduler's Consolidate action finds
-    them): when the grant keeps the tenant within its nominal quota, reservations of a movable
-    priority class of any tenant of its cohort (its own too, of any priority) may be moved to
-    an equivalent free device on another node. A move takes nothing from anyone's quota: the
-    holder keeps what it counts, on other devices; it does cost the holder a restart. Newest
-    first. Which of them make room on a node, and whether each finds a device elsewhere, the
-    caller decides (only holdings it can re-place are candidates)."""
-    if not context.priority.preempts:
-        return []
-    quota = context.model.quota_of(context.tenant)
-    used = context.usage.get(context.tenant, {})
-    if quota is None or not _within_nominal(quota, context.amounts, used):
-        return []
-    members = set(context.model.members(quota))
-    movable = [
-        h
-        for h in context.holdings
-        if h.tenant in members and h.priority.preemptible and h.priority.movable
-    ]
-    movable.sort(key=lambda h: (-h.created_at, h.id))
-    return [Candidate(h, PreemptionReason.CONSOLIDATE) for h in movable]
-
-
-@dataclass(frozen=True)
-class ConsolidationPlan:
-    """A consolidation: the node the grant goes to, who moves (reason CONSOLIDATE) and the
-    device each moves to."""
-
-    node: str
-    victims: tuple[Candidate, ...]
-    moves: tuple[Move, ...]
-
-
-# PlaceOn(node, chosen): what the grant counts and its allocations when placed on `node` once
-# `chosen` are gone from it; None when it is not placed there
-PlaceOn = Callable[[str, Sequence[Candidate]], tuple[Usage, Sequence[AllocationResult]] | None]
-
-_GRANT = "(the grant)"  # the grant's allocations in a trial state: no reservation holds them yet
-
-
-def plan_consolidation(
-    context: PreemptionContext,
-    snapshot: ClusterSnapshot,
-    state: AllocatedState,
-    place_on: PlaceOn,
-    *,
-    nodes: Iterable[str] | None = None,
-    max_nodes: int = 16,
-) -> ConsolidationPlan | None:
-    """Rule 3: on the nodes holding the fewest movable reservations first (of `nodes`, when
-    given; at most `max_nodes`), the fewest moves, emptiest GPUs first, after which the grant
-    fits there (devices and quota: a move takes nothing from anyone's quota), each to an
-    equivalent free device on another node (`place_moves`, the grant placed); the first node
-    where every move finds one. Only holdings with a `move` (the caller's: one device, not a
-    gang's member) whose device is movable are candidates."""
-    model, tenant, usage = context.model, context.tenant, context.usage
-    devices = {
-        c.holding.id: movable_device(snapshot, c.holding.move)
-        for c in movable_candidates(context)
-        if c.holding.move is not None
-    }
-    candidates = [c for c in movable_candidates(context) if devices.get(c.holding.id)]
-    on: dict[str, list[Candidate]] = {}
-    for candidate in candidates:
-        assert candidate.holding.move is not None
-        on.setdefault(candidate.holding.move.node, []).append(candidate)
-    allowed = list(on) if nodes is None else [n for n in nodes if n in on]
-
-    def held(node: str) -> tuple[int, str]:
-        return (sum(a for c in on[node] for a in c.holding.amounts.values()), node)
-
-    groups = {i: device_group(e) for i, e in devices.items() if e is not None}
-    for node in sorted(allowed, key=held)[:max_nodes]:
-
-        def fits(chosen: Sequence[Candidate], node: str = node) -> bool:
-            placed = place_on(node, chosen)
-            return placed is not None and not model.admit(tenant, placed[0], usage)
-
-        chosen = fewest_moves(consolidation_order(on[node], groups), fits)
-        if chosen is None:
-            continue
-        placed = place_on(node, chosen)
-        assert placed is not None
-        moving = [c.holding.move for c in chosen if c.holding.move is not None]
-        trial = state.with_changes(
-            [(m.id, None, a) for m in moving for a in m.allocations]
-            + [(None, _GRANT, a) for a in placed[1]]
-        )
-        moves = place_moves(snapshot, trial, moving, away_from=node)
-        if moves is None:
-            continue
-        return ConsolidationPlan(node, tuple(chosen), tuple(moves))
-    return None
-
-
-def consolidation_order(
-    candidates: Sequence[Candidate], group_of: Mapping[str, str]
-) -> list[Candidate]:
-    """One node's movable candidates in the order consolidation frees them: group by group
-    (`group_of`: holding id -> its GPU, the counter set its device consumes), the groups
-    holding the least first, so that the shortest run that makes room empties the emptiest
-    GPUs; within a group, in the candidates' order."""
-    held: dict[str, int] = {}
-    for candidate in candidates:
-        group = group_of.get(candidate.holding.id, candidate.holding.id)
-        held[group] = held.get(group, 0) + sum(candidate.holding.amounts.values())
-    index = {id(c): i for i, c in enumerate(candidates)}
-
-    def key(candidate: Candidate) -> tuple[int, str, int]:
-        group = group_of.get(candidate.holding.id, candidate.holding.id)
-        return (held[group], group, index[id(candidate)])
-
-    return sorted(candidates, key=key)
-
-
-def fewest_moves(
-    candidates: Sequence[Candidate], fits: Callable[[Sequence[Candidate]], bool]
-) -> list[Candidate] | None:
-    """The shortest run of `candidates` (in consolidation_order) that makes the grant fit,
-    pruned so that no move can be spared; None when moving all of them is not enough."""
-    return _minimal(candidates, fits)
 
 
 # --- quota standing ---------------------------------------------------------------------------

@@ -84,8 +84,8 @@ def placement_holds(
     Raises InvalidArgument (field path `<path>[i].<result_path>[j]`) for a device the snapshot
     lacks or the node cannot use, a device taken twice, or a share that does not fit the
     device's kind."""
-    usable = (
-        {entry.id for entry in snapshot.view(node).devices()} if node else None
+    usable = (  # the node's entries by identity (cheaper than hashing their ids)
+        {id(entry) for entry in snapshot.view(node).devices()} if node else None
     )  # NotFound for an unknown node
     builders: dict[str, _Builder] = {node: _Builder()} if node else {}
     for i, allocation in enumerate(allocations):
@@ -108,16 +108,21 @@ def placement_holds(
 def _usable_entry(
     snapshot: ClusterSnapshot,
     device_id: DeviceID,
-    usable: set[DeviceID] | None,
+    usable: set[int] | None,
     node: str,
     where: str,
 ) -> DeviceEntry:
     entry = snapshot.device(device_id)
     if entry is None:
         raise InvalidArgument.at(where, f"device {device_key(device_id)} is not in the inventory")
-    if usable is not None and device_id not in usable:
+    if usable is not None and id(entry) not in usable and not _on(snapshot, node, device_id):
         raise InvalidArgument.at(where, f"device {device_key(device_id)} is not usable from {node}")
     return entry
+
+
+def _on(snapshot: ClusterSnapshot, node: str, device_id: DeviceID) -> bool:
+    """Whether a device with this id is usable from `node` (by id: another entry of it)."""
+    return any(entry.id == device_id for entry in snapshot.view(node).devices())
 
 
 def _take(

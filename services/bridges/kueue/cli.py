@@ -12,8 +12,11 @@ gpualloc.io/admission: the `spec.controllerName` of the AdmissionChecks it serve
 GPUALLOC_KUEUE_LEASE (how long devices stay reserved between Ready and admission, default 5m),
 GPUALLOC_KUEUE_RESYNC (the longest pause between passes, default 10s),
 GPUALLOC_KUEUE_PRIORITY_CLASS (the gpualloc priority class of the Workloads' reservations,
-default the policy's default) and GPUALLOC_KUEUE_PREEMPT (`true`: preempt as gpualloc's rules
-allow when that is what makes a Workload fit; docs/tenancy.md). Kubernetes access is
+default the policy's default), GPUALLOC_KUEUE_PREEMPT (`true`: preempt as gpualloc's rules
+allow when that is what makes a Workload fit; docs/tenancy.md) and GPUALLOC_KUEUE_TENANTS
+(`binding`, the default: every Workload in the tenant the access policy binds this identity
+to; `cluster-queue`: each Workload acting for the tenant named as its ClusterQueue, which the
+policy's actForTenants must allow; --tenants overrides it). Kubernetes access is
 in-cluster (or ~/.kube/config) through the kubernetes Python client, which must be installed
 (`pip install kubernetes`).
 """
@@ -29,7 +32,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import TextIO
 
-from services.bridges.kueue.controller import CONTROLLER_NAME, AdmissionController
+from services.bridges.kueue.controller import CONTROLLER_NAME, AdmissionController, TenantMode
 from services.bridges.kueue.k8s_adapter import KubernetesKueueApi
 from services.bridges.kueue.port import KueueApi
 from services.bridges.placing import Placer
@@ -37,7 +40,7 @@ from services.client.cli_flags import add_client_flags, client_environ
 from services.client.client import AllocatorClient
 from services.client.config import ClientSettings
 from services.client.inventory import InventoryClient
-from services.common.config import env_bool, env_duration, env_str
+from services.common.config import env_bool, env_choice, env_duration, env_str
 from services.common.console import console_main
 from services.common.errors import GpuallocError
 
@@ -54,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--once", action="store_true", help="run one pass and exit")
     parser.add_argument("--controller-name", help=f"default {CONTROLLER_NAME}")
+    parser.add_argument(
+        "--tenants",
+        choices=[mode.value for mode in TenantMode],
+        help="which tenant a Workload is charged to (GPUALLOC_KUEUE_TENANTS; default binding)",
+    )
     add_client_flags(parser)
     return parser
 
@@ -64,6 +72,7 @@ def run(
     *,
     once: bool,
     controller_name: str | None = None,
+    tenants: str | None = None,
     stop: threading.Event | None = None,
     out: TextIO | None = None,
 ) -> int:
@@ -74,6 +83,8 @@ def run(
     resync = env_duration(environ, "GPUALLOC_KUEUE_RESYNC", 10.0, minimum=0.05)
     priority_class = env_str(environ, "GPUALLOC_KUEUE_PRIORITY_CLASS", "")
     preempt = env_bool(environ, "GPUALLOC_KUEUE_PREEMPT", False)
+    modes = [mode.value for mode in TenantMode]
+    mode = TenantMode(tenants or env_choice(environ, "GPUALLOC_KUEUE_TENANTS", "binding", modes))
     with (
         AllocatorClient(
             settings.target,
@@ -97,6 +108,7 @@ def run(
             lease_ttl_seconds=lease,
             priority_class=priority_class,
             preempt=preempt,
+            tenants=mode,
         )
         if once:
             for decision in controller.reconcile_all():
@@ -125,6 +137,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             env,
             once=args.once,
             controller_name=args.controller_name,
+            tenants=args.tenants,
             stop=stop,
             out=sys.stdout,
         )

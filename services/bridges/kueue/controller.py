@@ -7,8 +7,13 @@ Workload is admitted. This controller owns the checks whose `spec.controllerName
 
 - marks those AdmissionChecks Active (else Kueue keeps their ClusterQueues inactive);
 - Workload with quota reserved, check `Pending`: translates its pod sets (translate.py),
-  allocates and reserves each pod set on one node (owner `kueue/<ns>/<name>`, idempotency key
-  `kueue-<uid>-<podset>`, so a retry or a restart finds the same devices), then sets the check
+  narrows each to the nodes of the ResourceFlavors Kueue assigned it (their nodeLabels, which
+  Kueue adds to the pods), allocates and reserves each pod set on one node (owner
+  `kueue/<ns>/<name>`, idempotency key `kueue-<uid>-<podset>`, so a retry or a restart finds
+  the same devices) — every pod set of every such Workload of a pass in ONE AllocateBatch per
+  tenant, in the order Kueue lists them (each seeing the reservations of the ones before it, as
+  a scheduling cycle; a Workload with a pod set that does not fit gives the others back once
+  the batch answered) — then sets the check
   - `Ready`, with `podSetUpdates[].nodeSelector` `kubernetes.io/hostname: <node>` so the pods
     land where the devices are held;
   - `Retry`, with Explain's message (and who holds the devices), when it does not fit now;
@@ -27,6 +32,16 @@ Workload is admitted. This controller owns the checks whose `spec.controllerName
 Reservations are made with the controller's priority class and, when it is configured to,
 with preemption (GPUALLOC_KUEUE_PRIORITY_CLASS, GPUALLOC_KUEUE_PREEMPT; docs/tenancy.md).
 
+Tenants (`TenantMode`). By default every Workload is charged to the tenant the access policy
+binds the controller's identity to. With `cluster-queue`, each Workload is placed acting for
+the tenant named as its ClusterQueue (status.admission.clusterQueue, set once Kueue reserved
+quota, which is when a Workload is placed; the name is the tenant's, as a policy given as
+Kueue's objects names it), so Slurm work and Kueue work of one ClusterQueue share one quota.
+Each pass then lists the reservations of every such tenant (and of the identity's own), and a
+reservation is renewed, committed or released acting for the tenant that holds it (its owner's
+prefix). A tenant the policy does not let the controller act for sends its Workloads to
+`Retry` with the policy's reason; the other tenants' go on.
+
 A reservation that outlives its Workload (deleted while the controller was down) is released
 on the next pass: every `kueue/...` owner without a live Workload is garbage.
 """
@@ -35,9 +50,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from enum import StrEnum
 
 from services.bridges.kueue.objects import (
     AdmissionCheck,
@@ -48,19 +64,21 @@ from services.bridges.kueue.objects import (
     Workload,
 )
 from services.bridges.kueue.port import KueueApi
-from services.bridges.kueue.translate import PodSetClaims, workload_claims
+from services.bridges.kueue.translate import PodSetClaims, with_node_labels, workload_claims
 from services.bridges.placing import Placer, kueue_owner, kueue_owner_of
 from services.bridges.preemptions import PreemptionFollower
-from services.client.results import Reservation, ReservationState
+from services.client.client import AllocateItem, AllocatorClient
+from services.client.results import Placement, Reservation, ReservationState
 from services.common.errors import (
     FailedPrecondition,
     GpuallocError,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     Preempted,
 )
 
-__all__ = ["CONTROLLER_NAME", "HOSTNAME_LABEL", "AdmissionController", "Decision"]
+__all__ = ["CONTROLLER_NAME", "HOSTNAME_LABEL", "AdmissionController", "Decision", "TenantMode"]
 
 CONTROLLER_NAME = "gpualloc.io/admission"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -69,6 +87,13 @@ OWNER_PREFIX = "kueue/"
 MAX_MESSAGE = 1024
 
 log = logging.getLogger("gpualloc.kueue")
+
+
+class TenantMode(StrEnum):
+    """Which tenant a Workload's reservations are charged to."""
+
+    BINDING = "binding"  # the tenant the policy binds the controller's identity to
+    CLUSTER_QUEUE = "cluster-queue"  # the tenant named as the Workload's ClusterQueue
 
 
 @dataclass(frozen=True)
@@ -100,11 +125,18 @@ class AdmissionController:
         clock: Callable[[], str] = _now,
         priority_class: str = "",
         preempt: bool = False,
+        tenants: TenantMode = TenantMode.BINDING,
     ) -> None:
         """`priority_class`, `preempt`: how workloads' reservations are made (gpualloc's
-        priority classes and preemption rules, docs/tenancy.md)."""
+        priority classes and preemption rules, docs/tenancy.md); `tenants`: which tenant they
+        are charged to (module docstring)."""
         self.api = api
         self.placer = placer
+        self.tenants = tenants
+        self._placers: dict[str, Placer] = {"": placer}
+        self._denied: dict[str, str] = {}  # tenant -> why the policy refused acting for it
+        self._followers: dict[str, PreemptionFollower] = {}  # run(): tenant -> its watch
+        self._wake: Callable[[], None] | None = None
         self.controller_name = controller_name
         self.lease_ttl_seconds = lease_ttl_seconds
         self.priority_class = priority_class
@@ -130,9 +162,12 @@ class AdmissionController:
             if checks & set(q.admission_checks)
         }
         workloads = [Workload.from_dict(w) for w in self.api.list_workloads()]
-        held = self._held()
+        tenants = self._tenants_of(queues)
+        held = self._held(tenants)
+        self._follow(t for t in tenants if t not in self._denied)
         lost = self._revoked_since_last_pass(held)
-        decisions = []
+        decisions: list[Decision] = []
+        pending: list[_Pending] = []  # placed together after the loop: one batch per tenant
         live = set()
         for workload in workloads:
             owner = kueue_owner(workload.namespace, workload.name)
@@ -140,10 +175,20 @@ class AdmissionController:
             check = next((c for c in workload.admission_checks if c.name in checks), None)
             if check is None or (workload.cluster_queue and workload.cluster_queue not in queues):
                 continue
-            decision = self.reconcile(workload, check, held.get(owner, []), lost.get(owner, ""))
+            denied = self._denied.get(self._tenant_of(workload))
+            if denied is not None and workload.quota_reserved:
+                decisions.append(self._refused(workload, check, denied))
+            elif _to_place(workload, check):
+                pending.append(_Pending(len(decisions), workload, check))
+                decisions.append(Decision(workload.key, "unchanged", check.state))
+            else:
+                held_now, lost_now = held.get(owner, []), lost.get(owner, "")
+                decisions.append(self.reconcile(workload, check, held_now, lost_now))
+        for index, decision in self._place_all(pending):
+            decisions[index] = decision
+        for decision in decisions:
             if decision.action != "unchanged":
                 log.info("%s: %s %s", decision.workload, decision.action, decision.message)
-            decisions.append(decision)
         for owner, reservations in sorted(held.items()):
             if owner not in live:
                 self._release(owner, reservations)
@@ -175,35 +220,107 @@ class AdmissionController:
             return Decision(workload.key, "unchanged", check.state)
         if check.state is CheckState.READY:
             return self._keep(workload, check, held, lost)
-        return self._place(workload, check)
+        [(_, decision)] = self._place_all([_Pending(0, workload, check)])
+        return decision
 
     # --- Pending: place -----------------------------------------------------------------------
 
-    def _place(self, workload: Workload, check: AdmissionCheckState) -> Decision:
+    def _place_all(self, pending: Sequence[_Pending]) -> list[tuple[int, Decision]]:
+        """Place the pass's Pending Workloads: every pod set of every Workload of a tenant in
+        ONE AllocateBatch (Placer.allocate_many: in order, each seeing the reservations of the
+        ones before it, as a scheduling cycle), then each Workload decided from its pod sets'
+        answers. A Workload with a pod set that does not fit gives the others back at once
+        (so later Workloads of the same batch may have seen them held: the next pass places
+        them). Returns (the `_Pending` index, its decision) per Workload."""
+        decided: list[tuple[int, Decision]] = []
+        by_tenant: dict[str, list[_Pending]] = {}
+        for entry in pending:
+            by_tenant.setdefault(self._tenant_of(entry.workload), []).append(entry)
+        for tenant, group in by_tenant.items():
+            placer = self._placer_for(tenant)
+            asks: list[_Pending] = []
+            for entry in group:
+                try:
+                    entry.units = self._pod_sets(entry.workload)
+                except InvalidArgument as error:
+                    message = f"gpualloc: {error}"
+                    decided.append(self._decided(entry, CheckState.REJECTED, message))
+                    continue
+                except NotFound as error:  # a ResourceFlavor Kueue assigned is gone
+                    message = f"gpualloc: {error.message}"
+                    decided.append(self._decided(entry, CheckState.RETRY, message))
+                    continue
+                asks.append(entry)
+            items = [self._item(entry.workload, unit) for entry in asks for unit in entry.units]
+            try:
+                results = placer.allocate_many(items) if items else []
+            except PermissionDenied as error:  # the policy does not let it act for the tenant
+                for entry in asks:
+                    decided.append(
+                        (entry.index, self._refused(entry.workload, entry.check, error.message))
+                    )
+                continue
+            at = 0
+            for entry in asks:
+                mine = results[at : at + len(entry.units)]
+                at += len(entry.units)
+                decided.append((entry.index, self._placed(entry, mine, placer)))
+        return decided
+
+    def _item(self, workload: Workload, unit: PodSetClaims) -> AllocateItem:
+        return AllocateItem(
+            unit.claims,
+            node_selector=unit.node_selector,
+            reserve=True,
+            lease_ttl_seconds=self.lease_ttl_seconds,
+            owner=kueue_owner(workload.namespace, workload.name),
+            idempotency_key=f"kueue-{workload.uid}-{unit.pod_set}",
+            labels={"kueue.workload": workload.key, POD_SET_LABEL: unit.pod_set},
+            priority_class=self.priority_class,
+            preempt=self.preempt,
+            queued_at=workload.created_at,  # Kueue's queue order: the Workload's creation
+        )
+
+    def _decided(self, entry: _Pending, state: CheckState, message: str) -> tuple[int, Decision]:
+        return entry.index, self._set(entry.workload, entry.check, state, message)
+
+    def _placed(
+        self, entry: _Pending, results: Sequence[Placement | GpuallocError], placer: Placer
+    ) -> Decision:
+        """A Workload decided from its pod sets' answers, in order."""
+        workload, check = entry.workload, entry.check
         owner = kueue_owner(workload.namespace, workload.name)
-        try:
-            units = workload_claims(workload, self.api.get_resource_claim_template)
-        except InvalidArgument as error:
-            return self._set(workload, check, CheckState.REJECTED, f"gpualloc: {error}")
+        mine = [
+            r for result in results if isinstance(result, Placement) for r in result.reservations
+        ]
+        self._known.update((r.id, r) for r in mine)
         updates: list[PodSetUpdate] = []
-        placed: list[Reservation] = []
-        for unit in units:
-            placement = self.placer.allocate(
-                unit.claims,
-                owner=owner,
-                idempotency_key=f"kueue-{workload.uid}-{unit.pod_set}",
-                node_selector=unit.node_selector,
-                lease_ttl_seconds=self.lease_ttl_seconds,
-                labels={"kueue.workload": workload.key, POD_SET_LABEL: unit.pod_set},
-                priority_class=self.priority_class,
-                preempt=self.preempt,
-            )
-            if not placement.fits:
-                self._release(owner, placed)
-                return self._not_now(workload, check, unit, placement.reason())
-            placed.extend(placement.reservations)
-            self._known.update((r.id, r) for r in placement.reservations)
-            updates.append(PodSetUpdate(unit.pod_set, {HOSTNAME_LABEL: placement.node_name}))
+        for unit, result in zip(entry.units, results, strict=True):
+            if isinstance(result, PermissionDenied):
+                self._release(owner, mine)
+                return self._refused(workload, check, result.message)
+            if isinstance(result, NotFound):
+                self._release(owner, mine)
+                return self._set(workload, check, CheckState.RETRY, f"gpualloc: {result.message}")
+            if isinstance(result, GpuallocError):  # a lost race, an unreachable store: next pass
+                self._release(owner, mine)
+                log.warning("%s: pod set %s not placed: %s", workload.key, unit.pod_set, result)
+                return Decision(workload.key, "unchanged", check.state, str(result))
+            if not result.fits:
+                self._release(owner, mine)
+                return self._not_now(workload, check, unit, result.reason(), placer)
+            updates.append(PodSetUpdate(unit.pod_set, {HOSTNAME_LABEL: result.node_name}))
+        return self._ready(workload, check, mine, updates)
+
+    def _ready(
+        self,
+        workload: Workload,
+        check: AdmissionCheckState,
+        placed: Sequence[Reservation],
+        updates: Sequence[PodSetUpdate],
+    ) -> Decision:
+        """Every pod set holds its devices: Ready (once bound), with where the pods go."""
+        owner = kueue_owner(workload.namespace, workload.name)
         summary = (
             "; ".join(f"{u.name} on {u.node_selector[HOSTNAME_LABEL]}" for u in updates)
             or "no GPUs requested"
@@ -225,16 +342,35 @@ class AdmissionController:
             tuple(updates),
         )
 
+    def _pod_sets(self, workload: Workload) -> list[PodSetClaims]:
+        """The Workload's pod sets that ask for GPUs (translate.py), each on the nodes of the
+        ResourceFlavors Kueue assigned it (their nodeLabels, which Kueue adds to the pods when
+        it admits the Workload): gpualloc's flavor search then charges the flavor Kueue chose
+        or refuses, and Kueue's requeue moves on to its next flavor. InvalidArgument: a pod
+        set that cannot be translated; NotFound: an assigned ResourceFlavor is gone."""
+        units = workload_claims(workload, self.api.get_resource_claim_template)
+        pinned = []
+        for unit in units:
+            labels: dict[str, str] = {}
+            for name in workload.assigned_flavors.get(unit.pod_set, ()):
+                flavor = self.api.get_resource_flavor(name)
+                if flavor is None:
+                    raise NotFound(f"ResourceFlavor {name}, which Kueue assigned, is gone")
+                node_labels = (flavor.get("spec") or {}).get("nodeLabels") or {}
+                labels.update({str(k): str(v) for k, v in node_labels.items()})
+            selector = with_node_labels(unit.node_selector, labels)
+            pinned.append(replace(unit, node_selector=selector))
+        return pinned
+
     def _binding(self, owner: str, placed: Sequence[Reservation]) -> list[str] | None:
         """The ids of the placed reservations still binding (DRA binding conditions), read
         fresh by renewing them; None when one's binding failed (all are released then)."""
-        client = self.placer.client
         waiting = []
         try:
             for reservation in placed:
                 if reservation.binding != "binding":
                     continue
-                fresh = client.renew(
+                fresh = self._client_of(reservation).renew(
                     reservation,
                     owner=owner,
                     lease_ttl_seconds=self.lease_ttl_seconds,
@@ -248,11 +384,16 @@ class AdmissionController:
         return waiting
 
     def _not_now(
-        self, workload: Workload, check: AdmissionCheckState, unit: PodSetClaims, reason: str
+        self,
+        workload: Workload,
+        check: AdmissionCheckState,
+        unit: PodSetClaims,
+        reason: str,
+        placer: Placer,
     ) -> Decision:
         """Retry when the pod set could fit an empty cluster, Rejected when it never can."""
         where = f"pod set {unit.pod_set} ({unit.count} pods)"
-        if not self.placer.fits_anywhere(unit.claims, unit.node_selector):
+        if not placer.fits_anywhere(unit.claims, unit.node_selector):
             message = f"gpualloc: {where} can never fit on one node: {reason}"
             return self._set(workload, check, CheckState.REJECTED, message)
         return self._set(workload, check, CheckState.RETRY, f"gpualloc: {where}: {reason}")
@@ -267,7 +408,6 @@ class AdmissionController:
         lost: str,
     ) -> Decision:
         owner = kueue_owner(workload.namespace, workload.name)
-        client = self.placer.client
         try:
             if lost:
                 raise NotFound(lost)
@@ -277,12 +417,16 @@ class AdmissionController:
             if workload.admitted:
                 pending = [r for r in held if r.state is not ReservationState.COMMITTED]
                 for reservation in pending:
-                    client.commit(reservation, owner=owner, fencing_token=reservation.fencing_token)
+                    self._client_of(reservation).commit(
+                        reservation, owner=owner, fencing_token=reservation.fencing_token
+                    )
                 if not held:
                     raise NotFound(f"no reservation of {owner}")
                 return Decision(workload.key, "committed" if pending else "unchanged", check.state)
             for reservation in held:
-                client.renew(reservation, owner=owner, lease_ttl_seconds=self.lease_ttl_seconds)
+                self._client_of(reservation).renew(
+                    reservation, owner=owner, lease_ttl_seconds=self.lease_ttl_seconds
+                )
             if not held:
                 raise NotFound(f"no reservation of {owner}")
             return Decision(workload.key, "renewed", check.state)
@@ -311,10 +455,49 @@ class AdmissionController:
         )
         return Decision(workload.key, state.value.lower(), state, message)
 
+    def _refused(self, workload: Workload, check: AdmissionCheckState, why: str) -> Decision:
+        """The policy does not let the controller act for the Workload's tenant: Retry with
+        the policy's reason (Kueue requeues it; a fixed policy then places it), unless the
+        check is already Retry or Rejected."""
+        if check.state in (CheckState.RETRY, CheckState.REJECTED):
+            return Decision(workload.key, "unchanged", check.state)
+        tenant = self._tenant_of(workload)
+        where = f" acting for tenant {tenant} (the Workload's ClusterQueue)" if tenant else ""
+        message = f"gpualloc: refused{where}: {why}"
+        return self._set(workload, check, CheckState.RETRY, message)
+
     def _release(self, owner: str, held: Sequence[Reservation]) -> None:
         for reservation in held:
-            self.placer.client.release(reservation, owner=owner, allow_missing=True)
+            self._client_of(reservation).release(reservation, owner=owner, allow_missing=True)
             self._known.pop(reservation.id, None)
+
+    # --- tenants ------------------------------------------------------------------------------
+
+    def _tenant_of(self, workload: Workload) -> str:
+        """The tenant a Workload is placed for ("": the identity's own)."""
+        return workload.cluster_queue if self.tenants is TenantMode.CLUSTER_QUEUE else ""
+
+    def _tenants_of(self, queues: Iterable[str]) -> list[str]:
+        """The tenants whose reservations a pass lists: the identity's own (""), and with
+        `cluster-queue` every ClusterQueue that uses our checks."""
+        if self.tenants is TenantMode.BINDING:
+            return [""]
+        return ["", *sorted(queues)]
+
+    def _placer_for(self, tenant: str) -> Placer:
+        if tenant not in self._placers:
+            self._placers[tenant] = self.placer.for_tenant(tenant)
+        return self._placers[tenant]
+
+    def _client_of(self, reservation: Reservation) -> AllocatorClient:
+        """The client acting for the tenant that holds `reservation`: its owner's prefix
+        under a policy (`<tenant>/kueue/...`); the identity's own in `binding` mode."""
+        tenant = ""
+        if self.tenants is TenantMode.CLUSTER_QUEUE and not reservation.owner.startswith(
+            OWNER_PREFIX
+        ):
+            tenant = reservation.owner.partition("/")[0]
+        return self._placer_for(tenant).client
 
     def _revoked_since_last_pass(self, held: dict[str, list[Reservation]]) -> dict[str, str]:
         """Per owner, what became of a reservation it held on the last pass that is gone
@@ -328,7 +511,7 @@ class AdmissionController:
             if reservation_id in current or owner is None:
                 continue
             try:
-                self.placer.client.renew(
+                self._client_of(reservation).renew(
                     reservation, owner=reservation.owner, lease_ttl_seconds=self.lease_ttl_seconds
                 )
             except Preempted as preempted:
@@ -342,14 +525,29 @@ class AdmissionController:
         self._known = current
         return lost
 
-    def _held(self) -> dict[str, list[Reservation]]:
-        """The live reservations of Workloads, by the controller's owner of each (an access
-        policy's server lists them with the tenant's prefix)."""
+    def _held(self, tenants: Sequence[str]) -> dict[str, list[Reservation]]:
+        """The live reservations of Workloads in `tenants`, by the controller's owner of each
+        (an access policy's server lists them with the tenant's prefix). A tenant the policy
+        does not let the controller act for is remembered in `_denied` (its Workloads go to
+        Retry); a reservation two tenants' lists show (a development server ignores the
+        tenant) counts once."""
         held: dict[str, list[Reservation]] = {}
-        for reservation in self.placer.client.list():
-            owner = kueue_owner_of(reservation.owner)
-            if owner is not None:
-                held.setdefault(owner, []).append(reservation)
+        seen: set[str] = set()
+        self._denied = {}
+        for tenant in tenants:
+            try:
+                listed = self._placer_for(tenant).client.list()
+            except PermissionDenied as error:
+                if not tenant:
+                    raise
+                self._denied[tenant] = error.message
+                log.warning("tenant %s: %s", tenant, error.message)
+                continue
+            for reservation in listed:
+                owner = kueue_owner_of(reservation.owner)
+                if owner is not None and reservation.id not in seen:
+                    seen.add(reservation.id)
+                    held.setdefault(owner, []).append(reservation)
         return held
 
     def _our_checks(self) -> set[str]:
@@ -370,25 +568,47 @@ class AdmissionController:
         the pass runs on the watching thread), until `stop`; errors of one pass are logged and
         the next pass tries again."""
         woken = threading.Event()
-        ours = PreemptionFollower(
-            self.placer.client,
-            lambda o: kueue_owner_of(o) is not None,
-            woken.set,
-            watching=self.watching,
-        )
+        self._wake = woken.set
         on_preemption = threading.Thread(
             target=self._pass_when_woken, args=(woken, stop), name="gpualloc-kueue-preempted"
         )
-        ours.start()
+        with self._passing:
+            self._follow([""])
         on_preemption.start()
         try:
             while not stop.is_set():
                 self._pass()
                 self.api.wait_for_change(resync_seconds)
         finally:
-            ours.close()
+            with self._passing:  # no pass starts a follower meanwhile
+                self._wake = None
+                self._follow([])
             woken.set()
             on_preemption.join(timeout=30)
+
+    def _follow(self, tenants: Iterable[str]) -> None:
+        """While run() runs, the tenants followed become `tenants`: a WatchReservations
+        stream each (the identity's own, "", is `watching`'s), waking a pass when one of our
+        reservations is revoked; the streams of tenants no longer listed are closed."""
+        wanted = set(tenants) if self._wake is not None else set()
+        for tenant in [t for t in self._followers if t not in wanted]:
+            self._followers.pop(tenant).close()
+        wake = self._wake
+        if wake is None:
+            return
+        for tenant in sorted(wanted):
+            if tenant in self._followers:
+                continue
+            self._followers[tenant] = PreemptionFollower(
+                self._placer_for(tenant).client,
+                lambda o: kueue_owner_of(o) is not None,
+                wake,
+                watching=self.watching if not tenant else None,
+            ).start()
+
+    def watching_tenants(self) -> set[str]:
+        """The tenants whose watch is registered with the allocator now ("": the own)."""
+        return {t for t, f in dict(self._followers).items() if f.watching.is_set()}
 
     def _pass_when_woken(self, woken: threading.Event, stop: threading.Event) -> None:
         """A pass each time `woken` is set (a burst of preemptions makes one or two), until
@@ -405,6 +625,24 @@ class AdmissionController:
             self.reconcile_all()
         except GpuallocError as error:
             log.warning("reconcile pass failed: %s", error)
+
+
+@dataclass
+class _Pending:
+    """A Workload this pass places: its index among the pass's decisions, and its pod sets."""
+
+    index: int
+    workload: Workload
+    check: AdmissionCheckState
+    units: list[PodSetClaims] = field(default_factory=list)
+
+
+def _to_place(workload: Workload, check: AdmissionCheckState) -> bool:
+    """Whether `reconcile` would place the Workload now (its check Pending, quota reserved)."""
+    gone = workload.finished or workload.evicted or workload.deleting or not workload.active
+    if gone or not workload.quota_reserved:
+        return False
+    return check.state not in (CheckState.RETRY, CheckState.REJECTED, CheckState.READY)
 
 
 def _pod_set_of(reservation: Reservation) -> str:

@@ -91,6 +91,17 @@ class KubernetesKueueApi:
     def list_workloads(self) -> list[KubeObject]:
         return self._items("workloads")
 
+    def get_resource_flavor(self, name: str) -> KubeObject | None:
+        try:
+            found: KubeObject = self._custom.get_cluster_custom_object(
+                GROUP, VERSION, "resourceflavors", name
+            )
+        except self._k8s.client.ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return found
+
     def get_resource_claim_template(self, namespace: str, name: str) -> KubeObject | None:
         try:
             found: KubeObject = self._custom.get_namespaced_custom_object(

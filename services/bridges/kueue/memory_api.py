@@ -127,6 +127,11 @@ class MemoryKueueApi:
     def list_workloads(self) -> list[KubeObject]:
         return self._list("Workload")
 
+    def get_resource_flavor(self, name: str) -> KubeObject | None:
+        with self._changed:
+            found = self._objects.get(("ResourceFlavor", "", name))
+            return copy.deepcopy(found) if found is not None else None
+
     def get_resource_claim_template(self, namespace: str, name: str) -> KubeObject | None:
         with self._changed:
             found = self._objects.get(("ResourceClaimTemplate", namespace, name))
@@ -165,6 +170,9 @@ class KueueStandIn:
 
     def __init__(self, api: MemoryKueueApi) -> None:
         self.api = api
+        # Workload key -> the flavor Kueue's flavor assigner would give each resource, as a
+        # test says (the stand-in counts no quota of its own); none: no flavors assigned
+        self.flavors: dict[str, Mapping[str, str]] = {}
 
     def cluster_queue_of(self, workload: Mapping[str, Any]) -> ClusterQueue:
         namespace = workload["metadata"].get("namespace", "default")
@@ -179,10 +187,15 @@ class KueueStandIn:
 
         def reserve(obj: KubeObject) -> None:
             status = obj.setdefault("status", {})
+            flavors = self.flavors.get(f"{namespace}/{name}")
             status["admission"] = {
                 "clusterQueue": queue.name,
                 "podSetAssignments": [
-                    {"name": p.get("name", "main"), "count": p.get("count", 1)}
+                    {
+                        "name": p.get("name", "main"),
+                        "count": p.get("count", 1),
+                        **({"flavors": dict(flavors)} if flavors else {}),
+                    }
                     for p in obj.get("spec", {}).get("podSets", [])
                 ],
             }

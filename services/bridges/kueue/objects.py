@@ -6,7 +6,8 @@ keep working. Field names are Kueue's (apis/kueue/v1beta2/workload_types.go,
 clusterqueue_types.go, admissioncheck_types.go):
 
 - Workload: metadata (name, namespace, uid, deletionTimestamp), spec.active, spec.podSets[]
-  (name, count, template), status.admission.clusterQueue, status.conditions[] (QuotaReserved,
+  (name, count, template), status.admission.clusterQueue and .podSetAssignments[] (name,
+  flavors: the ResourceFlavor Kueue assigned each resource), status.conditions[] (QuotaReserved,
   Admitted, Finished, Evicted), status.admissionChecks[] (name, state, message,
   podSetUpdates[]);
 - ClusterQueue: spec.admissionChecks[] or spec.admissionChecksStrategy.admissionChecks[].name;
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -147,6 +149,18 @@ def _metadata(data: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
     return metadata
 
 
+def _assigned_flavors(assignments: object) -> dict[str, tuple[str, ...]]:
+    """status.admission.podSetAssignments[] as pod set -> its flavors (each once, sorted);
+    anything not shaped as Kueue writes it is read as no assignment."""
+    found: dict[str, tuple[str, ...]] = {}
+    for assignment in assignments if isinstance(assignments, list) else ():
+        flavors = assignment.get("flavors") if isinstance(assignment, Mapping) else None
+        if isinstance(flavors, Mapping) and flavors:
+            name = str(assignment.get("name") or "main")
+            found[name] = tuple(sorted({str(f) for f in flavors.values()}))
+    return found
+
+
 @dataclass(frozen=True)
 class Workload:
     namespace: str
@@ -158,6 +172,9 @@ class Workload:
     cluster_queue: str = ""
     conditions: Mapping[str, bool] = field(default_factory=dict)
     admission_checks: tuple[AdmissionCheckState, ...] = ()
+    created_at: float | None = None  # metadata.creationTimestamp, seconds since the epoch
+    # pod set -> the ResourceFlavors Kueue assigned its resources (sorted, each once)
+    assigned_flavors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -205,7 +222,20 @@ class Workload:
             admission_checks=tuple(
                 AdmissionCheckState.from_dict(c) for c in status.get("admissionChecks") or ()
             ),
+            created_at=_timestamp(metadata.get("creationTimestamp")),
+            assigned_flavors=_assigned_flavors(admission.get("podSetAssignments")),
         )
+
+
+def _timestamp(value: object) -> float | None:
+    """An RFC 3339 time (a Kubernetes object's creationTimestamp) in seconds since the epoch;
+    None when absent or unreadable."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,10 @@ class KueueApi(Protocol):
         """Every Workload of every namespace."""
         ...
 
+    def get_resource_flavor(self, name: str) -> KubeObject | None:
+        """A ResourceFlavor (cluster-scoped), None when it does not exist."""
+        ...
+
     def get_resource_claim_template(self, namespace: str, name: str) -> KubeObject | None:
         """A resource.k8s.io/v1 ResourceClaimTemplate, None when it does not exist."""
         ...

@@ -45,6 +45,7 @@ __all__ = [
     "TemplateReader",
     "node_selector_of",
     "pod_set_claims",
+    "with_node_labels",
     "workload_claims",
 ]
 
@@ -148,6 +149,28 @@ def node_selector_of(pod_spec: Mapping[str, Any]) -> NodeSelector | None:
         NodeSelectorRequirement(str(k), "In", (str(v),)) for k, v in sorted(labels.items())
     )
     return NodeSelector((NodeSelectorTerm(match_expressions=requirements),))
+
+
+def with_node_labels(
+    selector: NodeSelector | None, labels: Mapping[str, str]
+) -> NodeSelector | None:
+    """`selector` AND "the node has `labels`" (what Kueue adds to a pod set's pods from the
+    ResourceFlavors it assigned: their nodeLabels)."""
+    if not labels:
+        return selector
+    required = tuple(
+        NodeSelectorRequirement(str(k), "In", (str(v),)) for k, v in sorted(labels.items())
+    )
+    terms = selector.node_selector_terms if selector is not None else (NodeSelectorTerm(),)
+    return NodeSelector(
+        tuple(
+            NodeSelectorTerm(
+                match_expressions=(*term.match_expressions, *required),
+                match_fields=term.match_fields,
+            )
+            for term in terms
+        )
+    )
 
 
 def pod_set_claims(

@@ -2,7 +2,7 @@
 
     gpualloc-slurm prolog        # slurm.conf PrologSlurmctld= (or Prolog=): reserve + commit
     gpualloc-slurm task-prolog   # slurm.conf TaskProlog=: export CUDA_VISIBLE_DEVICES=GPU-...
-    gpualloc-slurm epilog --all-nodes  # slurm.conf EpilogSlurmctld= (or Epilog=): release
+    gpualloc-slurm epilog --all-nodes  # slurm.conf JobCompLoc= (jobcomp.sh; or Epilog=): release
     gpualloc-slurm gres-conf --node h100-node-1 > /etc/slurm/gres.conf
     gpualloc-slurm sync --socket /run/gpualloc-slurm.sock  # on the controller, as root:
                                  # holder jobs, leases, and the hooks' work (a service)
@@ -36,6 +36,8 @@ be reached or failed; 4 (task-prolog) the job asked for GPUs and gpualloc holds 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import io
 import logging
 import os
@@ -51,11 +53,20 @@ from typing import TextIO
 
 import yaml
 
+from services.bridges.placing import slurm_job_of
+from services.bridges.slurm.batching import (
+    AllocateBatcher,
+    BatchingClient,
+    Reserved,
+    WarmInventory,
+)
 from services.bridges.slurm.claims import claim_for_node
 from services.bridges.slurm.commands import SlurmCommands
 from services.bridges.slurm.gresconf import parse_mig_minors, render_gres_conf
 from services.bridges.slurm.hooks import HookAnswer, HookServer, Releases
+from services.bridges.slurm.libslurm import JobDetails
 from services.bridges.slurm.prolog import (
+    CLUSTER_LABEL,
     JOB_LEASE_SECONDS,
     JobGpus,
     NoReservation,
@@ -73,6 +84,7 @@ from services.client.client import AllocatorClient
 from services.client.config import ClientSettings
 from services.client.errors import Unplaceable
 from services.client.inventory import InventoryClient
+from services.client.results import Reservation
 from services.common.config import env_duration
 from services.common.console import console_main
 from services.common.dra.serialize import to_dict
@@ -131,13 +143,15 @@ def build_parser() -> argparse.ArgumentParser:
     epilog.add_argument("--job-id", help="the job (default SLURM_JOB_ID)")
     epilog.add_argument("--node", help="this node only (default SLURMD_NODENAME)")
     epilog.add_argument(
-        "--all-nodes", action="store_true", help="release on every node (EpilogSlurmctld)"
+        "--all-nodes",
+        action="store_true",
+        help="release on every node (the job completion script, EpilogSlurmctld)",
     )
     epilog.add_argument(
         "--sweep",
         action="store_true",
         help="also release the reservations of this cluster's ended jobs (from squeue): what "
-        "an earlier epilog could not release (EpilogSlurmctld)",
+        "an earlier epilog could not release (the job completion script)",
     )
     epilog.add_argument(
         "--ignore-errors",
@@ -213,7 +227,13 @@ def _live_jobs(environ: Mapping[str, str]) -> dict[str, str]:
     return {row.job_id: row.state for row in SlurmCommands(environ).jobs()}
 
 
-def _job(args: argparse.Namespace, environ: Mapping[str, str]) -> SlurmJob:
+def _job(
+    args: argparse.Namespace,
+    environ: Mapping[str, str],
+    details_of: Callable[[str], str | None] | None = None,
+) -> SlurmJob:
+    """The job of a hook's environment. `details_of`: `scontrol show job -d`'s text for a job
+    id without starting scontrol (the service's libslurm), None to start it."""
     env = dict(environ)
     if args.job_id:
         env["SLURM_JOB_ID"] = args.job_id
@@ -226,7 +246,9 @@ def _job(args: argparse.Namespace, environ: Mapping[str, str]) -> SlurmJob:
     if args.command == "prolog" and request is None and not args.node and _slurmctld(env):
         job_id = env.get("SLURM_JOB_ID", "").strip()
         if job_id:
-            details = SlurmCommands(env).job_details(job_id)
+            details = details_of(job_id) if details_of is not None else None
+            if details is None:
+                details = SlurmCommands(env).job_details(job_id)
     step = args.command == "task-prolog"
     return SlurmJob.from_environ(env, node=args.node, request=request, details=details, step=step)
 
@@ -267,6 +289,8 @@ def _connect_and_run(
     if args.command == "translate":
         return _translate(args, env, out)
     target = args.allocator or settings.target
+    # the services read the inventory from a warm copy (batching.py), the commands anew
+    inventory_type = WarmInventory if args.command in ("sync", "hooks") else InventoryClient
     with (
         AllocatorClient(
             target,
@@ -275,7 +299,7 @@ def _connect_and_run(
             deadline_seconds=settings.deadline_seconds,
             retry=settings.retry,
         ) as client,
-        InventoryClient(
+        inventory_type(
             args.inventory or settings.inventory_target or target,
             tls=settings.tls,
             token_file=settings.token_file,
@@ -309,6 +333,7 @@ def _answer(
     except NoReservation as error:
         print(f"gpualloc-slurm: {error}", file=err)
         out.write(f"print gpualloc-slurm: {error}\n")
+        _tell_the_job(args, env, str(error), err)
         return EXIT_NO_RESERVATION
     except GpuallocError as error:
         if args.command == "epilog" and args.ignore_errors:
@@ -326,7 +351,11 @@ def _run(
     inventory: InventoryClient,
     out: TextIO,
     err: TextIO,
+    details_of: Callable[[str], str | None] | None = None,
+    settle: Callable[[], bool] | None = None,
 ) -> int:
+    """The command. The service passes `details_of` (Slurm's job details without scontrol)
+    and `settle` (wait for the epilogs' releases queued meanwhile; True when any was done)."""
     if args.command == "gres-conf":
         minors = parse_mig_minors(Path(args.mig_minors).read_text()) if args.mig_minors else None
         nodes = inventory.nodes() if args.all else [inventory.node(args.node)]
@@ -340,7 +369,7 @@ def _run(
             f"gpualloc-slurm: job {job_id} is a {HOLDER_NAME} holder job: nothing to do", file=err
         )
         return 0
-    job = _job(args, environ)
+    job = _job(args, environ, details_of)
     client.owner = job.owner
     if args.command == "epilog":
         released = run_epilog(client, job, all_nodes=args.all_nodes)
@@ -348,9 +377,9 @@ def _run(
             f"gpualloc-slurm: job {job.job_id}: released {len(released)} reservation(s)", file=err
         )
         if args.sweep:
-            if not job.cluster:
-                raise InvalidArgument.at("SLURM_CLUSTER_NAME", "--sweep needs the cluster's name")
-            swept = sweep(client, job.cluster, lambda: _live_jobs(environ), keep=job.job_id)
+            # jobcomp/script passes no cluster's name without accounting: scontrol's
+            cluster = job.cluster or _cluster(SlurmCommands(environ))
+            swept = sweep(client, cluster, lambda: _live_jobs(environ), keep=job.job_id)
             if swept:
                 print(
                     f"gpualloc-slurm: released {len(swept)} reservation(s) of ended jobs", file=err
@@ -358,7 +387,7 @@ def _run(
         return 0
     if args.command == "prolog":
         lease = env_duration(environ, "GPUALLOC_SLURM_LEASE", JOB_LEASE_SECONDS, minimum=0.0)
-        found = _reserve(client, inventory, job, lease, environ)
+        found = _reserve(client, inventory, job, lease, environ, settle)
         if not found:
             print(f"gpualloc-slurm: job {job.job_id} requests no GPU", file=err)
         elif environ.get("SLURM_JOB_RESTART_COUNT", "0").strip() not in ("", "0"):
@@ -381,25 +410,38 @@ def _reserve(
     job: SlurmJob,
     lease: float,
     environ: Mapping[str, str],
+    settle: Callable[[], bool] | None = None,
 ) -> list[JobGpus]:
-    """run_prolog; when what blocks Slurm's pick is only jobs of this cluster that no longer
-    run (the job that just left these GPUs, its epilog not done yet), those are released and
-    the prolog reserves once more (release_ended_holders): Slurm saw the GPUs free, and they
-    are. Any other holder stays, and the job is requeued with the reason."""
+    """run_prolog. Slurm hands the GPUs a job leaves to the next job as soon as it ends,
+    while that job's release may still be on its way, so when Slurm's pick is held: first
+    (in the service, `settle`) the releases queued meanwhile are waited for and the prolog
+    reserves again; then, when what blocks it is only jobs of this cluster that no longer
+    run, those are released and it reserves once more (release_ended_holders): Slurm saw the
+    GPUs free, and they are. Any other holder stays, and the job is requeued with the
+    reason."""
     try:
         return run_prolog(client, inventory, job, lease_seconds=lease)
     except Unplaceable as error:
-        if not job.cluster or not release_ended_holders(
-            client, error.placement, job.cluster, _live_jobs(environ), keep=job.job_id
-        ):
-            raise
+        blocked = error
+    if settle is not None and settle():
+        try:
+            return run_prolog(client, inventory, job, lease_seconds=lease)
+        except Unplaceable as error:
+            blocked = error
+    if not job.cluster or not release_ended_holders(
+        client, blocked.placement, job.cluster, _live_jobs(environ), keep=job.job_id
+    ):
+        raise blocked
     return run_prolog(client, inventory, job, lease_seconds=lease)
 
 
 class _Hooks:
-    """The Slurm scripts' commands done in this long-running process, for gpualloc-hook.py
+    """The Slurm scripts' commands done in this long-running process, for the hook clients
     (services/bridges/slurm/hooks.py): the same commands (`_run`) on this process's channels,
-    the epilog's release queued (`Releases`) and answered at once."""
+    with what a long-running process can keep: the prologs of one moment reserved in one
+    AllocateBatch (`AllocateBatcher`), the inventory read from a warm copy (`WarmInventory`),
+    Slurm's GPU ids read through libslurm instead of an scontrol per prolog (`JobDetails`), and
+    the epilogs' releases queued (`Releases`) and answered at once."""
 
     def __init__(
         self,
@@ -408,21 +450,42 @@ class _Hooks:
         client: AllocatorClient,
         inventory: InventoryClient,
         hook_uids: Iterable[int],
+        cluster: Callable[[], str] = lambda: "",
+        *,
+        sweeps: bool = True,
     ) -> None:
+        """`sweeps`: do the epilogs' `--sweep` (not in sync, whose passes sweep anyway)."""
         self.environ = dict(environ)
         self.settings = settings
         self.client = client
         self.inventory = inventory
         self.allowed_uids = frozenset({0, os.getuid(), *hook_uids})
+        self.batcher = AllocateBatcher(client)
+        self.reserved = Reserved()
+        self._parser = build_parser()  # once: building it costs more than a hook's work
+        self._parsing = threading.Lock()
+        self.details = JobDetails(environ)
+        self._cluster = cluster
+        self._sweeps = sweeps
         self._swept = -SWEEP_SECONDS
         self.releases = Releases(self._release, then=self._sweep)
 
     def close(self) -> None:
         self.releases.close()
 
+    def warm(self) -> None:
+        """What the first prolog would wait for, done at the service's start: libslurm
+        loaded, the inventory read, the allocator's channel connected."""
+        self.details.load()
+        try:
+            self.inventory.nodes(topology=False)
+        except GpuallocError as error:  # the first hook reads it again
+            log.warning("reading the inventory at the start: %s: %s", type(error).__name__, error)
+
     def answer(self, argv: Sequence[str], env: Mapping[str, str], uid: int) -> HookAnswer:
         try:
-            args = build_parser().parse_args(argv)
+            with self._parsing, contextlib.redirect_stderr(io.StringIO()):
+                args = self._parser.parse_args(argv)
         except SystemExit:
             return HookAnswer(EXIT_INVALID, stderr=f"gpualloc-slurm: bad hook arguments {argv}\n")
         if args.command not in HOOK_COMMANDS:
@@ -436,54 +499,118 @@ class _Hooks:
         job_env = {k: v for k, v in env.items() if k.startswith("SLURM") or k == "GPUALLOC_NVLINK"}
         environ = {**self.environ, **job_env}
         if args.command == "epilog":
+            if not environ.get("SLURM_CLUSTER_NAME", "").strip():  # jobcomp/script's, say
+                environ["SLURM_CLUSTER_NAME"] = self._cluster()
             self.releases.submit((args, environ))
             job_id = args.job_id or environ.get("SLURM_JOB_ID", "")
             return HookAnswer(0, stderr=f"gpualloc-slurm: job {job_id}: release queued\n")
-        if args.command == "prolog" and not self.releases.wait_for_queued(RELEASE_WAIT_SECONDS):
-            log.warning("prolog: the releases queued before it took over %gs", RELEASE_WAIT_SECONDS)
         began = time.monotonic()
-        answer = self._run(args, environ)
+        answer = self._run(args, environ, self._settler())
         log.info(
-            "%s of job %s: exit %d in %.0f ms",
+            "%s of job %s: exit %d in %.0f ms%s",
             args.command,
             environ.get("SLURM_JOB_ID", "?"),
             answer.code,
             (time.monotonic() - began) * 1000,
+            f": {answer.stderr.strip()}" if answer.code else "",
         )
         return answer
 
-    def _run(self, args: argparse.Namespace, environ: Mapping[str, str]) -> HookAnswer:
+    def _settler(self) -> Callable[[], bool]:
+        """A prolog's `settle`: waits (at most RELEASE_WAIT_SECONDS) for the releases queued
+        so far; True when one was done since the prolog came (its GPUs may be free now)."""
+        done = self.releases.done
+
+        def settle() -> bool:
+            began = time.monotonic()
+            if not self.releases.wait_for_queued(RELEASE_WAIT_SECONDS):
+                log.warning("prolog: the releases queued took over %gs", RELEASE_WAIT_SECONDS)
+            log.info(
+                "prolog: Slurm's pick still held; %d release(s) done after %.0f ms",
+                self.releases.done - done,
+                (time.monotonic() - began) * 1000,
+            )
+            return self.releases.done > done
+
+        return settle
+
+    def _run(
+        self,
+        args: argparse.Namespace,
+        environ: Mapping[str, str],
+        settle: Callable[[], bool] | None = None,
+    ) -> HookAnswer:
         """The command, as `main` runs it, on a client of its own (`_run` sets the job's
-        owner on it) sharing this process's channel."""
+        owner on it) sharing this process's channel and AllocateBatcher."""
         out, err = io.StringIO(), io.StringIO()
-        client = AllocatorClient(
-            self.client.target,
-            channel=self.client.channel,
+        client = BatchingClient(
+            self.batcher,
+            self.reserved,
             deadline_seconds=self.settings.deadline_seconds,
             retry=self.settings.retry,
         )
-        code = _answer(
-            args, environ, out, err, lambda: _run(args, environ, client, self.inventory, out, err)
-        )
+
+        def work() -> int:
+            return _run(args, environ, client, self.inventory, out, err, self.details.show, settle)
+
+        code = _answer(args, environ, out, err, work)
         return HookAnswer(code, out.getvalue(), err.getvalue())
 
     def _release(self, batch: Sequence[tuple[argparse.Namespace, Mapping[str, str]]]) -> None:
-        """The queued epilogs' releases, side by side (each job's own: independent)."""
+        """The queued epilogs' releases: each job's reservations (of its cluster, on its node
+        or, with --all-nodes, everywhere) released, side by side (each job's own:
+        independent); those this service reserved are known (`Reserved`), the others come
+        from one List for the batch. A release that fails is logged; the sweep or the lease
+        frees it."""
+        ended: dict[str, list[tuple[str | None, str]]] = {}  # job -> (node or all, cluster)
+        for args, environ in batch:
+            job_id = (args.job_id or environ.get("SLURM_JOB_ID", "")).strip()
+            if not job_id or is_holder(environ):
+                continue
+            node = None if args.all_nodes else (args.node or environ.get("SLURMD_NODENAME"))
+            cluster = environ.get("SLURM_CLUSTER_NAME", "").strip()
+            ended.setdefault(job_id, []).append((node, cluster))
+        if not ended:
+            return
+        held: list[Reservation] = []
+        unknown = False
+        for job_id, asked in ended.items():
+            if all(node is None for node, _ in asked):
+                known = self.reserved.pop(job_id)
+                held += known or []
+                unknown = unknown or known is None
+            else:
+                unknown = True
+        try:
+            held += self.client.list() if unknown else []
+        except GpuallocError as error:
+            log.warning("releasing %d job(s): %s: %s", len(ended), type(error).__name__, error)
 
-        def release(item: tuple[argparse.Namespace, Mapping[str, str]]) -> None:
-            args, environ = item
-            done = self._run(argparse.Namespace(**{**vars(args), "sweep": False}), environ)
-            if done.code:
-                log.warning("epilog %s: %s", environ.get("SLURM_JOB_ID"), done.stderr.strip())
+        def releases(reservation: Reservation) -> bool:
+            job_id = slurm_job_of(reservation.owner)
+            return job_id is not None and any(
+                (node is None or node == reservation.node_name)
+                and (not cluster or reservation.labels.get(CLUSTER_LABEL, cluster) == cluster)
+                for node, cluster in ended.get(job_id, ())
+            )
 
-        with ThreadPoolExecutor(min(len(batch), RELEASE_THREADS)) as pool:
-            list(pool.map(release, batch))
+        def release(reservation: Reservation) -> None:
+            try:
+                self.client.release(reservation, owner=reservation.owner, allow_missing=True)
+            except GpuallocError as error:
+                log.warning("epilog of %s: %s: %s", reservation.owner, type(error).__name__, error)
+
+        gone = list({r.id: r for r in held if releases(r)}.values())
+        if gone:
+            with ThreadPoolExecutor(min(len(gone), RELEASE_THREADS)) as pool:
+                list(pool.map(release, gone))
 
     def _sweep(self, batch: Sequence[tuple[argparse.Namespace, Mapping[str, str]]]) -> None:
         """The epilogs' `--sweep`, after their releases (no prolog waits for it), at most
-        every SWEEP_SECONDS: it lists every reservation and asks squeue."""
+        every SWEEP_SECONDS: it lists every reservation and asks squeue. Not in sync, whose
+        passes (every GPUALLOC_SLURM_SYNC_INTERVAL) do the same."""
         asked = [env for args, env in batch if args.sweep and env.get("SLURM_CLUSTER_NAME")]
-        if not asked or time.monotonic() - self._swept < SWEEP_SECONDS:
+        if not (asked and self._sweeps) or time.monotonic() - self._swept < SWEEP_SECONDS:
             return
         self._swept = time.monotonic()
         environ = asked[-1]
@@ -511,7 +638,21 @@ def _serve(
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    hooks = _Hooks(environ, settings, client, inventory, args.hook_uid) if path else None
+    hooks = (
+        _Hooks(
+            environ,
+            settings,
+            client,
+            inventory,
+            args.hook_uid,
+            _cluster_of(args, environ),
+            sweeps=args.command == "hooks",  # sync's own passes sweep
+        )
+        if path
+        else None
+    )
+    if hooks is not None:
+        hooks.warm()
     server = HookServer(path, hooks.answer).start() if hooks is not None else None
     try:
         if args.command == "hooks":
@@ -553,6 +694,22 @@ def _sync(
         return 0
     syncer.run(stop, interval)
     return 0
+
+
+def _cluster_of(args: argparse.Namespace, environ: Mapping[str, str]) -> Callable[[], str]:
+    """This Slurm's ClusterName, looked up once when first needed (an epilog from
+    jobcomp/script, which passes none without accounting); "" when scontrol cannot say."""
+
+    @functools.cache
+    def cluster() -> str:
+        given = getattr(args, "cluster", None) or environ.get("SLURM_CLUSTER_NAME", "").strip()
+        try:
+            return given or _cluster(SlurmCommands(environ))
+        except FailedPrecondition as error:
+            log.warning("the epilogs release without a cluster's name: %s", error)
+            return ""
+
+    return cluster
 
 
 def _cluster(slurm: SlurmCommands) -> str:

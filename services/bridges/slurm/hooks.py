@@ -22,9 +22,9 @@ it is given (Slurm's SlurmUser); `task-prolog` (run as the job's user) to anyone
 reads.
 
 `Releases` is the epilogs' queue: an epilog's answer comes at once and its release follows,
-in batches in arrival order; a prolog first waits (a bounded time) for the releases
-queued before it, so the GPUs a finished job leaves are free in gpualloc before the next job
-reserves them.
+in batches in arrival order; a prolog whose GPUs are still held waits (a bounded time) for the
+releases queued meanwhile and reserves again: the GPUs a finished job leaves are free in
+gpualloc once its release is done.
 """
 
 from __future__ import annotations
@@ -181,6 +181,12 @@ class Releases:
             self._queue.append(item)
             self._queued += 1
             self._changed.notify_all()
+
+    @property
+    def done(self) -> int:
+        """How many releases (of those ever submitted) are done or failed."""
+        with self._changed:
+            return self._done
 
     def wait_for_queued(self, timeout: float) -> bool:
         """Until every release submitted so far is done (False: `timeout` passed first)."""

@@ -270,8 +270,10 @@ class Syncer:
         self, reservations: Sequence[Reservation], jobs: Sequence[SlurmJobRow], report: SyncReport
     ) -> None:
         outside = outside_holdings(reservations, self.cluster)
-        slurm_nodes = {n.name: n.partitions for n in self.slurm.nodes()}
         holders = self._holders(jobs)
+        if not outside and not holders:
+            return  # nothing held outside, no holder job: no need to ask Slurm for its nodes
+        slurm_nodes = {n.name: n.partitions for n in self.slurm.nodes()}
         pending = [h.job_id for h in holders if h.pending]  # left by a pass cut short
         self.slurm.cancel(pending)
         report.cancelled += len(pending)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from protos.common.v1 import dra_pb2
 from services.common.dra.model import (
     AllocationMode,
@@ -16,6 +18,7 @@ from services.common.dra.model import (
     DeviceSubRequest,
     DeviceToleration,
     ExactDeviceRequest,
+    NodeSelector,
     ResourceClaim,
     TolerationOperator,
 )
@@ -298,9 +301,15 @@ def to_pb_allocation_result(allocation: AllocationResult) -> dra_pb2.AllocationR
             for c in allocation.config
         ],
     )
-    if allocation.node_selector is not None:
-        msg.node_selector.CopyFrom(to_pb_node_selector(allocation.node_selector))
+    if allocation.node_selector is not None:  # the same for every device of a node: made once
+        msg.node_selector.CopyFrom(_pb_node_selector(allocation.node_selector))
     return msg
+
+
+@functools.lru_cache(maxsize=4096)
+def _pb_node_selector(selector: NodeSelector) -> dra_pb2.NodeSelector:
+    """A node selector's message, to copy from (never to change)."""
+    return to_pb_node_selector(selector)
 
 
 def from_pb_allocation_result(msg: dra_pb2.AllocationResult, path: str = "") -> AllocationResult:

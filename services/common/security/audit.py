@@ -11,7 +11,10 @@ one JSON object per line that a log pipeline can route apart (`"logger": "gpuall
 
 Event names: reservation.grant / .commit / .renew / .release / .expire, inventory.apply /
 .delete / .report, call.denied (with `code` UNAUTHENTICATED or PERMISSION_DENIED and `reason`).
-The identity is the principal's; `system` for what the server does by itself (lease expiries);
+The identity is the principal's and `tenant` the tenant the call acts in; a call acting for a
+tenant other than its identity's own (a binding's actForTenants) adds `acts_for_tenant: true`
+and `identity_tenant` (the identity's own, "" when it has none). The identity is `system` for
+what the server does by itself (lease expiries);
 `unauthenticated` for a denied caller no principal was made for (no certificate or token, one
 that did not verify, or one no binding names), with `presented`: what it showed — the
 certificate's names, or the token's unverified issuer and subject (never the token).
@@ -48,6 +51,8 @@ def audit_event(
     """Log one audit event; `fields` (reservation, owner, node, method, ...) go in as given,
     empty ones left out. `principal` None means the server itself (lease expiry), or, with
     `presented` (what a denied caller showed), a caller that has none."""
+    if not _log.isEnabledFor(logging.INFO):  # audit logging off: nothing to build
+        return
     if principal is not None:
         identity = principal.name
     else:
@@ -61,6 +66,9 @@ def audit_event(
         record["presented"] = presented
     if principal is not None and principal.development:
         record["auth"] = "development"
+    if principal is not None and principal.acts_for_tenant:  # the identity's own, beside it
+        record["acts_for_tenant"] = True
+        record["identity_tenant"] = principal.identity_tenant or ""
     listed = sorted(devices)
     if listed:
         record["devices"] = listed

@@ -60,6 +60,7 @@ from services.common.security.tokens import TokenVerifier
 
 __all__ = [
     "OWNER_METADATA",
+    "TENANT_METADATA",
     "AccessRule",
     "AuthInterceptor",
     "Authenticator",
@@ -77,6 +78,10 @@ __all__ = [
 
 OWNER_METADATA = "x-gpualloc-owner"
 """Development mode's owner header; under a policy only a sub-owner the policy allows."""
+
+TENANT_METADATA = "x-gpualloc-tenant"
+"""The tenant a call acts for, under a policy that lets its identity (a binding's
+actForTenants); ignored in development mode, which has no tenants to keep apart."""
 
 AccessRule = Callable[[Any], Access]
 """The access one method needs, from its decoded request (the method name is filled in)."""
@@ -151,6 +156,7 @@ class _Loaded:
     tokens: TokenVerifier
     source: LoadedPolicy  # the policy with the files it was read from (what a reload watches)
     resolved: dict[Identity, Principal | None] = field(default_factory=dict)
+    acting: dict[tuple[Identity, str], Principal] = field(default_factory=dict)
 
     def resolve(self, identity: Identity) -> Principal | None:
         try:
@@ -162,6 +168,19 @@ class _Loaded:
             self.resolved.clear()
         self.resolved[identity] = principal
         return principal
+
+    def act_for_tenant(self, principal: Principal, tenant: str) -> Principal:
+        """policy.act_for_tenant, remembered per identity and tenant (a refusal is not)."""
+        key = (principal.identity, tenant)
+        try:
+            return self.acting[key]
+        except KeyError:
+            pass
+        acting = self.policy.act_for_tenant(principal, tenant)
+        if len(self.acting) >= _RESOLVED_LIMIT:
+            self.acting.clear()
+        self.acting[key] = acting
+        return acting
 
 
 def load_policy_file(path: str, contents: bytes) -> AccessPolicy:
@@ -200,6 +219,11 @@ class Authenticator:
         return self._watched.current().policy if self._watched is not None else None
 
     def principal(self, context: grpc.ServicerContext) -> Principal:
+        """The caller's principal, in the tenant its call acts for (`acting_for_tenant`)."""
+        return self.acting_for_tenant(self.identity_principal(context), context)
+
+    def identity_principal(self, context: grpc.ServicerContext) -> Principal:
+        """The principal the policy gives the caller's identity, in its own tenant."""
         if self._watched is None:
             return development_principal(_owner_header(context))
         loaded = self._watched.current()
@@ -209,6 +233,18 @@ class Authenticator:
             raise PermissionDenied(
                 f"identity {identity.display} is not bound to any role by the access policy"
             )
+        return principal
+
+    def acting_for_tenant(self, principal: Principal, context: grpc.ServicerContext) -> Principal:
+        """`principal` in the tenant the call names (TENANT_METADATA) when the policy lets it
+        act for that tenant (PermissionDenied else), with its sub-owner header. Development
+        mode ignores the tenant: it has none to keep apart."""
+        if principal.development:
+            return principal
+        tenant = _metadata(context, TENANT_METADATA)
+        if tenant:
+            assert self._watched is not None  # a principal of a policy
+            principal = self._watched.current().act_for_tenant(principal, tenant)
         if principal.tenant is not None:
             claimed = _owner_header(context)
             if claimed:  # a sub-owner: checked by principal.owner() where owners are used
@@ -282,8 +318,13 @@ def _is_ip(text: str) -> bool:
 
 
 def _owner_header(context: grpc.ServicerContext) -> str:
-    for key, value in context.invocation_metadata():
-        if key == OWNER_METADATA and isinstance(value, str) and value:
+    return _metadata(context, OWNER_METADATA)
+
+
+def _metadata(context: grpc.ServicerContext, key: str) -> str:
+    """The first non-empty value of a text metadata key ("" when none)."""
+    for name, value in context.invocation_metadata():
+        if name == key and isinstance(value, str) and value:
             return value
     return ""
 
@@ -351,7 +392,8 @@ class AuthInterceptor(HandlerInterceptor):
         short = method.rsplit("/", 1)[-1]
         principal: Principal | None = None
         try:
-            principal = self._authenticator.principal(context)
+            principal = self._authenticator.identity_principal(context)
+            principal = self._authenticator.acting_for_tenant(principal, context)
             if not principal.development:  # development mode allows every call
                 if access_rule is None:
                     raise PermissionDenied(

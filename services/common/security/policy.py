@@ -18,6 +18,11 @@
         tenant: hpc
         roles: [scheduler]
         actFor: ["slurm/job/*"]
+      - name: kueue-sidecar                  # acts for each Workload's ClusterQueue
+        subjects: [{kind: SPIFFE, name: "spiffe://fleet/ns/kueue/sa/gpualloc-kueue"}]
+        roles: [scheduler]
+        actFor: ["kueue/*"]
+        actForTenants: [hpc, "team-*"]       # the tenants a call may name (x-gpualloc-tenant)
 
 Kubernetes RBAC is the model: subjects bound to roles, deny by default, every matching binding
 adds its roles (an identity matched by bindings of two different tenants is refused: a call
@@ -28,6 +33,12 @@ node a Kubernetes service-account token is bound to (its `kubernetes.io.node.nam
 the binding lists `nodes`. An agent binding's `reportedGpus` bounds what its reports may
 describe: `published` (only the GPUs the node's ResourceSlices publish: it can report their
 health, not add GPUs) or a count (at most that many GPUs per report).
+
+A binding's `actForTenants` lets its identities act for other tenants, as Kubernetes
+impersonation does (deny by default): a call names the tenant (the `x-gpualloc-tenant`
+metadata, read at the edge) and is then that tenant's in every respect — quota, owners,
+reads, watches, bounds — its audit events naming the identity and the tenant acted for
+(`act_for_tenant`). The names are tenants, or patterns with one `*`.
 
 Quotas (`spec.quota.resources`, a tenant's `cohort` and `quotas`) are modelled and ruled in
 quota.py; docs/tenancy.md explains them. A tenant's `maxReservations` bounds how many live
@@ -42,7 +53,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from fractions import Fraction
 from typing import Any, TypeVar
@@ -165,6 +176,7 @@ class Binding:
     tenant: str | None = None
     act_for: tuple[str, ...] = ()
     nodes: tuple[str, ...] = ()
+    act_for_tenants: tuple[str, ...] = ()  # tenants (or one-`*` patterns) a call may act for
     # An agent binding's bound on the GPUs its reports describe: PUBLISHED_GPUS (only GPUs
     # the node's ResourceSlices publish), a count (at most that many per report), None: none.
     reported_gpus: str | int | None = None
@@ -237,7 +249,40 @@ class AccessPolicy:
             max_reservations=self.tenants[tenant].max_reservations if tenant else None,
             published_gpus_only=published_only,
             max_reported_gpus=most,
+            tenants_acted_for=tuple(sorted({p for b, _ in matched for p in b.act_for_tenants})),
         )
+
+    def act_for_tenant(self, principal: Principal, tenant: str) -> Principal:
+        """`principal` acting for `tenant` (a call's `x-gpualloc-tenant`): the same identity,
+        roles and owner patterns, in that tenant, with its bounds. Its own tenant is itself.
+        PermissionDenied when no binding of the identity lets it act for `tenant`, or when
+        `tenant` is not one of the policy's."""
+        if tenant == principal.tenant and not principal.acts_for_tenant:
+            return principal
+        if not any(glob_capture(p, tenant) is not None for p in principal.tenants_acted_for):
+            allowed = ", ".join(principal.tenants_acted_for) or "none"
+            own = f"its own is {principal.tenant}" if principal.tenant else "it has none"
+            raise PermissionDenied(
+                f"identity {principal.name} may not act for tenant {_shown(tenant)} (the "
+                f"policy's actForTenants let it act for: {allowed}; {own})"
+            )
+        if tenant not in self.tenants:
+            raise PermissionDenied(
+                f"identity {principal.name} may not act for tenant {_shown(tenant)}: the "
+                "access policy has no such tenant"
+            )
+        return replace(
+            principal,
+            tenant=tenant,
+            allow_admin_access=self.tenants[tenant].allow_admin_access,
+            max_reservations=self.tenants[tenant].max_reservations,
+            acts_for_tenant=True,
+            identity_tenant=principal.tenant,
+        )
+
+
+def _shown(value: str, limit: int = 80) -> str:
+    return repr(value if len(value) <= limit else value[:limit] + "…")
 
 
 def _report_bound(agents: Sequence[Binding], reports_any: bool) -> tuple[bool, int | None]:
@@ -293,7 +338,7 @@ def parse_policy(
 ) -> AccessPolicy:
     """An AccessPolicy from its decoded YAML; InvalidArgument listing every bad field.
     `kueue_files`: per `spec.quota.kueue.files` entry, its decoded documents with their
-    origins (the edge reads them: kueue_quota.py)."""
+    origins (the edge reads them: kueue_quota/)."""
     errors: list[FieldViolation] = []
     reader = _Reader(errors)
     root = reader.mapping(document, "", {"apiVersion", "kind", "metadata", "spec"})
@@ -871,7 +916,7 @@ def _quota_resources(
 ) -> list[QuotaResource]:
     """The quota resources; one given `flavors` is one QuotaResource per flavor."""
     resources: list[QuotaResource] = []
-    allowed = {"name", "deviceClassNames", "counter", "gpuShare", "flavors"}
+    allowed = {"name", "deviceClassNames", "counter", "gpuShare", "flavors", "selectors"}
     for i, item in enumerate(reader.sequence(value, "spec.quota.resources")):
         path = f"spec.quota.resources[{i}]"
         fields = reader.mapping(item, path, allowed)
@@ -896,8 +941,9 @@ def _quota_resources(
         share = reader.boolean(fields.get("gpuShare", False), f"{path}.gpuShare")
         if share and counter:
             reader.fail(f"{path}.gpuShare", "counts a counter or GPU shares, not both")
+        selectors = _cel_selectors(reader, fields.get("selectors", []), f"{path}.selectors")
         if "flavors" not in fields:
-            resources.append(QuotaResource(name, classes, counter, share))
+            resources.append(QuotaResource(name, classes, counter, share, selectors=selectors))
             continue
         names = reader.sequence(fields["flavors"], f"{path}.flavors")
         if not names:
@@ -934,11 +980,18 @@ def _quota_resources(
                     base=name,
                     flavor=flavor_name,
                     spec=spec,
+                    selectors=selectors,
                 )
             )
         resources.append(
             QuotaResource(
-                f"{name}/{NO_FLAVOR}", classes, counter, share, base=name, flavor=NO_FLAVOR
+                f"{name}/{NO_FLAVOR}",
+                classes,
+                counter,
+                share,
+                base=name,
+                flavor=NO_FLAVOR,
+                selectors=selectors,
             )
         )
     every = [r.name for r in resources]
@@ -1020,7 +1073,9 @@ def _amount(reader: _Reader, value: object, path: str) -> int:
 def _bindings(reader: _Reader, value: object, tenants: Mapping[str, Tenant]) -> list[Binding]:
     bindings: list[Binding] = []
     names: set[str] = set()
-    allowed = {"name", "subjects", "roles", "tenant", "actFor", "nodes", "reportedGpus"}
+    allowed = {
+        "name", "subjects", "roles", "tenant", "actFor", "actForTenants", "nodes", "reportedGpus",
+    }  # fmt: skip
     for i, item in enumerate(reader.sequence(value, "spec.bindings")):
         path = f"spec.bindings[{i}]"
         fields = reader.mapping(item, path, allowed)
@@ -1040,14 +1095,18 @@ def _bindings(reader: _Reader, value: object, tenants: Mapping[str, Tenant]) -> 
         ]
         if not roles:
             reader.fail(f"{path}.roles", "must name at least one role")
+        act_for_tenants = _tenant_patterns(reader, fields.get("actForTenants", []), path, tenants)
         tenant = None
         if "tenant" in fields:
             tenant = reader.string(fields["tenant"], f"{path}.tenant")
             if tenant not in tenants:
                 known = ", ".join(sorted(tenants)) or "none"
                 reader.fail(f"{path}.tenant", f"unknown tenant {tenant!r} (spec.tenants: {known})")
-        elif Role.SCHEDULER in roles:
-            reader.fail(f"{path}.tenant", "a scheduler binding needs a tenant to hold reservations")
+        elif Role.SCHEDULER in roles and not act_for_tenants:
+            reader.fail(
+                f"{path}.tenant",
+                "a scheduler binding needs a tenant to hold reservations (or actForTenants)",
+            )
         act_for = tuple(
             _pattern(reader, p, f"{path}.actFor[{j}]")
             for j, p in enumerate(reader.sequence(fields.get("actFor", []), f"{path}.actFor"))
@@ -1066,10 +1125,45 @@ def _bindings(reader: _Reader, value: object, tenants: Mapping[str, Tenant]) -> 
         reported = _reported_gpus(reader, fields.get("reportedGpus"), f"{path}.reportedGpus")
         if reported is not None and Role.AGENT not in roles:
             reader.fail(f"{path}.reportedGpus", "only an agent binding reports GPUs")
+        if act_for_tenants and not {Role.SCHEDULER, Role.READER, Role.ADMIN} & set(roles):
+            reader.fail(
+                f"{path}.actForTenants",
+                "only a scheduler, reader or admin binding acts for tenants (an agent or "
+                "inventory-admin has no tenant's business)",
+            )
         bindings.append(
-            Binding(name, tuple(subjects), tuple(roles), tenant, act_for, nodes, reported)
+            Binding(
+                name,
+                tuple(subjects),
+                tuple(roles),
+                tenant,
+                act_for,
+                nodes,
+                act_for_tenants,
+                reported,
+            )
         )
     return bindings
+
+
+def _tenant_patterns(
+    reader: _Reader, value: object, path: str, tenants: Mapping[str, Tenant]
+) -> tuple[str, ...]:
+    """A binding's actForTenants: tenant names (each one of spec.tenants) or patterns with
+    one `*` (matching the tenants a call names), no duplicates."""
+    patterns: list[str] = []
+    for j, item in enumerate(reader.sequence(value, f"{path}.actForTenants")):
+        where = f"{path}.actForTenants[{j}]"
+        pattern = _pattern(reader, item, where)
+        if not pattern:
+            continue
+        if pattern in patterns:
+            reader.fail(where, f"duplicate {pattern!r}")
+        elif "*" not in pattern and pattern not in tenants:
+            known = ", ".join(sorted(tenants)) or "none"
+            reader.fail(where, f"unknown tenant {pattern!r} (spec.tenants: {known})")
+        patterns.append(pattern)
+    return tuple(patterns)
 
 
 def _reported_gpus(reader: _Reader, value: object, path: str) -> str | int | None:

@@ -1,6 +1,6 @@
 """The access policy file and the Kueue files it names, read at the edge and watched together.
 
-`spec.quota.kueue.files` (kueue_quota.py) names files or directories, relative to the policy
+`spec.quota.kueue.files` (kueue_quota/) names files or directories, relative to the policy
 file's directory: a directory stands for its `*.yaml`, `*.yml` and `*.json` files in name order
 (not its subdirectories), as `kubectl apply -f <dir>` reads it. Each file may hold several YAML
 documents. `load_policy` reads them all with the stamp each had before it was read, so a

@@ -9,6 +9,12 @@ header says, allowed everything — the behaviour of a server nobody shares.
 Owners and tenants. A reservation's owner is `<tenant>/<name>` under a policy (the tenant is
 prefixed by the server, never trusted from the caller), so a reservation's tenant is always the
 part of its owner before the first `/` — `tenant_of_owner` — in every layout and store.
+
+Acting for a tenant. An identity the policy lets act for other tenants (a binding's
+`actForTenants`, as Kubernetes impersonation) may name one per call; its principal is then
+that tenant's (`tenant`, and the tenant's bounds), with `identity_tenant` the identity's own
+and `acts_for_tenant` set, so everything downstream follows the tenant acted for while the
+audit trail records both (policy.py's `act_for_tenant`).
 """
 
 from __future__ import annotations
@@ -111,6 +117,9 @@ class Principal:
     max_reservations: int | None = None  # its tenant's live reservations bound (None: none)
     published_gpus_only: bool = False  # an agent that may report only GPUs slices publish
     max_reported_gpus: int | None = None  # an agent's bound on the GPUs of one report
+    tenants_acted_for: tuple[str, ...] = ()  # tenant patterns (one `*` each) it may act for
+    acts_for_tenant: bool = False  # this call acts for `tenant`, not the identity's own
+    identity_tenant: str | None = None  # then: the identity's own tenant (None: none)
 
     @property
     def name(self) -> str:

@@ -137,6 +137,9 @@ class QuotaResource:
     base: str = ""  # the resource a flavor's quota belongs to ("" for an unflavored one)
     flavor: str = ""
     spec: ResourceFlavor | None = None  # the flavor (None for an unflavored one and (none))
+    # CEL expressions over `device` a counted device must match too (beside its class): a
+    # resource of one MIG profile, as Kueue's `nvidia.com/mig-<profile>` counts
+    selectors: tuple[str, ...] = ()
 
 
 NO_FLAVOR = "(none)"  # the flavor name of the devices in none of a resource's flavors

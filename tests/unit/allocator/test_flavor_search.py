@@ -376,6 +376,15 @@ CASES = {
         ("hop-low",),
         Outcome.QUOTA_EXCEEDED,
     ),
+    "every-flavor-no-fit-is-quota-exceeded-without-victims": Case(
+        "- {name: hpc, quotas: [{resource: gpus, flavor: hopper, nominal: 2}, "
+        "{resource: gpus, flavor: ada, nominal: 2}]}",
+        (), 3, "high",
+        (("hopper", "NoFit", 0), ("ada", "NoFit", 0)),
+        None,
+        (),
+        Outcome.QUOTA_EXCEEDED,
+    ),
     "a-flavor-the-tenant-does-not-list-is-never-tried": Case(
         "- {name: hpc, quotas: [{resource: gpus, flavor: ada, nominal: 3}]}",
         (), 1, "",
@@ -583,3 +592,15 @@ def test_what_a_flavor_selects_and_who_may_use_it(case: Ask) -> None:
         if case.charged:
             status = fleet.service.quotas.status(["hpc"])  # type: ignore[union-attr]
             assert {row.resource for row in status if row.used} == set(case.charged)
+
+
+def test_capacity_counts_what_each_flavors_quota_allows() -> None:
+    """hpc lists hopper (nominal 2; 4 H100s free) and ada (nominal 3; 3 L40Ss free): of one-GPU
+    units, its quota allows 2 on hopper and 3 on ada, 5 in all, wherever the solver's first
+    placement would land; with one H100 held, 1 more on hopper."""
+    model = model_of(BY_NODE + PRIORITIES, tenants(TWO_FLAVORS))
+    for fleet in fleet_of(model):
+        counted = fleet.service.capacity(Query((gpus(1),)), owner="hpc/x")
+        assert counted.within_quota == 5 and counted.total > 5
+        fleet.hold("hpc", "h1", 1, "", "hop-1")
+        assert fleet.service.capacity(Query((gpus(1),)), owner="hpc/x").within_quota == 4

@@ -207,7 +207,7 @@ def test_gang_reserves_every_member_and_the_next_gang_goes_elsewhere(service):
     first = service.allocate(_gang(2), LeaseOptions("job-1"))
     assert first.outcome is Outcome.ALLOCATED
     assert sorted(m.node for m in first.placements) == ["a1", "a2"]
-    assert first.is_gang and first.node is None and first.allocations == ()
+    assert first.node is None and first.allocations == ()  # on two nodes
     assert sorted(r.node for r in first.reservations) == ["a1", "a2"]
     for member, reservation in zip(
         sorted(first.placements, key=lambda m: m.node),
@@ -216,7 +216,7 @@ def test_gang_reserves_every_member_and_the_next_gang_goes_elsewhere(service):
     ):
         assert reservation.allocations == member.allocations
         assert {r.pool for a in member.allocations for r in a.results} == {member.node}
-    response = allocate_response(first)
+    response = allocate_response(first, gang=True)
     assert [p.node_name for p in response.gang_placements] == [m.node for m in first.placements]
     assert all(
         len(p.allocations) == 1 and p.allocations[0].name == "two" for p in response.gang_placements
@@ -231,9 +231,10 @@ def test_gang_reserves_every_member_and_the_next_gang_goes_elsewhere(service):
 
 def test_a_gang_of_one_answers_in_the_gang_fields(service):
     answer = service.allocate(_gang(1, ONE), LeaseOptions("job-1"))
-    assert answer.outcome is Outcome.ALLOCATED and answer.is_gang
-    [member] = answer.placements
-    response = allocate_response(answer)
+    assert answer.outcome is Outcome.ALLOCATED
+    [member] = answer.placements  # one shape: a gang of one's placement is a single node's
+    assert allocate_response(answer).node_name == member.node
+    response = allocate_response(answer, gang=True)
     assert [p.node_name for p in response.gang_placements] == [member.node]
     assert not response.node_name and not response.allocations
     [reservation] = answer.reservations
@@ -306,7 +307,7 @@ def test_a_key_whose_gang_was_partly_released_is_not_allocated_again(service):
     lease = LeaseOptions("job-7", idempotency_key="job-7-try-1")
     first = service.allocate(_gang(2, ONE), lease)
     service.release(first.reservations[0].id, "job-7")
-    with pytest.raises(FailedPrecondition, match="not a gang of 2"):
+    with pytest.raises(FailedPrecondition, match="not a placement on 2"):
         service.allocate(_gang(2, ONE), lease)
 
 
@@ -324,7 +325,10 @@ def test_explain_of_a_fitting_gang_says_where(service):
     answer = service.explain(_gang(2))
     assert answer.outcome is Outcome.ALLOCATED
     assert summary_text(answer.explanation.summary) == "gang of 2 nodes in rack=a: a1, a2"
-    assert [p.node_name for p in explain_response(answer).gang_placements] == ["a1", "a2"]
+    assert [p.node_name for p in explain_response(answer, gang=True).gang_placements] == [
+        "a1",
+        "a2",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -372,10 +376,10 @@ def test_one_node_placement_requests_are_its_holds_scope_by_scope(service):
     are what the Reserve path builds from its holds."""
     lease = LeaseOptions("job-1", idempotency_key="k", labels=(("team", "a"),))
     answer = service.allocate(Query((WIRED,)))
-    assert answer.outcome is Outcome.ALLOCATED and not answer.is_gang
+    assert answer.outcome is Outcome.ALLOCATED and len(answer.placements) == 1
     snapshot = service.view.require(0).snapshot
     names = ("default/wired",)
-    got = placement_requests(snapshot, answer.placements, names, lease, 30.0, gang=False)
+    got = placement_requests(snapshot, answer.placements, names, lease, 30.0)
     holds = placement_holds(snapshot, answer.node or "", answer.allocations)
     assert [r.node for r in got] == [answer.node, f"{DRIVER}/fabric"]
     assert got == _requests(holds, names, answer.allocations, lease, 30.0)

@@ -172,3 +172,25 @@ def test_admission_check_becomes_active():
     api.set_admission_check_active("sample-prov", "ok")
     (check,) = [AdmissionCheck.from_dict(d) for d in api.list_admission_checks()]
     assert check.active
+
+
+@pytest.mark.parametrize(
+    ("assignments", "expected"),
+    [
+        pytest.param(None, {}, id="no-admission"),
+        pytest.param("...", {}, id="not-a-list"),
+        pytest.param([{"name": "main", "count": 1}], {}, id="no-flavors-assigned"),
+        pytest.param(
+            [{"name": "main", "flavors": {"cpu": "default", "nvidia.com/gpu": "hopper"}},
+             {"name": "aux", "flavors": {"nvidia.com/gpu": "ada", "memory": "ada"}}],
+            {"main": ("default", "hopper"), "aux": ("ada",)},
+            id="each-pod-sets-flavors-once-sorted",
+        ),
+        pytest.param(["main"], {}, id="an-entry-not-a-mapping"),
+    ],
+)  # fmt: skip
+def test_the_flavors_kueue_assigned_each_pod_set(assignments, expected):
+    workload = {"kind": "Workload", "metadata": {"name": "w"}, "spec": {}}
+    if assignments is not None:
+        workload["status"] = {"admission": {"clusterQueue": "q", "podSetAssignments": assignments}}
+    assert Workload.from_dict(workload).assigned_flavors == expected

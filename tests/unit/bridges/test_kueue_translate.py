@@ -9,7 +9,7 @@ import pytest
 
 from services.bridges.kueue.memory_api import workload_for_job
 from services.bridges.kueue.objects import Workload
-from services.bridges.kueue.translate import node_selector_of, workload_claims
+from services.bridges.kueue.translate import node_selector_of, with_node_labels, workload_claims
 from services.client.topology import ANNOTATION
 from services.common.dra.model import NodeSelector, NodeSelectorRequirement, NodeSelectorTerm
 from services.common.errors import InvalidArgument
@@ -130,3 +130,44 @@ def test_untranslatable_pod_sets_name_the_field(spec, path):
 
 def test_empty_node_selector_is_none():
     assert node_selector_of({}) is None
+
+
+def _term(*labels: tuple[str, str]) -> NodeSelectorTerm:
+    return NodeSelectorTerm(
+        match_expressions=tuple(NodeSelectorRequirement(k, "In", (v,)) for k, v in labels)
+    )
+
+
+HOPPER = {"nvidia.com/gpu.family": "hopper"}
+PRODUCT = ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3")
+
+
+@pytest.mark.parametrize(
+    ("selector", "labels", "expected"),
+    [
+        pytest.param(None, {}, None, id="no-flavor-labels-no-selector"),
+        pytest.param(NodeSelector((_term(PRODUCT),)), {}, NodeSelector((_term(PRODUCT),)),
+                     id="no-flavor-labels-keep-the-selector"),
+        pytest.param(None, HOPPER, NodeSelector((_term(("nvidia.com/gpu.family", "hopper")),)),
+                     id="the-flavors-labels-alone"),
+        pytest.param(
+            NodeSelector((_term(PRODUCT),)),
+            HOPPER,
+            NodeSelector((_term(PRODUCT, ("nvidia.com/gpu.family", "hopper")),)),
+            id="anded-with-the-pod-sets-selector",
+        ),
+        pytest.param(
+            NodeSelector((_term(PRODUCT), _term(("zone", "a")))),
+            HOPPER,
+            NodeSelector(
+                (
+                    _term(PRODUCT, ("nvidia.com/gpu.family", "hopper")),
+                    _term(("zone", "a"), ("nvidia.com/gpu.family", "hopper")),
+                )
+            ),
+            id="anded-into-every-term",
+        ),
+    ],
+)  # fmt: skip
+def test_a_flavors_node_labels_narrow_the_pod_sets_nodes(selector, labels, expected):
+    assert with_node_labels(selector, labels) == expected

@@ -24,6 +24,7 @@ from services.client import AllocatorClient, Reservation
 from services.client.inventory import InventoryClient
 from services.client.results import Placement
 from services.client.specs import RequestSpec, build_claim
+from tests.peers import peer
 from tests.unit.bridges.support import ROOT, release_everything
 
 HOOK = ROOT / "examples" / "bridges" / "slurm" / "gpualloc-hook.py"
@@ -31,10 +32,20 @@ NODE = "h100-node-1"
 CLUSTER = "c1"
 
 
-def run_hook(path: Path, *argv: str, **environ: str) -> subprocess.CompletedProcess[str]:
+@pytest.fixture(params=["compiled", "portable"])
+def hook_client(request: pytest.FixtureRequest) -> list[str]:
+    """The hook client's command: the compiled one or gpualloc-hook.py (the same protocol)."""
+    if request.param == "portable":
+        return ["/usr/bin/python3", "-I", "-S", str(HOOK)]
+    return [str(peer("gpualloc-hook"))]
+
+
+def run_hook(
+    client: list[str], path: Path, *argv: str, **environ: str
+) -> subprocess.CompletedProcess[str]:
     env = {"GPUALLOC_SLURM_SOCKET": str(path), "PATH": "/usr/bin:/bin", **environ}
     return subprocess.run(
-        ["/usr/bin/python3", "-I", "-S", str(HOOK), *argv],
+        [*client, *argv],
         env=env,
         capture_output=True,
         text=True,
@@ -57,9 +68,14 @@ def served(tmp_path: Path) -> Iterator[tuple[Path, list[tuple[list[str], dict[st
         yield path, seen
 
 
-def test_the_client_hands_over_argv_and_the_jobs_environment_and_prints_the_answer(served):
+def test_the_client_hands_over_argv_and_the_jobs_environment_and_prints_the_answer(
+    served, hook_client
+):
     path, seen = served
-    done = run_hook(path, "epilog", "--all-nodes", SLURM_JOB_ID="17", HOME="/root")
+    done = run_hook(
+        hook_client, path, "epilog", "--all-nodes", SLURM_JOB_ID="17", GPUALLOC_NVLINK="1",
+        HOME="/root",
+    )  # fmt: skip
     assert (done.returncode, done.stdout, done.stderr) == (
         5,
         "export SEEN=epilog --all-nodes\n",
@@ -67,7 +83,8 @@ def test_the_client_hands_over_argv_and_the_jobs_environment_and_prints_the_answ
     )
     ((argv, env, uid),) = seen
     assert argv == ["epilog", "--all-nodes"]
-    assert env == {"SLURM_JOB_ID": "17"}  # the job's SLURM_* only, never the rest
+    # the job's SLURM_* (and the NVLink flag) only, never the rest
+    assert env == {"SLURM_JOB_ID": "17", "GPUALLOC_NVLINK": "1"}
     assert uid == os.getuid()  # from the socket's peer credentials, not from the request
 
 
@@ -76,15 +93,18 @@ def test_the_socket_is_for_every_job_user(served):
     assert path.stat().st_mode & 0o777 == 0o666  # the handler decides who may do what
 
 
-def test_without_a_service_the_client_runs_the_command_itself(tmp_path):
+def test_without_a_service_the_client_runs_the_command_itself(tmp_path, hook_client):
     done = run_hook(
-        tmp_path / "nobody-listens.sock", "prolog", "--job-id=3", GPUALLOC_SLURM_CLI="/bin/echo"
-    )
+        hook_client, tmp_path / "nobody-listens.sock", "prolog", "--job-id=3",
+        GPUALLOC_SLURM_CLI="/bin/echo",
+    )  # fmt: skip
     assert (done.returncode, done.stdout) == (0, "prolog --job-id=3\n")
 
 
-def test_without_a_service_or_command_the_hook_fails_and_says_why(tmp_path):
-    done = run_hook(tmp_path / "none.sock", "prolog", GPUALLOC_SLURM_CLI="/nonexistent/cli")
+def test_without_a_service_or_command_the_hook_fails_and_says_why(tmp_path, hook_client):
+    done = run_hook(
+        hook_client, tmp_path / "none.sock", "prolog", GPUALLOC_SLURM_CLI="/nonexistent/cli"
+    )
     assert done.returncode == 3 and "does not answer" in done.stderr, done
 
 
@@ -264,11 +284,31 @@ def test_a_holder_that_is_not_a_slurm_job_is_never_released(client):
     assert [r.owner for r in client.list()] == ["kueue/team-a/train"]
 
 
-def test_the_hook_costs_milliseconds(served):
-    # the whole point: a `python3 -I -S` start of the standard library, not gpualloc's import
-    # (a bound for a loaded machine; docs/bridges.md has the figures)
+def test_the_hook_costs_milliseconds(served, hook_client):
+    # the whole point: no start of gpualloc's Python (0.6-0.8 s); a bound for a loaded
+    # machine, docs/bridges.md has the figures
     path, _ = served
     started = time.monotonic()
     for _ in range(5):
-        assert run_hook(path, "task-prolog").returncode == 5
+        assert run_hook(hook_client, path, "task-prolog").returncode == 5
     assert (time.monotonic() - started) / 5 < 0.5
+
+
+def test_an_answer_that_is_not_the_protocol_fails_the_hook(tmp_path, hook_client):
+    path = tmp_path / "odd.sock"
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(path))
+        listener.listen()
+
+        def answer_badly() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                while conn.recv(65536):
+                    pass
+                conn.sendall(b"not a status")
+
+        serving = threading.Thread(target=answer_badly)
+        serving.start()
+        done = run_hook(hook_client, path, "prolog")
+        serving.join()
+    assert done.returncode == 3 and "no answer" in done.stderr, done

@@ -6,6 +6,7 @@ refused naming its field."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -210,3 +211,26 @@ def test_a_flavor_selector_that_does_not_compile_keeps_the_policy_from_loading()
     )
     good = parse_policy(document()).quotas
     assert check_flavor_selectors(good, SelectorCache()) is good
+
+
+def test_the_resource_flavors_example_of_the_docs_loads() -> None:
+    """docs/tenancy.md's "Resource flavors" example, as written, is a valid quota section."""
+    text = (Path(__file__).parents[3] / "docs" / "tenancy.md").read_text()
+    section = text[text.index("## Resource flavors") :]
+    example = section[section.index("```yaml\n") + 8 : section.index("```\n", 8)]
+    parsed = yaml.safe_load(example)
+    document = {
+        "apiVersion": "gpualloc.dev/v1alpha1",
+        "kind": "AccessPolicy",
+        "metadata": {"name": "docs"},
+        "spec": {"quota": parsed["quota"], "tenants": parsed["tenants"]},
+    }
+    quotas = parse_policy(document).quotas
+    hpc = quotas.quota_of("hpc")
+    assert hpc is not None and [r.flavor for r in quotas.flavor_order("hpc", "gpus")] == [
+        "hopper",
+        "ada",
+    ]
+    assert hpc.tolerations == (DeviceToleration("reserved", TolerationOperator.EXISTS),)
+    flavors = {r.flavor: r.spec for r in quotas.flavors_of("gpus")}
+    assert flavors["ampere"] is not None and flavors["ampere"].node_taints

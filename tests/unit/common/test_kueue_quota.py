@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
+from services.allocator.app.quotas import check_flavor_selectors
+from services.cel import SelectorCache
 from services.common.errors import FieldViolation, InvalidArgument
 from services.common.security import kueue_quota
 from services.common.security.kueue_quota import FieldError, KueueViolation
@@ -46,7 +48,7 @@ KUEUE_DEFAULTS = """
       withinClusterQueue: Never
       reclaimWithinCohort: Never
       borrowWithinCohort: {policy: Never}
-    flavorFungibility: {whenCanBorrow: MayStopSearch}
+    flavorFungibility: {whenCanBorrow: MayStopSearch, whenCanPreempt: TryNextFlavor}
 """
 NATIVE_GPU = """
     resources:
@@ -552,6 +554,113 @@ spec:
 {KUEUE_DEFAULTS}""",
     ),
     (
+        "a-flavors-taints-and-tolerations",
+        documents(
+            f"""
+apiVersion: {V2}
+kind: ResourceFlavor
+metadata: {{name: default-flavor}}
+spec:
+  nodeLabels: {{pool: spot}}
+  nodeTaints:
+  - {{key: spot, value: "true", effect: NoSchedule, timeAdded: "2026-01-01T00:00:00Z"}}
+  - {{key: maintenance, effect: PreferNoSchedule}}
+  tolerations:
+  - {{key: spot, operator: Exists, effect: NoExecute, tolerationSeconds: 300}}
+  - {{operator: Exists}}
+""",
+            GPU_QUEUE,
+        ),
+        {},
+        """
+    resources:
+    - {name: nvidia.com/gpu, deviceClassNames: [gpu.nvidia.com], flavors: [default-flavor]}
+    resourceFlavors:
+    - name: default-flavor
+      nodeLabels: {pool: spot}
+      nodeTaints:
+      - {key: spot, value: "true", effect: NoSchedule}
+      - {key: maintenance, effect: PreferNoSchedule}
+      tolerations:
+      - {key: spot, operator: Exists, effect: NoExecute}
+      - {operator: Exists}
+""",
+        f"""
+  - name: team-a
+    quotas: [{{resource: nvidia.com/gpu, flavor: default-flavor, nominal: 4}}]
+{KUEUE_DEFAULTS}""",
+    ),
+    (
+        "when-can-preempt-and-preference",
+        documents(
+            DEFAULT_FLAVOR,
+            GPU_QUEUE.replace(
+                "spec:",
+                "spec:\n  flavorFungibility: {whenCanBorrow: TryNextFlavor, "
+                "whenCanPreempt: TryNextFlavor, preference: PreemptionOverBorrowing}",
+            ),
+        ),
+        {},
+        NATIVE_GPU,
+        """
+  - name: team-a
+    quotas: [{resource: nvidia.com/gpu, flavor: default-flavor, nominal: 4}]
+    preemption:
+      withinClusterQueue: Never
+      reclaimWithinCohort: Never
+      borrowWithinCohort: {policy: Never}
+    flavorFungibility:
+      whenCanBorrow: TryNextFlavor
+      whenCanPreempt: TryNextFlavor
+      preference: PreemptionOverBorrowing
+""",
+    ),
+    (
+        "v1beta1s-preempt-is-may-stop-search",
+        documents(
+            DEFAULT_FLAVOR,
+            GPU_QUEUE.replace(V2, V1).replace(
+                "spec:", "spec:\n  flavorFungibility: {whenCanPreempt: Preempt}"
+            ),
+        ),
+        {},
+        NATIVE_GPU,
+        f"""
+  - name: team-a
+    quotas: [{{resource: nvidia.com/gpu, flavor: default-flavor, nominal: 4}}]
+{KUEUE_DEFAULTS.replace("whenCanPreempt: TryNextFlavor", "whenCanPreempt: MayStopSearch")}""",
+    ),
+    (
+        "a-mig-profile-counts-the-mig-devices-of-that-profile",
+        documents(
+            DEFAULT_FLAVOR,
+            GPU_QUEUE.replace(
+                "[nvidia.com/gpu]", "[nvidia.com/gpu, nvidia.com/mig-1g.10gb]"
+            ).replace(
+                "resources: [{name: nvidia.com/gpu, nominalQuota: 4}]",
+                "resources: [{name: nvidia.com/gpu, nominalQuota: 4}, "
+                "{name: nvidia.com/mig-1g.10gb, nominalQuota: 16}]",
+            ),
+        ),
+        {},
+        """
+    resources:
+    - {name: nvidia.com/gpu, deviceClassNames: [gpu.nvidia.com], flavors: [default-flavor]}
+    - name: nvidia.com/mig-1g.10gb
+      deviceClassNames: [mig.nvidia.com]
+      selectors:
+      - cel: {expression: "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"}
+      flavors: [default-flavor]
+    resourceFlavors: [{name: default-flavor, nodeLabels: {}}]
+""",
+        f"""
+  - name: team-a
+    quotas:
+    - {{resource: nvidia.com/gpu, flavor: default-flavor, nominal: 4}}
+    - {{resource: nvidia.com/mig-1g.10gb, flavor: default-flavor, nominal: 16}}
+{KUEUE_DEFAULTS}""",
+    ),
+    (
         "a-queue-without-resource-groups-is-granted-nothing",
         documents(
             DEFAULT_FLAVOR,
@@ -607,13 +716,18 @@ def test_what_is_left_out_on_purpose_is_listed() -> None:
 def test_a_cluster_queue_is_a_tenant_the_bindings_may_name() -> None:
     """A ClusterQueue the policy's tenants do not list is a tenant; one they list keeps its
     allowAdminAccess and maxReservations; a tenant without a ClusterQueue is not limited."""
-    tenants = "[{name: team-a, allowAdminAccess: true, maxReservations: 5}, {name: tools}]"
+    tenants = (
+        "[{name: team-a, allowAdminAccess: true, maxReservations: 5, "
+        "tolerations: [{key: spot, operator: Exists}]}, {name: tools}]"
+    )
     policy = kueue(
         documents(DEFAULT_FLAVOR, GPU_QUEUE, GPU_QUEUE.replace("team-a", "team-b")), tenants
     )
     assert sorted(policy.tenants) == ["team-a", "team-b", "tools"]
     assert policy.tenants["team-a"].allow_admin_access
     assert policy.tenants["team-a"].max_reservations == 5
+    team_a = policy.quotas.quota_of("team-a")
+    assert team_a is not None and [t.key for t in team_a.tolerations] == ["spot"]
     assert policy.quotas.quota_of("team-b") is not None
     assert policy.quotas.quota_of("tools") is None
 
@@ -640,91 +754,6 @@ def test_inline_objects_and_files_together() -> None:
 {KUEUE_DEFAULTS}""",
         ).quotas
     )
-
-
-# Flavors' taints and tolerations, whenCanPreempt and preference, as the native section will
-# take them once it has flavors' search (kueue_quota.NATIVE_FLAVOR_SEARCH); refused by name
-# until then (INVALID's `flavor-taints-are-refused`, `flavor-tolerations-are-refused`,
-# `when-can-preempt-may-stop-search-is-refused`, `preference-is-refused`).
-# (id, objects, the native resourceFlavors, the native flavorFungibility of team-a)
-FLAVOR_SEARCH_MAPPING = [
-    (
-        "taints-tolerations-and-fungibility",
-        documents(
-            f"""
-apiVersion: {V2}
-kind: ResourceFlavor
-metadata: {{name: default-flavor}}
-spec:
-  nodeLabels: {{pool: spot}}
-  nodeTaints:
-  - {{key: spot, value: "true", effect: NoSchedule, timeAdded: "2026-01-01T00:00:00Z"}}
-  - {{key: maintenance, effect: PreferNoSchedule}}
-  tolerations:
-  - {{key: spot, operator: Exists, effect: NoExecute, tolerationSeconds: 300}}
-  - {{operator: Exists}}
-""",
-            GPU_QUEUE.replace(
-                "spec:",
-                "spec:\n  flavorFungibility: {whenCanBorrow: TryNextFlavor, "
-                "whenCanPreempt: TryNextFlavor, preference: PreemptionOverBorrowing}",
-            ),
-        ),
-        """
-- name: default-flavor
-  nodeLabels: {pool: spot}
-  nodeTaints:
-  - {key: spot, value: "true", effect: NoSchedule}
-  - {key: maintenance, effect: PreferNoSchedule}
-  tolerations:
-  - {key: spot, operator: Exists, effect: NoExecute}
-  - {operator: Exists}
-""",
-        {
-            "whenCanBorrow": "TryNextFlavor",
-            "whenCanPreempt": "TryNextFlavor",
-            "preference": "PreemptionOverBorrowing",
-        },
-    ),
-    (
-        "kueues-default-when-can-preempt-written-out",
-        documents(DEFAULT_FLAVOR, GPU_QUEUE),
-        "[{name: default-flavor, nodeLabels: {}}]",
-        {"whenCanBorrow": "MayStopSearch", "whenCanPreempt": "TryNextFlavor"},
-    ),
-    (
-        "v1beta1s-preempt-is-may-stop-search",
-        documents(
-            DEFAULT_FLAVOR,
-            GPU_QUEUE.replace(V2, V1).replace(
-                "spec:", "spec:\n  flavorFungibility: {whenCanPreempt: Preempt}"
-            ),
-        ),
-        "[{name: default-flavor, nodeLabels: {}}]",
-        {"whenCanBorrow": "MayStopSearch", "whenCanPreempt": "MayStopSearch"},
-    ),
-]
-
-
-@pytest.mark.parametrize(
-    ("objects", "flavors", "fungibility"),
-    [pytest.param(*c[1:], id=c[0]) for c in FLAVOR_SEARCH_MAPPING],
-)
-def test_flavors_taints_and_fungibility_are_translated_for_the_native_section(
-    objects: str, flavors: str, fungibility: dict[str, str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """What a ResourceFlavor's taints and tolerations and a ClusterQueue's whenCanPreempt and
-    preference become once the native section takes them (the translation, compared before
-    the native parser, which refuses them still)."""
-    monkeypatch.setattr(kueue_quota, "NATIVE_FLAVOR_SEARCH", True)
-    errors: list[FieldViolation] = []
-    files = {
-        "site.yaml": [(f"site.yaml[{i}]", d) for i, d in enumerate(yaml.safe_load_all(objects))]
-    }
-    translation = kueue_quota.translate({"files": ["site.yaml"]}, files, errors)
-    assert errors == []
-    assert translation.quota["resourceFlavors"] == yaml.safe_load(flavors)
-    assert translation.tenants["team-a"]["flavorFungibility"] == fungibility
 
 
 # --- validation -----------------------------------------------------------------------------
@@ -948,28 +977,6 @@ INVALID = [
         [(INV, *Q, "spec.flavorFungibility.preference")],
     ),
     (
-        "preference-is-refused",
-        _queue(
-            GROUP + "  flavorFungibility: {whenCanBorrow: TryNextFlavor, "
-            "whenCanPreempt: TryNextFlavor, preference: PreemptionOverBorrowing}\n"
-        ),
-        [(X, *Q, "spec.flavorFungibility.preference")],
-    ),
-    (
-        "when-can-preempt-may-stop-search-is-refused",
-        _queue(GROUP + "  flavorFungibility: {whenCanPreempt: MayStopSearch}\n"),
-        [(X, *Q, "spec.flavorFungibility.whenCanPreempt")],
-    ),
-    (
-        "v1beta1s-preempt-is-may-stop-search-refused",
-        _queue(
-            GROUP.replace("cohortName", "cohort")
-            + "  flavorFungibility: {whenCanPreempt: Preempt}\n",
-            V1,
-        ),
-        [(X, *Q, "spec.flavorFungibility.whenCanPreempt")],
-    ),
-    (
         "stop-policy-hold-is-refused",
         _queue(GROUP + "  stopPolicy: Hold\n"),
         [(X, *Q, "spec.stopPolicy")],
@@ -1018,8 +1025,8 @@ INVALID = [
         [(X, *Q, "spec.resourceGroups[0].coveredResources[0]")],
     ),
     (
-        "a-mig-profile-is-not-supported-yet",
-        _queue(GROUP.replace("nvidia.com/gpu", "nvidia.com/mig-1g.10gb")),
+        "a-mig-name-that-is-no-profile",
+        _queue(GROUP.replace("nvidia.com/gpu", "nvidia.com/mig-big")),
         [(X, *Q, "spec.resourceGroups[0].coveredResources[0]")],
     ),
     (
@@ -1033,18 +1040,6 @@ INVALID = [
         "apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata: {name: bad}\n"
         "spec: {nodeLabels: {gpu: 'not a value'}}",
         [(INV, "ResourceFlavor", "bad", "spec.nodeLabels[gpu]")],
-    ),
-    (
-        "flavor-taints-are-refused",
-        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata: {name: spot}\n"
-        "spec: {nodeTaints: [{key: spot, value: 'true', effect: NoSchedule}]}",
-        [(X, "ResourceFlavor", "spot", "spec.nodeTaints")],
-    ),
-    (
-        "flavor-tolerations-are-refused",
-        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata: {name: spot}\n"
-        "spec: {tolerations: [{key: spot, operator: Exists}]}",
-        [(X, "ResourceFlavor", "spot", "spec.tolerations")],
     ),
     (
         "flavor-topology-is-refused",
@@ -1276,6 +1271,14 @@ POLICY_INVALID = [
             "tenants": [{"name": "team-a", "cohort": "x"}],
         },
         ["spec.tenants[0].cohort"],
+    ),
+    (
+        "a-tenants-fair-sharing-for-a-cluster-queue",
+        {
+            "quota": {"kueue": {"files": ["site.yaml"]}},
+            "tenants": [{"name": "team-a", "fairSharing": {"weight": 2}}],
+        },
+        ["spec.tenants[0].fairSharing"],
     ),
     (
         "an-unknown-field-of-the-section",
@@ -1529,3 +1532,23 @@ def test_at_most_256_files_of_at_most_4_mib_are_read(tmp_path: Path) -> None:
         load_policy(str(policy), policy.read_bytes())
     assert caught.value.field_path == f"{policy}: spec.quota.kueue.files[1]"
     assert "larger than 4194304 bytes" in str(caught.value)
+
+
+def test_a_quota_resources_selector_that_does_not_compile_is_refused_at_load() -> None:
+    """A resource's own CEL selectors (a MIG profile's, or one written in the native form)
+    are compiled where the allocator loads the policy: one that does not compile names the
+    resource and the selector, and the policy is not loaded."""
+    policy = native(
+        """
+    resources:
+    - name: nvidia.com/mig-1g.10gb
+      deviceClassNames: [mig.nvidia.com]
+      selectors: [{cel: {expression: "device.attributes['gpu.nvidia.com'].profile =="}}]
+""",
+        "[{name: t, quotas: [{resource: nvidia.com/mig-1g.10gb, nominal: 1}]}]",
+    )
+    with pytest.raises(InvalidArgument) as caught:
+        check_flavor_selectors(policy.quotas, SelectorCache())
+    assert caught.value.field_path == (
+        "spec.quota.resources[nvidia.com/mig-1g.10gb].selectors[0].cel.expression"
+    )

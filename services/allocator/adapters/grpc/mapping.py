@@ -312,6 +312,7 @@ def lease_from_pb(
     priority_class: str = "",
     preempt: bool = False,
     max_reservations: int | None = None,
+    queued_at: float | None = None,
 ) -> LeaseOptions:
     return LeaseOptions(
         owner=owner,
@@ -322,7 +323,29 @@ def lease_from_pb(
         priority_class=priority_class,
         preempt=preempt,
         max_reservations=max_reservations,
+        queued_at=queued_at,
     )
+
+
+MAX_CLOCK_SKEW_SECONDS = 60.0  # a queued time this far ahead of the server's clock is refused
+
+
+def queued_from_pb(
+    request: pb.AllocateRequest | pb.ExplainRequest, now: float, path: str = "queued_time"
+) -> float | None:
+    """The request's queued time in seconds since the epoch (None when unset); refused when
+    out of Timestamp's range or in the future (beyond MAX_CLOCK_SKEW_SECONDS)."""
+    if not request.HasField("queued_time"):
+        return None
+    stamp = request.queued_time
+    if not 0 <= stamp.nanos < 1_000_000_000 or not 0 <= stamp.seconds < 253_402_300_800:
+        raise InvalidArgument.at(path, "must be a time between 1970 and 9999")
+    seconds = stamp.seconds + stamp.nanos / 1e9
+    if seconds > now + MAX_CLOCK_SKEW_SECONDS:
+        raise InvalidArgument.at(
+            path, f"must not be in the future (it is {seconds - now:.0f}s ahead of the server)"
+        )
+    return seconds
 
 
 def request_digest(request: pb.AllocateRequest) -> str:
@@ -337,6 +360,7 @@ def request_digest(request: pb.AllocateRequest) -> str:
     kept.ClearField("lease_ttl")
     kept.ClearField("owner")
     kept.ClearField("idempotency_key")
+    kept.ClearField("queued_time")
     return hashlib.sha256(kept.SerializeToString(deterministic=True)).hexdigest()[:32]
 
 
@@ -420,14 +444,25 @@ def batch_item_status(error: GpuallocError, item_path: str) -> pb.BatchItemStatu
     return pb.BatchItemStatus(code=status.code, message=message, details=status.details)
 
 
-def allocate_response(answer: Answer, max_nodes: int = 10) -> pb.AllocateResponse:
+def allocate_response(
+    answer: Answer, max_nodes: int = 10, *, gang: bool = False
+) -> pb.AllocateResponse:
+    """`gang`: the request asked for a gang (its placement goes in `gang_placements`, else in
+    `node_name` and `allocations`)."""
+    made: dict[int, dra_pb2.AllocationResult] = {}  # the placement's and its reservations'
+    single = None if gang else answer.single
+    members = answer.placements if gang else ()
     response = pb.AllocateResponse(
         outcome=_OUTCOMES[answer.outcome],
-        node_name=answer.node or "",
-        allocations=_claim_allocations(answer.claims, answer.allocations),
-        gang_placements=[_node_placement(answer, m) for m in _members(answer)],
-        score=_gang_score(answer) if _members(answer) else _score(answer.score, answer.policy),
-        reservations=[reservation_to_pb(r) for r in answer.reservations],
+        node_name=single.node or "" if single is not None else "",
+        allocations=_claim_allocations(
+            answer.claims, single.allocations if single is not None else (), made
+        ),
+        gang_placements=[_node_placement(answer, m) for m in members],
+        score=_gang_score(answer, members)
+        if members
+        else _score(single.score if single is not None else None, answer.policy),
+        reservations=[reservation_to_pb(r, made) for r in answer.reservations],
         inventory_generation=answer.generation,
         holders=[_holder_to_pb(h) for h in answer.holders],
         quota_refusals=[quota_refusal_to_pb(r) for r in answer.quota],
@@ -440,12 +475,18 @@ def allocate_response(answer: Answer, max_nodes: int = 10) -> pb.AllocateRespons
     return response
 
 
-def explain_response(answer: Answer, max_nodes: int = 10) -> pb.ExplainResponse:
+def explain_response(
+    answer: Answer, max_nodes: int = 10, *, gang: bool = False
+) -> pb.ExplainResponse:
+    """`gang`: as for allocate_response."""
+    single = None if gang else answer.single
     response = pb.ExplainResponse(
         outcome=_OUTCOMES[answer.outcome],
-        node_name=answer.node or "",
-        allocations=_claim_allocations(answer.claims, answer.allocations),
-        gang_placements=[_node_placement(answer, m) for m in _members(answer)],
+        node_name=single.node or "" if single is not None else "",
+        allocations=_claim_allocations(
+            answer.claims, single.allocations if single is not None else ()
+        ),
+        gang_placements=[_node_placement(answer, m) for m in answer.placements if gang],
         inventory_generation=answer.generation,
         holders=[_holder_to_pb(h) for h in answer.holders],
         quota_refusals=[quota_refusal_to_pb(r) for r in answer.quota],
@@ -628,14 +669,17 @@ def reservation_change_to_pb(change: ReservationChange) -> pb.WatchReservationsR
     )
 
 
-def reservation_to_pb(reservation: Reservation) -> pb.Reservation:
+def reservation_to_pb(
+    reservation: Reservation, made: dict[int, dra_pb2.AllocationResult] | None = None
+) -> pb.Reservation:
+    """`made`: allocations' messages already made for this response, by the object's id."""
     message = pb.Reservation(
         id=reservation.id,
         owner="" if reservation.redacted else reservation.owner,
         tenant=tenant_of_owner(reservation.owner),
         node_name=reservation.node,
         allocations=[
-            _claim_allocation(name, allocation)
+            _claim_allocation(name, allocation, made)
             for name, allocation in zip(
                 reservation.claim_names, reservation.allocations, strict=True
             )
@@ -649,9 +693,9 @@ def reservation_to_pb(reservation: Reservation) -> pb.Reservation:
         binding=_binding_phase(reservation),
         conditions=[_condition_to_pb(c) for c in reservation.conditions],
     )
-    message.created_at.CopyFrom(_timestamp(reservation.created_at))
+    message.created_at.FromNanoseconds(round(reservation.created_at * 1e9))
     if reservation.expires_at is not None:
-        message.expires_at.CopyFrom(_timestamp(reservation.expires_at))
+        message.expires_at.FromNanoseconds(round(reservation.expires_at * 1e9))
     return message
 
 
@@ -686,31 +730,42 @@ def device_conditions_from_pb(
     return tuple(conditions)
 
 
-def _claim_allocation(ref: str, allocation: AllocationResult) -> pb.ClaimAllocation:
+def _claim_allocation(
+    ref: str, allocation: AllocationResult, made: dict[int, dra_pb2.AllocationResult] | None
+) -> pb.ClaimAllocation:
     namespace, _, name = ref.rpartition("/")
     return pb.ClaimAllocation(
-        namespace=namespace, name=name, allocation=to_pb_allocation_result(allocation)
+        namespace=namespace, name=name, allocation=_allocation_pb(allocation, made)
     )
 
 
 def _claim_allocations(
-    claims: Sequence[ResourceClaim], allocations: Sequence[AllocationResult]
+    claims: Sequence[ResourceClaim],
+    allocations: Sequence[AllocationResult],
+    made: dict[int, dra_pb2.AllocationResult] | None = None,
 ) -> list[pb.ClaimAllocation]:
     return [
         pb.ClaimAllocation(
             namespace=claim.namespace,
             name=claim.name,
             uid=claim.uid,
-            allocation=to_pb_allocation_result(allocation),
+            allocation=_allocation_pb(allocation, made),
         )
         for claim, allocation in zip(claims, allocations, strict=False)
     ]
 
 
-def _members(answer: Answer) -> tuple[NodePlacement, ...]:
-    """A gang's placement, for the gang fields (a single node's fills node_name and
-    allocations: Answer.node, Answer.allocations)."""
-    return answer.placements if answer.is_gang else ()
+def _allocation_pb(
+    allocation: AllocationResult, made: dict[int, dra_pb2.AllocationResult] | None
+) -> dra_pb2.AllocationResult:
+    """The allocation's message; made once per response (a reservation repeats the
+    placement's allocations: the same objects)."""
+    if made is None:
+        return to_pb_allocation_result(allocation)
+    found = made.get(id(allocation))
+    if found is None:
+        found = made[id(allocation)] = to_pb_allocation_result(allocation)
+    return found
 
 
 def _node_placement(answer: Answer, member: NodePlacement) -> pb.NodePlacement:
@@ -721,9 +776,8 @@ def _node_placement(answer: Answer, member: NodePlacement) -> pb.NodePlacement:
     )
 
 
-def _gang_score(answer: Answer) -> float:
+def _gang_score(answer: Answer, members: Sequence[NodePlacement]) -> float:
     """A gang's score: the mean of its members' (0 for members replayed from reservations)."""
-    members = _members(answer)
     return sum(_score(m.score, answer.policy) for m in members) / len(members)
 
 

@@ -15,6 +15,7 @@ ends) and passes it to the service.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
@@ -33,6 +34,7 @@ from services.allocator.adapters.grpc.mapping import (
     lease_from_pb,
     proto_field_paths,
     query_from_pb,
+    queued_from_pb,
     quota_status_response,
     request_digest,
     reservation_change_to_pb,
@@ -52,8 +54,8 @@ from services.allocator.app.tenancy import (
     watched_changes,
 )
 from services.allocator.reservations.model import NODE_SEPARATOR, Reservation
-from services.common.deadline import UNBOUNDED, Deadline
-from services.common.errors import PermissionDenied
+from services.common.deadline import Deadline
+from services.common.errors import GpuallocError, PermissionDenied
 from services.common.grpc_server import call_deadline
 from services.common.security.edge import (
     OWNER_METADATA,
@@ -158,7 +160,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         with proto_field_paths(claims_path(request)), self._errors_shown_to(principal):
             query, lease = self._item(request, principal)
             answer = self._service.allocate(query, lease, deadline=self._deadline(context))
-        return self._answered(context, answer, principal)
+        return self._answered(context, answer, principal, gang=request.HasField("gang"))
 
     def AllocateBatch(
         self, request: pb.AllocateBatchRequest, context: grpc.ServicerContext
@@ -166,48 +168,48 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         """Each item as an Allocate (app/batch.py): mapped, authorized for its owner, audited
         and shown as one; an item's error is its own status, not the call's."""
         principal = current_principal(context)
+        known: dict[bytes, BatchItem] = {}  # identical items map once (a queue of alike jobs)
 
         def item(entry: pb.AllocateRequest) -> Callable[[], BatchItem]:
             def make() -> BatchItem:
+                signature = entry.SerializeToString(deterministic=True)
+                found = known.get(signature)
+                if found is not None:
+                    return found
                 with proto_field_paths(claims_path(entry)), self._errors_shown_to(principal):
                     query, lease = self._item(entry, principal)
-                    return BatchItem(query, lease, entry.SerializeToString(deterministic=True))
+                known[signature] = mapped_item = BatchItem(query, lease, signature)
+                return mapped_item
 
             return make
 
-        items: list[pb.AllocateBatchItem] = []
-
+        reply = pb.AllocateBatchResponse()  # filled in place: no copy of every item at the end
         mapped: dict[int, tuple[pb.BatchItemStatus, int]] = {}  # id(error) -> status, its path
 
         def shown(result: ItemResult) -> None:
             if isinstance(result, Answer):
-                response = self._answered(context, result, principal)
-                items.append(pb.AllocateBatchItem(response=response))
+                gang = request.items[len(reply.items)].HasField("gang")
+                response = self._answered(context, result, principal, gang=gang)
+                reply.items.add().response.CopyFrom(response)
                 return
-            path = f"items[{len(items)}]"
+            path = f"items[{len(reply.items)}]"
             seen = mapped.get(id(result))  # the items not reached share one error: map it once
             if seen is None:
-                status = batch_item_status(result, path)
+                status = batch_item_status(self._error_shown(result, principal), path)
                 mapped[id(result)] = (status, len(path))
             else:
                 first, prefix = seen
                 message = path + first.message[prefix:]
                 status = pb.BatchItemStatus(code=first.code, message=message, details=first.details)
-            items.append(pb.AllocateBatchItem(error=status))
-
-        def allocate(
-            query: Query, lease: LeaseOptions | None = None, *, deadline: Deadline = UNBOUNDED
-        ) -> Answer:
-            with self._errors_shown_to(principal):  # redacted before the batch keeps them
-                return self._service.allocate(query, lease, deadline=deadline)
+            reply.items.add().error.CopyFrom(status)
 
         allocate_batch(
-            allocate,
+            self._service,
             [item(entry) for entry in request.items],
             deadline=self._deadline(context),
             on_result=shown,
         )
-        return pb.AllocateBatchResponse(items=items)
+        return reply
 
     def _item(
         self, request: pb.AllocateRequest, principal: Principal
@@ -226,13 +228,15 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
             request.priority_class_name,
             request.preempt,
             principal.max_reservations,
+            queued_from_pb(request, time.time()),
         )
         return query, lease
 
     def _answered(
-        self, context: grpc.ServicerContext, answer: Answer, principal: Principal
+        self, context: grpc.ServicerContext, answer: Answer, principal: Principal, *, gang: bool
     ) -> pb.AllocateResponse:
-        """An Allocate's answer on the wire, its preemptions and grants audited."""
+        """An Allocate's answer on the wire (`gang`: in the gang fields, as asked), its
+        preemptions and grants audited."""
         if answer.reservations:
             for victim in answer.preemption:
                 audit_call(
@@ -245,7 +249,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                 )
         for reservation in answer.reservations:
             _audit(context, "reservation.grant", reservation)
-        return allocate_response(self._visible(answer, principal))
+        return allocate_response(self._visible(answer, principal), gang=gang)
 
     def Explain(
         self, request: pb.ExplainRequest, context: grpc.ServicerContext
@@ -257,10 +261,12 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                 request.max_nodes_explained,
                 _quota_owner(principal),
                 request.priority_class_name,
+                queued_at=queued_from_pb(request, time.time()),
                 deadline=self._deadline(context),
             )
         answer = self._visible(answer, principal)
-        return explain_response(answer, request.max_nodes_explained or 10)
+        gang = request.HasField("gang")
+        return explain_response(answer, request.max_nodes_explained or 10, gang=gang)
 
     def Capacity(
         self, request: pb.CapacityRequest, context: grpc.ServicerContext
@@ -446,6 +452,14 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
 
     def _errors_shown_to(self, principal: Principal) -> AbstractContextManager[None]:
         return visible_errors(principal, self._service.holdings.owner_of)
+
+    def _error_shown(self, error: GpuallocError, principal: Principal) -> GpuallocError:
+        """An item's error as the caller may see it (`visible_errors`, as a value)."""
+        try:
+            with self._errors_shown_to(principal):
+                raise error
+        except GpuallocError as shown:
+            return shown
 
 
 def _quota_owner(principal: Principal) -> str:
