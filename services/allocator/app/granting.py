@@ -40,7 +40,7 @@ from services.allocator.reservations.model import (
     ReserveRequest,
 )
 from services.common.deadline import Deadline
-from services.common.errors import GpuallocError
+from services.common.errors import DeadlineExceeded, GpuallocError
 
 __all__ = ["GrantRun"]
 
@@ -140,7 +140,8 @@ class GrantRun:
     def _write(self, deadline: Deadline, outcomes: list[ReserveOutcome | None]) -> None:
         granted: list[tuple[int, Grant | None]] = []
         try:
-            deadline.check("reserve")
+            if deadline.passed():
+                raise DeadlineExceeded("reserve: ran out of time")
             taken = self._tally.take() if self._tally is not None else []
             for index, placement in enumerate(self._placements):
                 got = taken[placement.quota] if placement.quota is not None else None

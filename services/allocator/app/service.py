@@ -496,7 +496,9 @@ class AllocatorService:
             return
         with self._tracer.start_as_current_span("reserve") as span:
             span.set_attribute("gpualloc.batch.placements", len(run.placed))
-            outcomes = run.grants.write(deadline)
+            # Solving stopped at the deadline (kept before the call's own for the reply): what
+            # was solved is written, unless the client went away.
+            outcomes = run.grants.write(Deadline(None, deadline.cancelled))
         again: list[tuple[int, _Placed]] = []
         for (index, placed), outcome in zip(run.placed, outcomes, strict=True):
             if isinstance(outcome, Conflict):
