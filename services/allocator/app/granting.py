@@ -90,7 +90,8 @@ class GrantRun:
         replacement). `snapshot`: the view the requests were built on (what they count)."""
         owner = requests[0].owner
         limits = contextlib.ExitStack()
-        limits.enter_context(self._limit.granting(owner, len(requests), limit))
+        if limit is not None:  # counted while in flight (none to count without a bound)
+            limits.enter_context(self._limit.granting(owner, len(requests), limit))
         quota: int | None = None
         try:
             if self._tally is not None and self._quotas is not None:
