@@ -8,6 +8,7 @@ Everything a caller sees is sorted, so the same inputs always give the same text
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -811,7 +812,7 @@ def _add_bulk(table: dict[Any, _Bulk], key: Any, count: int, examples: Iterable[
     if found is None:
         found = table[key] = _Bulk()
     found.count += count
-    found.examples = sorted({*found.examples, *examples})[:MAX_EXAMPLES]
+    found.examples = heapq.nsmallest(MAX_EXAMPLES, {*found.examples, *examples})
 
 
 def _group(
@@ -821,9 +822,9 @@ def _group(
     held: tuple[str, ...] = (),
     fact: Fact | None = None,
 ) -> RejectionGroup:
-    ordered = sorted({*devices, *(bulk.examples if bulk is not None else ())})
+    ordered = heapq.nsmallest(MAX_EXAMPLES, {*devices, *(bulk.examples if bulk else ())})
     count = len(devices) + (bulk.count if bulk is not None else 0)
-    examples = tuple(str(d) for d in ordered[:MAX_EXAMPLES])
+    examples = tuple(str(d) for d in ordered)
     return RejectionGroup(code, count, examples, held, fact)
 
 

@@ -95,6 +95,7 @@ class DeviceEntry:
     amounts: tuple[Amount, ...] = ()  # `counters`' amounts as `exact` amounts, in order
     # It has binding conditions and the snapshot has them turned off: usable for no request.
     binding_disabled: bool = False
+    counter_sets: frozenset[str] = frozenset()  # the counter sets `counters` draw from
 
     @property
     def multi(self) -> bool:
@@ -370,6 +371,7 @@ class _Builder:
             size=_size(counters, totals),
             amounts=tuple(exact(amount) for _, amount in counters),
             binding_disabled=bool(device.binding_conditions) and not self.binding_conditions,
+            counter_sets=frozenset(counter.counter_set for counter, _ in counters),
         )
 
     def _check_selector(self, selector: NodeSelector | None, what: str) -> bool:
