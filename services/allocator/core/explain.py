@@ -686,6 +686,21 @@ class Recorder:
         key = (alternative.key, code, holders, fact)
         self._rejected.setdefault(key, set()).add(device)
 
+    def reject_all(
+        self,
+        alternative: Alternative,
+        devices: Iterable[DeviceID],
+        code: ReasonCode,
+        holders: tuple[str, ...] = (),
+    ) -> None:
+        """`reject` of several devices for the same reason (and holders), no fact."""
+        if self.tape is not None:
+            for device in devices:
+                self.tape.reject(alternative, device, code, None, holders)
+            return
+        key = (alternative.key, code, holders, None)
+        self._rejected.setdefault(key, set()).update(devices)
+
     def constraint(
         self,
         claim: str,
@@ -812,7 +827,12 @@ def _add_bulk(table: dict[Any, _Bulk], key: Any, count: int, examples: Iterable[
     if found is None:
         found = table[key] = _Bulk()
     found.count += count
-    found.examples = heapq.nsmallest(MAX_EXAMPLES, {*found.examples, *examples})
+    found.examples.extend(examples)
+    if len(found.examples) > _KEEP:  # only the smallest few can be shown
+        found.examples = heapq.nsmallest(MAX_EXAMPLES, set(found.examples))
+
+
+_KEEP = 64
 
 
 def _group(

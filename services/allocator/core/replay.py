@@ -271,14 +271,17 @@ class Replays:
             for node in members:
                 devices = self.devices(node)
                 for key, indices in tape.in_use.items():
-                    alternative = self.alternatives[key]
+                    by_holders: dict[tuple[str, ...], list[DeviceID]] = {}
                     for index in indices:
                         device = devices[index].id
                         held_by = owners(device)
                         held = named.get(held_by)
                         if held is None:
                             held = named[held_by] = holders(held_by)
-                        recorder.reject(alternative, device, ReasonCode.IN_USE, None, held)
+                        by_holders.setdefault(held, []).append(device)
+                    alternative = self.alternatives[key]
+                    for held, in_use in by_holders.items():
+                        recorder.reject_all(alternative, in_use, ReasonCode.IN_USE, held)
 
 
 class _Examples:

@@ -157,14 +157,19 @@ class NodeView:
     name: str | None
     node: Node | None
     pools: tuple[NodePool, ...]
+    all_devices: tuple[DeviceEntry, ...] = ()  # every pool's devices, in order (set below)
+
+    def __post_init__(self) -> None:
+        devices = tuple(entry for node_pool in self.pools for entry in node_pool.devices)
+        object.__setattr__(self, "all_devices", devices)
 
     @property
     def device_count(self) -> int:
-        return sum(len(p.devices) for p in self.pools)
+        return len(self.all_devices)
 
-    def devices(self) -> Iterator[DeviceEntry]:
-        for node_pool in self.pools:
-            yield from node_pool.devices
+    def devices(self) -> tuple[DeviceEntry, ...]:
+        """The devices usable here, pool by pool (one tuple, kept: views are immutable)."""
+        return self.all_devices
 
 
 @dataclass
