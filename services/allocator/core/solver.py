@@ -842,7 +842,7 @@ def _budget_miss(view: NodeView, search: NodeSearch) -> NodeMiss:
     return NodeMiss(view.name, placed, search.needed(), "", "", 0, 0, (), budget_exhausted=True)
 
 
-_TAPES = 256  # explaining searches kept per (template, question): each holds its devices' events
+_TAPES = 2048  # explaining searches kept per (template, question)
 
 
 def _key_of(found: _Found) -> NodeKey:
