@@ -37,7 +37,7 @@ __all__ = ["NodeOutcome", "OutcomeMemo", "kept_memo", "outcome_memo", "signature
 
 _T = TypeVar("_T")
 _LIMIT = 2048  # outcomes kept per (template, question); cleared when full
-_QUESTIONS = 64  # questions kept per template; the oldest goes first
+_QUESTIONS = 32  # memos kept per template (outcomes or tapes of a question); the oldest goes
 
 
 @dataclass(slots=True)
@@ -80,15 +80,17 @@ class NodeOutcome:
 @dataclass
 class OutcomeMemo(Generic[_T]):
     """What one question found on one template, by the template's devices in use: the
-    outcome of a search (NodeOutcome), or an explaining search's tape (replay.GroupTape)."""
+    outcome of a search (NodeOutcome), or an explaining search's tape (replay.GroupTape);
+    at most `limit` of them (cleared when full)."""
 
     outcomes: dict[frozenset[int], _T] = field(default_factory=dict)
+    limit: int = _LIMIT
 
     def get(self, used: frozenset[int]) -> _T | None:
         return self.outcomes.get(used)
 
     def put(self, used: frozenset[int], outcome: _T) -> None:
-        if len(self.outcomes) >= _LIMIT:
+        if len(self.outcomes) >= self.limit:
             self.outcomes.clear()
         self.outcomes[used] = outcome
 
@@ -99,8 +101,9 @@ def outcome_memo(template: NodeTemplate, question: Hashable) -> OutcomeMemo[Node
     return kept_memo(template, ("outcomes", question))
 
 
-def kept_memo(template: NodeTemplate, key: Hashable) -> OutcomeMemo[Any]:
-    """The template's memo under `key` (a kind of record and a question)."""
+def kept_memo(template: NodeTemplate, key: Hashable, limit: int = _LIMIT) -> OutcomeMemo[Any]:
+    """The template's memo under `key` (a kind of record and a question), of at most
+    `limit` records."""
     memos = template.caches.get(_MEMOS)
     if memos is None:
         memos = template.caches[_MEMOS] = {}
@@ -108,7 +111,7 @@ def kept_memo(template: NodeTemplate, key: Hashable) -> OutcomeMemo[Any]:
     if found is None:
         if len(memos) >= _QUESTIONS:
             memos.pop(next(iter(memos)), None)
-        found = memos[key] = OutcomeMemo()
+        found = memos[key] = OutcomeMemo(limit=limit)
     assert isinstance(found, OutcomeMemo)
     return found
 

@@ -511,7 +511,7 @@ class NodeRun:
         """The explaining searches kept for this question on the template."""
         if self._question is None:
             self._question = signature(self.ctx)
-        return kept_memo(template, ("tapes", self._question))
+        return kept_memo(template, ("tapes", self._question), _TAPES)
 
     def _replaying(self) -> Replays | None:
         """The solve's group tapes, when it explains and its plan lets groups stand for
@@ -840,6 +840,9 @@ def _error_miss(view: NodeView, error: GpuallocError) -> NodeMiss:
 def _budget_miss(view: NodeView, search: NodeSearch) -> NodeMiss:
     placed = search.miss.placed if search.miss else 0
     return NodeMiss(view.name, placed, search.needed(), "", "", 0, 0, (), budget_exhausted=True)
+
+
+_TAPES = 2048  # explaining searches kept per (template, question)
 
 
 def _key_of(found: _Found) -> NodeKey:
