@@ -171,15 +171,21 @@ class QuotaGuard:
     # --- what a placement counts ------------------------------------------------------------
 
     def usage(
-        self, snapshot: ClusterSnapshot, scope: str, allocations: Sequence[AllocationResult]
+        self,
+        snapshot: ClusterSnapshot,
+        scope: str,
+        allocations: Sequence[AllocationResult],
+        owner: str,
     ) -> dict[str, int]:
         """Per quota resource, what the part of `allocations` taken under `scope` (a store
-        request's or a reservation's node: reservations/holds.py) holds; a flavored resource
-        counts a device on the first of its flavors that selects it (`flavor_of`)."""
+        request's or a reservation's node: reservations/holds.py) holds for `owner`; a flavored
+        resource counts a device on the first flavor in the owner's tenant's order that selects
+        it (`flavor_of`)."""
         model = self.model
         amounts: dict[str, int] = {}
         if not model.enabled:
             return amounts
+        tenant = tenant_of_owner(owner)
         charged: set[tuple[str, object]] = set()
         for allocation in allocations:
             for result in allocation.results:
@@ -197,7 +203,7 @@ class QuotaGuard:
                     if resource.base:
                         if resource.base not in flavors:
                             flavors[resource.base] = self.flavor_of(
-                                model, resource.base, snapshot, entry
+                                model, tenant, resource.base, snapshot, entry
                             )
                         if flavors[resource.base] != resource.flavor:
                             continue  # of another flavor
@@ -210,13 +216,18 @@ class QuotaGuard:
         return amounts
 
     def flavor_of(
-        self, model: QuotaModel, base: str, snapshot: ClusterSnapshot, entry: DeviceEntry
+        self,
+        model: QuotaModel,
+        tenant: str,
+        base: str,
+        snapshot: ClusterSnapshot,
+        entry: DeviceEntry,
     ) -> str:
-        """The flavor of resource `base` a device is charged to: the first the resource
-        lists that selects it (its node's labels, its device classes, its CEL selectors), else
-        (none)."""
+        """The flavor of resource `base` a device `tenant` holds is charged to: the first in
+        the tenant's charge order (its own flavors first, `QuotaModel.charge_order`) that
+        selects it (its node's labels, its device classes, its CEL selectors), else (none)."""
         labels = _node_labels(snapshot, entry)
-        for resource in model.flavors_of(base):
+        for resource in model.charge_order(tenant, base):
             if resource.spec is not None and self.selects(resource.spec, entry, labels):
                 return resource.flavor
         return NO_FLAVOR

@@ -123,12 +123,12 @@ class QuotaResource:
     one unit is one GPU on every model, whatever counters its MIG table knows.
 
     A resource given per flavor (Kueue's ResourceFlavor) is one QuotaResource per flavor,
-    named `<resource>/<flavor>` (`base` and `flavor` its parts, `spec` the flavor): it counts
-    the devices the flavor selects and none listed before it on the resource does (a device is
-    charged to the first flavor of its resource that selects it). One more,
-    `<resource>/(none)` (`spec` None), counts the devices of none of its flavors; no tenant can
-    list it, so a limited tenant is never granted them (Kueue admits a workload only to a
-    flavor of its ClusterQueue)."""
+    named `<resource>/<flavor>` (`base` and `flavor` its parts, `spec` the flavor): a device a
+    tenant holds is charged to the first flavor *in the tenant's own quota order* that selects
+    it (Kueue's flavors are per ClusterQueue; `QuotaModel.charge_order`), so overlapping
+    flavors never count a device twice. One more, `<resource>/(none)` (`spec` None), counts
+    the devices of none of its flavors; no tenant can list it, so a limited tenant is never
+    granted them (Kueue admits a workload only to a flavor of its ClusterQueue)."""
 
     name: str
     device_classes: tuple[str, ...]
@@ -390,6 +390,9 @@ class QuotaModel:
     _tree: CohortTree = field(init=False, repr=False, compare=False)
     _members: Mapping[NodeKey, tuple[str, ...]] = field(init=False, repr=False, compare=False)
     _base_of: Mapping[str, str] = field(init=False, repr=False, compare=False)
+    _charge_orders: Mapping[tuple[str, str], tuple[QuotaResource, ...]] = field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         nodes = [
@@ -407,6 +410,13 @@ class QuotaModel:
         object.__setattr__(self, "_tree", tree)
         object.__setattr__(self, "_members", {k: tuple(sorted(v)) for k, v in members.items()})
         object.__setattr__(self, "_base_of", {r.name: r.base or r.name for r in self.resources})
+        orders: dict[tuple[str, str], tuple[QuotaResource, ...]] = {}
+        for base in {r.base for r in self.resources if r.base}:
+            every = self.flavors_of(base)
+            for tenant in self.tenants:
+                own = self.flavor_order(tenant, base)
+                orders[tenant, base] = (*own, *(r for r in every if r not in own))
+        object.__setattr__(self, "_charge_orders", orders)
 
     @property
     def enabled(self) -> bool:
@@ -457,9 +467,20 @@ class QuotaModel:
         )
 
     def flavors_of(self, base: str) -> tuple[QuotaResource, ...]:
-        """The flavors of resource `base` in the order the resource lists them: a device is
-        charged to the first of them that selects it ((none) left out)."""
+        """The flavors of resource `base` in the order the resource lists them ((none) left
+        out)."""
         return tuple(r for r in self.resources if r.base == base and r.spec is not None)
+
+    def charge_order(self, tenant: str, base: str) -> tuple[QuotaResource, ...]:
+        """The flavors of resource `base` in the order a device `tenant` holds is charged: to
+        the first of them that selects it, else to (none). The tenant's own flavors first, in
+        the order its quotas list them (Kueue's flavors are per ClusterQueue: a label-less
+        flavor of another tenant must not take the devices of this tenant's flavors), then the
+        resource's others in its order (a device only they select is then charged to one the
+        tenant does not list: refused, naming it). A tenant without quotas: the resource's
+        order."""
+        found = self._charge_orders.get((tenant, base))
+        return found if found is not None else self.flavors_of(base)
 
     def flavor_order(self, tenant: str, base: str) -> tuple[QuotaResource, ...]:
         """The flavors of resource `base` the tenant lists, in the order it lists them (the
