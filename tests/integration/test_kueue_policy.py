@@ -27,6 +27,7 @@ from protos.allocator.v1 import allocator_pb2 as pb
 from protos.allocator.v1 import allocator_pb2_grpc
 from protos.common.v1 import dra_pb2
 from services.allocator.config import AllocatorSettings
+from services.client.mapping import placement_from_pb
 from tests.integration.test_quota_tree import TREE_POLICY
 from tests.integration.test_quotas import release_all, reserve, status, stub
 from tests.security_fixtures import SecuredFleet, policy_with, secured_fleet
@@ -434,8 +435,9 @@ def test_the_kueue_bridges_own_cluster_queue_is_a_policy_and_counts_mig_slices_b
     (cpu, memory, nvidia.com/gpu and nvidia.com/mig-1g.10gb, an admission check, a LocalQueue),
     as the policy's quotas (renamed team-a, its MIG quota 2): MIG 1g.10gb slices count against
     `nvidia.com/mig-1g.10gb/gpu-flavor` until its nominal, then QUOTA_EXCEEDED naming it; a
-    2g.10gb slice, a profile the queue does not cover, is counted by no quota resource, so not
-    limited (as any device no quota resource counts)."""
+    2g.10gb slice, a profile the queue does not cover, is counted by no quota resource: refused
+    to team-a (the translation's `uncountedDevices: Refuse`, as Kueue admits nothing its
+    ClusterQueue does not cover), granted to hpc, a tenant without quotas."""
     text = BRIDGE_QUEUE.read_text()
     assert text.count('name: "gpu-cluster-queue"') == 1 and "nominalQuota: 16" in text
     (tmp_path / "kueue").mkdir()
@@ -456,11 +458,17 @@ def test_the_kueue_bridges_own_cluster_queue_is_a_policy_and_counts_mig_slices_b
             ("nvidia.com/mig-1g.10gb/gpu-flavor", "2", "2")
         ]
         other = _mig(a, "2g.10gb", "job/other-profile")
-        assert other.outcome == pb.OUTCOME_ALLOCATED
+        assert other.outcome == pb.OUTCOME_QUOTA_EXCEEDED and not other.reservations
+        assert [(q.resource, q.requested) for q in other.quota_refusals] == [("(uncounted)", "1")]
+        assert "requested 1 devices no quota resource counts" in placement_from_pb(other).reason()
+        hpc = stub(fleet, "slurm-bridge")
+        unlimited = _mig(hpc, "2g.10gb", "slurm/job/other-profile")
+        assert unlimited.outcome == pb.OUTCOME_ALLOCATED
         rows = status(stub(fleet, "admin"), "team-a")
         assert rows["team-a", "nvidia.com/mig-1g.10gb/gpu-flavor"].used == "2"
         assert rows["team-a", "nvidia.com/gpu/gpu-flavor"].used == "0"
-        release_all(a, [*held, other])
+        release_all(a, held)
+        release_all(hpc, [unlimited])
 
 
 RESEARCH_QUEUE = """

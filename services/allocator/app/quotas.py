@@ -58,6 +58,7 @@ from services.common.security.fair_sharing import ConsumedUsage, resample, sampl
 from services.common.security.principal import tenant_of_owner
 from services.common.security.quota import (
     NO_FLAVOR,
+    UNCOUNTED,
     CohortStatus,
     QuotaModel,
     QuotaRefusal,
@@ -65,6 +66,7 @@ from services.common.security.quota import (
     ResourceFlavor,
     TenantStatus,
     Usage,
+    counted_only,
 )
 from services.common.telemetry import Labelled, Telemetry
 
@@ -180,7 +182,8 @@ class QuotaGuard:
         """Per quota resource, what the part of `allocations` taken under `scope` (a store
         request's or a reservation's node: reservations/holds.py) holds for `owner`; a flavored
         resource counts a device on the first flavor in the owner's tenant's order that selects
-        it (`flavor_of`)."""
+        it (`flavor_of`). With `refuse_uncounted`, the devices no resource counts as UNCOUNTED
+        (which the rule refuses a tenant with quotas and no ledger entry keeps)."""
         model = self.model
         amounts: dict[str, int] = {}
         if not model.enabled:
@@ -195,10 +198,12 @@ class QuotaGuard:
                 if entry is None or scope_of(entry) != scope:
                     continue
                 flavors: dict[str, str] = {}
+                counted = False
                 for resource in model.resources:
                     key = (resource.name, entry.id)
                     by_amount = resource.counter or resource.gpu_share
                     if by_amount and key in charged:
+                        counted = True
                         continue  # counted once
                     if resource.base:
                         if resource.base not in flavors:
@@ -210,9 +215,13 @@ class QuotaGuard:
                     if not self._counts(resource, entry):
                         continue
                     charged.add(key)
+                    counted = True
                     amounts[resource.name] = amounts.get(resource.name, 0) + _amount(
                         resource, entry
                     )
+                if not counted and model.refuse_uncounted and (UNCOUNTED, entry.id) not in charged:
+                    charged.add((UNCOUNTED, entry.id))  # one device: 1, however many results
+                    amounts[UNCOUNTED] = amounts.get(UNCOUNTED, 0) + 1000
         return amounts
 
     def flavor_of(
@@ -452,7 +461,7 @@ class QuotaGuard:
         lease = self.settings.grace_seconds
         if reservation.expires_at is not None:
             lease += max(0.0, reservation.expires_at - time.time())
-        entry = QuotaEntry(reservation.id, tenant, dict(amounts), None)
+        entry = QuotaEntry(reservation.id, tenant, counted_only(amounts), None)
         try:  # already held: counted whatever the quota says
             self._take_entry(cohort, entry, lease, lambda entries: ())
         except Unavailable:

@@ -11,7 +11,9 @@ batch system because every grant passes through the allocator:
   `lendingLimit` (how much of its unused nominal quota others may borrow; unset: all of it).
   A tenant with quotas is limited on every quota resource: one it does not list it is never
   granted (Kueue admits no workload asking for a resource its ClusterQueue does not cover).
-  A tenant without `quotas` is not limited.
+  A tenant without `quotas` is not limited. A device *no* quota resource counts is not
+  limited either, unless `refuse_uncounted` (spec.quota.uncountedDevices: Refuse, which the
+  translation of Kueue's objects writes): then a tenant with quotas is never granted one.
 - A *cohort* pools what its tenants lend. Tenant t's guaranteed part is `nominal - lendingLimit`;
   the cohort's pool is the sum of the lending limits; a tenant's usage above its guaranteed part
   draws from the pool. A tenant without a cohort is a cohort of one (it can never borrow).
@@ -78,9 +80,11 @@ __all__ = [
     "ReclaimWithinCohort",
     "TenantQuota",
     "TenantStatus",
+    "UNCOUNTED",
     "Usage",
     "WithinTenant",
     "add_usage",
+    "counted_only",
     "quantity_text",
 ]
 
@@ -143,6 +147,11 @@ class QuotaResource:
 
 
 NO_FLAVOR = "(none)"  # the flavor name of the devices in none of a resource's flavors
+# The amount a grant holds of devices no quota resource counts (a device each, in
+# milli-units): not a quota resource, never in the ledger; with `refuse_uncounted`, what a
+# limited tenant is refused (Kueue admits no workload asking for a resource its ClusterQueue
+# does not cover).
+UNCOUNTED = "(uncounted)"
 
 
 class WhenCanBorrow(StrEnum):
@@ -310,6 +319,12 @@ class QuotaRefusal:
 
     def __str__(self) -> str:
         where = f" in cohort {self.cohort}" if self.cohort else ""
+        if self.resource == UNCOUNTED:
+            return (
+                f"tenant {self.tenant}: requested {quantity_text(self.requested)} devices no "
+                "quota resource counts (spec.quota.uncountedDevices: Refuse; never granted to a "
+                "tenant with quotas)"
+            )
         if not self.listed:
             return (
                 f"tenant {self.tenant} quota {self.resource}{where}: requested "
@@ -387,6 +402,9 @@ class QuotaModel:
     cohorts: Mapping[str, CohortQuota] = field(default_factory=dict)  # the declared ones
     fair_sharing: FairSharing = FairSharing()
     admission_fair_sharing: AdmissionFairSharing | None = None
+    # spec.quota.uncountedDevices: Refuse: a tenant with quotas is never granted a device no
+    # quota resource counts (False, Allow: such devices are not limited)
+    refuse_uncounted: bool = False
     _tree: CohortTree = field(init=False, repr=False, compare=False)
     _members: Mapping[NodeKey, tuple[str, ...]] = field(init=False, repr=False, compare=False)
     _base_of: Mapping[str, str] = field(init=False, repr=False, compare=False)
@@ -507,6 +525,13 @@ class QuotaModel:
         if quota is None:
             return ()
         refusals = []
+        uncounted = amounts.get(UNCOUNTED, 0)
+        if self.refuse_uncounted and uncounted > 0:
+            refusals.append(
+                QuotaRefusal(
+                    tenant, UNCOUNTED, uncounted, 0, 0, 0, 0, cohort=quota.cohort, listed=False
+                )
+            )
         for resource in self.resources:
             amount = amounts.get(resource.name, 0)
             if amount <= 0:
@@ -696,6 +721,11 @@ def add_usage(total: dict[str, dict[str, int]], tenant: str, amounts: Usage) -> 
     mine = total.setdefault(tenant, {})
     for resource, amount in amounts.items():
         mine[resource] = mine.get(resource, 0) + amount
+
+
+def counted_only(amounts: Usage) -> dict[str, int]:
+    """`amounts` without the devices no quota resource counts (what a ledger entry keeps)."""
+    return {name: amount for name, amount in amounts.items() if name != UNCOUNTED}
 
 
 def quantity_text(milli: int, binary: bool = False) -> str:
