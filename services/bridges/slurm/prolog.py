@@ -375,7 +375,8 @@ def task_gpus(client: AllocatorClient, inventory: InventoryClient, job: SlurmJob
     [] when the job asked for no GPU. NoReservation when it asked and gpualloc holds none."""
     if not job.asks_for_gpus:
         return []
-    held = client.list(owner=job.owner)
+    # a TaskProlog's job is its node's: a List of one node reads that node alone
+    held = client.list(owner=job.owner, node_name=job.nodes[0] if len(job.nodes) == 1 else "")
     found = []
     for node in job.nodes:
         mine = [r for r in held if r.node_name == node]
@@ -393,7 +394,12 @@ def run_epilog(client: AllocatorClient, job: SlurmJob, *, all_nodes: bool = Fals
     """Release the job's reservations (on the job's nodes, or everywhere); returns their ids.
     Idempotent: what is already gone is fine."""
     released = []
-    for reservation in client.list(owner=job.owner):
+    listed = (
+        client.list(owner=job.owner)
+        if all_nodes
+        else [r for node in job.nodes for r in client.list(owner=job.owner, node_name=node)]
+    )
+    for reservation in listed:
         if all_nodes or reservation.node_name in job.nodes:
             client.release(reservation, owner=job.owner, allow_missing=True)
             released.append(reservation.id)
