@@ -21,6 +21,7 @@ still reserves the devices in the allocator, which checks them against its own i
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -189,6 +190,11 @@ class BatchingClient(AllocatorClient):
         super().__init__(batcher.client.target, channel=batcher.client.channel, **options)
         self._batcher = batcher
         self._reserved = reserved
+
+    def for_job(self) -> BatchingClient:
+        """A client for one hook (whose owner it sets) on the same stub, channel and batcher:
+        a copy, as building a client's stub costs more than a hook's own work."""
+        return copy.copy(self)
 
     def allocate(self, claims: Sequence[Any], **options: Any) -> Placement:
         if not options.get("reserve"):

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import functools
 import io
 import logging
@@ -115,6 +116,8 @@ and the hook answers 0 all the same (Slurm drains a node whose Epilog fails): th
 frees what an ended job still holds of its GPUs, and sync's sweep or the lease the rest."""
 RELEASE_THREADS = 8
 RELEASE_FAILURES_KEPT = 1024
+PARSED_FORMS = 64
+"""Argument lists whose parse a hooks service keeps."""
 SWEEP_SECONDS = 5.0
 
 
@@ -477,6 +480,13 @@ class _Hooks:
         self.reserved = Reserved()
         self._parser = build_parser()  # once: building it costs more than a hook's work
         self._parsing = threading.Lock()
+        self._parsed: dict[tuple[str, ...], argparse.Namespace] = {}
+        self._client = BatchingClient(
+            self.batcher,
+            self.reserved,
+            deadline_seconds=settings.deadline_seconds,
+            retry=settings.retry,
+        )
         self.details = JobDetails(environ)
         self._cluster = cluster
         self._sweeps = sweeps
@@ -501,8 +511,7 @@ class _Hooks:
 
     def answer(self, argv: Sequence[str], env: Mapping[str, str], uid: int) -> HookAnswer:
         try:
-            with self._parsing, contextlib.redirect_stderr(io.StringIO()):
-                args = self._parser.parse_args(argv)
+            args = self._parse(argv)
         except SystemExit:
             return HookAnswer(EXIT_INVALID, stderr=f"gpualloc-slurm: bad hook arguments {argv}\n")
         if args.command not in HOOK_COMMANDS:
@@ -528,6 +537,19 @@ class _Hooks:
             f": {answer.stderr.strip()}" if answer.code else "",
         )
         return answer
+
+    def _parse(self, argv: Sequence[str]) -> argparse.Namespace:
+        """The hook's arguments (SystemExit when bad), parsed once per form: the hooks send a
+        few (`prolog`, `task-prolog`, `epilog --ignore-errors`, ...), one per job each."""
+        key = tuple(argv)
+        with self._parsing:
+            parsed = self._parsed.get(key)
+            if parsed is None:
+                with contextlib.redirect_stderr(io.StringIO()):
+                    parsed = self._parser.parse_args(argv)
+                if len(self._parsed) < PARSED_FORMS:
+                    self._parsed[key] = parsed
+        return copy.copy(parsed)
 
     def _epilog(
         self, args: argparse.Namespace, environ: dict[str, str], began: float
@@ -583,12 +605,7 @@ class _Hooks:
         """The command, as `main` runs it, on a client of its own (`_run` sets the job's
         owner on it) sharing this process's channel and AllocateBatcher."""
         out, err = io.StringIO(), io.StringIO()
-        client = BatchingClient(
-            self.batcher,
-            self.reserved,
-            deadline_seconds=self.settings.deadline_seconds,
-            retry=self.settings.retry,
-        )
+        client = self._client.for_job()
 
         def work() -> int:
             return _run(args, environ, client, self.inventory, out, err, self.details.show, settle)
