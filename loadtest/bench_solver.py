@@ -14,9 +14,14 @@ full and the node groups change under the solver. Measured per kind:
 - unpinned median / p99 solve time (the first solve, which builds the snapshot's templates and
   the state's node groups, is reported apart as `first_ms`);
 - pinned median / p99: the same claims, pinned to the node the unpinned solve chose, same state;
-- Explain time (unpinned, reason recording on: every node is searched);
-- Capacity time: the service's Capacity count (`services/allocator/app/capacity_count.py`: how many
-  more copies of the claims fit, per node, on every node), on the initial state;
+- Explain time (unpinned, reason recording on: every node is explained, one search per node
+  group, core/replay.py), on the initial state; `explain_again_ms`: one more Explain of the same
+  question on the same state, which reads the searches the first one kept;
+- Capacity time: the service's Capacity count (`services/allocator/app/capacity_count.py`, the
+  core's `count_units`: how many more copies of the claims fit, per node, on every node), on the
+  initial state;
+- a batch of 64 identical items (`solve_many`, each on the state holding the ones before it) on
+  the initial state: `batch_ms` and the claims it placed per second (`batch_claims_s`);
 - CEL evaluations of a cold Explain (fresh selector cache, every device looked at) against the
   bound: the number of distinct device profiles the kind's selectors read;
 - memory: the peak traced allocation of one solve (tracemalloc, after the timed runs), and the
@@ -55,6 +60,7 @@ from services.allocator.core import (
     node_templates,
     solve,
     solve_gang,
+    solve_many,
 )
 from services.common.dra.model import (
     AllocationResult,
@@ -256,7 +262,9 @@ def _run_kind(
             state, updates = _release_oldest(state, held, updates, len(claims))
         updates.append(time.perf_counter() - started)
     explain = _timed_explains(kind, snapshot, initial, classes, explains)
+    explain_again = _timed_explains(kind, snapshot, initial, classes, 1)
     capacity_ms, capacity_total = _timed_capacity(kind, snapshot, initial, classes, explains)
+    batch_ms, batch_placed = _timed_batch(kind, snapshot, initial, classes)
     peak = _peak_kib(kind, snapshot, initial, classes)
     return {
         "median_ms": _ms(statistics.median(unpinned)),
@@ -265,8 +273,11 @@ def _run_kind(
         "pinned_p99_ms": _ms(percentile(pinned, 0.99)),
         "first_ms": round(first_ms, 1),
         "explain_ms": _ms(statistics.median(explain)),
+        "explain_again_ms": _ms(explain_again[0]),
         "capacity_ms": capacity_ms,
         "capacity_total": capacity_total,
+        "batch_ms": batch_ms,
+        "batch_claims_s": round(batch_placed / (batch_ms / 1000)) if batch_ms else 0,
         "update_ms": _ms(statistics.median(updates)) if updates else 0.0,
         "steps": round(steps / (solves + 1), 1),
         "unsat": unsatisfiable,
@@ -385,6 +396,23 @@ def _timed_capacity(
         times.append(time.perf_counter() - started)
         total = answer.total
     return _ms(statistics.median(times)), total
+
+
+BATCH = 64
+
+
+def _timed_batch(
+    kind: Kind, snapshot: ClusterSnapshot, state: AllocatedState, classes: dict[str, DeviceClass]
+) -> tuple[float, int]:
+    """(ms, claims placed) of one batch of BATCH identical items (`solve_many`: each item on
+    the state holding the ones before it) on the initial state."""
+    claims = _named(kind.claims, 0)
+    started = time.perf_counter()
+    results = solve_many(
+        snapshot, state, classes, claims, BATCH, selectors=SelectorCache(), **kind.solve_options
+    )
+    elapsed = time.perf_counter() - started
+    return _ms(elapsed), sum(isinstance(r, Allocated) for r in results) * len(claims)
 
 
 def _peak_kib(

@@ -29,6 +29,9 @@ ledger, the production code path):
   room the slices in the way move to equivalent devices elsewhere (consolidation,
   docs/tenancy.md): a moved job goes on on its replacement (checkpointed jobs; counted as
   moves, not preemptions).
+- `fair-sharing`: the same with the policy's fair sharing on (Kueue's default strategies,
+  every weight 1): a tenant may also preempt while it borrows, from a tenant whose share of
+  what the cohort lends stays at least its own (docs/tenancy.md, "Fair sharing").
 
 A step is one minute of simulated time. Reported per mode: fleet utilization (mean share of the
 fleet's GPUs held), jobs placed, each tenant's share of the GPU-hours it asked for within
@@ -71,6 +74,7 @@ from services.common.dra.model import (
     NodeSelectorTerm,
     ResourceSlice,
 )
+from services.common.security.fair_sharing import FairSharing
 from services.common.security.quota import (
     PriorityClass,
     QuotaLimits,
@@ -81,7 +85,8 @@ from services.common.security.quota import (
 
 TENANTS = ("hpc", "ml", "lab")
 PATHS = {"hpc": "slurm-like", "ml": "kueue-like", "lab": "direct"}
-MODES = ("static", "borrowing", "preemption")
+MODES = ("static", "borrowing", "preemption", "fair-sharing")
+PREEMPTING = ("preemption", "fair-sharing")
 PARTITION_LABEL = "bench.gpualloc.dev/partition"
 BACKFILL = 32  # queued jobs tried per tenant and minute
 MAIN_LOAD = 0.7  # a busy tenant's offered load, of the fleet: the rows without a suffix
@@ -119,6 +124,11 @@ class ModeResult:
     used_share: dict[str, float]  # of the fleet's GPU-minutes
     allocate_seconds: list[float] = field(default_factory=list)
     moves: int = 0  # consolidation: jobs moved to an equivalent device
+    # of nominal_served's shortfall, per tenant: the part no queued job could fill within
+    # nominal (every queued job larger than the gap: only borrowing serves it), and the rest
+    lumps: dict[str, float] = field(default_factory=dict)
+    unserved: dict[str, float] = field(default_factory=dict)
+    demand_bound: float = 0.0  # mean over minutes of min(held + queued, fleet) / fleet
 
 
 def streams(
@@ -197,6 +207,7 @@ def simulate(
             (GPUS,),
             {t: TenantQuota(t, "fleet", {"gpus": QuotaLimits(nominal)}) for t in TENANTS},
             default_priority=MOVABLE,
+            fair_sharing=FairSharing(enabled=mode == "fair-sharing"),
         )
     guard = QuotaGuard(lambda: model, MemoryQuotaLedger(), lambda: classes, selectors)
     service = AllocatorService(
@@ -229,6 +240,9 @@ def _run(
     used_minutes = {t: 0 for t in TENANTS}
     served: dict[str, list[float]] = {t: [] for t in TENANTS}
     within: dict[str, list[float]] = {t: [] for t in TENANTS}
+    lumps: dict[str, list[float]] = {t: [] for t in TENANTS}
+    unserved: dict[str, list[float]] = {t: [] for t in TENANTS}
+    bound = 0.0
     nominal = total // len(TENANTS)
     result = ModeResult(mode, 0.0, 0, 0, [], {}, {}, {})
     held_total = 0
@@ -283,17 +297,25 @@ def _run(
         for entry in running.values():
             held[entry.job.tenant] += entry.gpus
         held_total += sum(held.values())
+        demands = 0
         for tenant in TENANTS:
             used_minutes[tenant] += held[tenant]
             demand = held[tenant] + sum(gpus_of.get(j.kind.name, 0) for j in queues[tenant])
+            demands += demand
             if demand >= nominal:
                 served[tenant].append(min(held[tenant], nominal) / nominal)
                 asked = _within_nominal(held[tenant], queues[tenant], gpus_of, nominal)
                 within[tenant].append(min(held[tenant], asked) / asked if asked else 1.0)
+                lumps[tenant].append((nominal - asked) / nominal)
+                unserved[tenant].append((asked - min(held[tenant], asked)) / nominal)
+        bound += min(demands, total) / total
     result.utilization = held_total / (total * steps)
     result.nominal_served = {t: statistics.mean(v) if v else 1.0 for t, v in served.items()}
     result.within_served = {t: statistics.mean(v) if v else 1.0 for t, v in within.items()}
     result.used_share = {t: used_minutes[t] / (total * steps) for t in TENANTS}
+    result.lumps = {t: statistics.mean(v) if v else 0.0 for t, v in lumps.items()}
+    result.unserved = {t: statistics.mean(v) if v else 0.0 for t, v in unserved.items()}
+    result.demand_bound = bound / steps
     return result
 
 
@@ -324,7 +346,7 @@ def _place(
         requirement = NodeSelectorRequirement(PARTITION_LABEL, "In", (tenant,))
         selector = NodeSelector((NodeSelectorTerm((requirement,)),))
     query = Query((job.kind.claim,), node_selector=selector)
-    lease = LeaseOptions(owner, preempt=mode == "preemption")
+    lease = LeaseOptions(owner, preempt=mode in PREEMPTING)
     started = time.perf_counter()
     if PATHS[tenant] == "kueue-like":  # place, then reserve the placement
         answer = service.allocate(query)
@@ -335,7 +357,7 @@ def _place(
                 return _Placed(reserved[0].id, (), time.perf_counter() - started)
             except QuotaExceeded:  # RESOURCE_EXHAUSTED: preempt, or wait at the queue head
                 pass
-        if mode != "preemption":
+        if mode not in PREEMPTING:
             return _Placed(None, (), time.perf_counter() - started)
     answer = service.allocate(query, lease)
     seconds = time.perf_counter() - started
@@ -415,6 +437,12 @@ def _add_rows(
                 statistics.mean(r.used_share[tenant] for r in runs), 3
             )
         values["min_nominal_served"] = min(float(values[f"{t}_nominal_served"]) for t in TENANTS)
+        worst = min(
+            ((r, t) for r in runs for t in TENANTS), key=lambda p: p[0].nominal_served[p[1]]
+        )
+        values["worst_lumps"] = round(worst[0].lumps[worst[1]], 3)  # no queued job fits the gap
+        values["worst_unserved"] = round(worst[0].unserved[worst[1]], 3)  # a job fit: not served
+        values["demand_bound"] = round(statistics.mean(r.demand_bound for r in runs), 3)
         values["min_within_served"] = round(
             min(r.within_served[t] for r in runs for t in TENANTS), 3
         )
@@ -428,4 +456,8 @@ def _add_rows(
         Target("preemption" + suffix, "min_nominal_served", 0.95, at_least=True),
         Target("preemption" + suffix, "min_within_served", 0.95, at_least=True),
         Target("preemption" + suffix, "reclaim_p99_ms", 1000.0),
+        Target("fair-sharing" + suffix, "vs_static", 1.2, at_least=True),
+        Target("fair-sharing" + suffix, "min_nominal_served", 0.95, at_least=True),
+        Target("fair-sharing" + suffix, "min_within_served", 0.95, at_least=True),
+        Target("fair-sharing" + suffix, "reclaim_p99_ms", 1000.0),
     ]

@@ -426,3 +426,31 @@ def test_a_deadline_mid_batch_over_the_wire_answers_every_item(allocator):
     assert 0 < reached < len(items) and set(kinds[:reached]) == {"response"}
     assert set(kinds[reached:]) == {grpc.StatusCode.DEADLINE_EXCEEDED.value[0]}
     assert "not reached" in response.items[-1].error.message
+
+
+def test_a_deadline_mid_run_writes_what_was_solved_and_nothing_else(allocator):
+    """4,096 distinct reserving items in 1.5 s: solving stops at the deadline, what was solved
+    is written (the 16 H100s, then answers that nothing fits, or BUDGET_EXHAUSTED for a search
+    the deadline cut), every item not reached answers DEADLINE_EXCEEDED, and exactly the
+    ALLOCATED answers' reservations are held."""
+    items = []
+    for index in range(MAX_BATCH_ITEMS):
+        item = allocate_request("one-h100", reserve=True, owner="team/deadline")
+        item.claims[0].name = f"h100-{index}"  # distinct bytes: each solved on its own
+        items.append(item)
+    response = allocator.stub.AllocateBatch(pb.AllocateBatchRequest(items=items), timeout=1.5)
+    try:
+        answers = [r.response for r in response.items if r.HasField("response")]
+        errors = [r.error for r in response.items if r.HasField("error")]
+        assert answers and errors and len(answers) + len(errors) == len(items)
+        assert {e.code for e in errors} == {grpc.StatusCode.DEADLINE_EXCEEDED.value[0]}
+        allocated = [a for a in answers if a.outcome == pb.OUTCOME_ALLOCATED]
+        assert 0 < len(allocated) <= 16  # the cluster's H100s
+        reached = {pb.OUTCOME_ALLOCATED, pb.OUTCOME_UNSATISFIABLE, pb.OUTCOME_BUDGET_EXHAUSTED}
+        assert {a.outcome for a in answers} <= reached  # a search the deadline cut: BUDGET_...
+        held = allocator.stub.ListReservations(pb.ListReservationsRequest(owner="team/deadline"))
+        assert sorted(r.id for r in held.reservations) == sorted(
+            r.id for a in allocated for r in a.reservations
+        )
+    finally:
+        release_everything(allocator.target)

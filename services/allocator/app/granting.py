@@ -40,7 +40,7 @@ from services.allocator.reservations.model import (
     ReserveRequest,
 )
 from services.common.deadline import Deadline
-from services.common.errors import GpuallocError
+from services.common.errors import DeadlineExceeded, GpuallocError
 
 __all__ = ["GrantRun"]
 
@@ -90,7 +90,8 @@ class GrantRun:
         replacement). `snapshot`: the view the requests were built on (what they count)."""
         owner = requests[0].owner
         limits = contextlib.ExitStack()
-        limits.enter_context(self._limit.granting(owner, len(requests), limit))
+        if limit is not None:  # counted while in flight (none to count without a bound)
+            limits.enter_context(self._limit.granting(owner, len(requests), limit))
         quota: int | None = None
         try:
             if self._tally is not None and self._quotas is not None:
@@ -140,7 +141,8 @@ class GrantRun:
     def _write(self, deadline: Deadline, outcomes: list[ReserveOutcome | None]) -> None:
         granted: list[tuple[int, Grant | None]] = []
         try:
-            deadline.check("reserve")
+            if deadline.passed():
+                raise DeadlineExceeded("reserve: ran out of time")
             taken = self._tally.take() if self._tally is not None else []
             for index, placement in enumerate(self._placements):
                 got = taken[placement.quota] if placement.quota is not None else None

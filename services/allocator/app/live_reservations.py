@@ -118,6 +118,9 @@ class Holdings:
         self._version = 0
         self._commits = 0  # commits applied: they change states, not what is held
         self._journal: list[_Change | _PendingChange] | None = []  # since the cached state
+        # pending placements' additions in the journal: token -> (that journal, index, entry)
+        self._journal_adds: dict[str, tuple[list[_Change | _PendingChange], int, _PendingChange]]
+        self._journal_adds = {}
         self._pending: dict[str, tuple[AllocationResult, ...]] = {}
         self._pending_nodes: dict[str, tuple[str, ...]] = {}  # token -> its nodes
         self._pending_tokens = itertools.count(1)
@@ -261,7 +264,9 @@ class Holdings:
             self._pending_nodes[token] = tuple(nodes)
             self._version += 1
             if self._journal is not None:
-                self._journal.append(_PendingChange(token, self._pending[token], True))
+                change = _PendingChange(token, self._pending[token], True)
+                self._journal_adds[token] = (self._journal, len(self._journal), change)
+                self._journal.append(change)
             return token
 
     def settle_pending(self, token: str, reservations: Iterable[Reservation]) -> None:
@@ -281,7 +286,7 @@ class Holdings:
                 self._journal = journal
             if allocations is not None:
                 self._version += 1
-                if journal is not None and _unapplied(journal, token):
+                if journal is not None and self._unapplied(journal, token):
                     # no state saw it pending: its reservations go in as plain additions
                     journal.extend(_Change(r, None) for r in added)
                 elif journal is not None:
@@ -300,8 +305,18 @@ class Holdings:
             return
         del self._pending_nodes[token]
         self._version += 1
-        if self._journal is not None and not _unapplied(self._journal, token):
+        if self._journal is not None and not self._unapplied(self._journal, token):
             self._journal.append(_PendingChange(token, allocations, False))
+
+    def _unapplied(self, journal: list[_Change | _PendingChange], token: str) -> bool:
+        """Take the journal's addition of pending placement `token` back if it is still there
+        (no state has it yet, so its settling need not undo it); whether it was. A batch
+        settles a few hundred at once: half the changes for the next state."""
+        found = self._journal_adds.pop(token, None)
+        if found is None or found[0] is not journal or journal[found[1]] is not found[2]:
+            return False
+        journal[found[1]] = _PendingChange(token, (), False)  # nothing to apply
+        return True
 
     def committed(self, reservation: Reservation) -> None:
         """A state change that holds the same devices: no new version (`commits` counts it)."""
@@ -504,18 +519,6 @@ class Holdings:
 
 
 Step = tuple[str | None, str | None, AllocationResult]  # AllocatedState.with_changes
-
-
-def _unapplied(journal: list[_Change | _PendingChange], token: str) -> bool:
-    """Remove the journal's addition of pending placement `token` if it is still there (no
-    state has it yet, so its settling need not undo it); whether it was. A batch settles a
-    few hundred at once: half the changes for the next state."""
-    for index in range(len(journal) - 1, -1, -1):
-        change = journal[index]
-        if isinstance(change, _PendingChange) and change.token == token and change.added:
-            del journal[index]
-            return True
-    return False
 
 
 def _differences(before: dict[str, Reservation], after: dict[str, Reservation]) -> list[_Change]:

@@ -74,6 +74,7 @@ from services.allocator.app.quotas import QuotaExceeded, QuotaGuard
 from services.allocator.app.reservation_limit import ReservationLimit
 from services.allocator.app.telemetry import AllocatorMetrics
 from services.allocator.core import (
+    Allocated,
     AllocatedState,
     Explanation,
     NodePlacement,
@@ -81,7 +82,6 @@ from services.allocator.core import (
     SolveResult,
     Summary,
     SummaryKind,
-    Unsatisfiable,
 )
 from services.allocator.reservations.binding import (
     DEFAULT_BINDING_TIMEOUT_SECONDS,
@@ -496,7 +496,9 @@ class AllocatorService:
             return
         with self._tracer.start_as_current_span("reserve") as span:
             span.set_attribute("gpualloc.batch.placements", len(run.placed))
-            outcomes = run.grants.write(deadline)
+            # Solving stopped at the deadline (kept before the call's own for the reply): what
+            # was solved is written, unless the client went away.
+            outcomes = run.grants.write(Deadline(None, deadline.cancelled))
         again: list[tuple[int, _Placed]] = []
         for (index, placed), outcome in zip(run.placed, outcomes, strict=True):
             if isinstance(outcome, Conflict):
@@ -926,37 +928,46 @@ class AllocatorService:
         elapsed: float,
         explain: bool,
     ) -> Answer:
-        """A solve's result (None: the deadline cut it short) as an Answer."""
+        """A solve's result (None: the deadline cut it short) as an Answer (made at once, not
+        through `replace`: a batch makes one per item)."""
         if self._metrics is not None:
             self._metrics.solve_duration.record(elapsed)
+        if isinstance(result, Allocated):
+            return Answer(
+                Outcome.ALLOCATED,
+                generation=view.generation,
+                claims=query.claims,
+                placements=result.placements,
+                policy=policy,
+                explanation=result.explanation,
+                stats=result.stats,
+                cel_cache_hits=result.stats.cel_profile_hits,
+                elapsed_seconds=elapsed,
+            )
+        if result is None:
+            return Answer(
+                Outcome.BUDGET_EXHAUSTED,
+                generation=view.generation,
+                claims=query.claims,
+                policy=policy,
+                elapsed_seconds=elapsed,
+                explanation=Explanation(
+                    summary=Summary(SummaryKind.DEADLINE), budget_exhausted=True
+                ),
+            )
+        outcome = Outcome.BUDGET_EXHAUSTED if result.budget_exhausted else Outcome.UNSATISFIABLE
         answer = Answer(
-            Outcome.BUDGET_EXHAUSTED,
+            outcome,
             generation=view.generation,
             claims=query.claims,
             policy=policy,
-            cel_cache_hits=result.stats.cel_profile_hits if result is not None else 0,
-            elapsed_seconds=elapsed,
-            explanation=Explanation(
-                summary=Summary(SummaryKind.DEADLINE),
-                budget_exhausted=True,
-            ),
-        )
-        if result is None:
-            return answer
-        if isinstance(result, Unsatisfiable):
-            outcome = Outcome.BUDGET_EXHAUSTED if result.budget_exhausted else Outcome.UNSATISFIABLE
-            answer = replace(
-                answer, outcome=outcome, explanation=result.explanation, stats=result.stats
-            )
-            holders = blocking_holders(answer, self.holdings.reservations(), 3)
-            return _with_holders(answer, holders)
-        return replace(
-            answer,
-            outcome=Outcome.ALLOCATED,
-            placements=result.placements,
             explanation=result.explanation,
             stats=result.stats,
+            cel_cache_hits=result.stats.cel_profile_hits,
+            elapsed_seconds=elapsed,
         )
+        holders = blocking_holders(answer, self.holdings.reservations(), 3)
+        return _with_holders(answer, holders)
 
     def _store_reserve(
         self,

@@ -7,20 +7,27 @@ allocations of results 0..i-1 added, so a batch equals its items solved one by o
 (tests/unit/allocator/test_batch.py checks it over generated fleets). It stops after the first
 item that does not fit (every later one would not fit either: placing nothing changes nothing).
 
-The placements it holds between items are the core's own (owner ""): the caller decides what
-to keep (a store may refuse an item; the caller then solves the rest again on what it holds).
+The items share one solve context (the plan, the static checks, the CEL outcomes) and the
+outcomes kept per node group (outcomes.py): an item after the first reads the ranked outcomes of
+the groups its predecessors did not touch and searches only the node whose free state the last
+placement changed (KEP-5598's opportunistic batching). The placements it holds between items are
+the core's own, on a private copy of the state changed in place (owner ""): the caller decides
+what to keep (a store may refuse an item; the caller then solves the rest again on what it
+holds).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 
+from services.allocator.core.explain import Recorder
 from services.allocator.core.fragmentation import DEFAULT_MIX, FragmentationMix
 from services.allocator.core.outcome import Allocated, SearchBudget, SolveResult
 from services.allocator.core.results import ShareIdFactory, default_share_id
 from services.allocator.core.scoring import Policy
 from services.allocator.core.snapshot import ClusterSnapshot
-from services.allocator.core.solver import DEFAULT_BUDGET, solve
+from services.allocator.core.solver import DEFAULT_BUDGET, solve_context, solve_in
 from services.allocator.core.state import AllocatedState
 from services.allocator.core.topology_constraints import TopologyConstraint
 from services.cel import SelectorCache
@@ -52,27 +59,24 @@ def solve_many(
     each item's search on its own, as for one `solve`; the options are `solve`'s."""
     if count < 0:
         raise InvalidArgument.at("count", f"must not be negative, not {count}")
+    if node is not None and nodes is not None:
+        raise ValueError("solve_many takes a pinned node or candidate nodes, not both")
+    held = state.detached(groups=True)  # the batch's own: changed in place, item by item
+    ctx = solve_context(
+        snapshot, held, classes, claims, policy, selectors, None, topology_constraints, budget
+    )
+    ctx = replace(ctx, mix=fragmentation_mix)
     results: list[SolveResult] = []
     for _ in range(count):
-        result = solve(
-            snapshot,
-            state,
-            classes,
-            claims,
-            node=node,
-            nodes=nodes,
-            policy=policy,
-            selectors=selectors,
-            budget=budget,
-            explain=explain,
-            share_id=share_id,
-            topology_constraints=topology_constraints,
-            fragmentation_mix=fragmentation_mix,
+        item = replace(ctx, recorder=Recorder()) if explain else ctx
+        counts = (ctx.selection.cel_evaluations, ctx.selection.cel_profile_hits)
+        result = solve_in(
+            item, budget, node=node, nodes=nodes, share_id=share_id, cel_before=counts
         )
         results.append(result)
         if not isinstance(result, Allocated):
             break
         for placement in result.placements:
             for allocation in placement.allocations:
-                state = state.with_allocation(allocation)
+                held.hold_in_place(allocation)
     return results

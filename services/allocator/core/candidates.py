@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
 
 from services.allocator.core.capacity import capacity_problem, consumed_capacity
 from services.allocator.core.constraints import lookup_attribute, show_value
@@ -160,6 +159,30 @@ class Prepared:
     pool_of: tuple[int, ...]
     # The policy's order depends on which GPUs are in use: memoised per (alternative, in use).
     orders: dict[tuple[int, frozenset[int]], tuple[int, ...]] = field(default_factory=dict)
+    _runs: dict[int, tuple[tuple[bool, tuple[int, ...]], ...]] = field(default_factory=dict)
+
+    def runs(
+        self, key: int, indices: tuple[int, ...], devices: tuple[DeviceEntry, ...]
+    ) -> tuple[tuple[bool, tuple[int, ...]], ...]:
+        """An alternative's candidates as runs of one pool each, with whether the policy
+        sorts the run (it holds a counter-consuming device), a sorted run in (size,
+        position) order: the part of candidate_key no state changes."""
+        found = self._runs.get(key)
+        if found is None:
+            runs: list[tuple[bool, tuple[int, ...]]] = []
+            run: list[int] = []
+            for position, index in enumerate(indices):
+                run.append(index)
+                last = position + 1 == len(indices)
+                if last or self.pool_of[indices[position + 1]] != self.pool_of[index]:
+                    if any(devices[i].counters for i in run):
+                        run.sort(key=lambda i: (float(devices[i].size), devices[i].position))
+                        runs.append((True, tuple(run)))
+                    else:
+                        runs.append((False, tuple(run)))
+                    run = []
+            found = self._runs[key] = tuple(runs)
+        return found
 
 
 _ORDER_CACHE = 1024
@@ -212,11 +235,12 @@ class NodeCandidates:
         self._prepared = prepared
         self._in_use = in_use
         self._exact: dict[int, list[Candidate | InvalidPoolMarker]] = {}
+        self._order_of: dict[int, tuple[int, ...]] = {}  # prepared lists, by device index
         self._all: dict[int, list[Candidate]] = {}
         self._tally: dict[int, dict[ReasonCode, int]] = {}
         self._overdrawn: dict[int, Shortage | None] = {}
         self._labels = {c.index: c.label for c in ctx.plan.claims}
-        self._sets_used: dict[tuple[int, Any], bool] = {}
+        self._sets_used: dict[tuple[int, frozenset[str]], bool] = {}
         self._device_tuple: tuple[DeviceEntry, ...] | None = None
         self._slice_devices: dict[int, list[DeviceEntry]] | None = None
         self._slice_states: dict[int, tuple[tuple[Amount, ...], frozenset[int]]] = {}
@@ -279,7 +303,12 @@ class NodeCandidates:
         state, unbounded = self.ctx.state, False
         free: list[DeviceEntry] = []
         busy: dict[ReasonCode, int] = {}
-        for candidate in self.exact(alternative):
+        listed = self.exact(alternative)
+        order = self._order_of.get(alternative.key)
+        if order is not None and self._in_use is not None:
+            free = self._free_by_index(alternative, order, self._in_use, busy)
+            listed = []  # a template's node: no shared device, no invalid pool among them
+        for candidate in listed:
             if isinstance(candidate, InvalidPoolMarker):
                 unbounded = True  # only the search knows whether it reaches the pool (an error)
                 continue
@@ -309,6 +338,32 @@ class NodeCandidates:
                 ]
             )
         return Availability(len(free), most, unbounded, busy)
+
+    def _free_by_index(
+        self,
+        alternative: Alternative,
+        order: tuple[int, ...],
+        in_use: frozenset[int],
+        busy: dict[ReasonCode, int],
+    ) -> list[DeviceEntry]:
+        """`available`'s free candidates of a template's node, from its devices in use by
+        index (the node's group key) instead of asking the state device by device."""
+        devices = self._devices()
+        if alternative.admin or not in_use:
+            return [devices[i] for i in order]
+        free = [devices[i] for i in order if i not in in_use]
+        taken = len(order) - len(free)
+        if taken:
+            busy[ReasonCode.IN_USE] = taken
+            recorder = self.ctx.recorder
+            if recorder is not None:
+                owners = self.ctx.state.owners
+                for index in order:
+                    if index in in_use:
+                        device = devices[index].id
+                        held = recorder.holders_of(owners, device)
+                        recorder.reject(alternative, device, ReasonCode.IN_USE, None, held)
+        return free
 
     def _topology_bounds(self, alternative: Alternative, free: list[DeviceEntry]) -> list[int]:
         """Per required topology constraint over the alternative: how many of its free
@@ -403,27 +458,56 @@ class NodeCandidates:
         key = (alternative.key, self._in_use) if self._in_use is not None else None
         order = orders.get(key) if key is not None else None
         if order is None:
-            order = self._order(indices, devices)
+            order = self._order(alternative.key, indices, devices)
             if key is not None:
                 if len(orders) >= _ORDER_CACHE:
                     orders.clear()
                 orders[key] = order
+        self._order_of[alternative.key] = order
         return [Candidate(devices[index], None) for index in order]
 
-    def _order(self, indices: tuple[int, ...], devices: tuple[DeviceEntry, ...]) -> tuple[int, ...]:
-        if not self.ctx.rules.orders_candidates:
+    def _order(
+        self, key: int, indices: tuple[int, ...], devices: tuple[DeviceEntry, ...]
+    ) -> tuple[int, ...]:
+        """The policy's order of a template's candidates within each pool (candidate_key).
+        Without fragmentation the key is (fresh, size, position), and only `fresh` depends on
+        the state, per counter set: each pool's run is sorted by (size, position) once per
+        template, then split, fresh-first or not, keeping that order."""
+        rules = self.ctx.rules
+        if not rules.orders_candidates:
             return indices
-        pool_of = self._prepared.pool_of if self._prepared else ()
-        order: list[int] = []
-        run: list[int] = []
-        for position, index in enumerate(indices):
-            run.append(index)
-            if position + 1 == len(indices) or pool_of[indices[position + 1]] != pool_of[index]:
-                if any(devices[i].counters for i in run):
-                    run.sort(key=lambda i: self._order_key(Candidate(devices[i], None)))
+        assert self._prepared is not None
+        if rules.weighs_fragmentation:
+            order: list[int] = []
+            for sorts, run in self._prepared.runs(key, indices, devices):
+                if sorts:
+                    order.extend(
+                        sorted(run, key=lambda i: self._order_key(Candidate(devices[i], None)))
+                    )
+                else:
+                    order.extend(run)
+            return tuple(order)
+        first: list[int] = []
+        later: list[int] = []
+        order = []
+        for sorts, run in self._prepared.runs(key, indices, devices):
+            if not sorts:
                 order.extend(run)
-                run = []
+                continue
+            for index in run:
+                (later if self._fresh(devices[index]) else first).append(index)
+            order.extend(first)
+            order.extend(later)
+            first, later = [], []
         return tuple(order)
+
+    def _fresh(self, entry: DeviceEntry) -> bool:
+        """candidate_key's `fresh` (1: tried after the others of its pool's run)."""
+        if entry.counters:
+            in_use = self._set_in_use(entry)
+        else:
+            in_use = entry.multi and bool(self.ctx.state.share_ids(entry.id))
+        return in_use != self.ctx.rules.prefers_used
 
     def _devices(self) -> tuple[DeviceEntry, ...]:
         if self._device_tuple is None:
@@ -535,16 +619,12 @@ class NodeCandidates:
         return lost - mix.capacity * (entry.size if entry.counters else 1)
 
     def _set_in_use(self, entry: DeviceEntry) -> bool:
-        key = (entry.slice.index, entry.consumption)
+        """Whether a counter set the device draws from is in use (memoised per slice and
+        sets: on one node they answer alike)."""
+        key = (entry.slice.index, entry.counter_sets)
         found = self._sets_used.get(key)
         if found is None:
-            sets = frozenset(counter.counter_set for counter, _ in entry.counters)
-            set_key = (entry.slice.index, sets)
-            found = self._sets_used.get(set_key)
-            if found is None:
-                found = counter_sets_used(entry, self.ctx.state.counter_amount)
-                self._sets_used[set_key] = found
-            self._sets_used[key] = found
+            found = self._sets_used[key] = counter_sets_used(entry, self.ctx.state.counter_amount)
         return found
 
 

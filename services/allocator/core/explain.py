@@ -8,6 +8,7 @@ Everything a caller sees is sorted, so the same inputs always give the same text
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -685,6 +686,21 @@ class Recorder:
         key = (alternative.key, code, holders, fact)
         self._rejected.setdefault(key, set()).add(device)
 
+    def reject_all(
+        self,
+        alternative: Alternative,
+        devices: Iterable[DeviceID],
+        code: ReasonCode,
+        holders: tuple[str, ...] = (),
+    ) -> None:
+        """`reject` of several devices for the same reason (and holders), no fact."""
+        if self.tape is not None:
+            for device in devices:
+                self.tape.reject(alternative, device, code, None, holders)
+            return
+        key = (alternative.key, code, holders, None)
+        self._rejected.setdefault(key, set()).update(devices)
+
     def constraint(
         self,
         claim: str,
@@ -811,7 +827,12 @@ def _add_bulk(table: dict[Any, _Bulk], key: Any, count: int, examples: Iterable[
     if found is None:
         found = table[key] = _Bulk()
     found.count += count
-    found.examples = sorted({*found.examples, *examples})[:MAX_EXAMPLES]
+    found.examples.extend(examples)
+    if len(found.examples) > _KEEP:  # only the smallest few can be shown
+        found.examples = heapq.nsmallest(MAX_EXAMPLES, set(found.examples))
+
+
+_KEEP = 64
 
 
 def _group(
@@ -821,9 +842,9 @@ def _group(
     held: tuple[str, ...] = (),
     fact: Fact | None = None,
 ) -> RejectionGroup:
-    ordered = sorted({*devices, *(bulk.examples if bulk is not None else ())})
+    ordered = heapq.nsmallest(MAX_EXAMPLES, {*devices, *(bulk.examples if bulk else ())})
     count = len(devices) + (bulk.count if bulk is not None else 0)
-    examples = tuple(str(d) for d in ordered[:MAX_EXAMPLES])
+    examples = tuple(str(d) for d in ordered)
     return RejectionGroup(code, count, examples, held, fact)
 
 

@@ -18,7 +18,7 @@ members' allocations, which also guards against devices shared between nodes.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from services.allocator.core.explain import Explanation, Summary, SummaryKind
@@ -107,11 +107,17 @@ def _domains(
     allowed: set[str] | None,
 ) -> dict[str | None, list[_Member]]:
     """Feasible nodes per label value, each list best node key first. A node's key is its
-    group's under its own name, so nodes sort by (their group's rank, name): no key per node."""
+    group's under its own name, so nodes sort by (their group's rank, name): groups are taken
+    best first and their nodes come sorted by name, so a domain's list needs sorting only when
+    two groups of one rank meet in it."""
     ranks = {k: i for i, k in enumerate(sorted({key[:-1] for key, _ in groups}))}
     values = snapshot.derived(_LabelValues).of(label) if label is not None else None
     found: dict[str | None, list[_Member]] = {}
-    for key, members in groups:
+    last: dict[str | None, tuple[int, int]] = {}  # per domain: (rank, group) of its last node
+    unsorted: set[str | None] = set()
+    ranked = sorted(range(len(groups)), key=lambda g: ranks[groups[g][0][:-1]])
+    for number in ranked:
+        key, members = groups[number]
         rank = ranks[key[:-1]]
         for name in members:
             if allowed is not None and name not in allowed:
@@ -119,9 +125,17 @@ def _domains(
             value = values.get(name) if values is not None else None
             if values is not None and value is None:
                 continue
-            found.setdefault(value, []).append((rank, name, key))
-    for listed in found.values():
-        listed.sort(key=_rank_and_name)
+            listed = found.get(value)
+            if listed is None:
+                listed = found[value] = []
+            else:
+                previous = last[value]
+                if previous[0] == rank and previous[1] != number:
+                    unsorted.add(value)
+            last[value] = (rank, number)
+            listed.append((rank, name, key))
+    for value in unsorted:
+        found[value].sort(key=_rank_and_name)
     return found
 
 
@@ -131,13 +145,14 @@ def _rank_and_name(member: _Member) -> tuple[int, str]:
 
 def _ranked(
     policy: Policy, domains: Mapping[str | None, list[_Member]], node_count: int
-) -> list[tuple[str | None, list[_Member]]]:
+) -> Iterator[tuple[str | None, list[_Member]]]:
     """The domains with `node_count` feasible nodes, best first by the policy's domain key.
     Domains whose chosen members come from the same groups and that have as many feasible
-    nodes share one key but for the label: computed once."""
+    nodes share their key but for the label (its last field): each such key is computed
+    once, the keys sorted, and within one key the domains by label."""
     rules = policy.rules
     bodies: dict[tuple[tuple[int, ...], int], DomainKey] = {}
-    keyed = []
+    alike: dict[DomainKey, list[tuple[str, str | None, list[_Member]]]] = {}
     for label, members in domains.items():
         if len(members) < node_count:
             continue
@@ -147,9 +162,14 @@ def _ranked(
         if body is None:
             keys = [key.named(name) for _, name, key in chosen]
             body = bodies[shape] = rules.domain_key(None, [m[1] for m in members], keys)
-        keyed.append((body._replace(label=label or ""), label, members))
-    keyed.sort(key=lambda item: item[0])
-    return [(label, members) for _, label, members in keyed]
+        alike.setdefault(body, []).append((label or "", label, members))
+    for body in sorted(alike):
+        for _, label, members in sorted(alike[body], key=_first):
+            yield label, members
+
+
+def _first(item: tuple[str, str | None, list[_Member]]) -> str:
+    return item[0]
 
 
 class _LabelValues:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from services.allocator.core.candidates import SolveContext
 from services.allocator.core.explain import NodeMiss
@@ -33,10 +33,11 @@ from services.allocator.core.search import Pick
 from services.allocator.core.snapshot import DeviceEntry
 from services.allocator.core.templates import NodeTemplate
 
-__all__ = ["NodeOutcome", "OutcomeMemo", "outcome_memo", "signature"]
+__all__ = ["NodeOutcome", "OutcomeMemo", "kept_memo", "outcome_memo", "signature"]
 
+_T = TypeVar("_T")
 _LIMIT = 2048  # outcomes kept per (template, question); cleared when full
-_QUESTIONS = 64  # questions kept per template; the oldest goes first
+_QUESTIONS = 32  # memos kept per template (outcomes or tapes of a question); the oldest goes
 
 
 @dataclass(slots=True)
@@ -77,31 +78,40 @@ class NodeOutcome:
 
 
 @dataclass
-class OutcomeMemo:
-    """The outcomes of one question on one template, by the template's devices in use."""
+class OutcomeMemo(Generic[_T]):
+    """What one question found on one template, by the template's devices in use: the
+    outcome of a search (NodeOutcome), or an explaining search's tape (replay.GroupTape);
+    at most `limit` of them (cleared when full)."""
 
-    outcomes: dict[frozenset[int], NodeOutcome] = field(default_factory=dict)
+    outcomes: dict[frozenset[int], _T] = field(default_factory=dict)
+    limit: int = _LIMIT
 
-    def get(self, used: frozenset[int]) -> NodeOutcome | None:
+    def get(self, used: frozenset[int]) -> _T | None:
         return self.outcomes.get(used)
 
-    def put(self, used: frozenset[int], outcome: NodeOutcome) -> None:
-        if len(self.outcomes) >= _LIMIT:
+    def put(self, used: frozenset[int], outcome: _T) -> None:
+        if len(self.outcomes) >= self.limit:
             self.outcomes.clear()
         self.outcomes[used] = outcome
 
 
-def outcome_memo(template: NodeTemplate, question: Hashable) -> OutcomeMemo:
-    """The template's memo for `question` (a `signature`), kept with the template's caches
-    (at most _QUESTIONS of them, each at most _LIMIT outcomes)."""
+def outcome_memo(template: NodeTemplate, question: Hashable) -> OutcomeMemo[NodeOutcome]:
+    """The template's memo of search outcomes for `question` (a `signature`), kept with the
+    template's caches (at most _QUESTIONS of them, each at most _LIMIT outcomes)."""
+    return kept_memo(template, ("outcomes", question))
+
+
+def kept_memo(template: NodeTemplate, key: Hashable, limit: int = _LIMIT) -> OutcomeMemo[Any]:
+    """The template's memo under `key` (a kind of record and a question), of at most
+    `limit` records."""
     memos = template.caches.get(_MEMOS)
     if memos is None:
         memos = template.caches[_MEMOS] = {}
-    found = memos.get(question)
+    found = memos.get(key)
     if found is None:
         if len(memos) >= _QUESTIONS:
             memos.pop(next(iter(memos)), None)
-        found = memos[question] = OutcomeMemo()
+        found = memos[key] = OutcomeMemo(limit=limit)
     assert isinstance(found, OutcomeMemo)
     return found
 

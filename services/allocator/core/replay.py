@@ -26,7 +26,6 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from services.allocator.core.candidates import NodeCandidates, SolveContext
 from services.allocator.core.explain import (
@@ -38,16 +37,19 @@ from services.allocator.core.explain import (
     Recorder,
     holders,
 )
+from services.allocator.core.outcomes import NodeOutcome
 from services.allocator.core.plan import Alternative, ConstraintSpec
 from services.allocator.core.snapshot import ClusterSnapshot, DeviceEntry
 from services.allocator.core.templates import NodeTemplate, node_templates
 from services.common.dra.model import DeviceID
 from services.common.errors import GpuallocError
 
-__all__ = ["GroupTape", "NodeTape", "Replays", "StaticTape", "replayed_miss", "taping"]
+__all__ = ["Group", "GroupTape", "NodeTape", "Replays", "StaticTape", "taping"]
 
 _Reject = tuple[int, ReasonCode, Fact | None]  # (alternative key, code, fact)
+_ClaimProblem = tuple[int, ConstraintSpec, ConstraintMiss]  # (claim index, constraint, problem)
 _Problem = tuple[str, ConstraintSpec, ConstraintMiss]  # (claim, constraint, problem)
+_PoolFirst = tuple[int, tuple[int, ...]]  # (pool ordinal, the first device indices there)
 
 
 class NodeTape:
@@ -120,40 +122,51 @@ class StaticTape:
 
 @dataclass
 class GroupTape:
-    """What the search of one node of a group recorded, by device index, and the nodes that
-    replay it (the searched one first)."""
+    """What the explaining search of one node of a group recorded, by device index, with what
+    it found: kept per (question, template, devices in use) for later explanations too, so it
+    names claims by index and holds nothing of one solve."""
 
-    template: NodeTemplate
-    alternatives: Mapping[int, Alternative]
     listed: frozenset[int]
     rejects: Mapping[_Reject, tuple[int, ...]]
     in_use: Mapping[int, tuple[int, ...]]
-    problems: Mapping[_Problem, tuple[int, ...]]
-    values: Mapping[_Problem, frozenset[str]]
-    members: list[str] = field(default_factory=list)
-    # what the search found, for the other nodes (set by the solver once it is known)
-    reusable: bool = False
+    problems: Mapping[_ClaimProblem, tuple[int, ...]]
+    values: Mapping[_ClaimProblem, frozenset[str]]
     steps: int = 0
     pruned: int = 0
     searched: int = 0
-    misses: tuple[NodeMiss, ...] = ()
-    errors: tuple[GpuallocError, ...] = ()
-    fit: Any = None  # the solver's kept fit (solver._Fit), when the node fits
+    misses: tuple[tuple[NodeMiss, int], ...] = ()  # each closest miss with its claim's index
+    outcome: NodeOutcome | None = None  # when the node fits
+    error: GpuallocError | None = None  # a node's own error (not kept: it names claims)
+    complete: bool = True  # False: the budget cut the search short; the node stands alone
 
     @classmethod
     def of(
-        cls, template: NodeTemplate, tape: NodeTape, slot: Mapping[DeviceID, tuple[str, int]]
+        cls, tape: NodeTape, slot: Mapping[DeviceID, tuple[str, int]], labels: Sequence[str]
     ) -> GroupTape:
-        position = slot
+        def indexed(key: _Problem) -> _ClaimProblem:
+            claim, spec, problem = key
+            return (labels.index(claim), spec, problem)
+
         return cls(
-            template,
-            dict(tape.alternatives),
             frozenset(tape.lists),
-            {key: _indices(found, position) for key, found in tape.rejects.items()},
-            {key: _indices(found, position) for key, found in tape.in_use.items()},
-            {key: _indices(found, position) for key, found in tape.problems.items()},
-            {key: frozenset(values) for key, values in tape.values.items()},
+            {key: _indices(found, slot) for key, found in tape.rejects.items()},
+            {key: _indices(found, slot) for key, found in tape.in_use.items()},
+            {indexed(key): _indices(found, slot) for key, found in tape.problems.items()},
+            {indexed(key): frozenset(values) for key, values in tape.values.items()},
         )
+
+    def misses_on(self, node: str | None, labels: Sequence[str]) -> list[NodeMiss]:
+        """The closest misses for `node`, labelled with the asking plan's claims."""
+        return [_miss_on(miss, node, labels, claim) for miss, claim in self.misses]
+
+
+@dataclass
+class Group:
+    """One explanation's use of a group's tape: the nodes that replay it."""
+
+    template: NodeTemplate
+    tape: GroupTape
+    members: list[str] = field(default_factory=list)
 
 
 class Replays:
@@ -162,10 +175,15 @@ class Replays:
     def __init__(self, ctx: SolveContext, snapshot: ClusterSnapshot) -> None:
         self.ctx = ctx
         self.snapshot = snapshot
-        self.groups: dict[tuple[int, frozenset[int]], GroupTape] = {}
-        self.once: list[GroupTape] = []  # tapes of searches that cannot stand for a group
+        self.groups: dict[tuple[int, frozenset[int]], Group] = {}
+        self.once: list[Group] = []  # tapes of searches that cannot stand for a group
+        self.alternatives = {a.key: a for a in ctx.plan.alternatives()}
+        self.labels = [claim.label for claim in ctx.plan.claims]
         self._static: dict[tuple[int, int], StaticTape] = {}
         self._devices: dict[str, tuple[DeviceEntry, ...]] = {}
+        self._first_indices: dict[
+            tuple[int, tuple[int, ...]], list[tuple[int, tuple[int, ...]]]
+        ] = {}
 
     def static(self, template: NodeTemplate, alternative: Alternative) -> StaticTape:
         """The static checks of `alternative` on the template's first node, recorded once."""
@@ -186,53 +204,84 @@ class Replays:
             )
         return found
 
+    def first_indices(self, template: NodeTemplate, indices: tuple[int, ...]) -> list[_PoolFirst]:
+        """Per pool of the template, the first few of `indices` by device name (a device's
+        id sorts by its pool, then its name: the same few on every node)."""
+        key = (template.id, indices)
+        found = self._first_indices.get(key)
+        if found is None:
+            by_pool: dict[int, list[int]] = {}
+            for index in indices:
+                by_pool.setdefault(template.pool_of[index], []).append(index)
+            names = template.devices
+            found = self._first_indices[key] = [
+                (pool, tuple(heapq.nsmallest(3, listed, key=lambda i: names[i].id.device)))
+                for pool, listed in by_pool.items()
+            ]
+        return found
+
     def devices(self, node: str) -> tuple[DeviceEntry, ...]:
         found = self._devices.get(node)
         if found is None:
             found = self._devices[node] = tuple(self.snapshot.view(node).devices())
         return found
 
+    def start(self, template: NodeTemplate, used: frozenset[int], tape: GroupTape) -> Group:
+        """A group's first node in this explanation, with its tape (kept or just recorded)."""
+        group = Group(template, tape)
+        if tape.complete:
+            self.groups.setdefault((template.id, used), group)
+        else:
+            self.once.append(group)
+        return group
+
     def finish(self, recorder: Recorder) -> None:
         """Every group's devices into the recorder, in bulk."""
         static_members: dict[tuple[int, int], list[str]] = {}
         for group in (*self.groups.values(), *self.once):
-            for key in group.listed:
+            for key in group.tape.listed:
                 static_members.setdefault((group.template.id, key), []).extend(group.members)
             self._dynamic(group, recorder)
         templates = {g.template.id: g.template for g in (*self.groups.values(), *self.once)}
-        alternatives = {a.key: a for a in self.ctx.plan.alternatives()}
-        labels = {c.index: c.label for c in self.ctx.plan.claims}
         for (template_id, key), members in static_members.items():
-            template, alternative = templates[template_id], alternatives[key]
+            template, alternative = templates[template_id], self.alternatives[key]
             tape = self.static(template, alternative)
-            label = labels[alternative.claim_index]
+            label = self.labels[alternative.claim_index]
             recorder.add_considered(alternative, label, tape.considered * len(members))
             examples = _Examples(self, template, members)
             for (code, fact), indices in tape.rejects.items():
                 count = len(indices) * len(members)
                 recorder.add_rejected(alternative, code, fact, count, examples.of(indices))
 
-    def _dynamic(self, group: GroupTape, recorder: Recorder) -> None:
-        members = group.members
+    def _dynamic(self, group: Group, recorder: Recorder) -> None:
+        members, tape = group.members, group.tape
         examples = _Examples(self, group.template, members)
-        for (key, code, fact), indices in group.rejects.items():
-            alternative = group.alternatives[key]
+        for (key, code, fact), indices in tape.rejects.items():
+            alternative = self.alternatives[key]
             count = len(indices) * len(members)
             recorder.add_rejected(alternative, code, fact, count, examples.of(indices))
-        for (claim, spec, problem), indices in group.problems.items():
-            values = group.values[(claim, spec, problem)]
+        for (claim, spec, problem), indices in tape.problems.items():
+            values = tape.values[(claim, spec, problem)]
             count = len(indices) * len(members)
-            recorder.add_problem(claim, spec, problem, values, count, examples.of(indices))
-        if group.in_use:
+            label = self.labels[claim]
+            recorder.add_problem(label, spec, problem, values, count, examples.of(indices))
+        if tape.in_use:
             owners = self.ctx.state.owners
+            named: dict[tuple[str, ...], tuple[str, ...]] = {}  # owners -> holders
             for node in members:
                 devices = self.devices(node)
-                for key, indices in group.in_use.items():
-                    alternative = group.alternatives[key]
+                for key, indices in tape.in_use.items():
+                    by_holders: dict[tuple[str, ...], list[DeviceID]] = {}
                     for index in indices:
                         device = devices[index].id
-                        held = holders(owners(device))
-                        recorder.reject(alternative, device, ReasonCode.IN_USE, None, held)
+                        held_by = owners(device)
+                        held = named.get(held_by)
+                        if held is None:
+                            held = named[held_by] = holders(held_by)
+                        by_holders.setdefault(held, []).append(device)
+                    alternative = self.alternatives[key]
+                    for held, in_use in by_holders.items():
+                        recorder.reject_all(alternative, in_use, ReasonCode.IN_USE, held)
 
 
 class _Examples:
@@ -245,14 +294,9 @@ class _Examples:
         self.members = members
         self._first: dict[int, list[str]] = {}
 
-    def of(self, indices: Sequence[int]) -> list[DeviceID]:
-        by_pool: dict[int, list[int]] = {}
-        for index in indices:
-            by_pool.setdefault(self.template.pool_of[index], []).append(index)
-        names = self.template.devices
+    def of(self, indices: tuple[int, ...]) -> list[DeviceID]:
         found: list[DeviceID] = []
-        for pool, listed in by_pool.items():
-            first = heapq.nsmallest(3, listed, key=lambda i: names[i].id.device)
+        for pool, first in self.replays.first_indices(self.template, indices):
             for node in self._first_nodes(pool):
                 devices = self.replays.devices(node)
                 found.extend(devices[i].id for i in first)
@@ -287,15 +331,13 @@ class taping:  # noqa: N801 - used as a statement: `with taping(ctx, tape):`
             self.recorder.tape = None
 
 
-def replayed_miss(miss: NodeMiss | None, node: str) -> NodeMiss | None:
-    """A group's closest miss for another node of it."""
-    if miss is None:
-        return None
+def _miss_on(miss: NodeMiss, node: str | None, labels: Sequence[str], claim: int) -> NodeMiss:
+    """A group's closest miss for another node of it, and the asking plan's claim label."""
     return NodeMiss(
         node,
         miss.placed,
         miss.needed,
-        miss.claim,
+        labels[claim] if claim >= 0 else miss.claim,
         miss.request,
         miss.request_placed,
         miss.request_needed,

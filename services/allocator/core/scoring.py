@@ -425,7 +425,7 @@ def candidate_key(
 
 def counter_sets_used(entry: DeviceEntry, counter_used: Callable[[CounterID], Amount]) -> bool:
     """Whether any counter of the counter sets the device consumes from is in use."""
-    sets = {counter.counter_set for counter, _ in entry.counters}
+    sets = entry.counter_sets or {counter.counter_set for counter, _ in entry.counters}
     return any(
         counter_used(counter) > 0
         for counter in entry.slice.counter_totals

@@ -95,6 +95,7 @@ class DeviceEntry:
     amounts: tuple[Amount, ...] = ()  # `counters`' amounts as `exact` amounts, in order
     # It has binding conditions and the snapshot has them turned off: usable for no request.
     binding_disabled: bool = False
+    counter_sets: frozenset[str] = frozenset()  # the counter sets `counters` draw from
 
     @property
     def multi(self) -> bool:
@@ -156,14 +157,19 @@ class NodeView:
     name: str | None
     node: Node | None
     pools: tuple[NodePool, ...]
+    all_devices: tuple[DeviceEntry, ...] = ()  # every pool's devices, in order (set below)
+
+    def __post_init__(self) -> None:
+        devices = tuple(entry for node_pool in self.pools for entry in node_pool.devices)
+        object.__setattr__(self, "all_devices", devices)
 
     @property
     def device_count(self) -> int:
-        return sum(len(p.devices) for p in self.pools)
+        return len(self.all_devices)
 
-    def devices(self) -> Iterator[DeviceEntry]:
-        for node_pool in self.pools:
-            yield from node_pool.devices
+    def devices(self) -> tuple[DeviceEntry, ...]:
+        """The devices usable here, pool by pool (one tuple, kept: views are immutable)."""
+        return self.all_devices
 
 
 @dataclass
@@ -370,6 +376,7 @@ class _Builder:
             size=_size(counters, totals),
             amounts=tuple(exact(amount) for _, amount in counters),
             binding_disabled=bool(device.binding_conditions) and not self.binding_conditions,
+            counter_sets=frozenset(counter.counter_set for counter, _ in counters),
         )
 
     def _check_selector(self, selector: NodeSelector | None, what: str) -> bool:

@@ -56,7 +56,13 @@ from services.allocator.core.outcome import (
     Stats,
     Unsatisfiable,
 )
-from services.allocator.core.outcomes import NodeOutcome, OutcomeMemo, outcome_memo, signature
+from services.allocator.core.outcomes import (
+    NodeOutcome,
+    OutcomeMemo,
+    kept_memo,
+    outcome_memo,
+    signature,
+)
 from services.allocator.core.plan import Alternative, Plan, build_plan
 from services.allocator.core.preferences import (
     TopologyFit,
@@ -64,7 +70,7 @@ from services.allocator.core.preferences import (
     preference_phases,
     topology_fit,
 )
-from services.allocator.core.replay import GroupTape, NodeTape, Replays, replayed_miss, taping
+from services.allocator.core.replay import Group, GroupTape, NodeTape, Replays, taping
 from services.allocator.core.results import ShareIdFactory, allocation_result, default_share_id
 from services.allocator.core.scoring import NodeKey, Policy, Score, free_capacity
 from services.allocator.core.search import BudgetExhausted, NodeSearch, Pick, StepCounter
@@ -91,6 +97,7 @@ __all__ = [
     "feasible_nodes",
     "solve",
     "solve_context",
+    "solve_in",
 ]
 
 DEFAULT_BUDGET = SearchBudget()
@@ -125,6 +132,24 @@ def solve(
         snapshot, state, classes, claims, policy, selectors, recorder, topology_constraints, budget
     )
     ctx = replace(ctx, mix=fragmentation_mix)
+    return solve_in(ctx, budget, node=node, nodes=nodes, share_id=share_id)
+
+
+def solve_in(
+    ctx: SolveContext,
+    budget: SearchBudget,
+    *,
+    node: str | None = None,
+    nodes: Collection[str] | None = None,
+    share_id: ShareIdFactory = default_share_id,
+    cel_before: tuple[int, int] = (0, 0),
+) -> SolveResult:
+    """`solve` in a context built already (solve_context): the one node loop every question
+    goes through — pinned, among named nodes, by node groups, or node by node for an
+    explanation. `cel_before`: the context's CEL counts before this solve (a context shared
+    by the items of a batch counts for all of them)."""
+    snapshot, recorder = ctx.snapshot, ctx.recorder
+    assert snapshot is not None
     run = NodeRun(ctx, StepCounter(budget.max_steps, budget.max_steps_per_node, budget.cancelled))
     if node is not None:
         view = snapshot.view(node)
@@ -138,7 +163,7 @@ def solve(
     elif recorder is not None or not run.choose_by_groups(snapshot):
         views = list(snapshot.views()) if snapshot.node_names else [snapshot.nil_view]
         run.choose([v for v in views if v.device_count > 0] or views[:1])
-    return run.result(share_id)
+    return run.result(share_id, cel_before)
 
 
 def feasible_nodes(
@@ -474,9 +499,19 @@ class NodeRun:
             return self._node(view, prepared=prepared)
         used = self.ctx.state.node_in_use(snapshot, view)
         group = replays.groups.get((template.id, used))
-        if group is not None and group.reusable and self._affordable(group.steps):
-            return self._replayed(view, group)
+        if group is None:
+            kept = self._tapes(template).get(used)
+            if kept is not None and self._affordable(kept.steps):
+                group = replays.start(template, used, kept)
+        if group is not None and self._affordable(group.tape.steps):
+            return self._replayed(view, group, template, used)
         return self._taped(view, template, used, replays)
+
+    def _tapes(self, template: NodeTemplate) -> OutcomeMemo[GroupTape]:
+        """The explaining searches kept for this question on the template."""
+        if self._question is None:
+            self._question = signature(self.ctx)
+        return kept_memo(template, ("tapes", self._question), _TAPES)
 
     def _replaying(self) -> Replays | None:
         """The solve's group tapes, when it explains and its plan lets groups stand for
@@ -503,17 +538,14 @@ class NodeRun:
         self, view: NodeView, template: NodeTemplate, used: frozenset[int], replays: Replays
     ) -> _Found | None:
         """Search the node with its template's candidate lists, its events on a tape that
-        its group's other nodes replay (when the search was complete)."""
+        its group's other nodes replay (when the search was complete), kept for later
+        explanations of the same question."""
         with taping(self.ctx, None):  # the template's own checks are not this node's events
             facts = template_plan(self.ctx, replays.snapshot, template)
         tape = NodeTape()
-        started, misses, pruned, searched = (
-            self.steps.steps,
-            len(self.misses),
-            self.pruned,
-            self.searched,
-        )
-        exhausted, error = self.exhausted, None
+        started, misses = self.steps.steps, len(self.misses)
+        pruned, searched, exhausted = self.pruned, self.searched, self.exhausted
+        error: GpuallocError | None = None
         found = None
         with taping(self.ctx, tape):
             try:
@@ -523,56 +555,63 @@ class NodeRun:
             except NodeError as err:
                 error = err.error
         assert not tape.considered, "a template's candidate lists consider no device"
-        group = GroupTape.of(template, tape, node_templates(replays.snapshot).slot)
-        group.members.append(view.name or "")
+        labels = replays.labels
+        group = GroupTape.of(tape, node_templates(replays.snapshot).slot, labels)
         group.steps = self.steps.steps - started
         group.pruned, group.searched = self.pruned - pruned, self.searched - searched
-        group.misses = tuple(self.misses[misses:])
-        group.reusable = not (self.exhausted and not exhausted)
+        group.misses = tuple(
+            (miss, labels.index(miss.claim) if miss.claim in labels else -1)
+            for miss in self.misses[misses:]
+        )
+        group.complete = not (self.exhausted and not exhausted)
+        group.error = error
         if found is not None:
             assert found.search is not None
-            outcome = _fitted(
+            group.outcome = found.outcome = _fitted(
                 group.steps, found.key, found.search, found.topology, found.fragmentation
             )
-            found.outcome = outcome
-            group.fit = (found, outcome)
-        if group.reusable:
-            replays.groups.setdefault((template.id, used), group)
-        else:
-            replays.once.append(group)
+        replays.start(template, used, group).members.append(view.name or "")
+        if group.complete and error is None:
+            self._tapes(template).put(used, group)
         if error is not None:
-            group.errors = (error,)
             raise NodeError(error)
         return found
 
-    def _replayed(self, view: NodeView, group: GroupTape) -> _Found | None:
-        """A node of a group already searched: its answer is the group's, under its name."""
+    def _replayed(
+        self, view: NodeView, group: Group, template: NodeTemplate, used: frozenset[int]
+    ) -> _Found | None:
+        """A node of a group explained already: its answer is the group's, under its name."""
         name = view.name or ""
+        tape = group.tape
         group.members.append(name)
-        self.steps.steps += group.steps
-        self.pruned += group.pruned
-        self.searched += group.searched
-        for miss in group.misses:
-            replayed = replayed_miss(miss, name)
-            if replayed is not None:
-                self.misses.append(replayed)
-        if group.errors:
-            self.errors.append(group.errors[0])
-            self.misses.append(_error_miss(view, group.errors[0]))
+        self.steps.steps += tape.steps
+        self.pruned += tape.pruned
+        self.searched += tape.searched
+        self.misses.extend(tape.misses_on(name, self._replays.labels if self._replays else []))
+        if tape.error is not None:
+            self.errors.append(tape.error)
+            self.misses.append(_error_miss(view, tape.error))
             return None
-        if group.fit is None:
+        outcome = tape.outcome
+        if outcome is None or outcome.key is None:
             return None
-        first, outcome = group.fit
         found = _Found(
             view,
-            first.key.named(name),
-            first.topology,
-            first.fragmentation,
+            outcome.key.named(name),
+            outcome.topology,
+            outcome.fragmentation,
             outcome=outcome,
-            rescore=lambda: first.score,
+            rescore=lambda: self._quiet_rescore(view, template, used),
         )
         self.found.append(found)
         return found
+
+    def _quiet_rescore(self, view: NodeView, template: NodeTemplate, used: frozenset[int]) -> Score:
+        """A kept fit's Score, searching the node again with nothing recorded."""
+        assert self.ctx.snapshot is not None
+        with taping(self.ctx, None):
+            facts = template_plan(self.ctx, self.ctx.snapshot, template)
+            return self._rescore(view, facts.prepared, used)
 
     def _finish_replays(self) -> None:
         if self._replays is not None and self.ctx.recorder is not None:
@@ -582,7 +621,7 @@ class NodeRun:
 
     def _kept(
         self, view: NodeView, prepared: Prepared | None, in_use: frozenset[int] | None
-    ) -> tuple[OutcomeMemo, frozenset[int]] | None:
+    ) -> tuple[OutcomeMemo[NodeOutcome], frozenset[int]] | None:
         """The memo of this question for the node's template, and the node's devices in use;
         None when the node's search cannot stand for its group's (no template's static
         checks, or an explanation, whose per-device reasons come from the search itself)."""
@@ -652,10 +691,12 @@ class NodeRun:
             cel_profile_hits=cel_profile_hits,
         )
 
-    def result(self, share_id: ShareIdFactory) -> SolveResult:
-        """The solve's answer; its CEL counts are this solve's own (its meter's)."""
+    def result(self, share_id: ShareIdFactory, cel_before: tuple[int, int] = (0, 0)) -> SolveResult:
+        """The solve's answer; its CEL counts are this solve's own (its meter's, less
+        `cel_before`)."""
         selection = self.ctx.selection
-        stats = self.stats(selection.cel_evaluations, selection.cel_profile_hits)
+        evaluations = selection.cel_evaluations - cel_before[0]
+        stats = self.stats(evaluations, selection.cel_profile_hits - cel_before[1])
         if not self.found:
             return Unsatisfiable(self._unsatisfiable_explanation(), stats, self.exhausted)
         ranked = heapq.nsmallest(2, self.found, key=_key_of)  # the best and the runner-up
@@ -799,6 +840,9 @@ def _error_miss(view: NodeView, error: GpuallocError) -> NodeMiss:
 def _budget_miss(view: NodeView, search: NodeSearch) -> NodeMiss:
     placed = search.miss.placed if search.miss else 0
     return NodeMiss(view.name, placed, search.needed(), "", "", 0, 0, (), budget_exhausted=True)
+
+
+_TAPES = 2048  # explaining searches kept per (template, question)
 
 
 def _key_of(found: _Found) -> NodeKey:

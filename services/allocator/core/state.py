@@ -47,7 +47,7 @@ class AllocatedState:
 
     __slots__ = (
         "_capacity", "_counter_delta", "_counters", "_delta", "_exclusive", "_groups",
-        "_shares", "_snapshot",
+        "_scratch", "_shares", "_snapshot",
     )  # fmt: skip
 
     def __init__(self, snapshot: ClusterSnapshot | None = None) -> None:
@@ -62,6 +62,7 @@ class AllocatedState:
         self._delta: dict[DeviceID, _Device] = {}  # every device changed since the base
         self._counter_delta: dict[CounterID, Amount] = {}
         self._groups: GroupIndex | None = None
+        self._scratch = False  # a detached copy, changed in place by its one caller
 
     @classmethod
     def build(
@@ -114,15 +115,24 @@ class AllocatedState:
                 state._rename(allocation, old, new)
         return state
 
-    def detached(self) -> AllocatedState:
-        """The same holdings without the node groups kept up to date: for a short run of
-        placements that only pinned solves read (a gang's members, a Capacity count)."""
-        return self._copy(groups=False)
+    def detached(self, *, groups: bool = False) -> AllocatedState:
+        """The same holdings in a copy of its own, which `hold_in_place` / `take_in_place`
+        may change: for a run of placements one caller makes and reads alone (a batch, a
+        gang's members, a Capacity count). `groups`: keep the node groups up to date too
+        (unpinned solves read them), else drop them (pinned solves do not)."""
+        state = self._copy(groups=groups)  # the groups' copy has maps of its own, too
+        state._scratch = True
+        return state
+
+    def hold_in_place(self, allocation: AllocationResult, owner: str = "") -> None:
+        """`with_allocation`, changing this state itself (only one made by `detached`)."""
+        assert self._scratch, "only a detached state changes in place"
+        self._add(allocation, owner)
 
     def take_in_place(self, devices: Iterable[DeviceID], owner: str) -> None:
-        """Hold `devices` whole, changing this state itself: only for a state made by
-        `detached` that nothing else reads (a Capacity count's scratch state, counting.py)."""
-        assert self._groups is None, "a state with node groups is shared: copy it instead"
+        """Hold `devices` whole, changing this state itself (only one made by `detached`;
+        its node groups are not moved: for pinned solves)."""
+        assert self._scratch and self._groups is None, "a detached state without groups only"
         for device_id in devices:
             owners, shares, consumed = self._device(device_id)
             self._delta[device_id] = ((*owners, owner), shares, consumed)
@@ -154,6 +164,7 @@ class AllocatedState:
         state._delta = dict(self._delta)
         state._counter_delta = dict(self._counter_delta)
         state._groups = self._groups.copy() if groups and self._groups is not None else None
+        state._scratch = False
         held = len(self._exclusive) + len(self._shares)
         if len(state._delta) + len(state._counter_delta) > _FOLD_MIN + isqrt(held):
             state._flatten()

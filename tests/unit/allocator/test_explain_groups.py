@@ -19,18 +19,22 @@ from hypothesis import strategies as st
 
 from loadtest.clusters import device_classes, generate
 from services.allocator.core import (
+    Allocated,
     AllocatedState,
     ClusterSnapshot,
     Policy,
+    ReasonCode,
     SelectorCache,
     SolveResult,
+    Unsatisfiable,
     solve,
 )
 from services.allocator.core import solver as solver_module
 from services.common.dra.model import AllocationResult, ResourceClaim
 from services.common.errors import GpuallocError
+from tests.builders import DRIVER, claim
 from tests.unit.allocator.test_batch import KINDS, SETTINGS
-from tests.unit.allocator.test_node_choice import clusters
+from tests.unit.allocator.test_node_choice import GPU, clusters, held_on, machine
 from tests.unit.allocator.test_solver_properties import CLASSES, claims
 
 
@@ -45,7 +49,9 @@ def explained(call: Any) -> SolveResult | str:
 
 
 def both(call: Any) -> tuple[SolveResult | str, SolveResult | str]:
+    """(by groups, node by node); by groups twice: the second reads the first's kept tapes."""
     grouped = explained(call)
+    assert explained(call) == grouped
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(solver_module.NodeRun, "_replaying", lambda self: None)
         alone = explained(call)
@@ -110,3 +116,73 @@ def test_explaining_a_generated_fleet_by_groups_equals_searching_every_node(
         )
     )
     assert grouped == alone
+
+
+# --- node-group reuse, case by case ------------------------------------------------------------
+
+
+def _searches(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
+    from services.allocator.core import search
+
+    searched: list[str | None] = []
+    original = search.NodeSearch.run
+
+    def counted(self: search.NodeSearch) -> bool:
+        searched.append(self.view.name)
+        return original(self)
+
+    monkeypatch.setattr(search.NodeSearch, "run", counted)
+    return searched
+
+
+def test_one_node_of_a_group_is_searched_and_every_node_is_explained(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Eight alike nodes, half of them with two GPUs held: two groups, two searches, and
+    every node still has its own closest miss (a claim of four GPUs does not fit the half
+    with two held)."""
+    snapshot = ClusterSnapshot.build([machine(f"node-{i}") for i in range(8)])
+    held = [held_on(f"node-{i}", "gpu-0", "gpu-1") for i in range(0, 8, 2)]
+    state = AllocatedState.build(snapshot, held)
+    claims_ = [claim("c").request("g", "gpu", 4).build()]
+    searched = _searches(monkeypatch)
+    result = solve(snapshot, state, GPU, claims_, selectors=SelectorCache(), explain=True)
+    assert isinstance(result, Allocated) and result.explanation is not None
+    assert result.node == "node-1"
+    assert len(searched) == 1  # node-0's group is pruned unsearched, node-1's searched once
+    assert [m.node for m in result.explanation.nodes] == [f"node-{i}" for i in range(0, 8, 2)]
+    assert result.explanation.choice is not None
+    assert result.explanation.choice.feasible_nodes == 4
+    assert result.explanation.choice.runner_up == "node-3"
+
+
+def test_replayed_nodes_name_their_own_holders() -> None:
+    """Devices in use are explained node by node: each node's reservation holds its GPUs."""
+    snapshot = ClusterSnapshot.build([machine(f"node-{i}") for i in range(3)])
+    held = [held_on(f"node-{i}", "gpu-0", "gpu-1", "gpu-2", "gpu-3") for i in range(3)]
+    state = AllocatedState.build(snapshot, held)
+    claims_ = [claim("c").request("g", "gpu", 1).build()]
+    result = solve(snapshot, state, GPU, claims_, selectors=SelectorCache(), explain=True)
+    assert isinstance(result, Unsatisfiable)
+    (request,) = result.explanation.requests
+    in_use = {g.holders: g.count for g in request.rejections if g.code is ReasonCode.IN_USE}
+    assert in_use == {(f"default/node-{i}",): 4 for i in range(3)}
+    assert request.considered == 12
+
+
+def test_counts_and_examples_add_up_over_a_group() -> None:
+    """A selector false for every device: 4 per node, 20 in all, the smallest ids as examples."""
+    snapshot = ClusterSnapshot.build([machine(f"node-{i}") for i in range(5)])
+    state = AllocatedState(snapshot)
+    selector = f'device.attributes["{DRIVER}"].model == "a100"'
+    claims_ = [claim("c").request("g", "gpu", 1, selector).build()]
+    result = solve(snapshot, state, GPU, claims_, selectors=SelectorCache(), explain=True)
+    assert isinstance(result, Unsatisfiable)
+    (request,) = result.explanation.requests
+    (group,) = request.rejections
+    assert (group.code, group.count) == (ReasonCode.REQUEST_SELECTOR, 20)
+    assert group.examples == (
+        f"{DRIVER}/node-0/gpu-0",
+        f"{DRIVER}/node-0/gpu-1",
+        f"{DRIVER}/node-0/gpu-2",
+    )

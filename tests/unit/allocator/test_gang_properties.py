@@ -24,8 +24,10 @@ from services.allocator.core import (
     Policy,
     SelectorCache,
     Unsatisfiable,
+    solve,
 )
 from services.allocator.core.gang import solve_gang
+from services.allocator.core.scoring import node_key
 from services.common.dra.model import AllocationResult, Node, ResourceClaim, ResourceSlice
 from tests.builders import DRIVER, allocation, claim, classes, cls, device, result, slice_
 
@@ -121,3 +123,54 @@ def test_gangs_are_distinct_same_domain_and_complete(
                 assert int(r.device.removeprefix("gpu-")) not in world.held[member.node]
                 assert (r.pool, r.device) not in used
                 used.add((r.pool, r.device))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    world=worlds(),
+    size=st.integers(1, 2),
+    count=st.integers(1, 3),
+    label=st.booleans(),
+    policy=st.sampled_from(list(Policy)),
+)
+def test_the_gang_takes_the_best_domain_and_its_best_nodes(
+    world: World, size: int, count: int, label: bool, policy: Policy
+) -> None:
+    """Against node keys from pinned solves of every node (no groups): the domain the policy's
+    domain key ranks first, and in it the nodes with the best keys."""
+    snapshot, state = _build(world)
+    claims = [claim("c").request("g", "gpu", size).build()]
+    keys = {}
+    for name in snapshot.node_names:
+        pinned = solve(
+            snapshot, state, GPU, claims, node=name, policy=policy, selectors=SelectorCache()
+        )
+        if isinstance(pinned, Allocated):
+            keys[name] = node_key(policy, name, pinned.score)
+    domains: dict[str | None, list[str]] = {}
+    for name in keys:
+        rack = world.racks[name] if label else None
+        if not label or rack is not None:
+            domains.setdefault(rack, []).append(name)
+    ranked = []
+    for rack, members in domains.items():
+        members.sort(key=keys.__getitem__)
+        if len(members) >= count:
+            chosen = [keys[m] for m in members[:count]]
+            ranked.append((policy.rules.domain_key(rack, members, chosen), rack, members[:count]))
+    outcome = solve_gang(
+        snapshot,
+        state,
+        GPU,
+        claims,
+        node_count=count,
+        group_by_label=RACK if label else None,
+        policy=policy,
+        selectors=SelectorCache(),
+    )
+    if not ranked:
+        assert isinstance(outcome, Unsatisfiable)
+        return
+    _, rack, members = min(ranked)
+    assert isinstance(outcome, Allocated)
+    assert (outcome.domain, [m.node for m in outcome.placements]) == (rack, members)

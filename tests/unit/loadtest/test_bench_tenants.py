@@ -40,11 +40,25 @@ def test_every_mode_places_jobs_and_holds_at_most_the_fleet(
         assert all(0 <= v <= 1 for v in result.nominal_served.values()), mode
 
 
-def test_only_the_preemption_mode_preempts(small_runs: dict[str, bench.ModeResult]) -> None:
-    """Each reclaiming Allocate revoked or moved at least one running job."""
+def test_only_the_preempting_modes_preempt(small_runs: dict[str, bench.ModeResult]) -> None:
+    """Each reclaiming Allocate revoked or moved at least one running job; only the modes
+    with preemption (classical and fair sharing) make any."""
     for mode in ("static", "borrowing"):
         assert small_runs[mode].preemptions == small_runs[mode].moves == 0, mode
     assert not small_runs["borrowing"].reclaim_seconds
-    preemption = small_runs["preemption"]
-    assert preemption.reclaim_seconds
-    assert preemption.preemptions + preemption.moves >= len(preemption.reclaim_seconds)
+    for mode in ("preemption", "fair-sharing"):
+        preemption = small_runs[mode]
+        assert preemption.reclaim_seconds, mode
+        assert preemption.preemptions + preemption.moves >= len(preemption.reclaim_seconds)
+
+
+def test_the_strict_shortfall_splits_into_lumps_and_the_unserved(
+    small_runs: dict[str, bench.ModeResult],
+) -> None:
+    """nominal_served = 1 - lumps - unserved per tenant (the rows' worst_lumps and
+    worst_unserved): the shortfall no queued job could fill within nominal, and the rest."""
+    for mode, result in small_runs.items():
+        for tenant in bench.TENANTS:
+            parts = 1 - result.lumps[tenant] - result.unserved[tenant]
+            assert result.nominal_served[tenant] == pytest.approx(parts), (mode, tenant)
+        assert 0 < result.demand_bound <= 1, mode

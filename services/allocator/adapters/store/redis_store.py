@@ -294,13 +294,23 @@ class RedisReservationStore:
         nodes index, on one server; with WAIT last when configured). The replies, one per
         call (a WAIT that fell short marks them unconfirmed)."""
         self._ensure_library()
+        registered = self._registered
+        register = [] if self._cluster else [c.node for c in calls if c.node not in registered]
+        wait = self._wait_replicas > 0
+        if len(calls) == 1 and not register and not wait:  # one step alone: no pipeline
+            call = calls[0]
+            try:
+                return [
+                    self._client.fcall(
+                        "gpualloc_grant_many", len(call.keys), *call.keys, *call.args
+                    )
+                ]
+            except redis.ResponseError as error:  # the library is missing, the slot moved
+                return [error]
         client: Any = self._client
         if self._cluster:  # WAIT must follow the steps on their primary's connection
             cluster: Any = self._client  # redis-py's cluster API is untyped
             client = cluster.get_redis_connection(cluster.get_node_from_key(calls[0].keys[0]))
-        registered = self._registered
-        register = [] if self._cluster else [c.node for c in calls if c.node not in registered]
-        wait = self._wait_replicas > 0
         try:
             with client.pipeline(transaction=False) as pipe:
                 for node in register:

@@ -110,8 +110,9 @@ def fleet_fragment(fleet: Fleet) -> str:
 
 
 def quotas_fragment(rows: Sequence[TenantStatus], enabled: bool) -> str:
-    """The quotas panel: per tenant and quota resource what `gpualloc get quotas` prints; the
-    rows are those the viewer may see (app: QuotaStatus's rule). Nothing without quotas."""
+    """The quotas panel: per tenant and quota resource what `gpualloc get quotas` prints (the
+    cohort as its path from the root of its tree); the rows are those the viewer may see (app:
+    QuotaStatus's rule). Nothing without quotas."""
     if not enabled:
         return ""
     if not rows:
@@ -122,7 +123,7 @@ def quotas_fragment(rows: Sequence[TenantStatus], enabled: bool) -> str:
     else:
         cells = "".join(
             f'<tr data-tenant="{escape(r.tenant)}"><td>{escape(r.tenant)}</td>'
-            f"<td>{escape(r.resource)}</td><td>{escape(r.cohort or '-')}</td>"
+            f"<td>{escape(r.resource)}</td><td>{escape('/'.join(r.path) or '-')}</td>"
             + "".join(
                 f"<td>{quantity_text(v, r.binary)}</td>"
                 for v in (r.nominal, r.used, r.borrowed, r.lent, r.left)
