@@ -91,8 +91,10 @@ def wait_released(slurm: SlurmCluster, job_id: str, timeout: float = 30.0) -> No
     """The job's reservations gone: released by its node Epilog, which Slurm runs when the job
     ends there (and before it shows the job COMPLETED), or by sync's sweep."""
     deadline = time.monotonic() + timeout
-    while slurm.reservations(owner=f"slurm/job/{job_id}"):
-        assert time.monotonic() < deadline, f"job {job_id}'s reservation was never released"
+    while held := slurm.reservations(owner=f"slurm/job/{job_id}"):
+        assert time.monotonic() < deadline, (
+            f"job {job_id}'s reservation was never released: {held}\n{slurm.log_tail()}"
+        )
         time.sleep(0.2)
 
 
