@@ -209,7 +209,15 @@ def _victim(victim: pb.PreemptionVictim) -> str:
     return f"{victim.reason}: {who} on {held.node_name} (priority {priority}{moved})"
 
 
+UNCOUNTED = "(uncounted)"  # the server's name for devices no quota resource counts
+
+
 def _quota_refusal(refusal: pb.QuotaRefusal) -> str:
+    if refusal.resource == UNCOUNTED:
+        return (
+            f"tenant {refusal.tenant}: requested {refusal.requested} devices no quota resource "
+            "counts (never granted to a tenant with quotas: spec.quota.uncountedDevices)"
+        )
     where = f" in cohort {refusal.cohort}" if refusal.cohort else ""
     return (
         f"tenant {refusal.tenant} quota {refusal.resource}{where}: requested "

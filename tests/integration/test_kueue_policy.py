@@ -27,6 +27,7 @@ from protos.allocator.v1 import allocator_pb2 as pb
 from protos.allocator.v1 import allocator_pb2_grpc
 from protos.common.v1 import dra_pb2
 from services.allocator.config import AllocatorSettings
+from services.client.mapping import placement_from_pb
 from tests.integration.test_quota_tree import TREE_POLICY
 from tests.integration.test_quotas import release_all, reserve, status, stub
 from tests.security_fixtures import SecuredFleet, policy_with, secured_fleet
@@ -434,8 +435,9 @@ def test_the_kueue_bridges_own_cluster_queue_is_a_policy_and_counts_mig_slices_b
     (cpu, memory, nvidia.com/gpu and nvidia.com/mig-1g.10gb, an admission check, a LocalQueue),
     as the policy's quotas (renamed team-a, its MIG quota 2): MIG 1g.10gb slices count against
     `nvidia.com/mig-1g.10gb/gpu-flavor` until its nominal, then QUOTA_EXCEEDED naming it; a
-    2g.10gb slice, a profile the queue does not cover, is counted by no quota resource, so not
-    limited (as any device no quota resource counts)."""
+    2g.10gb slice, a profile the queue does not cover, is counted by no quota resource: refused
+    to team-a (the translation's `uncountedDevices: Refuse`, as Kueue admits nothing its
+    ClusterQueue does not cover), granted to hpc, a tenant without quotas."""
     text = BRIDGE_QUEUE.read_text()
     assert text.count('name: "gpu-cluster-queue"') == 1 and "nominalQuota: 16" in text
     (tmp_path / "kueue").mkdir()
@@ -456,8 +458,90 @@ def test_the_kueue_bridges_own_cluster_queue_is_a_policy_and_counts_mig_slices_b
             ("nvidia.com/mig-1g.10gb/gpu-flavor", "2", "2")
         ]
         other = _mig(a, "2g.10gb", "job/other-profile")
-        assert other.outcome == pb.OUTCOME_ALLOCATED
+        assert other.outcome == pb.OUTCOME_QUOTA_EXCEEDED and not other.reservations
+        assert [(q.resource, q.requested) for q in other.quota_refusals] == [("(uncounted)", "1")]
+        assert "requested 1 devices no quota resource counts" in placement_from_pb(other).reason()
+        hpc = stub(fleet, "slurm-bridge")
+        unlimited = _mig(hpc, "2g.10gb", "slurm/job/other-profile")
+        assert unlimited.outcome == pb.OUTCOME_ALLOCATED
         rows = status(stub(fleet, "admin"), "team-a")
         assert rows["team-a", "nvidia.com/mig-1g.10gb/gpu-flavor"].used == "2"
         assert rows["team-a", "nvidia.com/gpu/gpu-flavor"].used == "0"
-        release_all(a, [*held, other])
+        release_all(a, held)
+        release_all(hpc, [unlimited])
+
+
+RESEARCH_QUEUE = """
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata:
+  name: hopper
+spec:
+  nodeLabels:
+    nvidia.com/gpu.family: hopper
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata:
+  name: team-b
+spec:
+  namespaceSelector: {}
+  resourceGroups:
+  - coveredResources: [nvidia.com/gpu]
+    flavors:
+    - name: hopper
+      resources:
+      - {name: nvidia.com/gpu, nominalQuota: 4}
+"""
+
+
+def _flavors_tried(answer: pb.AllocateResponse) -> list[tuple[str, str]]:
+    return [(f.flavor, pb.FlavorMode.Name(f.mode)) for f in answer.flavors]
+
+
+def test_each_cluster_queue_charges_the_devices_to_its_own_flavors(tmp_path: Path) -> None:
+    """The case found under a real Kueue: the Kueue bridge's ClusterQueue (flavor gpu-flavor,
+    no nodeLabels: every GPU; renamed team-a) beside a ClusterQueue team-b on flavor hopper
+    (nodeLabels family=hopper). Flavors are per ClusterQueue, as in Kueue: team-b's grants land
+    on H100 nodes and are charged to `nvidia.com/gpu/hopper` until its nominal 4; team-a's on
+    the same nodes to `nvidia.com/gpu/gpu-flavor`; team-b is never granted an L40S (no flavor
+    it lists selects one: refused naming gpu-flavor, which it does not list)."""
+    (tmp_path / "kueue").mkdir()
+    bridge = BRIDGE_QUEUE.read_text().replace('name: "gpu-cluster-queue"', "name: team-a")
+    (tmp_path / "kueue" / "cluster-queue.yml").write_text(bridge)
+    (tmp_path / "kueue" / "research.yml").write_text(RESEARCH_QUEUE)
+    tenants = [*OTHER_TENANTS, {"name": "hpc"}]  # bound, not limited
+    policy = policy_with(_section({"quota": {"kueue": {"files": ["kueue/"]}}, "tenants": tenants}))
+    with secured_fleet(tmp_path, policy=policy, allocator=SETTINGS) as fleet:
+        a, b = stub(fleet, "scheduler-a"), stub(fleet, "scheduler-b")
+        held: list[pb.AllocateResponse] = []
+        try:
+            mine = reserve(b, 4, owner="job/research")
+            assert mine.outcome == pb.OUTCOME_ALLOCATED, mine.quota_refusals
+            held.append(mine)
+            assert {r.node_name for r in mine.reservations} <= {"h100-node-1", "h100-node-2"}
+            assert _flavors_tried(mine) == [("hopper", "FLAVOR_MODE_FIT")]
+            theirs = reserve(a, 4, owner="job/bridge", node=mine.reservations[0].node_name)
+            assert theirs.outcome == pb.OUTCOME_ALLOCATED, theirs.quota_refusals
+            held.append(theirs)
+            assert _flavors_tried(theirs) == [("gpu-flavor", "FLAVOR_MODE_FIT")]
+            over = reserve(b, 1, owner="job/research-over")
+            assert over.outcome == pb.OUTCOME_QUOTA_EXCEEDED and not over.reservations
+            assert [(q.resource, q.used, q.nominal) for q in over.quota_refusals] == [
+                ("nvidia.com/gpu/hopper", "4", "4")
+            ]
+            elsewhere = reserve(b, 1, owner="job/research-l40s", node="l40s-node-1")
+            assert elsewhere.outcome == pb.OUTCOME_QUOTA_EXCEEDED and not elsewhere.reservations
+            assert _flavors_tried(elsewhere) == [("hopper", "FLAVOR_MODE_NO_FIT")]
+            assert [(q.resource, q.nominal) for q in elsewhere.quota_refusals] == [
+                ("nvidia.com/gpu/gpu-flavor", "0")
+            ]
+            rows = status(stub(fleet, "admin"), "team-a", "team-b")
+            used = {key: row.used for key, row in rows.items() if row.used != "0"}
+            assert used == {
+                ("team-a", "nvidia.com/gpu/gpu-flavor"): "4",
+                ("team-b", "nvidia.com/gpu/hopper"): "4",
+            }
+        finally:
+            release_all(a, held[1:])
+            release_all(b, held[:1])

@@ -1,10 +1,10 @@
 """Pinning a query to resource flavors: what the solver is told the quota allows.
 
 A flavor the query is pinned to becomes, for the solver: its node labels a node selector (and
-the node labels of the flavors its resource lists before it a NotIn, so that the devices found
+the node labels of the flavors the tenant lists before it a NotIn, so that the devices found
 are charged to it); on every request and subrequest of a device class the flavor's resource
 counts, its CEL selectors, its device classes (as one more selector, when the request's class
-is not among them), the negation of the device-level flavors listed before it, and its
+is not among them), the negation of the device-level flavors the tenant lists before it, and its
 tolerations. A subrequest that does not tolerate the flavor's nodeTaints (with its tenant's and
 the flavor's own tolerations, as Kueue's flavor check counts them) is dropped; a request none
 of whose alternatives tolerates them makes the flavor NoFit (app/flavor_search.py).
@@ -37,15 +37,17 @@ __all__ = ["Pin", "pin", "pin_of", "spec_of", "taint_text"]
 @dataclass(frozen=True)
 class Pin:
     """A flavor the query is pinned to: its quota resource (`gpus/hopper`), the flavor, and
-    the flavors its resource lists before it (their devices are charged to them: excluded)."""
+    the flavors charged before it for the tenant (its own listed before it: their devices are
+    charged to them, so excluded)."""
 
     resource: QuotaResource
     flavor: ResourceFlavor
     before: tuple[ResourceFlavor, ...] = ()
 
 
-def pin_of(model: QuotaModel, resource: QuotaResource) -> Pin:
-    flavors = model.flavors_of(resource.base)
+def pin_of(model: QuotaModel, tenant: str, resource: QuotaResource) -> Pin:
+    """`resource`'s flavor pinned for `tenant` (one of the flavors it lists)."""
+    flavors = model.charge_order(tenant, resource.base)
     index = [r.name for r in flavors].index(resource.name)
     return Pin(resource, spec_of(resource), tuple(spec_of(r) for r in flavors[:index]))
 

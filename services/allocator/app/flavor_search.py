@@ -114,7 +114,7 @@ def search_flavors(
         chosen = choice.chosen
         if chosen is None or chosen.found is None:
             break
-        pins.append(pin_of(model, order[chosen.flavor]))
+        pins.append(pin_of(model, tenant, order[chosen.flavor]))
         # the next resource: one the placement on the flavors chosen so far counts
         now_placed = chosen.found.answer
         if now_placed.outcome is not Outcome.ALLOCATED:
@@ -166,7 +166,7 @@ class _Search:
         pinned to `pins` (the flavors chosen for the resources before) and to it: on the live
         state, else once victims go."""
         model, resource = self.around.model, flavors[name]
-        here = [*pins, pin_of(model, resource)]
+        here = [*pins, pin_of(model, self.quota.tenant, resource)]
         pinned = pin(self.query, here, self.quota.tolerations, self.classes)
         made = functools.partial(FlavorAttempt[Found], base, resource.flavor)
         if isinstance(pinned, DeviceTaint):
@@ -325,7 +325,7 @@ def units_within_flavors(
         return None
     within = 0
     for resource in model.flavor_order(tenant.tenant, bases[0]):
-        pinned = pin(query, [pin_of(model, resource)], tenant.tolerations, classes)
+        pinned = pin(query, [pin_of(model, tenant.tenant, resource)], tenant.tolerations, classes)
         if isinstance(pinned, DeviceTaint):
             continue
         units = count(pinned)

@@ -96,7 +96,7 @@ class GrantRun:
         try:
             if self._tally is not None and self._quotas is not None:
                 amounts = tuple(
-                    self._quotas.usage(snapshot, request.node, request.allocations)
+                    self._quotas.usage(snapshot, request.node, request.allocations, owner)
                     for request in requests
                 )
                 admitted = self._tally.admit(

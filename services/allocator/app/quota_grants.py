@@ -34,7 +34,13 @@ from services.allocator.reservations.quota_ledger import (
 )
 from services.common.errors import GpuallocError, Unavailable
 from services.common.security.principal import tenant_of_owner
-from services.common.security.quota import QuotaModel, QuotaRefusal, Usage, add_usage
+from services.common.security.quota import (
+    QuotaModel,
+    QuotaRefusal,
+    Usage,
+    add_usage,
+    counted_only,
+)
 
 __all__ = ["QuotaAsk", "QuotaTally", "TakeResult"]
 
@@ -91,7 +97,9 @@ class QuotaTally:
         ledger.asks.append(index)
         self._asks.append(ask)
         self._tickets.append(
-            QuotaEntry(HoldKind.TICKET.id(secrets.token_hex(12)), quota.tenant, wanted, None)
+            QuotaEntry(
+                HoldKind.TICKET.id(secrets.token_hex(12)), quota.tenant, counted_only(wanted), None
+            )
         )
         return index
 
@@ -160,7 +168,7 @@ class QuotaTally:
         by_ledger: dict[str, list[TicketBinding]] = {}
         for grant, reservations in granted:
             parts = tuple(
-                QuotaEntry(reservation.id, grant.tenant, dict(amounts), None)
+                QuotaEntry(reservation.id, grant.tenant, counted_only(amounts), None)
                 for reservation, amounts in zip(reservations, grant.amounts, strict=True)
             )
             by_ledger.setdefault(grant.cohort, []).append(

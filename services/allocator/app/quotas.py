@@ -58,6 +58,7 @@ from services.common.security.fair_sharing import ConsumedUsage, resample, sampl
 from services.common.security.principal import tenant_of_owner
 from services.common.security.quota import (
     NO_FLAVOR,
+    UNCOUNTED,
     CohortStatus,
     QuotaModel,
     QuotaRefusal,
@@ -65,6 +66,7 @@ from services.common.security.quota import (
     ResourceFlavor,
     TenantStatus,
     Usage,
+    counted_only,
 )
 from services.common.telemetry import Labelled, Telemetry
 
@@ -171,15 +173,22 @@ class QuotaGuard:
     # --- what a placement counts ------------------------------------------------------------
 
     def usage(
-        self, snapshot: ClusterSnapshot, scope: str, allocations: Sequence[AllocationResult]
+        self,
+        snapshot: ClusterSnapshot,
+        scope: str,
+        allocations: Sequence[AllocationResult],
+        owner: str,
     ) -> dict[str, int]:
         """Per quota resource, what the part of `allocations` taken under `scope` (a store
-        request's or a reservation's node: reservations/holds.py) holds; a flavored resource
-        counts a device on the first of its flavors that selects it (`flavor_of`)."""
+        request's or a reservation's node: reservations/holds.py) holds for `owner`; a flavored
+        resource counts a device on the first flavor in the owner's tenant's order that selects
+        it (`flavor_of`). With `refuse_uncounted`, the devices no resource counts as UNCOUNTED
+        (which the rule refuses a tenant with quotas and no ledger entry keeps)."""
         model = self.model
         amounts: dict[str, int] = {}
         if not model.enabled:
             return amounts
+        tenant = tenant_of_owner(owner)
         charged: set[tuple[str, object]] = set()
         for allocation in allocations:
             for result in allocation.results:
@@ -189,34 +198,45 @@ class QuotaGuard:
                 if entry is None or scope_of(entry) != scope:
                     continue
                 flavors: dict[str, str] = {}
+                counted = False
                 for resource in model.resources:
                     key = (resource.name, entry.id)
                     by_amount = resource.counter or resource.gpu_share
                     if by_amount and key in charged:
+                        counted = True
                         continue  # counted once
                     if resource.base:
                         if resource.base not in flavors:
                             flavors[resource.base] = self.flavor_of(
-                                model, resource.base, snapshot, entry
+                                model, tenant, resource.base, snapshot, entry
                             )
                         if flavors[resource.base] != resource.flavor:
                             continue  # of another flavor
                     if not self._counts(resource, entry):
                         continue
                     charged.add(key)
+                    counted = True
                     amounts[resource.name] = amounts.get(resource.name, 0) + _amount(
                         resource, entry
                     )
+                if not counted and model.refuse_uncounted and (UNCOUNTED, entry.id) not in charged:
+                    charged.add((UNCOUNTED, entry.id))  # one device: 1, however many results
+                    amounts[UNCOUNTED] = amounts.get(UNCOUNTED, 0) + 1000
         return amounts
 
     def flavor_of(
-        self, model: QuotaModel, base: str, snapshot: ClusterSnapshot, entry: DeviceEntry
+        self,
+        model: QuotaModel,
+        tenant: str,
+        base: str,
+        snapshot: ClusterSnapshot,
+        entry: DeviceEntry,
     ) -> str:
-        """The flavor of resource `base` a device is charged to: the first the resource
-        lists that selects it (its node's labels, its device classes, its CEL selectors), else
-        (none)."""
+        """The flavor of resource `base` a device `tenant` holds is charged to: the first in
+        the tenant's charge order (its own flavors first, `QuotaModel.charge_order`) that
+        selects it (its node's labels, its device classes, its CEL selectors), else (none)."""
         labels = _node_labels(snapshot, entry)
-        for resource in model.flavors_of(base):
+        for resource in model.charge_order(tenant, base):
             if resource.spec is not None and self.selects(resource.spec, entry, labels):
                 return resource.flavor
         return NO_FLAVOR
@@ -441,7 +461,7 @@ class QuotaGuard:
         lease = self.settings.grace_seconds
         if reservation.expires_at is not None:
             lease += max(0.0, reservation.expires_at - time.time())
-        entry = QuotaEntry(reservation.id, tenant, dict(amounts), None)
+        entry = QuotaEntry(reservation.id, tenant, counted_only(amounts), None)
         try:  # already held: counted whatever the quota says
             self._take_entry(cohort, entry, lease, lambda entries: ())
         except Unavailable:

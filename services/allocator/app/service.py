@@ -761,7 +761,9 @@ class AllocatorService:
         current = self.view.current()
         if self.quotas is None or current is None:
             return {}
-        return self.quotas.usage(current.snapshot, reservation.node, reservation.allocations)
+        return self.quotas.usage(
+            current.snapshot, reservation.node, reservation.allocations, reservation.owner
+        )
 
     def quota_status(self, tenants: Sequence[str] = ()) -> tuple[list[TenantStatus], bool]:
         """Each tenant's standing (those given, else every tenant with quotas), with its
@@ -1210,7 +1212,7 @@ class AllocatorService:
         requests = placement_requests(view.snapshot, answer.placements, names, lease, 1.0)
         total: dict[str, int] = {}
         for request in requests:
-            usage = self.quotas.usage(view.snapshot, request.node, request.allocations)
+            usage = self.quotas.usage(view.snapshot, request.node, request.allocations, owner)
             for name, amount in usage.items():
                 total[name] = total.get(name, 0) + amount
         return total

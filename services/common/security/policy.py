@@ -86,6 +86,7 @@ from services.common.security.principal import (
 from services.common.security.quota import (
     DEFAULT_PRIORITY,
     NO_FLAVOR,
+    UNCOUNTED,
     BorrowWithinCohort,
     CohortQuota,
     FlavorFungibility,
@@ -363,6 +364,7 @@ def parse_policy(
             "cohorts",
             "fairSharing",
             "admissionFairSharing",
+            "uncountedDevices",
             "kueue",
         },
     )
@@ -376,6 +378,7 @@ def parse_policy(
     cohorts = _cohorts(reader, quota.get("cohorts", []), resources, tenants, quotas)
     fair_sharing = _fair_sharing(reader, quota.get("fairSharing", {}))
     usage_decay = _admission_fair_sharing(reader, quota.get("admissionFairSharing"), resources)
+    refuse_uncounted = _uncounted_devices(reader, quota.get("uncountedDevices", "Allow"))
     bindings = _bindings(reader, spec.get("bindings", []), tenants)
     issuers = _issuers(reader, spec.get("authentication", {}))
     known_issuers = {issuer.issuer for issuer in issuers}
@@ -404,9 +407,25 @@ def parse_policy(
             cohorts,
             fair_sharing,
             usage_decay,
+            refuse_uncounted,
         ),
         kueue,
     )
+
+
+_UNCOUNTED_DEVICES = ("Allow", "Refuse")
+
+
+def _uncounted_devices(reader: _Reader, value: object) -> bool:
+    """`spec.quota.uncountedDevices`: whether a tenant with quotas is refused the devices no
+    quota resource counts (Refuse; Allow, the default: they are not limited)."""
+    if value not in _UNCOUNTED_DEVICES:
+        reader.fail(
+            "spec.quota.uncountedDevices",
+            f"must be one of {', '.join(_UNCOUNTED_DEVICES)}, got {value!r}",
+        )
+        return False
+    return value == "Refuse"
 
 
 def _more(errors: Sequence[FieldViolation]) -> str:
@@ -923,6 +942,8 @@ def _quota_resources(
         name = reader.string(fields.get("name"), f"{path}.name")
         if any((resource.base or resource.name) == name for resource in resources):
             reader.fail(f"{path}.name", f"duplicate quota resource {name!r}")
+        if name == UNCOUNTED:
+            reader.fail(f"{path}.name", f"{UNCOUNTED} names the devices no resource counts")
         if name.count("/") > 1:
             reader.fail(
                 f"{path}.name",

@@ -11,7 +11,9 @@ batch system because every grant passes through the allocator:
   `lendingLimit` (how much of its unused nominal quota others may borrow; unset: all of it).
   A tenant with quotas is limited on every quota resource: one it does not list it is never
   granted (Kueue admits no workload asking for a resource its ClusterQueue does not cover).
-  A tenant without `quotas` is not limited.
+  A tenant without `quotas` is not limited. A device *no* quota resource counts is not
+  limited either, unless `refuse_uncounted` (spec.quota.uncountedDevices: Refuse, which the
+  translation of Kueue's objects writes): then a tenant with quotas is never granted one.
 - A *cohort* pools what its tenants lend. Tenant t's guaranteed part is `nominal - lendingLimit`;
   the cohort's pool is the sum of the lending limits; a tenant's usage above its guaranteed part
   draws from the pool. A tenant without a cohort is a cohort of one (it can never borrow).
@@ -78,9 +80,11 @@ __all__ = [
     "ReclaimWithinCohort",
     "TenantQuota",
     "TenantStatus",
+    "UNCOUNTED",
     "Usage",
     "WithinTenant",
     "add_usage",
+    "counted_only",
     "quantity_text",
 ]
 
@@ -123,12 +127,12 @@ class QuotaResource:
     one unit is one GPU on every model, whatever counters its MIG table knows.
 
     A resource given per flavor (Kueue's ResourceFlavor) is one QuotaResource per flavor,
-    named `<resource>/<flavor>` (`base` and `flavor` its parts, `spec` the flavor): it counts
-    the devices the flavor selects and none listed before it on the resource does (a device is
-    charged to the first flavor of its resource that selects it). One more,
-    `<resource>/(none)` (`spec` None), counts the devices of none of its flavors; no tenant can
-    list it, so a limited tenant is never granted them (Kueue admits a workload only to a
-    flavor of its ClusterQueue)."""
+    named `<resource>/<flavor>` (`base` and `flavor` its parts, `spec` the flavor): a device a
+    tenant holds is charged to the first flavor *in the tenant's own quota order* that selects
+    it (Kueue's flavors are per ClusterQueue; `QuotaModel.charge_order`), so overlapping
+    flavors never count a device twice. One more, `<resource>/(none)` (`spec` None), counts
+    the devices of none of its flavors; no tenant can list it, so a limited tenant is never
+    granted them (Kueue admits a workload only to a flavor of its ClusterQueue)."""
 
     name: str
     device_classes: tuple[str, ...]
@@ -143,6 +147,11 @@ class QuotaResource:
 
 
 NO_FLAVOR = "(none)"  # the flavor name of the devices in none of a resource's flavors
+# The amount a grant holds of devices no quota resource counts (a device each, in
+# milli-units): not a quota resource, never in the ledger; with `refuse_uncounted`, what a
+# limited tenant is refused (Kueue admits no workload asking for a resource its ClusterQueue
+# does not cover).
+UNCOUNTED = "(uncounted)"
 
 
 class WhenCanBorrow(StrEnum):
@@ -310,6 +319,12 @@ class QuotaRefusal:
 
     def __str__(self) -> str:
         where = f" in cohort {self.cohort}" if self.cohort else ""
+        if self.resource == UNCOUNTED:
+            return (
+                f"tenant {self.tenant}: requested {quantity_text(self.requested)} devices no "
+                "quota resource counts (spec.quota.uncountedDevices: Refuse; never granted to a "
+                "tenant with quotas)"
+            )
         if not self.listed:
             return (
                 f"tenant {self.tenant} quota {self.resource}{where}: requested "
@@ -387,9 +402,15 @@ class QuotaModel:
     cohorts: Mapping[str, CohortQuota] = field(default_factory=dict)  # the declared ones
     fair_sharing: FairSharing = FairSharing()
     admission_fair_sharing: AdmissionFairSharing | None = None
+    # spec.quota.uncountedDevices: Refuse: a tenant with quotas is never granted a device no
+    # quota resource counts (False, Allow: such devices are not limited)
+    refuse_uncounted: bool = False
     _tree: CohortTree = field(init=False, repr=False, compare=False)
     _members: Mapping[NodeKey, tuple[str, ...]] = field(init=False, repr=False, compare=False)
     _base_of: Mapping[str, str] = field(init=False, repr=False, compare=False)
+    _charge_orders: Mapping[tuple[str, str], tuple[QuotaResource, ...]] = field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         nodes = [
@@ -407,6 +428,13 @@ class QuotaModel:
         object.__setattr__(self, "_tree", tree)
         object.__setattr__(self, "_members", {k: tuple(sorted(v)) for k, v in members.items()})
         object.__setattr__(self, "_base_of", {r.name: r.base or r.name for r in self.resources})
+        orders: dict[tuple[str, str], tuple[QuotaResource, ...]] = {}
+        for base in {r.base for r in self.resources if r.base}:
+            every = self.flavors_of(base)
+            for tenant in self.tenants:
+                own = self.flavor_order(tenant, base)
+                orders[tenant, base] = (*own, *(r for r in every if r not in own))
+        object.__setattr__(self, "_charge_orders", orders)
 
     @property
     def enabled(self) -> bool:
@@ -457,9 +485,20 @@ class QuotaModel:
         )
 
     def flavors_of(self, base: str) -> tuple[QuotaResource, ...]:
-        """The flavors of resource `base` in the order the resource lists them: a device is
-        charged to the first of them that selects it ((none) left out)."""
+        """The flavors of resource `base` in the order the resource lists them ((none) left
+        out)."""
         return tuple(r for r in self.resources if r.base == base and r.spec is not None)
+
+    def charge_order(self, tenant: str, base: str) -> tuple[QuotaResource, ...]:
+        """The flavors of resource `base` in the order a device `tenant` holds is charged: to
+        the first of them that selects it, else to (none). The tenant's own flavors first, in
+        the order its quotas list them (Kueue's flavors are per ClusterQueue: a label-less
+        flavor of another tenant must not take the devices of this tenant's flavors), then the
+        resource's others in its order (a device only they select is then charged to one the
+        tenant does not list: refused, naming it). A tenant without quotas: the resource's
+        order."""
+        found = self._charge_orders.get((tenant, base))
+        return found if found is not None else self.flavors_of(base)
 
     def flavor_order(self, tenant: str, base: str) -> tuple[QuotaResource, ...]:
         """The flavors of resource `base` the tenant lists, in the order it lists them (the
@@ -486,6 +525,13 @@ class QuotaModel:
         if quota is None:
             return ()
         refusals = []
+        uncounted = amounts.get(UNCOUNTED, 0)
+        if self.refuse_uncounted and uncounted > 0:
+            refusals.append(
+                QuotaRefusal(
+                    tenant, UNCOUNTED, uncounted, 0, 0, 0, 0, cohort=quota.cohort, listed=False
+                )
+            )
         for resource in self.resources:
             amount = amounts.get(resource.name, 0)
             if amount <= 0:
@@ -675,6 +721,11 @@ def add_usage(total: dict[str, dict[str, int]], tenant: str, amounts: Usage) -> 
     mine = total.setdefault(tenant, {})
     for resource, amount in amounts.items():
         mine[resource] = mine.get(resource, 0) + amount
+
+
+def counted_only(amounts: Usage) -> dict[str, int]:
+    """`amounts` without the devices no quota resource counts (what a ledger entry keeps)."""
+    return {name: amount for name, amount in amounts.items() if name != UNCOUNTED}
 
 
 def quantity_text(milli: int, binary: bool = False) -> str:

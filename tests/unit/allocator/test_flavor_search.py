@@ -557,12 +557,21 @@ ASKS = {
         (("gpus", "whole", "Fit"), ("models", "other", "Fit")), None,
         ("gpus/whole", "models/other"),
     ),
+    # overlapping flavors (`other` selects every GPU): a device is charged to the first of
+    # them in the *tenant's* order, whatever order the resource lists them in
     "an-overlapping-earlier-flavor-is-charged-not-the-later": Ask(
+        DEVICE_LEVEL,
+        hpc(q("gpus/whole"), q("gpus/mig"), q("models/other"), q("models/h100")),
+        claim("c").request("g", "gpu", 1, f'{MODEL} == "H100"').build(),
+        (("gpus", "whole", "Fit"), ("models", "other", "Fit")),
+        None, ("gpus/whole", "models/other"), reason=None,
+    ),
+    "an-overlapping-flavor-the-tenant-lists-first-is-charged-not-the-resources-first": Ask(
         DEVICE_LEVEL.replace("flavors: [h100, other]", "flavors: [other, h100]"),
         hpc(q("gpus/whole"), q("gpus/mig"), q("models/h100"), q("models/other")),
         claim("c").request("g", "gpu", 1, f'{MODEL} == "H100"').build(),
-        (("gpus", "whole", "Fit"), ("models", "h100", "NoFit"), ("models", "other", "Fit")),
-        None, ("gpus/whole", "models/other"), reason=None,
+        (("gpus", "whole", "Fit"), ("models", "h100", "Fit")),
+        None, ("gpus/whole", "models/h100"), reason=None,
     ),
     # a request counting two flavored resources: their flavors in turn, each pinned to those
     # chosen before (no going back, as Kueue's resource groups)
@@ -604,3 +613,107 @@ def test_capacity_counts_what_each_flavors_quota_allows() -> None:
         assert counted.within_quota == 5 and counted.total > 5
         fleet.hold("hpc", "h1", 1, "", "hop-1")
         assert fleet.service.capacity(Query((gpus(1),)), owner="hpc/x").within_quota == 4
+
+
+# --- flavors are per tenant (Kueue's flavors are per ClusterQueue) ----------------------------
+
+# The Kueue bridge example's ClusterQueue (flavor gpu-flavor: no nodeLabels, every GPU) beside
+# ClusterQueues on flavor hopper (nodeLabels family=hopper), in one cohort: `team` lists
+# gpu-flavor, `research` and `vision` hopper, `both` the two in the resource's order.
+PER_TENANT = """\
+    resourceFlavors:
+    - {name: gpu-flavor}
+    - {name: hopper, nodeLabels: {family: hopper}}
+    resources:
+    - {name: gpus, deviceClassNames: [gpu], flavors: [gpu-flavor, hopper]}
+"""
+PER_TENANT_TENANTS = """\
+- {name: team, cohort: org, quotas: [{resource: gpus, flavor: gpu-flavor, nominal: 8}]}
+- {name: research, cohort: org, quotas: [{resource: gpus, flavor: hopper, nominal: 2}]}
+- {name: vision, cohort: org, quotas: [{resource: gpus, flavor: hopper, nominal: 2}]}
+- name: both
+  quotas:
+  - {resource: gpus, flavor: gpu-flavor, nominal: 8}
+  - {resource: gpus, flavor: hopper, nominal: 8}
+"""
+
+
+@dataclass(frozen=True)
+class PerTenant:
+    holdings: tuple[tuple[str, str, int, str, str], ...]  # (tenant, name, GPUs, priority, node)
+    tenant: str  # who asks
+    asks: int  # GPUs
+    tried: tuple[tuple[str, str, int], ...]  # (flavor, mode, borrows) in order
+    lands: str | None  # the family the grant lands on (None: not ALLOCATED)
+    used: dict[tuple[str, str], int]  # (tenant, quota resource) -> milli-units used, after
+    outcome: Outcome = Outcome.ALLOCATED
+
+
+TEAM_ON_HOPPER = (("team", "team-h", 2, "", "hop-1"),)
+PER_TENANT_CASES = {
+    # the case found under a real Kueue: every GPU was charged to gpu-flavor (listed first on
+    # the resource), so research's grants were all refused while Kueue admitted them
+    "a-label-less-flavor-of-another-tenant-does-not-take-its-devices": PerTenant(
+        (), "research", 2,
+        (("hopper", "Fit", 0),), "hopper",
+        {("research", "gpus/hopper"): 2000},
+    ),
+    "the-label-less-flavors-tenant-is-charged-to-it-on-the-same-nodes": PerTenant(
+        TEAM_ON_HOPPER, "research", 2,
+        (("hopper", "Fit", 0),), "hopper",
+        {("team", "gpus/gpu-flavor"): 2000, ("research", "gpus/hopper"): 2000},
+    ),
+    # the cohort sums per flavor name: team's GPUs on hopper nodes are gpu-flavor's, so they
+    # take nothing of the hopper quota research borrows from vision
+    "borrowing-counts-the-cohorts-usage-of-the-flavor-by-name": PerTenant(
+        (("research", "r-own", 2, "", "hop-1"), ("team", "team-m", 1, "", "mix-1")), "research", 2,
+        (("hopper", "Fit", 1),), "hopper",
+        {("research", "gpus/hopper"): 4000, ("team", "gpus/gpu-flavor"): 1000},
+    ),
+    # the search avoids devices none of the tenant's flavors selects: research waits for hopper
+    # devices (team's holding counts no resource research's grant counts: no victim) rather
+    # than taking L40Ss and being refused for them
+    "with-its-flavors-devices-held-it-is-not-placed-on-others": PerTenant(
+        (*TEAM_ON_HOPPER, ("team", "team-h2", 2, "", "hop-2")), "research", 2,
+        (("hopper", "NoCandidates", 0),), None,
+        {("team", "gpus/gpu-flavor"): 4000},
+        Outcome.UNSATISFIABLE,
+    ),
+    # 3 GPUs on one node: no hopper node holds them (2 each), the L40S node would; refused,
+    # naming the flavor those devices are charged to (one research does not list)
+    "what-no-node-of-its-flavors-holds-is-no-fit-and-nothing-else-is-taken": PerTenant(
+        (), "research", 3,
+        (("hopper", "NoFit", 0),), None,
+        {},
+        Outcome.QUOTA_EXCEEDED,
+    ),
+    # a tenant listing the flavors as the resource does: the native rule (the label-less
+    # flavor listed first takes every device, hopper's too)
+    "a-tenant-listing-them-in-the-resources-order-is-charged-as-before": PerTenant(
+        (), "both", 2,
+        (("gpu-flavor", "Fit", 0),), None,
+        {("both", "gpus/gpu-flavor"): 2000},
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", PER_TENANT_CASES.values(), ids=PER_TENANT_CASES.keys())
+def test_flavors_are_charged_in_each_tenants_own_order(case: PerTenant) -> None:
+    """A device is charged to the first flavor *of the asking tenant's quotas* that selects it
+    (Kueue's flavors are per ClusterQueue): the flavors tried, where the grant lands, and every
+    tenant's usage per flavored quota resource afterwards (the ledger's, QuotaStatus's)."""
+    for fleet in fleet_of(model_of(PER_TENANT + PRIORITIES, PER_TENANT_TENANTS)):
+        for tenant, name, count, priority, on in case.holdings:
+            fleet.hold(tenant, name, count, priority, on)
+        lease = LeaseOptions(f"{case.tenant}/grant")
+        answer = fleet.service.allocate(Query((gpus(case.asks),)), lease)
+        tried = [(a.flavor, a.mode.label, a.borrows) for a in answer.flavors]
+        assert tried == list(case.tried)
+        assert answer.outcome is case.outcome, (answer.quota, answer.flavors)
+        assert not answer.preemption
+        if case.outcome is Outcome.QUOTA_EXCEEDED:
+            assert [(r.resource, r.listed) for r in answer.quota] == [("gpus/gpu-flavor", False)]
+        if case.lands is not None:
+            assert families(answer) == {case.lands}
+        status = fleet.service.quotas.status()  # type: ignore[union-attr]
+        assert {(r.tenant, r.resource): r.used for r in status if r.used} == case.used

@@ -117,7 +117,7 @@ def test_a_gpu_share_counts_the_memory_slices_a_device_takes(
     quotas = QuotaModel((SHARES, SMS), {"hpc": TenantQuota("hpc", "", {})})
     guard = QuotaGuard(lambda: quotas, MemoryQuotaLedger(), device_classes, SelectorCache())
     result = DeviceRequestAllocationResult("r", entry.id.driver, entry.id.pool, entry.id.device)
-    usage = guard.usage(snapshot, scope_of(entry), [AllocationResult((result,))])
+    usage = guard.usage(snapshot, scope_of(entry), [AllocationResult((result,))], "hpc/x")
     assert usage == {"gpus": shares, "sms": sms}
 
 

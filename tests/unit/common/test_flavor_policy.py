@@ -234,3 +234,37 @@ def test_the_resource_flavors_example_of_the_docs_loads() -> None:
     assert hpc.tolerations == (DeviceToleration("reserved", TolerationOperator.EXISTS),)
     flavors = {r.flavor: r.spec for r in quotas.flavors_of("gpus")}
     assert flavors["ampere"] is not None and flavors["ampere"].node_taints
+
+
+CHARGED = """
+- {name: gpu-flavor}
+- {name: hopper, nodeLabels: {nvidia.com/gpu.family: hopper}}
+- {name: ada, nodeLabels: {nvidia.com/gpu.family: ada-lovelace}}
+"""
+
+# (id, the tenant's flavors in its order (None: a tenant without quotas), the charge order)
+CHARGE_ORDER = [
+    ("the-tenants-own-flavor-before-another-tenants-label-less-one",
+     ["hopper"], ["hopper", "gpu-flavor", "ada"]),
+    ("the-tenants-own-flavors-in-its-order-not-the-resources",
+     ["ada", "hopper"], ["ada", "hopper", "gpu-flavor"]),
+    ("listed-as-the-resource-lists-them-the-resources-order",
+     ["gpu-flavor", "hopper", "ada"], ["gpu-flavor", "hopper", "ada"]),
+    ("a-tenant-without-quotas-the-resources-order",
+     None, ["gpu-flavor", "hopper", "ada"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("listed", "expected"), [pytest.param(*case[1:], id=case[0]) for case in CHARGE_ORDER]
+)
+def test_a_device_is_charged_in_its_tenants_own_flavor_order(
+    listed: list[str] | None, expected: list[str]
+) -> None:
+    """The order in which a device a tenant holds is charged to a flavor (the first that
+    selects it): the tenant's own flavors in its order, then the resource's others (whose
+    devices it is then refused, naming the flavor)."""
+    quotas = ", ".join(f"{{resource: gpus, flavor: {f}, nominal: 1}}" for f in listed or [])
+    tenant = f"{{name: ml, quotas: [{quotas}]}}" if listed is not None else "{name: ml}"
+    model = parse_policy(document(CHARGED, "[gpu-flavor, hopper, ada]", tenant)).quotas
+    assert [r.flavor for r in model.charge_order("ml", "gpus")] == expected

@@ -687,7 +687,40 @@ spec:
 def test_kueue_objects_are_the_native_quota_section(
     objects: str, section: dict[str, Any], quota: str, tenants: str
 ) -> None:
-    assert kueue(objects, **section).quotas == native(quota, tenants).quotas
+    assert kueue(objects, **section).quotas == translated(quota, tenants).quotas
+
+
+def translated(quota: str, tenants: str) -> AccessPolicy:
+    """The native form the translation writes: `quota` with `uncountedDevices: Refuse`."""
+    return policy_of(
+        {
+            "quota": {**yaml.safe_load(quota), "uncountedDevices": "Refuse"},
+            "tenants": yaml.safe_load(tenants),
+        }
+    )
+
+
+# (id, spec.quota beside kueue, whether devices no quota resource counts are refused)
+UNCOUNTED_DEVICES = [
+    ("kueue-objects-refuse-uncounted-devices", {}, True),
+    ("the-site-may-allow-them-beside-kueue", {"uncountedDevices": "Allow"}, False),
+    ("or-say-refuse-as-the-translation-does", {"uncountedDevices": "Refuse"}, True),
+]
+
+
+@pytest.mark.parametrize(
+    ("beside", "refused"), [pytest.param(*case[1:], id=case[0]) for case in UNCOUNTED_DEVICES]
+)
+def test_kueue_objects_refuse_devices_no_quota_resource_counts(
+    beside: dict[str, Any], refused: bool
+) -> None:
+    """Kueue admits no workload asking for a resource its ClusterQueue does not cover: the
+    translation writes `uncountedDevices: Refuse`, unless the policy says otherwise (Kueue has
+    no word for devices it does not see)."""
+    spec = {"quota": {"kueue": {"files": ["site.yaml"]}, **beside}}
+    policy = policy_of(spec, {"site.yaml": documents(DEFAULT_FLAVOR, GPU_QUEUE)})
+    assert policy.quotas.refuse_uncounted is refused
+    assert native(NATIVE_GPU, "[]").quotas.refuse_uncounted is False  # the native default
 
 
 def test_what_is_left_out_on_purpose_is_listed() -> None:
@@ -746,7 +779,7 @@ def test_inline_objects_and_files_together() -> None:
     )
     assert (
         policy.quotas
-        == native(
+        == translated(
             NATIVE_GPU,
             f"""
   - name: team-a

@@ -367,6 +367,18 @@ BAD = [
         {"name": "x", "deviceClassNames": ["mig.nvidia.com"], "gpuShare": "yes"},
         "must be true or false",
     ),
+    (
+        "uncounted-devices-of-an-unknown-word",
+        "spec.quota.uncountedDevices",
+        "Deny",
+        "spec.quota.uncountedDevices: must be one of Allow, Refuse, got 'Deny'",
+    ),
+    (
+        "a-resource-named-as-the-uncounted-devices",
+        "spec.quota.resources.2",
+        {"name": "(uncounted)", "deviceClassNames": ["mig.nvidia.com"]},
+        "(uncounted) names the devices no resource counts",
+    ),
 ]
 
 

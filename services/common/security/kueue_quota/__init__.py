@@ -125,7 +125,10 @@ def apply_kueue(
         bare = KueueTranslation({}, dict.fromkeys(translation.tenants, {}))
         return native, _merge_tenants(tenants, bare, errors), None
     merged = _merge_tenants(tenants, translation, errors)
-    return {**native, **translation.quota}, merged, translation
+    made = {**native, **translation.quota}
+    if "uncountedDevices" in native:  # the site's word on what Kueue has no word for
+        made["uncountedDevices"] = native["uncountedDevices"]
+    return made, merged, translation
 
 
 def _merge_tenants(

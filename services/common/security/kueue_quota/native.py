@@ -76,6 +76,9 @@ def native_section(objects: Objects, resources: Resources) -> KueueTranslation:
         "resources": native_resources,
         "resourceFlavors": list(objects.flavors.values()),
         "priorityClasses": list(objects.priorities.values()),
+        # Kueue admits no workload asking for a resource its ClusterQueue does not cover: a
+        # limited tenant is not granted devices no quota resource counts either
+        "uncountedDevices": "Refuse",
     }
     if cohorts:
         quota["cohorts"] = cohorts
