@@ -9,23 +9,29 @@ server in this process. Modes, run one after the other for each setting (alterna
 on a fresh Slurm:
 
 - A: plain Slurm, examples/bridges/slurm/slurm.conf without PrologSlurmctld, TaskProlog and
-  the job completion script;
-- B: the bridge as docs/bridges.md wires it: PrologSlurmctld, TaskProlog and
-  `JobCompType=jobcomp/script` (jobcomp.sh) handing each job to `gpualloc-slurm sync
-  --socket` through the compiled hook client (`make peers` builds it);
-- C: B with slurmd's node `Epilog=` (epilog.sh: this node's release) in place of jobcomp.sh,
-  the wiring for a site whose JobCompType is taken;
-- D: B with an EpilogSlurmctld (epilog-slurmctld.sh) in place of jobcomp.sh: the wiring of
-  issue 31's first measurement;
-- Y: B with the portable hook client (gpualloc-hook.py, a `python3 -I -S` start) in place of
-  the compiled one;
-- S: B's slurm.conf with each script a shell `exit 0`: what Slurm's running any
-  PrologSlurmctld, TaskProlog and job completion script costs by itself, the floor for any
-  client; P and E: plain Slurm with only an `exit 0` PrologSlurmctld, with only an `exit 0`
-  EpilogSlurmctld.
-  GPUALLOC_BENCH_SLURM_MODES picks them (default A,S,B: S is the floor of what B adds);
-  GPUALLOC_BENCH_SLURM_SETTINGS picks the settings (default all four:
-  1-node:default,1-node:bf_interval=1,2-node:default,2-node:bf_interval=1).
+  Epilog;
+- B: the bridge as docs/bridges.md wires it: the compiled hook client itself in the
+  PrologSlurmctld, TaskProlog and node Epilog slots (links named after the hooks), handing
+  each job to `gpualloc-slurm sync --socket` (here also the compute nodes' service: one
+  machine); the node Epilog answers once the job's GPUs of its node are released;
+- J: B with the job completion script (`JobCompType=jobcomp/script`, the `jobcomp` link) in
+  place of the node Epilog: the release answered at once and done after it, the wiring for a
+  site that runs no hooks service on its compute nodes;
+- D: B with an EpilogSlurmctld (the `epilog-slurmctld` link) in place of the node Epilog: the
+  wiring of issue 31's first measurement;
+- H: B with the portable scripts (prolog-slurmctld.sh, taskprolog.sh, epilog.sh) in the slots,
+  running the compiled client: what a shell per hook adds;
+- Y: H without the compiled client (the scripts run gpualloc-hook.py, a `python3 -I -S`
+  start);
+- S: B's slurm.conf with each slot running /bin/true: what Slurm's running any
+  PrologSlurmctld, TaskProlog and node Epilog costs by itself, the floor for any client;
+  N: plain Slurm with only a node Epilog (/bin/true); P and E: plain Slurm with only a
+  PrologSlurmctld (/bin/true), with only an EpilogSlurmctld (/bin/true).
+  GPUALLOC_BENCH_SLURM_MODES picks them (default A,S,B,J: S is the floor of what B adds, J the
+  other release); GPUALLOC_BENCH_SLURM_SETTINGS picks the settings (default all four:
+  1-node:default,1-node:bf_interval=1,2-node:default,2-node:bf_interval=1);
+  GPUALLOC_BENCH_SLURM_ROUNDS runs the modes that many times in turn (A,B,...,A,B,...): each
+  figure is then the median of the rounds, each ratio the median of the rounds' ratios.
 
 A run ends when every job is done or after RUN_SECONDS (180 s; 90 s with --quick): jobs/s is
 then the jobs done / the time, and `done` says how many. Settings: one node (partition `gpu`)
@@ -47,7 +53,7 @@ Figures per run:
   and what they ran (prologs, steps: slurmstepd is reaped by this process, a subreaper),
   sync, sbatch/squeue, and this process (the gpualloc server in it).
 
-Ratio rows `B/A` (and C/A, ...): jobs/s and CPU as ratios, alloc->task as milliseconds added.
+Ratio rows `B/A` (and J/A, ...): jobs/s and CPU as ratios, alloc->task as milliseconds added.
 Targets (issue 31, at N=200): jobs/s >= 0.9 x plain Slurm, 0 requeued, alloc->task added p50 <=
 50 ms and p99 <= 200 ms, CPU <= 1.5 x. The machine is shared: the ratios within a run count.
 """
@@ -72,11 +78,9 @@ from loadtest.report import BenchReport, Target, percentile
 from services.bridges import local_cluster
 from tests.slurm.conftest import (
     COMPILED_HOOK,
-    CTLD_EPILOG,
     NODE,
-    NODE_EPILOG,
     NODES,
-    SCRIPTS,
+    SLOTS,
     SlurmCluster,
     TcpProxy,
     start_slurm,
@@ -87,12 +91,16 @@ N_QUICK = 24
 GRES = ("gpu:1", "gpu:4", "gpu:h100:2")
 SETTINGS = (("1-node", "gpu"), ("2-node", "multi"))
 SCHEDULERS = ("default", "bf_interval=1")
-MODES = ("A", "S", "B")
-VARIANTS = ("C", "D", "Y")
-PROBES = ("S", "P", "E")
+MODES = ("A", "S", "B", "J")
+PLAIN = ("A", "N", "P", "E")
+"""Plain Slurm, with at most one /bin/true hook (a probe of Slurm's own costs)."""
+NO_SERVICE = (*PLAIN, "S")
 RUN_SECONDS = 180.0
 RUN_QUICK_SECONDS = 90.0
-HOOKED = ("PrologSlurmctld=", "TaskProlog=", "JobCompType=", "JobCompLoc=")
+HOOKED = ("PrologSlurmctld=", "TaskProlog=", "Epilog=", "JobCompType=", "JobCompLoc=")
+TRUE = "/bin/true"
+RELEASES = {"J": ("jobcomp", "JobComp"), "D": ("epilog-slurmctld", "EpilogSlurmctld=")}
+"""The modes that release elsewhere than in the node Epilog: their slot and slurm.conf line."""
 _PR_SET_CHILD_SUBREAPER = 36
 _ALLOCATED = re.compile(
     r"^\[(\S+)\] (?:sched: Allocate|sched/backfill: _start_job: Started) JobId=(\d+)\b", re.M
@@ -121,17 +129,26 @@ def _settings(mode: str, scheduler: str, directory: Path, lines: list[str]) -> l
     """examples/bridges/slurm/slurm.conf's lines for the mode and scheduler (module doc)."""
     scripts = directory / "gpualloc"
     kept = list(lines)
-    if mode in ("A", "P", "E"):
+    if mode in PLAIN:
         kept = [line for line in kept if not line.startswith(HOOKED)]
-    if mode == "P":
-        kept.append(f"PrologSlurmctld={scripts / 'prolog-slurmctld.sh'}")
-    if mode in ("C", "D", "E"):
-        kept = [line for line in kept if not line.startswith(("JobCompType=", "JobCompLoc="))]
-        kept.append(f"Epilog={scripts / NODE_EPILOG}" if mode == "C" else "")
-        kept.append(f"EpilogSlurmctld={scripts / CTLD_EPILOG}" if mode in ("D", "E") else "")
-    if mode in PROBES:
-        for name in (*SCRIPTS, CTLD_EPILOG):
-            (scripts / name).write_text("#!/bin/sh\nexit 0\n")
+        probe = {"N": "Epilog", "P": "PrologSlurmctld", "E": "EpilogSlurmctld"}.get(mode)
+        kept.append(f"{probe}={TRUE}" if probe else "")
+    if mode in RELEASES:
+        name, setting = RELEASES[mode]
+        kept = [line for line in kept if not line.startswith("Epilog=")]
+        if setting == "JobComp":
+            kept += ["JobCompType=jobcomp/script", f"JobCompLoc={scripts / name}"]
+        else:
+            kept.append(f"{setting}{scripts / name}")
+    if mode == "S":
+        for slot in SLOTS:
+            (scripts / slot).unlink()
+            (scripts / slot).symlink_to(TRUE)
+    if mode in ("H", "Y"):  # the slots run the portable scripts
+        for slot in SLOTS:
+            (scripts / slot).unlink()
+            (scripts / slot).write_bytes((scripts / f"{slot}.sh").read_bytes())
+            (scripts / slot).chmod(0o755)
     if mode == "Y":
         (scripts / COMPILED_HOOK).unlink(missing_ok=True)
     if scheduler != "default":
@@ -184,7 +201,7 @@ def _slurm(mode: str, scheduler: str, directory: Path) -> Iterator[tuple[SlurmCl
         try:
             with contextlib.ExitStack() as stack:
                 pids = [p.pid for p in cluster.processes]
-                if mode not in ("A", *PROBES):
+                if mode not in NO_SERVICE:
                     # straight to gpualloc: the tests' proxy (a Python thread per connection,
                     # there to take gpualloc away) is no part of a deployment
                     sync = stack.enter_context(
@@ -287,7 +304,10 @@ def _keep_logs(cluster: SlurmCluster) -> None:
     print(f"logs of the run: {kept}", file=sys.stderr)
 
 
-def _row(result: RunResult) -> dict[str, float | int | str]:
+Figures = dict[str, float | int | str]
+
+
+def _row(result: RunResult) -> Figures:
     return {
         "jobs_per_s": result.jobs_per_s,
         "wall_s": result.wall_s,
@@ -302,10 +322,29 @@ def _row(result: RunResult) -> dict[str, float | int | str]:
     }
 
 
+def _ratios(row: Figures, plain: Figures) -> dict[str, float]:
+    """A mode's row against plain Slurm's of the same round."""
+    return {
+        "jobs_per_s": float(row["jobs_per_s"]) / float(plain["jobs_per_s"]),
+        "alloc_task_p50_ms": float(row["alloc_task_p50_ms"]) - float(plain["alloc_task_p50_ms"]),
+        "alloc_task_p99_ms": float(row["alloc_task_p99_ms"]) - float(plain["alloc_task_p99_ms"]),
+        "cpu_s": float(row["cpu_s"]) / float(plain["cpu_s"]),
+    }
+
+
+def _median(rows: list[dict[str, float]]) -> dict[str, float]:
+    return {k: statistics.median(float(r[k]) for r in rows) for k in rows[0]}
+
+
+COUNTED = ("requeued", "not_uuids")
+"""Summed over the rounds, not a median."""
+
+
 def run(quick: bool = False) -> BenchReport:
     jobs = N_QUICK if quick else N_JOBS
     seconds = RUN_QUICK_SECONDS if quick else RUN_SECONDS
     modes = os.environ.get("GPUALLOC_BENCH_SLURM_MODES", ",".join(MODES)).split(",")
+    rounds = int(os.environ.get("GPUALLOC_BENCH_SLURM_ROUNDS", "1"))
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     report = BenchReport(
         "slurm",
@@ -315,6 +354,7 @@ def run(quick: bool = False) -> BenchReport:
             "gpus_per_node": 8,
             "node": NODE,
             "modes": ",".join(modes),
+            "rounds": rounds,
             "run_s_max": seconds,
         },
     )
@@ -322,26 +362,26 @@ def run(quick: bool = False) -> BenchReport:
     picked = os.environ.get("GPUALLOC_BENCH_SLURM_SETTINGS", "").split(",")
     cases = [c for c in cases if c[0] in picked] if picked != [""] else cases
     for case, partition, scheduler in cases:
-        results = {}
+        rows: dict[str, list[Figures]] = {m: [] for m in modes}
+        for round_ in range(rounds):
+            for mode in modes:
+                row = _row(run_once(mode, scheduler, partition, jobs, seconds))
+                rows[mode].append(row)
+                print(f"{case}:{mode}#{round_ + 1} {row}", file=sys.stderr, flush=True)
         for mode in modes:
-            results[mode] = run_once(mode, scheduler, partition, jobs, seconds)
-            report.add(f"{case}:{mode}", **_row(results[mode]))
-            print(f"{case}:{mode} {_row(results[mode])}", file=sys.stderr, flush=True)
-        plain = _row(results["A"])
+            medians = _median([{k: float(v) for k, v in r.items() if k not in COUNTED}
+                               for r in rows[mode]])  # fmt: skip
+            figures: Figures = {
+                k: sum(int(r[k]) for r in rows[mode]) if k in COUNTED
+                else int(min(float(r[k]) for r in rows[mode])) if k == "done"
+                else medians[k]
+                for k in rows[mode][0]
+            }  # fmt: skip
+            report.add(f"{case}:{mode}", **figures)
         for mode in [m for m in modes if m != "A"]:
-            row = _row(results[mode])
             name = f"{case}:{mode}/A"
-            report.add(
-                name,
-                jobs_per_s=float(row["jobs_per_s"]) / float(plain["jobs_per_s"]),
-                alloc_task_p50_ms=float(row["alloc_task_p50_ms"])
-                - float(plain["alloc_task_p50_ms"]),
-                alloc_task_p99_ms=float(row["alloc_task_p99_ms"])
-                - float(plain["alloc_task_p99_ms"]),
-                cpu_s=float(row["cpu_s"]) / float(plain["cpu_s"]),
-                requeued=int(row["requeued"]),
-                not_uuids=int(row["not_uuids"]),
-            )
+            ratios = _median([_ratios(r, a) for r, a in zip(rows[mode], rows["A"], strict=True)])
+            report.add(name, **ratios, **{k: sum(int(r[k]) for r in rows[mode]) for k in COUNTED})
             if mode != "B":
                 continue  # a variant, or a probe of Slurm itself: shown, no target
             report.targets += [

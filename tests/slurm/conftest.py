@@ -11,9 +11,9 @@ The nodes are `h100-node-1` and `h100-node-2` of the demo inventory (two slurmd 
 machine, sharing the stand-ins); gpualloc is the project's own in-process
 server (services.bridges.local_cluster) on a free port; gres.conf is what
 `gpualloc-slurm gres-conf --node h100-node-1` writes, and slurm.conf's gpualloc lines, the
-cgroup.conf, the PrologSlurmctld / TaskProlog / job completion (jobcomp.sh) scripts and the
-compiled hook client are the ones in examples/bridges/slurm (`make peers` builds the client),
-with only their paths and address replaced.
+cgroup.conf, the compiled hook client linked into the PrologSlurmctld / TaskProlog / node
+Epilog slots, its settings file and the portable scripts are the ones in examples/bridges/slurm
+(`make peers` builds the client), with only their paths and address replaced.
 
 The binaries are never faked or skipped: if they are missing (or the run is not root: slurmd,
 mknod and cgroups need it) the tests FAIL with what to install — .ci/run installs them. Tests
@@ -78,18 +78,25 @@ START_ATTEMPTS = 3
 daemon's bind race with the suite's other servers) is started again on other ports."""
 _SBIN = "/usr/sbin:/usr/bin:/sbin:/bin"
 _PROGRAMS = ("munged", "slurmctld", "slurmd", "slurmstepd", "sbatch", "srun", "scontrol", "squeue")
-SCRIPTS = ("prolog-slurmctld.sh", "taskprolog.sh", "jobcomp.sh")
-"""examples/bridges/slurm's scripts, in <directory>/gpualloc/ for slurm.conf (PrologSlurmctld,
-TaskProlog, JobCompLoc)."""
+SLOTS = ("prolog-slurmctld", "taskprolog", "epilog", "jobcomp", "epilog-slurmctld")
+"""Links to the compiled hook client in <directory>/gpualloc/, named after the hook each stands
+for (examples/bridges/slurm/gpualloc-hook/main.go): slurm.conf names the first three
+(PrologSlurmctld, TaskProlog, Epilog), the other two are the release's other wirings (the
+benchmark's)."""
+RELEASE_SLOT = "epilog"
+"""The slot of the job's release in examples/bridges/slurm/slurm.conf (the node Epilog)."""
+SCRIPTS = (
+    "prolog-slurmctld.sh", "taskprolog.sh", "epilog.sh", "jobcomp.sh", "epilog-slurmctld.sh",
+)  # fmt: skip
+"""examples/bridges/slurm's portable scripts, beside the links (a site without the compiled
+client names them in slurm.conf: `portable_wiring` puts them in the links' place)."""
 HOOK = "gpualloc-hook.py"
 """Their portable client of `gpualloc-slurm sync --socket`, next to them."""
 COMPILED_HOOK = "gpualloc-hook"
-"""Their compiled client (examples/bridges/slurm/gpualloc-hook/, built by `make peers` into
-.peers/bin/), next to them: the scripts use it when it is there."""
-NODE_EPILOG = "epilog.sh"
-"""The node Epilog variant, copied beside them (slurm.conf names it only in the benchmark)."""
-CTLD_EPILOG = "epilog-slurmctld.sh"
-"""The EpilogSlurmctld variant, likewise."""
+"""The compiled client (examples/bridges/slurm/gpualloc-hook/, built by `make peers` into
+.peers/bin/), next to them: the links name it, and the scripts use it when it is there."""
+HOOK_SETTINGS = "gpualloc-hook.conf"
+"""The compiled client's settings (the socket, the command, the allocator), next to it."""
 CGROUP_LOCK = Path(tempfile.gettempdir()) / "gpualloc-slurm-cgroups.lock"
 """Held from a Slurm's start to its stop: every Slurm here names its cgroups after the same
 nodes (`slurm_h100-node-1`), and a second one starting clears them, killing the first one's
@@ -193,13 +200,17 @@ class SlurmCluster:
     env: dict[str, str]
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     epilog_may_fail: bool = False
-    """Set by a test that makes the job's release (jobcomp.sh) fail; any other failure fails
-    the test."""
+    """Set by a test that makes a job completion script or EpilogSlurmctld fail (the other
+    release wirings); any other failure fails the test. A node Epilog never may."""
     cgroups: int | None = None
     """The CGROUP_LOCK this Slurm holds until `stop()`."""
 
     def controller_log(self) -> str:
         path = self.directory / "log" / "slurmctld.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def node_log(self, node: str = NODE) -> str:
+        path = self.directory / "log" / f"slurmd-{node}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
     @property
@@ -332,18 +343,51 @@ class SlurmCluster:
 
     @contextlib.contextmanager
     def script(self, name: str, text: str) -> Iterator[None]:
-        """One of the gpualloc scripts replaced by `text` (Slurm runs it anew for every job)
-        for the block, then restored."""
+        """One of the gpualloc scripts, or a slot's link to the compiled client, replaced by
+        the script `text` (Slurm runs it anew for every job) for the block, then restored."""
         path = self.directory / "gpualloc" / name
-        before = path.read_text()
+        link = os.readlink(path) if path.is_symlink() else None
+        before = None if link is not None else path.read_text()
+        path.unlink()
         path.write_text(text)
+        path.chmod(0o755)
+        try:
+            yield
+        finally:
+            path.unlink()
+            if link is not None:
+                path.symlink_to(link)
+            else:
+                path.write_text(before or "")
+                path.chmod(0o755)
+
+    def script_text(self, name: str) -> str:
+        return (self.directory / "gpualloc" / name).read_text()
+
+    @contextlib.contextmanager
+    def hook_settings(self, **values: str) -> Iterator[None]:
+        """gpualloc-hook.conf with `values` set (the compiled client's settings, which it
+        passes to the command it runs when the service does not answer) for the block."""
+        path = self.directory / "gpualloc" / HOOK_SETTINGS
+        before = path.read_text()
+        kept = [line for line in before.splitlines() if line.split("=", 1)[0] not in values]
+        path.write_text("\n".join([*kept, *(f"{k}={v}" for k, v in values.items())]) + "\n")
         try:
             yield
         finally:
             path.write_text(before)
 
-    def script_text(self, name: str) -> str:
-        return (self.directory / "gpualloc" / name).read_text()
+    @contextlib.contextmanager
+    def portable_wiring(self) -> Iterator[None]:
+        """slurm.conf's slots running the portable scripts (prolog-slurmctld.sh, ...) with
+        gpualloc-hook.py, as on a site without the compiled client, for the block."""
+        with contextlib.ExitStack() as stack:
+            for slot in SLOTS:
+                stack.enter_context(self.script(slot, self.script_text(f"{slot}.sh")))
+            compiled = self.directory / "gpualloc" / COMPILED_HOOK
+            compiled.rename(compiled.with_suffix(".away"))
+            stack.callback(compiled.with_suffix(".away").rename, compiled)
+            yield
 
     @contextlib.contextmanager
     def served_by(self, port: int, **environ: str) -> Iterator[None]:
@@ -354,6 +398,7 @@ class SlurmCluster:
         exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in environ.items())
         upstream = self.proxy.upstream
         with contextlib.ExitStack() as stack:
+            stack.enter_context(self.hook_settings(**environ))
             for name in SCRIPTS:
                 shebang, _, rest = self.script_text(name).partition("\n")
                 stack.enter_context(self.script(name, f"{shebang}\n{exports}{rest}"))
@@ -566,12 +611,14 @@ def start_slurm(
         "/etc/slurm/slurm.conf": str(conf),
         "/run/gpualloc-slurm.sock": str(directory / "gpualloc" / "hooks.sock"),
     }
-    for script in (*SCRIPTS, HOOK, NODE_EPILOG, CTLD_EPILOG):
+    for script in (*SCRIPTS, HOOK, HOOK_SETTINGS):
         path = directory / "gpualloc" / script
         path.write_text(_render((EXAMPLES / script).read_text(), replacements))
-        path.chmod(0o755)
+        path.chmod(0o644 if script == HOOK_SETTINGS else 0o755)
     shutil.copy(peer(COMPILED_HOOK), directory / "gpualloc" / COMPILED_HOOK)
     (directory / "gpualloc" / COMPILED_HOOK).chmod(0o755)
+    for slot in SLOTS:
+        (directory / "gpualloc" / slot).symlink_to(COMPILED_HOOK)
     (directory / "cgroup.conf").write_text((EXAMPLES / "cgroup.conf").read_text())
     (directory / "gres.conf").write_text(_gres_conf(gpualloc.target, directory / "dev"))
 
@@ -696,6 +743,7 @@ def slurm(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
     release_everything(slurm_cluster.target)
     slurm_cluster.epilog_may_fail = False
     start = len(slurm_cluster.controller_log())
+    node_starts = {n: len(slurm_cluster.node_log(n)) for n in NODES}
     yield slurm_cluster
     slurm_cluster.proxy.up()
     slurm_cluster.run("scancel", "--full", "--user=root", check=False)
@@ -708,3 +756,12 @@ def slurm(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
     ]
     if failed and not slurm_cluster.epilog_may_fail:
         pytest.fail("the job's release failed:\n" + "\n".join(failed), pytrace=False)
+    # a node Epilog never fails, whatever gpualloc does: Slurm would drain the node
+    node_failed = [
+        line
+        for n, at in node_starts.items()
+        for line in slurm_cluster.node_log(n)[at:].splitlines()
+        if "epilog failed" in line
+    ]
+    if node_failed:
+        pytest.fail("a node Epilog failed:\n" + "\n".join(node_failed), pytrace=False)

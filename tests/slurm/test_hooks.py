@@ -1,8 +1,9 @@
-"""The Slurm scripts through `gpualloc-slurm sync --socket` under a real slurmctld and slurmd
-(tests/slurm/conftest.py): gpualloc-hook.py hands each job to the service, which reserves,
-answers the TaskProlog and releases after the job completion script returned; and a job whose GPUs
-the job before it still held in gpualloc (its release not done yet) runs, not requeued
-(docs/bridges.md, "Hooks at Slurm's speed"). The benchmark is `make bench ARGS=slurm`."""
+"""The Slurm hooks through `gpualloc-slurm sync --socket` under a real slurmctld and slurmd
+(tests/slurm/conftest.py): the hook client hands each job to the service, which reserves,
+answers the TaskProlog and releases before the node Epilog returns, so the GPUs a job leaves
+are free in gpualloc before Slurm offers them again; and a job whose GPUs a job that no
+longer runs still holds in gpualloc runs, not requeued (docs/bridges.md, "Hooks at Slurm's
+speed"). The benchmark is `make bench ARGS=slurm`."""
 
 from __future__ import annotations
 
@@ -35,8 +36,10 @@ CLUSTER = "gpualloc-test"
 
 @contextlib.contextmanager
 def without_the_command(slurm: SlurmCluster) -> Iterator[None]:
-    """The scripts' fallback command is /bin/false: a job runs only if the service did it."""
+    """The hooks' fallback command is /bin/false (in the compiled client's settings and in the
+    portable scripts): a job runs only if the service did its work."""
     with contextlib.ExitStack() as stack:
+        stack.enter_context(slurm.hook_settings(GPUALLOC_SLURM_CLI="/bin/false"))
         for name in SCRIPTS:
             text = re.sub(r"GPUALLOC_SLURM_CLI=\S+", "GPUALLOC_SLURM_CLI=/bin/false",
                           slurm.script_text(name))  # fmt: skip
@@ -44,8 +47,13 @@ def without_the_command(slurm: SlurmCluster) -> Iterator[None]:
         yield
 
 
-def test_a_job_runs_on_exactly_its_gpus_through_the_service(slurm):
-    with slurm.syncing("--interval=0.5s"), without_the_command(slurm):
+@pytest.mark.parametrize("wiring", ["compiled-client-in-the-slots", "portable-scripts"])
+def test_a_job_runs_on_exactly_its_gpus_through_the_service(slurm, wiring):
+    with contextlib.ExitStack() as stack:
+        if wiring == "portable-scripts":  # a site without the compiled client
+            stack.enter_context(slurm.portable_wiring())
+        stack.enter_context(slurm.syncing("--interval=0.5s"))
+        stack.enter_context(without_the_command(slurm))
         job_id = slurm.sbatch("--gres=gpu:2", script=f"{report(slurm)} batch\n{hold(slurm)}\n")
         slurm.wait_for_file(slurm.out / f"ready-{job_id}")
         slurm_ids = list(gpu_ids_from_job_details(slurm.job_details(job_id))[NODE])
@@ -55,7 +63,8 @@ def test_a_job_runs_on_exactly_its_gpus_through_the_service(slurm):
         assert done["JobState"] == "COMPLETED" and done["Restarts"] == "0", done
         task = lines((slurm.out / f"{job_id}.out").read_text())["batch"]
         assert_agree(slurm, task, slurm_ids)
-        wait_released(slurm, job_id)  # after the job completion script returned
+        # released by the node Epilog, before Slurm showed the job COMPLETED
+        assert slurm.reservations(owner=f"slurm/job/{job_id}") == []
     assert_node_not_drained(slurm)
 
 
@@ -86,7 +95,7 @@ def reserve_for_gone_job(slurm: SlurmCluster, job_id: str, cluster: str = CLUSTE
         assert placement.fits
 
 
-def test_an_epilog_through_the_service_returns_at_once_and_the_release_follows(slurm):
+def test_a_job_completion_scripts_release_returns_at_once_and_the_release_follows(slurm):
     reserve_for_gone_job(slurm, "900001")
     with slurm.syncing("--interval=60s"):
         began = time.monotonic()
@@ -96,6 +105,40 @@ def test_an_epilog_through_the_service_returns_at_once_and_the_release_follows(s
         assert done.returncode == 0 and "release queued" in done.stderr, done
         print(f"epilog hook returned after {took * 1000:.0f} ms")
         wait_released(slurm, "900001", timeout=10)
+
+
+def test_a_node_epilog_through_the_service_returns_once_released(slurm):
+    reserve_for_gone_job(slurm, "900005")
+    with slurm.syncing("--interval=60s"):
+        began = time.monotonic()
+        done = hook(slurm, "epilog", "--ignore-errors", SLURM_JOB_ID="900005",
+                    SLURMD_NODENAME=NODE, SLURM_CLUSTER_NAME=CLUSTER)  # fmt: skip
+        took = time.monotonic() - began
+        assert done.returncode == 0 and f"job 900005 on {NODE}: released" in done.stderr, done
+        assert slurm.reservations() == []  # already: Slurm keeps the node until it returns
+        print(f"node epilog hook returned after {took * 1000:.0f} ms, released")
+
+
+def test_the_gpus_a_job_leaves_are_free_in_gpualloc_before_slurm_offers_them(slurm):
+    # Slurm starts no job on a node whose Epilog runs (the node is COMPLETING), and the node
+    # Epilog returns once the job's GPUs of that node are released: every whole-node job's
+    # prolog finds the GPUs the job before it left free at its first Allocate. No prolog waits
+    # for a release, none frees an ended job's holding, none is requeued.
+    with slurm.syncing("--interval=60s"), without_the_command(slurm):
+        time.sleep(1.0)  # sync's first pass
+        jobs = [slurm.sbatch("--gres=gpu:8", script="true\n") for _ in range(6)]
+        jobs += [slurm.sbatch("-p", "multi", "-N2", "--gpus-per-node=8", script="true\n")
+                 for _ in range(2)]  # fmt: skip
+        jobs += [slurm.sbatch("--gres=gpu:8", script="true\n") for _ in range(2)]
+        for job_id in jobs:
+            done = slurm.wait_for(job_id, ["COMPLETED", "FAILED"])
+            assert done["JobState"] == "COMPLETED" and done["Restarts"] == "0", done
+    log = (slurm.directory / "log" / "sync.log").read_text()
+    assert "still held" not in log and "of ended jobs" not in log, log
+    for job_id in jobs:
+        assert f"epilog of job {job_id} on {NODE}: released" in log, log
+    assert slurm.reservations() == []
+    assert_node_not_drained(slurm)
 
 
 @pytest.mark.parametrize("command", ["prolog", "epilog"])

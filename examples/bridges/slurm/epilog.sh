@@ -1,12 +1,14 @@
 #!/bin/sh
 # slurm.conf: Epilog=/etc/slurm/gpualloc/epilog.sh — slurmd's node epilog, on each of the
 # job's nodes (as SlurmdUser, root) when the job ends there: releases the job's GPUs of this
-# node. An alternative to jobcomp.sh (the documented wiring) for a site whose JobCompType is
-# taken: Slurm keeps the node COMPLETING while it runs, so it costs each job end there a
-# start of this script (docs/bridges.md, "What it costs"). Never with EpilogSlurmctld, which
-# delays the next job to Slurm's next periodic pass. Through `gpualloc-slurm hooks --socket` (sync's on the controller) it returns at
-# once and the release follows. Slurm drains a node whose Epilog fails, so this one never
-# fails: a release that could not be made is done by sync's sweep or by the lease.
+# node, and returns once they are released (through `gpualloc-slurm hooks --socket`: at most
+# 5 s). Slurm keeps the node COMPLETING, and starts no job there, until it returns, so the
+# GPUs are free in gpualloc before Slurm offers them again. The portable form of the
+# documented wiring (slurm.conf's Epilog= names the compiled client's `epilog` link; this
+# script is for a site without it: a shell per job end). Never with EpilogSlurmctld, which
+# delays the next job to Slurm's next periodic pass (docs/bridges.md, "What it costs"). Slurm
+# drains a node whose Epilog fails, so this one never fails: a release that could not be made
+# is done by sync's sweep or by the lease.
 # Slurm runs it without PATH: name everything in full.
 GPUALLOC_ALLOCATOR_ADDR=${GPUALLOC_ALLOCATOR_ADDR:-gpualloc.example.com:50051}
 SLURM_CONF=${SLURM_CONF:-/etc/slurm/slurm.conf}

@@ -5,7 +5,9 @@
 # Releases the job's GPUs in gpualloc on every node (idempotent), then (--sweep) those of this
 # cluster's ended jobs that an earlier release missed. Through the socket it returns at once and
 # the release follows (a prolog that comes meanwhile waits for it, or frees what an ended job
-# still holds of Slurm's pick). It takes the place of an EpilogSlurmctld because Slurm 22.05
+# still holds of Slurm's pick). The wiring for a site that runs no hooks service on its compute
+# nodes (the documented one releases in the node Epilog, epilog.sh or the compiled client's
+# `epilog` link). It takes the place of an EpilogSlurmctld because Slurm 22.05
 # starts the next job on the GPUs a job leaves only at its next periodic pass (30 s by default)
 # when an EpilogSlurmctld is configured, any, even `exit 0` (docs/bridges.md, "What it costs").
 # A failing script drains nothing: the GPUs stay held until the next release that reaches

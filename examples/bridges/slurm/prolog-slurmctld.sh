@@ -7,7 +7,7 @@
 # exits non-zero: Slurm requeues a batch job (cancels an interactive one) without draining any
 # node, and the reason is in the job's Comment (`squeue -o "%i %T %k"`, `scontrol show job`).
 # The reservation has a lease (GPUALLOC_SLURM_LEASE) that `gpualloc-slurm sync` renews while
-# the job runs, so a lost EpilogSlurmctld frees the GPUs by itself; it must match sync's.
+# the job runs, so a lost release frees the GPUs by itself; it must match sync's.
 # Slurm runs it without PATH: name everything in full.
 GPUALLOC_ALLOCATOR_ADDR=${GPUALLOC_ALLOCATOR_ADDR:-gpualloc.example.com:50051}
 GPUALLOC_SLURM_LEASE=${GPUALLOC_SLURM_LEASE:-10m}

@@ -21,11 +21,12 @@ still reserves the devices in the allocator, which checks them against its own i
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +39,7 @@ from services.client.results import Placement, Reservation
 from services.common.errors import GpuallocError
 from services.common.grpc_errors import RemoteError
 
-__all__ = ["AllocateBatcher", "BatchingClient", "Reserved", "WarmInventory"]
+__all__ = ["RESERVED_JOBS", "AllocateBatcher", "BatchingClient", "Reserved", "WarmInventory"]
 
 log = logging.getLogger("gpualloc.slurm.batching")
 
@@ -137,13 +138,18 @@ class AllocateBatcher:
             return error
 
 
+RESERVED_JOBS = 4096
+"""Jobs whose reservations `Reserved` keeps (a few KiB each)."""
+
+
 class Reserved:
     """The reservations this service made, by Slurm job: what a job's release frees without
-    listing every reservation first (the prolog and the job's release both run in the
-    controller's sync). At most `limit` jobs (the oldest forgotten first: a job whose release
-    never came is the sweep's). A job it does not know is listed as before."""
+    listing first (the prolog and the job completion script both run in the controller's
+    sync). At most `limit` jobs, the oldest forgotten first: with the node Epilog wiring the
+    releases come to the compute nodes' services, and this one never hears of them. A job it
+    does not know is listed."""
 
-    def __init__(self, limit: int = 65536) -> None:
+    def __init__(self, limit: int = RESERVED_JOBS) -> None:
         self.limit = limit
         self._by_job: OrderedDict[str, dict[str, Reservation]] = OrderedDict()
         self._lock = threading.Lock()
@@ -159,11 +165,19 @@ class Reserved:
             while len(self._by_job) > self.limit:
                 self._by_job.popitem(last=False)
 
-    def pop(self, job_id: str) -> list[Reservation] | None:
-        """The job's reservations, forgotten; None when none was made here (list them)."""
+    def pop(self, job_id: str, nodes: Collection[str] | None = None) -> list[Reservation] | None:
+        """The job's reservations (on `nodes` only, when given), forgotten; None when none
+        was made here (list them)."""
         with self._lock:
-            held = self._by_job.pop(job_id, None)
-        return None if held is None else list(held.values())
+            held = self._by_job.get(job_id)
+            if held is None:
+                return None
+            if nodes is None or set(held) <= set(nodes):
+                del self._by_job[job_id]
+                return list(held.values())
+            if not set(held) & set(nodes):
+                return None
+            return [held.pop(node) for node in nodes if node in held]
 
 
 class BatchingClient(AllocatorClient):
@@ -176,6 +190,11 @@ class BatchingClient(AllocatorClient):
         super().__init__(batcher.client.target, channel=batcher.client.channel, **options)
         self._batcher = batcher
         self._reserved = reserved
+
+    def for_job(self) -> BatchingClient:
+        """A client for one hook (whose owner it sets) on the same stub, channel and batcher:
+        a copy, as building a client's stub costs more than a hook's own work."""
+        return copy.copy(self)
 
     def allocate(self, claims: Sequence[Any], **options: Any) -> Placement:
         if not options.get("reserve"):

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import functools
 import io
 import logging
@@ -53,7 +54,7 @@ from typing import TextIO
 
 import yaml
 
-from services.bridges.placing import slurm_job_of
+from services.bridges.placing import slurm_owner
 from services.bridges.slurm.batching import (
     AllocateBatcher,
     BatchingClient,
@@ -107,7 +108,16 @@ CHANGING_HOOKS = frozenset({"prolog", "epilog"})
 reservations. task-prolog (the job's user) only reads."""
 RELEASE_WAIT_SECONDS = 5.0
 """How long a prolog waits for the epilogs' releases queued before it."""
+NODE_EPILOG_WAIT_SECONDS = 5.0
+"""How long a node Epilog's answer waits for its release. Slurm keeps the node COMPLETING, and
+starts no job there, until its Epilog returns, so a release done before the answer is done
+before any prolog that could want those GPUs. One that takes longer goes on in the background
+and the hook answers 0 all the same (Slurm drains a node whose Epilog fails): the next prolog
+frees what an ended job still holds of its GPUs, and sync's sweep or the lease the rest."""
 RELEASE_THREADS = 8
+RELEASE_FAILURES_KEPT = 1024
+PARSED_FORMS = 64
+"""Argument lists whose parse a hooks service keeps."""
 SWEEP_SECONDS = 5.0
 
 
@@ -428,10 +438,16 @@ def _reserve(
             return run_prolog(client, inventory, job, lease_seconds=lease)
         except Unplaceable as error:
             blocked = error
-    if not job.cluster or not release_ended_holders(
-        client, blocked.placement, job.cluster, _live_jobs(environ), keep=job.job_id
-    ):
+    freed = (
+        release_ended_holders(
+            client, blocked.placement, job.cluster, _live_jobs(environ), keep=job.job_id
+        )
+        if job.cluster
+        else []
+    )
+    if not freed:
         raise blocked
+    log.info("prolog of job %s: released %d reservation(s) of ended jobs", job.job_id, len(freed))
     return run_prolog(client, inventory, job, lease_seconds=lease)
 
 
@@ -464,14 +480,25 @@ class _Hooks:
         self.reserved = Reserved()
         self._parser = build_parser()  # once: building it costs more than a hook's work
         self._parsing = threading.Lock()
+        self._parsed: dict[tuple[str, ...], argparse.Namespace] = {}
+        self._client = BatchingClient(
+            self.batcher,
+            self.reserved,
+            deadline_seconds=settings.deadline_seconds,
+            retry=settings.retry,
+        )
         self.details = JobDetails(environ)
         self._cluster = cluster
         self._sweeps = sweeps
         self._swept = -SWEEP_SECONDS
+        self._pool = ThreadPoolExecutor(RELEASE_THREADS, thread_name_prefix="slurm-release")
+        self._failed: dict[str, str] = {}  # job -> why its node Epilog's release failed
+        self._failing = threading.Lock()
         self.releases = Releases(self._release, then=self._sweep)
 
     def close(self) -> None:
         self.releases.close()
+        self._pool.shutdown(wait=False)
 
     def warm(self) -> None:
         """What the first prolog would wait for, done at the service's start: libslurm
@@ -484,8 +511,7 @@ class _Hooks:
 
     def answer(self, argv: Sequence[str], env: Mapping[str, str], uid: int) -> HookAnswer:
         try:
-            with self._parsing, contextlib.redirect_stderr(io.StringIO()):
-                args = self._parser.parse_args(argv)
+            args = self._parse(argv)
         except SystemExit:
             return HookAnswer(EXIT_INVALID, stderr=f"gpualloc-slurm: bad hook arguments {argv}\n")
         if args.command not in HOOK_COMMANDS:
@@ -498,13 +524,9 @@ class _Hooks:
             )
         job_env = {k: v for k, v in env.items() if k.startswith("SLURM") or k == "GPUALLOC_NVLINK"}
         environ = {**self.environ, **job_env}
-        if args.command == "epilog":
-            if not environ.get("SLURM_CLUSTER_NAME", "").strip():  # jobcomp/script's, say
-                environ["SLURM_CLUSTER_NAME"] = self._cluster()
-            self.releases.submit((args, environ))
-            job_id = args.job_id or environ.get("SLURM_JOB_ID", "")
-            return HookAnswer(0, stderr=f"gpualloc-slurm: job {job_id}: release queued\n")
         began = time.monotonic()
+        if args.command == "epilog":
+            return self._epilog(args, environ, began)
         answer = self._run(args, environ, self._settler())
         log.info(
             "%s of job %s: exit %d in %.0f ms%s",
@@ -515,6 +537,46 @@ class _Hooks:
             f": {answer.stderr.strip()}" if answer.code else "",
         )
         return answer
+
+    def _parse(self, argv: Sequence[str]) -> argparse.Namespace:
+        """The hook's arguments (SystemExit when bad), parsed once per form: the hooks send a
+        few (`prolog`, `task-prolog`, `epilog --ignore-errors`, ...), one per job each."""
+        key = tuple(argv)
+        with self._parsing:
+            parsed = self._parsed.get(key)
+            if parsed is None:
+                with contextlib.redirect_stderr(io.StringIO()):
+                    parsed = self._parser.parse_args(argv)
+                if len(self._parsed) < PARSED_FORMS:
+                    self._parsed[key] = parsed
+        return copy.copy(parsed)
+
+    def _epilog(
+        self, args: argparse.Namespace, environ: dict[str, str], began: float
+    ) -> HookAnswer:
+        """The job completion script's (--all-nodes) is answered once its release is queued;
+        a node Epilog's once its release is done, or after NODE_EPILOG_WAIT_SECONDS."""
+        if not environ.get("SLURM_CLUSTER_NAME", "").strip():  # jobcomp/script's, say
+            environ["SLURM_CLUSTER_NAME"] = self._cluster()
+        ticket = self.releases.submit((args, environ))
+        job_id = args.job_id or environ.get("SLURM_JOB_ID", "")
+        node = args.node or environ.get("SLURMD_NODENAME", "")
+        if args.all_nodes or not node:
+            return HookAnswer(0, stderr=f"gpualloc-slurm: job {job_id}: release queued\n")
+        done = self.releases.wait_for(ticket, NODE_EPILOG_WAIT_SECONDS)
+        took = (time.monotonic() - began) * 1000
+        with self._failing:
+            failed = self._failed.pop(job_id, None)
+        if done and failed is None:
+            log.info("epilog of job %s on %s: released in %.0f ms", job_id, node, took)
+            return HookAnswer(0, stderr=f"gpualloc-slurm: job {job_id} on {node}: released\n")
+        why = failed or f"still running after {NODE_EPILOG_WAIT_SECONDS:g}s"
+        log.warning("epilog of job %s on %s: release %s (%.0f ms)", job_id, node, why, took)
+        return HookAnswer(  # 0 all the same: Slurm drains a node whose Epilog fails
+            0,
+            stderr=f"gpualloc-slurm: job {job_id} on {node}: release {why}; the next prolog on "
+            "these GPUs, sync's sweep or the lease frees them\n",
+        )
 
     def _settler(self) -> Callable[[], bool]:
         """A prolog's `settle`: waits (at most RELEASE_WAIT_SECONDS) for the releases queued
@@ -543,12 +605,7 @@ class _Hooks:
         """The command, as `main` runs it, on a client of its own (`_run` sets the job's
         owner on it) sharing this process's channel and AllocateBatcher."""
         out, err = io.StringIO(), io.StringIO()
-        client = BatchingClient(
-            self.batcher,
-            self.reserved,
-            deadline_seconds=self.settings.deadline_seconds,
-            retry=self.settings.retry,
-        )
+        client = self._client.for_job()
 
         def work() -> int:
             return _run(args, environ, client, self.inventory, out, err, self.details.show, settle)
@@ -557,11 +614,9 @@ class _Hooks:
         return HookAnswer(code, out.getvalue(), err.getvalue())
 
     def _release(self, batch: Sequence[tuple[argparse.Namespace, Mapping[str, str]]]) -> None:
-        """The queued epilogs' releases: each job's reservations (of its cluster, on its node
-        or, with --all-nodes, everywhere) released, side by side (each job's own:
-        independent); those this service reserved are known (`Reserved`), the others come
-        from one List for the batch. A release that fails is logged; the sweep or the lease
-        frees it."""
+        """The queued epilogs' releases: each job's reservations of its cluster, on its node
+        or (--all-nodes) everywhere, released, the jobs side by side (independent). A release
+        that fails is logged; the sweep or the lease frees it."""
         ended: dict[str, list[tuple[str | None, str]]] = {}  # job -> (node or all, cluster)
         for args, environ in batch:
             job_id = (args.job_id or environ.get("SLURM_JOB_ID", "")).strip()
@@ -570,40 +625,50 @@ class _Hooks:
             node = None if args.all_nodes else (args.node or environ.get("SLURMD_NODENAME"))
             cluster = environ.get("SLURM_CLUSTER_NAME", "").strip()
             ended.setdefault(job_id, []).append((node, cluster))
-        if not ended:
-            return
-        held: list[Reservation] = []
-        unknown = False
-        for job_id, asked in ended.items():
-            if all(node is None for node, _ in asked):
-                known = self.reserved.pop(job_id)
-                held += known or []
-                unknown = unknown or known is None
-            else:
-                unknown = True
-        try:
-            held += self.client.list() if unknown else []
-        except GpuallocError as error:
-            log.warning("releasing %d job(s): %s: %s", len(ended), type(error).__name__, error)
+        if len(ended) == 1:
+            self._release_job(*next(iter(ended.items())))
+        elif ended:
+            list(self._pool.map(lambda job: self._release_job(*job), ended.items()))
+
+    def _release_job(self, job_id: str, asked: Sequence[tuple[str | None, str]]) -> None:
+        """One job's release: the reservations this service made for it (`Reserved`), by
+        their ids; else (or when one of those was gone already: a requeued job's new one may
+        be held) those listed for its owner, on its node only for a node Epilog (a List of
+        one node reads that node alone)."""
+        nodes = None if any(n is None for n, _ in asked) else {n for n, _ in asked if n}
 
         def releases(reservation: Reservation) -> bool:
-            job_id = slurm_job_of(reservation.owner)
-            return job_id is not None and any(
+            return any(
                 (node is None or node == reservation.node_name)
                 and (not cluster or reservation.labels.get(CLUSTER_LABEL, cluster) == cluster)
-                for node, cluster in ended.get(job_id, ())
+                for node, cluster in asked
             )
 
-        def release(reservation: Reservation) -> None:
-            try:
-                self.client.release(reservation, owner=reservation.owner, allow_missing=True)
-            except GpuallocError as error:
-                log.warning("epilog of %s: %s: %s", reservation.owner, type(error).__name__, error)
+        try:
+            known = self.reserved.pop(job_id, nodes)
+            if known is not None and all(self._release_one(r) for r in known if releases(r)):
+                return
+            owner = slurm_owner(job_id)
+            listed = (
+                [r for n in sorted(nodes) for r in self.client.list(owner=owner, node_name=n)]
+                if nodes is not None
+                else self.client.list(owner=owner)
+            )
+            for reservation in listed:
+                if releases(reservation):
+                    self._release_one(reservation)
+        except GpuallocError as error:
+            log.warning("epilog of job %s: %s: %s", job_id, type(error).__name__, error)
+            if nodes is not None:  # a node Epilog waits for it: tell it
+                with self._failing:
+                    self._failed[job_id] = f"{type(error).__name__}: {error}"
+                    while len(self._failed) > RELEASE_FAILURES_KEPT:
+                        del self._failed[next(iter(self._failed))]
 
-        gone = list({r.id: r for r in held if releases(r)}.values())
-        if gone:
-            with ThreadPoolExecutor(min(len(gone), RELEASE_THREADS)) as pool:
-                list(pool.map(release, gone))
+    def _release_one(self, reservation: Reservation) -> bool:
+        """Release it; False when it was gone already (a failure is raised)."""
+        released = self.client.release(reservation, owner=reservation.owner, allow_missing=True)
+        return released is not None
 
     def _sweep(self, batch: Sequence[tuple[argparse.Namespace, Mapping[str, str]]]) -> None:
         """The epilogs' `--sweep`, after their releases (no prolog waits for it), at most

@@ -21,10 +21,11 @@ reservations (`prolog`, `epilog`) are served only to root, the server's own user
 it is given (Slurm's SlurmUser); `task-prolog` (run as the job's user) to anyone, as it only
 reads.
 
-`Releases` is the epilogs' queue: an epilog's answer comes at once and its release follows,
-in batches in arrival order; a prolog whose GPUs are still held waits (a bounded time) for the
-releases queued meanwhile and reserves again: the GPUs a finished job leaves are free in
-gpualloc once its release is done.
+`Releases` is the epilogs' queue, released in batches in arrival order: the job completion
+script's answer comes at once and its release follows (a prolog whose GPUs are still held waits,
+a bounded time, for the releases queued meanwhile and reserves again); a node Epilog's answer
+comes once its release is done (or a bounded time passed): Slurm starts no job on that node
+before it answers.
 """
 
 from __future__ import annotations
@@ -176,11 +177,13 @@ class Releases:
         self._thread = threading.Thread(target=self._work, name="slurm-releases", daemon=True)
         self._thread.start()
 
-    def submit(self, item: Any) -> None:
+    def submit(self, item: Any) -> int:
+        """Queue `item`; its ticket for `wait_for`."""
         with self._changed:
             self._queue.append(item)
             self._queued += 1
             self._changed.notify_all()
+            return self._queued
 
     @property
     def done(self) -> int:
@@ -191,8 +194,13 @@ class Releases:
     def wait_for_queued(self, timeout: float) -> bool:
         """Until every release submitted so far is done (False: `timeout` passed first)."""
         with self._changed:
-            target = self._queued
-            return self._changed.wait_for(lambda: self._done >= target, timeout)
+            return self.wait_for(self._queued, timeout)
+
+    def wait_for(self, ticket: int, timeout: float) -> bool:
+        """Until the release `submit` gave `ticket` (and every one before it: they are done in
+        arrival order) is done (False: `timeout` passed first)."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._done >= ticket, timeout)
 
     def close(self, timeout: float = 10.0) -> None:
         """Finish what is queued (at most `timeout`), then stop the worker."""

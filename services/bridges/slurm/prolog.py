@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 
 from services.bridges.placing import Placer, slurm_job_of, slurm_owner
 from services.bridges.slurm.claims import claim_for_node, pinned_claim
-from services.bridges.slurm.gresconf import gpu_type, gres_entries
+from services.bridges.slurm.gresconf import GresEntry, gpu_type, gres_entries
 from services.bridges.slurm.hostlist import expand_hostlist
 from services.bridges.slurm.request import (
     SlurmGpuRequest,
@@ -239,11 +239,31 @@ def _check_types(request: SlurmGpuRequest, inventory: InventoryClient) -> None:
             )
 
 
+_LINES_KEPT = 1024
+_lines: dict[int, tuple[NodeInventory, list[GresEntry], dict[str, InventoryDevice]]] = {}
+"""id(node) -> (node, its gres.conf GPU lines, its devices by name), see `_gres_lines`."""
+
+
+def _gres_lines(node: NodeInventory) -> tuple[list[GresEntry], dict[str, InventoryDevice]]:
+    """gres_entries(node)'s GPU lines and the node's devices by name, computed once per node
+    object: the hooks service's warm inventory hands the same objects to every prolog and
+    task prolog for up to 10 s, and the lines cost more than the rest of a hook's Python. The
+    entry keeps its node, so an id is never another node's."""
+    found = _lines.get(id(node))
+    if found is not None and found[0] is node:
+        return found[1], found[2]
+    entries, _ = gres_entries(node)
+    by_name = {d.id.device: d for d in node.devices}
+    if len(_lines) >= _LINES_KEPT:
+        _lines.clear()
+    _lines[id(node)] = (node, entries, by_name)
+    return entries, by_name
+
+
 def slurm_devices(node: NodeInventory, ids: Sequence[int]) -> list[InventoryDevice]:
     """The inventory devices Slurm's GPU ids name on a node: id i is the node's i-th GPU line
     of the gres.conf `gpualloc-slurm gres-conf` writes from this inventory."""
-    entries, _ = gres_entries(node)
-    by_name = {d.id.device: d for d in node.devices}
+    entries, by_name = _gres_lines(node)
     devices = []
     for gpu_id in ids:
         if gpu_id >= len(entries):
@@ -273,7 +293,7 @@ def _claim(job: SlurmJob, inventory: InventoryClient, node: str) -> ResourceClai
         devices = slurm_devices(found, ids)
         if all(d.uuid is not None for d in devices):
             return pinned_claim(job.job_id, devices, nvlink=job.request.nvlink)
-        entries, _ = gres_entries(found)
+        entries, _ = _gres_lines(found)
         typed = with_types(replace(job.request, gpu_ids=tuple(ids)), [e.type for e in entries])
         return claim_for_node(job.job_id, typed)
     if not job.request.per_node:
@@ -375,7 +395,8 @@ def task_gpus(client: AllocatorClient, inventory: InventoryClient, job: SlurmJob
     [] when the job asked for no GPU. NoReservation when it asked and gpualloc holds none."""
     if not job.asks_for_gpus:
         return []
-    held = client.list(owner=job.owner)
+    # a TaskProlog's job is its node's: a List of one node reads that node alone
+    held = client.list(owner=job.owner, node_name=job.nodes[0] if len(job.nodes) == 1 else "")
     found = []
     for node in job.nodes:
         mine = [r for r in held if r.node_name == node]
@@ -393,7 +414,12 @@ def run_epilog(client: AllocatorClient, job: SlurmJob, *, all_nodes: bool = Fals
     """Release the job's reservations (on the job's nodes, or everywhere); returns their ids.
     Idempotent: what is already gone is fine."""
     released = []
-    for reservation in client.list(owner=job.owner):
+    listed = (
+        client.list(owner=job.owner)
+        if all_nodes
+        else [r for node in job.nodes for r in client.list(owner=job.owner, node_name=node)]
+    )
+    for reservation in listed:
         if all_nodes or reservation.node_name in job.nodes:
             client.release(reservation, owner=job.owner, allow_missing=True)
             released.append(reservation.id)

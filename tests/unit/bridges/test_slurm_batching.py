@@ -321,8 +321,13 @@ def test_prologs_through_the_service_reserve_exactly_slurms_pick(client, hooks):
 class CountingLists(AllocatorClient):
     lists = 0
 
+    def __init__(self, target: str) -> None:
+        super().__init__(target)
+        self.nodes: list[str] = []
+
     def list(self, *args, **options):
         self.lists += 1
+        self.nodes.append(options.get("node_name", ""))
         return super().list(*args, **options)
 
 
@@ -352,3 +357,97 @@ def test_a_job_this_service_reserved_is_released_without_listing(client):
     finally:
         served.close()
         inventory.close()
+
+
+# --- the node Epilog: answered once its node's release is done --------------------------------
+
+
+def node_epilog(job: int, node: str = NODE) -> dict[str, str]:
+    """slurmd's node Epilog environment of job `job` on `node`."""
+    return {"SLURM_JOB_ID": str(job), "SLURMD_NODENAME": node, "SLURM_CLUSTER_NAME": "c1"}
+
+
+def test_a_node_epilog_is_answered_once_its_nodes_release_is_done(client, hooks):
+    # Slurm keeps the node COMPLETING until its Epilog returns: the release must be done by
+    # then, so that no prolog for the next job on these GPUs finds them held
+    reserve(client, 60, NODE, "c1")
+    reserve(client, 60, "h100-node-2", "c1")
+    answer = hooks.answer(["epilog", "--ignore-errors"], node_epilog(60), 0)
+    assert answer.code == 0 and f"job 60 on {NODE}: released" in answer.stderr, answer
+    assert [r.node_name for r in client.list()] == ["h100-node-2"]  # at once, and that node's
+    answer = hooks.answer(["epilog", "--ignore-errors"], node_epilog(60, "h100-node-2"), 0)
+    assert answer.code == 0 and client.list() == []
+
+
+def test_a_node_epilog_releases_what_this_service_reserved_by_id_and_lists_one_node_else(client):
+    counting = CountingLists(client.target)
+    env = {"GPUALLOC_ALLOCATOR_ADDR": client.target, "SLURM_CONF": "/nonexistent"}
+    with WarmInventory(client.target) as inventory:
+        served = cli._Hooks(  # noqa: SLF001
+            env, ClientSettings.from_env(env), counting, inventory, [], lambda: "c1", sweeps=False
+        )
+        try:
+            served.details.show = lambda job_id: (  # type: ignore[method-assign]
+                f"JobId={job_id}\n   NodeList=h100-node-[1-2]\n"
+                f"   Nodes={NODE} CPU_IDs=0 Mem=0 GRES=gpu:h100:1(IDX:4)\n"
+                "   Nodes=h100-node-2 CPU_IDs=0 Mem=0 GRES=gpu:h100:1(IDX:4)\n"
+            )
+            job = {
+                "SLURM_JOB_ID": "61",
+                "SLURM_JOB_NODELIST": "h100-node-[1-2]",
+                "SLURM_CLUSTER_NAME": "c1",
+                "SLURM_SCRIPT_CONTEXT": "prolog_slurmctld",
+            }
+            assert served.answer(["prolog"], job, 0).code == 0
+            assert len(client.list()) == 2
+            lists = counting.lists
+            assert served.answer(["epilog"], node_epilog(61), 0).code == 0
+            assert counting.lists == lists  # its own: by id
+            assert [r.node_name for r in client.list()] == ["h100-node-2"]
+            assert served.answer(["epilog"], node_epilog(61, "h100-node-2"), 0).code == 0
+            assert counting.lists == lists and client.list() == []
+            reserve(client, 62, NODE, "c1")  # reserved elsewhere (the controller's sync)
+            assert served.answer(["epilog"], node_epilog(62), 0).code == 0
+            assert counting.lists == lists + 1 and client.list() == []  # listed: one node
+            assert counting.nodes == [NODE]
+        finally:
+            served.close()
+
+
+class HangingLists(AllocatorClient):
+    """A client whose List waits for `go`: a release slower than the Epilog's bound."""
+
+    def __init__(self, target: str) -> None:
+        super().__init__(target)
+        self.go = threading.Event()
+
+    def list(self, *args, **options):
+        self.go.wait(10)
+        return super().list(*args, **options)
+
+
+def test_a_node_epilog_never_fails_not_even_when_its_release_does(client, monkeypatch):
+    # Slurm drains a node whose Epilog fails: a release that fails, or outlasts the bound, is
+    # said on standard error (slurmd's log), the answer is 0, and the release goes on
+    monkeypatch.setattr(cli, "NODE_EPILOG_WAIT_SECONDS", 0.2)
+    env = {"GPUALLOC_ALLOCATOR_ADDR": client.target, "SLURM_CONF": "/nonexistent"}
+    slow = HangingLists(client.target)
+    down_env = {**env, "GPUALLOC_ALLOCATOR_ADDR": "127.0.0.1:9", "GPUALLOC_CLIENT_RETRIES": "1"}
+    down = AllocatorClient("127.0.0.1:9", retry=ClientSettings.from_env(down_env).retry)
+    with WarmInventory(client.target) as inventory:
+        for used, why in ((slow, "still running after 0.2s"), (down, "Unavailable")):
+            served = cli._Hooks(  # noqa: SLF001
+                env, ClientSettings.from_env(env), used, inventory, [], lambda: "c1",
+                sweeps=False,
+            )  # fmt: skip
+            try:
+                reserve(client, 63, NODE, "c1")
+                answer = served.answer(["epilog", "--ignore-errors"], node_epilog(63), 0)
+                assert answer.code == 0 and f"job 63 on {NODE}: release {why}" in answer.stderr
+                if used is slow:
+                    slow.go.set()  # the release goes on after the answer
+                    assert served.releases.wait_for_queued(10)
+                    assert client.list() == []
+            finally:
+                served.close()
+    down.close()

@@ -108,6 +108,116 @@ def test_without_a_service_or_command_the_hook_fails_and_says_why(tmp_path, hook
     assert done.returncode == 3 and "does not answer" in done.stderr, done
 
 
+# --- the compiled client in slurm.conf's slots: the hook by the link's name --------------------
+
+
+def slot(tmp_path: Path, name: str, settings: str | None = None) -> Path:
+    """A link `name` to the compiled client, as slurm.conf's slots name it, beside a
+    gpualloc-hook.conf holding `settings` (none: no file)."""
+    directory = tmp_path / "gpualloc"
+    directory.mkdir(exist_ok=True)
+    link = directory / name
+    link.symlink_to(peer("gpualloc-hook"))
+    if settings is not None:
+        (directory / "gpualloc-hook.conf").write_text(settings)
+    return link
+
+
+def run_slot(link: Path, **environ: str) -> subprocess.CompletedProcess[str]:
+    """As Slurm runs a hook: its path alone, no argument, an environment of Slurm's."""
+    return subprocess.run(
+        [str(link)], env={"PATH": "/usr/bin:/bin", **environ}, capture_output=True, text=True,
+        timeout=30, check=False,
+    )  # fmt: skip
+
+
+JOBCOMP = {"JOBID": "7", "JOBNAME": "train", "NODES": "h100-node-[1-2]", "USERNAME": "alice",
+           "CLUSTER": "c1"}  # fmt: skip
+"""jobcomp/script's variables (slurmctld's own names)."""
+
+
+@pytest.mark.parametrize(
+    ("name", "environ", "argv", "job_env", "code"),
+    [
+        pytest.param("prolog-slurmctld", {"SLURM_JOB_ID": "7"}, ["prolog"],
+                     {"SLURM_JOB_ID": "7"}, 5, id="prolog-slurmctld"),
+        pytest.param("taskprolog", {"SLURM_JOB_ID": "7", "SLURM_STEP_GPUS": "0"},
+                     ["task-prolog"], {"SLURM_JOB_ID": "7", "SLURM_STEP_GPUS": "0"}, 5,
+                     id="taskprolog"),
+        pytest.param("epilog", {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": NODE},
+                     ["epilog", "--ignore-errors"], {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": NODE},
+                     0, id="node-epilog-exits-0-whatever-the-answer"),
+        pytest.param("epilog-slurmctld", {"SLURM_JOB_ID": "7"},
+                     ["epilog", "--all-nodes", "--sweep"], {"SLURM_JOB_ID": "7"}, 5,
+                     id="epilog-slurmctld"),
+        pytest.param("jobcomp", JOBCOMP, ["epilog", "--all-nodes", "--sweep"],
+                     {"SLURM_JOB_ID": "7", "SLURM_JOB_NAME": "train",
+                      "SLURM_JOB_NODELIST": "h100-node-[1-2]", "SLURM_CLUSTER_NAME": "c1"}, 5,
+                     id="jobcomp-variables-as-an-epilogs"),
+    ],
+)  # fmt: skip
+def test_a_slot_is_the_hook_its_link_names(served, tmp_path, name, environ, argv, job_env, code):
+    path, seen = served
+    # the settings file names the socket, and wins over the hook's environment
+    link = slot(tmp_path, name, f"# the site's\nGPUALLOC_SLURM_SOCKET={path}\n")
+    done = run_slot(link, GPUALLOC_SLURM_SOCKET="/nonexistent.sock", **environ)
+    assert (done.returncode, done.stderr) == (code, "said\n"), done
+    assert seen == [(argv, job_env, os.getuid())]
+
+
+@pytest.mark.parametrize(
+    ("name", "environ"),
+    [
+        pytest.param("prolog-slurmctld", {"SLURM_JOB_NAME": "gpualloc-held", "SLURM_JOB_UID": "0"},
+                     id="prolog"),
+        pytest.param("taskprolog", {"SLURM_JOB_NAME": "gpualloc-held", "SLURM_JOB_UID": "0"},
+                     id="taskprolog"),
+        pytest.param("epilog", {"SLURM_JOB_NAME": "gpualloc-held", "SLURM_JOB_UID": "0"},
+                     id="epilog"),
+        pytest.param("jobcomp", {**JOBCOMP, "JOBNAME": "gpualloc-held", "USERNAME": "root"},
+                     id="jobcomp"),
+    ],
+)  # fmt: skip
+def test_syncs_holder_jobs_pass_without_asking(served, tmp_path, name, environ):
+    path, seen = served
+    link = slot(tmp_path, name, f"GPUALLOC_SLURM_SOCKET={path}\n")
+    assert run_slot(link, **environ).returncode == 0
+    assert seen == []
+    # the same name by another user is an ordinary job
+    other = {**environ, "SLURM_JOB_UID": "1000", "USERNAME": "alice"}
+    run_slot(link, **other)
+    assert len(seen) == 1
+
+
+def test_without_a_service_a_slot_runs_the_command_with_the_sites_settings(tmp_path):
+    command = tmp_path / "cli.sh"
+    command.write_text('#!/bin/sh\necho "$GPUALLOC_ALLOCATOR_ADDR $SLURM_CONF $*"\nexit 4\n')
+    command.chmod(0o755)
+    settings = (
+        f"GPUALLOC_SLURM_SOCKET={tmp_path}/none.sock\nGPUALLOC_SLURM_CLI={command}\n"
+        "GPUALLOC_ALLOCATOR_ADDR=gpualloc.test:50051\nSLURM_CONF=/etc/slurm/slurm.conf\n"
+    )
+    done = run_slot(slot(tmp_path, "taskprolog", settings), SLURM_JOB_ID="7")
+    assert (done.returncode, done.stdout) == (4, "gpualloc.test:50051 /etc/slurm/slurm.conf "
+                                              "task-prolog\n")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("command", "prolog_code"),
+    [
+        pytest.param("/bin/false", 1, id="the-command-fails"),
+        pytest.param("/nonexistent/gpualloc-slurm", 3, id="no-command"),
+    ],
+)
+def test_the_node_epilog_exits_0_whatever_happens(tmp_path, command, prolog_code):
+    # Slurm drains a node whose Epilog fails; the PrologSlurmctld's failure requeues the job
+    settings = f"GPUALLOC_SLURM_SOCKET={tmp_path}/none.sock\nGPUALLOC_SLURM_CLI={command}\n"
+    epilog = run_slot(slot(tmp_path, "epilog", settings), SLURM_JOB_ID="7")
+    assert epilog.returncode == 0 and command in epilog.stderr, epilog
+    prolog = run_slot(slot(tmp_path, "prolog-slurmctld"), SLURM_JOB_ID="7")
+    assert prolog.returncode == prolog_code, prolog
+
+
 @pytest.mark.parametrize(
     "request_bytes",
     [
