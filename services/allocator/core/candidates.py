@@ -303,11 +303,13 @@ class NodeCandidates:
         state, unbounded = self.ctx.state, False
         free: list[DeviceEntry] = []
         busy: dict[ReasonCode, int] = {}
-        listed = self.exact(alternative)
-        order = self._order_of.get(alternative.key)
-        if order is not None and self._in_use is not None:
-            free = self._free_by_index(alternative, order, self._in_use, busy)
-            listed = []  # a template's node: no shared device, no invalid pool among them
+        indices = self._listed_indices(alternative)
+        if indices is not None and self._in_use is not None:
+            free = self._free_by_index(alternative, indices, self._in_use, busy)
+            listed: list[Candidate | InvalidPoolMarker] = []  # a template's node: no shared
+            # device, no invalid pool among its candidates
+        else:
+            listed = self.exact(alternative)
         for candidate in listed:
             if isinstance(candidate, InvalidPoolMarker):
                 unbounded = True  # only the search knows whether it reaches the pool (an error)
@@ -450,9 +452,7 @@ class NodeCandidates:
         capacity check runs; only the policy's order within each pool is worked out, once
         per state of the node's devices."""
         assert self._prepared is not None
-        self._tally[alternative.key] = dict(tally)
-        if self.ctx.recorder is not None:
-            self.ctx.recorder.listed(alternative)
+        self._list_statics(alternative, tally)
         devices = self._devices()
         orders = self._prepared.orders
         key = (alternative.key, self._in_use) if self._in_use is not None else None
@@ -465,6 +465,28 @@ class NodeCandidates:
                 orders[key] = order
         self._order_of[alternative.key] = order
         return [Candidate(devices[index], None) for index in order]
+
+    def _listed_indices(self, alternative: Alternative) -> tuple[int, ...] | None:
+        """A template's node: the alternative's candidates by device index, in the policy's
+        order once a search has listed them, else in the template's (a count of the free
+        ones needs no order: only a search does); None when the node has no template's
+        static outcomes for it."""
+        order = self._order_of.get(alternative.key)
+        if order is not None or self._prepared is None:
+            return order
+        prepared = self._prepared.lists.get(alternative.key)
+        if prepared is None:
+            return None
+        indices, tally = prepared
+        self._list_statics(alternative, tally)
+        return indices
+
+    def _list_statics(self, alternative: Alternative, tally: Mapping[ReasonCode, int]) -> None:
+        """The template's static outcomes stand for the node's own checks: their tally, and
+        for an explanation the note that its devices' events come in bulk."""
+        self._tally[alternative.key] = dict(tally)
+        if self.ctx.recorder is not None:
+            self.ctx.recorder.listed(alternative)
 
     def _order(
         self, key: int, indices: tuple[int, ...], devices: tuple[DeviceEntry, ...]
@@ -490,12 +512,13 @@ class NodeCandidates:
         first: list[int] = []
         later: list[int] = []
         order = []
+        fresh = self._fresh
         for sorts, run in self._prepared.runs(key, indices, devices):
             if not sorts:
                 order.extend(run)
                 continue
             for index in run:
-                (later if self._fresh(devices[index]) else first).append(index)
+                (later if fresh(devices[index]) else first).append(index)
             order.extend(first)
             order.extend(later)
             first, later = [], []
@@ -504,7 +527,9 @@ class NodeCandidates:
     def _fresh(self, entry: DeviceEntry) -> bool:
         """candidate_key's `fresh` (1: tried after the others of its pool's run)."""
         if entry.counters:
-            in_use = self._set_in_use(entry)
+            in_use = self._sets_used.get((entry.slice.index, entry.counter_sets))
+            if in_use is None:
+                in_use = self._set_in_use(entry)
         else:
             in_use = entry.multi and bool(self.ctx.state.share_ids(entry.id))
         return in_use != self.ctx.rules.prefers_used
