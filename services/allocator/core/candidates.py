@@ -160,6 +160,7 @@ class Prepared:
     # The policy's order depends on which GPUs are in use: memoised per (alternative, in use).
     orders: dict[tuple[int, frozenset[int]], tuple[int, ...]] = field(default_factory=dict)
     _runs: dict[int, tuple[tuple[bool, tuple[int, ...]], ...]] = field(default_factory=dict)
+    _sets: dict[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
 
     def runs(
         self, key: int, indices: tuple[int, ...], devices: tuple[DeviceEntry, ...]
@@ -182,6 +183,30 @@ class Prepared:
                         runs.append((False, tuple(run)))
                     run = []
             found = self._runs[key] = tuple(runs)
+        return found
+
+    def set_ids(
+        self,
+        key: int,
+        runs: tuple[tuple[bool, tuple[int, ...]], ...],
+        devices: tuple[DeviceEntry, ...],
+    ) -> tuple[tuple[int, ...], ...]:
+        """Per run, per candidate: which (slice, counter sets) it draws from, numbered (-1:
+        no counters). Candidates of one number are in use or fresh together, and the numbers
+        are alike on every node of the template (its signature holds each device's slice
+        position and counters), so the order asks the state once per number."""
+        found = self._sets.get(key)
+        if found is None:
+            numbers: dict[tuple[int, frozenset[str]], int] = {}
+            found = self._sets[key] = tuple(
+                tuple(
+                    numbers.setdefault((d.slice.index, d.counter_sets), len(numbers))
+                    if (d := devices[index]).counters
+                    else -1
+                    for index in run
+                )
+                for _, run in runs
+            )
         return found
 
 
@@ -512,13 +537,21 @@ class NodeCandidates:
         first: list[int] = []
         later: list[int] = []
         order = []
-        fresh = self._fresh
-        for sorts, run in self._prepared.runs(key, indices, devices):
+        runs = self._prepared.runs(key, indices, devices)
+        known: dict[int, bool] = {}  # per counter-set number: fresh
+        for (sorts, run), numbers in zip(
+            runs, self._prepared.set_ids(key, runs, devices), strict=True
+        ):
             if not sorts:
                 order.extend(run)
                 continue
-            for index in run:
-                (later if fresh(devices[index]) else first).append(index)
+            for index, number in zip(run, numbers, strict=True):
+                fresh = known.get(number) if number >= 0 else None
+                if fresh is None:
+                    fresh = self._fresh(devices[index])
+                    if number >= 0:
+                        known[number] = fresh
+                (later if fresh else first).append(index)
             order.extend(first)
             order.extend(later)
             first, later = [], []
