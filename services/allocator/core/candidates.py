@@ -17,7 +17,7 @@ keeps its place as a marker, and the search fails with an error when it reaches 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -60,6 +60,7 @@ from services.allocator.core.topology_constraints import bound as topology_bound
 from services.common.dra.model import (
     AllocationMode,
     AttributeValue,
+    DeviceID,
     DeviceTaint,
     DeviceToleration,
     TolerationOperator,
@@ -161,6 +162,7 @@ class Prepared:
     orders: dict[tuple[int, frozenset[int]], tuple[int, ...]] = field(default_factory=dict)
     _runs: dict[int, tuple[tuple[bool, tuple[int, ...]], ...]] = field(default_factory=dict)
     _sets: dict[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
+    _cliques: dict[tuple[int, tuple[int, ...]], int] = field(default_factory=dict)
 
     def runs(
         self, key: int, indices: tuple[int, ...], devices: tuple[DeviceEntry, ...]
@@ -184,6 +186,27 @@ class Prepared:
                     run = []
             found = self._runs[key] = tuple(runs)
         return found
+
+    def clique_of(
+        self,
+        topology: NodeTopology,
+        devices: Sequence[DeviceID],
+        indices: tuple[int, ...],
+        min_links: int,
+    ) -> Callable[[], int]:
+        """The largest NVLink clique of `devices` (the template's devices `indices` on one of
+        its nodes), kept per (indices, links): every node of the template answers alike."""
+
+        def clique() -> int:
+            key = (min_links, indices)
+            found = self._cliques.get(key)
+            if found is None:
+                if len(self._cliques) >= _ORDER_CACHE:
+                    self._cliques.clear()
+                found = self._cliques[key] = topology.largest_clique(devices, min_links)
+            return found
+
+        return clique
 
     def set_ids(
         self,
@@ -267,6 +290,7 @@ class NodeCandidates:
         self._labels = {c.index: c.label for c in ctx.plan.claims}
         self._sets_used: dict[tuple[int, frozenset[str]], bool] = {}
         self._device_tuple: tuple[DeviceEntry, ...] | None = None
+        self._free_indices: dict[int, tuple[int, ...]] = {}  # a template's node: by alternative
         self._slice_devices: dict[int, list[DeviceEntry]] | None = None
         self._slice_states: dict[int, tuple[tuple[Amount, ...], frozenset[int]]] = {}
 
@@ -329,8 +353,13 @@ class NodeCandidates:
         free: list[DeviceEntry] = []
         busy: dict[ReasonCode, int] = {}
         indices = self._listed_indices(alternative)
+        free_indices: tuple[int, ...] | None = None
         if indices is not None and self._in_use is not None:
             free = self._free_by_index(alternative, indices, self._in_use, busy)
+            in_use = () if alternative.admin else self._in_use
+            free_indices = tuple(i for i in indices if i not in in_use)
+            if not alternative.admin:
+                self._free_indices[alternative.key] = free_indices
             listed: list[Candidate | InvalidPoolMarker] = []  # a template's node: no shared
             # device, no invalid pool among its candidates
         else:
@@ -361,7 +390,7 @@ class NodeCandidates:
                         self._constraint_bound(alternative, i, free)
                         for i in alternative.constraints
                     ),
-                    *self._topology_bounds(alternative, free),
+                    *self._topology_bounds(alternative, free, free_indices),
                 ]
             )
         return Availability(len(free), most, unbounded, busy)
@@ -392,17 +421,41 @@ class NodeCandidates:
                         recorder.reject(alternative, device, ReasonCode.IN_USE, None, held)
         return free
 
-    def _topology_bounds(self, alternative: Alternative, free: list[DeviceEntry]) -> list[int]:
+    def clique(
+        self, alternative: Alternative, devices: Sequence[DeviceID], min_links: int
+    ) -> Callable[[], int] | None:
+        """The largest NVLink clique of the alternative's candidates nobody holds (`devices`),
+        kept per template (Prepared.clique_of) when `available` listed them by index."""
+        indices = self._free_indices.get(alternative.key)
+        topology = self.ctx.node_topology(self.view)
+        if indices is None or topology is None or self._prepared is None:
+            return None
+        return self._prepared.clique_of(topology, devices, indices, min_links)
+
+    def _topology_bounds(
+        self,
+        alternative: Alternative,
+        free: list[DeviceEntry],
+        free_indices: tuple[int, ...] | None = None,
+    ) -> list[int]:
         """Per required topology constraint over the alternative: how many of its free
         candidates can be in one set (the largest NVLink clique, the largest group on one
-        PCIe root or NUMA node, those with a NIC close enough)."""
+        PCIe root or NUMA node, those with a NIC close enough). A template's nodes are wired
+        alike (its signature holds the topology's), so their cliques are kept per template by
+        the free candidates' indices (`free_indices`, when known)."""
         plan = self.ctx.topology
         if plan is None or not plan.required:
             return []
         topology = self.ctx.node_topology(self.view)
         bounds = []
+        ids = [e.id for e in free]
         for scoped in plan.covering(alternative, plan.required):
-            most, why = topology_bound(scoped.constraint, topology, [e.id for e in free])
+            clique = None
+            if free_indices is not None and topology is not None and self._prepared is not None:
+                clique = self._prepared.clique_of(
+                    topology, ids, free_indices, scoped.constraint.min_nvlinks
+                )
+            most, why = topology_bound(scoped.constraint, topology, ids, clique)
             bounds.append(most)
             if most < alternative.count and self.ctx.recorder is not None:
                 miss = scoped.constraint.miss(scoped.index, why)
