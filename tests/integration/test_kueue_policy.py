@@ -29,7 +29,7 @@ from protos.common.v1 import dra_pb2
 from services.allocator.config import AllocatorSettings
 from services.client.mapping import placement_from_pb
 from tests.integration.test_quota_tree import TREE_POLICY
-from tests.integration.test_quotas import release_all, reserve, status, stub
+from tests.integration.test_quotas import claim, release_all, reserve, status, stub
 from tests.security_fixtures import SecuredFleet, policy_with, secured_fleet
 from tests.unit.bridges.support import ROOT
 
@@ -545,3 +545,94 @@ def test_each_cluster_queue_charges_the_devices_to_its_own_flavors(tmp_path: Pat
         finally:
             release_all(a, held[1:])
             release_all(b, held[:1])
+
+
+CATCH_ALL_FIRST_QUEUE = """
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata:
+  name: gpu-flavor
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata:
+  name: hopper
+spec:
+  nodeLabels:
+    nvidia.com/gpu.family: hopper
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata:
+  name: team-b
+spec:
+  namespaceSelector: {}
+  resourceGroups:
+  - coveredResources: [nvidia.com/gpu]
+    flavors:
+    - name: gpu-flavor
+      resources:
+      - {name: nvidia.com/gpu, nominalQuota: 2}
+    - name: hopper
+      resources:
+      - {name: nvidia.com/gpu, nominalQuota: 4}
+"""
+
+
+def _used(fleet: SecuredFleet, tenant: str) -> dict[str, str]:
+    rows = status(stub(fleet, "admin"), tenant)
+    return {resource: row.used for (_, resource), row in rows.items() if row.used != "0"}
+
+
+def test_a_catch_all_listed_first_falls_to_the_labelled_flavor_and_is_charged_there(
+    tmp_path: Path,
+) -> None:
+    """A ClusterQueue listing the label-less gpu-flavor (nominal 2) before hopper (nominal 4):
+    once gpu-flavor's quota is spent (2 L40Ss), a grant of 2 falls to hopper and is charged to
+    hopper, the flavor its search assigned (Kueue admits it there), not to gpu-flavor, which
+    also selects H100s; QuotaStatus shows it on hopper, its release frees hopper, and the items
+    of an AllocateBatch are charged there alike."""
+    (tmp_path / "kueue").mkdir()
+    (tmp_path / "kueue" / "team-b.yml").write_text(CATCH_ALL_FIRST_QUEUE)
+    tenants = [*OTHER_TENANTS, {"name": "team-a"}, {"name": "hpc"}]  # bound, not limited
+    policy = policy_with(_section({"quota": {"kueue": {"files": ["kueue/"]}}, "tenants": tenants}))
+    with secured_fleet(tmp_path, policy=policy, allocator=SETTINGS) as fleet:
+        b = stub(fleet, "scheduler-b")
+        held: list[pb.AllocateResponse] = []
+        try:
+            first = reserve(b, 2, owner="job/any", node="l40s-node-1")
+            assert first.outcome == pb.OUTCOME_ALLOCATED, first.quota_refusals
+            held.append(first)
+            assert _flavors_tried(first) == [("gpu-flavor", "FLAVOR_MODE_FIT")]
+            fallen = reserve(b, 2, owner="job/hopper")
+            assert fallen.outcome == pb.OUTCOME_ALLOCATED, (fallen.quota_refusals, fallen.flavors)
+            assert {r.node_name for r in fallen.reservations} <= {"h100-node-1", "h100-node-2"}
+            assert _flavors_tried(fallen) == [
+                ("gpu-flavor", "FLAVOR_MODE_NO_CANDIDATES"),
+                ("hopper", "FLAVOR_MODE_FIT"),
+            ]
+            assert _used(fleet, "team-b") == {
+                "nvidia.com/gpu/gpu-flavor": "2",
+                "nvidia.com/gpu/hopper": "2",
+            }
+            release_all(b, [fallen])
+            assert _used(fleet, "team-b") == {"nvidia.com/gpu/gpu-flavor": "2"}
+            items = []
+            for index in range(2):
+                item = pb.AllocateRequest(claims=[claim(1)], reserve=True, owner=f"job/b-{index}")
+                item.lease_ttl.FromSeconds(120)
+                items.append(item)
+            batch = b.AllocateBatch(pb.AllocateBatchRequest(items=items), timeout=30)
+            answers = [i.response for i in batch.items]
+            held.extend(answers)
+            assert [a.outcome for a in answers] == [pb.OUTCOME_ALLOCATED] * 2
+            assert {r.node_name for a in answers for r in a.reservations} <= {
+                "h100-node-1",
+                "h100-node-2",
+            }
+            assert _used(fleet, "team-b") == {
+                "nvidia.com/gpu/gpu-flavor": "2",
+                "nvidia.com/gpu/hopper": "2",
+            }
+        finally:
+            release_all(b, held)

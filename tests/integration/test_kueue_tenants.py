@@ -446,3 +446,56 @@ def test_an_allocate_batch_is_the_tenant_its_call_names(fleet: SecuredFleet, tmp
     assert isinstance(refused, Placement) and refused.outcome is Outcome.QUOTA_EXCEEDED
     assert owners(fleet) == [f"team-a/kueue/team-a/w{i}" for i in range(4)]
     assert used(fleet) == {("team-a", "nvidia.com/gpu/hopper"): "4"}
+
+
+# team-a lists the label-less gpu-flavor (every GPU: the Kueue bridge example's) before hopper
+CATCH_ALL = {"apiVersion": V2, "kind": "ResourceFlavor", "metadata": {"name": "gpu-flavor"}}
+CATCH_ALL_FIRST: list[dict[str, Any]] = [
+    CATCH_ALL,
+    *(f for f in FLAVORS if f["metadata"]["name"] == "hopper"),
+    cluster_queue("team-a", [flavor("gpu-flavor", 2), flavor("hopper", 4)]),
+    local_queue("team-a", "team-a"),
+]
+
+
+def test_a_workload_kueue_admits_on_the_labelled_flavor_after_a_catch_all_is_charged_there(
+    tmp_path: Path,
+) -> None:
+    """ClusterQueue team-a lists gpu-flavor (no nodeLabels, nominal 2) before hopper (nominal
+    4). Its gpu-flavor quota is spent (2 L40Ss through the API); Kueue admits a Workload of 4
+    H100s on hopper, and the sidecar places it on hopper's nodes: gpualloc's flavor search
+    falls past gpu-flavor (it could never grant 4) to hopper and charges the grant there, the
+    flavor it assigned, as Kueue counts it (charged to the first flavor that selects an H100,
+    gpu-flavor, it was refused and the Workload waited in Retry)."""
+    section = SECTION.replace(
+        json.dumps([*KUEUE_OBJECTS, *documents(OUR_CHECK)]),
+        json.dumps([*CATCH_ALL_FIRST, *documents(OUR_CHECK)]),
+    ) + "".join(f"  - name: {name}\n" for name in ("team-b", "team-c", "hpc"))  # not limited
+    policy = policy_with(section).replace(KUEUE_AS_TEAM_C, ACTING)
+    with secured_fleet(tmp_path / "pki", policy=policy) as made:
+        api_a = allocator_pb2_grpc.AllocatorStub(made.channel("scheduler-a"))
+        request = pb.AllocateRequest(
+            claims=[gpu_claim(2)], reserve=True, owner="job/l40s", node_name="l40s-node-1"
+        )
+        spent = api_a.Allocate(request, timeout=30)
+        assert spent.outcome == pb.OUTCOME_ALLOCATED, spent.quota_refusals
+        api = MemoryKueueApi()
+        for document in [*documents(OUR_CHECK), *copy.deepcopy(CATCH_ALL_FIRST)]:
+            api.apply(document)
+        submit(api, "team-a", "h100s")
+        stand_in = KueueStandIn(api)
+        stand_in.flavors["team-a/h100s"] = {"nvidia.com/gpu": "hopper"}
+        with kueue_placer(kueue_settings(made, tmp_path / "token")) as placer:
+            controller = AdmissionController(
+                api, placer, lease_ttl_seconds=60, tenants=TenantMode.CLUSTER_QUEUE
+            )
+            stand_in.step()  # Kueue reserves its quota on hopper
+            controller.reconcile_all()
+            placed = check_of(api, "team-a", "h100s")
+            assert placed.state is CheckState.READY, placed
+            (update,) = placed.pod_set_updates
+            assert update.node_selector["kubernetes.io/hostname"].startswith("h100-node-")
+            assert used(made) == {
+                ("team-a", "nvidia.com/gpu/gpu-flavor"): "2",
+                ("team-a", "nvidia.com/gpu/hopper"): "4",
+            }

@@ -1,13 +1,14 @@
 """Pinning a query to resource flavors: what the solver is told the quota allows.
 
 A flavor the query is pinned to becomes, for the solver: its node labels a node selector (and
-the node labels of the flavors the tenant lists before it a NotIn, so that the devices found
-are charged to it); on every request and subrequest of a device class the flavor's resource
-counts, its CEL selectors, its device classes (as one more selector, when the request's class
-is not among them), the negation of the device-level flavors the tenant lists before it, and its
-tolerations. A subrequest that does not tolerate the flavor's nodeTaints (with its tenant's and
-the flavor's own tolerations, as Kueue's flavor check counts them) is dropped; a request none
-of whose alternatives tolerates them makes the flavor NoFit (app/flavor_search.py).
+the node labels of the flavors the tenant lists before it a NotIn, so that a later flavor is
+not given the devices of an earlier one); on every request and subrequest of a device class
+the flavor's resource counts, its CEL selectors, its device classes (as one more selector,
+when the request's class is not among them), the negation of the device-level flavors the
+tenant lists before it, and its tolerations. A subrequest that does not tolerate the flavor's
+nodeTaints (with its tenant's and the flavor's own tolerations, as Kueue's flavor check counts
+them) is dropped; a request none of whose alternatives tolerates them makes the flavor NoFit
+(app/flavor_search.py).
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ __all__ = ["Pin", "pin", "pin_of", "spec_of", "taint_text"]
 @dataclass(frozen=True)
 class Pin:
     """A flavor the query is pinned to: its quota resource (`gpus/hopper`), the flavor, and
-    the flavors charged before it for the tenant (its own listed before it: their devices are
-    charged to them, so excluded)."""
+    the flavors the tenant lists before it (their devices are left out where a node selector
+    or a device selector can say so)."""
 
     resource: QuotaResource
     flavor: ResourceFlavor

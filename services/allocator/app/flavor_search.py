@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from services.allocator.app.flavor_pins import Pin, pin, pin_of, taint_text
 from services.allocator.app.messages import Answer, LeaseOptions, Outcome, Query
@@ -57,11 +57,13 @@ __all__ = ["Found", "flavored_bases", "search_flavors", "units_within_flavors"]
 @dataclass(frozen=True)
 class Found:
     """What an attempt found on its flavor: the answer there (ALLOCATED, or why not), the query
-    pinned to the flavors, and the preemption that would make it fit."""
+    pinned to the flavors, the preemption that would make it fit, and the flavors it is
+    assigned (flavored resource -> flavor: the pins), which a grant of it is charged to."""
 
     answer: Answer
     query: Query
     proposal: Proposal | None = None
+    assigned: Mapping[str, str] = field(default_factory=dict)
 
 
 def flavored_bases(model: QuotaModel, amounts: Usage) -> list[str]:
@@ -128,12 +130,20 @@ def search_flavors(
 class _Try:
     """One flavor's attempt in the making: its quota resource, the pins (the flavors chosen
     before and it), the query pinned to them, and what a placement counts of their
-    resources."""
+    resources, charged to the pinned flavors (Kueue counts a workload on the flavor it
+    assigned, not the first that would select its devices)."""
 
     resource: QuotaResource
     pins: Sequence[Pin]
     pinned: Query
     counts: Callable[[Answer], dict[str, int]]
+
+    @property
+    def assigned(self) -> dict[str, str]:
+        return {p.resource.base: p.resource.flavor for p in self.pins}
+
+    def found(self, answer: Answer, proposal: Proposal | None = None) -> Found:
+        return Found(answer, self.pinned, proposal, self.assigned)
 
 
 class _Search:
@@ -172,11 +182,12 @@ class _Search:
         if isinstance(pinned, DeviceTaint):
             why = f"untolerated taint {taint_text(pinned)} in flavor {resource.flavor}"
             return made(FlavorMode.NO_FIT, 0, FlavorReason.UNTOLERATED_TAINT, why)
+        assigned = {p.resource.base: p.resource.flavor for p in here}
         tried = _Try(
             resource,
             here,
             pinned,
-            _only(self.trials.counts, model, {p.resource.base for p in here}),
+            _only(self.trials.counts_on(assigned), model, set(assigned)),
         )
         live = self._on_live_state(tried, reuse=not pins and self._reused_on(resource))
         return live if isinstance(live, FlavorAttempt) else self._once_victims_go(tried, *live)
@@ -200,7 +211,7 @@ class _Search:
         standing = quota_standing(model, tenant, amounts, self.around.usage)
         if standing >= QuotaStanding.BORROWING:
             borrows = int(standing is QuotaStanding.BORROWING)
-            return made(FlavorMode.FIT, borrows, found=Found(answer, tried.pinned))
+            return made(FlavorMode.FIT, borrows, found=tried.found(answer))
         refusals = model.admit(tenant, amounts, self.around.usage)
         refused = replace(answer, outcome=Outcome.QUOTA_EXCEEDED, quota=refusals)
         return refused, FlavorReason.QUOTA, "; ".join(map(str, refusals))
@@ -216,16 +227,12 @@ class _Search:
         empty = self.trials.on_empty_fleet(tried.pinned)
         if empty is None:
             why = f"no devices of flavor {flavor} fit the request, even with all of them free"
-            return made(
-                FlavorMode.NO_FIT, 0, FlavorReason.NO_DEVICES, why, Found(answer, tried.pinned)
-            )
+            return made(FlavorMode.NO_FIT, 0, FlavorReason.NO_DEVICES, why, tried.found(answer))
         wanted = tried.counts(empty)
         if quota_standing(model, tenant, wanted, self.around.usage) is QuotaStanding.ABOVE_MAX:
             refusals = model.admit(tenant, wanted, {})
             why = "; ".join(map(str, refusals)) or "more than the quota can ever grant"
-            return made(
-                FlavorMode.NO_FIT, 0, FlavorReason.ABOVE_MAX, why, Found(answer, tried.pinned)
-            )
+            return made(FlavorMode.NO_FIT, 0, FlavorReason.ABOVE_MAX, why, tried.found(answer))
         proposal = propose(
             replace(self.trials, counts=tried.counts),
             tried.pinned,
@@ -235,7 +242,7 @@ class _Search:
             max_consolidation_nodes=self.max_consolidation_nodes,
             empty=empty,
         )
-        found = Found(answer, tried.pinned, proposal)
+        found = tried.found(answer, proposal)
         if proposal is None:
             return made(FlavorMode.NO_CANDIDATES, 0, reason, message, found)
         reclaims = all(
@@ -332,7 +339,7 @@ def units_within_flavors(
         one = trials.on_empty_fleet(pinned) if units else None
         if one is None:
             continue
-        unit = trials.counts(one)
+        unit = trials.counts_on({resource.base: resource.flavor})(one)
         bounds = [left.get(name, 0) // amount for name, amount in unit.items() if amount > 0]
         within += min([units, *bounds])
     return within

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from services.allocator.app.live_reservations import Holdings
 from services.allocator.app.quota_grants import QuotaAsk, QuotaTally
-from services.allocator.app.quotas import Grant, QuotaExceeded, QuotaGuard
+from services.allocator.app.quotas import Assigned, Grant, QuotaExceeded, QuotaGuard
 from services.allocator.app.reservation_limit import ReservationLimit
 from services.allocator.core import ClusterSnapshot
 from services.allocator.reservations.model import (
@@ -82,12 +82,16 @@ class GrantRun:
         *,
         limit: int | None = None,
         checked: bool = True,
+        assigned: Assigned | None = None,
     ) -> int:
         """Admit a placement (its requests, one per scope, all of one owner and lease) and
         hold it pending: its index among the run's outcomes. Raises ResourceExhausted (the
         owner's tenant's `limit` on live reservations) or QuotaExceeded, holding nothing.
         `checked` False: counted against the quota without a check (a consolidation's
-        replacement). `snapshot`: the view the requests were built on (what they count)."""
+        replacement). `snapshot`: the view the requests were built on (what they count);
+        `assigned`: the flavors its flavor search assigned, which its devices are charged to
+        (QuotaGuard.usage; the ledger entries keep the amounts, so release, QuotaStatus and
+        preemption count them there too)."""
         owner = requests[0].owner
         limits = contextlib.ExitStack()
         if limit is not None:  # counted while in flight (none to count without a bound)
@@ -96,7 +100,7 @@ class GrantRun:
         try:
             if self._tally is not None and self._quotas is not None:
                 amounts = tuple(
-                    self._quotas.usage(snapshot, request.node, request.allocations, owner)
+                    self._quotas.usage(snapshot, request.node, request.allocations, owner, assigned)
                     for request in requests
                 )
                 admitted = self._tally.admit(

@@ -31,6 +31,7 @@ from services.allocator.core import (
 )
 from services.allocator.reservations.model import Reservation
 from services.allocator.reservations.queued import queued_at
+from services.allocator.reservations.quota_ledger import QuotaEntry, usage_by_tenant
 from services.common.deadline import Deadline
 from services.common.dra.model import AllocationResult
 from services.common.security.principal import tenant_of_owner
@@ -61,13 +62,23 @@ class Proposal:
 @dataclass(frozen=True)
 class Trials:
     """One call's means of trying placements on its view: `solve` a query on a state (no
-    explanation), and what a placement `counts` against the caller's tenant's quota."""
+    explanation), what a placement `counts` against the caller's tenant's quota, and what it
+    is `charged` on the flavors a flavor search assigned (flavored resource -> flavor)."""
 
     view: ViewSnapshot
     state: AllocatedState
     solve: Callable[[Query, AllocatedState], Answer]
     counts: Callable[[Answer], dict[str, int]]
     deadline: Deadline
+    charged: Callable[[Answer, Mapping[str, str]], dict[str, int]] | None = None
+
+    def counts_on(self, assigned: Mapping[str, str]) -> Callable[[Answer], dict[str, int]]:
+        """What a placement counts when its flavors are `assigned` (`counts` when none are)."""
+        charged = self.charged
+        if charged is None or not assigned:
+            return self.counts
+        kept = dict(assigned)
+        return lambda answer: charged(answer, kept)
 
     def without(self, query: Query, gone: Sequence[Reservation]) -> Answer | None:
         """`query`'s placement once `gone` are revoked (their devices free), or None."""
@@ -82,28 +93,34 @@ class Trials:
 
 
 class Standing:
-    """The quota around the caller, read when first needed: the model, the cohort's usage (one
-    ledger read), and the live reservations of the caller's tenant and cohort with what each
-    counts. Only the caller's tenant and its cohort can lose reservations to it (the
-    planner's rules): nobody else's reservations are looked at."""
+    """The quota around the caller, read when first needed: the model, the cohort's ledger
+    entries and usage (one ledger read), and the live reservations of the caller's tenant and
+    cohort with what each counts: the amounts its ledger entry holds (what its grant was
+    charged, on the flavors assigned it), else (no entry: granted before quotas, say) what
+    `usage_of` counts now. Only the caller's tenant and its cohort can lose reservations to
+    it (the planner's rules): nobody else's reservations are looked at."""
 
     def __init__(
         self,
         model: QuotaModel,
         owner: str,
-        usage: Callable[[], Mapping[str, Usage]],
+        entries: Callable[[], Sequence[QuotaEntry]],
         reservations: Callable[[], Sequence[Reservation]],
         usage_of: Callable[[Reservation], Usage],
     ) -> None:
         self.model = model
         self._owner = owner
-        self._usage = usage
+        self._entries = entries
         self._reservations = reservations
         self._usage_of = usage_of
 
     @functools.cached_property
+    def entries(self) -> Sequence[QuotaEntry]:
+        return self._entries()
+
+    @functools.cached_property
     def usage(self) -> Mapping[str, Usage]:
-        return self._usage()
+        return usage_by_tenant(self.entries)
 
     @functools.cached_property
     def live(self) -> Mapping[str, Reservation]:
@@ -114,7 +131,10 @@ class Standing:
 
     @functools.cached_property
     def amounts(self) -> Mapping[str, Usage]:
-        return {i: self._usage_of(r) for i, r in self.live.items()}
+        recorded = {entry.id: entry.amounts for entry in self.entries}
+        return {
+            i: recorded[i] if i in recorded else self._usage_of(r) for i, r in self.live.items()
+        }
 
 
 def propose(

@@ -5,7 +5,10 @@ file declares them, so they reload with it). This module applies them to reserva
 
 - `usage` counts what one store request (one node's part of a placement) holds, per quota
   resource: each device of a mapped DeviceClass counts 1 (1000 milli-units), or, for a counter
-  resource, the amount of that counter the device consumes (charged once per device).
+  resource, the amount of that counter the device consumes (charged once per device); a
+  flavored resource on the flavor the grant's flavor search assigned (`Assigned`), else on the
+  first of its tenant's flavors that selects the device. The ledger entry keeps the amounts,
+  so whatever reads the ledger (QuotaStatus, cohorts, preemption) counts them as charged.
 - step one of a grant (app/quota_grants.py, `QuotaTally`: one grant, or a batch's at once):
   the tenant's amounts are checked against the ledger of its cohort tree and added to it as a
   *ticket* in one compare-and-set (reservations/quota_ledger.py), with the lease plus a grace
@@ -70,9 +73,22 @@ from services.common.security.quota import (
 )
 from services.common.telemetry import Labelled, Telemetry
 
-__all__ = ["Grant", "QuotaExceeded", "QuotaGuard", "QuotaSettings", "check_flavor_selectors"]
+__all__ = [
+    "Assigned",
+    "Grant",
+    "QuotaExceeded",
+    "QuotaGuard",
+    "QuotaSettings",
+    "assigned_by",
+    "check_flavor_selectors",
+]
 
 log = logging.getLogger("gpualloc.quota")
+
+Assigned = Mapping[str, str]
+"""The flavors a grant's flavor search assigned: flavored resource (`gpus`) -> flavor
+(`hopper`). A device of such a resource is charged to its assigned flavor (Kueue counts a
+workload on the flavor it was admitted on), not to the first that selects it."""
 
 
 class QuotaExceeded(ResourceExhausted):
@@ -178,17 +194,26 @@ class QuotaGuard:
         scope: str,
         allocations: Sequence[AllocationResult],
         owner: str,
+        assigned: Assigned | None = None,
     ) -> dict[str, int]:
         """Per quota resource, what the part of `allocations` taken under `scope` (a store
-        request's or a reservation's node: reservations/holds.py) holds for `owner`; a flavored
-        resource counts a device on the first flavor in the owner's tenant's order that selects
-        it (`flavor_of`). With `refuse_uncounted`, the devices no resource counts as UNCOUNTED
-        (which the rule refuses a tenant with quotas and no ledger entry keeps)."""
+        request's or a reservation's node: reservations/holds.py) holds for `owner`. A flavored
+        resource counts a device on the flavor `assigned` names for it (the flavor the grant's
+        flavor search was pinned to) when that flavor selects the device, else on the first
+        flavor in the owner's tenant's order that selects it (`flavor_of`: where no assignment
+        is known). With `refuse_uncounted`, the devices no resource counts as UNCOUNTED (which
+        the rule refuses a tenant with quotas and no ledger entry keeps)."""
         model = self.model
         amounts: dict[str, int] = {}
         if not model.enabled:
             return amounts
         tenant = tenant_of_owner(owner)
+        specs = {
+            base: r
+            for base, flavor in (assigned or {}).items()
+            for r in model.flavors_of(base)
+            if r.flavor == flavor
+        }
         charged: set[tuple[str, object]] = set()
         for allocation in allocations:
             for result in allocation.results:
@@ -207,8 +232,8 @@ class QuotaGuard:
                         continue  # counted once
                     if resource.base:
                         if resource.base not in flavors:
-                            flavors[resource.base] = self.flavor_of(
-                                model, tenant, resource.base, snapshot, entry
+                            flavors[resource.base] = self._charged_to(
+                                model, tenant, resource.base, specs, snapshot, entry
                             )
                         if flavors[resource.base] != resource.flavor:
                             continue  # of another flavor
@@ -223,6 +248,23 @@ class QuotaGuard:
                     charged.add((UNCOUNTED, entry.id))  # one device: 1, however many results
                     amounts[UNCOUNTED] = amounts.get(UNCOUNTED, 0) + 1000
         return amounts
+
+    def _charged_to(
+        self,
+        model: QuotaModel,
+        tenant: str,
+        base: str,
+        specs: Mapping[str, QuotaResource],
+        snapshot: ClusterSnapshot,
+        entry: DeviceEntry,
+    ) -> str:
+        """The flavor of resource `base` a device is charged to: its assigned flavor (`specs`)
+        when that selects it, else `flavor_of`."""
+        found = specs.get(base)
+        labels = _node_labels(snapshot, entry) if found is not None else {}
+        if found is not None and found.spec is not None and self.selects(found.spec, entry, labels):
+            return found.flavor
+        return self.flavor_of(model, tenant, base, snapshot, entry)
 
     def flavor_of(
         self,
@@ -300,11 +342,24 @@ class QuotaGuard:
 
     def usage_around(self, owner: str) -> dict[str, dict[str, int]]:
         """tenant -> usage, for the cohort of `owner`'s tenant ({} when it is not limited)."""
+        return usage_by_tenant(self.entries_around(owner))
+
+    def entries_around(self, owner: str) -> tuple[QuotaEntry, ...]:
+        """The live entries of the ledger of `owner`'s tenant's tree, each with the amounts
+        its grant was charged (() when the tenant is not limited)."""
         model = self.model
         quota = model.quota_of(tenant_of_owner(owner))
         if quota is None:
-            return {}
-        return usage_by_tenant(self.ledger.read(model.ledger_key(quota)).entries)
+            return ()
+        return self.ledger.read(model.ledger_key(quota)).entries
+
+    def recorded(self, reservation: Reservation) -> Usage | None:
+        """The amounts the ledger holds for `reservation` (what its grant was charged), or
+        None when no entry covers it."""
+        for entry in self.entries_around(reservation.owner):
+            if entry.id == reservation.id:
+                return entry.amounts
+        return None
 
     def _take_entry(
         self,
@@ -570,6 +625,19 @@ def check_flavor_selectors(model: QuotaModel, selectors: SelectorCache) -> Quota
                     str(error),
                 ) from None
     return model
+
+
+def assigned_by(model: QuotaModel, amounts: Usage) -> dict[str, str]:
+    """The flavors a grant charged `amounts` was assigned (flavored resource -> flavor), to
+    charge its replacement alike: of each flavored resource it holds on one flavor only, that
+    flavor (one held on several, as firstAvailable alternatives of device-level flavors can
+    be, is left to the selection rule)."""
+    flavors = {r.name: r for r in model.resources if r.base and r.spec is not None}
+    held: dict[str, set[str]] = {}
+    for name, amount in amounts.items():
+        if amount > 0 and name in flavors:
+            held.setdefault(flavors[name].base, set()).add(flavors[name].flavor)
+    return {base: next(iter(names)) for base, names in held.items() if len(names) == 1}
 
 
 def _node_labels(snapshot: ClusterSnapshot, entry: DeviceEntry) -> Mapping[str, str]:

@@ -70,7 +70,7 @@ from services.allocator.app.preemption_plans import (
     Trials,
     propose,
 )
-from services.allocator.app.quotas import QuotaExceeded, QuotaGuard
+from services.allocator.app.quotas import QuotaExceeded, QuotaGuard, assigned_by
 from services.allocator.app.reservation_limit import ReservationLimit
 from services.allocator.app.telemetry import AllocatorMetrics
 from services.allocator.core import (
@@ -148,12 +148,14 @@ class ServiceLimits:
 @dataclass(frozen=True)
 class Decision:
     """What one attempt of a call decided: the answer (ALLOCATED: the placement to reserve),
-    the query it is for (pinned to the flavors chosen), and the preemption that would make it
-    fit."""
+    the query it is for (pinned to the flavors chosen), the preemption that would make it
+    fit, and the flavors assigned (flavored resource -> flavor), which its grant is charged
+    to (none: charged by the selection rule, QuotaGuard.usage)."""
 
     answer: Answer
     query: Query
     proposal: Proposal | None = None
+    assigned: Mapping[str, str] = field(default_factory=dict)
 
 
 class AllocatorService:
@@ -230,12 +232,23 @@ class AllocatorService:
                 )
                 try:
                     reservations = self._store_reserve(
-                        requests, view, deadline, limit=lease.max_reservations
+                        requests,
+                        view,
+                        deadline,
+                        limit=lease.max_reservations,
+                        assigned=decision.assigned,
                     )
                 except QuotaExceeded as refused:  # the take's check: the ledger's own word
                     answer = replace(answer, outcome=Outcome.QUOTA_EXCEEDED, quota=refused.refusals)
                     proposal = self._proposal(
-                        view, state, decision.query, answer, lease, revoked, deadline
+                        view,
+                        state,
+                        decision.query,
+                        answer,
+                        lease,
+                        revoked,
+                        deadline,
+                        assigned=decision.assigned,
                     )
                 except Conflict as error:
                     conflict = error
@@ -476,7 +489,8 @@ class AllocatorService:
         names = tuple(claim_ref(claim.namespace, claim.name) for claim in query.claims)
         requests = placement_requests(view.snapshot, answer.placements, names, lease, lease_seconds)
         try:
-            run.grants.add(view.snapshot, requests, limit=lease.max_reservations)
+            assigned = decision.assigned if self.quotas is not None else None
+            run.grants.add(view.snapshot, requests, limit=lease.max_reservations, assigned=assigned)
         except QuotaExceeded:
             ahead.clear()
             return None  # the unary path answers it, with the preemption that would make room
@@ -979,13 +993,15 @@ class AllocatorService:
         *,
         checked: bool = True,
         limit: int | None = None,
+        assigned: Mapping[str, str] | None = None,
     ) -> list[Reservation]:
         """One placement through a grant run of one (app/granting.py): within the tenant's
         bound on live reservations (`limit`), its quota (step one), then the devices (step
-        two). `checked` False: counted without a check (a consolidation's replacement)."""
+        two). `checked` False: counted without a check (a consolidation's replacement).
+        `assigned`: the flavors its devices are charged to (Decision.assigned)."""
         deadline.check("reserve")
         run = self._grant_run()
-        run.add(view.snapshot, requests, limit=limit, checked=checked)
+        run.add(view.snapshot, requests, limit=limit, checked=checked, assigned=assigned)
         with self._tracer.start_as_current_span("reserve") as span:
             span.set_attribute("gpualloc.node", requests[0].node)
             [outcome] = run.write(deadline)
@@ -1045,7 +1061,9 @@ class AllocatorService:
             refused = _refused(answer, self.quotas.check(lease.owner, trials.counts(answer)))
             return Decision(replace(refused, flavors=flavors), query)
         proposal = None if revoked else found.proposal
-        return Decision(replace(found.answer, flavors=flavors), found.query, proposal)
+        return Decision(
+            replace(found.answer, flavors=flavors), found.query, proposal, found.assigned
+        )
 
     # --- preemption --------------------------------------------------------------------------
 
@@ -1058,16 +1076,20 @@ class AllocatorService:
         lease: LeaseOptions,
         revoked: tuple[Victim, ...],
         deadline: Deadline,
+        *,
+        assigned: Mapping[str, str] | None = None,
     ) -> Proposal | None:
         """The fewest reservations whose revocation makes `query` fit for `lease.owner`
         (app/preemption_plans.py), or None. Only for an answer that is UNSATISFIABLE or
-        QUOTA_EXCEEDED, under quotas, and once per call."""
+        QUOTA_EXCEEDED, under quotas, and once per call. `assigned`: the flavors `query` is
+        pinned to (what its placement is charged to)."""
         if self.quotas is None or revoked:
             return None
         if answer.outcome not in (Outcome.UNSATISFIABLE, Outcome.QUOTA_EXCEEDED):
             return None
+        trials = self._trials(view, state, query, lease.owner, deadline)
         return propose(
-            self._trials(view, state, query, lease.owner, deadline),
+            replace(trials, counts=trials.counts_on(assigned or {})),
             query,
             lease,
             self._standing(lease.owner),
@@ -1091,7 +1113,10 @@ class AllocatorService:
         def counts(found: Answer) -> dict[str, int]:
             return self._placement_usage(view, query, found, owner)
 
-        return Trials(view, state, solve, counts, deadline)
+        def charged(found: Answer, assigned: Mapping[str, str]) -> dict[str, int]:
+            return self._placement_usage(view, query, found, owner, assigned)
+
+        return Trials(view, state, solve, counts, deadline, charged)
 
     def _standing(self, owner: str) -> Standing:
         """The quota around `owner`, read when first needed."""
@@ -1100,7 +1125,7 @@ class AllocatorService:
         return Standing(
             quotas.model,
             owner,
-            lambda: quotas.usage_around(owner),
+            lambda: quotas.entries_around(owner),
             self.holdings.reservations,
             self.reservation_usage,
         )
@@ -1180,7 +1205,9 @@ class AllocatorService:
                 priority_class=old.priority_class,
             )
             try:
-                new = self._store_reserve([request], view, deadline, checked=False)[0]
+                new = self._store_reserve(
+                    [request], view, deadline, checked=False, assigned=self._assigned_of(old)
+                )[0]
             except BaseException:
                 self._drop_replacements(list(made.values()))
                 raise
@@ -1194,6 +1221,14 @@ class AllocatorService:
             made[old.id] = new
         return made
 
+    def _assigned_of(self, reservation: Reservation) -> dict[str, str] | None:
+        """The flavors `reservation`'s grant was charged to, as its ledger entry holds them
+        (a moved reservation's replacement is charged alike); None when no entry covers it."""
+        if self.quotas is None:
+            return None
+        recorded = self.quotas.recorded(reservation)
+        return assigned_by(self.quotas.model, recorded) if recorded is not None else None
+
     def _drop_replacements(self, reservations: Sequence[Reservation]) -> None:
         for reservation in reservations:
             with contextlib.suppress(NotFound, Preempted):
@@ -1203,16 +1238,24 @@ class AllocatorService:
         self.holdings.removed([r.id for r in reservations])
 
     def _placement_usage(
-        self, view: ViewSnapshot, query: Query, answer: Answer, owner: str
+        self,
+        view: ViewSnapshot,
+        query: Query,
+        answer: Answer,
+        owner: str,
+        assigned: Mapping[str, str] | None = None,
     ) -> dict[str, int]:
-        """What reserving `answer` would count against `owner`'s tenant's quota."""
+        """What reserving `answer` would count against `owner`'s tenant's quota (on the
+        flavors `assigned`, where its devices are theirs)."""
         assert self.quotas is not None
         lease = LeaseOptions(owner)
         names = tuple(claim_ref(claim.namespace, claim.name) for claim in query.claims)
         requests = placement_requests(view.snapshot, answer.placements, names, lease, 1.0)
         total: dict[str, int] = {}
         for request in requests:
-            usage = self.quotas.usage(view.snapshot, request.node, request.allocations, owner)
+            usage = self.quotas.usage(
+                view.snapshot, request.node, request.allocations, owner, assigned
+            )
             for name, amount in usage.items():
                 total[name] = total.get(name, 0) + amount
         return total

@@ -120,7 +120,9 @@ def count_units(
     `budget.max_steps` (checked between nodes); `budget.cancelled` stops the count between
     nodes and units (the count so far, `cut`). A node's own error (an `All` request over an
     incomplete pool) skips it — raised for a `pinned` node, and raised when no node counts
-    any unit (an error of every node is the question's)."""
+    any unit (an error of every node is the question's). An error first met by a later unit
+    (its pinned solve raises once earlier units hold their devices) ends the node's count
+    there, as a unit that does not fit: the units before it stand."""
     counting = _Counting(
         snapshot,
         state,
@@ -241,19 +243,26 @@ class _Counting:
         while count < self.max_units:
             if count and self._cancelled():
                 raise DeadlineExceeded("capacity count cancelled")
-            result = solve(
-                self.snapshot,
-                state,
-                self.classes,
-                self.claims,
-                node=view.name,
-                policy=self.policy,
-                selectors=self.selectors,
-                budget=self.budget,
-                share_id=share_id,
-                topology_constraints=self.topology_constraints,
-                fragmentation_mix=self.mix,
-            )
+            try:
+                result = solve(
+                    self.snapshot,
+                    state,
+                    self.classes,
+                    self.claims,
+                    node=view.name,
+                    policy=self.policy,
+                    selectors=self.selectors,
+                    budget=self.budget,
+                    share_id=share_id,
+                    topology_constraints=self.topology_constraints,
+                    fragmentation_mix=self.mix,
+                )
+            except DeadlineExceeded:
+                raise
+            except GpuallocError:
+                if not count:
+                    raise  # the node's own error
+                return _Chain(count, models, steps, False)  # the next unit errs: it does not fit
             steps += result.stats.steps
             if not isinstance(result, Allocated):
                 return _Chain(count, models, steps, result.budget_exhausted)
@@ -302,7 +311,12 @@ class _Grouped:
                 break
             if path and self.counting._cancelled():
                 raise DeadlineExceeded("capacity count cancelled")
-            outcome, steps, cut = self._unit(view, template, facts.prepared, used)
+            try:
+                outcome, steps, cut = self._unit(view, template, facts.prepared, used)
+            except NodeError as error:
+                if not path:
+                    raise error.error from None  # the node's own error
+                break  # the next unit errs: it does not fit (this state keeps no chain)
             if outcome is None or outcome.key is None:
                 end = _Chain(0, {}, steps, cut)
                 if not cut:
@@ -332,14 +346,12 @@ class _Grouped:
         self, view: NodeView, template: NodeTemplate, prepared: Prepared, used: frozenset[int]
     ) -> tuple[NodeOutcome | None, int, bool]:
         """(the kept outcome of one more unit on the node, its steps, cut by the budget): a
-        pinned solve's search of the node, read back when its group's was kept."""
+        pinned solve's search of the node, read back when its group's was kept. Raises the
+        node's NodeError."""
         budget = self.counting.budget
         counter = StepCounter(budget.max_steps, budget.max_steps_per_node, budget.cancelled)
         run = NodeRun(self.ctx, counter)
-        try:
-            run.search_node(view, template.free_capacity(used), prepared, used)
-        except NodeError as error:
-            raise error.error from None
+        run.search_node(view, template.free_capacity(used), prepared, used)
         return outcome_memo(template, self.question).get(used), counter.steps, run.exhausted
 
 

@@ -15,7 +15,7 @@ NVLink topologies, partly used nodes), random claims and every policy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -34,8 +34,15 @@ from services.allocator.core import (
     count_units,
     solve,
 )
-from services.common.dra.model import AllocationResult, DeviceClass, ResourceClaim
+from services.common.dra.model import (
+    AllocationResult,
+    DeviceClass,
+    Node,
+    ResourceClaim,
+    ResourceSlice,
+)
 from services.common.errors import GpuallocError
+from tests import builders as b
 from tests.unit.allocator.test_batch import KINDS, SETTINGS
 from tests.unit.allocator.test_node_choice import clusters
 from tests.unit.allocator.test_solver_properties import CLASSES, claims
@@ -160,6 +167,111 @@ def test_capacity_equals_counting_every_node_on_its_own(
         assert reference[0] == 0
     else:
         assert mine == reference
+
+
+def shared_and_tainted(node: str) -> list[ResourceSlice]:
+    """d0: shared (allowMultipleAllocations), mem=1, b=x; d1: tainted t, without b."""
+    d0 = b.device("d0").attr("b", "x").capacity("mem", "1").multi()
+    return [b.slice_(f"{node}-slice", d0, b.device("d1").taint("t", "v")).node(node).build()]
+
+
+def beside_an_invalid_pool(node: str) -> list[ResourceSlice]:
+    """g0 in a valid pool, then a pool made invalid by a repeated device name."""
+    bad = b.slice_(f"{node}-bad", b.device("x"), b.device("x")).node(node).pool(f"{node}-bad")
+    return [b.slice_(f"{node}-gpus", b.device("g0")).node(node).pool(node).build(), bad.build()]
+
+
+# One unit fits (s0: d0's whole mem); the next takes s1, `All` over d0 and d1 — d1 lacks b, so
+# the pinned solve raises (a claim constraint fails in All mode), unless d1 is held (no fit).
+ALL_OR_ERROR = (
+    b.claim("c0")
+    .first_available(
+        "r0",
+        b.sub("s0", "any", 0, all_devices=True, capacity={"mem": "1"}),
+        b.sub("s1", "any", 0, all_devices=True, tolerations=[b.toleration("t", exists=True)]),
+    )
+    .match(f"{b.DRIVER}/b")
+    .build()
+)
+# One unit takes g0; the next reaches the invalid pool, which is the node's error (grouped).
+ONE_DEVICE = b.claim("c0").request("r0", "any").build()
+
+NEXT_UNIT_ERRS = [  # shape, nodes, held devices per node, claim, units per node
+    pytest.param(
+        shared_and_tainted,
+        1,
+        {},
+        ALL_OR_ERROR,
+        {"node-0": 1},
+        id="one-node-errs-at-its-second-unit",
+    ),
+    pytest.param(
+        shared_and_tainted,
+        2,
+        {"node-0": ["d1"]},
+        ALL_OR_ERROR,
+        {"node-0": 1, "node-1": 1},
+        id="a-node-erring-at-its-second-unit-beside-one-that-does-not",
+    ),
+    pytest.param(
+        beside_an_invalid_pool,
+        2,
+        {},
+        ONE_DEVICE,
+        {"node-0": 1, "node-1": 1},
+        id="grouped-nodes-err-at-their-second-unit",
+    ),
+    pytest.param(
+        beside_an_invalid_pool,
+        2,
+        {"node-0": ["g0"]},
+        ONE_DEVICE,
+        {"node-1": 1},
+        id="grouped-node-erring-at-its-first-unit-is-skipped",
+    ),
+]
+
+
+@pytest.mark.parametrize(("shape", "nodes", "held", "claim_", "expected"), NEXT_UNIT_ERRS)
+def test_a_node_whose_next_unit_errs_keeps_the_units_before(
+    shape: Callable[[str], list[ResourceSlice]],
+    nodes: int,
+    held: dict[str, list[str]],
+    claim_: ResourceClaim,
+    expected: dict[str, int],
+) -> None:
+    """Hypothesis's counterexamples, minimised: a pinned solve that raises after earlier units
+    ends the node's count there, as one that does not fit (node_by_node), pinned or not; only
+    an error of the node's first unit is the node's (skipped; raised for a pinned node)."""
+    names = [f"node-{i}" for i in range(nodes)]
+    snapshot = ClusterSnapshot.build([s for n in names for s in shape(n)], [Node(n) for n in names])
+    state = AllocatedState.build(
+        snapshot,
+        [
+            (f"default/{n}", b.allocation(*(b.result("held", d, n) for d in devices)))
+            for n, devices in held.items()
+        ],
+    )
+    for policy in Policy:
+        mine = counted(snapshot, state, CLASSES, [claim_], 8, policy=policy)
+        assert mine == (sum(expected.values()), expected, {UNKNOWN_MODEL: mine[0]}, False)
+        assert mine == node_by_node(snapshot, state, CLASSES, [claim_], 8, policy=policy)
+        for name in names:
+            try:
+                pinned = count_units(
+                    snapshot,
+                    state,
+                    CLASSES,
+                    [claim_],
+                    [name],
+                    pinned=True,
+                    policy=policy,
+                    selectors=SelectorCache(),
+                )
+            except GpuallocError:
+                assert name not in expected  # the node's own error: its first unit errs
+            else:
+                assert pinned.total == expected[name]
 
 
 @pytest.mark.parametrize("policy", list(Policy), ids=lambda p: str(p).lower())

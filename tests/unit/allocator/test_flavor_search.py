@@ -120,6 +120,7 @@ def model_of(quota: str, tenants: str) -> QuotaModel:
 class Fleet:
     service: AllocatorService
     held: dict[str, str] = field(default_factory=dict)  # name -> reservation id
+    models: list[QuotaModel] = field(default_factory=list)  # the last is the policy's now
 
     def hold(self, tenant: str, name: str, count: int, priority: str, node_name: str) -> None:
         query = Query((gpus(count),), node=node_name)
@@ -142,12 +143,13 @@ def fleet_of(quota_model: QuotaModel) -> Iterator[Fleet]:
     holdings = Holdings(store, expire_interval=3600)
     holdings.start()
     selectors = SelectorCache()
-    guard = QuotaGuard(lambda: quota_model, MemoryQuotaLedger(), lambda: CLASSES, selectors)
+    models = [quota_model]  # a test appends one to reload the policy
+    guard = QuotaGuard(lambda: models[-1], MemoryQuotaLedger(), lambda: CLASSES, selectors)
     service = AllocatorService(
         view, holdings, store, PlacementSearch(selectors), CLASSES, quotas=guard
     )
     try:
-        yield Fleet(service)
+        yield Fleet(service, models=models)
     finally:
         holdings.close()
         view.close()
@@ -717,3 +719,173 @@ def test_flavors_are_charged_in_each_tenants_own_order(case: PerTenant) -> None:
             assert families(answer) == {case.lands}
         status = fleet.service.quotas.status()  # type: ignore[union-attr]
         assert {(r.tenant, r.resource): r.used for r in status if r.used} == case.used
+
+
+# --- a grant is charged to the flavor it was assigned (Kueue's accounting) --------------------
+
+# `cat` lists the label-less gpu-flavor (every GPU) before hopper, as a ClusterQueue may; `res`
+# lists hopper only, in cohort org with `cat` (its unused hopper quota is what `cat` borrows).
+ASSIGNED_TENANTS = """\
+- name: cat
+  cohort: org
+  quotas:
+  - {resource: gpus, flavor: gpu-flavor, nominal: 2}
+  - {resource: gpus, flavor: hopper, nominal: 2}
+- {name: res, cohort: org, quotas: [{resource: gpus, flavor: hopper, nominal: 2}]}
+"""
+# the same quotas with `cat` in no cohort (its entries move to a ledger of its own on reload)
+ALONE_TENANTS = ASSIGNED_TENANTS.replace("  cohort: org\n", "", 1)
+
+
+@dataclass(frozen=True)
+class Charged:
+    holdings: tuple[tuple[str, str, int, str, str], ...]  # (tenant, name, GPUs, priority, node)
+    tenant: str  # who asks
+    asks: int  # GPUs (per item)
+    tried: tuple[tuple[str, str, int], ...]  # (flavor, mode, borrows) in order
+    lands: str | None  # the family the grant lands on (None: anywhere, or not ALLOCATED)
+    used: dict[tuple[str, str], int]  # (tenant, quota resource) -> milli-units, after the ask
+    outcome: Outcome = Outcome.ALLOCATED
+    victims: tuple[str, ...] = ()
+    items: int = 0  # >0: the ask is an AllocateBatch run of that many items (tried unchecked)
+    then: str = ""  # release | preempt | reload | reconcile: done after the ask
+    after: dict[tuple[str, str], int] | None = None  # usage once `then` is done
+    on: str = ""  # the node the ask names
+    quota: str = PER_TENANT
+    tenants: str = ASSIGNED_TENANTS
+
+
+# cat lists hopper, a flavor of node labels *and* device classes, before the catch-all: a
+# pinned search cannot leave hopper's devices out of the catch-all's (NotIn covers node-level
+# flavors, a negated selector device-level ones), so it may find them there
+BOTH_LEVELS = PER_TENANT.replace(
+    "{name: hopper, nodeLabels: {family: hopper}}",
+    "{name: hopper, nodeLabels: {family: hopper}, deviceClassNames: [gpu]}",
+)
+HOPPER_FIRST = """\
+- name: cat
+  quotas:
+  - {resource: gpus, flavor: hopper, nominal: 2}
+  - {resource: gpus, flavor: gpu-flavor, nominal: 2}
+"""
+CAT_ANY = (("cat", "cat-any", 2, "", "ada-1"),)  # cat's gpu-flavor quota spent, on L40Ss
+CAT_SPENT_CATCH_ALL = {("cat", "gpus/gpu-flavor"): 2000, ("cat", "gpus/hopper"): 2000}
+CHARGED_CASES = {
+    # Kueue admits on the next flavor once the catch-all's quota is spent, and counts the
+    # workload there; charged by what selects its devices, it was gpu-flavor's again (NoFit,
+    # charged-elsewhere) and refused
+    "a-spent-catch-all-falls-to-the-labelled-flavor-and-is-counted-there": Charged(
+        CAT_ANY, "cat", 2,
+        (("gpu-flavor", "NoCandidates", 0), ("hopper", "Fit", 0)), "hopper",
+        CAT_SPENT_CATCH_ALL,
+    ),
+    "a-catch-all-with-quota-left-is-charged-first": Charged(
+        (), "cat", 2,
+        (("gpu-flavor", "Fit", 0),), None,
+        {("cat", "gpus/gpu-flavor"): 2000},
+    ),
+    # an AllocateBatch run: the first item takes the catch-all's last GPU, the second falls
+    # to hopper and is counted there
+    "a-batch-falls-to-the-labelled-flavor-item-by-item": Charged(
+        (("cat", "cat-any", 1, "", "ada-1"),), "cat", 1,
+        (), None,
+        {("cat", "gpus/gpu-flavor"): 2000, ("cat", "gpus/hopper"): 1000},
+        items=2,
+    ),
+    "release-frees-the-labelled-flavors-usage": Charged(
+        CAT_ANY, "cat", 2,
+        (("gpu-flavor", "NoCandidates", 0), ("hopper", "Fit", 0)), "hopper",
+        CAT_SPENT_CATCH_ALL,
+        then="release", after={("cat", "gpus/gpu-flavor"): 2000},
+    ),
+    # cat borrows res's hopper quota (its own hopper grant, then one more); res reclaims: the
+    # victim is cat's borrowing grant, whose amounts are hopper's as its ledger entry holds
+    # them (what selects its devices, gpu-flavor, frees nothing of hopper: no victim)
+    "preemption-counts-the-victims-amounts-on-their-assigned-flavor": Charged(
+        (*CAT_ANY, ("cat", "cat-h1", 2, "", "hop-1"), ("cat", "cat-h2", 2, "", "hop-2")),
+        "res", 2,
+        (("hopper", "Reclaim", 0),), None,
+        {("cat", "gpus/gpu-flavor"): 2000, ("cat", "gpus/hopper"): 4000},
+        Outcome.UNSATISFIABLE, ("cat-h2",),
+        then="preempt", after={**CAT_SPENT_CATCH_ALL, ("res", "gpus/hopper"): 2000},
+    ),
+    # the policy reloaded with cat in no cohort: its entries move to its own ledger with the
+    # amounts they were charged
+    "a-reload-keeps-the-charges": Charged(
+        CAT_ANY, "cat", 2,
+        (("gpu-flavor", "NoCandidates", 0), ("hopper", "Fit", 0)), "hopper",
+        CAT_SPENT_CATCH_ALL,
+        then="reload", after=CAT_SPENT_CATCH_ALL,
+    ),
+    # hopper spent, the catch-all's pinned search finds hopper's devices on hop-2 (it does
+    # not leave them out): charged to the catch-all it was assigned, as Kueue would (charged
+    # by what selects them, they were hopper's again: NoFit, charged-elsewhere)
+    "a-flavor-of-labels-and-devices-spent-passes-its-devices-to-the-next": Charged(
+        (("cat", "cat-h1", 2, "", "hop-1"),), "cat", 2,
+        (("hopper", "NoCandidates", 0), ("gpu-flavor", "Fit", 0)), "hopper",
+        {("cat", "gpus/hopper"): 2000, ("cat", "gpus/gpu-flavor"): 2000},
+        on="hop-2", quota=BOTH_LEVELS, tenants=HOPPER_FIRST,
+    ),
+    # the reconciler adds entries only for reservations none covers: it leaves the charges
+    "a-reconcile-keeps-the-charges": Charged(
+        CAT_ANY, "cat", 2,
+        (("gpu-flavor", "NoCandidates", 0), ("hopper", "Fit", 0)), "hopper",
+        CAT_SPENT_CATCH_ALL,
+        then="reconcile", after=CAT_SPENT_CATCH_ALL,
+    ),
+}  # fmt: skip
+
+
+def _used(fleet: Fleet) -> dict[tuple[str, str], int]:
+    """Every tenant's usage per quota resource, as QuotaStatus answers it."""
+    rows, enforced = fleet.service.quota_status()
+    assert enforced
+    return {(r.tenant, r.resource): r.used for r in rows if r.used}
+
+
+@pytest.mark.parametrize("case", CHARGED_CASES.values(), ids=CHARGED_CASES.keys())
+def test_a_grant_is_charged_to_the_flavor_it_was_assigned(case: Charged) -> None:
+    """A grant is charged to the flavor its flavor search was pinned to when it found the
+    placement (Kueue counts a workload on the flavor it assigned), and its ledger entry keeps
+    that charge: QuotaStatus, release, preemption's amounts, a reload and the reconciler all
+    count it there."""
+    for fleet in fleet_of(model_of(case.quota + PRIORITIES, case.tenants)):
+        for tenant, name, count, priority, on in case.holdings:
+            fleet.hold(tenant, name, count, priority, on)
+        lease = LeaseOptions(f"{case.tenant}/grant")
+        query = Query((gpus(case.asks),), node=case.on)
+        if case.items:
+            items = [(query, LeaseOptions(f"{case.tenant}/item-{i}")) for i in range(case.items)]
+            answers = fleet.service.allocate_run(items)
+            assert [a.outcome for a in answers if isinstance(a, Answer)] == [
+                Outcome.ALLOCATED
+            ] * case.items
+            assert _used(fleet) == case.used
+            continue
+        answer = fleet.service.allocate(query, lease)
+        tried = [(a.flavor, a.mode.label, a.borrows) for a in answer.flavors]
+        assert tried == list(case.tried)
+        assert answer.outcome is case.outcome, (answer.quota, answer.flavors)
+        assert fleet.names(answer) == list(case.victims)
+        if case.lands is not None:
+            assert families(answer) == {case.lands}
+        assert _used(fleet) == case.used
+        service, quotas = fleet.service, fleet.service.quotas
+        assert quotas is not None
+        if case.then == "release":
+            for reservation in answer.reservations:
+                service.release(reservation.id, lease.owner, reservation.fencing_token)
+        elif case.then == "preempt":
+            taken = service.allocate(query, replace(lease, preempt=True))
+            assert taken.outcome is Outcome.ALLOCATED and fleet.names(taken) == list(case.victims)
+            assert families(taken) == {"hopper"}
+        elif case.then == "reload":
+            fleet.models.append(model_of(PER_TENANT + PRIORITIES, ALONE_TENANTS))
+            assert {r.cohort for r in quotas.status(["cat"])} == {""}
+        elif case.then == "reconcile":
+            reconciled = quotas.reconcile(
+                service.store, service.holdings.reservations, service.reservation_usage
+            )
+            assert reconciled == (0, 0)
+        if case.after is not None:
+            assert _used(fleet) == case.after
