@@ -17,7 +17,7 @@ keeps its place as a marker, and the search fails with an error when it reaches 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -60,6 +60,7 @@ from services.allocator.core.topology_constraints import bound as topology_bound
 from services.common.dra.model import (
     AllocationMode,
     AttributeValue,
+    DeviceID,
     DeviceTaint,
     DeviceToleration,
     TolerationOperator,
@@ -160,6 +161,8 @@ class Prepared:
     # The policy's order depends on which GPUs are in use: memoised per (alternative, in use).
     orders: dict[tuple[int, frozenset[int]], tuple[int, ...]] = field(default_factory=dict)
     _runs: dict[int, tuple[tuple[bool, tuple[int, ...]], ...]] = field(default_factory=dict)
+    _sets: dict[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
+    _cliques: dict[tuple[int, tuple[int, ...]], int] = field(default_factory=dict)
 
     def runs(
         self, key: int, indices: tuple[int, ...], devices: tuple[DeviceEntry, ...]
@@ -182,6 +185,51 @@ class Prepared:
                         runs.append((False, tuple(run)))
                     run = []
             found = self._runs[key] = tuple(runs)
+        return found
+
+    def clique_of(
+        self,
+        topology: NodeTopology,
+        devices: Sequence[DeviceID],
+        indices: tuple[int, ...],
+        min_links: int,
+    ) -> Callable[[], int]:
+        """The largest NVLink clique of `devices` (the template's devices `indices` on one of
+        its nodes), kept per (indices, links): every node of the template answers alike."""
+
+        def clique() -> int:
+            key = (min_links, indices)
+            found = self._cliques.get(key)
+            if found is None:
+                if len(self._cliques) >= _ORDER_CACHE:
+                    self._cliques.clear()
+                found = self._cliques[key] = topology.largest_clique(devices, min_links)
+            return found
+
+        return clique
+
+    def set_ids(
+        self,
+        key: int,
+        runs: tuple[tuple[bool, tuple[int, ...]], ...],
+        devices: tuple[DeviceEntry, ...],
+    ) -> tuple[tuple[int, ...], ...]:
+        """Per run, per candidate: which (slice, counter sets) it draws from, numbered (-1:
+        no counters). Candidates of one number are in use or fresh together, and the numbers
+        are alike on every node of the template (its signature holds each device's slice
+        position and counters), so the order asks the state once per number."""
+        found = self._sets.get(key)
+        if found is None:
+            numbers: dict[tuple[int, frozenset[str]], int] = {}
+            found = self._sets[key] = tuple(
+                tuple(
+                    numbers.setdefault((d.slice.index, d.counter_sets), len(numbers))
+                    if (d := devices[index]).counters
+                    else -1
+                    for index in run
+                )
+                for _, run in runs
+            )
         return found
 
 
@@ -242,6 +290,7 @@ class NodeCandidates:
         self._labels = {c.index: c.label for c in ctx.plan.claims}
         self._sets_used: dict[tuple[int, frozenset[str]], bool] = {}
         self._device_tuple: tuple[DeviceEntry, ...] | None = None
+        self._free_indices: dict[int, tuple[int, ...]] = {}  # a template's node: by alternative
         self._slice_devices: dict[int, list[DeviceEntry]] | None = None
         self._slice_states: dict[int, tuple[tuple[Amount, ...], frozenset[int]]] = {}
 
@@ -303,11 +352,18 @@ class NodeCandidates:
         state, unbounded = self.ctx.state, False
         free: list[DeviceEntry] = []
         busy: dict[ReasonCode, int] = {}
-        listed = self.exact(alternative)
-        order = self._order_of.get(alternative.key)
-        if order is not None and self._in_use is not None:
-            free = self._free_by_index(alternative, order, self._in_use, busy)
-            listed = []  # a template's node: no shared device, no invalid pool among them
+        indices = self._listed_indices(alternative)
+        free_indices: tuple[int, ...] | None = None
+        if indices is not None and self._in_use is not None:
+            free = self._free_by_index(alternative, indices, self._in_use, busy)
+            in_use = () if alternative.admin else self._in_use
+            free_indices = tuple(i for i in indices if i not in in_use)
+            if not alternative.admin:
+                self._free_indices[alternative.key] = free_indices
+            listed: list[Candidate | InvalidPoolMarker] = []  # a template's node: no shared
+            # device, no invalid pool among its candidates
+        else:
+            listed = self.exact(alternative)
         for candidate in listed:
             if isinstance(candidate, InvalidPoolMarker):
                 unbounded = True  # only the search knows whether it reaches the pool (an error)
@@ -334,7 +390,7 @@ class NodeCandidates:
                         self._constraint_bound(alternative, i, free)
                         for i in alternative.constraints
                     ),
-                    *self._topology_bounds(alternative, free),
+                    *self._topology_bounds(alternative, free, free_indices),
                 ]
             )
         return Availability(len(free), most, unbounded, busy)
@@ -365,17 +421,41 @@ class NodeCandidates:
                         recorder.reject(alternative, device, ReasonCode.IN_USE, None, held)
         return free
 
-    def _topology_bounds(self, alternative: Alternative, free: list[DeviceEntry]) -> list[int]:
+    def clique(
+        self, alternative: Alternative, devices: Sequence[DeviceID], min_links: int
+    ) -> Callable[[], int] | None:
+        """The largest NVLink clique of the alternative's candidates nobody holds (`devices`),
+        kept per template (Prepared.clique_of) when `available` listed them by index."""
+        indices = self._free_indices.get(alternative.key)
+        topology = self.ctx.node_topology(self.view)
+        if indices is None or topology is None or self._prepared is None:
+            return None
+        return self._prepared.clique_of(topology, devices, indices, min_links)
+
+    def _topology_bounds(
+        self,
+        alternative: Alternative,
+        free: list[DeviceEntry],
+        free_indices: tuple[int, ...] | None = None,
+    ) -> list[int]:
         """Per required topology constraint over the alternative: how many of its free
         candidates can be in one set (the largest NVLink clique, the largest group on one
-        PCIe root or NUMA node, those with a NIC close enough)."""
+        PCIe root or NUMA node, those with a NIC close enough). A template's nodes are wired
+        alike (its signature holds the topology's), so their cliques are kept per template by
+        the free candidates' indices (`free_indices`, when known)."""
         plan = self.ctx.topology
         if plan is None or not plan.required:
             return []
         topology = self.ctx.node_topology(self.view)
         bounds = []
+        ids = [e.id for e in free]
         for scoped in plan.covering(alternative, plan.required):
-            most, why = topology_bound(scoped.constraint, topology, [e.id for e in free])
+            clique = None
+            if free_indices is not None and topology is not None and self._prepared is not None:
+                clique = self._prepared.clique_of(
+                    topology, ids, free_indices, scoped.constraint.min_nvlinks
+                )
+            most, why = topology_bound(scoped.constraint, topology, ids, clique)
             bounds.append(most)
             if most < alternative.count and self.ctx.recorder is not None:
                 miss = scoped.constraint.miss(scoped.index, why)
@@ -450,9 +530,7 @@ class NodeCandidates:
         capacity check runs; only the policy's order within each pool is worked out, once
         per state of the node's devices."""
         assert self._prepared is not None
-        self._tally[alternative.key] = dict(tally)
-        if self.ctx.recorder is not None:
-            self.ctx.recorder.listed(alternative)
+        self._list_statics(alternative, tally)
         devices = self._devices()
         orders = self._prepared.orders
         key = (alternative.key, self._in_use) if self._in_use is not None else None
@@ -465,6 +543,28 @@ class NodeCandidates:
                 orders[key] = order
         self._order_of[alternative.key] = order
         return [Candidate(devices[index], None) for index in order]
+
+    def _listed_indices(self, alternative: Alternative) -> tuple[int, ...] | None:
+        """A template's node: the alternative's candidates by device index, in the policy's
+        order once a search has listed them, else in the template's (a count of the free
+        ones needs no order: only a search does); None when the node has no template's
+        static outcomes for it."""
+        order = self._order_of.get(alternative.key)
+        if order is not None or self._prepared is None:
+            return order
+        prepared = self._prepared.lists.get(alternative.key)
+        if prepared is None:
+            return None
+        indices, tally = prepared
+        self._list_statics(alternative, tally)
+        return indices
+
+    def _list_statics(self, alternative: Alternative, tally: Mapping[ReasonCode, int]) -> None:
+        """The template's static outcomes stand for the node's own checks: their tally, and
+        for an explanation the note that its devices' events come in bulk."""
+        self._tally[alternative.key] = dict(tally)
+        if self.ctx.recorder is not None:
+            self.ctx.recorder.listed(alternative)
 
     def _order(
         self, key: int, indices: tuple[int, ...], devices: tuple[DeviceEntry, ...]
@@ -490,12 +590,21 @@ class NodeCandidates:
         first: list[int] = []
         later: list[int] = []
         order = []
-        for sorts, run in self._prepared.runs(key, indices, devices):
+        runs = self._prepared.runs(key, indices, devices)
+        known: dict[int, bool] = {}  # per counter-set number: fresh
+        for (sorts, run), numbers in zip(
+            runs, self._prepared.set_ids(key, runs, devices), strict=True
+        ):
             if not sorts:
                 order.extend(run)
                 continue
-            for index in run:
-                (later if self._fresh(devices[index]) else first).append(index)
+            for index, number in zip(run, numbers, strict=True):
+                fresh = known.get(number) if number >= 0 else None
+                if fresh is None:
+                    fresh = self._fresh(devices[index])
+                    if number >= 0:
+                        known[number] = fresh
+                (later if fresh else first).append(index)
             order.extend(first)
             order.extend(later)
             first, later = [], []
@@ -504,7 +613,9 @@ class NodeCandidates:
     def _fresh(self, entry: DeviceEntry) -> bool:
         """candidate_key's `fresh` (1: tried after the others of its pool's run)."""
         if entry.counters:
-            in_use = self._set_in_use(entry)
+            in_use = self._sets_used.get((entry.slice.index, entry.counter_sets))
+            if in_use is None:
+                in_use = self._set_in_use(entry)
         else:
             in_use = entry.multi and bool(self.ctx.state.share_ids(entry.id))
         return in_use != self.ctx.rules.prefers_used

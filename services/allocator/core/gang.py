@@ -78,7 +78,7 @@ def solve_gang(
     domains = _domains(snapshot, groups, group_by_label, None if nodes is None else set(nodes))
     fitting = _ranked(policy, domains, node_count)
     for label, members in fitting:
-        chosen = [name for _, name, _ in members[:node_count]]
+        chosen = [name for _, name, _ in members]
         placed = _place(snapshot, state, classes, claims_per_node, chosen, share_id, common)
         if placed is not None:
             placements = tuple(m.placements[0] for m in placed)  # best node first
@@ -100,42 +100,73 @@ class _Options:
     fragmentation_mix: FragmentationMix
 
 
+class _Domain:
+    """One domain's feasible nodes: runs of one node group each (names sorted), in the order
+    of their groups' ranks; nodes are ranked by (their group's rank, name)."""
+
+    __slots__ = ("runs", "size")
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[int, NodeKey, Sequence[str]]] = []
+        self.size = 0
+
+    def ranks(self, count: int) -> tuple[int, ...]:
+        """The ranks of the `count` best nodes (as `first` would choose them)."""
+        found: tuple[int, ...] = ()
+        for rank, _, names in self.runs:
+            found += (rank,) * min(len(names), count - len(found))
+            if len(found) == count:
+                break
+        return found
+
+    def first(self, count: int) -> list[_Member]:
+        """The `count` best nodes: runs of one rank are merged by name (only their first
+        `count` names can be among the best)."""
+        chosen: list[_Member] = []
+        runs, start = self.runs, 0
+        while start < len(runs) and len(chosen) < count:
+            rank, end = runs[start][0], start + 1
+            while end < len(runs) and runs[end][0] == rank:
+                end += 1
+            wanted = count - len(chosen)
+            tied = [(rank, n, key) for _, key, names in runs[start:end] for n in names[:wanted]]
+            if end - start > 1:
+                tied.sort(key=_rank_and_name)
+            chosen.extend(tied[:wanted])
+            start = end
+        return chosen
+
+    def names(self) -> list[str]:
+        return [name for _, _, names in self.runs for name in names]
+
+
 def _domains(
     snapshot: ClusterSnapshot,
     groups: Sequence[tuple[NodeKey, Sequence[str]]],
     label: str | None,
     allowed: set[str] | None,
-) -> dict[str | None, list[_Member]]:
-    """Feasible nodes per label value, each list best node key first. A node's key is its
-    group's under its own name, so nodes sort by (their group's rank, name): groups are taken
-    best first and their nodes come sorted by name, so a domain's list needs sorting only when
-    two groups of one rank meet in it."""
+) -> dict[str | None, _Domain]:
+    """Feasible nodes per label value. A node's key is its group's under its own name, so
+    nodes rank by (their group's rank, name): groups are taken best first, each split by
+    label value once per member list (the node groups replace a list when it changes, never
+    edit it), so the work is per group and domain, not per node."""
     ranks = {k: i for i, k in enumerate(sorted({key[:-1] for key, _ in groups}))}
-    values = snapshot.derived(_LabelValues).of(label) if label is not None else None
-    found: dict[str | None, list[_Member]] = {}
-    last: dict[str | None, tuple[int, int]] = {}  # per domain: (rank, group) of its last node
-    unsorted: set[str | None] = set()
+    values = snapshot.derived(_LabelValues)
+    found: dict[str | None, _Domain] = {}
     ranked = sorted(range(len(groups)), key=lambda g: ranks[groups[g][0][:-1]])
     for number in ranked:
         key, members = groups[number]
         rank = ranks[key[:-1]]
-        for name in members:
-            if allowed is not None and name not in allowed:
-                continue
-            value = values.get(name) if values is not None else None
-            if values is not None and value is None:
-                continue
-            listed = found.get(value)
-            if listed is None:
-                listed = found[value] = []
-            else:
-                previous = last[value]
-                if previous[0] == rank and previous[1] != number:
-                    unsorted.add(value)
-            last[value] = (rank, number)
-            listed.append((rank, name, key))
-    for value in unsorted:
-        found[value].sort(key=_rank_and_name)
+        for value, names in values.split(label, members).items():
+            if allowed is not None:
+                names = [name for name in names if name in allowed]
+                if not names:
+                    continue
+            domain = found.get(value)
+            if domain is None:
+                domain = found[value] = _Domain()
+            domain.runs.append((rank, key, names))
+            domain.size += len(names)
     return found
 
 
@@ -144,41 +175,48 @@ def _rank_and_name(member: _Member) -> tuple[int, str]:
 
 
 def _ranked(
-    policy: Policy, domains: Mapping[str | None, list[_Member]], node_count: int
+    policy: Policy, domains: Mapping[str | None, _Domain], node_count: int
 ) -> Iterator[tuple[str | None, list[_Member]]]:
-    """The domains with `node_count` feasible nodes, best first by the policy's domain key.
-    Domains whose chosen members come from the same groups and that have as many feasible
-    nodes share their key but for the label (its last field): each such key is computed
-    once, the keys sorted, and within one key the domains by label."""
+    """The domains with `node_count` feasible nodes, best first by the policy's domain key,
+    each with its chosen members. Domains whose chosen members come from the same groups and
+    that have as many feasible nodes share their key but for the label (its last field):
+    each such key is computed once, the keys sorted, and within one key the domains by label;
+    members are chosen only for the domains tried."""
     rules = policy.rules
     bodies: dict[tuple[tuple[int, ...], int], DomainKey] = {}
-    alike: dict[DomainKey, list[tuple[str, str | None, list[_Member]]]] = {}
-    for label, members in domains.items():
-        if len(members) < node_count:
+    alike: dict[DomainKey, list[tuple[str, str | None, _Domain]]] = {}
+    for label, domain in domains.items():
+        if domain.size < node_count:
             continue
-        chosen = members[:node_count]
-        shape = (tuple(rank for rank, _, _ in chosen), len(members))
+        shape = (domain.ranks(node_count), domain.size)
         body = bodies.get(shape)
         if body is None:
-            keys = [key.named(name) for _, name, key in chosen]
-            body = bodies[shape] = rules.domain_key(None, [m[1] for m in members], keys)
-        alike.setdefault(body, []).append((label or "", label, members))
+            keys = [key.named(name) for _, name, key in domain.first(node_count)]
+            body = bodies[shape] = rules.domain_key(None, domain.names(), keys)
+        alike.setdefault(body, []).append((label or "", label, domain))
     for body in sorted(alike):
-        for _, label, members in sorted(alike[body], key=_first):
-            yield label, members
+        for _, label, domain in sorted(alike[body], key=_first):
+            yield label, domain.first(node_count)
 
 
-def _first(item: tuple[str, str | None, list[_Member]]) -> str:
+def _first(item: tuple[str, str | None, _Domain]) -> str:
     return item[0]
 
 
+_Split = Mapping[str | None, Sequence[str]]
+_SPLITS_KEPT = 4096  # member lists split and kept per snapshot (a list's split is reused
+# until the node groups replace it)
+
+
 class _LabelValues:
-    """Per label, every node's value (nodes without the label are not in it); kept with the
-    snapshot (ClusterSnapshot.derived)."""
+    """Per label, every node's value (nodes without the label are not in it), and member
+    lists of node groups split by it; kept with the snapshot (ClusterSnapshot.derived)."""
 
     def __init__(self, snapshot: ClusterSnapshot) -> None:
         self._snapshot = snapshot
         self._by_label: dict[str, dict[str, str]] = {}
+        # (label, id of a member list) -> (the list, kept so its id is not reused; its split)
+        self._splits: dict[tuple[str | None, int], tuple[Sequence[str], _Split]] = {}
 
     def of(self, label: str) -> dict[str, str]:
         found = self._by_label.get(label)
@@ -190,6 +228,29 @@ class _LabelValues:
                     found[view.name] = value
             self._by_label[label] = found
         return found
+
+    def split(self, label: str | None, members: Sequence[str]) -> _Split:
+        """`members` (sorted names) by their value of `label`, each part sorted; nodes
+        without the label left out; all under None when no label is given."""
+        if label is None:
+            return {None: members}
+        kept = self._splits.get((label, id(members)))
+        if kept is not None and kept[0] is members:
+            return kept[1]
+        values = self.of(label)
+        split: dict[str | None, list[str]] = {}
+        for name in members:
+            value = values.get(name)
+            if value is not None:
+                part = split.get(value)
+                if part is None:
+                    split[value] = [name]
+                else:
+                    part.append(name)
+        if len(self._splits) >= _SPLITS_KEPT:
+            self._splits.clear()
+        self._splits[label, id(members)] = (members, split)
+        return split
 
 
 def _place(
@@ -226,7 +287,7 @@ def _place(
 
 
 def _explain(
-    domains: Mapping[str | None, Sequence[_Member]],
+    domains: Mapping[str | None, _Domain],
     count: int,
     label: str | None,
     stats: Stats,
@@ -237,14 +298,14 @@ def _explain(
             SummaryKind.GANG_NO_FIT, count=count, label=label, budget_exhausted=exhausted
         )
     else:
-        best = max(domains.items(), key=lambda item: (len(item[1]), str(item[0])))
+        best = max(domains.items(), key=lambda item: (item[1].size, str(item[0])))
         summary = Summary(
             SummaryKind.GANG_SHORT,
             count=count,
             label=label,
             domain=None if best[0] is None else str(best[0]),
-            nodes=tuple(name for _, name, _ in best[1][:count]),
-            fitting=len(best[1]),
+            nodes=tuple(name for _, name, _ in best[1].first(count)),
+            fitting=best[1].size,
             budget_exhausted=exhausted,
         )
     return Explanation(summary=summary, budget_exhausted=exhausted)

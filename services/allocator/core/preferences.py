@@ -79,10 +79,11 @@ def _could_hold(
                     for c in cands.exact(alternative)
                     if isinstance(c, Candidate) and not state.in_use(c.entry.id)
                 ]
-            if (
-                alternative.count <= 1
-                or topology_bound(scoped.constraint, topology, devices)[0] >= alternative.count
-            ):
+            if alternative.count <= 1:
+                possible = True
+                break
+            clique = cands.clique(alternative, devices, scoped.constraint.min_nvlinks)
+            if topology_bound(scoped.constraint, topology, devices, clique)[0] >= alternative.count:
                 possible = True
                 break
         if not possible:

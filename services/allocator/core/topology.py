@@ -202,9 +202,8 @@ class NodeTopology:
         """Exact maximum clique by bitmasks (a node has at most a few dozen GPUs)."""
         order = sorted(members)
         bit = {d: 1 << i for i, d in enumerate(order)}
-        neighbours = [
-            sum(bit[o] for o in order if o != d and self.links(d, o) >= min_links) for d in order
-        ]
+        adjacent = self._adjacent(min_links)
+        neighbours = [sum(bit.get(o, 0) for o in adjacent.get(d, ())) for d in order]
 
         def grow(candidates: int, size: int) -> int:
             best = size
@@ -218,6 +217,26 @@ class NodeTopology:
             return best
 
         return grow((1 << len(order)) - 1, 0)
+
+    def _adjacent(self, min_links: int) -> Mapping[DeviceID, tuple[DeviceID, ...]]:
+        """Per GPU, the GPUs it has >= min_links NVLinks with (read once per topology, not
+        once per pair and clique)."""
+        found = self._adjacency.get(min_links)
+        if found is None:
+            pairs: dict[DeviceID, list[DeviceID]] = {}
+            if min_links <= 0:  # no link needed: every other GPU
+                pairs = {d: [o for o in self.gpus if o != d] for d in self.gpus}
+            for pair, links in self.nvlinks.items() if min_links > 0 else ():
+                if links >= min_links and len(pair) == 2:
+                    a, b = pair
+                    pairs.setdefault(a, []).append(b)
+                    pairs.setdefault(b, []).append(a)
+            found = self._adjacency[min_links] = {d: tuple(o) for d, o in pairs.items()}
+        return found
+
+    @cached_property
+    def _adjacency(self) -> dict[int, Mapping[DeviceID, tuple[DeviceID, ...]]]:
+        return {}
 
     @cached_property
     def _cliques(self) -> dict[tuple[frozenset[DeviceID], int], int]:

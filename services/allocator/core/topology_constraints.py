@@ -21,7 +21,7 @@ services/common/dra/topology_annotation.py), scoped here to the annotated claim'
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from services.allocator.core.explain import TopologyMiss, TopologyProblem, TopologyProblemKind
@@ -260,14 +260,18 @@ def _value(kind: TopologyKind, topology: NodeTopology, device: DeviceID) -> obje
 
 
 def bound(
-    constraint: TopologyConstraint, topology: NodeTopology | None, devices: Sequence[DeviceID]
+    constraint: TopologyConstraint,
+    topology: NodeTopology | None,
+    devices: Sequence[DeviceID],
+    clique: Callable[[], int] | None = None,
 ) -> tuple[int, TopologyProblem]:
-    """How many of `devices` can be in the constraint's set together, and why not more."""
+    """How many of `devices` can be in the constraint's set together, and why not more;
+    `clique`, when given, knows their largest NVLink clique (kept for nodes wired alike)."""
     if topology is None:
         return 0, TopologyProblem(TopologyProblemKind.UNKNOWN)
     kind = constraint.kind
     if kind is TopologyKind.NVLINK_CONNECTED:
-        most = topology.largest_clique(devices, constraint.min_nvlinks)
+        most = clique() if clique else topology.largest_clique(devices, constraint.min_nvlinks)
         return most, TopologyProblem(TopologyProblemKind.CLIQUE, count=most)
     if kind is TopologyKind.GPU_NIC_AFFINITY:
         limit = constraint.max_nic_relation

@@ -359,6 +359,35 @@ def test_largest_clique_of_a_big_node_uses_networkx() -> None:
     assert topology.largest_clique(ids) == 72
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    links=st.dictionaries(
+        st.tuples(st.integers(0, 7), st.integers(0, 7)).filter(lambda p: p[0] < p[1]),
+        st.integers(1, 4),
+    ),
+    members=st.sets(st.integers(0, 7)),
+    min_links=st.integers(0, 4),
+)
+def test_largest_clique_equals_brute_force(
+    links: dict[tuple[int, int], int], members: set[int], min_links: int
+) -> None:
+    """The bitmask search (GPU adjacency read once per topology) against every subset."""
+    names = [f"gpu-{i}" for i in range(8)]
+    topology = NodeTopology.build(
+        pool="p",
+        gpus=names,
+        nvlinks={(names[a], names[b]): n for (a, b), n in links.items()},
+    )
+    ids = [DeviceID("gpu.nvidia.com", "p", names[i]) for i in sorted(members)]
+
+    def connected(subset: Sequence[DeviceID]) -> bool:
+        return all(topology.links(a, b) >= min_links for a, b in itertools.combinations(subset, 2))
+
+    subsets = (s for r in range(len(ids) + 1) for s in itertools.combinations(ids, r))
+    brute = max((len(s) for s in subsets if connected(s)), default=0)
+    assert topology.largest_clique(ids, min_links) == brute
+
+
 # --- the annotation -------------------------------------------------------------------------------
 
 
