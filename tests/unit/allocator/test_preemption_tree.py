@@ -278,6 +278,24 @@ CASES = [
         ("a", 100, 2),
         {"b1": RECLAIM, "a1": PRIORITY},
     ),
+    (
+        # t1 (2 of its 3) asks 3 at priority 2, borrowWithinCohort Never, no hierarchical
+        # advantage: the pass that ends within nominal comes first (Kueue's attempts without
+        # borrowing, then with), so both of its own lower-priority reservations go, not only
+        # the priority-0 one that borrowing 1 would need (the property test below found it)
+        "within-nominal-first-takes-both-own-rather-than-borrowing-with-one",
+        [c("root", gpus=0), c("c0", "root", 1), c("c1", "root", 3)],
+        [q("t0", "root", 3), q("t1", "root", 3)],
+        [
+            w("h0", "t0", 0, 2),
+            w("h1", "t0", 0, 2),
+            w("h2", "t0", 0, 2),
+            w("h3", "t1", 0, 1),
+            w("h4", "t1", 1, 1),
+        ],
+        ("t1", 2, 3),
+        {"h3": PRIORITY, "h4": PRIORITY},
+    ),
 ]
 
 
@@ -380,8 +398,9 @@ def test_a_plan_fits_spares_nobody_needlessly_and_never_inverts_priorities(
     overrun), no victim can be spared (within nominal, for a plan that ends there: a
     borrowing preemptor may not take what one within nominal may), every victim is one the
     rules allow (its own tenant's of a lower priority, or another tenant's that borrows), and,
-    among the victims of one rule, no set that fits takes a lower highest priority
-    (checked against every subset of the candidates of that rule)."""
+    among the victims of one rule, no set that fits as the plan's pass must (within nominal,
+    for a plan that ends there) takes a lower highest priority (checked against every subset
+    of the candidates of that rule)."""
     quotas, holdings, who, priority, gpus = scene
     amounts = {"gpus": gpus * GPU}
     usage = usage_of(holdings)
@@ -415,7 +434,11 @@ def test_a_plan_fits_spares_nobody_needlessly_and_never_inverts_priorities(
     own = [h for h in holdings if h.tenant == who and h.priority.value < priority]
     for size in range(1, len(own) + 1):
         for subset in itertools.combinations(own, size):
-            if fits(subset) and all(v.reason is PRIORITY for v in found.victims):
+            # compared with sets that end where the plan's pass must (within nominal, for a
+            # plan that does): Kueue tries that pass first when it may not borrow to preempt
+            if fits(subset, within_nominal=within) and all(
+                v.reason is PRIORITY for v in found.victims
+            ):
                 assert max(h.priority.value for h in subset) >= highest
 
 
