@@ -56,6 +56,7 @@ import yaml
 
 from services.bridges.placing import slurm_owner
 from services.bridges.slurm.batching import (
+    SPENT,
     AllocateBatcher,
     BatchingClient,
     Reserved,
@@ -527,13 +528,18 @@ class _Hooks:
         began = time.monotonic()
         if args.command == "epilog":
             return self._epilog(args, environ, began)
-        answer = self._run(args, environ, self._settler())
+        SPENT.reset()
+        cpu = time.thread_time()
+        with self.batcher.arriving() if args.command == "prolog" else contextlib.nullcontext():
+            answer = self._run(args, environ, self._settler())
         log.info(
-            "%s of job %s: exit %d in %.0f ms%s",
+            "%s of job %s: exit %d in %.0f ms (%s; CPU %.1f ms)%s",
             args.command,
             environ.get("SLURM_JOB_ID", "?"),
             answer.code,
             (time.monotonic() - began) * 1000,
+            SPENT.summary(),
+            (time.thread_time() - cpu) * 1000,
             f": {answer.stderr.strip()}" if answer.code else "",
         )
         return answer
@@ -607,8 +613,15 @@ class _Hooks:
         out, err = io.StringIO(), io.StringIO()
         client = self._client.for_job()
 
+        def details_of(job_id: str) -> str | None:
+            began = time.monotonic()
+            try:
+                return self.details.show(job_id)
+            finally:
+                SPENT.ids_ms += (time.monotonic() - began) * 1000
+
         def work() -> int:
-            return _run(args, environ, client, self.inventory, out, err, self.details.show, settle)
+            return _run(args, environ, client, self.inventory, out, err, details_of, settle)
 
         code = _answer(args, environ, out, err, work)
         return HookAnswer(code, out.getvalue(), err.getvalue())

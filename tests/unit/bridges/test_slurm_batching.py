@@ -133,21 +133,48 @@ def test_prologs_that_come_together_go_in_one_allocate_batch(client):
     assert owners == {f"slurm/job/{j}" for j in range(6)}
 
 
-def test_a_wave_that_comes_within_the_gather_time_goes_in_one_call(client):
+def test_a_wave_in_the_service_goes_in_one_call(client):
+    # three prologs in the service at once (`arriving`: reading Slurm's ids); the first to
+    # reserve waits for the two others, not a fixed time
     counting = CountingClient(client.target)
-    batcher = AllocateBatcher(counting, gather_seconds=0.5)  # a wave within 0.5 s, even loaded
+    batcher = AllocateBatcher(counting, gather_seconds=30)  # bounded far beyond any machine
     results: dict[int, Placement] = {}
+    inside = threading.Barrier(3)
 
     def prolog(job: int) -> None:
-        results[job] = batcher.allocate(job_item(client, job, [job]))
+        with batcher.arriving():
+            inside.wait(10)
+            results[job] = batcher.allocate(job_item(client, job, [job]))
 
     threads = [threading.Thread(target=prolog, args=(job,)) for job in range(3)]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(10)
+        thread.join(20)
     assert counting.singles == 0 and counting.batch_sizes == [3]
     assert {job: held(p) for job, p in results.items()} == {j: [f"gpu-{j}"] for j in range(3)}
+
+
+@pytest.mark.parametrize("reserves", [True, False], ids=["reserves", "asks-for-no-gpu"])
+def test_a_prolog_alone_in_the_service_waits_for_nobody(client, reserves):
+    # a job that starts alone is sent at once: with a gather time of 60 s the prolog is done
+    # long before it. One that reserves nothing (no GPU asked, or it failed before) stops
+    # counting as coming when it leaves, so the next prolog does not wait for it either.
+    counting = CountingClient(client.target)
+    batcher = AllocateBatcher(counting, gather_seconds=60)
+    with batcher.arriving():
+        if reserves:
+            assert held(batcher.allocate(job_item(client, 1, [1]))) == ["gpu-1"]
+    done = threading.Event()
+
+    def prolog() -> None:
+        with batcher.arriving():
+            batcher.allocate(job_item(client, 2, [2]))
+        done.set()
+
+    threading.Thread(target=prolog, daemon=True).start()
+    assert done.wait(30)
+    assert counting.batch_sizes == [] and counting.singles == (2 if reserves else 1)
 
 
 def test_an_item_that_fails_fails_its_prolog_alone(client):
