@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime
 
 import pytest
 
@@ -26,6 +27,7 @@ from tests.slurm.test_real_slurm import (
     held_devices,
     hold,
     lines,
+    queued_at,
     report,
     wait_released,
 )
@@ -232,3 +234,21 @@ for thread in threads:
     thread.join()
 print("\\0".join([*texts, str(details.reads)]), end="")
 """
+
+
+def test_the_service_reserves_a_job_queued_at_its_submit_time(slurm):
+    # the prolog's item carries the job's SubmitTime (libslurm's text, as scontrol prints it) as
+    # its queued_time: the allocator keeps it on the reservation (docs/tenancy.md)
+    with slurm.syncing("--interval=0.5s"), without_the_command(slurm):
+        job_id = slurm.sbatch("-H", "--gres=gpu:1", script=f"{hold(slurm)}\n")
+        submitted = datetime.fromisoformat(slurm.job(job_id)["SubmitTime"]).timestamp()
+        while time.time() < submitted + 2:  # started well after it was queued
+            time.sleep(0.1)
+        slurm.run("scontrol", "release", job_id)
+        slurm.wait_for_file(slurm.out / f"ready-{job_id}")
+        (held,) = slurm.reservations(owner=f"slurm/job/{job_id}")
+        assert held.created_at is not None and held.created_at.timestamp() > submitted + 2
+        assert queued_at(held) == submitted
+        (slurm.out / f"go-{job_id}").touch()
+        assert slurm.wait_for(job_id, ["COMPLETED", "FAILED"])["JobState"] == "COMPLETED"
+        wait_released(slurm, job_id)
