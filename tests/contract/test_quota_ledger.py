@@ -24,7 +24,7 @@ from services.allocator.reservations.quota_ledger import (
     usage_by_tenant,
 )
 from services.common.errors import NotFound, Preempted, Unavailable
-from services.common.security.fair_sharing import ConsumedUsage
+from services.common.quota.fair_sharing import ConsumedUsage
 from tests.conftest import RedisServerFactory
 from tests.contract.conftest import (
     REDIS_URL_FIXTURES,

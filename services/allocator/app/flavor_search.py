@@ -43,13 +43,13 @@ from services.common.dra.model import (
     DeviceClass,
     DeviceTaint,
 )
-from services.common.security.principal import tenant_of_owner
-from services.common.security.quota import (
+from services.common.quota.model import (
     QuotaModel,
     QuotaResource,
     TenantQuota,
     Usage,
 )
+from services.common.security.principal import tenant_of_owner
 
 __all__ = ["Found", "flavored_bases", "search_flavors", "units_within_flavors"]
 

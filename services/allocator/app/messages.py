@@ -31,7 +31,7 @@ from services.common.dra.model import (
     NodeSelector,
     ResourceClaim,
 )
-from services.common.security.quota import QuotaRefusal, TenantStatus
+from services.common.quota.model import QuotaRefusal, TenantStatus
 
 __all__ = [
     "Accuracy",

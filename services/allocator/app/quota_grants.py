@@ -33,14 +33,14 @@ from services.allocator.reservations.quota_ledger import (
     usage_by_tenant,
 )
 from services.common.errors import GpuallocError, Unavailable
-from services.common.security.principal import tenant_of_owner
-from services.common.security.quota import (
+from services.common.quota.model import (
     QuotaModel,
     QuotaRefusal,
     Usage,
     add_usage,
     counted_only,
 )
+from services.common.security.principal import tenant_of_owner
 
 __all__ = ["QuotaAsk", "QuotaTally", "TakeResult"]
 

@@ -56,10 +56,8 @@ from services.common.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from services.common.security.cohorts import cohort_node
-from services.common.security.fair_sharing import ConsumedUsage, resample, sample_due
-from services.common.security.principal import tenant_of_owner
-from services.common.security.quota import (
+from services.common.quota.fair_sharing import ConsumedUsage, resample, sample_due
+from services.common.quota.model import (
     NO_FLAVOR,
     UNCOUNTED,
     CohortStatus,
@@ -71,6 +69,8 @@ from services.common.security.quota import (
     Usage,
     counted_only,
 )
+from services.common.quota.tree import cohort_node
+from services.common.security.principal import tenant_of_owner
 from services.common.telemetry import Labelled, Telemetry
 
 __all__ = [

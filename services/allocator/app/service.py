@@ -121,8 +121,8 @@ from services.common.errors import (
     NotFound,
     PermissionDenied,
 )
+from services.common.quota.model import CohortStatus, QuotaRefusal, TenantStatus
 from services.common.security.principal import tenant_of_owner
-from services.common.security.quota import CohortStatus, QuotaRefusal, TenantStatus
 
 __all__ = ["AllocatorService", "ServiceLimits"]
 

@@ -27,7 +27,7 @@ from services.allocator.core.preemption import (
 from services.allocator.core.snapshot import ClusterSnapshot
 from services.allocator.core.state import AllocatedState
 from services.common.dra.model import AllocationResult
-from services.common.security.quota import Usage
+from services.common.quota.model import Usage
 
 __all__ = [
     "ConsolidationPlan",

@@ -35,14 +35,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from services.common.security.cohorts import NodeKey, tenant_node
-from services.common.security.fair_sharing import (
+from services.common.quota.fair_sharing import (
     NO_SHARE,
     PreemptionStrategy,
     Share,
     strategy_allows,
 )
-from services.common.security.quota import QuotaModel, Usage
+from services.common.quota.model import QuotaModel, Usage
+from services.common.quota.tree import NodeKey, tenant_node
 
 __all__ = ["FairCandidate", "fair_sequence"]
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from enum import IntEnum, StrEnum
 from typing import Generic, TypeVar
 
-from services.common.security.quota import (
+from services.common.quota.model import (
     FlavorFungibility,
     FlavorPreference,
     QuotaModel,

@@ -36,8 +36,7 @@ from enum import StrEnum
 
 from services.allocator.core.fair_preemption import FairCandidate, fair_sequence
 from services.allocator.core.moves import Movable
-from services.common.security.cohorts import tenant_node
-from services.common.security.quota import (
+from services.common.quota.model import (
     BorrowWithinCohort,
     PreemptionPolicy,
     PriorityClass,
@@ -47,6 +46,7 @@ from services.common.security.quota import (
     Usage,
     WithinTenant,
 )
+from services.common.quota.tree import tenant_node
 
 __all__ = [
     "Candidate",

@@ -26,8 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from services.common.security.fair_sharing import ConsumedUsage
-from services.common.security.quota import Usage, add_usage
+from services.common.quota.fair_sharing import ConsumedUsage
+from services.common.quota.model import Usage, add_usage
 
 __all__ = [
     "ConsumedRead",

@@ -28,8 +28,8 @@ from services.allocator.core import (
     plan_preemption,
 )
 from services.common.dra.quantity import Quantity
-from services.common.security.fair_sharing import FairSharing, PreemptionStrategy
-from services.common.security.quota import (
+from services.common.quota.fair_sharing import FairSharing, PreemptionStrategy
+from services.common.quota.model import (
     BorrowWithinCohort,
     CohortQuota,
     PreemptionPolicy,

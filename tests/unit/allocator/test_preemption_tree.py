@@ -25,7 +25,7 @@ from services.allocator.core import (
     PreemptionReason,
     plan_preemption,
 )
-from services.common.security.quota import (
+from services.common.quota.model import (
     BorrowWithinCohort,
     CohortQuota,
     PreemptionPolicy,

@@ -17,19 +17,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.common.security.cohorts import (
-    CohortCycle,
-    CohortTree,
-    TreeNode,
-    cohort_node,
-    tenant_node,
-)
-from services.common.security.quota import (
+from services.common.quota.model import (
     CohortQuota,
     QuotaLimits,
     QuotaModel,
     QuotaResource,
     TenantQuota,
+)
+from services.common.quota.tree import (
+    CohortCycle,
+    CohortTree,
+    TreeNode,
+    cohort_node,
+    tenant_node,
 )
 
 GPU = 1000

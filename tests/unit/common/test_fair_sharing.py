@@ -14,8 +14,7 @@ from fractions import Fraction
 
 import pytest
 
-from services.common.security.cohorts import cohort_node, tenant_node
-from services.common.security.fair_sharing import (
+from services.common.quota.fair_sharing import (
     ConsumedUsage,
     PreemptionStrategy,
     Share,
@@ -24,13 +23,14 @@ from services.common.security.fair_sharing import (
     resample,
     strategy_allows,
 )
-from services.common.security.quota import (
+from services.common.quota.model import (
     CohortQuota,
     QuotaLimits,
     QuotaModel,
     QuotaResource,
     TenantQuota,
 )
+from services.common.quota.tree import cohort_node, tenant_node
 
 CPU = QuotaResource("cpu", ("cpu",))
 GPU = QuotaResource("gpu", ("gpu",))

@@ -12,13 +12,13 @@ import pytest
 import yaml
 
 from services.common.errors import InvalidArgument
-from services.common.security.fair_sharing import (
+from services.common.quota.fair_sharing import (
     AdmissionFairSharing,
     FairSharing,
     PreemptionStrategy,
 )
+from services.common.quota.model import CohortQuota, QuotaLimits
 from services.common.security.policy import parse_policy
-from services.common.security.quota import CohortQuota, QuotaLimits
 
 POLICY = yaml.safe_load(
     """

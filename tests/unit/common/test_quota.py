@@ -16,8 +16,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from services.common.errors import InvalidArgument
-from services.common.security.policy import parse_policy
-from services.common.security.quota import (
+from services.common.quota.model import (
     BorrowWithinCohort,
     PreemptionPolicy,
     QuotaLimits,
@@ -29,6 +28,7 @@ from services.common.security.quota import (
     WithinTenant,
     quantity_text,
 )
+from services.common.security.policy import parse_policy
 
 GPU = 1000  # one device, in milli-units
 GPUS = QuotaResource("gpus", ("gpu.nvidia.com",))

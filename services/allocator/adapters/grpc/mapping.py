@@ -73,13 +73,13 @@ from services.common.pb.dra_mapping import (
     to_pb_allocation_result,
     to_pb_device_id,
 )
-from services.common.security.principal import tenant_of_owner
-from services.common.security.quota import (
+from services.common.quota.model import (
     CohortStatus,
     QuotaRefusal,
     TenantStatus,
     quantity_text,
 )
+from services.common.security.principal import tenant_of_owner
 
 __all__ = [
     "ClaimReader",

@@ -19,7 +19,7 @@ from services.allocator.reservations.quota_ledger import (
     TicketBinding,
     check_lease,
 )
-from services.common.security.fair_sharing import ConsumedUsage
+from services.common.quota.fair_sharing import ConsumedUsage
 
 __all__ = ["MemoryQuotaLedger"]
 

@@ -21,7 +21,7 @@ from services.allocator.reservations.quota_ledger import (
     Ticket,
     TicketBinding,
 )
-from services.common.security.fair_sharing import ConsumedUsage
+from services.common.quota.fair_sharing import ConsumedUsage
 
 __all__ = ["RedisQuotaLedger"]
 

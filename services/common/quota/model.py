@@ -40,21 +40,21 @@ from fractions import Fraction
 
 from services.common.dra.model import DeviceTaint, DeviceToleration
 from services.common.dra.quantity import Quantity, QuantityFormat
-from services.common.security.cohorts import (
-    CohortTree,
-    Levels,
-    NodeKey,
-    TreeNode,
-    cohort_node,
-    tenant_node,
-)
-from services.common.security.fair_sharing import (
+from services.common.quota.fair_sharing import (
     AdmissionFairSharing,
     ConsumedUsage,
     FairSharing,
     Share,
     decayed_score,
     dominant_share,
+)
+from services.common.quota.tree import (
+    CohortTree,
+    Levels,
+    NodeKey,
+    TreeNode,
+    cohort_node,
+    tenant_node,
 )
 
 __all__ = [

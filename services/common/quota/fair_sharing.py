@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from fractions import Fraction
 
-from services.common.security.cohorts import CohortTree, Levels, NodeKey
+from services.common.quota.tree import CohortTree, Levels, NodeKey
 
 __all__ = [
     "DEFAULT_STRATEGIES",
