@@ -74,8 +74,8 @@ from services.common.dra.model import (
     NodeSelectorTerm,
     ResourceSlice,
 )
-from services.common.quota.fair_sharing import FairSharing
 from services.common.quota.model import (
+    FairSharing,
     PriorityClass,
     QuotaLimits,
     QuotaModel,

@@ -76,12 +76,15 @@ from services.allocator.app.telemetry import AllocatorMetrics
 from services.allocator.core import (
     Allocated,
     AllocatedState,
+    CohortStatus,
     Explanation,
     NodePlacement,
     Policy,
+    QuotaRefusal,
     SolveResult,
     Summary,
     SummaryKind,
+    TenantStatus,
 )
 from services.allocator.reservations.binding import (
     DEFAULT_BINDING_TIMEOUT_SECONDS,
@@ -121,7 +124,6 @@ from services.common.errors import (
     NotFound,
     PermissionDenied,
 )
-from services.common.quota.model import CohortStatus, QuotaRefusal, TenantStatus
 from services.common.security.principal import tenant_of_owner
 
 __all__ = ["AllocatorService", "ServiceLimits"]

@@ -68,21 +68,19 @@ from services.common.dra.model import (
 from services.common.dra.names import qualified_name_errors
 from services.common.dra.quantity import Quantity
 from services.common.errors import FieldViolation, InvalidArgument, PermissionDenied
-from services.common.quota.fair_sharing import (
-    VALID_STRATEGIES,
-    AdmissionFairSharing,
-    FairSharing,
-    PreemptionStrategy,
-)
 from services.common.quota.model import (
     DEFAULT_PRIORITY,
     NO_FLAVOR,
     UNCOUNTED,
+    VALID_STRATEGIES,
+    AdmissionFairSharing,
     BorrowWithinCohort,
     CohortQuota,
+    FairSharing,
     FlavorFungibility,
     FlavorPreference,
     PreemptionPolicy,
+    PreemptionStrategy,
     PriorityClass,
     QuotaLimits,
     QuotaModel,

@@ -12,12 +12,13 @@ import pytest
 import yaml
 
 from services.common.errors import InvalidArgument
-from services.common.quota.fair_sharing import (
+from services.common.quota.model import (
     AdmissionFairSharing,
+    CohortQuota,
     FairSharing,
     PreemptionStrategy,
+    QuotaLimits,
 )
-from services.common.quota.model import CohortQuota, QuotaLimits
 from services.common.security.policy import parse_policy
 
 POLICY = yaml.safe_load(
