@@ -259,3 +259,29 @@ def _edit(path: str, value: Any) -> dict[str, Any]:
     else:
         where[last] = value
     return dict(document)
+
+
+@pytest.mark.parametrize(
+    ("lend", "team_b_left"),
+    [
+        pytest.param(6, 10, id="a-lending-limit-above-its-nominal-lends-its-childrens-quota"),
+        pytest.param(4, 8, id="a-lending-limit-of-its-nominal-keeps-its-childrens-quota"),
+        pytest.param(None, 10, id="no-lending-limit-lends-the-whole-subtree"),
+    ],
+)
+def test_a_cohorts_lending_limit_may_pass_its_own_nominal(
+    lend: int | None, team_b_left: int
+) -> None:
+    """research's own nominal is 4, its subtree's quota 6 (team-a's 2 too): a lendingLimit of 6
+    loads (Kueue's webhook does not bound it by the cohort's own nominal) and lends team-a's
+    quota as well, so team-b (in org, beside research) may take its 2, org's 2 and research's 6
+    with nothing used; a lendingLimit of 4 lends 4."""
+    document = _edit("spec.quota.cohorts[1].quotas[0].lendingLimit", lend)
+    quotas = parse_policy(document).quotas
+    assert quotas.cohorts["research"].limits["gpus"] == QuotaLimits(
+        4 * GPU, 2 * GPU, None if lend is None else lend * GPU
+    )
+    (row,) = quotas.status({}, ["team-b"])
+    assert row.left == team_b_left * GPU
+    assert quotas.admit("team-b", {"gpus": team_b_left * GPU}, {}) == ()
+    assert quotas.admit("team-b", {"gpus": team_b_left * GPU + 1}, {}) != ()
