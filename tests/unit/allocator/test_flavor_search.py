@@ -35,8 +35,8 @@ from services.allocator.app.quotas import QuotaGuard
 from services.allocator.app.service import AllocatorService
 from services.allocator.core import FlavorReason, SelectorCache
 from services.common.dra.model import DeviceToleration, ResourceClaim
+from services.common.quota.model import QuotaModel
 from services.common.security.policy import parse_policy
-from services.common.security.quota import QuotaModel
 from tests.builders import (
     DRIVER,
     DeviceBuilder,
@@ -208,6 +208,7 @@ class Case:
     victims: tuple[str, ...] = ()
     outcome: Outcome = Outcome.ALLOCATED
     quota: str = BY_NODE
+    reasons: tuple[str, ...] = ()  # each attempt's typed reason ("": none), when given
 
 
 LOW_ON_HOPPER = (("hpc", "low-1", 1, "low", "hop-1"), ("hpc", "low-2", 1, "low", "hop-2"))
@@ -222,6 +223,7 @@ CASES = {
         1, "",
         (("hopper", "NoCandidates", 0), ("ada", "Fit", 0)),
         "ada",
+        reasons=("quota", ""),
     ),
     # Kueue: "preempt before try next flavor" (whenCanPreempt MayStopSearch)
     "when-can-preempt-may-stop-search-preempts-on-the-first": Case(
@@ -232,6 +234,7 @@ CASES = {
         None,
         ("low-2",),
         Outcome.QUOTA_EXCEEDED,
+        reasons=("quota",),
     ),
     "when-can-preempt-older-name-preempt": Case(
         tenants(TWO_FLAVORS, "whenCanPreempt: Preempt"),
@@ -364,6 +367,7 @@ CASES = {
         None,
         (),
         Outcome.UNSATISFIABLE,
+        reasons=("no-devices", "devices-in-use"),
     ),
     # preemption per flavor: the victims are looked for on the flavor tried (here hopper, with
     # whenCanPreempt MayStopSearch), not where the solver would place it (ada's lowest is the
@@ -408,6 +412,8 @@ def test_flavor_assignment_table(case: Case) -> None:
         answer = fleet.service.allocate(Query((gpus(case.asks),)), lease)
         tried = [(a.flavor, a.mode.label, a.borrows) for a in answer.flavors]
         assert tried == list(case.tried)
+        if case.reasons:
+            assert [a.reason or "" for a in answer.flavors] == list(case.reasons)
         assert answer.outcome is case.outcome, (answer.quota, answer.flavors)
         if case.lands is not None:
             assert families(answer) == {case.lands}
@@ -520,6 +526,12 @@ ASKS = {
         .first_available("g", sub("two", "gpu", 2), sub("one", "gpu", 1, tolerations=[SPOT]))
         .build(),
         (("gpus", "spot", "Fit"),), "spot", ("gpus/spot",),
+    ),
+    "first-available-with-no-alternative-tolerating-is-no-fit": Ask(
+        BY_NODE, SPOT_FIRST,
+        claim("c").first_available("g", sub("two", "gpu", 2), sub("one", "gpu", 1)).build(),
+        (("gpus", "spot", "NoFit"), ("gpus", "hopper", "Fit")), "hopper", ("gpus/hopper",),
+        reason=FlavorReason.UNTOLERATED_TAINT,
     ),
     # device-level flavors: whole GPUs and MIG slices on one node, by device class
     "a-device-class-flavor-takes-the-mig-slices": Ask(

@@ -23,9 +23,10 @@ from services.allocator.core import (
     Holding,
     PreemptionContext,
     PreemptionReason,
+    admit,
     plan_preemption,
 )
-from services.common.security.quota import (
+from services.common.quota.model import (
     BorrowWithinCohort,
     CohortQuota,
     PreemptionPolicy,
@@ -373,7 +374,7 @@ def scenes(draw: st.DrawFn) -> tuple[QuotaModel, list[Holding], str, int, int]:
     for i in range(draw(st.integers(0, 8))):
         tenant = draw(st.sampled_from([t.tenant for t in tenants]))
         gpus = draw(st.integers(1, 2))
-        if quotas.admit(tenant, {"gpus": gpus * GPU}, usage_of(holdings)):
+        if admit(quotas, tenant, {"gpus": gpus * GPU}, usage_of(holdings)):
             continue
         priority = draw(st.integers(-1, 1))
         holdings.append(
@@ -410,7 +411,7 @@ def test_a_plan_fits_spares_nobody_needlessly_and_never_inverts_priorities(
 
     def fits(gone: Sequence[Holding], within_nominal: bool = False) -> bool:
         left = usage_of([h for h in holdings if h not in gone])
-        return quotas.admit(who, amounts, left, within_nominal=within_nominal) == ()
+        return admit(quotas, who, amounts, left, within_nominal=within_nominal) == ()
 
     found = plan_preemption(context, lambda chosen, node: amounts)
     if fits([]):
