@@ -22,7 +22,7 @@ from services.client.client import AllocateItem
 from services.client.config import ClientSettings
 from services.client.inventory import InventoryClient
 from services.client.results import Placement, Reservation
-from services.common.errors import InvalidArgument
+from services.common.errors import InvalidArgument, Unavailable
 from services.common.grpc_errors import RemoteError
 from tests.unit.bridges.support import release_everything
 
@@ -478,3 +478,45 @@ def test_a_node_epilog_never_fails_not_even_when_its_release_does(client, monkey
             finally:
                 served.close()
     down.close()
+
+
+class FailsOnce(AllocatorClient):
+    """A client whose first List waits for `go`, then fails (Unavailable); later ones work."""
+
+    def __init__(self, target: str) -> None:
+        super().__init__(target)
+        self.go = threading.Event()
+        self.failures = 1
+
+    def list(self, *args, **options):
+        self.go.wait(10)
+        if self.failures:
+            self.failures -= 1
+            raise Unavailable("gpualloc went away")
+        return super().list(*args, **options)
+
+
+def test_a_release_failure_is_told_to_the_epilogs_it_is_for_only(client, monkeypatch):
+    # a node Epilog is told its own release's failure: keyed by job id, the failure of an
+    # epilog that had stopped waiting (past the bound) was told to the next epilog of a job
+    # with that id (Slurm reuses ids when its state is lost), whose release was made
+    monkeypatch.setattr(cli, "NODE_EPILOG_WAIT_SECONDS", 0.2)
+    env = {"GPUALLOC_ALLOCATOR_ADDR": client.target, "SLURM_CONF": "/nonexistent"}
+    failing = FailsOnce(client.target)
+    with WarmInventory(client.target) as inventory:
+        served = cli._Hooks(  # noqa: SLF001
+            env, ClientSettings.from_env(env), failing, inventory, [], lambda: "c1", sweeps=False
+        )
+        try:
+            reserve(client, 64, NODE, "c1")
+            first = served.answer(["epilog", "--ignore-errors"], node_epilog(64), 0)
+            assert first.code == 0 and "release still running after 0.2s" in first.stderr
+            failing.go.set()
+            assert served.releases.wait_for_queued(10)  # ... and failed: the lease frees it
+            again = served.answer(["epilog", "--ignore-errors"], node_epilog(64), 0)
+            assert again.code == 0
+            assert again.stderr == f"gpualloc-slurm: job 64 on {NODE}: released\n"
+            assert client.list() == []
+        finally:
+            served.close()
+    failing.close()
