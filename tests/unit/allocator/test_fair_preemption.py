@@ -25,14 +25,16 @@ from services.allocator.core import (
     Holding,
     PreemptionContext,
     PreemptionReason,
+    admit,
     plan_preemption,
 )
 from services.common.dra.quantity import Quantity
-from services.common.security.fair_sharing import FairSharing, PreemptionStrategy
-from services.common.security.quota import (
+from services.common.quota.model import (
     BorrowWithinCohort,
     CohortQuota,
+    FairSharing,
     PreemptionPolicy,
+    PreemptionStrategy,
     PriorityClass,
     QuotaLimits,
     QuotaModel,
@@ -831,7 +833,7 @@ def fair_scenes(
     for i in range(draw(st.integers(0, 8))):
         tenant = draw(st.sampled_from([t.tenant for t in tenants]))
         gpus = draw(st.integers(1, 2))
-        if quotas.admit(tenant, {"gpus/default": gpus * GPU}, usage_of(holdings)):
+        if admit(quotas, tenant, {"gpus/default": gpus * GPU}, usage_of(holdings)):
             continue
         priority = draw(st.integers(-1, 1))
         holdings.append(
@@ -866,7 +868,7 @@ def test_a_fair_plan_fits_spares_nobody_and_takes_only_what_the_rules_allow(
 
     def fits(gone: Sequence[Holding]) -> bool:
         left = usage_of([h for h in holdings if h not in gone])
-        return quotas.admit(who, amounts, left) == ()
+        return admit(quotas, who, amounts, left) == ()
 
     if fits([]):
         return

@@ -35,8 +35,8 @@ from services.allocator.app.quotas import QuotaGuard
 from services.allocator.app.service import AllocatorService
 from services.allocator.core import FlavorReason, SelectorCache
 from services.common.dra.model import DeviceToleration, ResourceClaim
+from services.common.quota.model import QuotaModel
 from services.common.security.policy import parse_policy
-from services.common.security.quota import QuotaModel
 from tests.builders import (
     DRIVER,
     DeviceBuilder,

@@ -28,7 +28,7 @@ from services.allocator.core import (
     preemption_candidates,
     victims_by_node,
 )
-from services.common.security.quota import (
+from services.common.quota.model import (
     DEFAULT_PREEMPTION,
     BorrowWithinCohort,
     PreemptionPolicy,

@@ -23,9 +23,10 @@ from services.allocator.core import (
     Holding,
     PreemptionContext,
     PreemptionReason,
+    admit,
     plan_preemption,
 )
-from services.common.security.quota import (
+from services.common.quota.model import (
     BorrowWithinCohort,
     CohortQuota,
     PreemptionPolicy,
@@ -374,7 +375,7 @@ def scenes(draw: st.DrawFn, flat: bool = False) -> tuple[QuotaModel, list[Holdin
     for i in range(draw(st.integers(0, 8))):
         tenant = draw(st.sampled_from([t.tenant for t in tenants]))
         gpus = draw(st.integers(1, 2))
-        if quotas.admit(tenant, {"gpus": gpus * GPU}, usage_of(holdings)):
+        if admit(quotas, tenant, {"gpus": gpus * GPU}, usage_of(holdings)):
             continue
         priority = draw(st.integers(-1, 1))
         holdings.append(
@@ -428,7 +429,7 @@ def _check_plan(scene: tuple[QuotaModel, list[Holding], str, int, int]) -> None:
 
     def fits(gone: Sequence[Holding], within_nominal: bool = False) -> bool:
         left = usage_of([h for h in holdings if h not in gone])
-        return quotas.admit(who, amounts, left, within_nominal=within_nominal) == ()
+        return admit(quotas, who, amounts, left, within_nominal=within_nominal) == ()
 
     found = plan_preemption(context, lambda chosen, node: amounts)
     if fits([]):

@@ -11,14 +11,16 @@ from typing import Any
 import pytest
 import yaml
 
+from services.allocator.core import admit, tenant_status
 from services.common.errors import InvalidArgument
-from services.common.security.fair_sharing import (
+from services.common.quota.model import (
     AdmissionFairSharing,
+    CohortQuota,
     FairSharing,
     PreemptionStrategy,
+    QuotaLimits,
 )
 from services.common.security.policy import parse_policy
-from services.common.security.quota import CohortQuota, QuotaLimits
 
 POLICY = yaml.safe_load(
     """
@@ -280,7 +282,7 @@ def test_a_cohorts_lending_limit_may_pass_its_own_nominal(
     assert quotas.cohorts["research"].limits["gpus"] == QuotaLimits(
         4 * GPU, 2 * GPU, None if lend is None else lend * GPU
     )
-    (row,) = quotas.status({}, ["team-b"])
+    (row,) = tenant_status(quotas, {}, ["team-b"])
     assert row.left == team_b_left * GPU
-    assert quotas.admit("team-b", {"gpus": team_b_left * GPU}, {}) == ()
-    assert quotas.admit("team-b", {"gpus": team_b_left * GPU + 1}, {}) != ()
+    assert admit(quotas, "team-b", {"gpus": team_b_left * GPU}, {}) == ()
+    assert admit(quotas, "team-b", {"gpus": team_b_left * GPU + 1}, {}) != ()
