@@ -513,7 +513,8 @@ class AdmissionController:
         decisions: list[Decision],
     ) -> dict[str, dict[str, Any]]:
         """Create the mirror Workload of each grant outside Kueue that has none, delete those
-        whose grant is gone; returns the live grants' mirrors that exist, by name. A failure
+        whose grant is gone (or that name another reservation than the live one of their
+        name); returns the live grants' mirrors that exist, by name. A failure
         here is logged and leaves placement alone (the next pass tries again)."""
         namespace = self.mirror_namespace
         existing = {
@@ -521,9 +522,14 @@ class AdmissionController:
             for w in raw_workloads
             if is_mirror(w) and (w.get("metadata") or {}).get("namespace") == namespace
         }
-        live = {mirror_name(r.id) for grants in self._grants.values() for r in grants}
+        live = {mirror_name(r.id): r.id for grants in self._grants.values() for r in grants}
+        kept = {
+            name: w
+            for name, w in existing.items()
+            if name in live and _annotations(w).get(MIRROR_ANNOTATION) == live[name]
+        }
         try:
-            for name in sorted(set(existing) - live):
+            for name in sorted(set(existing) - set(kept)):
                 self.api.delete_workload(namespace, name)
                 note = "its grant is gone"
                 decisions.append(Decision(f"{namespace}/{name}", "unmirrored", None, note))
@@ -535,7 +541,7 @@ class AdmissionController:
                 self._create_mirrors(raw_queues, missing, decisions)
         except Exception as error:  # the kubernetes client's errors: placement goes on
             log.warning("mirrors in %s: %s", namespace, error)
-        return {name: w for name, w in existing.items() if name in live}
+        return kept
 
     def _create_mirrors(
         self,
@@ -577,7 +583,7 @@ class AdmissionController:
         gone = workload.finished or workload.evicted or workload.deleting or not workload.active
         if gone or not workload.quota_reserved or check.state is CheckState.READY:
             return Decision(workload.key, "unchanged", check.state)
-        annotations = raw["metadata"].get("annotations") or {}
+        annotations = _annotations(raw)
         message = (
             f"gpualloc: mirrors reservation {annotations.get(MIRROR_ANNOTATION, '?')} of "
             f"{annotations.get(OWNER_ANNOTATION, '?')}, granted outside Kueue; nothing placed"
@@ -759,6 +765,10 @@ def _to_place(workload: Workload, check: AdmissionCheckState) -> bool:
     if gone or not workload.quota_reserved:
         return False
     return check.state not in (CheckState.RETRY, CheckState.REJECTED, CheckState.READY)
+
+
+def _annotations(raw: dict[str, Any]) -> dict[str, str]:
+    return dict((raw.get("metadata") or {}).get("annotations") or {})
 
 
 def _pod_set_of(reservation: Reservation) -> str:
