@@ -604,11 +604,11 @@ def _assignments_watched(cluster: Cluster) -> Iterator[set[str]]:
     watch of the Workloads (every change, not a poll that can miss a short admission)."""
     seen: set[str] = set()
     stop = threading.Event()
-    watch = kubernetes.watch.Watch()
+    watch = kubernetes.watch.Watch()  # type: ignore[no-untyped-call]
 
     def follow() -> None:
         while not stop.is_set():
-            stream = watch.stream(
+            stream = watch.stream(  # type: ignore[no-untyped-call]
                 cluster.custom.list_namespaced_custom_object,
                 GROUP,
                 VERSION,

@@ -16,7 +16,8 @@ from services.bridges.kueue.mirror import (
     mirror_name,
     wanted_mirrors,
 )
-from services.client.results import DeviceID, Reservation, ReservationState
+from services.client.results import Reservation, ReservationState
+from services.common.dra.model import DeviceID
 
 HOPPER = {"nvidia.com/gpu.family": "hopper"}
 ADA = {"nvidia.com/gpu.family": "ada-lovelace"}
