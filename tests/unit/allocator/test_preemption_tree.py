@@ -409,7 +409,7 @@ def test_a_plan_fits_spares_nobody_needlessly_and_never_inverts_priorities(
     _check_plan(scene)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=600, deadline=None)
 @given(scenes(flat=True))
 def test_reclaim_in_a_flat_cohort_never_inverts_priorities(
     scene: tuple[QuotaModel, list[Holding], str, int, int],
