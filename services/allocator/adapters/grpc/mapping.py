@@ -40,6 +40,7 @@ from services.allocator.app.messages import (
 from services.allocator.app.reservation_watch import ChangeKind, ReservationChange
 from services.allocator.core import (
     NO_SUMMARY,
+    CohortStatus,
     ConstraintExplanation,
     Explanation,
     FlavorAttempt,
@@ -49,11 +50,13 @@ from services.allocator.core import (
     NodePlacement,
     PcieRelation,
     Policy,
+    QuotaRefusal,
     ReasonCode,
     RejectionGroup,
     RequestExplanation,
     RequestRef,
     Score,
+    TenantStatus,
     TopologyConstraint,
     TopologyKind,
 )
@@ -73,13 +76,8 @@ from services.common.pb.dra_mapping import (
     to_pb_allocation_result,
     to_pb_device_id,
 )
+from services.common.quota.model import quantity_text
 from services.common.security.principal import tenant_of_owner
-from services.common.security.quota import (
-    CohortStatus,
-    QuotaRefusal,
-    TenantStatus,
-    quantity_text,
-)
 
 __all__ = [
     "ClaimReader",
