@@ -167,12 +167,16 @@ DECAY = FAIR.replace(
 @pytest.mark.redis
 @ON_STANDALONE_AND_CLUSTER
 def test_two_replicas_show_the_same_decayed_usage(
-    tmp_path: Path, layout: str, request: pytest.FixtureRequest
+    tmp_path: Path,
+    layout: str,
+    request: pytest.FixtureRequest,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Usage decayed with a 2 s half-life, sampled every 500 ms, kept in the store: team-a
     holds 3 GPUs and team-b 1; within a few samples team-a's decayed usage is above 0 and
     below 3 and above team-b's (what a bridge orders its queue by, lowest first); both
-    replicas show the same sample (value and time) (`gpualloc get quotas`'s DECAYED column:
+    replicas show the same sample (value and time), and `gpualloc get quotas` against the
+    other replica a DECAYED column with team-a's above 0 (the column's every value:
     test_get_quotas_shows_decayed_usage)."""
     redis_url = request.getfixturevalue(layout)
     settings = AllocatorSettings(expire_interval=0.2, redis_url=redis_url)
@@ -201,6 +205,10 @@ def test_two_replicas_show_the_same_decayed_usage(
                     break
             assert seen[0].decayed_used == seen[1].decayed_used
             assert seen[0].decayed_at == seen[1].decayed_at and seen[0].HasField("decayed_at")
+            lines = _get_quotas(two, "scheduler-a", capsys)
+            header, values = lines[0].split(), lines[1].split()
+            assert "DECAYED" in header and values[0] == "team-a"
+            assert 0 < quantity(values[header.index("DECAYED")]) < 3
         finally:
             release_all(a, held_a)
             release_all(b, held_b)

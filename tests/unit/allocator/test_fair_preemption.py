@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.allocator.core import (
+    Candidate,
     Holding,
     PreemptionContext,
     PreemptionReason,
@@ -786,6 +787,40 @@ def test_fair_preemption_table(
     found = plan_preemption(context, lambda chosen, node: amounts)
     got = {} if found is None else {v.holding.id: v.reason for v in found.victims}
     assert got == expected
+
+
+def test_a_fair_sequence_that_frees_no_node_is_made_again_node_by_node() -> None:
+    """Fair sharing on: b (nominal 2, holding nothing) asks for 2 GPUs on one node; a
+    (nominal 2) holds 3: a-big (2 GPUs on n1, older) and a-small (1 on n2, newest). The
+    fleet-wide sequence takes a-small first (the newest), after which a is within nominal, so
+    it ends there, freeing 1 GPU of n2: no node fits. Made again node by node, n1's own
+    candidate comes first: a-big goes, reason reclaim, and the grant lands on n1."""
+    quotas = fair_model(
+        [], [cq("a", "all", {"default": 2}, "LA"), cq("b", "all", {"default": 2}, "LA")]
+    )
+    big = Holding("a-big", "a", PriorityClass("p0", 0), 1.0, {"gpus/default": 2 * GPU})
+    small = Holding("a-small", "a", PriorityClass("p0", 0), 2.0, {"gpus/default": GPU})
+    node_of = {"a-big": "n1", "a-small": "n2"}
+    free = {"n1": 0, "n2": 0}  # free GPUs on each node with nothing revoked
+    amounts = {"gpus/default": 2 * GPU}
+    context = PreemptionContext(
+        quotas, "b", PriorityClass("p0", 0), amounts, [big, small], usage_of([big, small])
+    )
+
+    def place(chosen: Sequence[Candidate], node: str) -> dict[str, int] | None:
+        freed = dict(free)
+        for c in chosen:
+            freed[node_of[c.holding.id]] += round(c.holding.amounts["gpus/default"] / GPU)
+        fits = [n for n, count in freed.items() if count >= 2 and node in ("", n)]
+        return amounts if fits else None
+
+    assert plan_preemption(context, place) is None  # fleet-wide only: a-small frees no node
+    found = plan_preemption(context, place, node_of=node_of)
+    assert found is not None
+    assert (found.node, {v.holding.id: v.reason for v in found.victims}) == (
+        "n1",
+        {"a-big": RECLAIM},
+    )
 
 
 # --- the brute-force model: any tree, any holdings ---------------------------------------------

@@ -52,7 +52,11 @@ from tests.builders import (
 
 KIND = f'device.attributes["{DRIVER}"].kind'
 MODEL = f'device.attributes["{DRIVER}"].model'
-CLASSES = classes(cls("gpu", f'{KIND} == "whole"'), cls("mig", f'{KIND} == "mig"'))
+CLASSES = classes(
+    cls("gpu", f'{KIND} == "whole"'),
+    cls("mig", f'{KIND} == "mig"'),
+    cls("any-gpu"),  # every device: a class no quota resource lists, overlapping both
+)
 
 
 def _gpus(node_name: str, model: str, count: int, *, taint: bool = False) -> list[DeviceBuilder]:
@@ -458,6 +462,7 @@ class Ask:
     charged: tuple[str, ...] = ()  # the quota resources the grant counts
     reason: FlavorReason | None = None  # the first attempt's reason (when not Fit)
     holdings: tuple[tuple[str, str, int, str, str], ...] = ()
+    reasons: tuple[str, ...] = ()  # each attempt's typed reason ("": none), when given
 
 
 def edited(text: str, old: str, new: str) -> str:
@@ -587,6 +592,15 @@ ASKS = {
         (("gpus", "whole", "Fit"), ("models", "h100", "Fit")),
         None, ("gpus/whole", "models/h100"), reason=None,
     ),
+    # a request of a class the resource does not list (any-gpu) is not pinned to the flavor
+    # tried, yet its devices count where the resource's classes select them: found on the
+    # L40S, they are not h100's but `other`'s (NoFit, charged-elsewhere), then Fit on other
+    "a-request-of-an-unlisted-class-found-off-the-flavor-is-charged-elsewhere": Ask(
+        DEVICE_LEVEL, hpc(q("gpus/whole"), q("gpus/mig"), q("models/h100"), q("models/other")),
+        claim("c").request("g", "any-gpu", 1, f'{MODEL} == "L40S"').build(),
+        (("gpus", "whole", "Fit"), ("models", "h100", "NoFit"), ("models", "other", "Fit")),
+        "ada", ("gpus/whole", "models/other"), reasons=("", "charged-elsewhere", ""),
+    ),
     # a request counting two flavored resources: their flavors in turn, each pinned to those
     # chosen before (no going back, as Kueue's resource groups)
     "two-flavored-resources-are-assigned-in-turn": Ask(
@@ -609,6 +623,8 @@ def test_what_a_flavor_selects_and_who_may_use_it(case: Ask) -> None:
         assert tried == list(case.tried)
         if case.reason is not None:
             assert answer.flavors[0].reason is case.reason
+        if case.reasons:
+            assert [a.reason or "" for a in answer.flavors] == list(case.reasons)
         assert answer.outcome is Outcome.ALLOCATED
         if case.lands is not None:
             assert families(answer) == {case.lands}
