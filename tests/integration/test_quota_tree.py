@@ -220,14 +220,16 @@ def test_get_quotas_wide_adds_the_limits_and_json_and_yaml_list_both_kinds(
             ("CohortQuota", "research"),
         ]
         tenant, org, research = as_json["items"]
-        assert (tenant["cohort_path"], tenant["used"], tenant["borrowed"]) == (
+        assert {i["apiVersion"] for i in as_json["items"]} == {"gpualloc.io/v1alpha1"}
+        assert (tenant["cohortPath"], tenant["used"], tenant["borrowed"]) == (
             ["org", "research"],
             "3",
             "1",
         )
-        assert (tenant["weighted_share"], tenant["borrowing_limit"]) == (167, "")
-        assert (org["subtree_quota"], org["left"]) == ("8", "5")
-        assert (research["cohort_path"], research["borrowing_limit"]) == (["org"], "2")
+        # an unset limit (unlimited) is left out, as every kind's empty fields are
+        assert (tenant["weightedShare"], "borrowingLimit" in tenant) == (167, False)
+        assert (org["subtreeQuota"], org["left"]) == ("8", "5")
+        assert (research["cohortPath"], research["borrowingLimit"]) == (["org"], "2")
     finally:
         release_all(a, held)
 

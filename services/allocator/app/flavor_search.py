@@ -202,7 +202,10 @@ class _Search:
         made = functools.partial(FlavorAttempt[Found], tried.resource.base, flavor)
         elsewhere = _charged_elsewhere(model, amounts, tried.pins)
         if elsewhere:
-            why = f"the devices found are charged to flavor {elsewhere} (listed before)"
+            why = (
+                f"the devices found are charged to flavor {elsewhere} (the first in the "
+                "tenant's order that selects them)"
+            )
             return made(FlavorMode.NO_FIT, 0, FlavorReason.CHARGED_ELSEWHERE, why)
         standing = quota_standing(model, tenant, amounts, self.around.usage)
         if standing >= QuotaStanding.BORROWING:
