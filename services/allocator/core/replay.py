@@ -181,6 +181,7 @@ class Replays:
         self.labels = [claim.label for claim in ctx.plan.claims]
         self._static: dict[tuple[int, int], StaticTape] = {}
         self._devices: dict[str, tuple[DeviceEntry, ...]] = {}
+        self._pool_ids: dict[tuple[str, int], tuple[str, str]] = {}
         self._first_indices: dict[
             tuple[int, tuple[int, ...]], list[tuple[int, tuple[int, ...]]]
         ] = {}
@@ -218,6 +219,16 @@ class Replays:
                 (pool, tuple(heapq.nsmallest(3, listed, key=lambda i: names[i].id.device)))
                 for pool, listed in by_pool.items()
             ]
+        return found
+
+    def pool_id(self, node: str, pool: int) -> tuple[str, str]:
+        """(driver, name) of the node's pool `pool` (its ordinal on the node), kept: a node's
+        groups and its template's static checks all ask for their examples."""
+        key = (node, pool)
+        found = self._pool_ids.get(key)
+        if found is None:
+            node_pool = self.snapshot.view(node).pools[pool].pool
+            found = self._pool_ids[key] = (node_pool.driver, node_pool.name)
         return found
 
     def devices(self, node: str) -> tuple[DeviceEntry, ...]:
@@ -305,13 +316,12 @@ class _Examples:
     def _first_nodes(self, pool: int) -> list[str]:
         found = self._first.get(pool)
         if found is None:
-            snapshot = self.replays.snapshot
-
-            def pool_id(node: str) -> tuple[str, str]:
-                node_pool = snapshot.view(node).pools[pool].pool
-                return node_pool.driver, node_pool.name
-
-            found = self._first[pool] = heapq.nsmallest(3, self.members, key=pool_id)
+            if len(self.members) == 1:
+                found = list(self.members)  # no order to find among one node
+            else:
+                pool_id = self.replays.pool_id
+                found = heapq.nsmallest(3, self.members, key=lambda node: pool_id(node, pool))
+            self._first[pool] = found
         return found
 
 
