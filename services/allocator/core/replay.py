@@ -37,6 +37,7 @@ from services.allocator.core.explain import (
     Recorder,
     holders,
 )
+from services.allocator.core.nodechoice import TemplatePlan
 from services.allocator.core.outcomes import NodeOutcome
 from services.allocator.core.plan import Alternative, ConstraintSpec
 from services.allocator.core.snapshot import ClusterSnapshot, DeviceEntry
@@ -182,6 +183,10 @@ class Replays:
         self._static: dict[tuple[int, int], StaticTape] = {}
         self._devices: dict[str, tuple[DeviceEntry, ...]] = {}
         self._pool_ids: dict[tuple[str, int], tuple[str, str]] = {}
+        templates = node_templates(snapshot)
+        self.of_node = templates.of_node
+        self.slot = templates.slot
+        self.facts: dict[int, TemplatePlan] = {}  # per template: its static checks, once
         self._first_indices: dict[
             tuple[int, tuple[int, ...]], list[tuple[int, tuple[int, ...]]]
         ] = {}
@@ -254,12 +259,15 @@ class Replays:
                 static_members.setdefault((group.template.id, key), []).extend(group.members)
             self._dynamic(group, recorder)
         templates = {g.template.id: g.template for g in (*self.groups.values(), *self.once)}
+        shared: dict[int, _Examples] = {}  # per template: its alternatives mostly list alike
         for (template_id, key), members in static_members.items():
             template, alternative = templates[template_id], self.alternatives[key]
             tape = self.static(template, alternative)
             label = self.labels[alternative.claim_index]
             recorder.add_considered(alternative, label, tape.considered * len(members))
-            examples = _Examples(self, template, members)
+            examples = shared.get(template_id)
+            if examples is None or examples.members != members:
+                examples = shared[template_id] = _Examples(self, template, members)
             for (code, fact), indices in tape.rejects.items():
                 count = len(indices) * len(members)
                 recorder.add_rejected(alternative, code, fact, count, examples.of(indices))
