@@ -144,7 +144,7 @@ GANG_KIND = "gang-4x8"
 
 
 def run(quick: bool, rows: str | None = None) -> BenchReport:
-    sizes = (1_000, 10_000) if quick else (1_000, 10_000, 100_000)
+    sizes: tuple[int, ...] = (1_000, 10_000) if quick else (1_000, 10_000, 100_000)
     wanted = _Rows(rows)
     sizes = tuple(s for s in sizes if wanted.size(s))
     solves = 60 if quick else 200
