@@ -74,8 +74,8 @@ from services.common.dra.model import (
     NodeSelectorTerm,
     ResourceSlice,
 )
-from services.common.security.fair_sharing import FairSharing
-from services.common.security.quota import (
+from services.common.quota.model import (
+    FairSharing,
     PriorityClass,
     QuotaLimits,
     QuotaModel,

@@ -34,6 +34,7 @@ from services.client.config import ClientSettings
 from services.common.config import read_document_limits
 from services.common.console import console_main
 from services.common.errors import GpuallocError, InvalidArgument
+from services.common.gc_policy import GcPolicy
 from services.common.grpc_server import create_server, security_summary, serve_until_signal
 from services.common.health import Health
 from services.common.log import configure_logging
@@ -152,6 +153,9 @@ def _serve(
         feed_connected=(lambda: client.status().connected) if client else None,
         feed_target=settings.inventory_address,
     )
+    # The view (at 10,000 GPUs millions of objects) would make every full collection walk it:
+    # ~0.5 s each, every few seconds of placements (docs/performance.md).
+    gc_policy = GcPolicy(name="allocator-gc").start()
     try:
         health = Health()
         server, port = create_server(
@@ -178,6 +182,7 @@ def _serve(
         )
         serve_until_signal(server, health, settings.server.grace_seconds)
     finally:
+        gc_policy.stop()
         app.close()
     return 0
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import difflib
 import getpass
 import os
@@ -53,6 +52,7 @@ from services.client.live_output import (
     as_list,
     capacity_to_dict,
     change_to_dict,
+    cohort_quota_to_dict,
     device_to_dict,
     expiry,
     fleet_node_to_dict,
@@ -63,6 +63,7 @@ from services.client.live_output import (
     reservation_ids,
     reservation_to_dict,
     table,
+    tenant_quota_to_dict,
     write_structured,
 )
 from services.client.results import (
@@ -459,8 +460,8 @@ def _get_quotas(args: argparse.Namespace, session: Session, out: TextIO) -> int:
             row += [q.decayed_usage or "-"] if decay else []
         rows.append(row)
     if args.output in ("json", "yaml", "name"):
-        items = [{"kind": "TenantQuota", **dataclasses.asdict(q)} for q in quotas]
-        items += [{"kind": "CohortQuota", **dataclasses.asdict(c)} for c in cohorts]
+        items = [tenant_quota_to_dict(q) for q in quotas]
+        items += [cohort_quota_to_dict(c) for c in cohorts]
         names = [f"quota/{q.tenant}/{q.resource}" for q in quotas]
         names += [f"cohortquota/{c.cohort}/{c.resource}" for c in cohorts]
         _outputs(args, items, names, headers, rows, out)

@@ -21,10 +21,12 @@ from services.client.fleet import DeviceState, FleetNode, Use
 from services.client.results import (
     Capacity,
     ClaimAllocation,
+    CohortQuota,
     Holder,
     Placement,
     Reservation,
     ReservationChange,
+    TenantQuota,
 )
 from services.common.dra.serialize import allocation_result_to_dict
 
@@ -32,6 +34,7 @@ __all__ = [
     "API_VERSION",
     "capacity_to_dict",
     "change_to_dict",
+    "cohort_quota_to_dict",
     "device_to_dict",
     "expiry",
     "fleet_node_to_dict",
@@ -41,6 +44,7 @@ __all__ = [
     "reservation_ids",
     "reservation_to_dict",
     "table",
+    "tenant_quota_to_dict",
     "write_structured",
 ]
 
@@ -126,6 +130,63 @@ def reservation_to_dict(reservation: Reservation) -> dict[str, Any]:
             labels=dict(reservation.labels),
             devices=[str(d) for d in reservation.devices],
             claims=[claim_allocation_to_dict(a) for a in reservation.allocations],
+        ),
+    }
+
+
+def tenant_quota_to_dict(quota: TenantQuota) -> dict[str, Any]:
+    """One tenant's row of QuotaStatus, in the API's camelCase (an unset limit is left out:
+    unlimited)."""
+    decayed_at = None
+    if quota.decayed_at is not None:
+        decayed_at = _time(datetime.fromtimestamp(quota.decayed_at, UTC))
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "TenantQuota",
+        **_compact(
+            tenant=quota.tenant,
+            resource=quota.resource,
+            cohort=quota.cohort,
+            cohortPath=list(quota.cohort_path),
+            nominal=quota.nominal,
+            used=quota.used,
+            borrowed=quota.borrowed,
+            lent=quota.lent,
+            left=quota.left,
+            borrowingLimit=quota.borrowing_limit,
+            lendingLimit=quota.lending_limit,
+            fairSharingWeight=quota.fair_sharing_weight,
+            weightedShare=quota.weighted_share,
+            dominantResource=quota.dominant_resource,
+            decayedUsed=quota.decayed_used,
+            decayedUsage=quota.decayed_usage,
+            decayedAt=decayed_at,
+            pendingPreemptions=quota.pending_preemptions,
+            pendingPreemptionIds=list(quota.pending_preemption_ids),
+        ),
+    }
+
+
+def cohort_quota_to_dict(quota: CohortQuota) -> dict[str, Any]:
+    """One cohort's row of QuotaStatus, in the API's camelCase."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "CohortQuota",
+        **_compact(
+            cohort=quota.cohort,
+            resource=quota.resource,
+            cohortPath=list(quota.cohort_path),
+            nominal=quota.nominal,
+            subtreeQuota=quota.subtree_quota,
+            used=quota.used,
+            borrowed=quota.borrowed,
+            lent=quota.lent,
+            left=quota.left,
+            borrowingLimit=quota.borrowing_limit,
+            lendingLimit=quota.lending_limit,
+            fairSharingWeight=quota.fair_sharing_weight,
+            weightedShare=quota.weighted_share,
+            dominantResource=quota.dominant_resource,
         ),
     }
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from protos.inventory.v1 import inventory_pb2_grpc
 from services.common.dra.limits import DocumentLimits
 from services.common.dra.model import Node, ResourceSlice
+from services.common.gc_policy import GcPolicy
 from services.common.grpc_server import ServiceRegistration
 from services.common.health import Health
 from services.common.manifests import load_manifests
@@ -31,7 +32,6 @@ from services.inventory.config import InventorySettings
 from services.inventory.core.checks import MAX_OBJECTS_PER_APPLY
 from services.inventory.core.repository import InventoryRepository
 from services.inventory.core.state import refresh_observed
-from services.inventory.gc_policy import GcPolicy
 
 log = logging.getLogger("gpualloc.inventory")
 
@@ -87,8 +87,8 @@ def build_inventory(
 ) -> InventoryApp:
     """The inventory app. With `settings`, the state is loaded from the repository they name
     (or `repository`), every node gets a full report TTL from now, and the staleness sweeper
-    and the GC policy (gc_policy.py) start (unless `sweep` is false). Without, an in-memory
-    service (tests)."""
+    and the GC policy (services/common/gc_policy.py) start (unless `sweep` is false). Without,
+    an in-memory service (tests)."""
     gc_policy = None
     restored: frozenset[str] = frozenset()
     if service is None and settings is not None:
@@ -105,7 +105,7 @@ def build_inventory(
         )
         if sweep:
             service.start_sweeper(settings.sweep_interval)
-            gc_policy = GcPolicy().start()
+            gc_policy = GcPolicy(name="inventory-gc").start()
     service = service or InventoryService()
     if settings is None:
         servicer = InventoryServicer(service, heartbeat_seconds=None)

@@ -15,6 +15,7 @@ from services.allocator.adapters.store.memory import MemoryReservationStore
 from services.allocator.adapters.store.memory_quota import MemoryQuotaLedger
 from services.allocator.adapters.store.redis_quota import RedisQuotaLedger
 from services.allocator.adapters.store.redis_store import RedisReservationStore
+from services.allocator.core import ConsumedUsage
 from services.allocator.reservations.model import PREEMPTED_MEMORY_SECONDS, reserve_placement
 from services.allocator.reservations.quota_ledger import (
     QuotaEntry,
@@ -24,7 +25,6 @@ from services.allocator.reservations.quota_ledger import (
     usage_by_tenant,
 )
 from services.common.errors import NotFound, Preempted, Unavailable
-from services.common.security.fair_sharing import ConsumedUsage
 from tests.conftest import RedisServerFactory
 from tests.contract.conftest import (
     REDIS_URL_FIXTURES,

@@ -11,6 +11,7 @@ that node selector. No kubelet: pods never run.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import threading
@@ -88,6 +89,7 @@ class Sidecar:
         target: str,
         settings: ClientSettings | None = None,
         tenants: TenantMode = TenantMode.BINDING,
+        mirror_namespace: str = "",
     ) -> None:
         if settings is None:
             self.client = AllocatorClient(target, owner="test")
@@ -98,7 +100,11 @@ class Sidecar:
             self.inventory = InventoryClient(settings.inventory, tls=tls, token_file=token)
         self.api = KubernetesKueueApi(api_client=plane.api_client())
         self.controller = AdmissionController(
-            self.api, Placer(self.client, self.inventory), lease_ttl_seconds=60, tenants=tenants
+            self.api,
+            Placer(self.client, self.inventory),
+            lease_ttl_seconds=60,
+            tenants=tenants,
+            mirror_namespace=mirror_namespace,
         )
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.controller.run, args=(self.stop, 1.0))
@@ -176,11 +182,11 @@ class Cluster:
             _delete_workload(self.custom, workload.name)
 
 
-def _delete_workload(custom: Any, name: str) -> None:
+def _delete_workload(custom: Any, name: str, namespace: str = NAMESPACE) -> None:
     body = {"metadata": {"finalizers": None}}
     try:
-        custom.patch_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "workloads", name, body)
-        custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "workloads", name)
+        custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, "workloads", name, body)
+        custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "workloads", name)
     except kubernetes.client.ApiException as error:
         if error.status != 404:
             raise
@@ -540,3 +546,207 @@ def test_cluster_queues_slurm_and_kueue_work_share_their_quotas_under_a_real_kue
         finally:
             sidecar.close()
             _delete_all(plane)
+
+
+def _two_flavor_queue(name: str) -> list[dict[str, Any]]:
+    """ClusterQueue `name` with flavors hopper (8 GPUs) then ada (4), Kueue's defaults for
+    borrowing and preemption (flavorFungibility whenCanBorrow: MayStopSearch, whenCanPreempt:
+    TryNextFlavor), gpualloc's check, and its LocalQueue `<name>-queue`."""
+
+    def resources(gpus: int) -> list[dict[str, Any]]:
+        return [
+            {"name": "cpu", "nominalQuota": 64},
+            {"name": "memory", "nominalQuota": "512Gi"},
+            {"name": "nvidia.com/gpu", "nominalQuota": gpus},
+        ]
+
+    queue, local = _queue(name, "hopper")
+    queue["spec"]["resourceGroups"][0]["flavors"] = [
+        {"name": "hopper", "resources": resources(8)},
+        {"name": "ada", "resources": resources(4)},
+    ]
+    return [queue, local]
+
+
+# ClusterQueue hpc: hopper (the H100 nodes) 8, then ada (the L40S node) 4; the Slurm bridge and
+# the sidecar (acting for hpc, `tenants=cluster-queue`) draw on its one quota
+HPC_SITE = [_flavor("hopper", "hopper"), _flavor("ada", "ada-lovelace"), *_two_flavor_queue("hpc")]
+HPC_AS_TENANT = f"""\
+  quota:
+    kueue:
+      objects: {json.dumps(HPC_SITE)}
+  tenants:
+  - name: team-a
+  - name: team-b
+  - name: team-c
+  - name: tools
+    allowAdminAccess: true
+"""
+ACTING_FOR_HPC = '    roles: [scheduler]\n    actFor: ["kueue/*"]\n    actForTenants: [hpc]'
+MIRRORS = "gpualloc-mirrors"
+JOB_7001 = {"SLURM_JOB_GRES": "gpu:h100:8"}
+
+
+def _assignments(found: dict[str, Any] | None) -> list[str]:
+    """The flavors Kueue assigned the Workload's GPUs now ([] without an admission)."""
+    admission = ((found or {}).get("status") or {}).get("admission") or {}
+    return [a["flavors"].get("nvidia.com/gpu", "") for a in admission.get("podSetAssignments", [])]
+
+
+def _evictions(found: dict[str, Any] | None) -> int:
+    stats = ((found or {}).get("status") or {}).get("schedulingStats", {}).get("evictions", [])
+    return sum(int(e.get("count", 0)) for e in stats)
+
+
+@contextlib.contextmanager
+def _assignments_watched(cluster: Cluster) -> Iterator[set[str]]:
+    """Every flavor Kueue assigns a Workload's GPUs in the test's namespace meanwhile, from a
+    watch of the Workloads (every change, not a poll that can miss a short admission)."""
+    seen: set[str] = set()
+    stop = threading.Event()
+    watch = kubernetes.watch.Watch()  # type: ignore[no-untyped-call]
+
+    def follow() -> None:
+        while not stop.is_set():
+            stream = watch.stream(  # type: ignore[no-untyped-call]
+                cluster.custom.list_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                NAMESPACE,
+                "workloads",
+                resource_version=watch.resource_version,  # where the last stream ended
+                timeout_seconds=2,
+            )
+            for event in stream:
+                seen.update(_assignments(event["object"]))
+
+    thread = threading.Thread(target=follow)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+def _hpc_fleet(plane: ControlPlane, tmp_path: Path) -> Any:
+    policy = policy_with(HPC_AS_TENANT).replace(KUEUE_AS_TEAM_C, ACTING_FOR_HPC)
+    assert ACTING_FOR_HPC in policy and "tenant: hpc" in policy  # the Slurm bridge's binding
+    for document in HPC_SITE:
+        plane.apply(document)
+    return secured_fleet(tmp_path / "pki", policy=policy)
+
+
+def test_without_mirrors_a_real_kueue_retries_the_first_flavor_until_slurm_releases(
+    plane, cluster, tmp_path
+):
+    """ClusterQueue hpc lists hopper (8) before ada (4). Slurm job 7001's prolog takes hpc's
+    8 H100s through gpualloc; Kueue's own count sees no Slurm job. A Job of 4 GPUs of any
+    model: Kueue assigns hopper, gpualloc's check answers Retry on hpc's hopper quota, Kueue
+    evicts the Workload (reason AdmissionCheck) and requeues it — and assigns hopper again,
+    every time: its requeue forgets the assignment it tried, and ada, which would fit, is
+    never assigned. The Job stays suspended until job 7001's epilog; then it runs on hopper."""
+    with _hpc_fleet(plane, tmp_path) as fleet:
+        code, _, err = slurm(fleet, JOB_7001, "prolog")
+        assert code == 0, err
+        settings = kueue_settings(fleet, tmp_path / "token")
+        sidecar = Sidecar(plane, "", settings, TenantMode.CLUSTER_QUEUE)
+        try:
+            with _assignments_watched(cluster) as seen:
+                job = cluster.submit(
+                    EXAMPLES / "h100-nvlink-job.yml", "any-model", "hpc-queue", True
+                )
+                until(
+                    "3 evictions",
+                    lambda: _evictions(cluster.raw_workload_of(job)) >= 3,
+                    shown=lambda: cluster.raw_workload_of(job),
+                )
+                assert cluster.job(job).spec.suspend is True
+            found = cluster.raw_workload_of(job) or {}
+            reasons = {e["reason"] for e in found["status"]["schedulingStats"]["evictions"]}
+            assert reasons == {"AdmissionCheck"}, found["status"]
+            assert seen == {"hopper"}, f"Kueue assigned {seen}: ada never, although it fits"
+
+            code, _, err = slurm(fleet, JOB_7001, "epilog")  # the Slurm job ends
+            assert code == 0, err
+            started = until("Job unsuspended", lambda: _unsuspended(cluster, job))
+            selector = started.spec.template.spec.node_selector
+            assert selector["nvidia.com/gpu.family"] == "hopper"
+            assert selector["kubernetes.io/hostname"].startswith("h100-node-")
+            assert _admitted(cluster, job).assigned_flavors == {"main": ("hopper",)}
+        finally:
+            sidecar.close()
+            _delete_all(plane)
+
+
+def test_with_mirrors_a_real_kueue_assigns_the_next_flavor_while_slurm_holds_the_first(
+    plane, cluster, tmp_path
+):
+    """The same ClusterQueue, the sidecar with a mirror namespace. Slurm job 7001's prolog
+    takes hpc's 8 H100s: the sidecar mirrors the grant as a Workload of 8 GPUs with hopper's
+    nodeLabels as its nodeSelector in LocalQueue gpualloc-hpc, sets its check Ready without
+    placing anything, and Kueue admits it on hopper: Kueue's count now sees hopper spent. A Job
+    of 4 GPUs of any model is then assigned ada at once (never evicted), placed by gpualloc on
+    the L40S node and charged to hpc's ada quota. Job 7001's epilog ends the grant: its mirror
+    is deleted, and Kueue's count frees hopper. A Workload labelled as a mirror in the mirror
+    namespace that mirrors no live grant is deleted, never made Ready."""
+    plane.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": MIRRORS}})
+    with _hpc_fleet(plane, tmp_path) as fleet:
+        code, _, err = slurm(fleet, JOB_7001, "prolog")
+        assert code == 0, err
+        settings = kueue_settings(fleet, tmp_path / "token")
+        sidecar = Sidecar(plane, "", settings, TenantMode.CLUSTER_QUEUE, mirror_namespace=MIRRORS)
+        custom = cluster.custom
+
+        def mirrors() -> list[dict[str, Any]]:
+            listed = custom.list_namespaced_custom_object(GROUP, VERSION, MIRRORS, "workloads")
+            return list(listed["items"])
+
+        def admitted_mirror() -> Workload | None:
+            found = [Workload.from_dict(m) for m in mirrors()]
+            return found[0] if len(found) == 1 and found[0].admitted else None
+
+        try:
+            mirror = until("mirror admitted", admitted_mirror, shown=mirrors)
+            assert mirror.cluster_queue == "hpc"
+            assert mirror.assigned_flavors == {"main": ("hopper",)}
+            (raw,) = mirrors()
+            assert (
+                raw["metadata"]["annotations"]["gpualloc.io/mirror-owner"] == "hpc/slurm/job/7001"
+            )
+            (pod_set,) = raw["spec"]["podSets"]
+            (container,) = pod_set["template"]["spec"]["containers"]
+            assert container["resources"]["requests"] == {"nvidia.com/gpu": "8"}
+            assert "nothing placed" in (mirror.check("gpualloc").message or "")
+
+            job = cluster.submit(EXAMPLES / "h100-nvlink-job.yml", "any-model", "hpc-queue", True)
+            started = until("Job unsuspended", lambda: _unsuspended(cluster, job))
+            selector = started.spec.template.spec.node_selector
+            assert selector["nvidia.com/gpu.family"] == "ada-lovelace"  # Kueue's, from ada
+            assert selector["kubernetes.io/hostname"].startswith("l40s-node-")  # gpualloc's
+            workload = _admitted(cluster, job)
+            assert workload.assigned_flavors == {"main": ("ada",)}
+            assert _evictions(cluster.raw_workload_of(job)) == 0  # ada at once, no Retry
+            admin = allocator_pb2_grpc.AllocatorStub(fleet.channel("admin"))
+            quotas = admin.QuotaStatus(pb.QuotaStatusRequest(), timeout=10).tenants
+            used = {(q.tenant, q.resource): q.used for q in quotas if q.used != "0"}
+            assert used == {
+                ("hpc", "nvidia.com/gpu/hopper"): "8",
+                ("hpc", "nvidia.com/gpu/ada"): "4",
+            }
+
+            code, _, err = slurm(fleet, JOB_7001, "epilog")  # the Slurm job ends
+            assert code == 0, err
+            until("mirror deleted", lambda: mirrors() == [], shown=mirrors)
+
+            # a Workload labelled as a mirror that mirrors no live grant is deleted, never Ready
+            kept = ("namespace", "labels", "annotations")
+            metadata = {k: raw["metadata"][k] for k in kept} | {"name": "forged"}
+            forged = {"apiVersion": raw["apiVersion"], "kind": "Workload", "metadata": metadata}
+            cluster.plane.apply(forged | {"spec": raw["spec"]})
+            until("forged mirror deleted", lambda: mirrors() == [], shown=mirrors)
+        finally:
+            sidecar.close()
+            _delete_all(plane)
+            for item in mirrors():
+                _delete_workload(custom, item["metadata"]["name"], MIRRORS)

@@ -167,13 +167,17 @@ DECAY = FAIR.replace(
 @pytest.mark.redis
 @ON_STANDALONE_AND_CLUSTER
 def test_two_replicas_show_the_same_decayed_usage(
-    tmp_path: Path, layout: str, request: pytest.FixtureRequest
+    tmp_path: Path,
+    layout: str,
+    request: pytest.FixtureRequest,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Usage decayed with a 2 s half-life, sampled every 500 ms, kept in the store: team-a
     holds 3 GPUs and team-b 1; within a few samples team-a's decayed usage is above 0 and
     below 3 and above team-b's (what a bridge orders its queue by, lowest first); both
-    replicas show the same sample (value and time), and `gpualloc get quotas` a DECAYED
-    column."""
+    replicas show the same sample (value and time), and `gpualloc get quotas` against the
+    other replica a DECAYED column with team-a's above 0 (the column's every value:
+    test_get_quotas_shows_decayed_usage)."""
     redis_url = request.getfixturevalue(layout)
     settings = AllocatorSettings(expire_interval=0.2, redis_url=redis_url)
     policy = policy_with(DECAY)
@@ -201,6 +205,10 @@ def test_two_replicas_show_the_same_decayed_usage(
                     break
             assert seen[0].decayed_used == seen[1].decayed_used
             assert seen[0].decayed_at == seen[1].decayed_at and seen[0].HasField("decayed_at")
+            lines = _get_quotas(two, "scheduler-a", capsys)
+            header, values = lines[0].split(), lines[1].split()
+            assert "DECAYED" in header and values[0] == "team-a"
+            assert 0 < quantity(values[header.index("DECAYED")]) < 3
         finally:
             release_all(a, held_a)
             release_all(b, held_b)
@@ -210,12 +218,59 @@ def quantity(text: str) -> float:
     return float(Quantity.parse(text).value)
 
 
+# hpc's fair-sharing weight 0: its decayed usage is infinite once it holds anything
+ZERO_WEIGHT = DECAY.replace("    fairSharing: {weight: 2}\n", "    fairSharing: {weight: 0}\n")
+
+
 def test_get_quotas_shows_decayed_usage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`gpualloc get quotas` shows a DECAYED column (each tenant's decayed usage of the
+    resource, as last sampled), and with `-o wide` DECAYED-USAGE (the weighted sum over the
+    tenant's fair-sharing weight): 0 with nothing held; once team-a holds 3 GPUs and hpc 1 for
+    a few samples (2 s half-life, every 500 ms), team-a's are above 0 and below 3, team-b's
+    stay 0, and hpc's, of weight 0, is "inf" on the wire (QuotaStatus) and in the column."""
     settings = AllocatorSettings(expire_interval=0.2, quota_grace_seconds=0.5)
-    with secured_fleet(tmp_path, policy=policy_with(DECAY), allocator=settings) as fleet:
+    with secured_fleet(tmp_path, policy=policy_with(ZERO_WEIGHT), allocator=settings) as fleet:
         lines = _get_quotas(fleet, "scheduler-a", capsys)
         assert lines[0].split() == [
             "TENANT", "RESOURCE", "COHORT", "NOMINAL", "USED", "BORROWED", "LENT", "LEFT",
             "SHARE", "DECAYED", "PENDING",
         ]  # fmt: skip
         assert lines[1].split() == ["team-a", "gpus", "all", "2", "0", "0", "0", "6", "0", "0", "0"]
+        a, hpc, admin = (
+            stub(fleet, "scheduler-a"),
+            stub(fleet, "slurm-bridge"),
+            stub(fleet, "admin"),
+        )
+        held_a, held_hpc = (
+            [reserve(a, 3, owner="job/decay")],
+            [reserve(hpc, 1, owner="slurm/job/1")],
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                rows = status(admin)
+                if all(quantity(rows[t, "gpus"].decayed_used) > 0 for t in ("team-a", "hpc")):
+                    break
+                assert time.monotonic() < deadline, "no sample of the held GPUs in 30 s"
+                time.sleep(0.2)
+            assert rows["hpc", "gpus"].decayed_usage == "inf"
+            assert 0 < float(rows["team-a", "gpus"].decayed_usage) < 3
+            lines = _get_quotas(fleet, "admin", capsys, "-o", "wide")
+            header = lines[0].split()
+            assert header == [
+                "TENANT", "RESOURCE", "COHORT", "NOMINAL", "USED", "BORROWED", "LENT", "LEFT",
+                "SHARE", "DECAYED", "PENDING", "BORROWING-LIMIT", "LENDING-LIMIT", "WEIGHT",
+                "DECAYED-USAGE",
+            ]  # fmt: skip
+            table = {}
+            for line in lines[1 : lines.index("")]:
+                values = line.split()
+                table[values[0]] = dict(zip(header, values, strict=True))
+            assert 0 < quantity(table["team-a"]["DECAYED"]) < 3
+            assert 0 < float(table["team-a"]["DECAYED-USAGE"]) < 3
+            assert (table["team-b"]["DECAYED"], table["team-b"]["DECAYED-USAGE"]) == ("0", "0")
+            assert quantity(table["hpc"]["DECAYED"]) > 0
+            assert (table["hpc"]["WEIGHT"], table["hpc"]["DECAYED-USAGE"]) == ("0", "inf")
+        finally:
+            release_all(a, held_a)
+            release_all(hpc, held_hpc)

@@ -328,13 +328,15 @@ def test_one_cluster_queues_slurm_and_kueue_work_share_one_flavored_quota(
 ) -> None:
     """ClusterQueue hpc (hopper 8, ada 4; its cohort lends it nothing) is the Slurm bridge's
     tenant and, through the sidecar acting for it, its Kueue Workloads'. Slurm job 7001's
-    prolog takes 8 H100s: hopper is spent. Kueue, whose own count sees no Slurm job, assigns
-    hopper to a Workload of hpc asking for 4 GPUs of any model: gpualloc keeps to Kueue's
-    flavor (the pods will carry hopper's nodeLabels) and refuses it on hpc's hopper quota
-    (Retry), although h100-node-2 is idle and ada would fit; Kueue's next try assigns ada, and
-    gpualloc places it on the L40S node, charged to ada. A Workload of 4 H100s, assigned
-    hopper, waits (Retry) until job 7001's epilog frees hopper; requeued, it is placed on an
-    H100 node."""
+    prolog takes 8 H100s: hopper is spent. The stand-in, as Kueue's own count (which sees no
+    Slurm job) would, assigns hopper to a Workload of hpc asking for 4 GPUs of any model:
+    gpualloc keeps to Kueue's flavor (the pods will carry hopper's nodeLabels) and refuses it
+    on hpc's hopper quota (Retry), although h100-node-2 is idle and ada would fit. The stand-in
+    is then scripted to assign ada (a real Kueue does so only once the Slurm grant is mirrored:
+    tests/e2e/test_kueue_real.py::test_with_mirrors_a_real_kueue_assigns_the_next_flavor_while_slurm_holds_the_first;
+    without mirrors it assigns hopper again), and gpualloc places it on the L40S node, charged
+    to ada. A Workload of 4 H100s, assigned hopper, waits (Retry) until job 7001's epilog frees
+    hopper; requeued, it is placed on an H100 node."""
     code, out, err = slurm(fleet, {}, "prolog")
     assert code == 0, err
     assert len(exports(out)["CUDA_VISIBLE_DEVICES"].split(",")) == 8
@@ -356,7 +358,7 @@ def test_one_cluster_queues_slurm_and_kueue_work_share_one_flavored_quota(
             assert "nvidia.com/gpu/hopper" in refused.message and "hpc" in refused.message
         assert owners(fleet) == ["hpc/slurm/job/7001"]
 
-        stand_in.flavors["hpc/any-model"] = ada  # Kueue's next try: the next flavor
+        stand_in.flavors["hpc/any-model"] = ada  # scripted: the real Kueue needs mirrors
         stand_in.step()  # Retry: Kueue requeues both
         stand_in.step()  # and reserves quota again
         controller.reconcile_all()

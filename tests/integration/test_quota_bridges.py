@@ -328,7 +328,9 @@ def test_a_kueue_workload_falls_back_to_a_second_flavor_while_slurm_holds_the_fi
     """team-c lists hopper (nominal 0, borrowable from hpc's 8) before ada (nominal 4). The
     Slurm bridge's prolog takes hpc's 8 H100s; a Kueue Workload of team-c asking for 4 GPUs of
     any model then gets the L40S node through the admission controller (nothing of hopper is
-    left to borrow), charged to gpus/ada, and the Slurm job keeps its GPUs."""
+    left to borrow), charged to gpus/ada, and the Slurm job keeps its GPUs. The stand-in's
+    admission names no flavor, so the fallback is gpualloc's own flavor search; what a real
+    Kueue assigns is tests/e2e/test_kueue_real.py's (the *_mirrors_* tests)."""
     with secured_fleet(tmp_path / "pki", policy=policy_with(FLAVORED)) as fleet:
         code, out, err = slurm(fleet, "prolog")
         assert code == 0, err

@@ -12,12 +12,14 @@ The policy (TREE_POLICY), docs/tenancy.md's worked example:
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+import yaml
 
 from protos.allocator.v1 import allocator_pb2 as pb
 from protos.allocator.v1 import allocator_pb2_grpc
@@ -167,13 +169,69 @@ def test_a_tenant_sees_the_cohorts_above_it(
         release_all(a, held)
 
 
-def _get_quotas(fleet: SecuredFleet, who: str, capsys: pytest.CaptureFixture[str]) -> list[str]:
+def _get_quotas(
+    fleet: SecuredFleet, who: str, capsys: pytest.CaptureFixture[str], *options: str
+) -> list[str]:
+    """`gpualloc get quotas [options]` as `who` (its certificate), its output's lines."""
     certs = fleet.directory / who
-    argv = ["get", "quotas", "-s", f"127.0.0.1:{fleet.mtls_port}"]
+    argv = ["get", "quotas", *options, "-s", f"127.0.0.1:{fleet.mtls_port}"]
     argv += ["--tls-ca", str(fleet.directory / "ca.crt")]
     argv += ["--tls-cert", str(certs / "tls.crt"), "--tls-key", str(certs / "tls.key")]
     assert gpualloc_cli.main(argv) == 0
     return capsys.readouterr().out.splitlines()
+
+
+def test_get_quotas_wide_adds_the_limits_and_json_and_yaml_list_both_kinds(
+    fleet: SecuredFleet, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gpualloc get quotas -o wide` adds SHARE and the limits (BORROWING-LIMIT, LENDING-LIMIT,
+    WEIGHT) to both tables: research borrows at most 2, hpc lends at most 2, "-" where
+    unlimited; `-o json` and `-o yaml` list the same items, the tenants' of kind TenantQuota
+    and the cohorts' of kind CohortQuota."""
+    a = stub(fleet, "scheduler-a")
+    held = [reserve(a, 3, owner="job/wide")]
+    try:
+        lines = _get_quotas(fleet, "scheduler-a", capsys, "-o", "wide")
+        assert lines[0].split() == [
+            "TENANT", "RESOURCE", "COHORT", "NOMINAL", "USED", "BORROWED", "LENT", "LEFT",
+            "SHARE", "PENDING", "BORROWING-LIMIT", "LENDING-LIMIT", "WEIGHT",
+        ]  # fmt: skip
+        # team-a borrows 1 of the 6 research could give it at most: share 167
+        assert lines[1].split() == [
+            "team-a", "gpus", "org/research", "2", "3", "1", "0", "3", "167", "0", "-", "-", "1"
+        ]  # fmt: skip
+        assert lines[2] == ""
+        assert lines[3].split() == [
+            "COHORT", "RESOURCE", "NOMINAL", "SUBTREE", "USED", "BORROWED", "LENT", "LEFT",
+            "SHARE", "BORROWING-LIMIT", "LENDING-LIMIT", "WEIGHT",
+        ]  # fmt: skip
+        assert [line.split() for line in lines[4:]] == [
+            ["org", "gpus", "2", "8", "3", "0", "0", "5", "0", "-", "-", "1"],
+            ["org/research", "gpus", "0", "4", "3", "0", "0", "3", "0", "2", "-", "1"],
+        ]
+        hpc = _get_quotas(fleet, "slurm-bridge", capsys, "-o", "wide")[1].split()
+        assert (hpc[0], hpc[-3:]) == ("hpc", ["-", "2", "1"])  # lends org at most 2
+        as_json = json.loads("\n".join(_get_quotas(fleet, "scheduler-a", capsys, "-o", "json")))
+        as_yaml = yaml.safe_load("\n".join(_get_quotas(fleet, "scheduler-a", capsys, "-o", "yaml")))
+        assert as_json == as_yaml
+        assert [(i["kind"], i.get("tenant") or i["cohort"]) for i in as_json["items"]] == [
+            ("TenantQuota", "team-a"),
+            ("CohortQuota", "org"),
+            ("CohortQuota", "research"),
+        ]
+        tenant, org, research = as_json["items"]
+        assert {i["apiVersion"] for i in as_json["items"]} == {"gpualloc.io/v1alpha1"}
+        assert (tenant["cohortPath"], tenant["used"], tenant["borrowed"]) == (
+            ["org", "research"],
+            "3",
+            "1",
+        )
+        # an unset limit (unlimited) is left out, as every kind's empty fields are
+        assert (tenant["weightedShare"], "borrowingLimit" in tenant) == (167, False)
+        assert (org["subtreeQuota"], org["left"]) == ("8", "5")
+        assert (research["cohortPath"], research["borrowingLimit"]) == (["org"], "2")
+    finally:
+        release_all(a, held)
 
 
 def test_a_reload_that_moves_a_cohort_moves_its_usage(tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ from services.common.dra.model import (
     NodeSelectorTerm,
     ResourceClaim,
 )
-from services.common.security.quota import QuotaModel, QuotaResource, ResourceFlavor
+from services.common.quota.model import QuotaModel, QuotaResource, ResourceFlavor
 
 __all__ = ["Pin", "pin", "pin_of", "spec_of", "taint_text"]
 

@@ -36,6 +36,7 @@ from services.allocator.core import (
     FlavorReason,
     PreemptionReason,
     QuotaStanding,
+    admit,
     choose_flavor,
     quota_standing,
 )
@@ -43,13 +44,8 @@ from services.common.dra.model import (
     DeviceClass,
     DeviceTaint,
 )
+from services.common.quota.model import QuotaModel, QuotaResource, TenantQuota, Usage
 from services.common.security.principal import tenant_of_owner
-from services.common.security.quota import (
-    QuotaModel,
-    QuotaResource,
-    TenantQuota,
-    Usage,
-)
 
 __all__ = ["Found", "flavored_bases", "search_flavors", "units_within_flavors"]
 
@@ -206,13 +202,16 @@ class _Search:
         made = functools.partial(FlavorAttempt[Found], tried.resource.base, flavor)
         elsewhere = _charged_elsewhere(model, amounts, tried.pins)
         if elsewhere:
-            why = f"the devices found are charged to flavor {elsewhere} (listed before)"
+            why = (
+                f"the devices found are charged to flavor {elsewhere} (the first in the "
+                "tenant's order that selects them)"
+            )
             return made(FlavorMode.NO_FIT, 0, FlavorReason.CHARGED_ELSEWHERE, why)
         standing = quota_standing(model, tenant, amounts, self.around.usage)
         if standing >= QuotaStanding.BORROWING:
             borrows = int(standing is QuotaStanding.BORROWING)
             return made(FlavorMode.FIT, borrows, found=tried.found(answer))
-        refusals = model.admit(tenant, amounts, self.around.usage)
+        refusals = admit(model, tenant, amounts, self.around.usage)
         refused = replace(answer, outcome=Outcome.QUOTA_EXCEEDED, quota=refusals)
         return refused, FlavorReason.QUOTA, "; ".join(map(str, refusals))
 
@@ -230,7 +229,7 @@ class _Search:
             return made(FlavorMode.NO_FIT, 0, FlavorReason.NO_DEVICES, why, tried.found(answer))
         wanted = tried.counts(empty)
         if quota_standing(model, tenant, wanted, self.around.usage) is QuotaStanding.ABOVE_MAX:
-            refusals = model.admit(tenant, wanted, {})
+            refusals = admit(model, tenant, wanted, {})
             why = "; ".join(map(str, refusals)) or "more than the quota can ever grant"
             return made(FlavorMode.NO_FIT, 0, FlavorReason.ABOVE_MAX, why, tried.found(answer))
         proposal = propose(

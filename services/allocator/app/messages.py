@@ -19,8 +19,10 @@ from services.allocator.core import (
     NodePlacement,
     Policy,
     PreemptionReason,
+    QuotaRefusal,
     Score,
     Stats,
+    TenantStatus,
     TopologyConstraint,
 )
 from services.allocator.reservations.model import Reservation, ReservationState
@@ -31,7 +33,6 @@ from services.common.dra.model import (
     NodeSelector,
     ResourceClaim,
 )
-from services.common.security.quota import QuotaRefusal, TenantStatus
 
 __all__ = [
     "Accuracy",

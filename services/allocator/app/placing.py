@@ -146,6 +146,12 @@ class PlacementSearch:
         if query.gang is not None or count <= 1:
             return [self.place(snapshot, state, classes, query, deadline, explain=explain)]
         restricted = not query.node and (query.node_selector is not None or query.max_nodes > 0)
+        if not query.node:
+            # The batch solves on a detached copy of `state`, which would build the node
+            # groups afresh for itself; built on `state` (the holdings' shared state, as an
+            # unpinned unary solve builds them), the copy takes them over and the states
+            # derived from `state` keep them up to date: one build per snapshot, not per batch.
+            state.node_groups(snapshot)
         return solve_many(
             snapshot,
             state,

@@ -34,8 +34,8 @@ from services.allocator.reservations.queued import queued_at
 from services.allocator.reservations.quota_ledger import QuotaEntry, usage_by_tenant
 from services.common.deadline import Deadline
 from services.common.dra.model import AllocationResult
+from services.common.quota.model import QuotaModel, Usage
 from services.common.security.principal import tenant_of_owner
-from services.common.security.quota import QuotaModel, Usage
 
 __all__ = ["Proposal", "Relocation", "Standing", "Trials", "propose"]
 

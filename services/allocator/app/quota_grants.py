@@ -9,8 +9,8 @@ tickets of every admitted grant of a ledger in ONE compare-and-set at the versio
 (`QuotaLedger.take`); a ledger another grant changed meanwhile is read again and the run's grants
 of it are checked again, in order (one may now be refused: its outcome says so), up to
 `take_attempts` rounds. `bind` and `abandon` finish step two for all of them, one ledger step
-each. The rule is QuotaGuard's (`QuotaModel.admit`); what the tickets mean and why no tenant goes
-over quota is app/quotas.py's docstring.
+each. The rule is the core's (`admit`, core/quota/rule.py); what the tickets mean and why no tenant
+goes over quota is app/quotas.py's docstring.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from services.allocator.app.quotas import Grant, QuotaGuard
+from services.allocator.core import QuotaRefusal, add_usage, admit, counted_only
 from services.allocator.reservations.hold_kinds import HoldKind
 from services.allocator.reservations.model import Reservation
 from services.allocator.reservations.quota_ledger import (
@@ -33,14 +34,8 @@ from services.allocator.reservations.quota_ledger import (
     usage_by_tenant,
 )
 from services.common.errors import GpuallocError, Unavailable
+from services.common.quota.model import QuotaModel, Usage
 from services.common.security.principal import tenant_of_owner
-from services.common.security.quota import (
-    QuotaModel,
-    QuotaRefusal,
-    Usage,
-    add_usage,
-    counted_only,
-)
 
 __all__ = ["QuotaAsk", "QuotaTally", "TakeResult"]
 
@@ -90,7 +85,7 @@ class QuotaTally:
             ledger = self._ledgers[key] = _Ledger(read, usage_by_tenant(read.entries))
         wanted = _wanted(ask)
         if ask.checked:
-            refusals = self._model.admit(quota.tenant, wanted, ledger.usage)
+            refusals = admit(self._model, quota.tenant, wanted, ledger.usage)
             if refusals:
                 return refusals
         add_usage(ledger.usage, quota.tenant, wanted)
@@ -147,7 +142,7 @@ class QuotaTally:
         for index in ledger.asks:
             ask, entry = self._asks[index], self._entry(index)
             if ask.checked:
-                refusals = self._model.admit(entry.tenant, entry.amounts, usage)
+                refusals = admit(self._model, entry.tenant, entry.amounts, usage)
                 if refusals:
                     results[index] = refusals
                     continue

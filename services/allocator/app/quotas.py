@@ -1,7 +1,8 @@
 """Quotas on the grant path: what a placement counts, and the two-step grant that enforces it.
 
-The quota model and its rule are pure (services/common/security/quota.py; the access policy
-file declares them, so they reload with it). This module applies them to reservations:
+The quota model and its rule are pure (the model, services/common/quota/model.py, is what the
+access policy file declares, so it reloads with it; the rule, `admit` and the status rows, is
+the core's, services/allocator/core/quota/rule.py). This module applies them to reservations:
 
 - `usage` counts what one store request (one node's part of a placement) holds, per quota
   resource: each device of a mapped DeviceClass counts 1 (1000 milli-units), or, for a counter
@@ -37,7 +38,21 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from services.allocator.core import ClusterSnapshot, DeviceEntry, SelectorCache
+from services.allocator.core import (
+    ClusterSnapshot,
+    CohortStatus,
+    ConsumedUsage,
+    DeviceEntry,
+    QuotaRefusal,
+    SelectorCache,
+    TenantStatus,
+    admit,
+    cohort_status,
+    counted_only,
+    resample,
+    sample_due,
+    tenant_status,
+)
 from services.allocator.reservations.hold_kinds import HoldKind
 from services.allocator.reservations.holds import scope_of
 from services.allocator.reservations.model import Reservation, ReservationState, ReservationStore
@@ -56,21 +71,16 @@ from services.common.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from services.common.security.cohorts import cohort_node
-from services.common.security.fair_sharing import ConsumedUsage, resample, sample_due
-from services.common.security.principal import tenant_of_owner
-from services.common.security.quota import (
+from services.common.quota.model import (
     NO_FLAVOR,
     UNCOUNTED,
-    CohortStatus,
     QuotaModel,
-    QuotaRefusal,
     QuotaResource,
     ResourceFlavor,
-    TenantStatus,
     Usage,
-    counted_only,
 )
+from services.common.quota.tree import cohort_node
+from services.common.security.principal import tenant_of_owner
 from services.common.telemetry import Labelled, Telemetry
 
 __all__ = [
@@ -338,7 +348,7 @@ class QuotaGuard:
         if quota is None:
             return ()
         read = self.ledger.read(model.ledger_key(quota))
-        return model.admit(quota.tenant, amounts, usage_by_tenant(read.entries))
+        return admit(model, quota.tenant, amounts, usage_by_tenant(read.entries))
 
     def usage_around(self, owner: str) -> dict[str, dict[str, int]]:
         """tenant -> usage, for the cohort of `owner`'s tenant ({} when it is not limited)."""
@@ -424,7 +434,7 @@ class QuotaGuard:
             usage.update(usage_by_tenant(self.ledger.read(cohort).entries))
             if consumed is not None:
                 consumed.update(self.ledger.read_consumed(cohort).tenants)
-        return model.status(usage, wanted, consumed=consumed)
+        return tenant_status(model, usage, wanted, consumed=consumed)
 
     def cohort_status(self, tenants: Iterable[str] = ()) -> list[CohortStatus]:
         """The cohorts on the given tenants' paths (every cohort when none are given), from
@@ -438,7 +448,7 @@ class QuotaGuard:
         usage: dict[str, dict[str, int]] = {}
         for ledger in sorted({model.ledger_of(cohort_node(name)) for name in names}):
             usage.update(usage_by_tenant(self.ledger.read(ledger).entries))
-        return model.cohort_status(usage, names) if names else []
+        return cohort_status(model, usage, names) if names else []
 
     def register(self, telemetry: Telemetry) -> None:
         """`gpualloc.quota` (tenant, resource, cohort, kind: nominal, used, borrowed, lent,

@@ -76,12 +76,15 @@ from services.allocator.app.telemetry import AllocatorMetrics
 from services.allocator.core import (
     Allocated,
     AllocatedState,
+    CohortStatus,
     Explanation,
     NodePlacement,
     Policy,
+    QuotaRefusal,
     SolveResult,
     Summary,
     SummaryKind,
+    TenantStatus,
 )
 from services.allocator.reservations.binding import (
     DEFAULT_BINDING_TIMEOUT_SECONDS,
@@ -122,7 +125,6 @@ from services.common.errors import (
     PermissionDenied,
 )
 from services.common.security.principal import tenant_of_owner
-from services.common.security.quota import CohortStatus, QuotaRefusal, TenantStatus
 
 __all__ = ["AllocatorService", "ServiceLimits"]
 

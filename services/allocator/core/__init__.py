@@ -8,6 +8,10 @@
         case Allocated(node=node, allocations=allocations): ...
         case Unsatisfiable(explanation=why): ...
 
+The quota rule (quota/: `admit`, `tenant_status`, `cohort_status`, `share_of`, usage decay)
+lives here too, pure, beside the preemption planner (preemption.py) that asks it; the model it
+decides over is services/common/quota/ (what the access policy declares).
+
 This package is the solver's one door: nothing outside it imports its modules. It may import
 services.cel's door and services.common only; pure (no grpc, redis, protobuf, clock, environment).
 
@@ -89,6 +93,31 @@ from services.allocator.core.preemption import (
     plan_preemption,
     preemption_candidates,
     victims_by_node,
+)
+from services.allocator.core.quota.fair_sharing import (
+    NO_SHARE,
+    ConsumedUsage,
+    Share,
+    decay,
+    decayed_score,
+    dominant_share,
+    resample,
+    sample_due,
+    strategy_allows,
+)
+from services.allocator.core.quota.levels import Levels, tree_levels
+from services.allocator.core.quota.rule import (
+    CohortStatus,
+    QuotaRefusal,
+    TenantStatus,
+    add_usage,
+    admit,
+    cohort_status,
+    counted_only,
+    quota_levels,
+    resource_levels,
+    share_of,
+    tenant_status,
 )
 from services.allocator.core.results import ShareIdFactory, default_share_id
 from services.allocator.core.scoring import Policy, Score, free_capacity
@@ -200,4 +229,26 @@ __all__ = [
     "NodeAccess",
     "free_capacity",
     "node_templates",
+    "NO_SHARE",
+    "ConsumedUsage",
+    "Share",
+    "decay",
+    "decayed_score",
+    "dominant_share",
+    "resample",
+    "sample_due",
+    "strategy_allows",
+    "Levels",
+    "tree_levels",
+    "CohortStatus",
+    "QuotaRefusal",
+    "TenantStatus",
+    "add_usage",
+    "admit",
+    "cohort_status",
+    "counted_only",
+    "quota_levels",
+    "resource_levels",
+    "share_of",
+    "tenant_status",
 ]

@@ -24,10 +24,11 @@ from services.allocator.core.preemption import (
     _minimal,
     _within_nominal,
 )
+from services.allocator.core.quota.rule import admit
 from services.allocator.core.snapshot import ClusterSnapshot
 from services.allocator.core.state import AllocatedState
 from services.common.dra.model import AllocationResult
-from services.common.security.quota import Usage
+from services.common.quota.model import Usage
 
 __all__ = [
     "ConsolidationPlan",
@@ -116,7 +117,7 @@ def plan_consolidation(
 
         def fits(chosen: Sequence[Candidate], node: str = node) -> bool:
             placed = place_on(node, chosen)
-            return placed is not None and not model.admit(tenant, placed[0], usage)
+            return placed is not None and not admit(model, tenant, placed[0], usage)
 
         chosen = fewest_moves(consolidation_order(on[node], groups), fits)
         if chosen is None:

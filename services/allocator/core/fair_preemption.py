@@ -35,14 +35,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from services.common.security.cohorts import NodeKey, tenant_node
-from services.common.security.fair_sharing import (
-    NO_SHARE,
-    PreemptionStrategy,
-    Share,
-    strategy_allows,
-)
-from services.common.security.quota import QuotaModel, Usage
+from services.allocator.core.quota.fair_sharing import NO_SHARE, Share, strategy_allows
+from services.allocator.core.quota.rule import share_of
+from services.common.quota.model import PreemptionStrategy, QuotaModel, Usage
+from services.common.quota.tree import NodeKey, tenant_node
 
 __all__ = ["FairCandidate", "fair_sequence"]
 
@@ -77,7 +73,7 @@ class _State:
             mine[name] = mine.get(name, 0) + amount
 
     def share(self, key: NodeKey) -> Share:
-        return self.model.share(key, self.usage)
+        return share_of(self.model, key, self.usage)
 
     def borrowing(self, key: NodeKey) -> bool:
         return self.share(key).borrowing

@@ -26,7 +26,8 @@ from dataclasses import dataclass, replace
 from enum import IntEnum, StrEnum
 from typing import Generic, TypeVar
 
-from services.common.security.quota import (
+from services.allocator.core.quota.rule import admit
+from services.common.quota.model import (
     FlavorFungibility,
     FlavorPreference,
     QuotaModel,
@@ -197,11 +198,11 @@ def quota_standing(
     """The quota's standing of granting `amounts` to `tenant` on top of `usage` (Kueue's
     fitsResourceQuota: Fit with or without borrowing, preemption may help, or more than the
     tenant's maximum capacity)."""
-    if not model.admit(tenant, amounts, usage, within_nominal=True):
+    if not admit(model, tenant, amounts, usage, within_nominal=True):
         return QuotaStanding.WITHIN_NOMINAL
-    if not model.admit(tenant, amounts, usage):
+    if not admit(model, tenant, amounts, usage):
         return QuotaStanding.BORROWING
-    if model.admit(tenant, amounts, _nothing_held(usage)):
+    if admit(model, tenant, amounts, _nothing_held(usage)):
         return QuotaStanding.ABOVE_MAX
     return QuotaStanding.SHORT
 

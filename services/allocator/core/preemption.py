@@ -4,7 +4,7 @@ One context value in (the quota model, the preemptor's tenant, priority and amou
 holdings and the usage around it), a plan out: the victims, each with a typed reason, and the
 node the grant then goes to. Whether the grant is placed once some reservations are gone the
 caller answers (`Place`: the solver on a trial state); the quota part the planner decides
-itself with the quota rule (services/common/security/quota.py). The application layer only
+itself with the quota rule beside it (core/quota/rule.py). The application layer only
 executes the plan (services/allocator/app/service.py).
 
 The rules (docs/tenancy.md, Kueue's classical preemption, per tenant `PreemptionPolicy`):
@@ -36,8 +36,8 @@ from enum import StrEnum
 
 from services.allocator.core.fair_preemption import FairCandidate, fair_sequence
 from services.allocator.core.moves import Movable
-from services.common.security.cohorts import tenant_node
-from services.common.security.quota import (
+from services.allocator.core.quota.rule import admit, resource_levels
+from services.common.quota.model import (
     BorrowWithinCohort,
     PreemptionPolicy,
     PriorityClass,
@@ -47,6 +47,7 @@ from services.common.security.quota import (
     Usage,
     WithinTenant,
 )
+from services.common.quota.tree import tenant_node
 
 __all__ = [
     "Candidate",
@@ -308,7 +309,7 @@ def _cohort_candidates(
     if tree.parent(me) is None or policy.reclaim_within_cohort is ReclaimWithinCohort.NEVER:
         return [], []
     need = {name: amount for name, amount in context.amounts.items() if amount > 0}
-    levels = {name: model.levels_of(me, name, context.usage) for name in need}
+    levels = {name: resource_levels(model, me, name, context.usage) for name in need}
     holdings: dict[str, list[Holding]] = {}
     for h in context.holdings:
         # Kueue's WorkloadUsesResources: only a reservation counting a resource the grant
@@ -396,7 +397,7 @@ def _fits(
         mine = left.setdefault(candidate.holding.tenant, {})
         for name, amount in candidate.holding.amounts.items():
             mine[name] = mine.get(name, 0) - amount
-    refused = context.model.admit(context.tenant, placed, left, within_nominal=within_nominal)
+    refused = admit(context.model, context.tenant, placed, left, within_nominal=within_nominal)
     return not refused
 
 
@@ -652,7 +653,7 @@ def _borrows_what_it_holds(
             continue
         if not candidate.lca:
             return True
-        levels = model.levels_of(key, name, usage)
+        levels = resource_levels(model, key, name, usage)
         between = []
         for level in model.tree.ancestors(key):
             if level[1] == candidate.lca:

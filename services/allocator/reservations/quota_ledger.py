@@ -12,7 +12,8 @@ The ledger is a compare-and-set store, not a rule engine: `read` returns the coh
 a version; `take` adds an entry only if the version is unchanged (the version grows with every
 take), so a grant checked against a read is added atomically with that check. Entries that
 expire or are dropped between the read and the take only lower the usage, which keeps the
-check safe. The rule itself lives in services/common/security/quota.py.
+check safe. The rule itself lives in the allocator's core (core/quota/rule.py, over the model
+of services/common/quota/model.py).
 
 Implementations: `MemoryQuotaLedger` (adapters/store/memory_quota.py: embedded, tests) and
 `RedisQuotaLedger` (adapters/store/redis_quota.py: one hash slot per cohort, Redis functions). One
@@ -26,8 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from services.common.security.fair_sharing import ConsumedUsage
-from services.common.security.quota import Usage, add_usage
+from services.allocator.core import ConsumedUsage, add_usage
+from services.common.quota.model import Usage
 
 __all__ = [
     "ConsumedRead",

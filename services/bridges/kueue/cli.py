@@ -16,7 +16,10 @@ default the policy's default), GPUALLOC_KUEUE_PREEMPT (`true`: preempt as gpuall
 allow when that is what makes a Workload fit; docs/tenancy.md) and GPUALLOC_KUEUE_TENANTS
 (`binding`, the default: every Workload in the tenant the access policy binds this identity
 to; `cluster-queue`: each Workload acting for the tenant named as its ClusterQueue, which the
-policy's actForTenants must allow; --tenants overrides it). Kubernetes access is
+policy's actForTenants must allow; --tenants overrides it), GPUALLOC_KUEUE_MIRROR_NAMESPACE
+(with `cluster-queue`: the namespace where each grant a ClusterQueue's tenant gets outside
+Kueue, a Slurm job's say, is mirrored as a Workload Kueue counts; mirror.py; default none).
+Kubernetes access is
 in-cluster (or ~/.kube/config) through the kubernetes Python client, which must be installed
 (`pip install kubernetes`).
 """
@@ -85,6 +88,7 @@ def run(
     preempt = env_bool(environ, "GPUALLOC_KUEUE_PREEMPT", False)
     modes = [mode.value for mode in TenantMode]
     mode = TenantMode(tenants or env_choice(environ, "GPUALLOC_KUEUE_TENANTS", "binding", modes))
+    mirror_namespace = env_str(environ, "GPUALLOC_KUEUE_MIRROR_NAMESPACE", "")
     with (
         AllocatorClient(
             settings.target,
@@ -109,6 +113,7 @@ def run(
             priority_class=priority_class,
             preempt=preempt,
             tenants=mode,
+            mirror_namespace=mirror_namespace,
         )
         if once:
             for decision in controller.reconcile_all():

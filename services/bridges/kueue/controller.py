@@ -44,6 +44,13 @@ prefix). A tenant the policy does not let the controller act for sends its Workl
 
 A reservation that outlives its Workload (deleted while the controller was down) is released
 on the next pass: every `kueue/...` owner without a live Workload is garbage.
+
+Mirrors (`mirror_namespace`, with `cluster-queue` tenants; mirror.py): each pass also makes
+Kueue's count see every reservation of a ClusterQueue's tenant that is not a Kueue Workload's
+(a Slurm job's, an API caller's), as a mirror Workload in that namespace on the flavor gpualloc
+charged, whose check it sets `Ready` at once without placing anything, and deletes the mirror
+once the reservation is gone. Without them Kueue keeps assigning a ClusterQueue's first flavor
+to a Workload while Slurm holds that flavor's quota in gpualloc, and never its next one.
 """
 
 from __future__ import annotations
@@ -54,7 +61,17 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
+from typing import Any
 
+from services.bridges.kueue.mirror import (
+    MIRROR_ANNOTATION,
+    OWNER_ANNOTATION,
+    gpu_flavors,
+    is_mirror,
+    local_queue,
+    mirror_name,
+    wanted_mirrors,
+)
 from services.bridges.kueue.objects import (
     AdmissionCheck,
     AdmissionCheckState,
@@ -126,10 +143,17 @@ class AdmissionController:
         priority_class: str = "",
         preempt: bool = False,
         tenants: TenantMode = TenantMode.BINDING,
+        mirror_namespace: str = "",
     ) -> None:
         """`priority_class`, `preempt`: how workloads' reservations are made (gpualloc's
         priority classes and preemption rules, docs/tenancy.md); `tenants`: which tenant they
-        are charged to (module docstring)."""
+        are charged to; `mirror_namespace`: where the mirrors of grants made outside Kueue
+        live ("": none; only with `cluster-queue` tenants) (module docstring)."""
+        if mirror_namespace and tenants is not TenantMode.CLUSTER_QUEUE:
+            raise InvalidArgument("mirrors need the cluster-queue tenant mode")
+        self.mirror_namespace = mirror_namespace
+        self._grants: dict[str, list[Reservation]] = {}  # ClusterQueue -> non-Kueue grants
+        self._mirror_queues: set[str] = set()  # ClusterQueues whose mirror LocalQueue exists
         self.api = api
         self.placer = placer
         self.tenants = tenants
@@ -156,24 +180,33 @@ class AdmissionController:
 
     def _reconcile_all(self) -> list[Decision]:
         checks = self._our_checks()
+        raw_queues = self.api.list_cluster_queues()
         queues = {
             q.name
-            for q in map(ClusterQueue.from_dict, self.api.list_cluster_queues())
+            for q in map(ClusterQueue.from_dict, raw_queues)
             if checks & set(q.admission_checks)
         }
-        workloads = [Workload.from_dict(w) for w in self.api.list_workloads()]
+        raw_workloads = self.api.list_workloads()
+        workloads = [Workload.from_dict(w) for w in raw_workloads]
         tenants = self._tenants_of(queues)
         held = self._held(tenants)
         self._follow(t for t in tenants if t not in self._denied)
         lost = self._revoked_since_last_pass(held)
         decisions: list[Decision] = []
+        mirrors: dict[str, dict[str, Any]] = {}  # name -> a mirror Workload of a live grant
+        if self.mirror_namespace:
+            mirrors = self._sync_mirrors(raw_queues, raw_workloads, decisions)
         pending: list[_Pending] = []  # placed together after the loop: one batch per tenant
         live = set()
-        for workload in workloads:
+        for raw, workload in zip(raw_workloads, workloads, strict=True):
             owner = kueue_owner(workload.namespace, workload.name)
             live.add(owner)
             check = next((c for c in workload.admission_checks if c.name in checks), None)
             if check is None or (workload.cluster_queue and workload.cluster_queue not in queues):
+                continue
+            if workload.namespace == self.mirror_namespace and is_mirror(raw):
+                if workload.name in mirrors:  # a stale one was deleted: nothing to decide
+                    decisions.append(self._mirror_ready(workload, check, mirrors[workload.name]))
                 continue
             denied = self._denied.get(self._tenant_of(workload))
             if denied is not None and workload.quota_reserved:
@@ -471,6 +504,92 @@ class AdmissionController:
             self._client_of(reservation).release(reservation, owner=owner, allow_missing=True)
             self._known.pop(reservation.id, None)
 
+    # --- mirrors (mirror.py) -------------------------------------------------------------------
+
+    def _sync_mirrors(
+        self,
+        raw_queues: Sequence[dict[str, Any]],
+        raw_workloads: Sequence[dict[str, Any]],
+        decisions: list[Decision],
+    ) -> dict[str, dict[str, Any]]:
+        """Create the mirror Workload of each grant outside Kueue that has none, delete those
+        whose grant is gone (or that name another reservation than the live one of their
+        name); returns the live grants' mirrors that exist, by name. A failure
+        here is logged and leaves placement alone (the next pass tries again)."""
+        namespace = self.mirror_namespace
+        existing = {
+            str(w["metadata"]["name"]): w
+            for w in raw_workloads
+            if is_mirror(w) and (w.get("metadata") or {}).get("namespace") == namespace
+        }
+        live = {mirror_name(r.id): r.id for grants in self._grants.values() for r in grants}
+        kept = {
+            name: w
+            for name, w in existing.items()
+            if name in live and _annotations(w).get(MIRROR_ANNOTATION) == live[name]
+        }
+        try:
+            for name in sorted(set(existing) - set(kept)):
+                self.api.delete_workload(namespace, name)
+                note = "its grant is gone"
+                decisions.append(Decision(f"{namespace}/{name}", "unmirrored", None, note))
+            missing = {
+                queue: [r for r in grants if mirror_name(r.id) not in existing]
+                for queue, grants in self._grants.items()
+            }
+            if any(missing.values()):
+                self._create_mirrors(raw_queues, missing, decisions)
+        except Exception as error:  # the kubernetes client's errors: placement goes on
+            log.warning("mirrors in %s: %s", namespace, error)
+        return kept
+
+    def _create_mirrors(
+        self,
+        raw_queues: Sequence[dict[str, Any]],
+        missing: dict[str, list[Reservation]],
+        decisions: list[Decision],
+    ) -> None:
+        namespace = self.mirror_namespace
+        flavors_of = {}
+        for queue in raw_queues:
+            name = str(queue["metadata"]["name"])
+            if not missing.get(name):
+                continue
+            labels_of: dict[str, dict[str, str]] = {}
+            for group in (queue.get("spec") or {}).get("resourceGroups") or []:
+                for flavor in group.get("flavors") or []:
+                    found = self.api.get_resource_flavor(str(flavor.get("name", "")))
+                    if found is not None:
+                        node_labels = (found.get("spec") or {}).get("nodeLabels") or {}
+                        labels_of[str(flavor["name"])] = {
+                            str(k): str(v) for k, v in node_labels.items()
+                        }
+            flavors_of[name] = gpu_flavors(queue, labels_of)
+        nodes = {n.name: dict(n.labels) for n in self.placer.inventory.nodes()}
+        for name, mirror in wanted_mirrors(missing, flavors_of, nodes).items():
+            if mirror.cluster_queue not in self._mirror_queues:
+                self.api.apply_namespaced(local_queue(namespace, mirror.cluster_queue))
+                self._mirror_queues.add(mirror.cluster_queue)
+            self.api.apply_namespaced(mirror.workload(namespace))
+            held = f"{mirror.reservation.owner}'s {len(mirror.reservation.devices)} devices"
+            note = f"{held} on {mirror.flavor} in ClusterQueue {mirror.cluster_queue}"
+            decisions.append(Decision(f"{namespace}/{name}", "mirrored", None, note))
+
+    def _mirror_ready(
+        self, workload: Workload, check: AdmissionCheckState, raw: dict[str, Any]
+    ) -> Decision:
+        """A mirror's check turns Ready as soon as Kueue reserved quota for it: its devices
+        are held already (by the grant it mirrors), nothing is placed."""
+        gone = workload.finished or workload.evicted or workload.deleting or not workload.active
+        if gone or not workload.quota_reserved or check.state is CheckState.READY:
+            return Decision(workload.key, "unchanged", check.state)
+        annotations = _annotations(raw)
+        message = (
+            f"gpualloc: mirrors reservation {annotations.get(MIRROR_ANNOTATION, '?')} of "
+            f"{annotations.get(OWNER_ANNOTATION, '?')}, granted outside Kueue; nothing placed"
+        )
+        return self._set(workload, check, CheckState.READY, message)
+
     # --- tenants ------------------------------------------------------------------------------
 
     def _tenant_of(self, workload: Workload) -> str:
@@ -534,6 +653,7 @@ class AdmissionController:
         held: dict[str, list[Reservation]] = {}
         seen: set[str] = set()
         self._denied = {}
+        self._grants = {}
         for tenant in tenants:
             try:
                 listed = self._placer_for(tenant).client.list()
@@ -548,6 +668,8 @@ class AdmissionController:
                 if owner is not None and reservation.id not in seen:
                     seen.add(reservation.id)
                     held.setdefault(owner, []).append(reservation)
+                elif owner is None and tenant and reservation.owner.startswith(f"{tenant}/"):
+                    self._grants.setdefault(tenant, []).append(reservation)  # Slurm's, the API's
         return held
 
     def _our_checks(self) -> set[str]:
@@ -643,6 +765,10 @@ def _to_place(workload: Workload, check: AdmissionCheckState) -> bool:
     if gone or not workload.quota_reserved:
         return False
     return check.state not in (CheckState.RETRY, CheckState.REJECTED, CheckState.READY)
+
+
+def _annotations(raw: dict[str, Any]) -> dict[str, str]:
+    return dict((raw.get("metadata") or {}).get("annotations") or {})
 
 
 def _pod_set_of(reservation: Reservation) -> str:

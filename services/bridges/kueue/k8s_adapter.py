@@ -160,6 +160,30 @@ class KubernetesKueueApi:
             _content_type=_APPLY,
         )
 
+    def apply_namespaced(self, obj: Mapping[str, Any]) -> None:
+        metadata = obj["metadata"]
+        plural = {"Workload": "workloads", "LocalQueue": "localqueues"}[str(obj["kind"])]
+        self._custom.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            metadata["namespace"],
+            plural,
+            metadata["name"],
+            dict(obj),
+            field_manager=self._field_manager,
+            force=True,
+            _content_type=_APPLY,
+        )
+
+    def delete_workload(self, namespace: str, name: str) -> None:
+        try:
+            self._custom.delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, "workloads", name
+            )
+        except self._k8s.client.ApiException as error:
+            if error.status != 404:
+                raise
+
     def wait_for_change(self, timeout_seconds: float) -> bool:
         """Watch Workloads from the last list's resourceVersion; True on the first event."""
         watch = self._k8s.watch.Watch()

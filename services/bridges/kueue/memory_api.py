@@ -159,6 +159,16 @@ class MemoryKueueApi:
             lambda o: _set_condition(o, "Active", True, "Active", message),
         )
 
+    def apply_namespaced(self, obj: Mapping[str, Any]) -> None:
+        key = self._key(obj)
+        with self._changed:
+            existing = self._objects.get(key)
+        if existing is None or existing.get("spec") != obj.get("spec"):
+            self.apply(obj)
+
+    def delete_workload(self, namespace: str, name: str) -> None:
+        self.delete("Workload", namespace, name)
+
     def wait_for_change(self, timeout_seconds: float) -> bool:
         with self._changed:
             seen = self.version

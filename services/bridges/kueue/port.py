@@ -49,6 +49,15 @@ class KueueApi(Protocol):
         """Mark an AdmissionCheck Active, so ClusterQueues using it become active."""
         ...
 
+    def apply_namespaced(self, obj: Mapping[str, Any]) -> None:
+        """Create or update a namespaced Kueue object (server-side apply): the mirrors'
+        LocalQueues and Workloads (mirror.py)."""
+        ...
+
+    def delete_workload(self, namespace: str, name: str) -> None:
+        """Delete a Workload; one already gone is no error."""
+        ...
+
     def wait_for_change(self, timeout_seconds: float) -> bool:
         """Block until a Workload changes (True) or the timeout passes (False)."""
         ...

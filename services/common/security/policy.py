@@ -68,30 +68,19 @@ from services.common.dra.model import (
 from services.common.dra.names import qualified_name_errors
 from services.common.dra.quantity import Quantity
 from services.common.errors import FieldViolation, InvalidArgument, PermissionDenied
-from services.common.security.fair_sharing import (
-    VALID_STRATEGIES,
-    AdmissionFairSharing,
-    FairSharing,
-    PreemptionStrategy,
-)
-from services.common.security.kueue_quota import KueueTranslation, apply_kueue
-from services.common.security.principal import (
-    ROLE_PERMISSIONS,
-    Identity,
-    Permission,
-    Principal,
-    Role,
-    glob_capture,
-)
-from services.common.security.quota import (
+from services.common.quota.model import (
     DEFAULT_PRIORITY,
     NO_FLAVOR,
     UNCOUNTED,
+    VALID_STRATEGIES,
+    AdmissionFairSharing,
     BorrowWithinCohort,
     CohortQuota,
+    FairSharing,
     FlavorFungibility,
     FlavorPreference,
     PreemptionPolicy,
+    PreemptionStrategy,
     PriorityClass,
     QuotaLimits,
     QuotaModel,
@@ -102,6 +91,15 @@ from services.common.security.quota import (
     WhenCanBorrow,
     WhenCanPreempt,
     WithinTenant,
+)
+from services.common.security.kueue_quota import KueueTranslation, apply_kueue
+from services.common.security.principal import (
+    ROLE_PERMISSIONS,
+    Identity,
+    Permission,
+    Principal,
+    Role,
+    glob_capture,
 )
 
 __all__ = [

@@ -37,7 +37,7 @@ from services.client.mapping import placement_from_pb
 from services.common.deadline import UNBOUNDED
 from services.common.dra.model import ResourceSlice
 from services.common.errors import Conflict, Preempted
-from services.common.security.quota import (
+from services.common.quota.model import (
     PriorityClass,
     QuotaLimits,
     QuotaModel,

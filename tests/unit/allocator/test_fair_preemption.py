@@ -22,17 +22,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.allocator.core import (
+    Candidate,
     Holding,
     PreemptionContext,
     PreemptionReason,
+    admit,
     plan_preemption,
 )
 from services.common.dra.quantity import Quantity
-from services.common.security.fair_sharing import FairSharing, PreemptionStrategy
-from services.common.security.quota import (
+from services.common.quota.model import (
     BorrowWithinCohort,
     CohortQuota,
+    FairSharing,
     PreemptionPolicy,
+    PreemptionStrategy,
     PriorityClass,
     QuotaLimits,
     QuotaModel,
@@ -786,6 +789,40 @@ def test_fair_preemption_table(
     assert got == expected
 
 
+def test_a_fair_sequence_that_frees_no_node_is_made_again_node_by_node() -> None:
+    """Fair sharing on: b (nominal 2, holding nothing) asks for 2 GPUs on one node; a
+    (nominal 2) holds 3: a-big (2 GPUs on n1, older) and a-small (1 on n2, newest). The
+    fleet-wide sequence takes a-small first (the newest), after which a is within nominal, so
+    it ends there, freeing 1 GPU of n2: no node fits. Made again node by node, n1's own
+    candidate comes first: a-big goes, reason reclaim, and the grant lands on n1."""
+    quotas = fair_model(
+        [], [cq("a", "all", {"default": 2}, "LA"), cq("b", "all", {"default": 2}, "LA")]
+    )
+    big = Holding("a-big", "a", PriorityClass("p0", 0), 1.0, {"gpus/default": 2 * GPU})
+    small = Holding("a-small", "a", PriorityClass("p0", 0), 2.0, {"gpus/default": GPU})
+    node_of = {"a-big": "n1", "a-small": "n2"}
+    free = {"n1": 0, "n2": 0}  # free GPUs on each node with nothing revoked
+    amounts = {"gpus/default": 2 * GPU}
+    context = PreemptionContext(
+        quotas, "b", PriorityClass("p0", 0), amounts, [big, small], usage_of([big, small])
+    )
+
+    def place(chosen: Sequence[Candidate], node: str) -> dict[str, int] | None:
+        freed = dict(free)
+        for c in chosen:
+            freed[node_of[c.holding.id]] += round(c.holding.amounts["gpus/default"] / GPU)
+        fits = [n for n, count in freed.items() if count >= 2 and node in ("", n)]
+        return amounts if fits else None
+
+    assert plan_preemption(context, place) is None  # fleet-wide only: a-small frees no node
+    found = plan_preemption(context, place, node_of=node_of)
+    assert found is not None
+    assert (found.node, {v.holding.id: v.reason for v in found.victims}) == (
+        "n1",
+        {"a-big": RECLAIM},
+    )
+
+
 # --- the brute-force model: any tree, any holdings ---------------------------------------------
 
 
@@ -831,7 +868,7 @@ def fair_scenes(
     for i in range(draw(st.integers(0, 8))):
         tenant = draw(st.sampled_from([t.tenant for t in tenants]))
         gpus = draw(st.integers(1, 2))
-        if quotas.admit(tenant, {"gpus/default": gpus * GPU}, usage_of(holdings)):
+        if admit(quotas, tenant, {"gpus/default": gpus * GPU}, usage_of(holdings)):
             continue
         priority = draw(st.integers(-1, 1))
         holdings.append(
@@ -866,7 +903,7 @@ def test_a_fair_plan_fits_spares_nobody_and_takes_only_what_the_rules_allow(
 
     def fits(gone: Sequence[Holding]) -> bool:
         left = usage_of([h for h in holdings if h not in gone])
-        return quotas.admit(who, amounts, left) == ()
+        return admit(quotas, who, amounts, left) == ()
 
     if fits([]):
         return

@@ -35,8 +35,8 @@ from services.allocator.app.quotas import QuotaGuard
 from services.allocator.app.service import AllocatorService
 from services.allocator.core import FlavorReason, SelectorCache
 from services.common.dra.model import DeviceToleration, ResourceClaim
+from services.common.quota.model import QuotaModel
 from services.common.security.policy import parse_policy
-from services.common.security.quota import QuotaModel
 from tests.builders import (
     DRIVER,
     DeviceBuilder,
@@ -52,7 +52,11 @@ from tests.builders import (
 
 KIND = f'device.attributes["{DRIVER}"].kind'
 MODEL = f'device.attributes["{DRIVER}"].model'
-CLASSES = classes(cls("gpu", f'{KIND} == "whole"'), cls("mig", f'{KIND} == "mig"'))
+CLASSES = classes(
+    cls("gpu", f'{KIND} == "whole"'),
+    cls("mig", f'{KIND} == "mig"'),
+    cls("any-gpu"),  # every device: a class no quota resource lists, overlapping both
+)
 
 
 def _gpus(node_name: str, model: str, count: int, *, taint: bool = False) -> list[DeviceBuilder]:
@@ -208,6 +212,7 @@ class Case:
     victims: tuple[str, ...] = ()
     outcome: Outcome = Outcome.ALLOCATED
     quota: str = BY_NODE
+    reasons: tuple[str, ...] = ()  # each attempt's typed reason ("": none), when given
 
 
 LOW_ON_HOPPER = (("hpc", "low-1", 1, "low", "hop-1"), ("hpc", "low-2", 1, "low", "hop-2"))
@@ -222,6 +227,7 @@ CASES = {
         1, "",
         (("hopper", "NoCandidates", 0), ("ada", "Fit", 0)),
         "ada",
+        reasons=("quota", ""),
     ),
     # Kueue: "preempt before try next flavor" (whenCanPreempt MayStopSearch)
     "when-can-preempt-may-stop-search-preempts-on-the-first": Case(
@@ -232,6 +238,7 @@ CASES = {
         None,
         ("low-2",),
         Outcome.QUOTA_EXCEEDED,
+        reasons=("quota",),
     ),
     "when-can-preempt-older-name-preempt": Case(
         tenants(TWO_FLAVORS, "whenCanPreempt: Preempt"),
@@ -364,6 +371,7 @@ CASES = {
         None,
         (),
         Outcome.UNSATISFIABLE,
+        reasons=("no-devices", "devices-in-use"),
     ),
     # preemption per flavor: the victims are looked for on the flavor tried (here hopper, with
     # whenCanPreempt MayStopSearch), not where the solver would place it (ada's lowest is the
@@ -408,6 +416,8 @@ def test_flavor_assignment_table(case: Case) -> None:
         answer = fleet.service.allocate(Query((gpus(case.asks),)), lease)
         tried = [(a.flavor, a.mode.label, a.borrows) for a in answer.flavors]
         assert tried == list(case.tried)
+        if case.reasons:
+            assert [a.reason or "" for a in answer.flavors] == list(case.reasons)
         assert answer.outcome is case.outcome, (answer.quota, answer.flavors)
         if case.lands is not None:
             assert families(answer) == {case.lands}
@@ -452,6 +462,7 @@ class Ask:
     charged: tuple[str, ...] = ()  # the quota resources the grant counts
     reason: FlavorReason | None = None  # the first attempt's reason (when not Fit)
     holdings: tuple[tuple[str, str, int, str, str], ...] = ()
+    reasons: tuple[str, ...] = ()  # each attempt's typed reason ("": none), when given
 
 
 def edited(text: str, old: str, new: str) -> str:
@@ -521,6 +532,12 @@ ASKS = {
         .build(),
         (("gpus", "spot", "Fit"),), "spot", ("gpus/spot",),
     ),
+    "first-available-with-no-alternative-tolerating-is-no-fit": Ask(
+        BY_NODE, SPOT_FIRST,
+        claim("c").first_available("g", sub("two", "gpu", 2), sub("one", "gpu", 1)).build(),
+        (("gpus", "spot", "NoFit"), ("gpus", "hopper", "Fit")), "hopper", ("gpus/hopper",),
+        reason=FlavorReason.UNTOLERATED_TAINT,
+    ),
     # device-level flavors: whole GPUs and MIG slices on one node, by device class
     "a-device-class-flavor-takes-the-mig-slices": Ask(
         DEVICE_LEVEL, hpc(q("gpus/mig"), q("gpus/whole"), q("models/h100"), q("models/other")),
@@ -575,6 +592,15 @@ ASKS = {
         (("gpus", "whole", "Fit"), ("models", "h100", "Fit")),
         None, ("gpus/whole", "models/h100"), reason=None,
     ),
+    # a request of a class the resource does not list (any-gpu) is not pinned to the flavor
+    # tried, yet its devices count where the resource's classes select them: found on the
+    # L40S, they are not h100's but `other`'s (NoFit, charged-elsewhere), then Fit on other
+    "a-request-of-an-unlisted-class-found-off-the-flavor-is-charged-elsewhere": Ask(
+        DEVICE_LEVEL, hpc(q("gpus/whole"), q("gpus/mig"), q("models/h100"), q("models/other")),
+        claim("c").request("g", "any-gpu", 1, f'{MODEL} == "L40S"').build(),
+        (("gpus", "whole", "Fit"), ("models", "h100", "NoFit"), ("models", "other", "Fit")),
+        "ada", ("gpus/whole", "models/other"), reasons=("", "charged-elsewhere", ""),
+    ),
     # a request counting two flavored resources: their flavors in turn, each pinned to those
     # chosen before (no going back, as Kueue's resource groups)
     "two-flavored-resources-are-assigned-in-turn": Ask(
@@ -597,6 +623,8 @@ def test_what_a_flavor_selects_and_who_may_use_it(case: Ask) -> None:
         assert tried == list(case.tried)
         if case.reason is not None:
             assert answer.flavors[0].reason is case.reason
+        if case.reasons:
+            assert [a.reason or "" for a in answer.flavors] == list(case.reasons)
         assert answer.outcome is Outcome.ALLOCATED
         if case.lands is not None:
             assert families(answer) == {case.lands}

@@ -17,7 +17,7 @@ from services.allocator.core import (
     quota_standing,
     should_try_next,
 )
-from services.common.security.quota import (
+from services.common.quota.model import (
     FlavorFungibility,
     FlavorPreference,
     QuotaLimits,

@@ -28,7 +28,7 @@ from services.allocator.core import (
     preemption_candidates,
     victims_by_node,
 )
-from services.common.security.quota import (
+from services.common.quota.model import (
     DEFAULT_PREEMPTION,
     BorrowWithinCohort,
     PreemptionPolicy,
@@ -236,6 +236,62 @@ def test_reclaim_never_takes_a_victims_nominal_share(
         candidates, lambda chosen: len(chosen) >= len(expected), model=COHORT, usage=usage
     )
     assert taken is not None and [c.holding.id for c in taken] == expected
+
+
+# (candidates, the one victim that frees enough alone, GPUs each frees) -> the victims found
+BOUND_CASES = [
+    # the first 64 candidates in the rules' order are looked at, the 65th never
+    ("the-64th-candidate-is-taken", 64, 63, [0] * 64, 2, ["v63"]),
+    ("the-65th-candidate-is-never-taken", 65, 64, [0] * 65, 2, None),
+    # v0 and v1 (1 GPU each) are the run that fits a grant of 2; then up to 32 sets of fewer
+    # victims are tried, the smallest first in the rules' order: the singletons v0, v1, ...
+    ("a-smaller-set-found-by-the-32nd-solve", 40, 31, [1] * 40, 2, ["v31"]),
+    ("a-smaller-set-after-32-solves-is-not-looked-for", 40, 32, [1] * 40, 2, ["v0", "v1"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("count", "alone", "sizes", "need", "expected"),
+    [pytest.param(*case[1:], id=case[0]) for case in BOUND_CASES],
+)
+def test_fewest_victims_bounds(
+    count: int, alone: int, sizes: list[int], need: int, expected: list[str] | None
+) -> None:
+    """fewest_victims with its defaults (docs/tenancy.md): only the first 64 candidates are
+    looked at (a grant that only the 65th makes room for gets None: the planner then looks
+    node by node), and after the shortest run is pruned, at most 32 more solves look for a
+    set of fewer victims (one found by the 32nd is taken, one the 33rd would find is not).
+    Victim `v<alone>` frees `need` GPUs on its own; every other frees its `sizes` entry."""
+    candidates = [Candidate(holding(f"v{i}", "c", age=i), PRIORITY) for i in range(count)]
+    size = {f"v{i}": need if i == alone else sizes[i] for i in range(count)}
+
+    def fits(chosen: Sequence[Candidate]) -> bool:
+        return sum(size[c.holding.id] for c in chosen) >= need
+
+    found = fewest_victims(candidates, fits)
+    assert (found if found is None else [c.holding.id for c in found]) == expected
+
+
+def test_beyond_the_first_64_candidates_the_victims_are_looked_for_node_by_node() -> None:
+    """Tenant c's grant of high priority may preempt its 65 low reservations, newest first;
+    only the oldest (the 65th) makes room, on node `a`. Fleet-wide the first 64 never make
+    room, so without `node_of` there is no plan; with it, the planner looks node by node
+    and node `a`'s own candidate comes first there: the oldest goes, on `a`."""
+    alone = model(tenant("c", 100, cohort=""))
+    holdings = [holding(f"h{i}", "c", LOW, age=i) for i in range(64)]
+    holdings.append(holding("old", "c", LOW, age=100))
+    ask = context(alone, "c", HIGH, holdings, used(c=65))
+
+    def place(chosen: Sequence[Candidate], node: str) -> dict[str, int] | None:
+        freed = {c.holding.id for c in chosen}
+        return {"gpus": GPU} if "old" in freed and node in ("", "a") else None
+
+    assert [c.holding.id for c in preemption_candidates(ask)][-1] == "old"
+    assert plan_preemption(ask, place) is None
+    node_of = {h.id: "a" if h.id == "old" else "z" for h in holdings}
+    plan = plan_preemption(ask, place, node_of=node_of)
+    assert plan is not None
+    assert ([c.holding.id for c in plan.victims], plan.node) == (["old"], "a")
 
 
 # node -> victims held there (id, priority, reason); what each node needs freed (GPUs)

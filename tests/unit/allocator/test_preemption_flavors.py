@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from services.allocator.core import Holding, PreemptionContext, preemption_candidates
-from services.common.security.quota import (
+from services.common.quota.model import (
     PriorityClass,
     QuotaLimits,
     QuotaModel,

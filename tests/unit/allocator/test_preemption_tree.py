@@ -23,9 +23,10 @@ from services.allocator.core import (
     Holding,
     PreemptionContext,
     PreemptionReason,
+    admit,
     plan_preemption,
 )
-from services.common.security.quota import (
+from services.common.quota.model import (
     BorrowWithinCohort,
     CohortQuota,
     PreemptionPolicy,
@@ -356,12 +357,13 @@ def test_hierarchical_preemption_table(
 
 
 @st.composite
-def scenes(draw: st.DrawFn) -> tuple[QuotaModel, list[Holding], str, int, int]:
-    """A root, up to three cohorts below it with quotas of their own, 2-4 tenants anywhere in
-    it with nominal quotas, reservations of priority -1..1 admitted one by one while the rule
-    admitted them, and a grant of 1-4 GPUs at priority 0..2 by one of the tenants."""
+def scenes(draw: st.DrawFn, flat: bool = False) -> tuple[QuotaModel, list[Holding], str, int, int]:
+    """A root, up to three cohorts below it with quotas of their own (none when `flat`), 2-4
+    tenants anywhere in it with nominal quotas, reservations of priority -1..1 admitted one by
+    one while the rule admitted them, and a grant of 1-4 GPUs at priority 0..2 by one of the
+    tenants."""
     cohorts = [c("root", gpus=draw(st.integers(0, 2)))]
-    for i in range(draw(st.integers(0, 3))):
+    for i in range(0 if flat else draw(st.integers(0, 3))):
         parent = draw(st.sampled_from([x.name for x in cohorts]))
         cohorts.append(c(f"c{i}", parent, draw(st.integers(0, 3))))
     tenants = [
@@ -373,7 +375,7 @@ def scenes(draw: st.DrawFn) -> tuple[QuotaModel, list[Holding], str, int, int]:
     for i in range(draw(st.integers(0, 8))):
         tenant = draw(st.sampled_from([t.tenant for t in tenants]))
         gpus = draw(st.integers(1, 2))
-        if quotas.admit(tenant, {"gpus": gpus * GPU}, usage_of(holdings)):
+        if admit(quotas, tenant, {"gpus": gpus * GPU}, usage_of(holdings)):
             continue
         priority = draw(st.integers(-1, 1))
         holdings.append(
@@ -399,8 +401,25 @@ def test_a_plan_fits_spares_nobody_needlessly_and_never_inverts_priorities(
     borrowing preemptor may not take what one within nominal may), every victim is one the
     rules allow (its own tenant's of a lower priority, or another tenant's that borrows), and,
     among the victims of one rule, no set that fits as the plan's pass must (within nominal,
-    for a plan that ends there) takes a lower highest priority (checked against every subset
-    of the candidates of that rule)."""
+    for a plan that ends there) takes a lower highest priority: for the tenant's own victims,
+    checked against every subset of its own lower-priority reservations; for other tenants'
+    victims, in a flat cohort (every tenant in the root) and a plan that ends within nominal,
+    against every subset of the other tenants' reservations that reclaim could take (each
+    victim's tenant still borrowing when it is taken, in Kueue's order)."""
+    _check_plan(scene)
+
+
+@settings(max_examples=600, deadline=None)
+@given(scenes(flat=True))
+def test_reclaim_in_a_flat_cohort_never_inverts_priorities(
+    scene: tuple[QuotaModel, list[Holding], str, int, int],
+) -> None:
+    """The same property on flat cohorts only (every tenant in the root), where the other
+    tenants' victims are checked against every set reclaim could take instead."""
+    _check_plan(scene)
+
+
+def _check_plan(scene: tuple[QuotaModel, list[Holding], str, int, int]) -> None:
     quotas, holdings, who, priority, gpus = scene
     amounts = {"gpus": gpus * GPU}
     usage = usage_of(holdings)
@@ -410,7 +429,7 @@ def test_a_plan_fits_spares_nobody_needlessly_and_never_inverts_priorities(
 
     def fits(gone: Sequence[Holding], within_nominal: bool = False) -> bool:
         left = usage_of([h for h in holdings if h not in gone])
-        return quotas.admit(who, amounts, left, within_nominal=within_nominal) == ()
+        return admit(quotas, who, amounts, left, within_nominal=within_nominal) == ()
 
     found = plan_preemption(context, lambda chosen, node: amounts)
     if fits([]):
@@ -440,6 +459,26 @@ def test_a_plan_fits_spares_nobody_needlessly_and_never_inverts_priorities(
                 v.reason is PRIORITY for v in found.victims
             ):
                 assert max(h.priority.value for h in subset) >= highest
+    flat = all(t.cohort == "root" for t in quotas.tenants.values())
+    if not (flat and within and all(v.reason is not PRIORITY for v in found.victims)):
+        return
+    others = [h for h in holdings if h.tenant != who]
+    for size in range(1, len(others) + 1):
+        for subset in itertools.combinations(others, size):
+            if fits(subset, within_nominal=True) and _reclaimable(quotas, subset, usage):
+                assert max(h.priority.value for h in subset) >= highest, "priority inversion"
+
+
+def _reclaimable(quotas: QuotaModel, subset: Sequence[Holding], usage: Mapping[str, Usage]) -> bool:
+    """Whether reclaim takes every one of `subset`, in Kueue's order (the lowest priority,
+    then the newest, first): each while its tenant still uses more than its nominal."""
+    left = {t: dict(u) for t, u in usage.items()}
+    for h in sorted(subset, key=lambda h: (h.priority.value, -h.created_at, h.id)):
+        mine = left.setdefault(h.tenant, {})
+        if mine.get("gpus", 0) <= quotas.tenants[h.tenant].of("gpus").nominal:
+            return False
+        mine["gpus"] = mine.get("gpus", 0) - h.amounts["gpus"]
+    return True
 
 
 def _borrowed(quotas: QuotaModel, victim: Candidate, usage: Mapping[str, Usage]) -> bool:

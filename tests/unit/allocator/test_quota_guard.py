@@ -20,8 +20,8 @@ from services.allocator.reservations.model import Hold, Reservation, Reservation
 from services.allocator.reservations.quota_ledger import QuotaEntry, Ticket
 from services.common.dra.model import AllocationResult, DeviceRequestAllocationResult
 from services.common.errors import Unavailable
-from services.common.security.fair_sharing import AdmissionFairSharing
-from services.common.security.quota import (
+from services.common.quota.model import (
+    AdmissionFairSharing,
     CohortQuota,
     QuotaLimits,
     QuotaModel,

@@ -12,7 +12,7 @@ import pytest
 
 from services.allocator.app.messages import LeaseOptions, Outcome, Query
 from services.common.dra.model import ResourceClaim
-from services.common.security.quota import UNCOUNTED
+from services.common.quota.model import UNCOUNTED
 from tests.builders import claim
 from tests.unit.allocator.test_flavor_search import PRIORITIES, fleet_of, model_of
 

@@ -21,8 +21,7 @@ from services.common.dra.model import (
     TolerationOperator,
 )
 from services.common.errors import InvalidArgument
-from services.common.security.policy import parse_policy
-from services.common.security.quota import (
+from services.common.quota.model import (
     FlavorFungibility,
     FlavorPreference,
     QuotaModel,
@@ -30,6 +29,7 @@ from services.common.security.quota import (
     WhenCanBorrow,
     WhenCanPreempt,
 )
+from services.common.security.policy import parse_policy
 
 FLAVORS = """
 - name: hopper

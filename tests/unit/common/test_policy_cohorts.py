@@ -11,14 +11,16 @@ from typing import Any
 import pytest
 import yaml
 
+from services.allocator.core import admit, tenant_status
 from services.common.errors import InvalidArgument
-from services.common.security.fair_sharing import (
+from services.common.quota.model import (
     AdmissionFairSharing,
+    CohortQuota,
     FairSharing,
     PreemptionStrategy,
+    QuotaLimits,
 )
 from services.common.security.policy import parse_policy
-from services.common.security.quota import CohortQuota, QuotaLimits
 
 POLICY = yaml.safe_load(
     """
@@ -258,3 +260,29 @@ def _edit(path: str, value: Any) -> dict[str, Any]:
     else:
         where[last] = value
     return dict(document)
+
+
+@pytest.mark.parametrize(
+    ("lend", "team_b_left"),
+    [
+        pytest.param(6, 10, id="a-lending-limit-above-its-nominal-lends-its-childrens-quota"),
+        pytest.param(4, 8, id="a-lending-limit-of-its-nominal-keeps-its-childrens-quota"),
+        pytest.param(None, 10, id="no-lending-limit-lends-the-whole-subtree"),
+    ],
+)
+def test_a_cohorts_lending_limit_may_pass_its_own_nominal(
+    lend: int | None, team_b_left: int
+) -> None:
+    """research's own nominal is 4, its subtree's quota 6 (team-a's 2 too): a lendingLimit of 6
+    loads (Kueue's webhook does not bound it by the cohort's own nominal) and lends team-a's
+    quota as well, so team-b (in org, beside research) may take its 2, org's 2 and research's 6
+    with nothing used; a lendingLimit of 4 lends 4."""
+    document = _edit("spec.quota.cohorts[1].quotas[0].lendingLimit", lend)
+    quotas = parse_policy(document).quotas
+    assert quotas.cohorts["research"].limits["gpus"] == QuotaLimits(
+        4 * GPU, 2 * GPU, None if lend is None else lend * GPU
+    )
+    (row,) = tenant_status(quotas, {}, ["team-b"])
+    assert row.left == team_b_left * GPU
+    assert admit(quotas, "team-b", {"gpus": team_b_left * GPU}, {}) == ()
+    assert admit(quotas, "team-b", {"gpus": team_b_left * GPU + 1}, {}) != ()

@@ -15,13 +15,13 @@ import pytest
 from services.common.dra.model import Node, ResourceSlice
 from services.common.dra.parse import load_objects
 from services.common.errors import InvalidArgument, Unavailable
+from services.common.gc_policy import GcPolicy
 from services.inventory.adapters.sources.nvidia_smi_xml import parse_nvidia_smi_xml
 from services.inventory.adapters.store.redis_repository import RedisInventoryRepository
 from services.inventory.app.service import InventoryService, WatchEvent
 from services.inventory.core.report import NodeReport
 from services.inventory.core.state import Change, InventoryState
 from services.inventory.core.view import UNREACHABLE_TAINT_KEY
-from services.inventory.gc_policy import GcPolicy
 
 DATA = Path(__file__).parents[2] / "data"
 T4_SLICE_FILE = DATA / "resourceslices" / "openshift-v1.35_2x-tesla-t4_condensed.yaml"

@@ -40,6 +40,7 @@ from services.allocator.app.messages import (
 from services.allocator.app.reservation_watch import ChangeKind, ReservationChange
 from services.allocator.core import (
     NO_SUMMARY,
+    CohortStatus,
     ConstraintExplanation,
     Explanation,
     FlavorAttempt,
@@ -49,11 +50,13 @@ from services.allocator.core import (
     NodePlacement,
     PcieRelation,
     Policy,
+    QuotaRefusal,
     ReasonCode,
     RejectionGroup,
     RequestExplanation,
     RequestRef,
     Score,
+    TenantStatus,
     TopologyConstraint,
     TopologyKind,
 )
@@ -73,13 +76,8 @@ from services.common.pb.dra_mapping import (
     to_pb_allocation_result,
     to_pb_device_id,
 )
+from services.common.quota.model import quantity_text
 from services.common.security.principal import tenant_of_owner
-from services.common.security.quota import (
-    CohortStatus,
-    QuotaRefusal,
-    TenantStatus,
-    quantity_text,
-)
 
 __all__ = [
     "ClaimReader",
@@ -458,16 +456,22 @@ def allocate_response(
         allocations=_claim_allocations(
             answer.claims, single.allocations if single is not None else (), made
         ),
-        gang_placements=[_node_placement(answer, m) for m in members],
         score=_gang_score(answer, members)
         if members
         else _score(single.score if single is not None else None, answer.policy),
         reservations=[reservation_to_pb(r, made) for r in answer.reservations],
         inventory_generation=answer.generation,
-        holders=[_holder_to_pb(h) for h in answer.holders],
-        quota_refusals=[quota_refusal_to_pb(r) for r in answer.quota],
-        flavors=[flavor_attempt_to_pb(a) for a in answer.flavors],
     )
+    # the fields a placement's answer mostly leaves empty are set only when they are not
+    # (an empty list given to the constructor costs as much as a short one)
+    if members:
+        response.gang_placements.extend(_node_placement(answer, m) for m in members)
+    if answer.holders:
+        response.holders.extend(_holder_to_pb(h) for h in answer.holders)
+    if answer.quota:
+        response.quota_refusals.extend(quota_refusal_to_pb(r) for r in answer.quota)
+    if answer.flavors:
+        response.flavors.extend(flavor_attempt_to_pb(a) for a in answer.flavors)
     if answer.preemption:
         response.preemption.CopyFrom(_preemption(answer))
     if answer.explanation is not None:
@@ -688,11 +692,13 @@ def reservation_to_pb(
         fencing_token=reservation.fencing_token,
         idempotency_key=reservation.idempotency_key,
         devices=[to_pb_device_id(d) for d in _devices(reservation.allocations)],
-        labels=dict(reservation.labels),
         priority_class_name=reservation.priority_class,
         binding=_binding_phase(reservation),
-        conditions=[_condition_to_pb(c) for c in reservation.conditions],
     )
+    if reservation.labels:  # mostly none: an empty map or list given costs as a short one
+        message.labels.update(reservation.labels)
+    if reservation.conditions:
+        message.conditions.extend(_condition_to_pb(c) for c in reservation.conditions)
     message.created_at.FromNanoseconds(round(reservation.created_at * 1e9))
     if reservation.expires_at is not None:
         message.expires_at.FromNanoseconds(round(reservation.expires_at * 1e9))
@@ -804,8 +810,11 @@ def _score(score: Score | None, policy: Policy) -> float:
     the free share (SPREAD)."""
     if score is None or score.total_devices == 0:
         return 0.0
-    free = Fraction(score.free_devices, score.total_devices)
-    return float(free if policy.rules.scores_free_share else 1 - free)
+    # int / int is correctly rounded, as float(Fraction(...)) is: the same float, without
+    # the Fraction arithmetic (one per answer, 64 per AllocateBatch of 64)
+    total = score.total_devices
+    share = score.free_devices if policy.rules.scores_free_share else total - score.free_devices
+    return share / total
 
 
 def _timestamp(seconds: float) -> timestamp_pb2.Timestamp:

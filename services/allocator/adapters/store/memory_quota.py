@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from services.allocator.core import ConsumedUsage
 from services.allocator.reservations.quota_ledger import (
     ConsumedRead,
     LedgerRead,
@@ -19,7 +20,6 @@ from services.allocator.reservations.quota_ledger import (
     TicketBinding,
     check_lease,
 )
-from services.common.security.fair_sharing import ConsumedUsage
 
 __all__ = ["MemoryQuotaLedger"]
 

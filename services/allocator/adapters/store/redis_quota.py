@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from services.allocator.adapters.store.redis_store import RedisReservationStore
+from services.allocator.core import ConsumedUsage
 from services.allocator.reservations.quota_ledger import (
     ConsumedRead,
     LedgerRead,
@@ -21,7 +22,6 @@ from services.allocator.reservations.quota_ledger import (
     Ticket,
     TicketBinding,
 )
-from services.common.security.fair_sharing import ConsumedUsage
 
 __all__ = ["RedisQuotaLedger"]
 

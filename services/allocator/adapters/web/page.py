@@ -23,7 +23,8 @@ from services.allocator.app.fleet_view import (
     FleetPlacement,
 )
 from services.allocator.app.messages import Answer, Holder, Outcome, claim_ref
-from services.common.security.quota import TenantStatus, quantity_text
+from services.allocator.core import TenantStatus
+from services.common.quota.model import quantity_text
 
 __all__ = [
     "answer_fragment",

@@ -1,4 +1,4 @@
-"""Fair sharing's pure parts (services/common/security/fair_sharing.py): dominant resource
+"""Fair sharing's pure parts (services/allocator/core/quota/fair_sharing.py): dominant resource
 shares over the cohort tree, the two preemption strategies, and usage decayed with a half-life.
 
 The share rows are Kueue's TestDominantResourceShare (pkg/cache/scheduler/fair_sharing_test.go)
@@ -14,23 +14,24 @@ from fractions import Fraction
 
 import pytest
 
-from services.common.security.cohorts import cohort_node, tenant_node
-from services.common.security.fair_sharing import (
+from services.allocator.core import (
     ConsumedUsage,
-    PreemptionStrategy,
     Share,
     decay,
     decayed_score,
     resample,
+    share_of,
     strategy_allows,
 )
-from services.common.security.quota import (
+from services.common.quota.model import (
     CohortQuota,
+    PreemptionStrategy,
     QuotaLimits,
     QuotaModel,
     QuotaResource,
     TenantQuota,
 )
+from services.common.quota.tree import cohort_node, tenant_node
 
 CPU = QuotaResource("cpu", ("cpu",))
 GPU = QuotaResource("gpu", ("gpu",))
@@ -58,10 +59,10 @@ def shares(
     wanted = {name: round(v * 1000) for name, v in extra.items()}
     found = {}
     for t in tenants:
-        share = model.share(tenant_node(t.tenant), used, wanted if t.tenant == "cq" else None)
+        share = share_of(model, tenant_node(t.tenant), used, wanted if t.tenant == "cq" else None)
         found[t.tenant] = (share.rounded(), share.dominant)
     for name in model.cohort_names():
-        share = model.share(cohort_node(name), used)
+        share = share_of(model, cohort_node(name), used)
         found[name] = (share.rounded(), share.dominant)
     return found
 

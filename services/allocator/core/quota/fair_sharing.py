@@ -1,4 +1,8 @@
-"""Fair sharing as Kueue defines it: weights, dominant resource shares and usage decay.
+"""Fair sharing as Kueue defines it: dominant resource shares, preemption strategies, usage decay.
+
+The rule's half of fair sharing; its settings (`FairSharing`, `AdmissionFairSharing`, the
+`PreemptionStrategy` values), as the policy's `spec.quota` declares them, are the model's,
+services/common/quota/model.py.
 
 - **Dominant resource share** (Kueue's DRS, pkg/cache/scheduler/fair_sharing.go): a tenant's
   or a cohort's share is, over resources, the largest ratio of what it uses above its subtree
@@ -24,18 +28,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from enum import StrEnum
+from dataclasses import dataclass
 from fractions import Fraction
 
-from services.common.security.cohorts import CohortTree, Levels, NodeKey
+from services.allocator.core.quota.levels import Levels
+from services.common.quota.model import PreemptionStrategy
+from services.common.quota.tree import CohortTree, NodeKey
 
 __all__ = [
-    "DEFAULT_STRATEGIES",
-    "AdmissionFairSharing",
+    "NO_SHARE",
     "ConsumedUsage",
-    "FairSharing",
-    "PreemptionStrategy",
     "Share",
     "decay",
     "decayed_score",
@@ -44,45 +46,6 @@ __all__ = [
     "sample_due",
     "strategy_allows",
 ]
-
-
-class PreemptionStrategy(StrEnum):
-    """Kueue's fair-sharing preemption strategies (rules S2-a and S2-b of its KEP 1714)."""
-
-    LESS_THAN_OR_EQUAL_TO_FINAL_SHARE = "LessThanOrEqualToFinalShare"
-    LESS_THAN_INITIAL_SHARE = "LessThanInitialShare"
-
-
-DEFAULT_STRATEGIES = (
-    PreemptionStrategy.LESS_THAN_OR_EQUAL_TO_FINAL_SHARE,
-    PreemptionStrategy.LESS_THAN_INITIAL_SHARE,
-)
-# the lists Kueue's configuration accepts
-VALID_STRATEGIES = (
-    (PreemptionStrategy.LESS_THAN_OR_EQUAL_TO_FINAL_SHARE,),
-    (PreemptionStrategy.LESS_THAN_INITIAL_SHARE,),
-    DEFAULT_STRATEGIES,
-)
-
-
-@dataclass(frozen=True)
-class FairSharing:
-    """`spec.quota.fairSharing`: whether preemption goes by fair sharing (Kueue's
-    Configuration `fairSharing`), and with which strategies, tried in order."""
-
-    enabled: bool = False
-    strategies: tuple[PreemptionStrategy, ...] = DEFAULT_STRATEGIES
-
-
-@dataclass(frozen=True)
-class AdmissionFairSharing:
-    """`spec.quota.admissionFairSharing` (Kueue's Configuration field of that name): the
-    half-life of usage, how often it is sampled, and each resource's weight in a tenant's
-    decayed usage (a resource not listed weighs 1; flavored resources by their base name)."""
-
-    half_life_seconds: float
-    sampling_seconds: float = 300.0
-    resource_weights: Mapping[str, Fraction] = field(default_factory=dict)
 
 
 # --- dominant resource share -------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Tenant quotas: what each tenant may hold, cohorts that lend unused quota, and the one rule.
+"""Tenant quotas as the access policy declares them: what each tenant may hold, cohorts that
+lend unused quota, priorities, preemption and fair-sharing settings. The model, plain values.
 
 The model is Kueue's ClusterQueue, per tenant instead of per queue, and it holds across every
 batch system because every grant passes through the allocator:
@@ -19,42 +20,35 @@ batch system because every grant passes through the allocator:
   draws from the pool. A tenant without a cohort is a cohort of one (it can never borrow).
 - Cohorts form a tree (Kueue's hierarchical Cohorts): a cohort may name a parent and have
   quotas of its own, with lending and borrowing limits towards its parent. Borrowing goes up
-  the tree and lending down (services/common/security/cohorts.py). One tree shares one quota
-  ledger, named after its root (`ledger_key`).
+  the tree and lending down (the tree's shape: tree.py). One tree shares one quota ledger,
+  named after its root (`ledger_key`).
 
-The rule (`admit`), per quota resource with a positive amount: the amount fits in what the
-tenant may still take at every level of its tree (Kueue's available capacity): within
-`nominal + borrowingLimit`, and within what each cohort above it can still give within its
-own limits. It is a check over values: the store supplies the usage (its live entries) and
-takes the grant atomically with the same check (see services/allocator/app/quotas.py).
+This module is the model's half: the values the policy file declares (the access policy's
+parser, services/common/security/policy.py, builds them; the inventory, the client and the
+bench read them) and `QuotaModel`'s lookups (a tenant's quota, its tree, its ledger, its
+flavors in charge order, a priority class). The rule's half, what decides over these values
+(`admit`, each tenant's and cohort's standing, dominant shares, usage decay), lives in the
+allocator's core, next to the preemption planner: services/allocator/core/quota/rule.py,
+levels.py and fair_sharing.py.
 
 Pure: values in, values out. Amounts are integer milli-units (a device counts 1000).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from fractions import Fraction
 
 from services.common.dra.model import DeviceTaint, DeviceToleration
 from services.common.dra.quantity import Quantity, QuantityFormat
-from services.common.security.cohorts import (
+from services.common.quota.tree import (
     CohortTree,
-    Levels,
     NodeKey,
     TreeNode,
     cohort_node,
     tenant_node,
-)
-from services.common.security.fair_sharing import (
-    AdmissionFairSharing,
-    ConsumedUsage,
-    FairSharing,
-    Share,
-    decayed_score,
-    dominant_share,
 )
 
 __all__ = [
@@ -62,29 +56,29 @@ __all__ = [
     "DEFAULT_PREEMPTION",
     "NO_FLAVOR",
     "DEFAULT_PRIORITY",
+    "DEFAULT_STRATEGIES",
+    "VALID_STRATEGIES",
     "NO_QUOTAS",
+    "AdmissionFairSharing",
     "BorrowWithinCohort",
     "CohortQuota",
-    "CohortStatus",
+    "FairSharing",
     "FlavorFungibility",
     "FlavorPreference",
     "PreemptionPolicy",
+    "PreemptionStrategy",
     "ResourceFlavor",
     "WhenCanBorrow",
     "WhenCanPreempt",
     "PriorityClass",
     "QuotaLimits",
     "QuotaModel",
-    "QuotaRefusal",
     "QuotaResource",
     "ReclaimWithinCohort",
     "TenantQuota",
-    "TenantStatus",
     "UNCOUNTED",
     "Usage",
     "WithinTenant",
-    "add_usage",
-    "counted_only",
     "quantity_text",
 ]
 
@@ -274,6 +268,45 @@ class PreemptionPolicy:
 DEFAULT_PREEMPTION = PreemptionPolicy()
 
 
+class PreemptionStrategy(StrEnum):
+    """Kueue's fair-sharing preemption strategies (rules S2-a and S2-b of its KEP 1714)."""
+
+    LESS_THAN_OR_EQUAL_TO_FINAL_SHARE = "LessThanOrEqualToFinalShare"
+    LESS_THAN_INITIAL_SHARE = "LessThanInitialShare"
+
+
+DEFAULT_STRATEGIES = (
+    PreemptionStrategy.LESS_THAN_OR_EQUAL_TO_FINAL_SHARE,
+    PreemptionStrategy.LESS_THAN_INITIAL_SHARE,
+)
+# the lists Kueue's configuration accepts
+VALID_STRATEGIES = (
+    (PreemptionStrategy.LESS_THAN_OR_EQUAL_TO_FINAL_SHARE,),
+    (PreemptionStrategy.LESS_THAN_INITIAL_SHARE,),
+    DEFAULT_STRATEGIES,
+)
+
+
+@dataclass(frozen=True)
+class FairSharing:
+    """`spec.quota.fairSharing`: whether preemption goes by fair sharing (Kueue's
+    Configuration `fairSharing`), and with which strategies, tried in order."""
+
+    enabled: bool = False
+    strategies: tuple[PreemptionStrategy, ...] = DEFAULT_STRATEGIES
+
+
+@dataclass(frozen=True)
+class AdmissionFairSharing:
+    """`spec.quota.admissionFairSharing` (Kueue's Configuration field of that name): the
+    half-life of usage, how often it is sampled, and each resource's weight in a tenant's
+    decayed usage (a resource not listed weighs 1; flavored resources by their base name)."""
+
+    half_life_seconds: float
+    sampling_seconds: float = 300.0
+    resource_weights: Mapping[str, Fraction] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class TenantQuota:
     tenant: str
@@ -303,98 +336,12 @@ class CohortQuota:
 
 
 @dataclass(frozen=True)
-class QuotaRefusal:
-    """Why a grant does not fit one quota resource (all amounts in milli-units)."""
-
-    tenant: str
-    resource: str
-    requested: int
-    used: int
-    nominal: int
-    borrowed: int
-    left: int
-    cohort: str = ""
-    binary: bool = False  # amounts of a counter (bytes): shown as 80Gi rather than 85899345920
-    listed: bool = True  # False: the tenant's quotas do not list the resource (never granted)
-
-    def __str__(self) -> str:
-        where = f" in cohort {self.cohort}" if self.cohort else ""
-        if self.resource == UNCOUNTED:
-            return (
-                f"tenant {self.tenant}: requested {quantity_text(self.requested)} devices no "
-                "quota resource counts (spec.quota.uncountedDevices: Refuse; never granted to a "
-                "tenant with quotas)"
-            )
-        if not self.listed:
-            return (
-                f"tenant {self.tenant} quota {self.resource}{where}: requested "
-                f"{quantity_text(self.requested, self.binary)}, not listed in the tenant's "
-                f"quotas (never granted), 0 left"
-            )
-
-        def units(milli: int) -> str:
-            return quantity_text(milli, self.binary)
-
-        return (
-            f"tenant {self.tenant} quota {self.resource}{where}: requested "
-            f"{units(self.requested)}, used {units(self.used)} of nominal "
-            f"{units(self.nominal)} (borrowed {units(self.borrowed)}), "
-            f"{units(self.left)} left"
-        )
-
-
-@dataclass(frozen=True)
-class TenantStatus:
-    """One tenant's standing on one quota resource (milli-units)."""
-
-    tenant: str
-    resource: str
-    cohort: str
-    nominal: int
-    used: int
-    borrowed: int  # used above nominal
-    lent: int  # of its unused nominal quota, what other tenants of the cohort use now
-    left: int  # what it could still be granted now
-    borrowing_limit: int | None
-    lending_limit: int | None
-    binary: bool = False
-    # per tenant, the same on each of its rows: revoked by a preemption, the holder not told yet
-    pending_preemptions: int = 0
-    pending_preemption_ids: tuple[str, ...] = ()  # the oldest of them
-    path: tuple[str, ...] = ()  # the cohorts from the root down to its own
-    weight: Fraction = Fraction(1)  # fairSharing.weight
-    share: Share = Share()  # per tenant: its dominant resource share now
-    decayed: float | None = None  # its decayed usage of the resource (admission fair sharing)
-    decayed_usage: float | None = None  # per tenant: the weighted sum over resources
-    decayed_at: float | None = None  # when it was sampled (seconds since the epoch)
-
-
-@dataclass(frozen=True)
-class CohortStatus:
-    """One cohort's standing on one quota resource (milli-units), as Kueue's resource node
-    has it: its own nominal quota, the subtree quota (its own plus what its children lend it),
-    what its children use of it beyond their local quotas, what it borrows from its parent and
-    lends to its parent's other children, and what its subtree could still be granted."""
-
-    cohort: str
-    resource: str
-    parent: str
-    nominal: int
-    subtree: int
-    used: int
-    borrowed: int  # used above the subtree quota: taken from its parent
-    lent: int
-    left: int
-    borrowing_limit: int | None
-    lending_limit: int | None
-    binary: bool = False
-    path: tuple[str, ...] = ()  # the cohorts from the root down to its parent
-    weight: Fraction = Fraction(1)
-    share: Share = Share()
-
-
-@dataclass(frozen=True)
 class QuotaModel:
+    """The access policy's quota section as plain data, and the lookups every reader needs:
+    a tenant's quota, the members and ledger of its tree, its cohorts, its flavors in the
+    order they are tried and charged, a priority class. What decides over it (`admit`,
+    `tenant_status`, `share_of`, ...) takes it as a value: services/allocator/core/quota/."""
+
     resources: tuple[QuotaResource, ...]
     tenants: Mapping[str, TenantQuota]  # only tenants with quotas
     priority_classes: Mapping[str, PriorityClass] = field(default_factory=dict)
@@ -509,223 +456,16 @@ class QuotaModel:
         flavored = {r.name: r for r in self.resources if r.base == base and r.flavor}
         return tuple(flavored[name] for name in quota.limits if name in flavored)
 
-    def admit(
-        self,
-        tenant: str,
-        amounts: Usage,
-        usage: Mapping[str, Usage],
-        *,
-        within_nominal: bool = False,
-    ) -> tuple[QuotaRefusal, ...]:
-        """Whether `tenant` may be granted `amounts` on top of `usage` (tenant -> its usage, the
-        tenants of its tree at least): () when it may, else one refusal per resource that does
-        not fit. `within_nominal`: also refused where the grant would borrow (the preemption
-        pass that must leave the preemptor within nominal, core/preemption.py)."""
-        quota = self.quota_of(tenant)
-        if quota is None:
-            return ()
-        refusals = []
-        uncounted = amounts.get(UNCOUNTED, 0)
-        if self.refuse_uncounted and uncounted > 0:
-            refusals.append(
-                QuotaRefusal(
-                    tenant, UNCOUNTED, uncounted, 0, 0, 0, 0, cohort=quota.cohort, listed=False
-                )
-            )
-        for resource in self.resources:
-            amount = amounts.get(resource.name, 0)
-            if amount <= 0:
-                continue
-            left = self._left(quota, resource.name, usage)
-            if within_nominal:
-                used_now = usage.get(tenant, {}).get(resource.name, 0)
-                left = min(left, max(0, quota.of(resource.name).nominal - used_now))
-            if amount > left:
-                used = usage.get(tenant, {}).get(resource.name, 0)
-                nominal = quota.of(resource.name).nominal
-                refusals.append(
-                    QuotaRefusal(
-                        tenant,
-                        resource.name,
-                        requested=amount,
-                        used=used,
-                        nominal=nominal,
-                        borrowed=max(0, used - nominal),
-                        left=left,
-                        cohort=quota.cohort,
-                        binary=bool(resource.counter),
-                        listed=resource.name in quota.limits,
-                    )
-                )
-        return tuple(refusals)
-
-    # --- the tree's figures -----------------------------------------------------------------
-
-    def levels(self, key: NodeKey, usage: Mapping[str, Usage]) -> dict[str, Levels]:
-        """Every resource's Levels of `key`'s tree (usage: tenant -> its usage)."""
-        return {r.name: self.levels_of(key, r.name, usage) for r in self.resources}
-
-    def levels_of(self, key: NodeKey, resource: str, usage: Mapping[str, Usage]) -> Levels:
-        """One resource's Levels of `key`'s tree."""
-        of_resource = {t: u.get(resource, 0) for t, u in usage.items()}
-        return self._tree.levels(resource, of_resource, key)
-
     def base_of(self) -> Mapping[str, str]:
         """quota resource -> the resource it is a flavor of (itself when unflavored)."""
         return self._base_of
-
-    def share(
-        self,
-        key: NodeKey,
-        usage: Mapping[str, Usage],
-        extra: Usage | None = None,
-        levels: Mapping[str, Levels] | None = None,
-    ) -> Share:
-        """The dominant resource share of a tenant or cohort now (with `extra` more used by
-        it: a grant's amounts)."""
-        if key not in self._tree:
-            return Share()
-        found = levels if levels is not None else self.levels(key, usage)
-        return dominant_share(self._tree, key, found, self.base_of(), extra)
-
-    def status(
-        self,
-        usage: Mapping[str, Usage],
-        tenants: Iterable[str] = (),
-        *,
-        consumed: Mapping[str, ConsumedUsage] | None = None,
-    ) -> list[TenantStatus]:
-        """Per tenant (those given, else every tenant with quotas) and quota resource; with
-        `consumed` (the tenants' decayed usage as last sampled) and usage decay configured,
-        each row's decayed usage and the tenant's weighted sum of it."""
-        rows: list[TenantStatus] = []
-        decay = self.admission_fair_sharing if consumed is not None else None
-        by_tree: dict[NodeKey, dict[str, Levels]] = {}
-        lent_by_tree: dict[NodeKey, dict[str, dict[NodeKey, int]]] = {}
-        for tenant in sorted(tenants) if tenants else sorted(self.tenants):
-            quota = self.quota_of(tenant)
-            if quota is None:
-                continue
-            key = tenant_node(tenant)
-            root = self._tree.root(key)
-            if root not in by_tree:
-                by_tree[root] = self.levels(root, usage)
-                lent_by_tree[root] = {name: lv.lent() for name, lv in by_tree[root].items()}
-            levels = by_tree[root]
-            share = dominant_share(self._tree, key, levels, self.base_of())
-            path = self._tree.path(key)
-            decayed: Mapping[str, float] | None = None
-            score: float | None = None
-            sampled: float | None = None
-            if decay is not None and consumed is not None:
-                record = consumed.get(tenant)
-                decayed = record.amounts if record is not None else {}
-                sampled = record.at if record is not None else None
-                score = decayed_score(decayed, decay.resource_weights, self._base_of, quota.weight)
-            for resource in self.resources:
-                name = resource.name
-                limits = quota.of(name)
-                used = usage.get(tenant, {}).get(name, 0)
-                left = 0
-                if name in quota.limits:
-                    left = max(0, levels[name].available(key))
-                rows.append(
-                    TenantStatus(
-                        tenant,
-                        name,
-                        quota.cohort,
-                        nominal=limits.nominal,
-                        used=used,
-                        borrowed=max(0, used - limits.nominal),
-                        lent=lent_by_tree[root][name].get(key, 0),
-                        left=left,
-                        borrowing_limit=limits.borrowing_limit,
-                        lending_limit=limits.lending_limit,
-                        binary=bool(resource.counter),
-                        path=path,
-                        weight=quota.weight,
-                        share=share,
-                        decayed=None if decayed is None else decayed.get(name, 0.0),
-                        decayed_usage=score,
-                        decayed_at=sampled,
-                    )
-                )
-        return rows
 
     def cohort_names(self) -> tuple[str, ...]:
         """Every cohort of the tree (declared, or named by a tenant or a child), by name."""
         return tuple(sorted(name for kind, name in self._tree.nodes() if kind == "cohort"))
 
-    def cohort_status(
-        self, usage: Mapping[str, Usage], cohorts: Iterable[str] = ()
-    ) -> list[CohortStatus]:
-        """Per cohort (those given, else every cohort) and quota resource."""
-        rows: list[CohortStatus] = []
-        by_tree: dict[NodeKey, dict[str, Levels]] = {}
-        lent_by_tree: dict[NodeKey, dict[str, dict[NodeKey, int]]] = {}
-        for name in sorted(set(cohorts)) if cohorts else self.cohort_names():
-            key = cohort_node(name)
-            if key not in self._tree:
-                continue
-            root = self._tree.root(key)
-            if root not in by_tree:
-                by_tree[root] = self.levels(root, usage)
-                lent_by_tree[root] = {r: lv.lent() for r, lv in by_tree[root].items()}
-            levels = by_tree[root]
-            share = dominant_share(self._tree, key, levels, self.base_of())
-            node = self._tree.node(key)
-            for resource in self.resources:
-                level = levels[resource.name]
-                limits = node.limits.get(resource.name)
-                rows.append(
-                    CohortStatus(
-                        name,
-                        resource.name,
-                        node.parent,
-                        nominal=limits.nominal if limits is not None else 0,
-                        subtree=level.subtree[key],
-                        used=level.usage[key],
-                        borrowed=max(0, level.usage[key] - level.subtree[key]),
-                        lent=lent_by_tree[root][resource.name].get(key, 0),
-                        left=max(0, level.available(key)),
-                        borrowing_limit=limits.borrowing_limit if limits is not None else None,
-                        lending_limit=limits.lending_limit if limits is not None else None,
-                        binary=bool(resource.counter),
-                        path=self._tree.path(key),
-                        weight=node.weight,
-                        share=share,
-                    )
-                )
-        return rows
-
-    # --- the rule ---------------------------------------------------------------------------
-
-    def _left(self, quota: TenantQuota, resource: str, usage: Mapping[str, Usage]) -> int:
-        """The largest amount `admit` grants the tenant now: what it may still take at every
-        level of its tree (cohorts.py's `available`).
-
-        In a cohort of tenants only, with u its usage, g its guaranteed part, P the cohort's
-        pool and E the other tenants' draws on it (their usage above their guaranteed parts):
-        a <= min(nominal + borrowingLimit - u, g - u + max(0, P - E))."""
-        if resource not in quota.limits:
-            return 0  # never granted (Kueue: a resource the ClusterQueue does not cover)
-        key = tenant_node(quota.tenant)
-        return max(0, self.levels_of(key, resource, usage).available(key))
-
 
 NO_QUOTAS = QuotaModel((), {})
-
-
-def add_usage(total: dict[str, dict[str, int]], tenant: str, amounts: Usage) -> None:
-    """Add one grant's amounts to a tenant -> usage table."""
-    mine = total.setdefault(tenant, {})
-    for resource, amount in amounts.items():
-        mine[resource] = mine.get(resource, 0) + amount
-
-
-def counted_only(amounts: Usage) -> dict[str, int]:
-    """`amounts` without the devices no quota resource counts (what a ledger entry keeps)."""
-    return {name: amount for name, amount in amounts.items() if name != UNCOUNTED}
 
 
 def quantity_text(milli: int, binary: bool = False) -> str:

@@ -1,7 +1,8 @@
-"""Tenant quotas as pure values: the policy section, the one rule, and a brute-force model of it.
+"""Tenant quotas as pure values: the policy section (services/common/quota/model.py), the one
+rule (services/allocator/core/quota/rule.py), and a brute-force model of it.
 
 The model below states the rule the way docs/tenancy.md does, without the closed form of
-`QuotaModel._left`: a cohort is feasible when every tenant stays within nominal + borrowingLimit
+the rule's `_left`: a cohort is feasible when every tenant stays within nominal + borrowingLimit
 and what the tenants hold above nominal fits in what the others leave unused of what they lend.
 """
 
@@ -15,9 +16,9 @@ import yaml
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from services.allocator.core import admit, tenant_status
 from services.common.errors import InvalidArgument
-from services.common.security.policy import parse_policy
-from services.common.security.quota import (
+from services.common.quota.model import (
     BorrowWithinCohort,
     PreemptionPolicy,
     QuotaLimits,
@@ -29,6 +30,7 @@ from services.common.security.quota import (
     WithinTenant,
     quantity_text,
 )
+from services.common.security.policy import parse_policy
 
 GPU = 1000  # one device, in milli-units
 GPUS = QuotaResource("gpus", ("gpu.nvidia.com",))
@@ -123,10 +125,10 @@ def test_admit_table(
     left: int | None,
 ) -> None:
     quotas = model(*tenants)
-    refusals = quotas.admit(asker, {"gpus": count * GPU}, usage)
+    refusals = admit(quotas, asker, {"gpus": count * GPU}, usage)
     assert (refusals == ()) is admitted
     if left is not None:
-        row = next(r for r in quotas.status(usage) if r.tenant == asker)
+        row = next(r for r in tenant_status(quotas, usage) if r.tenant == asker)
         assert row.left == left * GPU
     if refusals:
         refusal = refusals[0]
@@ -136,7 +138,7 @@ def test_admit_table(
 
 def test_status_reports_borrowed_and_lent() -> None:
     quotas = model(tenant("a", 4), tenant("b", 4), tenant("c", 2))
-    rows = {r.tenant: r for r in quotas.status(used(a=7, b=1))}
+    rows = {r.tenant: r for r in tenant_status(quotas, used(a=7, b=1))}
     assert rows["a"].borrowed == 3 * GPU
     # a's 3 borrowed GPUs are charged to the lenders in name order: b's 3 unused, then c's
     assert (rows["b"].lent, rows["c"].lent, rows["a"].lent) == (3 * GPU, 0, 0)
@@ -199,7 +201,7 @@ def test_admit_never_overruns_and_never_refuses_needlessly(
         amount = count * GPU
         after = {k: dict(v) for k, v in usage.items()}
         after.setdefault(name, {})["gpus"] = after.get(name, {}).get("gpus", 0) + amount
-        admitted = quotas.admit(name, {"gpus": amount}, usage) == ()
+        admitted = admit(quotas, name, {"gpus": amount}, usage) == ()
         assert admitted == feasible(quotas, after), (name, amount, usage)
         if admitted:
             usage = after
@@ -212,15 +214,15 @@ def test_left_is_the_largest_admitted_grant(quotas: QuotaModel, held: list[int])
     usage = {n: {"gpus": held[i] * GPU} for i, n in enumerate(names)}
     if not feasible(quotas, usage):
         return  # usage above quota (a shrunk policy): nothing more is granted, checked below
-    for row in quotas.status(usage):
-        assert quotas.admit(row.tenant, {"gpus": row.left}, usage) == () or row.left == 0
-        assert quotas.admit(row.tenant, {"gpus": row.left + 1}, usage) != ()
+    for row in tenant_status(quotas, usage):
+        assert admit(quotas, row.tenant, {"gpus": row.left}, usage) == () or row.left == 0
+        assert admit(quotas, row.tenant, {"gpus": row.left + 1}, usage) != ()
 
 
 def test_over_quota_after_a_policy_shrink_refuses_new_grants() -> None:
     quotas = model(tenant("a", 2, cohort=""))
-    assert quotas.admit("a", {"gpus": GPU}, used(a=5)) != ()
-    row = quotas.status(used(a=5))[0]
+    assert admit(quotas, "a", {"gpus": GPU}, used(a=5)) != ()
+    row = tenant_status(quotas, used(a=5))[0]
     assert (row.borrowed, row.left) == (3 * GPU, 0)
 
 
@@ -469,7 +471,7 @@ def test_policy_declares_flavored_quotas_in_the_tenants_order() -> None:
     assert names[:3] == ["gpus/h100", "gpus/a100", "gpus/(none)"]
     nowhere = quotas.resources[2]  # devices of no flavor: no tenant can list them
     assert nowhere.spec is None and nowhere.flavor == "(none)"
-    assert quotas.admit("ml", {"gpus/(none)": GPU}, {}) != ()
+    assert admit(quotas, "ml", {"gpus/(none)": GPU}, {}) != ()
     h100 = quotas.resources[0]
     assert h100.spec is not None
     assert (h100.base, h100.flavor, h100.spec.node_labels) == (
@@ -485,7 +487,7 @@ def test_policy_declares_flavored_quotas_in_the_tenants_order() -> None:
     hpc = quotas.quota_of("hpc")
     assert hpc is not None and hpc.fungibility.when_can_borrow is WhenCanBorrow.MAY_STOP_SEARCH
     # a flavor the tenant does not list is never granted to it (Kueue: not in its queue)
-    assert quotas.admit("hpc", {"gpus/a100": GPU}, {}) != ()
+    assert admit(quotas, "hpc", {"gpus/a100": GPU}, {}) != ()
 
 
 FLAVOR_BAD = [
@@ -697,7 +699,7 @@ def test_admit_with_two_resources_never_overruns_and_never_refuses_needlessly(
             if asked[r] > 0
             and not cohort_feasible(spec, r, {n: u.get(r, 0) for n, u in after.items()})
         }
-        refusals = quotas.admit(name, _milli(asked), {n: _milli(u) for n, u in units.items()})
+        refusals = admit(quotas, name, _milli(asked), {n: _milli(u) for n, u in units.items()})
         assert {r.resource for r in refusals} == overrun, (name, asked, units)
         for refusal in refusals:
             used = units.get(name, {}).get(refusal.resource, 0) * UNIT[refusal.resource]
@@ -744,9 +746,9 @@ def test_admit_and_left_with_two_resources_follow_the_rule_after_a_shrink(
     who, gpus, memory = grant
     name = names[who % len(names)]
     asked = {"gpus": gpus, "mig-memory": memory}
-    refusals = quotas.admit(name, _milli(asked), usage)
+    refusals = admit(quotas, name, _milli(asked), usage)
     assert {r.resource for r in refusals} == refused_by_rule(spec, name, asked, units)
-    for row in quotas.status(usage):
+    for row in tenant_status(quotas, usage):
         largest = max(
             k
             for k in range(40)

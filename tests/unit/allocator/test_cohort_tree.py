@@ -1,6 +1,7 @@
-"""Hierarchical cohorts as pure values (services/common/security/cohorts.py and the quota rule
-over them): what each tenant may still take at every level, against Kueue's own cases and a
-brute-force model of "no overrun at any level".
+"""Hierarchical cohorts as pure values (the tree's shape, services/common/quota/tree.py, and the
+quota rule over it, services/allocator/core/quota/levels.py and rule.py): what each tenant may
+still take at every level, against Kueue's own cases and a brute-force model of "no overrun at
+any level".
 
 The table rows are Kueue's TestAvailable (pkg/cache/scheduler/resource_test.go), rewritten in
 gpualloc's model: a ClusterQueue is a tenant, a Cohort a cohort, one flavor of `cpu` the quota
@@ -17,20 +18,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.common.security.cohorts import (
-    CohortCycle,
-    CohortTree,
-    TreeNode,
-    cohort_node,
-    tenant_node,
-)
-from services.common.security.quota import (
+from services.allocator.core import admit, cohort_status, resource_levels, tenant_status
+from services.common.quota.model import (
     CohortQuota,
     QuotaLimits,
     QuotaModel,
     QuotaResource,
     TenantQuota,
 )
+from services.common.quota.tree import CohortCycle, CohortTree, TreeNode, cohort_node, tenant_node
 
 GPU = 1000
 GPUS = QuotaResource("gpus", ("gpu.nvidia.com",))
@@ -185,15 +181,15 @@ def test_available_table(
 ) -> None:
     quotas = tree_model(tenants, cohorts)
     for seen, want in ((usage, expected), ({}, empty)):
-        left = {t.tenant: quotas.status(seen, [t.tenant])[0].left / GPU for t in tenants}
+        left = {t.tenant: tenant_status(quotas, seen, [t.tenant])[0].left / GPU for t in tenants}
         assert left == want
         for t in tenants:  # admit grants exactly up to what is left
             most = round(want[t.tenant] * GPU)
-            assert quotas.admit(t.tenant, {"gpus": most}, seen) == ()
-            assert quotas.admit(t.tenant, {"gpus": most + 1}, seen) != ()
+            assert admit(quotas, t.tenant, {"gpus": most}, seen) == ()
+            assert admit(quotas, t.tenant, {"gpus": most + 1}, seen) != ()
     for t in tenants:  # Kueue's potentialAvailable: what it could take with nothing used
         key = tenant_node(t.tenant)
-        assert quotas.levels_of(key, "gpus", {}).potential(key) / GPU == empty[t.tenant]
+        assert resource_levels(quotas, key, "gpus", {}).potential(key) / GPU == empty[t.tenant]
 
 
 # --- one tree, one ledger ----------------------------------------------------------------------
@@ -238,7 +234,7 @@ def test_cohort_rows_show_each_level() -> None:
         [cq("team-a", "research", 4), cq("team-b", "org", 2)],
         [cohort("org", nominal=2), cohort("research", "org", 4, borrow=2, lend=1)],
     )
-    rows = {r.cohort: r for r in quotas.cohort_status(gpus(**{"team-a": 7, "team-b": 3}))}
+    rows = {r.cohort: r for r in cohort_status(quotas, gpus(**{"team-a": 7, "team-b": 3}))}
     research, org = rows["research"], rows["org"]
     assert (research.subtree, research.used, research.borrowed) == (8 * GPU, 7 * GPU, 0)
     assert research.path == ("org",) and org.path == ()
@@ -247,9 +243,9 @@ def test_cohort_rows_show_each_level() -> None:
     assert (org.subtree, org.used, org.borrowed, org.left) == (5 * GPU, 3 * GPU, 0, 2 * GPU)
     # team-b borrows 1 beyond its 2: org's own quota serves it before any child's
     assert org.lent == 0 and research.lent == 0
-    team_b = quotas.status(gpus(**{"team-a": 7, "team-b": 5}), ["team-b"])[0]
+    team_b = tenant_status(quotas, gpus(**{"team-a": 7, "team-b": 5}), ["team-b"])[0]
     assert team_b.borrowed == 3 * GPU and team_b.path == ("org",)
-    lent = {r.cohort: r.lent for r in quotas.cohort_status(gpus(**{"team-b": 5}))}
+    lent = {r.cohort: r.lent for r in cohort_status(quotas, gpus(**{"team-b": 5}))}
     assert lent == {"org": 0, "research": 1 * GPU}  # org's own 2 first, then research's 1
 
 
@@ -373,9 +369,9 @@ def test_grants_and_releases_follow_the_brute_force_model(
         if amount <= 0:
             usage[tenant] = {"gpus": max(0, held + amount * GPU)}
             continue
-        admitted = quotas.admit(tenant, {"gpus": amount * GPU}, usage) == ()
+        admitted = admit(quotas, tenant, {"gpus": amount * GPU}, usage) == ()
         assert admitted == model_admits(quotas, usage, tenant, amount * GPU)
-        left = quotas.status(usage, [tenant])[0].left
+        left = tenant_status(quotas, usage, [tenant])[0].left
         assert model_admits(quotas, usage, tenant, left)
         assert not model_admits(quotas, usage, tenant, left + 1)
         if admitted:
@@ -387,7 +383,7 @@ def _assert_no_overrun(quotas: QuotaModel, usage: Mapping[str, Mapping[str, int]
     """Every level within its limits: a root within its subtree quota, every other node's
     usage in its parent within what it lends there plus its borrowing limit."""
     root = cohort_node("root")
-    levels = quotas.levels_of(root, "gpus", usage)
+    levels = resource_levels(quotas, root, "gpus", usage)
     for key in quotas.tree.subtree(root):
         if quotas.tree.parent(key) is None:
             assert levels.usage[key] <= levels.subtree[key]
@@ -409,8 +405,8 @@ def test_any_usage_admits_what_the_model_admits(
     names = sorted(quotas.tenants)
     usage = {name: {"gpus": held[i] * GPU} for i, name in enumerate(names)}
     tenant = names[who % len(names)]
-    left = quotas.status(usage, [tenant])[0].left
+    left = tenant_status(quotas, usage, [tenant])[0].left
     for amount in range(8):
-        admitted = quotas.admit(tenant, {"gpus": amount * GPU}, usage) == ()
+        admitted = admit(quotas, tenant, {"gpus": amount * GPU}, usage) == ()
         assert admitted == model_admits(quotas, usage, tenant, amount * GPU), amount
         assert admitted == (amount * GPU <= left)
