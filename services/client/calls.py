@@ -45,6 +45,17 @@ def is_retryable(code: grpc.StatusCode, *, read: bool) -> bool:
     return code in (_RETRIED_FOR_READS if read else _ALWAYS_RETRIED)
 
 
+RECONNECT_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+)
+"""gRPC's own wait before it dials again after a failed connection: 1 s by default (with
+jitter, growing), so the RetryPolicy's attempts (0.1, 0.2, 0.4 s apart) all met the same failed
+connection and a single connection closed at its start (a proxy, a restarting server) failed
+the call: a Slurm prolog requeued its job, a node Epilog left its release to the lease. Now the
+channel dials again as soon as the policy's backoff does (`test_a_retry_dials_again`)."""
+
+
 def open_channel(
     target: str,
     tls: TlsConfig | None,
@@ -54,8 +65,11 @@ def open_channel(
 ) -> grpc.Channel:
     """A plaintext channel, or a TLS one (mutual when the config has a client certificate);
     with `token_file`, every call carries `authorization: Bearer <token>` (re-read when the
-    file changes, see credentials.py). A token without TLS is refused (InvalidArgument)."""
+    file changes, see credentials.py). A token without TLS is refused (InvalidArgument).
+    RECONNECT_OPTIONS unless `options` name them."""
     check_token_needs_tls(tls, token_file)
+    given = {name for name, _ in options}
+    options = [*options, *(option for option in RECONNECT_OPTIONS if option[0] not in given)]
     if tls is None:
         return grpc.insecure_channel(target, options=list(options))
     credentials = grpc.ssl_channel_credentials(

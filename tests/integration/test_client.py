@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
@@ -223,6 +226,51 @@ def test_unavailable_is_retried_with_backoff(tmp_path):
     with client, pytest.raises(Unavailable):
         client.allocate([claim_from_spec("1 x h100", name="x")], reserve=True)
     assert sleeps == [0.01, 0.02]
+
+
+class _ClosesFirst:
+    """127.0.0.1:<port> -> `upstream`, closing the first `closed` connections at once (a load
+    balancer without a backend for a moment, a server restarting)."""
+
+    def __init__(self, upstream: int, closed: int) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.upstream, self.closed, self.accepted = upstream, closed, 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            if self.accepted <= self.closed:
+                client.close()
+                continue
+            server = socket.create_connection(("127.0.0.1", self.upstream))
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+def test_a_retry_dials_again(cluster):
+    # the first connection is closed as it opens: the call's retry (0.1 s later) dials again
+    # and succeeds; with gRPC's default reconnect backoff (1 s) all four attempts met the
+    # same failed connection within 0.7 s and the call failed (Unavailable)
+    proxy = _ClosesFirst(cluster.port, closed=1)
+    with AllocatorClient(f"127.0.0.1:{proxy.port}", deadline_seconds=5) as client:
+        assert client.list() == []
+    assert proxy.accepted == 2
+    proxy.listener.close()
 
 
 class _Slow(grpc.GenericRpcHandler):

@@ -134,6 +134,9 @@ class TcpProxy:
         self._up.set()
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
+        self._to_close = 0
+        self.closed: list[str] = []
+        """Each connection the proxy closed as it came (when, why): log_tail shows them."""
         threading.Thread(target=self._accept, name="slurm-test-proxy", daemon=True).start()
 
     @property
@@ -150,6 +153,15 @@ class TcpProxy:
     def up(self) -> None:
         self._up.set()
 
+    def close_next(self, count: int = 1) -> None:
+        """Close the next `count` connections as they come (a backend gone for a moment)."""
+        with self._lock:
+            self._to_close += count
+
+    def _refuse(self, client: socket.socket, why: str) -> None:
+        client.close()
+        self.closed.append(f"{time.strftime('%H:%M:%S')} closed a connection: {why}")
+
     def close(self) -> None:
         self.down()
         self._listener.close()
@@ -161,12 +173,17 @@ class TcpProxy:
             except OSError:
                 return
             if not self._up.is_set():
-                client.close()
+                self._refuse(client, "down")
+                continue
+            with self._lock:
+                closing, self._to_close = self._to_close > 0, max(self._to_close - 1, 0)
+            if closing:
+                self._refuse(client, "close_next")
                 continue
             try:
                 server = socket.create_connection(self.upstream, timeout=5)
-            except OSError:
-                client.close()
+            except OSError as error:
+                self._refuse(client, f"upstream {self.upstream}: {error}")
                 continue
             server.settimeout(None)  # the timeout was the connect's: an idle stream stays open
             with self._lock:
@@ -308,6 +325,7 @@ class SlurmCluster:
             path = self.directory / "log" / name
             text = path.read_text(errors="replace") if path.exists() else "(no log)"
             shown.append(f"--- {name}\n" + "\n".join(text.splitlines()[-lines:]))
+        shown.append("--- the proxy to gpualloc\n" + "\n".join(self.proxy.closed[-lines:]))
         return "\n".join(shown)
 
     @property

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime
 
 import pytest
 
@@ -26,6 +27,7 @@ from tests.slurm.test_real_slurm import (
     held_devices,
     hold,
     lines,
+    queued_at,
     report,
     wait_released,
 )
@@ -181,8 +183,12 @@ def test_libslurm_gives_the_prolog_what_scontrol_prints(slurm):
     # sync reads Slurm's GPU ids through libslurm (services/bridges/slurm/libslurm.py) instead
     # of starting scontrol per prolog: the text must be scontrol's, byte for byte. Asked in a
     # process of its own, as sync asks it (slurm_init reads this Slurm's slurm.conf once).
+    # Prologs that ask together are read together (one slurm_load_jobs for all): the same
+    # text for each job (but its RunTime, a second later), one RPC for the five asks.
     job_id = slurm.sbatch("-p", "multi", "-N2", "--gpus-per-node=3", script=f"{hold(slurm)}\n")
+    other = slurm.sbatch("--gres=gpu:1", script=f"{hold(slurm)}\n")
     slurm.wait_for_file(slurm.out / f"ready-{job_id}")
+    slurm.wait_for_file(slurm.out / f"ready-{other}")
     asked = subprocess.run(
         [sys.executable, "-c",
          "import os, sys; from services.bridges.slurm.libslurm import JobDetails; "
@@ -191,5 +197,58 @@ def test_libslurm_gives_the_prolog_what_scontrol_prints(slurm):
     )  # fmt: skip
     assert asked.stdout == slurm.job_details(job_id)
     assert len(gpu_ids_from_job_details(asked.stdout)) == 2  # both nodes' GPU ids
-    (slurm.out / f"go-{job_id}").touch()
-    assert slurm.wait_for(job_id, ["COMPLETED", "FAILED"])["JobState"] == "COMPLETED"
+    together = subprocess.run(
+        [sys.executable, "-c", TOGETHER, job_id, other],
+        env=slurm.env, capture_output=True, text=True, timeout=60, check=True, cwd=ROOT,
+    )  # fmt: skip
+    *texts, reads = together.stdout.split("\0")
+    expected = [slurm.job_details(j) for j in (job_id, other, job_id, other, job_id)]
+    assert [RUN_TIME.sub("", t) for t in texts] == [RUN_TIME.sub("", t) for t in expected]
+    assert reads == "1"
+    for done in (job_id, other):
+        (slurm.out / f"go-{done}").touch()
+        assert slurm.wait_for(done, ["COMPLETED", "FAILED"])["JobState"] == "COMPLETED"
+
+
+RUN_TIME = re.compile(r"RunTime=\S+")
+
+
+TOGETHER = """
+import os, sys, threading
+from services.bridges.slurm.libslurm import JobDetails
+details = JobDetails(os.environ)
+details.load()
+asked = [sys.argv[1], sys.argv[2]] * 2 + [sys.argv[1]]
+texts = [None] * len(asked)
+with details._changed:  # held: all five queue up before the first read goes
+    details._busy = True
+    threads = [threading.Thread(target=lambda i=i: texts.__setitem__(i, details.show(asked[i])))
+               for i in range(len(asked))]
+    for thread in threads:
+        thread.start()
+    while len(details._queue) < len(asked):
+        details._changed.wait(0.01)
+    details._busy = False
+    details._changed.notify_all()
+for thread in threads:
+    thread.join()
+print("\\0".join([*texts, str(details.reads)]), end="")
+"""
+
+
+def test_the_service_reserves_a_job_queued_at_its_submit_time(slurm):
+    # the prolog's item carries the job's SubmitTime (libslurm's text, as scontrol prints it) as
+    # its queued_time: the allocator keeps it on the reservation (docs/tenancy.md)
+    with slurm.syncing("--interval=0.5s"), without_the_command(slurm):
+        job_id = slurm.sbatch("-H", "--gres=gpu:1", script=f"{hold(slurm)}\n")
+        submitted = datetime.fromisoformat(slurm.job(job_id)["SubmitTime"]).timestamp()
+        while time.time() < submitted + 2:  # started well after it was queued
+            time.sleep(0.1)
+        slurm.run("scontrol", "release", job_id)
+        slurm.wait_for_file(slurm.out / f"ready-{job_id}")
+        (held,) = slurm.reservations(owner=f"slurm/job/{job_id}")
+        assert held.created_at is not None and held.created_at.timestamp() > submitted + 2
+        assert queued_at(held) == submitted
+        (slurm.out / f"go-{job_id}").touch()
+        assert slurm.wait_for(job_id, ["COMPLETED", "FAILED"])["JobState"] == "COMPLETED"
+        wait_released(slurm, job_id)

@@ -3,9 +3,11 @@
 Slurm starts jobs in waves: a scheduling pass allocates many, and slurmctld runs their
 PrologSlurmctld side by side, so `gpualloc-slurm sync --socket` serves many prologs at once,
 each on its own thread. `AllocateBatcher` turns their reserving Allocates into AllocateBatch
-calls (docs/api.md): a call that finds no batch in flight waits GATHER_SECONDS (3 ms) for the
-rest of its wave, then sends what is queued; calls that come while one is in flight wait for
-it and go together in the next. A wave of N costs one or two round trips, not N.
+calls (docs/api.md): a call that finds no batch in flight is sent at once, unless other
+prologs are in the service and not yet queued (`arriving`: still reading Slurm's ids); then it
+waits for them, at most GATHER_SECONDS (3 ms). Calls that come while one is in flight wait for
+it and go together in the next. A wave of N costs one or two round trips, not N, and a job
+that starts alone waits for nobody.
 AllocateBatch places its items in order, each seeing the reservations of the ones before it,
 and answers each with its own result, so every prolog gets exactly what its own Allocate would
 have given it (an error of its item alone is raised in its thread). An allocator without
@@ -21,12 +23,13 @@ still reserves the devices in the allocator, which checks them against its own i
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,16 +42,25 @@ from services.client.results import Placement, Reservation
 from services.common.errors import GpuallocError
 from services.common.grpc_errors import RemoteError
 
-__all__ = ["RESERVED_JOBS", "AllocateBatcher", "BatchingClient", "Reserved", "WarmInventory"]
+__all__ = [
+    "RESERVED_JOBS",
+    "SPENT",
+    "AllocateBatcher",
+    "BatchingClient",
+    "Reserved",
+    "Spent",
+    "WarmInventory",
+]
 
 log = logging.getLogger("gpualloc.slurm.batching")
 
 MAX_BATCH = 64
 """Items per AllocateBatch call (the rest wait for the next)."""
 GATHER_SECONDS = 0.003
-"""How long a prolog that finds nothing queued waits for the rest of its wave: slurmscriptd
-starts a scheduling pass's prologs one after the other, 1-5 ms apart here (slurmctld's and
-sync's logs), so without it the first goes alone and the rest wait for its round trip."""
+"""How long a prolog that finds nothing queued waits for the others of its wave already in the
+service (slurmscriptd starts a scheduling pass's prologs one after the other, 1-5 ms apart
+here: without it the first goes alone and the rest wait for its round trip). A fixed wait for
+every prolog cost a job that starts alone 3 ms for nothing."""
 INVENTORY_MAX_AGE_SECONDS = 10.0
 
 
@@ -56,6 +68,34 @@ INVENTORY_MAX_AGE_SECONDS = 10.0
 class _Slot:
     item: AllocateItem
     result: Placement | GpuallocError | None = None
+    queued: float = field(default_factory=time.monotonic)
+    sent: float = 0.0
+    answered: float = 0.0
+    batch: int = 0
+
+
+class Spent(threading.local):
+    """Where a hook's thread spent its time in the service (the service logs it per hook):
+    milliseconds reading Slurm's ids, waiting to be sent (the wave's gathering, a call in
+    flight), in the reserving call, and the call's batch size."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.ids_ms = 0.0
+        self.waited_ms = 0.0
+        self.call_ms = 0.0
+        self.batch = 0
+
+    def summary(self) -> str:
+        return (
+            f"Slurm's ids {self.ids_ms:.1f} ms, waited {self.waited_ms:.1f} ms, "
+            f"reserve {self.call_ms:.1f} ms for {self.batch}"
+        )
+
+
+SPENT = Spent()
 
 
 @dataclass
@@ -71,10 +111,32 @@ class AllocateBatcher:
     _busy: bool = False
     _batch_call: bool = True
     _changed: threading.Condition = field(default_factory=threading.Condition)
+    _coming: int = 0
+    _mine: threading.local = field(default_factory=threading.local)
+
+    @contextlib.contextmanager
+    def arriving(self) -> Iterator[None]:
+        """A prolog's whole stay in the service: until its first `allocate` (or its end, when
+        it reserves nothing) it counts as coming, and a call about to go alone waits for it."""
+        with self._changed:
+            self._coming += 1
+        self._mine.coming = True
+        try:
+            yield
+        finally:
+            self._arrived()
+
+    def _arrived(self) -> None:
+        if getattr(self._mine, "coming", False):
+            self._mine.coming = False
+            with self._changed:
+                self._coming -= 1
+                self._changed.notify_all()
 
     def allocate(self, item: AllocateItem) -> Placement:
         """The item's Placement, as `client.allocate` would answer it; its error raised."""
         slot = _Slot(item)
+        self._arrived()
         with self._changed:
             self._queue.append(slot)
             while slot.result is None:
@@ -82,20 +144,30 @@ class AllocateBatcher:
                     self._changed.wait()
                     continue
                 self._busy = True
-                if len(self._queue) == 1 and self.gather_seconds:
-                    self._changed.wait(self.gather_seconds)  # the rest of the wave joins it
+                if self._coming and len(self._queue) < self.max_batch and self.gather_seconds:
+                    self._changed.wait_for(  # the rest of the wave in the service joins it
+                        lambda: not self._coming or len(self._queue) >= self.max_batch,
+                        self.gather_seconds,
+                    )
                 batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
                 self._changed.release()
+                began = time.monotonic()
                 results: list[Placement | GpuallocError] = []
                 try:
                     results = self._send([s.item for s in batch])
                 finally:  # a bug in the call: its items fail with it, none waits forever
                     self._changed.acquire()
+                    answered = time.monotonic()
+                    for queued in batch:
+                        queued.sent, queued.answered, queued.batch = began, answered, len(batch)
                     self._busy = False
                     failed = GpuallocError("the batch's Allocate failed (see the service's log)")
                     for sent, result in zip(batch, results or [failed] * len(batch), strict=True):
                         sent.result = result
                     self._changed.notify_all()
+        SPENT.waited_ms += (slot.sent - slot.queued) * 1000
+        SPENT.call_ms += (slot.answered - slot.sent) * 1000
+        SPENT.batch = max(SPENT.batch, slot.batch)
         if isinstance(slot.result, GpuallocError):
             raise slot.result
         return slot.result

@@ -40,6 +40,7 @@ import contextlib
 import copy
 import functools
 import io
+import itertools
 import logging
 import os
 import re
@@ -56,6 +57,7 @@ import yaml
 
 from services.bridges.placing import slurm_owner
 from services.bridges.slurm.batching import (
+    SPENT,
     AllocateBatcher,
     BatchingClient,
     Reserved,
@@ -451,6 +453,10 @@ def _reserve(
     return run_prolog(client, inventory, job, lease_seconds=lease)
 
 
+_Epilog = tuple[argparse.Namespace, Mapping[str, str], int]
+"""A queued epilog: its arguments, its environment, its own key (`_Hooks._epilog`)."""
+
+
 class _Hooks:
     """The Slurm scripts' commands done in this long-running process, for the hook clients
     (services/bridges/slurm/hooks.py): the same commands (`_run`) on this process's channels,
@@ -492,8 +498,9 @@ class _Hooks:
         self._sweeps = sweeps
         self._swept = -SWEEP_SECONDS
         self._pool = ThreadPoolExecutor(RELEASE_THREADS, thread_name_prefix="slurm-release")
-        self._failed: dict[str, str] = {}  # job -> why its node Epilog's release failed
+        self._failed: dict[int, str] = {}  # node Epilog -> why its release failed
         self._failing = threading.Lock()
+        self._epilogs = itertools.count(1)
         self.releases = Releases(self._release, then=self._sweep)
 
     def close(self) -> None:
@@ -527,13 +534,18 @@ class _Hooks:
         began = time.monotonic()
         if args.command == "epilog":
             return self._epilog(args, environ, began)
-        answer = self._run(args, environ, self._settler())
+        SPENT.reset()
+        cpu = time.thread_time()
+        with self.batcher.arriving() if args.command == "prolog" else contextlib.nullcontext():
+            answer = self._run(args, environ, self._settler())
         log.info(
-            "%s of job %s: exit %d in %.0f ms%s",
+            "%s of job %s: exit %d in %.0f ms (%s; CPU %.1f ms)%s",
             args.command,
             environ.get("SLURM_JOB_ID", "?"),
             answer.code,
             (time.monotonic() - began) * 1000,
+            SPENT.summary(),
+            (time.thread_time() - cpu) * 1000,
             f": {answer.stderr.strip()}" if answer.code else "",
         )
         return answer
@@ -558,7 +570,8 @@ class _Hooks:
         a node Epilog's once its release is done, or after NODE_EPILOG_WAIT_SECONDS."""
         if not environ.get("SLURM_CLUSTER_NAME", "").strip():  # jobcomp/script's, say
             environ["SLURM_CLUSTER_NAME"] = self._cluster()
-        ticket = self.releases.submit((args, environ))
+        epilog = next(self._epilogs)  # its own key: a job id is not (see _release_job)
+        ticket = self.releases.submit((args, environ, epilog))
         job_id = args.job_id or environ.get("SLURM_JOB_ID", "")
         node = args.node or environ.get("SLURMD_NODENAME", "")
         if args.all_nodes or not node:
@@ -566,7 +579,7 @@ class _Hooks:
         done = self.releases.wait_for(ticket, NODE_EPILOG_WAIT_SECONDS)
         took = (time.monotonic() - began) * 1000
         with self._failing:
-            failed = self._failed.pop(job_id, None)
+            failed = self._failed.pop(epilog, None)
         if done and failed is None:
             log.info("epilog of job %s on %s: released in %.0f ms", job_id, node, took)
             return HookAnswer(0, stderr=f"gpualloc-slurm: job {job_id} on {node}: released\n")
@@ -607,41 +620,51 @@ class _Hooks:
         out, err = io.StringIO(), io.StringIO()
         client = self._client.for_job()
 
+        def details_of(job_id: str) -> str | None:
+            began = time.monotonic()
+            try:
+                return self.details.show(job_id)
+            finally:
+                SPENT.ids_ms += (time.monotonic() - began) * 1000
+
         def work() -> int:
-            return _run(args, environ, client, self.inventory, out, err, self.details.show, settle)
+            return _run(args, environ, client, self.inventory, out, err, details_of, settle)
 
         code = _answer(args, environ, out, err, work)
         return HookAnswer(code, out.getvalue(), err.getvalue())
 
-    def _release(self, batch: Sequence[tuple[argparse.Namespace, Mapping[str, str]]]) -> None:
+    def _release(self, batch: Sequence[_Epilog]) -> None:
         """The queued epilogs' releases: each job's reservations of its cluster, on its node
         or (--all-nodes) everywhere, released, the jobs side by side (independent). A release
         that fails is logged; the sweep or the lease frees it."""
-        ended: dict[str, list[tuple[str | None, str]]] = {}  # job -> (node or all, cluster)
-        for args, environ in batch:
+        ended: dict[str, list[tuple[str | None, str, int]]] = {}  # job -> (node, cluster, epilog)
+        for args, environ, epilog in batch:
             job_id = (args.job_id or environ.get("SLURM_JOB_ID", "")).strip()
             if not job_id or is_holder(environ):
                 continue
             node = None if args.all_nodes else (args.node or environ.get("SLURMD_NODENAME"))
             cluster = environ.get("SLURM_CLUSTER_NAME", "").strip()
-            ended.setdefault(job_id, []).append((node, cluster))
+            ended.setdefault(job_id, []).append((node, cluster, epilog))
         if len(ended) == 1:
             self._release_job(*next(iter(ended.items())))
         elif ended:
             list(self._pool.map(lambda job: self._release_job(*job), ended.items()))
 
-    def _release_job(self, job_id: str, asked: Sequence[tuple[str | None, str]]) -> None:
+    def _release_job(self, job_id: str, asked: Sequence[tuple[str | None, str, int]]) -> None:
         """One job's release: the reservations this service made for it (`Reserved`), by
         their ids; else (or when one of those was gone already: a requeued job's new one may
         be held) those listed for its owner, on its node only for a node Epilog (a List of
-        one node reads that node alone)."""
-        nodes = None if any(n is None for n, _ in asked) else {n for n, _ in asked if n}
+        one node reads that node alone). A failure is told to each node Epilog that asked,
+        by its own key: a job id would be shared by the job's nodes' epilogs when one service
+        serves several nodes, and by a later job when Slurm reuses ids (its state lost), so
+        one epilog could take another's failure, or a stale one."""
+        nodes = None if any(n is None for n, _, _ in asked) else {n for n, _, _ in asked if n}
 
         def releases(reservation: Reservation) -> bool:
             return any(
                 (node is None or node == reservation.node_name)
                 and (not cluster or reservation.labels.get(CLUSTER_LABEL, cluster) == cluster)
-                for node, cluster in asked
+                for node, cluster, _ in asked
             )
 
         try:
@@ -659,22 +682,23 @@ class _Hooks:
                     self._release_one(reservation)
         except GpuallocError as error:
             log.warning("epilog of job %s: %s: %s", job_id, type(error).__name__, error)
-            if nodes is not None:  # a node Epilog waits for it: tell it
-                with self._failing:
-                    self._failed[job_id] = f"{type(error).__name__}: {error}"
-                    while len(self._failed) > RELEASE_FAILURES_KEPT:
-                        del self._failed[next(iter(self._failed))]
+            with self._failing:  # the node Epilogs wait for it: tell them
+                for node, _, epilog in asked:
+                    if node is not None:
+                        self._failed[epilog] = f"{type(error).__name__}: {error}"
+                while len(self._failed) > RELEASE_FAILURES_KEPT:  # epilogs that stopped waiting
+                    del self._failed[next(iter(self._failed))]
 
     def _release_one(self, reservation: Reservation) -> bool:
         """Release it; False when it was gone already (a failure is raised)."""
         released = self.client.release(reservation, owner=reservation.owner, allow_missing=True)
         return released is not None
 
-    def _sweep(self, batch: Sequence[tuple[argparse.Namespace, Mapping[str, str]]]) -> None:
+    def _sweep(self, batch: Sequence[_Epilog]) -> None:
         """The epilogs' `--sweep`, after their releases (no prolog waits for it), at most
         every SWEEP_SECONDS: it lists every reservation and asks squeue. Not in sync, whose
         passes (every GPUALLOC_SLURM_SYNC_INTERVAL) do the same."""
-        asked = [env for args, env in batch if args.sweep and env.get("SLURM_CLUSTER_NAME")]
+        asked = [env for args, env, _ in batch if args.sweep and env.get("SLURM_CLUSTER_NAME")]
         if not (asked and self._sweeps) or time.monotonic() - self._swept < SWEEP_SECONDS:
             return
         self._swept = time.monotonic()

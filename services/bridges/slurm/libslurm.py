@@ -7,20 +7,34 @@ slurmctld itself through libslurm, the library scontrol is built on (the same tw
 scontrol makes: `slurm_load_job(…, SHOW_DETAIL)`, then `slurm_sprint_job_info`, so the text is
 byte for byte scontrol's; tests/slurm compares them): ~1.6 ms and ~0.5 ms of CPU.
 
+The prologs of one scheduling pass come together, and slurmctld answers their RPCs one after
+the other while it is busy starting that pass (a wave of 8 read its ids in 2 to 25 ms, the
+last waiting for the seven before it). So the reads are batched like the reservations
+(batching.py): a prolog that finds no read in flight reads at once; those that come meanwhile
+are read together by the next one, with one `slurm_load_jobs(…, SHOW_DETAIL)` (every job
+slurmctld lists, printed by `slurm_print_job_info_msg`, the same text per job as
+`slurm_sprint_job_info`; 2.4 ms for 208 jobs against 1.4 ms for one here) instead of one
+RPC each. When slurmctld listed more than LOAD_ALL_MAX_JOBS jobs last time, the batch is read
+one job at a time instead (a large queue costs slurmctld more to pack than a few single
+reads).
+
 Only the stable part of Slurm's API is used: `slurm_init`, `slurm_load_job`,
-`slurm_sprint_job_info`, `slurm_free_job_info_msg`, `xfree_ptr`, and the `job_info_msg_t`
-header (two `time_t`, a `uint32_t`, the records' pointer), the same in 22.05, 23.11 and 25.05. The
-library is GPUALLOC_LIBSLURM, else Debian's libslurmfull.so or the upstream install's
-libslurm.so; when none loads, or a call fails, the caller runs scontrol as before
-(`JobDetails.show` answers None). Calls are serialized (one at a time per process).
+`slurm_load_jobs`, `slurm_sprint_job_info`, `slurm_print_job_info_msg`,
+`slurm_free_job_info_msg`, `xfree_ptr`, and the `job_info_msg_t` header (two `time_t`, a
+`uint32_t`, the records' pointer), the same in 22.05, 23.11 and 25.05; and libc's
+`open_memstream`. The library is GPUALLOC_LIBSLURM, else Debian's libslurmfull.so or the
+upstream install's libslurm.so; when none loads, or a call fails, the caller runs scontrol as
+before (`JobDetails.show` answers None). One read at a time per process.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["LIBRARIES", "JobDetails"]
@@ -36,6 +50,9 @@ LIBRARIES = (
 )
 SHOW_DETAIL = 0x0002
 SLURM_SUCCESS = 0
+LOAD_ALL_MAX_JOBS = 2000
+"""Above this many jobs in slurmctld (its last answer), a batch is read one job at a time."""
+_JOB_START = re.compile(r"^JobId=(\d+) ", re.MULTILINE)
 
 
 class _JobInfoMsg(ctypes.Structure):
@@ -47,15 +64,31 @@ class _JobInfoMsg(ctypes.Structure):
     )
 
 
+@dataclass
+class _Ask:
+    job_id: str
+    answered: bool = False
+    text: str | None = None
+
+
 class JobDetails:
     """`show(job_id)`: `scontrol show job -d <id>`'s text, from libslurm; None when the
-    library is not there or the call failed (run scontrol then)."""
+    library is not there or the call failed (run scontrol then). Concurrent calls are read
+    together (the module docstring)."""
 
     def __init__(self, environ: Mapping[str, str]) -> None:
         self._environ = dict(environ)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the library: one call at a time
         self._lib: ctypes.CDLL | None = None
+        self._libc: ctypes.CDLL | None = None
         self._tried = False
+        self._changed = threading.Condition()
+        self._queue: list[_Ask] = []
+        self._busy = False
+        self.listed = 0
+        """How many jobs slurmctld listed at the last read of them all."""
+        self.reads = 0
+        """RPCs made (a batch read of every job counts one)."""
 
     def _load(self) -> ctypes.CDLL | None:
         if self._tried:
@@ -72,16 +105,21 @@ class JobDetails:
                 lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
             except OSError:
                 continue
+            info = ctypes.POINTER(ctypes.POINTER(_JobInfoMsg))
             lib.slurm_init.argtypes = (ctypes.c_char_p,)
             lib.slurm_init.restype = None
-            lib.slurm_load_job.argtypes = (
-                ctypes.POINTER(ctypes.POINTER(_JobInfoMsg)),
-                ctypes.c_uint32,
-                ctypes.c_uint16,
-            )
+            lib.slurm_load_job.argtypes = (info, ctypes.c_uint32, ctypes.c_uint16)
             lib.slurm_load_job.restype = ctypes.c_int
+            lib.slurm_load_jobs.argtypes = (ctypes.c_long, info, ctypes.c_uint16)
+            lib.slurm_load_jobs.restype = ctypes.c_int
             lib.slurm_sprint_job_info.argtypes = (ctypes.c_void_p, ctypes.c_int)
             lib.slurm_sprint_job_info.restype = ctypes.c_void_p
+            lib.slurm_print_job_info_msg.argtypes = (
+                ctypes.c_void_p,
+                ctypes.POINTER(_JobInfoMsg),
+                ctypes.c_int,
+            )
+            lib.slurm_print_job_info_msg.restype = None
             lib.slurm_free_job_info_msg.argtypes = (ctypes.POINTER(_JobInfoMsg),)
             lib.slurm_free_job_info_msg.restype = None
             lib.xfree_ptr.argtypes = (ctypes.c_void_p,)
@@ -89,6 +127,7 @@ class JobDetails:
             lib.slurm_init(conf.encode())
             log.info("Slurm's GPU ids from %s (no scontrol per prolog)", path)
             self._lib = lib
+            self._libc = _libc()
             return lib
         log.info("no libslurm (GPUALLOC_LIBSLURM): the prolog reads Slurm's GPU ids with scontrol")
         return None
@@ -102,22 +141,108 @@ class JobDetails:
     def show(self, job_id: str) -> str | None:
         if not job_id.isdigit():
             return None
+        ask = _Ask(job_id)
+        with self._changed:
+            self._queue.append(ask)
+            while not ask.answered:
+                if self._busy:
+                    self._changed.wait()
+                    continue
+                self._busy = True
+                batch, self._queue = self._queue, []
+                self._changed.release()
+                found: Mapping[str, str] = {}
+                try:
+                    found = self._read({a.job_id for a in batch})
+                finally:  # a failed read: None, and scontrol says why
+                    self._changed.acquire()
+                    for asked in batch:
+                        asked.text, asked.answered = found.get(asked.job_id), True
+                    self._busy = False
+                    self._changed.notify_all()
+        return ask.text
+
+    def _read(self, job_ids: Collection[str]) -> dict[str, str]:
+        """The jobs' texts (those slurmctld answered for): one RPC for one job, one for all
+        jobs when several are asked and slurmctld's list is not too long."""
         with self._lock:
             lib = self._load()
             if lib is None:
+                return {}
+            if len(job_ids) > 1 and self._libc is not None and self.listed <= LOAD_ALL_MAX_JOBS:
+                return self._read_all(lib, self._libc, job_ids)
+            found = {}
+            for job_id in job_ids:
+                text = self._read_one(lib, job_id)
+                if text is not None:
+                    found[job_id] = text
+            return found
+
+    def _read_one(self, lib: ctypes.CDLL, job_id: str) -> str | None:
+        reply = ctypes.POINTER(_JobInfoMsg)()
+        self.reads += 1
+        if lib.slurm_load_job(ctypes.byref(reply), int(job_id), SHOW_DETAIL) != SLURM_SUCCESS:
+            return None  # scontrol then says why (an unknown job, slurmctld down)
+        try:
+            if reply.contents.record_count < 1 or not reply.contents.job_array:
                 return None
-            reply = ctypes.POINTER(_JobInfoMsg)()
-            if lib.slurm_load_job(ctypes.byref(reply), int(job_id), SHOW_DETAIL) != SLURM_SUCCESS:
-                return None  # scontrol then says why (an unknown job, slurmctld down)
+            text = lib.slurm_sprint_job_info(reply.contents.job_array, 0)
+            if not text:
+                return None
             try:
-                if reply.contents.record_count < 1 or not reply.contents.job_array:
-                    return None
-                text = lib.slurm_sprint_job_info(reply.contents.job_array, 0)
-                if not text:
-                    return None
-                try:
-                    return ctypes.string_at(text).decode(errors="replace")
-                finally:
-                    lib.xfree_ptr(text)
+                return ctypes.string_at(text).decode(errors="replace")
             finally:
-                lib.slurm_free_job_info_msg(reply)
+                lib.xfree_ptr(text)
+        finally:
+            lib.slurm_free_job_info_msg(reply)
+
+    def _read_all(
+        self, lib: ctypes.CDLL, libc: ctypes.CDLL, job_ids: Collection[str]
+    ) -> dict[str, str]:
+        """Every job slurmctld lists, printed as scontrol prints them, the asked ones kept."""
+        reply = ctypes.POINTER(_JobInfoMsg)()
+        self.reads += 1
+        if lib.slurm_load_jobs(0, ctypes.byref(reply), SHOW_DETAIL) != SLURM_SUCCESS:
+            return {}
+        try:
+            self.listed = reply.contents.record_count
+            buffer, size = ctypes.c_void_p(), ctypes.c_size_t()
+            stream = libc.open_memstream(ctypes.byref(buffer), ctypes.byref(size))
+            if not stream:
+                return {}
+            try:
+                lib.slurm_print_job_info_msg(stream, reply, 0)
+            finally:
+                libc.fclose(stream)  # sets buffer and size
+            try:
+                text = ctypes.string_at(buffer, size.value).decode(errors="replace")
+            finally:
+                libc.free(buffer)
+        finally:
+            lib.slurm_free_job_info_msg(reply)
+        return {job_id: block for job_id, block in job_texts(text) if job_id in job_ids}
+
+
+def job_texts(printed: str) -> list[tuple[str, str]]:
+    """(job id, its text) of each job in `slurm_print_job_info_msg`'s output: a header line,
+    then each job's `slurm_sprint_job_info` text, which begins with `JobId=<id> `."""
+    starts = [(m.start(), m[1]) for m in _JOB_START.finditer(printed)]
+    ends = [start for start, _ in starts[1:]] + [len(printed)]
+    return [(job_id, printed[start:end]) for (start, job_id), end in zip(starts, ends, strict=True)]
+
+
+def _libc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(None)
+        libc.open_memstream.argtypes = (
+            ctypes.POINTER(ctypes.c_void_p),
+            ctypes.POINTER(ctypes.c_size_t),
+        )
+        libc.open_memstream.restype = ctypes.c_void_p
+        libc.fclose.argtypes = (ctypes.c_void_p,)
+        libc.fclose.restype = ctypes.c_int
+        libc.free.argtypes = (ctypes.c_void_p,)
+        libc.free.restype = None
+    except (OSError, AttributeError):
+        return None  # one RPC per job then
+    return libc

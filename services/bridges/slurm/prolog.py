@@ -42,6 +42,7 @@ from services.bridges.slurm.request import (
     gpu_ids_from_job_details,
     parse_gpu_ids,
     request_from_environ,
+    submit_time_from_job_details,
     with_types,
 )
 from services.client.client import AllocatorClient
@@ -110,6 +111,10 @@ class SlurmJob:
     gpu_ids: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     cluster: str = ""
     """SLURM_CLUSTER_NAME: labels the reservations, so a sweep touches its own cluster's only."""
+    submitted: float | None = None
+    """When Slurm queued the job (its SubmitTime, seconds since the epoch; Slurm resets it on
+    a requeue), sent as each reservation's `queued_time`; None where the prolog has no job
+    details (slurmd's node Prolog, flags): the allocator then takes the call's time."""
 
     @property
     def owner(self) -> str:
@@ -149,14 +154,18 @@ class SlurmJob:
         if request is not None:
             return cls(job_id.strip(), nodes, request, cluster=cluster)
         gpu_ids: dict[str, tuple[int, ...]] = {}
+        submitted = None
         if details is not None:
             gpu_ids = {n: ids for n, ids in gpu_ids_from_job_details(details).items() if n in nodes}
+            submitted = submit_time_from_job_details(details)
         elif len(nodes) == 1:
             stepped = step and environ.get("SLURM_STEP_GPUS")
             name = "SLURM_STEP_GPUS" if stepped else "SLURM_JOB_GPUS"
             ids = parse_gpu_ids(environ.get(name, ""), name)
             gpu_ids = {nodes[0]: ids} if ids else {}
-        return cls(job_id.strip(), nodes, request_from_environ(environ), gpu_ids, cluster)
+        return cls(
+            job_id.strip(), nodes, request_from_environ(environ), gpu_ids, cluster, submitted
+        )
 
 
 def idempotency_key(job_id: str, node: str) -> str:
@@ -342,6 +351,7 @@ def run_prolog(
                     node_name=node,
                     lease_ttl_seconds=ttl,
                     labels=_labels(job, node),
+                    queued_at=job.submitted,
                 )
 
             lease = Lease(client, place, owner=job.owner, lease_ttl_seconds=ttl)

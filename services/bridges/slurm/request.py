@@ -31,6 +31,7 @@ import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime
 
 from services.bridges.slurm.hostlist import expand_hostlist
 from services.client.specs import is_mig_profile
@@ -41,6 +42,7 @@ __all__ = [
     "SlurmGpuRequest",
     "constraint_wants_nvlink",
     "gpu_ids_from_job_details",
+    "submit_time_from_job_details",
     "parse_gpu_ids",
     "parse_gpus",
     "parse_gres",
@@ -55,6 +57,7 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 _DETAIL_NODES = re.compile(r"^\s+Nodes=(\S+)(?:\s.*)?$", re.M)
 _DETAIL_GPU = re.compile(r"(?:^|,)gpu(?::[^:(,]+)?:\d+\(IDX:([^)]*)\)")
 _IDS = re.compile(r"^\d+(-\d+)?$")
+_SUBMIT_TIME = re.compile(r"(?:^|\s)SubmitTime=(\S+)")
 
 
 @dataclass(frozen=True)
@@ -317,3 +320,17 @@ def gpu_ids_from_job_details(text: str) -> dict[str, tuple[int, ...]]:
             for host in expand_hostlist(hosts):
                 found[host] = ids
     return found
+
+
+def submit_time_from_job_details(text: str) -> float | None:
+    """When the job was submitted (seconds since the epoch), from `scontrol show job -d`'s
+    `SubmitTime=2026-12-06T09:41:45`: local time, to the second, as the process that printed
+    it (scontrol, or this process's libslurm) reads the clock's zone. Slurm sets it anew when
+    it requeues the job. None when the text has none (`Unknown`, or no such field)."""
+    found = _SUBMIT_TIME.search(text)
+    if found is None:
+        return None
+    try:
+        return datetime.fromisoformat(found[1]).timestamp()
+    except ValueError:
+        return None

@@ -22,7 +22,7 @@ from services.client.client import AllocateItem
 from services.client.config import ClientSettings
 from services.client.inventory import InventoryClient
 from services.client.results import Placement, Reservation
-from services.common.errors import InvalidArgument
+from services.common.errors import InvalidArgument, Unavailable
 from services.common.grpc_errors import RemoteError
 from tests.unit.bridges.support import release_everything
 
@@ -133,21 +133,48 @@ def test_prologs_that_come_together_go_in_one_allocate_batch(client):
     assert owners == {f"slurm/job/{j}" for j in range(6)}
 
 
-def test_a_wave_that_comes_within_the_gather_time_goes_in_one_call(client):
+def test_a_wave_in_the_service_goes_in_one_call(client):
+    # three prologs in the service at once (`arriving`: reading Slurm's ids); the first to
+    # reserve waits for the two others, not a fixed time
     counting = CountingClient(client.target)
-    batcher = AllocateBatcher(counting, gather_seconds=0.5)  # a wave within 0.5 s, even loaded
+    batcher = AllocateBatcher(counting, gather_seconds=30)  # bounded far beyond any machine
     results: dict[int, Placement] = {}
+    inside = threading.Barrier(3)
 
     def prolog(job: int) -> None:
-        results[job] = batcher.allocate(job_item(client, job, [job]))
+        with batcher.arriving():
+            inside.wait(10)
+            results[job] = batcher.allocate(job_item(client, job, [job]))
 
     threads = [threading.Thread(target=prolog, args=(job,)) for job in range(3)]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(10)
+        thread.join(20)
     assert counting.singles == 0 and counting.batch_sizes == [3]
     assert {job: held(p) for job, p in results.items()} == {j: [f"gpu-{j}"] for j in range(3)}
+
+
+@pytest.mark.parametrize("reserves", [True, False], ids=["reserves", "asks-for-no-gpu"])
+def test_a_prolog_alone_in_the_service_waits_for_nobody(client, reserves):
+    # a job that starts alone is sent at once: with a gather time of 60 s the prolog is done
+    # long before it. One that reserves nothing (no GPU asked, or it failed before) stops
+    # counting as coming when it leaves, so the next prolog does not wait for it either.
+    counting = CountingClient(client.target)
+    batcher = AllocateBatcher(counting, gather_seconds=60)
+    with batcher.arriving():
+        if reserves:
+            assert held(batcher.allocate(job_item(client, 1, [1]))) == ["gpu-1"]
+    done = threading.Event()
+
+    def prolog() -> None:
+        with batcher.arriving():
+            batcher.allocate(job_item(client, 2, [2]))
+        done.set()
+
+    threading.Thread(target=prolog, daemon=True).start()
+    assert done.wait(30)
+    assert counting.batch_sizes == [] and counting.singles == (2 if reserves else 1)
 
 
 def test_an_item_that_fails_fails_its_prolog_alone(client):
@@ -451,3 +478,45 @@ def test_a_node_epilog_never_fails_not_even_when_its_release_does(client, monkey
             finally:
                 served.close()
     down.close()
+
+
+class FailsOnce(AllocatorClient):
+    """A client whose first List waits for `go`, then fails (Unavailable); later ones work."""
+
+    def __init__(self, target: str) -> None:
+        super().__init__(target)
+        self.go = threading.Event()
+        self.failures = 1
+
+    def list(self, *args, **options):
+        self.go.wait(10)
+        if self.failures:
+            self.failures -= 1
+            raise Unavailable("gpualloc went away")
+        return super().list(*args, **options)
+
+
+def test_a_release_failure_is_told_to_the_epilogs_it_is_for_only(client, monkeypatch):
+    # a node Epilog is told its own release's failure: keyed by job id, the failure of an
+    # epilog that had stopped waiting (past the bound) was told to the next epilog of a job
+    # with that id (Slurm reuses ids when its state is lost), whose release was made
+    monkeypatch.setattr(cli, "NODE_EPILOG_WAIT_SECONDS", 0.2)
+    env = {"GPUALLOC_ALLOCATOR_ADDR": client.target, "SLURM_CONF": "/nonexistent"}
+    failing = FailsOnce(client.target)
+    with WarmInventory(client.target) as inventory:
+        served = cli._Hooks(  # noqa: SLF001
+            env, ClientSettings.from_env(env), failing, inventory, [], lambda: "c1", sweeps=False
+        )
+        try:
+            reserve(client, 64, NODE, "c1")
+            first = served.answer(["epilog", "--ignore-errors"], node_epilog(64), 0)
+            assert first.code == 0 and "release still running after 0.2s" in first.stderr
+            failing.go.set()
+            assert served.releases.wait_for_queued(10)  # ... and failed: the lease frees it
+            again = served.answer(["epilog", "--ignore-errors"], node_epilog(64), 0)
+            assert again.code == 0
+            assert again.stderr == f"gpualloc-slurm: job 64 on {NODE}: released\n"
+            assert client.list() == []
+        finally:
+            served.close()
+    failing.close()

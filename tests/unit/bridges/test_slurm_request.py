@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from datetime import datetime
 
 import pytest
 
@@ -17,6 +18,7 @@ from services.bridges.slurm.request import (
     parse_gres,
     request_from_environ,
     request_from_options,
+    submit_time_from_job_details,
     with_types,
 )
 from services.common.errors import InvalidArgument
@@ -274,6 +276,30 @@ def test_gpu_ids_per_node_from_real_scontrol_show_job_d():
 )
 def test_gpu_ids_from_job_details(details, expected):
     assert gpu_ids_from_job_details(details) == expected
+
+
+def test_submit_time_from_real_scontrol_show_job_d():
+    text = (SLURM / "scontrol-show-job-d.txt").read_text()
+    jobs = ["JobId=" + part for part in text.split("JobId=")[1:]]
+    local = datetime(2026, 12, 1, 20, 3, 6).timestamp()  # scontrol prints local time
+    assert [submit_time_from_job_details(job) for job in jobs] == [local] * 3
+
+
+@pytest.mark.parametrize(
+    ("details", "expected"),
+    [
+        pytest.param(
+            "   SubmitTime=2026-12-06T09:41:45 EligibleTime=2026-12-06T09:41:46\n",
+            datetime(2026, 12, 6, 9, 41, 45).timestamp(),
+            id="submit-not-eligible",
+        ),
+        pytest.param("   SubmitTime=Unknown EligibleTime=Unknown\n", None, id="unknown"),
+        pytest.param("   EligibleTime=2026-12-06T09:41:46\n", None, id="no-submit-time"),
+        pytest.param("   LastSubmitTime=2026-12-06T09:41:45\n", None, id="not-another-field"),
+    ],
+)
+def test_submit_time_from_job_details(details, expected):
+    assert submit_time_from_job_details(details) == expected
 
 
 @pytest.mark.parametrize(
