@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import json
 import sys
 from collections.abc import Sequence
@@ -36,6 +37,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="smaller sizes and fewer repetitions (smoke)"
     )
+    parser.add_argument(
+        "--rows",
+        metavar="REGEX",
+        help="only the rows whose name matches (suites that take it: solver), e.g. "
+        "'^100000/mig' for the MIG kind at 100,000 GPUs",
+    )
     args = parser.parse_args(argv)
     chosen = args.suites or list(SUITES)
     reports: list[BenchReport] = []
@@ -47,7 +54,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise
             print(f"(suite {name!r} not available yet)", file=sys.stderr)
             continue
-        report: BenchReport = module.run(quick=args.quick)
+        options = {"rows": args.rows} if args.rows else {}
+        if options and "rows" not in inspect.signature(module.run).parameters:
+            print(f"(suite {name!r} runs every row: no --rows filter)", file=sys.stderr)
+            options = {}
+        report: BenchReport = module.run(quick=args.quick, **options)
         reports.append(report)
         if not args.json:
             print(report.table(), flush=True)

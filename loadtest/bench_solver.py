@@ -1,6 +1,10 @@
 """Solver benchmark: allocation speed on generated clusters of 1,000 / 10,000 / 100,000 GPUs.
 
-    python -m loadtest.bench solver [--quick] [--json]
+    python -m loadtest.bench solver [--quick] [--json] [--rows REGEX]
+
+`--rows` runs only the rows whose name (`<gpus>/<kind>`, `<gpus>/gang-4x8`,
+`<gpus>/<kind>/vs-upstream`) matches the regular expression, and only the sizes that have one:
+`--rows '^100000/mig'` is the MIG kind at 100,000 GPUs alone (its setup row comes with it).
 
 Clusters come from loadtest/clusters.py (8-GPU nodes: H100 NVSwitch, A100 NVLink pairs, L40S
 PCIe; one A100/H100 node in ten MIG-partitioned; a third of the plain nodes partly allocated).
@@ -40,6 +44,7 @@ median grows at most 3x from 1,000 to 100,000 GPUs.
 from __future__ import annotations
 
 import gc
+import re
 import statistics
 import sys
 import time
@@ -138,8 +143,10 @@ KINDS = _kinds()
 GANG_KIND = "gang-4x8"
 
 
-def run(quick: bool) -> BenchReport:
-    sizes = (1_000, 10_000) if quick else (1_000, 10_000, 100_000)
+def run(quick: bool, rows: str | None = None) -> BenchReport:
+    sizes: tuple[int, ...] = (1_000, 10_000) if quick else (1_000, 10_000, 100_000)
+    wanted = _Rows(rows)
+    sizes = tuple(s for s in sizes if wanted.size(s))
     solves = 60 if quick else 200
     report = BenchReport(
         "solver",
@@ -148,11 +155,12 @@ def run(quick: bool) -> BenchReport:
             "solves_per_kind": solves,
             "policy": "BinPack",
             "python": sys.version.split()[0],
+            **({"rows": rows} if rows else {}),
         },
     )
     medians: dict[tuple[int, str], float] = {}
     for gpus in sizes:
-        _run_size(report, gpus, solves, quick, medians)
+        _run_size(report, gpus, solves, quick, medians, wanted)
     for kind in KINDS:
         if kind.single_node and (10_000, kind.name) in medians:
             row = f"10000/{kind.name}"
@@ -173,6 +181,7 @@ def _run_size(
     solves: int,
     quick: bool,
     medians: dict[tuple[int, str], float],
+    wanted: _Rows,
 ) -> None:
     gc.collect()
     rss_before = _rss_mib()
@@ -200,15 +209,39 @@ def _run_size(
     )
     classes = device_classes()
     for kind in KINDS:
+        if not wanted.row(f"{gpus}/{kind.name}"):
+            continue
         explains = 1 if gpus >= 100_000 or quick else 3
         values = _run_kind(kind, snapshot, state, classes, solves, explains)
         values.update(_cel_bound(kind, cluster, snapshot, state, classes))
         medians[(gpus, kind.name)] = float(values["median_ms"])
         report.add(f"{gpus}/{kind.name}", **values)
-    report.add(f"{gpus}/{GANG_KIND}", **_run_gang(snapshot, state, classes, max(20, solves // 5)))
-    compared = {k.name: k.claims for k in KINDS if k.name in COMPARED_KINDS}
-    compare_upstream(report, gpus, cluster, snapshot, state, classes, compared, quick=quick)
+    if wanted.row(f"{gpus}/{GANG_KIND}"):
+        gang = _run_gang(snapshot, state, classes, max(20, solves // 5))
+        report.add(f"{gpus}/{GANG_KIND}", **gang)
+    compared = {
+        k.name: k.claims
+        for k in KINDS
+        if k.name in COMPARED_KINDS and wanted.row(f"{gpus}/{k.name}/vs-upstream")
+    }
+    if compared:
+        compare_upstream(report, gpus, cluster, snapshot, state, classes, compared, quick=quick)
     gc.unfreeze()
+
+
+class _Rows:
+    """`--rows`: which rows run (None: all), and so which sizes."""
+
+    def __init__(self, pattern: str | None) -> None:
+        self.pattern = re.compile(pattern) if pattern else None
+
+    def row(self, name: str) -> bool:
+        return self.pattern is None or self.pattern.search(name) is not None
+
+    def size(self, gpus: int) -> bool:
+        names = [f"{gpus}/{k.name}" for k in KINDS] + [f"{gpus}/{GANG_KIND}"]
+        names += [f"{gpus}/{k}/vs-upstream" for k in COMPARED_KINDS]
+        return any(self.row(name) for name in names)
 
 
 def _run_kind(

@@ -17,9 +17,10 @@ keeps its place as a marker, and the search fails with an error when it reaches 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import overload
 
 from services.allocator.core.capacity import capacity_problem, consumed_capacity
 from services.allocator.core.constraints import lookup_attribute, show_value
@@ -163,6 +164,9 @@ class Prepared:
     _runs: dict[int, tuple[tuple[bool, tuple[int, ...]], ...]] = field(default_factory=dict)
     _sets: dict[int, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
     _cliques: dict[tuple[int, tuple[int, ...]], int] = field(default_factory=dict)
+    # ... and per (alternative, whether each of its counter-set numbers is fresh).
+    splits: dict[tuple[int, tuple[bool, ...]], tuple[int, ...]] = field(default_factory=dict)
+    _firsts: dict[int, tuple[int, ...] | None] = field(default_factory=dict)
 
     def runs(
         self, key: int, indices: tuple[int, ...], devices: tuple[DeviceEntry, ...]
@@ -185,6 +189,31 @@ class Prepared:
                         runs.append((False, tuple(run)))
                     run = []
             found = self._runs[key] = tuple(runs)
+        return found
+
+    def set_firsts(
+        self,
+        key: int,
+        runs: tuple[tuple[bool, tuple[int, ...]], ...],
+        sets: tuple[tuple[int, ...], ...],
+    ) -> tuple[int, ...] | None:
+        """Per counter-set number (set_ids), the index of its first candidate: whether each
+        number is fresh decides the policy's order, so orders are kept per those answers.
+        None when a sorted run holds a candidate without counters (its own state decides)."""
+        if key in self._firsts:
+            return self._firsts[key]
+        firsts: dict[int, int] = {}
+        found: tuple[int, ...] | None = None
+        for (sorts, run), numbers in zip(runs, sets, strict=True):
+            if not sorts:
+                continue
+            if any(number < 0 for number in numbers):
+                break
+            for index, number in zip(run, numbers, strict=True):
+                firsts.setdefault(number, index)
+        else:
+            found = tuple(firsts[number] for number in range(len(firsts)))
+        self._firsts[key] = found
         return found
 
     def clique_of(
@@ -236,6 +265,35 @@ class Prepared:
 _ORDER_CACHE = 1024
 
 
+class _Listed(Sequence[Candidate]):
+    """A template node's candidate list: its devices at `order`'s indices, each made a
+    Candidate when the search reaches it (a search that fits early never reaches most)."""
+
+    __slots__ = ("_devices", "_order")
+
+    def __init__(self, devices: tuple[DeviceEntry, ...], order: tuple[int, ...]) -> None:
+        self._devices = devices
+        self._order = order
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    @overload
+    def __getitem__(self, position: int) -> Candidate: ...
+
+    @overload
+    def __getitem__(self, position: slice) -> list[Candidate]: ...
+
+    def __getitem__(self, position: int | slice) -> Candidate | list[Candidate]:
+        if isinstance(position, slice):
+            return [Candidate(self._devices[i], None) for i in self._order[position]]
+        return Candidate(self._devices[self._order[position]], None)
+
+    def __iter__(self) -> Iterator[Candidate]:
+        devices = self._devices
+        return (Candidate(devices[i], None) for i in self._order)
+
+
 def tolerates(toleration: DeviceToleration, taint: DeviceTaint) -> bool:
     """Upstream `resourceclaim.ToleratesTaint`."""
     if toleration.effect is not None and toleration.effect != taint.effect:
@@ -282,7 +340,7 @@ class NodeCandidates:
         self.view = view
         self._prepared = prepared
         self._in_use = in_use
-        self._exact: dict[int, list[Candidate | InvalidPoolMarker]] = {}
+        self._exact: dict[int, Sequence[Candidate | InvalidPoolMarker]] = {}
         self._order_of: dict[int, tuple[int, ...]] = {}  # prepared lists, by device index
         self._all: dict[int, list[Candidate]] = {}
         self._tally: dict[int, dict[ReasonCode, int]] = {}
@@ -320,7 +378,7 @@ class NodeCandidates:
     def all_list(self, alternative: Alternative) -> list[Candidate]:
         return self._all[alternative.key]
 
-    def exact(self, alternative: Alternative) -> list[Candidate | InvalidPoolMarker]:
+    def exact(self, alternative: Alternative) -> Sequence[Candidate | InvalidPoolMarker]:
         found = self._exact.get(alternative.key)
         if found is None:
             found = self._exact[alternative.key] = self._exact_list(alternative)
@@ -355,12 +413,12 @@ class NodeCandidates:
         indices = self._listed_indices(alternative)
         free_indices: tuple[int, ...] | None = None
         if indices is not None and self._in_use is not None:
-            free = self._free_by_index(alternative, indices, self._in_use, busy)
             in_use = () if alternative.admin else self._in_use
-            free_indices = tuple(i for i in indices if i not in in_use)
+            free_indices = tuple([i for i in indices if i not in in_use]) if in_use else indices
+            free = self._free_by_index(alternative, indices, free_indices, busy)
             if not alternative.admin:
                 self._free_indices[alternative.key] = free_indices
-            listed: list[Candidate | InvalidPoolMarker] = []  # a template's node: no shared
+            listed: Sequence[Candidate | InvalidPoolMarker] = []  # a template's node: no shared
             # device, no invalid pool among its candidates
         else:
             listed = self.exact(alternative)
@@ -399,17 +457,17 @@ class NodeCandidates:
         self,
         alternative: Alternative,
         order: tuple[int, ...],
-        in_use: frozenset[int],
+        free_indices: tuple[int, ...],
         busy: dict[ReasonCode, int],
     ) -> list[DeviceEntry]:
         """`available`'s free candidates of a template's node, from its devices in use by
-        index (the node's group key) instead of asking the state device by device."""
+        index (the node's group key) instead of asking the state device by device:
+        `free_indices`, those of `order` not in use (all of them for an admin request)."""
         devices = self._devices()
-        if alternative.admin or not in_use:
-            return [devices[i] for i in order]
-        free = [devices[i] for i in order if i not in in_use]
+        free = [devices[i] for i in free_indices]
         taken = len(order) - len(free)
         if taken:
+            in_use = self._in_use or frozenset()
             busy[ReasonCode.IN_USE] = taken
             recorder = self.ctx.recorder
             if recorder is not None:
@@ -497,7 +555,7 @@ class NodeCandidates:
 
     # --- building the lists ---------------------------------------------------------
 
-    def _exact_list(self, alternative: Alternative) -> list[Candidate | InvalidPoolMarker]:
+    def _exact_list(self, alternative: Alternative) -> Sequence[Candidate | InvalidPoolMarker]:
         prepared = self._prepared.lists.get(alternative.key) if self._prepared else None
         if prepared is not None:
             return self._prepared_list(alternative, *prepared)
@@ -525,7 +583,7 @@ class NodeCandidates:
         alternative: Alternative,
         indices: tuple[int, ...],
         tally: Mapping[ReasonCode, int],
-    ) -> list[Candidate | InvalidPoolMarker]:
+    ) -> Sequence[Candidate | InvalidPoolMarker]:
         """The list from known static outcomes (a template's): no selector, taint or
         capacity check runs; only the policy's order within each pool is worked out, once
         per state of the node's devices."""
@@ -542,7 +600,7 @@ class NodeCandidates:
                     orders.clear()
                 orders[key] = order
         self._order_of[alternative.key] = order
-        return [Candidate(devices[index], None) for index in order]
+        return _Listed(devices, order)
 
     def _listed_indices(self, alternative: Alternative) -> tuple[int, ...] | None:
         """A template's node: the alternative's candidates by device index, in the policy's
@@ -572,7 +630,8 @@ class NodeCandidates:
         """The policy's order of a template's candidates within each pool (candidate_key).
         Without fragmentation the key is (fresh, size, position), and only `fresh` depends on
         the state, per counter set: each pool's run is sorted by (size, position) once per
-        template, then split, fresh-first or not, keeping that order."""
+        template, then split, fresh-first or not, keeping that order; splits are kept per
+        (alternative, whether each of its counter sets is fresh), alike on many nodes."""
         rules = self.ctx.rules
         if not rules.orders_candidates:
             return indices
@@ -587,14 +646,34 @@ class NodeCandidates:
                 else:
                     order.extend(run)
             return tuple(order)
+        runs = self._prepared.runs(key, indices, devices)
+        sets = self._prepared.set_ids(key, runs, devices)
+        firsts = self._prepared.set_firsts(key, runs, sets)
+        if firsts is None:
+            return self._split(runs, sets, devices, {})
+        fresh = tuple(self._fresh(devices[index]) for index in firsts)
+        memo = self._prepared.splits
+        found = memo.get((key, fresh))
+        if found is None:
+            if len(memo) >= _ORDER_CACHE:
+                memo.clear()
+            found = memo[(key, fresh)] = self._split(runs, sets, devices, dict(enumerate(fresh)))
+        return found
+
+    def _split(
+        self,
+        runs: tuple[tuple[bool, tuple[int, ...]], ...],
+        sets: tuple[tuple[int, ...], ...],
+        devices: tuple[DeviceEntry, ...],
+        known: dict[int, bool],
+    ) -> tuple[int, ...]:
+        """The order from the (size, position) runs: in each sorted run, the candidates that
+        are not `fresh` first, then the others, each part in run order. `known`: fresh per
+        counter-set number, where known already."""
         first: list[int] = []
         later: list[int] = []
-        order = []
-        runs = self._prepared.runs(key, indices, devices)
-        known: dict[int, bool] = {}  # per counter-set number: fresh
-        for (sorts, run), numbers in zip(
-            runs, self._prepared.set_ids(key, runs, devices), strict=True
-        ):
+        order: list[int] = []
+        for (sorts, run), numbers in zip(runs, sets, strict=True):
             if not sorts:
                 order.extend(run)
                 continue

@@ -842,7 +842,10 @@ def _group(
     held: tuple[str, ...] = (),
     fact: Fact | None = None,
 ) -> RejectionGroup:
-    ordered = heapq.nsmallest(MAX_EXAMPLES, {*devices, *(bulk.examples if bulk else ())})
+    if bulk is None and len(devices) <= MAX_EXAMPLES:
+        ordered = sorted(set(devices))  # what nsmallest gives for so few, without its heap
+    else:
+        ordered = heapq.nsmallest(MAX_EXAMPLES, {*devices, *(bulk.examples if bulk else ())})
     count = len(devices) + (bulk.count if bulk is not None else 0)
     examples = tuple(str(d) for d in ordered)
     return RejectionGroup(code, count, examples, held, fact)

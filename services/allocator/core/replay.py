@@ -37,6 +37,7 @@ from services.allocator.core.explain import (
     Recorder,
     holders,
 )
+from services.allocator.core.nodechoice import TemplatePlan
 from services.allocator.core.outcomes import NodeOutcome
 from services.allocator.core.plan import Alternative, ConstraintSpec
 from services.allocator.core.snapshot import ClusterSnapshot, DeviceEntry
@@ -181,6 +182,11 @@ class Replays:
         self.labels = [claim.label for claim in ctx.plan.claims]
         self._static: dict[tuple[int, int], StaticTape] = {}
         self._devices: dict[str, tuple[DeviceEntry, ...]] = {}
+        self._pool_ids: dict[tuple[str, int], tuple[str, str]] = {}
+        templates = node_templates(snapshot)
+        self.of_node = templates.of_node
+        self.slot = templates.slot
+        self.facts: dict[int, TemplatePlan] = {}  # per template: its static checks, once
         self._first_indices: dict[
             tuple[int, tuple[int, ...]], list[tuple[int, tuple[int, ...]]]
         ] = {}
@@ -220,6 +226,16 @@ class Replays:
             ]
         return found
 
+    def pool_id(self, node: str, pool: int) -> tuple[str, str]:
+        """(driver, name) of the node's pool `pool` (its ordinal on the node), kept: a node's
+        groups and its template's static checks all ask for their examples."""
+        key = (node, pool)
+        found = self._pool_ids.get(key)
+        if found is None:
+            node_pool = self.snapshot.view(node).pools[pool].pool
+            found = self._pool_ids[key] = (node_pool.driver, node_pool.name)
+        return found
+
     def devices(self, node: str) -> tuple[DeviceEntry, ...]:
         found = self._devices.get(node)
         if found is None:
@@ -243,12 +259,15 @@ class Replays:
                 static_members.setdefault((group.template.id, key), []).extend(group.members)
             self._dynamic(group, recorder)
         templates = {g.template.id: g.template for g in (*self.groups.values(), *self.once)}
+        shared: dict[int, _Examples] = {}  # per template: its alternatives mostly list alike
         for (template_id, key), members in static_members.items():
             template, alternative = templates[template_id], self.alternatives[key]
             tape = self.static(template, alternative)
             label = self.labels[alternative.claim_index]
             recorder.add_considered(alternative, label, tape.considered * len(members))
-            examples = _Examples(self, template, members)
+            examples = shared.get(template_id)
+            if examples is None or examples.members != members:
+                examples = shared[template_id] = _Examples(self, template, members)
             for (code, fact), indices in tape.rejects.items():
                 count = len(indices) * len(members)
                 recorder.add_rejected(alternative, code, fact, count, examples.of(indices))
@@ -305,13 +324,12 @@ class _Examples:
     def _first_nodes(self, pool: int) -> list[str]:
         found = self._first.get(pool)
         if found is None:
-            snapshot = self.replays.snapshot
-
-            def pool_id(node: str) -> tuple[str, str]:
-                node_pool = snapshot.view(node).pools[pool].pool
-                return node_pool.driver, node_pool.name
-
-            found = self._first[pool] = heapq.nsmallest(3, self.members, key=pool_id)
+            if len(self.members) == 1:
+                found = list(self.members)  # no order to find among one node
+            else:
+                pool_id = self.replays.pool_id
+                found = heapq.nsmallest(3, self.members, key=lambda node: pool_id(node, pool))
+            self._first[pool] = found
         return found
 
 

@@ -152,12 +152,20 @@ class NodeSearch:
         self.counter_use: dict[CounterID, Amount] = {}
         self.miss: NodeMiss | None = None
         self._rest = [self._rest_minimum(c) for c in range(len(claims))]
-        self.totals = {  # every counter of the node's slices, with its total
-            counter: total
-            for node_pool in self.view.pools
-            for slice_ in node_pool.pool.slices
-            for counter, total in slice_.totals.items()
-        }
+        self._totals: dict[CounterID, Amount] | None = None
+
+    @property
+    def totals(self) -> dict[CounterID, Amount]:
+        """Every counter of the node's slices, with its total (built when first asked: only a
+        fit's score reads it, and most searches of an explanation do not fit there)."""
+        if self._totals is None:
+            self._totals = {
+                counter: total
+                for node_pool in self.view.pools
+                for slice_ in node_pool.pool.slices
+                for counter, total in slice_.totals.items()
+            }
+        return self._totals
 
     # --- the loop -------------------------------------------------------------------
 
@@ -572,13 +580,20 @@ class _Shortage:
     free: Amount
 
     def data(self) -> Shortage:
-        return Shortage(
-            ShortageKind.EXHAUSTED,
-            self.counter.counter,
-            counter_set=self.counter.counter_set,
-            needed=_show(Fraction(self.needed)),
-            free=_show(Fraction(self.free)),
-        )
+        return _exhausted(self.counter.counter, self.counter.counter_set, self.needed, self.free)
+
+
+@functools.lru_cache(maxsize=4096)
+def _exhausted(counter: str, counter_set: str, needed: Amount, free: Amount) -> Shortage:
+    """A counter's shortage as an explanation shows it (memoised: an explanation records the
+    same few shortages on every node of a fleet; amounts equal as numbers show alike)."""
+    return Shortage(
+        ShortageKind.EXHAUSTED,
+        counter,
+        counter_set=counter_set,
+        needed=_show(Fraction(needed)),
+        free=_show(Fraction(free)),
+    )
 
 
 def _interchangeable(alternative: Alternative, entry: DeviceEntry) -> bool:

@@ -494,7 +494,7 @@ class NodeRun:
         if replays is None or view.name is None:
             return self._node(view, prepared=prepared)
         snapshot = replays.snapshot
-        template = node_templates(snapshot).of_node.get(view.name)
+        template = replays.of_node.get(view.name)
         if template is None or template.id in self._unreplayable:
             return self._node(view, prepared=prepared)
         used = self.ctx.state.node_in_use(snapshot, view)
@@ -540,8 +540,12 @@ class NodeRun:
         """Search the node with its template's candidate lists, its events on a tape that
         its group's other nodes replay (when the search was complete), kept for later
         explanations of the same question."""
-        with taping(self.ctx, None):  # the template's own checks are not this node's events
-            facts = template_plan(self.ctx, replays.snapshot, template)
+        facts = replays.facts.get(template.id)
+        if facts is None:
+            with taping(self.ctx, None):  # the template's own checks are not this node's events
+                facts = replays.facts[template.id] = template_plan(
+                    self.ctx, replays.snapshot, template
+                )
         tape = NodeTape()
         started, misses = self.steps.steps, len(self.misses)
         pruned, searched, exhausted = self.pruned, self.searched, self.exhausted
@@ -556,7 +560,7 @@ class NodeRun:
                 error = err.error
         assert not tape.considered, "a template's candidate lists consider no device"
         labels = replays.labels
-        group = GroupTape.of(tape, node_templates(replays.snapshot).slot, labels)
+        group = GroupTape.of(tape, replays.slot, labels)
         group.steps = self.steps.steps - started
         group.pruned, group.searched = self.pruned - pruned, self.searched - searched
         group.misses = tuple(
@@ -587,7 +591,8 @@ class NodeRun:
         self.steps.steps += tape.steps
         self.pruned += tape.pruned
         self.searched += tape.searched
-        self.misses.extend(tape.misses_on(name, self._replays.labels if self._replays else []))
+        if tape.misses:
+            self.misses.extend(tape.misses_on(name, self._replays.labels if self._replays else []))
         if tape.error is not None:
             self.errors.append(tape.error)
             self.misses.append(_error_miss(view, tape.error))

@@ -317,8 +317,13 @@ class AllocatedState:
 
     def owners(self, device_id: DeviceID) -> tuple[str, ...]:
         """Who holds the device (exclusive holders, then share holders), for explanations."""
-        owners, shares, _ = self._device(device_id)
-        return owners + tuple(owner for _, owner in shares)
+        found = self._delta.get(device_id)  # `_device`, without the capacity Explain never reads
+        if found is None:
+            owners = self._exclusive.get(device_id, ())
+            shares = self._shares.get(device_id, _NO_SHARES)
+        else:
+            owners, shares, _ = found
+        return owners + tuple(owner for _, owner in shares) if shares else owners
 
     def consumed_capacity(self, device_id: DeviceID) -> Mapping[str, Fraction]:
         """Sum of the capacity shares other allocations hold on a multi-allocatable device."""
