@@ -750,3 +750,63 @@ def test_with_mirrors_a_real_kueue_assigns_the_next_flavor_while_slurm_holds_the
             _delete_all(plane)
             for item in mirrors():
                 _delete_workload(custom, item["metadata"]["name"], MIRRORS)
+
+
+def test_with_mirrors_a_workload_kueue_put_on_the_first_flavor_is_preempted_for_the_mirror(
+    plane, cluster, tmp_path
+):
+    """The order where Kueue reserved hopper for a Job of 4 GPUs of any model before the Slurm
+    grant's mirror existed (the sidecar starts after), in ClusterQueue hpc with
+    `preemption.withinClusterQueue: LowerPriority`: the mirror (priority 1e9) does not fit
+    Kueue's count beside the Job, so Kueue preempts the Job to admit it; the Job's next try is
+    assigned ada and runs on the L40S node."""
+    plane.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": MIRRORS}})
+    with _hpc_fleet(plane, tmp_path) as fleet:
+        (queue,) = [d for d in HPC_SITE if d["kind"] == "ClusterQueue"]
+        plane.apply(queue | {"spec": queue["spec"] | {"preemption": PREEMPT_BY_PRIORITY}})
+        code, _, err = slurm(fleet, JOB_7001, "prolog")
+        assert code == 0, err
+        # the check Active (as any sidecar leaves it), so Kueue reserves quota before ours runs
+        KubernetesKueueApi(api_client=plane.api_client()).set_admission_check_active(
+            "gpualloc", "gpualloc admission is running"
+        )
+        job = cluster.submit(EXAMPLES / "h100-nvlink-job.yml", "any-model", "hpc-queue", True)
+        until(
+            "hopper reserved by Kueue",
+            lambda: _assignments(cluster.raw_workload_of(job)) == ["hopper"],
+            shown=lambda: cluster.raw_workload_of(job),
+        )
+        settings = kueue_settings(fleet, tmp_path / "token")
+        sidecar = Sidecar(plane, "", settings, TenantMode.CLUSTER_QUEUE, mirror_namespace=MIRRORS)
+        custom = cluster.custom
+
+        def mirrors() -> list[dict[str, Any]]:
+            listed = custom.list_namespaced_custom_object(GROUP, VERSION, MIRRORS, "workloads")
+            return list(listed["items"])
+
+        try:
+            started = until(
+                "Job unsuspended",
+                lambda: _unsuspended(cluster, job),
+                shown=lambda: json.dumps(
+                    [cluster.raw_workload_of(job), *mirrors()], indent=1, default=str
+                ),
+            )
+            selector = started.spec.template.spec.node_selector
+            assert selector["nvidia.com/gpu.family"] == "ada-lovelace"
+            assert selector["kubernetes.io/hostname"].startswith("l40s-node-")
+            assert _admitted(cluster, job).assigned_flavors == {"main": ("ada",)}
+            (mirror,) = [Workload.from_dict(m) for m in mirrors()]
+            assert mirror.admitted and mirror.assigned_flavors == {"main": ("hopper",)}
+            code, _, err = slurm(fleet, JOB_7001, "epilog")
+            assert code == 0, err
+            until("mirror deleted", lambda: mirrors() == [], shown=mirrors)
+        finally:
+            sidecar.close()
+            _delete_all(plane)
+            for item in mirrors():
+                _delete_workload(custom, item["metadata"]["name"], MIRRORS)
+            plane.apply(queue)  # hpc as the other tests have it
+
+
+PREEMPT_BY_PRIORITY = {"withinClusterQueue": "LowerPriority"}

@@ -245,6 +245,9 @@ class AdmissionController:
             if held:
                 self._release(owner, held)
                 return Decision(workload.key, "released", check.state, "no longer needs its GPUs")
+            if _stale_retry(workload, check):
+                message = "gpualloc: Retry reset, the Workload was evicted for another reason"
+                return self._set(workload, check, CheckState.PENDING, message)
             return Decision(workload.key, "unchanged", check.state)
         if check.state in (CheckState.RETRY, CheckState.REJECTED):
             if held:
@@ -769,6 +772,16 @@ def _to_place(workload: Workload, check: AdmissionCheckState) -> bool:
 
 def _annotations(raw: dict[str, Any]) -> dict[str, str]:
     return dict((raw.get("metadata") or {}).get("annotations") or {})
+
+
+def _stale_retry(workload: Workload, check: AdmissionCheckState) -> bool:
+    """Our Retry on a Workload that holds no quota and may be queued again: Kueue resets a
+    check to Pending when it evicts a Workload for the check, but not when it evicted it for
+    another reason first (a Kueue preemption as our Retry was written: reconcileCheckBasedEviction
+    skips an evicted Workload), and its scheduler never admits a Workload with a Retry check,
+    so the Workload would stay pending for good."""
+    queued_again = workload.active and not workload.finished and not workload.deleting
+    return check.state is CheckState.RETRY and not workload.quota_reserved and queued_again
 
 
 def _pod_set_of(reservation: Reservation) -> str:

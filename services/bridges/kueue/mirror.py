@@ -43,6 +43,7 @@ from services.client.results import Reservation
 
 __all__ = [
     "MIRROR_ANNOTATION",
+    "MIRROR_PRIORITY",
     "OWNER_ANNOTATION",
     "MIRROR_LABEL",
     "Mirror",
@@ -58,6 +59,11 @@ __all__ = [
 MIRROR_LABEL = "gpualloc.io/mirror"  # "true" on every mirror Workload
 MIRROR_ANNOTATION = "gpualloc.io/mirror-of"  # the reservation's id
 OWNER_ANNOTATION = "gpualloc.io/mirror-owner"  # the reservation's owner
+# A mirror's Workload priority: the highest a user's PriorityClass may have, so that a
+# ClusterQueue whose preemption lets Kueue preempt by priority within it
+# (`withinClusterQueue: LowerPriority`) evicts, to admit a mirror, a Workload Kueue reserved
+# on quota gpualloc has already granted outside Kueue.
+MIRROR_PRIORITY = 1_000_000_000
 _NOT_NAME = re.compile(r"[^a-z0-9-]+")
 
 
@@ -129,6 +135,7 @@ class Mirror:
             },
             "spec": {
                 "queueName": local_queue_name(self.cluster_queue),
+                "priority": MIRROR_PRIORITY,
                 "podSets": [{"name": "main", "count": 1, "template": {"spec": pod}}],
             },
         }

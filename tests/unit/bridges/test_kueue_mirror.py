@@ -8,6 +8,7 @@ import pytest
 
 from services.bridges.kueue.mirror import (
     MIRROR_LABEL,
+    MIRROR_PRIORITY,
     Mirror,
     charged_flavor,
     gpu_flavors,
@@ -121,6 +122,7 @@ def test_a_mirror_workload_asks_kueue_for_its_gpus_on_its_flavors_nodes():
     assert workload["metadata"]["labels"] == {MIRROR_LABEL: "true"}
     assert workload["metadata"]["annotations"]["gpualloc.io/mirror-of"] == "r1@h100-node-1"
     assert workload["spec"]["queueName"] == "gpualloc-hpc"
+    assert workload["spec"]["priority"] == MIRROR_PRIORITY  # a user's PriorityClass at most
     (pod_set,) = workload["spec"]["podSets"]
     assert pod_set["count"] == 1
     pod = pod_set["template"]["spec"]
