@@ -34,7 +34,6 @@ from services.allocator.core import (
     FlavorChoice,
     FlavorMode,
     FlavorReason,
-    PreemptionReason,
     QuotaStanding,
     admit,
     choose_flavor,
@@ -244,13 +243,9 @@ class _Search:
         found = tried.found(answer, proposal)
         if proposal is None:
             return made(FlavorMode.NO_CANDIDATES, 0, reason, message, found)
-        reclaims = all(
-            v.reason in (PreemptionReason.RECLAIM, PreemptionReason.RECLAIM_WHILE_BORROWING)
-            for v in proposal.victims
-        )
         left = _without(self.around, proposal)
         borrows = int(quota_standing(model, tenant, wanted, left) < QuotaStanding.WITHIN_NOMINAL)
-        mode = FlavorMode.RECLAIM if reclaims else FlavorMode.PREEMPT
+        mode = FlavorMode.RECLAIM if proposal.reclaims_only else FlavorMode.PREEMPT
         return made(mode, borrows, reason, message, found)
 
     def _reused_on(self, resource: QuotaResource) -> bool:

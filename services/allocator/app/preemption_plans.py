@@ -21,13 +21,13 @@ from services.allocator.app.placing import eligible_nodes
 from services.allocator.core import (
     AllocatedState,
     Candidate,
+    Consolidating,
     Holding,
     Movable,
     Move,
     PreemptionContext,
     PreemptionReason,
-    plan_consolidation,
-    plan_preemption,
+    preemption_targets,
 )
 from services.allocator.reservations.model import Reservation
 from services.allocator.reservations.queued import queued_at
@@ -57,6 +57,8 @@ class Proposal:
     victims: tuple[Victim, ...]
     reservations: tuple[Reservation, ...]
     moves: tuple[Relocation, ...] = ()  # consolidation: the victims moved, not only revoked
+    # every victim is reclaimed (Kueue's flavor mode Reclaim; else Preempt): the plan's word
+    reclaims_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -172,33 +174,36 @@ def propose(
     placing = _Placing(trials, query, live)
     # the candidates in one fleet-wide order rarely free one node (a whole-GPU grant needs
     # every slice of its GPUs gone): the planner also tries node by node, as kube-scheduler
-    # does, on the nodes the query may use
+    # does, on the nodes the query may use; a gang's members are never moved
     nodes = _nodes(trials, query)
-    by_node = {r.id: r.node for r in live.values()} if query.gang is None else None
-    plan = plan_preemption(context, placing.place, node_of=by_node, nodes=nodes)
-    if plan is not None:
-        return Proposal(
-            tuple(_victim(live[c.holding.id], c.reason) for c in plan.victims),
-            tuple(live[c.holding.id] for c in plan.victims),
-        )
-    if query.gang is not None:
-        return None
-    moved = plan_consolidation(
-        context,
-        trials.view.snapshot,
-        trials.state,
-        placing.place_on,
-        nodes=nodes,
-        max_nodes=max_consolidation_nodes,
+    single = query.gang is None
+    consolidating = (
+        Consolidating(trials.view.snapshot, trials.state, placing.place_on, max_consolidation_nodes)
+        if single
+        else None
     )
-    if moved is None:
+    plan = preemption_targets(
+        context,
+        placing.place,
+        node_of={r.id: r.node for r in live.values()} if single else None,
+        nodes=nodes,
+        consolidating=consolidating,
+    )
+    if plan is None:
         return None
-    to = {m.id: m for m in moved.moves}
-    gone = [live[c.holding.id] for c in moved.victims]
+    gone = tuple(live[t.id] for t in plan.targets)
     return Proposal(
-        tuple(_victim(r, PreemptionReason.CONSOLIDATE, to[r.id].node) for r in gone),
-        tuple(gone),
-        tuple(_relocation(r, to[r.id]) for r in gone),
+        tuple(
+            _victim(r, t.reason, t.move.node if t.move is not None else "")
+            for r, t in zip(gone, plan.targets, strict=True)
+        ),
+        gone,
+        tuple(
+            _relocation(r, t.move)
+            for r, t in zip(gone, plan.targets, strict=True)
+            if t.move is not None
+        ),
+        reclaims_only=plan.reclaims_only,
     )
 
 

@@ -9,8 +9,9 @@
         case Unsatisfiable(explanation=why): ...
 
 The quota rule (quota/: `admit`, `tenant_status`, `cohort_status`, `share_of`, usage decay)
-lives here too, pure, beside the preemption planner (preemption.py) that asks it; the model it
-decides over is services/common/quota/ (what the access policy declares).
+lives here too, pure, beside the preemption planner that asks it (preemptor.py's
+`preemption_targets`, its one entry: preemption.py's passes, then consolidation.py's moves);
+the model it decides over is services/common/quota/ (what the access policy declares).
 
 This package is the solver's one door: nothing outside it imports its modules. It may import
 services.cel's door and services.common only; pure (no grpc, redis, protobuf, clock, environment).
@@ -94,6 +95,12 @@ from services.allocator.core.preemption import (
     preemption_candidates,
     victims_by_node,
 )
+from services.allocator.core.preemptor import (
+    Consolidating,
+    Target,
+    Targets,
+    preemption_targets,
+)
 from services.allocator.core.quota.fair_sharing import (
     NO_SHARE,
     ConsumedUsage,
@@ -165,6 +172,10 @@ __all__ = [
     "movable_candidates",
     "plan_preemption",
     "preemption_candidates",
+    "Consolidating",
+    "Target",
+    "Targets",
+    "preemption_targets",
     "victims_by_node",
     "allocation_node_selector",
     "NO_SUMMARY",

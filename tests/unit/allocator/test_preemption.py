@@ -18,16 +18,21 @@ from hypothesis import strategies as st
 from services.allocator.core import (
     Candidate,
     Holding,
+    Move,
     PreemptionContext,
     PreemptionReason,
+    Target,
+    Targets,
     consolidation_order,
     fewest_moves,
     fewest_victims,
     movable_candidates,
     plan_preemption,
     preemption_candidates,
+    preemption_targets,
     victims_by_node,
 )
+from services.common.dra.model import AllocationResult
 from services.common.quota.model import (
     DEFAULT_PREEMPTION,
     BorrowWithinCohort,
@@ -613,14 +618,66 @@ def test_plan_preemption_table(
                 return None
         return {"gpus": gpus * GPU}
 
-    plan = plan_preemption(
-        context(quotas, who, priority, holdings, usage, gpus, created_at=998.5), place
-    )
+    ask = context(quotas, who, priority, holdings, usage, gpus, created_at=998.5)
+    plan = plan_preemption(ask, place)
+    # the preemptor's one entry gives the same targets (no consolidation asked: a gang's)
+    targets = preemption_targets(ask, place, consolidating=None)
     if expected is None:
-        assert plan is None
+        assert plan is None and targets is None
         return
-    assert plan is not None
+    assert plan is not None and targets is not None
     assert [(c.holding.id, c.reason) for c in plan.victims] == expected
+    assert [(t.id, t.reason, t.move) for t in targets.targets] == [
+        (name, reason, None) for name, reason in expected
+    ]
+    assert targets.reclaims_only == all(
+        reason in (RECLAIM, WHILE_BORROWING) for _, reason in expected
+    )
+
+
+def _target(name: str, reason: PreemptionReason, moved_to: str = "") -> Target:
+    move = Move(name, moved_to, AllocationResult()) if moved_to else None
+    return Target(Candidate(holding(name, "b"), reason), move)
+
+
+@pytest.mark.parametrize(
+    ("targets", "reasons", "reclaims_only"),
+    [
+        pytest.param([_target("b1", RECLAIM)], [RECLAIM], True, id="a-reclaim"),
+        pytest.param(
+            [_target("b1", RECLAIM), _target("b2", WHILE_BORROWING)],
+            [RECLAIM, WHILE_BORROWING],
+            True,
+            id="reclaims-while-borrowing-too",
+        ),
+        pytest.param(
+            [_target("b1", RECLAIM), _target("a1", PRIORITY)],
+            [RECLAIM, PRIORITY],
+            False,
+            id="one-priority-target-preempts",
+        ),
+        pytest.param(
+            [_target("b1", RECLAIM, moved_to="n2")],
+            [CONSOLIDATE],
+            False,
+            id="a-moved-target-is-consolidated-whatever-its-candidate-reason",
+        ),
+        pytest.param(
+            [_target("b1", PreemptionReason.FAIR_SHARING)],
+            [PreemptionReason.FAIR_SHARING],
+            False,
+            id="fair-sharing-preempts",
+        ),
+    ],
+)
+def test_a_plans_targets_say_their_reason_and_whether_the_plan_reclaims(
+    targets: list[Target], reasons: list[PreemptionReason], reclaims_only: bool
+) -> None:
+    """Kueue's flavor assigner mode is the plan's: Reclaim only when every target is
+    reclaimed; a moved target's reason is CONSOLIDATE."""
+    plan = Targets(tuple(targets))
+    assert [t.reason for t in plan.targets] == reasons
+    assert plan.reclaims_only is reclaims_only
 
 
 def test_a_pass_that_cannot_end_within_nominal_costs_no_solve() -> None:
