@@ -1,4 +1,5 @@
-"""Preemption proposals: the planner (core/preemption.py) run for one call's query.
+"""Preemption proposals: the planner (core/preemptor.py's `preemption_targets`) run for one
+call's query.
 
 The core decides who goes, in which order, where the grant then lands and where moved
 reservations go; this module gives it the call's values — the live reservations of the
