@@ -26,11 +26,13 @@ from services.allocator.core import (
     Holding,
     PreemptionContext,
     PreemptionReason,
+    Share,
     admit,
+    dominant_share,
     plan_preemption,
+    strategy_allows,
+    tree_levels,
 )
-from services.allocator.core.quota.fair_sharing import Share, dominant_share, strategy_allows
-from services.allocator.core.quota.levels import tree_levels
 from services.common.dra.quantity import Quantity
 from services.common.quota.model import (
     BorrowWithinCohort,
