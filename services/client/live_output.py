@@ -143,21 +143,9 @@ def tenant_quota_to_dict(quota: TenantQuota) -> dict[str, Any]:
     return {
         "apiVersion": API_VERSION,
         "kind": "TenantQuota",
+        **_compact(tenant=quota.tenant, resource=quota.resource, cohort=quota.cohort),
+        **_standing(quota),
         **_compact(
-            tenant=quota.tenant,
-            resource=quota.resource,
-            cohort=quota.cohort,
-            cohortPath=list(quota.cohort_path),
-            nominal=quota.nominal,
-            used=quota.used,
-            borrowed=quota.borrowed,
-            lent=quota.lent,
-            left=quota.left,
-            borrowingLimit=quota.borrowing_limit,
-            lendingLimit=quota.lending_limit,
-            fairSharingWeight=quota.fair_sharing_weight,
-            weightedShare=quota.weighted_share,
-            dominantResource=quota.dominant_resource,
             decayedUsed=quota.decayed_used,
             decayedUsage=quota.decayed_usage,
             decayedAt=decayed_at,
@@ -172,23 +160,26 @@ def cohort_quota_to_dict(quota: CohortQuota) -> dict[str, Any]:
     return {
         "apiVersion": API_VERSION,
         "kind": "CohortQuota",
-        **_compact(
-            cohort=quota.cohort,
-            resource=quota.resource,
-            cohortPath=list(quota.cohort_path),
-            nominal=quota.nominal,
-            subtreeQuota=quota.subtree_quota,
-            used=quota.used,
-            borrowed=quota.borrowed,
-            lent=quota.lent,
-            left=quota.left,
-            borrowingLimit=quota.borrowing_limit,
-            lendingLimit=quota.lending_limit,
-            fairSharingWeight=quota.fair_sharing_weight,
-            weightedShare=quota.weighted_share,
-            dominantResource=quota.dominant_resource,
-        ),
+        **_compact(cohort=quota.cohort, resource=quota.resource, subtreeQuota=quota.subtree_quota),
+        **_standing(quota),
     }
+
+
+def _standing(quota: TenantQuota | CohortQuota) -> dict[str, Any]:
+    """What a tenant's and a cohort's rows share: the quota, its use and limits, the share."""
+    return _compact(
+        cohortPath=list(quota.cohort_path),
+        nominal=quota.nominal,
+        used=quota.used,
+        borrowed=quota.borrowed,
+        lent=quota.lent,
+        left=quota.left,
+        borrowingLimit=quota.borrowing_limit,
+        lendingLimit=quota.lending_limit,
+        fairSharingWeight=quota.fair_sharing_weight,
+        weightedShare=quota.weighted_share,
+        dominantResource=quota.dominant_resource,
+    )
 
 
 def device_to_dict(state: DeviceState) -> dict[str, Any]:

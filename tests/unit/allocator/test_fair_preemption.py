@@ -26,8 +26,12 @@ from services.allocator.core import (
     Holding,
     PreemptionContext,
     PreemptionReason,
+    Share,
     admit,
+    dominant_share,
     plan_preemption,
+    strategy_allows,
+    tree_levels,
 )
 from services.common.dra.quantity import Quantity
 from services.common.quota.model import (
@@ -45,6 +49,7 @@ from services.common.quota.model import (
     Usage,
     WithinTenant,
 )
+from services.common.quota.tree import NodeKey, tenant_node
 
 GPU = 1000
 RECLAIM = PreemptionReason.RECLAIM
@@ -889,11 +894,35 @@ def fair_scenes(
 def test_a_fair_plan_fits_spares_nobody_and_takes_only_what_the_rules_allow(
     scene: tuple[QuotaModel, list[Holding], str, int, int, tuple[str, ...]],
 ) -> None:
-    """Whatever the tree and weights: once a plan's victims are gone the grant is admitted
-    (no level overrun), no victim can be spared, every victim is the preemptor's own of a
-    lower priority or a borrowing tenant's (reclaim only while the preemptor stays within
-    nominal), and with LessThanInitialShare alone (whose test does not depend on the victim)
-    no victim could be swapped for a spared reservation of its tenant of a lower priority."""
+    """Whatever the tree, weights and strategy list (Kueue's three), every plan the planner
+    returns is checked with the rules' own predicates (`admit`, `dominant_share`,
+    `strategy_allows`), computed here from the holdings, never by asking the planner:
+
+    - **No overrun, nobody spared for nothing.** With the victims gone the grant is admitted
+      at every level of the tree; without any one of them it is not.
+    - **Only what the rules allow.** Each victim is the caller's own of a lower priority, or
+      a tenant's that borrows when it is taken: reason reclaim while the caller stays within
+      nominal with the grant (Kueue's FairSharingPreemptWithinNominal), else fair-sharing,
+      and then one of the strategies allows it, comparing the shares of the two sides just
+      below their lowest common cohort. "When it is taken": the victims before it in the
+      plan (the order the strategies took them) are gone, and so may be any subset of the
+      spared candidates (the fill-back restores one taken earlier that the grant fits
+      without). Every subset is tried (a scene holds at most 8 reservations); the states in
+      which the victim is allowed are kept, each with the first strategy that allows it.
+    - **No priority inversion within a victim's tenant.** Kueue's fair preemption is greedy
+      by share: it picks the tenant with the highest share and tries that tenant's candidates
+      lowest priority first, the second strategy only on what the first refused. So it
+      guarantees lower priority first within one tenant, not across tenants (a higher
+      priority of the tenant borrowing most goes before a lower one of a tenant borrowing
+      less). Every alternative that swaps one victim of another tenant for a spared
+      reservation of that tenant of strictly lower priority is enumerated; one that is
+      sufficient (the grant is admitted with it and the other victims gone) and allowed in
+      the victim's place in every kept state, by the strategy that allowed the victim there,
+      fails the plan: it took a higher priority than the rules needed.
+
+    Not checked: that no set of lower priorities across tenants would do (Kueue does not
+    promise it). Kueue does not retry a candidate the first strategy refused once the shares
+    have moved; a plan that passed over one that way would fail here (none was found)."""
     quotas, holdings, who, priority, gpus, strategies = scene
     amounts = {"gpus/default": gpus * GPU}
     usage = usage_of(holdings)
@@ -916,20 +945,92 @@ def test_a_fair_plan_fits_spares_nobody_and_takes_only_what_the_rules_allow(
         assert not fits([h for h in victims if h is not victim]), "a victim could be spared"
     nominal = quotas.tenants[who].of("gpus/default").nominal
     within = usage.get(who, {}).get("gpus/default", 0) + amounts["gpus/default"] <= nominal
-    for planned in found.victims:
+    spared = [h for h in holdings if h not in victims]
+    for k, planned in enumerate(found.victims):
         h = planned.holding
         if planned.reason is PRIORITY:
             assert h.tenant == who and h.priority.value < priority
             continue
         assert h.tenant != who and _borrows(quotas, h.tenant, usage)
         assert planned.reason is (RECLAIM if within else FAIR)
-    if strategies != ("LessThanInitialShare",):
-        return
-    spared = [h for h in holdings if h not in victims]
-    for v, c in itertools.product(victims, spared):
-        if c.tenant == v.tenant != who and c.priority.value < v.priority.value:
-            swapped = [h for h in victims if h is not v] + [c]
-            assert not fits(swapped) or c.amounts != v.amounts, "a lower priority was spared"
+        # gone when h was taken: the victims before it in the plan and any of the spared
+        # candidates (taken before it, then restored by the fill-back); reclaim needs only
+        # that h's tenant borrows, fair sharing the first strategy that allows h (Kueue tries
+        # the second only on what the first refused)
+        restorable = [x for x in spared if x.tenant != who or x.priority.value < priority]
+        rules = [None] if within else [PreemptionStrategy(x) for x in strategies]
+        states: list[tuple[list[Holding], PreemptionStrategy | None]] = []
+        for n in range(len(restorable) + 1):
+            for extra in itertools.combinations(restorable, n):
+                gone = [*victims[:k], *extra]
+                left = [x for x in holdings if x not in gone]
+                allowing = [r for r in rules if _allowed(quotas, who, amounts, left, h, r)]
+                if allowing:
+                    states.append((gone, allowing[0]))
+        assert states, f"{h.id} taken though the rules do not allow it"
+        for c in spared:
+            if c.tenant != h.tenant or c.priority.value >= h.priority.value:
+                continue
+            swapped = [x for x in victims if x is not h] + [c]
+            allowed = all(
+                _allowed(
+                    quotas, who, amounts, [x for x in holdings if x not in gone or x is c], c, rule
+                )
+                for gone, rule in states
+            )
+            assert not (fits(swapped) and allowed), (
+                f"{h.id} (priority {h.priority.value}) taken where {c.id} "
+                f"(priority {c.priority.value}) would do"
+            )
+
+
+def _share(quotas: QuotaModel, key: NodeKey, usage: Mapping[str, Usage]) -> Share:
+    """`key`'s dominant resource share with `usage`, from the tree's levels of every resource."""
+    levels = {
+        r.name: tree_levels(
+            quotas.tree, r.name, {t: u.get(r.name, 0) for t, u in usage.items()}, key
+        )
+        for r in quotas.resources
+    }
+    return dominant_share(quotas.tree, key, levels, quotas.base_of())
+
+
+def _allowed(
+    quotas: QuotaModel,
+    who: str,
+    amounts: Usage,
+    left: Sequence[Holding],
+    victim: Holding,
+    strategy: PreemptionStrategy | None,
+) -> bool:
+    """Whether, with only `left` held and the grant counted, `victim`'s tenant borrows and
+    (for fair sharing; None for reclaim) `strategy` lets the caller take `victim`, comparing
+    the shares of the two sides just below their lowest common cohort."""
+    before = usage_of(left)
+    if not _borrows(quotas, victim.tenant, before):
+        return False
+    if strategy is None:
+        return True
+    tree = quotas.tree
+    mine, theirs = tenant_node(who), tenant_node(victim.tenant)
+    lca = next(a for a in tree.ancestors(theirs) if a in set(tree.ancestors(mine)))
+
+    def side(key: NodeKey) -> NodeKey:
+        while tree.parent(key) != lca:
+            parent = tree.parent(key)
+            assert parent is not None
+            key = parent
+        return key
+
+    after = usage_of([h for h in left if h is not victim])
+    for usage in (before, after):  # the caller's usage counts its grant
+        mine_now = usage.setdefault(who, {})
+        for name, amount in amounts.items():
+            mine_now[name] = mine_now.get(name, 0) + amount
+    preemptor_new = _share(quotas, side(mine), before)
+    target_old = _share(quotas, side(theirs), before)
+    target_new = _share(quotas, side(theirs), after)
+    return strategy_allows(strategy, preemptor_new, target_old, target_new)
 
 
 def _borrows(quotas: QuotaModel, tenant: str, usage: Mapping[str, Usage]) -> bool:
