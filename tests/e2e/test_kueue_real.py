@@ -41,6 +41,7 @@ from tests.integration.test_quota_bridges import (
     kueue_settings,
 )
 from tests.security_fixtures import SecuredFleet, policy_with, secured_fleet
+from tests.slurm.conftest import SlurmCluster, slurm_of
 from tests.unit.bridges.support import ROOT, documents, release_everything
 
 pytestmark = pytest.mark.timeout(300)  # the control plane's start counts in the first test's
@@ -810,3 +811,99 @@ def test_with_mirrors_a_workload_kueue_put_on_the_first_flavor_is_preempted_for_
 
 
 PREEMPT_BY_PRIORITY = {"withinClusterQueue": "LowerPriority"}
+
+
+@pytest.fixture
+def real_slurm(gpualloc) -> Iterator[SlurmCluster]:
+    """A real slurmctld and slurmd with the bridge's hooks (tests/slurm/conftest.py), started
+    for the test (its gres.conf from the module's gpualloc, the same inventory as the fleet's)."""
+    with slurm_of(gpualloc) as started:
+        yield started
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(300, func_only=True)  # the Slurm's start is the fixture's, not the test's
+def test_a_real_slurm_job_and_a_real_kueue_job_share_cluster_queue_hpc_s_flavored_quota(
+    plane, cluster, real_slurm, tmp_path
+):
+    """ClusterQueue hpc (hopper 8, then ada 4) under a real Slurm and a real Kueue, both bridges
+    talking to one gpualloc with hpc's Kueue objects as its policy. A batch job submitted with
+    sbatch (`--gres=gpu:8`) runs on h100-node-1: the bridge's PrologSlurmctld, over mutual TLS as
+    the Slurm bridge bound to hpc, holds the node's 8 H100s as `hpc/slurm/job/<id>`. The sidecar
+    mirrors that grant (a Workload of 8 GPUs, admitted by Kueue on hopper), so a Job of 4 GPUs
+    of any model is assigned ada at once (never evicted) and unsuspended on the L40S node,
+    charged to hpc's ada quota beside the job's hopper. When the Slurm job ends, its node
+    Epilog releases its GPUs and the mirror is deleted: hpc's hopper quota is free."""
+    plane.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": MIRRORS}})
+    custom = cluster.custom
+
+    def mirrors() -> list[dict[str, Any]]:
+        listed = custom.list_namespaced_custom_object(GROUP, VERSION, MIRRORS, "workloads")
+        return list(listed["items"])
+
+    def admitted_mirror() -> Workload | None:
+        found = [Workload.from_dict(m) for m in mirrors()]
+        return found[0] if len(found) == 1 and found[0].admitted else None
+
+    with _hpc_fleet(plane, tmp_path) as fleet:
+        bridge = fleet.client_environ("slurm-bridge")
+        tls = {k: v for k, v in bridge.items() if k.startswith("GPUALLOC_CLIENT_TLS_")}
+        admin = allocator_pb2_grpc.AllocatorStub(fleet.channel("admin"))
+
+        def used() -> dict[tuple[str, str], str]:
+            quotas = admin.QuotaStatus(pb.QuotaStatusRequest(), timeout=10).tenants
+            return {(q.tenant, q.resource): q.used for q in quotas if q.used != "0"}
+
+        def owners() -> list[str]:
+            listed = admin.ListReservations(pb.ListReservationsRequest(), timeout=10)
+            return sorted(r.owner for r in listed.reservations)
+
+        with real_slurm.served_by(fleet.mtls_port, **tls):
+            out = real_slurm.out
+            held = f"touch {out}/ready-$SLURM_JOB_ID\nwhile [ ! -e {out}/go ]; do sleep 0.2; done\n"
+            job_id = real_slurm.sbatch("--gres=gpu:8", script=held)
+            real_slurm.wait_for_file(out / f"ready-{job_id}")  # running: its prolog held
+            assert owners() == [f"hpc/slurm/job/{job_id}"]
+            settings = kueue_settings(fleet, tmp_path / "token")
+            sidecar = Sidecar(
+                plane, "", settings, TenantMode.CLUSTER_QUEUE, mirror_namespace=MIRRORS
+            )
+            try:
+                mirror = until("mirror admitted", admitted_mirror, shown=mirrors)
+                assert mirror.cluster_queue == "hpc"
+                assert mirror.assigned_flavors == {"main": ("hopper",)}
+                (raw,) = mirrors()
+                owner = raw["metadata"]["annotations"]["gpualloc.io/mirror-owner"]
+                assert owner == f"hpc/slurm/job/{job_id}"
+
+                job = cluster.submit(
+                    EXAMPLES / "h100-nvlink-job.yml", "any-model", "hpc-queue", True
+                )
+                started = until("Job unsuspended", lambda: _unsuspended(cluster, job))
+                selector = started.spec.template.spec.node_selector
+                assert selector["nvidia.com/gpu.family"] == "ada-lovelace"  # Kueue's, from ada
+                assert selector["kubernetes.io/hostname"].startswith("l40s-node-")  # gpualloc's
+                workload = _admitted(cluster, job)
+                assert workload.assigned_flavors == {"main": ("ada",)}
+                assert _evictions(cluster.raw_workload_of(job)) == 0  # ada at once, no Retry
+                assert real_slurm.job(job_id)["JobState"] == "RUNNING"
+                assert owners() == [
+                    f"hpc/kueue/{NAMESPACE}/{workload.name}",
+                    f"hpc/slurm/job/{job_id}",
+                ]
+                assert used() == {
+                    ("hpc", "nvidia.com/gpu/hopper"): "8",
+                    ("hpc", "nvidia.com/gpu/ada"): "4",
+                }
+
+                (out / "go").touch()  # the Slurm job ends
+                done = real_slurm.wait_for(job_id, ["COMPLETED", "FAILED"])
+                assert done["JobState"] == "COMPLETED", done
+                until("mirror deleted", lambda: mirrors() == [], shown=mirrors)
+                assert owners() == [f"hpc/kueue/{NAMESPACE}/{workload.name}"]
+                assert used() == {("hpc", "nvidia.com/gpu/ada"): "4"}
+            finally:
+                sidecar.close()
+                _delete_all(plane)
+                for item in mirrors():
+                    _delete_workload(custom, item["metadata"]["name"], MIRRORS)

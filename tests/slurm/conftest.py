@@ -740,10 +740,11 @@ def _install(top: Path) -> Path:
     return opt
 
 
-@pytest.fixture(scope="module")
-def slurm_cluster() -> Iterator[SlurmCluster]:
-    """The real Slurm of a test module, with its own gpualloc."""
-    with local_cluster.start() as gpualloc, _shared_directory("gpualloc-slurm-") as directory:
+@contextlib.contextmanager
+def slurm_of(gpualloc: local_cluster.LocalCluster) -> Iterator[SlurmCluster]:
+    """A real Slurm whose bridge talks to `gpualloc` (through a TcpProxy: `served_by` puts
+    another gpualloc behind it), stopped on the way out."""
+    with _shared_directory("gpualloc-slurm-") as directory:
         proxy = TcpProxy(("127.0.0.1", gpualloc.port))
         cluster = start_slurm(directory, gpualloc, proxy)
         try:
@@ -751,6 +752,13 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         finally:
             cluster.stop()
             proxy.close()
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    """The real Slurm of a test module, with its own gpualloc."""
+    with local_cluster.start() as gpualloc, slurm_of(gpualloc) as cluster:
+        yield cluster
 
 
 @pytest.fixture
