@@ -172,11 +172,14 @@ def run(target: str, out: TextIO) -> bool:
             say(f"slurm job 105 on h100-node-1: exit {code}")
             say("\n".join(f"  {line}" for line in text.splitlines()[:12]))
             ok &= code == slurm_cli.EXIT_UNPLACEABLE
-            ok &= "slurm/job/101" in text and "kueue/" in text
+            ok &= "slurm/job/101" in text  # job 105's node: 101 holds half of it
             explained = client.explain([claim_from_spec("8 x h100", name="whole-node")])
             say("who holds the H100s:")
             for holder in explained.holders:
                 say(f"  {holder}")
+            # Kueue's 4-H100 Workload lands on either H100 node (it is placed while the Slurm
+            # prologs run): the fleet-wide Explain names it wherever it is
+            ok &= any("kueue/" in str(holder) for holder in explained.holders)
 
             say("\n== 5. Jobs end: Slurm epilogs, Kueue Workloads finish")
             for job, node_name, _ in SLURM_JOBS:
