@@ -253,18 +253,14 @@ def tenant_status(
     each row's decayed usage and the tenant's weighted sum of it."""
     rows: list[TenantStatus] = []
     decay = model.admission_fair_sharing if consumed is not None else None
-    by_tree: dict[NodeKey, dict[str, Levels]] = {}
-    lent_by_tree: dict[NodeKey, dict[str, dict[NodeKey, int]]] = {}
+    trees = _Trees(model, usage)
     for tenant in sorted(tenants) if tenants else sorted(model.tenants):
         quota = model.quota_of(tenant)
         if quota is None:
             continue
         key = tenant_node(tenant)
         root = model.tree.root(key)
-        if root not in by_tree:
-            by_tree[root] = quota_levels(model, root, usage)
-            lent_by_tree[root] = {name: lv.lent() for name, lv in by_tree[root].items()}
-        levels = by_tree[root]
+        levels, lent = trees.of(root)
         share = dominant_share(model.tree, key, levels, model.base_of())
         path = model.tree.path(key)
         decayed: Mapping[str, float] | None = None
@@ -290,7 +286,7 @@ def tenant_status(
                     nominal=limits.nominal,
                     used=used,
                     borrowed=max(0, used - limits.nominal),
-                    lent=lent_by_tree[root][name].get(key, 0),
+                    lent=lent[name].get(key, 0),
                     left=left,
                     borrowing_limit=limits.borrowing_limit,
                     lending_limit=limits.lending_limit,
@@ -311,17 +307,13 @@ def cohort_status(
 ) -> list[CohortStatus]:
     """Per cohort (those given, else every cohort) and quota resource."""
     rows: list[CohortStatus] = []
-    by_tree: dict[NodeKey, dict[str, Levels]] = {}
-    lent_by_tree: dict[NodeKey, dict[str, dict[NodeKey, int]]] = {}
+    trees = _Trees(model, usage)
     for name in sorted(set(cohorts)) if cohorts else model.cohort_names():
         key = cohort_node(name)
         if key not in model.tree:
             continue
         root = model.tree.root(key)
-        if root not in by_tree:
-            by_tree[root] = quota_levels(model, root, usage)
-            lent_by_tree[root] = {r: lv.lent() for r, lv in by_tree[root].items()}
-        levels = by_tree[root]
+        levels, lent = trees.of(root)
         share = dominant_share(model.tree, key, levels, model.base_of())
         node = model.tree.node(key)
         for resource in model.resources:
@@ -336,7 +328,7 @@ def cohort_status(
                     subtree=level.subtree[key],
                     used=level.usage[key],
                     borrowed=max(0, level.usage[key] - level.subtree[key]),
-                    lent=lent_by_tree[root][resource.name].get(key, 0),
+                    lent=lent[resource.name].get(key, 0),
                     left=max(0, level.available(key)),
                     borrowing_limit=limits.borrowing_limit if limits is not None else None,
                     lending_limit=limits.lending_limit if limits is not None else None,
@@ -359,3 +351,18 @@ def add_usage(total: dict[str, dict[str, int]], tenant: str, amounts: Usage) -> 
 def counted_only(amounts: Usage) -> dict[str, int]:
     """`amounts` without the devices no quota resource counts (what a ledger entry keeps)."""
     return {name: amount for name, amount in amounts.items() if name != UNCOUNTED}
+
+
+class _Trees:
+    """Each tree's levels (per quota resource) and what each of its nodes lends, computed
+    once per root for a status call."""
+
+    def __init__(self, model: QuotaModel, usage: Mapping[str, Usage]) -> None:
+        self.model, self.usage = model, usage
+        self._of: dict[NodeKey, tuple[dict[str, Levels], dict[str, dict[NodeKey, int]]]] = {}
+
+    def of(self, root: NodeKey) -> tuple[dict[str, Levels], dict[str, dict[NodeKey, int]]]:
+        if root not in self._of:
+            levels = quota_levels(self.model, root, self.usage)
+            self._of[root] = levels, {name: lv.lent() for name, lv in levels.items()}
+        return self._of[root]
