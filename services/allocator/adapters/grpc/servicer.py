@@ -306,9 +306,8 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                 entry = arrived[len(answered)]
                 assert not isinstance(entry, InvalidArgument)  # it was placed
                 gang = entry.item.HasField("gang")
-                response.item.response.CopyFrom(
-                    self._answered(context, result, principal, gang=gang)
-                )
+                into = response.item.response  # built in place: not copied there after
+                self._answered(context, result, principal, gang=gang, into=into)
                 answered.append((response, result if result.reservations else None))
                 return
             if isinstance(result, PermissionDenied):
