@@ -24,6 +24,8 @@ class Cancellation(Protocol):
 
     def is_set(self) -> bool: ...
 
+    def wait(self, timeout: float | None = None) -> bool: ...
+
 
 class Ended:
     """A flag set once, when a call ends or its client cancels it: a `threading.Event` whose
