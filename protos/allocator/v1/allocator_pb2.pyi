@@ -1233,6 +1233,63 @@ class AllocateBatchResponse(_message.Message):
 Global___AllocateBatchResponse: _TypeAlias = AllocateBatchResponse  # noqa: Y015
 
 @_typing.final
+class AllocateStreamRequest(_message.Message):
+    """--- AllocateStream -------------------------------------------------------------------------
+
+    One request of an AllocateStream.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEM_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def item(self) -> Global___AllocateRequest:
+        """The request, as Allocate takes it."""
+
+    def __init__(
+        self,
+        *,
+        item: Global___AllocateRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AllocateStreamRequest: _TypeAlias = AllocateStreamRequest  # noqa: Y015
+
+@_typing.final
+class AllocateStreamResponse(_message.Message):
+    """The answers to the requests of an AllocateStream placed in one pass, in request order."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    ITEMS_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    """The position in the stream of the request `items[0]` answers (0 for the stream's first
+    request); `items[i]` answers the request at `index + i`.
+    """
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___AllocateBatchItem]:
+        """The answers or errors, as AllocateBatch items'."""
+
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        items: _abc.Iterable[Global___AllocateBatchItem] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "items", b"items"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AllocateStreamResponse: _TypeAlias = AllocateStreamResponse  # noqa: Y015
+
+@_typing.final
 class ExplainRequest(_message.Message):
     """--- Explain --------------------------------------------------------------------------------
 
