@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 from protos.common.v1 import dra_pb2
 from services.common.dra.model import (
@@ -251,21 +252,33 @@ def _allocation_config_from_pb(
 
 
 def _result_to_pb(result: DeviceRequestAllocationResult) -> dra_pb2.DeviceRequestAllocationResult:
-    msg = dra_pb2.DeviceRequestAllocationResult(
-        request=result.request,
-        driver=result.driver,
-        pool=result.pool,
-        device=result.device,
-        tolerations=[to_pb_device_toleration(t) for t in result.tolerations],
-        consumed_capacity=quantities_to_pb(result.consumed_capacity),
-        binding_conditions=result.binding_conditions,
-        binding_failure_conditions=result.binding_failure_conditions,
-    )
+    return dra_pb2.DeviceRequestAllocationResult(**_result_fields(result))
+
+
+def _result_fields(result: DeviceRequestAllocationResult) -> dict[str, Any]:
+    """A result's message fields, as keywords for its constructor (or a repeated field's
+    `add`). The fields a result mostly leaves empty are given only when they are not: an empty
+    list given costs as much as a short one, and an allocation's answer makes one result per
+    device."""
+    fields: dict[str, Any] = {
+        "request": result.request,
+        "driver": result.driver,
+        "pool": result.pool,
+        "device": result.device,
+    }
+    if result.tolerations:
+        fields["tolerations"] = [to_pb_device_toleration(t) for t in result.tolerations]
+    if result.consumed_capacity:
+        fields["consumed_capacity"] = quantities_to_pb(result.consumed_capacity)
+    if result.binding_conditions:
+        fields["binding_conditions"] = result.binding_conditions
+    if result.binding_failure_conditions:
+        fields["binding_failure_conditions"] = result.binding_failure_conditions
     if result.admin_access is not None:
-        msg.admin_access = result.admin_access
+        fields["admin_access"] = result.admin_access
     if result.share_id is not None:
-        msg.share_id = result.share_id
-    return msg
+        fields["share_id"] = result.share_id
+    return fields
 
 
 def _result_from_pb(
@@ -290,20 +303,29 @@ def _result_from_pb(
 
 
 def to_pb_allocation_result(allocation: AllocationResult) -> dra_pb2.AllocationResult:
-    msg = dra_pb2.AllocationResult(
-        results=[_result_to_pb(r) for r in allocation.results],
-        config=[
+    msg = dra_pb2.AllocationResult()
+    fill_pb_allocation_result(msg, allocation)
+    return msg
+
+
+def fill_pb_allocation_result(msg: dra_pb2.AllocationResult, allocation: AllocationResult) -> None:
+    """Write `allocation` into `msg`, an empty message (one inside the response it belongs
+    to: filled in place, it is not copied into its parent), and mark `msg` set."""
+    msg.SetInParent()
+    add = msg.results.add
+    for result in allocation.results:
+        add(**_result_fields(result))
+    if allocation.config:
+        msg.config.extend(
             dra_pb2.DeviceAllocationConfiguration(
                 source=_CONFIG_SOURCES[c.source],
                 requests=c.requests,
                 opaque=to_pb_opaque_configuration(c.opaque),
             )
             for c in allocation.config
-        ],
-    )
+        )
     if allocation.node_selector is not None:  # the same for every device of a node: made once
         msg.node_selector.CopyFrom(_pb_node_selector(allocation.node_selector))
-    return msg
 
 
 @functools.lru_cache(maxsize=4096)

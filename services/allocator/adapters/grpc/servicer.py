@@ -206,8 +206,8 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         def shown(result: ItemResult) -> None:
             if isinstance(result, Answer):
                 gang = request.items[len(reply.items)].HasField("gang")
-                response = self._answered(context, result, principal, gang=gang)
-                reply.items.add().response.CopyFrom(response)
+                into = reply.items.add().response  # built in place: not copied there after
+                self._answered(context, result, principal, gang=gang, into=into)
                 return
             path = f"items[{len(reply.items)}]"
             seen = mapped.get(id(result))  # the items not reached share one error: map it once
@@ -306,9 +306,8 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                 entry = arrived[len(answered)]
                 assert not isinstance(entry, InvalidArgument)  # it was placed
                 gang = entry.item.HasField("gang")
-                response.item.response.CopyFrom(
-                    self._answered(context, result, principal, gang=gang)
-                )
+                into = response.item.response  # built in place: not copied there after
+                self._answered(context, result, principal, gang=gang, into=into)
                 answered.append((response, result if result.reservations else None))
                 return
             if isinstance(result, PermissionDenied):
@@ -385,10 +384,17 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         return query, lease
 
     def _answered(
-        self, context: grpc.ServicerContext, answer: Answer, principal: Principal, *, gang: bool
+        self,
+        context: grpc.ServicerContext,
+        answer: Answer,
+        principal: Principal,
+        *,
+        gang: bool,
+        into: pb.AllocateResponse | None = None,
     ) -> pb.AllocateResponse:
-        """An Allocate's answer on the wire (`gang`: in the gang fields, as asked), its
-        preemptions and grants audited."""
+        """An Allocate's answer on the wire (`gang`: in the gang fields, as asked; `into`: the
+        empty message to write it in, as allocate_response), its preemptions and grants
+        audited."""
         if answer.reservations:
             for victim in answer.preemption:
                 audit_call(
@@ -401,7 +407,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                 )
         for reservation in answer.reservations:
             _audit(context, "reservation.grant", reservation)
-        return allocate_response(self._visible(answer, principal), gang=gang)
+        return allocate_response(self._visible(answer, principal), gang=gang, into=into)
 
     def Explain(
         self, request: pb.ExplainRequest, context: grpc.ServicerContext
