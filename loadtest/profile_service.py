@@ -36,6 +36,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from redis.client import PubSub
+
 from loadtest.bench_service import (
     LEASE_SECONDS,
     SEED_DOCUMENT_LIMITS,
@@ -76,6 +78,8 @@ PARTS: tuple[tuple[Any, str, str], ...] = (
     (service, "placement_requests", "store requests (placement_requests)"),
     (granting.GrantRun, "add", "grants.add"),
     (service.AllocatorService, "_held", "_held"),
+    (PubSub, "handle_message", "events (pub/sub thread: handle_message)"),
+    (redis_store, "_deliver", "  events to Holdings (_deliver)"),
 )
 """(owner, attribute, label): the functions `--parts` times (where the caller looks them up)."""
 
