@@ -728,15 +728,15 @@ def _fill_reservation(
         message.labels.update(reservation.labels)
     if reservation.conditions:
         message.conditions.extend(_condition_to_pb(c) for c in reservation.conditions)
-    _set_time(message.created_at, reservation.created_at)
+    # as Timestamp.FromNanoseconds(round(seconds * 1e9)) sets them, without its call chain
+    stamp = message.created_at
+    stamp.seconds, stamp.nanos = divmod(round(reservation.created_at * 1e9), _NANOS)
     if reservation.expires_at is not None:
-        _set_time(message.expires_at, reservation.expires_at)
+        stamp = message.expires_at
+        stamp.seconds, stamp.nanos = divmod(round(reservation.expires_at * 1e9), _NANOS)
 
 
-def _set_time(stamp: timestamp_pb2.Timestamp, seconds: float) -> None:
-    """`stamp.FromNanoseconds(round(seconds * 1e9))` without its Python-level call chain."""
-    nanos = round(seconds * 1e9)
-    stamp.seconds, stamp.nanos = divmod(nanos, 1_000_000_000)
+_NANOS = 1_000_000_000  # in a second
 
 
 def _binding_phase(reservation: Reservation) -> pb.BindingPhase.ValueType:
