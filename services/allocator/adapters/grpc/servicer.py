@@ -61,6 +61,7 @@ from services.allocator.reservations.model import NODE_SEPARATOR, Reservation
 from services.common.deadline import Deadline
 from services.common.errors import GpuallocError, InvalidArgument, PermissionDenied
 from services.common.grpc_server import call_deadline
+from services.common.security.audit import audit_enabled
 from services.common.security.edge import (
     OWNER_METADATA,
     AccessRule,
@@ -401,7 +402,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         """An Allocate's answer on the wire (`gang`: in the gang fields, as asked; `into`: the
         empty message to write it in, as allocate_response), its preemptions and grants
         audited."""
-        if answer.reservations:
+        if answer.reservations and audit_enabled():  # off: no events to build (a batch's 64)
             for victim in answer.preemption:
                 audit_call(
                     context,
@@ -411,8 +412,8 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                     node=victim.holder.node,
                     reason=victim.reason,
                 )
-        for reservation in answer.reservations:
-            _audit(context, "reservation.grant", reservation)
+            for reservation in answer.reservations:
+                _audit(context, "reservation.grant", reservation)
         return allocate_response(self._visible(answer, principal), gang=gang, into=into)
 
     def Explain(
