@@ -383,19 +383,19 @@ def _stream(
         timeout=stop_at - time.monotonic() + 120,
     )
     ended = stop_at
-    for response in responses:  # the answers of one pass
+    for response in responses:
         now = time.monotonic()
-        for result in response.items:
-            started = sent.popleft()
-            room.release()
-            if result.HasField("error"):
-                assert result.error.code == grpc.StatusCode.ABORTED.value[0], result.error
-                aborted.append(1)  # a lost race, as allocate-reserve counts it
-            else:
-                assert result.response.outcome == pb.OUTCOME_ALLOCATED
-                ids.extend(r.id for r in result.response.reservations)
-            if reserve or (warm_until <= now <= stop_at):
-                latencies.append(now - started)
+        started = sent.popleft()
+        room.release()
+        result = response.item
+        if result.HasField("error"):
+            assert result.error.code == grpc.StatusCode.ABORTED.value[0], result.error
+            aborted.append(1)  # a lost race, as allocate-reserve counts it
+        else:
+            assert result.response.outcome == pb.OUTCOME_ALLOCATED
+            ids.extend(r.id for r in result.response.reservations)
+        if reserve or (warm_until <= now <= stop_at):
+            latencies.append(now - started)
         ended = now
     return min(stop_at, ended) if not reserve else ended
 

@@ -62,6 +62,12 @@ MODES = ("allocate-reserve-batch-64", "allocate-reserve", "allocate-any-node")
 OWNER = "bench"
 
 PARTS: tuple[tuple[Any, str, str], ...] = (
+    (servicer_module.AllocatorServicer, "Allocate", "a unary call (servicer Allocate)"),
+    (servicer_module.AllocatorServicer, "_item", "  the query (_item)"),
+    (servicer_module, "call_deadline", "  the deadline (call_deadline)"),
+    (service.AllocatorService, "_read", "  the view and state (_read)"),
+    (placing, "solve", "  solve (core solve)"),
+    (service.AllocatorService, "_store_reserve", "  the write (_store_reserve)"),
     (placing, "solve_many", "solve (core solve_many)"),
     (service.AllocatorService, "_write_run", "the run's write (_write_run)"),
     (redis_store.RedisReservationStore, "reserve", "  store.reserve"),

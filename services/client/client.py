@@ -303,19 +303,19 @@ class AllocatorClient:
             requests(), timeout=deadline_seconds, metadata=self._caller.metadata()
         )
         try:
-            for response in call:  # the answers of one pass
-                for result in response.items:
-                    room.release()
-                    if result.HasField("response"):
-                        yield placement_from_pb(result.response)
-                    else:
-                        yield error_from_status(
-                            status_pb2.Status(
-                                code=result.error.code,
-                                message=result.error.message,
-                                details=result.error.details,
-                            )
+            for response in call:
+                room.release()
+                result = response.item
+                if result.HasField("response"):
+                    yield placement_from_pb(result.response)
+                else:
+                    yield error_from_status(
+                        status_pb2.Status(
+                            code=result.error.code,
+                            message=result.error.message,
+                            details=result.error.details,
                         )
+                    )
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
         finally:

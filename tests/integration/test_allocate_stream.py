@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -64,20 +64,11 @@ def _seen(item: pb.AllocateBatchItem) -> tuple[Any, ...]:
     return (answer.outcome, answer.node_name, tuple(devices), tuple(held))
 
 
-def _answers(responses: Iterable[pb.AllocateStreamResponse]) -> list[pb.AllocateBatchItem]:
-    """The answers of a stream's responses (one per pass), checking their positions."""
-    answers: list[pb.AllocateBatchItem] = []
-    for response in responses:
-        assert response.index == len(answers)  # in request order, none skipped
-        answers.extend(response.items)
-    return answers
-
-
 def _streamed(
     stub: allocator_pb2_grpc.AllocatorStub, items: list[pb.AllocateRequest], **call: Any
-) -> list[pb.AllocateBatchItem]:
+) -> list[pb.AllocateStreamResponse]:
     requests = (pb.AllocateStreamRequest(item=item) for item in items)
-    return _answers(stub.AllocateStream(requests, timeout=30, **call))
+    return list(stub.AllocateStream(requests, timeout=30, **call))
 
 
 # --- the same answers as AllocateBatch --------------------------------------------------------
@@ -105,7 +96,7 @@ SAME = {
 @pytest.mark.parametrize("specs", SAME.values(), ids=SAME.keys())
 def test_a_stream_answers_as_allocate_batch_does(allocator: ServedAllocator, specs):
     """The same items, on the same (empty) state, in the same order: the same answers, one per
-    item, in order."""
+    item, each with its position in the stream."""
     items = [_request(name, reserve) for name, reserve in specs]
     try:
         batch = allocator.stub.AllocateBatch(pb.AllocateBatchRequest(items=items), timeout=30)
@@ -115,7 +106,8 @@ def test_a_stream_answers_as_allocate_batch_does(allocator: ServedAllocator, spe
         streamed = _streamed(allocator.stub, items)
     finally:
         release_everything(allocator.target)
-    assert [_seen(item) for item in streamed] == [_seen(item) for item in batch.items]
+    assert [r.index for r in streamed] == list(range(len(items)))
+    assert [_seen(r.item) for r in streamed] == [_seen(i) for i in batch.items]
 
 
 def test_a_bad_item_answers_its_own_error_and_the_rest_go_on(allocator: ServedAllocator):
@@ -124,13 +116,13 @@ def test_a_bad_item_answers_its_own_error_and_the_rest_go_on(allocator: ServedAl
         first, bad, third = _streamed(allocator.stub, items)
     finally:
         release_everything(allocator.target)
-    assert first.response.outcome == third.response.outcome == pb.OUTCOME_ALLOCATED
-    assert CODES[bad.error.code] == INVALID
-    assert bad.error.message.startswith("requests[1].item: ")
+    assert first.item.response.outcome == third.item.response.outcome == pb.OUTCOME_ALLOCATED
+    assert CODES[bad.item.error.code] == INVALID
+    assert bad.item.error.message.startswith("requests[1].item: ")
     devices = {
         d.device
         for r in (first, third)
-        for a in r.response.allocations
+        for a in r.item.response.allocations
         for d in a.allocation.results
     }
     assert len(devices) == 2  # the third item saw the first one's reservation
@@ -170,10 +162,11 @@ def test_an_undecodable_message_answers_invalid_argument_and_the_stream_goes_on(
     valid = pb.AllocateStreamRequest(item=_request("one-h100")).SerializeToString()
     raw: grpc.StreamStreamMultiCallable[bytes, bytes] = allocator.channel.stream_stream(METHOD)
     sent = [valid, GARBAGE, valid] + [GARBAGE] * 300 + [valid]
-    answers = _answers(pb.AllocateStreamResponse.FromString(r) for r in raw(iter(sent), timeout=60))
-    kinds = [CODES[a.error.code] if a.HasField("error") else OK for a in answers]
+    answers = [pb.AllocateStreamResponse.FromString(r) for r in raw(iter(sent), timeout=60)]
+    assert [a.index for a in answers] == list(range(len(sent)))
+    kinds = [CODES[a.item.error.code] if a.item.HasField("error") else OK for a in answers]
     assert kinds == [OK if message == valid else INVALID for message in sent]
-    undecodable = answers[1].error.message
+    undecodable = answers[1].item.error.message
     assert "message 1 of the stream is not a valid protobuf message" in undecodable
     listed = allocator.stub.ListReservations(pb.ListReservationsRequest(), timeout=10)
     assert not listed.reservations  # the same connection still answers
@@ -275,8 +268,7 @@ def test_items_that_arrive_while_a_pass_runs_are_placed_together_in_the_next(gat
     gate.opened.set()
     answers = list(responses)
     release_everything(served.target)
-    assert [len(a.items) for a in answers] == [1, 8]  # one message per pass
-    assert [i.response.outcome for a in answers for i in a.items] == [pb.OUTCOME_ALLOCATED] * 9
+    assert [a.item.response.outcome for a in answers] == [pb.OUTCOME_ALLOCATED] * 9
     [passes] = _metric(reader, "gpualloc.allocate_stream.pass_items")
     assert (passes.count, passes.sum, passes.min, passes.max) == (2, 9, 1, 8)
 
@@ -301,13 +293,13 @@ def test_a_client_that_cancels_mid_pass_leaves_nothing_it_was_not_answered_for(g
             yield pb.AllocateStreamRequest(item=_request("one-h100", True))
 
     responses = served.stub.AllocateStream(requests(), timeout=60)
-    [first] = next(responses).items[0].response.reservations  # item 0: written at once
+    [first] = next(responses).item.response.reservations  # item 0: written at once
     gates.append(store.arm())  # item 1's pass waits
     answered.set()
     _until(lambda: _read(reader) == 5, "five requests read")
     second_pass = store.arm()  # items 2-4's pass waits
     gates[0].opened.set()
-    [second] = next(responses).items[0].response.reservations
+    [second] = next(responses).item.response.reservations
     assert second_pass.entered.wait(30)
     responses.cancel()
     served.check("")  # on the same connection, after the cancel: the server has seen it
@@ -357,9 +349,9 @@ def test_each_item_is_authorized_on_its_own(secured: SecuredFleet, who, items, o
         answers = _streamed(stub, items)
     finally:
         release_everything_secured(secured)
-    seen = [CODES[a.error.code] if a.HasField("error") else OK for a in answers]
+    seen = [CODES[a.item.error.code] if a.item.HasField("error") else OK for a in answers]
     assert seen == outcomes
-    denied = [a.error.message for a in answers if CODES.get(a.error.code) == DENIED]
+    denied = [a.item.error.message for a in answers if CODES.get(a.item.error.code) == DENIED]
     assert all(m.startswith("requests[") for m in denied)
 
 
@@ -395,9 +387,9 @@ def test_streams_count_against_the_stream_admission(secured: SecuredFleet):
         return str(caught.value.details())
 
     try:
-        assert next(open_stream("scheduler-a")).items[0].response.outcome == pb.OUTCOME_ALLOCATED
+        assert next(open_stream("scheduler-a")).item.response.outcome == pb.OUTCOME_ALLOCATED
         assert "tenant team-a already has 1 streams open" in refused("scheduler-a")
-        assert next(open_stream("scheduler-b")).items[0].response.outcome == pb.OUTCOME_ALLOCATED
+        assert next(open_stream("scheduler-b")).item.response.outcome == pb.OUTCOME_ALLOCATED
         assert "2 streams are open" in refused("reader")
     finally:
         for done, responses in opened:

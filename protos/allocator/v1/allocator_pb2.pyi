@@ -1261,29 +1261,27 @@ Global___AllocateStreamRequest: _TypeAlias = AllocateStreamRequest  # noqa: Y015
 
 @_typing.final
 class AllocateStreamResponse(_message.Message):
-    """The answers to the requests of an AllocateStream placed in one pass, in request order."""
+    """The answer to one request of an AllocateStream, in request order."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     INDEX_FIELD_NUMBER: _builtins.int
-    ITEMS_FIELD_NUMBER: _builtins.int
+    ITEM_FIELD_NUMBER: _builtins.int
     index: _builtins.int
-    """The position in the stream of the request `items[0]` answers (0 for the stream's first
-    request); `items[i]` answers the request at `index + i`.
-    """
+    """Its position in the stream: 0 for the stream's first request, then 1, 2, ..."""
     @_builtins.property
-    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___AllocateBatchItem]:
-        """The answers or errors, as AllocateBatch items'."""
+    def item(self) -> Global___AllocateBatchItem:
+        """Its answer or error, as an AllocateBatch item's."""
 
     def __init__(
         self,
         *,
         index: _builtins.int = ...,
-        items: _abc.Iterable[Global___AllocateBatchItem] | None = ...,
+        item: Global___AllocateBatchItem | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "items", b"items"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "item", b"item"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -135,10 +135,10 @@ class AllocatorServicer:
 
     def AllocateStream(self, request_iterator, context):
         """AllocateBatch as a long-lived connection: a scheduler sends its pending requests one
-        message each and gets one answer per request, in request order. The requests that have
+        message each and gets one answer per request, in request order. The items that have
         arrived when the server is free are placed together in one pass (at most 64), as an
-        AllocateBatch of them, and answered in one message; each has its own answer or error (a
-        bad or denied item never ends the stream). Counts as an open stream (GPUALLOC_MAX_STREAMS).
+        AllocateBatch of them; each has its own answer or error (a bad or denied item never ends
+        the stream). Counts as an open stream (GPUALLOC_MAX_STREAMS).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -53,10 +53,10 @@ class AllocatorStub:
     """
     AllocateStream: _grpc.StreamStreamMultiCallable[_allocator_pb2.AllocateStreamRequest, _allocator_pb2.AllocateStreamResponse]
     """AllocateBatch as a long-lived connection: a scheduler sends its pending requests one
-    message each and gets one answer per request, in request order. The requests that have
+    message each and gets one answer per request, in request order. The items that have
     arrived when the server is free are placed together in one pass (at most 64), as an
-    AllocateBatch of them, and answered in one message; each has its own answer or error (a
-    bad or denied item never ends the stream). Counts as an open stream (GPUALLOC_MAX_STREAMS).
+    AllocateBatch of them; each has its own answer or error (a bad or denied item never ends
+    the stream). Counts as an open stream (GPUALLOC_MAX_STREAMS).
     """
     Explain: _grpc.UnaryUnaryMultiCallable[_allocator_pb2.ExplainRequest, _allocator_pb2.ExplainResponse]
     """Runs the same search as Allocate with reason recording on, and says why the claims do not
@@ -112,10 +112,10 @@ class AllocatorAsyncStub(AllocatorStub):
     """
     AllocateStream: _aio.StreamStreamMultiCallable[_allocator_pb2.AllocateStreamRequest, _allocator_pb2.AllocateStreamResponse]  # type: ignore[assignment]
     """AllocateBatch as a long-lived connection: a scheduler sends its pending requests one
-    message each and gets one answer per request, in request order. The requests that have
+    message each and gets one answer per request, in request order. The items that have
     arrived when the server is free are placed together in one pass (at most 64), as an
-    AllocateBatch of them, and answered in one message; each has its own answer or error (a
-    bad or denied item never ends the stream). Counts as an open stream (GPUALLOC_MAX_STREAMS).
+    AllocateBatch of them; each has its own answer or error (a bad or denied item never ends
+    the stream). Counts as an open stream (GPUALLOC_MAX_STREAMS).
     """
     Explain: _aio.UnaryUnaryMultiCallable[_allocator_pb2.ExplainRequest, _allocator_pb2.ExplainResponse]  # type: ignore[assignment]
     """Runs the same search as Allocate with reason recording on, and says why the claims do not
@@ -186,10 +186,10 @@ class AllocatorServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_allocator_pb2.AllocateStreamResponse], _abc.AsyncIterator[_allocator_pb2.AllocateStreamResponse]]:
         """AllocateBatch as a long-lived connection: a scheduler sends its pending requests one
-        message each and gets one answer per request, in request order. The requests that have
+        message each and gets one answer per request, in request order. The items that have
         arrived when the server is free are placed together in one pass (at most 64), as an
-        AllocateBatch of them, and answered in one message; each has its own answer or error (a
-        bad or denied item never ends the stream). Counts as an open stream (GPUALLOC_MAX_STREAMS).
+        AllocateBatch of them; each has its own answer or error (a bad or denied item never ends
+        the stream). Counts as an open stream (GPUALLOC_MAX_STREAMS).
         """
 
     @_abc_1.abstractmethod

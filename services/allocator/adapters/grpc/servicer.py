@@ -61,6 +61,7 @@ from services.allocator.reservations.model import NODE_SEPARATOR, Reservation
 from services.common.deadline import Deadline
 from services.common.errors import GpuallocError, InvalidArgument, PermissionDenied
 from services.common.grpc_server import call_deadline
+from services.common.security.audit import audit_enabled
 from services.common.security.edge import (
     OWNER_METADATA,
     AccessRule,
@@ -234,13 +235,12 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         """AllocateBatch over a long-lived stream. A reader thread (stream_inbox.Inbox) reads
         the requests as they come; this loop takes every one waiting (at least one, at most
         MAX_STREAM_PASS_ITEMS) and places them in one pass, an AllocateBatch of them, then
-        sends their answers in request order, in one message. Each item is authorized on its
-        own (the call needs only placements.read); each pass has its own deadline: the
-        stream's, at most max_call_seconds from the pass's start. The client's half-close
-        ends the stream once every item read is answered; when the call ends otherwise
-        (cancel, deadline, the client gone), the items read but not placed are dropped and
-        the reservations of a pass whose answers were not handed to gRPC are released
-        (_withdrawn)."""
+        sends their answers in request order. Each item is authorized on its own (the call
+        needs only placements.read); each pass has its own deadline: the stream's, at most
+        max_call_seconds from the pass's start. The client's half-close ends the stream once
+        every item read is answered; when the call ends otherwise (cancel, deadline, the
+        client gone), the items read but not placed are dropped and the reservations of items
+        whose answers were not handed to gRPC are released (_withdrawn)."""
         principal = current_principal(context)
         stream = call_deadline(context, None)  # the client's deadline; set when the call ends
         counted = self._metrics.stream_items if self._metrics is not None else None
@@ -254,16 +254,16 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
             while arrived := inbox.take(MAX_STREAM_PASS_ITEMS):
                 if self._metrics is not None:
                     self._metrics.stream_pass_items.record(len(arrived))
-                response, granted = self._stream_pass(arrived, index, principal, context, stream)
-                handed = False
+                answered = self._stream_pass(arrived, index, principal, context, stream)
+                handed = 0
                 try:
-                    if not context.is_active():
-                        return
-                    handed = True
-                    yield response
-                finally:  # the call ended before the answers were handed to gRPC
-                    if not handed:
-                        self._withdrawn(context, granted)
+                    for response, _ in answered:
+                        if not context.is_active():
+                            return
+                        handed += 1
+                        yield response
+                finally:  # a return above, or grpc closed this generator: the call ended
+                    self._withdrawn(context, [a for _, a in answered[handed:] if a is not None])
                 index += len(arrived)
         finally:
             inbox.close()
@@ -275,9 +275,9 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         principal: Principal,
         context: grpc.ServicerContext,
         stream: Deadline,
-    ) -> tuple[pb.AllocateStreamResponse, list[Answer]]:
+    ) -> list[tuple[pb.AllocateStreamResponse, Answer | None]]:
         """One pass of AllocateStream: `arrived` (stream positions `first`, `first + 1`, ...)
-        as one allocate_batch; its answers on the wire, and those that hold reservations."""
+        as one allocate_batch, each answer on the wire with the Answer it came from."""
         known: dict[bytes, BatchItem] = {}  # identical items map once, as AllocateBatch's
 
         def item(entry: pb.AllocateStreamRequest | InvalidArgument) -> Callable[[], BatchItem]:
@@ -298,19 +298,18 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
 
             return make
 
-        reply = pb.AllocateStreamResponse(index=first)  # filled in place, as AllocateBatch's
-        granted: list[Answer] = []
+        answered: list[tuple[pb.AllocateStreamResponse, Answer | None]] = []
 
         def shown(result: ItemResult) -> None:
-            index = first + len(reply.items)
+            index = first + len(answered)
+            response = pb.AllocateStreamResponse(index=index)
             if isinstance(result, Answer):
-                entry = arrived[len(reply.items)]
+                entry = arrived[len(answered)]
                 assert not isinstance(entry, InvalidArgument)  # it was placed
                 gang = entry.item.HasField("gang")
-                into = reply.items.add().response  # built in place: not copied there after
+                into = response.item.response  # built in place: not copied there after
                 self._answered(context, result, principal, gang=gang, into=into)
-                if result.reservations:
-                    granted.append(result)
+                answered.append((response, result if result.reservations else None))
                 return
             if isinstance(result, PermissionDenied):
                 audit_call(
@@ -321,8 +320,10 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                     item=index,
                 )
             path = f"requests[{index}].item"
-            status = batch_item_status(self._error_shown(result, principal), path)
-            reply.items.add().error.CopyFrom(status)
+            response.item.error.CopyFrom(
+                batch_item_status(self._error_shown(result, principal), path)
+            )
+            answered.append((response, None))
 
         allocate_batch(
             self._service,
@@ -330,11 +331,11 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
             deadline=_pass_deadline(stream, self._max_call_seconds),
             on_result=shown,
         )
-        return reply, granted
+        return answered
 
     def _withdrawn(self, context: grpc.ServicerContext, answers: list[Answer]) -> None:
         """Release the reservations of answers the call ended before sending: no client will
-        learn of them (answers handed to gRPC are the client's, as a unary reply is)."""
+        learn of them (an answer handed to gRPC is the client's, as a unary reply is)."""
         deadline = Deadline.after(self._max_call_seconds or _WITHDRAW_SECONDS)
         for answer in answers:
             for reservation in answer.reservations:
@@ -395,7 +396,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         """An Allocate's answer on the wire (`gang`: in the gang fields, as asked; `into`: the
         empty message to write it in, as allocate_response), its preemptions and grants
         audited."""
-        if answer.reservations:
+        if answer.reservations and audit_enabled():  # off: no events to build (a batch's 64)
             for victim in answer.preemption:
                 audit_call(
                     context,
@@ -405,8 +406,8 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                     node=victim.holder.node,
                     reason=victim.reason,
                 )
-        for reservation in answer.reservations:
-            _audit(context, "reservation.grant", reservation)
+            for reservation in answer.reservations:
+                _audit(context, "reservation.grant", reservation)
         return allocate_response(self._visible(answer, principal), gang=gang, into=into)
 
     def Explain(
