@@ -129,6 +129,7 @@ from services.common.security.principal import tenant_of_owner
 __all__ = ["AllocatorService", "ServiceLimits"]
 
 _MAX_CONFLICTS = 8
+_UNTRACED = contextlib.nullcontext(trace.INVALID_SPAN)  # reentrant: shared by every call
 _DEFAULT_PAGE = 100
 _MAX_PAGE = 1000
 
@@ -186,9 +187,18 @@ class AllocatorService:
         self.limits = limits
         self._metrics = metrics
         self._tracer = tracer or trace.NoOpTracer()
+        self._traced = not isinstance(self._tracer, trace.NoOpTracer)
         self._keys = _KeyedLocks()
         self._placing = threading.Lock()  # one batch run solving at a time (allocate_run)
         self._reservation_limit = ReservationLimit(holdings.reservations)
+
+    def _span(self, name: str) -> contextlib.AbstractContextManager[trace.Span]:
+        """A span around part of a call (the current span while it runs); with telemetry off
+        (the no-op tracer) one shared do-nothing span: the API's no-op span would still be
+        made and put in the context and taken out again, ~9 us of every call's CPU."""
+        if self._traced:
+            return self._tracer.start_as_current_span(name)
+        return _UNTRACED
 
     # --- Allocate / Explain / Capacity -------------------------------------------------------
 
@@ -361,7 +371,7 @@ class AllocatorService:
     def _count_units(
         self, view: ViewSnapshot, state: AllocatedState, query: Query, deadline: Deadline
     ) -> CapacityAnswer:
-        with self._tracer.start_as_current_span("capacity"):
+        with self._span("capacity"):
             return count_capacity(
                 self.solver,
                 view.snapshot,
@@ -513,7 +523,7 @@ class AllocatorService:
         if not run.placed:
             run.keys.close()
             return
-        with self._tracer.start_as_current_span("reserve") as span:
+        with self._span("reserve") as span:
             span.set_attribute("gpualloc.batch.placements", len(run.placed))
             # Solving stopped at the deadline (kept before the call's own for the reply): what
             # was solved is written, unless the client went away.
@@ -921,7 +931,7 @@ class AllocatorService:
         classes = with_inline(self.classes, query.device_classes)
         policy = query.policy or self.solver.policy
         started = time.perf_counter()
-        with self._tracer.start_as_current_span("solve") as span:
+        with self._span("solve") as span:
             span.set_attribute("gpualloc.inventory.generation", view.generation)
             span.set_attribute("gpualloc.placement.nodes", query.node_count)
             searching = deadline.answering()
@@ -1007,7 +1017,7 @@ class AllocatorService:
         deadline.check("reserve")
         run = self._grant_run()
         run.add(view.snapshot, requests, limit=limit, checked=checked, assigned=assigned)
-        with self._tracer.start_as_current_span("reserve") as span:
+        with self._span("reserve") as span:
             span.set_attribute("gpualloc.node", requests[0].node)
             [outcome] = run.write(deadline)
         return reserved(outcome)

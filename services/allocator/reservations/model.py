@@ -334,8 +334,11 @@ def validate_reserve_request(request: ReserveRequest) -> Hold:
             raise InvalidArgument.at(
                 f"{path}.limit", f"{use.key}: limit {use.limit} != {previous.limit}"
             )
-        amount = use.amount + (previous.amount if previous else 0)
-        merged[use.key] = LimitedUse(use.key, amount, use.limit)
+        merged[use.key] = (
+            LimitedUse(use.key, use.amount + previous.amount, use.limit) if previous else use
+        )
+    if len(merged) == len(request.hold.uses):  # no key twice: already normal
+        return request.hold
     return Hold(request.hold.devices, tuple(merged.values()))
 
 

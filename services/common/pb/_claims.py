@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 from protos.common.v1 import dra_pb2
 from services.common.dra.model import (
@@ -251,34 +250,24 @@ def _allocation_config_from_pb(
 # --- AllocationResult ------------------------------------------------------------------------
 
 
-def _result_to_pb(result: DeviceRequestAllocationResult) -> dra_pb2.DeviceRequestAllocationResult:
-    return dra_pb2.DeviceRequestAllocationResult(**_result_fields(result))
-
-
-def _result_fields(result: DeviceRequestAllocationResult) -> dict[str, Any]:
-    """A result's message fields, as keywords for its constructor (or a repeated field's
-    `add`). The fields a result mostly leaves empty are given only when they are not: an empty
-    list given costs as much as a short one, and an allocation's answer makes one result per
-    device."""
-    fields: dict[str, Any] = {
-        "request": result.request,
-        "driver": result.driver,
-        "pool": result.pool,
-        "device": result.device,
-    }
+def _result_extras(
+    msg: dra_pb2.DeviceRequestAllocationResult, result: DeviceRequestAllocationResult
+) -> None:
+    """The fields a result mostly leaves empty, set on `msg` when they are not (an empty list
+    given to a constructor costs as much as a short one, and an allocation's answer holds one
+    result per device)."""
     if result.tolerations:
-        fields["tolerations"] = [to_pb_device_toleration(t) for t in result.tolerations]
-    if result.consumed_capacity:
-        fields["consumed_capacity"] = quantities_to_pb(result.consumed_capacity)
+        msg.tolerations.extend(to_pb_device_toleration(t) for t in result.tolerations)
+    for name, quantity in quantities_to_pb(result.consumed_capacity).items():
+        msg.consumed_capacity[name].CopyFrom(quantity)
     if result.binding_conditions:
-        fields["binding_conditions"] = result.binding_conditions
+        msg.binding_conditions.extend(result.binding_conditions)
     if result.binding_failure_conditions:
-        fields["binding_failure_conditions"] = result.binding_failure_conditions
+        msg.binding_failure_conditions.extend(result.binding_failure_conditions)
     if result.admin_access is not None:
-        fields["admin_access"] = result.admin_access
+        msg.admin_access = result.admin_access
     if result.share_id is not None:
-        fields["share_id"] = result.share_id
-    return fields
+        msg.share_id = result.share_id
 
 
 def _result_from_pb(
@@ -314,7 +303,18 @@ def fill_pb_allocation_result(msg: dra_pb2.AllocationResult, allocation: Allocat
     msg.SetInParent()
     add = msg.results.add
     for result in allocation.results:
-        add(**_result_fields(result))
+        added = add(
+            request=result.request, driver=result.driver, pool=result.pool, device=result.device
+        )
+        if (
+            result.tolerations
+            or result.consumed_capacity
+            or result.binding_conditions
+            or result.binding_failure_conditions
+            or result.admin_access is not None
+            or result.share_id is not None
+        ):
+            _result_extras(added, result)
     if allocation.config:
         msg.config.extend(
             dra_pb2.DeviceAllocationConfiguration(

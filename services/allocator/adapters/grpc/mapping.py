@@ -62,7 +62,7 @@ from services.allocator.core import (
 )
 from services.allocator.reservations.binding import binding_of
 from services.allocator.reservations.model import DeviceCondition, Reservation, ReservationState
-from services.common.dra.model import AllocationResult, DeviceID, ResourceClaim
+from services.common.dra.model import AllocationResult, DeviceClass, DeviceID, ResourceClaim
 from services.common.dra.names import label_name_errors
 from services.common.dra.quantity import Quantity, QuantityFormat
 from services.common.errors import FieldViolation, GpuallocError, InvalidArgument, clip
@@ -179,39 +179,47 @@ def topology_constraint_from_pb(message: pb.TopologyConstraint, path: str) -> To
 
 def query_from_pb(request: QueryRequest, claims: ClaimReader | None = None) -> Query:
     """The shared part of Allocate, Explain and Capacity requests; its claims read by `claims`
-    (each message afresh without one)."""
+    (each message afresh without one). Fields a request mostly leaves empty are read only when
+    set (every Allocate maps one)."""
     gang = _gang_from_pb(request) if request.HasField("gang") else None
-    path = claims_path(request)
+    path = "gang.claims_per_node" if gang is not None else "claims"  # claims_path
     messages = request.gang.claims_per_node if gang is not None else request.claims
     if not messages:
         raise InvalidArgument.at(path, "must not be empty")
     read = tuple(_claim_from_pb(c, f"{path}[{i}]", claims) for i, c in enumerate(messages))
     _check_unique_names(read, path)
-    if request.budget.max_steps < 0:
+    budget = request.budget
+    max_steps, max_nodes = budget.max_steps, budget.max_nodes
+    if max_steps < 0:
         raise InvalidArgument.at("budget.max_steps", "must not be negative")
-    if request.budget.max_nodes < 0:
+    if max_nodes < 0:
         raise InvalidArgument.at("budget.max_nodes", "must not be negative")
     selector = (
         from_pb_node_selector(request.node_selector, "node_selector")
         if request.HasField("node_selector")
         else None
     )
-    topology = tuple(
-        topology_constraint_from_pb(c, f"topology_constraints[{i}]")
-        for i, c in enumerate(request.topology_constraints)
-    )
+    topology: tuple[TopologyConstraint, ...] = ()
+    if request.topology_constraints:
+        topology = tuple(
+            topology_constraint_from_pb(c, f"topology_constraints[{i}]")
+            for i, c in enumerate(request.topology_constraints)
+        )
+    classes: tuple[DeviceClass, ...] = ()
+    if request.device_classes:
+        classes = tuple(
+            from_pb_device_class(c, f"device_classes[{i}]")
+            for i, c in enumerate(request.device_classes)
+        )
     return Query(
         claims=read,
         topology_constraints=topology,
-        device_classes=tuple(
-            from_pb_device_class(c, f"device_classes[{i}]")
-            for i, c in enumerate(request.device_classes)
-        ),
+        device_classes=classes,
         node=request.node_name,
         node_selector=selector,
         policy=_POLICIES.get(request.policy),
-        max_steps=request.budget.max_steps,
-        max_nodes=request.budget.max_nodes,
+        max_steps=max_steps,
+        max_nodes=max_nodes,
         min_generation=request.min_inventory_generation,
         explain=request.explain if isinstance(request, pb.AllocateRequest) else False,
         gang=gang,
@@ -720,15 +728,15 @@ def _fill_reservation(
         message.labels.update(reservation.labels)
     if reservation.conditions:
         message.conditions.extend(_condition_to_pb(c) for c in reservation.conditions)
-    _set_time(message.created_at, reservation.created_at)
+    # as Timestamp.FromNanoseconds(round(seconds * 1e9)) sets them, without its call chain
+    stamp = message.created_at
+    stamp.seconds, stamp.nanos = divmod(round(reservation.created_at * 1e9), _NANOS)
     if reservation.expires_at is not None:
-        _set_time(message.expires_at, reservation.expires_at)
+        stamp = message.expires_at
+        stamp.seconds, stamp.nanos = divmod(round(reservation.expires_at * 1e9), _NANOS)
 
 
-def _set_time(stamp: timestamp_pb2.Timestamp, seconds: float) -> None:
-    """`stamp.FromNanoseconds(round(seconds * 1e9))` without its Python-level call chain."""
-    nanos = round(seconds * 1e9)
-    stamp.seconds, stamp.nanos = divmod(nanos, 1_000_000_000)
+_NANOS = 1_000_000_000  # in a second
 
 
 def _binding_phase(reservation: Reservation) -> pb.BindingPhase.ValueType:
