@@ -452,10 +452,14 @@ def _bounded(
 
 
 def _first_at_least(order: Sequence[OrderEntry], capacity: Fraction) -> int:
+    """The first entry with at least `capacity`, by bisection; a/b < c/d compared as
+    a*d < c*b (denominators are positive): exact, without Fraction's comparison."""
+    numerator, denominator = capacity.numerator, capacity.denominator
     low, high = 0, len(order)
     while low < high:
         middle = (low + high) // 2
-        if order[middle].capacity < capacity:
+        found = order[middle].capacity
+        if found.numerator * denominator < numerator * found.denominator:
             low = middle + 1
         else:
             high = middle

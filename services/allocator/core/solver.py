@@ -71,7 +71,12 @@ from services.allocator.core.preferences import (
     topology_fit,
 )
 from services.allocator.core.replay import Group, GroupTape, NodeTape, Replays, taping
-from services.allocator.core.results import ShareIdFactory, allocation_result, default_share_id
+from services.allocator.core.results import (
+    ResultParts,
+    ShareIdFactory,
+    allocation_result,
+    default_share_id,
+)
 from services.allocator.core.scoring import NodeKey, Policy, Score, free_capacity
 from services.allocator.core.search import BudgetExhausted, NodeSearch, Pick, StepCounter
 from services.allocator.core.selection import Equivalence, Selection
@@ -711,7 +716,9 @@ class NodeRun:
         stats = self.stats(evaluations, selection.cel_profile_hits - cel_before[1])
         if not self.found:
             return Unsatisfiable(self._unsatisfiable_explanation(), stats, self.exhausted)
-        ranked = heapq.nsmallest(2, self.found, key=_key_of)  # the best and the runner-up
+        found = self.found
+        # the best and the runner-up
+        ranked = found if len(found) == 1 else heapq.nsmallest(2, found, key=_key_of)
         best = ranked[0]
         allocations = self._allocations(best, share_id)
         explanation = self._choice_explanation(ranked) if self.ctx.recorder is not None else None
@@ -726,9 +733,12 @@ class NodeRun:
             assert found.outcome is not None
             alternatives = self.ctx.plan.by_key
             picks, chosen = found.outcome.placed_on(tuple(found.view.devices()), alternatives)
+        parts = self.ctx.derived.get(_RESULT_PARTS)
+        if not isinstance(parts, ResultParts):
+            parts = self.ctx.derived[_RESULT_PARTS] = ResultParts()
         return tuple(
             allocation_result(
-                claim, picks[claim.index], chosen[claim.index], found.view.name, share_id
+                claim, picks[claim.index], chosen[claim.index], found.view.name, share_id, parts
             )
             for claim in self.ctx.plan.claims
         )
@@ -855,6 +865,7 @@ def _budget_miss(view: NodeView, search: NodeSearch) -> NodeMiss:
 
 
 _TAPES = 2048  # explaining searches kept per (template, question)
+_RESULT_PARTS = "results.parts"  # the context's ResultParts
 
 
 def _key_of(found: _Found) -> NodeKey:
