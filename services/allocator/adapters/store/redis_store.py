@@ -32,7 +32,7 @@ import math
 import threading
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +62,7 @@ from services.allocator.reservations.model import (
     UseExceeded,
     conflict_error,
     new_reservation_id,
+    new_reservation_ids,
     node_reservation_id,
     preempted_error,
     validate_placement,
@@ -187,6 +188,7 @@ class RedisReservationStore:
         outcomes: builtins.list[ReserveOutcome | None] = [None] * len(placements)
         grants: builtins.list[_Grant] = []
         lease_ms: dict[float, int] = {}  # per lease length, not per grant
+        minted = self._mint(sum(len(requests) for requests in placements))
         for index, requests in enumerate(placements):
             holds = validate_placement(requests)
             if not isinstance(holds, GpuallocError):
@@ -199,8 +201,8 @@ class RedisReservationStore:
                 ms = lease_ms.get(seconds) or lease_ms.setdefault(
                     seconds, max(1, math.ceil(seconds * 1000))
                 )
-                minted = node_reservation_id(self._id_factory(), request.node)
-                grants.append(_Grant(index, request, hold, minted, ms))
+                reservation_id = node_reservation_id(next(minted), request.node)
+                grants.append(_Grant(index, request, hold, reservation_id, ms))
         self._grant_all(grants)
         by_placement: dict[int, builtins.list[_Grant]] = {}
         for grant in grants:
@@ -209,9 +211,17 @@ class RedisReservationStore:
             outcomes[index] = self._outcome(taken)
         return [outcome for outcome in outcomes if outcome is not None]
 
+    def _mint(self, count: int) -> Iterator[str]:
+        """`count` ids from `id_factory` (the default's in one go)."""
+        if self._id_factory is new_reservation_id:
+            return iter(new_reservation_ids(count))
+        return (self._id_factory() for _ in range(count))
+
     def _outcome(self, grants: Sequence[_Grant]) -> ReserveOutcome:
         """One placement's outcome from its grants' replies; what it took is released when
         one of them failed (not for an unconfirmed WAIT alone)."""
+        if len(grants) == 1 and grants[0].reservation is not None and grants[0].error is None:
+            return [grants[0].reservation]  # the common case: a single grant that took it
         conflicts = [item for g in grants for item in g.conflicts]
         errors = [g.error for g in grants if g.error is not None]
         if not conflicts and not errors:
