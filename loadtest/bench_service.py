@@ -21,6 +21,11 @@ One run measures, against the same server and in the same conditions:
   call. The reserving row stops at 75% of the H100s too and releases its reservations after
   the phase, untimed. Targets: `allocate-reserve-batch-64` >= 3x the Check RPS, and its p99
   <= 64 x the `allocate-reserve` p99 / 4 (`…/p99-rule` <= 1).
+- `allocate-stream`, `allocate-reserve-stream`: AllocateStream (issue 29), each client thread
+  one stream with STREAM_WINDOW (64) one-H100 items in flight, without and with reserve: the
+  server places what has arrived in one pass. RPS counts claims answered per second, p50/p99
+  are per item (sent to answered). The reserving row stops at 75% of the H100s and releases its
+  reservations after the phase, untimed, as `allocate-reserve-batch-64`.
 - `store:<layout>-wait-<off|on>:allocate-reserve`: `allocate-reserve` again with two allocator
   processes (`--workers 2`) on standalone Redis (with one replica) and on a 3-shard Redis
   Cluster (deploy/local/redis-cluster.sh), with GPUALLOC_REDIS_WAIT_REPLICAS 0 and 1, a fresh
@@ -53,6 +58,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -90,6 +96,13 @@ BATCH_PHASES = {
     "allocate-reserve-batch-64": 64,
 }
 """AllocateBatch rows (issue 29) and their items per call: `rps` counts claims, not calls."""
+
+STREAM_PHASES = {"allocate-stream": False, "allocate-reserve-stream": True}
+"""AllocateStream rows (issue 29) and whether their items reserve: each client thread keeps one
+stream open with STREAM_WINDOW one-H100 items in flight; `rps` counts claims answered, p50/p99
+are per item (sent to answered)."""
+STREAM_WINDOW = int(os.environ.get("GPUALLOC_BENCH_STREAM_WINDOW", "64"))
+"""Items a stream thread keeps sent and not yet answered (GPUALLOC_BENCH_STREAM_WINDOW)."""
 
 
 class _PhaseDone(Exception):
@@ -332,6 +345,61 @@ def _calls(
     }[phase]
 
 
+def _stream(
+    channel: Any,
+    reserve: bool,
+    window: int,
+    until: tuple[float, float],
+    taken: Any,
+    ids: list[str],
+    aborted: list[int],
+    latencies: list[float],
+) -> float:
+    """One AllocateStream with `window` one-H100 items in flight, sending until `until`'s stop
+    time (or, with `reserve`, until `taken` runs out); the latencies of the items answered
+    between `until`'s warm and stop times (all of them with `reserve`: a fixed amount). Returns
+    when this thread's work ended (the last answer's time with `reserve`, else the stop)."""
+    warm_until, stop_at = until
+    claim = to_pb_resource_claim(_claim())
+    item = pb.AllocateRequest(claims=[claim], reserve=reserve)
+    if reserve:
+        item.lease_ttl.seconds = LEASE_SECONDS
+    message = pb.AllocateStreamRequest(item=item)
+    room = threading.Semaphore(window)
+    sent: deque[float] = deque()  # send times, in order: answers come in request order
+
+    def requests() -> Any:
+        while True:
+            room.acquire()
+            now = time.monotonic()
+            if now >= stop_at or (reserve and next(taken, None) is None):
+                return  # half-close: the server answers what it has, then ends the stream
+            sent.append(now)
+            yield message
+
+    responses = allocator_pb2_grpc.AllocatorStub(channel).AllocateStream(
+        requests(),
+        metadata=(("x-gpualloc-owner", "bench"),),
+        timeout=stop_at - time.monotonic() + 120,
+    )
+    ended = stop_at
+    for response in responses:
+        now = time.monotonic()
+        started = sent.popleft()
+        room.release()
+        result = response.item
+        if result.HasField("error"):
+            assert result.error.code == grpc.StatusCode.ABORTED.value[0], result.error
+            aborted.append(1)  # a lost race, as allocate-reserve counts it
+        else:
+            assert result.response.outcome == pb.OUTCOME_ALLOCATED
+            ids.extend(r.id for r in result.response.reservations)
+        if reserve or (warm_until <= now <= stop_at):
+            latencies.append(now - started)
+        ended = now
+    return min(stop_at, ended) if not reserve else ended
+
+
 def client_main(argv: Sequence[str]) -> int:
     """`--client TARGET --phase P --seconds S --threads T --nodes-file F [--ids-file I]
     [--max-calls N] [--tls-ca ... --tls-cert ... --tls-key ... --token-file ...]`: one JSON
@@ -355,15 +423,20 @@ def client_main(argv: Sequence[str]) -> int:
     aborted: list[int] = []
     per_call = BATCH_PHASES.get(args.phase, 1)  # claims per call
     max_calls = args.max_calls // per_call if args.max_calls else 0
-    call = _calls(args.phase, nodes, ids, max_calls, aborted)
+    streaming = args.phase in STREAM_PHASES
+    call = _calls(args.phase if not streaming else "health-check", nodes, ids, max_calls, aborted)
     options = [("grpc.use_local_subchannel_pool", 1)]
     channels = [bench_channel(args.client, dial, options) for _ in range(CHANNELS)]
     for channel in channels:
         grpc.channel_ready_future(channel).result(timeout=30)
-    call(channels[0], random.Random(-1))  # one untimed call first: lazy caches
+    taken = iter(range(max_calls))  # a reserving stream's items (next() is atomic)
+    if streaming:  # one untimed item first: lazy caches
+        _stream(channels[0], False, 1, (0.0, time.monotonic() + 1), None, [], aborted, [])
+    else:
+        call(channels[0], random.Random(-1))  # one untimed call first: lazy caches
     # Time-bound phases warm up for a while; `release` has a fixed amount of work to time.
     # (as a reserving batch phase: it has a fixed amount of claims too, 64 a call).
-    fixed = args.phase == "release" or args.phase == "allocate-reserve-batch-64"
+    fixed = args.phase in ("release", "allocate-reserve-batch-64", "allocate-reserve-stream")
     warm = 0.0 if fixed else min(1.0, args.seconds / 4)
     warm_until = time.monotonic() + warm
     stop_at = warm_until + args.seconds
@@ -374,6 +447,15 @@ def client_main(argv: Sequence[str]) -> int:
     def worker(index: int) -> None:
         rng = random.Random(index)
         channel = channels[index % len(channels)]
+        if streaming:
+            reserve, until = STREAM_PHASES[args.phase], (warm_until, stop_at)
+            try:
+                finished[index] = _stream(
+                    channel, reserve, STREAM_WINDOW, until, taken, ids, aborted, latencies[index]
+                )
+            except Exception as error:  # noqa: BLE001 - reported, not hidden
+                errors.append(repr(error)[:200])
+            return
         while True:
             started = time.monotonic()
             if started >= stop_at:
@@ -465,6 +547,7 @@ PHASES = (
     "allocate-batch-64",
     "allocate-batch-512",
     "allocate-reserve-batch-64",
+    *STREAM_PHASES,
 )
 
 
@@ -609,6 +692,12 @@ def run(quick: bool) -> BenchReport:
                             calls=result["calls"],
                             **({"aborted": result["aborted"]} if "reserve" in phase else {}),
                         )
+                        if phase == "allocate-reserve" and "release" not in phases:
+                            # untimed: its devices back for the reserving rows after it
+                            _client(
+                                target, "release", seconds, nodes_file, client_cpus,
+                                client_flags=client_flags,
+                            )  # fmt: skip
                 finally:
                     _stop(server)
         finally:

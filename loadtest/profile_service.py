@@ -36,6 +36,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from redis.client import PubSub
+
 from loadtest.bench_service import (
     LEASE_SECONDS,
     SEED_DOCUMENT_LIMITS,
@@ -61,6 +63,12 @@ MODES = ("allocate-reserve-batch-64", "allocate-reserve", "allocate-any-node")
 OWNER = "bench"
 
 PARTS: tuple[tuple[Any, str, str], ...] = (
+    (servicer_module.AllocatorServicer, "Allocate", "a unary call (servicer Allocate)"),
+    (servicer_module.AllocatorServicer, "_item", "  the query (_item)"),
+    (servicer_module, "call_deadline", "  the deadline (call_deadline)"),
+    (service.AllocatorService, "_read", "  the view and state (_read)"),
+    (placing, "solve", "  solve (core solve)"),
+    (service.AllocatorService, "_store_reserve", "  the write (_store_reserve)"),
     (placing, "solve_many", "solve (core solve_many)"),
     (service.AllocatorService, "_write_run", "the run's write (_write_run)"),
     (redis_store.RedisReservationStore, "reserve", "  store.reserve"),
@@ -74,6 +82,8 @@ PARTS: tuple[tuple[Any, str, str], ...] = (
     (service, "placement_requests", "store requests (placement_requests)"),
     (granting.GrantRun, "add", "grants.add"),
     (service.AllocatorService, "_held", "_held"),
+    (PubSub, "handle_message", "events (pub/sub thread: handle_message)"),
+    (redis_store, "_deliver", "  events to Holdings (_deliver)"),
 )
 """(owner, attribute, label): the functions `--parts` times (where the caller looks them up)."""
 

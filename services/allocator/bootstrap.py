@@ -362,6 +362,7 @@ def build_allocator(
             claims=ClaimReader(),
             max_call_seconds=settings.server.max_call_seconds,
             watch_heartbeat_seconds=settings.watch_heartbeat,
+            metrics=metrics,
         ),
         ACCESS,
     )

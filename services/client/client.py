@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import copy
 import random as random_module
+import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -267,6 +268,60 @@ class AllocatorClient:
             )
             for result in response.items
         ]
+
+    def allocate_stream(
+        self,
+        items: Iterable[AllocateItem],
+        *,
+        window: int = 64,
+        deadline_seconds: float | None = None,
+    ) -> Iterator[Placement | GpuallocError]:
+        """Allocates over one AllocateStream call (docs/api.md): the items are sent as they
+        come from `items` (a scheduler's queue may be a generator that blocks for its next
+        job), at most `window` of them sent and not yet answered, and this yields one result
+        per item in order, as the answers come: the Placement, or the typed error that item
+        alone failed with. The server places the items it has received together in one pass,
+        each seeing the reservations of the ones before it. Iterating raises the typed error
+        of the call itself (UNAVAILABLE, RESOURCE_EXHAUSTED when the server has no stream
+        left, DEADLINE_EXCEEDED after `deadline_seconds`, None: none); closing the iterator
+        early cancels the call, and the server releases the reservations of answers it had
+        not sent yet. No retries: a broken stream's unanswered items are for the caller to
+        send again (their idempotency keys make that safe)."""
+        if window < 1:
+            raise ValueError(f"window must be at least 1, not {window}")
+        room = threading.Semaphore(window)
+        ended = threading.Event()
+
+        def requests() -> Iterator[pb.AllocateStreamRequest]:
+            for item in items:  # on grpc's thread that sends the requests
+                room.acquire()
+                if ended.is_set():
+                    return
+                yield pb.AllocateStreamRequest(item=self._allocate_request(item))
+
+        call = self._stub.AllocateStream(
+            requests(), timeout=deadline_seconds, metadata=self._caller.metadata()
+        )
+        try:
+            for response in call:
+                room.release()
+                result = response.item
+                if result.HasField("response"):
+                    yield placement_from_pb(result.response)
+                else:
+                    yield error_from_status(
+                        status_pb2.Status(
+                            code=result.error.code,
+                            message=result.error.message,
+                            details=result.error.details,
+                        )
+                    )
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None
+        finally:
+            ended.set()
+            room.release()  # the sender, if it waits for room, sees the end
+            call.cancel()  # no-op once the call has ended; else the server stops at once
 
     def _allocate_request(self, item: AllocateItem) -> pb.AllocateRequest:
         request = pb.AllocateRequest(explain=item.explain, reserve=item.reserve)

@@ -82,6 +82,17 @@ class Admission:
 
     @contextmanager
     def unary(self, method: str, caller: str, tenant: str | None) -> Iterator[None]:
+        """One unary call in flight for its whole block (`enter_unary`, then `leave_unary`)."""
+        self.enter_unary(method, caller, tenant)
+        try:
+            yield
+        finally:
+            self.leave_unary(caller, tenant)
+
+    def enter_unary(self, method: str, caller: str, tenant: str | None) -> None:
+        """Count a unary call in flight, or raise ResourceExhausted when its caller or tenant
+        has its share running already; every call counted must be left (`leave_unary`). The
+        interceptor's per-call path: a pair of calls, not a generator-based context manager."""
         per_caller, per_tenant = self.limits.per_caller, self.limits.per_tenant
         with self._lock:
             if per_caller and self._callers[caller] >= per_caller:
@@ -99,17 +110,17 @@ class Admission:
             self._callers[caller] += 1
             if tenant is not None:
                 self._tenants[tenant] += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._callers[caller] -= 1
-                if not self._callers[caller]:
-                    del self._callers[caller]
-                if tenant is not None:
-                    self._tenants[tenant] -= 1
-                    if not self._tenants[tenant]:
-                        del self._tenants[tenant]
+
+    def leave_unary(self, caller: str, tenant: str | None) -> None:
+        """A call `enter_unary` counted has ended."""
+        with self._lock:
+            self._callers[caller] -= 1
+            if not self._callers[caller]:
+                del self._callers[caller]
+            if tenant is not None:
+                self._tenants[tenant] -= 1
+                if not self._tenants[tenant]:
+                    del self._tenants[tenant]
 
     def in_flight(self) -> tuple[int, int]:
         """(open streams, unary calls counted) — for tests and metrics."""

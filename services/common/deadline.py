@@ -12,10 +12,54 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from services.common.errors import DeadlineExceeded
 
-__all__ = ["UNBOUNDED", "Deadline"]
+__all__ = ["UNBOUNDED", "Cancellation", "Deadline", "Ended"]
+
+
+class Cancellation(Protocol):
+    """What tells work that its call ended (a `threading.Event`, an `Ended`)."""
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
+class Ended:
+    """A flag set once, when a call ends or its client cancels it: a `threading.Event` whose
+    lock and condition are made only when someone waits (the servicer makes one per call, and
+    work for the call only asks `is_set`)."""
+
+    __slots__ = ("_ended", "_event")
+
+    def __init__(self) -> None:
+        self._ended = False
+        self._event: threading.Event | None = None
+
+    def set(self) -> None:
+        self._ended = True
+        event = self._event
+        if event is not None:
+            event.set()
+
+    def is_set(self) -> bool:
+        return self._ended
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Whether it is set, waiting at most `timeout` seconds for it."""
+        if self._ended:
+            return True
+        with _WAITING:
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        # `set` may have run before the event existed: it set the flag before looking for it
+        return self._ended or event.wait(timeout)
+
+
+_WAITING = threading.Lock()  # makes an Ended's event once
 
 
 @dataclass(frozen=True)
@@ -24,14 +68,14 @@ class Deadline:
     `cancelled` is set (the client went away)."""
 
     at: float | None
-    cancelled: threading.Event | None = None
+    cancelled: Cancellation | None = None
 
     @classmethod
     def within(
         cls,
         remaining: float | None,
         margin: float = 0.1,
-        cancelled: threading.Event | None = None,
+        cancelled: Cancellation | None = None,
     ) -> Deadline:
         """`remaining` seconds from now, less a margin for answering (at most 10%)."""
         if remaining is None:
@@ -39,7 +83,7 @@ class Deadline:
         return cls(time.monotonic() + remaining - min(margin, remaining * 0.1), cancelled)
 
     @classmethod
-    def after(cls, seconds: float | None, cancelled: threading.Event | None = None) -> Deadline:
+    def after(cls, seconds: float | None, cancelled: Cancellation | None = None) -> Deadline:
         """`seconds` from now (None: never), with no margin."""
         return cls(None if seconds is None else time.monotonic() + seconds, cancelled)
 

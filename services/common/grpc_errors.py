@@ -57,6 +57,7 @@ __all__ = [
     "BINDING_REASON",
     "CONFLICT_RESOURCE_TYPE",
     "DOMAIN",
+    "DecodedRequests",
     "PARSE_ERROR_REASON",
     "STATUS_CODES",
     "ErrorMappingInterceptor",
@@ -322,22 +323,32 @@ def stream_in_context(
     variable: ContextVar[Any], value: Any, start: Callable[[], Iterable[Any]]
 ) -> Iterator[Any]:
     """The responses of a streaming handler (`start()`), with `variable` set to `value` while
-    it starts and around each step: a generator's body runs inside `next()`, in the context of
-    whoever calls it, so a context variable set once before would not be seen there."""
+    it starts, around each step and while it is closed: a generator's body runs inside
+    `next()` (and `close()`), in the context of whoever calls it, so a context variable set
+    once before would not be seen there."""
     token = variable.set(value)
     try:
         responses = iter(start())
     finally:
         variable.reset(token)
-    while True:
-        token = variable.set(value)
-        try:
-            response = next(responses)
-        except StopIteration:
-            return
-        finally:
-            variable.reset(token)
-        yield response
+    try:
+        while True:
+            token = variable.set(value)
+            try:
+                response = next(responses)
+            except StopIteration:
+                return
+            finally:
+                variable.reset(token)
+            yield response
+    finally:  # closed early (grpc drops a call's generator when the call ends): the handler's
+        close = getattr(responses, "close", None)  # own clean-up sees `variable` too
+        if close is not None:
+            token = variable.set(value)
+            try:
+                close()
+            finally:
+                variable.reset(token)
 
 
 def rewrap_handler(
@@ -383,18 +394,25 @@ class ErrorMappingInterceptor(HandlerInterceptor):
     (REFUSED_STREAM) and the process grows without bound. So the handler is served with raw
     bytes and the request is decoded here, inside the call: an undecodable request is an
     ordinary INVALID_ARGUMENT, logged at DEBUG without a traceback. Health checks get the same
-    decoding (their other behaviour is left alone)."""
+    decoding (their other behaviour is left alone). A handler that takes a stream of requests
+    gets them as `DecodedRequests`: each message decoded as it is read, an undecodable one
+    raising InvalidArgument from `next()` while the stream goes on (a handler that lets it
+    escape fails the call with INVALID_ARGUMENT; AllocateStream answers it as that message's
+    own error)."""
 
     covers_infrastructure = True
 
     def wrap(self, method: str, handler: Handler) -> Handler:
-        decode = _decoder(method, handler)
+        one = _decoder(method, handler)
         if is_infrastructure_method(method):
-            if handler.request_streaming or handler.response_streaming or decode is None:
+            if handler.request_streaming or handler.response_streaming or one is None:
                 return handler  # Health.Watch must stay as grpc built it (non-blocking)
             return rewrap_handler(
-                handler, lambda b: _decoding(b, decode), lambda b: b, request_deserializer=None
+                handler, lambda b: _decoding(b, one), lambda b: b, request_deserializer=None
             )
+        decode: Callable[[Any], Any] | None = one
+        if handler.request_streaming and handler.request_deserializer is not None:
+            decode = _stream_decoder(method, handler.request_deserializer)
 
         def wrap_unary(behavior: UnaryBehavior) -> UnaryBehavior:
             def call(request: Any, context: grpc.ServicerContext) -> Any:
@@ -437,6 +455,43 @@ def _decoder(
             ) from None
 
     return decode
+
+
+class DecodedRequests(Iterator[Any]):
+    """A stream of requests decoded inside the call, one message per `next()`: a message that
+    does not decode raises InvalidArgument (naming its position in the stream) and the stream
+    stays readable — the next `next()` reads the message after it. StopIteration at the
+    client's half-close; grpc.RpcError when the call ended (cancelled, deadline), as grpc's own
+    request iterator."""
+
+    def __init__(self, raw: Iterator[bytes], deserialize: Callable[[bytes], Any], name: str):
+        self._raw = raw
+        self._deserialize = deserialize
+        self._name = name
+        self.read = 0
+        """Messages read so far, undecodable ones included."""
+
+    def __iter__(self) -> DecodedRequests:
+        return self
+
+    def __next__(self) -> Any:
+        raw = next(self._raw)
+        position = self.read
+        self.read += 1
+        try:
+            return self._deserialize(raw)
+        except Exception:  # protobuf's DecodeError, or anything a deserializer raises
+            raise InvalidArgument(
+                f"{self._name}: message {position} of the stream is not a valid protobuf "
+                f"message ({len(raw)} bytes)"
+            ) from None
+
+
+def _stream_decoder(
+    method: str, deserialize: Callable[[bytes], Any]
+) -> Callable[[Iterator[bytes]], DecodedRequests]:
+    name = method.rsplit("/", 1)[-1]
+    return lambda raw: DecodedRequests(raw, deserialize, name)
 
 
 def _decoding(behavior: UnaryBehavior, decode: Callable[[bytes], Any]) -> UnaryBehavior:

@@ -22,7 +22,7 @@ the port. Every server gets:
 
 Call deadlines. A sync grpc server cannot preempt a running handler thread, so a cap is a budget
 the service layer honours, not a kill switch: a servicer turns each call's deadline into a value,
-`call_deadline(context, cap)` = now + min(client deadline, cap) with an event set when the call
+`call_deadline(context, cap)` = now + min(client deadline, cap) with a flag set when the call
 ends or is cancelled, and passes it down explicitly (services.common.deadline: the solver's
 budget, waits, and `Deadline.check()` before store calls, which raises DeadlineExceeded for the
 error interceptor to map). The allocator's cap is `settings.max_call_seconds`; streaming
@@ -50,7 +50,7 @@ from grpc_reflection.v1alpha import reflection
 
 from services.common.admission import Admission, AdmissionLimits
 from services.common.config import ServerSettings
-from services.common.deadline import Deadline
+from services.common.deadline import Deadline, Ended
 from services.common.errors import FailedPrecondition
 from services.common.grpc_errors import (
     ErrorMappingInterceptor,
@@ -324,10 +324,10 @@ def serve_until_signal(
 
 def call_deadline(context: grpc.ServicerContext, cap: float | None = None) -> Deadline:
     """The call's deadline as a value, for the servicer to pass down: now + the shorter of the
-    client's deadline and `cap` (None: no bound without a client deadline), and an event that
-    grpc sets when the call ends, in particular when its client cancels it or goes away, so
-    that work done for it can stop at once."""
-    ended = threading.Event()
+    client's deadline and `cap` (None: no bound without a client deadline), and a flag
+    (`Ended`) that grpc sets when the call ends, in particular when its client cancels it or
+    goes away, so that work done for it can stop at once."""
+    ended = Ended()
     context.add_callback(ended.set)  # grpc calls it on completion and on cancellation
     return Deadline(_deadline(context, cap), ended)
 

@@ -87,6 +87,56 @@ def test_allocations_are_stored_as_kubernetes_json(
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("owner", "key"),
+    [
+        pytest.param("alice", "k1", id="ascii"),
+        pytest.param("team-ü/alice", 'k-"é"\\/\n', id="escapes-and-non-ascii"),
+    ],
+)
+def test_documents_read_as_older_versions_wrote_them(
+    store: RedisReservationStore, raw: redis.Redis, owner: str, key: str
+) -> None:
+    """Two versions share a store during an upgrade: the idempotency field keeps the exact
+    bytes `json.dumps([owner, key])` gave (a retry looks it up as a hash field), and every
+    JSON field reads back with the stdlib's json.loads as older versions read them."""
+    request = reserve_request(GPU0, uses=[mem(1000)], owner=owner, key=key)
+    reservation = reserve_placement(store, [request])[0]
+
+    fields = raw.hgetall("gpualloc:{node-1}:res:" + reservation.id)
+    assert fields["idem"] == json.dumps([owner, key])
+    assert raw.hget("gpualloc:{node-1}:idem", json.dumps([owner, key])) == reservation.id
+    assert json.loads(fields["devices"]) == [GPU0]
+    assert json.loads(fields["uses"]) == [[counter(), "1000", "7000"]]
+    doc = json.loads(fields["doc"])
+    assert (doc["node"], doc["claimNames"], doc["idempotencyKey"]) == ("node-1", ["claim-a"], key)
+    assert store.get(reservation.id) == reservation
+
+
+def test_the_previous_versions_grant_step_still_works(
+    store: RedisReservationStore, raw: redis.Redis
+) -> None:
+    """The previous version grants through `gpualloc_grant_many` (one argument per field):
+    kept in the library, its reservations read back here and block the same devices."""
+    reserve_placement(store, [reserve_request(device("gpu-9"))])  # loads the library
+    base = "gpualloc:{node-1}:"
+    doc = {"node": "node-1", "claimNames": ["claim-a"], "allocations": [],
+           "idempotencyKey": "k", "labels": []}  # fmt: skip
+    keys = [base + "leases", base + "ids", base + "fence", base + "idem",
+            base + "res:res-old@node-1", base + "dev:" + GPU0]  # fmt: skip
+    args = [base, "node-1", "gpualloc:events", "1", "res-old@node-1", "alice",
+            json.dumps(["alice", "k"]), "60000", json.dumps([GPU0]), "[]",
+            json.dumps(doc)]  # fmt: skip
+    [[status, _]], _ = raw.fcall("gpualloc_grant_many", len(keys), *keys, *args)
+
+    assert status == "ok"
+    assert store.get("res-old@node-1").hold.devices == (GPU0,)
+    with pytest.raises(Conflict):
+        reserve_placement(store, [reserve_request(GPU0)])
+    again = reserve_placement(store, [reserve_request(GPU0, key="k")])  # its idempotency key
+    assert [r.id for r in again] == ["res-old@node-1"]
+
+
 def test_library_is_reloaded_after_function_flush(
     store: RedisReservationStore, raw: redis.Redis
 ) -> None:

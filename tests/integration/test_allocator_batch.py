@@ -27,7 +27,12 @@ from services.client import AllocatorClient, claim_from_spec
 from services.client.client import AllocateItem
 from services.common.deadline import UNBOUNDED, Deadline
 from services.common.errors import DeadlineExceeded, InvalidArgument, NotFound, PermissionDenied
-from tests.e2e.allocator_harness import ServedAllocator, allocate_request, serve_allocator
+from tests.e2e.allocator_harness import (
+    ServedAllocator,
+    allocate_request,
+    pb_claims,
+    serve_allocator,
+)
 from tests.integration.conftest import store_of
 from tests.integration.test_quotas import claim as quota_claim
 from tests.integration.test_quotas import (
@@ -119,6 +124,53 @@ def test_a_batch_equals_its_items_sent_one_by_one_in_order(allocator, specs):
     batched = _batched(allocator, items)
     release_everything(allocator.target)
     assert batched == one_by_one
+
+
+def _made_afresh_cleared(response: pb.AllocateResponse) -> pb.AllocateResponse:
+    """The answer without what each new reservation makes afresh (its id, fencing token and
+    times, also where it is named as a holder: holders in a fixed order then) and an
+    explanation's search statistics (time taken, CEL cache hits: the cache is warm the second
+    time)."""
+    shown = pb.AllocateResponse()
+    shown.CopyFrom(response)
+    if shown.HasField("explanation"):
+        shown.explanation.ClearField("stats")
+    for reservation in shown.reservations:
+        for name in ("id", "fencing_token", "created_at", "expires_at"):
+            reservation.ClearField(name)
+    holders = []
+    for holder in shown.holders:
+        holder.ClearField("reservation_id")
+        holder.ClearField("expires_at")
+        holders.append(holder.SerializeToString(deterministic=True))
+    shown.ClearField("holders")
+    for holder_bytes in sorted(holders):
+        shown.holders.add().MergeFromString(holder_bytes)
+    return shown
+
+
+def test_a_batch_item_s_answer_is_the_unary_answer_field_for_field(allocator):
+    """Not only the placements: every field of each item's answer (allocations with their
+    node selectors, score, reservations, generation, gang placements) is what the unary
+    Allocate answers, but what a new reservation makes afresh."""
+    pair = pb.Gang(node_count=2, claims_per_node=pb_claims("one-h100"))
+    items = [
+        allocate_request("one-h100", reserve=True, owner="team/a"),
+        allocate_request("one-h100", reserve=True, owner="team/a"),
+        allocate_request("one-h100", "mig-small-else-medium", reserve=True, owner="team/b"),
+        allocate_request("two-gpus-same-pcie-root", owner="team/a"),
+        pb.AllocateRequest(gang=pair, reserve=True, owner="team/b"),
+        allocate_request("four-nvlink-gpus", reserve=True, owner="team/a", idempotency_key="k"),
+        allocate_request("sixteen-h100-one-node", reserve=True, owner="team/a"),
+    ]
+    unary = [allocator.stub.Allocate(item, timeout=10) for item in items]
+    release_everything(allocator.target)
+    batch = allocator.stub.AllocateBatch(pb.AllocateBatchRequest(items=items), timeout=30)
+    release_everything(allocator.target)
+    assert all(item.HasField("response") for item in batch.items)
+    assert unary[0].reservations and unary[4].gang_placements  # reserving, a gang among them
+    shown = [_made_afresh_cleared(item.response) for item in batch.items]
+    assert shown == [_made_afresh_cleared(answer) for answer in unary]
 
 
 RUNS = st.lists(

@@ -1233,6 +1233,61 @@ class AllocateBatchResponse(_message.Message):
 Global___AllocateBatchResponse: _TypeAlias = AllocateBatchResponse  # noqa: Y015
 
 @_typing.final
+class AllocateStreamRequest(_message.Message):
+    """--- AllocateStream -------------------------------------------------------------------------
+
+    One request of an AllocateStream.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEM_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def item(self) -> Global___AllocateRequest:
+        """The request, as Allocate takes it."""
+
+    def __init__(
+        self,
+        *,
+        item: Global___AllocateRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AllocateStreamRequest: _TypeAlias = AllocateStreamRequest  # noqa: Y015
+
+@_typing.final
+class AllocateStreamResponse(_message.Message):
+    """The answer to one request of an AllocateStream, in request order."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    ITEM_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    """Its position in the stream: 0 for the stream's first request, then 1, 2, ..."""
+    @_builtins.property
+    def item(self) -> Global___AllocateBatchItem:
+        """Its answer or error, as an AllocateBatch item's."""
+
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        item: Global___AllocateBatchItem | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "item", b"item"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AllocateStreamResponse: _TypeAlias = AllocateStreamResponse  # noqa: Y015
+
+@_typing.final
 class ExplainRequest(_message.Message):
     """--- Explain --------------------------------------------------------------------------------
 

@@ -47,6 +47,11 @@ class AllocatorStub:
                 request_serializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.AllocateBatchRequest.SerializeToString,
                 response_deserializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.AllocateBatchResponse.FromString,
                 _registered_method=True)
+        self.AllocateStream = channel.stream_stream(
+                '/gpualloc.allocator.v1.Allocator/AllocateStream',
+                request_serializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.AllocateStreamRequest.SerializeToString,
+                response_deserializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.AllocateStreamResponse.FromString,
+                _registered_method=True)
         self.Explain = channel.unary_unary(
                 '/gpualloc.allocator.v1.Allocator/Explain',
                 request_serializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.ExplainRequest.SerializeToString,
@@ -123,6 +128,17 @@ class AllocatorServicer:
         order, each seeing the reservations of the ones before it, and each has its own answer or
         error. A bad item never fails the others; items the deadline leaves unreached answer
         DEADLINE_EXCEEDED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AllocateStream(self, request_iterator, context):
+        """AllocateBatch as a long-lived connection: a scheduler sends its pending requests one
+        message each and gets one answer per request, in request order. The items that have
+        arrived when the server is free are placed together in one pass (at most 64), as an
+        AllocateBatch of them; each has its own answer or error (a bad or denied item never ends
+        the stream). Counts as an open stream (GPUALLOC_MAX_STREAMS).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -224,6 +240,11 @@ def add_AllocatorServicer_to_server(servicer, server):
                     servicer.AllocateBatch,
                     request_deserializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.AllocateBatchRequest.FromString,
                     response_serializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.AllocateBatchResponse.SerializeToString,
+            ),
+            'AllocateStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.AllocateStream,
+                    request_deserializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.AllocateStreamRequest.FromString,
+                    response_serializer=protos_dot_allocator_dot_v1_dot_allocator__pb2.AllocateStreamResponse.SerializeToString,
             ),
             'Explain': grpc.unary_unary_rpc_method_handler(
                     servicer.Explain,
@@ -338,6 +359,33 @@ class Allocator:
             '/gpualloc.allocator.v1.Allocator/AllocateBatch',
             protos_dot_allocator_dot_v1_dot_allocator__pb2.AllocateBatchRequest.SerializeToString,
             protos_dot_allocator_dot_v1_dot_allocator__pb2.AllocateBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AllocateStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/gpualloc.allocator.v1.Allocator/AllocateStream',
+            protos_dot_allocator_dot_v1_dot_allocator__pb2.AllocateStreamRequest.SerializeToString,
+            protos_dot_allocator_dot_v1_dot_allocator__pb2.AllocateStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -51,6 +51,13 @@ class AllocatorStub:
     error. A bad item never fails the others; items the deadline leaves unreached answer
     DEADLINE_EXCEEDED.
     """
+    AllocateStream: _grpc.StreamStreamMultiCallable[_allocator_pb2.AllocateStreamRequest, _allocator_pb2.AllocateStreamResponse]
+    """AllocateBatch as a long-lived connection: a scheduler sends its pending requests one
+    message each and gets one answer per request, in request order. The items that have
+    arrived when the server is free are placed together in one pass (at most 64), as an
+    AllocateBatch of them; each has its own answer or error (a bad or denied item never ends
+    the stream). Counts as an open stream (GPUALLOC_MAX_STREAMS).
+    """
     Explain: _grpc.UnaryUnaryMultiCallable[_allocator_pb2.ExplainRequest, _allocator_pb2.ExplainResponse]
     """Runs the same search as Allocate with reason recording on, and says why the claims do not
     fit: per request, per constraint, per node. Never reserves.
@@ -102,6 +109,13 @@ class AllocatorAsyncStub(AllocatorStub):
     order, each seeing the reservations of the ones before it, and each has its own answer or
     error. A bad item never fails the others; items the deadline leaves unreached answer
     DEADLINE_EXCEEDED.
+    """
+    AllocateStream: _aio.StreamStreamMultiCallable[_allocator_pb2.AllocateStreamRequest, _allocator_pb2.AllocateStreamResponse]  # type: ignore[assignment]
+    """AllocateBatch as a long-lived connection: a scheduler sends its pending requests one
+    message each and gets one answer per request, in request order. The items that have
+    arrived when the server is free are placed together in one pass (at most 64), as an
+    AllocateBatch of them; each has its own answer or error (a bad or denied item never ends
+    the stream). Counts as an open stream (GPUALLOC_MAX_STREAMS).
     """
     Explain: _aio.UnaryUnaryMultiCallable[_allocator_pb2.ExplainRequest, _allocator_pb2.ExplainResponse]  # type: ignore[assignment]
     """Runs the same search as Allocate with reason recording on, and says why the claims do not
@@ -163,6 +177,19 @@ class AllocatorServicer(metaclass=_abc_1.ABCMeta):
         order, each seeing the reservations of the ones before it, and each has its own answer or
         error. A bad item never fails the others; items the deadline leaves unreached answer
         DEADLINE_EXCEEDED.
+        """
+
+    @_abc_1.abstractmethod
+    def AllocateStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_allocator_pb2.AllocateStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_allocator_pb2.AllocateStreamResponse], _abc.AsyncIterator[_allocator_pb2.AllocateStreamResponse]]:
+        """AllocateBatch as a long-lived connection: a scheduler sends its pending requests one
+        message each and gets one answer per request, in request order. The items that have
+        arrived when the server is free are placed together in one pass (at most 64), as an
+        AllocateBatch of them; each has its own answer or error (a bad or denied item never ends
+        the stream). Counts as an open stream (GPUALLOC_MAX_STREAMS).
         """
 
     @_abc_1.abstractmethod

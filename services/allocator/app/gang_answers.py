@@ -44,6 +44,13 @@ def placement_requests(
     """One store request per scope of the placement: each node's (in placement order), then
     every pool outside them once, with what all its nodes take there (a bad device of a
     placement on several nodes is named at `gang_placements[i]`)."""
+    if len(placement) == 1:  # one node's (or no node's): each scope holds all of it
+        member = placement[0]
+        holds = placement_holds(snapshot, member.node or "", member.allocations)
+        return [
+            _request(lease, lease_seconds, scope, claim_names, tuple(member.allocations), hold)
+            for scope, hold in holds.items()
+        ]
     scopes: dict[str, _Scope] = {}
     for index, member in enumerate(placement):
         path = f"gang_placements[{index}].allocations" if len(placement) > 1 else "allocations"
@@ -55,20 +62,38 @@ def placement_requests(
             entry.devices.extend(hold.devices)
             entry.uses.extend(hold.uses)
     return [
-        ReserveRequest(
-            owner=lease.owner,
-            node=scope,
-            claim_names=tuple(entry.claim_names),
-            allocations=tuple(entry.allocations),
-            hold=Hold(tuple(entry.devices), tuple(entry.uses)),
-            lease_seconds=lease_seconds,
-            idempotency_key=lease.idempotency_key,
-            labels=lease.labels,
-            request_digest=lease.request_digest,
-            priority_class=lease.priority_class,
+        _request(
+            lease,
+            lease_seconds,
+            scope,
+            tuple(entry.claim_names),
+            tuple(entry.allocations),
+            Hold(tuple(entry.devices), tuple(entry.uses)),
         )
         for scope, entry in scopes.items()
     ]
+
+
+def _request(
+    lease: LeaseOptions,
+    lease_seconds: float,
+    scope: str,
+    claim_names: tuple[str, ...],
+    allocations: tuple[AllocationResult, ...],
+    hold: Hold,
+) -> ReserveRequest:
+    return ReserveRequest(
+        owner=lease.owner,
+        node=scope,
+        claim_names=claim_names,
+        allocations=allocations,
+        hold=hold,
+        lease_seconds=lease_seconds,
+        idempotency_key=lease.idempotency_key,
+        labels=lease.labels,
+        request_digest=lease.request_digest,
+        priority_class=lease.priority_class,
+    )
 
 
 def members_of_reservations(reservations: Sequence[Reservation]) -> tuple[NodePlacement, ...]:

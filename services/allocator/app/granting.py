@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from services.allocator.app.live_reservations import Holdings
 from services.allocator.app.quota_grants import QuotaAsk, QuotaTally
@@ -52,7 +52,11 @@ class _Placement:
     requests: Sequence[ReserveRequest]
     quota: int | None  # its index in the tally (None: no quotas)
     pending: str  # its Holdings token
-    limits: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    limits: contextlib.ExitStack | None = None  # the reservation limit's count, if bounded
+
+    def close(self) -> None:
+        if self.limits is not None:
+            self.limits.close()
 
 
 class GrantRun:
@@ -93,8 +97,9 @@ class GrantRun:
         (QuotaGuard.usage; the ledger entries keep the amounts, so release, QuotaStatus and
         preemption count them there too)."""
         owner = requests[0].owner
-        limits = contextlib.ExitStack()
+        limits = None
         if limit is not None:  # counted while in flight (none to count without a bound)
+            limits = contextlib.ExitStack()
             limits.enter_context(self._limit.granting(owner, len(requests), limit))
         quota: int | None = None
         try:
@@ -110,12 +115,16 @@ class GrantRun:
                     raise QuotaExceeded(admitted)
                 quota = admitted
             # Held for this process's other solves while the store decides (live_reservations).
-            placed = {id(a): a for request in requests for a in request.allocations}
-            pending = self._holdings.hold_pending(
-                [request.node for request in requests], tuple(placed.values())
-            )
+            if len(requests) == 1 and len(requests[0].allocations) == 1:  # the common case
+                pending = self._holdings.hold_pending([requests[0].node], requests[0].allocations)
+            else:  # the scopes of one placement repeat its allocations: each once
+                placed = {id(a): a for request in requests for a in request.allocations}
+                pending = self._holdings.hold_pending(
+                    [request.node for request in requests], tuple(placed.values())
+                )
         except BaseException:
-            limits.close()
+            if limits is not None:
+                limits.close()
             raise
         self._placements.append(_Placement(requests, quota, pending, limits))
         return len(self._placements) - 1
@@ -131,7 +140,7 @@ class GrantRun:
                     self._holdings.settle_pending(placement.pending, outcome)
                 else:
                     self._holdings.drop_pending(placement.pending)
-                placement.limits.close()
+                placement.close()
             self._placements = []
         return [outcome for outcome in outcomes if outcome is not None]
 
@@ -139,7 +148,7 @@ class GrantRun:
         """Give up the placements not written: their pending holds and counts go."""
         for placement in self._placements:
             self._holdings.drop_pending(placement.pending)
-            placement.limits.close()
+            placement.close()
         self._placements = []
 
     def _write(self, deadline: Deadline, outcomes: list[ReserveOutcome | None]) -> None:

@@ -78,6 +78,16 @@ class AllocatorMetrics:
             "gpualloc.reservation.binding_failures",
             description="reservations released because their binding failed or timed out",
         )
+        self.stream_items = meter.create_counter(
+            "gpualloc.allocate_stream.items",
+            description="requests read from AllocateStream calls (each an Allocate)",
+        )
+        self.stream_pass_items = meter.create_histogram(
+            "gpualloc.allocate_stream.pass_items",
+            unit="{item}",
+            description="items of an AllocateStream placed together in one pass",
+            explicit_bucket_boundaries_advisory=(1, 2, 4, 8, 16, 32, 64),
+        )
         # Counters exist from the start at 0, so rate() and alerts see a series before the
         # first event instead of none.
         for counter in (self.conflicts, self.aborted, self.lease_expiries, self.disconnects):

@@ -17,7 +17,7 @@ keeps its place as a marker, and the search fails with an error when it reaches 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import overload
@@ -113,6 +113,11 @@ class SolveContext:
     mix: FragmentationMix = DEFAULT_MIX  # FRAGMENTATION_AWARE's expected requests
     snapshot: ClusterSnapshot | None = None  # for node topologies
     rules: PlacementPolicy = field(init=False, repr=False)  # the policy's rules (scoring.py)
+    # What the solves in this context derive from its question alone (the question's keys,
+    # per-template facts, whether node groups may stand for their nodes): worked out by the
+    # first solve and read by every later one (the items of a batch, batch.py). A context
+    # made with `replace` may ask another question: it starts empty.
+    derived: dict[Hashable, object] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rules", self.policy.rules)

@@ -30,10 +30,11 @@ request kind costs no CEL and no per-device work.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -46,7 +47,7 @@ from services.allocator.core.candidates import (
 from services.allocator.core.explain import ReasonCode
 from services.allocator.core.groups import GroupIndex, OrderEntry
 from services.allocator.core.plan import Alternative, ConstraintKind, Plan
-from services.allocator.core.scoring import GroupFacts, NodeKey, Policy
+from services.allocator.core.scoring import GroupFacts, KnownBounds, NodeKey, Policy
 from services.allocator.core.snapshot import ClusterSnapshot, NodeView
 from services.allocator.core.templates import NodeTemplate, NodeTemplates, split_name
 from services.common.dra.model import AllocationMode
@@ -55,7 +56,14 @@ __all__ = ["GroupedChoice", "TemplatePlan", "template_plan", "usable"]
 
 _CACHE_LIMIT = 256
 Evaluate = Callable[
-    [NodeView, "Fraction | None", "Prepared | None", "frozenset[int] | None"], "NodeKey | None"
+    [
+        NodeView,
+        "Fraction | None",
+        "Prepared | None",
+        "frozenset[int] | None",
+        "NodeTemplate | None",
+    ],
+    "NodeKey | None",
 ]
 
 
@@ -73,7 +81,20 @@ class TemplatePlan:
 
 def usable(plan: Plan, ctx: SolveContext, templates: NodeTemplates) -> bool:
     """Whether groups answer for their nodes: no `All` request (its device list is per node)
-    and no selector or constraint reads an attribute the templates abstract away."""
+    and no selector or constraint reads an attribute the templates abstract away. Worked out
+    once per context and templates."""
+    if plan is not ctx.plan:
+        return _usable(plan, ctx, templates)
+    found = ctx.derived.get(_USABLE)
+    if not isinstance(found, tuple) or found[0] is not templates:
+        found = ctx.derived[_USABLE] = (templates, _usable(plan, ctx, templates))
+    return bool(found[1])
+
+
+_USABLE = "nodechoice.usable"
+
+
+def _usable(plan: Plan, ctx: SolveContext, templates: NodeTemplates) -> bool:
     if not templates.templates:
         return False
     names: list[tuple[str, str] | None] = []
@@ -130,25 +151,29 @@ class GroupedChoice:
     def run(self) -> None:
         templates = self.groups.templates
         for name in templates.ungrouped:
-            self._search(self.snapshot.view(name), None, None, None, [name])
+            self._search(self.snapshot.view(name), None, None, None, [name], None)
             if self.out_of_steps():
                 return
-        for template in templates.templates:
-            facts = template_plan(self.ctx, self.snapshot, template)
-            if facts.ranks is not None:
-                self._advance(self._cursor(template, facts), template, facts)
-        while self._heap:
-            _, _, item = heapq.heappop(self._heap)
+        for reach in _reachable(self.ctx, self.snapshot, templates):
+            order = self.groups.order[reach.template.id]
+            by_name = functools.partial(self._by_name, reach)
+            cursor = self.ctx.rules.groups(reach.bounds, order, by_name, reach.known)
+            self._advance(cursor, reach)
+        heap, members = self._heap, self.groups.members
+        while heap:
+            _, _, item = heapq.heappop(heap)
             if item is None:
                 if self.exhaustive:
                     continue
                 return  # a searched group beats every bound left
-            cursor, template, facts, entry = item
-            self._advance(cursor, template, facts)
-            if self._fits(template, facts, entry):
+            cursor, reach, entry = item
+            self._advance(cursor, reach)
+            if reach.fits(entry):
+                template = reach.template
                 view = self.snapshot.view(entry.node)
-                members = self.groups.members[template.id, entry.used]
-                self._search(view, entry.capacity, facts.prepared, entry.used, members)
+                found = members[template.id, entry.used]
+                prepared = reach.facts.prepared
+                self._search(view, entry.capacity, prepared, entry.used, found, template)
                 if self.out_of_steps():
                     return
 
@@ -159,58 +184,89 @@ class GroupedChoice:
         prepared: Prepared | None,
         in_use: frozenset[int] | None,
         members: Sequence[str],
+        template: NodeTemplate | None,
     ) -> None:
         self.searched += 1
-        key = self.evaluate(view, before, prepared, in_use)
+        key = self.evaluate(view, before, prepared, in_use, template)
         if key is not None:
             self.feasible += len(members)
             heapq.heappush(self._heap, (key, next(self._seq), None))
             if self.exhaustive:  # every member scores alike, under its own name
                 self.feasible_groups.append((key, members))
 
-    def _advance(
-        self,
-        cursor: Iterator[tuple[NodeKey, OrderEntry]],
-        template: NodeTemplate,
-        facts: TemplatePlan,
-    ) -> None:
+    def _advance(self, cursor: Iterator[tuple[NodeKey, OrderEntry]], reach: _Reachable) -> None:
         step = next(cursor, None)
         if step is not None:
             bound, entry = step
-            heapq.heappush(self._heap, (bound, next(self._seq), (cursor, template, facts, entry)))
+            heapq.heappush(self._heap, (bound, next(self._seq), (cursor, reach, entry)))
 
-    def _fits(self, template: NodeTemplate, facts: TemplatePlan, entry: OrderEntry) -> bool:
-        """Cheap necessary conditions: enough free capacity, and per request an alternative
-        with enough matching devices that nobody holds."""
-        used = entry.used
-        if entry.capacity < facts.least:
-            return False
-        alternatives = iter(zip(self.ctx.plan.alternatives(), facts.candidates, strict=True))
-        for claim in self.ctx.plan.claims:
-            for request in claim.requests:
-                chunk = list(itertools.islice(alternatives, len(request.alternatives)))
-                if not any(_room(a, c, used) for a, c in chunk):
-                    return False
-        return True
-
-    def _cursor(
-        self, template: NodeTemplate, facts: TemplatePlan
-    ) -> Iterator[tuple[NodeKey, OrderEntry]]:
-        assert facts.ranks is not None
-        bounds = GroupFacts(
-            facts.ranks, facts.implicit_missed, facts.most, facts.least, self.ctx.mix.capacity
-        )
-        order = self.groups.order[template.id]
-        return self.ctx.rules.groups(bounds, order, lambda: self._by_name(template))
-
-    def _by_name(self, template: NodeTemplate) -> Iterator[OrderEntry]:
+    def _by_name(self, reach: _Reachable) -> Iterator[OrderEntry]:
         """The template's groups by first node name."""
         seen: set[frozenset[int]] = set()
+        template = reach.template
         for node in template.nodes:
             used = self.groups.node_in_use(node)
             if used not in seen:
                 seen.add(used)
                 yield OrderEntry(template.free_capacity(used), node, used)
+
+
+@dataclass(frozen=True, eq=False)
+class _Reachable:
+    """A template some node of which may fit the plan, with what the walk reads of it for
+    every group: its facts, its bounds' inputs, and per request its alternatives with their
+    candidates (the cheap check)."""
+
+    template: NodeTemplate
+    facts: TemplatePlan
+    bounds: GroupFacts
+    rooms: tuple[tuple[tuple[Alternative, frozenset[int] | None], ...], ...]
+    known: KnownBounds = field(default_factory=KnownBounds)  # its groups' bounds, once each
+
+    def fits(self, entry: OrderEntry) -> bool:
+        """Cheap necessary conditions: enough free capacity, and per request an alternative
+        with enough matching devices that nobody holds."""
+        if entry.capacity < self.facts.least:
+            return False
+        used = entry.used
+        for request in self.rooms:
+            for alternative, candidates in request:
+                if _room(alternative, candidates, used):
+                    break
+            else:
+                return False
+        return True
+
+
+def _reachable(
+    ctx: SolveContext, snapshot: ClusterSnapshot, templates: NodeTemplates
+) -> tuple[_Reachable, ...]:
+    """The templates, in order, where the plan may fit (template_plan has ranks), worked out
+    once per context and templates."""
+    found = ctx.derived.get(_REACHABLE)
+    if isinstance(found, tuple) and found[0] is templates:
+        reachable: tuple[_Reachable, ...] = found[1]
+        return reachable
+    every: list[_Reachable] = []
+    for template in templates.templates:
+        facts = template_plan(ctx, snapshot, template)
+        if facts.ranks is None:
+            continue
+        bounds = GroupFacts(
+            facts.ranks, facts.implicit_missed, facts.most, facts.least, ctx.mix.capacity
+        )
+        pairs = iter(zip(ctx.plan.alternatives(), facts.candidates, strict=True))
+        rooms = tuple(
+            tuple(itertools.islice(pairs, len(request.alternatives)))
+            for claim in ctx.plan.claims
+            for request in claim.requests
+        )
+        every.append(_Reachable(template, facts, bounds, rooms))
+    ctx.derived[_REACHABLE] = (templates, tuple(every))
+    return tuple(every)
+
+
+_REACHABLE = "nodechoice.reachable"
 
 
 def _room(
@@ -230,14 +286,26 @@ def _room(
 def template_plan(
     ctx: SolveContext, snapshot: ClusterSnapshot, template: NodeTemplate
 ) -> TemplatePlan:
-    key = _plan_key(ctx.plan, ctx.policy)
-    found = template.caches.get(key)
+    """The plan's facts on `template`: kept on the template by the plan's content (a later
+    solve of the same request kind reads them) and on the context (its later solves do not
+    even work out that key)."""
+    derived = ctx.derived.get(_TEMPLATE_PLANS)
+    if not isinstance(derived, dict):
+        derived = ctx.derived[_TEMPLATE_PLANS] = {}
+    found = derived.get(template)
     if found is None:
-        if len(template.caches) >= _CACHE_LIMIT:
-            template.caches.clear()
-        found = template.caches[key] = _template_plan(ctx, snapshot, template)
+        key = _plan_key(ctx.plan, ctx.policy)
+        found = template.caches.get(key)
+        if found is None:
+            if len(template.caches) >= _CACHE_LIMIT:
+                template.caches.clear()
+            found = template.caches[key] = _template_plan(ctx, snapshot, template)
+        derived[template] = found
     assert isinstance(found, TemplatePlan)
     return found
+
+
+_TEMPLATE_PLANS = "nodechoice.template_plan"
 
 
 def _template_plan(

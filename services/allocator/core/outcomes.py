@@ -33,7 +33,14 @@ from services.allocator.core.search import Pick
 from services.allocator.core.snapshot import DeviceEntry
 from services.allocator.core.templates import NodeTemplate
 
-__all__ = ["NodeOutcome", "OutcomeMemo", "kept_memo", "outcome_memo", "signature"]
+__all__ = [
+    "NodeOutcome",
+    "OutcomeMemo",
+    "kept_memo",
+    "outcome_memo",
+    "question_memo",
+    "signature",
+]
 
 _T = TypeVar("_T")
 _LIMIT = 2048  # outcomes kept per (template, question); cleared when full
@@ -101,6 +108,22 @@ def outcome_memo(template: NodeTemplate, question: Hashable) -> OutcomeMemo[Node
     return kept_memo(template, ("outcomes", question))
 
 
+def question_memo(ctx: SolveContext, template: NodeTemplate) -> OutcomeMemo[NodeOutcome]:
+    """`outcome_memo` of the context's question (its `signature`), looked up once per
+    context and template."""
+    memos = ctx.derived.get(_QUESTION_MEMOS)
+    if not isinstance(memos, dict):
+        memos = ctx.derived[_QUESTION_MEMOS] = {}
+    found = memos.get(template)
+    if found is None:
+        found = memos[template] = outcome_memo(template, signature(ctx))
+    assert isinstance(found, OutcomeMemo)
+    return found
+
+
+_QUESTION_MEMOS = "outcomes.question_memo"
+
+
 def kept_memo(template: NodeTemplate, key: Hashable, limit: int = _LIMIT) -> OutcomeMemo[Any]:
     """The template's memo under `key` (a kind of record and a question), of at most
     `limit` records."""
@@ -120,7 +143,18 @@ _MEMOS = "outcome-memos"
 
 
 def signature(ctx: SolveContext) -> Hashable:
-    """What one node's search reads of the question (module docstring)."""
+    """What one node's search reads of the question (module docstring); worked out once per
+    context."""
+    found = ctx.derived.get(_SIGNATURE)
+    if found is None:
+        found = ctx.derived[_SIGNATURE] = _signature(ctx)
+    return found
+
+
+_SIGNATURE = "outcomes.signature"
+
+
+def _signature(ctx: SolveContext) -> Hashable:
     plan = ctx.plan
     alternatives = tuple(
         (

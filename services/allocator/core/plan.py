@@ -13,7 +13,7 @@ per node by `candidates.py`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from services.common.dra.model import (
@@ -111,9 +111,18 @@ class ClaimPlan:
 @dataclass(frozen=True, eq=False)
 class Plan:
     claims: tuple[ClaimPlan, ...]
+    _alternatives: tuple[Alternative, ...] = field(init=False, repr=False)
+    by_key: Mapping[int, Alternative] = field(init=False, repr=False)  # alternatives by key
+
+    def __post_init__(self) -> None:
+        every = tuple(a for c in self.claims for r in c.requests for a in r.alternatives)
+        object.__setattr__(self, "_alternatives", every)
+        object.__setattr__(self, "by_key", {a.key: a for a in every})
 
     def alternatives(self) -> tuple[Alternative, ...]:
-        return tuple(a for c in self.claims for r in c.requests for a in r.alternatives)
+        """Every alternative of every request, claim by claim (read by every node's search:
+        listed once)."""
+        return self._alternatives
 
 
 def build_plan(claims: Sequence[ResourceClaim], classes: Mapping[str, DeviceClass]) -> Plan:

@@ -21,10 +21,11 @@ from services.common.dra.model import (
     DeviceAllocationConfiguration,
     DeviceID,
     DeviceRequestAllocationResult,
+    NodeSelector,
     ResourceClaim,
 )
 
-__all__ = ["ShareIdFactory", "allocation_result", "default_share_id"]
+__all__ = ["ResultParts", "ShareIdFactory", "allocation_result", "default_share_id"]
 
 ShareIdFactory = Callable[[ResourceClaim, str, DeviceID, int], str]
 """(claim, result request name, device, position of the result in the claim) -> share ID."""
@@ -37,19 +38,51 @@ def default_share_id(claim: ResourceClaim, request: str, device: DeviceID, posit
     return str(uuid.uuid5(_SHARE_ID_NAMESPACE, f"{owner}|{request}|{device}|{position}"))
 
 
+class ResultParts:
+    """What the results of one solve context's claims share (the items of a batch): a claim's
+    configs per chosen alternatives, and the node selector of picks that are all local to
+    their node, per node. Values only (frozen), read back as they were made."""
+
+    __slots__ = ("configs", "pinned")
+
+    def __init__(self) -> None:
+        self.configs: dict[tuple[int, tuple[int, ...]], Configs] = {}
+        self.pinned: dict[str | None, NodeSelector | None] = {}
+
+
+Configs = tuple[DeviceAllocationConfiguration, ...]
+
+
 def allocation_result(
     claim: ClaimPlan,
     picks: Sequence[Pick],
     chosen: Mapping[int, Alternative],
     node_name: str | None,
     share_id: ShareIdFactory,
+    parts: ResultParts | None = None,
 ) -> AllocationResult:
+    """The claim's result; `parts`: what earlier results of the same context worked out."""
     results = tuple(_device_result(claim.claim, i, pick, share_id) for i, pick in enumerate(picks))
-    return AllocationResult(
-        results=results,
-        config=_class_configs(claim, chosen) + _claim_configs(claim, chosen),
-        node_selector=allocation_node_selector((p.entry.access for p in picks), node_name),
-    )
+    if parts is None:
+        config = _class_configs(claim, chosen) + _claim_configs(claim, chosen)
+        selector = allocation_node_selector((p.entry.access for p in picks), node_name)
+    else:
+        key = (claim.index, tuple(chosen[i].key for i in range(len(claim.requests))))
+        found = parts.configs.get(key)
+        if found is None:
+            found = parts.configs[key] = _class_configs(claim, chosen) + _claim_configs(
+                claim, chosen
+            )
+        config = found
+        if picks and all(p.entry.access.node_name for p in picks):  # pinned to the node
+            if node_name in parts.pinned:
+                selector = parts.pinned[node_name]
+            else:
+                selector = allocation_node_selector((p.entry.access for p in picks), node_name)
+                parts.pinned[node_name] = selector
+        else:
+            selector = allocation_node_selector((p.entry.access for p in picks), node_name)
+    return AllocationResult(results=results, config=config, node_selector=selector)
 
 
 def _device_result(

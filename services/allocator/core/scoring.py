@@ -31,6 +31,8 @@ NamedTuples with named fields: they compare as tuples, at C speed.
 
 from __future__ import annotations
 
+import functools
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -44,6 +46,7 @@ __all__ = [
     "CandidateKey",
     "DomainKey",
     "GroupFacts",
+    "KnownBounds",
     "NodeKey",
     "PlacementPolicy",
     "Policy",
@@ -55,6 +58,7 @@ __all__ = [
     "measure",
     "measure_counts",
     "node_key",
+    "node_key_of",
 ]
 
 _ZERO = Fraction(0)  # one object: equal terms of keys compare by identity, no Fraction.__eq__
@@ -103,12 +107,19 @@ class Score:
 
 
 class NodeKey(NamedTuple):
-    """A placement's rank among nodes; smaller is better, compared field by field."""
+    """A placement's rank among nodes; smaller is better, compared field by field.
+
+    Each Fraction term comes right after its float (`*_order`: float() of it, made by
+    `node_key_of`). A correctly rounded float() never inverts an order, so the pair orders
+    exactly as the Fraction alone: the floats decide at C speed and the Fractions are
+    compared only when their floats tie."""
 
     ranks: tuple[int, ...]  # chosen subrequest per request
     preferred_missed: int  # preferred topology constraints asked for and missed
     implicit_missed: int  # the policy's own NVLink preferences missed
+    fragmentation_order: float  # float(fragmentation)
     fragmentation: Fraction  # FRAGMENTATION_AWARE: fragmentation added; 0 for the others
+    capacity_order: float  # float(capacity)
     capacity: Fraction  # the policy's capacity term (free capacity after; module doc)
     name: str  # the node; "" for none
 
@@ -118,10 +129,33 @@ class NodeKey(NamedTuple):
             self.ranks,
             self.preferred_missed,
             self.implicit_missed,
+            self.fragmentation_order,
             self.fragmentation,
+            self.capacity_order,
             self.capacity,
             name,
         )
+
+
+def node_key_of(
+    ranks: tuple[int, ...],
+    preferred_missed: int,
+    implicit_missed: int,
+    fragmentation: Fraction,
+    capacity: Fraction,
+    name: str,
+) -> NodeKey:
+    """The NodeKey of these terms, with the floats of its Fractions (NodeKey)."""
+    return NodeKey(
+        ranks,
+        preferred_missed,
+        implicit_missed,
+        0.0 if fragmentation is _ZERO else float(fragmentation),
+        fragmentation,
+        0.0 if capacity is _ZERO else float(capacity),
+        capacity,
+        name,
+    )
 
 
 class CandidateKey(NamedTuple):
@@ -182,24 +216,26 @@ class PlacementPolicy:
     ) -> NodeKey:
         """Smaller is better: subrequest ranks, preferred topology constraints missed (asked
         for, then the policy's own), the policy's terms, then the name."""
-        return NodeKey(ranks, missed[0], missed[1], _ZERO, free_capacity, node or "")
+        return node_key_of(ranks, missed[0], missed[1], _ZERO, free_capacity, node or "")
 
     def bound(self, facts: GroupFacts, entry: OrderEntry) -> NodeKey:
         """A placement with the best ranks takes at most `most`: the free capacity after it
         is >= the group's free capacity - `most`."""
         capacity = entry.capacity - facts.most
-        return NodeKey(facts.ranks, 0, facts.implicit_missed, _ZERO, capacity, entry.node)
+        return node_key_of(facts.ranks, 0, facts.implicit_missed, _ZERO, capacity, entry.node)
 
     def groups(
         self,
         facts: GroupFacts,
         order: Sequence[OrderEntry],
         by_name: Callable[[], Iterator[OrderEntry]],
+        known: KnownBounds | None = None,
     ) -> Iterator[tuple[NodeKey, OrderEntry]]:
         """One template's groups that may fit, with their bounds, in bound order. `order`:
-        its groups by free capacity; `by_name`: by first node, one per free state."""
-        for entry in order[_first_at_least(order, facts.least) :]:
-            yield self.bound(facts, entry), entry
+        its groups by free capacity; `by_name`: by first node, one per free state; `known`:
+        the bounds worked out already for these `facts` (KnownBounds)."""
+        entries = itertools.islice(order, _first_at_least(order, facts.least), None)
+        return _bounded(entries, functools.partial(self.bound, facts), known)
 
     def candidate_key(
         self,
@@ -264,26 +300,29 @@ class Spread(PlacementPolicy):
         missed: tuple[int, int],
         fragmentation: Fraction,
     ) -> NodeKey:
-        return NodeKey(ranks, missed[0], missed[1], _ZERO, -free_capacity, node or "")
+        return node_key_of(ranks, missed[0], missed[1], _ZERO, -free_capacity, node or "")
 
     def bound(self, facts: GroupFacts, entry: OrderEntry) -> NodeKey:
         """A placement takes at least `least`: the negated free capacity after it is >=
         `least` - the group's free capacity."""
         capacity = facts.least - entry.capacity
-        return NodeKey(facts.ranks, 0, facts.implicit_missed, _ZERO, capacity, entry.node)
+        return node_key_of(facts.ranks, 0, facts.implicit_missed, _ZERO, capacity, entry.node)
 
     def groups(
         self,
         facts: GroupFacts,
         order: Sequence[OrderEntry],
         by_name: Callable[[], Iterator[OrderEntry]],
+        known: KnownBounds | None = None,
     ) -> Iterator[tuple[NodeKey, OrderEntry]]:
         """Most free capacity first; among equals, by first node."""
+        return _bounded(self._most_first(facts, order), functools.partial(self.bound, facts), known)
+
+    def _most_first(self, facts: GroupFacts, order: Sequence[OrderEntry]) -> Iterator[OrderEntry]:
         high = len(order)
         while high > 0 and order[high - 1].capacity >= facts.least:
             low = _first_at_least(order, order[high - 1].capacity)
-            for entry in order[low:high]:
-                yield self.bound(facts, entry), entry
+            yield from order[low:high]
             high = low
 
 
@@ -302,27 +341,28 @@ class FragmentationAware(PlacementPolicy):
         missed: tuple[int, int],
         fragmentation: Fraction,
     ) -> NodeKey:
-        return NodeKey(ranks, missed[0], missed[1], fragmentation, free_capacity, node or "")
+        return node_key_of(ranks, missed[0], missed[1], fragmentation, free_capacity, node or "")
 
     def bound(self, facts: GroupFacts, entry: OrderEntry) -> NodeKey:
-        return self._bound(facts, entry, -facts.loss_weight * facts.most)
+        return self._bound(facts, entry, floor=-facts.loss_weight * facts.most)
 
-    def _bound(self, facts: GroupFacts, entry: OrderEntry, floor: Fraction) -> NodeKey:
+    def _bound(self, facts: GroupFacts, entry: OrderEntry, *, floor: Fraction) -> NodeKey:
         """The fragmentation a placement adds is its usable-capacity loss (never negative)
         less `loss_weight` x the capacity it takes (at most `most`): >= `floor`, the least
         `-loss_weight * most`. Then BINPACK's bound."""
         capacity = entry.capacity - facts.most
-        return NodeKey(facts.ranks, 0, facts.implicit_missed, floor, capacity, entry.node)
+        return node_key_of(facts.ranks, 0, facts.implicit_missed, floor, capacity, entry.node)
 
     def groups(
         self,
         facts: GroupFacts,
         order: Sequence[OrderEntry],
         by_name: Callable[[], Iterator[OrderEntry]],
+        known: KnownBounds | None = None,
     ) -> Iterator[tuple[NodeKey, OrderEntry]]:
         floor = -facts.loss_weight * facts.most  # once per template, not per group
-        for entry in order[_first_at_least(order, facts.least) :]:
-            yield self._bound(facts, entry, floor), entry
+        entries = itertools.islice(order, _first_at_least(order, facts.least), None)
+        return _bounded(entries, functools.partial(self._bound, facts, floor=floor), known)
 
 
 class FirstFit(PlacementPolicy):
@@ -342,20 +382,20 @@ class FirstFit(PlacementPolicy):
         missed: tuple[int, int],
         fragmentation: Fraction,
     ) -> NodeKey:
-        return NodeKey(ranks, missed[0], missed[1], _ZERO, _ZERO, node or "")
+        return node_key_of(ranks, missed[0], missed[1], _ZERO, _ZERO, node or "")
 
     def bound(self, facts: GroupFacts, entry: OrderEntry) -> NodeKey:
         """The group's first node by name."""
-        return NodeKey(facts.ranks, 0, facts.implicit_missed, _ZERO, _ZERO, entry.node)
+        return node_key_of(facts.ranks, 0, facts.implicit_missed, _ZERO, _ZERO, entry.node)
 
     def groups(
         self,
         facts: GroupFacts,
         order: Sequence[OrderEntry],
         by_name: Callable[[], Iterator[OrderEntry]],
+        known: KnownBounds | None = None,
     ) -> Iterator[tuple[NodeKey, OrderEntry]]:
-        for entry in by_name():
-            yield self.bound(facts, entry), entry
+        return _bounded(by_name(), functools.partial(self.bound, facts), known)
 
     def candidate_key(
         self,
@@ -377,11 +417,49 @@ _RULES: dict[Policy, PlacementPolicy] = {
 }
 
 
+class KnownBounds:
+    """The bounds of one template's groups worked out already for one GroupFacts (the walks
+    of one solve context: the items of a batch see mostly the same groups). Kept by the
+    group's OrderEntry itself: entries are immutable, and an entry kept here stays alive, so
+    no other entry can be taken for it."""
+
+    __slots__ = ("_bounds",)
+
+    def __init__(self) -> None:
+        self._bounds: dict[int, tuple[OrderEntry, NodeKey]] = {}
+
+    def get(self, entry: OrderEntry) -> NodeKey | None:
+        kept = self._bounds.get(id(entry))
+        return kept[1] if kept is not None and kept[0] is entry else None
+
+    def put(self, entry: OrderEntry, bound: NodeKey) -> None:
+        self._bounds[id(entry)] = (entry, bound)
+
+
+def _bounded(
+    entries: Iterable[OrderEntry],
+    bound: Callable[[OrderEntry], NodeKey],
+    known: KnownBounds | None,
+) -> Iterator[tuple[NodeKey, OrderEntry]]:
+    """Each entry with its bound, read from `known` when it holds it."""
+    for entry in entries:
+        found = known.get(entry) if known is not None else None
+        if found is None:
+            found = bound(entry)
+            if known is not None:
+                known.put(entry, found)
+        yield found, entry
+
+
 def _first_at_least(order: Sequence[OrderEntry], capacity: Fraction) -> int:
+    """The first entry with at least `capacity`, by bisection; a/b < c/d compared as
+    a*d < c*b (denominators are positive): exact, without Fraction's comparison."""
+    numerator, denominator = capacity.numerator, capacity.denominator
     low, high = 0, len(order)
     while low < high:
         middle = (low + high) // 2
-        if order[middle].capacity < capacity:
+        found = order[middle].capacity
+        if found.numerator * denominator < numerator * found.denominator:
             low = middle + 1
         else:
             high = middle

@@ -60,7 +60,7 @@ from services.allocator.core.outcomes import (
     NodeOutcome,
     OutcomeMemo,
     kept_memo,
-    outcome_memo,
+    question_memo,
     signature,
 )
 from services.allocator.core.plan import Alternative, Plan, build_plan
@@ -71,7 +71,12 @@ from services.allocator.core.preferences import (
     topology_fit,
 )
 from services.allocator.core.replay import Group, GroupTape, NodeTape, Replays, taping
-from services.allocator.core.results import ShareIdFactory, allocation_result, default_share_id
+from services.allocator.core.results import (
+    ResultParts,
+    ShareIdFactory,
+    allocation_result,
+    default_share_id,
+)
 from services.allocator.core.scoring import NodeKey, Policy, Score, free_capacity
 from services.allocator.core.search import BudgetExhausted, NodeSearch, Pick, StepCounter
 from services.allocator.core.selection import Equivalence, Selection
@@ -357,7 +362,7 @@ class NodeRun:
         views = [v for v in snapshot.views() if v.device_count > 0]
         self.nodes_total = len(views)
         for view in views:
-            key = self._evaluate(view, None, None, None)
+            key = self._evaluate(view, None, None, None, None)
             if key is not None and view.name is not None:
                 found.append((key, (view.name,)))
             if self._out_of_steps():
@@ -392,9 +397,10 @@ class NodeRun:
         before: Fraction | None,
         prepared: Prepared | None,
         in_use: frozenset[int] | None,
+        template: NodeTemplate | None,
     ) -> NodeKey | None:
         try:
-            found = self._node(view, before, prepared, in_use)
+            found = self._node(view, before, prepared, in_use, template=template)
         except NodeError as err:
             self.errors.append(err.error)
             self.misses.append(_error_miss(view, err.error))
@@ -417,12 +423,14 @@ class NodeRun:
         in_use: frozenset[int] | None = None,
         *,
         keep: bool = True,
+        template: NodeTemplate | None = None,
     ) -> _Found | None:
         """Search one node; `before` is its free capacity and `prepared` its static check
-        outcomes when the caller knows them (node groups, with the devices `in_use`). A node
-        of a template, outside an explanation, reads the outcome kept for its group when one
-        is (outcomes.py), else searches and keeps what it found (`keep` False: neither)."""
-        kept = self._kept(view, prepared, in_use) if keep else None
+        outcomes when the caller knows them (node groups, with the devices `in_use` and the
+        node's `template`). A node of a template, outside an explanation, reads the outcome
+        kept for its group when one is (outcomes.py), else searches and keeps what it found
+        (`keep` False: neither)."""
+        kept = self._kept(view, prepared, in_use, template) if keep else None
         if kept is not None:
             memo, used = kept
             outcome = memo.get(used)
@@ -625,21 +633,25 @@ class NodeRun:
     # --- outcomes kept per node group (outcomes.py) ----------------------------------------
 
     def _kept(
-        self, view: NodeView, prepared: Prepared | None, in_use: frozenset[int] | None
+        self,
+        view: NodeView,
+        prepared: Prepared | None,
+        in_use: frozenset[int] | None,
+        template: NodeTemplate | None,
     ) -> tuple[OutcomeMemo[NodeOutcome], frozenset[int]] | None:
-        """The memo of this question for the node's template, and the node's devices in use;
-        None when the node's search cannot stand for its group's (no template's static
-        checks, or an explanation, whose per-device reasons come from the search itself)."""
+        """The memo of this question for the node's template (found by name unless given),
+        and the node's devices in use; None when the node's search cannot stand for its
+        group's (no template's static checks, or an explanation, whose per-device reasons
+        come from the search itself)."""
         snapshot = self.ctx.snapshot
         if prepared is None or self.ctx.recorder is not None or snapshot is None:
             return None
-        template = node_templates(snapshot).of_node.get(view.name or "")
         if template is None:
-            return None
-        if self._question is None:
-            self._question = signature(self.ctx)
+            template = node_templates(snapshot).of_node.get(view.name or "")
+            if template is None:
+                return None
         used = in_use if in_use is not None else self.ctx.state.node_in_use(snapshot, view)
-        return outcome_memo(template, self._question), used
+        return question_memo(self.ctx, template), used
 
     def _affordable(self, steps: int) -> bool:
         """Whether the budget allows the steps a kept search took (else search again, and
@@ -704,7 +716,9 @@ class NodeRun:
         stats = self.stats(evaluations, selection.cel_profile_hits - cel_before[1])
         if not self.found:
             return Unsatisfiable(self._unsatisfiable_explanation(), stats, self.exhausted)
-        ranked = heapq.nsmallest(2, self.found, key=_key_of)  # the best and the runner-up
+        found = self.found
+        # the best and the runner-up
+        ranked = found if len(found) == 1 else heapq.nsmallest(2, found, key=_key_of)
         best = ranked[0]
         allocations = self._allocations(best, share_id)
         explanation = self._choice_explanation(ranked) if self.ctx.recorder is not None else None
@@ -717,11 +731,14 @@ class NodeRun:
             chosen: Sequence[Mapping[int, Alternative]] = found.search.chosen
         else:
             assert found.outcome is not None
-            alternatives = {a.key: a for a in self.ctx.plan.alternatives()}
+            alternatives = self.ctx.plan.by_key
             picks, chosen = found.outcome.placed_on(tuple(found.view.devices()), alternatives)
+        parts = self.ctx.derived.get(_RESULT_PARTS)
+        if not isinstance(parts, ResultParts):
+            parts = self.ctx.derived[_RESULT_PARTS] = ResultParts()
         return tuple(
             allocation_result(
-                claim, picks[claim.index], chosen[claim.index], found.view.name, share_id
+                claim, picks[claim.index], chosen[claim.index], found.view.name, share_id, parts
             )
             for claim in self.ctx.plan.claims
         )
@@ -848,6 +865,7 @@ def _budget_miss(view: NodeView, search: NodeSearch) -> NodeMiss:
 
 
 _TAPES = 2048  # explaining searches kept per (template, question)
+_RESULT_PARTS = "results.parts"  # the context's ResultParts
 
 
 def _key_of(found: _Found) -> NodeKey:

@@ -84,9 +84,7 @@ def placement_holds(
     Raises InvalidArgument (field path `<path>[i].<result_path>[j]`) for a device the snapshot
     lacks or the node cannot use, a device taken twice, or a share that does not fit the
     device's kind."""
-    usable = (  # the node's entries by identity (cheaper than hashing their ids)
-        {id(entry) for entry in snapshot.view(node).devices()} if node else None
-    )  # NotFound for an unknown node
+    usable = _usable(snapshot, node) if node else None  # NotFound for an unknown node
     builders: dict[str, _Builder] = {node: _Builder()} if node else {}
     for i, allocation in enumerate(allocations):
         for j, result in enumerate(allocation.results):
@@ -100,15 +98,48 @@ def placement_holds(
                 )
             if result.admin_access:
                 continue
-            builder = builders.setdefault(scope_of(entry), _Builder())
-            _take(builder, entry, result.share_id, result.consumed_capacity, where)
+            scope = scope_of(entry)
+            builder = builders.get(scope) or builders.setdefault(scope, _Builder())
+            _take(snapshot, builder, entry, result.share_id, result.consumed_capacity, where)
     return {scope: b.hold() for scope, b in builders.items()}
+
+
+def _usable_ids(snapshot: ClusterSnapshot) -> dict[str, frozenset[int]]:
+    return {}
+
+
+def _entry_uses(snapshot: ClusterSnapshot) -> dict[int, tuple[LimitedUse, ...]]:
+    return {}
+
+
+def _counter_uses(snapshot: ClusterSnapshot, entry: DeviceEntry) -> tuple[LimitedUse, ...]:
+    """What taking the device consumes of its slice's counters (made once per entry and
+    snapshot: the exact amounts are Fractions, slow to turn into milli-units every time)."""
+    by_entry = snapshot.derived(_entry_uses)
+    found = by_entry.get(id(entry))
+    if found is None:
+        totals = entry.slice.counter_totals
+        found = by_entry[id(entry)] = tuple(
+            LimitedUse(counter_key(counter), _milli(amount), _milli(totals[counter]))
+            for counter, amount in entry.counters
+        )
+    return found
+
+
+def _usable(snapshot: ClusterSnapshot, node: str) -> frozenset[int]:
+    """The node's device entries by identity (cheaper than hashing their ids), made once per
+    node and snapshot (kept with the immutable snapshot, whose entries they name)."""
+    by_node = snapshot.derived(_usable_ids)
+    found = by_node.get(node)
+    if found is None:
+        found = by_node[node] = frozenset(id(entry) for entry in snapshot.view(node).devices())
+    return found
 
 
 def _usable_entry(
     snapshot: ClusterSnapshot,
     device_id: DeviceID,
-    usable: set[int] | None,
+    usable: frozenset[int] | None,
     node: str,
     where: str,
 ) -> DeviceEntry:
@@ -126,6 +157,7 @@ def _on(snapshot: ClusterSnapshot, node: str, device_id: DeviceID) -> bool:
 
 
 def _take(
+    snapshot: ClusterSnapshot,
     builder: _Builder,
     entry: DeviceEntry,
     share_id: str | None,
@@ -150,13 +182,9 @@ def _take(
         if key in builder.devices:
             raise InvalidArgument.at(where, f"device {key} is allocated twice")
         builder.devices.append(key)
-    if device_id not in builder.charged:
+    if entry.counters and device_id not in builder.charged:
         builder.charged.add(device_id)
-        totals = entry.slice.counter_totals
-        for counter, amount in entry.counters:
-            builder.uses.append(
-                LimitedUse(counter_key(counter), _milli(amount), _milli(totals[counter]))
-            )
+        builder.uses.extend(_counter_uses(snapshot, entry))
 
 
 def _take_share(

@@ -294,6 +294,13 @@ def new_reservation_id() -> str:
     return "res-" + secrets.token_hex(16)  # 128 random bits, as 32 hex digits
 
 
+def new_reservation_ids(count: int) -> list[str]:
+    """`count` ids as `new_reservation_id` mints them (128 random bits each), from one read of
+    the system's random source for all of them (a batch's)."""
+    digits = secrets.token_hex(16 * count)
+    return ["res-" + digits[at : at + 32] for at in range(0, 32 * count, 32)]
+
+
 def node_reservation_id(minted: str, node: str) -> str:
     """The id every store hands out: `<minted>@<node>` (`res-<32 hex>@<node>`), so an id says
     which node holds it (docs/reservations.md, "Ids")."""
@@ -334,8 +341,11 @@ def validate_reserve_request(request: ReserveRequest) -> Hold:
             raise InvalidArgument.at(
                 f"{path}.limit", f"{use.key}: limit {use.limit} != {previous.limit}"
             )
-        amount = use.amount + (previous.amount if previous else 0)
-        merged[use.key] = LimitedUse(use.key, amount, use.limit)
+        merged[use.key] = (
+            LimitedUse(use.key, use.amount + previous.amount, use.limit) if previous else use
+        )
+    if len(merged) == len(request.hold.uses):  # no key twice: already normal
+        return request.hold
     return Hold(request.hold.devices, tuple(merged.values()))
 
 

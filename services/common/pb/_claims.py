@@ -250,22 +250,24 @@ def _allocation_config_from_pb(
 # --- AllocationResult ------------------------------------------------------------------------
 
 
-def _result_to_pb(result: DeviceRequestAllocationResult) -> dra_pb2.DeviceRequestAllocationResult:
-    msg = dra_pb2.DeviceRequestAllocationResult(
-        request=result.request,
-        driver=result.driver,
-        pool=result.pool,
-        device=result.device,
-        tolerations=[to_pb_device_toleration(t) for t in result.tolerations],
-        consumed_capacity=quantities_to_pb(result.consumed_capacity),
-        binding_conditions=result.binding_conditions,
-        binding_failure_conditions=result.binding_failure_conditions,
-    )
+def _result_extras(
+    msg: dra_pb2.DeviceRequestAllocationResult, result: DeviceRequestAllocationResult
+) -> None:
+    """The fields a result mostly leaves empty, set on `msg` when they are not (an empty list
+    given to a constructor costs as much as a short one, and an allocation's answer holds one
+    result per device)."""
+    if result.tolerations:
+        msg.tolerations.extend(to_pb_device_toleration(t) for t in result.tolerations)
+    for name, quantity in quantities_to_pb(result.consumed_capacity).items():
+        msg.consumed_capacity[name].CopyFrom(quantity)
+    if result.binding_conditions:
+        msg.binding_conditions.extend(result.binding_conditions)
+    if result.binding_failure_conditions:
+        msg.binding_failure_conditions.extend(result.binding_failure_conditions)
     if result.admin_access is not None:
         msg.admin_access = result.admin_access
     if result.share_id is not None:
         msg.share_id = result.share_id
-    return msg
 
 
 def _result_from_pb(
@@ -290,20 +292,40 @@ def _result_from_pb(
 
 
 def to_pb_allocation_result(allocation: AllocationResult) -> dra_pb2.AllocationResult:
-    msg = dra_pb2.AllocationResult(
-        results=[_result_to_pb(r) for r in allocation.results],
-        config=[
+    msg = dra_pb2.AllocationResult()
+    fill_pb_allocation_result(msg, allocation)
+    return msg
+
+
+def fill_pb_allocation_result(msg: dra_pb2.AllocationResult, allocation: AllocationResult) -> None:
+    """Write `allocation` into `msg`, an empty message (one inside the response it belongs
+    to: filled in place, it is not copied into its parent), and mark `msg` set."""
+    msg.SetInParent()
+    add = msg.results.add
+    for result in allocation.results:
+        added = add(
+            request=result.request, driver=result.driver, pool=result.pool, device=result.device
+        )
+        if (
+            result.tolerations
+            or result.consumed_capacity
+            or result.binding_conditions
+            or result.binding_failure_conditions
+            or result.admin_access is not None
+            or result.share_id is not None
+        ):
+            _result_extras(added, result)
+    if allocation.config:
+        msg.config.extend(
             dra_pb2.DeviceAllocationConfiguration(
                 source=_CONFIG_SOURCES[c.source],
                 requests=c.requests,
                 opaque=to_pb_opaque_configuration(c.opaque),
             )
             for c in allocation.config
-        ],
-    )
+        )
     if allocation.node_selector is not None:  # the same for every device of a node: made once
         msg.node_selector.CopyFrom(_pb_node_selector(allocation.node_selector))
-    return msg
 
 
 @functools.lru_cache(maxsize=4096)

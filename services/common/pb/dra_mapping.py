@@ -36,6 +36,7 @@ from services.common.pb._base import (
     to_pb_quantity,
 )
 from services.common.pb._claims import (
+    fill_pb_allocation_result,
     from_pb_allocation_result,
     from_pb_device_request,
     from_pb_device_toleration,
@@ -60,6 +61,7 @@ from services.common.pb._slices import (
 
 __all__ = [
     "field_path",
+    "fill_pb_allocation_result",
     "from_pb_allocation_result",
     "from_pb_device",
     "from_pb_device_attribute",

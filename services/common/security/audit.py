@@ -30,13 +30,25 @@ from typing import Any
 
 from services.common.security.principal import Principal
 
-__all__ = ["AUDIT_LOGGER", "SYSTEM_IDENTITY", "UNAUTHENTICATED_IDENTITY", "audit_event"]
+__all__ = [
+    "AUDIT_LOGGER",
+    "SYSTEM_IDENTITY",
+    "UNAUTHENTICATED_IDENTITY",
+    "audit_enabled",
+    "audit_event",
+]
 
 AUDIT_LOGGER = "gpualloc.audit"
 SYSTEM_IDENTITY = "system"  # the server itself (lease expiries)
 UNAUTHENTICATED_IDENTITY = "unauthenticated"  # a denied caller without a principal
 
 _log = logging.getLogger(AUDIT_LOGGER)
+
+
+def audit_enabled() -> bool:
+    """Whether audit events are logged (`gpualloc.audit` at INFO): a caller with many events to
+    build (a batch's grants) builds none when they are not."""
+    return _log.isEnabledFor(logging.INFO)
 
 
 def audit_event(

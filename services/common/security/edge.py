@@ -350,7 +350,7 @@ class AuthInterceptor(HandlerInterceptor):
 
     def wrap(self, method: str, handler: Handler) -> Handler:
         access_rule = self._rules.get(method)
-        admit = functools.partial(self._admit, method, access_rule)
+        admit = functools.partial(self._admit, method.rsplit("/", 1)[-1], access_rule)
         admission = self._admission
 
         def wrap_unary(behavior: UnaryBehavior) -> UnaryBehavior:
@@ -359,15 +359,16 @@ class AuthInterceptor(HandlerInterceptor):
                 principal = info.principal
                 caller = context.peer() if principal.development else principal.name
                 tenant = None if principal.development else principal.tenant
-                with admission.unary(info.method, caller, tenant):
-                    token = _current.set(info)
-                    try:
-                        return behavior(request, context)
-                    except PermissionDenied as error:  # the use case's own denials (owners)
-                        _audit_denial(info.principal, info.trace_id, info.method, error)
-                        raise
-                    finally:
-                        _current.reset(token)
+                admission.enter_unary(info.method, caller, tenant)
+                token = _current.set(info)
+                try:
+                    return behavior(request, context)
+                except PermissionDenied as error:  # the use case's own denials (owners)
+                    _audit_denial(info.principal, info.trace_id, info.method, error)
+                    raise
+                finally:
+                    _current.reset(token)
+                    admission.leave_unary(caller, tenant)
 
             return call
 
@@ -384,12 +385,12 @@ class AuthInterceptor(HandlerInterceptor):
 
     def _admit(
         self,
-        method: str,
+        short: str,
         access_rule: AccessRule | None,
         request: Any,
         context: grpc.ServicerContext,
     ) -> CallInfo:
-        short = method.rsplit("/", 1)[-1]
+        """The call's principal, authorized for `access_rule`; `short`: the method's name."""
         principal: Principal | None = None
         try:
             principal = self._authenticator.identity_principal(context)

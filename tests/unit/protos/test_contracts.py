@@ -26,6 +26,7 @@ SERVICES = {
     "gpualloc.allocator.v1.Allocator": [
         "Allocate",
         "AllocateBatch",
+        "AllocateStream",
         "Explain",
         "Reserve",
         "Commit",
@@ -102,7 +103,9 @@ def test_each_rpc_takes_its_own_request_and_response(service: str) -> None:
         if m.server_streaming or m.client_streaming
     }
     assert streaming == (
-        {"WatchInventory"} if service.endswith("Inventory") else {"WatchReservations"}
+        {"WatchInventory"}
+        if service.endswith("Inventory")
+        else {"AllocateStream", "WatchReservations"}
     )
 
 

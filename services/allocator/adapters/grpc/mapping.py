@@ -16,7 +16,7 @@ import hashlib
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from fractions import Fraction
@@ -62,18 +62,18 @@ from services.allocator.core import (
 )
 from services.allocator.reservations.binding import binding_of
 from services.allocator.reservations.model import DeviceCondition, Reservation, ReservationState
-from services.common.dra.model import AllocationResult, DeviceID, ResourceClaim
+from services.common.dra.model import AllocationResult, DeviceClass, DeviceID, ResourceClaim
 from services.common.dra.names import label_name_errors
 from services.common.dra.quantity import Quantity, QuantityFormat
 from services.common.errors import FieldViolation, GpuallocError, InvalidArgument, clip
 from services.common.grpc_errors import MAX_MESSAGE_CHARS, status_code_of, to_rpc_status
 from services.common.pb.dra_mapping import (
+    fill_pb_allocation_result,
     from_pb_allocation_result,
     from_pb_device_class,
     from_pb_device_id,
     from_pb_node_selector,
     from_pb_resource_claim,
-    to_pb_allocation_result,
     to_pb_device_id,
 )
 from services.common.quota.model import quantity_text
@@ -179,39 +179,47 @@ def topology_constraint_from_pb(message: pb.TopologyConstraint, path: str) -> To
 
 def query_from_pb(request: QueryRequest, claims: ClaimReader | None = None) -> Query:
     """The shared part of Allocate, Explain and Capacity requests; its claims read by `claims`
-    (each message afresh without one)."""
+    (each message afresh without one). Fields a request mostly leaves empty are read only when
+    set (every Allocate maps one)."""
     gang = _gang_from_pb(request) if request.HasField("gang") else None
-    path = claims_path(request)
+    path = "gang.claims_per_node" if gang is not None else "claims"  # claims_path
     messages = request.gang.claims_per_node if gang is not None else request.claims
     if not messages:
         raise InvalidArgument.at(path, "must not be empty")
     read = tuple(_claim_from_pb(c, f"{path}[{i}]", claims) for i, c in enumerate(messages))
     _check_unique_names(read, path)
-    if request.budget.max_steps < 0:
+    budget = request.budget
+    max_steps, max_nodes = budget.max_steps, budget.max_nodes
+    if max_steps < 0:
         raise InvalidArgument.at("budget.max_steps", "must not be negative")
-    if request.budget.max_nodes < 0:
+    if max_nodes < 0:
         raise InvalidArgument.at("budget.max_nodes", "must not be negative")
     selector = (
         from_pb_node_selector(request.node_selector, "node_selector")
         if request.HasField("node_selector")
         else None
     )
-    topology = tuple(
-        topology_constraint_from_pb(c, f"topology_constraints[{i}]")
-        for i, c in enumerate(request.topology_constraints)
-    )
+    topology: tuple[TopologyConstraint, ...] = ()
+    if request.topology_constraints:
+        topology = tuple(
+            topology_constraint_from_pb(c, f"topology_constraints[{i}]")
+            for i, c in enumerate(request.topology_constraints)
+        )
+    classes: tuple[DeviceClass, ...] = ()
+    if request.device_classes:
+        classes = tuple(
+            from_pb_device_class(c, f"device_classes[{i}]")
+            for i, c in enumerate(request.device_classes)
+        )
     return Query(
         claims=read,
         topology_constraints=topology,
-        device_classes=tuple(
-            from_pb_device_class(c, f"device_classes[{i}]")
-            for i, c in enumerate(request.device_classes)
-        ),
+        device_classes=classes,
         node=request.node_name,
         node_selector=selector,
         policy=_POLICIES.get(request.policy),
-        max_steps=request.budget.max_steps,
-        max_nodes=request.budget.max_nodes,
+        max_steps=max_steps,
+        max_nodes=max_nodes,
         min_generation=request.min_inventory_generation,
         explain=request.explain if isinstance(request, pb.AllocateRequest) else False,
         gang=gang,
@@ -443,29 +451,37 @@ def batch_item_status(error: GpuallocError, item_path: str) -> pb.BatchItemStatu
 
 
 def allocate_response(
-    answer: Answer, max_nodes: int = 10, *, gang: bool = False
+    answer: Answer,
+    max_nodes: int = 10,
+    *,
+    gang: bool = False,
+    into: pb.AllocateResponse | None = None,
 ) -> pb.AllocateResponse:
     """`gang`: the request asked for a gang (its placement goes in `gang_placements`, else in
-    `node_name` and `allocations`)."""
-    made: dict[int, dra_pb2.AllocationResult] = {}  # the placement's and its reservations'
+    `node_name` and `allocations`). `into`: an empty message to fill and return (a batch
+    item's, inside its reply: built in place, not copied there).
+
+    Built in place, child by child (`add`), each allocation's message made once and copied
+    where the response repeats it (its reservations): a message given to a constructor or
+    appended is copied, and a batch's reply holds one response per item."""
+    response = pb.AllocateResponse() if into is None else into
+    response.outcome = _OUTCOMES[answer.outcome]
+    response.inventory_generation = answer.generation
+    made: dict[int, dra_pb2.AllocationResult] = {}  # the placement's, for its reservations
     single = None if gang else answer.single
-    members = answer.placements if gang else ()
-    response = pb.AllocateResponse(
-        outcome=_OUTCOMES[answer.outcome],
-        node_name=single.node or "" if single is not None else "",
-        allocations=_claim_allocations(
-            answer.claims, single.allocations if single is not None else (), made
-        ),
-        score=_gang_score(answer, members)
-        if members
-        else _score(single.score if single is not None else None, answer.policy),
-        reservations=[reservation_to_pb(r, made) for r in answer.reservations],
-        inventory_generation=answer.generation,
-    )
+    if single is not None:
+        response.node_name = single.node or ""
+        add = response.allocations.add
+        for claim, allocation in zip(answer.claims, single.allocations, strict=False):
+            added = add(namespace=claim.namespace, name=claim.name, uid=claim.uid)
+            _allocation_into(added.allocation, allocation, made)
+        response.score = _score(single.score, answer.policy)
+    elif gang and answer.placements:
+        response.gang_placements.extend(_node_placement(answer, m) for m in answer.placements)
+        response.score = _gang_score(answer, answer.placements)
+    for reservation in answer.reservations:
+        _fill_reservation(response.reservations.add(), reservation, made)
     # the fields a placement's answer mostly leaves empty are set only when they are not
-    # (an empty list given to the constructor costs as much as a short one)
-    if members:
-        response.gang_placements.extend(_node_placement(answer, m) for m in members)
     if answer.holders:
         response.holders.extend(_holder_to_pb(h) for h in answer.holders)
     if answer.quota:
@@ -673,39 +689,59 @@ def reservation_change_to_pb(change: ReservationChange) -> pb.WatchReservationsR
     )
 
 
-def reservation_to_pb(
-    reservation: Reservation, made: dict[int, dra_pb2.AllocationResult] | None = None
-) -> pb.Reservation:
-    """`made`: allocations' messages already made for this response, by the object's id."""
-    message = pb.Reservation(
-        id=reservation.id,
-        owner="" if reservation.redacted else reservation.owner,
-        tenant=tenant_of_owner(reservation.owner),
-        node_name=reservation.node,
-        allocations=[
-            _claim_allocation(name, allocation, made)
-            for name, allocation in zip(
-                reservation.claim_names, reservation.allocations, strict=True
-            )
-        ],
-        state=_STATES[reservation.state],
-        fencing_token=reservation.fencing_token,
-        idempotency_key=reservation.idempotency_key,
-        devices=[to_pb_device_id(d) for d in _devices(reservation.allocations)],
-        priority_class_name=reservation.priority_class,
-        binding=_binding_phase(reservation),
-    )
-    if reservation.labels:  # mostly none: an empty map or list given costs as a short one
-        message.labels.update(reservation.labels)
-    if reservation.conditions:
-        message.conditions.extend(_condition_to_pb(c) for c in reservation.conditions)
-    message.created_at.FromNanoseconds(round(reservation.created_at * 1e9))
-    if reservation.expires_at is not None:
-        message.expires_at.FromNanoseconds(round(reservation.expires_at * 1e9))
+def reservation_to_pb(reservation: Reservation) -> pb.Reservation:
+    message = pb.Reservation()
+    _fill_reservation(message, reservation)
     return message
 
 
+def _fill_reservation(
+    message: pb.Reservation,
+    reservation: Reservation,
+    made: dict[int, dra_pb2.AllocationResult] | None = None,
+) -> None:
+    """Write `reservation` into `message`, an empty one (in place, as allocate_response);
+    `made`: the allocations' messages already written in this response, by the object's id.
+    Fields left at their default are not set (the wire is the same)."""
+    message.id = reservation.id
+    if not reservation.redacted:
+        message.owner = reservation.owner
+    message.tenant = tenant_of_owner(reservation.owner)
+    message.node_name = reservation.node
+    add = message.allocations.add
+    for ref, allocation in zip(reservation.claim_names, reservation.allocations, strict=True):
+        namespace, _, name = ref.rpartition("/")
+        _allocation_into(add(namespace=namespace, name=name).allocation, allocation, made)
+    message.state = _STATES[reservation.state]
+    message.fencing_token = reservation.fencing_token
+    if reservation.idempotency_key:
+        message.idempotency_key = reservation.idempotency_key
+    add_device = message.devices.add
+    for driver, pool, device in _devices(reservation.allocations):
+        add_device(driver=driver, pool=pool, device=device)
+    if reservation.priority_class:
+        message.priority_class_name = reservation.priority_class
+    binding = _binding_phase(reservation)
+    if binding != pb.BINDING_PHASE_UNSPECIFIED:
+        message.binding = binding
+    if reservation.labels:
+        message.labels.update(reservation.labels)
+    if reservation.conditions:
+        message.conditions.extend(_condition_to_pb(c) for c in reservation.conditions)
+    # as Timestamp.FromNanoseconds(round(seconds * 1e9)) sets them, without its call chain
+    stamp = message.created_at
+    stamp.seconds, stamp.nanos = divmod(round(reservation.created_at * 1e9), _NANOS)
+    if reservation.expires_at is not None:
+        stamp = message.expires_at
+        stamp.seconds, stamp.nanos = divmod(round(reservation.expires_at * 1e9), _NANOS)
+
+
+_NANOS = 1_000_000_000  # in a second
+
+
 def _binding_phase(reservation: Reservation) -> pb.BindingPhase.ValueType:
+    if not any(r.binding_conditions for a in reservation.allocations for r in a.results):
+        return pb.BINDING_PHASE_UNSPECIFIED  # binding_of's `required` is False: no conditions
     binding = binding_of(reservation, 0.0)  # bound or not does not depend on the timeout
     if not binding.required:
         return pb.BINDING_PHASE_UNSPECIFIED
@@ -736,42 +772,31 @@ def device_conditions_from_pb(
     return tuple(conditions)
 
 
-def _claim_allocation(
-    ref: str, allocation: AllocationResult, made: dict[int, dra_pb2.AllocationResult] | None
-) -> pb.ClaimAllocation:
-    namespace, _, name = ref.rpartition("/")
-    return pb.ClaimAllocation(
-        namespace=namespace, name=name, allocation=_allocation_pb(allocation, made)
-    )
-
-
 def _claim_allocations(
-    claims: Sequence[ResourceClaim],
-    allocations: Sequence[AllocationResult],
-    made: dict[int, dra_pb2.AllocationResult] | None = None,
+    claims: Sequence[ResourceClaim], allocations: Sequence[AllocationResult]
 ) -> list[pb.ClaimAllocation]:
-    return [
-        pb.ClaimAllocation(
-            namespace=claim.namespace,
-            name=claim.name,
-            uid=claim.uid,
-            allocation=_allocation_pb(allocation, made),
-        )
-        for claim, allocation in zip(claims, allocations, strict=False)
-    ]
+    messages = []
+    for claim, allocation in zip(claims, allocations, strict=False):
+        message = pb.ClaimAllocation(namespace=claim.namespace, name=claim.name, uid=claim.uid)
+        fill_pb_allocation_result(message.allocation, allocation)
+        messages.append(message)
+    return messages
 
 
-def _allocation_pb(
-    allocation: AllocationResult, made: dict[int, dra_pb2.AllocationResult] | None
-) -> dra_pb2.AllocationResult:
-    """The allocation's message; made once per response (a reservation repeats the
-    placement's allocations: the same objects)."""
-    if made is None:
-        return to_pb_allocation_result(allocation)
-    found = made.get(id(allocation))
-    if found is None:
-        found = made[id(allocation)] = to_pb_allocation_result(allocation)
-    return found
+def _allocation_into(
+    message: dra_pb2.AllocationResult,
+    allocation: AllocationResult,
+    made: dict[int, dra_pb2.AllocationResult] | None,
+) -> None:
+    """Write `allocation` into `message` (empty); made once per response and copied after (a
+    reservation repeats the placement's allocations: the same objects)."""
+    found = made.get(id(allocation)) if made is not None else None
+    if found is not None:
+        message.CopyFrom(found)
+        return
+    fill_pb_allocation_result(message, allocation)
+    if made is not None:
+        made[id(allocation)] = message
 
 
 def _node_placement(answer: Answer, member: NodePlacement) -> pb.NodePlacement:
@@ -787,8 +812,14 @@ def _gang_score(answer: Answer, members: Sequence[NodePlacement]) -> float:
     return sum(_score(m.score, answer.policy) for m in members) / len(members)
 
 
-def _devices(allocations: Iterable[AllocationResult]) -> list[DeviceID]:
-    return sorted({r.device_id for a in allocations for r in a.results if not r.admin_access})
+def _devices(allocations: Sequence[AllocationResult]) -> list[tuple[str, str, str]]:
+    """The devices held, as (driver, pool, device), sorted (as DeviceIDs sort), once each."""
+    if len(allocations) == 1 and len(allocations[0].results) == 1:  # one claim, one device
+        result = allocations[0].results[0]
+        return [] if result.admin_access else [(result.driver, result.pool, result.device)]
+    return sorted(
+        {(r.driver, r.pool, r.device) for a in allocations for r in a.results if not r.admin_access}
+    )
 
 
 def _holder_to_pb(holder: Holder) -> pb.Holder:

@@ -15,9 +15,11 @@ ends) and passes it to the service.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from dataclasses import replace
 
 import grpc
 
@@ -43,10 +45,12 @@ from services.allocator.adapters.grpc.mapping import (
     reserve_claims_from_pb,
     seconds_from_pb,
 )
+from services.allocator.adapters.grpc.stream_inbox import Inbox
 from services.allocator.app.batch import BatchItem, ItemResult, allocate_batch
 from services.allocator.app.messages import Answer, LeaseOptions, Query
 from services.allocator.app.reservation_watch import ReservationWatch
 from services.allocator.app.service import AllocatorService
+from services.allocator.app.telemetry import AllocatorMetrics
 from services.allocator.app.tenancy import (
     visible_answer,
     visible_errors,
@@ -55,8 +59,9 @@ from services.allocator.app.tenancy import (
 )
 from services.allocator.reservations.model import NODE_SEPARATOR, Reservation
 from services.common.deadline import Deadline
-from services.common.errors import GpuallocError, PermissionDenied
+from services.common.errors import GpuallocError, InvalidArgument, PermissionDenied
 from services.common.grpc_server import call_deadline
+from services.common.security.audit import audit_enabled
 from services.common.security.edge import (
     OWNER_METADATA,
     AccessRule,
@@ -65,12 +70,20 @@ from services.common.security.edge import (
     current_principal,
     rule,
 )
-from services.common.security.policy import Access
+from services.common.security.policy import Access, authorize
 from services.common.security.principal import DEVELOPMENT_ANONYMOUS, Permission, Principal
 
-__all__ = ["ACCESS", "ANONYMOUS", "OWNER_METADATA", "SERVICE_NAME", "AllocatorServicer"]
+__all__ = [
+    "ACCESS",
+    "ANONYMOUS",
+    "MAX_STREAM_PASS_ITEMS",
+    "OWNER_METADATA",
+    "SERVICE_NAME",
+    "AllocatorServicer",
+]
 
 SERVICE_NAME = "gpualloc.allocator.v1.Allocator"
+_log = logging.getLogger(__name__)
 ANONYMOUS = DEVELOPMENT_ANONYMOUS
 
 
@@ -102,6 +115,9 @@ _PREFIX = f"/{SERVICE_NAME}/"
 ACCESS: dict[str, AccessRule] = {
     _PREFIX + "Allocate": _placing,
     _PREFIX + "AllocateBatch": _placing_batch,
+    # each item is authorized as it is placed (_authorized_item): a reserving item needs
+    # reservations.create (and admin access where it asks for it), a denied one fails alone
+    _PREFIX + "AllocateStream": rule(Permission.PLACEMENTS_READ),
     _PREFIX + "Explain": rule(Permission.PLACEMENTS_READ),
     _PREFIX + "Capacity": rule(Permission.PLACEMENTS_READ),
     _PREFIX + "Reserve": _reserving,
@@ -138,17 +154,19 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         claims: ClaimReader | None = None,
         max_call_seconds: float | None = None,
         watch_heartbeat_seconds: float = 15.0,
+        metrics: AllocatorMetrics | None = None,
     ) -> None:
         """`claims` reads the requests' claim messages (its memo is this servicer's: a new,
         default-sized ClaimReader when not given). Each call's deadline — the client's, at
         most `max_call_seconds` — goes down to the service as a value (call_deadline).
         `watch`: the process's reservation changes (WatchReservations), a HEARTBEAT after
-        `watch_heartbeat_seconds` of silence."""
+        `watch_heartbeat_seconds` of silence. `metrics`: AllocateStream's items and passes."""
         self._service = service
         self._claims = claims if claims is not None else ClaimReader()
         self._max_call_seconds = max_call_seconds
         self._watch = watch
         self._watch_heartbeat_seconds = watch_heartbeat_seconds
+        self._metrics = metrics
 
     def _deadline(self, context: grpc.ServicerContext) -> Deadline:
         return call_deadline(context, self._max_call_seconds)
@@ -157,9 +175,15 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         self, request: pb.AllocateRequest, context: grpc.ServicerContext
     ) -> pb.AllocateResponse:
         principal = current_principal(context)
-        with proto_field_paths(claims_path(request)), self._errors_shown_to(principal):
+        try:
             query, lease = self._item(request, principal)
             answer = self._service.allocate(query, lease, deadline=self._deadline(context))
+        except Exception:
+            # proto field paths and the holders this caller may see: rewrites of errors
+            # only, so entered on the way out (two generator context managers on every
+            # call cost ~5 us), re-raising the error inside them
+            with proto_field_paths(claims_path(request)), self._errors_shown_to(principal):
+                raise
         return self._answered(context, answer, principal, gang=request.HasField("gang"))
 
     def AllocateBatch(
@@ -189,8 +213,8 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         def shown(result: ItemResult) -> None:
             if isinstance(result, Answer):
                 gang = request.items[len(reply.items)].HasField("gang")
-                response = self._answered(context, result, principal, gang=gang)
-                reply.items.add().response.CopyFrom(response)
+                into = reply.items.add().response  # built in place: not copied there after
+                self._answered(context, result, principal, gang=gang, into=into)
                 return
             path = f"items[{len(reply.items)}]"
             seen = mapped.get(id(result))  # the items not reached share one error: map it once
@@ -210,6 +234,140 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
             on_result=shown,
         )
         return reply
+
+    def AllocateStream(
+        self, requests: Iterator[pb.AllocateStreamRequest], context: grpc.ServicerContext
+    ) -> Iterator[pb.AllocateStreamResponse]:
+        """AllocateBatch over a long-lived stream. A reader thread (stream_inbox.Inbox) reads
+        the requests as they come; this loop takes every one waiting (at least one, at most
+        MAX_STREAM_PASS_ITEMS) and places them in one pass, an AllocateBatch of them, then
+        sends their answers in request order. Each item is authorized on its own (the call
+        needs only placements.read); each pass has its own deadline: the stream's, at most
+        max_call_seconds from the pass's start. The client's half-close ends the stream once
+        every item read is answered; when the call ends otherwise (cancel, deadline, the
+        client gone), the items read but not placed are dropped and the reservations of items
+        whose answers were not handed to gRPC are released (_withdrawn)."""
+        principal = current_principal(context)
+        stream = call_deadline(context, None)  # the client's deadline; set when the call ends
+        counted = self._metrics.stream_items if self._metrics is not None else None
+        inbox: Inbox[pb.AllocateStreamRequest] = Inbox(
+            requests, MAX_STREAM_PASS_ITEMS, read=(lambda: counted.add(1)) if counted else None
+        )
+        context.add_callback(inbox.close)
+        inbox.start()
+        index = 0  # the stream position of the pass's first item
+        try:
+            while arrived := inbox.take(MAX_STREAM_PASS_ITEMS):
+                if self._metrics is not None:
+                    self._metrics.stream_pass_items.record(len(arrived))
+                answered = self._stream_pass(arrived, index, principal, context, stream)
+                handed = 0
+                try:
+                    for response, _ in answered:
+                        if not context.is_active():
+                            return
+                        handed += 1
+                        yield response
+                finally:  # a return above, or grpc closed this generator: the call ended
+                    self._withdrawn(context, [a for _, a in answered[handed:] if a is not None])
+                index += len(arrived)
+        finally:
+            inbox.close()
+
+    def _stream_pass(
+        self,
+        arrived: list[pb.AllocateStreamRequest | InvalidArgument],
+        first: int,
+        principal: Principal,
+        context: grpc.ServicerContext,
+        stream: Deadline,
+    ) -> list[tuple[pb.AllocateStreamResponse, Answer | None]]:
+        """One pass of AllocateStream: `arrived` (stream positions `first`, `first + 1`, ...)
+        as one allocate_batch, each answer on the wire with the Answer it came from."""
+        known: dict[bytes, BatchItem] = {}  # identical items map once, as AllocateBatch's
+
+        def item(entry: pb.AllocateStreamRequest | InvalidArgument) -> Callable[[], BatchItem]:
+            def make() -> BatchItem:
+                if isinstance(entry, InvalidArgument):
+                    raise entry
+                request = entry.item
+                signature = request.SerializeToString(deterministic=True)
+                found = known.get(signature)
+                if found is not None:
+                    return found
+                if not principal.development:  # as the AuthInterceptor checks an Allocate
+                    authorize(principal, replace(_placing(request), method="AllocateStream"))
+                with proto_field_paths(claims_path(request)), self._errors_shown_to(principal):
+                    query, lease = self._item(request, principal)
+                known[signature] = mapped_item = BatchItem(query, lease, signature)
+                return mapped_item
+
+            return make
+
+        answered: list[tuple[pb.AllocateStreamResponse, Answer | None]] = []
+
+        def shown(result: ItemResult) -> None:
+            index = first + len(answered)
+            response = pb.AllocateStreamResponse(index=index)
+            if isinstance(result, Answer):
+                entry = arrived[len(answered)]
+                assert not isinstance(entry, InvalidArgument)  # it was placed
+                gang = entry.item.HasField("gang")
+                into = response.item.response  # built in place: not copied there after
+                self._answered(context, result, principal, gang=gang, into=into)
+                answered.append((response, result if result.reservations else None))
+                return
+            if isinstance(result, PermissionDenied):
+                audit_call(
+                    context,
+                    "call.denied",
+                    code=grpc.StatusCode.PERMISSION_DENIED.name,
+                    reason=result.message,
+                    item=index,
+                )
+            path = f"requests[{index}].item"
+            response.item.error.CopyFrom(
+                batch_item_status(self._error_shown(result, principal), path)
+            )
+            answered.append((response, None))
+
+        allocate_batch(
+            self._service,
+            [item(entry) for entry in arrived],
+            deadline=_pass_deadline(stream, self._max_call_seconds),
+            on_result=shown,
+        )
+        return answered
+
+    def _withdrawn(self, context: grpc.ServicerContext, answers: list[Answer]) -> None:
+        """Release the reservations of answers the call ended before sending: no client will
+        learn of them (an answer handed to gRPC is the client's, as a unary reply is)."""
+        deadline = Deadline.after(self._max_call_seconds or _WITHDRAW_SECONDS)
+        for answer in answers:
+            for reservation in answer.reservations:
+                try:
+                    self._service.release(
+                        reservation.id,
+                        reservation.owner,
+                        reservation.fencing_token,
+                        allow_missing=True,
+                        deadline=deadline,
+                    )
+                except GpuallocError as error:  # its lease still expires
+                    _log.warning(
+                        "AllocateStream: could not release %s after its call ended: %s",
+                        reservation.id,
+                        error.message,
+                    )
+                    continue
+                audit_call(
+                    context,
+                    "reservation.release",
+                    reservation=reservation.id,
+                    owner=reservation.owner,
+                    node=reservation.node,
+                    reason="the AllocateStream call ended before its answer was sent",
+                )
 
     def _item(
         self, request: pb.AllocateRequest, principal: Principal
@@ -233,11 +391,18 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         return query, lease
 
     def _answered(
-        self, context: grpc.ServicerContext, answer: Answer, principal: Principal, *, gang: bool
+        self,
+        context: grpc.ServicerContext,
+        answer: Answer,
+        principal: Principal,
+        *,
+        gang: bool,
+        into: pb.AllocateResponse | None = None,
     ) -> pb.AllocateResponse:
-        """An Allocate's answer on the wire (`gang`: in the gang fields, as asked), its
-        preemptions and grants audited."""
-        if answer.reservations:
+        """An Allocate's answer on the wire (`gang`: in the gang fields, as asked; `into`: the
+        empty message to write it in, as allocate_response), its preemptions and grants
+        audited."""
+        if answer.reservations and audit_enabled():  # off: no events to build (a batch's 64)
             for victim in answer.preemption:
                 audit_call(
                     context,
@@ -247,9 +412,9 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                     node=victim.holder.node,
                     reason=victim.reason,
                 )
-        for reservation in answer.reservations:
-            _audit(context, "reservation.grant", reservation)
-        return allocate_response(self._visible(answer, principal), gang=gang)
+            for reservation in answer.reservations:
+                _audit(context, "reservation.grant", reservation)
+        return allocate_response(self._visible(answer, principal), gang=gang, into=into)
 
     def Explain(
         self, request: pb.ExplainRequest, context: grpc.ServicerContext
@@ -460,6 +625,21 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                 raise error
         except GpuallocError as shown:
             return shown
+
+
+MAX_STREAM_PASS_ITEMS = 64
+"""The most items of an AllocateStream placed in one pass, and the most read ahead while a
+pass runs (the reader then stops reading: gRPC's flow control holds the client)."""
+_WITHDRAW_SECONDS = 10.0  # releasing what a call that ended left, without a max_call_seconds
+
+
+def _pass_deadline(stream: Deadline, cap: float | None) -> Deadline:
+    """A pass's deadline: the stream's, at most `cap` seconds from now; the stream's end."""
+    at = stream.at
+    if cap is not None:
+        capped = time.monotonic() + cap
+        at = capped if at is None else min(at, capped)
+    return Deadline(at, stream.cancelled)
 
 
 def _quota_owner(principal: Principal) -> str:

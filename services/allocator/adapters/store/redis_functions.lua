@@ -185,9 +185,29 @@ local function grant(keys, args)
   return reply
 end
 
+-- ONE message for the grants a step made on the node: the first grant as a single event's
+-- fields, the others in `more` ([id, fencing token, owner] each; readers that do not know it
+-- see the first).
+local function announce(ctx, granted)
+  if #granted == 0 then return end
+  local first = granted[1]
+  local more = {}
+  for i = 2, #granted do
+    local g = granted[i]
+    table.insert(more, string.format('[%s,%d,%s]', cjson.encode(g[1]), tonumber(g[2]),
+      cjson.encode(g[3])))
+  end
+  local extra = ''
+  if #more > 0 then extra = ',"more":[' .. table.concat(more, ',') .. ']' end
+  redis.call('PUBLISH', ctx.channel, string.format(
+    '{"op":"reserve","id":%s,"node":%s,"fencing_token":%d,"owner":%s%s}',
+    cjson.encode(first[1]), cjson.encode(ctx.node), tonumber(first[2]),
+    cjson.encode(first[3]), extra))
+end
+
 -- Many grants on one node in one step, in order, each seeing the ones before it (a batch's
--- placements there), announced by ONE message: the first grant as a single event's fields, the
--- others in `more` ([id, fencing token, owner] each; readers that do not know it see the first).
+-- placements there), announced by ONE message (`announce`). Kept with its ARGV for versions
+-- before gpualloc_grant_batch (replicas of both versions share the library during an upgrade).
 -- ARGV: base node channel count, then count x (id owner idem lease_ms devices_json uses_json doc)
 -- -> {replies, expired}: replies[i] as `take` answers for grant i
 local function grant_many(keys, args)
@@ -200,22 +220,28 @@ local function grant_many(keys, args)
     replies[i] = take(ctx, now, args[at], args[at + 1], args[at + 2], args[at + 3], args[at + 4],
       args[at + 5], args[at + 6], granted)
   end
-  if #granted > 0 then
-    local first = granted[1]
-    local more = {}
-    for i = 2, #granted do
-      local g = granted[i]
-      table.insert(more, string.format('[%s,%d,%s]', cjson.encode(g[1]), tonumber(g[2]),
-        cjson.encode(g[3])))
-    end
-    local extra = ''
-    if #more > 0 then extra = ',"more":[' .. table.concat(more, ',') .. ']' end
-    redis.call('PUBLISH', ctx.channel, string.format(
-      '{"op":"reserve","id":%s,"node":%s,"fencing_token":%d,"owner":%s%s}',
-      cjson.encode(first[1]), cjson.encode(ctx.node), tonumber(first[2]),
-      cjson.encode(first[3]), extra))
-  end
+  announce(ctx, granted)
   return {replies, expired}
+end
+
+-- gpualloc_grant_many's step with the grants in ONE argument and a shorter reply: a JSON array
+-- of [id, owner, idem, lease_ms, devices_json, uses_json, doc] (the three documents as JSON
+-- strings, stored exactly as sent).
+-- ARGV: base node channel grants_json
+-- -> {now, replies, expired}: replies[i] is grant i's fencing token (an integer: taken, created
+--    at now, expiring at now + lease_ms) or `take`'s {'existing', fields} | {'conflict', items}
+local function grant_batch(keys, args)
+  local ctx = context(args)
+  local now = now_ms()
+  local expired = expire_due(ctx, now)
+  local replies, granted = {}, {}
+  for i, g in ipairs(cjson.decode(args[4])) do
+    local reply = take(ctx, now, g[1], g[2], g[3], g[4], g[5], g[6], g[7], granted)
+    if reply[1] == 'ok' then reply = reply[2][1] end
+    replies[i] = reply
+  end
+  announce(ctx, granted)
+  return {now, replies, expired}
 end
 
 -- The step as versions before gpualloc_grant called it (same ARGV): a grant replies with every
@@ -527,6 +553,7 @@ end
 
 redis.register_function('gpualloc_grant', grant)
 redis.register_function('gpualloc_grant_many', grant_many)
+redis.register_function('gpualloc_grant_batch', grant_batch)
 redis.register_function('gpualloc_reserve', reserve)
 redis.register_function('gpualloc_commit', commit)
 redis.register_function('gpualloc_renew', renew)
