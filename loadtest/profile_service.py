@@ -52,6 +52,7 @@ from services.allocator.app import granting, live_reservations, placing, service
 from services.allocator.app.inventory_feed import StaticFeed
 from services.allocator.bootstrap import build_allocator
 from services.allocator.config import AllocatorSettings
+from services.allocator.core import AllocatedState
 from services.common.config import read_document_limits
 from services.common.gc_policy import GcPolicy
 from services.common.pb.dra_mapping import to_pb_resource_claim
@@ -74,7 +75,10 @@ PARTS: tuple[tuple[Any, str, str], ...] = (
     (redis_store.RedisReservationStore, "_grant_batch", "    one shard's pipeline"),
     (servicer_module.AllocatorServicer, "_answered", "the answer (_answered)"),
     (servicer_module, "allocate_response", "  allocate_response"),
+    (AllocatedState, "hold_in_place", "  the batch's holds (hold_in_place)"),
     (live_reservations.Holdings, "state_for", "the next state (state_for)"),
+    (live_reservations.Holdings, "hold_pending", "hold_pending"),
+    (live_reservations.Holdings, "settle_pending", "settle_pending"),
     (service, "placement_requests", "store requests (placement_requests)"),
     (granting.GrantRun, "add", "grants.add"),
     (service.AllocatorService, "_held", "_held"),

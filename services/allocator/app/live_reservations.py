@@ -123,6 +123,7 @@ class Holdings:
         self._journal_adds = {}
         self._pending: dict[str, tuple[AllocationResult, ...]] = {}
         self._pending_nodes: dict[str, tuple[str, ...]] = {}  # token -> its nodes
+        self._pending_on: dict[str, int] = {}  # node -> pending placements there (_unknown)
         self._pending_tokens = itertools.count(1)
         self._recording: list[_Change] | None = None  # changes made while a refresh reads
         self._tombstones: dict[str, float] = {}
@@ -262,6 +263,8 @@ class Holdings:
             token = HoldKind.PENDING.id(next(self._pending_tokens))
             self._pending[token] = tuple(allocations)
             self._pending_nodes[token] = tuple(nodes)
+            for node in nodes:
+                self._pending_on[node] = self._pending_on.get(node, 0) + 1
             self._version += 1
             if self._journal is not None:
                 change = _PendingChange(token, self._pending[token], True)
@@ -274,7 +277,7 @@ class Holdings:
         solve sees the devices free in between)."""
         with self._lock:
             allocations = self._pending.pop(token, None)
-            self._pending_nodes.pop(token, None)
+            self._forget_nodes(token)
             journal = self._journal
             self._journal = None if journal is None else []  # what `_add` journals, apart
             try:
@@ -303,10 +306,19 @@ class Holdings:
         allocations = self._pending.pop(token, None)
         if allocations is None:
             return
-        del self._pending_nodes[token]
+        self._forget_nodes(token)
         self._version += 1
         if self._journal is not None and not self._unapplied(self._journal, token):
             self._journal.append(_PendingChange(token, allocations, False))
+
+    def _forget_nodes(self, token: str) -> None:
+        """With the lock: pending placement `token` no longer counts on its nodes."""
+        for node in self._pending_nodes.pop(token, ()):
+            left = self._pending_on[node] - 1
+            if left:
+                self._pending_on[node] = left
+            else:
+                del self._pending_on[node]
 
     def _unapplied(self, journal: list[_Change | _PendingChange], token: str) -> bool:
         """Take the journal's addition of pending placement `token` back if it is still there
@@ -428,7 +440,7 @@ class Holdings:
         reservation is settled here). The fetch thread is woken only when it has no earlier
         fetch to wake up for anyway."""
         with self._lock:
-            pending = any(event.node in nodes for nodes in self._pending_nodes.values())
+            pending = event.node in self._pending_on
             wake = not pending or not self._waiting
             self._waiting.setdefault(
                 event.id, time.monotonic() + (_FETCH_GRACE if pending else 0.0)

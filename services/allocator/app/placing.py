@@ -12,11 +12,18 @@ which requests were short where, and so which reservations were in the way.
 The core reads no clock: a deadline reaches it as `SearchBudget.cancelled`, which turns true a
 little before the call's deadline so that the answer (BUDGET_EXHAUSTED) still reaches the
 client, instead of the client's own DEADLINE_EXCEEDED.
+
+A solve's plan (the core's `build_plan`: the claims checked against the device classes, ~20 us
+for one claim) is a value of the claims and the classes, and the servicer's ClaimReader hands
+out the same claim objects for the same claim bytes: `PlanMemo` keeps the plans of the last
+claim tuples by identity, so a queue of alike jobs builds its plan once.
 """
 
 from __future__ import annotations
 
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
@@ -27,6 +34,7 @@ from services.allocator.core import (
     ClusterSnapshot,
     Explanation,
     NodeAccess,
+    Plan,
     Policy,
     SearchBudget,
     SelectorCache,
@@ -35,6 +43,7 @@ from services.allocator.core import (
     SummaryKind,
     TopologyConstraint,
     Unsatisfiable,
+    build_plan,
     constraints_from_annotations,
     solve,
     solve_gang,
@@ -87,6 +96,7 @@ class PlacementSearch:
         self.max_steps = max_steps
         self.max_steps_per_node = max_steps_per_node
         self.max_cel_cost = max_cel_cost
+        self.plans = PlanMemo()
 
     def budget(self, query: Query, deadline: Deadline) -> SearchBudget:
         steps = min(query.max_steps, self.max_steps) if query.max_steps > 0 else self.max_steps
@@ -189,6 +199,7 @@ class PlacementSearch:
             state,
             classes,
             query.claims,
+            plan=self.plans.plan(query.claims, classes),
             node=node,
             policy=query.policy or self.policy,
             selectors=self.selectors,
@@ -306,3 +317,30 @@ def topology_constraints(query: Query) -> tuple[TopologyConstraint, ...]:
     `gpualloc.io/topology-constraints` annotations (as `gpualloc solve` reads them). Clients
     that send both (services/client does) state the same constraints twice: the request wins."""
     return query.topology_constraints or constraints_from_annotations(query.claims)
+
+
+class PlanMemo:
+    """The plans of the last `limit` claim tuples, found by the identity of the claims and of
+    the classes (kept alive by the memo, so an identity is never another object's while its
+    entry lives). Claims and classes are immutable values, so a plan found is the plan
+    `build_plan` would make now; a claim that does not fit the classes raises every time
+    (nothing kept). Safe to share between threads."""
+
+    def __init__(self, limit: int = 256) -> None:
+        self.limit = limit
+        self._plans: OrderedDict[tuple[int, ...], tuple[tuple[object, ...], Plan]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def plan(self, claims: Sequence[ResourceClaim], classes: Mapping[str, DeviceClass]) -> Plan:
+        key = (id(classes), *map(id, claims))
+        with self._lock:
+            found = self._plans.get(key)
+            if found is not None:
+                self._plans.move_to_end(key)
+                return found[1]
+        plan = build_plan(claims, classes)
+        with self._lock:
+            self._plans[key] = ((classes, *claims), plan)
+            while len(self._plans) > self.limit:
+                self._plans.popitem(last=False)
+        return plan

@@ -395,8 +395,8 @@ class AllocatorService:
         ledger, devices in one store call (app/granting.py). While a run is solved no other run
         of this process solves (`_placing`): it would pick the same devices. An item this pass
         does not finish — its answer is not a placement while quotas are on (a preemption may
-        be due) or after the run's placements (the holders it names must include them), its
-        quota refuses it, its idempotency key is busy, or another writer took its
+        be due) or it is UNSATISFIABLE after the run's placements (the holders it names must
+        include them), its quota refuses it, its idempotency key is busy, or another writer took its
         devices — goes through `allocate` once the items before it are written. Items not
         started when the deadline passes are left out (the list is then shorter)."""
         results: list[Answer | GpuallocError | None] = []
@@ -498,9 +498,11 @@ class AllocatorService:
             answer = decision.answer
         if answer.outcome is not Outcome.ALLOCATED:
             ahead.clear()
-            # quotas: it may preempt; after placements of this run: the holders it names
-            # (blocking_holders) are the store's, which the run's pending ones are not yet in
-            return answer if self.quotas is None and not run.placed else None
+            if self.quotas is not None:
+                return None  # it may preempt
+            if answer.outcome is Outcome.UNSATISFIABLE and run.placed:
+                return None  # the holders it names are the store's: the run's, once written
+            return answer
         names = tuple(claim_ref(claim.namespace, claim.name) for claim in query.claims)
         requests = placement_requests(view.snapshot, answer.placements, names, lease, lease_seconds)
         try:

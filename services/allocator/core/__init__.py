@@ -83,6 +83,7 @@ from services.allocator.core.outcome import (
     Stats,
     Unsatisfiable,
 )
+from services.allocator.core.plan import Plan, build_plan
 from services.allocator.core.preemption import (
     Candidate,
     Holding,
@@ -205,6 +206,7 @@ __all__ = [
     "NodeMiss",
     "NodePlacement",
     "NodeView",
+    "Plan",
     "Policy",
     "ReasonCode",
     "RejectionGroup",
@@ -216,6 +218,7 @@ __all__ = [
     "SolveResult",
     "Stats",
     "Unsatisfiable",
+    "build_plan",
     "default_share_id",
     "solve",
     "taint_detail",

@@ -123,18 +123,29 @@ def solve(
     topology_constraints: Sequence[TopologyConstraint] = (),
     fragmentation_mix: FragmentationMix = DEFAULT_MIX,
     nodes: Collection[str] | None = None,
+    plan: Plan | None = None,
 ) -> SolveResult:
     """Allocate all `claims` together on one node, all or nothing (claims' own `allocation`
     fields are ignored: pass what is held in `state`). `topology_constraints` relate the
     devices of requests (topology_constraints.py); node topologies come from the snapshot.
     `fragmentation_mix`: the requests FRAGMENTATION_AWARE keeps room for (fragmentation.py).
     `nodes`: the only candidates (names without devices or not in the snapshot are none);
-    not with a pinned `node`."""
+    not with a pinned `node`. `plan`: `build_plan(claims, classes)` when the caller has it
+    already (a value: the same claims and classes always make the same plan)."""
     if node is not None and nodes is not None:
         raise ValueError("solve takes a pinned node or candidate nodes, not both")
     recorder = Recorder() if explain else None
     ctx = solve_context(
-        snapshot, state, classes, claims, policy, selectors, recorder, topology_constraints, budget
+        snapshot,
+        state,
+        classes,
+        claims,
+        policy,
+        selectors,
+        recorder,
+        topology_constraints,
+        budget,
+        plan=plan,
     )
     ctx = replace(ctx, mix=fragmentation_mix)
     return solve_in(ctx, budget, node=node, nodes=nodes, share_id=share_id)
@@ -205,8 +216,10 @@ def solve_context(
     recorder: Recorder | None,
     topology_constraints: Sequence[TopologyConstraint],
     budget: SearchBudget = DEFAULT_BUDGET,
+    *,
+    plan: Plan | None = None,
 ) -> SolveContext:
-    plan = build_plan(claims, classes)
+    plan = build_plan(claims, classes) if plan is None else plan
     implicit = policy.rules.implicit_topology and bool(snapshot.topologies)
     topology = TopologyPlan(plan, topology_constraints, implicit_nvlink=implicit)
     selection = Selection(selectors, CelMeter(budget.max_cel_cost, budget.cancelled))

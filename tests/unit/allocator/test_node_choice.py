@@ -184,6 +184,47 @@ def test_group_index_follows_allocations(
     assert kept.order == fresh.order
 
 
+def _contents(groups: GroupIndex) -> tuple[object, ...]:
+    return (
+        groups.in_use,
+        {key: list(nodes) for key, nodes in groups.members.items()},
+        [list(entries) for entries in groups.order],
+    )
+
+
+@SETTINGS
+@given(
+    nodes=st.integers(2, 8),
+    holds=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 3)), min_size=1, max_size=40),
+    data=st.data(),
+)
+def test_group_index_edits_in_place_only_what_no_other_state_holds(
+    nodes: int, holds: list[tuple[int, int]], data: st.DataObject
+) -> None:
+    """A detached state moves its nodes in place; the states derived from it on the way (and
+    the one it was detached from) keep the groups they had, and every index equals a fresh
+    build over its own devices in use."""
+    snapshot = ClusterSnapshot.build([machine(f"node-{i}") for i in range(nodes)])
+    state = AllocatedState.build(snapshot, [held_on("node-0", "gpu-0")])
+    base = _contents(state.node_groups(snapshot))
+    work = state.detached(groups=True)
+    kept: list[tuple[AllocatedState, tuple[object, ...]]] = []
+    for number, (node, gpu) in enumerate(holds):
+        owner, allocation_ = held_on(f"node-{node % nodes}", f"gpu-{gpu}")
+        owner = f"{owner}-{number}"
+        if work.in_use(allocation_.results[0].device_id) and data.draw(st.booleans()):
+            derived = work.with_changes([(owner, None, allocation_)])  # some other holder's
+        else:
+            work.hold_in_place(allocation_, owner)
+            derived = work.with_changes([])
+        if data.draw(st.booleans()):
+            kept.append((derived, _contents(derived.node_groups(snapshot))))
+    for derived, contents in [(state, base), *kept, (work, _contents(work.node_groups(snapshot)))]:
+        assert _contents(derived.node_groups(snapshot)) == contents
+        fresh = GroupIndex.build(node_templates(snapshot), derived.devices_in_use)
+        assert _contents(fresh) == contents
+
+
 # --- tables ---------------------------------------------------------------------------------------
 
 GPU = classes(cls("gpu", f'device.driver == "{DRIVER}"'))

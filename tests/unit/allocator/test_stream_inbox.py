@@ -69,6 +69,43 @@ def test_a_take_gets_every_request_waiting_and_the_bound_holds_the_reader_back()
     assert taken == ["r2", "r3", "r4"]  # then the half-close: [] once nothing waits
 
 
+@pytest.mark.parametrize(
+    ("sizes", "waiting_when_held"),
+    [
+        pytest.param([3, 3, 3, 3], 2, id="two-requests-reach-the-byte-bound"),
+        pytest.param([9, 1, 1], 1, id="one-request-over-the-byte-bound-alone-gets-in"),
+        pytest.param([1, 1, 1, 1, 1, 1], 5, id="small-requests-stop-at-the-byte-bound"),
+    ],
+)
+def test_the_byte_bound_holds_the_reader_back(sizes: list[int], waiting_when_held: int):
+    """Byte bound 5, count bound 8: the reader adds requests until their bytes reach 5 (one
+    request alone always gets in), then waits with the next in hand until a take makes room;
+    every request is still taken, in order."""
+    source = _Source([f"r{i}:{n}" for i, n in enumerate(sizes)])
+    read: list[int] = []
+    inbox: Inbox[str] = Inbox(
+        source,
+        8,
+        read=lambda: read.append(1),
+        size=lambda request: int(request.split(":")[1]),
+        byte_bound=5,
+    )
+    inbox.start()
+    _until(lambda: len(read) == min(waiting_when_held + 1, len(sizes)), "the reader holds one")
+    first = inbox.take(8)
+    assert len(first) == waiting_when_held
+    taken = list(first)
+    while batch := inbox.take(8):
+        taken.extend(batch)
+    assert taken == [f"r{i}:{n}" for i, n in enumerate(sizes)]
+
+
+def test_a_stream_request_s_bytes_are_its_wire_size():
+    """The servicer counts a waiting request's bytes with the unbound ByteSize."""
+    request = pb.AllocateStreamRequest(item=pb.AllocateRequest(node_name="n" * 100))
+    assert pb.AllocateStreamRequest.ByteSize(request) == len(request.SerializeToString())
+
+
 def test_a_take_gets_at_most_what_it_asks():
     source = _Source([f"r{i}" for i in range(4)])
     inbox: Inbox[str] = Inbox(source, 8)

@@ -77,6 +77,7 @@ __all__ = [
     "ACCESS",
     "ANONYMOUS",
     "MAX_STREAM_PASS_ITEMS",
+    "MAX_STREAM_WAITING_BYTES",
     "OWNER_METADATA",
     "SERVICE_NAME",
     "AllocatorServicer",
@@ -251,7 +252,11 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         stream = call_deadline(context, None)  # the client's deadline; set when the call ends
         counted = self._metrics.stream_items if self._metrics is not None else None
         inbox: Inbox[pb.AllocateStreamRequest] = Inbox(
-            requests, MAX_STREAM_PASS_ITEMS, read=(lambda: counted.add(1)) if counted else None
+            requests,
+            MAX_STREAM_PASS_ITEMS,
+            read=(lambda: counted.add(1)) if counted else None,
+            size=pb.AllocateStreamRequest.ByteSize,
+            byte_bound=MAX_STREAM_WAITING_BYTES,
         )
         context.add_callback(inbox.close)
         inbox.start()
@@ -630,6 +635,10 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
 MAX_STREAM_PASS_ITEMS = 64
 """The most items of an AllocateStream placed in one pass, and the most read ahead while a
 pass runs (the reader then stops reading: gRPC's flow control holds the client)."""
+MAX_STREAM_WAITING_BYTES = 4 * 1024 * 1024
+"""The most bytes of requests an AllocateStream reads ahead while a pass runs: with the message
+the reader has in hand (at most max_receive_message_length), what one stream can make the
+server hold, whatever its clients send (64 requests of 16 MiB would otherwise be 1 GiB)."""
 _WITHDRAW_SECONDS = 10.0  # releasing what a call that ended left, without a max_call_seconds
 
 

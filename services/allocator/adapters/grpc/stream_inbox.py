@@ -3,8 +3,11 @@
 A sync gRPC handler can only block on its request iterator; it cannot ask what has arrived. So
 an `Inbox` reads the stream on a thread of its own into a bounded list, and the handler takes
 every request waiting there at once (`take`): the items a pipelining client sent while the
-previous pass ran are placed together in the next one. When `bound` requests wait, the reader
-stops reading, and gRPC's flow control makes the client wait instead of the server's memory.
+previous pass ran are placed together in the next one. When `bound` requests wait, or requests
+of `byte_bound` bytes together, the reader stops reading, and gRPC's flow control makes the
+client wait instead of the server's memory: a stream holds at most `byte_bound` bytes of waiting
+requests plus the one message the reader has in hand (itself at most the server's
+max_receive_message_length), however large the client's messages are.
 
 Each entry is the decoded request, or the InvalidArgument of a message that did not decode
 (services/common/grpc_errors.py: DecodedRequests), in the order read.
@@ -27,15 +30,26 @@ T = TypeVar("T")
 
 class Inbox(Generic[T]):
     """Requests read from a stream, waiting to be taken; thread-safe. `read` is called once per
-    message read (a metric)."""
+    message read (a metric); `size` gives a request's bytes (the byte bound counts them; a
+    message that did not decode counts 0)."""
 
     def __init__(
-        self, requests: Iterator[T], bound: int, read: Callable[[], None] | None = None
+        self,
+        requests: Iterator[T],
+        bound: int,
+        read: Callable[[], None] | None = None,
+        *,
+        size: Callable[[T], int] | None = None,
+        byte_bound: int | None = None,
     ) -> None:
         self._requests = requests
         self._bound = max(1, bound)
         self._read = read
+        self._size = size
+        self._byte_bound = byte_bound
         self._waiting: list[T | InvalidArgument] = []
+        self._sizes: list[int] = []  # each waiting request's bytes, in step with _waiting
+        self._waiting_bytes = 0
         self._ended = False  # the client half-closed, the call ended, or close() was called
         self._closed = False
         self._failed: Exception | None = None  # a bug met reading: take() raises it
@@ -56,6 +70,8 @@ class Inbox(Generic[T]):
             if self._closed:
                 return []
             taken, self._waiting = self._waiting[:most], self._waiting[most:]
+            self._waiting_bytes -= sum(self._sizes[:most])
+            del self._sizes[:most]
             self._changed.notify_all()  # room for the reader
             return taken
 
@@ -65,7 +81,17 @@ class Inbox(Generic[T]):
         with self._changed:
             self._ended = self._closed = True
             self._waiting.clear()
+            self._sizes.clear()
+            self._waiting_bytes = 0
             self._changed.notify_all()
+
+    def _full(self) -> bool:
+        """No room for one more request: `bound` wait, or `byte_bound` bytes do (one request
+        alone always has room, however large: the server's message limit bounds it)."""
+        if len(self._waiting) >= self._bound:
+            return True
+        limit = self._byte_bound
+        return limit is not None and bool(self._waiting) and self._waiting_bytes >= limit
 
     def _read_all(self) -> None:
         try:
@@ -76,12 +102,17 @@ class Inbox(Generic[T]):
                     entry = undecodable
                 if self._read is not None:
                     self._read()
+                size = 0
+                if self._size is not None and not isinstance(entry, InvalidArgument):
+                    size = self._size(entry)
                 with self._changed:
-                    while len(self._waiting) >= self._bound and not self._closed:
+                    while self._full() and not self._closed:
                         self._changed.wait()
                     if self._closed:
                         return
                     self._waiting.append(entry)
+                    self._sizes.append(size)
+                    self._waiting_bytes += size
                     self._changed.notify_all()
         except StopIteration:  # the client half-closed: what waits is still placed
             pass
