@@ -34,7 +34,7 @@ import functools
 import heapq
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
@@ -157,7 +157,7 @@ class GroupedChoice:
         for reach in _reachable(self.ctx, self.snapshot, templates):
             order = self.groups.order[reach.template.id]
             by_name = functools.partial(self._by_name, reach)
-            cursor = self.ctx.rules.groups(reach.bounds, order, by_name, reach.known)
+            cursor = self.ctx.rules.groups(reach.bounds, order, by_name, reach.known_bounds())
             self._advance(cursor, reach)
         heap, members = self._heap, self.groups.members
         while heap:
@@ -211,17 +211,27 @@ class GroupedChoice:
                 yield OrderEntry(template.free_capacity(used), node, used)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)
 class _Reachable:
-    """A template some node of which may fit the plan, with what the walk reads of it for
-    every group: its facts, its bounds' inputs, and per request its alternatives with their
-    candidates (the cheap check)."""
+    """A template some node of which may fit the plan, with what the walks of one context
+    read of it for every group: its facts, its bounds' inputs, per request its alternatives
+    with their candidates (the cheap check, listed at its first use) and, from the context's
+    second walk on (a batch's later items; a unary solve walks once), its groups' bounds."""
 
     template: NodeTemplate
     facts: TemplatePlan
     bounds: GroupFacts
-    rooms: tuple[tuple[tuple[Alternative, frozenset[int] | None], ...], ...]
-    known: KnownBounds = field(default_factory=KnownBounds)  # its groups' bounds, once each
+    plan: Plan
+    rooms: tuple[tuple[tuple[Alternative, frozenset[int] | None], ...], ...] | None = None
+    walks: int = 0
+    known: KnownBounds | None = None
+
+    def known_bounds(self) -> KnownBounds | None:
+        """The bounds kept for this walk to read and add to; None on the first walk."""
+        self.walks += 1
+        if self.walks > 1 and self.known is None:
+            self.known = KnownBounds()
+        return self.known
 
     def fits(self, entry: OrderEntry) -> bool:
         """Cheap necessary conditions: enough free capacity, and per request an alternative
@@ -229,7 +239,15 @@ class _Reachable:
         if entry.capacity < self.facts.least:
             return False
         used = entry.used
-        for request in self.rooms:
+        rooms = self.rooms
+        if rooms is None:
+            pairs = iter(zip(self.plan.alternatives(), self.facts.candidates, strict=True))
+            rooms = self.rooms = tuple(
+                tuple(itertools.islice(pairs, len(request.alternatives)))
+                for claim in self.plan.claims
+                for request in claim.requests
+            )
+        for request in rooms:
             for alternative, candidates in request:
                 if _room(alternative, candidates, used):
                     break
@@ -255,13 +273,7 @@ def _reachable(
         bounds = GroupFacts(
             facts.ranks, facts.implicit_missed, facts.most, facts.least, ctx.mix.capacity
         )
-        pairs = iter(zip(ctx.plan.alternatives(), facts.candidates, strict=True))
-        rooms = tuple(
-            tuple(itertools.islice(pairs, len(request.alternatives)))
-            for claim in ctx.plan.claims
-            for request in claim.requests
-        )
-        every.append(_Reachable(template, facts, bounds, rooms))
+        every.append(_Reachable(template, facts, bounds, ctx.plan))
     ctx.derived[_REACHABLE] = (templates, tuple(every))
     return tuple(every)
 

@@ -145,14 +145,15 @@ def node_key_of(
     capacity: Fraction,
     name: str,
 ) -> NodeKey:
-    """The NodeKey of these terms, with the floats of its Fractions (NodeKey)."""
+    """The NodeKey of these terms, with the floats of its Fractions (NodeKey); the
+    capacity's as int true division a/b, correctly rounded (what float() of it computes)."""
     return NodeKey(
         ranks,
         preferred_missed,
         implicit_missed,
         0.0 if fragmentation is _ZERO else float(fragmentation),
         fragmentation,
-        0.0 if capacity is _ZERO else float(capacity),
+        0.0 if capacity is _ZERO else capacity.numerator / capacity.denominator,
         capacity,
         name,
     )

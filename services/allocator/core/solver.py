@@ -746,9 +746,13 @@ class NodeRun:
             assert found.outcome is not None
             alternatives = self.ctx.plan.by_key
             picks, chosen = found.outcome.placed_on(tuple(found.view.devices()), alternatives)
-        parts = self.ctx.derived.get(_RESULT_PARTS)
+        # What results share, kept from the context's second result on (a batch's later
+        # items; a unary solve makes one result and keeps nothing).
+        derived = self.ctx.derived
+        parts = derived.get(_RESULT_PARTS)
         if not isinstance(parts, ResultParts):
-            parts = self.ctx.derived[_RESULT_PARTS] = ResultParts()
+            derived[_RESULT_PARTS] = ResultParts()
+            parts = None
         return tuple(
             allocation_result(
                 claim, picks[claim.index], chosen[claim.index], found.view.name, share_id, parts
