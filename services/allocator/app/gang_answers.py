@@ -23,7 +23,7 @@ from services.allocator.reservations.holds import placement_holds
 from services.allocator.reservations.model import Hold, LimitedUse, Reservation, ReserveRequest
 from services.common.dra.model import AllocationResult
 
-__all__ = ["members_of_reservations", "placement_requests"]
+__all__ = ["members_of_reservations", "placement_requests", "reserve_request"]
 
 
 @dataclass
@@ -48,7 +48,9 @@ def placement_requests(
         member = placement[0]
         holds = placement_holds(snapshot, member.node or "", member.allocations)
         return [
-            _request(lease, lease_seconds, scope, claim_names, tuple(member.allocations), hold)
+            reserve_request(
+                lease, lease_seconds, scope, claim_names, tuple(member.allocations), hold
+            )
             for scope, hold in holds.items()
         ]
     scopes: dict[str, _Scope] = {}
@@ -62,7 +64,7 @@ def placement_requests(
             entry.devices.extend(hold.devices)
             entry.uses.extend(hold.uses)
     return [
-        _request(
+        reserve_request(
             lease,
             lease_seconds,
             scope,
@@ -74,7 +76,7 @@ def placement_requests(
     ]
 
 
-def _request(
+def reserve_request(
     lease: LeaseOptions,
     lease_seconds: float,
     scope: str,
@@ -82,6 +84,8 @@ def _request(
     allocations: tuple[AllocationResult, ...],
     hold: Hold,
 ) -> ReserveRequest:
+    """The store request that holds `hold` on `scope` for `lease` (one per scope of a
+    placement: the unary reserve's and a run's alike)."""
     return ReserveRequest(
         owner=lease.owner,
         node=scope,

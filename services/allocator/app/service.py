@@ -47,6 +47,7 @@ from services.allocator.app.flavor_search import search_flavors, units_within_fl
 from services.allocator.app.gang_answers import (
     members_of_reservations,
     placement_requests,
+    reserve_request,
 )
 from services.allocator.app.granting import GrantRun
 from services.allocator.app.holders import blocking_holders
@@ -1377,18 +1378,7 @@ def _requests(
 ) -> list[ReserveRequest]:
     """One store request per scope of the placement (the node's first)."""
     return [
-        ReserveRequest(
-            owner=lease.owner,
-            node=scope,
-            claim_names=claim_names,
-            allocations=allocations,
-            hold=hold,
-            lease_seconds=lease_seconds,
-            idempotency_key=lease.idempotency_key,
-            labels=lease.labels,
-            request_digest=lease.request_digest,
-            priority_class=lease.priority_class,
-        )
+        reserve_request(lease, lease_seconds, scope, claim_names, allocations, hold)
         for scope, hold in holds.items()
     ]
 
