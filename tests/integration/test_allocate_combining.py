@@ -74,7 +74,9 @@ class Gate:
         assert self.entered.wait(WAIT)
         return future
 
-    def send(self, request: pb.AllocateRequest, timeout: float = WAIT * 2) -> grpc.Future[pb.AllocateResponse]:
+    def send(
+        self, request: pb.AllocateRequest, timeout: float = WAIT * 2
+    ) -> grpc.Future[pb.AllocateResponse]:
         """A call that waits for the next pass (after the ones sent before it)."""
         waiting = self.combiner.waiting
         future = self.served.stub.Allocate.future(request, timeout=timeout)
