@@ -186,8 +186,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
             if self._combiner is None:
                 answer = self._service.allocate(query, lease, deadline=self._deadline(context))
             else:  # mapped and authorized here; placed with the calls waiting with it
-                signature = b"" if lease else request.SerializeToString(deterministic=True)
-                item = BatchItem(query, lease, signature, self._deadline(context))
+                item = BatchItem(query, lease, deadline=self._deadline(context))
                 answer = self._combiner.allocate(item)
         except Exception:
             # proto field paths and the holders this caller may see: rewrites of errors
