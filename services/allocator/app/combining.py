@@ -39,7 +39,7 @@ from services.allocator.app.batch import (
     allocate_batch,
     turn_missed,
 )
-from services.allocator.app.messages import Answer, Query
+from services.allocator.app.messages import Answer, LeaseOptions, Query
 from services.allocator.app.telemetry import AllocatorMetrics
 from services.common.deadline import UNBOUNDED, Deadline
 from services.common.errors import GpuallocError
@@ -72,26 +72,27 @@ class Combiner:
         self.passes = 0
         """Passes run so far, a pass of one included (tests read it; the metrics count too)."""
 
-    def allocate(self, item: BatchItem) -> Answer:
-        """The call's answer, placed alone or with the calls waiting with it; raises the typed
-        error the unary Allocate would raise for it (DeadlineExceeded when its deadline passed
-        before its turn)."""
+    def allocate(
+        self, query: Query, lease: LeaseOptions | None = None, *, deadline: Deadline = UNBOUNDED
+    ) -> Answer:
+        """What `AllocatorService.allocate` answers for the call, placed alone or with the
+        calls waiting with it; raises the typed error it would raise (DeadlineExceeded when
+        the call's deadline passed, or its client went away, before its turn)."""
         with self._lock:
             alone = not self._leading
             if alone:  # no pass running: this call's thread places it now, a pass of one
                 self._leading = True
                 self.passes += 1
             else:
-                call = _Call(item, threading.Event())
+                call = _Call(BatchItem(query, lease, deadline=deadline), threading.Event())
                 self._waiting.append(call)
         if alone:
-            try:
-                result = self._alone(item)
+            if self._metrics is not None:
+                self._metrics.combined_pass_items.record(1)
+            try:  # the unary Allocate itself
+                return self._service.allocate(query, lease, deadline=deadline)
             finally:
                 self._hand_on()
-            if isinstance(result, Answer):
-                return result
-            raise result
         if self._follow(call):
             self._lead(call)
         return call.answer()
@@ -166,7 +167,7 @@ class Combiner:
             raise
 
     def _alone(self, item: BatchItem) -> ItemResult:
-        """A pass of one: the unary Allocate (unless the call's time is already up)."""
+        """A pass of one waiting call: the unary Allocate (unless its time is already up)."""
         if self._metrics is not None:
             self._metrics.combined_pass_items.record(1)
         deadline = item.deadline or UNBOUNDED

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from services.allocator.app.batch import BatchItem
 from services.allocator.app.combining import Combiner
 from services.allocator.app.messages import Answer, LeaseOptions, Outcome
 from services.common.deadline import UNBOUNDED, Deadline
@@ -95,9 +94,8 @@ class Calls:
         waiting = self.combiner.waiting
 
         def call() -> None:
-            item = BatchItem(label, lease, b"", deadline)  # a label for the query
-            try:
-                self.results[key] = self.combiner.allocate(item)
+            try:  # a label for the query
+                self.results[key] = self.combiner.allocate(label, lease, deadline=deadline)
             except BaseException as error:
                 self.results[key] = error
 
@@ -117,7 +115,7 @@ def test_a_call_alone_is_the_unary_allocate() -> None:
     service = HeldPasses()
     service.let_go()
     combiner = Combiner(service)
-    answer = combiner.allocate(BatchItem("a", LEASE))  # type: ignore[arg-type]
+    answer = combiner.allocate("a", LEASE)  # type: ignore[arg-type]
     assert answer == _answer("a")
     assert service.passes == [(threading.current_thread().name, ["a"])]
     assert combiner.passes == 1 and combiner.waiting == 0
