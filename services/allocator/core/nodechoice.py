@@ -52,7 +52,7 @@ from services.allocator.core.snapshot import ClusterSnapshot, NodeView
 from services.allocator.core.templates import NodeTemplate, NodeTemplates, split_name
 from services.common.dra.model import AllocationMode
 
-__all__ = ["GroupedChoice", "TemplatePlan", "may_fit", "template_plan", "usable"]
+__all__ = ["GroupedChoice", "TemplatePlan", "template_plan", "usable"]
 
 _CACHE_LIMIT = 256
 Evaluate = Callable[
@@ -254,17 +254,6 @@ class _Reachable:
             else:
                 return False
         return True
-
-
-def may_fit(
-    ctx: SolveContext, snapshot: ClusterSnapshot, templates: NodeTemplates, entry: OrderEntry
-) -> bool:
-    """Whether a group (`entry`, of a template in `templates`) passes the walk's cheap
-    checks: its template may fit the plan at all, with room enough in this free state."""
-    for reach in _reachable(ctx, snapshot, templates):
-        if reach.template.id == templates.of_node[entry.node].id:
-            return reach.fits(entry)
-    return False
 
 
 def _reachable(

@@ -47,8 +47,7 @@ from services.allocator.core.fragmentation import (
     DEFAULT_MIX,
     FragmentationMix,
 )
-from services.allocator.core.groups import OrderEntry
-from services.allocator.core.nodechoice import GroupedChoice, may_fit, template_plan, usable
+from services.allocator.core.nodechoice import GroupedChoice, template_plan, usable
 from services.allocator.core.outcome import (
     Allocated,
     NodePlacement,
@@ -83,7 +82,7 @@ from services.allocator.core.search import BudgetExhausted, NodeSearch, Pick, St
 from services.allocator.core.selection import Equivalence, Selection
 from services.allocator.core.snapshot import ClusterSnapshot, DeviceEntry, NodeView
 from services.allocator.core.state import AllocatedState
-from services.allocator.core.templates import NodeTemplate, NodeTemplates, node_templates
+from services.allocator.core.templates import NodeTemplate, node_templates
 from services.allocator.core.topology_constraints import (
     TopologyConstraint,
     TopologyPlan,
@@ -256,12 +255,12 @@ class LastChoice:
     not pop before, but the chosen node's new one), so when the last walk's steps plus the new
     search's stay under the budget, the walk would not have run out either."""
 
-    key: NodeKey | None = None  # None: no walk to carry (none yet, or it ran out of budget)
-    steps: int = 0  # the steps the walk that chose `key` took
+    found: _Found | None = None  # the choice; None: no walk to carry (none yet, or out of budget)
+    steps: int = 0  # the steps the walk that made the choice took
     feasible: int = 0  # the nodes that walk knew to fit (all still fit: Stats)
-
-    def chosen(self, key: NodeKey | None, steps: int, feasible: int) -> None:
-        self.key, self.steps, self.feasible = key, steps, feasible
+    # the chosen node's template and the outcomes kept for the question on it (None: ungrouped)
+    template: NodeTemplate | None = None
+    memo: OutcomeMemo[NodeOutcome] | None = None
 
 
 @dataclass
@@ -420,9 +419,9 @@ class NodeRun:
         if not usable(self.ctx.plan, self.ctx, templates):
             return False
         if last is not None:
-            if self._again(snapshot, templates, last):
+            if last.found is not None and self._again(snapshot, last):
                 return True
-            last.chosen(None, 0, 0)
+            last.found = None
         choice = GroupedChoice(
             self.ctx,
             snapshot,
@@ -436,32 +435,33 @@ class NodeRun:
         self.pruned = self.nodes_total - choice.searched
         self.feasible = choice.feasible
         if last is not None and self.found and not self.exhausted:
-            best = min(found.key for found in self.found)
-            last.chosen(best, self.steps.steps, choice.feasible)
+            best = min(self.found, key=_key_of)
+            template = templates.of_node.get(best.view.name or "")
+            last.found, last.steps, last.feasible, last.template = (
+                best,
+                self.steps.steps,
+                choice.feasible,
+                template,
+            )
+            last.memo = None if template is None else question_memo(self.ctx, template)
         if not self.found and self.errors:
             raise self.errors[0]
         return True
 
-    def _again(self, snapshot: ClusterSnapshot, templates: NodeTemplates, last: LastChoice) -> bool:
+    def _again(self, snapshot: ClusterSnapshot, last: LastChoice) -> bool:
         """The last item's node, searched with its placement held, when it is still the best
         node (LastChoice); False, with nothing counted, when the walk must decide."""
-        if last.key is None:
-            return False
-        name = last.key.name
-        view = snapshot.view(name)
-        template = templates.of_node.get(name)
+        assert last.found is not None
+        view, template = last.found.view, last.template
         try:
-            if template is None:
+            if template is None or last.memo is None:
                 found = self._node(view)
             else:
-                used = self.ctx.state.node_groups(snapshot).node_in_use(name)
-                before = template.free_capacity(used)
-                kept = question_memo(self.ctx, template).get(used)
-                if kept is None and not may_fit(
-                    self.ctx, snapshot, templates, OrderEntry(before, name, used)
-                ):
-                    return False  # the walk would not search it: no answer (and no search)
+                used = self.ctx.state.node_groups(snapshot).node_in_use(view.name or "")
+                if last.memo.get(used) is None:
+                    return False  # no kept outcome for its new state: a walk searches it once
                 prepared = template_plan(self.ctx, snapshot, template).prepared
+                before = template.free_capacity(used)
                 found = self._node(view, before, prepared, used, template=template)
         except NodeError:
             found = None
@@ -469,15 +469,16 @@ class NodeRun:
         if (
             found is None
             or self.exhausted
-            or found.key > last.key
+            or found.key > last.found.key
             or last.steps + steps >= self.steps.max_steps
         ):
             self._forget()
             return False
+        templates = node_templates(snapshot)
         self.nodes_total = len(templates.of_node) + len(templates.ungrouped)
         self.searched, self.pruned = 1, self.nodes_total - 1
         self.feasible = last.feasible
-        last.chosen(found.key, last.steps, last.feasible)
+        last.found = found
         return True
 
     def _forget(self) -> None:
