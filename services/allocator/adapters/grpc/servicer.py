@@ -47,6 +47,7 @@ from services.allocator.adapters.grpc.mapping import (
 )
 from services.allocator.adapters.grpc.stream_inbox import Inbox
 from services.allocator.app.batch import BatchItem, ItemResult, allocate_batch
+from services.allocator.app.combining import Combiner
 from services.allocator.app.messages import Answer, LeaseOptions, Query
 from services.allocator.app.reservation_watch import ReservationWatch
 from services.allocator.app.service import AllocatorService
@@ -156,18 +157,22 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         max_call_seconds: float | None = None,
         watch_heartbeat_seconds: float = 15.0,
         metrics: AllocatorMetrics | None = None,
+        combiner: Combiner | None = None,
     ) -> None:
         """`claims` reads the requests' claim messages (its memo is this servicer's: a new,
         default-sized ClaimReader when not given). Each call's deadline — the client's, at
         most `max_call_seconds` — goes down to the service as a value (call_deadline).
         `watch`: the process's reservation changes (WatchReservations), a HEARTBEAT after
-        `watch_heartbeat_seconds` of silence. `metrics`: AllocateStream's items and passes."""
+        `watch_heartbeat_seconds` of silence. `metrics`: AllocateStream's items and passes.
+        `combiner`: places concurrent unary Allocates together (app/combining.py); None: each
+        alone."""
         self._service = service
         self._claims = claims if claims is not None else ClaimReader()
         self._max_call_seconds = max_call_seconds
         self._watch = watch
         self._watch_heartbeat_seconds = watch_heartbeat_seconds
         self._metrics = metrics
+        self._combiner = combiner
 
     def _deadline(self, context: grpc.ServicerContext) -> Deadline:
         return call_deadline(context, self._max_call_seconds)
@@ -178,7 +183,12 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         principal = current_principal(context)
         try:
             query, lease = self._item(request, principal)
-            answer = self._service.allocate(query, lease, deadline=self._deadline(context))
+            if self._combiner is None:
+                answer = self._service.allocate(query, lease, deadline=self._deadline(context))
+            else:  # mapped and authorized here; placed with the calls waiting with it
+                signature = b"" if lease else request.SerializeToString(deterministic=True)
+                item = BatchItem(query, lease, signature, self._deadline(context))
+                answer = self._combiner.allocate(item)
         except Exception:
             # proto field paths and the holders this caller may see: rewrites of errors
             # only, so entered on the way out (two generator context managers on every
