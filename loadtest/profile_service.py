@@ -75,6 +75,7 @@ PARTS: tuple[tuple[Any, str, str], ...] = (
     (service.AllocatorService, "_write_run", "the run's write (_write_run)"),
     (redis_store.RedisReservationStore, "reserve", "  store.reserve"),
     (redis_store.RedisReservationStore, "_grant_batch", "    one shard's pipeline"),
+    (redis_store.RedisReservationStore, "_command", "      one command (_command)"),
     (servicer_module.AllocatorServicer, "_answered", "the answer (_answered)"),
     (combining.Combiner, "_run", "a pass of combined unary calls (Combiner._run)"),
     (servicer_module, "allocate_response", "  allocate_response"),

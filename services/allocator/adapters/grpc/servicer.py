@@ -135,6 +135,20 @@ ACCESS: dict[str, AccessRule] = {
 """What each method needs (a method missing here is denied under a policy)."""
 
 
+def _audit_denied_item(context: grpc.ServicerContext, error: PermissionDenied, item: int) -> None:
+    """An AllocateBatch or AllocateStream item denied on its own (an owner its caller may not
+    name; on the stream also a right the item needs): `call.denied` as the auth interceptor
+    logs a denied unary Allocate, with the item's index (`item`: its place in the batch, its
+    stream index)."""
+    audit_call(
+        context,
+        "call.denied",
+        code=grpc.StatusCode.PERMISSION_DENIED.name,
+        reason=error.message,
+        item=item,
+    )
+
+
 def _audit(context: grpc.ServicerContext, event: str, reservation: Reservation) -> None:
     audit_call(
         context,
@@ -198,7 +212,8 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         self, request: pb.AllocateBatchRequest, context: grpc.ServicerContext
     ) -> pb.AllocateBatchResponse:
         """Each item as an Allocate (app/batch.py): mapped, authorized for its owner, audited
-        and shown as one; an item's error is its own status, not the call's."""
+        and shown as one; an item's error is its own status, not the call's (a denied item's
+        `call.denied` event is its own too, with its index)."""
         principal = current_principal(context)
         known: dict[bytes, BatchItem] = {}  # identical items map once (a queue of alike jobs)
 
@@ -224,6 +239,8 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                 into = reply.items.add().response  # built in place: not copied there after
                 self._answered(context, result, principal, gang=gang, into=into)
                 return
+            if isinstance(result, PermissionDenied):
+                _audit_denied_item(context, result, len(reply.items))
             path = f"items[{len(reply.items)}]"
             seen = mapped.get(id(result))  # the items not reached share one error: map it once
             if seen is None:
@@ -330,13 +347,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                 answered.append((response, result if result.reservations else None))
                 return
             if isinstance(result, PermissionDenied):
-                audit_call(
-                    context,
-                    "call.denied",
-                    code=grpc.StatusCode.PERMISSION_DENIED.name,
-                    reason=result.message,
-                    item=index,
-                )
+                _audit_denied_item(context, result, index)
             path = f"requests[{index}].item"
             response.item.error.CopyFrom(
                 batch_item_status(self._error_shown(result, principal), path)
