@@ -11,7 +11,9 @@ services/common/gc_policy.py), and the servicer's method called directly by `--t
 at once (the bench's client runs 16) — no gRPC transport, so what it reports is the servicer's
 own work. Modes: `allocate-reserve-batch-64` (AllocateBatch of 64 one-H100 items with
 reserve, the issue 29 row), `allocate-reserve` (unary Allocate(reserve)), `allocate-any-node`
-(unary Allocate). Reservations are released after the measured calls, untimed.
+(unary Allocate). Reservations are released after the measured calls, untimed. Unary calls go
+through the combiner as in the server (app/combining.py; `GPUALLOC_COMBINE_ALLOCATES=false`:
+each alone); `combined_passes` says how many passes placed them.
 
 It prints one JSON line: the process's CPU per claim (every thread's, the store's event
 threads included) and the wall time per claim. `--parts` adds the CPU of the parts of a
@@ -48,7 +50,7 @@ from loadtest.bench_service import (
 from protos.allocator.v1 import allocator_pb2 as pb
 from services.allocator.adapters.grpc import servicer as servicer_module
 from services.allocator.adapters.store import redis_store
-from services.allocator.app import granting, live_reservations, placing, service
+from services.allocator.app import combining, granting, live_reservations, placing, service
 from services.allocator.app.inventory_feed import StaticFeed
 from services.allocator.bootstrap import build_allocator
 from services.allocator.config import AllocatorSettings
@@ -73,7 +75,9 @@ PARTS: tuple[tuple[Any, str, str], ...] = (
     (service.AllocatorService, "_write_run", "the run's write (_write_run)"),
     (redis_store.RedisReservationStore, "reserve", "  store.reserve"),
     (redis_store.RedisReservationStore, "_grant_batch", "    one shard's pipeline"),
+    (redis_store.RedisReservationStore, "_command", "      one command (_command)"),
     (servicer_module.AllocatorServicer, "_answered", "the answer (_answered)"),
+    (combining.Combiner, "_run", "a pass of combined unary calls (Combiner._run)"),
     (servicer_module, "allocate_response", "  allocate_response"),
     (AllocatedState, "hold_in_place", "  the batch's holds (hold_in_place)"),
     (live_reservations.Holdings, "state_for", "the next state (state_for)"),
@@ -153,6 +157,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not app.wait_ready(300):
                 raise RuntimeError("the allocator did not load its view within 300 s")
             result = _measure(app.registration.servicer, args)
+            passes_before = result.pop("_passes_before")
+            if app.combiner is not None:  # passes of unary calls placed together
+                result["combined_passes"] = app.combiner.passes - passes_before
         finally:
             policy.stop()
             app.close()
@@ -211,6 +218,8 @@ def _measure(servicer: Any, args: argparse.Namespace) -> dict[str, Any]:
             profile.dump_stats(args.cprofile)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(args.threads)]
+    combiner = servicer._combiner
+    passes_before = combiner.passes if combiner is not None else 0
     wall, cpu = time.perf_counter(), time.process_time()
     try:
         for thread in threads:
@@ -228,6 +237,7 @@ def _measure(servicer: Any, args: argparse.Namespace) -> dict[str, Any]:
         "claims": total,
         "cpu_us_per_claim": round(cpu / total * 1e6, 1),
         "wall_us_per_claim": round(wall / total * 1e6, 1),
+        "_passes_before": passes_before,
     }
     if spent:
         result["parts_cpu_us_per_claim"] = {

@@ -44,6 +44,7 @@ from services.allocator.adapters.store.redis_quota import RedisQuotaLedger
 from services.allocator.adapters.store.redis_store import RedisReservationStore
 from services.allocator.adapters.web.server import WebSettings, WebTls, WebView
 from services.allocator.app.cluster_view import ClusterView
+from services.allocator.app.combining import Combiner
 from services.allocator.app.device_classes import load_device_classes
 from services.allocator.app.feed_watch import FeedWatch
 from services.allocator.app.fleet_gauges import FleetGauges
@@ -89,6 +90,7 @@ class AllocatorApp:
     registration: ServiceRegistration
     telemetry: Telemetry
     feed_connected: Callable[[], bool]
+    combiner: Combiner | None = None  # places concurrent unary Allocates together
     _closers: list[Callable[[], None]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _healths: list[Health] = field(default_factory=list)
@@ -353,6 +355,7 @@ def build_allocator(
     FleetGauges(view, holdings).register(telemetry)
     if quotas is not None:
         quotas.register(telemetry)
+    combiner = Combiner(service, metrics=metrics) if settings.combine_allocates else None
     registration = ServiceRegistration(
         SERVICE_NAME,
         allocator_pb2_grpc.add_AllocatorServicer_to_server,
@@ -363,10 +366,11 @@ def build_allocator(
             max_call_seconds=settings.server.max_call_seconds,
             watch_heartbeat_seconds=settings.watch_heartbeat,
             metrics=metrics,
+            combiner=combiner,
         ),
         ACCESS,
     )
-    return AllocatorApp(service, registration, telemetry, connected, closers)
+    return AllocatorApp(service, registration, telemetry, connected, combiner, closers)
 
 
 def start_web_view(

@@ -166,6 +166,15 @@ ALLOCATOR_SETTINGS: dict[str, Setting[Any]] = {
         lambda env, name, default: env_duration(env, name, default, minimum=0.0),
         format_duration,
     ),
+    "combine_allocates": Setting(
+        "GPUALLOC_COMBINE_ALLOCATES",
+        True,
+        "place concurrent unary Allocate calls together, in one pass of up to 64 (a call that "
+        'finds no pass running runs at once; docs/api.md, "Concurrent Allocates"); false: '
+        "each alone",
+        env_bool,
+        lambda v: "true" if v else "false",
+    ),
     "watch_heartbeat": Setting(
         "GPUALLOC_RESERVATION_WATCH_HEARTBEAT",
         15.0,
@@ -199,6 +208,7 @@ class AllocatorSettings:
     expire_interval: float = ALLOCATOR_SETTINGS["expire_interval"].default
     resync_interval: float = ALLOCATOR_SETTINGS["resync_interval"].default
     reindex_interval: float = ALLOCATOR_SETTINGS["reindex_interval"].default
+    combine_allocates: bool = ALLOCATOR_SETTINGS["combine_allocates"].default
     watch_heartbeat: float = ALLOCATOR_SETTINGS["watch_heartbeat"].default
     web_listen_address: str = ALLOCATOR_SETTINGS["web_listen_address"].default
 

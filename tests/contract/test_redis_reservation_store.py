@@ -311,6 +311,30 @@ def test_stopped_redis_is_unavailable_quickly(redis_server_factory: RedisServerF
     store.close()
 
 
+def test_connections_the_server_closed_are_replaced(
+    store: RedisReservationStore, raw: redis.Redis
+) -> None:
+    """The store's steps run straight on its pool's connections (`_command`, `_commands`): one
+    the server closed is replaced before the next step, whichever way the step goes."""
+    first = reserve_placement(store, [reserve_request(GPU0)])[0]
+
+    def close_the_stores_connections() -> None:
+        assert raw.client_kill_filter(_type="normal", skipme=True) >= 1
+
+    close_the_stores_connections()
+    # a registered node: one FCALL alone
+    assert reserve_placement(store, [reserve_request(device("gpu-1"))])[0].node == "node-1"
+    close_the_stores_connections()
+    # a node not yet in the nodes index: its registration and the step in one pipeline
+    other = reserve_placement(store, [reserve_request(device("gpu-2"), node="node-2")])[0]
+    assert raw.sismember(f"gpualloc:nodes:{{{zlib.crc32(b'node-2') % NODE_BUCKETS}}}", "node-2")
+    close_the_stores_connections()
+    assert store.get(first.id) == first  # a read (FCALL_RO)
+    store.release(other.id, "alice")
+    with pytest.raises(NotFound):
+        store.get(other.id)
+
+
 def test_hung_redis_is_unavailable_after_the_socket_timeout(
     redis_server_factory: RedisServerFactory,
 ) -> None:

@@ -236,7 +236,9 @@ class FakeService:
         time.sleep(self.pause)
         return f"answer {query}"
 
-    def allocate_run(self, items: Any, *, deadline: Deadline = UNBOUNDED) -> Any:
+    def allocate_run(
+        self, items: Any, *, deadline: Deadline = UNBOUNDED, deadlines: Any = None
+    ) -> Any:
         self.runs.append([query for query, _ in items])
         return [f"answer {query}" for query, _ in items]
 

@@ -318,6 +318,7 @@ def _events(caplog: Any) -> list[dict[str, Any]]:
                 "reason",
                 "method",
                 "presented",
+                "item",
             }
         }
         for r in caplog.records
@@ -436,6 +437,115 @@ def test_a_caller_denied_without_a_principal_is_audited_as_unauthenticated(
     assert denied["presented"] == presented and denied["method"] == "Allocate"
     if token:
         assert token not in str(caplog.records[-1].__dict__)
+
+
+# A batch's or a stream's item denied on its own (an owner outside the caller's actFor; on the
+# stream also a right the item needs) is audited as a denied unary Allocate is: one
+# `call.denied` per denied item, with its index. Items: None places (no owner), a string
+# reserves as that owner. `denied`: the `item` of each call.denied event the call logs (None:
+# the call itself was denied, by the auth interceptor, before any item ran).
+DENIED_ITEMS = {
+    "a-batch-item-naming-an-owner-outside-act-for": (
+        "scheduler-a",
+        "AllocateBatch",
+        [None, "kueue/ns/workload", None],
+        [1],
+    ),
+    "each-denied-item-of-a-batch-is-its-own-event": (
+        "scheduler-b",
+        "AllocateBatch",
+        ["kueue/ns/workload", None, "slurm/job/1"],
+        [0, 2],
+    ),
+    "identical-denied-items-of-a-batch-are-each-audited": (
+        "scheduler-a",
+        "AllocateBatch",
+        ["kueue/ns/workload", "kueue/ns/workload"],
+        [0, 1],
+    ),
+    "a-token-identitys-batch-item-outside-act-for": (
+        "kueue-token",
+        "AllocateBatch",
+        ["job/1"],
+        [0],
+    ),
+    "a-batch-without-a-denied-item-audits-no-denial": (
+        "scheduler-a",
+        "AllocateBatch",
+        [None, None],
+        [],
+    ),
+    "a-readers-reserving-batch-is-denied-as-a-whole": (
+        "reader",
+        "AllocateBatch",
+        [None, "job/1"],
+        [None],
+    ),
+    "a-stream-item-naming-an-owner-outside-act-for": (
+        "scheduler-a",
+        "AllocateStream",
+        [None, "kueue/ns/workload"],
+        [1],
+    ),
+    "a-token-identitys-stream-item-outside-act-for": (
+        "kueue-token",
+        "AllocateStream",
+        ["job/1", None],
+        [0],
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("who", "method", "owners", "denied"), DENIED_ITEMS.values(), ids=DENIED_ITEMS.keys()
+)
+def test_a_denied_batch_or_stream_item_is_audited_as_a_denied_allocate(
+    fleet, caplog, who, method, owners, denied
+):
+    """The event of each denied item is the one the same request sent alone as an Allocate
+    makes (identity, tenant, code, reason), with `method` the call's and `item` its index,
+    and the call's trace id."""
+    caplog.set_level(logging.INFO, logger=AUDIT_LOGGER)
+    if who == "kueue-token":
+        channel = fleet.token_channel()
+        metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {fleet.token()}"),)
+    else:
+        channel, metadata = fleet.channel(who), ()
+    stub = allocator_pb2_grpc.AllocatorStub(channel)
+    traceparent = "00-" + "7a" * 16 + "-" + "cd" * 8 + "-01"
+    metadata += (("traceparent", traceparent),)
+    items = [_allocate() if o is None else _allocate(reserve=True, owner=o) for o in owners]
+    try:
+        if method == "AllocateBatch":
+            reply = stub.AllocateBatch(
+                pb.AllocateBatchRequest(items=items), metadata=metadata, timeout=30
+            )
+            errors = [i.error.code if i.HasField("error") else 0 for i in reply.items]
+        else:
+            requests = (pb.AllocateStreamRequest(item=item) for item in items)
+            answers = stub.AllocateStream(requests, metadata=metadata, timeout=30)
+            errors = [a.item.error.code if a.item.HasField("error") else 0 for a in answers]
+    except grpc.RpcError as error:
+        assert denied == [None] and error.code() is grpc.StatusCode.PERMISSION_DENIED
+        errors = []
+    events = [e for e in _events(caplog) if e["event"] == "call.denied"]
+    assert [e.get("item") for e in events] == denied
+    if errors:  # each denied item's own status is PERMISSION_DENIED; the others are not errors
+        code = grpc.StatusCode.PERMISSION_DENIED.value[0]
+        assert [i for i, c in enumerate(errors) if c] == denied
+        assert all(c in (0, code) for c in errors)
+    for event in events:
+        assert event["method"] == method and event["trace_id"] == "7a" * 16
+        if event.get("item") is None:
+            continue
+        caplog.clear()
+        with pytest.raises(grpc.RpcError) as caught:  # the same item alone, as an Allocate
+            stub.Allocate(items[event["item"]], metadata=metadata, timeout=10)
+        assert caught.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        (alone,) = [e for e in _events(caplog) if e["event"] == "call.denied"]
+        assert alone["method"] == "Allocate" and "item" not in alone
+        same = {k: v for k, v in event.items() if k not in ("method", "item")}
+        assert same == {k: v for k, v in alone.items() if k != "method"}
 
 
 def test_audit_events_are_one_json_object_per_line():

@@ -28,6 +28,11 @@ or nothing, and a failed one's quota ticket and pending hold are dropped). The c
 shared, less the part kept for the reply (REPLY_SHARE): every item's search stops before it
 (BUDGET_EXHAUSTED, as a unary Allocate), and once it has passed — or the client went away — the
 items not reached answer DeadlineExceeded without being solved.
+
+An item may carry its own deadline (`BatchItem.deadline`: a unary Allocate combined with others
+into one pass, app/combining.py): it is then solved under its own deadline instead of the call's,
+and once that has passed — or its client went away — it answers DeadlineExceeded without being
+solved, while the items after it go on.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from services.allocator.app.messages import Answer, LeaseOptions, Query
+from services.allocator.app.messages import Answer, LeaseOptions, Outcome, Query
 from services.common.deadline import UNBOUNDED, Deadline
 from services.common.errors import DeadlineExceeded, GpuallocError, InvalidArgument
 
@@ -47,6 +52,7 @@ __all__ = [
     "BatchItem",
     "ItemResult",
     "allocate_batch",
+    "turn_missed",
 ]
 
 MAX_BATCH_ITEMS = 4096
@@ -62,6 +68,9 @@ class BatchItem:
     signature: bytes = b""
     """Equal for items asking the same thing (the servicer: the request's bytes); empty: never
     shared. Consecutive non-reserving items with one signature share one solve."""
+    deadline: Deadline | None = None
+    """The item's own deadline (a combined unary call's), in place of the batch's; None: the
+    batch's."""
 
 
 ItemResult = Answer | GpuallocError
@@ -77,7 +86,11 @@ class Allocating(Protocol):
     ) -> Answer: ...
 
     def allocate_run(
-        self, items: Sequence[tuple[Query, LeaseOptions]], *, deadline: Deadline = UNBOUNDED
+        self,
+        items: Sequence[tuple[Query, LeaseOptions]],
+        *,
+        deadline: Deadline = UNBOUNDED,
+        deadlines: Sequence[Deadline] | None = None,
     ) -> list[Answer | GpuallocError]: ...
 
 
@@ -106,7 +119,8 @@ def allocate_batch(
         if on_result is not None:
             on_result(result)
 
-    answered: dict[bytes, Answer] = {}  # non-reserving answers since the last reserving item
+    answered: dict[bytes, tuple[Answer, Deadline]] = {}  # non-reserving answers since the last
+    # reserving item, each with the deadline it was solved under
     index = 0
     while index < len(items):
         if deadline.passed():
@@ -121,13 +135,21 @@ def allocate_batch(
             decided(item)
             index += 1
             continue
+        if item.deadline is not None and item.deadline.passed():
+            decided(turn_missed(item.deadline))
+            index += 1
+            continue
         if item.lease is None:
-            decided(_answer(service, item, answered, deadline))
+            decided(_answer(service, item, answered, item.deadline or deadline))
             index += 1
             continue
         run = mapped.reserving_from(index)
         reserving = [(i.query, i.lease) for i in run if i.lease is not None]
-        done = service.allocate_run(reserving, deadline=deadline)
+        if any(i.deadline is not None for i in run):  # combined calls: each its own
+            own = [i.deadline or deadline for i in run]
+            done = service.allocate_run(reserving, deadline=deadline, deadlines=own)
+        else:
+            done = service.allocate_run(reserving, deadline=deadline)
         for result in done:
             decided(result)
         answered.clear()  # they may have reserved (or revoked): later items solve again
@@ -136,19 +158,33 @@ def allocate_batch(
 
 
 def _answer(
-    service: Allocating, item: BatchItem, answered: dict[bytes, Answer], deadline: Deadline
+    service: Allocating,
+    item: BatchItem,
+    answered: dict[bytes, tuple[Answer, Deadline]],
+    deadline: Deadline,
 ) -> ItemResult:
-    """A non-reserving item's answer: an identical earlier one's, or its own solve."""
+    """A non-reserving item's answer: an identical earlier one's (unless another deadline than
+    this item's cut that one's search short), or its own solve."""
     shared = answered.get(item.signature)
     if shared is not None:
-        return shared
+        answer, solved_under = shared
+        if solved_under is deadline or answer.outcome is not Outcome.BUDGET_EXHAUSTED:
+            return answer
     try:
         answer = service.allocate(item.query, None, deadline=deadline)
     except GpuallocError as error:
         return error
     if item.signature:
-        answered[item.signature] = answer
+        answered[item.signature] = (answer, deadline)
     return answer
+
+
+def turn_missed(deadline: Deadline) -> DeadlineExceeded:
+    """The error of an item whose call ended (its deadline passed, or its client went away)
+    before its turn in a batch run or a combined pass: it was not solved, nothing is held."""
+    if deadline.cancelled is not None and deadline.cancelled.is_set():
+        return DeadlineExceeded("cancelled: the call ended before its turn to be placed")
+    return DeadlineExceeded("the call's deadline passed before its turn to be placed")
 
 
 class _Mapped:

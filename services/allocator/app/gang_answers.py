@@ -85,8 +85,13 @@ def reserve_request(
     hold: Hold,
 ) -> ReserveRequest:
     """The store request that holds `hold` on `scope` for `lease` (one per scope of a
-    placement: the unary reserve's and a run's alike)."""
-    return ReserveRequest(
+    placement: the unary reserve's and a run's alike).
+
+    Made as `ReserveRequest(...)` with every field given would make it, without the frozen
+    dataclass's `__init__` (it sets each field through `object.__setattr__`: ~2.7 µs; this
+    ~0.5, one per reserving item)."""
+    request: ReserveRequest = object.__new__(ReserveRequest)
+    request.__dict__.update(
         owner=lease.owner,
         node=scope,
         claim_names=claim_names,
@@ -98,6 +103,7 @@ def reserve_request(
         request_digest=lease.request_digest,
         priority_class=lease.priority_class,
     )
+    return request
 
 
 def members_of_reservations(reservations: Sequence[Reservation]) -> tuple[NodePlacement, ...]:

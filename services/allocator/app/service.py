@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from opentelemetry import trace
 from opentelemetry.metrics import Counter
 
+from services.allocator.app.batch import turn_missed
 from services.allocator.app.capacity_count import count_capacity
 from services.allocator.app.cluster_view import ClusterView, ViewSnapshot
 from services.allocator.app.consolidation import MOVED_FROM_LABEL
@@ -387,7 +388,11 @@ class AllocatorService:
     # --- AllocateBatch's reserving items (app/batch.py) ----------------------------------------
 
     def allocate_run(
-        self, items: Sequence[tuple[Query, LeaseOptions]], *, deadline: Deadline = UNBOUNDED
+        self,
+        items: Sequence[tuple[Query, LeaseOptions]],
+        *,
+        deadline: Deadline = UNBOUNDED,
+        deadlines: Sequence[Deadline] | None = None,
     ) -> list[Answer | GpuallocError]:
         """Consecutive reserving items of a batch, each answered as `allocate` answers it when
         the items are sent one by one in order: solved one after another, each on the holdings
@@ -399,20 +404,28 @@ class AllocatorService:
         be due) or it is UNSATISFIABLE after the run's placements (the holders it names must
         include them), its quota refuses it, its idempotency key is busy, or another writer took its
         devices — goes through `allocate` once the items before it are written. Items not
-        started when the deadline passes are left out (the list is then shorter)."""
+        started when the deadline passes are left out (the list is then shorter).
+
+        `deadlines`: each item's own (combined unary calls, app/combining.py), in place of
+        `deadline` for that item: it is solved under its own, and one whose deadline passed (or
+        whose client went away) before its turn answers DeadlineExceeded unsolved while the
+        others go on; `deadline` still ends the run."""
+        own = list(deadlines) if deadlines is not None else [deadline] * len(items)
+        if len(own) != len(items):
+            raise ValueError("allocate_run: one deadline per item")
         results: list[Answer | GpuallocError | None] = []
         while len(results) < len(items) and not deadline.passed():
             run = _Run(self._grant_run())
             try:
                 with self._placing:
-                    unary = self._solve_run(run, items, results, deadline)
+                    unary = self._solve_run(run, items, results, deadline, own)
                 self._write_run(run, results, deadline)
             finally:  # after a failure (a bug): nothing of the run stays pending or locked
                 run.grants.abandon()
                 run.keys.close()
             if unary:  # after the items before it are written
                 query, lease = items[len(results)]
-                results.append(self._allocate_caught(query, lease, deadline))
+                results.append(self._allocate_caught(query, lease, own[len(results)]))
         return [result for result in results if result is not None]
 
     def _solve_run(
@@ -421,21 +434,31 @@ class AllocatorService:
         items: Sequence[tuple[Query, LeaseOptions]],
         results: list[Answer | GpuallocError | None],
         deadline: Deadline,
+        own: Sequence[Deadline],
     ) -> bool:
         """Solve items from `len(results)` on into `run` (their results placeholders until it
-        is written) until the end, the deadline, or an item for the unary path (True)."""
+        is written) until the end, the deadline, or an item for the unary path (True). `own`:
+        each item's deadline; identical items solved together search under the earliest of
+        theirs (_run_item solves an item again under its own if that cut it short)."""
         ahead: list[Answer] = []  # the next identical items' answers, solved together
         ahead_view: ViewSnapshot | None = None
         while len(results) < len(items) and not deadline.passed():
             position = len(results)
             query, lease = items[position]
+            mine = own[position]
+            if mine is not deadline and mine.passed():  # its caller's time ran out first
+                results.append(turn_missed(mine))
+                ahead = []
+                continue
             if ahead and items[position - 1][0] != query:
                 ahead = []
             same = 1  # identical items from here on: solved together when `ahead` is empty
+            searching = mine
             while not ahead and position + same < len(items) and items[position + same][0] == query:
+                searching = _earlier(searching, own[position + same])
                 same += 1
             try:
-                step = self._run_item(run, query, lease, ahead, ahead_view, same, deadline)
+                step = self._run_item(run, query, lease, ahead, ahead_view, same, searching, mine)
             except GpuallocError as error:
                 results.append(error)
                 ahead = []
@@ -460,12 +483,14 @@ class AllocatorService:
         ahead_view: ViewSnapshot | None,
         same: int,
         deadline: Deadline,
+        own: Deadline,
     ) -> Answer | _Placed | None:
         """One reserving item: its final answer (an idempotent replay; no placement and no
         quotas), its placement added to the run, or None (the unary path answers it). `ahead`:
         answers solved for it and the identical items after it on `ahead_view` (consumed here;
-        when empty, refilled for `same` identical items); cleared when this item does not take
-        its answer's placement."""
+        when empty, refilled for `same` identical items under `deadline`, the earliest of
+        theirs); cleared when this item does not take its answer's placement. `own`: the
+        item's deadline (a search cut short by an earlier one is done again under it)."""
         lease_seconds = self._lease_seconds(lease.lease_seconds, "lease_ttl")
         self._check_priority_class(lease.priority_class)
         if lease.idempotency_key:
@@ -486,6 +511,12 @@ class AllocatorService:
             view, state = self._read(query, deadline)
             answers = self._answers(view, state, query, deadline, explain=query.explain, count=same)
             answer, ahead[:] = answers[0], answers[1:]
+            if (
+                answer.outcome is Outcome.BUDGET_EXHAUSTED
+                and deadline is not own
+                and not own.answering().passed()
+            ):  # another item's deadline cut the shared search: this one's own decides
+                answer = self._answers(view, state, query, own, explain=query.explain)[0]
         if lease.queued_at is not None:  # kept on the reservation
             lease = replace(lease, labels=with_queued_at(lease.labels, lease.queued_at))
         if self.quotas is not None:
@@ -515,7 +546,7 @@ class AllocatorService:
         except BaseException:
             ahead.clear()  # its placement is not held: the next items solve again
             raise
-        return _Placed(query, lease, answer, requests, view)
+        return _Placed(query, lease, answer, requests, view, own)
 
     def _write_run(
         self, run: _Run, results: list[Answer | GpuallocError | None], deadline: Deadline
@@ -553,7 +584,7 @@ class AllocatorService:
         run.placed = []
         run.keys.close()  # the unary path takes each key itself
         for index, placed in again:
-            results[index] = self._allocate_caught(placed.query, placed.lease, deadline)
+            results[index] = self._allocate_caught(placed.query, placed.lease, placed.deadline)
 
     def _allocate_caught(
         self, query: Query, lease: LeaseOptions, deadline: Deadline
@@ -1330,6 +1361,7 @@ class _Placed:
     answer: Answer
     requests: Sequence[ReserveRequest]
     view: ViewSnapshot
+    deadline: Deadline  # the item's own (allocate_run's `deadlines`)
 
 
 @dataclass
@@ -1384,6 +1416,13 @@ def _requests(
 
 
 _BACKOFF_SECONDS = 0.002
+
+
+def _earlier(one: Deadline, other: Deadline) -> Deadline:
+    """The deadline that comes first (`one` when they are the same or both unbounded)."""
+    if other.at is None or (one.at is not None and one.at <= other.at):
+        return one
+    return other
 
 
 def _back_off(attempt: int, deadline: Deadline) -> None:

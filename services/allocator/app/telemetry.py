@@ -88,6 +88,13 @@ class AllocatorMetrics:
             description="items of an AllocateStream placed together in one pass",
             explicit_bucket_boundaries_advisory=(1, 2, 4, 8, 16, 32, 64),
         )
+        self.combined_pass_items = meter.create_histogram(
+            "gpualloc.allocate_combined.pass_items",
+            unit="{item}",
+            description="unary Allocate calls placed together in one pass (app/combining.py; "
+            "its count is the passes, a call placed alone included)",
+            explicit_bucket_boundaries_advisory=(1, 2, 4, 8, 16, 32, 64),
+        )
         # Counters exist from the start at 0, so rate() and alerts see a series before the
         # first event instead of none.
         for counter in (self.conflicts, self.aborted, self.lease_expiries, self.disconnects):

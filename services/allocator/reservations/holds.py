@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from fractions import Fraction
 
 from services.allocator.core import (
@@ -61,11 +60,13 @@ def scope_of(entry: DeviceEntry) -> str:
     return entry.access.node_name or f"{entry.id.driver}/{entry.id.pool}"
 
 
-@dataclass
 class _Builder:
-    devices: list[str] = field(default_factory=list)
-    uses: list[LimitedUse] = field(default_factory=list)
-    charged: set[DeviceID] = field(default_factory=set)
+    __slots__ = ("charged", "devices", "uses")
+
+    def __init__(self) -> None:
+        self.devices: list[str] = []
+        self.uses: list[LimitedUse] = []
+        self.charged: set[DeviceID] = set()
 
     def hold(self) -> Hold:
         return Hold(tuple(self.devices), tuple(self.uses))
@@ -86,22 +87,60 @@ def placement_holds(
     device's kind."""
     usable = _usable(snapshot, node) if node else None  # NotFound for an unknown node
     builders: dict[str, _Builder] = {node: _Builder()} if node else {}
+    known = snapshot.derived(_known_devices)
     for i, allocation in enumerate(allocations):
         for j, result in enumerate(allocation.results):
-            where = f"{path}[{i}].{result_path}[{j}]"
-            entry = _usable_entry(snapshot, result.device_id, usable, node, where)
-            taint = untolerated_taint(entry, result.tolerations)
-            if taint is not None:  # the rule Allocate's candidates apply, here for Reserve
-                raise FailedPrecondition(
-                    f"{where}: device {device_key(result.device_id)} is {taint_detail(taint)} "
-                    "by the allocation's tolerations"
-                )
+            found = known.get((result.driver, result.pool, result.device))
+            if found is None or (usable is not None and id(found[0]) not in usable):
+                where = f"{path}[{i}].{result_path}[{j}]"
+                found = _known(snapshot, known, result.device_id, usable, node, where)
+            entry, key, scope = found
+            if entry.device.taints:  # the rule Allocate's candidates apply, here for Reserve
+                taint = untolerated_taint(entry, result.tolerations)
+                if taint is not None:
+                    raise FailedPrecondition(
+                        f"{path}[{i}].{result_path}[{j}]: device {key} is "
+                        f"{taint_detail(taint)} by the allocation's tolerations"
+                    )
             if result.admin_access:
                 continue
-            scope = scope_of(entry)
             builder = builders.get(scope) or builders.setdefault(scope, _Builder())
+            if not entry.multi and result.share_id is None and key not in builder.devices:
+                builder.devices.append(key)  # a device taken whole (what _take checks first)
+                if entry.counters and entry.id not in builder.charged:
+                    builder.charged.add(entry.id)
+                    builder.uses.extend(_counter_uses(snapshot, entry))
+                continue
+            where = f"{path}[{i}].{result_path}[{j}]"
             _take(snapshot, builder, entry, result.share_id, result.consumed_capacity, where)
     return {scope: b.hold() for scope, b in builders.items()}
+
+
+_Known = tuple[DeviceEntry, str, str]  # a device's entry, its key and its scope
+
+
+def _known_devices(snapshot: ClusterSnapshot) -> dict[tuple[str, str, str], _Known]:
+    return {}
+
+
+def _known(
+    snapshot: ClusterSnapshot,
+    known: dict[tuple[str, str, str], _Known],
+    device_id: DeviceID,
+    usable: frozenset[int] | None,
+    node: str,
+    where: str,
+) -> _Known:
+    """A device's entry, key and scope (raising as `_usable_entry`), kept by (driver, pool,
+    device) with the immutable snapshot: a result names its device by those strings, and
+    looking them up so is cheaper than making and hashing a DeviceID per result."""
+    entry = _usable_entry(snapshot, device_id, usable, node, where)
+    found = known[(device_id.driver, device_id.pool, device_id.device)] = (
+        entry,
+        device_key(entry.id),
+        scope_of(entry),
+    )
+    return found
 
 
 def _usable_ids(snapshot: ClusterSnapshot) -> dict[str, frozenset[int]]:

@@ -323,12 +323,16 @@ def validate_reserve_request(request: ReserveRequest) -> Hold:
             "allocations",
             f"{len(request.allocations)} allocations for {len(request.claim_names)} claims",
         )
-    seen: set[str] = set()
-    for index, device in enumerate(request.hold.devices):
-        if not device or device in seen:
-            reason = "must not be empty" if not device else f"{device!r} appears twice"
-            raise InvalidArgument.at(f"hold.devices[{index}]", reason)
-        seen.add(device)
+    devices = request.hold.devices
+    if len(set(devices)) != len(devices) or not all(devices):  # which one, where
+        seen: set[str] = set()
+        for index, device in enumerate(devices):
+            if not device or device in seen:
+                reason = "must not be empty" if not device else f"{device!r} appears twice"
+                raise InvalidArgument.at(f"hold.devices[{index}]", reason)
+            seen.add(device)
+    if not request.hold.uses:
+        return request.hold
     merged: dict[str, LimitedUse] = {}
     for index, use in enumerate(request.hold.uses):
         path = f"hold.uses[{index}]"

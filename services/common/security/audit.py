@@ -10,7 +10,8 @@ one JSON object per line that a log pipeline can route apart (`"logger": "gpuall
      "trace_id": "…"}
 
 Event names: reservation.grant / .commit / .renew / .release / .expire, inventory.apply /
-.delete / .report, call.denied (with `code` UNAUTHENTICATED or PERMISSION_DENIED and `reason`).
+.delete / .report, call.denied (with `code` UNAUTHENTICATED or PERMISSION_DENIED and `reason`;
+`item`, its index, for an AllocateBatch or AllocateStream item denied on its own).
 The identity is the principal's and `tenant` the tenant the call acts in; a call acting for a
 tenant other than its identity's own (a binding's actForTenants) adds `acts_for_tenant: true`
 and `identity_tenant` (the identity's own, "" when it has none). The identity is `system` for

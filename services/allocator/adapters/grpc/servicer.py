@@ -47,6 +47,7 @@ from services.allocator.adapters.grpc.mapping import (
 )
 from services.allocator.adapters.grpc.stream_inbox import Inbox
 from services.allocator.app.batch import BatchItem, ItemResult, allocate_batch
+from services.allocator.app.combining import Combiner
 from services.allocator.app.messages import Answer, LeaseOptions, Query
 from services.allocator.app.reservation_watch import ReservationWatch
 from services.allocator.app.service import AllocatorService
@@ -134,6 +135,20 @@ ACCESS: dict[str, AccessRule] = {
 """What each method needs (a method missing here is denied under a policy)."""
 
 
+def _audit_denied_item(context: grpc.ServicerContext, error: PermissionDenied, item: int) -> None:
+    """An AllocateBatch or AllocateStream item denied on its own (an owner its caller may not
+    name; on the stream also a right the item needs): `call.denied` as the auth interceptor
+    logs a denied unary Allocate, with the item's index (`item`: its place in the batch, its
+    stream index)."""
+    audit_call(
+        context,
+        "call.denied",
+        code=grpc.StatusCode.PERMISSION_DENIED.name,
+        reason=error.message,
+        item=item,
+    )
+
+
 def _audit(context: grpc.ServicerContext, event: str, reservation: Reservation) -> None:
     audit_call(
         context,
@@ -156,18 +171,22 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         max_call_seconds: float | None = None,
         watch_heartbeat_seconds: float = 15.0,
         metrics: AllocatorMetrics | None = None,
+        combiner: Combiner | None = None,
     ) -> None:
         """`claims` reads the requests' claim messages (its memo is this servicer's: a new,
         default-sized ClaimReader when not given). Each call's deadline — the client's, at
         most `max_call_seconds` — goes down to the service as a value (call_deadline).
         `watch`: the process's reservation changes (WatchReservations), a HEARTBEAT after
-        `watch_heartbeat_seconds` of silence. `metrics`: AllocateStream's items and passes."""
+        `watch_heartbeat_seconds` of silence. `metrics`: AllocateStream's items and passes.
+        `combiner`: places concurrent unary Allocates together (app/combining.py); None: each
+        alone."""
         self._service = service
         self._claims = claims if claims is not None else ClaimReader()
         self._max_call_seconds = max_call_seconds
         self._watch = watch
         self._watch_heartbeat_seconds = watch_heartbeat_seconds
         self._metrics = metrics
+        self._combiner = combiner
 
     def _deadline(self, context: grpc.ServicerContext) -> Deadline:
         return call_deadline(context, self._max_call_seconds)
@@ -178,7 +197,9 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         principal = current_principal(context)
         try:
             query, lease = self._item(request, principal)
-            answer = self._service.allocate(query, lease, deadline=self._deadline(context))
+            # mapped and authorized here; placed alone or with the calls waiting with it
+            placing = self._combiner or self._service
+            answer = placing.allocate(query, lease, deadline=self._deadline(context))
         except Exception:
             # proto field paths and the holders this caller may see: rewrites of errors
             # only, so entered on the way out (two generator context managers on every
@@ -191,7 +212,8 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         self, request: pb.AllocateBatchRequest, context: grpc.ServicerContext
     ) -> pb.AllocateBatchResponse:
         """Each item as an Allocate (app/batch.py): mapped, authorized for its owner, audited
-        and shown as one; an item's error is its own status, not the call's."""
+        and shown as one; an item's error is its own status, not the call's (a denied item's
+        `call.denied` event is its own too, with its index)."""
         principal = current_principal(context)
         known: dict[bytes, BatchItem] = {}  # identical items map once (a queue of alike jobs)
 
@@ -217,6 +239,8 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                 into = reply.items.add().response  # built in place: not copied there after
                 self._answered(context, result, principal, gang=gang, into=into)
                 return
+            if isinstance(result, PermissionDenied):
+                _audit_denied_item(context, result, len(reply.items))
             path = f"items[{len(reply.items)}]"
             seen = mapped.get(id(result))  # the items not reached share one error: map it once
             if seen is None:
@@ -323,13 +347,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                 answered.append((response, result if result.reservations else None))
                 return
             if isinstance(result, PermissionDenied):
-                audit_call(
-                    context,
-                    "call.denied",
-                    code=grpc.StatusCode.PERMISSION_DENIED.name,
-                    reason=result.message,
-                    item=index,
-                )
+                _audit_denied_item(context, result, index)
             path = f"requests[{index}].item"
             response.item.error.CopyFrom(
                 batch_item_status(self._error_shown(result, principal), path)
