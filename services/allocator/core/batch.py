@@ -10,7 +10,9 @@ item that does not fit (every later one would not fit either: placing nothing ch
 The items share one solve context (the plan, the static checks, the CEL outcomes) and the
 outcomes kept per node group (outcomes.py): an item after the first reads the ranked outcomes of
 the groups its predecessors did not touch and searches only the node whose free state the last
-placement changed (KEP-5598's opportunistic batching). The placements it holds between items are
+placement changed (KEP-5598's opportunistic batching); while the node the last item's walk chose
+is still the best with that placement held, the next item takes it without a walk (LastChoice in
+solver.py says why that is the walk's answer). The placements it holds between items are
 the core's own, on a private copy of the state changed in place (owner ""): the caller decides
 what to keep (a store may refuse an item; the caller then solves the rest again on what it
 holds).
@@ -27,7 +29,7 @@ from services.allocator.core.outcome import Allocated, SearchBudget, SolveResult
 from services.allocator.core.results import ShareIdFactory, default_share_id
 from services.allocator.core.scoring import Policy
 from services.allocator.core.snapshot import ClusterSnapshot
-from services.allocator.core.solver import DEFAULT_BUDGET, solve_context, solve_in
+from services.allocator.core.solver import DEFAULT_BUDGET, LastChoice, solve_context, solve_in
 from services.allocator.core.state import AllocatedState
 from services.allocator.core.topology_constraints import TopologyConstraint
 from services.cel import SelectorCache
@@ -67,11 +69,14 @@ def solve_many(
     )
     ctx = replace(ctx, mix=fragmentation_mix)
     results: list[SolveResult] = []
+    # The last walk's choice, for the next item (LastChoice): only while every placement held
+    # is the one that walk chose, on a node chosen by groups.
+    last = LastChoice() if node is None and nodes is None and not explain else None
     for _ in range(count):
         item = replace(ctx, recorder=Recorder()) if explain else ctx
         counts = (ctx.selection.cel_evaluations, ctx.selection.cel_profile_hits)
         result = solve_in(
-            item, budget, node=node, nodes=nodes, share_id=share_id, cel_before=counts
+            item, budget, node=node, nodes=nodes, share_id=share_id, cel_before=counts, last=last
         )
         results.append(result)
         if not isinstance(result, Allocated):

@@ -98,6 +98,7 @@ from services.common.errors import GpuallocError
 
 __all__ = [
     "DEFAULT_BUDGET",
+    "LastChoice",
     "NodeRun",
     "feasible_nodes",
     "solve",
@@ -159,11 +160,14 @@ def solve_in(
     nodes: Collection[str] | None = None,
     share_id: ShareIdFactory = default_share_id,
     cel_before: tuple[int, int] = (0, 0),
+    last: LastChoice | None = None,
 ) -> SolveResult:
     """`solve` in a context built already (solve_context): the one node loop every question
     goes through — pinned, among named nodes, by node groups, or node by node for an
     explanation. `cel_before`: the context's CEL counts before this solve (a context shared
-    by the items of a batch counts for all of them)."""
+    by the items of a batch counts for all of them). `last`: what the walk over node groups
+    of the same question found on this context's state before the caller held that answer's
+    placement (solve_many; LastChoice), updated with what this solve chooses."""
     snapshot, recorder = ctx.snapshot, ctx.recorder
     assert snapshot is not None
     run = NodeRun(ctx, StepCounter(budget.max_steps, budget.max_steps_per_node, budget.cancelled))
@@ -176,7 +180,7 @@ def solve_in(
         allowed = set(nodes)
         views = [v for v in snapshot.views() if v.device_count > 0 and v.name in allowed]
         run.restricted(views, snapshot)
-    elif recorder is not None or not run.choose_by_groups(snapshot):
+    elif recorder is not None or not run.choose_by_groups(snapshot, last):
         views = list(snapshot.views()) if snapshot.node_names else [snapshot.nil_view]
         run.choose([v for v in views if v.device_count > 0] or views[:1])
     return run.result(share_id, cel_before)
@@ -233,6 +237,30 @@ def solve_context(
         topology=None if topology.empty else topology,
         snapshot=snapshot,
     )
+
+
+@dataclass
+class LastChoice:
+    """The node a walk over node groups chose (its key), carried to the next item of a batch
+    of identical items once the caller has held that placement (solve_many).
+
+    Why the next item may skip its walk: a node's key depends only on that node and the
+    devices in use on it (the premise of node groups, outcomes.py), the key names the node, so
+    keys of different nodes never tie, and a walk that did not run out of budget answers the
+    node with the smallest key of all (nodechoice.py). Holding the placement changes only
+    the chosen node, so every other node keeps the key it had, which was larger than the
+    chosen node's then. If the chosen node, searched again with the placement held, still
+    fits with a key no larger, it is the smallest again: the walk would answer it too. The
+    walk's own steps can only shrink (it stops at a smaller key, so it pops no group it did
+    not pop before, but the chosen node's new one), so when the last walk's steps plus the new
+    search's stay under the budget, the walk would not have run out either."""
+
+    found: _Found | None = None  # the choice; None: no walk to carry (none yet, or out of budget)
+    steps: int = 0  # the steps the walk that made the choice took
+    feasible: int = 0  # the nodes that walk knew to fit (all still fit: Stats)
+    # the chosen node's template and the outcomes kept for the question on it (None: ungrouped)
+    template: NodeTemplate | None = None
+    memo: OutcomeMemo[NodeOutcome] | None = None
 
 
 @dataclass
@@ -382,12 +410,18 @@ class NodeRun:
                 break
         return found
 
-    def choose_by_groups(self, snapshot: ClusterSnapshot) -> bool:
+    def choose_by_groups(self, snapshot: ClusterSnapshot, last: LastChoice | None = None) -> bool:
         """Best-first over node groups (nodechoice.py); False when groups cannot stand for
-        their nodes in this solve (the caller then searches every node)."""
+        their nodes in this solve (the caller then searches every node). With `last`: the
+        last item's node again when it is still the best (LastChoice), else the walk; either
+        way `last` then holds this solve's choice."""
         templates = node_templates(snapshot)
         if not usable(self.ctx.plan, self.ctx, templates):
             return False
+        if last is not None:
+            if last.found is not None and self._again(snapshot, last):
+                return True
+            last.found = None
         choice = GroupedChoice(
             self.ctx,
             snapshot,
@@ -400,9 +434,60 @@ class NodeRun:
         self.searched = choice.searched
         self.pruned = self.nodes_total - choice.searched
         self.feasible = choice.feasible
+        if last is not None and self.found and not self.exhausted:
+            best = min(self.found, key=_key_of)
+            template = templates.of_node.get(best.view.name or "")
+            last.found, last.steps, last.feasible, last.template = (
+                best,
+                self.steps.steps,
+                choice.feasible,
+                template,
+            )
+            last.memo = None if template is None else question_memo(self.ctx, template)
         if not self.found and self.errors:
             raise self.errors[0]
         return True
+
+    def _again(self, snapshot: ClusterSnapshot, last: LastChoice) -> bool:
+        """The last item's node, searched with its placement held, when it is still the best
+        node (LastChoice); False, with nothing counted, when the walk must decide."""
+        assert last.found is not None
+        view, template = last.found.view, last.template
+        try:
+            if template is None or last.memo is None:
+                found = self._node(view)
+            else:
+                used = self.ctx.state.node_groups(snapshot).node_in_use(view.name or "")
+                if last.memo.get(used) is None:
+                    return False  # no kept outcome for its new state: a walk searches it once
+                prepared = template_plan(self.ctx, snapshot, template).prepared
+                before = template.free_capacity(used)
+                found = self._node(view, before, prepared, used, template=template)
+        except NodeError:
+            found = None
+        steps = self.steps.steps
+        if (
+            found is None
+            or self.exhausted
+            or found.key > last.found.key
+            or last.steps + steps >= self.steps.max_steps
+        ):
+            self._forget()
+            return False
+        templates = node_templates(snapshot)
+        self.nodes_total = len(templates.of_node) + len(templates.ungrouped)
+        self.searched, self.pruned = 1, self.nodes_total - 1
+        self.feasible = last.feasible
+        last.found = found
+        return True
+
+    def _forget(self) -> None:
+        """Back to a run that has searched nothing (_again's search did not decide)."""
+        self.found.clear()
+        self.misses.clear()
+        self.errors.clear()
+        self.searched = self.pruned = self.steps.steps = 0
+        self.exhausted = False
 
     def _evaluate(
         self,
