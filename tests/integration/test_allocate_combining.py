@@ -260,12 +260,23 @@ def test_a_bad_call_among_good_ones_fails_alone_with_the_unary_status(
     assert len(held) == len(set(held)) == 3
 
 
-def test_each_item_of_a_run_is_solved_under_its_own_deadline(allocator: ServedAllocator) -> None:
+def test_each_item_of_a_run_is_solved_under_its_own_deadline(
+    allocator: ServedAllocator, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """allocate_run with each item's deadline (a pass's reserving calls): identical items are
     searched together under the earliest deadline; the one whose call ended is answered
     DeadlineExceeded unsolved, and the others, whose shared search that deadline cut, are
     solved again under their own: never cut by another caller's."""
     service = allocator.app.service
+    searched: list[tuple[int, list[Outcome]]] = []  # (items searched together, outcomes)
+    answers = service._answers
+
+    def spied(*args: Any, **kwargs: Any) -> list[Answer]:
+        found = answers(*args, **kwargs)
+        searched.append((kwargs.get("count", 1), [a.outcome for a in found]))
+        return found
+
+    monkeypatch.setattr(service, "_answers", spied)
     query = query_from_pb(allocate_request("one-h100"), ClaimReader())
     ended = threading.Event()
     ended.set()  # its client went away
@@ -278,6 +289,11 @@ def test_each_item_of_a_run_is_solved_under_its_own_deadline(allocator: ServedAl
     assert isinstance(cut, DeadlineExceeded) and cut.message.startswith("cancelled")
     assert isinstance(third, Answer) and third.outcome is Outcome.ALLOCATED
     assert sorted(r.owner for r in allocator.app.store.live()) == ["team/0", "team/2"]
+    assert searched == [
+        (3, [Outcome.BUDGET_EXHAUSTED]),  # the three together, cut by the ended call's
+        (1, [Outcome.ALLOCATED]),  # the first again, under its own deadline
+        (1, [Outcome.ALLOCATED]),  # the third (the one before it left the run unsolved)
+    ]
 
 
 @pytest.fixture

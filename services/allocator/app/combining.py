@@ -30,6 +30,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 
 from services.allocator.app.batch import (
     Allocating,
@@ -38,7 +39,7 @@ from services.allocator.app.batch import (
     allocate_batch,
     turn_missed,
 )
-from services.allocator.app.messages import Answer
+from services.allocator.app.messages import Answer, LeaseOptions, Query
 from services.allocator.app.telemetry import AllocatorMetrics
 from services.common.deadline import UNBOUNDED, Deadline
 from services.common.errors import GpuallocError
@@ -71,26 +72,27 @@ class Combiner:
         self.passes = 0
         """Passes run so far, a pass of one included (tests read it; the metrics count too)."""
 
-    def allocate(self, item: BatchItem) -> Answer:
-        """The call's answer, placed alone or with the calls waiting with it; raises the typed
-        error the unary Allocate would raise for it (DeadlineExceeded when its deadline passed
-        before its turn)."""
+    def allocate(
+        self, query: Query, lease: LeaseOptions | None = None, *, deadline: Deadline = UNBOUNDED
+    ) -> Answer:
+        """What `AllocatorService.allocate` answers for the call, placed alone or with the
+        calls waiting with it; raises the typed error it would raise (DeadlineExceeded when
+        the call's deadline passed, or its client went away, before its turn)."""
         with self._lock:
             alone = not self._leading
             if alone:  # no pass running: this call's thread places it now, a pass of one
                 self._leading = True
                 self.passes += 1
             else:
-                call = _Call(item, threading.Event())
+                call = _Call(BatchItem(query, lease, deadline=deadline), threading.Event())
                 self._waiting.append(call)
         if alone:
-            try:
-                result = self._alone(item)
+            if self._metrics is not None:
+                self._metrics.combined_pass_items.record(1)
+            try:  # the unary Allocate itself
+                return self._service.allocate(query, lease, deadline=deadline)
             finally:
                 self._hand_on()
-            if isinstance(result, Answer):
-                return result
-            raise result
         if self._follow(call):
             self._lead(call)
         return call.answer()
@@ -154,7 +156,8 @@ class Combiner:
                 return
             if self._metrics is not None:
                 self._metrics.combined_pass_items.record(len(taken))
-            results = allocate_batch(self._service, [_given(c.item) for c in taken])
+            items = _alike_signed([c.item for c in taken])
+            results = allocate_batch(self._service, [_given(item) for item in items])
             for each, result in zip(taken, results, strict=True):
                 each.result = result
         except BaseException as error:  # a bug: every caller of the pass sees it
@@ -164,7 +167,7 @@ class Combiner:
             raise
 
     def _alone(self, item: BatchItem) -> ItemResult:
-        """A pass of one: the unary Allocate (unless the call's time is already up)."""
+        """A pass of one waiting call: the unary Allocate (unless its time is already up)."""
         if self._metrics is not None:
             self._metrics.combined_pass_items.record(1)
         deadline = item.deadline or UNBOUNDED
@@ -206,6 +209,24 @@ def _until_notice(deadline: Deadline) -> float | None:
     if deadline.cancelled is None:
         return left
     return NOTICE_SECONDS if left is None else min(left, NOTICE_SECONDS)
+
+
+def _alike_signed(items: list[BatchItem]) -> list[BatchItem]:
+    """The items, those without `reserve` that ask the same query given one signature (so that
+    allocate_batch solves them once: an Allocate without `reserve` is answered from its query
+    alone). Queries compare by value: the servicer's ClaimReader hands out the same claim
+    objects for the same bytes, so equal calls compare by identity, cheaply."""
+    queries: list[Query] = []
+    signed: list[BatchItem] = []
+    for item in items:
+        if item.lease is not None or item.signature:
+            signed.append(item)
+            continue
+        index = next((i for i, query in enumerate(queries) if query == item.query), len(queries))
+        if index == len(queries):
+            queries.append(item.query)
+        signed.append(replace(item, signature=b"query %d" % index))
+    return signed
 
 
 def _given(item: BatchItem) -> Callable[[], BatchItem]:

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from services.allocator.app.batch import BatchItem
 from services.allocator.app.combining import Combiner
 from services.allocator.app.messages import Answer, LeaseOptions, Outcome
 from services.common.deadline import UNBOUNDED, Deadline
@@ -88,33 +87,35 @@ class Calls:
         *,
         waits: bool = True,
         lease: LeaseOptions | None = LEASE,
+        key: Any = None,
     ) -> None:
+        """Call with `label` as the query; its result under `key` (default: the label)."""
+        key = label if key is None else key
         waiting = self.combiner.waiting
 
         def call() -> None:
-            item = BatchItem(label, lease, b"", deadline)  # a label for the query
-            try:
-                self.results[label] = self.combiner.allocate(item)
+            try:  # a label for the query
+                self.results[key] = self.combiner.allocate(label, lease, deadline=deadline)
             except BaseException as error:
-                self.results[label] = error
+                self.results[key] = error
 
-        thread = threading.Thread(target=call, name=str(label))
-        self.threads[label] = thread
+        thread = threading.Thread(target=call, name=str(key))
+        self.threads[key] = thread
         thread.start()
         if waits:
-            _until(lambda: self.combiner.waiting == waiting + 1, f"{label} waits")
+            _until(lambda: self.combiner.waiting == waiting + 1, f"{key} waits")
 
-    def done(self, label: Any) -> Answer | BaseException:
-        self.threads[label].join(WAIT)
-        assert not self.threads[label].is_alive()
-        return self.results[label]
+    def done(self, key: Any) -> Answer | BaseException:
+        self.threads[key].join(WAIT)
+        assert not self.threads[key].is_alive()
+        return self.results[key]
 
 
 def test_a_call_alone_is_the_unary_allocate() -> None:
     service = HeldPasses()
     service.let_go()
     combiner = Combiner(service)
-    answer = combiner.allocate(BatchItem("a", LEASE))  # type: ignore[arg-type]
+    answer = combiner.allocate("a", LEASE)  # type: ignore[arg-type]
     assert answer == _answer("a")
     assert service.passes == [(threading.current_thread().name, ["a"])]
     assert combiner.passes == 1 and combiner.waiting == 0
@@ -274,3 +275,28 @@ def test_a_bug_in_a_pass_reaches_every_caller_of_the_pass_and_the_lead_goes_on()
 def test_max_items_is_at_least_one() -> None:
     with pytest.raises(ValueError, match="at least one"):
         Combiner(HeldPasses(), max_items=0)
+
+
+@pytest.mark.parametrize(
+    ("queries", "solved"),
+    [
+        pytest.param(["q", "q", "q"], [["q"]], id="identical-calls-one-solve"),
+        pytest.param(["q", "r", "q"], [["q"], ["r"]], id="by-query-not-by-position"),
+        pytest.param(["q", "r"], [["q"], ["r"]], id="different-calls-each-solved"),
+    ],
+)
+def test_calls_without_reserve_share_a_solve_by_query(
+    queries: list[str], solved: list[list[str]]
+) -> None:
+    service = HeldPasses()
+    combiner = Combiner(service)
+    calls = Calls(combiner)
+    calls.send("first", waits=False)
+    _until(lambda: len(service.passes) == 1, "the first pass runs")
+    for index, query in enumerate(queries):
+        calls.send(query, lease=None, key=f"call-{index}")
+    for _ in range(1 + len(solved)):
+        service.let_go()
+    for index, query in enumerate(queries):
+        assert calls.done(f"call-{index}") == _answer(query)
+    assert [labels for _, labels in service.passes][1:] == solved

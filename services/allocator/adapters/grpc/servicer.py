@@ -197,12 +197,9 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         principal = current_principal(context)
         try:
             query, lease = self._item(request, principal)
-            if self._combiner is None:
-                answer = self._service.allocate(query, lease, deadline=self._deadline(context))
-            else:  # mapped and authorized here; placed with the calls waiting with it
-                signature = b"" if lease else request.SerializeToString(deterministic=True)
-                item = BatchItem(query, lease, signature, self._deadline(context))
-                answer = self._combiner.allocate(item)
+            # mapped and authorized here; placed alone or with the calls waiting with it
+            placing = self._combiner or self._service
+            answer = placing.allocate(query, lease, deadline=self._deadline(context))
         except Exception:
             # proto field paths and the holders this caller may see: rewrites of errors
             # only, so entered on the way out (two generator context managers on every
