@@ -16,7 +16,11 @@ client, instead of the client's own DEADLINE_EXCEEDED.
 A solve's plan (the core's `build_plan`: the claims checked against the device classes, ~20 us
 for one claim) is a value of the claims and the classes, and the servicer's ClaimReader hands
 out the same claim objects for the same claim bytes: `PlanMemo` keeps the plans of the last
-claim tuples by identity, so a queue of alike jobs builds its plan once.
+claim tuples by identity, so a queue of alike jobs builds its plan once. With each plan it
+keeps the core's SolveFacts: what the solves of the plan work out from the question alone on
+the current snapshot (whether node groups stand for their nodes, the per-template facts, the
+question's signature and outcome memos), so such a queue works those out once per snapshot,
+not once per call.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from services.allocator.core import (
     Policy,
     SearchBudget,
     SelectorCache,
+    SolveFacts,
     SolveResult,
     Summary,
     SummaryKind,
@@ -131,7 +136,7 @@ class PlacementSearch:
             classes,
             query,
             self.budget(query, deadline),
-            topology_constraints(query),
+            query.topology_constraints or self.plans.annotated(query.claims),
             explain=explain,
             share_id=share_id,
             node=query.node or None,
@@ -194,12 +199,14 @@ class PlacementSearch:
     ) -> SolveResult:
         """The core's solve of `query`'s claims on the pinned `node`, among `nodes`, or
         among all nodes."""
+        plan, facts = self.plans.question(query.claims, classes, snapshot)
         return solve(
             snapshot,
             state,
             classes,
             query.claims,
-            plan=self.plans.plan(query.claims, classes),
+            plan=plan,
+            facts=facts,
             node=node,
             policy=query.policy or self.policy,
             selectors=self.selectors,
@@ -322,25 +329,70 @@ def topology_constraints(query: Query) -> tuple[TopologyConstraint, ...]:
 class PlanMemo:
     """The plans of the last `limit` claim tuples, found by the identity of the claims and of
     the classes (kept alive by the memo, so an identity is never another object's while its
-    entry lives). Claims and classes are immutable values, so a plan found is the plan
-    `build_plan` would make now; a claim that does not fit the classes raises every time
-    (nothing kept). Safe to share between threads."""
+    entry lives), each with its SolveFacts: what the solves of that plan work out from their
+    question alone (the core's, checked by the core against the snapshot, policy and
+    constraints of each solve). Claims and classes are immutable values, so a plan found is
+    the plan `build_plan` would make now; a claim that does not fit the classes raises every
+    time (nothing kept). A new snapshot clears every entry's facts, so an old snapshot is
+    not kept alive by them. Safe to share between threads."""
 
     def __init__(self, limit: int = 256) -> None:
         self.limit = limit
-        self._plans: OrderedDict[tuple[int, ...], tuple[tuple[object, ...], Plan]] = OrderedDict()
+        self._plans: OrderedDict[tuple[int, ...], tuple[tuple[object, ...], Plan, SolveFacts]]
+        self._plans = OrderedDict()
+        self._snapshot: ClusterSnapshot | None = None
+        self._annotated: OrderedDict[
+            tuple[int, ...], tuple[tuple[object, ...], tuple[TopologyConstraint, ...]]
+        ] = OrderedDict()
         self._lock = threading.Lock()
 
+    def annotated(self, claims: Sequence[ResourceClaim]) -> tuple[TopologyConstraint, ...]:
+        """`constraints_from_annotations(claims)` (the claims' topology annotations, a value
+        of the claims), kept like the plans; a bad annotation raises every time."""
+        key = tuple(map(id, claims))
+        with self._lock:
+            found = self._annotated.get(key)
+            if found is not None:
+                self._annotated.move_to_end(key)
+                return found[1]
+        constraints = constraints_from_annotations(claims)
+        with self._lock:
+            self._annotated[key] = (tuple(claims), constraints)
+            while len(self._annotated) > self.limit:
+                self._annotated.popitem(last=False)
+        return constraints
+
     def plan(self, claims: Sequence[ResourceClaim], classes: Mapping[str, DeviceClass]) -> Plan:
+        return self._entry(claims, classes)[1]
+
+    def question(
+        self,
+        claims: Sequence[ResourceClaim],
+        classes: Mapping[str, DeviceClass],
+        snapshot: ClusterSnapshot,
+    ) -> tuple[Plan, SolveFacts]:
+        """The plan of `claims` and its facts, for a solve on `snapshot`."""
+        if snapshot is not self._snapshot:
+            with self._lock:
+                if snapshot is not self._snapshot:
+                    self._snapshot = snapshot
+                    for _, _, facts in self._plans.values():
+                        facts.clear()
+        _, plan, facts = self._entry(claims, classes)
+        return plan, facts
+
+    def _entry(
+        self, claims: Sequence[ResourceClaim], classes: Mapping[str, DeviceClass]
+    ) -> tuple[tuple[object, ...], Plan, SolveFacts]:
         key = (id(classes), *map(id, claims))
         with self._lock:
             found = self._plans.get(key)
             if found is not None:
                 self._plans.move_to_end(key)
-                return found[1]
-        plan = build_plan(claims, classes)
+                return found
+        entry = ((classes, *claims), build_plan(claims, classes), SolveFacts())
         with self._lock:
-            self._plans[key] = ((classes, *claims), plan)
+            self._plans[key] = entry
             while len(self._plans) > self.limit:
                 self._plans.popitem(last=False)
-        return plan
+        return entry

@@ -21,7 +21,12 @@ FailedPrecondition, NotFound for an unknown pinned node, DeadlineExceeded when c
 """
 
 from services.allocator.core.batch import solve_many
-from services.allocator.core.candidates import taint_detail, tolerates, untolerated_taint
+from services.allocator.core.candidates import (
+    SolveFacts,
+    taint_detail,
+    tolerates,
+    untolerated_taint,
+)
 from services.allocator.core.consolidation import (
     ConsolidationPlan,
     consolidation_order,
@@ -215,6 +220,7 @@ __all__ = [
     "SearchBudget",
     "SelectorCache",
     "ShareIdFactory",
+    "SolveFacts",
     "SolveResult",
     "Stats",
     "Unsatisfiable",

@@ -18,7 +18,7 @@ keeps its place as a marker, and the search fails with an error when it reaches 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from fractions import Fraction
 from typing import overload
 
@@ -58,6 +58,7 @@ from services.allocator.core.state import AllocatedState
 from services.allocator.core.topology import NodeTopology
 from services.allocator.core.topology_constraints import TopologyPlan
 from services.allocator.core.topology_constraints import bound as topology_bound
+from services.cel import SelectorCache
 from services.common.dra.model import (
     AllocationMode,
     AttributeValue,
@@ -77,6 +78,7 @@ __all__ = [
     "NodeError",
     "Prepared",
     "SolveContext",
+    "SolveFacts",
     "taint_detail",
     "untolerated",
     "tolerates",
@@ -118,12 +120,65 @@ class SolveContext:
     # first solve and read by every later one (the items of a batch, batch.py). A context
     # made with `replace` may ask another question: it starts empty.
     derived: dict[Hashable, object] = field(init=False, repr=False, default_factory=dict)
+    # What its question alone decides on its snapshot (whether node groups stand for their
+    # nodes, per-template facts, the question's signature and outcome memos): no walk state,
+    # nothing of `state`. The dict of the caller's `SolveFacts` when it gave one (shared by
+    # the later solves of the same plan), else the context's own; `replace` starts it empty.
+    facts: dict[Hashable, object] = field(init=False, repr=False)
+    kept: InitVar[dict[Hashable, object] | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, kept: dict[Hashable, object] | None) -> None:
         object.__setattr__(self, "rules", self.policy.rules)
+        object.__setattr__(self, "facts", {} if kept is None else kept)
 
     def node_topology(self, view: NodeView) -> NodeTopology | None:
         return self.snapshot.topology(view.name) if self.snapshot is not None else None
+
+
+class SolveFacts:
+    """What the solves of one plan work out from their question alone (SolveContext.facts),
+    kept between solves by a caller that solves the same plan again (app/placing.py keeps one
+    per memoised plan), so a repeated claim shape works it out once per snapshot, not per
+    call. The facts answer one question on one snapshot: the plan, with one selector cache,
+    policy, fragmentation mix and set of topology constraints. A solve that differs in any of
+    them (a new inventory snapshot, above all) starts them afresh, so a fact is only ever
+    read by the question it was worked out for. Safe to share between threads: what the
+    contexts add is what each would have worked out alike, one dict entry at a time."""
+
+    __slots__ = ("_kept",)
+
+    def __init__(self) -> None:
+        self._kept: tuple[Plan, ClusterSnapshot, SelectorCache, Hashable, _Facts] | None = None
+
+    def of(
+        self,
+        plan: Plan,
+        snapshot: ClusterSnapshot,
+        selectors: SelectorCache,
+        question: Hashable,
+    ) -> dict[Hashable, object]:
+        """The facts of `plan` for `question` (policy, mix and topology constraints) on
+        `snapshot` with `selectors`: the kept ones when they are for the same, else a fresh
+        dict that replaces them."""
+        kept = self._kept
+        if (
+            kept is not None
+            and kept[0] is plan
+            and kept[1] is snapshot
+            and kept[2] is selectors
+            and (kept[3] is question or kept[3] == question)
+        ):
+            return kept[4]
+        facts: _Facts = {}
+        self._kept = (plan, snapshot, selectors, question, facts)
+        return facts
+
+    def clear(self) -> None:
+        """Forget the facts (and the snapshot they hold alive)."""
+        self._kept = None
+
+
+_Facts = dict[Hashable, object]
 
 
 _UNKNOWN = Shortage(ShortageKind.OVERDRAWN, "")  # NodeCandidates._overdrawn: not looked at yet

@@ -82,12 +82,12 @@ class TemplatePlan:
 def usable(plan: Plan, ctx: SolveContext, templates: NodeTemplates) -> bool:
     """Whether groups answer for their nodes: no `All` request (its device list is per node)
     and no selector or constraint reads an attribute the templates abstract away. Worked out
-    once per context and templates."""
+    once per templates among the context's facts (SolveContext.facts)."""
     if plan is not ctx.plan:
         return _usable(plan, ctx, templates)
-    found = ctx.derived.get(_USABLE)
+    found = ctx.facts.get(_USABLE)
     if not isinstance(found, tuple) or found[0] is not templates:
-        found = ctx.derived[_USABLE] = (templates, _usable(plan, ctx, templates))
+        found = ctx.facts[_USABLE] = (templates, _usable(plan, ctx, templates))
     return bool(found[1])
 
 
@@ -222,9 +222,10 @@ class _Reachable:
     facts: TemplatePlan
     bounds: GroupFacts
     plan: Plan
-    rooms: tuple[tuple[tuple[Alternative, frozenset[int] | None], ...], ...] | None = None
+    rooms: _Rooms | None = None
     walks: int = 0
     known: KnownBounds | None = None
+    shared: _Known | None = None  # what the contexts of one SolveFacts know of the template
 
     def known_bounds(self) -> KnownBounds | None:
         """The bounds kept for this walk to read and add to; None on the first walk."""
@@ -241,12 +242,9 @@ class _Reachable:
         used = entry.used
         rooms = self.rooms
         if rooms is None:
-            pairs = iter(zip(self.plan.alternatives(), self.facts.candidates, strict=True))
-            rooms = self.rooms = tuple(
-                tuple(itertools.islice(pairs, len(request.alternatives)))
-                for claim in self.plan.claims
-                for request in claim.requests
-            )
+            rooms = self.rooms = _rooms(self.plan, self.facts)
+            if self.shared is not None:  # for the later contexts of the same facts
+                self.shared.rooms = rooms
         for request in rooms:
             for alternative, candidates in request:
                 if _room(alternative, candidates, used):
@@ -256,26 +254,57 @@ class _Reachable:
         return True
 
 
+_Rooms = tuple[tuple[tuple[Alternative, frozenset[int] | None], ...], ...]
+
+
+@dataclass(eq=False, slots=True)
+class _Known:
+    """A reachable template as the context's facts keep it (no walk state): its facts, its
+    bounds' inputs and, once some walk listed them, its rooms (_Reachable.fits)."""
+
+    template: NodeTemplate
+    facts: TemplatePlan
+    bounds: GroupFacts
+    rooms: _Rooms | None = None
+
+
+def _rooms(plan: Plan, facts: TemplatePlan) -> _Rooms:
+    """Per request of `plan`, its alternatives with their candidates on the template."""
+    pairs = iter(zip(plan.alternatives(), facts.candidates, strict=True))
+    return tuple(
+        tuple(itertools.islice(pairs, len(request.alternatives)))
+        for claim in plan.claims
+        for request in claim.requests
+    )
+
+
 def _reachable(
     ctx: SolveContext, snapshot: ClusterSnapshot, templates: NodeTemplates
 ) -> tuple[_Reachable, ...]:
     """The templates, in order, where the plan may fit (template_plan has ranks), worked out
-    once per context and templates."""
+    once per templates among the context's facts; each context walks them with its own
+    walk state (_Reachable)."""
     found = ctx.derived.get(_REACHABLE)
     if isinstance(found, tuple) and found[0] is templates:
         reachable: tuple[_Reachable, ...] = found[1]
         return reachable
-    every: list[_Reachable] = []
-    for template in templates.templates:
-        facts = template_plan(ctx, snapshot, template)
-        if facts.ranks is None:
-            continue
-        bounds = GroupFacts(
-            facts.ranks, facts.implicit_missed, facts.most, facts.least, ctx.mix.capacity
-        )
-        every.append(_Reachable(template, facts, bounds, ctx.plan))
-    ctx.derived[_REACHABLE] = (templates, tuple(every))
-    return tuple(every)
+    known = ctx.facts.get(_REACHABLE)
+    if not isinstance(known, tuple) or known[0] is not templates:
+        every: list[_Known] = []
+        for template in templates.templates:
+            facts = template_plan(ctx, snapshot, template)
+            if facts.ranks is None:
+                continue
+            bounds = GroupFacts(
+                facts.ranks, facts.implicit_missed, facts.most, facts.least, ctx.mix.capacity
+            )
+            every.append(_Known(template, facts, bounds))
+        known = ctx.facts[_REACHABLE] = (templates, tuple(every))
+    walked = tuple(
+        _Reachable(k.template, k.facts, k.bounds, ctx.plan, k.rooms, shared=k) for k in known[1]
+    )
+    ctx.derived[_REACHABLE] = (templates, walked)
+    return walked
 
 
 _REACHABLE = "nodechoice.reachable"
@@ -299,11 +328,11 @@ def template_plan(
     ctx: SolveContext, snapshot: ClusterSnapshot, template: NodeTemplate
 ) -> TemplatePlan:
     """The plan's facts on `template`: kept on the template by the plan's content (a later
-    solve of the same request kind reads them) and on the context (its later solves do not
-    even work out that key)."""
-    derived = ctx.derived.get(_TEMPLATE_PLANS)
+    solve of the same request kind reads them) and among the context's facts (its later
+    solves, and those of contexts sharing its SolveFacts, do not even work out that key)."""
+    derived = ctx.facts.get(_TEMPLATE_PLANS)
     if not isinstance(derived, dict):
-        derived = ctx.derived[_TEMPLATE_PLANS] = {}
+        derived = ctx.facts[_TEMPLATE_PLANS] = {}
     found = derived.get(template)
     if found is None:
         key = _plan_key(ctx.plan, ctx.policy)

@@ -110,10 +110,10 @@ def outcome_memo(template: NodeTemplate, question: Hashable) -> OutcomeMemo[Node
 
 def question_memo(ctx: SolveContext, template: NodeTemplate) -> OutcomeMemo[NodeOutcome]:
     """`outcome_memo` of the context's question (its `signature`), looked up once per
-    context and template."""
-    memos = ctx.derived.get(_QUESTION_MEMOS)
+    template among the context's facts (SolveContext.facts)."""
+    memos = ctx.facts.get(_QUESTION_MEMOS)
     if not isinstance(memos, dict):
-        memos = ctx.derived[_QUESTION_MEMOS] = {}
+        memos = ctx.facts[_QUESTION_MEMOS] = {}
     found = memos.get(template)
     if found is None:
         found = memos[template] = outcome_memo(template, signature(ctx))
@@ -143,11 +143,11 @@ _MEMOS = "outcome-memos"
 
 
 def signature(ctx: SolveContext) -> Hashable:
-    """What one node's search reads of the question (module docstring); worked out once per
-    context."""
-    found = ctx.derived.get(_SIGNATURE)
+    """What one node's search reads of the question (module docstring); worked out once
+    among the context's facts (SolveContext.facts)."""
+    found = ctx.facts.get(_SIGNATURE)
     if found is None:
-        found = ctx.derived[_SIGNATURE] = _signature(ctx)
+        found = ctx.facts[_SIGNATURE] = _signature(ctx)
     return found
 
 

@@ -18,7 +18,7 @@ from services.cel import CelBudgetExhausted, CelError, CelMeter, CompiledSelecto
 from services.common.dra.model import DeviceSelector
 from services.common.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
 
-__all__ = ["Equivalence", "Selection"]
+__all__ = ["Equivalence", "EquivalenceSources", "Selection", "equivalence_sources"]
 
 _ALL_TRUE = -1
 
@@ -123,33 +123,27 @@ class Equivalence:
     its constraints compare. Real GPUs differ in uuid and PCI
     address, but a solve that never reads those treats them alike."""
 
-    def __init__(self, selection: Selection, plan: Plan, *, distinct: bool = False) -> None:
+    def __init__(
+        self,
+        selection: Selection,
+        plan: Plan,
+        *,
+        distinct: bool = False,
+        sources: EquivalenceSources | None = None,
+    ) -> None:
         """`distinct`: every device is its own class (topology constraints tell devices of
-        one content apart by where they sit)."""
+        one content apart by where they sit). `sources`: equivalence_sources(plan), when the
+        caller has it already."""
         self._selection = selection
         self._distinct = distinct
-        self._selectors: list[tuple[str, str, str]] = []  # expression, field path, owner
-        seen: set[str] = set()
-        for alternative in plan.alternatives():
-            device_class = alternative.device_class
-            for i, selector in enumerate(device_class.selectors):
-                path = f'classes["{device_class.name}"].spec.selectors[{i}].cel.expression'
-                self._add(seen, selector.cel, path, f"class {device_class.name}: selector #{i}")
-            label = plan.claims[alternative.claim_index].label
-            for i, selector in enumerate(alternative.selectors):
-                path = f"{alternative.path}.selectors[{i}].cel.expression"
-                self._add(seen, selector.cel, path, f"claim {label}: selector #{i}")
-        self._attributes = sorted({s.attribute for c in plan.claims for s in c.constraints})
+        selectors, attributes = equivalence_sources(plan) if sources is None else sources
+        self._selectors = selectors
+        self._attributes = attributes
         self._compiled: list[CompiledSelector] | None = None
         self._static_classes: dict[Hashable, int] = {}
         self._static_by_device: dict[int, int] = {}
         self._classes: dict[Hashable, int] = {}
         self._by_device: dict[int, int] = {}
-
-    def _add(self, seen: set[str], expression: str, path: str, owner: str) -> None:
-        if expression not in seen:
-            seen.add(expression)
-            self._selectors.append((expression, path, owner))
 
     def static_class(self, entry: DeviceEntry) -> int:
         """Devices of one static class pass or fail the static checks (selectors, taints,
@@ -187,3 +181,32 @@ class Equivalence:
                 key, len(self._classes)
             )
         return found
+
+
+# What an Equivalence reads of its plan: the distinct selector expressions (expression, field
+# path, owner), then the attributes its constraints compare.
+EquivalenceSources = tuple[tuple[tuple[str, str, str], ...], tuple[str, ...]]
+
+
+def equivalence_sources(plan: Plan) -> EquivalenceSources:
+    """The plan's distinct selector expressions, each with the field path and owner of its
+    first use, and the attributes its constraints compare (sorted): a value of the plan."""
+    selectors: list[tuple[str, str, str]] = []
+    seen: set[str] = set()
+
+    def add(expression: str, path: str, owner: str) -> None:
+        if expression not in seen:
+            seen.add(expression)
+            selectors.append((expression, path, owner))
+
+    for alternative in plan.alternatives():
+        device_class = alternative.device_class
+        for i, selector in enumerate(device_class.selectors):
+            path = f'classes["{device_class.name}"].spec.selectors[{i}].cel.expression'
+            add(selector.cel, path, f"class {device_class.name}: selector #{i}")
+        label = plan.claims[alternative.claim_index].label
+        for i, selector in enumerate(alternative.selectors):
+            path = f"{alternative.path}.selectors[{i}].cel.expression"
+            add(selector.cel, path, f"claim {label}: selector #{i}")
+    attributes = tuple(sorted({s.attribute for c in plan.claims for s in c.constraints}))
+    return tuple(selectors), attributes

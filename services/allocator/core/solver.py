@@ -31,6 +31,7 @@ from services.allocator.core.candidates import (
     NodeError,
     Prepared,
     SolveContext,
+    SolveFacts,
 )
 from services.allocator.core.explain import (
     Explanation,
@@ -79,7 +80,12 @@ from services.allocator.core.results import (
 )
 from services.allocator.core.scoring import NodeKey, Policy, Score, free_capacity
 from services.allocator.core.search import BudgetExhausted, NodeSearch, Pick, StepCounter
-from services.allocator.core.selection import Equivalence, Selection
+from services.allocator.core.selection import (
+    Equivalence,
+    EquivalenceSources,
+    Selection,
+    equivalence_sources,
+)
 from services.allocator.core.snapshot import ClusterSnapshot, DeviceEntry, NodeView
 from services.allocator.core.state import AllocatedState
 from services.allocator.core.templates import NodeTemplate, node_templates
@@ -125,6 +131,7 @@ def solve(
     fragmentation_mix: FragmentationMix = DEFAULT_MIX,
     nodes: Collection[str] | None = None,
     plan: Plan | None = None,
+    facts: SolveFacts | None = None,
 ) -> SolveResult:
     """Allocate all `claims` together on one node, all or nothing (claims' own `allocation`
     fields are ignored: pass what is held in `state`). `topology_constraints` relate the
@@ -132,7 +139,9 @@ def solve(
     `fragmentation_mix`: the requests FRAGMENTATION_AWARE keeps room for (fragmentation.py).
     `nodes`: the only candidates (names without devices or not in the snapshot are none);
     not with a pinned `node`. `plan`: `build_plan(claims, classes)` when the caller has it
-    already (a value: the same claims and classes always make the same plan)."""
+    already (a value: the same claims and classes always make the same plan). `facts`: where
+    the caller keeps what solves of this plan work out from the question alone (SolveFacts;
+    with `plan`, the same plan each time)."""
     if node is not None and nodes is not None:
         raise ValueError("solve takes a pinned node or candidate nodes, not both")
     recorder = Recorder() if explain else None
@@ -147,8 +156,9 @@ def solve(
         topology_constraints,
         budget,
         plan=plan,
+        mix=fragmentation_mix,
+        facts=facts,
     )
-    ctx = replace(ctx, mix=fragmentation_mix)
     return solve_in(ctx, budget, node=node, nodes=nodes, share_id=share_id)
 
 
@@ -202,9 +212,17 @@ def feasible_nodes(
     group's node key (scoring.node_key) is its first node's, and a later node's is the same
     key under its own name. One search per node group, not per node. For gangs (gang.py)."""
     ctx = solve_context(
-        snapshot, state, classes, claims, policy, selectors, None, topology_constraints, budget
+        snapshot,
+        state,
+        classes,
+        claims,
+        policy,
+        selectors,
+        None,
+        topology_constraints,
+        budget,
+        mix=fragmentation_mix,
     )
-    ctx = replace(ctx, mix=fragmentation_mix)
     run = NodeRun(ctx, StepCounter(budget.max_steps, budget.max_steps_per_node, budget.cancelled))
     groups = run.all_feasible(snapshot)
     return groups, run.stats(0)
@@ -222,21 +240,49 @@ def solve_context(
     budget: SearchBudget = DEFAULT_BUDGET,
     *,
     plan: Plan | None = None,
+    mix: FragmentationMix = DEFAULT_MIX,
+    facts: SolveFacts | None = None,
 ) -> SolveContext:
+    """The context every node's search of one solve shares. `plan`: build_plan(claims,
+    classes), when the caller has it; `facts`: the caller's SolveFacts of that plan (the
+    context reads and adds to them when they are for the same question on `snapshot`)."""
     plan = build_plan(claims, classes) if plan is None else plan
-    implicit = policy.rules.implicit_topology and bool(snapshot.topologies)
-    topology = TopologyPlan(plan, topology_constraints, implicit_nvlink=implicit)
+    kept = None
+    if facts is not None:
+        question = (policy, mix, tuple(topology_constraints))
+        kept = facts.of(plan, snapshot, selectors, question)
+    topology = kept.get(_TOPOLOGY) if kept is not None else None
+    if not isinstance(topology, TopologyPlan):
+        implicit = policy.rules.implicit_topology and bool(snapshot.topologies)
+        topology = TopologyPlan(plan, topology_constraints, implicit_nvlink=implicit)
+        if kept is not None:
+            kept[_TOPOLOGY] = topology
+    found = kept.get(_SOURCES) if kept is not None else None
+    sources: EquivalenceSources
+    if isinstance(found, tuple):
+        sources = found
+    else:
+        sources = equivalence_sources(plan)
+        if kept is not None:
+            kept[_SOURCES] = sources
     selection = Selection(selectors, CelMeter(budget.max_cel_cost, budget.cancelled))
     return SolveContext(
         plan,
         state,
         policy,
         selection,
-        Equivalence(selection, plan, distinct=not topology.empty),
+        Equivalence(selection, plan, distinct=not topology.empty, sources=sources),
         recorder,
         topology=None if topology.empty else topology,
+        mix=mix,
         snapshot=snapshot,
+        kept=kept,
     )
+
+
+# Among a context's facts: its TopologyPlan, and what its Equivalence reads of the plan.
+_TOPOLOGY = "solver.topology"
+_SOURCES = "solver.equivalence_sources"
 
 
 @dataclass
@@ -458,11 +504,11 @@ class NodeRun:
                 found = self._node(view)
             else:
                 used = self.ctx.state.node_groups(snapshot).node_in_use(view.name or "")
-                if last.memo.get(used) is None:
+                kept = last.memo.get(used)
+                if kept is None or not self._affordable(kept.steps):
                     return False  # no kept outcome for its new state: a walk searches it once
                 prepared = template_plan(self.ctx, snapshot, template).prepared
-                before = template.free_capacity(used)
-                found = self._node(view, before, prepared, used, template=template)
+                found = self._reuse(view, kept, prepared, used)
         except NodeError:
             found = None
         steps = self.steps.steps
@@ -831,12 +877,13 @@ class NodeRun:
             assert found.outcome is not None
             alternatives = self.ctx.plan.by_key
             picks, chosen = found.outcome.placed_on(tuple(found.view.devices()), alternatives)
-        # What results share, kept from the context's second result on (a batch's later
-        # items; a unary solve makes one result and keeps nothing).
-        derived = self.ctx.derived
-        parts = derived.get(_RESULT_PARTS)
+        # What results share (values of the plan and the snapshot: SolveContext.facts), kept
+        # from the second result on (a batch's later items, the later unary solves of a plan
+        # whose caller keeps its SolveFacts; a lone solve makes one result and keeps nothing).
+        facts = self.ctx.facts
+        parts = facts.get(_RESULT_PARTS)
         if not isinstance(parts, ResultParts):
-            derived[_RESULT_PARTS] = ResultParts()
+            facts[_RESULT_PARTS] = ResultParts()
             parts = None
         return tuple(
             allocation_result(
