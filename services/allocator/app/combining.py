@@ -7,8 +7,9 @@ that arrive together are placed together, as a database commits the transactions
 the log in one write (group commit) and as kube-scheduler's opportunistic batching (KEP-5598)
 schedules compatible pods together:
 
-- a call that finds no pass running runs at once: a pass of one, which is the unary Allocate
-  itself (no timer, no waiting for company, nothing added when the server is idle);
+- a call that finds no pass running runs at once: a pass of one, which is the service's unary
+  `allocate` itself in the call's thread (no timer, no waiting for company, nothing added when
+  the server is idle);
 - a call that arrives while a pass runs waits; when the pass ends, its leader (the caller whose
   thread ran it) answers its own call and hands the lead to the oldest waiting call, whose
   thread runs the next pass with every call waiting then (at most MAX_PASS_ITEMS), in arrival
@@ -19,7 +20,9 @@ schedules compatible pods together:
   deadline (`BatchItem.deadline`): the answers are the unary answers of the calls sent one by
   one in arrival order, each call is solved under its own deadline, and one whose deadline
   passed (or whose client went away) before its turn answers DeadlineExceeded unsolved, holding
-  nothing. An item's typed error is raised in its caller's thread; one bad item fails alone.
+  nothing. A waiting call whose deadline passes, or whose client cancels, leaves the queue
+  unsolved (a cancel is seen within NOTICE_SECONDS). An item's typed error is raised in its
+  caller's thread; one bad item fails alone.
 
 The calls' identities stay theirs: each is mapped and authorized in its caller's thread before
 it joins, and audited and answered there after (the servicer). No grpc here.

@@ -504,11 +504,11 @@ class NodeRun:
                 found = self._node(view)
             else:
                 used = self.ctx.state.node_groups(snapshot).node_in_use(view.name or "")
-                if last.memo.get(used) is None:
+                kept = last.memo.get(used)
+                if kept is None or not self._affordable(kept.steps):
                     return False  # no kept outcome for its new state: a walk searches it once
                 prepared = template_plan(self.ctx, snapshot, template).prepared
-                before = template.free_capacity(used)
-                found = self._node(view, before, prepared, used, template=template)
+                found = self._reuse(view, kept, prepared, used)
         except NodeError:
             found = None
         steps = self.steps.steps

