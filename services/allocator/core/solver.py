@@ -877,13 +877,13 @@ class NodeRun:
             assert found.outcome is not None
             alternatives = self.ctx.plan.by_key
             picks, chosen = found.outcome.placed_on(tuple(found.view.devices()), alternatives)
-        # What results share (values of the plan and the snapshot: SolveContext.facts), kept
-        # from the second result on (a batch's later items, the later unary solves of a plan
-        # whose caller keeps its SolveFacts; a lone solve makes one result and keeps nothing).
-        facts = self.ctx.facts
-        parts = facts.get(_RESULT_PARTS)
+        # What results share, kept from the context's second result on (a batch's later
+        # items; a unary solve makes one result and keeps nothing). Not among the facts a
+        # caller keeps (SolveFacts): its node selectors grow with the nodes placed on.
+        derived = self.ctx.derived
+        parts = derived.get(_RESULT_PARTS)
         if not isinstance(parts, ResultParts):
-            facts[_RESULT_PARTS] = ResultParts()
+            derived[_RESULT_PARTS] = ResultParts()
             parts = None
         return tuple(
             allocation_result(
