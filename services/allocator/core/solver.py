@@ -505,8 +505,10 @@ class NodeRun:
             else:
                 used = self.ctx.state.node_groups(snapshot).node_in_use(view.name or "")
                 kept = last.memo.get(used)
-                if kept is None or not self._affordable(kept.steps):
-                    return False  # no kept outcome for its new state: a walk searches it once
+                if kept is None or kept.key is None or not self._affordable(kept.steps):
+                    # no kept outcome for its new state (a walk searches it once), or one that
+                    # does not fit there: the node is no longer the best (a full node: eight-gpus)
+                    return False
                 prepared = template_plan(self.ctx, snapshot, template).prepared
                 found = self._reuse(view, kept, prepared, used)
         except NodeError:
