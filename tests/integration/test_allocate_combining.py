@@ -296,6 +296,42 @@ def test_each_item_of_a_run_is_solved_under_its_own_deadline(
     ]
 
 
+@pytest.mark.parametrize("how", ["client-went-away", "deadline-passed"])
+def test_a_placed_call_that_ends_before_the_run_is_written_holds_nothing(
+    allocator: ServedAllocator, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """A pass's first reserving call is placed (held pending), then its call ends while the
+    next call is solved: the run's write leaves it out (DeadlineExceeded, nothing held, its
+    pending hold dropped) and writes the other, as a unary Allocate's write is refused once its
+    call ended. Without this the ended caller's devices stayed reserved until the lease ran out."""
+    service = allocator.app.service
+    answers = service._answers
+    ended = threading.Event()
+    first = Deadline(None, ended) if how == "client-went-away" else Deadline.after(2.0)
+    solves = [0]
+
+    def spied(*args: Any, **kwargs: Any) -> list[Answer]:
+        solves[0] += 1
+        if solves[0] == 2:  # the first call is placed: its call ends now, before the write
+            ended.set()
+            _until(first.passed, "the first call's deadline passed")
+        return answers(*args, **kwargs)
+
+    monkeypatch.setattr(service, "_answers", spied)
+    requests = [_one_h100(f"team/{i}") for i in range(2)]
+    for index, request in enumerate(requests):
+        request.claims[0].name = f"h100-{index}"  # distinct claims: solved one after the other
+    reader = ClaimReader()
+    queries = [query_from_pb(request, reader) for request in requests]
+    items = [(q, LeaseOptions(owner=f"team/{i}")) for i, q in enumerate(queries)]
+    results = service.allocate_run(items, deadlines=[first, Deadline.after(1000.0)])
+    gone, placed = results
+    assert isinstance(gone, DeadlineExceeded) and "before the write" in gone.message
+    assert isinstance(placed, Answer) and placed.outcome is Outcome.ALLOCATED
+    assert [r.owner for r in allocator.app.store.live()] == ["team/1"]
+    assert not service.holdings._pending_on  # no pending hold left behind
+
+
 @pytest.fixture
 def uncombined(grpc_channel_factory: Any) -> Iterator[ServedAllocator]:
     settings = AllocatorSettings(expire_interval=0.1, combine_allocates=False)

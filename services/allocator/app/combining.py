@@ -90,9 +90,9 @@ class Combiner:
                 call = _Call(BatchItem(query, lease, deadline=deadline), threading.Event())
                 self._waiting.append(call)
         if alone:
-            if self._metrics is not None:
-                self._metrics.combined_pass_items.record(1)
-            try:  # the unary Allocate itself
+            try:  # the unary Allocate itself; the lead goes on whatever happens here
+                if self._metrics is not None:
+                    self._metrics.combined_pass_items.record(1)
                 return self._service.allocate(query, lease, deadline=deadline)
             finally:
                 self._hand_on()

@@ -129,11 +129,17 @@ class GrantRun:
         self._placements.append(_Placement(requests, quota, pending, limits))
         return len(self._placements) - 1
 
-    def write(self, deadline: Deadline) -> list[ReserveOutcome]:
-        """Take every placement's quota and devices; one outcome per placement, in order."""
+    def write(
+        self, deadline: Deadline, ended: Sequence[Deadline | None] | None = None
+    ) -> list[ReserveOutcome]:
+        """Take every placement's quota and devices; one outcome per placement, in order.
+        `ended`: per placement, its caller's own deadline where it has one (a combined unary
+        call, app/combining.py): a placement whose caller's deadline passed, or whose client
+        went away, before the write is not written (DeadlineExceeded), as a unary Allocate's
+        write is refused then."""
         outcomes: list[ReserveOutcome | None] = [None] * len(self._placements)
         try:
-            self._write(deadline, outcomes)
+            self._write(deadline, outcomes, ended)
         finally:  # what did not become reservations is not held any more, whatever happened
             for placement, outcome in zip(self._placements, outcomes, strict=True):
                 if isinstance(outcome, list):
@@ -151,18 +157,29 @@ class GrantRun:
             placement.close()
         self._placements = []
 
-    def _write(self, deadline: Deadline, outcomes: list[ReserveOutcome | None]) -> None:
+    def _write(
+        self,
+        deadline: Deadline,
+        outcomes: list[ReserveOutcome | None],
+        ended: Sequence[Deadline | None] | None,
+    ) -> None:
         granted: list[tuple[int, Grant | None]] = []
         try:
             if deadline.passed():
                 raise DeadlineExceeded("reserve: ran out of time")
             taken = self._tally.take() if self._tally is not None else []
+            late: list[Grant | None] = []  # taken for callers that ended meanwhile: given back
             for index, placement in enumerate(self._placements):
                 got = taken[placement.quota] if placement.quota is not None else None
+                own = ended[index] if ended is not None else None
                 if isinstance(got, tuple):
                     outcomes[index] = QuotaExceeded(got)
+                elif own is not None and own.passed():
+                    outcomes[index] = DeadlineExceeded(_ENDED)
+                    late.append(got)
                 else:
                     granted.append((index, got))
+            self._abandon(late)
             reserved = self._store.reserve([self._placements[i].requests for i, _ in granted])
         except GpuallocError as error:  # nothing was written (or the store call failed whole)
             self._abandon([grant for _, grant in granted])
@@ -188,3 +205,6 @@ class GrantRun:
         held = [grant for grant in grants if grant is not None]
         if held and self._tally is not None:
             self._tally.abandon(held)
+
+
+_ENDED = "reserve: the call ended (its deadline passed or its client went away) before the write"

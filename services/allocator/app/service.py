@@ -561,7 +561,11 @@ class AllocatorService:
             span.set_attribute("gpualloc.batch.placements", len(run.placed))
             # Solving stopped at the deadline (kept before the call's own for the reply): what
             # was solved is written, unless the client went away.
-            outcomes = run.grants.write(Deadline(None, deadline.cancelled))
+            # A combined call's own deadline (allocate_run's `deadlines`) is its caller's: its
+            # placement is not written once that call has ended, as a unary write is refused.
+            own = [p.deadline if p.deadline is not deadline else None for _, p in run.placed]
+            ended = own if any(each is not None for each in own) else None
+            outcomes = run.grants.write(Deadline(None, deadline.cancelled), ended)
         again: list[tuple[int, _Placed]] = []
         for (index, placed), outcome in zip(run.placed, outcomes, strict=True):
             if isinstance(outcome, Conflict):
