@@ -197,8 +197,12 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         principal = current_principal(context)
         try:
             query, lease = self._item(request, principal)
-            # mapped and authorized here; placed alone or with the calls waiting with it
-            placing = self._combiner or self._service
+            # mapped and authorized here; placed alone or with the calls waiting with it —
+            # except a call that may wait for a future inventory generation: a pass must not
+            # wait with it (the calls behind it would wait too, past the isolation bound on
+            # such waits), so it is placed alone, as before combining
+            combined = self._combiner is not None and query.min_generation <= 0
+            placing = self._combiner if combined and self._combiner else self._service
             answer = placing.allocate(query, lease, deadline=self._deadline(context))
         except Exception:
             # proto field paths and the holders this caller may see: rewrites of errors
