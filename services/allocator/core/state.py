@@ -135,9 +135,11 @@ class AllocatedState:
         return state
 
     def hold_in_place(self, allocation: AllocationResult, owner: str = "") -> None:
-        """`with_allocation`, changing this state itself (only one made by `detached`)."""
+        """`with_allocation`, changing this state itself (only one made by `detached`). The
+        nodes it fills move to their new node groups when the groups are next read
+        (`node_groups`; groups.py): a batch's items between two walks move a node once."""
         assert self._scratch, "only a detached state changes in place"
-        self._add(allocation, owner)
+        self._add(allocation, owner, defer=True)
 
     def take_in_place(self, devices: Iterable[DeviceID], owner: str) -> None:
         """Hold `devices` whole, changing this state itself (only one made by `detached`;
@@ -218,10 +220,16 @@ class AllocatedState:
         )
 
     def _add(
-        self, allocation: AllocationResult, owner: str, changed: list[DeviceID] | None = None
+        self,
+        allocation: AllocationResult,
+        owner: str,
+        changed: list[DeviceID] | None = None,
+        *,
+        defer: bool = False,
     ) -> None:
-        """Hold `allocation` for `owner`; the devices it takes move their node groups now, or
-        are added to `changed` for the caller to move (`with_changes`)."""
+        """Hold `allocation` for `owner`; the devices it takes move their node groups now (or
+        when the groups are next read: `defer`), or are added to `changed` for the caller to
+        move (`with_changes`)."""
         taken: list[DeviceID] = [] if changed is None else changed
         delta = self._delta
         for result in allocation.results:
@@ -241,7 +249,7 @@ class AllocatedState:
                 self._count(device_id, 1)
                 taken.append(device_id)
         if changed is None and taken and self._groups is not None:
-            self._groups.devices_changed(taken, True)
+            self._groups.devices_changed(taken, True, defer=defer)
 
     def _remove(
         self, allocation: AllocationResult, owner: str, changed: list[DeviceID] | None = None
@@ -329,6 +337,8 @@ class AllocatedState:
             return GroupIndex.build(node_templates(snapshot), self.devices_in_use)
         if self._groups is None:
             self._groups = GroupIndex.build(node_templates(snapshot), self.devices_in_use)
+        else:
+            self._groups.settle()  # the moves `hold_in_place` deferred
         return self._groups
 
     def node_in_use(self, snapshot: ClusterSnapshot, view: NodeView) -> frozenset[int]:
