@@ -906,11 +906,14 @@ class NodeRun:
         if not isinstance(parts, ResultParts):
             derived[_RESULT_PARTS] = ResultParts()
             parts = None
+        name = found.view.name
         return tuple(
-            allocation_result(
-                claim, picks[claim.index], chosen[claim.index], found.view.name, share_id, parts
-            )
-            for claim in self.ctx.plan.claims
+            [
+                allocation_result(
+                    claim, picks[claim.index], chosen[claim.index], name, share_id, parts
+                )
+                for claim in self.ctx.plan.claims
+            ]
         )
 
     def _unsatisfiable_explanation(self) -> Explanation:

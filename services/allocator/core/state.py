@@ -25,7 +25,13 @@ from fractions import Fraction
 from math import isqrt
 
 from services.allocator.core.groups import GroupIndex
-from services.allocator.core.snapshot import Amount, ClusterSnapshot, CounterID, NodeView
+from services.allocator.core.snapshot import (
+    Amount,
+    ClusterSnapshot,
+    CounterID,
+    DeviceEntry,
+    NodeView,
+)
 from services.allocator.core.templates import node_templates
 from services.common.dra.model import (
     AllocationResult,
@@ -231,11 +237,14 @@ class AllocatedState:
         when the groups are next read: `defer`), or are added to `changed` for the caller to
         move (`with_changes`)."""
         taken: list[DeviceID] = [] if changed is None else changed
-        delta = self._delta
+        delta, snapshot = self._delta, self._snapshot
         for result in allocation.results:
             if result.admin_access:
                 continue
             device_id = result.device_id
+            entry = snapshot.device(device_id) if snapshot is not None else None
+            if entry is not None:
+                device_id = entry.id  # the snapshot's own: the maps find it by identity
             found = delta.get(device_id)
             owners, shares, consumed = self._based(device_id) if found is None else found
             was_in_use = bool(owners or shares)
@@ -246,7 +255,8 @@ class AllocatedState:
                 owners = (*owners, owner)
             delta[device_id] = (owners, shares, consumed)
             if not was_in_use:
-                self._count(device_id, 1)
+                if entry is not None:
+                    self._count_entry(entry, 1)
                 taken.append(device_id)
         if changed is None and taken and self._groups is not None:
             self._groups.devices_changed(taken, True, defer=defer)
@@ -322,7 +332,12 @@ class AllocatedState:
 
     def _count(self, device_id: DeviceID, sign: int) -> None:
         entry = self._snapshot.device(device_id) if self._snapshot else None
-        if entry is None:
+        if entry is not None:
+            self._count_entry(entry, sign)
+
+    def _count_entry(self, entry: DeviceEntry, sign: int) -> None:
+        """The counters the device consumes, taken (sign 1) or given back (-1)."""
+        if not entry.counters:
             return
         delta = self._counter_delta
         for (counter, _), amount in zip(entry.counters, entry.amounts, strict=True):
