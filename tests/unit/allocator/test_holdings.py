@@ -382,3 +382,70 @@ def test_pending_placements_keep_the_incremental_state_exact(operations):
     assert {d: sorted(got.owners(d)) for d in want.devices_in_use} == {
         d: sorted(want.owners(d)) for d in want.devices_in_use
     }
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["add", "remove", "hold", "settle-run", "read"]),
+            st.integers(0, 7),
+            st.lists(st.integers(0, len(MIG) - 1), min_size=1, max_size=3),
+            st.sampled_from(["granted", "dropped", "partly", "more"]),
+        ),
+        max_size=60,
+    )
+)
+def test_a_runs_placements_settled_together_keep_the_state_exact(operations):
+    """A run's pending placements (one or more allocations each) settled in one step: granted
+    as they were held, dropped, granted for part of their allocations, or granted with one
+    more; states read at any point, between a run's holds and its settling too. The state
+    always equals one built from scratch — devices, counters, owners and node groups."""
+    holdings = Holdings(MemoryReservationStore())
+    holdings.state_for(VIEW).node_groups(SNAPSHOT)  # kept up to date by the later states
+    live: dict[str, Reservation] = {}
+    run: list[tuple[str, tuple[AllocationResult, ...], str]] = []
+    for index, (op, slot, picks, outcome) in enumerate(operations):
+        devices = sorted({MIG[p] for p in picks})
+        rid = f"res-{index}"
+        if op == "add":
+            live[rid] = _reservation(rid, *devices)
+            holdings.added([live[rid]])
+        elif op == "remove" and live:
+            gone = sorted(live)[slot % len(live)]
+            holdings.removed([gone])
+            del live[gone]
+        elif op == "hold":
+            placed = tuple(_allocation(device) for device in devices)
+            run.append((holdings.hold_pending([A100], placed), placed, outcome))
+        elif op == "settle-run":
+            settled: list[tuple[str, list[Reservation] | None]] = []
+            for number, (token, placed, how) in enumerate(run):
+                if how == "dropped":
+                    settled.append((token, None))
+                    continue
+                kept = placed[:1] if how == "partly" else placed
+                if how == "more":
+                    kept = (*placed, _allocation(MIG[slot % len(MIG)]))
+                made = dataclasses.replace(
+                    _reservation(f"{rid}-{number}", MIG[0]), allocations=kept
+                )
+                live[made.id] = made
+                settled.append((token, [made]))
+            holdings.settle_all(settled)
+            run = []
+        elif op == "read":
+            holdings.state_for(VIEW)  # a state that has the run's holds: settling renames
+    got = holdings.state_for(VIEW)
+    held = [(r.id, a) for r in live.values() for a in r.allocations]
+    held += [(token, a) for token, placed, _ in run for a in placed]
+    want = AllocatedState.build(SNAPSHOT, held)
+    assert got.devices_in_use == want.devices_in_use
+    counters = {c for e in SNAPSHOT.all_devices() for c, _ in e.counters}
+    assert {c: got.counter_used(c) for c in counters} == {c: want.counter_used(c) for c in counters}
+    assert {d: sorted(got.owners(d)) for d in want.devices_in_use} == {
+        d: sorted(want.owners(d)) for d in want.devices_in_use
+    }
+    groups, fresh = got.node_groups(SNAPSHOT), want.node_groups(SNAPSHOT)
+    assert groups.in_use == fresh.in_use
+    assert groups.order == fresh.order
