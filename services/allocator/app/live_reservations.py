@@ -89,6 +89,15 @@ class _Cached:
     state: AllocatedState
 
 
+@dataclass(frozen=True, eq=False)
+class _Offered:
+    """A run's solve state (`Holdings.offer`): `held` is `base` with `placed` added, owner ""."""
+
+    base: AllocatedState
+    held: AllocatedState
+    placed: dict[int, AllocationResult]  # by id(): the journal's steps name these objects
+
+
 class Holdings:
     """Thread-safe. `on_event` sees every store event (telemetry counts expiries)."""
 
@@ -123,6 +132,7 @@ class Holdings:
         self._recording: list[_Change] | None = None  # changes made while a refresh reads
         self._tombstones: dict[str, float] = {}
         self._cached: _Cached | None = None
+        self._offered: _Offered | None = None  # a run's solve state, for the next state
         self._synced = False
         self._waiting: dict[str, float] = {}  # unknown reserved ids -> when to fetch them
         self._reported: set[str] = set()  # known ids to fetch again: conditions were reported
@@ -212,18 +222,42 @@ class Holdings:
             if cached is not None and cached.view is view and cached.version == self._version:
                 return cached.state
             journal = self._journal
+            offered, self._offered = self._offered, None
             limit = max(_INCREMENTAL_LIMIT, len(self._by_id) // 2)
             if cached is None or journal is None or len(journal) > limit:
                 held = ((r.id, a) for r in self._by_id.values() for a in r.allocations)
                 pending = ((t, a) for t, allocations in self._pending.items() for a in allocations)
                 state = AllocatedState.build(view.snapshot, itertools.chain(held, pending))
-            else:
-                state = cached.state if cached.view is view else cached.state.rebase(view.snapshot)
+            elif cached.view is not view:
+                state = cached.state.rebase(view.snapshot)
                 if journal:
+                    state = state.with_changes(journal)
+            else:
+                state = cached.state
+                steps = None
+                if offered is not None and offered.base is state and journal:
+                    steps = _from_offered(journal, offered.placed)
+                if offered is not None and steps is not None:
+                    state = offered.held.with_changes(steps)
+                elif journal:
                     state = state.with_changes(journal)
             self._cached = _Cached(view, self._version, state)
             self._journal = []
             return state
+
+    def offer(
+        self, base: AllocatedState, held: AllocatedState, placed: Sequence[AllocationResult]
+    ) -> None:
+        """A run's solve state: `held` is `base` (a state `state_for` returned) with `placed`
+        added for owner "" (core solve_many), and never changed again. While `base` is still
+        the cached state, the next `state_for` starts from `held` instead of applying the
+        run's pending placements again: the journal's additions of `placed` (by identity: the
+        pending holds, or the reservations that took them over) become renames of the ""
+        holds, and what the run placed but did not hold (not taken, dropped) is removed."""
+        with self._lock:
+            cached = self._cached
+            if cached is not None and cached.state is base and placed:
+                self._offered = _Offered(base, held, {id(a): a for a in placed})
 
     # --- writes ---------------------------------------------------------------------------
 
@@ -581,6 +615,26 @@ def _same_holding(reservation: Reservation, other: Reservation | None) -> bool:
     return other is not None and (
         other is reservation or other.allocations == reservation.allocations
     )
+
+
+def _from_offered(journal: list[Step], placed: dict[int, AllocationResult]) -> list[Step] | None:
+    """The journal's steps as applied to a run's solve state (`Holdings.offer`), which holds
+    `placed` for owner "": the first addition of each (to a pending token, a reservation, or
+    taken back: None) renames its "" hold; the ones never added are freed. None: a step
+    frees or renames one of `placed` (not expected: apply the journal as it is)."""
+    left = dict(placed)
+    steps: list[Step] = []
+    for step in journal:
+        old, new, allocation = step
+        if id(allocation) not in left:
+            steps.append(step)
+        elif old is None:
+            del left[id(allocation)]
+            steps.append(("", new, allocation))
+        else:
+            return None
+    steps.extend(("", None, allocation) for allocation in left.values())
+    return steps
 
 
 def _steps(change: _Change) -> Iterator[Step]:
