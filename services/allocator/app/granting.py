@@ -47,7 +47,7 @@ __all__ = ["GrantRun"]
 log = logging.getLogger("gpualloc.quota")
 
 
-@dataclass
+@dataclass(slots=True)
 class _Placement:
     requests: Sequence[ReserveRequest]
     quota: int | None  # its index in the tally (None: no quotas)

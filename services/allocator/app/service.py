@@ -1374,9 +1374,10 @@ class AllocatorService:
             counter.add(1)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Placed:
-    """A batch item solved and added to its run, waiting for the run's write."""
+    """A batch item solved and added to its run, waiting for the run's write (one per item:
+    not frozen, whose __init__ sets each field through object.__setattr__)."""
 
     query: Query
     lease: LeaseOptions

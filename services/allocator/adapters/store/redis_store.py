@@ -296,23 +296,26 @@ class RedisReservationStore:
         keys = [base + "leases", base + "ids", base + "fence", base + "idem"]
         fields = []
         device_base, use_base = base + "dev:", base + "use:"
+        res_base, dumps = base + "res:", orjson.dumps
         for grant in grants:
             request, hold = grant.request, grant.hold
-            keys.append(base + "res:" + grant.id)
-            keys += [device_base + device for device in hold.devices]
+            devices = hold.devices
+            keys.append(res_base + grant.id)
+            if len(devices) == 1:  # one device taken whole: the common case
+                keys.append(device_base + devices[0])
+            else:
+                keys += [device_base + device for device in devices]
             uses = "[]"  # no counters or shares: the common case (a whole device)
             if hold.uses:
                 keys += [use_base + use.key for use in hold.uses]
-                uses = orjson.dumps(
-                    [[u.key, str(u.amount), str(u.limit)] for u in hold.uses]
-                ).decode()
+                uses = dumps([[u.key, str(u.amount), str(u.limit)] for u in hold.uses]).decode()
             fields.append(
                 (
                     grant.id,
                     request.owner,
                     _idempotency_field(request.owner, request.idempotency_key),
                     grant.lease_ms,
-                    orjson.dumps(hold.devices).decode(),
+                    dumps(devices).decode(),
                     uses,
                     _doc(request),
                 )
@@ -1095,10 +1098,7 @@ def _doc(request: ReserveRequest) -> str:
     older versions wrote, which they read back alike), except allocations carrying opaque
     configuration: its parameters are arbitrary JSON, which orjson would not keep exactly
     (NaN and Infinity become null, integers beyond 64 bits fail), so the stdlib writes those."""
-    allocations, configured = [], False
-    for item in request.allocations:
-        allocations.append(allocation_result_to_dict(item))
-        configured = configured or bool(item.config)
+    allocations = [allocation_result_to_dict(item) for item in request.allocations]
     doc = {
         "node": request.node,
         "claimNames": request.claim_names,
@@ -1108,7 +1108,7 @@ def _doc(request: ReserveRequest) -> str:
         "requestDigest": request.request_digest,
         "priorityClass": request.priority_class,
     }
-    if configured:
+    if any(item.config for item in request.allocations):
         return json.dumps(doc)
     return orjson.dumps(doc).decode()
 
