@@ -8,7 +8,7 @@
 
 Clusters come from loadtest/clusters.py (8-GPU nodes: H100 NVSwitch, A100 NVLink pairs, L40S
 PCIe; one A100/H100 node in ten MIG-partitioned; a third of the plain nodes partly allocated).
-Quick runs 1,000 and 10,000 GPUs with fewer repetitions.
+Quick runs 1,000 and 10,000 GPUs with fewer solves and Explain/Capacity repetitions.
 
 Per request kind, on its own copy of the cluster state, a stream of solves without a pinned node
 (the solver chooses the node, BINPACK): each placement is committed into the state as a service
@@ -16,16 +16,18 @@ would after Reserve, and the oldest is released once 20 are held, so the cluster
 full and the node groups change under the solver. Measured per kind:
 
 - unpinned median / p99 solve time (the first solve, which builds the snapshot's templates and
-  the state's node groups, is reported apart as `first_ms`);
+  the state's node groups, is reported apart as `first_ms`); see "How it times" below;
 - pinned median / p99: the same claims, pinned to the node the unpinned solve chose, same state;
 - Explain time (unpinned, reason recording on: every node is explained, one search per node
   group, core/replay.py), on the initial state; `explain_again_ms`: one more Explain of the same
-  question on the same state, which reads the searches the first one kept;
+  question on the same state, which reads the searches the first one kept (median of
+  `REPEATS`, each with a fresh selector cache as the first);
 - Capacity time: the service's Capacity count (`services/allocator/app/capacity_count.py`, the
   core's `count_units`: how many more copies of the claims fit, per node, on every node), on the
   initial state;
 - a batch of 64 identical items (`solve_many`, each on the state holding the ones before it) on
-  the initial state: `batch_ms` and the claims it placed per second (`batch_claims_s`);
+  the initial state: `batch_ms` (median of `REPEATS` batches) and the claims it placed per
+  second (`batch_claims_s`);
 - CEL evaluations of a cold Explain (fresh selector cache, every device looked at) against the
   bound: the number of distinct device profiles the kind's selectors read;
 - memory: the peak traced allocation of one solve (tracemalloc, after the timed runs), and the
@@ -33,6 +35,28 @@ full and the node groups change under the solver. Measured per kind:
 - a 4-node x 8-GPU gang in one NVLink domain (`solve_gang`, grouped by the clique label);
 - beside Kubernetes' own structured allocator on the same files (loadtest/upstream_allocator.py:
   `<gpus>/<kind>/vs-upstream` rows, pinned and fleet-wide, with the ratios).
+
+How it times (so that a before/after comparison measures the solver, not the collector or
+the machine's other work):
+
+- The timed parts of a size run under the allocator server's own garbage-collector policy
+  (services/common/gc_policy.py `GcPolicy`, started as services/allocator/__main__.py starts
+  it: young collections after 20,000 new container objects instead of CPython's 700, the
+  survivors frozen every second), so the bench times what the server runs, collector pauses
+  included.
+- Every timed column (not the setup row's seconds, not the vs-upstream rows) is the bench
+  thread's CPU time (`time.thread_time`), not wall time. The bench is one thread doing CPU
+  work, so the two differ by the time the OS gave other processes: on a shared machine,
+  scheduler slices of several ms in the p99 columns. The collector runs in this thread, so its
+  pauses count. A clock read costs a few us more than perf_counter's.
+- The stream is 300 solves per kind (quick; 1,000 otherwise), the gang's too: a p99 is the
+  4th (11th) slowest solve. With 60 (gang: 20) it was the slowest or second-slowest, so one
+  collector pause more or less in a run (at 10,000 GPUs a young collection costs a gang solve
+  ~10 ms of CPU and comes every ~40 gang solves) decided it.
+- `explain_again_ms` and `batch_ms` are medians of `REPEATS` runs, not one.
+
+Compare before/after only with one method: run this module against the other checkout's code
+(e.g. copy it into a throwaway worktree of that commit), alternating, under the bench lock.
 
 The placement quality replay (loadtest/replay.py) is its own suite: loadtest/bench_quality.py.
 
@@ -49,7 +73,8 @@ import statistics
 import sys
 import time
 import tracemalloc
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,11 +101,14 @@ from services.common.dra.model import (
     ExactDeviceRequest,
     ResourceClaim,
 )
+from services.common.gc_policy import GcPolicy
 
-__all__ = ["KINDS", "Kind", "run"]
+__all__ = ["KINDS", "Kind", "run", "server_gc"]
 
 SINGLE_NODE_LIMITS = {"pinned_median_ms": 5.0, "median_ms": 2.0, "p99_ms": 20.0}
 HELD_WINDOW = 20  # placements kept before the oldest is released
+_now = time.thread_time  # what the timed columns read: this thread's CPU time (module docstring)
+REPEATS = 5  # runs of explain_again and of the batch (their median)
 
 
 @dataclass(frozen=True)
@@ -147,12 +175,14 @@ def run(quick: bool, rows: str | None = None) -> BenchReport:
     sizes: tuple[int, ...] = (1_000, 10_000) if quick else (1_000, 10_000, 100_000)
     wanted = _Rows(rows)
     sizes = tuple(s for s in sizes if wanted.size(s))
-    solves = 60 if quick else 200
+    solves = 300 if quick else 1_000  # per kind, and the gang's (module docstring)
     report = BenchReport(
         "solver",
         setup={
             "sizes": ",".join(str(s) for s in sizes),
             "solves_per_kind": solves,
+            "repeats": REPEATS,
+            "gc": "server policy (GcPolicy)",
             "policy": "BinPack",
             "python": sys.version.split()[0],
             **({"rows": rows} if rows else {}),
@@ -195,7 +225,6 @@ def _run_size(
     state.node_groups(snapshot)
     indexed = time.perf_counter()
     gc.collect()
-    gc.freeze()  # the snapshot lives long: keep the collector from walking it (as a server would)
     report.add(
         f"{gpus}/setup",
         nodes=len(cluster.nodes),
@@ -207,6 +236,33 @@ def _run_size(
         groups=len(state.node_groups(snapshot).members),
         rss_mib=round(_rss_mib() - rss_before, 1),
     )
+    with server_gc():
+        _run_rows(report, gpus, solves, quick, medians, wanted, cluster, snapshot, state)
+
+
+@contextmanager
+def server_gc() -> Iterator[None]:
+    """The collector as the allocator server runs it (GcPolicy: what was built so far frozen,
+    young collections after 20,000 new objects), so the bench times what the server runs
+    (module docstring); CPython's settings again after."""
+    policy = GcPolicy(name="bench-gc").start()
+    try:
+        yield
+    finally:
+        policy.stop()
+
+
+def _run_rows(
+    report: BenchReport,
+    gpus: int,
+    solves: int,
+    quick: bool,
+    medians: dict[tuple[int, str], float],
+    wanted: _Rows,
+    cluster: GeneratedCluster,
+    snapshot: ClusterSnapshot,
+    state: AllocatedState,
+) -> None:
     classes = device_classes()
     for kind in KINDS:
         if not wanted.row(f"{gpus}/{kind.name}"):
@@ -217,7 +273,7 @@ def _run_size(
         medians[(gpus, kind.name)] = float(values["median_ms"])
         report.add(f"{gpus}/{kind.name}", **values)
     if wanted.row(f"{gpus}/{GANG_KIND}"):
-        gang = _run_gang(snapshot, state, classes, max(20, solves // 5))
+        gang = _run_gang(snapshot, state, classes, solves)
         report.add(f"{gpus}/{GANG_KIND}", **gang)
     compared = {
         k.name: k.claims
@@ -226,7 +282,6 @@ def _run_size(
     }
     if compared:
         compare_upstream(report, gpus, cluster, snapshot, state, classes, compared, quick=quick)
-    gc.unfreeze()
 
 
 class _Rows:
@@ -263,9 +318,9 @@ def _run_kind(
     steps = 0
     for round_ in range(solves + 1):
         claims = _named(kind.claims, round_)
-        started = time.perf_counter()
+        started = _now()
         result = solve(snapshot, state, classes, claims, selectors=selectors, **kind.solve_options)
-        elapsed = time.perf_counter() - started
+        elapsed = _now() - started
         if round_ == 0:
             first_ms = elapsed * 1000
         else:
@@ -275,7 +330,7 @@ def _run_kind(
             unsatisfiable += 1
             state, updates = _release_oldest(state, held, updates)
             continue
-        started = time.perf_counter()
+        started = _now()
         solve(
             snapshot,
             state,
@@ -285,17 +340,19 @@ def _run_kind(
             node=result.node,
             **kind.solve_options,
         )
-        pinned.append(time.perf_counter() - started)
-        started = time.perf_counter()
+        pinned.append(_now() - started)
+        started = _now()
         for claim, allocation in zip(claims, result.allocations, strict=True):
             owner = f"bench/{claim.name}"
             state = state.with_allocation(allocation, owner)
             held.append((owner, allocation))
         if len(held) > HELD_WINDOW * len(claims):
             state, updates = _release_oldest(state, held, updates, len(claims))
-        updates.append(time.perf_counter() - started)
+        updates.append(_now() - started)
     explain = _timed_explains(kind, snapshot, initial, classes, explains)
-    explain_again = _timed_explains(kind, snapshot, initial, classes, 1)
+    explain_again = [  # each with a fresh selector cache, as the first
+        _timed_explains(kind, snapshot, initial, classes, 1)[0] for _ in range(REPEATS)
+    ]
     capacity_ms, capacity_total = _timed_capacity(kind, snapshot, initial, classes, explains)
     batch_ms, batch_placed = _timed_batch(kind, snapshot, initial, classes)
     peak = _peak_kib(kind, snapshot, initial, classes)
@@ -306,7 +363,7 @@ def _run_kind(
         "pinned_p99_ms": _ms(percentile(pinned, 0.99)),
         "first_ms": round(first_ms, 1),
         "explain_ms": _ms(statistics.median(explain)),
-        "explain_again_ms": _ms(explain_again[0]),
+        "explain_again_ms": _ms(statistics.median(explain_again)),
         "capacity_ms": capacity_ms,
         "capacity_total": capacity_total,
         "batch_ms": batch_ms,
@@ -325,9 +382,11 @@ def _run_gang(
     like the single-node kinds: each gang is committed, the oldest released after five."""
     selectors = SelectorCache()
     claim = _claim("gang", _exact("gpus", 8))
-    state, held, times, unsatisfiable = initial, [], [], 0
-    for round_ in range(solves):
-        started = time.perf_counter()
+    state, held, unsatisfiable = initial, [], 0
+    times: list[float] = []
+    first_ms = 0.0
+    for round_ in range(solves + 1):
+        started = _now()
         result = solve_gang(
             snapshot,
             state,
@@ -337,7 +396,11 @@ def _run_gang(
             group_by_label=CLIQUE_LABEL,
             selectors=selectors,
         )
-        times.append(time.perf_counter() - started)
+        elapsed = _now() - started
+        if round_ == 0:
+            first_ms = elapsed * 1000
+        else:
+            times.append(elapsed)
         if not isinstance(result, Allocated):
             unsatisfiable += 1
             continue
@@ -351,9 +414,9 @@ def _run_gang(
             for owner, allocation in held.pop(0):
                 state = state.without_allocation(allocation, owner)
     return {
-        "median_ms": _ms(statistics.median(times[1:])),
-        "p99_ms": _ms(percentile(times[1:], 0.99)),
-        "first_ms": round(times[0] * 1000, 1),
+        "median_ms": _ms(statistics.median(times)),
+        "p99_ms": _ms(percentile(times, 0.99)),
+        "first_ms": round(first_ms, 1),
         "unsat": unsatisfiable,
     }
 
@@ -389,7 +452,7 @@ def _timed_explains(
     times = []
     selectors = SelectorCache()
     for _ in range(repeat):
-        started = time.perf_counter()
+        started = _now()
         solve(
             snapshot,
             state,
@@ -399,7 +462,7 @@ def _timed_explains(
             explain=True,
             **kind.solve_options,
         )
-        times.append(time.perf_counter() - started)
+        times.append(_now() - started)
     return times
 
 
@@ -422,11 +485,11 @@ def _timed_capacity(
     )
     times, total = [], 0
     for _ in range(repeat):
-        started = time.perf_counter()
+        started = _now()
         answer = count_capacity(
             solver, snapshot, state, classes, query, Deadline(None), generation=0
         )
-        times.append(time.perf_counter() - started)
+        times.append(_now() - started)
         total = answer.total
     return _ms(statistics.median(times)), total
 
@@ -437,15 +500,19 @@ BATCH = 64
 def _timed_batch(
     kind: Kind, snapshot: ClusterSnapshot, state: AllocatedState, classes: dict[str, DeviceClass]
 ) -> tuple[float, int]:
-    """(ms, claims placed) of one batch of BATCH identical items (`solve_many`: each item on
-    the state holding the ones before it) on the initial state."""
+    """(median ms, claims placed) of REPEATS batches of BATCH identical items (`solve_many`:
+    each item on the state holding the ones before it) on the initial state, each with a
+    fresh selector cache."""
     claims = _named(kind.claims, 0)
-    started = time.perf_counter()
-    results = solve_many(
-        snapshot, state, classes, claims, BATCH, selectors=SelectorCache(), **kind.solve_options
-    )
-    elapsed = time.perf_counter() - started
-    return _ms(elapsed), sum(isinstance(r, Allocated) for r in results) * len(claims)
+    times, placed = [], 0
+    for _ in range(REPEATS):
+        started = _now()
+        results = solve_many(
+            snapshot, state, classes, claims, BATCH, selectors=SelectorCache(), **kind.solve_options
+        )
+        times.append(_now() - started)
+        placed = sum(isinstance(r, Allocated) for r in results) * len(claims)
+    return _ms(statistics.median(times)), placed
 
 
 def _peak_kib(

@@ -86,7 +86,7 @@ PARTS: tuple[tuple[Any, str, str], ...] = (
     (AllocatedState, "hold_in_place", "  the batch's holds (hold_in_place)"),
     (live_reservations.Holdings, "state_for", "the next state (state_for)"),
     (live_reservations.Holdings, "hold_pending", "hold_pending"),
-    (live_reservations.Holdings, "settle_pending", "settle_pending"),
+    (live_reservations.Holdings, "settle_all", "settle_all (a run's placements settled)"),
     (service, "placement_requests", "store requests (placement_requests)"),
     (granting.GrantRun, "add", "grants.add"),
     (service.AllocatorService, "_held", "_held"),

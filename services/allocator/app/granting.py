@@ -47,7 +47,7 @@ __all__ = ["GrantRun"]
 log = logging.getLogger("gpualloc.quota")
 
 
-@dataclass
+@dataclass(slots=True)
 class _Placement:
     requests: Sequence[ReserveRequest]
     quota: int | None  # its index in the tally (None: no quotas)
@@ -141,19 +141,19 @@ class GrantRun:
         try:
             self._write(deadline, outcomes, ended)
         finally:  # what did not become reservations is not held any more, whatever happened
-            for placement, outcome in zip(self._placements, outcomes, strict=True):
-                if isinstance(outcome, list):
-                    self._holdings.settle_pending(placement.pending, outcome)
-                else:
-                    self._holdings.drop_pending(placement.pending)
+            self._holdings.settle_all(
+                (p.pending, outcome if isinstance(outcome, list) else None)
+                for p, outcome in zip(self._placements, outcomes, strict=True)
+            )
+            for placement in self._placements:
                 placement.close()
             self._placements = []
         return [outcome for outcome in outcomes if outcome is not None]
 
     def abandon(self) -> None:
         """Give up the placements not written: their pending holds and counts go."""
+        self._holdings.settle_all((p.pending, None) for p in self._placements)
         for placement in self._placements:
-            self._holdings.drop_pending(placement.pending)
             placement.close()
         self._placements = []
 

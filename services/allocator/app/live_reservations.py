@@ -75,15 +75,11 @@ class _Change:
     removed: Reservation | None
 
 
-@dataclass(frozen=True)
-class _PendingChange:
-    """A pending placement added or dropped; with `settled`, dropped for these reservations
-    (the allocations they share with it change hands instead of being freed and taken)."""
-
-    token: str
-    allocations: tuple[AllocationResult, ...]
-    added: bool
-    settled: tuple[Reservation, ...] = ()
+Step = tuple[str | None, str | None, AllocationResult]
+"""One `(old owner, new owner, allocation)` of the journal, as `AllocatedState.with_changes`
+takes them; `(None, None, allocation)` changes nothing (a pending placement's addition taken
+back before any state applied it)."""
+_PENDING = HoldKind.PENDING.id("")  # a pending placement's token is this and a number
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,6 +87,15 @@ class _Cached:
     view: ViewSnapshot
     version: int
     state: AllocatedState
+
+
+@dataclass(frozen=True, eq=False)
+class _Offered:
+    """A run's solve state (`Holdings.offer`): `held` is `base` with `placed` added, owner ""."""
+
+    base: AllocatedState
+    held: AllocatedState
+    placed: dict[int, AllocationResult]  # by id(): the journal's steps name these objects
 
 
 class Holdings:
@@ -117,10 +122,9 @@ class Holdings:
         self._by_id: dict[str, Reservation] = {}
         self._version = 0
         self._commits = 0  # commits applied: they change states, not what is held
-        self._journal: list[_Change | _PendingChange] | None = []  # since the cached state
-        # pending placements' additions in the journal: token -> (that journal, index, entry)
-        self._journal_adds: dict[str, tuple[list[_Change | _PendingChange], int, _PendingChange]]
-        self._journal_adds = {}
+        self._journal: list[Step] | None = []  # since the cached state
+        # pending placements' additions in the journal: token -> (that journal, start, end)
+        self._journal_adds: dict[str, tuple[list[Step], int, int]] = {}
         self._pending: dict[str, tuple[AllocationResult, ...]] = {}
         self._pending_nodes: dict[str, tuple[str, ...]] = {}  # token -> its nodes
         self._pending_on: dict[str, int] = {}  # node -> pending placements there (_unknown)
@@ -128,6 +132,7 @@ class Holdings:
         self._recording: list[_Change] | None = None  # changes made while a refresh reads
         self._tombstones: dict[str, float] = {}
         self._cached: _Cached | None = None
+        self._offered: _Offered | None = None  # a run's solve state, for the next state
         self._synced = False
         self._waiting: dict[str, float] = {}  # unknown reserved ids -> when to fetch them
         self._reported: set[str] = set()  # known ids to fetch again: conditions were reported
@@ -217,18 +222,42 @@ class Holdings:
             if cached is not None and cached.view is view and cached.version == self._version:
                 return cached.state
             journal = self._journal
+            offered, self._offered = self._offered, None
             limit = max(_INCREMENTAL_LIMIT, len(self._by_id) // 2)
             if cached is None or journal is None or len(journal) > limit:
                 held = ((r.id, a) for r in self._by_id.values() for a in r.allocations)
                 pending = ((t, a) for t, allocations in self._pending.items() for a in allocations)
                 state = AllocatedState.build(view.snapshot, itertools.chain(held, pending))
-            else:
-                state = cached.state if cached.view is view else cached.state.rebase(view.snapshot)
+            elif cached.view is not view:
+                state = cached.state.rebase(view.snapshot)
                 if journal:
-                    state = state.with_changes(c for change in journal for c in _changes(change))
+                    state = state.with_changes(journal)
+            else:
+                state = cached.state
+                steps = None
+                if offered is not None and offered.base is state and journal:
+                    steps = _from_offered(journal, offered.placed)
+                if offered is not None and steps is not None:
+                    state = offered.held.with_changes(steps)
+                elif journal:
+                    state = state.with_changes(journal)
             self._cached = _Cached(view, self._version, state)
             self._journal = []
             return state
+
+    def offer(
+        self, base: AllocatedState, held: AllocatedState, placed: Sequence[AllocationResult]
+    ) -> None:
+        """A run's solve state: `held` is `base` (a state `state_for` returned) with `placed`
+        added for owner "" (core solve_many), and never changed again. While `base` is still
+        the cached state, the next `state_for` starts from `held` instead of applying the
+        run's pending placements again: the journal's additions of `placed` (by identity: the
+        pending holds, or the reservations that took them over) become renames of the ""
+        holds, and what the run placed but did not hold (not taken, dropped) is removed."""
+        with self._lock:
+            cached = self._cached
+            if cached is not None and cached.state is base and placed:
+                self._offered = _Offered(base, held, {id(a): a for a in placed})
 
     # --- writes ---------------------------------------------------------------------------
 
@@ -238,13 +267,25 @@ class Holdings:
             self._add(reservations)
 
     def _add(self, reservations: Iterable[Reservation]) -> None:
+        journal = self._journal
+        for reservation in self._admit(reservations):
+            if journal is not None:
+                journal.extend((None, reservation.id, a) for a in reservation.allocations)
+
+    def _admit(self, reservations: Iterable[Reservation]) -> list[Reservation]:
+        """With the lock: `reservations` into the copy (not the journal); the new ones."""
+        new: list[Reservation] = []
         for reservation in reservations:
             if reservation.id in self._tombstones:
                 continue
             previous = self._by_id.get(reservation.id)
             self._by_id[reservation.id] = reservation
             if previous is None:
-                self._record(_Change(reservation, None))
+                new.append(reservation)
+                self._version += 1
+                if self._recording is not None:
+                    self._recording.append(_Change(reservation, None))
+        return new
 
     def removed(self, reservation_ids: Iterable[str]) -> None:
         """Reservations released or expired: their devices are free for the next solve."""
@@ -259,57 +300,99 @@ class Holdings:
     def hold_pending(self, nodes: Sequence[str], allocations: Sequence[AllocationResult]) -> str:
         """A placement this process is about to reserve on `nodes`: held for its own solves
         until `settle_pending` or `drop_pending` (call one of them, always). Returns a token."""
+        held = tuple(allocations)
         with self._lock:
-            token = HoldKind.PENDING.id(next(self._pending_tokens))
-            self._pending[token] = tuple(allocations)
+            token = f"{_PENDING}{next(self._pending_tokens)}"
+            self._pending[token] = held
             self._pending_nodes[token] = tuple(nodes)
+            pending_on = self._pending_on
             for node in nodes:
-                self._pending_on[node] = self._pending_on.get(node, 0) + 1
+                pending_on[node] = pending_on.get(node, 0) + 1
             self._version += 1
-            if self._journal is not None:
-                change = _PendingChange(token, self._pending[token], True)
-                self._journal_adds[token] = (self._journal, len(self._journal), change)
-                self._journal.append(change)
+            journal = self._journal
+            if journal is not None:
+                start = len(journal)
+                journal.extend([(None, token, allocation) for allocation in held])
+                self._journal_adds[token] = (journal, start, len(journal))
             return token
 
     def settle_pending(self, token: str, reservations: Iterable[Reservation]) -> None:
         """The store granted the placement: the reservations replace it (one step, so no
         solve sees the devices free in between)."""
         with self._lock:
-            allocations = self._pending.pop(token, None)
-            self._forget_nodes(token)
-            journal = self._journal
-            self._journal = None if journal is None else []  # what `_add` journals, apart
-            try:
-                self._add(reservations)
-                added = tuple(
-                    c.added for c in self._journal or () if isinstance(c, _Change) and c.added
-                )
-            finally:
-                self._journal = journal
-            if allocations is not None:
-                self._version += 1
-                if journal is not None and self._unapplied(journal, token):
-                    # no state saw it pending: its reservations go in as plain additions
-                    journal.extend(_Change(r, None) for r in added)
-                elif journal is not None:
-                    journal.append(_PendingChange(token, allocations, False, added))
-            elif journal is not None:
-                journal.extend(_Change(r, None) for r in added)
+            self._settle(token, reservations)
 
     def drop_pending(self, token: str) -> None:
         """The store refused the placement (or failed): it holds nothing any more."""
         with self._lock:
-            self._drop_pending(token)
+            self._drop(token)
 
-    def _drop_pending(self, token: str) -> None:
+    def settle_all(self, outcomes: Iterable[tuple[str, Sequence[Reservation] | None]]) -> None:
+        """`settle_pending` (reservations) or `drop_pending` (None) for each pending placement
+        of a run, in one step."""
+        with self._lock:
+            for token, reservations in outcomes:
+                if reservations is None:
+                    self._drop(token)
+                else:
+                    self._settle(token, reservations)
+
+    def _settle(self, token: str, reservations: Iterable[Reservation]) -> None:
+        """With the lock: the allocations of the placement that a new reservation carries
+        change hands (the first such reservation takes each over: nothing is freed or taken),
+        the rest of the placement is freed, the rest of the reservations added. While no state
+        has applied the placement's addition yet, that addition becomes the reservations' in
+        place (a batch settles a few hundred at once: half the changes for the next state)."""
         allocations = self._pending.pop(token, None)
+        span = self._journal_adds.pop(token, None)
+        added = self._admit(reservations)
+        journal = self._journal
+        if allocations is None:  # not pending (any more): plain additions
+            if journal is not None:
+                journal.extend((None, r.id, a) for r in added for a in r.allocations)
+            return
+        self._forget_nodes(token)
+        self._version += 1
+        if journal is None:
+            return
+        if len(added) == 1 and added[0].allocations == allocations:  # the common case
+            takes = {id(a): added[0].id for a in allocations}
+            adds: list[Step] = []
+        else:
+            pending = {id(a) for a in allocations}
+            takes = {}
+            adds = []
+            for reservation in added:
+                for allocation in reservation.allocations:
+                    key = id(allocation)
+                    if key in pending and key not in takes:
+                        takes[key] = reservation.id
+                    else:
+                        adds.append((None, reservation.id, allocation))
+        if span is not None and span[0] is journal:  # not applied yet: the addition changes
+            for index in range(span[1], span[2]):
+                allocation = journal[index][2]
+                journal[index] = (None, takes.get(id(allocation)), allocation)
+        else:
+            journal.extend((token, None, a) for a in allocations if id(a) not in takes)
+            journal.extend((token, takes[id(a)], a) for a in allocations if id(a) in takes)
+        journal.extend(adds)
+
+    def _drop(self, token: str) -> None:
+        allocations = self._pending.pop(token, None)
+        span = self._journal_adds.pop(token, None)
         if allocations is None:
             return
         self._forget_nodes(token)
         self._version += 1
-        if self._journal is not None and not self._unapplied(self._journal, token):
-            self._journal.append(_PendingChange(token, allocations, False))
+        journal = self._journal
+        if journal is None:
+            return
+        if span is not None and span[0] is journal:  # not applied yet: taken back
+            for index in range(span[1], span[2]):
+                journal[index] = (None, None, journal[index][2])
+        else:
+            journal.extend((token, None, a) for a in allocations)
 
     def _forget_nodes(self, token: str) -> None:
         """With the lock: pending placement `token` no longer counts on its nodes."""
@@ -319,16 +402,6 @@ class Holdings:
                 self._pending_on[node] = left
             else:
                 del self._pending_on[node]
-
-    def _unapplied(self, journal: list[_Change | _PendingChange], token: str) -> bool:
-        """Take the journal's addition of pending placement `token` back if it is still there
-        (no state has it yet, so its settling need not undo it); whether it was. A batch
-        settles a few hundred at once: half the changes for the next state."""
-        found = self._journal_adds.pop(token, None)
-        if found is None or found[0] is not journal or journal[found[1]] is not found[2]:
-            return False
-        journal[found[1]] = _PendingChange(token, (), False)  # nothing to apply
-        return True
 
     def committed(self, reservation: Reservation) -> None:
         """A state change that holds the same devices: no new version (`commits` counts it)."""
@@ -386,14 +459,14 @@ class Holdings:
         # cluster's holdings, under the lock, on every conflict).
         changes = _differences(previous, merged)
         if self._journal is not None:
-            self._journal.extend(changes)
+            self._journal.extend(step for change in changes for step in _steps(change))
         return bool(changes)
 
     def _record(self, change: _Change) -> None:
         """Called with the lock held, for every change of the id set."""
         self._version += 1
         if self._journal is not None:
-            self._journal.append(change)
+            self._journal.extend(_steps(change))
         if self._recording is not None:
             self._recording.append(change)
 
@@ -530,9 +603,6 @@ class Holdings:
                 healthy = False
 
 
-Step = tuple[str | None, str | None, AllocationResult]  # AllocatedState.with_changes
-
-
 def _differences(before: dict[str, Reservation], after: dict[str, Reservation]) -> list[_Change]:
     """From `before` to `after`: the reservations dropped, then those added (an id whose
     allocations differ counts as both)."""
@@ -547,34 +617,31 @@ def _same_holding(reservation: Reservation, other: Reservation | None) -> bool:
     )
 
 
-def _changes(change: _Change | _PendingChange) -> Iterator[Step]:
-    """One journal entry as `AllocatedState.with_changes` takes them."""
-    if isinstance(change, _PendingChange):
-        if change.added:
-            yield from ((None, change.token, a) for a in change.allocations)
+def _from_offered(journal: list[Step], placed: dict[int, AllocationResult]) -> list[Step] | None:
+    """The journal's steps as applied to a run's solve state (`Holdings.offer`), which holds
+    `placed` for owner "": the first addition of each (to a pending token, a reservation, or
+    taken back: None) renames its "" hold; the ones never added are freed. None: a step
+    frees or renames one of `placed` (not expected: apply the journal as it is)."""
+    left = dict(placed)
+    steps: list[Step] = []
+    for step in journal:
+        old, new, allocation = step
+        if id(allocation) not in left:
+            steps.append(step)
+        elif old is None:
+            del left[id(allocation)]
+            steps.append(("", new, allocation))
         else:
-            yield from _settled(change)
-        return
+            return None
+    steps.extend(("", None, allocation) for allocation in left.values())
+    return steps
+
+
+def _steps(change: _Change) -> Iterator[Step]:
+    """One change of the copy as journal steps."""
     if change.added is not None:
         for allocation in change.added.allocations:
             yield None, change.added.id, allocation
     if change.removed is not None:
         for allocation in change.removed.allocations:
             yield change.removed.id, None, allocation
-
-
-def _settled(change: _PendingChange) -> list[Step]:
-    """A pending placement dropped: an allocation a settled reservation carries changes hands
-    (the first such reservation takes it over), the rest is freed first, then added."""
-    pending = {id(a) for a in change.allocations}
-    renames: list[Step] = []
-    adds: list[Step] = []
-    for reservation in change.settled:
-        for allocation in reservation.allocations:
-            if id(allocation) in pending:
-                pending.discard(id(allocation))
-                renames.append((change.token, reservation.id, allocation))
-            else:
-                adds.append((None, reservation.id, allocation))
-    removes: list[Step] = [(change.token, None, a) for a in change.allocations if id(a) in pending]
-    return removes + renames + adds

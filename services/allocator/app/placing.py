@@ -153,11 +153,14 @@ class PlacementSearch:
         deadline: Deadline,
         *,
         explain: bool = False,
+        keep: Callable[[AllocatedState], None] | None = None,
     ) -> list[SolveResult]:
         """`count` identical queries, each placed on `state` with the ones before it held
         (the core's `solve_many`: one shared feasibility and scoring pass); the list ends with
         the first one not placed. A gang's is `place`'s one result. Raises DeadlineExceeded
-        when the deadline cut a search short."""
+        when the deadline cut a search short. `keep`: given the state the placements were
+        held in (`state` plus the allocations of every Allocated result, owner ""), when they
+        were (not for a gang's or a single query's)."""
         if query.gang is not None or count <= 1:
             return [self.place(snapshot, state, classes, query, deadline, explain=explain)]
         restricted = not query.node and (query.node_selector is not None or query.max_nodes > 0)
@@ -167,7 +170,8 @@ class PlacementSearch:
             # unpinned unary solve builds them), the copy takes them over and the states
             # derived from `state` keep them up to date: one build per snapshot, not per batch.
             state.node_groups(snapshot)
-        return solve_many(
+        holding = state.detached(groups=True)
+        results = solve_many(
             snapshot,
             state,
             classes,
@@ -181,7 +185,11 @@ class PlacementSearch:
             explain=explain,
             share_id=unique_share_id,
             topology_constraints=topology_constraints(query),
+            holding=holding,
         )
+        if keep is not None:
+            keep(holding)
+        return results
 
     def _solve(
         self,

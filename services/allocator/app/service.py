@@ -976,14 +976,32 @@ class AllocatorService:
             results: list[SolveResult | None]
             if count > 1:
                 span.set_attribute("gpualloc.batch.items", count)
+            kept: list[AllocatedState] = []
             try:
                 results = list(
                     self.solver.place_many(
-                        view.snapshot, state, classes, query, count, searching, explain=explain
+                        view.snapshot,
+                        state,
+                        classes,
+                        query,
+                        count,
+                        searching,
+                        explain=explain,
+                        keep=kept.append,
                     )
                 )
             except DeadlineExceeded:
                 results = [None]
+            else:
+                if kept:  # the placements held in one state: the next state may start there
+                    placed = [
+                        allocation
+                        for result in results
+                        if isinstance(result, Allocated)
+                        for placement in result.placements
+                        for allocation in placement.allocations
+                    ]
+                    self.holdings.offer(state, kept[0], placed)
             elapsed = (time.perf_counter() - started) / len(results)
             span.set_attribute("gpualloc.outcome", type(results[-1]).__name__)
         return [self._answered(view, query, policy, result, elapsed, explain) for result in results]
@@ -1356,9 +1374,10 @@ class AllocatorService:
             counter.add(1)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Placed:
-    """A batch item solved and added to its run, waiting for the run's write."""
+    """A batch item solved and added to its run, waiting for the run's write (one per item:
+    not frozen, whose __init__ sets each field through object.__setattr__)."""
 
     query: Query
     lease: LeaseOptions

@@ -55,15 +55,20 @@ def solve_many(
     share_id: ShareIdFactory = default_share_id,
     topology_constraints: Sequence[TopologyConstraint] = (),
     fragmentation_mix: FragmentationMix = DEFAULT_MIX,
+    holding: AllocatedState | None = None,
 ) -> list[SolveResult]:
     """Up to `count` placements of `claims`, each on the state holding the ones before it;
     the list ends with the first Unsatisfiable (or after `count` Allocated). `budget` bounds
-    each item's search on its own, as for one `solve`; the options are `solve`'s."""
+    each item's search on its own, as for one `solve`; the options are `solve`'s. `holding`:
+    a state the caller detached from `state` (`state.detached(groups=True)`) to hold the
+    placements in, instead of a private copy: once this returns, it is `state` with the
+    allocations of every Allocated result added (owner ""), for the caller to keep."""
     if count < 0:
         raise InvalidArgument.at("count", f"must not be negative, not {count}")
     if node is not None and nodes is not None:
         raise ValueError("solve_many takes a pinned node or candidate nodes, not both")
-    held = state.detached(groups=True)  # the batch's own: changed in place, item by item
+    # the batch's own: changed in place, item by item
+    held = holding if holding is not None else state.detached(groups=True)
     ctx = solve_context(
         snapshot, held, classes, claims, policy, selectors, None, topology_constraints, budget
     )

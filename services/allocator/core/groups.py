@@ -7,7 +7,10 @@ its groups in order of free capacity, so a BINPACK or SPREAD choice reads the fe
 right end instead of every node.
 
 AllocatedState owns one index per snapshot and updates it when devices become used or free
-(`devices_changed`: each node moves once). States stay immutable values: a copy shares every
+(`devices_changed`: each node moves once). A detached state's holds (a batch's items, state.py)
+may defer the moves: the node's devices in use change at once (`node_in_use`), its group only
+when someone next reads the groups (`settle`), so a node that takes eight items one by one
+between two walks moves once, not eight times. States stay immutable values: a copy shares every
 list with its original, and a list is copied the first time a move changes it; after that, the
 copy edits its own lists in place (a node moving in or out of a group of thousands costs a
 bisect and a slot, not a copy of the group), until the next copy shares them again. So a list
@@ -47,8 +50,8 @@ class GroupIndex:
     """Nodes by (template, in-use indices); per template, groups by (free capacity, first node)."""
 
     __slots__ = (
-        "_capacities", "_keys", "_moved", "_own_members", "_own_order", "_used", "members",
-        "order", "templates",
+        "_capacities", "_keys", "_moved", "_own_members", "_own_order", "_pending", "_used",
+        "members", "order", "templates",
     )  # fmt: skip
 
     def __init__(self, templates: NodeTemplates) -> None:
@@ -67,6 +70,9 @@ class GroupIndex:
         self._own_members: dict[GroupKey, list[str]] = {}
         self._own_order: set[int] = set()  # template ids: their `order` and `_keys` lists
         self._capacities: dict[GroupKey, tuple[Fraction, int | Fraction]] = {}
+        # Nodes whose move is deferred (devices_changed(defer=True)): node -> the in-use
+        # indices of the group it is still listed in.
+        self._pending: dict[str, frozenset[int]] = {}
 
     @classmethod
     def build(cls, templates: NodeTemplates, devices_in_use: Iterable[DeviceID]) -> GroupIndex:
@@ -92,8 +98,10 @@ class GroupIndex:
     def copy(self) -> GroupIndex:
         """A copy whose maps may change; it shares every list with this index until a move
         changes one (then it is copied, once), and so does this index from now on."""
+        self.settle()
         index = GroupIndex.__new__(GroupIndex)
         index.templates = self.templates
+        index._pending = {}
         index._used = self._used
         index._moved = dict(self._moved)
         if len(index._moved) > _FOLD_MIN + isqrt(len(self._used)):
@@ -127,8 +135,14 @@ class GroupIndex:
         template = self.templates.of_node.get(node)
         return None if template is None else (template.id, self.node_in_use(node))
 
-    def devices_changed(self, devices: Iterable[DeviceID], used: bool) -> None:
-        """`devices` became used (True) or free (False): each node they are on moves once."""
+    def devices_changed(
+        self, devices: Iterable[DeviceID], used: bool, *, defer: bool = False
+    ) -> None:
+        """`devices` became used (True) or free (False): each node they are on moves once;
+        `defer`: its in-use indices change now, its group when the groups are next read
+        (`settle`; only for an index one caller changes and reads alone)."""
+        if self._pending and not defer:
+            self.settle()
         positions: dict[str, set[int]] = {}
         slots = self.templates.slot
         for device in devices:
@@ -142,14 +156,30 @@ class GroupIndex:
         for node, changed in positions.items():
             before = self.node_in_use(node)
             after = before | changed if used else before - changed
-            if after != before:
+            if after == before:
+                continue
+            if defer:
+                self._pending.setdefault(node, before)
+                self._moved[node] = after
+            else:
                 self._move(node, before, after)
+
+    def settle(self) -> None:
+        """Move the nodes whose moves were deferred, each straight to its group of now."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, {}
+        for node, listed in pending.items():
+            now = self.node_in_use(node)
+            if now != listed:
+                self._move(node, listed, now)
 
     def devices_settled(
         self, devices: Iterable[DeviceID], in_use: Callable[[DeviceID], bool]
     ) -> None:
         """`devices` may have become used or free, `in_use` says which they are now: each
         node they are on moves once, straight to its group of now."""
+        self.settle()
         per_node: dict[str, dict[int, DeviceID]] = {}
         slots = self.templates.slot
         for device in devices:

@@ -62,34 +62,38 @@ def allocation_result(
     parts: ResultParts | None = None,
 ) -> AllocationResult:
     """The claim's result; `parts`: what earlier results of the same context worked out."""
-    results = tuple(_device_result(claim.claim, i, pick, share_id) for i, pick in enumerate(picks))
+    owner = claim.claim
+    results = tuple([_device_result(owner, i, pick, share_id) for i, pick in enumerate(picks)])
     if parts is None:
         config = _class_configs(claim, chosen) + _claim_configs(claim, chosen)
-        selector = allocation_node_selector((p.entry.access for p in picks), node_name)
+        selector = allocation_node_selector([p.entry.access for p in picks], node_name)
     else:
-        key = (claim.index, tuple(chosen[i].key for i in range(len(claim.requests))))
+        key = (claim.index, tuple([chosen[i].key for i in range(len(claim.requests))]))
         found = parts.configs.get(key)
         if found is None:
             found = parts.configs[key] = _class_configs(claim, chosen) + _claim_configs(
                 claim, chosen
             )
         config = found
-        if picks and all(p.entry.access.node_name for p in picks):  # pinned to the node
-            if node_name in parts.pinned:
-                selector = parts.pinned[node_name]
-            else:
-                selector = allocation_node_selector((p.entry.access for p in picks), node_name)
-                parts.pinned[node_name] = selector
+        accesses = [p.entry.access for p in picks]
+        if accesses and all([access.node_name for access in accesses]):  # pinned to the node
+            selector = parts.pinned.get(node_name, _UNKNOWN)
+            if selector is _UNKNOWN:
+                selector = parts.pinned[node_name] = allocation_node_selector(accesses, node_name)
         else:
-            selector = allocation_node_selector((p.entry.access for p in picks), node_name)
-    return AllocationResult(results=results, config=config, node_selector=selector)
+            selector = allocation_node_selector(accesses, node_name)
+    return AllocationResult(results, config, selector)
+
+
+_UNKNOWN = NodeSelector(())  # no node's pinned selector yet (a real one has a term)
 
 
 def _device_result(
     claim: ResourceClaim, position: int, pick: Pick, share_id: ShareIdFactory
 ) -> DeviceRequestAllocationResult:
-    alternative, device_id = pick.alternative, pick.entry.id
-    shared = pick.entry.multi
+    alternative, entry = pick.alternative, pick.entry
+    device_id, device = entry.id, entry.device
+    shared = device.allow_multiple_allocations
     request = alternative.result_name
     return DeviceRequestAllocationResult(
         request=request,
@@ -100,8 +104,8 @@ def _device_result(
         tolerations=alternative.tolerations,  # as upstream: what let a tainted device in
         share_id=share_id(claim, request, device_id, position) if shared else None,
         consumed_capacity=dict(pick.consumed) if shared and pick.consumed else {},
-        binding_conditions=pick.entry.device.binding_conditions,
-        binding_failure_conditions=pick.entry.device.binding_failure_conditions,
+        binding_conditions=device.binding_conditions,
+        binding_failure_conditions=device.binding_failure_conditions,
     )
 
 

@@ -88,7 +88,7 @@ from services.allocator.core.selection import (
 )
 from services.allocator.core.snapshot import ClusterSnapshot, DeviceEntry, NodeView
 from services.allocator.core.state import AllocatedState
-from services.allocator.core.templates import NodeTemplate, node_templates
+from services.allocator.core.templates import NodeTemplate, NodeTemplates, node_templates
 from services.allocator.core.topology_constraints import (
     TopologyConstraint,
     TopologyPlan,
@@ -351,6 +351,16 @@ class _Found:
 class NodeRun:
     """One solve's bookkeeping across nodes."""
 
+    # Until a solve sets its own (a batch makes one run per item: only what every run
+    # changes is set in __init__).
+    feasible: int | None = None  # nodes known to fit, when groups stand for nodes
+    exhausted = False
+    eligible_only = False  # the candidates were restricted to named nodes
+    _question: Hashable | None = None  # outcomes.signature, once a kept one is read
+    _replays: Replays | None = None  # explaining by node groups (replay.py)
+    _no_replays = False
+    _unreplayable: frozenset[int] | set[int] = frozenset()
+
     def __init__(self, ctx: SolveContext, steps: StepCounter) -> None:
         self.ctx = ctx
         self.steps = steps
@@ -358,13 +368,6 @@ class NodeRun:
         self.misses: list[NodeMiss] = []
         self.errors: list[GpuallocError] = []
         self.nodes_total = self.pruned = self.searched = 0
-        self.feasible: int | None = None  # nodes known to fit, when groups stand for nodes
-        self.exhausted = False
-        self.eligible_only = False  # the candidates were restricted to named nodes
-        self._question: Hashable | None = None  # outcomes.signature, once a kept one is read
-        self._replays: Replays | None = None  # explaining by node groups (replay.py)
-        self._no_replays = False
-        self._unreplayable: set[int] = set()
 
     def pinned(self, view: NodeView, snapshot: ClusterSnapshot) -> None:
         self.nodes_total = 1
@@ -465,7 +468,7 @@ class NodeRun:
         if not usable(self.ctx.plan, self.ctx, templates):
             return False
         if last is not None:
-            if last.found is not None and self._again(snapshot, last):
+            if last.found is not None and self._again(snapshot, templates, last):
                 return True
             last.found = None
         choice = GroupedChoice(
@@ -494,7 +497,7 @@ class NodeRun:
             raise self.errors[0]
         return True
 
-    def _again(self, snapshot: ClusterSnapshot, last: LastChoice) -> bool:
+    def _again(self, snapshot: ClusterSnapshot, templates: NodeTemplates, last: LastChoice) -> bool:
         """The last item's node, searched with its placement held, when it is still the best
         node (LastChoice); False, with nothing counted, when the walk must decide."""
         assert last.found is not None
@@ -503,14 +506,13 @@ class NodeRun:
             if template is None or last.memo is None:
                 found = self._node(view)
             else:
-                used = self.ctx.state.node_groups(snapshot).node_in_use(view.name or "")
+                used = self.ctx.state.node_in_use(snapshot, view)
                 kept = last.memo.get(used)
                 if kept is None or kept.key is None or not self._affordable(kept.steps):
                     # no kept outcome for its new state (a walk searches it once), or one that
                     # does not fit there: the node is no longer the best (a full node: eight-gpus)
                     return False
-                prepared = template_plan(self.ctx, snapshot, template).prepared
-                found = self._reuse(view, kept, prepared, used)
+                found = self._reuse(view, kept, template, used)
         except NodeError:
             found = None
         steps = self.steps.steps
@@ -522,7 +524,6 @@ class NodeRun:
         ):
             self._forget()
             return False
-        templates = node_templates(snapshot)
         self.nodes_total = len(templates.of_node) + len(templates.ungrouped)
         self.searched, self.pruned = 1, self.nodes_total - 1
         self.feasible = last.feasible
@@ -806,8 +807,14 @@ class NodeRun:
         return steps <= counter.max_steps_per_node and counter.steps + steps <= counter.max_steps
 
     def _reuse(
-        self, view: NodeView, outcome: NodeOutcome, prepared: Prepared, used: frozenset[int]
+        self,
+        view: NodeView,
+        outcome: NodeOutcome,
+        prepared: Prepared | NodeTemplate,
+        used: frozenset[int],
     ) -> _Found | None:
+        """A kept outcome for the node (`prepared`: its static checks, or its template's for
+        the rare rescore to work them out)."""
         self.steps.steps += outcome.steps
         if outcome.pruned:
             self.pruned += 1
@@ -829,9 +836,14 @@ class NodeRun:
         self.found.append(found)
         return found
 
-    def _rescore(self, view: NodeView, prepared: Prepared, used: frozenset[int]) -> Score:
+    def _rescore(
+        self, view: NodeView, prepared: Prepared | NodeTemplate, used: frozenset[int]
+    ) -> Score:
         """The Score of a kept outcome nobody scored yet: the node searched again, apart
         from this solve's bookkeeping."""
+        if isinstance(prepared, NodeTemplate):
+            assert self.ctx.snapshot is not None
+            prepared = template_plan(self.ctx, self.ctx.snapshot, prepared).prepared
         again = NodeRun(self.ctx, replace(self.steps, steps=0))
         found = again._node(view, None, prepared, used, keep=False)
         assert found is not None, "a kept fit must fit again"
@@ -843,16 +855,26 @@ class NodeRun:
         return NodeOutcome(steps, pruned, miss=miss, miss_claim=claim)
 
     def stats(self, cel_evaluations: int, cel_profile_hits: int = 0) -> Stats:
-        return Stats(
-            steps=self.steps.steps,
-            cel_evaluations=cel_evaluations,
-            nodes_total=self.nodes_total,
-            nodes_pruned=self.pruned,
-            nodes_searched=self.searched,
-            nodes_feasible=len(self.found) if self.feasible is None else self.feasible,
-            budget_exhausted=self.exhausted,
-            cel_profile_hits=cel_profile_hits,
+        """This run's Stats; the solves of one context (a batch's items) that count alike
+        share one (a value)."""
+        values = (
+            self.steps.steps,
+            cel_evaluations,
+            self.nodes_total,
+            self.pruned,
+            self.searched,
+            len(self.found) if self.feasible is None else self.feasible,
+            self.exhausted,
+            cel_profile_hits,
         )
+        made = self.ctx.derived.get(_STATS)
+        if not isinstance(made, dict):
+            made = self.ctx.derived[_STATS] = {}
+        found = made.get(values)
+        if found is None:
+            found = made[values] = Stats(*values)
+        assert isinstance(found, Stats)
+        return found
 
     def result(self, share_id: ShareIdFactory, cel_before: tuple[int, int] = (0, 0)) -> SolveResult:
         """The solve's answer; its CEL counts are this solve's own (its meter's, less
@@ -878,7 +900,7 @@ class NodeRun:
         else:
             assert found.outcome is not None
             alternatives = self.ctx.plan.by_key
-            picks, chosen = found.outcome.placed_on(tuple(found.view.devices()), alternatives)
+            picks, chosen = found.outcome.placed_on(found.view.devices(), alternatives)
         # What results share, kept from the context's second result on (a batch's later
         # items; a unary solve makes one result and keeps nothing). Not among the facts a
         # caller keeps (SolveFacts): its node selectors grow with the nodes placed on.
@@ -887,11 +909,14 @@ class NodeRun:
         if not isinstance(parts, ResultParts):
             derived[_RESULT_PARTS] = ResultParts()
             parts = None
+        name = found.view.name
         return tuple(
-            allocation_result(
-                claim, picks[claim.index], chosen[claim.index], found.view.name, share_id, parts
-            )
-            for claim in self.ctx.plan.claims
+            [
+                allocation_result(
+                    claim, picks[claim.index], chosen[claim.index], name, share_id, parts
+                )
+                for claim in self.ctx.plan.claims
+            ]
         )
 
     def _unsatisfiable_explanation(self) -> Explanation:
@@ -1017,6 +1042,7 @@ def _budget_miss(view: NodeView, search: NodeSearch) -> NodeMiss:
 
 _TAPES = 2048  # explaining searches kept per (template, question)
 _RESULT_PARTS = "results.parts"  # the context's ResultParts
+_STATS = "solver.stats"  # the context's Stats by their values
 
 
 def _key_of(found: _Found) -> NodeKey:

@@ -25,7 +25,13 @@ from fractions import Fraction
 from math import isqrt
 
 from services.allocator.core.groups import GroupIndex
-from services.allocator.core.snapshot import Amount, ClusterSnapshot, CounterID, NodeView
+from services.allocator.core.snapshot import (
+    Amount,
+    ClusterSnapshot,
+    CounterID,
+    DeviceEntry,
+    NodeView,
+)
 from services.allocator.core.templates import node_templates
 from services.common.dra.model import (
     AllocationResult,
@@ -135,9 +141,11 @@ class AllocatedState:
         return state
 
     def hold_in_place(self, allocation: AllocationResult, owner: str = "") -> None:
-        """`with_allocation`, changing this state itself (only one made by `detached`)."""
+        """`with_allocation`, changing this state itself (only one made by `detached`). The
+        nodes it fills move to their new node groups when the groups are next read
+        (`node_groups`; groups.py): a batch's items between two walks move a node once."""
         assert self._scratch, "only a detached state changes in place"
-        self._add(allocation, owner)
+        self._add(allocation, owner, defer=True)
 
     def take_in_place(self, devices: Iterable[DeviceID], owner: str) -> None:
         """Hold `devices` whole, changing this state itself (only one made by `detached`;
@@ -218,16 +226,25 @@ class AllocatedState:
         )
 
     def _add(
-        self, allocation: AllocationResult, owner: str, changed: list[DeviceID] | None = None
+        self,
+        allocation: AllocationResult,
+        owner: str,
+        changed: list[DeviceID] | None = None,
+        *,
+        defer: bool = False,
     ) -> None:
-        """Hold `allocation` for `owner`; the devices it takes move their node groups now, or
-        are added to `changed` for the caller to move (`with_changes`)."""
+        """Hold `allocation` for `owner`; the devices it takes move their node groups now (or
+        when the groups are next read: `defer`), or are added to `changed` for the caller to
+        move (`with_changes`)."""
         taken: list[DeviceID] = [] if changed is None else changed
-        delta = self._delta
+        delta, snapshot = self._delta, self._snapshot
         for result in allocation.results:
             if result.admin_access:
                 continue
             device_id = result.device_id
+            entry = snapshot.device(device_id) if snapshot is not None else None
+            if entry is not None:
+                device_id = entry.id  # the snapshot's own: the maps find it by identity
             found = delta.get(device_id)
             owners, shares, consumed = self._based(device_id) if found is None else found
             was_in_use = bool(owners or shares)
@@ -238,10 +255,11 @@ class AllocatedState:
                 owners = (*owners, owner)
             delta[device_id] = (owners, shares, consumed)
             if not was_in_use:
-                self._count(device_id, 1)
+                if entry is not None:
+                    self._count_entry(entry, 1)
                 taken.append(device_id)
         if changed is None and taken and self._groups is not None:
-            self._groups.devices_changed(taken, True)
+            self._groups.devices_changed(taken, True, defer=defer)
 
     def _remove(
         self, allocation: AllocationResult, owner: str, changed: list[DeviceID] | None = None
@@ -314,7 +332,12 @@ class AllocatedState:
 
     def _count(self, device_id: DeviceID, sign: int) -> None:
         entry = self._snapshot.device(device_id) if self._snapshot else None
-        if entry is None:
+        if entry is not None:
+            self._count_entry(entry, sign)
+
+    def _count_entry(self, entry: DeviceEntry, sign: int) -> None:
+        """The counters the device consumes, taken (sign 1) or given back (-1)."""
+        if not entry.counters:
             return
         delta = self._counter_delta
         for (counter, _), amount in zip(entry.counters, entry.amounts, strict=True):
@@ -329,6 +352,8 @@ class AllocatedState:
             return GroupIndex.build(node_templates(snapshot), self.devices_in_use)
         if self._groups is None:
             self._groups = GroupIndex.build(node_templates(snapshot), self.devices_in_use)
+        else:
+            self._groups.settle()  # the moves `hold_in_place` deferred
         return self._groups
 
     def node_in_use(self, snapshot: ClusterSnapshot, view: NodeView) -> frozenset[int]:

@@ -86,15 +86,28 @@ def placement_holds(
     lacks or the node cannot use, a device taken twice, or a share that does not fit the
     device's kind."""
     usable = _usable(snapshot, node) if node else None  # NotFound for an unknown node
-    builders: dict[str, _Builder] = {node: _Builder()} if node else {}
     known = snapshot.derived(_known_devices)
+    if usable is not None and len(allocations) == 1 and len(allocations[0].results) == 1:
+        # the common placement: one device of the node, taken whole (a batch's every item)
+        result = allocations[0].results[0]
+        found = known.get((result.driver, result.pool, result.device))
+        if (
+            found is not None
+            and found[3] is not None  # taken whole, untainted
+            and found[2] == node
+            and id(found[0]) in usable
+            and result.share_id is None
+            and not result.admin_access
+        ):
+            return {node: found[3]}
+    builders: dict[str, _Builder] = {node: _Builder()} if node else {}
     for i, allocation in enumerate(allocations):
         for j, result in enumerate(allocation.results):
             found = known.get((result.driver, result.pool, result.device))
             if found is None or (usable is not None and id(found[0]) not in usable):
                 where = f"{path}[{i}].{result_path}[{j}]"
                 found = _known(snapshot, known, result.device_id, usable, node, where)
-            entry, key, scope = found
+            entry, key, scope, _ = found
             if entry.device.taints:  # the rule Allocate's candidates apply, here for Reserve
                 taint = untolerated_taint(entry, result.tolerations)
                 if taint is not None:
@@ -116,11 +129,21 @@ def placement_holds(
     return {scope: b.hold() for scope, b in builders.items()}
 
 
-_Known = tuple[DeviceEntry, str, str]  # a device's entry, its key and its scope
+_Known = tuple[DeviceEntry, str, str, Hold | None]
+"""A device's entry, its key, its scope, and the hold of taking it whole where that is all a
+result of it takes (not multi-allocatable, untainted: its key and its counters' uses)."""
 
 
 def _known_devices(snapshot: ClusterSnapshot) -> dict[tuple[str, str, str], _Known]:
     return {}
+
+
+def _piece(snapshot: ClusterSnapshot, entry: DeviceEntry) -> _Known:
+    key = device_key(entry.id)
+    whole = None
+    if not entry.multi and not entry.device.taints:
+        whole = Hold((key,), _counter_uses(snapshot, entry) if entry.counters else ())
+    return entry, key, scope_of(entry), whole
 
 
 def _known(
@@ -135,11 +158,7 @@ def _known(
     device) with the immutable snapshot: a result names its device by those strings, and
     looking them up so is cheaper than making and hashing a DeviceID per result."""
     entry = _usable_entry(snapshot, device_id, usable, node, where)
-    found = known[(device_id.driver, device_id.pool, device_id.device)] = (
-        entry,
-        device_key(entry.id),
-        scope_of(entry),
-    )
+    found = known[(device_id.driver, device_id.pool, device_id.device)] = _piece(snapshot, entry)
     return found
 
 
@@ -171,7 +190,13 @@ def _usable(snapshot: ClusterSnapshot, node: str) -> frozenset[int]:
     by_node = snapshot.derived(_usable_ids)
     found = by_node.get(node)
     if found is None:
-        found = by_node[node] = frozenset(id(entry) for entry in snapshot.view(node).devices())
+        entries = list(snapshot.view(node).devices())
+        known = snapshot.derived(_known_devices)
+        for entry in entries:  # the node's devices known at once, not one miss per device
+            at = (entry.id.driver, entry.id.pool, entry.id.device)
+            if at not in known and snapshot.device(entry.id) is entry:
+                known[at] = _piece(snapshot, entry)
+        found = by_node[node] = frozenset(id(entry) for entry in entries)
     return found
 
 

@@ -323,8 +323,26 @@ def allocation_result_to_dict(allocation: AllocationResult) -> JSON:
     if devices:
         found["devices"] = devices
     if allocation.node_selector is not None:
-        found["nodeSelector"] = _node_selector_dict(allocation.node_selector)
+        found["nodeSelector"] = _node_selector_json(allocation.node_selector)
     return found
+
+
+_SELECTORS: dict[int, tuple[NodeSelector, JSON]] = {}
+"""Node selectors' dicts by the selector object's identity (which the entry keeps alive, so
+the id cannot name another object meanwhile): the results of one node share one selector
+object (core/results.py's ResultParts), and hashing its nested tuples for `_node_selector_dict`
+costs more than the rest of a result's dict."""
+
+
+def _node_selector_json(selector: NodeSelector) -> JSON:
+    found = _SELECTORS.get(id(selector))
+    if found is not None and found[0] is selector:
+        return found[1]
+    made = _node_selector_dict(selector)
+    if len(_SELECTORS) >= 4096:  # bounded as the lru_cache behind it
+        _SELECTORS.clear()
+    _SELECTORS[id(selector)] = (selector, made)
+    return made
 
 
 @functools.lru_cache(maxsize=4096)
@@ -333,6 +351,24 @@ def _node_selector_dict(selector: NodeSelector) -> JSON:
 
 
 def _allocated_device(result: DeviceRequestAllocationResult) -> JSON:
+    if (
+        result.admin_access is None
+        and not result.tolerations
+        and result.share_id is None
+        and not result.consumed_capacity
+        and not result.binding_conditions
+        and not result.binding_failure_conditions
+        and result.request
+        and result.driver
+        and result.pool
+        and result.device
+    ):  # a device taken whole (what a batch's items are): the four names
+        return {
+            "request": result.request,
+            "driver": result.driver,
+            "pool": result.pool,
+            "device": result.device,
+        }
     names = (
         ("request", result.request),
         ("driver", result.driver),

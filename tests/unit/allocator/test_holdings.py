@@ -382,3 +382,170 @@ def test_pending_placements_keep_the_incremental_state_exact(operations):
     assert {d: sorted(got.owners(d)) for d in want.devices_in_use} == {
         d: sorted(want.owners(d)) for d in want.devices_in_use
     }
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["add", "remove", "hold", "settle-run", "read"]),
+            st.integers(0, 7),
+            st.lists(st.integers(0, len(MIG) - 1), min_size=1, max_size=3),
+            st.sampled_from(["granted", "dropped", "partly", "more"]),
+        ),
+        max_size=60,
+    )
+)
+def test_a_runs_placements_settled_together_keep_the_state_exact(operations):
+    """A run's pending placements (one or more allocations each) settled in one step: granted
+    as they were held, dropped, granted for part of their allocations, or granted with one
+    more; states read at any point, between a run's holds and its settling too. The state
+    always equals one built from scratch — devices, counters, owners and node groups."""
+    holdings = Holdings(MemoryReservationStore())
+    holdings.state_for(VIEW).node_groups(SNAPSHOT)  # kept up to date by the later states
+    live: dict[str, Reservation] = {}
+    run: list[tuple[str, tuple[AllocationResult, ...], str]] = []
+    for index, (op, slot, picks, outcome) in enumerate(operations):
+        devices = sorted({MIG[p] for p in picks})
+        rid = f"res-{index}"
+        if op == "add":
+            live[rid] = _reservation(rid, *devices)
+            holdings.added([live[rid]])
+        elif op == "remove" and live:
+            gone = sorted(live)[slot % len(live)]
+            holdings.removed([gone])
+            del live[gone]
+        elif op == "hold":
+            placed = tuple(_allocation(device) for device in devices)
+            run.append((holdings.hold_pending([A100], placed), placed, outcome))
+        elif op == "settle-run":
+            settled: list[tuple[str, list[Reservation] | None]] = []
+            for number, (token, placed, how) in enumerate(run):
+                if how == "dropped":
+                    settled.append((token, None))
+                    continue
+                kept = placed[:1] if how == "partly" else placed
+                if how == "more":
+                    kept = (*placed, _allocation(MIG[slot % len(MIG)]))
+                made = dataclasses.replace(
+                    _reservation(f"{rid}-{number}", MIG[0]), allocations=kept
+                )
+                live[made.id] = made
+                settled.append((token, [made]))
+            holdings.settle_all(settled)
+            run = []
+        elif op == "read":
+            holdings.state_for(VIEW)  # a state that has the run's holds: settling renames
+    got = holdings.state_for(VIEW)
+    held = [(r.id, a) for r in live.values() for a in r.allocations]
+    held += [(token, a) for token, placed, _ in run for a in placed]
+    want = AllocatedState.build(SNAPSHOT, held)
+    assert got.devices_in_use == want.devices_in_use
+    counters = {c for e in SNAPSHOT.all_devices() for c, _ in e.counters}
+    assert {c: got.counter_used(c) for c in counters} == {c: want.counter_used(c) for c in counters}
+    assert {d: sorted(got.owners(d)) for d in want.devices_in_use} == {
+        d: sorted(want.owners(d)) for d in want.devices_in_use
+    }
+    groups, fresh = got.node_groups(SNAPSHOT), want.node_groups(SNAPSHOT)
+    assert groups.in_use == fresh.in_use
+    assert groups.order == fresh.order
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["add", "remove", "solve", "take", "settle-run", "read"]),
+            st.integers(0, 7),
+            st.lists(st.integers(0, len(MIG) - 1), min_size=1, max_size=3),
+            st.sampled_from(["granted", "dropped", "more"]),
+        ),
+        max_size=60,
+    )
+)
+def test_the_next_state_from_a_runs_solve_state_equals_a_state_built_from_scratch(operations):
+    """A run's solve holds its placements in a state of its own (owner "", as core
+    solve_many) and offers it (`Holdings.offer`); the run then holds some of them pending (in
+    order, maybe not all), settles them (granted, dropped, granted with one more) while other
+    reservations come and go, and states are read at any point. The next state, started from
+    the offered one where it still can be, always equals one built from scratch."""
+    holdings = Holdings(MemoryReservationStore())
+    holdings.state_for(VIEW).node_groups(SNAPSHOT)
+    live: dict[str, Reservation] = {}
+    solved: list[AllocationResult] = []  # the last solve's placements not taken yet
+    run: list[tuple[str, AllocationResult, str]] = []
+    for index, (op, slot, picks, outcome) in enumerate(operations):
+        devices = sorted({MIG[p] for p in picks})
+        rid = f"res-{index}"
+        if op == "add":
+            live[rid] = _reservation(rid, *devices)
+            holdings.added([live[rid]])
+        elif op == "remove" and live:
+            gone = sorted(live)[slot % len(live)]
+            holdings.removed([gone])
+            del live[gone]
+        elif op == "solve":
+            base = holdings.state_for(VIEW)
+            held = base.detached(groups=True)
+            solved = [_allocation(MIG[(slot + n) % len(MIG)]) for n in range(len(picks))]
+            for allocation in solved:
+                held.hold_in_place(allocation)
+            holdings.offer(base, held, solved)
+        elif op == "take" and solved:
+            allocation = solved.pop(0)
+            run.append((holdings.hold_pending([A100], [allocation]), allocation, outcome))
+        elif op == "settle-run":
+            settled: list[tuple[str, list[Reservation] | None]] = []
+            for number, (token, allocation, how) in enumerate(run):
+                if how == "dropped":
+                    settled.append((token, None))
+                    continue
+                kept: tuple[AllocationResult, ...] = (allocation,)
+                if how == "more":
+                    kept = (allocation, _allocation(MIG[slot % len(MIG)]))
+                made = dataclasses.replace(
+                    _reservation(f"{rid}-{number}", MIG[0]), allocations=kept
+                )
+                live[made.id] = made
+                settled.append((token, [made]))
+            holdings.settle_all(settled)
+            run = []
+        elif op == "read":
+            holdings.state_for(VIEW)
+    got = holdings.state_for(VIEW)
+    held_now = [(r.id, a) for r in live.values() for a in r.allocations]
+    held_now += [(token, allocation) for token, allocation, _ in run]
+    want = AllocatedState.build(SNAPSHOT, held_now)
+    assert got.devices_in_use == want.devices_in_use
+    counters = {c for e in SNAPSHOT.all_devices() for c, _ in e.counters}
+    assert {c: got.counter_used(c) for c in counters} == {c: want.counter_used(c) for c in counters}
+    assert {d: sorted(got.owners(d)) for d in want.devices_in_use} == {
+        d: sorted(want.owners(d)) for d in want.devices_in_use
+    }
+    groups, fresh = got.node_groups(SNAPSHOT), want.node_groups(SNAPSHOT)
+    assert groups.in_use == fresh.in_use
+    assert groups.order == fresh.order
+
+
+def test_the_next_state_starts_from_the_offered_solve_state():
+    """While the offered state's base is the cached state, the next state is derived from the
+    offered one (its "" holds renamed), not from the base again; once only."""
+    holdings = Holdings(MemoryReservationStore())
+    base = holdings.state_for(VIEW)
+    held = base.detached(groups=True)
+    placed = [_allocation(MIG[0]), _allocation(MIG[1])]
+    for allocation in placed:
+        held.hold_in_place(allocation)
+    held.hold_in_place(_allocation(MIG[2]), "marker")  # only a state derived from `held` has it
+    holdings.offer(base, held, placed)
+    token = holdings.hold_pending([A100], [placed[0]])
+    state = holdings.state_for(VIEW)
+    assert state.owners(MIG[0]) == (token,)
+    assert not state.in_use(MIG[1])  # placed by the solve, never held: freed
+    assert state.owners(MIG[2]) == ("marker",)
+
+    stale = holdings.state_for(VIEW).detached(groups=True)
+    stale.hold_in_place(_allocation(MIG[3]), "marker")
+    holdings.offer(base, stale, [_allocation(MIG[4])])  # `base` is not the cached state now
+    holdings.hold_pending([A100], [_allocation(MIG[4])])
+    assert not holdings.state_for(VIEW).in_use(MIG[3])

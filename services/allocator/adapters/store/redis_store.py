@@ -33,7 +33,7 @@ import socket
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,7 +194,8 @@ class RedisReservationStore:
         the grants it took are released (not those only WAIT did not confirm: the step
         happened on the primary, and a retry with the idempotency key finds them)."""
         outcomes: builtins.list[ReserveOutcome | None] = [None] * len(placements)
-        grants: builtins.list[_Grant] = []
+        taking: builtins.list[tuple[int, builtins.list[_Grant]]] = []  # per placement taken
+        by_node: dict[str, builtins.list[_Grant]] = {}  # grants in call order, per node
         lease_ms: dict[float, int] = {}  # per lease length, not per grant
         minted = self._mint(sum(len(requests) for requests in placements))
         for index, requests in enumerate(placements):
@@ -204,19 +205,24 @@ class RedisReservationStore:
             if isinstance(holds, GpuallocError):
                 outcomes[index] = holds
                 continue
+            mine: builtins.list[_Grant] = []
             for request, hold in zip(requests, holds, strict=True):
                 seconds = request.lease_seconds
                 ms = lease_ms.get(seconds) or lease_ms.setdefault(
                     seconds, max(1, math.ceil(seconds * 1000))
                 )
-                reservation_id = node_reservation_id(next(minted), request.node)
-                grants.append(_Grant(index, request, hold, reservation_id, ms))
-        self._grant_all(grants)
-        by_placement: dict[int, builtins.list[_Grant]] = {}
-        for grant in grants:
-            by_placement.setdefault(grant.placement, []).append(grant)
-        for index, taken in by_placement.items():
-            outcomes[index] = self._outcome(taken)
+                node = request.node
+                grant = _Grant(request, hold, node_reservation_id(next(minted), node), ms)
+                mine.append(grant)
+                group = by_node.get(node)
+                if group is None:
+                    by_node[node] = [grant]
+                else:
+                    group.append(grant)
+            taking.append((index, mine))
+        self._grant_all(by_node)
+        for index, mine in taking:
+            outcomes[index] = self._outcome(mine)
         return [outcome for outcome in outcomes if outcome is not None]
 
     def _mint(self, count: int) -> Iterator[str]:
@@ -245,12 +251,9 @@ class RedisReservationStore:
             return hard[0]
         return conflict_error(conflicts) if conflicts else errors[0]
 
-    def _grant_all(self, grants: Sequence[_Grant]) -> None:
-        """Run the grants (one step per node, a pipeline per shard, shards at once) and record
-        each one's reply on it: its reservation, or its error."""
-        by_node: dict[str, builtins.list[_Grant]] = {}
-        for grant in grants:
-            by_node.setdefault(grant.request.node, []).append(grant)
+    def _grant_all(self, by_node: Mapping[str, Sequence[_Grant]]) -> None:
+        """Run the grants, by node in call order (one step per node, a pipeline per shard,
+        shards at once), and record each one's reply on it: its reservation, or its error."""
         calls = [self._grant_call(node, group) for node, group in by_node.items()]
         if self._cluster:
             self._register([c.node for c in calls if c.node not in self._registered])
@@ -293,23 +296,26 @@ class RedisReservationStore:
         keys = [base + "leases", base + "ids", base + "fence", base + "idem"]
         fields = []
         device_base, use_base = base + "dev:", base + "use:"
+        res_base, dumps = base + "res:", orjson.dumps
         for grant in grants:
             request, hold = grant.request, grant.hold
-            keys.append(base + "res:" + grant.id)
-            keys += [device_base + device for device in hold.devices]
+            devices = hold.devices
+            keys.append(res_base + grant.id)
+            if len(devices) == 1:  # one device taken whole: the common case
+                keys.append(device_base + devices[0])
+            else:
+                keys += [device_base + device for device in devices]
             uses = "[]"  # no counters or shares: the common case (a whole device)
             if hold.uses:
                 keys += [use_base + use.key for use in hold.uses]
-                uses = orjson.dumps(
-                    [[u.key, str(u.amount), str(u.limit)] for u in hold.uses]
-                ).decode()
+                uses = dumps([[u.key, str(u.amount), str(u.limit)] for u in hold.uses]).decode()
             fields.append(
                 (
                     grant.id,
                     request.owner,
                     _idempotency_field(request.owner, request.idempotency_key),
                     grant.lease_ms,
-                    orjson.dumps(hold.devices).decode(),
+                    dumps(devices).decode(),
                     uses,
                     _doc(request),
                 )
@@ -1004,7 +1010,6 @@ class _Unconfirmed(Unavailable):
 class _Grant:
     """One request of a placement on its way through `reserve`, and what became of it."""
 
-    placement: int  # its placement's index in the call
     request: ReserveRequest
     hold: Hold
     id: str
@@ -1093,10 +1098,7 @@ def _doc(request: ReserveRequest) -> str:
     older versions wrote, which they read back alike), except allocations carrying opaque
     configuration: its parameters are arbitrary JSON, which orjson would not keep exactly
     (NaN and Infinity become null, integers beyond 64 bits fail), so the stdlib writes those."""
-    allocations, configured = [], False
-    for item in request.allocations:
-        allocations.append(allocation_result_to_dict(item))
-        configured = configured or bool(item.config)
+    allocations = [allocation_result_to_dict(item) for item in request.allocations]
     doc = {
         "node": request.node,
         "claimNames": request.claim_names,
@@ -1106,7 +1108,7 @@ def _doc(request: ReserveRequest) -> str:
         "requestDigest": request.request_digest,
         "priorityClass": request.priority_class,
     }
-    if configured:
+    if any(item.config for item in request.allocations):
         return json.dumps(doc)
     return orjson.dumps(doc).decode()
 
