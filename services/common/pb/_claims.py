@@ -391,7 +391,7 @@ def _result_field(request: str, driver: str, pool: str, device: str) -> bytes:
 @functools.lru_cache(maxsize=4096)
 def _node_selector_field(selector: NodeSelector) -> bytes:
     """AllocationResult.node_selector set to `selector`, as bytes (a node's: one per node)."""
-    return message_field(_NODE_SELECTOR, _pb_node_selector(selector).SerializeToString())
+    return message_field(_NODE_SELECTOR, to_pb_node_selector(selector).SerializeToString())
 
 
 _SELECTOR_FIELDS: dict[int, tuple[NodeSelector, bytes]] = {}
