@@ -48,6 +48,7 @@ from loadtest.bench_service import (
     generate_inventory,
 )
 from protos.allocator.v1 import allocator_pb2 as pb
+from services.allocator.adapters.grpc import mapping
 from services.allocator.adapters.grpc import servicer as servicer_module
 from services.allocator.adapters.store import redis_store
 from services.allocator.app import combining, granting, live_reservations, placing, service
@@ -77,6 +78,9 @@ PARTS: tuple[tuple[Any, str, str], ...] = (
     (redis_store.RedisReservationStore, "_grant_batch", "    one shard's pipeline"),
     (redis_store.RedisReservationStore, "_command", "      one command (_command)"),
     (servicer_module.AllocatorServicer, "_answered", "the answer (_answered)"),
+    (servicer_module.AllocatorServicer, "_answered_item", "the answer (_answered_item, a batch's)"),
+    (servicer_module, "allocate_response_bytes", "  allocate_response_bytes"),
+    (mapping.BatchReply, "done", "the batch reply parsed (BatchReply.done)"),
     (combining.Combiner, "_run", "a pass of combined unary calls (Combiner._run)"),
     (servicer_module, "allocate_response", "  allocate_response"),
     (AllocatedState, "hold_in_place", "  the batch's holds (hold_in_place)"),

@@ -65,7 +65,10 @@ __all__ = ["Holdings"]
 log = logging.getLogger(__name__)
 
 _TOMBSTONE_SECONDS = 300.0
-_INCREMENTAL_LIMIT = 64  # more changes than this (or than half the holdings): rebuild the state
+# More steps than this (or than half the holdings): rebuild the state. Two runs of 64 pending
+# placements and their settling fit; a rebuild also drops the node groups, which the next solve
+# builds again over every node.
+_INCREMENTAL_LIMIT = 256
 _FETCH_GRACE = 0.05  # seconds an unknown id reserved on a node with a pending placement waits
 
 
@@ -549,12 +552,15 @@ class Holdings:
 
     def _fetch(self, reservation_ids: Sequence[str]) -> None:
         for reservation_id in reservation_ids:
-            with self._lock:
-                reported = reservation_id in self._reported
-                self._reported.discard(reservation_id)
-            if reported:
-                self._fetch_conditions(reservation_id)
-                continue
+            # Read without the lock first (most ids were never reported): an id is put there
+            # before it is queued again, so a report made meanwhile is fetched next time.
+            if reservation_id in self._reported:
+                with self._lock:
+                    reported = reservation_id in self._reported
+                    self._reported.discard(reservation_id)
+                if reported:
+                    self._fetch_conditions(reservation_id)
+                    continue
             if reservation_id in self._by_id or reservation_id in self._tombstones:
                 continue  # this process made it, or it is gone already
             try:

@@ -130,10 +130,12 @@ class ReservationWatch:
             return len(self._watchers)
 
     def publish(self, event: ReservationEvent) -> None:
+        # The common case: no stream open, nothing to build. Read without the lock (once per
+        # store event): a stream registered before this call is in the list already.
+        if not self._watchers:
+            return
         with self._lock:
             watchers = tuple(self._watchers)
-        if not watchers:
-            return  # the common case: no stream open, nothing to build
         change = ReservationChange.of(event)
         for watcher in watchers:
             watcher.offer(change)

@@ -351,6 +351,16 @@ class _Found:
 class NodeRun:
     """One solve's bookkeeping across nodes."""
 
+    # Until a solve sets its own (a batch makes one run per item: only what every run
+    # changes is set in __init__).
+    feasible: int | None = None  # nodes known to fit, when groups stand for nodes
+    exhausted = False
+    eligible_only = False  # the candidates were restricted to named nodes
+    _question: Hashable | None = None  # outcomes.signature, once a kept one is read
+    _replays: Replays | None = None  # explaining by node groups (replay.py)
+    _no_replays = False
+    _unreplayable: frozenset[int] | set[int] = frozenset()
+
     def __init__(self, ctx: SolveContext, steps: StepCounter) -> None:
         self.ctx = ctx
         self.steps = steps
@@ -358,13 +368,6 @@ class NodeRun:
         self.misses: list[NodeMiss] = []
         self.errors: list[GpuallocError] = []
         self.nodes_total = self.pruned = self.searched = 0
-        self.feasible: int | None = None  # nodes known to fit, when groups stand for nodes
-        self.exhausted = False
-        self.eligible_only = False  # the candidates were restricted to named nodes
-        self._question: Hashable | None = None  # outcomes.signature, once a kept one is read
-        self._replays: Replays | None = None  # explaining by node groups (replay.py)
-        self._no_replays = False
-        self._unreplayable: set[int] = set()
 
     def pinned(self, view: NodeView, snapshot: ClusterSnapshot) -> None:
         self.nodes_total = 1
@@ -897,7 +900,7 @@ class NodeRun:
         else:
             assert found.outcome is not None
             alternatives = self.ctx.plan.by_key
-            picks, chosen = found.outcome.placed_on(tuple(found.view.devices()), alternatives)
+            picks, chosen = found.outcome.placed_on(found.view.devices(), alternatives)
         # What results share, kept from the context's second result on (a batch's later
         # items; a unary solve makes one result and keeps nothing). Not among the facts a
         # caller keeps (SolveFacts): its node selectors grow with the nodes placed on.

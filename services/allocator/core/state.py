@@ -298,8 +298,16 @@ class AllocatedState:
     ) -> None:
         """Hand what `old` holds of `allocation` to `new`; when `old` does not hold all of it
         (not expected), add it for `new` instead (`changed`: as for `_add`)."""
-        held: list[tuple[DeviceRequestAllocationResult, DeviceID, _Device]] = []
         delta = self._delta
+        results = allocation.results
+        if len(results) == 1 and results[0].share_id is None and not results[0].admin_access:
+            device_id = results[0].device_id  # the common case: one device, held by `old` alone
+            found = delta.get(device_id)
+            owners, shares, consumed = self._based(device_id) if found is None else found
+            if owners == (old,):
+                delta[device_id] = ((new,), shares, consumed)
+                return
+        held: list[tuple[DeviceRequestAllocationResult, DeviceID, _Device]] = []
         for result in allocation.results:
             if result.admin_access:
                 continue

@@ -40,6 +40,7 @@ from services.common.pb._base import (
     to_pb_node_selector,
     to_pb_opaque_configuration,
 )
+from services.common.pb.wire import LEN, cached_string_field, key, message_field
 
 DEFAULT_NAMESPACE = "default"
 
@@ -332,6 +333,72 @@ def fill_pb_allocation_result(msg: dra_pb2.AllocationResult, allocation: Allocat
 def _pb_node_selector(selector: NodeSelector) -> dra_pb2.NodeSelector:
     """A node selector's message, to copy from (never to change)."""
     return to_pb_node_selector(selector)
+
+
+_RESULTS = key(1, LEN)  # AllocationResult.results
+_NODE_SELECTOR = key(3, LEN)  # AllocationResult.node_selector
+_REQUEST, _DRIVER, _POOL, _DEVICE = (key(n, LEN) for n in (1, 2, 3, 4))  # of a result
+
+
+def allocation_result_bytes(allocation: AllocationResult) -> bytes | None:
+    """`allocation` as the body of the AllocationResult `fill_pb_allocation_result` writes,
+    serialized (services.common.pb.wire). None when it holds a map field (a config's opaque
+    parameters, a result's consumed capacity): build that one as a message."""
+    if allocation.config:
+        return None
+    parts = []
+    for result in allocation.results:
+        if (
+            result.tolerations
+            or result.consumed_capacity
+            or result.binding_conditions
+            or result.binding_failure_conditions
+            or result.admin_access is not None
+            or result.share_id is not None
+        ):
+            if result.consumed_capacity:
+                return None
+            message = dra_pb2.DeviceRequestAllocationResult(
+                request=result.request, driver=result.driver, pool=result.pool, device=result.device
+            )
+            _result_extras(message, result)
+            parts.append(message_field(_RESULTS, message.SerializeToString()))
+        else:
+            parts.append(_result_field(result.request, result.driver, result.pool, result.device))
+    selector = allocation.node_selector
+    if selector is not None:
+        seen = _SELECTOR_FIELDS.get(id(selector))
+        if seen is None or seen[0] is not selector:
+            if len(_SELECTOR_FIELDS) >= _SELECTORS_KEPT:
+                _SELECTOR_FIELDS.clear()
+            seen = _SELECTOR_FIELDS[id(selector)] = (selector, _node_selector_field(selector))
+        parts.append(seen[1])
+    return b"".join(parts)
+
+
+@functools.lru_cache(maxsize=65536)
+def _result_field(request: str, driver: str, pool: str, device: str) -> bytes:
+    """AllocationResult.results' element for a device without extras (one per device)."""
+    return message_field(
+        _RESULTS,
+        cached_string_field(_REQUEST, request)
+        + cached_string_field(_DRIVER, driver)
+        + cached_string_field(_POOL, pool)
+        + cached_string_field(_DEVICE, device),
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _node_selector_field(selector: NodeSelector) -> bytes:
+    """AllocationResult.node_selector set to `selector`, as bytes (a node's: one per node)."""
+    return message_field(_NODE_SELECTOR, to_pb_node_selector(selector).SerializeToString())
+
+
+_SELECTOR_FIELDS: dict[int, tuple[NodeSelector, bytes]] = {}
+"""_node_selector_field by the selector object's id, with the object (so the id is not reused
+while it is here): the results on one node share one NodeSelector, whose hash (nested frozen
+dataclasses) costs more than its bytes. Immutable keys: never stale."""
+_SELECTORS_KEPT = 4096
 
 
 def from_pb_allocation_result(msg: dra_pb2.AllocationResult, path: str = "") -> AllocationResult:

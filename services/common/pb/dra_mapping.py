@@ -36,6 +36,7 @@ from services.common.pb._base import (
     to_pb_quantity,
 )
 from services.common.pb._claims import (
+    allocation_result_bytes,
     fill_pb_allocation_result,
     from_pb_allocation_result,
     from_pb_device_request,
@@ -60,6 +61,7 @@ from services.common.pb._slices import (
 )
 
 __all__ = [
+    "allocation_result_bytes",
     "field_path",
     "fill_pb_allocation_result",
     "from_pb_allocation_result",

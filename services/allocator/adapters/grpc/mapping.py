@@ -12,6 +12,7 @@ The core reports field paths of claims in Kubernetes form (`claims[0].spec.devic
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import threading
@@ -68,6 +69,7 @@ from services.common.dra.quantity import Quantity, QuantityFormat
 from services.common.errors import FieldViolation, GpuallocError, InvalidArgument, clip
 from services.common.grpc_errors import MAX_MESSAGE_CHARS, status_code_of, to_rpc_status
 from services.common.pb.dra_mapping import (
+    allocation_result_bytes,
     fill_pb_allocation_result,
     from_pb_allocation_result,
     from_pb_device_class,
@@ -75,6 +77,18 @@ from services.common.pb.dra_mapping import (
     from_pb_node_selector,
     from_pb_resource_claim,
     to_pb_device_id,
+)
+from services.common.pb.wire import (
+    I64,
+    LEN,
+    VARINT,
+    cached_string_field,
+    double_field,
+    key,
+    length_prefixed,
+    message_field,
+    string_field,
+    varint_field,
 )
 from services.common.quota.model import quantity_text
 from services.common.security.principal import tenant_of_owner
@@ -84,7 +98,10 @@ __all__ = [
     "request_digest",
     "quota_refusal_to_pb",
     "quota_status_response",
+    "BatchReply",
     "allocate_response",
+    "allocate_response_bytes",
+    "fill_allocate_response",
     "capacity_response",
     "claims_path",
     "explain_response",
@@ -461,10 +478,28 @@ def allocate_response(
     `node_name` and `allocations`). `into`: an empty message to fill and return (a batch
     item's, inside its reply: built in place, not copied there).
 
+    Written as bytes and parsed into the message once (`allocate_response_bytes`: ~1 us to
+    parse against ~20 us field by field for a reservation's answer); an answer holding a map
+    field (labels aside) is built field by field (`_fill_allocate_response`)."""
+    response = pb.AllocateResponse() if into is None else into
+    data = allocate_response_bytes(answer, max_nodes, gang=gang)
+    if data is None:
+        fill_allocate_response(response, answer, max_nodes, gang=gang)
+    else:
+        response.SetInParent()  # set even when every field is at its default
+        response.MergeFromString(data)
+    return response
+
+
+def fill_allocate_response(
+    response: pb.AllocateResponse, answer: Answer, max_nodes: int = 10, *, gang: bool = False
+) -> None:
+    """allocate_response field by field, into `response` (empty): for an answer
+    allocate_response_bytes does not write.
+
     Built in place, child by child (`add`), each allocation's message made once and copied
     where the response repeats it (its reservations): a message given to a constructor or
     appended is copied, and a batch's reply holds one response per item."""
-    response = pb.AllocateResponse() if into is None else into
     response.outcome = _OUTCOMES[answer.outcome]
     response.inventory_generation = answer.generation
     made: dict[int, dra_pb2.AllocationResult] = {}  # the placement's, for its reservations
@@ -492,7 +527,146 @@ def allocate_response(
         response.preemption.CopyFrom(_preemption(answer))
     if answer.explanation is not None:
         response.explanation.CopyFrom(_explanation(answer, max_nodes))
-    return response
+
+
+# AllocateResponse's field keys (services.common.pb.wire), by field number
+_OUTCOME_FIELDS = {outcome: varint_field(key(1, VARINT), n) for outcome, n in _OUTCOMES.items()}
+_NODE_NAME = key(2, LEN)
+_ALLOCATIONS = key(3, LEN)
+_GANG_PLACEMENTS = key(4, LEN)
+_SCORE = key(5, I64)
+_EXPLANATION = key(6, LEN)
+_RESERVATIONS = key(7, LEN)
+_GENERATION = key(8, VARINT)
+_HOLDERS = key(9, LEN)
+_QUOTA_REFUSALS = key(10, LEN)
+_PREEMPTION = key(11, LEN)
+_FLAVORS = key(12, LEN)
+# ClaimAllocation's
+_CLAIM_NAMESPACE, _CLAIM_NAME, _CLAIM_UID, _CLAIM_ALLOCATION = (key(n, LEN) for n in (1, 2, 3, 4))
+
+
+def allocate_response_bytes(
+    answer: Answer, max_nodes: int = 10, *, gang: bool = False
+) -> bytes | None:
+    """allocate_response's message, serialized, written as bytes (services.common.pb.wire):
+    parsed, it is the same message. None when the answer holds a map field other than a
+    reservation's labels (an allocation's config or consumed capacity): its order on the wire
+    would be the parsed hash table's, not necessarily the one built field by field.
+
+    What an answer repeats (names, a device's entries, a node's selector, a write's times) is
+    written once and kept (lru caches keyed by the values: never stale); an allocation the
+    reservations repeat (the same object) is written once per answer."""
+    written: dict[int, bytes] = {}  # ClaimAllocation.allocation fields, by the object's id
+    parts = [_OUTCOME_FIELDS[answer.outcome]]
+    placements = answer.placements
+    if not gang and len(placements) == 1:  # a single node's: node_name and allocations
+        single = placements[0]
+        parts.append(cached_string_field(_NODE_NAME, single.node or ""))
+        claims = answer.claims
+        for index, allocation in enumerate(single.allocations):
+            if index == len(claims):
+                break  # pairs only, as zip (not zip(): it costs more than a field here)
+            field = written[id(allocation)] = _allocation_field(allocation)
+            if not field:
+                return None
+            claim = claims[index]
+            head = _claim_head(claim.namespace, claim.name, claim.uid)
+            parts.append(_ALLOCATIONS + length_prefixed(head + field))
+        parts.append(double_field(_SCORE, _score(single.score, answer.policy)))
+    elif gang and placements:
+        for member in placements:
+            if any(allocation_result_bytes(a) is None for a in member.allocations):
+                return None
+            body = _node_placement(answer, member).SerializeToString()
+            parts.append(message_field(_GANG_PLACEMENTS, body))
+        parts.append(double_field(_SCORE, _gang_score(answer, placements)))
+    if answer.explanation is not None:
+        body = _explanation(answer, max_nodes).SerializeToString()
+        parts.append(message_field(_EXPLANATION, body))
+    for reservation in answer.reservations:
+        reserved = _reservation_bytes(reservation, written)
+        if reserved is None:
+            return None
+        parts.append(message_field(_RESERVATIONS, reserved))
+    parts.append(varint_field(_GENERATION, answer.generation))
+    if answer.holders or answer.quota or answer.preemption or answer.flavors:
+        parts.append(_refusal_bytes(answer))
+    return b"".join(parts)
+
+
+class BatchReply:
+    """An AllocateBatchResponse assembled item by item, in order. An item written as bytes
+    (`add_written`) waits, and the ones waiting are parsed into the reply in one go (one parse
+    per reply, not one per item); an item built field by field (`add_in_place`) goes in place,
+    after the ones waiting (a map field's order is its table's: see allocate_response_bytes)."""
+
+    def __init__(self) -> None:
+        self._reply = pb.AllocateBatchResponse()
+        self._written: list[bytes] = []  # AllocateBatchResponse.items fields, not parsed yet
+
+    def __len__(self) -> int:
+        return len(self._reply.items) + len(self._written)
+
+    def add_response(self, response: bytes) -> None:
+        """An item whose answer is `response` (allocate_response_bytes)."""
+        self._written.append(
+            _BATCH_ITEMS + length_prefixed(_ITEM_RESPONSE + length_prefixed(response))
+        )
+
+    def add_error(self, status: pb.BatchItemStatus) -> None:
+        """An item that met the error `status`."""
+        error = status.SerializeToString()
+        self._written.append(_BATCH_ITEMS + length_prefixed(_ITEM_ERROR + length_prefixed(error)))
+
+    def add_in_place(self) -> pb.AllocateBatchItem:
+        """An item to fill: the reply's next, empty."""
+        self._parse_written()
+        return self._reply.items.add()
+
+    def done(self) -> pb.AllocateBatchResponse:
+        """The reply, every item in it."""
+        self._parse_written()
+        return self._reply
+
+    def _parse_written(self) -> None:
+        if self._written:
+            self._reply.MergeFromString(b"".join(self._written))  # appends to `items`
+            self._written.clear()
+
+
+_BATCH_ITEMS = key(1, LEN)  # AllocateBatchResponse.items
+_ITEM_RESPONSE, _ITEM_ERROR = key(1, LEN), key(2, LEN)  # AllocateBatchItem's oneof
+
+
+def _refusal_bytes(answer: Answer) -> bytes:
+    """Fields 9-12 of an answer: its holders, quota refusals, preemption, flavors."""
+    parts = [message_field(_HOLDERS, _holder_to_pb(h).SerializeToString()) for h in answer.holders]
+    for refusal in answer.quota:
+        parts.append(
+            message_field(_QUOTA_REFUSALS, quota_refusal_to_pb(refusal).SerializeToString())
+        )
+    if answer.preemption:
+        parts.append(message_field(_PREEMPTION, _preemption(answer).SerializeToString()))
+    for attempt in answer.flavors:
+        parts.append(message_field(_FLAVORS, flavor_attempt_to_pb(attempt).SerializeToString()))
+    return b"".join(parts)
+
+
+def _allocation_field(allocation: AllocationResult) -> bytes:
+    """ClaimAllocation.allocation set to `allocation`; empty when it holds a map field."""
+    body = allocation_result_bytes(allocation)
+    return b"" if body is None else _CLAIM_ALLOCATION + length_prefixed(body)
+
+
+@functools.lru_cache(maxsize=4096)
+def _claim_head(namespace: str, name: str, uid: str) -> bytes:
+    """A ClaimAllocation's fields before its allocation: the claim's namespace, name, uid."""
+    return (
+        string_field(_CLAIM_NAMESPACE, namespace)
+        + string_field(_CLAIM_NAME, name)
+        + string_field(_CLAIM_UID, uid)
+    )
 
 
 def explain_response(
@@ -738,14 +912,141 @@ def _fill_reservation(
 
 _NANOS = 1_000_000_000  # in a second
 
+# Reservation's field keys (services.common.pb.wire), by field number
+_RESERVATION_ID = key(1, LEN)
+_RESERVATION_OWNER = key(2, LEN)
+_RESERVATION_NODE = key(3, LEN)
+_RESERVATION_ALLOCATIONS = key(4, LEN)
+_RESERVATION_STATES = {state: varint_field(key(5, VARINT), n) for state, n in _STATES.items()}
+_RESERVATION_EXPIRES_AT = key(6, LEN)
+_RESERVATION_FENCING_TOKEN = key(7, VARINT)
+_RESERVATION_IDEMPOTENCY_KEY = key(8, LEN)
+_RESERVATION_CREATED_AT = key(9, LEN)
+_RESERVATION_DEVICES = key(11, LEN)
+_RESERVATION_LABELS = key(12, LEN)
+_RESERVATION_TENANT = key(13, LEN)
+_RESERVATION_PRIORITY_CLASS = key(14, LEN)
+_RESERVATION_BINDING = key(15, VARINT)
+_RESERVATION_CONDITIONS = key(16, LEN)
+_FIRST, _SECOND, _THIRD = (key(n, LEN) for n in (1, 2, 3))  # a DeviceID's, a map entry's
+_SECONDS, _NANOS_FIELD = key(1, VARINT), key(2, VARINT)  # a Timestamp's
+
+
+def _reservation_bytes(reservation: Reservation, written: dict[int, bytes]) -> bytes | None:
+    """`_fill_reservation`'s message, serialized, written as bytes (as allocate_response_bytes,
+    None for a map field). `written`: the ClaimAllocation.allocation fields already written
+    for this answer, by the allocation object's id (a reservation repeats the placement's
+    objects).
+
+    Written with plain loops and appends: zip(strict=True) and a star-unpacked generator cost
+    more than the fields here (64 reservations per AllocateBatch)."""
+    refs, allocations = reservation.claim_names, reservation.allocations
+    if len(refs) != len(allocations):
+        raise ValueError(f"reservation {reservation.id}: claims and allocations differ in number")
+    parts = [
+        string_field(_RESERVATION_ID, reservation.id),
+        _owner_and_node("" if reservation.redacted else reservation.owner, reservation.node),
+    ]
+    for index, allocation in enumerate(allocations):
+        field = written.get(id(allocation)) or _allocation_field(allocation)
+        if not field:
+            return None
+        parts.append(
+            _RESERVATION_ALLOCATIONS + length_prefixed(_claim_ref_head(refs[index]) + field)
+        )
+    parts.append(_RESERVATION_STATES[reservation.state])
+    if reservation.expires_at is not None:
+        parts.append(_timestamp_field(_RESERVATION_EXPIRES_AT, reservation.expires_at))
+    parts.append(varint_field(_RESERVATION_FENCING_TOKEN, reservation.fencing_token))
+    if reservation.idempotency_key:
+        parts.append(string_field(_RESERVATION_IDEMPOTENCY_KEY, reservation.idempotency_key))
+    parts.append(_timestamp_field(_RESERVATION_CREATED_AT, reservation.created_at))
+    parts.append(_devices_bytes(allocations))
+    for label, value in reservation.labels:
+        parts.append(_label_field(label, value))
+    binding = _binding_phase(reservation)
+    parts.append(_reservation_tail(reservation.owner, reservation.priority_class, binding))
+    for condition in reservation.conditions:
+        body = _condition_to_pb(condition).SerializeToString()
+        parts.append(message_field(_RESERVATION_CONDITIONS, body))
+    return b"".join(parts)
+
+
+@functools.lru_cache(maxsize=4096)
+def _claim_ref_head(ref: str) -> bytes:
+    """A reservation's ClaimAllocation's fields before its allocation, from `namespace/name`."""
+    namespace, _, name = ref.rpartition("/")
+    return _claim_head(namespace, name, "")
+
+
+@functools.lru_cache(maxsize=4096)
+def _owner_and_node(owner: str, node: str) -> bytes:
+    """A reservation's owner (empty: not shown) and node fields."""
+    return string_field(_RESERVATION_OWNER, owner) + string_field(_RESERVATION_NODE, node)
+
+
+@functools.lru_cache(maxsize=1024)
+def _timestamp_field(field_key: bytes, seconds: float) -> bytes:
+    """A Timestamp field, as Timestamp.FromNanoseconds(round(seconds * 1e9)) sets it (the
+    reservations of one write share their times: written once)."""
+    whole, nanos = divmod(round(seconds * 1e9), _NANOS)
+    return message_field(
+        field_key, varint_field(_SECONDS, whole) + varint_field(_NANOS_FIELD, nanos)
+    )
+
+
+def _devices_bytes(allocations: Sequence[AllocationResult]) -> bytes:
+    """Reservation.devices: `_devices`, each a field."""
+    if len(allocations) == 1 and len(allocations[0].results) == 1:  # one claim, one device
+        result = allocations[0].results[0]
+        if result.admin_access:
+            return b""
+        return _device_field(result.driver, result.pool, result.device)
+    return b"".join(_device_field(*device) for device in _devices(allocations))
+
+
+@functools.lru_cache(maxsize=65536)
+def _device_field(driver: str, pool: str, device: str) -> bytes:
+    """Reservation.devices' element for a device."""
+    body = (
+        cached_string_field(_FIRST, driver)
+        + cached_string_field(_SECOND, pool)
+        + cached_string_field(_THIRD, device)
+    )
+    return message_field(_RESERVATION_DEVICES, body)
+
+
+def _label_field(label: str, value: str) -> bytes:
+    """One entry of Reservation.labels (a map entry writes its key and value, even empty)."""
+    entry = _FIRST + length_prefixed(label.encode()) + _SECOND + length_prefixed(value.encode())
+    return message_field(_RESERVATION_LABELS, entry)
+
+
+@functools.lru_cache(maxsize=4096)
+def _reservation_tail(owner: str, priority_class: str, binding: int) -> bytes:
+    """A reservation's tenant, priority class and binding phase fields."""
+    return (
+        string_field(_RESERVATION_TENANT, tenant_of_owner(owner))
+        + string_field(_RESERVATION_PRIORITY_CLASS, priority_class)
+        + varint_field(_RESERVATION_BINDING, binding)
+    )
+
 
 def _binding_phase(reservation: Reservation) -> pb.BindingPhase.ValueType:
-    if not any(r.binding_conditions for a in reservation.allocations for r in a.results):
+    if not _has_binding_conditions(reservation.allocations):
         return pb.BINDING_PHASE_UNSPECIFIED  # binding_of's `required` is False: no conditions
     binding = binding_of(reservation, 0.0)  # bound or not does not depend on the timeout
     if not binding.required:
         return pb.BINDING_PHASE_UNSPECIFIED
     return pb.BINDING_PHASE_BOUND if binding.bound else pb.BINDING_PHASE_BINDING
+
+
+def _has_binding_conditions(allocations: Sequence[AllocationResult]) -> bool:
+    for allocation in allocations:  # loops, not any(): one per answer, 64 per batch
+        for result in allocation.results:
+            if result.binding_conditions:
+                return True
+    return False
 
 
 def _condition_to_pb(condition: DeviceCondition) -> pb.DeviceCondition:

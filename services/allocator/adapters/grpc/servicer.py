@@ -26,13 +26,16 @@ import grpc
 from protos.allocator.v1 import allocator_pb2 as pb
 from protos.allocator.v1 import allocator_pb2_grpc
 from services.allocator.adapters.grpc.mapping import (
+    BatchReply,
     ClaimReader,
     allocate_response,
+    allocate_response_bytes,
     batch_item_status,
     capacity_response,
     claims_path,
     device_conditions_from_pb,
     explain_response,
+    fill_allocate_response,
     lease_from_pb,
     proto_field_paths,
     query_from_pb,
@@ -234,18 +237,17 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
 
             return make
 
-        reply = pb.AllocateBatchResponse()  # filled in place: no copy of every item at the end
+        reply = BatchReply()  # items written as bytes, parsed into the reply in one go
         mapped: dict[int, tuple[pb.BatchItemStatus, int]] = {}  # id(error) -> status, its path
 
         def shown(result: ItemResult) -> None:
             if isinstance(result, Answer):
-                gang = request.items[len(reply.items)].HasField("gang")
-                into = reply.items.add().response  # built in place: not copied there after
-                self._answered(context, result, principal, gang=gang, into=into)
+                gang = request.items[len(reply)].HasField("gang")
+                self._answered_item(context, result, principal, gang=gang, reply=reply)
                 return
             if isinstance(result, PermissionDenied):
-                _audit_denied_item(context, result, len(reply.items))
-            path = f"items[{len(reply.items)}]"
+                _audit_denied_item(context, result, len(reply))
+            path = f"items[{len(reply)}]"
             seen = mapped.get(id(result))  # the items not reached share one error: map it once
             if seen is None:
                 status = batch_item_status(self._error_shown(result, principal), path)
@@ -254,7 +256,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                 first, prefix = seen
                 message = path + first.message[prefix:]
                 status = pb.BatchItemStatus(code=first.code, message=message, details=first.details)
-            reply.items.add().error.CopyFrom(status)
+            reply.add_error(status)
 
         allocate_batch(
             self._service,
@@ -262,7 +264,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
             deadline=self._deadline(context),
             on_result=shown,
         )
-        return reply
+        return reply.done()
 
     def AllocateStream(
         self, requests: Iterator[pb.AllocateStreamRequest], context: grpc.ServicerContext
@@ -429,6 +431,30 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         """An Allocate's answer on the wire (`gang`: in the gang fields, as asked; `into`: the
         empty message to write it in, as allocate_response), its preemptions and grants
         audited."""
+        return allocate_response(self._granted(context, answer, principal), gang=gang, into=into)
+
+    def _answered_item(
+        self,
+        context: grpc.ServicerContext,
+        answer: Answer,
+        principal: Principal,
+        *,
+        gang: bool,
+        reply: BatchReply,
+    ) -> None:
+        """An AllocateBatch item's answer, as `_answered`'s, added to `reply`: as bytes
+        (allocate_response_bytes), or field by field when it cannot be."""
+        shown = self._granted(context, answer, principal)
+        written = allocate_response_bytes(shown, gang=gang)
+        if written is None:
+            fill_allocate_response(reply.add_in_place().response, shown, gang=gang)
+        else:
+            reply.add_response(written)
+
+    def _granted(
+        self, context: grpc.ServicerContext, answer: Answer, principal: Principal
+    ) -> Answer:
+        """`answer` as `principal` may see it, its preemptions and grants audited."""
         if answer.reservations and audit_enabled():  # off: no events to build (a batch's 64)
             for victim in answer.preemption:
                 audit_call(
@@ -441,7 +467,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                 )
             for reservation in answer.reservations:
                 _audit(context, "reservation.grant", reservation)
-        return allocate_response(self._visible(answer, principal), gang=gang, into=into)
+        return self._visible(answer, principal)
 
     def Explain(
         self, request: pb.ExplainRequest, context: grpc.ServicerContext

@@ -1,0 +1,308 @@
+"""An Allocate's answer written as bytes (mapping.allocate_response_bytes, BatchReply) is the
+answer built field by field (fill_allocate_response): the same bytes on the wire, over
+generated answers — MIG-like multi-result allocations, several claims and reservations, gangs,
+admin access, tolerations, shares, binding conditions, labels, redacted and committed
+reservations, refusals — and an answer with a map field other than labels (a config's opaque
+parameters, a consumed capacity) is left to the field-by-field builder."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from protos.allocator.v1 import allocator_pb2 as pb
+from services.allocator.adapters.grpc.mapping import (
+    BatchReply,
+    allocate_response,
+    allocate_response_bytes,
+    batch_item_status,
+    fill_allocate_response,
+)
+from services.allocator.app.messages import Answer, Holder, Outcome, Victim
+from services.allocator.core import (
+    NO_SUMMARY,
+    Explanation,
+    FlavorAttempt,
+    FlavorMode,
+    FlavorReason,
+    NodePlacement,
+    Policy,
+    QuotaRefusal,
+    Score,
+)
+from services.allocator.core.preemption import PreemptionReason
+from services.allocator.reservations.model import (
+    DeviceCondition,
+    Hold,
+    Reservation,
+    ReservationState,
+)
+from services.common.dra.model import (
+    AllocationResult,
+    ConfigSource,
+    DeviceAllocationConfiguration,
+    DeviceID,
+    DeviceRequestAllocationResult,
+    DeviceToleration,
+    NodeSelector,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    OpaqueDeviceConfiguration,
+    ResourceClaim,
+    TaintEffect,
+    TolerationOperator,
+)
+from services.common.dra.quantity import Quantity
+from services.common.errors import NotFound
+
+# names: short and long (a length of 128+ bytes takes two varint bytes), ASCII and not
+NAMES = st.one_of(
+    st.sampled_from(["", "gpu", "h100-0000", "gpu.nvidia.com", "mig-1g.10gb", "ünïcødé-∑"]),
+    st.text(alphabet="ab-é∑/", min_size=0, max_size=6),
+    st.text(alphabet="xyzé", min_size=120, max_size=140),
+)
+WORDS = st.text(alphabet="abc-", min_size=1, max_size=8)
+
+
+def pinned(node: str) -> NodeSelector:
+    field = NodeSelectorRequirement("metadata.name", "In", (node,))
+    return NodeSelector((NodeSelectorTerm(match_fields=(field,)),))
+
+
+SELECTORS = st.one_of(
+    st.none(),
+    NAMES.map(pinned),
+    st.just(
+        NodeSelector(
+            (
+                NodeSelectorTerm(
+                    match_expressions=(NodeSelectorRequirement("zone", "In", ("a", "b")),)
+                ),
+                NodeSelectorTerm(match_fields=(NodeSelectorRequirement("x", "Exists", ()),)),
+            )
+        )
+    ),
+)
+TOLERATIONS = st.builds(
+    DeviceToleration,
+    key=WORDS,
+    operator=st.sampled_from(TolerationOperator),
+    value=st.sampled_from(["", "v"]),
+    effect=st.none() | st.sampled_from(TaintEffect),
+    toleration_seconds=st.none() | st.integers(-5, 10**6),
+)
+
+
+@st.composite
+def results(draw: st.DrawFn, maps: bool) -> DeviceRequestAllocationResult:
+    extras = draw(st.booleans())
+    return DeviceRequestAllocationResult(
+        request=draw(st.sampled_from(["gpu", "gpu/mig-1g", "ünï"])),
+        driver=draw(st.sampled_from(["gpu.nvidia.com", "x"])),
+        pool=draw(NAMES),
+        device=draw(NAMES),
+        admin_access=draw(st.none() | st.booleans()) if extras else None,
+        tolerations=tuple(draw(st.lists(TOLERATIONS, max_size=2))) if extras else (),
+        share_id=draw(st.none() | st.sampled_from(["", "share-1"])) if extras else None,
+        consumed_capacity={"memory": Quantity.parse("10Gi")} if maps else {},
+        binding_conditions=tuple(draw(st.lists(WORDS, max_size=2))) if extras else (),
+        binding_failure_conditions=tuple(draw(st.lists(WORDS, max_size=2))) if extras else (),
+    )
+
+
+CONFIG = DeviceAllocationConfiguration(
+    ConfigSource.FROM_CLASS,
+    ("gpu",),
+    OpaqueDeviceConfiguration("gpu.nvidia.com", {"sharing": {"strategy": "TimeSlicing"}, "n": 2}),
+)
+
+
+@st.composite
+def allocations(draw: st.DrawFn, maps: bool = False) -> AllocationResult:
+    config = maps and draw(st.booleans())
+    capacity = maps and not config
+    found = draw(st.lists(results(False), min_size=0, max_size=3))
+    if capacity:
+        found.append(draw(results(True)))
+    return AllocationResult(
+        results=tuple(found), config=(CONFIG,) if config else (), node_selector=draw(SELECTORS)
+    )
+
+
+TIMES = st.one_of(
+    st.sampled_from([0.0, 1_796_561_488.793, 1_796_562_088.7934567, 1.5e-9, 59.9999999999]),
+    st.floats(min_value=0, max_value=4e9, allow_nan=False),
+)
+
+
+@st.composite
+def reservations(draw: st.DrawFn, held: tuple[AllocationResult, ...]) -> Reservation:
+    owner = draw(st.sampled_from(["bench", "team-a/job-1", "", "ünï/x/y"]))
+    labels = draw(st.dictionaries(WORDS, st.sampled_from(["", "1", "ünï"]), max_size=12))
+    committed = draw(st.booleans())
+    devices = [r for a in held for r in a.results]
+    conditions = tuple(
+        DeviceCondition(f"{r.driver}/{r.pool}/{r.device}", t, draw(st.booleans()))
+        for r in devices
+        for t in r.binding_conditions[: draw(st.integers(0, 1))]
+    )
+    return Reservation(
+        id=draw(st.sampled_from(["res-f0dfd853348300ee170674b676d32a24@h100-0000", "r", ""])),
+        owner=owner,
+        node=draw(NAMES),
+        claim_names=tuple(
+            f"{draw(st.sampled_from(['default', 'ns', '']))}/claim-{i}" for i in range(len(held))
+        ),
+        allocations=held,
+        hold=Hold(),
+        state=ReservationState.COMMITTED if committed else ReservationState.RESERVED,
+        fencing_token=draw(st.integers(0, 2**64 - 1)),
+        created_at=draw(TIMES),
+        expires_at=None if committed else draw(TIMES),
+        idempotency_key=draw(st.sampled_from(["", "key-1"])),
+        labels=tuple(labels.items()),
+        priority_class=draw(st.sampled_from(["", "high"])),
+        redacted=draw(st.booleans()),
+        conditions=conditions,
+    )
+
+
+HOLDER = Holder(
+    "res-9@n", "team-b/x", "n", ReservationState.RESERVED, 12.5, (DeviceID("d", "p", "g"),)
+)
+REFUSAL = QuotaRefusal("team-a", "gpus", 2000, 8000, 8000, 0, 0, cohort="c")
+VICTIM = Victim(HOLDER, "low", PreemptionReason.PRIORITY)
+ATTEMPT: FlavorAttempt[None] = FlavorAttempt(
+    "gpus", "h100", FlavorMode.NO_FIT, reason=FlavorReason.QUOTA, message="m"
+)
+
+
+@st.composite
+def answers(draw: st.DrawFn, maps: bool = False) -> tuple[Answer, bool]:
+    """An answer, and whether it is asked as a gang."""
+    claims_count = draw(st.integers(1, 3))
+    nodes = draw(st.integers(0, 3))
+    placements = []
+    for node in range(nodes):
+        held = tuple(draw(allocations(maps and node == 0)) for _ in range(claims_count))
+        score = draw(
+            st.none()
+            | st.builds(
+                Score,
+                free_devices=st.integers(0, 8),
+                total_devices=st.integers(0, 8),
+                free_counters=st.just(Fraction(1)),
+            )
+        )
+        placements.append(NodePlacement(draw(st.none() | NAMES), held, score))
+    # reservations repeat the placements' allocation objects (as the service makes them), or
+    # hold their own
+    reserved = tuple(
+        draw(
+            reservations(
+                p.allocations
+                if draw(st.booleans())
+                else tuple(draw(allocations()) for _ in range(claims_count))
+            )
+        )
+        for p in placements[: draw(st.integers(0, len(placements)))]
+    )
+    claims = tuple(
+        ResourceClaim(
+            name=draw(st.sampled_from(["one-h100", "claim", "ünï"])),
+            namespace=draw(st.sampled_from(["default", "ns"])),
+            uid=draw(st.sampled_from(["", "uid-1"])),
+        )
+        for _ in range(claims_count)
+    )
+    refused = draw(st.booleans())
+    answer = Answer(
+        outcome=draw(st.sampled_from(Outcome)),
+        generation=draw(st.integers(-(2**63), 2**63 - 1)),
+        claims=claims,
+        placements=tuple(placements),
+        policy=draw(st.sampled_from(Policy)),
+        explanation=Explanation(NO_SUMMARY) if draw(st.booleans()) else None,
+        reservations=reserved,
+        holders=(HOLDER,) if refused else (),
+        quota=(REFUSAL,) if refused else (),
+        preemption=(VICTIM,) if refused and draw(st.booleans()) else (),
+        flavors=(ATTEMPT,) if refused else (),
+    )
+    return answer, draw(st.booleans())
+
+
+def field_by_field(answer: Answer, gang: bool) -> bytes:
+    response = pb.AllocateResponse()
+    fill_allocate_response(response, answer, gang=gang)
+    return response.SerializeToString()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(answers())
+def test_an_answer_written_as_bytes_is_the_answer_built_field_by_field(
+    asked: tuple[Answer, bool],
+) -> None:
+    answer, gang = asked
+    written = allocate_response_bytes(answer, gang=gang)
+    assert written is not None
+    wire = field_by_field(answer, gang)
+    assert allocate_response(answer, gang=gang).SerializeToString() == wire
+    if not any(r.labels for r in answer.reservations):  # a map's entries: its table's order
+        assert written == wire
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(answers(maps=True))
+def test_an_answer_with_a_map_field_is_built_field_by_field(asked: tuple[Answer, bool]) -> None:
+    answer, gang = asked
+    shown = answer.placements if gang else answer.placements[:1] * (len(answer.placements) == 1)
+    mapped = any(
+        a.config or any(r.consumed_capacity for r in a.results)
+        for p in shown
+        for a in p.allocations
+    )
+    if mapped:
+        assert allocate_response_bytes(answer, gang=gang) is None
+    assert allocate_response(answer, gang=gang).SerializeToString() == field_by_field(answer, gang)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(answers(), answers(maps=True), st.just(None)), min_size=1, max_size=6))
+def test_a_batch_reply_written_as_bytes_is_the_reply_built_in_place(
+    items: list[tuple[Answer, bool] | None],
+) -> None:
+    """BatchReply: answers as bytes, an answer with a map field in place, errors (None here)."""
+    error = batch_item_status(NotFound("reservation res-1 not found"), "items[0]")
+    before = pb.AllocateBatchResponse()
+    reply = BatchReply()
+    for item in items:
+        if item is None:
+            before.items.add().error.CopyFrom(error)
+            reply.add_error(error)
+            continue
+        answer, gang = item
+        allocate_response(answer, gang=gang, into=before.items.add().response)
+        written = allocate_response_bytes(answer, gang=gang)
+        if written is None:
+            fill_allocate_response(reply.add_in_place().response, answer, gang=gang)
+        else:
+            reply.add_response(written)
+        assert len(reply) == len(before.items)
+    assert reply.done().SerializeToString() == before.SerializeToString()
+
+
+@pytest.mark.parametrize(
+    "outcome", [Outcome.UNSATISFIABLE, Outcome.ALLOCATED], ids=["unsatisfiable", "allocated"]
+)
+def test_an_item_whose_answer_is_all_defaults_is_still_a_response(outcome: Outcome) -> None:
+    """An item's oneof is set even when its response has nothing to write."""
+    reply = BatchReply()
+    written = allocate_response_bytes(Answer(outcome, 0, ()))
+    assert written is not None
+    reply.add_response(written)
+    item = reply.done().items[0]
+    assert item.WhichOneof("result") == "response"
