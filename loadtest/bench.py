@@ -26,7 +26,13 @@ ON_REQUEST = ("slurm",)
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m loadtest.bench", description=__doc__.split("\n")[0]
+        prog="python -m loadtest.bench",
+        description=__doc__.split("\n")[0],
+        epilog="How a suite measures: its module's docstring (loadtest/bench_<suite>.py). "
+        "solver: its timed columns are the bench thread's CPU time under the allocator "
+        "server's collector policy (GcPolicy); streams of 300 solves (--quick; 1,000 otherwise) "
+        "whose p99s leave out the solves a collection landed in (counted apart: gc_solves); "
+        "explain_again_ms and batch_again_ms medians of five.",
     )
     parser.add_argument(
         "suites", nargs="*", choices=[*SUITES, *ON_REQUEST, []], help="suites to run (default: all)"
