@@ -142,6 +142,12 @@ def test_two_workers_never_give_a_device_or_counter_twice(allocator_processes, l
     allocator = allocator_processes(redis_url, workers=2)
     workers = allocator.children()
     assert len(workers) == 2
+    # The kernel spreads new connections over the sockets listening then: a worker still
+    # starting when the channels connect would get none (seen on a loaded machine).
+    limit = time.monotonic() + 60
+    while not all(_sockets(pid, allocator.port, LISTEN) for pid in workers):
+        assert time.monotonic() < limit, "both workers listen on the port"
+        time.sleep(0.1)
     stubs = [allocator.stub() for _ in range(CHANNELS)]
     hammer = Hammer(stubs, _requests())
     snapshot = ClusterSnapshot.build(
@@ -171,13 +177,16 @@ def test_two_workers_never_give_a_device_or_counter_twice(allocator_processes, l
     assert hammer.outcomes["aborted"] + hammer.outcomes["unsatisfiable"] > 0, hammer.outcomes
     assert sum(hammer.outcomes.values()) == hammer.cycles
     assert audits >= 3
-    served = {pid: _connections(pid, allocator.port) for pid in workers}
+    served = {pid: _sockets(pid, allocator.port, ESTABLISHED) for pid in workers}
     assert all(count > 0 for count in served.values()), served  # both workers had clients
     print(f"race: {hammer.cycles} cycles, {dict(hammer.outcomes)}, connections {served}")
 
 
-def _connections(pid: int, port: int) -> int:
-    """Established TCP connections on `port` that process `pid` holds."""
+ESTABLISHED, LISTEN = "01", "0A"  # /proc/net/tcp's socket states
+
+
+def _sockets(pid: int, port: int, state: str) -> int:
+    """TCP sockets on local `port` in `state` that process `pid` holds."""
     from pathlib import Path
 
     inodes = set()
@@ -193,6 +202,6 @@ def _connections(pid: int, port: int) -> int:
         for line in Path(table).read_text().splitlines()[1:]:
             fields = line.split()
             local_port = int(fields[1].rsplit(":", 1)[1], 16)
-            if local_port == port and fields[3] == "01" and fields[9] in inodes:
+            if local_port == port and fields[3] == state and fields[9] in inodes:
                 count += 1
     return count

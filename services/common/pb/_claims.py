@@ -19,6 +19,7 @@ from services.common.dra.model import (
     DeviceToleration,
     ExactDeviceRequest,
     NodeSelector,
+    NodeSelectorRequirement,
     ResourceClaim,
     TolerationOperator,
 )
@@ -40,7 +41,14 @@ from services.common.pb._base import (
     to_pb_node_selector,
     to_pb_opaque_configuration,
 )
-from services.common.pb.wire import LEN, cached_string_field, key, message_field
+from services.common.pb.wire import (
+    LEN,
+    cached_string_field,
+    key,
+    length_prefixed,
+    message_field,
+    string_field,
+)
 
 DEFAULT_NAMESPACE = "default"
 
@@ -390,8 +398,26 @@ def _result_field(request: str, driver: str, pool: str, device: str) -> bytes:
 
 @functools.lru_cache(maxsize=4096)
 def _node_selector_field(selector: NodeSelector) -> bytes:
-    """AllocationResult.node_selector set to `selector`, as bytes (a node's: one per node)."""
-    return message_field(_NODE_SELECTOR, to_pb_node_selector(selector).SerializeToString())
+    """AllocationResult.node_selector set to `selector`, as bytes (a node's: one per node):
+    the message to_pb_node_selector makes, written without it."""
+    terms = []
+    for term in selector.node_selector_terms:
+        expressions = [message_field(_EXPRESSION, _requirement(r)) for r in term.match_expressions]
+        fields = [message_field(_MATCH_FIELD, _requirement(r)) for r in term.match_fields]
+        terms.append(message_field(_TERM, b"".join(expressions + fields)))
+    return message_field(_NODE_SELECTOR, b"".join(terms))
+
+
+_TERM = key(1, LEN)  # NodeSelector.node_selector_terms
+_EXPRESSION, _MATCH_FIELD = key(1, LEN), key(2, LEN)  # a term's match_expressions, match_fields
+_KEY, _OPERATOR, _VALUES = key(1, LEN), key(2, LEN), key(3, LEN)  # a requirement's
+
+
+def _requirement(requirement: NodeSelectorRequirement) -> bytes:
+    """A NodeSelectorRequirement's body (its values each written, an empty one too)."""
+    values = [_VALUES + length_prefixed(v.encode()) for v in requirement.values]
+    head = string_field(_KEY, requirement.key) + string_field(_OPERATOR, requirement.operator)
+    return head + b"".join(values)
 
 
 _SELECTOR_FIELDS: dict[int, tuple[NodeSelector, bytes]] = {}

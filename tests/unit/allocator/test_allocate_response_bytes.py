@@ -82,6 +82,11 @@ SELECTORS = st.one_of(
                     match_expressions=(NodeSelectorRequirement("zone", "In", ("a", "b")),)
                 ),
                 NodeSelectorTerm(match_fields=(NodeSelectorRequirement("x", "Exists", ()),)),
+                NodeSelectorTerm(),
+                NodeSelectorTerm(
+                    match_expressions=(NodeSelectorRequirement("", "", ("", "ünï")),),
+                    match_fields=(NodeSelectorRequirement("k", "NotIn", ("a",)),),
+                ),
             )
         )
     ),
