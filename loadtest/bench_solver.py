@@ -27,7 +27,8 @@ full and the node groups change under the solver. Measured per kind:
   initial state;
 - a batch of 64 identical items (`solve_many`, each on the state holding the ones before it) on
   the initial state: `batch_ms` and the claims it placed per second (`batch_claims_s`) of the
-  first; `batch_again_ms`, the median of `REPEATS` more (each with a fresh selector cache);
+  first, and `batch_gcs`, the collections that landed in it; `batch_again_ms`, the median of
+  `REPEATS` more (each with a fresh selector cache);
 - CEL evaluations of a cold Explain (fresh selector cache, every device looked at) against the
   bound: the number of distinct device profiles the kind's selectors read;
 - memory: the peak traced allocation of one solve (tracemalloc, after the timed runs), and the
@@ -402,7 +403,9 @@ def _run_kind(
         _timed_explains(kind, snapshot, initial, classes, 1)[0] for _ in range(REPEATS)
     ]
     capacity_ms, capacity_total = _timed_capacity(kind, snapshot, initial, classes, explains)
-    batch_ms, batch_again_ms, batch_placed = _timed_batch(kind, snapshot, initial, classes)
+    batch_ms, batch_gcs, batch_again_ms, batch_placed = _timed_batch(
+        kind, snapshot, initial, classes
+    )
     peak = _peak_kib(kind, snapshot, initial, classes)
     return {
         "median_ms": unpinned.median_ms(),
@@ -417,6 +420,7 @@ def _run_kind(
         "capacity_total": capacity_total,
         "batch_ms": batch_ms,
         "batch_claims_s": round(batch_placed / (batch_ms / 1000)) if batch_ms else 0,
+        "batch_gcs": batch_gcs,
         "batch_again_ms": batch_again_ms,
         "update_ms": _ms(statistics.median(updates)) if updates else 0.0,
         "steps": round(steps / (solves + 1), 1),
@@ -558,21 +562,31 @@ BATCH = 64
 
 def _timed_batch(
     kind: Kind, snapshot: ClusterSnapshot, state: AllocatedState, classes: dict[str, DeviceClass]
-) -> tuple[float, float, int]:
-    """(ms of the first, median ms of REPEATS more, claims placed) of batches of BATCH
+) -> tuple[float, int, float, int]:
+    """(ms of the first, collections that landed in it, median ms of REPEATS more, claims
+    placed) of batches of BATCH
     identical items (`solve_many`: each item on the state holding the ones before it) on the
     initial state, each with a fresh selector cache. The first works out what later batches
     of the question read (MIG at 1,000 GPUs: ~120 ms, then 6-10)."""
     claims = _named(kind.claims, 0)
-    times, placed = [], 0
-    for _ in range(1 + REPEATS):
-        started = _now()
-        results = solve_many(
-            snapshot, state, classes, claims, BATCH, selectors=SelectorCache(), **kind.solve_options
-        )
-        times.append(_now() - started)
-        placed = sum(isinstance(r, Allocated) for r in results) * len(claims)
-    return _ms(times[0]), _ms(statistics.median(times[1:])), placed
+    times, placed, first_collections, collections = [], 0, 0, Collections()
+    with collections:
+        for _ in range(1 + REPEATS):
+            started = _now()
+            results = solve_many(
+                snapshot,
+                state,
+                classes,
+                claims,
+                BATCH,
+                selectors=SelectorCache(),
+                **kind.solve_options,
+            )
+            times.append(_now() - started)
+            placed = sum(isinstance(r, Allocated) for r in results) * len(claims)
+            if len(times) == 1:
+                first_collections = collections.count
+    return _ms(times[0]), first_collections, _ms(statistics.median(times[1:])), placed
 
 
 def _peak_kib(

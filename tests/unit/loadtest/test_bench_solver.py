@@ -45,6 +45,7 @@ def test_one_row_reports_its_columns_and_the_totals_of_before() -> None:
         assert row[column] > 0
     assert 0 <= row["gc_solves"] <= 2 * 300
     assert (row["gc_solve_ms"] > 0) == (row["gc_solves"] > 0)
+    assert row["batch_gcs"] >= 0
 
 
 def test_a_solve_a_collection_lands_in_is_counted_apart_from_the_p99() -> None:
