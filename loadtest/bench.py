@@ -31,7 +31,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         epilog="How a suite measures: its module's docstring (loadtest/bench_<suite>.py). "
         "solver: its timed columns are the bench thread's CPU time under the allocator "
         "server's collector policy (GcPolicy); streams of 300 solves (--quick; 1,000 otherwise) "
-        "whose p99s leave out the solves a collection landed in (counted apart: gc_solves); "
+        "whose p99s count every solve (beside them *_no_gc_ms: without the solves a collection "
+        "landed in, counted as gc_solves); "
         "explain_again_ms and batch_again_ms medians of five.",
     )
     parser.add_argument(
