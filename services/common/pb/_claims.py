@@ -259,6 +259,18 @@ def _allocation_config_from_pb(
 # --- AllocationResult ------------------------------------------------------------------------
 
 
+def _has_extras(result: DeviceRequestAllocationResult) -> bool:
+    """Whether `result` sets a field `_result_extras` writes (most results set none)."""
+    return bool(
+        result.tolerations
+        or result.consumed_capacity
+        or result.binding_conditions
+        or result.binding_failure_conditions
+        or result.admin_access is not None
+        or result.share_id is not None
+    )
+
+
 def _result_extras(
     msg: dra_pb2.DeviceRequestAllocationResult, result: DeviceRequestAllocationResult
 ) -> None:
@@ -315,14 +327,7 @@ def fill_pb_allocation_result(msg: dra_pb2.AllocationResult, allocation: Allocat
         added = add(
             request=result.request, driver=result.driver, pool=result.pool, device=result.device
         )
-        if (
-            result.tolerations
-            or result.consumed_capacity
-            or result.binding_conditions
-            or result.binding_failure_conditions
-            or result.admin_access is not None
-            or result.share_id is not None
-        ):
+        if _has_extras(result):
             _result_extras(added, result)
     if allocation.config:
         msg.config.extend(
@@ -356,14 +361,7 @@ def allocation_result_bytes(allocation: AllocationResult) -> bytes | None:
         return None
     parts = []
     for result in allocation.results:
-        if (
-            result.tolerations
-            or result.consumed_capacity
-            or result.binding_conditions
-            or result.binding_failure_conditions
-            or result.admin_access is not None
-            or result.share_id is not None
-        ):
+        if _has_extras(result):
             if result.consumed_capacity:
                 return None
             message = dra_pb2.DeviceRequestAllocationResult(
