@@ -206,7 +206,7 @@ class RedisReservationStore:
         for index, requests in enumerate(placements):
             holds = validate_placement(requests)
             if not isinstance(holds, GpuallocError):
-                holds = _check_nodes(requests, holds)
+                holds = _check_nodes(requests, holds, by_node)
             if isinstance(holds, GpuallocError):
                 outcomes[index] = holds
                 continue
@@ -1066,10 +1066,15 @@ def _granted(grant: _Grant, fence: int, created: int, expires: int) -> Reservati
 
 
 def _check_nodes(
-    requests: Sequence[ReserveRequest], holds: builtins.list[Hold]
+    requests: Sequence[ReserveRequest],
+    holds: builtins.list[Hold],
+    checked: Mapping[str, object],
 ) -> builtins.list[Hold] | InvalidArgument:
-    """`holds`, unless a node name would break its keys' hash tag."""
+    """`holds`, unless a node name would break its keys' hash tag (`checked`: nodes known
+    good, a call's grants so far by node)."""
     for request in requests:
+        if request.node in checked:
+            continue
         if "{" in request.node or "}" in request.node:
             return InvalidArgument.at(
                 "node", f"{request.node!r}: braces would break the {{node}} hash tag"
