@@ -284,21 +284,6 @@ class Holdings:
             if journal is not None:
                 journal.extend((None, reservation.id, a) for a in reservation.allocations)
 
-    def _admit_one(self, reservation: Reservation) -> bool:
-        """`_admit` of one reservation: whether it is new (it is admitted whenever it is not
-        a tombstone)."""
-        reservation_id = reservation.id
-        if reservation_id in self._tombstones:
-            return False
-        previous = self._by_id.get(reservation_id)
-        self._by_id[reservation_id] = reservation
-        if previous is not None:
-            return False
-        self._version += 1
-        if self._recording is not None:
-            self._recording.append(_Change(reservation, None))
-        return True
-
     def _admit(self, reservations: Iterable[Reservation]) -> list[Reservation]:
         """With the lock: `reservations` into the copy (not the journal); the new ones."""
         new: list[Reservation] = []
@@ -362,11 +347,36 @@ class Holdings:
         """`settle_pending` (reservations) or `drop_pending` (None) for each pending placement
         of a run, in one step."""
         with self._lock:
+            journal, pendings, by_id = self._journal, self._pending, self._by_id
             for token, reservations in outcomes:
                 if reservations is None:
                     self._drop(token)
-                else:
-                    self._settle(token, reservations)
+                    continue
+                pending = pendings.get(token)
+                if (
+                    pending is not None
+                    and journal is not None
+                    and pending.journal is journal
+                    and isinstance(reservations, Sequence)
+                    and len(reservations) == 1
+                ):
+                    reservation = reservations[0]
+                    reservation_id = reservation.id
+                    if (
+                        reservation.allocations == pending.allocations
+                        and reservation_id not in by_id
+                        and reservation_id not in self._tombstones
+                    ):  # the common case: one new reservation takes it, not applied yet
+                        del pendings[token]
+                        by_id[reservation_id] = reservation
+                        if self._recording is not None:
+                            self._recording.append(_Change(reservation, None))
+                        self._version += 2  # admitted, and no longer pending
+                        self._forget_nodes(pending.nodes)
+                        for index in range(pending.start, pending.end):
+                            journal[index] = (None, reservation_id, journal[index][2])
+                        continue
+                self._settle(token, reservations)
 
     def _settle(self, token: str, reservations: Iterable[Reservation]) -> None:
         """With the lock: the allocations of the placement that a new reservation carries
@@ -384,18 +394,6 @@ class Holdings:
         self._forget_nodes(pending.nodes)
         self._version += 1
         allocations = pending.allocations
-        if (
-            journal is not None
-            and pending.journal is journal
-            and isinstance(reservations, Sequence)
-            and len(reservations) == 1
-            and reservations[0].allocations == allocations
-            and self._admit_one(reservations[0])
-        ):  # the common case: one new reservation takes the placement, not applied yet
-            reservation_id = reservations[0].id
-            for index in range(pending.start, pending.end):
-                journal[index] = (None, reservation_id, journal[index][2])
-            return
         added = self._admit(reservations)
         if journal is None:
             return
