@@ -6,10 +6,12 @@ copy so that Allocate never waits for Redis:
 - at start, `store.live()`;
 - then the store's change events (other replicas' reserves, releases, expiries), applied on
   the subscription's thread as they come: releases and expiries drop ids, commits mark them;
-  the events of this process's own changes stop at a dictionary lookup. Reserves of unknown
-  ids are left to a fetch thread — after `_FETCH_GRACE` on a node where this process has a
-  placement pending (its own reserve's event usually arrives before the reservation is
-  settled here), fetched only if still unknown then;
+  the events of this process's own changes stop at a dictionary lookup (the Redis store an
+  allocator builds does not deliver its own reserves' at all: `quiet_own_reserves`, while no
+  WatchReservations stream is open). Reserves of unknown ids are left to a fetch thread —
+  after `_FETCH_GRACE` on a node where this process has a placement pending (its own
+  reserve's event usually arrives before the reservation is settled here), fetched only if
+  still unknown then;
 - and this process's own operations (`added` / `removed`), at once, so that the next Allocate
   in this process already avoids what it just reserved;
 - placements this process is reserving right now (`hold_pending`, then `settle_pending` or
@@ -355,8 +357,6 @@ class Holdings:
                 pending = pendings.get(token)
                 if (
                     pending is not None
-                    and journal is not None
-                    and pending.journal is journal
                     and isinstance(reservations, Sequence)
                     and len(reservations) == 1
                 ):
@@ -366,15 +366,20 @@ class Holdings:
                         reservation.allocations == pending.allocations
                         and reservation_id not in by_id
                         and reservation_id not in self._tombstones
-                    ):  # the common case: one new reservation takes it, not applied yet
+                    ):  # the common case: one new reservation takes the placement over
                         del pendings[token]
                         by_id[reservation_id] = reservation
                         if self._recording is not None:
                             self._recording.append(_Change(reservation, None))
                         self._version += 2  # admitted, and no longer pending
                         self._forget_nodes(pending.nodes)
-                        for index in range(pending.start, pending.end):
-                            journal[index] = (None, reservation_id, journal[index][2])
+                        if journal is None:
+                            continue
+                        if pending.journal is journal:  # not applied yet: the addition's
+                            for index in range(pending.start, pending.end):
+                                journal[index] = (None, reservation_id, journal[index][2])
+                        else:  # a state holds it for the token: renamed
+                            journal += [(token, reservation_id, a) for a in pending.allocations]
                         continue
                 self._settle(token, reservations)
 
