@@ -46,11 +46,13 @@ def placement_requests(
     placement on several nodes is named at `gang_placements[i]`)."""
     if len(placement) == 1:  # one node's (or no node's): each scope holds all of it
         member = placement[0]
-        holds = placement_holds(snapshot, member.node or "", member.allocations)
+        allocations = tuple(member.allocations)
+        holds = placement_holds(snapshot, member.node or "", allocations)
+        if len(holds) == 1:  # one scope: the node's (a batch's every item)
+            ((scope, hold),) = holds.items()
+            return [reserve_request(lease, lease_seconds, scope, claim_names, allocations, hold)]
         return [
-            reserve_request(
-                lease, lease_seconds, scope, claim_names, tuple(member.allocations), hold
-            )
+            reserve_request(lease, lease_seconds, scope, claim_names, allocations, hold)
             for scope, hold in holds.items()
         ]
     scopes: dict[str, _Scope] = {}

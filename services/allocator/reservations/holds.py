@@ -85,21 +85,18 @@ def placement_holds(
     Raises InvalidArgument (field path `<path>[i].<result_path>[j]`) for a device the snapshot
     lacks or the node cannot use, a device taken twice, or a share that does not fit the
     device's kind."""
-    usable = _usable(snapshot, node) if node else None  # NotFound for an unknown node
-    known = snapshot.derived(_known_devices)
-    if usable is not None and len(allocations) == 1 and len(allocations[0].results) == 1:
+    pieces = snapshot.derived(_Pieces)
+    if node and len(allocations) == 1 and len(allocations[0].results) == 1:
         # the common placement: one device of the node, taken whole (a batch's every item)
+        wholes = pieces.wholes.get(node)
+        if wholes is None:
+            wholes = _node_pieces(snapshot, pieces, node)  # NotFound for an unknown node
         result = allocations[0].results[0]
-        found = known.get((result.driver, result.pool, result.device))
-        if (
-            found is not None
-            and found[3] is not None  # taken whole, untainted
-            and found[2] == node
-            and id(found[0]) in usable
-            and result.share_id is None
-            and not result.admin_access
-        ):
-            return {node: found[3]}
+        whole = wholes.get((result.driver, result.pool, result.device))
+        if whole is not None and result.share_id is None and not result.admin_access:
+            return {node: whole}
+    usable = _usable(snapshot, pieces, node) if node else None  # NotFound for an unknown node
+    known = pieces.known
     builders: dict[str, _Builder] = {node: _Builder()} if node else {}
     for i, allocation in enumerate(allocations):
         for j, result in enumerate(allocation.results):
@@ -134,8 +131,21 @@ _Known = tuple[DeviceEntry, str, str, Hold | None]
 result of it takes (not multi-allocatable, untainted: its key and its counters' uses)."""
 
 
-def _known_devices(snapshot: ClusterSnapshot) -> dict[tuple[str, str, str], _Known]:
-    return {}
+class _Pieces:
+    """What `placement_holds` keeps with an (immutable) snapshot, made as placements need it:
+    `known`, a device's `_Known` by (driver, pool, device) (a result names its device by those
+    strings, and looking them up so is cheaper than making and hashing a DeviceID); per node,
+    `usable`, its device entries by identity, and `wholes`, the hold of taking each of its own
+    devices whole where that is all a result of it takes (the `_Known`'s hold of an entry
+    scoped to the node, usable there, the snapshot's entry for its id) — a common placement's
+    hold in one lookup."""
+
+    __slots__ = ("known", "usable", "wholes")
+
+    def __init__(self, snapshot: ClusterSnapshot) -> None:
+        self.known: dict[tuple[str, str, str], _Known] = {}
+        self.usable: dict[str, frozenset[int]] = {}
+        self.wholes: dict[str, dict[tuple[str, str, str], Hold]] = {}
 
 
 def _piece(snapshot: ClusterSnapshot, entry: DeviceEntry) -> _Known:
@@ -144,6 +154,27 @@ def _piece(snapshot: ClusterSnapshot, entry: DeviceEntry) -> _Known:
     if not entry.multi and not entry.device.taints:
         whole = Hold((key,), _counter_uses(snapshot, entry) if entry.counters else ())
     return entry, key, scope_of(entry), whole
+
+
+def _node_pieces(
+    snapshot: ClusterSnapshot, pieces: _Pieces, node: str
+) -> dict[tuple[str, str, str], Hold]:
+    """The node's devices known at once (not one miss per device), and its `wholes`."""
+    known = pieces.known
+    wholes: dict[tuple[str, str, str], Hold] = {}
+    for entry in snapshot.view(node).devices():
+        at = (entry.id.driver, entry.id.pool, entry.id.device)
+        found = known.get(at)
+        if found is None:
+            if snapshot.device(entry.id) is not entry:
+                continue
+            found = known[at] = _piece(snapshot, entry)
+        elif found[0] is not entry:
+            continue
+        if found[3] is not None and found[2] == node:
+            wholes[at] = found[3]
+    pieces.wholes[node] = wholes
+    return wholes
 
 
 def _known(
@@ -155,15 +186,10 @@ def _known(
     where: str,
 ) -> _Known:
     """A device's entry, key and scope (raising as `_usable_entry`), kept by (driver, pool,
-    device) with the immutable snapshot: a result names its device by those strings, and
-    looking them up so is cheaper than making and hashing a DeviceID per result."""
+    device) with the immutable snapshot (`_Pieces.known`)."""
     entry = _usable_entry(snapshot, device_id, usable, node, where)
     found = known[(device_id.driver, device_id.pool, device_id.device)] = _piece(snapshot, entry)
     return found
-
-
-def _usable_ids(snapshot: ClusterSnapshot) -> dict[str, frozenset[int]]:
-    return {}
 
 
 def _entry_uses(snapshot: ClusterSnapshot) -> dict[int, tuple[LimitedUse, ...]]:
@@ -184,19 +210,15 @@ def _counter_uses(snapshot: ClusterSnapshot, entry: DeviceEntry) -> tuple[Limite
     return found
 
 
-def _usable(snapshot: ClusterSnapshot, node: str) -> frozenset[int]:
+def _usable(snapshot: ClusterSnapshot, pieces: _Pieces, node: str) -> frozenset[int]:
     """The node's device entries by identity (cheaper than hashing their ids), made once per
     node and snapshot (kept with the immutable snapshot, whose entries they name)."""
-    by_node = snapshot.derived(_usable_ids)
-    found = by_node.get(node)
+    found = pieces.usable.get(node)
     if found is None:
-        entries = list(snapshot.view(node).devices())
-        known = snapshot.derived(_known_devices)
-        for entry in entries:  # the node's devices known at once, not one miss per device
-            at = (entry.id.driver, entry.id.pool, entry.id.device)
-            if at not in known and snapshot.device(entry.id) is entry:
-                known[at] = _piece(snapshot, entry)
-        found = by_node[node] = frozenset(id(entry) for entry in entries)
+        if node not in pieces.wholes:
+            _node_pieces(snapshot, pieces, node)
+        entries = snapshot.view(node).devices()
+        found = pieces.usable[node] = frozenset(id(entry) for entry in entries)
     return found
 
 

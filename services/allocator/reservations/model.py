@@ -358,6 +358,20 @@ def validate_placement(requests: Sequence[ReserveRequest]) -> list[Hold] | Inval
     (as a value: one bad placement fails alone)."""
     if not requests:
         return InvalidArgument.at("requests", "a placement needs at least one request")
+    if len(requests) == 1:  # the common request, checked as below in one expression
+        request = requests[0]
+        hold = request.hold
+        devices = hold.devices
+        if (
+            request.owner
+            and request.node
+            and 0 < request.lease_seconds < math.inf  # False for NaN too
+            and len(request.claim_names) == len(request.allocations)
+            and len(devices) == 1
+            and devices[0]
+            and not hold.uses
+        ):  # what validate_reserve_request accepts as it is
+            return [hold]
     try:
         return [validate_reserve_request(request) for request in requests]
     except InvalidArgument as error:

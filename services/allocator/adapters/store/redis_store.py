@@ -15,6 +15,17 @@ simply NotFound). Outside the node slots one key lets a client find things:
 - `<prefix>:reservations` HASH id -> node: only read, for ids without `@<node>` that an older
   version wrote (it indexed every id); entries are deleted after their release or expiry.
 
+Own reserves, quietly (`quiet_own_reserves`): an allocator whose every reserve goes through
+this store object settles what it reserved into its own copy (app/live_reservations.py) from
+`reserve`'s answer, so the event of each of its grants would only be parsed and dropped there.
+The ids a `reserve` mints are registered before its grant steps run; the events channel's
+handler reads the first id of a reserve message from its raw bytes (every id in one message is
+one node step's: one call's) and holds a registered one back: dropped once that step's grants
+all ended with their reservation, delivered after all when the step failed (the caller does
+not learn what it may have taken). Ids stay registered after their call for `_QUIET_IDS` more
+ids, for messages that come after the answer; other replicas' messages, and every other op,
+are delivered as before (nothing about the messages themselves changes).
+
 Failure policy: connection errors and timeouts become `Unavailable`. Only reads and reserves
 that carry an idempotency key are retried (with exponential backoff): a retried reserve without
 a key could take a second lease, and a retried release could report NotFound for its own
@@ -24,6 +35,7 @@ success. The client's own retries are switched off for that reason when the stor
 from __future__ import annotations
 
 import builtins
+import collections
 import contextlib
 import hashlib
 import json
@@ -35,7 +47,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -69,7 +81,12 @@ from services.allocator.reservations.model import (
     preempted_error,
     validate_placement,
 )
-from services.common.dra.serialize import allocation_result_to_dict
+from services.common.dra.model import (
+    AllocationResult,
+    DeviceRequestAllocationResult,
+    NodeSelector,
+)
+from services.common.dra.serialize import allocation_result_to_dict, node_selector_to_dict
 from services.common.errors import (
     FailedPrecondition,
     GpuallocError,
@@ -112,6 +129,9 @@ FANOUT_BATCH = 256  # nodes per pipeline when a List or the janitor walks every 
 FANOUT_SHARDS = 8  # shards walked at once
 EventCallback = Callable[[ReservationEvent], None]
 _RESUBSCRIBE_S = 0.5  # pause between reconnect attempts of an event subscription
+_QUIET_IDS = 8192  # own reserved ids whose messages are still held back after their call
+# how `announce` / `publish` (redis_functions.lua) start a reserve message, up to its first id
+_RESERVE_MESSAGE = b'{"op":"reserve","id":"'
 Strings = list[str]  # aliases: inside the class `list` is the port's method
 Replies = list[Any]
 # json.dumps's escaping of one string (ensure_ascii): the `idem` field keeps its exact bytes
@@ -176,6 +196,12 @@ class RedisReservationStore:
         self._library_ready = False
         self._library_lock = threading.Lock()
         self._subscriptions: list[RedisSubscription] = []
+        # quiet_own_reserves: while `_quiet()` is false, messages of own grants are held back
+        self._quiet: Callable[[], bool] | None = None
+        self._own_lock = threading.Lock()
+        self._own: dict[str, _GrantCall] = {}  # own grant id -> its step
+        self._own_done: collections.deque[dict[str, _GrantCall]] = collections.deque()
+        self._own_done_count = 0
         # nodes known to be in the nodes index (read from it, or added by this process): a grant
         # on one of them skips the SADD. Replaced by every walk, so a lost index heals.
         self._registered: set[str] = set()
@@ -201,7 +227,7 @@ class RedisReservationStore:
         for index, requests in enumerate(placements):
             holds = validate_placement(requests)
             if not isinstance(holds, GpuallocError):
-                holds = _check_nodes(requests, holds)
+                holds = _check_nodes(requests, holds, by_node)
             if isinstance(holds, GpuallocError):
                 outcomes[index] = holds
                 continue
@@ -212,7 +238,7 @@ class RedisReservationStore:
                     seconds, max(1, math.ceil(seconds * 1000))
                 )
                 node = request.node
-                grant = _Grant(request, hold, node_reservation_id(next(minted), node), ms)
+                grant = _Grant(request, hold, next(minted) + NODE_SEPARATOR + node, ms)
                 mine.append(grant)
                 group = by_node.get(node)
                 if group is None:
@@ -226,10 +252,11 @@ class RedisReservationStore:
         return [outcome for outcome in outcomes if outcome is not None]
 
     def _mint(self, count: int) -> Iterator[str]:
-        """`count` ids from `id_factory` (the default's in one go)."""
+        """`count` ids from `id_factory` (the default's in one go), each the part of an id
+        before `@<node>` (`node_reservation_id`: checked here, once per id)."""
         if self._id_factory is new_reservation_id:
-            return iter(new_reservation_ids(count))
-        return (self._id_factory() for _ in range(count))
+            return iter(new_reservation_ids(count))  # hex digits: no separator
+        return (node_reservation_id(self._id_factory(), "")[:-1] for _ in range(count))
 
     def _outcome(self, grants: Sequence[_Grant]) -> ReserveOutcome:
         """One placement's outcome from its grants' replies; what it took is released when
@@ -257,6 +284,14 @@ class RedisReservationStore:
         calls = [self._grant_call(node, group) for node, group in by_node.items()]
         if self._cluster:
             self._register([c.node for c in calls if c.node not in self._registered])
+        if self._quiet is None:
+            self._run_grants(calls)
+        else:
+            self._quietly(calls)
+
+    def _run_grants(self, calls: Sequence[_GrantCall]) -> None:
+        """`_grant_all`'s steps: retried on a redirect or a missing library (and, when every
+        grant carries an idempotency key, on a connection error)."""
         pending = calls
         for attempt in range(3):
             batches = self._by_shard(pending, lambda call: call.keys[0])
@@ -297,29 +332,23 @@ class RedisReservationStore:
         fields = []
         device_base, use_base = base + "dev:", base + "use:"
         res_base, dumps = base + "res:", orjson.dumps
+        shapes: dict[tuple[Any, ...], tuple[str, str, str]] = {}  # see _grant_doc
         for grant in grants:
             request, hold = grant.request, grant.hold
             devices = hold.devices
             keys.append(res_base + grant.id)
             if len(devices) == 1:  # one device taken whole: the common case
                 keys.append(device_base + devices[0])
+                devices_json = "[" + _json_text(devices[0]) + "]"
             else:
                 keys += [device_base + device for device in devices]
+                devices_json = dumps(devices).decode()
             uses = "[]"  # no counters or shares: the common case (a whole device)
             if hold.uses:
                 keys += [use_base + use.key for use in hold.uses]
                 uses = dumps([[u.key, str(u.amount), str(u.limit)] for u in hold.uses]).decode()
-            fields.append(
-                (
-                    grant.id,
-                    request.owner,
-                    _idempotency_field(request.owner, request.idempotency_key),
-                    grant.lease_ms,
-                    dumps(devices).decode(),
-                    uses,
-                    _doc(request),
-                )
-            )
+            doc, idem = _grant_doc(request, shapes)
+            fields.append((grant.id, request.owner, idem, grant.lease_ms, devices_json, uses, doc))
         return _GrantCall(node, keys, [*self._context(node), orjson.dumps(fields)], grants)
 
     def _grant_batch(self, calls: Sequence[_GrantCall]) -> Replies:
@@ -545,13 +574,17 @@ class RedisReservationStore:
     # --- events --------------------------------------------------------------------------
 
     def subscribe(self, callback: EventCallback) -> RedisSubscription:
-        """Call `callback` (from a background thread) for every change any replica makes.
+        """Call `callback` (from a background thread) for every change any replica makes
+        (but see `quiet_own_reserves`).
 
         Pub/sub is at-most-once: a subscriber that was disconnected misses events, so treat
         them as hints to refresh and rebuild the full view with `live()` now and then."""
 
         def on_message(message: dict[str, Any]) -> None:
-            _deliver(message["data"], callback)
+            data = message["data"]
+            if self._own and self._held_back(data, callback):
+                return
+            _deliver(data, callback)
 
         def on_error(error: BaseException, pubsub: Any, thread: PubSubWorkerThread) -> None:
             log.warning("reservation events: %s; resubscribing in %gs", error, _RESUBSCRIBE_S)
@@ -563,6 +596,62 @@ class RedisReservationStore:
         subscription = RedisSubscription(thread, self._subscriptions)
         self._subscriptions.append(subscription)
         return subscription
+
+    def quiet_own_reserves(self, unless: Callable[[], bool]) -> None:
+        """From now on, the subscribers do not get the reserve events of the grants this store
+        object makes, while `unless()` is false (asked per message; see the module docstring).
+        Only for a store whose every reserve is its subscriber's own: an allocator's, which
+        learns them from `reserve`'s answer (bootstrap, for the store it builds)."""
+        self._quiet = unless
+
+    def _held_back(self, data: bytes | str, callback: EventCallback) -> bool:
+        """Whether a message is one of this store's own grant steps', held back (on its step,
+        while it runs) or dropped (its step is done)."""
+        raw = data.encode() if isinstance(data, str) else data
+        if not raw.startswith(_RESERVE_MESSAGE):
+            return False
+        end = raw.find(b'"', len(_RESERVE_MESSAGE))
+        first = raw[len(_RESERVE_MESSAGE) : end].decode(errors="replace") if end > 0 else ""
+        quiet = self._quiet
+        if quiet is None or quiet():
+            return False
+        with self._own_lock:
+            call = self._own.get(first)
+            if call is None:
+                return False
+            if call.held_back is not None:  # running: decided when it is done
+                call.held_back.append((data, callback))
+        return True
+
+    def _quietly(self, calls: Sequence[_GrantCall]) -> None:
+        """Run grant steps (`_run_grants`) with their ids registered as this store's own."""
+        own = {grant.id: call for call in calls for grant in call.grants}
+        with self._own_lock:
+            self._own.update(own)
+        done = False
+        try:
+            self._run_grants(calls)
+            done = True
+        finally:
+            late: builtins.list[tuple[bytes | str, EventCallback]] = []
+            with self._own_lock:
+                for call in calls:
+                    if not done or any(grant.error is not None for grant in call.grants):
+                        # its caller does not learn what it took: the events tell
+                        late += call.held_back or ()
+                        for grant in call.grants:
+                            own.pop(grant.id, None)
+                            self._own.pop(grant.id, None)
+                    call.held_back = None  # done: later messages are dropped
+                self._own_done.append(own)
+                self._own_done_count += len(own)
+                while self._own_done_count > _QUIET_IDS:
+                    old = self._own_done.popleft()
+                    self._own_done_count -= len(old)
+                    for reservation_id in old:
+                        del self._own[reservation_id]
+            for data, callback in late:
+                _deliver(data, callback)
 
     # --- Redis plumbing ------------------------------------------------------------------
 
@@ -1030,6 +1119,9 @@ class _GrantCall:
     grants: Sequence[_Grant]
     reply: Any = None  # a reply that sends the step around again (moved, function missing)
     unconfirmed: _Unconfirmed | None = None
+    # its event messages held back while it runs (quiet_own_reserves), with their callbacks
+    # (None once it is done: messages still to come are dropped)
+    held_back: builtins.list[tuple[bytes | str, EventCallback]] | None = field(default_factory=list)
 
     def fail(self, error: GpuallocError) -> None:
         for grant in self.grants:
@@ -1066,10 +1158,15 @@ def _granted(grant: _Grant, fence: int, created: int, expires: int) -> Reservati
 
 
 def _check_nodes(
-    requests: Sequence[ReserveRequest], holds: builtins.list[Hold]
+    requests: Sequence[ReserveRequest],
+    holds: builtins.list[Hold],
+    checked: Mapping[str, object],
 ) -> builtins.list[Hold] | InvalidArgument:
-    """`holds`, unless a node name would break its keys' hash tag."""
+    """`holds`, unless a node name would break its keys' hash tag (`checked`: nodes known
+    good, a call's grants so far by node)."""
     for request in requests:
+        if request.node in checked:
+            continue
         if "{" in request.node or "}" in request.node:
             return InvalidArgument.at(
                 "node", f"{request.node!r}: braces would break the {{node}} hash tag"
@@ -1091,26 +1188,168 @@ def _idempotency_field(owner: str, key: str) -> str:
     return "[" + _json_string(owner) + ", " + _json_string(key) + "]"
 
 
-def _doc(request: ReserveRequest) -> str:
+def _doc(request: ReserveRequest, parts: tuple[str, str, str] | None = None) -> str:
     """The static part of a reservation, stored as JSON next to the fields Lua works on.
 
     Encoded by orjson (compact, UTF-8: the same JSON values as the stdlib's `json.dumps` that
     older versions wrote, which they read back alike), except allocations carrying opaque
     configuration: its parameters are arbitrary JSON, which orjson would not keep exactly
-    (NaN and Infinity become null, integers beyond 64 bits fail), so the stdlib writes those."""
-    allocations = [allocation_result_to_dict(item) for item in request.allocations]
-    doc = {
+    (NaN and Infinity become null, integers beyond 64 bits fail), so the stdlib writes those.
+
+    `parts` (`_doc_parts` of a request alike: same node, owner, claim names, key, labels,
+    digest and priority class): the document is then its head, the allocations and its tail,
+    the same bytes as encoding the whole document (a run's grants share all but the
+    allocations: `test_grant_documents_from_shared_parts_are_the_same_bytes`)."""
+    if any(item.config for item in request.allocations):
+        return json.dumps(_doc_dict(request))
+    if parts is None:
+        return orjson.dumps(_doc_dict(request)).decode()
+    return parts[0] + ",".join([_allocation_json(item) for item in request.allocations]) + parts[1]
+
+
+def _doc_dict(request: ReserveRequest) -> dict[str, Any]:
+    return {
         "node": request.node,
         "claimNames": request.claim_names,
-        "allocations": allocations,
+        "allocations": [allocation_result_to_dict(item) for item in request.allocations],
         "idempotencyKey": request.idempotency_key,
         "labels": request.labels,
         "requestDigest": request.request_digest,
         "priorityClass": request.priority_class,
     }
-    if any(item.config for item in request.allocations):
-        return json.dumps(doc)
-    return orjson.dumps(doc).decode()
+
+
+def _doc_parts(request: ReserveRequest) -> tuple[str, str, str]:
+    """What `_doc` writes around a request's allocations (its head and tail), and its `idem`
+    field: what the grants of a run of alike requests on one node share."""
+    head = orjson.dumps({"node": request.node, "claimNames": request.claim_names}).decode()
+    tail = orjson.dumps(
+        {
+            "idempotencyKey": request.idempotency_key,
+            "labels": request.labels,
+            "requestDigest": request.request_digest,
+            "priorityClass": request.priority_class,
+        }
+    ).decode()
+    return (
+        head[:-1] + ',"allocations":[',
+        "]," + tail[1:],
+        _idempotency_field(request.owner, request.idempotency_key),
+    )
+
+
+def _grant_doc(
+    request: ReserveRequest, shapes: dict[tuple[Any, ...], tuple[str, str, str]]
+) -> tuple[str, str]:
+    """A grant's `doc` and `idem` fields, as `_doc` and `_idempotency_field` write them, from
+    what one node's grants of a run share (`shapes`, one per `_grant_call`, whose requests keep
+    the selectors named by identity alive). The common grant — one allocation of one device
+    taken whole (a batch's every item) — is the text around its device's name, made once per
+    (request alike, result's request, driver, pool, node selector): the device's name is then
+    all that is written per grant (`test_grant_documents_from_shared_parts_are_the_same_bytes`)."""
+    allocations = request.allocations
+    if len(allocations) == 1 and len(allocations[0].results) == 1 and not allocations[0].config:
+        allocation = allocations[0]
+        result = allocation.results[0]
+        if _plain(result):
+            shape: tuple[Any, ...] = (
+                request.owner,
+                request.claim_names,
+                request.idempotency_key,
+                request.labels,
+                request.request_digest,
+                request.priority_class,
+                result.request,
+                result.driver,
+                result.pool,
+                id(allocation.node_selector),
+            )
+            around = shapes.get(shape)
+            if around is None:
+                head, tail, idem = _doc_parts(request)
+                text = _allocation_json(allocation)
+                device = '"device":' + _json_text(result.device) + "}"
+                at = text.index(device)  # the result's last field: its name occurs once before
+                around = shapes[shape] = (
+                    head + text[: at + 9],
+                    text[at + len(device) - 1 :] + tail,
+                    idem,
+                )
+            return around[0] + _json_text(result.device) + around[1], around[2]
+    shape = (
+        request.owner,
+        request.claim_names,
+        request.idempotency_key,
+        request.labels,
+        request.request_digest,
+        request.priority_class,
+    )
+    parts = shapes.get(shape)
+    if parts is None:
+        parts = shapes[shape] = _doc_parts(request)
+    return _doc(request, parts), parts[2]
+
+
+# JSON of one string as orjson writes it (quotes, escapes; non-ASCII kept): the stdlib's C
+# encoder, ~2x cheaper for short strings (byte for byte the same: `test_json_text_is_orjsons`)
+_json_text: Callable[[str], str] = json.encoder.encode_basestring
+
+
+def _allocation_json(allocation: AllocationResult) -> str:
+    """`orjson.dumps(allocation_result_to_dict(allocation))`, byte for byte; an allocation of
+    devices taken whole (a result's four names, the node's selector) written as text, without
+    the dicts (`test_allocation_json_is_the_dicts`)."""
+    parts = []
+    for result in allocation.results:
+        if _plain(result):
+            parts.append(
+                '{"request":'
+                + _json_text(result.request)
+                + ',"driver":'
+                + _json_text(result.driver)
+                + ',"pool":'
+                + _json_text(result.pool)
+                + ',"device":'
+                + _json_text(result.device)
+                + "}"
+            )
+        else:
+            return orjson.dumps(allocation_result_to_dict(allocation)).decode()
+    if not parts or allocation.config:
+        return orjson.dumps(allocation_result_to_dict(allocation)).decode()
+    found = '{"devices":{"results":[' + ",".join(parts) + "]}"
+    if allocation.node_selector is not None:
+        found += ',"nodeSelector":' + _node_selector_text(allocation.node_selector)
+    return found + "}"
+
+
+def _plain(result: DeviceRequestAllocationResult) -> bool:
+    """A result of a device taken whole with nothing else set: its JSON is its four names."""
+    return (
+        result.admin_access is None
+        and not result.tolerations
+        and result.share_id is None
+        and not result.consumed_capacity
+        and not result.binding_conditions
+        and not result.binding_failure_conditions
+        and bool(result.request and result.driver and result.pool and result.device)
+    )
+
+
+_SELECTOR_TEXT: dict[int, tuple[NodeSelector, str]] = {}
+"""A node selector's JSON by the selector object's identity (the entry keeps it alive, so the
+id cannot name another object meanwhile): a node's results share one selector object."""
+
+
+def _node_selector_text(selector: NodeSelector) -> str:
+    found = _SELECTOR_TEXT.get(id(selector))
+    if found is not None and found[0] is selector:
+        return found[1]
+    made = orjson.dumps(node_selector_to_dict(selector)).decode()
+    if len(_SELECTOR_TEXT) >= 4096:  # bounded
+        _SELECTOR_TEXT.clear()
+    _SELECTOR_TEXT[id(selector)] = (selector, made)
+    return made
 
 
 def _conditions(text: str) -> tuple[DeviceCondition, ...]:
