@@ -259,7 +259,7 @@ def _allocation_config_from_pb(
 # --- AllocationResult ------------------------------------------------------------------------
 
 
-def _has_extras(result: DeviceRequestAllocationResult) -> bool:
+def has_extras(result: DeviceRequestAllocationResult) -> bool:
     """Whether `result` sets a field `_result_extras` writes (most results set none)."""
     return bool(
         result.tolerations
@@ -327,7 +327,7 @@ def fill_pb_allocation_result(msg: dra_pb2.AllocationResult, allocation: Allocat
         added = add(
             request=result.request, driver=result.driver, pool=result.pool, device=result.device
         )
-        if _has_extras(result):
+        if has_extras(result):
             _result_extras(added, result)
     if allocation.config:
         msg.config.extend(
@@ -359,9 +359,12 @@ def allocation_result_bytes(allocation: AllocationResult) -> bytes | None:
     parameters, a result's consumed capacity): build that one as a message."""
     if allocation.config:
         return None
+    results = allocation.results
+    if len(results) == 1 and not has_extras(results[0]):  # one device: most allocations
+        return one_device_allocation_bytes(results[0], allocation.node_selector)
     parts = []
-    for result in allocation.results:
-        if _has_extras(result):
+    for result in results:
+        if has_extras(result):
             if result.consumed_capacity:
                 return None
             message = dra_pb2.DeviceRequestAllocationResult(
@@ -370,28 +373,51 @@ def allocation_result_bytes(allocation: AllocationResult) -> bytes | None:
             _result_extras(message, result)
             parts.append(message_field(_RESULTS, message.SerializeToString()))
         else:
-            parts.append(_result_field(result.request, result.driver, result.pool, result.device))
-    selector = allocation.node_selector
-    if selector is not None:
-        seen = _SELECTOR_FIELDS.get(id(selector))
-        if seen is None or seen[0] is not selector:
-            if len(_SELECTOR_FIELDS) >= _SELECTORS_KEPT:
-                _SELECTOR_FIELDS.clear()
-            seen = _SELECTOR_FIELDS[id(selector)] = (selector, _node_selector_field(selector))
-        parts.append(seen[1])
+            parts.append(_result_field(result))
+    if allocation.node_selector is not None:
+        parts.append(node_selector_field(allocation.node_selector))
     return b"".join(parts)
 
 
-@functools.lru_cache(maxsize=65536)
-def _result_field(request: str, driver: str, pool: str, device: str) -> bytes:
-    """AllocationResult.results' element for a device without extras (one per device)."""
-    return message_field(
-        _RESULTS,
+def one_device_allocation_bytes(
+    result: DeviceRequestAllocationResult, selector: NodeSelector | None
+) -> bytes:
+    """allocation_result_bytes of an allocation of `result` alone (it sets none of the fields
+    `has_extras` names) on `selector`'s node, without a config."""
+    if selector is None:
+        return _result_field(result)
+    return _result_field(result) + node_selector_field(selector)
+
+
+def _result_field(result: DeviceRequestAllocationResult) -> bytes:
+    """AllocationResult.results' element for a result without extras: the fields a node's
+    results share (request, driver, pool) written once per node, then the device's name."""
+    body = _result_head(result.request, result.driver, result.pool) + cached_string_field(
+        _DEVICE, result.device
+    )
+    return _RESULTS + length_prefixed(body)
+
+
+@functools.lru_cache(maxsize=16384)
+def _result_head(request: str, driver: str, pool: str) -> bytes:
+    """A result's fields before its device: its request, driver and pool."""
+    return (
         cached_string_field(_REQUEST, request)
         + cached_string_field(_DRIVER, driver)
         + cached_string_field(_POOL, pool)
-        + cached_string_field(_DEVICE, device),
     )
+
+
+def node_selector_field(selector: NodeSelector) -> bytes:
+    """AllocationResult.node_selector set to `selector`, as bytes (_node_selector_field), found
+    by the selector object (the results on one node share one NodeSelector, whose hash, nested
+    frozen dataclasses, costs more than its bytes)."""
+    seen = _SELECTOR_FIELDS.get(id(selector))
+    if seen is None or seen[0] is not selector:
+        if len(_SELECTOR_FIELDS) >= _SELECTORS_KEPT:
+            _SELECTOR_FIELDS.clear()
+        seen = _SELECTOR_FIELDS[id(selector)] = (selector, _node_selector_field(selector))
+    return seen[1]
 
 
 @functools.lru_cache(maxsize=4096)

@@ -87,3 +87,18 @@ def double_field(field_key: bytes, value: float) -> bytes:
     written, as upb writes it)."""
     packed = _DOUBLE.pack(value)
     return b"" if packed == _ZERO_DOUBLE else field_key + packed
+
+
+def counter_field(field_key: bytes, value: int) -> bytes:
+    """varint_field for a value that counts up (a fencing token): its low 14 bits written
+    each time, the varint of the bits above them kept (`_high_varint`: they change once per
+    16,384 values)."""
+    if value < 0x4000:
+        return varint_field(field_key, value)
+    return field_key + _PAIRS[value & 0x3FFF] + _high_varint(value >> 14)
+
+
+@functools.lru_cache(maxsize=1024)
+def _high_varint(value: int) -> bytes:
+    """The varint of a counter's bits above its lowest 14 (> 0)."""
+    return varint(value)

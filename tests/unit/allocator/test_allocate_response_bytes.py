@@ -7,6 +7,7 @@ parameters, a consumed capacity) is left to the field-by-field builder."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from fractions import Fraction
 
 import pytest
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from protos.allocator.v1 import allocator_pb2 as pb
 from services.allocator.adapters.grpc.mapping import (
     BatchReply,
+    _one_device_answer_bytes,
     allocate_response,
     allocate_response_bytes,
     batch_item_status,
@@ -298,6 +300,80 @@ def test_a_batch_reply_written_as_bytes_is_the_reply_built_in_place(
             reply.add_response(written)
         assert len(reply) == len(before.items)
     assert reply.done().SerializeToString() == before.SerializeToString()
+
+
+@st.composite
+def one_device_answers(draw: st.DrawFn) -> tuple[Answer, bool, bool]:
+    """The answer most placements give (one claim on one device of one node, at most one
+    reservation repeating its allocation), and its near misses, which the general writer
+    takes: a result with extras, a second result, a reservation with labels or its own
+    (equal) allocation, an explanation, a refusal, a gang. Whether it is the first kind."""
+    result = draw(results(False))
+    plain = not (
+        result.admin_access is not None
+        or result.tolerations
+        or result.share_id is not None
+        or result.binding_conditions
+        or result.binding_failure_conditions
+    )
+    more = draw(st.lists(results(False), max_size=1 if draw(st.booleans()) else 0))
+    allocation = AllocationResult(results=(result, *more), node_selector=draw(SELECTORS))
+    score = draw(
+        st.none()
+        | st.builds(
+            Score,
+            free_devices=st.integers(0, 8),
+            total_devices=st.integers(0, 8),
+            free_counters=st.just(Fraction(1)),
+        )
+    )
+    placement = NodePlacement(draw(st.none() | NAMES), (allocation,), score)
+    reserved: tuple[Reservation, ...] = ()
+    own = labelled = False
+    if draw(st.booleans()):
+        own = draw(st.booleans()) and draw(st.booleans())
+        held = AllocationResult(allocation.results, (), allocation.node_selector)
+        reservation = draw(reservations((held,) if own else (allocation,)))
+        labelled = bool(reservation.labels) and draw(st.booleans())
+        reserved = (reservation if labelled else replace(reservation, labels=()),)
+    explained = draw(st.booleans()) and draw(st.booleans())
+    refused = draw(st.booleans()) and draw(st.booleans())
+    gang = draw(st.booleans()) and draw(st.booleans())
+    answer = Answer(
+        outcome=draw(st.sampled_from(Outcome)),
+        generation=draw(st.integers(-(2**63), 2**63 - 1)),
+        claims=(
+            ResourceClaim(
+                name=draw(st.sampled_from(["one-h100", "ünï"])),
+                namespace=draw(st.sampled_from(["default", "ns"])),
+                uid=draw(st.sampled_from(["", "uid-1"])),
+            ),
+        ),
+        placements=(placement,),
+        policy=draw(st.sampled_from(Policy)),
+        explanation=Explanation(NO_SUMMARY) if explained else None,
+        reservations=reserved,
+        holders=(HOLDER,) if refused else (),
+        quota=(REFUSAL,) if refused else (),
+    )
+    one = plain and not (more or own or labelled or explained or refused or gang)
+    return answer, gang, one
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(one_device_answers())
+def test_a_one_device_answer_written_without_loops_is_the_answer_built_field_by_field(
+    asked: tuple[Answer, bool, bool],
+) -> None:
+    """_one_device_answer_bytes (the answer of almost every placement) writes the same bytes
+    as the field-by-field builder, and takes only the answers it is for."""
+    answer, gang, one = asked
+    written = allocate_response_bytes(answer, gang=gang)
+    assert written is not None
+    if not any(r.labels for r in answer.reservations):  # a map's entries: its table's order
+        assert written == field_by_field(answer, gang)
+    assert allocate_response(answer, gang=gang).SerializeToString() == field_by_field(answer, gang)
+    assert (gang or _one_device_answer_bytes(answer) is not None) == (gang or one)
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from services.common.pb.wire import (
     I64,
     LEN,
     VARINT,
+    counter_field,
     double_field,
     key,
     message_field,
@@ -39,6 +40,19 @@ def test_a_uint64_at_each_length_is_what_upb_writes(value: int) -> None:
     expected = pb.Reservation(fencing_token=value).SerializeToString()
     assert varint_field(key(7, VARINT), value) == expected
     assert varint(value) == expected[1:] or value == 0
+
+
+@given(
+    st.one_of(
+        st.integers(0, 2**64 - 1),
+        st.integers(0, 2**20).map(lambda low: 1_796_594_544_742 + low),  # a run of tokens
+        st.sampled_from([0, 1, 0x3FFF, 0x4000, 0x4001, 2**21, 2**64 - 1]),
+    )
+)
+def test_a_counter_is_the_uint64_upb_writes(value: int) -> None:
+    expected = pb.Reservation(fencing_token=value).SerializeToString()
+    assert counter_field(key(7, VARINT), value) == expected
+    assert counter_field(key(7, VARINT), value) == varint_field(key(7, VARINT), value)
 
 
 @pytest.mark.parametrize(

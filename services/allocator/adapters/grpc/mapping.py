@@ -76,6 +76,8 @@ from services.common.pb.dra_mapping import (
     from_pb_device_id,
     from_pb_node_selector,
     from_pb_resource_claim,
+    has_extras,
+    one_device_allocation_bytes,
     to_pb_device_id,
 )
 from services.common.pb.wire import (
@@ -83,6 +85,7 @@ from services.common.pb.wire import (
     LEN,
     VARINT,
     cached_string_field,
+    counter_field,
     double_field,
     key,
     length_prefixed,
@@ -557,6 +560,10 @@ def allocate_response_bytes(
     What an answer repeats (names, a device's entries, a node's selector, a write's times) is
     written once and kept (lru caches keyed by the values: never stale); an allocation the
     reservations repeat (the same object) is written once per answer."""
+    if not gang:
+        one = _one_device_answer_bytes(answer)
+        if one is not None:
+            return one
     written: dict[int, bytes] = {}  # ClaimAllocation.allocation fields, by the object's id
     parts = [_OUTCOME_FIELDS[answer.outcome]]
     placements = answer.placements
@@ -573,7 +580,7 @@ def allocate_response_bytes(
             claim = claims[index]
             head = _claim_head(claim.namespace, claim.name, claim.uid)
             parts.append(_ALLOCATIONS + length_prefixed(head + field))
-        parts.append(double_field(_SCORE, _score(single.score, answer.policy)))
+        parts.append(_score_field(single.score, answer.policy))
     elif gang and placements:
         for member in placements:
             if any(allocation_result_bytes(a) is None for a in member.allocations):
@@ -593,6 +600,122 @@ def allocate_response_bytes(
     if answer.holders or answer.quota or answer.preemption or answer.flavors:
         parts.append(_refusal_bytes(answer))
     return b"".join(parts)
+
+
+def _one_device_answer_bytes(answer: Answer) -> bytes | None:
+    """allocate_response_bytes of the answer most placements give, without its loops: one
+    claim placed on one device of one node (a result without extras, no config; not asked as
+    a gang), at most one reservation, holding the placement's allocation (the same object)
+    without labels or conditions, and nothing else (no explanation, holders, refusals). None
+    for any other answer.
+
+    What depends only on the request and the node (the outcome, node and claim fields, the
+    reservation's owner, state, tenant and priority class, the generation) is written once
+    (`_answer_frame`, `_reservation_frame`); per answer only the device, the score and the
+    reservation's id, fencing token and times are. The same bytes as the general writer below
+    (tests/unit/allocator/test_allocate_response_bytes.py)."""
+    placements = answer.placements
+    reservations = answer.reservations
+    if (
+        len(placements) != 1
+        or len(reservations) > 1
+        or len(answer.claims) != 1
+        or answer.explanation is not None
+        or answer.holders
+        or answer.quota
+        or answer.preemption
+        or answer.flavors
+    ):
+        return None
+    single = placements[0]
+    allocations = single.allocations
+    if len(allocations) != 1:
+        return None
+    allocation = allocations[0]
+    results = allocation.results
+    if len(results) != 1 or allocation.config:
+        return None
+    result = results[0]
+    if has_extras(result):  # none: no binding conditions, the device listed (no admin access)
+        return None
+    body = one_device_allocation_bytes(result, allocation.node_selector)
+    field = _CLAIM_ALLOCATION + length_prefixed(body)
+    claim = answer.claims[0]
+    head, claim_head, generation = _answer_frame(
+        answer.outcome, single.node, claim.namespace, claim.name, claim.uid, answer.generation
+    )
+    placed = _ALLOCATIONS + length_prefixed(claim_head + field)
+    score = _score_field(single.score, answer.policy)
+    if not reservations:
+        return head + placed + score + generation
+    reservation = reservations[0]
+    refs, held = reservation.claim_names, reservation.allocations
+    if (
+        len(refs) != 1
+        or len(held) != 1
+        or held[0] is not allocation
+        or reservation.labels
+        or reservation.conditions
+    ):
+        return None
+    ref_head, owner_and_node, state, tail = _reservation_frame(
+        refs[0],
+        reservation.owner,
+        reservation.redacted,
+        reservation.node,
+        reservation.state,
+        reservation.priority_class,
+    )
+    expires, created = _reservation_times(reservation.created_at, reservation.expires_at)
+    reserved = b"".join(
+        (
+            string_field(_RESERVATION_ID, reservation.id),
+            owner_and_node,
+            _RESERVATION_ALLOCATIONS,
+            length_prefixed(ref_head + field),
+            state,
+            expires,
+            counter_field(_RESERVATION_FENCING_TOKEN, reservation.fencing_token),
+            string_field(_RESERVATION_IDEMPOTENCY_KEY, reservation.idempotency_key),
+            created,
+            _device_field(result.driver, result.pool, result.device),
+            tail,
+        )
+    )
+    return b"".join((head, placed, score, _RESERVATIONS, length_prefixed(reserved), generation))
+
+
+@functools.lru_cache(maxsize=4096)
+def _answer_frame(
+    outcome: Outcome, node: str | None, namespace: str, name: str, uid: str, generation: int
+) -> tuple[bytes, bytes, bytes]:
+    """A one-node answer's fields that depend on its request and node alone: its outcome and
+    node name, its claim's fields before the allocation, its generation."""
+    return (
+        _OUTCOME_FIELDS[outcome] + cached_string_field(_NODE_NAME, node or ""),
+        _claim_head(namespace, name, uid),
+        varint_field(_GENERATION, generation),
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _reservation_frame(
+    ref: str,
+    owner: str,
+    redacted: bool,
+    node: str,
+    state: ReservationState,
+    priority_class: str,
+) -> tuple[bytes, bytes, bytes, bytes]:
+    """A reservation's fields that depend on its request and node alone, for one claim
+    without binding conditions: the claim's fields before its allocation, the owner and
+    node, the state, and the tail (tenant, priority class; binding phase unspecified)."""
+    return (
+        _claim_ref_head(ref),
+        _owner_and_node("" if redacted else owner, node),
+        _RESERVATION_STATES[state],
+        _reservation_tail(owner, priority_class, pb.BINDING_PHASE_UNSPECIFIED),
+    )
 
 
 class BatchReply:
@@ -955,12 +1078,12 @@ def _reservation_bytes(reservation: Reservation, written: dict[int, bytes]) -> b
             _RESERVATION_ALLOCATIONS + length_prefixed(_claim_ref_head(refs[index]) + field)
         )
     parts.append(_RESERVATION_STATES[reservation.state])
-    if reservation.expires_at is not None:
-        parts.append(_timestamp_field(_RESERVATION_EXPIRES_AT, reservation.expires_at))
-    parts.append(varint_field(_RESERVATION_FENCING_TOKEN, reservation.fencing_token))
+    expires, created = _reservation_times(reservation.created_at, reservation.expires_at)
+    parts.append(expires)
+    parts.append(counter_field(_RESERVATION_FENCING_TOKEN, reservation.fencing_token))
     if reservation.idempotency_key:
         parts.append(string_field(_RESERVATION_IDEMPOTENCY_KEY, reservation.idempotency_key))
-    parts.append(_timestamp_field(_RESERVATION_CREATED_AT, reservation.created_at))
+    parts.append(created)
     parts.append(_devices_bytes(allocations))
     for label, value in reservation.labels:
         parts.append(_label_field(label, value))
@@ -986,9 +1109,15 @@ def _owner_and_node(owner: str, node: str) -> bytes:
 
 
 @functools.lru_cache(maxsize=1024)
+def _reservation_times(created_at: float, expires_at: float | None) -> tuple[bytes, bytes]:
+    """A reservation's expires_at field (empty: none) and created_at field (the reservations
+    of one write share their times: written once)."""
+    expires = b"" if expires_at is None else _timestamp_field(_RESERVATION_EXPIRES_AT, expires_at)
+    return expires, _timestamp_field(_RESERVATION_CREATED_AT, created_at)
+
+
 def _timestamp_field(field_key: bytes, seconds: float) -> bytes:
-    """A Timestamp field, as Timestamp.FromNanoseconds(round(seconds * 1e9)) sets it (the
-    reservations of one write share their times: written once)."""
+    """A Timestamp field, as Timestamp.FromNanoseconds(round(seconds * 1e9)) sets it."""
     whole, nanos = divmod(round(seconds * 1e9), _NANOS)
     return message_field(
         field_key, varint_field(_SECONDS, whole) + varint_field(_NANOS_FIELD, nanos)
@@ -1005,15 +1134,17 @@ def _devices_bytes(allocations: Sequence[AllocationResult]) -> bytes:
     return b"".join(_device_field(*device) for device in _devices(allocations))
 
 
-@functools.lru_cache(maxsize=65536)
 def _device_field(driver: str, pool: str, device: str) -> bytes:
-    """Reservation.devices' element for a device."""
-    body = (
-        cached_string_field(_FIRST, driver)
-        + cached_string_field(_SECOND, pool)
-        + cached_string_field(_THIRD, device)
-    )
-    return message_field(_RESERVATION_DEVICES, body)
+    """Reservation.devices' element for a device: the fields a node's devices share (driver,
+    pool) written once per node, then the device's name."""
+    body = _device_head(driver, pool) + cached_string_field(_THIRD, device)
+    return _RESERVATION_DEVICES + length_prefixed(body)
+
+
+@functools.lru_cache(maxsize=16384)
+def _device_head(driver: str, pool: str) -> bytes:
+    """A DeviceID's fields before its device's name."""
+    return cached_string_field(_FIRST, driver) + cached_string_field(_SECOND, pool)
 
 
 def _label_field(label: str, value: str) -> bytes:
@@ -1142,11 +1273,26 @@ def _score(score: Score | None, policy: Policy) -> float:
     the free share (SPREAD)."""
     if score is None or score.total_devices == 0:
         return 0.0
+    return _share(score.free_devices, score.total_devices, policy)
+
+
+def _share(free: int, total: int, policy: Policy) -> float:
+    """_score's share of a node with `free` of its `total` (> 0) devices free after it."""
     # int / int is correctly rounded, as float(Fraction(...)) is: the same float, without
     # the Fraction arithmetic (one per answer, 64 per AllocateBatch of 64)
-    total = score.total_devices
-    share = score.free_devices if policy.rules.scores_free_share else total - score.free_devices
-    return share / total
+    return (free if policy.rules.scores_free_share else total - free) / total
+
+
+def _score_field(score: Score | None, policy: Policy) -> bytes:
+    """AllocateResponse.score set to _score's (nothing when it is 0.0)."""
+    if score is None or score.total_devices == 0:
+        return b""
+    return _share_field(score.free_devices, score.total_devices, policy)
+
+
+@functools.lru_cache(maxsize=1024)
+def _share_field(free: int, total: int, policy: Policy) -> bytes:
+    return double_field(_SCORE, _share(free, total, policy))
 
 
 def _timestamp(seconds: float) -> timestamp_pb2.Timestamp:
