@@ -349,8 +349,13 @@ class LastChoice:
         )
         placed = kept.placed(view.devices(), ctx.plan.by_key)
         allocations = _kept_allocations(ctx, kept, placed, view.name, share_id)
-        held = [entry for claim in placed for alternative, entry in claim if not alternative.admin]
-        whole = None if any([entry.multi for entry in held]) else [entry.id for entry in held]
+        whole: list[DeviceID] | None = []
+        for claim in placed:
+            for alternative, entry in claim:
+                if entry.device.allow_multiple_allocations:  # a share: not held whole
+                    whole = None
+                elif whole is not None and not alternative.admin:
+                    whole.append(entry.id)
         return Allocated((NodePlacement(view.name, allocations, kept.score),), stats), whole
 
 
