@@ -91,22 +91,25 @@ def allocation_result(
 
 def kept_allocation_result(
     claim: ClaimPlan,
-    placed: Sequence[tuple[Alternative, DeviceEntry]],
+    picks: Sequence[tuple[int, int]],
     chosen: tuple[tuple[int, int], ...],
+    devices: Sequence[DeviceEntry],
     alternatives: Mapping[int, Alternative],
     node_name: str | None,
     share_id: ShareIdFactory,
     parts: ResultParts | None,
 ) -> AllocationResult:
-    """`allocation_result` of the picks a kept outcome places on a node (outcomes.py), as
-    (alternative, device) in pick order, without making Picks: a kept pick holds no capacity
-    share (its consumed capacity is None). `chosen`: (request index, alternative key) per
-    request, as the outcome keeps them; `alternatives`: the plan's by key."""
+    """`allocation_result` of the claim's picks a kept outcome places on a node
+    (outcomes.py), without making Picks: `picks` as (alternative key, device index) in pick
+    order, `chosen` as (request index, alternative key) per request, as the outcome keeps
+    them; the node's `devices` in view order; the plan's `alternatives` by key. A kept pick
+    holds no capacity share (its consumed capacity is None)."""
     owner = claim.claim
     results = []
     accesses = []
-    for position, (alternative, entry) in enumerate(placed):
-        results.append(_device_result(owner, position, alternative, entry, None, share_id))
+    for position, (key, index) in enumerate(picks):
+        entry = devices[index]
+        results.append(_device_result(owner, position, alternatives[key], entry, None, share_id))
         accesses.append(entry.access)
     if parts is None:
         by_request = {request: alternatives[key] for request, key in chosen}
