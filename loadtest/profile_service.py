@@ -84,6 +84,7 @@ PARTS: tuple[tuple[Any, str, str], ...] = (
     (combining.Combiner, "_run", "a pass of combined unary calls (Combiner._run)"),
     (servicer_module, "allocate_response", "  allocate_response"),
     (AllocatedState, "hold_in_place", "  the batch's holds (hold_in_place)"),
+    (AllocatedState, "hold_whole_in_place", "  the batch's holds (hold_in_place)"),  # the same
     (live_reservations.Holdings, "state_for", "the next state (state_for)"),
     (live_reservations.Holdings, "hold_pending", "hold_pending"),
     (live_reservations.Holdings, "settle_all", "settle_all (a run's placements settled)"),

@@ -11,8 +11,10 @@ the cyclic collector has nothing to find there.
 
 `GcPolicy` therefore moves the survivors into the permanent generation (`gc.freeze()`, a cheap
 list splice) every `freeze_every` seconds: collections only walk what was allocated since.
-Cyclic garbage that was alive at a freeze would never be collected, so once every `full_every`
-seconds everything is unfrozen and collected once (one full pause per hour by default).
+Cyclic garbage that was alive at a freeze would never be collected, so each freeze first collects
+the young generation (what became garbage since the last young collection: a few ms, once a
+second), and once every `full_every` seconds everything is unfrozen and collected once (one full
+pause per hour by default) for the cyclic garbage that was older than that at a freeze.
 
 The young generation is collected after `young_threshold` new container objects instead of
 CPython's 700. A young collection visits every reference of every young object, and a call
@@ -67,6 +69,8 @@ class GcPolicy:
                 since_full = 0.0
                 gc.unfreeze()
                 gc.collect()
+            else:  # what became cyclic garbage since the last young collection: not frozen
+                gc.collect(0)
             gc.freeze()
 
     def stop(self) -> None:

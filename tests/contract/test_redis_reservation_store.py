@@ -18,7 +18,13 @@ from services.allocator.adapters.store.redis_store import (
     NODE_BUCKETS,
     RedisReservationStore,
 )
-from services.allocator.reservations.model import ReservationState, reserve_placement
+from services.allocator.reservations.model import (
+    ReservationEvent,
+    ReservationEventOp,
+    ReservationState,
+    reserve_placement,
+    reserved,
+)
 from services.common.errors import Conflict, InvalidArgument, NotFound, Unavailable
 from tests.conftest import RedisServer, RedisServerFactory
 from tests.contract.conftest import capacity, counter, device, mem, reserve_request
@@ -285,6 +291,69 @@ def test_events_are_json_on_the_channel(store: RedisReservationStore, raw: redis
         "fencing_token": reservation.fencing_token,
         "owner": "alice",
     }
+
+
+def _events_until(
+    events: list[ReservationEvent], op: ReservationEventOp, reservation_id: str
+) -> list[tuple[str, str]]:
+    """(op, id) of every event received until `op` of `reservation_id` (channel order)."""
+    deadline = time.monotonic() + 5.0
+    while not any(e.op is op and e.id == reservation_id for e in list(events)):
+        assert time.monotonic() < deadline, f"no {op} event of {reservation_id}"
+        time.sleep(0.01)
+    return [(str(e.op), e.id) for e in list(events)]
+
+
+@pytest.mark.parametrize("watched", [False, True], ids=["quiet", "watched"])
+def test_quiet_own_reserves_holds_back_the_store_objects_own_grants(
+    redis_url: str, watched: bool
+) -> None:
+    """A store told `quiet_own_reserves` does not deliver the reserve events of its own grants
+    (one placement, and a batch of three on one node: one message) while `unless()` is false,
+    and delivers them while it is true; another store object's reserves (another replica's)
+    and every other op reach its subscribers as before."""
+    own = RedisReservationStore(redis_url)
+    other = RedisReservationStore(redis_url)
+    events: list[ReservationEvent] = []
+    own.quiet_own_reserves(unless=lambda: watched)
+    subscription = own.subscribe(events.append)
+    try:
+        time.sleep(0.1)  # subscribed
+        [mine] = reserve_placement(own, [reserve_request(device("gpu-0"))])
+        batch = own.reserve([[reserve_request(device(f"gpu-{i}"))] for i in (1, 2, 3)])
+        [theirs] = reserve_placement(other, [reserve_request(device("gpu-4"), owner="bob")])
+        own.release(mine.id, "alice")
+        seen = _events_until(events, ReservationEventOp.RELEASE, mine.id)
+
+        batch_ids = [r.id for outcome in batch for r in reserved(outcome)]
+        own_reserves = [("reserve", mine.id), *(("reserve", i) for i in batch_ids)]
+        expected = [*own_reserves, ("reserve", theirs.id)] if watched else [("reserve", theirs.id)]
+        assert seen == [*expected, ("release", mine.id)]
+    finally:
+        subscription.close()
+        own.close()
+        other.close()
+
+
+def test_quiet_own_reserves_delivers_a_failed_steps_events(
+    redis_server_factory: RedisServerFactory,
+) -> None:
+    """A grant step that happened on the primary but failed for its caller (WAIT found no
+    replica: UNAVAILABLE) is not in the caller's answer: its event reaches the subscribers."""
+    server = redis_server_factory()
+    store = RedisReservationStore(server.url, wait_replicas=1, wait_timeout=0.05)
+    events: list[ReservationEvent] = []
+    store.quiet_own_reserves(unless=lambda: False)
+    subscription = store.subscribe(events.append)
+    try:
+        time.sleep(0.1)  # subscribed
+        with pytest.raises(Unavailable, match="confirmed by 0 of 1"):
+            reserve_placement(store, [reserve_request(GPU0, key="k1")])
+        [held] = store.list()
+        assert _events_until(events, ReservationEventOp.RESERVE, held.id) == [("reserve", held.id)]
+    finally:
+        subscription.close()
+        store.close()
 
 
 # --- failure modes ----------------------------------------------------------------------------

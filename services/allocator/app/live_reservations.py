@@ -6,10 +6,12 @@ copy so that Allocate never waits for Redis:
 - at start, `store.live()`;
 - then the store's change events (other replicas' reserves, releases, expiries), applied on
   the subscription's thread as they come: releases and expiries drop ids, commits mark them;
-  the events of this process's own changes stop at a dictionary lookup. Reserves of unknown
-  ids are left to a fetch thread — after `_FETCH_GRACE` on a node where this process has a
-  placement pending (its own reserve's event usually arrives before the reservation is
-  settled here), fetched only if still unknown then;
+  the events of this process's own changes stop at a dictionary lookup (the Redis store an
+  allocator builds does not deliver its own reserves' at all: `quiet_own_reserves`, while no
+  WatchReservations stream is open). Reserves of unknown ids are left to a fetch thread —
+  after `_FETCH_GRACE` on a node where this process has a placement pending (its own
+  reserve's event usually arrives before the reservation is settled here), fetched only if
+  still unknown then;
 - and this process's own operations (`added` / `removed`), at once, so that the next Allocate
   in this process already avoids what it just reserved;
 - placements this process is reserving right now (`hold_pending`, then `settle_pending` or
@@ -45,6 +47,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from services.allocator.app.cluster_view import ViewSnapshot
 from services.allocator.core import AllocatedState
@@ -83,6 +86,17 @@ Step = tuple[str | None, str | None, AllocationResult]
 takes them; `(None, None, allocation)` changes nothing (a pending placement's addition taken
 back before any state applied it)."""
 _PENDING = HoldKind.PENDING.id("")  # a pending placement's token is this and a number
+
+
+class _Pending(NamedTuple):
+    """A pending placement (`Holdings.hold_pending`): what it holds, on which nodes, and where
+    its addition is in the journal (`journal[start:end]`; None: the journal was dropped)."""
+
+    allocations: tuple[AllocationResult, ...]
+    nodes: tuple[str, ...]
+    journal: list[Step] | None
+    start: int
+    end: int
 
 
 @dataclass(frozen=True, eq=False)
@@ -126,10 +140,7 @@ class Holdings:
         self._version = 0
         self._commits = 0  # commits applied: they change states, not what is held
         self._journal: list[Step] | None = []  # since the cached state
-        # pending placements' additions in the journal: token -> (that journal, start, end)
-        self._journal_adds: dict[str, tuple[list[Step], int, int]] = {}
-        self._pending: dict[str, tuple[AllocationResult, ...]] = {}
-        self._pending_nodes: dict[str, tuple[str, ...]] = {}  # token -> its nodes
+        self._pending: dict[str, _Pending] = {}  # by token
         self._pending_on: dict[str, int] = {}  # node -> pending placements there (_unknown)
         self._pending_tokens = itertools.count(1)
         self._recording: list[_Change] | None = None  # changes made while a refresh reads
@@ -229,7 +240,7 @@ class Holdings:
             limit = max(_INCREMENTAL_LIMIT, len(self._by_id) // 2)
             if cached is None or journal is None or len(journal) > limit:
                 held = ((r.id, a) for r in self._by_id.values() for a in r.allocations)
-                pending = ((t, a) for t, allocations in self._pending.items() for a in allocations)
+                pending = ((t, a) for t, p in self._pending.items() for a in p.allocations)
                 state = AllocatedState.build(view.snapshot, itertools.chain(held, pending))
             elif cached.view is not view:
                 state = cached.state.rebase(view.snapshot)
@@ -304,19 +315,23 @@ class Holdings:
         """A placement this process is about to reserve on `nodes`: held for its own solves
         until `settle_pending` or `drop_pending` (call one of them, always). Returns a token."""
         held = tuple(allocations)
+        on = tuple(nodes)
         with self._lock:
             token = f"{_PENDING}{next(self._pending_tokens)}"
-            self._pending[token] = held
-            self._pending_nodes[token] = tuple(nodes)
             pending_on = self._pending_on
-            for node in nodes:
+            for node in on:
                 pending_on[node] = pending_on.get(node, 0) + 1
             self._version += 1
             journal = self._journal
-            if journal is not None:
+            if journal is None:
+                self._pending[token] = _Pending(held, on, None, 0, 0)
+            else:
                 start = len(journal)
-                journal.extend([(None, token, allocation) for allocation in held])
-                self._journal_adds[token] = (journal, start, len(journal))
+                if len(held) == 1:
+                    journal.append((None, token, held[0]))
+                else:
+                    journal += [(None, token, allocation) for allocation in held]
+                self._pending[token] = _Pending(held, on, journal, start, len(journal))
             return token
 
     def settle_pending(self, token: str, reservations: Iterable[Reservation]) -> None:
@@ -334,11 +349,39 @@ class Holdings:
         """`settle_pending` (reservations) or `drop_pending` (None) for each pending placement
         of a run, in one step."""
         with self._lock:
+            journal, pendings, by_id = self._journal, self._pending, self._by_id
             for token, reservations in outcomes:
                 if reservations is None:
                     self._drop(token)
-                else:
-                    self._settle(token, reservations)
+                    continue
+                pending = pendings.get(token)
+                if (
+                    pending is not None
+                    and isinstance(reservations, Sequence)
+                    and len(reservations) == 1
+                ):
+                    reservation = reservations[0]
+                    reservation_id = reservation.id
+                    if (
+                        reservation.allocations == pending.allocations
+                        and reservation_id not in by_id
+                        and reservation_id not in self._tombstones
+                    ):  # the common case: one new reservation takes the placement over
+                        del pendings[token]
+                        by_id[reservation_id] = reservation
+                        if self._recording is not None:
+                            self._recording.append(_Change(reservation, None))
+                        self._version += 2  # admitted, and no longer pending
+                        self._forget_nodes(pending.nodes)
+                        if journal is None:
+                            continue
+                        if pending.journal is journal:  # not applied yet: the addition's
+                            for index in range(pending.start, pending.end):
+                                journal[index] = (None, reservation_id, journal[index][2])
+                        else:  # a state holds it for the token: renamed
+                            journal += [(token, reservation_id, a) for a in pending.allocations]
+                        continue
+                self._settle(token, reservations)
 
     def _settle(self, token: str, reservations: Iterable[Reservation]) -> None:
         """With the lock: the allocations of the placement that a new reservation carries
@@ -346,34 +389,35 @@ class Holdings:
         the rest of the placement is freed, the rest of the reservations added. While no state
         has applied the placement's addition yet, that addition becomes the reservations' in
         place (a batch settles a few hundred at once: half the changes for the next state)."""
-        allocations = self._pending.pop(token, None)
-        span = self._journal_adds.pop(token, None)
-        added = self._admit(reservations)
+        pending = self._pending.pop(token, None)
         journal = self._journal
-        if allocations is None:  # not pending (any more): plain additions
+        if pending is None:  # not pending (any more): plain additions
+            added = self._admit(reservations)
             if journal is not None:
                 journal.extend((None, r.id, a) for r in added for a in r.allocations)
             return
-        self._forget_nodes(token)
+        self._forget_nodes(pending.nodes)
         self._version += 1
+        allocations = pending.allocations
+        added = self._admit(reservations)
         if journal is None:
             return
         if len(added) == 1 and added[0].allocations == allocations:  # the common case
             takes = {id(a): added[0].id for a in allocations}
             adds: list[Step] = []
         else:
-            pending = {id(a) for a in allocations}
+            placed = {id(a) for a in allocations}
             takes = {}
             adds = []
             for reservation in added:
                 for allocation in reservation.allocations:
                     key = id(allocation)
-                    if key in pending and key not in takes:
+                    if key in placed and key not in takes:
                         takes[key] = reservation.id
                     else:
                         adds.append((None, reservation.id, allocation))
-        if span is not None and span[0] is journal:  # not applied yet: the addition changes
-            for index in range(span[1], span[2]):
+        if pending.journal is journal:  # not applied yet: the addition changes
+            for index in range(pending.start, pending.end):
                 allocation = journal[index][2]
                 journal[index] = (None, takes.get(id(allocation)), allocation)
         else:
@@ -382,24 +426,23 @@ class Holdings:
         journal.extend(adds)
 
     def _drop(self, token: str) -> None:
-        allocations = self._pending.pop(token, None)
-        span = self._journal_adds.pop(token, None)
-        if allocations is None:
+        pending = self._pending.pop(token, None)
+        if pending is None:
             return
-        self._forget_nodes(token)
+        self._forget_nodes(pending.nodes)
         self._version += 1
         journal = self._journal
         if journal is None:
             return
-        if span is not None and span[0] is journal:  # not applied yet: taken back
-            for index in range(span[1], span[2]):
+        if pending.journal is journal:  # not applied yet: taken back
+            for index in range(pending.start, pending.end):
                 journal[index] = (None, None, journal[index][2])
         else:
-            journal.extend((token, None, a) for a in allocations)
+            journal.extend((token, None, a) for a in pending.allocations)
 
-    def _forget_nodes(self, token: str) -> None:
-        """With the lock: pending placement `token` no longer counts on its nodes."""
-        for node in self._pending_nodes.pop(token, ()):
+    def _forget_nodes(self, nodes: tuple[str, ...]) -> None:
+        """With the lock: a pending placement on `nodes` no longer counts there."""
+        for node in nodes:
             left = self._pending_on[node] - 1
             if left:
                 self._pending_on[node] = left

@@ -129,6 +129,11 @@ class ReservationWatch:
         with self._lock:
             return len(self._watchers)
 
+    @property
+    def watching(self) -> bool:
+        """Whether a stream is open (read without the lock, as `publish` reads it)."""
+        return bool(self._watchers)
+
     def publish(self, event: ReservationEvent) -> None:
         # The common case: no stream open, nothing to build. Read without the lock (once per
         # store event): a stream registered before this call is in the list already.

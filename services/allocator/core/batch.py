@@ -80,13 +80,28 @@ def solve_many(
     for _ in range(count):
         item = replace(ctx, recorder=Recorder()) if explain else ctx
         counts = (ctx.selection.cel_evaluations, ctx.selection.cel_profile_hits)
-        result = solve_in(
-            item, budget, node=node, nodes=nodes, share_id=share_id, cel_before=counts, last=last
-        )
-        results.append(result)
-        if not isinstance(result, Allocated):
-            break
-        for placement in result.placements:
+        again = last.again(ctx, budget, share_id, counts) if last is not None else None
+        if again is not None:  # the last node again, from its kept outcome: solve_in's answer
+            placed, whole = again
+            results.append(placed)
+            if whole is not None:
+                held.hold_whole_in_place(whole)
+                continue
+        else:
+            result = solve_in(
+                item,
+                budget,
+                node=node,
+                nodes=nodes,
+                share_id=share_id,
+                cel_before=counts,
+                last=last,
+            )
+            results.append(result)
+            if not isinstance(result, Allocated):
+                break
+            placed = result
+        for placement in placed.placements:
             for allocation in placement.allocations:
                 held.hold_in_place(allocation)
     return results

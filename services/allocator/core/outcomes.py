@@ -29,7 +29,6 @@ from services.allocator.core.explain import NodeMiss
 from services.allocator.core.plan import Alternative, Plan
 from services.allocator.core.preferences import TopologyFit
 from services.allocator.core.scoring import NodeKey, Score
-from services.allocator.core.search import Pick
 from services.allocator.core.snapshot import DeviceEntry
 from services.allocator.core.templates import NodeTemplate
 
@@ -64,17 +63,14 @@ class NodeOutcome:
     miss_claim: int = -1
     score: Score | None = None  # the full Score, once some solve needed it
 
-    def placed_on(
+    def placed(
         self, devices: Sequence[DeviceEntry], alternatives: Mapping[int, Alternative]
-    ) -> tuple[list[list[Pick]], list[dict[int, Alternative]]]:
-        """The picks and chosen alternatives on a node of the group (its `devices`, in view
-        order), for the asking plan's `alternatives` by key."""
-        picks = [
-            [Pick(alternatives[key], devices[index], None, False) for key, index in claim]
-            for claim in self.picks
+    ) -> list[list[tuple[Alternative, DeviceEntry]]]:
+        """Per claim, the (alternative, device) of each pick on a node of the group (its
+        `devices`, in view order), for the asking plan's `alternatives` by key."""
+        return [
+            [(alternatives[key], devices[index]) for key, index in claim] for claim in self.picks
         ]
-        chosen = [{request: alternatives[key] for request, key in claim} for claim in self.chosen]
-        return picks, chosen
 
     def miss_on(self, node: str | None, plan: Plan) -> NodeMiss | None:
         """The kept miss, for `node` and labelled with the asking plan's claim."""

@@ -12,9 +12,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 
-from services.allocator.core.nodeselect import allocation_node_selector
+from services.allocator.core.nodeselect import NodeAccess, allocation_node_selector
 from services.allocator.core.plan import Alternative, ClaimPlan
 from services.allocator.core.search import Pick
+from services.allocator.core.snapshot import DeviceEntry
 from services.common.dra.model import (
     AllocationResult,
     ConfigSource,
@@ -24,8 +25,15 @@ from services.common.dra.model import (
     NodeSelector,
     ResourceClaim,
 )
+from services.common.dra.quantity import Quantity
 
-__all__ = ["ResultParts", "ShareIdFactory", "allocation_result", "default_share_id"]
+__all__ = [
+    "ResultParts",
+    "ShareIdFactory",
+    "allocation_result",
+    "default_share_id",
+    "kept_allocation_result",
+]
 
 ShareIdFactory = Callable[[ResourceClaim, str, DeviceID, int], str]
 """(claim, result request name, device, position of the result in the claim) -> share ID."""
@@ -63,47 +71,115 @@ def allocation_result(
 ) -> AllocationResult:
     """The claim's result; `parts`: what earlier results of the same context worked out."""
     owner = claim.claim
-    results = tuple([_device_result(owner, i, pick, share_id) for i, pick in enumerate(picks)])
+    results = tuple(
+        [
+            _device_result(owner, i, pick.alternative, pick.entry, pick.consumed, share_id)
+            for i, pick in enumerate(picks)
+        ]
+    )
+    accesses = [p.entry.access for p in picks]
     if parts is None:
         config = _class_configs(claim, chosen) + _claim_configs(claim, chosen)
-        selector = allocation_node_selector([p.entry.access for p in picks], node_name)
-    else:
-        key = (claim.index, tuple([chosen[i].key for i in range(len(claim.requests))]))
-        found = parts.configs.get(key)
-        if found is None:
-            found = parts.configs[key] = _class_configs(claim, chosen) + _claim_configs(
-                claim, chosen
-            )
-        config = found
-        accesses = [p.entry.access for p in picks]
-        if accesses and all([access.node_name for access in accesses]):  # pinned to the node
-            selector = parts.pinned.get(node_name, _UNKNOWN)
-            if selector is _UNKNOWN:
-                selector = parts.pinned[node_name] = allocation_node_selector(accesses, node_name)
-        else:
-            selector = allocation_node_selector(accesses, node_name)
-    return AllocationResult(results, config, selector)
+        return AllocationResult(results, config, allocation_node_selector(accesses, node_name))
+    keys = tuple([chosen[i].key for i in range(len(claim.requests))])
+    return AllocationResult(
+        results, _kept_configs(claim, keys, chosen, parts), _selector(accesses, node_name, parts)
+    )
+
+
+def kept_allocation_result(
+    claim: ClaimPlan,
+    placed: Sequence[tuple[Alternative, DeviceEntry]],
+    chosen: Sequence[tuple[int, int]],
+    alternatives: Mapping[int, Alternative],
+    node_name: str | None,
+    share_id: ShareIdFactory,
+    parts: ResultParts | None,
+) -> AllocationResult:
+    """`allocation_result` of the picks a kept outcome places on a node (outcomes.py), as
+    (alternative, device) in pick order, without making Picks: a kept pick holds no capacity
+    share (its consumed capacity is None). `chosen`: (request index, alternative key) per
+    request, as the outcome keeps them; `alternatives`: the plan's by key."""
+    owner = claim.claim
+    results = tuple(
+        [
+            _device_result(owner, i, alternative, entry, None, share_id)
+            for i, (alternative, entry) in enumerate(placed)
+        ]
+    )
+    accesses = [entry.access for _, entry in placed]
+    if parts is None:
+        by_request = {request: alternatives[key] for request, key in chosen}
+        config = _class_configs(claim, by_request) + _claim_configs(claim, by_request)
+        return AllocationResult(results, config, allocation_node_selector(accesses, node_name))
+    keys = tuple([key for _, key in chosen])
+    found = parts.configs.get((claim.index, keys))
+    if found is None:
+        by_request = {request: alternatives[key] for request, key in chosen}
+        found = _kept_configs(claim, keys, by_request, parts)
+    return AllocationResult(results, found, _selector(accesses, node_name, parts))
+
+
+def _kept_configs(
+    claim: ClaimPlan, keys: tuple[int, ...], chosen: Mapping[int, Alternative], parts: ResultParts
+) -> Configs:
+    """The claim's configs for its chosen alternatives (`keys`: theirs, per request), made
+    once per context."""
+    found = parts.configs.get((claim.index, keys))
+    if found is None:
+        found = parts.configs[claim.index, keys] = _class_configs(claim, chosen) + _claim_configs(
+            claim, chosen
+        )
+    return found
+
+
+def _selector(
+    accesses: Sequence[NodeAccess], node_name: str | None, parts: ResultParts
+) -> NodeSelector | None:
+    """allocation_node_selector; one per node and context when every pick is node-local."""
+    if accesses and all([access.node_name for access in accesses]):  # pinned to the node
+        selector = parts.pinned.get(node_name, _UNKNOWN)
+        if selector is _UNKNOWN:
+            selector = parts.pinned[node_name] = allocation_node_selector(accesses, node_name)
+        return selector
+    return allocation_node_selector(accesses, node_name)
 
 
 _UNKNOWN = NodeSelector(())  # no node's pinned selector yet (a real one has a term)
 
 
 def _device_result(
-    claim: ResourceClaim, position: int, pick: Pick, share_id: ShareIdFactory
+    claim: ResourceClaim,
+    position: int,
+    alternative: Alternative,
+    entry: DeviceEntry,
+    consumed: Mapping[str, Quantity] | None,
+    share_id: ShareIdFactory,
 ) -> DeviceRequestAllocationResult:
-    alternative, entry = pick.alternative, pick.entry
     device_id, device = entry.id, entry.device
-    shared = device.allow_multiple_allocations
     request = alternative.result_name
+    if not device.allow_multiple_allocations:
+        return DeviceRequestAllocationResult(
+            request,
+            device_id.driver,
+            device_id.pool,
+            device_id.device,
+            True if alternative.admin else None,
+            alternative.tolerations,  # as upstream: what let a tainted device in
+            None,
+            {},
+            device.binding_conditions,
+            device.binding_failure_conditions,
+        )
     return DeviceRequestAllocationResult(
         request=request,
         driver=device_id.driver,
         pool=device_id.pool,
         device=device_id.device,
         admin_access=True if alternative.admin else None,
-        tolerations=alternative.tolerations,  # as upstream: what let a tainted device in
-        share_id=share_id(claim, request, device_id, position) if shared else None,
-        consumed_capacity=dict(pick.consumed) if shared and pick.consumed else {},
+        tolerations=alternative.tolerations,
+        share_id=share_id(claim, request, device_id, position),
+        consumed_capacity=dict(consumed) if consumed else {},
         binding_conditions=device.binding_conditions,
         binding_failure_conditions=device.binding_failure_conditions,
     )

@@ -77,9 +77,10 @@ from services.allocator.core.results import (
     ShareIdFactory,
     allocation_result,
     default_share_id,
+    kept_allocation_result,
 )
 from services.allocator.core.scoring import NodeKey, Policy, Score, free_capacity
-from services.allocator.core.search import BudgetExhausted, NodeSearch, Pick, StepCounter
+from services.allocator.core.search import BudgetExhausted, NodeSearch, StepCounter
 from services.allocator.core.selection import (
     Equivalence,
     EquivalenceSources,
@@ -98,6 +99,7 @@ from services.common.dra.model import (
     AllocationMode,
     AllocationResult,
     DeviceClass,
+    DeviceID,
     ResourceClaim,
 )
 from services.common.errors import GpuallocError
@@ -301,12 +303,55 @@ class LastChoice:
     not pop before, but the chosen node's new one), so when the last walk's steps plus the new
     search's stay under the budget, the walk would not have run out either."""
 
-    found: _Found | None = None  # the choice; None: no walk to carry (none yet, or out of budget)
+    # the chosen node and its key now; None: no walk to carry (none yet, or out of budget)
+    view: NodeView | None = None
+    key: NodeKey | None = None
     steps: int = 0  # the steps the walk that made the choice took
     feasible: int = 0  # the nodes that walk knew to fit (all still fit: Stats)
+    nodes_total: int = 0  # the nodes that walk chose among
     # the chosen node's template and the outcomes kept for the question on it (None: ungrouped)
     template: NodeTemplate | None = None
     memo: OutcomeMemo[NodeOutcome] | None = None
+
+    def again(
+        self,
+        ctx: SolveContext,
+        budget: SearchBudget,
+        share_id: ShareIdFactory,
+        cel_before: tuple[int, int],
+    ) -> tuple[Allocated, list[DeviceID] | None] | None:
+        """What `solve_in(ctx, budget, last=self, ...)` answers when it takes the last node
+        again from the outcome kept for the node's devices in use now (NodeRun._again, then
+        NodeRun.result), made without a NodeRun, with the devices that answer holds, each
+        whole (None: not all whole, the caller holds its allocations). None, with nothing
+        changed, where solve_in must decide: no kept outcome for the node's state, one that
+        does not fit or ranks worse, the budget, or a kept fit no solve scored yet (solve_in
+        scores it for the next)."""
+        view, memo, snapshot = self.view, self.memo, ctx.snapshot
+        if view is None or memo is None or snapshot is None:
+            return None
+        kept = memo.get(ctx.state.node_in_use(snapshot, view))
+        if kept is None or kept.key is None or kept.score is None:
+            return None
+        steps = kept.steps  # _again's: NodeRun._affordable, the walk's budget left
+        if steps > budget.max_steps_per_node or self.steps + steps >= budget.max_steps:
+            return None
+        key = kept.key.named(view.name or "")
+        assert self.key is not None
+        if key > self.key:
+            return None
+        self.key = key
+        selection, total = ctx.selection, self.nodes_total
+        evaluations = selection.cel_evaluations - cel_before[0]
+        hits = selection.cel_profile_hits - cel_before[1]
+        stats = _shared_stats(
+            ctx, (steps, evaluations, total, total - 1, 1, self.feasible, False, hits)
+        )
+        placed = kept.placed(view.devices(), ctx.plan.by_key)
+        allocations = _kept_allocations(ctx, kept, placed, view.name, share_id)
+        held = [entry for claim in placed for alternative, entry in claim if not alternative.admin]
+        whole = None if any([entry.multi for entry in held]) else [entry.id for entry in held]
+        return Allocated((NodePlacement(view.name, allocations, kept.score),), stats), whole
 
 
 @dataclass
@@ -468,9 +513,9 @@ class NodeRun:
         if not usable(self.ctx.plan, self.ctx, templates):
             return False
         if last is not None:
-            if last.found is not None and self._again(snapshot, templates, last):
+            if last.view is not None and self._again(snapshot, templates, last):
                 return True
-            last.found = None
+            last.view = last.key = None
         choice = GroupedChoice(
             self.ctx,
             snapshot,
@@ -486,12 +531,13 @@ class NodeRun:
         if last is not None and self.found and not self.exhausted:
             best = min(self.found, key=_key_of)
             template = templates.of_node.get(best.view.name or "")
-            last.found, last.steps, last.feasible, last.template = (
-                best,
+            last.view, last.key, last.steps, last.feasible = (
+                best.view,
+                best.key,
                 self.steps.steps,
                 choice.feasible,
-                template,
             )
+            last.nodes_total, last.template = self.nodes_total, template
             last.memo = None if template is None else question_memo(self.ctx, template)
         if not self.found and self.errors:
             raise self.errors[0]
@@ -500,8 +546,8 @@ class NodeRun:
     def _again(self, snapshot: ClusterSnapshot, templates: NodeTemplates, last: LastChoice) -> bool:
         """The last item's node, searched with its placement held, when it is still the best
         node (LastChoice); False, with nothing counted, when the walk must decide."""
-        assert last.found is not None
-        view, template = last.found.view, last.template
+        assert last.view is not None and last.key is not None
+        view, template = last.view, last.template
         try:
             if template is None or last.memo is None:
                 found = self._node(view)
@@ -519,7 +565,7 @@ class NodeRun:
         if (
             found is None
             or self.exhausted
-            or found.key > last.found.key
+            or found.key > last.key
             or last.steps + steps >= self.steps.max_steps
         ):
             self._forget()
@@ -527,7 +573,7 @@ class NodeRun:
         self.nodes_total = len(templates.of_node) + len(templates.ungrouped)
         self.searched, self.pruned = 1, self.nodes_total - 1
         self.feasible = last.feasible
-        last.found = found
+        last.key = found.key
         return True
 
     def _forget(self) -> None:
@@ -867,14 +913,7 @@ class NodeRun:
             self.exhausted,
             cel_profile_hits,
         )
-        made = self.ctx.derived.get(_STATS)
-        if not isinstance(made, dict):
-            made = self.ctx.derived[_STATS] = {}
-        found = made.get(values)
-        if found is None:
-            found = made[values] = Stats(*values)
-        assert isinstance(found, Stats)
-        return found
+        return _shared_stats(self.ctx, values)
 
     def result(self, share_id: ShareIdFactory, cel_before: tuple[int, int] = (0, 0)) -> SolveResult:
         """The solve's answer; its CEL counts are this solve's own (its meter's, less
@@ -894,22 +933,14 @@ class NodeRun:
         return Allocated((placement,), stats, explanation)
 
     def _allocations(self, found: _Found, share_id: ShareIdFactory) -> tuple[AllocationResult, ...]:
-        if found.search is not None:
-            picks: Sequence[Sequence[Pick]] = found.search.picks
-            chosen: Sequence[Mapping[int, Alternative]] = found.search.chosen
-        else:
-            assert found.outcome is not None
-            alternatives = self.ctx.plan.by_key
-            picks, chosen = found.outcome.placed_on(found.view.devices(), alternatives)
-        # What results share, kept from the context's second result on (a batch's later
-        # items; a unary solve makes one result and keeps nothing). Not among the facts a
-        # caller keeps (SolveFacts): its node selectors grow with the nodes placed on.
-        derived = self.ctx.derived
-        parts = derived.get(_RESULT_PARTS)
-        if not isinstance(parts, ResultParts):
-            derived[_RESULT_PARTS] = ResultParts()
-            parts = None
         name = found.view.name
+        if found.search is None:
+            outcome = found.outcome
+            assert outcome is not None
+            placed = outcome.placed(found.view.devices(), self.ctx.plan.by_key)
+            return _kept_allocations(self.ctx, outcome, placed, name, share_id)
+        picks, chosen = found.search.picks, found.search.chosen
+        parts = _result_parts(self.ctx)
         return tuple(
             [
                 allocation_result(
@@ -1043,6 +1074,58 @@ def _budget_miss(view: NodeView, search: NodeSearch) -> NodeMiss:
 _TAPES = 2048  # explaining searches kept per (template, question)
 _RESULT_PARTS = "results.parts"  # the context's ResultParts
 _STATS = "solver.stats"  # the context's Stats by their values
+
+
+def _shared_stats(
+    ctx: SolveContext, values: tuple[int, int, int, int, int, int, bool, int]
+) -> Stats:
+    """The Stats of these values, one per context (NodeRun.stats)."""
+    made = ctx.derived.get(_STATS)
+    if not isinstance(made, dict):
+        made = ctx.derived[_STATS] = {}
+    found = made.get(values)
+    if found is None:
+        found = made[values] = Stats(*values)
+    assert isinstance(found, Stats)
+    return found
+
+
+def _result_parts(ctx: SolveContext) -> ResultParts | None:
+    """What the context's results share, kept from its second result on (a batch's later
+    items; a unary solve makes one result and keeps nothing). Not among the facts a caller
+    keeps (SolveFacts): its node selectors grow with the nodes placed on."""
+    parts = ctx.derived.get(_RESULT_PARTS)
+    if not isinstance(parts, ResultParts):
+        ctx.derived[_RESULT_PARTS] = ResultParts()
+        return None
+    return parts
+
+
+def _kept_allocations(
+    ctx: SolveContext,
+    outcome: NodeOutcome,
+    placed: Sequence[Sequence[tuple[Alternative, DeviceEntry]]],
+    node_name: str | None,
+    share_id: ShareIdFactory,
+) -> tuple[AllocationResult, ...]:
+    """One AllocationResult per claim from a kept outcome's picks `placed` on a node, its
+    `node_name`'s."""
+    parts = _result_parts(ctx)
+    alternatives = ctx.plan.by_key
+    return tuple(
+        [
+            kept_allocation_result(
+                claim,
+                placed[claim.index],
+                outcome.chosen[claim.index],
+                alternatives,
+                node_name,
+                share_id,
+                parts,
+            )
+            for claim in ctx.plan.claims
+        ]
+    )
 
 
 def _key_of(found: _Found) -> NodeKey:

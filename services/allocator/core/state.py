@@ -20,7 +20,7 @@ for the devices that became used or free, so choosing a node stays cheap as hold
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from fractions import Fraction
 from math import isqrt
 
@@ -146,6 +146,27 @@ class AllocatedState:
         (`node_groups`; groups.py): a batch's items between two walks move a node once."""
         assert self._scratch, "only a detached state changes in place"
         self._add(allocation, owner, defer=True)
+
+    def hold_whole_in_place(self, devices: Sequence[DeviceID], owner: str = "") -> None:
+        """`hold_in_place` of an allocation that holds each of `devices` whole (its results
+        without a share ID or admin access), given their ids: the same changes, without
+        building the ids from the results."""
+        assert self._scratch, "only a detached state changes in place"
+        delta, snapshot = self._delta, self._snapshot
+        taken: list[DeviceID] = []
+        for device_id in devices:
+            entry = snapshot.device(device_id) if snapshot is not None else None
+            if entry is not None:
+                device_id = entry.id  # the snapshot's own: the maps find it by identity
+            found = delta.get(device_id)
+            owners, shares, consumed = self._based(device_id) if found is None else found
+            delta[device_id] = ((*owners, owner), shares, consumed)
+            if not (owners or shares):
+                if entry is not None:
+                    self._count_entry(entry, 1)
+                taken.append(device_id)
+        if taken and self._groups is not None:
+            self._groups.devices_changed(taken, True, defer=True)
 
     def take_in_place(self, devices: Iterable[DeviceID], owner: str) -> None:
         """Hold `devices` whole, changing this state itself (only one made by `detached`;

@@ -15,6 +15,17 @@ simply NotFound). Outside the node slots one key lets a client find things:
 - `<prefix>:reservations` HASH id -> node: only read, for ids without `@<node>` that an older
   version wrote (it indexed every id); entries are deleted after their release or expiry.
 
+Own reserves, quietly (`quiet_own_reserves`): an allocator whose every reserve goes through
+this store object settles what it reserved into its own copy (app/live_reservations.py) from
+`reserve`'s answer, so the event of each of its grants would only be parsed and dropped there.
+The ids a `reserve` mints are registered before its grant steps run; the events channel's
+handler reads the first id of a reserve message from its raw bytes (every id in one message is
+one node step's: one call's) and holds a registered one back: dropped once that step's grants
+all ended with their reservation, delivered after all when the step failed (the caller does
+not learn what it may have taken). Ids stay registered after their call for `_QUIET_IDS` more
+ids, for messages that come after the answer; other replicas' messages, and every other op,
+are delivered as before (nothing about the messages themselves changes).
+
 Failure policy: connection errors and timeouts become `Unavailable`. Only reads and reserves
 that carry an idempotency key are retried (with exponential backoff): a retried reserve without
 a key could take a second lease, and a retried release could report NotFound for its own
@@ -24,6 +35,7 @@ success. The client's own retries are switched off for that reason when the stor
 from __future__ import annotations
 
 import builtins
+import collections
 import contextlib
 import hashlib
 import json
@@ -35,7 +47,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -117,6 +129,9 @@ FANOUT_BATCH = 256  # nodes per pipeline when a List or the janitor walks every 
 FANOUT_SHARDS = 8  # shards walked at once
 EventCallback = Callable[[ReservationEvent], None]
 _RESUBSCRIBE_S = 0.5  # pause between reconnect attempts of an event subscription
+_QUIET_IDS = 8192  # own reserved ids whose messages are still held back after their call
+# how `announce` / `publish` (redis_functions.lua) start a reserve message, up to its first id
+_RESERVE_MESSAGE = b'{"op":"reserve","id":"'
 Strings = list[str]  # aliases: inside the class `list` is the port's method
 Replies = list[Any]
 # json.dumps's escaping of one string (ensure_ascii): the `idem` field keeps its exact bytes
@@ -181,6 +196,12 @@ class RedisReservationStore:
         self._library_ready = False
         self._library_lock = threading.Lock()
         self._subscriptions: list[RedisSubscription] = []
+        # quiet_own_reserves: while `_quiet()` is false, messages of own grants are held back
+        self._quiet: Callable[[], bool] | None = None
+        self._own_lock = threading.Lock()
+        self._own: dict[str, _GrantCall] = {}  # own grant id -> its step
+        self._own_done: collections.deque[dict[str, _GrantCall]] = collections.deque()
+        self._own_done_count = 0
         # nodes known to be in the nodes index (read from it, or added by this process): a grant
         # on one of them skips the SADD. Replaced by every walk, so a lost index heals.
         self._registered: set[str] = set()
@@ -263,6 +284,14 @@ class RedisReservationStore:
         calls = [self._grant_call(node, group) for node, group in by_node.items()]
         if self._cluster:
             self._register([c.node for c in calls if c.node not in self._registered])
+        if self._quiet is None:
+            self._run_grants(calls)
+        else:
+            self._quietly(calls)
+
+    def _run_grants(self, calls: Sequence[_GrantCall]) -> None:
+        """`_grant_all`'s steps: retried on a redirect or a missing library (and, when every
+        grant carries an idempotency key, on a connection error)."""
         pending = calls
         for attempt in range(3):
             batches = self._by_shard(pending, lambda call: call.keys[0])
@@ -545,13 +574,17 @@ class RedisReservationStore:
     # --- events --------------------------------------------------------------------------
 
     def subscribe(self, callback: EventCallback) -> RedisSubscription:
-        """Call `callback` (from a background thread) for every change any replica makes.
+        """Call `callback` (from a background thread) for every change any replica makes
+        (but see `quiet_own_reserves`).
 
         Pub/sub is at-most-once: a subscriber that was disconnected misses events, so treat
         them as hints to refresh and rebuild the full view with `live()` now and then."""
 
         def on_message(message: dict[str, Any]) -> None:
-            _deliver(message["data"], callback)
+            data = message["data"]
+            if self._own and self._held_back(data, callback):
+                return
+            _deliver(data, callback)
 
         def on_error(error: BaseException, pubsub: Any, thread: PubSubWorkerThread) -> None:
             log.warning("reservation events: %s; resubscribing in %gs", error, _RESUBSCRIBE_S)
@@ -563,6 +596,62 @@ class RedisReservationStore:
         subscription = RedisSubscription(thread, self._subscriptions)
         self._subscriptions.append(subscription)
         return subscription
+
+    def quiet_own_reserves(self, unless: Callable[[], bool]) -> None:
+        """From now on, the subscribers do not get the reserve events of the grants this store
+        object makes, while `unless()` is false (asked per message; see the module docstring).
+        Only for a store whose every reserve is its subscriber's own: an allocator's, which
+        learns them from `reserve`'s answer (bootstrap, for the store it builds)."""
+        self._quiet = unless
+
+    def _held_back(self, data: bytes | str, callback: EventCallback) -> bool:
+        """Whether a message is one of this store's own grant steps', held back (on its step,
+        while it runs) or dropped (its step is done)."""
+        raw = data.encode() if isinstance(data, str) else data
+        if not raw.startswith(_RESERVE_MESSAGE):
+            return False
+        end = raw.find(b'"', len(_RESERVE_MESSAGE))
+        first = raw[len(_RESERVE_MESSAGE) : end].decode(errors="replace") if end > 0 else ""
+        quiet = self._quiet
+        if quiet is None or quiet():
+            return False
+        with self._own_lock:
+            call = self._own.get(first)
+            if call is None:
+                return False
+            if call.held_back is not None:  # running: decided when it is done
+                call.held_back.append((data, callback))
+        return True
+
+    def _quietly(self, calls: Sequence[_GrantCall]) -> None:
+        """Run grant steps (`_run_grants`) with their ids registered as this store's own."""
+        own = {grant.id: call for call in calls for grant in call.grants}
+        with self._own_lock:
+            self._own.update(own)
+        done = False
+        try:
+            self._run_grants(calls)
+            done = True
+        finally:
+            late: builtins.list[tuple[bytes | str, EventCallback]] = []
+            with self._own_lock:
+                for call in calls:
+                    if not done or any(grant.error is not None for grant in call.grants):
+                        # its caller does not learn what it took: the events tell
+                        late += call.held_back or ()
+                        for grant in call.grants:
+                            own.pop(grant.id, None)
+                            self._own.pop(grant.id, None)
+                    call.held_back = None  # done: later messages are dropped
+                self._own_done.append(own)
+                self._own_done_count += len(own)
+                while self._own_done_count > _QUIET_IDS:
+                    old = self._own_done.popleft()
+                    self._own_done_count -= len(old)
+                    for reservation_id in old:
+                        del self._own[reservation_id]
+            for data, callback in late:
+                _deliver(data, callback)
 
     # --- Redis plumbing ------------------------------------------------------------------
 
@@ -1030,6 +1119,9 @@ class _GrantCall:
     grants: Sequence[_Grant]
     reply: Any = None  # a reply that sends the step around again (moved, function missing)
     unconfirmed: _Unconfirmed | None = None
+    # its event messages held back while it runs (quiet_own_reserves), with their callbacks
+    # (None once it is done: messages still to come are dropped)
+    held_back: builtins.list[tuple[bytes | str, EventCallback]] | None = field(default_factory=list)
 
     def fail(self, error: GpuallocError) -> None:
         for grant in self.grants:
