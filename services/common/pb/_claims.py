@@ -384,9 +384,16 @@ def one_device_allocation_bytes(
 ) -> bytes:
     """allocation_result_bytes of an allocation of `result` alone (it sets none of the fields
     `has_extras` names) on `selector`'s node, without a config."""
+    body = _result_head(result.request, result.driver, result.pool) + cached_string_field(
+        _DEVICE, result.device
+    )
+    field = _RESULTS + length_prefixed(body)
     if selector is None:
-        return _result_field(result)
-    return _result_field(result) + node_selector_field(selector)
+        return field
+    seen = _SELECTOR_FIELDS.get(id(selector))  # node_selector_field's, without its call
+    return field + (
+        seen[1] if seen is not None and seen[0] is selector else node_selector_field(selector)
+    )
 
 
 def _result_field(result: DeviceRequestAllocationResult) -> bytes:
