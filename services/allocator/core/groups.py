@@ -164,6 +164,19 @@ class GroupIndex:
             else:
                 self._move(node, before, after)
 
+    def devices_taken(self, devices: Iterable[DeviceID]) -> None:
+        """`devices_changed(devices, True, defer=True)`, device by device: the same in-use
+        indices and deferred moves, without grouping the devices by node first."""
+        slots, moved, pending = self.templates.slot, self._moved, self._pending
+        for device in devices:
+            slot = slots.get(device)
+            if slot is not None:
+                node, index = slot
+                before = self.node_in_use(node)
+                if index not in before:
+                    pending.setdefault(node, before)
+                    moved[node] = before | {index}
+
     def settle(self) -> None:
         """Move the nodes whose moves were deferred, each straight to its group of now."""
         if not self._pending:

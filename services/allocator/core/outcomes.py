@@ -19,17 +19,16 @@ error) and charge the steps the search took, so a budget gives the same answer a
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any, Generic, TypeVar
 
 from services.allocator.core.candidates import SolveContext
 from services.allocator.core.explain import NodeMiss
-from services.allocator.core.plan import Alternative, Plan
+from services.allocator.core.plan import Plan
 from services.allocator.core.preferences import TopologyFit
 from services.allocator.core.scoring import NodeKey, Score
-from services.allocator.core.snapshot import DeviceEntry
 from services.allocator.core.templates import NodeTemplate
 
 __all__ = [
@@ -62,15 +61,6 @@ class NodeOutcome:
     miss: NodeMiss | None = None
     miss_claim: int = -1
     score: Score | None = None  # the full Score, once some solve needed it
-
-    def placed(
-        self, devices: Sequence[DeviceEntry], alternatives: Mapping[int, Alternative]
-    ) -> list[list[tuple[Alternative, DeviceEntry]]]:
-        """Per claim, the (alternative, device) of each pick on a node of the group (its
-        `devices`, in view order), for the asking plan's `alternatives` by key."""
-        return [
-            [(alternatives[key], devices[index]) for key, index in claim] for claim in self.picks
-        ]
 
     def miss_on(self, node: str | None, plan: Plan) -> NodeMiss | None:
         """The kept miss, for `node` and labelled with the asking plan's claim."""

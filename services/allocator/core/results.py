@@ -51,10 +51,12 @@ class ResultParts:
     configs per chosen alternatives, and the node selector of picks that are all local to
     their node, per node. Values only (frozen), read back as they were made."""
 
-    __slots__ = ("configs", "pinned")
+    __slots__ = ("configs", "kept_configs", "pinned")
 
     def __init__(self) -> None:
         self.configs: dict[tuple[int, tuple[int, ...]], Configs] = {}
+        # the same by a kept outcome's chosen (request, alternative key) pairs of the claim
+        self.kept_configs: dict[tuple[int, tuple[tuple[int, int], ...]], Configs] = {}
         self.pinned: dict[str | None, NodeSelector | None] = {}
 
 
@@ -89,35 +91,39 @@ def allocation_result(
 
 def kept_allocation_result(
     claim: ClaimPlan,
-    placed: Sequence[tuple[Alternative, DeviceEntry]],
-    chosen: Sequence[tuple[int, int]],
+    picks: Sequence[tuple[int, int]],
+    chosen: tuple[tuple[int, int], ...],
+    devices: Sequence[DeviceEntry],
     alternatives: Mapping[int, Alternative],
     node_name: str | None,
     share_id: ShareIdFactory,
     parts: ResultParts | None,
 ) -> AllocationResult:
-    """`allocation_result` of the picks a kept outcome places on a node (outcomes.py), as
-    (alternative, device) in pick order, without making Picks: a kept pick holds no capacity
-    share (its consumed capacity is None). `chosen`: (request index, alternative key) per
-    request, as the outcome keeps them; `alternatives`: the plan's by key."""
+    """`allocation_result` of the claim's picks a kept outcome places on a node
+    (outcomes.py), without making Picks: `picks` as (alternative key, device index) in pick
+    order, `chosen` as (request index, alternative key) per request, as the outcome keeps
+    them; the node's `devices` in view order; the plan's `alternatives` by key. A kept pick
+    holds no capacity share (its consumed capacity is None)."""
     owner = claim.claim
-    results = tuple(
-        [
-            _device_result(owner, i, alternative, entry, None, share_id)
-            for i, (alternative, entry) in enumerate(placed)
-        ]
-    )
-    accesses = [entry.access for _, entry in placed]
+    results = []
+    accesses = []
+    for position, (key, index) in enumerate(picks):
+        entry = devices[index]
+        results.append(_device_result(owner, position, alternatives[key], entry, None, share_id))
+        accesses.append(entry.access)
     if parts is None:
         by_request = {request: alternatives[key] for request, key in chosen}
         config = _class_configs(claim, by_request) + _claim_configs(claim, by_request)
-        return AllocationResult(results, config, allocation_node_selector(accesses, node_name))
-    keys = tuple([key for _, key in chosen])
-    found = parts.configs.get((claim.index, keys))
+        selector = allocation_node_selector(accesses, node_name)
+        return AllocationResult(tuple(results), config, selector)
+    found = parts.kept_configs.get((claim.index, chosen))
     if found is None:
+        keys = tuple([key for _, key in chosen])
         by_request = {request: alternatives[key] for request, key in chosen}
-        found = _kept_configs(claim, keys, by_request, parts)
-    return AllocationResult(results, found, _selector(accesses, node_name, parts))
+        found = parts.kept_configs[claim.index, chosen] = _kept_configs(
+            claim, keys, by_request, parts
+        )
+    return AllocationResult(tuple(results), found, _selector(accesses, node_name, parts))
 
 
 def _kept_configs(

@@ -347,10 +347,16 @@ class LastChoice:
         stats = _shared_stats(
             ctx, (steps, evaluations, total, total - 1, 1, self.feasible, False, hits)
         )
-        placed = kept.placed(view.devices(), ctx.plan.by_key)
-        allocations = _kept_allocations(ctx, kept, placed, view.name, share_id)
-        held = [entry for claim in placed for alternative, entry in claim if not alternative.admin]
-        whole = None if any([entry.multi for entry in held]) else [entry.id for entry in held]
+        devices, alternatives = view.devices(), ctx.plan.by_key
+        allocations = _kept_allocations(ctx, kept, devices, view.name, share_id)
+        whole: list[DeviceID] | None = []
+        for claim in kept.picks:
+            for alternative, index in claim:
+                entry = devices[index]
+                if entry.device.allow_multiple_allocations:  # a share: not held whole
+                    whole = None
+                elif whole is not None and not alternatives[alternative].admin:
+                    whole.append(entry.id)
         return Allocated((NodePlacement(view.name, allocations, kept.score),), stats), whole
 
 
@@ -937,8 +943,7 @@ class NodeRun:
         if found.search is None:
             outcome = found.outcome
             assert outcome is not None
-            placed = outcome.placed(found.view.devices(), self.ctx.plan.by_key)
-            return _kept_allocations(self.ctx, outcome, placed, name, share_id)
+            return _kept_allocations(self.ctx, outcome, found.view.devices(), name, share_id)
         picks, chosen = found.search.picks, found.search.chosen
         parts = _result_parts(self.ctx)
         return tuple(
@@ -1104,20 +1109,21 @@ def _result_parts(ctx: SolveContext) -> ResultParts | None:
 def _kept_allocations(
     ctx: SolveContext,
     outcome: NodeOutcome,
-    placed: Sequence[Sequence[tuple[Alternative, DeviceEntry]]],
+    devices: Sequence[DeviceEntry],
     node_name: str | None,
     share_id: ShareIdFactory,
 ) -> tuple[AllocationResult, ...]:
-    """One AllocationResult per claim from a kept outcome's picks `placed` on a node, its
-    `node_name`'s."""
+    """One AllocationResult per claim from a kept outcome's picks on a node (its `devices`
+    in view order, its `node_name`)."""
     parts = _result_parts(ctx)
     alternatives = ctx.plan.by_key
     return tuple(
         [
             kept_allocation_result(
                 claim,
-                placed[claim.index],
+                outcome.picks[claim.index],
                 outcome.chosen[claim.index],
+                devices,
                 alternatives,
                 node_name,
                 share_id,

@@ -166,7 +166,7 @@ class AllocatedState:
                     self._count_entry(entry, 1)
                 taken.append(device_id)
         if taken and self._groups is not None:
-            self._groups.devices_changed(taken, True, defer=True)
+            self._groups.devices_taken(taken)
 
     def take_in_place(self, devices: Iterable[DeviceID], owner: str) -> None:
         """Hold `devices` whole, changing this state itself (only one made by `detached`;

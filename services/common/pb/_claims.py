@@ -47,7 +47,6 @@ from services.common.pb.wire import (
     key,
     length_prefixed,
     message_field,
-    string_field,
 )
 
 DEFAULT_NAMESPACE = "default"
@@ -384,9 +383,16 @@ def one_device_allocation_bytes(
 ) -> bytes:
     """allocation_result_bytes of an allocation of `result` alone (it sets none of the fields
     `has_extras` names) on `selector`'s node, without a config."""
+    body = _result_head(result.request, result.driver, result.pool) + cached_string_field(
+        _DEVICE, result.device
+    )
+    field = _RESULTS + length_prefixed(body)
     if selector is None:
-        return _result_field(result)
-    return _result_field(result) + node_selector_field(selector)
+        return field
+    seen = _SELECTOR_FIELDS.get(id(selector))  # node_selector_field's, without its call
+    return field + (
+        seen[1] if seen is not None and seen[0] is selector else node_selector_field(selector)
+    )
 
 
 def _result_field(result: DeviceRequestAllocationResult) -> bytes:
@@ -420,15 +426,16 @@ def node_selector_field(selector: NodeSelector) -> bytes:
     return seen[1]
 
 
-@functools.lru_cache(maxsize=4096)
 def _node_selector_field(selector: NodeSelector) -> bytes:
     """AllocationResult.node_selector set to `selector`, as bytes (a node's: one per node):
-    the message to_pb_node_selector makes, written without it."""
+    the message to_pb_node_selector makes, written without it. Not kept by value: a new
+    selector object is mostly a node not seen yet (its hash and a miss cost more than this)."""
     terms = []
     for term in selector.node_selector_terms:
-        expressions = [message_field(_EXPRESSION, _requirement(r)) for r in term.match_expressions]
-        fields = [message_field(_MATCH_FIELD, _requirement(r)) for r in term.match_fields]
-        terms.append(message_field(_TERM, b"".join(expressions + fields)))
+        parts = [message_field(_EXPRESSION, _requirement(r)) for r in term.match_expressions]
+        for requirement in term.match_fields:
+            parts.append(message_field(_MATCH_FIELD, _requirement(requirement)))
+        terms.append(message_field(_TERM, b"".join(parts)))
     return message_field(_NODE_SELECTOR, b"".join(terms))
 
 
@@ -439,9 +446,12 @@ _KEY, _OPERATOR, _VALUES = key(1, LEN), key(2, LEN), key(3, LEN)  # a requiremen
 
 def _requirement(requirement: NodeSelectorRequirement) -> bytes:
     """A NodeSelectorRequirement's body (its values each written, an empty one too)."""
-    values = [_VALUES + length_prefixed(v.encode()) for v in requirement.values]
-    head = string_field(_KEY, requirement.key) + string_field(_OPERATOR, requirement.operator)
-    return head + b"".join(values)
+    body = cached_string_field(_KEY, requirement.key) + cached_string_field(
+        _OPERATOR, requirement.operator
+    )
+    for value in requirement.values:
+        body += _VALUES + length_prefixed(value.encode())
+    return body
 
 
 _SELECTOR_FIELDS: dict[int, tuple[NodeSelector, bytes]] = {}

@@ -27,6 +27,13 @@ _SMALL = tuple(bytes((value,)) for value in range(0x80))  # a varint below 2**7
 _CONTINUED = tuple(bytes((value | 0x80,)) for value in range(0x80))  # one byte of seven bits
 # the low 14 bits of a longer varint, as its first two bytes (more follow): ~2x fewer steps
 _PAIRS = tuple(_CONTINUED[value & 0x7F] + _CONTINUED[value >> 7] for value in range(0x4000))
+SIZES_BELOW = 0x1000
+SIZES = tuple(
+    _SMALL[size] if size < 0x80 else _CONTINUED[size & 0x7F] + _SMALL[size >> 7]
+    for size in range(SIZES_BELOW)
+)
+"""The varint of each length below SIZES_BELOW (4 KiB: an answer's messages), to look up:
+`SIZES[n] if n < SIZES_BELOW else varint(n)` writes a length without a call."""
 _DOUBLE = struct.Struct("<d")
 _ZERO_DOUBLE = bytes(8)
 
@@ -68,13 +75,13 @@ def cached_string_field(field_key: bytes, text: str) -> bytes:
 def length_prefixed(data: bytes) -> bytes:
     """`data` after its length: a message's or a string's body as its field carries it."""
     size = len(data)
-    return (_SMALL[size] if size < 0x80 else varint(size)) + data
+    return (SIZES[size] if size < SIZES_BELOW else varint(size)) + data
 
 
 def message_field(field_key: bytes, body: bytes) -> bytes:
     """A set message field whose serialized body is `body` (an empty body is still written)."""
     size = len(body)
-    return field_key + (_SMALL[size] if size < 0x80 else varint(size)) + body
+    return field_key + (SIZES[size] if size < SIZES_BELOW else varint(size)) + body
 
 
 def varint_field(field_key: bytes, value: int) -> bytes:

@@ -309,6 +309,8 @@ def one_device_answers(draw: st.DrawFn) -> tuple[Answer, bool, bool]:
     takes: a result with extras, a second result, a reservation with labels or its own
     (equal) allocation, an explanation, a refusal, a gang. Whether it is the first kind."""
     result = draw(results(False))
+    if draw(st.booleans()) and draw(st.booleans()):  # lengths of 4 KiB and more: two-byte prefixes
+        result = replace(result, pool=draw(st.text(alphabet="pé", min_size=4000, max_size=4200)))
     plain = not (
         result.admin_access is not None
         or result.tolerations
@@ -374,6 +376,29 @@ def test_a_one_device_answer_written_without_loops_is_the_answer_built_field_by_
         assert written == field_by_field(answer, gang)
     assert allocate_response(answer, gang=gang).SerializeToString() == field_by_field(answer, gang)
     assert (gang or _one_device_answer_bytes(answer) is not None) == (gang or one)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(one_device_answers(), st.just(None)), min_size=1, max_size=6))
+def test_a_batch_reply_of_one_device_answers_is_the_reply_built_in_place(
+    items: list[tuple[Answer, bool, bool] | None],
+) -> None:
+    """BatchReply.add_response's prefixes, for responses below and above 4 KiB."""
+    error = batch_item_status(NotFound("reservation res-1 not found"), "items[0]")
+    before = pb.AllocateBatchResponse()
+    reply = BatchReply()
+    for item in items:
+        if item is None:
+            before.items.add().error.CopyFrom(error)
+            reply.add_error(error)
+            continue
+        answer, gang, _ = item
+        allocate_response(answer, gang=gang, into=before.items.add().response)
+        written = allocate_response_bytes(answer, gang=gang)
+        assert written is not None
+        reply.add_response(written)
+        assert len(reply) == len(before.items)
+    assert reply.done().SerializeToString() == before.SerializeToString()
 
 
 @pytest.mark.parametrize(

@@ -83,6 +83,8 @@ from services.common.pb.dra_mapping import (
 from services.common.pb.wire import (
     I64,
     LEN,
+    SIZES,
+    SIZES_BELOW,
     VARINT,
     cached_string_field,
     counter_field,
@@ -91,6 +93,7 @@ from services.common.pb.wire import (
     length_prefixed,
     message_field,
     string_field,
+    varint,
     varint_field,
 )
 from services.common.quota.model import quantity_text
@@ -639,15 +642,20 @@ def _one_device_answer_bytes(answer: Answer) -> bytes | None:
     if has_extras(result):  # none: no binding conditions, the device listed (no admin access)
         return None
     body = one_device_allocation_bytes(result, allocation.node_selector)
-    field = _CLAIM_ALLOCATION + length_prefixed(body)
+    size = len(body)
+    field = _CLAIM_ALLOCATION + (SIZES[size] if size < SIZES_BELOW else varint(size)) + body
     claim = answer.claims[0]
-    head, claim_head, generation = _answer_frame(
-        answer.outcome, single.node, claim.namespace, claim.name, claim.uid, answer.generation
+    score = single.score
+    scored = (
+        _share_field(score.free_devices, score.total_devices, answer.policy)
+        if score is not None and score.total_devices
+        else b""
     )
-    placed = _ALLOCATIONS + length_prefixed(claim_head + field)
-    score = _score_field(single.score, answer.policy)
     if not reservations:
-        return head + placed + score + generation
+        head, claim_head, generation = _answer_frame(
+            answer.outcome, single.node, claim.namespace, claim.name, claim.uid, answer.generation
+        )
+        return head + _ALLOCATIONS + length_prefixed(claim_head + field) + scored + generation
     reservation = reservations[0]
     refs, held = reservation.claim_names, reservation.allocations
     if (
@@ -658,39 +666,72 @@ def _one_device_answer_bytes(answer: Answer) -> bytes | None:
         or reservation.conditions
     ):
         return None
-    ref_head, owner_and_node, state, tail = _reservation_frame(
+    frame = _reserved_frame(
+        answer.outcome,
+        single.node,
+        claim.namespace,
+        claim.name,
+        claim.uid,
+        answer.generation,
         refs[0],
         reservation.owner,
         reservation.redacted,
         reservation.node,
         reservation.state,
         reservation.priority_class,
+        result.driver,
+        result.pool,
     )
+    head, claim_head, generation, ref_head, owner_and_node, state, device_head, tail = frame
     expires, created = _reservation_times(reservation.created_at, reservation.expires_at)
+    device = device_head + cached_string_field(_THIRD, result.device)
+    # the nested messages' lengths: their parts' sizes, each prefix one lookup below 4 KiB
+    size = len(field)
+    placed = len(claim_head) + size
+    held_size = len(ref_head) + size
+    device_size = len(device)
     reserved = b"".join(
         (
             string_field(_RESERVATION_ID, reservation.id),
             owner_and_node,
             _RESERVATION_ALLOCATIONS,
-            length_prefixed(ref_head + field),
+            SIZES[held_size] if held_size < SIZES_BELOW else varint(held_size),
+            ref_head,
+            field,
             state,
             expires,
             counter_field(_RESERVATION_FENCING_TOKEN, reservation.fencing_token),
             string_field(_RESERVATION_IDEMPOTENCY_KEY, reservation.idempotency_key),
             created,
-            _device_field(result.driver, result.pool, result.device),
+            _RESERVATION_DEVICES,
+            SIZES[device_size] if device_size < SIZES_BELOW else varint(device_size),
+            device,
             tail,
         )
     )
-    return b"".join((head, placed, score, _RESERVATIONS, length_prefixed(reserved), generation))
+    size = len(reserved)
+    return b"".join(
+        (
+            head,
+            _ALLOCATIONS,
+            SIZES[placed] if placed < SIZES_BELOW else varint(placed),
+            claim_head,
+            field,
+            scored,
+            _RESERVATIONS,
+            SIZES[size] if size < SIZES_BELOW else varint(size),
+            reserved,
+            generation,
+        )
+    )
 
 
 @functools.lru_cache(maxsize=4096)
 def _answer_frame(
     outcome: Outcome, node: str | None, namespace: str, name: str, uid: str, generation: int
 ) -> tuple[bytes, bytes, bytes]:
-    """A one-node answer's fields that depend on its request and node alone: its outcome and
-    node name, its claim's fields before the allocation, its generation."""
+    """A one-device answer's fields that depend on its request and node alone: its outcome
+    and node name, its claim's fields before the allocation, its generation."""
     return (
         _OUTCOME_FIELDS[outcome] + cached_string_field(_NODE_NAME, node or ""),
         _claim_head(namespace, name, uid),
@@ -699,48 +740,71 @@ def _answer_frame(
 
 
 @functools.lru_cache(maxsize=4096)
-def _reservation_frame(
+def _reserved_frame(
+    outcome: Outcome,
+    node: str | None,
+    namespace: str,
+    name: str,
+    uid: str,
+    generation: int,
     ref: str,
     owner: str,
     redacted: bool,
-    node: str,
+    reserved_node: str,
     state: ReservationState,
     priority_class: str,
-) -> tuple[bytes, bytes, bytes, bytes]:
-    """A reservation's fields that depend on its request and node alone, for one claim
-    without binding conditions: the claim's fields before its allocation, the owner and
-    node, the state, and the tail (tenant, priority class; binding phase unspecified)."""
+    driver: str,
+    pool: str,
+) -> tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes]:
+    """_answer_frame's fields, then its reservation's that depend on its request and node
+    alone, for one claim and one device without binding conditions: the claim's fields before
+    its allocation, the owner and node, the state, the device's DeviceID fields before its
+    name, the tail (tenant, priority class; binding phase unspecified)."""
     return (
+        *_answer_frame(outcome, node, namespace, name, uid, generation),
         _claim_ref_head(ref),
-        _owner_and_node("" if redacted else owner, node),
+        _owner_and_node("" if redacted else owner, reserved_node),
         _RESERVATION_STATES[state],
+        _device_head(driver, pool),
         _reservation_tail(owner, priority_class, pb.BINDING_PHASE_UNSPECIFIED),
     )
 
 
 class BatchReply:
     """An AllocateBatchResponse assembled item by item, in order. An item written as bytes
-    (`add_written`) waits, and the ones waiting are parsed into the reply in one go (one parse
-    per reply, not one per item); an item built field by field (`add_in_place`) goes in place,
-    after the ones waiting (a map field's order is its table's: see allocate_response_bytes)."""
+    (`add_response`, `add_error`) waits, and the ones waiting are parsed into the reply in one
+    go (one parse per reply, not one per item); an item built field by field (`add_in_place`)
+    goes in place, after the ones waiting (a map field's order is its table's: see
+    allocate_response_bytes)."""
 
     def __init__(self) -> None:
         self._reply = pb.AllocateBatchResponse()
         self._written: list[bytes] = []  # AllocateBatchResponse.items fields, not parsed yet
+        self._waiting = 0  # the items in them
 
     def __len__(self) -> int:
-        return len(self._reply.items) + len(self._written)
+        return len(self._reply.items) + self._waiting
 
     def add_response(self, response: bytes) -> None:
-        """An item whose answer is `response` (allocate_response_bytes)."""
-        self._written.append(
-            _BATCH_ITEMS + length_prefixed(_ITEM_RESPONSE + length_prefixed(response))
+        """An item whose answer is `response` (allocate_response_bytes): its two prefixes
+        written before it, the response not copied (the reply's join copies it once)."""
+        size = len(response)
+        head = SIZES[size] if size < SIZES_BELOW else varint(size)
+        item = len(_ITEM_RESPONSE) + len(head) + size
+        self._written += (
+            _BATCH_ITEMS,
+            SIZES[item] if item < SIZES_BELOW else varint(item),
+            _ITEM_RESPONSE,
+            head,
+            response,
         )
+        self._waiting += 1
 
     def add_error(self, status: pb.BatchItemStatus) -> None:
         """An item that met the error `status`."""
         error = status.SerializeToString()
         self._written.append(_BATCH_ITEMS + length_prefixed(_ITEM_ERROR + length_prefixed(error)))
+        self._waiting += 1
 
     def add_in_place(self) -> pb.AllocateBatchItem:
         """An item to fill: the reply's next, empty."""
@@ -756,6 +820,7 @@ class BatchReply:
         if self._written:
             self._reply.MergeFromString(b"".join(self._written))  # appends to `items`
             self._written.clear()
+            self._waiting = 0
 
 
 _BATCH_ITEMS = key(1, LEN)  # AllocateBatchResponse.items

@@ -239,10 +239,11 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
 
         reply = BatchReply()  # items written as bytes, parsed into the reply in one go
         mapped: dict[int, tuple[pb.BatchItemStatus, int]] = {}  # id(error) -> status, its path
+        gangs = [entry.HasField("gang") for entry in request.items]
 
         def shown(result: ItemResult) -> None:
             if isinstance(result, Answer):
-                gang = request.items[len(reply)].HasField("gang")
+                gang = gangs[len(reply)]
                 self._answered_item(context, result, principal, gang=gang, reply=reply)
                 return
             if isinstance(result, PermissionDenied):
