@@ -44,6 +44,7 @@ __all__ = [
     "device_to_dict",
     "node_selector_to_dict",
     "node_to_dict",
+    "plain_result",
     "resource_claim_to_dict",
     "resource_slice_to_dict",
     "to_dict",
@@ -350,8 +351,10 @@ def _node_selector_dict(selector: NodeSelector) -> JSON:
     return node_selector_to_dict(selector)
 
 
-def _allocated_device(result: DeviceRequestAllocationResult) -> JSON:
-    if (
+def plain_result(result: DeviceRequestAllocationResult) -> bool:
+    """A result of a device taken whole with nothing else set (what a batch's items are): its
+    JSON is its four names."""
+    return bool(
         result.admin_access is None
         and not result.tolerations
         and result.share_id is None
@@ -362,7 +365,11 @@ def _allocated_device(result: DeviceRequestAllocationResult) -> JSON:
         and result.driver
         and result.pool
         and result.device
-    ):  # a device taken whole (what a batch's items are): the four names
+    )
+
+
+def _allocated_device(result: DeviceRequestAllocationResult) -> JSON:
+    if plain_result(result):
         return {
             "request": result.request,
             "driver": result.driver,

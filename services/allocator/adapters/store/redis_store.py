@@ -83,10 +83,13 @@ from services.allocator.reservations.model import (
 )
 from services.common.dra.model import (
     AllocationResult,
-    DeviceRequestAllocationResult,
     NodeSelector,
 )
-from services.common.dra.serialize import allocation_result_to_dict, node_selector_to_dict
+from services.common.dra.serialize import (
+    allocation_result_to_dict,
+    node_selector_to_dict,
+    plain_result,
+)
 from services.common.errors import (
     FailedPrecondition,
     GpuallocError,
@@ -1251,7 +1254,7 @@ def _grant_doc(
     if len(allocations) == 1 and len(allocations[0].results) == 1 and not allocations[0].config:
         allocation = allocations[0]
         result = allocation.results[0]
-        if _plain(result):
+        if plain_result(result):
             shape: tuple[Any, ...] = (
                 request.owner,
                 request.claim_names,
@@ -1301,7 +1304,7 @@ def _allocation_json(allocation: AllocationResult) -> str:
     the dicts (`test_allocation_json_is_the_dicts`)."""
     parts = []
     for result in allocation.results:
-        if _plain(result):
+        if plain_result(result):
             parts.append(
                 '{"request":'
                 + _json_text(result.request)
@@ -1321,19 +1324,6 @@ def _allocation_json(allocation: AllocationResult) -> str:
     if allocation.node_selector is not None:
         found += ',"nodeSelector":' + _node_selector_text(allocation.node_selector)
     return found + "}"
-
-
-def _plain(result: DeviceRequestAllocationResult) -> bool:
-    """A result of a device taken whole with nothing else set: its JSON is its four names."""
-    return (
-        result.admin_access is None
-        and not result.tolerations
-        and result.share_id is None
-        and not result.consumed_capacity
-        and not result.binding_conditions
-        and not result.binding_failure_conditions
-        and bool(result.request and result.driver and result.pool and result.device)
-    )
 
 
 _SELECTOR_TEXT: dict[int, tuple[NodeSelector, str]] = {}
