@@ -47,11 +47,16 @@ def page(demo: DemoWeb, browser: WebDriver) -> WebDriver:
 
 
 def test_the_page_shows_the_demo_fleet(page):
-    nodes = [e.get_attribute("data-node") for e in page.find_elements(By.CSS_SELECTOR, ".node")]
+    # Read in one script: a live update may render the fleet again between two WebDriver calls
+    # (an element found by one is then stale for the next).
+    nodes, gpus, a100 = page.execute_script(
+        "const nodes = Array.from(document.querySelectorAll('.node'), e => e.dataset.node);"
+        "const a100 = document.querySelector('.node[data-node=\"a100-node-1\"]');"
+        "return [nodes, document.querySelectorAll('.gpu').length, a100 ? a100.innerText : ''];"
+    )
     assert nodes == ["a100-node-1", "h100-node-1", "h100-node-2", "l40s-node-1"]
-    assert len(page.find_elements(By.CSS_SELECTOR, ".gpu")) == 24
-    a100 = page.find_element(By.CSS_SELECTOR, '.node[data-node="a100-node-1"]')
-    assert "fragmentation" in a100.text and "A100-SXM4-40GB" in a100.text
+    assert gpus == 24
+    assert "fragmentation" in a100 and "A100-SXM4-40GB" in a100
     assert page.find_element(By.ID, "status").text == "live"
 
 
