@@ -786,9 +786,10 @@ def test_with_mirrors_a_workload_kueue_put_on_the_first_flavor_is_preempted_for_
             return list(listed["items"])
 
         try:
-            started = until(
+            started = until(  # after Kueue's preemption and requeue: as "unsuspended again"
                 "Job unsuspended",
                 lambda: _unsuspended(cluster, job),
+                timeout=120,
                 shown=lambda: json.dumps(
                     [cluster.raw_workload_of(job), *mirrors()], indent=1, default=str
                 ),
