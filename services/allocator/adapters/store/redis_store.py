@@ -1250,18 +1250,21 @@ def _grant_doc(
     taken whole (a batch's every item) — is the text around its device's name, made once per
     (request alike, result's request, driver, pool, node selector): the device's name is then
     all that is written per grant (`test_grant_documents_from_shared_parts_are_the_same_bytes`)."""
+    request_shape = (  # what the documents of requests alike share
+        request.owner,
+        request.claim_names,
+        request.idempotency_key,
+        request.labels,
+        request.request_digest,
+        request.priority_class,
+    )
     allocations = request.allocations
     if len(allocations) == 1 and len(allocations[0].results) == 1 and not allocations[0].config:
         allocation = allocations[0]
         result = allocation.results[0]
         if plain_result(result):
             shape: tuple[Any, ...] = (
-                request.owner,
-                request.claim_names,
-                request.idempotency_key,
-                request.labels,
-                request.request_digest,
-                request.priority_class,
+                *request_shape,
                 result.request,
                 result.driver,
                 result.pool,
@@ -1279,17 +1282,9 @@ def _grant_doc(
                     idem,
                 )
             return around[0] + _json_text(result.device) + around[1], around[2]
-    shape = (
-        request.owner,
-        request.claim_names,
-        request.idempotency_key,
-        request.labels,
-        request.request_digest,
-        request.priority_class,
-    )
-    parts = shapes.get(shape)
+    parts = shapes.get(request_shape)
     if parts is None:
-        parts = shapes[shape] = _doc_parts(request)
+        parts = shapes[request_shape] = _doc_parts(request)
     return _doc(request, parts), parts[2]
 
 
