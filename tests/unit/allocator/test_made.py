@@ -41,7 +41,7 @@ _tolerations = st.lists(
 ).map(tuple)
 _conditions = st.lists(_names, max_size=2).map(tuple)
 
-device_results = st.fixed_dictionaries(
+device_results: st.SearchStrategy[dict[str, Any]] = st.fixed_dictionaries(
     {
         "request": _names,
         "driver": _names,
@@ -65,9 +65,9 @@ def _selector(node: str) -> NodeSelector:
     )
 
 
-def assert_same(cls: type, fields: dict[str, Any]) -> None:
-    want = cls(**fields)
-    got = made(cls, {f.name: fields[f.name] for f in dataclasses.fields(cls)})  # in field order
+def assert_same(cls: Any, fields: dict[str, Any]) -> None:
+    want: Any = cls(**fields)
+    got: Any = made(cls, {f.name: fields[f.name] for f in dataclasses.fields(cls)})  # in order
     assert type(got) is cls
     assert got == want and want == got
     try:
@@ -114,7 +114,7 @@ def test_a_placement_made_field_by_field_is_the_constructed_one(
 ) -> None:
     score = Score(steps, 8, Fraction(1), Fraction(steps), ranks=(0,)) if scored else None
     allocation = AllocationResult((DeviceRequestAllocationResult("r", "d", "p", "x"),))
-    fields = {"node": node, "allocations": (allocation,), "score": score}
+    fields: dict[str, Any] = {"node": node, "allocations": (allocation,), "score": score}
     assert_same(NodePlacement, fields)
     placement = NodePlacement(**fields)
     stats = Stats(steps, 0, 3, 2, 1, 3, False)
