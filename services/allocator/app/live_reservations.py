@@ -252,7 +252,7 @@ class Holdings:
                 if offered is not None and offered.base is state and journal:
                     steps = _from_offered(journal, offered.placed)
                 if offered is not None and steps is not None:
-                    state = offered.held.with_changes(steps)
+                    state = offered.held.changed_in_place(steps)  # offered: no other reference
                 elif journal:
                     state = state.with_changes(journal)
             self._cached = _Cached(view, self._version, state)
@@ -263,7 +263,8 @@ class Holdings:
         self, base: AllocatedState, held: AllocatedState, placed: Sequence[AllocationResult]
     ) -> None:
         """A run's solve state: `held` is `base` (a state `state_for` returned) with `placed`
-        added for owner "" (core solve_many), and never changed again. While `base` is still
+        added for owner "" (core solve_many), handed over: the caller keeps no reference to it
+        (the next `state_for` may change it in place and return it). While `base` is still
         the cached state, the next `state_for` starts from `held` instead of applying the
         run's pending placements again: the journal's additions of `placed` (by identity: the
         pending holds, or the reservations that took them over) become renames of the ""
