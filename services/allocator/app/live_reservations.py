@@ -15,9 +15,11 @@ copy so that Allocate never waits for Redis:
 - and this process's own operations (`added` / `removed`), at once, so that the next Allocate
   in this process already avoids what it just reserved;
 - placements this process is reserving right now (`hold_pending`, then `settle_pending` or
-  `drop_pending`): concurrent solves in this process avoid them while the store decides, so
-  callers of one process do not race each other for the same devices (they would all pick the
-  same best devices, and all but one would lose at the store and solve again);
+  `drop_pending`; a run's placements of one allocation each as the items of one PendingRun:
+  `hold_in_run`, then `settle_run`): concurrent solves in this process avoid them while the
+  store decides, so callers of one process do not race each other for the same devices (they
+  would all pick the same best devices, and all but one would lose at the store and solve
+  again);
 - a janitor thread runs `store.expire()` every `expire_interval` (freeing due leases and
   publishing their expiry) and a full `refresh()` every `refresh_interval`, because pub/sub
   is at-most-once; after the store was unreachable it refreshes at the first success.
@@ -32,9 +34,10 @@ resurrect a released reservation.
 `state_for(view)` turns the copy (and the pending placements) into an AllocatedState over a
 view's snapshot, owners being reservation ids (Explain names them; a pending placement is owned
 by `pending:<n>`). It is cached per (view, version); a new view rebases the cached state, the
-changes since are applied incrementally (to one copy) while they are fewer than half the
-holdings (a batch's placements and their settling are a few hundred changes: cheaper applied
-than a rebuild over every reservation), anything bigger rebuilds.
+changes since are applied incrementally (to one copy, or to a run's offered solve state itself:
+`offer`) while they are fewer than half the holdings (a batch's placements and their settling
+are a few hundred changes: cheaper applied than a rebuild over every reservation), anything
+bigger rebuilds.
 """
 
 from __future__ import annotations
