@@ -239,11 +239,16 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
 
         reply = BatchReply()  # items written as bytes, parsed into the reply in one go
         mapped: dict[int, tuple[pb.BatchItemStatus, int]] = {}  # id(error) -> status, its path
-        gangs = [entry.HasField("gang") for entry in request.items]
+        items: list[Callable[[], BatchItem]] = []
+        gangs: list[bool] = []
+        for entry in request.items:  # one pass: each entry's wrapper made once
+            items.append(item(entry))
+            gangs.append(entry.HasField("gang"))
+        any_gang = any(gangs)  # else no item's place in the reply to look up
 
         def shown(result: ItemResult) -> None:
             if isinstance(result, Answer):
-                gang = gangs[len(reply)]
+                gang = any_gang and gangs[len(reply)]
                 self._answered_item(context, result, principal, gang=gang, reply=reply)
                 return
             if isinstance(result, PermissionDenied):
@@ -259,12 +264,7 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                 status = pb.BatchItemStatus(code=first.code, message=message, details=first.details)
             reply.add_error(status)
 
-        allocate_batch(
-            self._service,
-            [item(entry) for entry in request.items],
-            deadline=self._deadline(context),
-            on_result=shown,
-        )
+        allocate_batch(self._service, items, deadline=self._deadline(context), on_result=shown)
         return reply.done()
 
     def AllocateStream(
