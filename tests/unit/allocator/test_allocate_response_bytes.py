@@ -505,3 +505,37 @@ def test_a_run_of_one_device_answers_is_written_as_field_by_field(run: list[Answ
         written = _one_device_answer_bytes(answer)
         assert written is not None
         assert written == field_by_field(answer, False)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.one_of(
+            answers(),
+            answers(maps=True),
+            one_device_answers().map(lambda asked: (asked[0], asked[1])),
+            st.just(None),
+        ),
+        min_size=0,
+        max_size=6,
+    )
+)
+def test_a_batch_reply_sent_serialized_is_the_reply_built_in_place(
+    items: list[tuple[Answer, bool] | None],
+) -> None:
+    """BatchReply.add_answer and .serialized (the bytes AllocateBatch sends as they are): the
+    bytes of the reply built in place, with items written as bytes, in place (a map field)
+    and errors mixed, labels included (their reply is parsed first: a map's order)."""
+    error = batch_item_status(NotFound("reservation res-1 not found"), "items[0]")
+    before = pb.AllocateBatchResponse()
+    reply = BatchReply()
+    for item in items:
+        if item is None:
+            before.items.add().error.CopyFrom(error)
+            reply.add_error(error)
+            continue
+        answer, gang = item
+        allocate_response(answer, gang=gang, into=before.items.add().response)
+        reply.add_answer(answer, gang=gang)
+        assert len(reply) == len(before.items)
+    assert reply.serialized() == before.SerializeToString()

@@ -844,14 +844,32 @@ def _one_device_pieces(pieces_key: tuple[object, ...], answer: Answer, size: int
 class BatchReply:
     """An AllocateBatchResponse assembled item by item, in order. An item written as bytes
     (`add_response`, `add_error`) waits, and the ones waiting are parsed into the reply in one
-    go (one parse per reply, not one per item); an item built field by field (`add_in_place`)
-    goes in place, after the ones waiting (a map field's order is its table's: see
-    allocate_response_bytes)."""
+    go (one parse per reply, not one per item) or sent as they are (`serialized`); an item
+    built field by field (`add_in_place`) goes in place, after the ones waiting (a map field's
+    order is its table's: see allocate_response_bytes)."""
 
     def __init__(self) -> None:
         self._reply = pb.AllocateBatchResponse()
         self._written: list[bytes] = []  # AllocateBatchResponse.items fields, not parsed yet
         self._waiting = 0  # the items in them
+        self._labelled = False  # an item written as bytes holds a map (a reservation's labels)
+
+    def add_answer(self, answer: Answer, *, gang: bool = False) -> None:
+        """An item whose answer is `answer` (`gang`: as allocate_response): written as bytes
+        (_one_device_answer_bytes, else allocate_response_bytes), or in place when it cannot
+        be. An answer holding labels is written as bytes too, but then the reply is sent as
+        the message parsed from them serializes it (`serialized`): a map's order on the wire
+        is its table's."""
+        written = None if gang else _one_device_answer_bytes(answer)  # no labels
+        if written is None:
+            written = allocate_response_bytes(answer, gang=gang)
+            if written is None:
+                fill_allocate_response(self.add_in_place().response, answer, gang=gang)
+                return
+            for reservation in answer.reservations:
+                if reservation.labels:
+                    self._labelled = True
+        self.add_response(written)
 
     def __len__(self) -> int:
         return len(self._reply.items) + self._waiting
@@ -882,6 +900,17 @@ class BatchReply:
         """The reply, every item in it."""
         self._parse_written()
         return self._reply
+
+    def serialized(self) -> bytes:
+        """The reply serialized: done()'s message's bytes. The items written as bytes joined
+        as they are, not parsed (after the ones built in place: the reply has no other field,
+        so its bytes are its items' in order); parsed first when one holds labels (add_answer)."""
+        if self._labelled:
+            return self.done().SerializeToString()
+        written = b"".join(self._written)
+        if not len(self._reply.items):
+            return written
+        return self._reply.SerializeToString() + written
 
     def _parse_written(self) -> None:
         if self._written:
