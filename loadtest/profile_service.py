@@ -91,7 +91,9 @@ PARTS: tuple[tuple[Any, str, str], ...] = (
     (AllocatedState, "hold_whole_in_place", "  the batch's holds (hold_in_place)"),  # the same
     (live_reservations.Holdings, "state_for", "the next state (state_for)"),
     (live_reservations.Holdings, "hold_pending", "hold_pending"),
+    (live_reservations.Holdings, "hold_in_run", "hold_pending"),  # a run's item: the same
     (live_reservations.Holdings, "settle_all", "settle_all (a run's placements settled)"),
+    (live_reservations.Holdings, "settle_run", "settle_all (a run's placements settled)"),
     (service, "placement_requests", "store requests (placement_requests)"),
     (granting.GrantRun, "add", "grants.add"),
     (service.AllocatorService, "_held", "_held"),

@@ -37,3 +37,5 @@ def test_a_mode_reports_cpu_per_claim_and_its_parts(
         assert parts["solve (core solve_many)"] > 0 and parts["the run's write (_write_run)"] > 0
         # hold_in_place and hold_whole_in_place (an item that took the last node again)
         assert parts["  the batch's holds (hold_in_place)"] > 0
+        # a run's one-allocation placements: Holdings.hold_in_run and settle_run
+        assert parts["hold_pending"] > 0 and parts["settle_all (a run's placements settled)"] > 0
