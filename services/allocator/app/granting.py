@@ -28,7 +28,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.allocator.app.live_reservations import Holdings
+from services.allocator.app.live_reservations import Holdings, PendingRun
 from services.allocator.app.quota_grants import QuotaAsk, QuotaTally
 from services.allocator.app.quotas import Assigned, Grant, QuotaExceeded, QuotaGuard
 from services.allocator.app.reservation_limit import ReservationLimit
@@ -51,7 +51,7 @@ log = logging.getLogger("gpualloc.quota")
 class _Placement:
     requests: Sequence[ReserveRequest]
     quota: int | None  # its index in the tally (None: no quotas)
-    pending: str  # its Holdings token
+    pending: str | int  # its Holdings token, or its item in the run's PendingRun
     limits: contextlib.ExitStack | None = None  # the reservation limit's count, if bounded
 
     def close(self) -> None:
@@ -75,6 +75,7 @@ class GrantRun:
         self._limit = limit
         self._tally = QuotaTally(quotas) if quotas is not None else None
         self._placements: list[_Placement] = []
+        self._run: PendingRun | None = None  # the placements of one allocation, pending
 
     def __len__(self) -> int:
         return len(self._placements)
@@ -115,8 +116,14 @@ class GrantRun:
                     raise QuotaExceeded(admitted)
                 quota = admitted
             # Held for this process's other solves while the store decides (live_reservations).
+            pending: str | int
             if len(requests) == 1 and len(requests[0].allocations) == 1:  # the common case
-                pending = self._holdings.hold_pending([requests[0].node], requests[0].allocations)
+                if self._run is None:
+                    self._run = self._holdings.pending_run()
+                request = requests[0]
+                pending = self._holdings.hold_in_run(
+                    self._run, request.node, request.allocations[0]
+                )
             else:  # the scopes of one placement repeat its allocations: each once
                 placed = {id(a): a for request in requests for a in request.allocations}
                 pending = self._holdings.hold_pending(
@@ -141,21 +148,35 @@ class GrantRun:
         try:
             self._write(deadline, outcomes, ended)
         finally:  # what did not become reservations is not held any more, whatever happened
-            self._holdings.settle_all(
-                (p.pending, outcome if isinstance(outcome, list) else None)
-                for p, outcome in zip(self._placements, outcomes, strict=True)
-            )
+            self._settle(outcomes)
             for placement in self._placements:
-                placement.close()
+                if placement.limits is not None:
+                    placement.limits.close()
             self._placements = []
         return [outcome for outcome in outcomes if outcome is not None]
 
     def abandon(self) -> None:
         """Give up the placements not written: their pending holds and counts go."""
-        self._holdings.settle_all((p.pending, None) for p in self._placements)
+        self._settle([None] * len(self._placements))
         for placement in self._placements:
             placement.close()
         self._placements = []
+
+    def _settle(self, outcomes: Sequence[ReserveOutcome | None]) -> None:
+        """The pending placements become their reservations, or are dropped (not a list)."""
+        run, self._run = self._run, None
+        items: list[Sequence[Reservation] | None] = [None] * len(run) if run is not None else []
+        others: list[tuple[str, Sequence[Reservation] | None]] = []
+        for placement, outcome in zip(self._placements, outcomes, strict=True):
+            got = outcome if isinstance(outcome, list) else None
+            if isinstance(placement.pending, int):
+                items[placement.pending] = got
+            else:
+                others.append((placement.pending, got))
+        if run is not None:
+            self._holdings.settle_run(run, items)
+        if others:
+            self._holdings.settle_all(others)
 
     def _write(
         self,
@@ -163,6 +184,14 @@ class GrantRun:
         outcomes: list[ReserveOutcome | None],
         ended: Sequence[Deadline | None] | None,
     ) -> None:
+        if self._tally is None and ended is None:  # no quotas, no caller's own deadline
+            try:  # every placement is written
+                if deadline.passed():
+                    raise DeadlineExceeded("reserve: ran out of time")
+                outcomes[:] = self._store.reserve([p.requests for p in self._placements])
+            except GpuallocError as error:  # nothing was written (or the call failed whole)
+                outcomes[:] = [error] * len(outcomes)
+            return
         granted: list[tuple[int, Grant | None]] = []
         try:
             if deadline.passed():

@@ -15,9 +15,11 @@ copy so that Allocate never waits for Redis:
 - and this process's own operations (`added` / `removed`), at once, so that the next Allocate
   in this process already avoids what it just reserved;
 - placements this process is reserving right now (`hold_pending`, then `settle_pending` or
-  `drop_pending`): concurrent solves in this process avoid them while the store decides, so
-  callers of one process do not race each other for the same devices (they would all pick the
-  same best devices, and all but one would lose at the store and solve again);
+  `drop_pending`; a run's placements of one allocation each as the items of one PendingRun:
+  `hold_in_run`, then `settle_run`): concurrent solves in this process avoid them while the
+  store decides, so callers of one process do not race each other for the same devices (they
+  would all pick the same best devices, and all but one would lose at the store and solve
+  again);
 - a janitor thread runs `store.expire()` every `expire_interval` (freeing due leases and
   publishing their expiry) and a full `refresh()` every `refresh_interval`, because pub/sub
   is at-most-once; after the store was unreachable it refreshes at the first success.
@@ -32,9 +34,10 @@ resurrect a released reservation.
 `state_for(view)` turns the copy (and the pending placements) into an AllocatedState over a
 view's snapshot, owners being reservation ids (Explain names them; a pending placement is owned
 by `pending:<n>`). It is cached per (view, version); a new view rebases the cached state, the
-changes since are applied incrementally (to one copy) while they are fewer than half the
-holdings (a batch's placements and their settling are a few hundred changes: cheaper applied
-than a rebuild over every reservation), anything bigger rebuilds.
+changes since are applied incrementally (to one copy, or to a run's offered solve state itself:
+`offer`) while they are fewer than half the holdings (a batch's placements and their settling
+are a few hundred changes: cheaper applied than a rebuild over every reservation), anything
+bigger rebuilds.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ from services.allocator.reservations.model import (
 from services.common.dra.model import AllocationResult
 from services.common.errors import GpuallocError, NotFound, Unavailable
 
-__all__ = ["Holdings"]
+__all__ = ["Holdings", "PendingRun"]
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +100,25 @@ class _Pending(NamedTuple):
     journal: list[Step] | None
     start: int
     end: int
+
+
+class PendingRun:
+    """Placements of one allocation each that a run holds pending under one token
+    (`Holdings.pending_run`, `hold_in_run`, `settle_run`): item i is the i-th held."""
+
+    __slots__ = ("allocations", "nodes", "positions", "spans", "token")
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self.allocations: list[AllocationResult] = []
+        self.nodes: list[str] = []
+        self.positions: list[int] = []  # each item's addition's index in its journal
+        # (journal, first item) where the items' journal changed: the items of the current
+        # journal's span are not applied to a state yet (None: the journal was dropped)
+        self.spans: list[tuple[list[Step] | None, int]] = []
+
+    def __len__(self) -> int:
+        return len(self.allocations)
 
 
 @dataclass(frozen=True, eq=False)
@@ -141,6 +163,7 @@ class Holdings:
         self._commits = 0  # commits applied: they change states, not what is held
         self._journal: list[Step] | None = []  # since the cached state
         self._pending: dict[str, _Pending] = {}  # by token
+        self._runs: dict[str, PendingRun] = {}  # runs with items pending, by token
         self._pending_on: dict[str, int] = {}  # node -> pending placements there (_unknown)
         self._pending_tokens = itertools.count(1)
         self._recording: list[_Change] | None = None  # changes made while a refresh reads
@@ -241,7 +264,8 @@ class Holdings:
             if cached is None or journal is None or len(journal) > limit:
                 held = ((r.id, a) for r in self._by_id.values() for a in r.allocations)
                 pending = ((t, a) for t, p in self._pending.items() for a in p.allocations)
-                state = AllocatedState.build(view.snapshot, itertools.chain(held, pending))
+                runs = ((t, a) for t, run in self._runs.items() for a in run.allocations)
+                state = AllocatedState.build(view.snapshot, itertools.chain(held, pending, runs))
             elif cached.view is not view:
                 state = cached.state.rebase(view.snapshot)
                 if journal:
@@ -252,7 +276,7 @@ class Holdings:
                 if offered is not None and offered.base is state and journal:
                     steps = _from_offered(journal, offered.placed)
                 if offered is not None and steps is not None:
-                    state = offered.held.with_changes(steps)
+                    state = offered.held.changed_in_place(steps)  # offered: no other reference
                 elif journal:
                     state = state.with_changes(journal)
             self._cached = _Cached(view, self._version, state)
@@ -263,7 +287,8 @@ class Holdings:
         self, base: AllocatedState, held: AllocatedState, placed: Sequence[AllocationResult]
     ) -> None:
         """A run's solve state: `held` is `base` (a state `state_for` returned) with `placed`
-        added for owner "" (core solve_many), and never changed again. While `base` is still
+        added for owner "" (core solve_many), handed over: the caller keeps no reference to it
+        (the next `state_for` may change it in place and return it). While `base` is still
         the cached state, the next `state_for` starts from `held` instead of applying the
         run's pending placements again: the journal's additions of `placed` (by identity: the
         pending holds, or the reservations that took them over) become renames of the ""
@@ -344,6 +369,84 @@ class Holdings:
         """The store refused the placement (or failed): it holds nothing any more."""
         with self._lock:
             self._drop(token)
+
+    def pending_run(self) -> PendingRun:
+        """A run's pending placements of one allocation each, under one token: `hold_in_run`
+        each, then `settle_run` once (always)."""
+        with self._lock:
+            return PendingRun(f"{_PENDING}{next(self._pending_tokens)}")
+
+    def hold_in_run(self, run: PendingRun, node: str, allocation: AllocationResult) -> int:
+        """`hold_pending([node], [allocation])` as the next item of `run`: its index there."""
+        with self._lock:
+            journal = self._journal
+            spans = run.spans
+            if not spans or spans[-1][0] is not journal:
+                spans.append((journal, len(run.allocations)))
+            if journal is None:
+                run.positions.append(-1)
+            else:
+                run.positions.append(len(journal))
+                journal.append((None, run.token, allocation))
+            run.allocations.append(allocation)
+            run.nodes.append(node)
+            self._runs[run.token] = run
+            pending_on = self._pending_on
+            pending_on[node] = pending_on.get(node, 0) + 1
+            self._version += 1
+            return len(run.allocations) - 1
+
+    def settle_run(self, run: PendingRun, outcomes: Sequence[Sequence[Reservation] | None]) -> None:
+        """`settle_all` of every item of `run`, in one step: item i's reservations are
+        `outcomes[i]` (None: dropped). The common case, one new reservation holding the item's
+        allocation, takes it over; any other frees the item and adds the reservations."""
+        with self._lock:
+            if self._runs.pop(run.token, None) is None:
+                return  # held nothing, or settled already
+            token, journal, by_id = run.token, self._journal, self._by_id
+            tombstones, recording = self._tombstones, self._recording
+            spans = run.spans
+            fresh = len(run.allocations)  # the first item not applied to a state yet
+            if journal is not None and spans[-1][0] is journal:
+                fresh = spans[-1][1]
+            later: list[Step] = []  # after the current journal's steps
+            self._version += 1
+            for index, allocation in enumerate(run.allocations):
+                reservations = outcomes[index]
+                new: str | None = None
+                if reservations is not None:
+                    if len(reservations) == 1:
+                        reservation = reservations[0]
+                        held = reservation.allocations
+                        new = reservation.id
+                        if (
+                            len(held) == 1
+                            and (held[0] is allocation or held[0] == allocation)
+                            and new not in by_id
+                            and new not in tombstones
+                        ):  # the common case: one new reservation takes the item over
+                            by_id[new] = reservation
+                            self._version += 1
+                            if recording is not None:
+                                recording.append(_Change(reservation, None))
+                        else:
+                            new = None
+                    if new is None:  # freed below; the reservations added as they are
+                        later += [
+                            (None, r.id, a)
+                            for r in self._admit(reservations)
+                            for a in r.allocations
+                        ]
+                if journal is None:
+                    continue
+                if index >= fresh:
+                    journal[run.positions[index]] = (None, new, allocation)
+                else:
+                    journal.append((token, new, allocation))
+            for node in run.nodes:
+                self._forget_node(node)
+            if journal is not None:
+                journal += later
 
     def settle_all(self, outcomes: Iterable[tuple[str, Sequence[Reservation] | None]]) -> None:
         """`settle_pending` (reservations) or `drop_pending` (None) for each pending placement
@@ -443,11 +546,14 @@ class Holdings:
     def _forget_nodes(self, nodes: tuple[str, ...]) -> None:
         """With the lock: a pending placement on `nodes` no longer counts there."""
         for node in nodes:
-            left = self._pending_on[node] - 1
-            if left:
-                self._pending_on[node] = left
-            else:
-                del self._pending_on[node]
+            self._forget_node(node)
+
+    def _forget_node(self, node: str) -> None:
+        left = self._pending_on[node] - 1
+        if left:
+            self._pending_on[node] = left
+        else:
+            del self._pending_on[node]
 
     def committed(self, reservation: Reservation) -> None:
         """A state change that holds the same devices: no new version (`commits` counts it)."""

@@ -25,6 +25,7 @@ import heapq
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
+from functools import partial
 
 from services.allocator.core.candidates import (
     NodeCandidates,
@@ -467,6 +468,40 @@ class _Found:
         return self._score
 
 
+def _rescore(
+    ctx: SolveContext,
+    steps: StepCounter,
+    view: NodeView,
+    prepared: Prepared | NodeTemplate,
+    used: frozenset[int],
+) -> Score:
+    """The Score of a kept outcome nobody scored yet: the node searched again, apart from the
+    bookkeeping of the solve that found it. (A _Found's `rescore` is this with its arguments
+    bound, not a closure over its NodeRun: the run keeps its _Founds, so a closure would make
+    a reference cycle per node move, left for the cyclic collector.)"""
+    if isinstance(prepared, NodeTemplate):
+        assert ctx.snapshot is not None
+        prepared = template_plan(ctx, ctx.snapshot, prepared).prepared
+    again = NodeRun(ctx, replace(steps, steps=0))
+    found = again._node(view, None, prepared, used, keep=False)
+    assert found is not None, "a kept fit must fit again"
+    return found.score
+
+
+def _quiet_rescore(
+    ctx: SolveContext,
+    steps: StepCounter,
+    view: NodeView,
+    template: NodeTemplate,
+    used: frozenset[int],
+) -> Score:
+    """A kept fit's Score, searching the node again with nothing recorded."""
+    assert ctx.snapshot is not None
+    with taping(ctx, None):
+        facts = template_plan(ctx, ctx.snapshot, template)
+        return _rescore(ctx, steps, view, facts.prepared, used)
+
+
 class NodeRun:
     """One solve's bookkeeping across nodes."""
 
@@ -885,17 +920,10 @@ class NodeRun:
             outcome.topology,
             outcome.fragmentation,
             outcome=outcome,
-            rescore=lambda: self._quiet_rescore(view, template, used),
+            rescore=partial(_quiet_rescore, self.ctx, self.steps, view, template, used),
         )
         self.found.append(found)
         return found
-
-    def _quiet_rescore(self, view: NodeView, template: NodeTemplate, used: frozenset[int]) -> Score:
-        """A kept fit's Score, searching the node again with nothing recorded."""
-        assert self.ctx.snapshot is not None
-        with taping(self.ctx, None):
-            facts = template_plan(self.ctx, self.ctx.snapshot, template)
-            return self._rescore(view, facts.prepared, used)
 
     def _finish_replays(self) -> None:
         if self._replays is not None and self.ctx.recorder is not None:
@@ -955,23 +983,10 @@ class NodeRun:
             outcome.topology,
             outcome.fragmentation,
             outcome=outcome,
-            rescore=lambda: self._rescore(view, prepared, used),
+            rescore=partial(_rescore, self.ctx, self.steps, view, prepared, used),
         )
         self.found.append(found)
         return found
-
-    def _rescore(
-        self, view: NodeView, prepared: Prepared | NodeTemplate, used: frozenset[int]
-    ) -> Score:
-        """The Score of a kept outcome nobody scored yet: the node searched again, apart
-        from this solve's bookkeeping."""
-        if isinstance(prepared, NodeTemplate):
-            assert self.ctx.snapshot is not None
-            prepared = template_plan(self.ctx, self.ctx.snapshot, prepared).prepared
-        again = NodeRun(self.ctx, replace(self.steps, steps=0))
-        found = again._node(view, None, prepared, used, keep=False)
-        assert found is not None, "a kept fit must fit again"
-        return found.score
 
     def _missed(self, steps: int, pruned: bool, miss: NodeMiss | None) -> NodeOutcome:
         labels = [claim.label for claim in self.ctx.plan.claims]

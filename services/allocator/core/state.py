@@ -118,18 +118,37 @@ class AllocatedState:
         move once at the end, each node straight to where the changes leave it (a run of 64
         placements on 8 nodes is 8 moves, not 64)."""
         state = self._copy()
+        state._apply(changes)
+        return state
+
+    def changed_in_place(
+        self, changes: Iterable[tuple[str | None, str | None, AllocationResult]]
+    ) -> AllocatedState:
+        """`with_changes` applied to this detached state itself, which is its last change:
+        it returns this state, no longer detached (a value from now on, its node groups
+        settled), for a caller that has the only reference to it (a batch's solve state,
+        app/live_reservations.py's `offer`): no copy of its changes since the last
+        flattening, nor of its node groups."""
+        assert self._scratch, "only a detached state changes in place"
+        self._apply(changes)
+        if self._groups is not None:
+            self._groups.settle()  # the moves `hold_in_place` deferred: none left to readers
+        self._scratch = False
+        return self
+
+    def _apply(self, changes: Iterable[tuple[str | None, str | None, AllocationResult]]) -> None:
+        """`with_changes`' changes, to this state itself."""
         changed: list[DeviceID] = []  # devices that became used or free on the way
         for old, new, allocation in changes:
             if old is None:
                 if new is not None:
-                    state._add(allocation, new, changed)
+                    self._add(allocation, new, changed)
             elif new is None:
-                state._remove(allocation, old, changed)
+                self._remove(allocation, old, changed)
             else:
-                state._rename(allocation, old, new, changed)
-        if changed and state._groups is not None:
-            state._groups.devices_settled(changed, state.in_use)
-        return state
+                self._rename(allocation, old, new, changed)
+        if changed and self._groups is not None:
+            self._groups.devices_settled(changed, self.in_use)
 
     def detached(self, *, groups: bool = False) -> AllocatedState:
         """The same holdings in a copy of its own, which `hold_in_place` / `take_in_place`

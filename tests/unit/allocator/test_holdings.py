@@ -527,6 +527,89 @@ def test_the_next_state_from_a_runs_solve_state_equals_a_state_built_from_scratc
     assert groups.order == fresh.order
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["add", "remove", "solve", "take", "settle-run", "read", "rebuild"]),
+            st.integers(0, 7),
+            st.lists(st.integers(0, len(MIG) - 1), min_size=1, max_size=3),
+            st.sampled_from(["granted", "dropped", "more", "known"]),
+        ),
+        max_size=60,
+    )
+)
+def test_a_run_held_under_one_token_equals_a_state_built_from_scratch(operations):
+    """The same runs as above, their placements held as one PendingRun's items
+    (`pending_run`, `hold_in_run`, `settle_run`) while states are read, rebuilt (the journal
+    dropped) and offered: granted, dropped, granted with one more allocation, or answered with
+    a reservation already known (freed). The next state always equals one built from scratch,
+    a run's unsettled items held by its token."""
+    holdings = Holdings(MemoryReservationStore())
+    holdings.state_for(VIEW).node_groups(SNAPSHOT)
+    live: dict[str, Reservation] = {}
+    solved: list[AllocationResult] = []
+    run = holdings.pending_run()
+    taken: list[tuple[AllocationResult, str]] = []
+    for index, (op, slot, picks, outcome) in enumerate(operations):
+        devices = sorted({MIG[p] for p in picks})
+        rid = f"res-{index}"
+        if op == "add":
+            live[rid] = _reservation(rid, *devices)
+            holdings.added([live[rid]])
+        elif op == "remove" and live:
+            gone = sorted(live)[slot % len(live)]
+            holdings.removed([gone])
+            del live[gone]
+        elif op == "solve":
+            base = holdings.state_for(VIEW)
+            held = base.detached(groups=True)
+            solved = [_allocation(MIG[(slot + n) % len(MIG)]) for n in range(len(picks))]
+            for allocation in solved:
+                held.hold_in_place(allocation)
+            holdings.offer(base, held, solved)
+        elif op == "take":  # the solve's next placement, or one of its own
+            allocation = solved.pop(0) if solved else _allocation(MIG[slot % len(MIG)])
+            assert holdings.hold_in_run(run, A100, allocation) == len(taken)
+            taken.append((allocation, outcome))
+        elif op == "settle-run":
+            settled: list[list[Reservation] | None] = []
+            for number, (allocation, how) in enumerate(taken):
+                if how == "dropped":
+                    settled.append(None)
+                    continue
+                if how == "known" and live:
+                    settled.append([live[sorted(live)[slot % len(live)]]])
+                    continue
+                kept: tuple[AllocationResult, ...] = (allocation,)
+                if how == "more":
+                    kept = (allocation, _allocation(MIG[slot % len(MIG)]))
+                made = dataclasses.replace(
+                    _reservation(f"{rid}-{number}", MIG[0]), allocations=kept
+                )
+                live[made.id] = made
+                settled.append([made])
+            holdings.settle_run(run, settled)
+            run, taken = holdings.pending_run(), []
+        elif op == "read":
+            holdings.state_for(VIEW)
+        elif op == "rebuild":
+            holdings.rebuild()
+    got = holdings.state_for(VIEW)
+    held_now = [(r.id, a) for r in live.values() for a in r.allocations]
+    held_now += [(run.token, allocation) for allocation, _ in taken]
+    want = AllocatedState.build(SNAPSHOT, held_now)
+    assert got.devices_in_use == want.devices_in_use
+    counters = {c for e in SNAPSHOT.all_devices() for c, _ in e.counters}
+    assert {c: got.counter_used(c) for c in counters} == {c: want.counter_used(c) for c in counters}
+    assert {d: sorted(got.owners(d)) for d in want.devices_in_use} == {
+        d: sorted(want.owners(d)) for d in want.devices_in_use
+    }
+    groups, fresh = got.node_groups(SNAPSHOT), want.node_groups(SNAPSHOT)
+    assert groups.in_use == fresh.in_use
+    assert groups.order == fresh.order
+
+
 def test_the_next_state_starts_from_the_offered_solve_state():
     """While the offered state's base is the cached state, the next state is derived from the
     offered one (its "" holds renamed), not from the base again; once only."""
