@@ -11,7 +11,9 @@ services/common/gc_policy.py), and the servicer's method called directly by `--t
 at once (the bench's client runs 16) — no gRPC transport, so what it reports is the servicer's
 own work. Modes: `allocate-reserve-batch-64` (AllocateBatch of 64 one-H100 items with
 reserve, the issue 29 row), `allocate-reserve` (unary Allocate(reserve)), `allocate-any-node`
-(unary Allocate). Reservations are released after the measured calls, untimed. Unary calls go
+(unary Allocate). A batch's reply is encoded as the server's handler encodes it (a reply the
+servicer wrote serialized is taken as it is) and read after the measured calls; reservations
+are released after them, untimed. Unary calls go
 through the combiner as in the server (app/combining.py; `GPUALLOC_COMBINE_ALLOCATES=false`:
 each alone); `combined_passes` says how many passes placed them.
 
@@ -58,6 +60,7 @@ from services.allocator.config import AllocatorSettings
 from services.allocator.core import AllocatedState
 from services.common.config import read_document_limits
 from services.common.gc_policy import GcPolicy
+from services.common.grpc_errors import reply_serializer
 from services.common.pb.dra_mapping import to_pb_resource_claim
 from services.common.security.edge import CallInfo, _current
 from services.common.security.principal import development_principal
@@ -79,8 +82,9 @@ PARTS: tuple[tuple[Any, str, str], ...] = (
     (redis_store.RedisReservationStore, "_command", "      one command (_command)"),
     (servicer_module.AllocatorServicer, "_answered", "the answer (_answered)"),
     (servicer_module.AllocatorServicer, "_answered_item", "the answer (_answered_item, a batch's)"),
-    (servicer_module, "allocate_response_bytes", "  allocate_response_bytes"),
+    (mapping.BatchReply, "add_answer", "  its bytes (BatchReply.add_answer)"),
     (mapping.BatchReply, "done", "the batch reply parsed (BatchReply.done)"),
+    (mapping.BatchReply, "serialized", "the batch reply joined (BatchReply.serialized)"),
     (combining.Combiner, "_run", "a pass of combined unary calls (Combiner._run)"),
     (servicer_module, "allocate_response", "  allocate_response"),
     (AllocatedState, "hold_in_place", "  the batch's holds (hold_in_place)"),
@@ -181,17 +185,15 @@ def _measure(servicer: Any, args: argparse.Namespace) -> dict[str, Any]:
     reserving.lease_ttl.seconds = LEASE_SECONDS
     context: Any = _Context()  # a grpc.ServicerContext as far as the servicer reads it
     made: list[str] = []  # reservation ids, released after
+    sent: list[bytes] = []  # batch replies as the server sends them, read after
+    encode = reply_serializer(pb.AllocateBatchResponse.SerializeToString)  # as grpc's handler
 
     def call() -> int:
         token = _current.set(CallInfo(development_principal(OWNER), args.mode, context))
         try:
             if args.mode == "allocate-reserve-batch-64":
                 batch = pb.AllocateBatchRequest(items=[reserving] * 64)
-                reply = servicer.AllocateBatch(batch, context)
-                for item in reply.items:
-                    if item.HasField("error"):
-                        raise RuntimeError(f"an item failed: {item.error}")
-                    made.extend(r.id for r in item.response.reservations)
+                sent.append(encode(servicer.AllocateBatch(batch, context)))
                 return 64
             if args.mode == "allocate-reserve":
                 response = servicer.Allocate(reserving, context)
@@ -203,6 +205,12 @@ def _measure(servicer: Any, args: argparse.Namespace) -> dict[str, Any]:
             _current.reset(token)
 
     def release() -> None:
+        for data in sent:
+            for item in pb.AllocateBatchResponse.FromString(data).items:
+                if item.HasField("error"):
+                    raise RuntimeError(f"an item failed: {item.error}")
+                made.extend(r.id for r in item.response.reservations)
+        sent.clear()
         for reservation_id in made:
             servicer.Release(pb.ReleaseRequest(reservation_id=reservation_id), context)
         made.clear()

@@ -351,15 +351,37 @@ def stream_in_context(
                 variable.reset(token)
 
 
+class SerializedReply:
+    """A unary reply its servicer wrote serialized: the message's bytes, as its serializer
+    writes them. ErrorMappingInterceptor sends them as they are, instead of the servicer
+    parsing them into the message for grpc to serialize it again (an AllocateBatch reply of 64
+    answers: ~1.3 us per item to parse, ~1.6 to serialize)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+def reply_serializer(serialize: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
+    """`serialize` (a unary handler's response serializer), sending a SerializedReply as it is."""
+
+    def encode(reply: Any) -> bytes:
+        return reply.data if type(reply) is SerializedReply else serialize(reply)
+
+    return encode
+
+
 def rewrap_handler(
     handler: grpc.RpcMethodHandler[Any, Any],
     wrap_unary: Callable[[UnaryBehavior], UnaryBehavior],
     wrap_stream: Callable[[StreamBehavior], StreamBehavior],
     *,
     request_deserializer: Callable[[bytes], Any] | None | object = ...,
+    response_serializer: Callable[[Any], bytes] | None | object = ...,
 ) -> grpc.RpcMethodHandler[Any, Any]:
-    """The same handler (same (de)serializers, unless `request_deserializer` is given) with its
-    behavior wrapped; for interceptors."""
+    """The same handler (same (de)serializers, unless `request_deserializer` or
+    `response_serializer` is given) with its behavior wrapped; for interceptors."""
     rebuild = {
         (False, False): grpc.unary_unary_rpc_method_handler,
         (True, False): grpc.stream_unary_rpc_method_handler,
@@ -378,16 +400,18 @@ def rewrap_handler(
     deserializer = (
         handler.request_deserializer if request_deserializer is ... else request_deserializer
     )
+    serializer = handler.response_serializer if response_serializer is ... else response_serializer
     return rebuild(
         behavior,
         request_deserializer=deserializer,  # type: ignore[arg-type]
-        response_serializer=handler.response_serializer,
+        response_serializer=serializer,  # type: ignore[arg-type]
     )
 
 
 class ErrorMappingInterceptor(HandlerInterceptor):
-    """Turns exceptions raised by servicers into statuses (see the module docstring), and
-    decodes unary requests itself.
+    """Turns exceptions raised by servicers into statuses (see the module docstring), decodes
+    unary requests itself, and sends a unary reply a servicer wrote serialized
+    (SerializedReply) as it is.
 
     Decoding: grpcio (1.85) leaks a stream slot and its memory for every request whose
     deserializer raises — after ~100 undecodable requests a connection refuses new streams
@@ -432,9 +456,15 @@ class ErrorMappingInterceptor(HandlerInterceptor):
 
             return call
 
+        serialize = handler.response_serializer
+        encode: Any = ...  # a unary reply may come serialized (SerializedReply): sent as is
+        if serialize is not None and not handler.response_streaming:
+            encode = reply_serializer(serialize)
         if decode is None:
-            return rewrap_handler(handler, wrap_unary, wrap_stream)
-        return rewrap_handler(handler, wrap_unary, wrap_stream, request_deserializer=None)
+            return rewrap_handler(handler, wrap_unary, wrap_stream, response_serializer=encode)
+        return rewrap_handler(
+            handler, wrap_unary, wrap_stream, request_deserializer=None, response_serializer=encode
+        )
 
 
 def _decoder(

@@ -111,7 +111,7 @@ def visible_answer(
     """`answer` with other tenants' holders and reservation ids hidden. `owner_of` gives the
     owner of a reservation id named in a rejection (None: unknown here, shown as is)."""
     nothing = not answer.holders and answer.explanation is None and not answer.preemption
-    if viewer.sees_all_tenants or nothing:
+    if nothing or viewer.sees_all_tenants:
         return answer  # nothing of anyone's to hide: the common case of a placement
     explanation = answer.explanation
     if explanation is not None:

@@ -78,29 +78,27 @@ def solve_many(
     # is the one that walk chose, on a node chosen by groups.
     last = LastChoice() if node is None and nodes is None and not explain else None
     for _ in range(count):
-        item = replace(ctx, recorder=Recorder()) if explain else ctx
-        counts = (ctx.selection.cel_evaluations, ctx.selection.cel_profile_hits)
-        again = last.again(ctx, budget, share_id, counts) if last is not None else None
-        if again is not None:  # the last node again, from its kept outcome: solve_in's answer
-            placed, whole = again
-            results.append(placed)
-            if whole is not None:
-                held.hold_whole_in_place(whole)
-                continue
-        else:
+        placed = last.again(ctx, budget, share_id) if last is not None else None
+        if placed is None:  # else the last node again, from its kept outcome: solve_in's answer
+            item = replace(ctx, recorder=Recorder()) if explain else ctx
             result = solve_in(
                 item,
                 budget,
                 node=node,
                 nodes=nodes,
                 share_id=share_id,
-                cel_before=counts,
+                cel_before=(ctx.selection.cel_evaluations, ctx.selection.cel_profile_hits),
                 last=last,
             )
-            results.append(result)
             if not isinstance(result, Allocated):
+                results.append(result)
                 break
             placed = result
+        results.append(placed)
+        if last is not None and last.taken is not None:  # read from a kept outcome, all whole
+            assert last.view is not None
+            held.hold_whole_in_place(snapshot, last.view, last.taken)
+            continue
         for placement in placed.placements:
             for allocation in placement.allocations:
                 held.hold_in_place(allocation)

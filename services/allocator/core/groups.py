@@ -177,6 +177,13 @@ class GroupIndex:
                     pending.setdefault(node, before)
                     moved[node] = before | {index}
 
+    def device_taken(self, node: str, index: int) -> None:
+        """`devices_taken` of the device at `index` of the node `node` (its slot, known)."""
+        before = self.node_in_use(node)
+        if index not in before:
+            self._pending.setdefault(node, before)
+            self._moved[node] = before | {index}
+
     def settle(self) -> None:
         """Move the nodes whose moves were deferred, each straight to its group of now."""
         if not self._pending:

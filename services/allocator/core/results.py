@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 
+from services.allocator.core.made import check_made, made
 from services.allocator.core.nodeselect import NodeAccess, allocation_node_selector
 from services.allocator.core.plan import Alternative, ClaimPlan
 from services.allocator.core.search import Pick
@@ -19,6 +20,7 @@ from services.allocator.core.snapshot import DeviceEntry
 from services.common.dra.model import (
     AllocationResult,
     ConfigSource,
+    Device,
     DeviceAllocationConfiguration,
     DeviceID,
     DeviceRequestAllocationResult,
@@ -28,15 +30,33 @@ from services.common.dra.model import (
 from services.common.dra.quantity import Quantity
 
 __all__ = [
+    "KeptResults",
     "ResultParts",
     "ShareIdFactory",
     "allocation_result",
     "default_share_id",
-    "kept_allocation_result",
 ]
 
 ShareIdFactory = Callable[[ResourceClaim, str, DeviceID, int], str]
 """(claim, result request name, device, position of the result in the claim) -> share ID."""
+
+# The results made field by field (made.py): their fields, in order, as written below.
+check_made(
+    DeviceRequestAllocationResult,
+    (
+        "request",
+        "driver",
+        "pool",
+        "device",
+        "admin_access",
+        "tolerations",
+        "share_id",
+        "consumed_capacity",
+        "binding_conditions",
+        "binding_failure_conditions",
+    ),  # fmt: skip
+)
+check_made(AllocationResult, ("results", "config", "node_selector"))
 
 _SHARE_ID_NAMESPACE = uuid.UUID("6f0d5b0e-3c1a-5d8e-9b77-2f4a8c1e9d30")
 
@@ -89,41 +109,112 @@ def allocation_result(
     )
 
 
-def kept_allocation_result(
+class KeptResults:
+    """The results of one kept outcome's picks (outcomes.py) for a context's claims, on any
+    node of the outcome's template: what every node shares (per claim its owner, configs and
+    picks with their alternatives' result fields) worked out once, so that the results on one
+    node read only that node's devices (`on`). `picks` per claim as (alternative key, device
+    index) in pick order, `chosen` per claim as (request index, alternative key), as the
+    outcome keeps them; the plan's `alternatives` by key. A kept pick holds no capacity share
+    (its consumed capacity is None)."""
+
+    __slots__ = ("claims",)
+
+    def __init__(
+        self,
+        claims: Sequence[ClaimPlan],
+        picks: Sequence[Sequence[tuple[int, int]]],
+        chosen: Sequence[tuple[tuple[int, int], ...]],
+        alternatives: Mapping[int, Alternative],
+        parts: ResultParts | None,
+    ) -> None:
+        # per claim: (its claim, its configs, per pick (device index, alternative, result name))
+        self.claims: tuple[tuple[ResourceClaim, Configs, tuple[_KeptPick, ...]], ...] = tuple(
+            [
+                (
+                    claim.claim,
+                    _chosen_configs(claim, chosen[claim.index], alternatives, parts),
+                    tuple(
+                        [
+                            (index, alternatives[key], alternatives[key].result_name)
+                            for key, index in picks[claim.index]
+                        ]
+                    ),
+                )
+                for claim in claims
+            ]
+        )
+
+    def on(
+        self,
+        devices: Sequence[DeviceEntry],
+        node_name: str | None,
+        share_id: ShareIdFactory,
+        parts: ResultParts | None,
+        taken: list[int] | None = None,
+    ) -> tuple[tuple[AllocationResult, ...], bool]:
+        """One AllocationResult per claim on the node with `devices` (in view order), as
+        `allocation_result` makes them from the same picks, and whether no pick holds a share
+        of its device. `taken`: gets the device index of every pick that holds its device
+        whole (an admin's holds nothing; all of them only when the answer is True)."""
+        whole = True
+        allocations = []
+        for owner, configs, picks in self.claims:
+            results = []
+            local = True  # every device of the claim node-local: the node's own selector
+            for position, (index, alternative, request) in enumerate(picks):
+                entry = devices[index]
+                device = entry.device
+                if device.allow_multiple_allocations:
+                    whole = False
+                    results.append(
+                        _device_result(owner, position, alternative, entry, None, share_id)
+                    )
+                else:
+                    results.append(_whole_device_result(request, alternative, entry.id, device))
+                    if taken is not None and not alternative.admin:
+                        taken.append(index)
+                if local and not entry.access.node_name:
+                    local = False
+            if parts is not None and local and results:
+                selector = parts.pinned.get(node_name, _UNKNOWN)
+                if selector is _UNKNOWN:
+                    accesses = [devices[index].access for index, _, _ in picks]
+                    selector = parts.pinned[node_name] = allocation_node_selector(
+                        accesses, node_name
+                    )
+            else:
+                accesses = [devices[index].access for index, _, _ in picks]
+                selector = allocation_node_selector(accesses, node_name)
+            allocations.append(
+                made(
+                    AllocationResult,
+                    {"results": tuple(results), "config": configs, "node_selector": selector},
+                )
+            )
+        return tuple(allocations), whole
+
+
+_KeptPick = tuple[int, Alternative, str]  # (device index on the node, alternative, result name)
+
+
+def _chosen_configs(
     claim: ClaimPlan,
-    picks: Sequence[tuple[int, int]],
     chosen: tuple[tuple[int, int], ...],
-    devices: Sequence[DeviceEntry],
     alternatives: Mapping[int, Alternative],
-    node_name: str | None,
-    share_id: ShareIdFactory,
     parts: ResultParts | None,
-) -> AllocationResult:
-    """`allocation_result` of the claim's picks a kept outcome places on a node
-    (outcomes.py), without making Picks: `picks` as (alternative key, device index) in pick
-    order, `chosen` as (request index, alternative key) per request, as the outcome keeps
-    them; the node's `devices` in view order; the plan's `alternatives` by key. A kept pick
-    holds no capacity share (its consumed capacity is None)."""
-    owner = claim.claim
-    results = []
-    accesses = []
-    for position, (key, index) in enumerate(picks):
-        entry = devices[index]
-        results.append(_device_result(owner, position, alternatives[key], entry, None, share_id))
-        accesses.append(entry.access)
+) -> Configs:
+    """The claim's configs for a kept outcome's chosen (request, alternative key) pairs."""
+    by_request = {request: alternatives[key] for request, key in chosen}
     if parts is None:
-        by_request = {request: alternatives[key] for request, key in chosen}
-        config = _class_configs(claim, by_request) + _claim_configs(claim, by_request)
-        selector = allocation_node_selector(accesses, node_name)
-        return AllocationResult(tuple(results), config, selector)
+        return _class_configs(claim, by_request) + _claim_configs(claim, by_request)
     found = parts.kept_configs.get((claim.index, chosen))
     if found is None:
         keys = tuple([key for _, key in chosen])
-        by_request = {request: alternatives[key] for request, key in chosen}
         found = parts.kept_configs[claim.index, chosen] = _kept_configs(
             claim, keys, by_request, parts
         )
-    return AllocationResult(tuple(results), found, _selector(accesses, node_name, parts))
+    return found
 
 
 def _kept_configs(
@@ -154,6 +245,28 @@ def _selector(
 _UNKNOWN = NodeSelector(())  # no node's pinned selector yet (a real one has a term)
 
 
+def _whole_device_result(
+    request: str, alternative: Alternative, device_id: DeviceID, device: Device
+) -> DeviceRequestAllocationResult:
+    """`_device_result` of a device held whole (not multi-allocatable): no share ID, no
+    consumed capacity."""
+    return made(
+        DeviceRequestAllocationResult,
+        {
+            "request": request,
+            "driver": device_id.driver,
+            "pool": device_id.pool,
+            "device": device_id.device,
+            "admin_access": True if alternative.admin else None,
+            "tolerations": alternative.tolerations,  # as upstream: what let a tainted device in
+            "share_id": None,
+            "consumed_capacity": {},
+            "binding_conditions": device.binding_conditions,
+            "binding_failure_conditions": device.binding_failure_conditions,
+        },
+    )
+
+
 def _device_result(
     claim: ResourceClaim,
     position: int,
@@ -165,18 +278,7 @@ def _device_result(
     device_id, device = entry.id, entry.device
     request = alternative.result_name
     if not device.allow_multiple_allocations:
-        return DeviceRequestAllocationResult(
-            request,
-            device_id.driver,
-            device_id.pool,
-            device_id.device,
-            True if alternative.admin else None,
-            alternative.tolerations,  # as upstream: what let a tainted device in
-            None,
-            {},
-            device.binding_conditions,
-            device.binding_failure_conditions,
-        )
+        return _whole_device_result(request, alternative, device_id, device)
     return DeviceRequestAllocationResult(
         request=request,
         driver=device_id.driver,

@@ -25,6 +25,7 @@ import heapq
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
+from functools import partial
 
 from services.allocator.core.candidates import (
     NodeCandidates,
@@ -48,6 +49,7 @@ from services.allocator.core.fragmentation import (
     DEFAULT_MIX,
     FragmentationMix,
 )
+from services.allocator.core.made import check_made, made
 from services.allocator.core.nodechoice import GroupedChoice, template_plan, usable
 from services.allocator.core.outcome import (
     Allocated,
@@ -73,11 +75,11 @@ from services.allocator.core.preferences import (
 )
 from services.allocator.core.replay import Group, GroupTape, NodeTape, Replays, taping
 from services.allocator.core.results import (
+    KeptResults,
     ResultParts,
     ShareIdFactory,
     allocation_result,
     default_share_id,
-    kept_allocation_result,
 )
 from services.allocator.core.scoring import NodeKey, Policy, Score, free_capacity
 from services.allocator.core.search import BudgetExhausted, NodeSearch, StepCounter
@@ -99,7 +101,6 @@ from services.common.dra.model import (
     AllocationMode,
     AllocationResult,
     DeviceClass,
-    DeviceID,
     ResourceClaim,
 )
 from services.common.errors import GpuallocError
@@ -115,6 +116,10 @@ __all__ = [
 ]
 
 DEFAULT_BUDGET = SearchBudget()
+
+# What LastChoice.again makes field by field (made.py): their fields, in order.
+check_made(NodePlacement, ("node", "allocations", "score"))
+check_made(Allocated, ("placements", "stats", "explanation", "domain"))
 
 
 def solve(
@@ -195,7 +200,10 @@ def solve_in(
     elif recorder is not None or not run.choose_by_groups(snapshot, last):
         views = list(snapshot.views()) if snapshot.node_names else [snapshot.nil_view]
         run.choose([v for v in views if v.device_count > 0] or views[:1])
-    return run.result(share_id, cel_before)
+    result = run.result(share_id, cel_before)
+    if last is not None:  # the answer is on the node `last` carries, if it carries one
+        last.taken = run.taken if last.view is not None else None
+    return result
 
 
 def feasible_nodes(
@@ -312,21 +320,43 @@ class LastChoice:
     # the chosen node's template and the outcomes kept for the question on it (None: ungrouped)
     template: NodeTemplate | None = None
     memo: OutcomeMemo[NodeOutcome] | None = None
+    # the device indices on `view` that the last answer (again's, or the walk's when read from
+    # a kept outcome) holds each whole, for the caller's hold; None: the caller holds its
+    # allocations
+    taken: list[int] | None = None
+    # what `again` answers alike for every item on the chosen node: its Stats by steps
+    _stats: dict[int, Stats] | None = None
+
+    def chose(
+        self,
+        view: NodeView,
+        key: NodeKey,
+        steps: int,
+        feasible: int,
+        nodes_total: int,
+        template: NodeTemplate | None,
+        memo: OutcomeMemo[NodeOutcome] | None,
+    ) -> None:
+        """A walk chose `view` (its `key`) in `steps`, knowing `feasible` of `nodes_total`
+        nodes to fit."""
+        self.view, self.key, self.steps, self.feasible = view, key, steps, feasible
+        self.nodes_total, self.template, self.memo = nodes_total, template, memo
+        self._stats = None
+
+    def forget(self) -> None:
+        """No walk to carry: the next item walks."""
+        self.view = self.key = self.taken = None
 
     def again(
-        self,
-        ctx: SolveContext,
-        budget: SearchBudget,
-        share_id: ShareIdFactory,
-        cel_before: tuple[int, int],
-    ) -> tuple[Allocated, list[DeviceID] | None] | None:
+        self, ctx: SolveContext, budget: SearchBudget, share_id: ShareIdFactory
+    ) -> Allocated | None:
         """What `solve_in(ctx, budget, last=self, ...)` answers when it takes the last node
         again from the outcome kept for the node's devices in use now (NodeRun._again, then
-        NodeRun.result), made without a NodeRun, with the devices that answer holds, each
-        whole (None: not all whole, the caller holds its allocations). None, with nothing
-        changed, where solve_in must decide: no kept outcome for the node's state, one that
-        does not fit or ranks worse, the budget, or a kept fit no solve scored yet (solve_in
-        scores it for the next)."""
+        NodeRun.result), made without a NodeRun, `taken` set as solve_in sets it. It evaluates
+        no CEL: its Stats count none. None, with nothing changed,
+        where solve_in must decide: no kept outcome for the node's state, one that does not
+        fit or ranks worse, the budget, or a kept fit no solve scored yet (solve_in scores it
+        for the next)."""
         view, memo, snapshot = self.view, self.memo, ctx.snapshot
         if view is None or memo is None or snapshot is None:
             return None
@@ -341,23 +371,28 @@ class LastChoice:
         if key > self.key:
             return None
         self.key = key
-        selection, total = ctx.selection, self.nodes_total
-        evaluations = selection.cel_evaluations - cel_before[0]
-        hits = selection.cel_profile_hits - cel_before[1]
-        stats = _shared_stats(
-            ctx, (steps, evaluations, total, total - 1, 1, self.feasible, False, hits)
+        known = self._stats
+        if known is None:
+            known = self._stats = {}
+        stats = known.get(steps)
+        if stats is None:
+            total = self.nodes_total
+            values = (steps, 0, total, total - 1, 1, self.feasible, False, 0)
+            stats = known[steps] = _shared_stats(ctx, values)
+        taken: list[int] = []
+        parts = _result_parts(ctx)
+        allocations, whole = _kept_results(ctx, kept, parts).on(
+            view.devices(), view.name, share_id, parts, taken
         )
-        devices, alternatives = view.devices(), ctx.plan.by_key
-        allocations = _kept_allocations(ctx, kept, devices, view.name, share_id)
-        whole: list[DeviceID] | None = []
-        for claim in kept.picks:
-            for alternative, index in claim:
-                entry = devices[index]
-                if entry.device.allow_multiple_allocations:  # a share: not held whole
-                    whole = None
-                elif whole is not None and not alternatives[alternative].admin:
-                    whole.append(entry.id)
-        return Allocated((NodePlacement(view.name, allocations, kept.score),), stats), whole
+        placement = made(
+            NodePlacement, {"node": view.name, "allocations": allocations, "score": kept.score}
+        )
+        placed = made(
+            Allocated,
+            {"placements": (placement,), "stats": stats, "explanation": None, "domain": None},
+        )
+        self.taken = taken if whole else None
+        return placed
 
 
 @dataclass
@@ -399,6 +434,40 @@ class _Found:
         return self._score
 
 
+def _rescore(
+    ctx: SolveContext,
+    steps: StepCounter,
+    view: NodeView,
+    prepared: Prepared | NodeTemplate,
+    used: frozenset[int],
+) -> Score:
+    """The Score of a kept outcome nobody scored yet: the node searched again, apart from the
+    bookkeeping of the solve that found it. (A _Found's `rescore` is this with its arguments
+    bound, not a closure over its NodeRun: the run keeps its _Founds, so a closure would make
+    a reference cycle per node move, left for the cyclic collector.)"""
+    if isinstance(prepared, NodeTemplate):
+        assert ctx.snapshot is not None
+        prepared = template_plan(ctx, ctx.snapshot, prepared).prepared
+    again = NodeRun(ctx, replace(steps, steps=0))
+    found = again._node(view, None, prepared, used, keep=False)
+    assert found is not None, "a kept fit must fit again"
+    return found.score
+
+
+def _quiet_rescore(
+    ctx: SolveContext,
+    steps: StepCounter,
+    view: NodeView,
+    template: NodeTemplate,
+    used: frozenset[int],
+) -> Score:
+    """A kept fit's Score, searching the node again with nothing recorded."""
+    assert ctx.snapshot is not None
+    with taping(ctx, None):
+        facts = template_plan(ctx, ctx.snapshot, template)
+        return _rescore(ctx, steps, view, facts.prepared, used)
+
+
 class NodeRun:
     """One solve's bookkeeping across nodes."""
 
@@ -411,6 +480,8 @@ class NodeRun:
     _replays: Replays | None = None  # explaining by node groups (replay.py)
     _no_replays = False
     _unreplayable: frozenset[int] | set[int] = frozenset()
+    # the answer's device indices on its node, each held whole, when read from a kept outcome
+    taken: list[int] | None = None
 
     def __init__(self, ctx: SolveContext, steps: StepCounter) -> None:
         self.ctx = ctx
@@ -521,7 +592,7 @@ class NodeRun:
         if last is not None:
             if last.view is not None and self._again(snapshot, templates, last):
                 return True
-            last.view = last.key = None
+            last.forget()
         choice = GroupedChoice(
             self.ctx,
             snapshot,
@@ -537,14 +608,16 @@ class NodeRun:
         if last is not None and self.found and not self.exhausted:
             best = min(self.found, key=_key_of)
             template = templates.of_node.get(best.view.name or "")
-            last.view, last.key, last.steps, last.feasible = (
+            memo = None if template is None else question_memo(self.ctx, template)
+            last.chose(
                 best.view,
                 best.key,
                 self.steps.steps,
                 choice.feasible,
+                self.nodes_total,
+                template,
+                memo,
             )
-            last.nodes_total, last.template = self.nodes_total, template
-            last.memo = None if template is None else question_memo(self.ctx, template)
         if not self.found and self.errors:
             raise self.errors[0]
         return True
@@ -813,17 +886,10 @@ class NodeRun:
             outcome.topology,
             outcome.fragmentation,
             outcome=outcome,
-            rescore=lambda: self._quiet_rescore(view, template, used),
+            rescore=partial(_quiet_rescore, self.ctx, self.steps, view, template, used),
         )
         self.found.append(found)
         return found
-
-    def _quiet_rescore(self, view: NodeView, template: NodeTemplate, used: frozenset[int]) -> Score:
-        """A kept fit's Score, searching the node again with nothing recorded."""
-        assert self.ctx.snapshot is not None
-        with taping(self.ctx, None):
-            facts = template_plan(self.ctx, self.ctx.snapshot, template)
-            return self._rescore(view, facts.prepared, used)
 
     def _finish_replays(self) -> None:
         if self._replays is not None and self.ctx.recorder is not None:
@@ -883,23 +949,10 @@ class NodeRun:
             outcome.topology,
             outcome.fragmentation,
             outcome=outcome,
-            rescore=lambda: self._rescore(view, prepared, used),
+            rescore=partial(_rescore, self.ctx, self.steps, view, prepared, used),
         )
         self.found.append(found)
         return found
-
-    def _rescore(
-        self, view: NodeView, prepared: Prepared | NodeTemplate, used: frozenset[int]
-    ) -> Score:
-        """The Score of a kept outcome nobody scored yet: the node searched again, apart
-        from this solve's bookkeeping."""
-        if isinstance(prepared, NodeTemplate):
-            assert self.ctx.snapshot is not None
-            prepared = template_plan(self.ctx, self.ctx.snapshot, prepared).prepared
-        again = NodeRun(self.ctx, replace(self.steps, steps=0))
-        found = again._node(view, None, prepared, used, keep=False)
-        assert found is not None, "a kept fit must fit again"
-        return found.score
 
     def _missed(self, steps: int, pruned: bool, miss: NodeMiss | None) -> NodeOutcome:
         labels = [claim.label for claim in self.ctx.plan.claims]
@@ -943,7 +996,13 @@ class NodeRun:
         if found.search is None:
             outcome = found.outcome
             assert outcome is not None
-            return _kept_allocations(self.ctx, outcome, found.view.devices(), name, share_id)
+            parts = _result_parts(self.ctx)
+            taken: list[int] = []
+            allocations, whole = _kept_results(self.ctx, outcome, parts).on(
+                found.view.devices(), name, share_id, parts, taken
+            )
+            self.taken = taken if whole else None
+            return allocations
         picks, chosen = found.search.picks, found.search.chosen
         parts = _result_parts(self.ctx)
         return tuple(
@@ -1106,32 +1165,25 @@ def _result_parts(ctx: SolveContext) -> ResultParts | None:
     return parts
 
 
-def _kept_allocations(
-    ctx: SolveContext,
-    outcome: NodeOutcome,
-    devices: Sequence[DeviceEntry],
-    node_name: str | None,
-    share_id: ShareIdFactory,
-) -> tuple[AllocationResult, ...]:
-    """One AllocationResult per claim from a kept outcome's picks on a node (its `devices`
-    in view order, its `node_name`)."""
-    parts = _result_parts(ctx)
-    alternatives = ctx.plan.by_key
-    return tuple(
-        [
-            kept_allocation_result(
-                claim,
-                outcome.picks[claim.index],
-                outcome.chosen[claim.index],
-                devices,
-                alternatives,
-                node_name,
-                share_id,
-                parts,
-            )
-            for claim in ctx.plan.claims
-        ]
-    )
+_KEPT_RESULTS = "solver.kept_results"  # the context's KeptResults by their outcome's identity
+
+
+def _kept_results(
+    ctx: SolveContext, outcome: NodeOutcome, parts: ResultParts | None
+) -> KeptResults:
+    """What the results of a kept outcome share on every node of its template, made once per
+    context (a batch makes them for each free state of its nodes once, not per node);
+    `parts`: the context's (_result_parts)."""
+    made = ctx.derived.get(_KEPT_RESULTS)
+    if not isinstance(made, dict):
+        made = ctx.derived[_KEPT_RESULTS] = {}
+    found = made.get(id(outcome))
+    if found is None:  # the outcome, kept with its results: its id is not reused meanwhile
+        results = KeptResults(
+            ctx.plan.claims, outcome.picks, outcome.chosen, ctx.plan.by_key, parts
+        )
+        found = made[id(outcome)] = (outcome, results)
+    return found[1]
 
 
 def _key_of(found: _Found) -> NodeKey:

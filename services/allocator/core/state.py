@@ -192,11 +192,33 @@ class AllocatedState:
         assert self._scratch, "only a detached state changes in place"
         self._add(allocation, owner, defer=True)
 
-    def hold_whole_in_place(self, devices: Sequence[DeviceID], owner: str = "") -> None:
-        """`hold_in_place` of an allocation that holds each of `devices` whole (its results
-        without a share ID or admin access), given their ids: the same changes, without
-        building the ids from the results."""
+    def hold_whole_in_place(
+        self, snapshot: ClusterSnapshot, view: NodeView, indices: Sequence[int], owner: str = ""
+    ) -> None:
+        """`hold_in_place` of an allocation that holds whole the devices at `indices` of the
+        node `view` of `snapshot` (its results without a share ID or admin access), a node of
+        a template (templates.py: it sees only its own devices, index i of its view is slot i
+        of its node groups): the same changes, without building the devices' ids from the
+        results or looking them up."""
         assert self._scratch, "only a detached state changes in place"
+        devices, node, groups = view.devices(), view.name, self._groups
+        if snapshot is not self._snapshot or node is None or groups is None:
+            self._hold_whole([devices[index].id for index in indices], owner)
+            return
+        delta = self._delta
+        for index in indices:
+            entry = devices[index]
+            device_id = entry.id  # the snapshot's own: the maps find it by identity
+            found = delta.get(device_id)
+            owners, shares, consumed = self._based(device_id) if found is None else found
+            delta[device_id] = ((*owners, owner), shares, consumed)
+            if not (owners or shares):
+                if entry.counters:
+                    self._count_entry(entry, 1)
+                groups.device_taken(node, index)
+
+    def _hold_whole(self, devices: Sequence[DeviceID], owner: str) -> None:
+        """`hold_whole_in_place` of the devices with these ids."""
         delta, snapshot = self._delta, self._snapshot
         taken: list[DeviceID] = []
         for device_id in devices:

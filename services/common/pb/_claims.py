@@ -47,6 +47,7 @@ from services.common.pb.wire import (
     key,
     length_prefixed,
     message_field,
+    varint,
 )
 
 DEFAULT_NAMESPACE = "default"
@@ -393,6 +394,19 @@ def one_device_allocation_bytes(
     return field + (
         seen[1] if seen is not None and seen[0] is selector else node_selector_field(selector)
     )
+
+
+def one_device_allocation_pieces(
+    request: str, driver: str, pool: str, selector: NodeSelector | None, size: int
+) -> tuple[bytes, bytes]:
+    """one_device_allocation_bytes around its device's name, `size` bytes long: for a writer
+    that puts the name in between. The bytes before it (the result's field head, its request,
+    driver and pool fields, the name's key and length: none for an empty name, whose string
+    field is not written) and after it (the node selector's field)."""
+    named = _DEVICE + varint(size) if size else b""  # the name's key and length
+    body = _result_head(request, driver, pool) + named
+    before = _RESULTS + varint(len(body) + size) + body
+    return before, b"" if selector is None else node_selector_field(selector)
 
 
 def _result_field(result: DeviceRequestAllocationResult) -> bytes:

@@ -412,3 +412,130 @@ def test_an_item_whose_answer_is_all_defaults_is_still_a_response(outcome: Outco
     reply.add_response(written)
     item = reply.done().items[0]
     assert item.WhichOneof("result") == "response"
+
+
+@st.composite
+def runs_of_one_device_answers(draw: st.DrawFn) -> list[Answer]:
+    """The answers of a run of alike items: one request's, each on a device of one of a few
+    nodes (names of any length, empty too), with its own score and reservation id, fencing
+    token and times, or no reservation. What _one_device_answer_bytes writes from pieces kept
+    across answers (by the values they share)."""
+    answer, _, _ = draw(one_device_answers())
+    placement = answer.placements[0]
+    (allocation,) = placement.allocations
+    result = allocation.results[0]
+    plain = replace(
+        result,
+        admin_access=None,
+        tolerations=(),
+        share_id=None,
+        binding_conditions=(),
+        binding_failure_conditions=(),
+    )
+    nodes = draw(st.lists(st.tuples(NAMES, SELECTORS), min_size=1, max_size=3))
+    reserved = answer.reservations[0] if answer.reservations else None
+    run = []
+    for _ in range(draw(st.integers(1, 12))):
+        node, selector = draw(st.sampled_from(nodes))
+        device = replace(
+            plain,
+            request=draw(st.sampled_from([plain.request, "gpu"])),
+            driver=draw(st.sampled_from([plain.driver, "gpu.nvidia.com"])),
+            pool=node,
+            device=draw(NAMES),
+        )
+        placed = AllocationResult((device,), (), selector)
+        score = draw(
+            st.none()
+            | st.builds(
+                Score,
+                free_devices=st.integers(0, 8),
+                total_devices=st.integers(0, 8),
+                free_counters=st.just(Fraction(1)),
+            )
+        )
+        reservations: tuple[Reservation, ...] = ()
+        if reserved is not None and draw(st.booleans()):
+            reservations = (
+                replace(
+                    reserved,
+                    id=draw(
+                        st.sampled_from(["res-1@n", "res-f0dfd853348300ee170674b676d3@h100", ""])
+                    ),
+                    node=node,
+                    allocations=(placed,),
+                    labels=(),
+                    conditions=(),
+                    fencing_token=draw(st.integers(0, 2**64 - 1)),
+                    created_at=draw(TIMES),
+                    expires_at=draw(st.none() | TIMES),
+                    # mostly the run's, now and then another request's (the pieces' key)
+                    owner=draw(st.sampled_from([reserved.owner, "bench", "team-a/job-1"])),
+                    redacted=draw(st.sampled_from([reserved.redacted, True])),
+                    state=draw(st.sampled_from([reserved.state, *ReservationState])),
+                    priority_class=draw(st.sampled_from([reserved.priority_class, "high"])),
+                    idempotency_key=draw(st.sampled_from([reserved.idempotency_key, "k"])),
+                    claim_names=(draw(st.sampled_from([reserved.claim_names[0], "ns/c"])),),
+                ),
+            )
+        run.append(
+            replace(
+                answer,
+                placements=(NodePlacement(node, (placed,), score),),
+                reservations=reservations,
+                outcome=draw(st.sampled_from([answer.outcome, Outcome.ALLOCATED])),
+                generation=draw(st.sampled_from([answer.generation, 7])),
+                policy=draw(st.sampled_from([answer.policy, Policy.SPREAD])),
+                claims=draw(st.sampled_from([answer.claims, (ResourceClaim("c", "ns", "u"),)])),
+                explanation=None,
+                holders=(),
+                quota=(),
+            )
+        )
+    return run
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(runs_of_one_device_answers())
+def test_a_run_of_one_device_answers_is_written_as_field_by_field(run: list[Answer]) -> None:
+    """The pieces _one_device_answer_bytes keeps for the answers of one request on one node
+    (and device name length) give each answer of a run its own bytes: those of the builder
+    field by field, answer after answer, the same node and request met again."""
+    for answer in run + run[::-1]:
+        written = _one_device_answer_bytes(answer)
+        assert written is not None
+        assert written == field_by_field(answer, False)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.one_of(
+            answers(),
+            answers(maps=True),
+            one_device_answers().map(lambda asked: (asked[0], asked[1])),
+            st.just(None),
+        ),
+        min_size=0,
+        max_size=6,
+    )
+)
+def test_a_batch_reply_sent_serialized_is_the_reply_built_in_place(
+    items: list[tuple[Answer, bool] | None],
+) -> None:
+    """BatchReply.add_answer and .serialized (the bytes AllocateBatch sends as they are): the
+    bytes of the reply built in place, with items written as bytes, in place (a map field)
+    and errors mixed, labels included (their reply is parsed first: a map's order)."""
+    error = batch_item_status(NotFound("reservation res-1 not found"), "items[0]")
+    before = pb.AllocateBatchResponse()
+    reply = BatchReply()
+    for item in items:
+        if item is None:
+            before.items.add().error.CopyFrom(error)
+            reply.add_error(error)
+            continue
+        answer, gang = item
+        allocate_response(answer, gang=gang, into=before.items.add().response)
+        reply.add_answer(answer, gang=gang)
+        assert len(reply) == len(before.items)
+    assert reply.serialized() == before.SerializeToString()

@@ -44,6 +44,7 @@ from services.common.grpc_errors import (
     MAX_VIOLATION_DETAILS,
     STATUS_CODES,
     RemoteError,
+    SerializedReply,
     error_from_rpc,
     status_code_of,
     to_rpc_status,
@@ -346,6 +347,29 @@ def test_error_raised_mid_stream_ends_stream_with_its_status(
         grpc.StatusCode.NOT_FOUND,
         "second is gone",
     )
+
+
+def _reply(request: bytes, context: grpc.ServicerContext) -> Any:
+    return SerializedReply(b"as written") if request == b"serialized" else request
+
+
+def test_a_reply_written_serialized_is_sent_as_it_is(
+    grpc_channel_factory: GrpcChannelFactory,
+) -> None:
+    """A unary servicer may return its reply serialized (SerializedReply, as AllocateBatch
+    does): its bytes go on the wire as they are; any other reply through the handler's own
+    serializer."""
+    handler: grpc.RpcMethodHandler[Any, Any] = grpc.unary_unary_rpc_method_handler(
+        _reply, response_serializer=lambda reply: b"serialized: " + reply
+    )
+    registration = ServiceRegistration(
+        SERVICE,
+        lambda servicer, server: server.add_generic_rpc_handlers((servicer,)),
+        grpc.method_handlers_generic_handler(SERVICE, {"Reply": handler}),
+    )
+    reply = grpc_channel_factory([registration]).unary(f"/{SERVICE}/Reply")
+    assert reply(b"serialized", timeout=5) == b"as written"
+    assert reply(b"a message", timeout=5) == b"serialized: a message"
 
 
 def test_servicer_abort_keeps_its_own_status(grpc_channel_factory: GrpcChannelFactory) -> None:

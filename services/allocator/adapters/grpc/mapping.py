@@ -63,7 +63,13 @@ from services.allocator.core import (
 )
 from services.allocator.reservations.binding import binding_of
 from services.allocator.reservations.model import DeviceCondition, Reservation, ReservationState
-from services.common.dra.model import AllocationResult, DeviceClass, DeviceID, ResourceClaim
+from services.common.dra.model import (
+    AllocationResult,
+    DeviceClass,
+    DeviceID,
+    NodeSelector,
+    ResourceClaim,
+)
 from services.common.dra.names import label_name_errors
 from services.common.dra.quantity import Quantity, QuantityFormat
 from services.common.errors import FieldViolation, GpuallocError, InvalidArgument, clip
@@ -77,7 +83,7 @@ from services.common.pb.dra_mapping import (
     from_pb_node_selector,
     from_pb_resource_claim,
     has_extras,
-    one_device_allocation_bytes,
+    one_device_allocation_pieces,
     to_pb_device_id,
 )
 from services.common.pb.wire import (
@@ -612,17 +618,22 @@ def _one_device_answer_bytes(answer: Answer) -> bytes | None:
     without labels or conditions, and nothing else (no explanation, holders, refusals). None
     for any other answer.
 
-    What depends only on the request and the node (the outcome, node and claim fields, the
-    reservation's owner, state, tenant and priority class, the generation) is written once
-    (`_answer_frame`, `_reservation_frame`); per answer only the device, the score and the
-    reservation's id, fencing token and times are. The same bytes as the general writer below
+    The answers of a run of alike items differ only in their node, device, score and
+    reservation's id, fencing token and times, and a node takes several of them (8 H100s).
+    Everything else (the outcome, node and claim fields, the allocation's request, driver,
+    pool and node selector, the reservation's owner, node, state, tenant, priority class and
+    idempotency key, the generation, and the nested messages' lengths given the length of the
+    device's name) is written once, as the pieces between the varying fields
+    (`_one_device_pieces`, kept by those values); per answer the pieces, the device's name and
+    the varying fields are joined once. The same bytes as the general writer below
     (tests/unit/allocator/test_allocate_response_bytes.py)."""
     placements = answer.placements
     reservations = answer.reservations
+    claims = answer.claims
     if (
         len(placements) != 1
         or len(reservations) > 1
-        or len(answer.claims) != 1
+        or len(claims) != 1
         or answer.explanation is not None
         or answer.holders
         or answer.quota
@@ -641,23 +652,36 @@ def _one_device_answer_bytes(answer: Answer) -> bytes | None:
     result = results[0]
     if has_extras(result):  # none: no binding conditions, the device listed (no admin access)
         return None
-    body = one_device_allocation_bytes(result, allocation.node_selector)
-    size = len(body)
-    field = _CLAIM_ALLOCATION + (SIZES[size] if size < SIZES_BELOW else varint(size)) + body
-    claim = answer.claims[0]
-    score = single.score
-    scored = (
-        _share_field(score.free_devices, score.total_devices, answer.policy)
-        if score is not None and score.total_devices
-        else b""
-    )
+    claim = claims[0]
+    selector = allocation.node_selector
+    device = result.device.encode()
     if not reservations:
-        head, claim_head, generation = _answer_frame(
-            answer.outcome, single.node, claim.namespace, claim.name, claim.uid, answer.generation
+        pieces_key: tuple[object, ...] = (
+            answer.outcome,
+            single.node,
+            claim.namespace,
+            claim.name,
+            claim.uid,
+            answer.generation,
+            result.request,
+            result.driver,
+            result.pool,
+            id(selector),
+            len(device),
         )
-        return head + _ALLOCATIONS + length_prefixed(claim_head + field) + scored + generation
+        pieces = _PIECES.get(pieces_key)
+        if pieces is None or pieces[-1] is not selector:
+            pieces = _one_device_pieces(pieces_key, answer, len(device))
+        score = single.score
+        scored = (
+            _share_field(score.free_devices, score.total_devices, answer.policy)
+            if score is not None and score.total_devices
+            else b""
+        )
+        return b"".join((pieces[0], device, pieces[1], scored, pieces[7]))
     reservation = reservations[0]
-    refs, held = reservation.claim_names, reservation.allocations
+    refs = reservation.claim_names
+    held = reservation.allocations
     if (
         len(refs) != 1
         or len(held) != 1
@@ -666,138 +690,199 @@ def _one_device_answer_bytes(answer: Answer) -> bytes | None:
         or reservation.conditions
     ):
         return None
-    frame = _reserved_frame(
+    pieces_key = (
         answer.outcome,
         single.node,
         claim.namespace,
         claim.name,
         claim.uid,
         answer.generation,
+        result.request,
+        result.driver,
+        result.pool,
+        id(selector),
+        len(device),
         refs[0],
         reservation.owner,
         reservation.redacted,
         reservation.node,
         reservation.state,
         reservation.priority_class,
-        result.driver,
-        result.pool,
+        reservation.idempotency_key,
     )
-    head, claim_head, generation, ref_head, owner_and_node, state, device_head, tail = frame
+    pieces = _PIECES.get(pieces_key)
+    if pieces is None or pieces[-1] is not selector:
+        pieces = _one_device_pieces(pieces_key, answer, len(device))
+    rid = reservation.id.encode()
+    size = len(rid)
+    id_field = (
+        _RESERVATION_ID + (SIZES[size] if size < SIZES_BELOW else varint(size)) + rid
+        if size
+        else b""
+    )
     expires, created = _reservation_times(reservation.created_at, reservation.expires_at)
-    device = device_head + cached_string_field(_THIRD, result.device)
-    # the nested messages' lengths: their parts' sizes, each prefix one lookup below 4 KiB
-    size = len(field)
-    placed = len(claim_head) + size
-    held_size = len(ref_head) + size
-    device_size = len(device)
-    reserved = b"".join(
-        (
-            string_field(_RESERVATION_ID, reservation.id),
-            owner_and_node,
-            _RESERVATION_ALLOCATIONS,
-            SIZES[held_size] if held_size < SIZES_BELOW else varint(held_size),
-            ref_head,
-            field,
-            state,
-            expires,
-            counter_field(_RESERVATION_FENCING_TOKEN, reservation.fencing_token),
-            string_field(_RESERVATION_IDEMPOTENCY_KEY, reservation.idempotency_key),
-            created,
-            _RESERVATION_DEVICES,
-            SIZES[device_size] if device_size < SIZES_BELOW else varint(device_size),
-            device,
-            tail,
-        )
-    )
-    size = len(reserved)
+    fencing = counter_field(_RESERVATION_FENCING_TOKEN, reservation.fencing_token)
+    size = pieces[8] + len(id_field) + len(expires) + len(fencing) + len(created)
+    score = single.score
     return b"".join(
         (
-            head,
-            _ALLOCATIONS,
-            SIZES[placed] if placed < SIZES_BELOW else varint(placed),
-            claim_head,
-            field,
-            scored,
+            pieces[0],
+            device,
+            pieces[1],
+            _share_field(score.free_devices, score.total_devices, answer.policy)
+            if score is not None and score.total_devices
+            else b"",
             _RESERVATIONS,
             SIZES[size] if size < SIZES_BELOW else varint(size),
-            reserved,
-            generation,
+            id_field,
+            pieces[2],
+            device,
+            pieces[3],
+            expires,
+            fencing,
+            pieces[6],
+            created,
+            pieces[4],
+            device,
+            pieces[5],
+            pieces[7],
         )
     )
 
 
-@functools.lru_cache(maxsize=4096)
-def _answer_frame(
-    outcome: Outcome, node: str | None, namespace: str, name: str, uid: str, generation: int
-) -> tuple[bytes, bytes, bytes]:
-    """A one-device answer's fields that depend on its request and node alone: its outcome
-    and node name, its claim's fields before the allocation, its generation."""
-    return (
-        _OUTCOME_FIELDS[outcome] + cached_string_field(_NODE_NAME, node or ""),
-        _claim_head(namespace, name, uid),
-        varint_field(_GENERATION, generation),
-    )
+_Pieces = tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes, int, NodeSelector | None]
+"""_one_device_pieces': the answer's fields before its device's name (up to the name's
+length, in its claim's allocation), after it up to the score; with a reservation, the
+reservation's fields after its id up to its device's name, after it up to its expiry time,
+after its created time up to the name again (in its devices), after that; its idempotency key
+field; then the answer's generation field; the size of the reservation's fields but its id,
+fencing token and times (the name's twice included); the node selector (the object: its id is
+in the key, and it stays alive with the pieces, so no other object has that id meanwhile)."""
+
+_PIECES: dict[tuple[object, ...], _Pieces] = {}
+"""_one_device_pieces', by the values they are written from (_one_device_answer_bytes):
+never stale."""
+_PIECES_KEPT = 8192  # ~ one per node a request is placed on: then started again
 
 
-@functools.lru_cache(maxsize=4096)
-def _reserved_frame(
-    outcome: Outcome,
-    node: str | None,
-    namespace: str,
-    name: str,
-    uid: str,
-    generation: int,
-    ref: str,
-    owner: str,
-    redacted: bool,
-    reserved_node: str,
-    state: ReservationState,
-    priority_class: str,
-    driver: str,
-    pool: str,
-) -> tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes]:
-    """_answer_frame's fields, then its reservation's that depend on its request and node
-    alone, for one claim and one device without binding conditions: the claim's fields before
-    its allocation, the owner and node, the state, the device's DeviceID fields before its
-    name, the tail (tenant, priority class; binding phase unspecified)."""
-    return (
-        *_answer_frame(outcome, node, namespace, name, uid, generation),
-        _claim_ref_head(ref),
-        _owner_and_node("" if redacted else owner, reserved_node),
-        _RESERVATION_STATES[state],
-        _device_head(driver, pool),
-        _reservation_tail(owner, priority_class, pb.BINDING_PHASE_UNSPECIFIED),
+def _one_device_pieces(pieces_key: tuple[object, ...], answer: Answer, size: int) -> _Pieces:
+    """The pieces of `answer` (one of _one_device_answer_bytes'), whose device's name is
+    `size` bytes long, kept in _PIECES under `pieces_key`."""
+    single = answer.placements[0]
+    allocation = single.allocations[0]
+    result = allocation.results[0]
+    claim = answer.claims[0]
+    # the ClaimAllocation.allocation field: `allocated`, the name, `after_device`
+    before_device, after_device = one_device_allocation_pieces(
+        result.request, result.driver, result.pool, allocation.node_selector, size
     )
+    body = len(before_device) + size + len(after_device)
+    allocated = _CLAIM_ALLOCATION + varint(body) + before_device
+    field = len(allocated) + size + len(after_device)
+    claim_head = _claim_head(claim.namespace, claim.name, claim.uid)
+    placed = (
+        _OUTCOME_FIELDS[answer.outcome]
+        + cached_string_field(_NODE_NAME, single.node or "")
+        + _ALLOCATIONS
+        + varint(len(claim_head) + field)
+        + claim_head
+        + allocated
+    )
+    generation = varint_field(_GENERATION, answer.generation)
+    pieces: _Pieces
+    if not answer.reservations:
+        pieces = (
+            placed,
+            after_device,
+            b"",
+            b"",
+            b"",
+            b"",
+            b"",
+            generation,
+            0,
+            allocation.node_selector,
+        )
+    else:
+        reservation = answer.reservations[0]
+        ref_head = _claim_ref_head(reservation.claim_names[0])
+        held = (
+            _owner_and_node("" if reservation.redacted else reservation.owner, reservation.node)
+            + _RESERVATION_ALLOCATIONS
+            + varint(len(ref_head) + field)
+            + ref_head
+            + allocated
+        )
+        stated = after_device + _RESERVATION_STATES[reservation.state]
+        device_id = _device_head(result.driver, result.pool) + (
+            _THIRD + varint(size) if size else b""
+        )
+        listed = _RESERVATION_DEVICES + varint(len(device_id) + size) + device_id
+        tail = _reservation_tail(
+            reservation.owner, reservation.priority_class, pb.BINDING_PHASE_UNSPECIFIED
+        )
+        idempotency_key = string_field(_RESERVATION_IDEMPOTENCY_KEY, reservation.idempotency_key)
+        fixed = len(held) + len(stated) + len(listed) + len(tail) + len(idempotency_key)
+        pieces = (
+            placed,
+            after_device,
+            held,
+            stated,
+            listed,
+            tail,
+            idempotency_key,
+            generation,
+            fixed + 2 * size,
+            allocation.node_selector,
+        )
+    if len(_PIECES) >= _PIECES_KEPT:
+        _PIECES.clear()
+    _PIECES[pieces_key] = pieces
+    return pieces
 
 
 class BatchReply:
     """An AllocateBatchResponse assembled item by item, in order. An item written as bytes
     (`add_response`, `add_error`) waits, and the ones waiting are parsed into the reply in one
-    go (one parse per reply, not one per item); an item built field by field (`add_in_place`)
-    goes in place, after the ones waiting (a map field's order is its table's: see
-    allocate_response_bytes)."""
+    go (one parse per reply, not one per item) or sent as they are (`serialized`); an item
+    built field by field (`add_in_place`) goes in place, after the ones waiting (a map field's
+    order is its table's: see allocate_response_bytes)."""
 
     def __init__(self) -> None:
         self._reply = pb.AllocateBatchResponse()
         self._written: list[bytes] = []  # AllocateBatchResponse.items fields, not parsed yet
         self._waiting = 0  # the items in them
+        self._labelled = False  # an item written as bytes holds a map (a reservation's labels)
+
+    def add_answer(self, answer: Answer, *, gang: bool = False) -> None:
+        """An item whose answer is `answer` (`gang`: as allocate_response): written as bytes
+        (_one_device_answer_bytes, else allocate_response_bytes), or in place when it cannot
+        be. An answer holding labels is written as bytes too, but then the reply is sent as
+        the message parsed from them serializes it (`serialized`): a map's order on the wire
+        is its table's."""
+        written = None if gang else _one_device_answer_bytes(answer)  # no labels
+        if written is None:
+            written = allocate_response_bytes(answer, gang=gang)
+            if written is None:
+                fill_allocate_response(self.add_in_place().response, answer, gang=gang)
+                return
+            for reservation in answer.reservations:
+                if reservation.labels:
+                    self._labelled = True
+        self.add_response(written)
 
     def __len__(self) -> int:
         return len(self._reply.items) + self._waiting
 
     def add_response(self, response: bytes) -> None:
-        """An item whose answer is `response` (allocate_response_bytes): its two prefixes
-        written before it, the response not copied (the reply's join copies it once)."""
+        """An item whose answer is `response` (allocate_response_bytes): its prefixes (the
+        item's key and length, the response's) written before it, in one piece below 4 KiB
+        (`_ITEM_HEADS`), the response not copied (the reply's join copies it once)."""
         size = len(response)
-        head = SIZES[size] if size < SIZES_BELOW else varint(size)
-        item = len(_ITEM_RESPONSE) + len(head) + size
-        self._written += (
-            _BATCH_ITEMS,
-            SIZES[item] if item < SIZES_BELOW else varint(item),
-            _ITEM_RESPONSE,
-            head,
-            response,
-        )
+        if size < _ITEM_HEADS_BELOW:
+            self._written += (_ITEM_HEADS[size], response)
+        else:
+            self._written += (_item_head(size), response)
         self._waiting += 1
 
     def add_error(self, status: pb.BatchItemStatus) -> None:
@@ -816,6 +901,17 @@ class BatchReply:
         self._parse_written()
         return self._reply
 
+    def serialized(self) -> bytes:
+        """The reply serialized: done()'s message's bytes. The items written as bytes joined
+        as they are, not parsed (after the ones built in place: the reply has no other field,
+        so its bytes are its items' in order); parsed first when one holds labels (add_answer)."""
+        if self._labelled:
+            return self.done().SerializeToString()
+        written = b"".join(self._written)
+        if not len(self._reply.items):
+            return written
+        return self._reply.SerializeToString() + written
+
     def _parse_written(self) -> None:
         if self._written:
             self._reply.MergeFromString(b"".join(self._written))  # appends to `items`
@@ -825,6 +921,18 @@ class BatchReply:
 
 _BATCH_ITEMS = key(1, LEN)  # AllocateBatchResponse.items
 _ITEM_RESPONSE, _ITEM_ERROR = key(1, LEN), key(2, LEN)  # AllocateBatchItem's oneof
+
+
+def _item_head(size: int) -> bytes:
+    """What goes before an item's response of `size` bytes: AllocateBatchResponse.items' key
+    and the item's length, AllocateBatchItem.response's key and the response's length."""
+    response = _ITEM_RESPONSE + varint(size)
+    return _BATCH_ITEMS + varint(len(response) + size) + response
+
+
+_ITEM_HEADS_BELOW = SIZES_BELOW
+_ITEM_HEADS = tuple(_item_head(size) for size in range(_ITEM_HEADS_BELOW))
+"""_item_head of each size below _ITEM_HEADS_BELOW (4 KiB: an answer's), to look up."""
 
 
 def _refusal_bytes(answer: Answer) -> bytes:

@@ -29,13 +29,11 @@ from services.allocator.adapters.grpc.mapping import (
     BatchReply,
     ClaimReader,
     allocate_response,
-    allocate_response_bytes,
     batch_item_status,
     capacity_response,
     claims_path,
     device_conditions_from_pb,
     explain_response,
-    fill_allocate_response,
     lease_from_pb,
     proto_field_paths,
     query_from_pb,
@@ -64,6 +62,7 @@ from services.allocator.app.tenancy import (
 from services.allocator.reservations.model import NODE_SEPARATOR, Reservation
 from services.common.deadline import Deadline
 from services.common.errors import GpuallocError, InvalidArgument, PermissionDenied
+from services.common.grpc_errors import SerializedReply
 from services.common.grpc_server import call_deadline
 from services.common.security.audit import audit_enabled
 from services.common.security.edge import (
@@ -215,12 +214,14 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                 raise
         return self._answered(context, answer, principal, gang=request.HasField("gang"))
 
-    def AllocateBatch(
+    def AllocateBatch(  # type: ignore[override]  # the reply comes serialized
         self, request: pb.AllocateBatchRequest, context: grpc.ServicerContext
-    ) -> pb.AllocateBatchResponse:
+    ) -> SerializedReply:
         """Each item as an Allocate (app/batch.py): mapped, authorized for its owner, audited
         and shown as one; an item's error is its own status, not the call's (a denied item's
-        `call.denied` event is its own too, with its index)."""
+        `call.denied` event is its own too, with its index). The reply is its items' bytes as
+        they were written (BatchReply.serialized), sent as they are (SerializedReply: read it
+        with AllocateBatchResponse.FromString(reply.data) in process)."""
         principal = current_principal(context)
         known: dict[bytes, BatchItem] = {}  # identical items map once (a queue of alike jobs)
 
@@ -239,11 +240,16 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
 
         reply = BatchReply()  # items written as bytes, parsed into the reply in one go
         mapped: dict[int, tuple[pb.BatchItemStatus, int]] = {}  # id(error) -> status, its path
-        gangs = [entry.HasField("gang") for entry in request.items]
+        items: list[Callable[[], BatchItem]] = []
+        gangs: list[bool] = []
+        for entry in request.items:  # one pass: each entry's wrapper made once
+            items.append(item(entry))
+            gangs.append(entry.HasField("gang"))
+        any_gang = any(gangs)  # else no item's place in the reply to look up
 
         def shown(result: ItemResult) -> None:
             if isinstance(result, Answer):
-                gang = gangs[len(reply)]
+                gang = any_gang and gangs[len(reply)]
                 self._answered_item(context, result, principal, gang=gang, reply=reply)
                 return
             if isinstance(result, PermissionDenied):
@@ -259,13 +265,8 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
                 status = pb.BatchItemStatus(code=first.code, message=message, details=first.details)
             reply.add_error(status)
 
-        allocate_batch(
-            self._service,
-            [item(entry) for entry in request.items],
-            deadline=self._deadline(context),
-            on_result=shown,
-        )
-        return reply.done()
+        allocate_batch(self._service, items, deadline=self._deadline(context), on_result=shown)
+        return SerializedReply(reply.serialized())
 
     def AllocateStream(
         self, requests: Iterator[pb.AllocateStreamRequest], context: grpc.ServicerContext
@@ -443,14 +444,9 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         gang: bool,
         reply: BatchReply,
     ) -> None:
-        """An AllocateBatch item's answer, as `_answered`'s, added to `reply`: as bytes
-        (allocate_response_bytes), or field by field when it cannot be."""
-        shown = self._granted(context, answer, principal)
-        written = allocate_response_bytes(shown, gang=gang)
-        if written is None:
-            fill_allocate_response(reply.add_in_place().response, shown, gang=gang)
-        else:
-            reply.add_response(written)
+        """An AllocateBatch item's answer, as `_answered`'s, added to `reply` (as bytes, or
+        field by field when it cannot be: BatchReply.add_answer)."""
+        reply.add_answer(self._granted(context, answer, principal), gang=gang)
 
     def _granted(
         self, context: grpc.ServicerContext, answer: Answer, principal: Principal
