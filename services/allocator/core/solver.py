@@ -202,7 +202,7 @@ def solve_in(
         run.choose([v for v in views if v.device_count > 0] or views[:1])
     result = run.result(share_id, cel_before)
     if last is not None:  # the answer is on the node `last` carries, if it carries one
-        last.taken = run.taken if last.view is not None else None
+        last.answered(ctx.state, snapshot, run)
     return result
 
 
@@ -309,7 +309,13 @@ class LastChoice:
     fits with a key no larger, it is the smallest again: the walk would answer it too. The
     walk's own steps can only shrink (it stops at a smaller key, so it pops no group it did
     not pop before, but the chosen node's new one), so when the last walk's steps plus the new
-    search's stay under the budget, the walk would not have run out either."""
+    search's stay under the budget, the walk would not have run out either.
+
+    The holds of answers read from kept outcomes whose picks all hold their device whole
+    wait in `pending` (`deferred`) until the caller holds them at once (`hold`): before the
+    next walk reads the state, and at the end. Until then `used` counts them: the chosen
+    node's devices in use as the state will have them (a kept outcome's picks are devices
+    not in use, each taken by its hold: the node's in-use indices grow by exactly those)."""
 
     # the chosen node and its key now; None: no walk to carry (none yet, or out of budget)
     view: NodeView | None = None
@@ -320,10 +326,12 @@ class LastChoice:
     # the chosen node's template and the outcomes kept for the question on it (None: ungrouped)
     template: NodeTemplate | None = None
     memo: OutcomeMemo[NodeOutcome] | None = None
-    # the device indices on `view` that the last answer (again's, or the walk's when read from
-    # a kept outcome) holds each whole, for the caller's hold; None: the caller holds its
-    # allocations
-    taken: list[int] | None = None
+    # whether the last answer's holds wait in `pending` (else the caller holds its allocations)
+    deferred: bool = False
+    # the chosen node's device indices answered and not held yet, and its devices in use
+    # counting them (None: read from the state)
+    pending: tuple[int, ...] = ()
+    used: frozenset[int] | None = None
     # what `again` answers alike for every item on the chosen node: its Stats by steps
     _stats: dict[int, Stats] | None = None
 
@@ -338,29 +346,51 @@ class LastChoice:
         memo: OutcomeMemo[NodeOutcome] | None,
     ) -> None:
         """A walk chose `view` (its `key`) in `steps`, knowing `feasible` of `nodes_total`
-        nodes to fit."""
+        nodes to fit (nothing pending: the caller held it before the walk)."""
+        assert not self.pending, "held before a walk"
         self.view, self.key, self.steps, self.feasible = view, key, steps, feasible
         self.nodes_total, self.template, self.memo = nodes_total, template, memo
-        self._stats = None
+        self.used = self._stats = None
 
     def forget(self) -> None:
         """No walk to carry: the next item walks."""
-        self.view = self.key = self.taken = None
+        assert not self.pending, "held before a walk"
+        self.view = self.key = self.used = None
+
+    def answered(self, state: AllocatedState, snapshot: ClusterSnapshot, run: NodeRun) -> None:
+        """A solve with this choice answered on the chosen node (if any) as `run` did."""
+        taken, view = run.taken, self.view
+        self.deferred = taken is not None and view is not None
+        if taken is not None and view is not None:
+            self.pending = tuple(taken)
+            self.used = state.node_in_use(snapshot, view).union(taken)
+        else:  # the caller holds its allocations: read from the state again
+            self.used = None
+
+    def hold(self, held: AllocatedState, snapshot: ClusterSnapshot) -> None:
+        """Hold what is pending on `held` (the state the answers were made on)."""
+        if self.pending:
+            assert self.view is not None
+            held.hold_whole_in_place(snapshot, self.view, self.pending)
+            self.pending = ()
 
     def again(
         self, ctx: SolveContext, budget: SearchBudget, share_id: ShareIdFactory
     ) -> Allocated | None:
         """What `solve_in(ctx, budget, last=self, ...)` answers when it takes the last node
         again from the outcome kept for the node's devices in use now (NodeRun._again, then
-        NodeRun.result), made without a NodeRun, `taken` set as solve_in sets it. It evaluates
-        no CEL: its Stats count none. None, with nothing changed,
-        where solve_in must decide: no kept outcome for the node's state, one that does not
-        fit or ranks worse, the budget, or a kept fit no solve scored yet (solve_in scores it
-        for the next)."""
+        NodeRun.result), made without a NodeRun; its holds deferred when its picks all hold
+        their device whole. It evaluates no CEL: its Stats count none. None, with nothing
+        changed, where solve_in must decide: no kept outcome for the node's state, one that
+        does not fit or ranks worse, the budget, or a kept fit no solve scored yet (solve_in
+        scores it for the next)."""
         view, memo, snapshot = self.view, self.memo, ctx.snapshot
         if view is None or memo is None or snapshot is None:
             return None
-        kept = memo.get(ctx.state.node_in_use(snapshot, view))
+        used = self.used
+        if used is None:
+            used = ctx.state.node_in_use(snapshot, view)
+        kept = memo.get(used)
         if kept is None or kept.key is None or kept.score is None:
             return None
         steps = kept.steps  # _again's: NodeRun._affordable, the walk's budget left
@@ -384,15 +414,19 @@ class LastChoice:
         allocations, whole = _kept_results(ctx, kept, parts).on(
             view.devices(), view.name, share_id, parts, taken
         )
+        if whole:
+            self.pending += tuple(taken)
+            self.used = used.union(taken)
+        else:  # the caller holds its allocations, after what is pending
+            self.used = None
+        self.deferred = whole
         placement = made(
             NodePlacement, {"node": view.name, "allocations": allocations, "score": kept.score}
         )
-        placed = made(
+        return made(
             Allocated,
             {"placements": (placement,), "stats": stats, "explanation": None, "domain": None},
         )
-        self.taken = taken if whole else None
-        return placed
 
 
 @dataclass
