@@ -19,7 +19,7 @@ from services.allocator.core import (
     ClusterSnapshot,
     NodePlacement,
 )
-from services.allocator.reservations.holds import placement_holds
+from services.allocator.reservations.holds import placement_holds, whole_hold
 from services.allocator.reservations.model import Hold, LimitedUse, Reservation, ReserveRequest
 from services.common.dra.model import AllocationResult
 
@@ -47,6 +47,14 @@ def placement_requests(
     if len(placement) == 1:  # one node's (or no node's): each scope holds all of it
         member = placement[0]
         allocations = tuple(member.allocations)
+        node = member.node
+        if node and len(allocations) == 1 and len(allocations[0].results) == 1:
+            # one device of the node taken whole (a batch's every item): the node's scope
+            whole = whole_hold(snapshot, node, allocations[0].results[0])
+            if whole is not None:
+                return [
+                    reserve_request(lease, lease_seconds, node, claim_names, allocations, whole)
+                ]
         holds = placement_holds(snapshot, member.node or "", allocations)
         if len(holds) == 1:  # one scope: the node's (a batch's every item)
             ((scope, hold),) = holds.items()
@@ -91,19 +99,23 @@ def reserve_request(
 
     Made as `ReserveRequest(...)` with every field given would make it, without the frozen
     dataclass's `__init__` (it sets each field through `object.__setattr__`: ~2.7 µs; this
-    ~0.5, one per reserving item)."""
+    ~0.4, its fields' dict made at once, one per reserving item)."""
     request: ReserveRequest = object.__new__(ReserveRequest)
-    request.__dict__.update(
-        owner=lease.owner,
-        node=scope,
-        claim_names=claim_names,
-        allocations=allocations,
-        hold=hold,
-        lease_seconds=lease_seconds,
-        idempotency_key=lease.idempotency_key,
-        labels=lease.labels,
-        request_digest=lease.request_digest,
-        priority_class=lease.priority_class,
+    object.__setattr__(  # one dict for its fields, made at once
+        request,
+        "__dict__",
+        {
+            "owner": lease.owner,
+            "node": scope,
+            "claim_names": claim_names,
+            "allocations": allocations,
+            "hold": hold,
+            "lease_seconds": lease_seconds,
+            "idempotency_key": lease.idempotency_key,
+            "labels": lease.labels,
+            "request_digest": lease.request_digest,
+            "priority_class": lease.priority_class,
+        },
     )
     return request
 

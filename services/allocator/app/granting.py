@@ -150,7 +150,8 @@ class GrantRun:
         finally:  # what did not become reservations is not held any more, whatever happened
             self._settle(outcomes)
             for placement in self._placements:
-                placement.close()
+                if placement.limits is not None:
+                    placement.limits.close()
             self._placements = []
         return [outcome for outcome in outcomes if outcome is not None]
 
@@ -183,6 +184,14 @@ class GrantRun:
         outcomes: list[ReserveOutcome | None],
         ended: Sequence[Deadline | None] | None,
     ) -> None:
+        if self._tally is None and ended is None:  # no quotas, no caller's own deadline
+            try:  # every placement is written
+                if deadline.passed():
+                    raise DeadlineExceeded("reserve: ran out of time")
+                outcomes[:] = self._store.reserve([p.requests for p in self._placements])
+            except GpuallocError as error:  # nothing was written (or the call failed whole)
+                outcomes[:] = [error] * len(outcomes)
+            return
         granted: list[tuple[int, Grant | None]] = []
         try:
             if deadline.passed():

@@ -568,7 +568,14 @@ class AllocatorService:
             outcomes = run.grants.write(Deadline(None, deadline.cancelled), ended)
         again: list[tuple[int, _Placed]] = []
         for (index, placed), outcome in zip(run.placed, outcomes, strict=True):
-            if isinstance(outcome, Conflict):
+            if not isinstance(outcome, GpuallocError):  # its reservations: the common case
+                try:
+                    results[index] = self._held(
+                        placed.query, placed.answer, outcome, placed.lease, (), placed.view
+                    )
+                except GpuallocError as error:
+                    results[index] = error
+            elif isinstance(outcome, Conflict):
                 self._count(self._metrics.conflicts if self._metrics else None)
                 found = [self.holdings.refresh(request.node) for request in placed.requests]
                 if self._drifted(outcome, placed.requests, placed.view, any(found)):
@@ -576,15 +583,8 @@ class AllocatorService:
                 again.append((index, placed))
             elif isinstance(outcome, QuotaExceeded):
                 again.append((index, placed))
-            elif isinstance(outcome, GpuallocError):
-                results[index] = outcome
             else:
-                try:
-                    results[index] = self._held(
-                        placed.query, placed.answer, outcome, placed.lease, (), placed.view
-                    )
-                except GpuallocError as error:
-                    results[index] = error
+                results[index] = outcome
         run.placed = []
         run.keys.close()  # the unary path takes each key itself
         for index, placed in again:

@@ -77,29 +77,35 @@ def solve_many(
     # The last walk's choice, for the next item (LastChoice): only while every placement held
     # is the one that walk chose, on a node chosen by groups.
     last = LastChoice() if node is None and nodes is None and not explain else None
-    for _ in range(count):
-        placed = last.again(ctx, budget, share_id) if last is not None else None
-        if placed is None:  # else the last node again, from its kept outcome: solve_in's answer
-            item = replace(ctx, recorder=Recorder()) if explain else ctx
-            result = solve_in(
-                item,
-                budget,
-                node=node,
-                nodes=nodes,
-                share_id=share_id,
-                cel_before=(ctx.selection.cel_evaluations, ctx.selection.cel_profile_hits),
-                last=last,
-            )
-            if not isinstance(result, Allocated):
-                results.append(result)
-                break
-            placed = result
-        results.append(placed)
-        if last is not None and last.taken is not None:  # read from a kept outcome, all whole
-            assert last.view is not None
-            held.hold_whole_in_place(snapshot, last.view, last.taken)
-            continue
-        for placement in placed.placements:
-            for allocation in placement.allocations:
-                held.hold_in_place(allocation)
+    try:
+        for _ in range(count):
+            placed = last.again(ctx, budget, share_id) if last is not None else None
+            if placed is None:  # else the last node again, from its kept outcome: solve_in's
+                if last is not None:
+                    last.hold(held, snapshot)  # the walk reads the state: hold what is pending
+                item = replace(ctx, recorder=Recorder()) if explain else ctx
+                result = solve_in(
+                    item,
+                    budget,
+                    node=node,
+                    nodes=nodes,
+                    share_id=share_id,
+                    cel_before=(ctx.selection.cel_evaluations, ctx.selection.cel_profile_hits),
+                    last=last,
+                )
+                if not isinstance(result, Allocated):
+                    results.append(result)
+                    break
+                placed = result
+            results.append(placed)
+            if last is not None:
+                if last.deferred:  # held with the rest of the node's run (LastChoice.hold)
+                    continue
+                last.hold(held, snapshot)
+            for placement in placed.placements:
+                for allocation in placement.allocations:
+                    held.hold_in_place(allocation)
+    finally:
+        if last is not None:
+            last.hold(held, snapshot)
     return results

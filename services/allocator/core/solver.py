@@ -25,6 +25,7 @@ import heapq
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
+from functools import partial
 
 from services.allocator.core.candidates import (
     NodeCandidates,
@@ -201,7 +202,7 @@ def solve_in(
         run.choose([v for v in views if v.device_count > 0] or views[:1])
     result = run.result(share_id, cel_before)
     if last is not None:  # the answer is on the node `last` carries, if it carries one
-        last.taken = run.taken if last.view is not None else None
+        last.answered(ctx.state, snapshot, run)
     return result
 
 
@@ -308,7 +309,13 @@ class LastChoice:
     fits with a key no larger, it is the smallest again: the walk would answer it too. The
     walk's own steps can only shrink (it stops at a smaller key, so it pops no group it did
     not pop before, but the chosen node's new one), so when the last walk's steps plus the new
-    search's stay under the budget, the walk would not have run out either."""
+    search's stay under the budget, the walk would not have run out either.
+
+    The holds of answers read from kept outcomes whose picks all hold their device whole
+    wait in `pending` (`deferred`) until the caller holds them at once (`hold`): before the
+    next walk reads the state, and at the end. Until then `used` counts them: the chosen
+    node's devices in use as the state will have them (a kept outcome's picks are devices
+    not in use, each taken by its hold: the node's in-use indices grow by exactly those)."""
 
     # the chosen node and its key now; None: no walk to carry (none yet, or out of budget)
     view: NodeView | None = None
@@ -319,10 +326,12 @@ class LastChoice:
     # the chosen node's template and the outcomes kept for the question on it (None: ungrouped)
     template: NodeTemplate | None = None
     memo: OutcomeMemo[NodeOutcome] | None = None
-    # the device indices on `view` that the last answer (again's, or the walk's when read from
-    # a kept outcome) holds each whole, for the caller's hold; None: the caller holds its
-    # allocations
-    taken: list[int] | None = None
+    # whether the last answer's holds wait in `pending` (else the caller holds its allocations)
+    deferred: bool = False
+    # the chosen node's device indices answered and not held yet, and its devices in use
+    # counting them (None: read from the state)
+    pending: tuple[int, ...] = ()
+    used: frozenset[int] | None = None
     # what `again` answers alike for every item on the chosen node: its Stats by steps
     _stats: dict[int, Stats] | None = None
 
@@ -337,29 +346,51 @@ class LastChoice:
         memo: OutcomeMemo[NodeOutcome] | None,
     ) -> None:
         """A walk chose `view` (its `key`) in `steps`, knowing `feasible` of `nodes_total`
-        nodes to fit."""
+        nodes to fit (nothing pending: the caller held it before the walk)."""
+        assert not self.pending, "held before a walk"
         self.view, self.key, self.steps, self.feasible = view, key, steps, feasible
         self.nodes_total, self.template, self.memo = nodes_total, template, memo
-        self._stats = None
+        self.used = self._stats = None
 
     def forget(self) -> None:
         """No walk to carry: the next item walks."""
-        self.view = self.key = self.taken = None
+        assert not self.pending, "held before a walk"
+        self.view = self.key = self.used = None
+
+    def answered(self, state: AllocatedState, snapshot: ClusterSnapshot, run: NodeRun) -> None:
+        """A solve with this choice answered on the chosen node (if any) as `run` did."""
+        taken, view = run.taken, self.view
+        self.deferred = taken is not None and view is not None
+        if taken is not None and view is not None:
+            self.pending = tuple(taken)
+            self.used = state.node_in_use(snapshot, view).union(taken)
+        else:  # the caller holds its allocations: read from the state again
+            self.used = None
+
+    def hold(self, held: AllocatedState, snapshot: ClusterSnapshot) -> None:
+        """Hold what is pending on `held` (the state the answers were made on)."""
+        if self.pending:
+            assert self.view is not None
+            held.hold_whole_in_place(snapshot, self.view, self.pending)
+            self.pending = ()
 
     def again(
         self, ctx: SolveContext, budget: SearchBudget, share_id: ShareIdFactory
     ) -> Allocated | None:
         """What `solve_in(ctx, budget, last=self, ...)` answers when it takes the last node
         again from the outcome kept for the node's devices in use now (NodeRun._again, then
-        NodeRun.result), made without a NodeRun, `taken` set as solve_in sets it. It evaluates
-        no CEL: its Stats count none. None, with nothing changed,
-        where solve_in must decide: no kept outcome for the node's state, one that does not
-        fit or ranks worse, the budget, or a kept fit no solve scored yet (solve_in scores it
-        for the next)."""
+        NodeRun.result), made without a NodeRun; its holds deferred when its picks all hold
+        their device whole. It evaluates no CEL: its Stats count none. None, with nothing
+        changed, where solve_in must decide: no kept outcome for the node's state, one that
+        does not fit or ranks worse, the budget, or a kept fit no solve scored yet (solve_in
+        scores it for the next)."""
         view, memo, snapshot = self.view, self.memo, ctx.snapshot
         if view is None or memo is None or snapshot is None:
             return None
-        kept = memo.get(ctx.state.node_in_use(snapshot, view))
+        used = self.used
+        if used is None:
+            used = ctx.state.node_in_use(snapshot, view)
+        kept = memo.get(used)
         if kept is None or kept.key is None or kept.score is None:
             return None
         steps = kept.steps  # _again's: NodeRun._affordable, the walk's budget left
@@ -383,15 +414,19 @@ class LastChoice:
         allocations, whole = _kept_results(ctx, kept, parts).on(
             view.devices(), view.name, share_id, parts, taken
         )
+        if whole:
+            self.pending += tuple(taken)
+            self.used = used.union(taken)
+        else:  # the caller holds its allocations, after what is pending
+            self.used = None
+        self.deferred = whole
         placement = made(
             NodePlacement, {"node": view.name, "allocations": allocations, "score": kept.score}
         )
-        placed = made(
+        return made(
             Allocated,
             {"placements": (placement,), "stats": stats, "explanation": None, "domain": None},
         )
-        self.taken = taken if whole else None
-        return placed
 
 
 @dataclass
@@ -431,6 +466,40 @@ class _Found:
             if self.outcome is not None:
                 self.outcome.score = self._score
         return self._score
+
+
+def _rescore(
+    ctx: SolveContext,
+    steps: StepCounter,
+    view: NodeView,
+    prepared: Prepared | NodeTemplate,
+    used: frozenset[int],
+) -> Score:
+    """The Score of a kept outcome nobody scored yet: the node searched again, apart from the
+    bookkeeping of the solve that found it. (A _Found's `rescore` is this with its arguments
+    bound, not a closure over its NodeRun: the run keeps its _Founds, so a closure would make
+    a reference cycle per node move, left for the cyclic collector.)"""
+    if isinstance(prepared, NodeTemplate):
+        assert ctx.snapshot is not None
+        prepared = template_plan(ctx, ctx.snapshot, prepared).prepared
+    again = NodeRun(ctx, replace(steps, steps=0))
+    found = again._node(view, None, prepared, used, keep=False)
+    assert found is not None, "a kept fit must fit again"
+    return found.score
+
+
+def _quiet_rescore(
+    ctx: SolveContext,
+    steps: StepCounter,
+    view: NodeView,
+    template: NodeTemplate,
+    used: frozenset[int],
+) -> Score:
+    """A kept fit's Score, searching the node again with nothing recorded."""
+    assert ctx.snapshot is not None
+    with taping(ctx, None):
+        facts = template_plan(ctx, ctx.snapshot, template)
+        return _rescore(ctx, steps, view, facts.prepared, used)
 
 
 class NodeRun:
@@ -851,17 +920,10 @@ class NodeRun:
             outcome.topology,
             outcome.fragmentation,
             outcome=outcome,
-            rescore=lambda: self._quiet_rescore(view, template, used),
+            rescore=partial(_quiet_rescore, self.ctx, self.steps, view, template, used),
         )
         self.found.append(found)
         return found
-
-    def _quiet_rescore(self, view: NodeView, template: NodeTemplate, used: frozenset[int]) -> Score:
-        """A kept fit's Score, searching the node again with nothing recorded."""
-        assert self.ctx.snapshot is not None
-        with taping(self.ctx, None):
-            facts = template_plan(self.ctx, self.ctx.snapshot, template)
-            return self._rescore(view, facts.prepared, used)
 
     def _finish_replays(self) -> None:
         if self._replays is not None and self.ctx.recorder is not None:
@@ -921,23 +983,10 @@ class NodeRun:
             outcome.topology,
             outcome.fragmentation,
             outcome=outcome,
-            rescore=lambda: self._rescore(view, prepared, used),
+            rescore=partial(_rescore, self.ctx, self.steps, view, prepared, used),
         )
         self.found.append(found)
         return found
-
-    def _rescore(
-        self, view: NodeView, prepared: Prepared | NodeTemplate, used: frozenset[int]
-    ) -> Score:
-        """The Score of a kept outcome nobody scored yet: the node searched again, apart
-        from this solve's bookkeeping."""
-        if isinstance(prepared, NodeTemplate):
-            assert self.ctx.snapshot is not None
-            prepared = template_plan(self.ctx, self.ctx.snapshot, prepared).prepared
-        again = NodeRun(self.ctx, replace(self.steps, steps=0))
-        found = again._node(view, None, prepared, used, keep=False)
-        assert found is not None, "a kept fit must fit again"
-        return found.score
 
     def _missed(self, steps: int, pruned: bool, miss: NodeMiss | None) -> NodeOutcome:
         labels = [claim.label for claim in self.ctx.plan.claims]

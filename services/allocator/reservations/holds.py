@@ -36,11 +36,18 @@ from services.allocator.core import (
     untolerated_taint,
 )
 from services.allocator.reservations.model import Hold, LimitedUse, milli
-from services.common.dra.model import AllocationResult, DeviceID
+from services.common.dra.model import AllocationResult, DeviceID, DeviceRequestAllocationResult
 from services.common.dra.quantity import Quantity
 from services.common.errors import FailedPrecondition, InvalidArgument
 
-__all__ = ["capacity_key", "counter_key", "device_key", "placement_holds", "scope_of"]
+__all__ = [
+    "capacity_key",
+    "counter_key",
+    "device_key",
+    "placement_holds",
+    "scope_of",
+    "whole_hold",
+]
 
 
 def device_key(device_id: DeviceID) -> str:
@@ -88,12 +95,8 @@ def placement_holds(
     pieces = snapshot.derived(_Pieces)
     if node and len(allocations) == 1 and len(allocations[0].results) == 1:
         # the common placement: one device of the node, taken whole (a batch's every item)
-        wholes = pieces.wholes.get(node)
-        if wholes is None:
-            wholes = _node_pieces(snapshot, pieces, node)  # NotFound for an unknown node
-        result = allocations[0].results[0]
-        whole = wholes.get((result.driver, result.pool, result.device))
-        if whole is not None and result.share_id is None and not result.admin_access:
+        whole = whole_hold(snapshot, node, allocations[0].results[0])
+        if whole is not None:
             return {node: whole}
     usable = _usable(snapshot, pieces, node) if node else None  # NotFound for an unknown node
     known = pieces.known
@@ -126,6 +129,24 @@ def placement_holds(
     return {scope: b.hold() for scope, b in builders.items()}
 
 
+def whole_hold(
+    snapshot: ClusterSnapshot, node: str, result: DeviceRequestAllocationResult
+) -> Hold | None:
+    """The hold of a placement on `node` of one allocation of this one result where it takes
+    its device whole and nothing else (the device is the node's own, in the snapshot, not
+    multi-allocatable, untainted; the result names no share and no admin access): what
+    `placement_holds` returns as the node's scope's then, in one lookup. None for any other
+    (`placement_holds` then decides, or raises). Raises NotFound for an unknown node."""
+    pieces = snapshot.derived(_Pieces)
+    wholes = pieces.wholes.get(node)
+    if wholes is None:
+        wholes = _node_pieces(snapshot, pieces, node)  # NotFound for an unknown node
+    whole = wholes.get((result.driver, result.pool, result.device))
+    if whole is not None and result.share_id is None and not result.admin_access:
+        return whole
+    return None
+
+
 _Known = tuple[DeviceEntry, str, str, Hold | None]
 """A device's entry, its key, its scope, and the hold of taking it whole where that is all a
 result of it takes (not multi-allocatable, untainted: its key and its counters' uses)."""
@@ -149,11 +170,20 @@ class _Pieces:
 
 
 def _piece(snapshot: ClusterSnapshot, entry: DeviceEntry) -> _Known:
-    key = device_key(entry.id)
+    device_id = entry.id
+    key = f"{device_id.driver}/{device_id.pool}/{device_id.device}"  # device_key
     whole = None
-    if not entry.multi and not entry.device.taints:
-        whole = Hold((key,), _counter_uses(snapshot, entry) if entry.counters else ())
-    return entry, key, scope_of(entry), whole
+    if not entry.device.allow_multiple_allocations and not entry.device.taints:
+        whole = _hold((key,), _counter_uses(snapshot, entry) if entry.counters else ())
+    return entry, key, entry.access.node_name or f"{device_id.driver}/{device_id.pool}", whole
+
+
+def _hold(devices: tuple[str, ...], uses: tuple[LimitedUse, ...]) -> Hold:
+    """`Hold(devices, uses)` without the frozen dataclass's `__init__` (its per-field
+    `object.__setattr__`): a node's devices' holds are made at its first placement."""
+    hold: Hold = object.__new__(Hold)
+    object.__setattr__(hold, "__dict__", {"devices": devices, "uses": uses})
+    return hold
 
 
 def _node_pieces(
@@ -162,11 +192,13 @@ def _node_pieces(
     """The node's devices known at once (not one miss per device), and its `wholes`."""
     known = pieces.known
     wholes: dict[tuple[str, str, str], Hold] = {}
+    device = snapshot.device
     for entry in snapshot.view(node).devices():
-        at = (entry.id.driver, entry.id.pool, entry.id.device)
+        device_id = entry.id
+        at = (device_id.driver, device_id.pool, device_id.device)
         found = known.get(at)
         if found is None:
-            if snapshot.device(entry.id) is not entry:
+            if device(device_id) is not entry:
                 continue
             found = known[at] = _piece(snapshot, entry)
         elif found[0] is not entry:
