@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import re
 import threading
 from collections import OrderedDict
@@ -710,7 +711,11 @@ def _one_device_answer_bytes(answer: Answer) -> bytes | None:
         if size
         else b""
     )
-    expires, created = _reservation_times(reservation.created_at, reservation.expires_at)
+    created_at, expires_at = reservation.created_at, reservation.expires_at
+    times = _last_times  # the reservations of a write share their times: the last ones kept
+    if times[0] != created_at or times[1] != expires_at:
+        times = _keep_times(created_at, expires_at)
+    expires, created = times[2], times[3]
     fencing = counter_field(_RESERVATION_FENCING_TOKEN, reservation.fencing_token)
     size = pieces[8] + len(id_field) + len(expires) + len(fencing) + len(created)
     score = single.score
@@ -738,6 +743,18 @@ def _one_device_answer_bytes(answer: Answer) -> bytes | None:
             pieces[7],
         )
     )
+
+
+def _keep_times(
+    created_at: float, expires_at: float | None
+) -> tuple[float, float | None, bytes, bytes]:
+    """_reservation_times', kept as the last ones (_last_times) with their values."""
+    global _last_times
+    _last_times = times = (created_at, expires_at, *_reservation_times(created_at, expires_at))
+    return times
+
+
+_last_times: tuple[float, float | None, bytes, bytes] = (math.nan, None, b"", b"")  # none yet
 
 
 _Pieces = tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes, int, NodeSelector | None]
