@@ -383,6 +383,7 @@ class Holdings:
             spans = run.spans
             if not spans or spans[-1][0] is not journal:
                 spans.append((journal, len(run.allocations)))
+                self._runs[run.token] = run  # at its first item (a later span: already in)
             if journal is None:
                 run.positions.append(-1)
             else:
@@ -390,7 +391,6 @@ class Holdings:
                 journal.append((None, run.token, allocation))
             run.allocations.append(allocation)
             run.nodes.append(node)
-            self._runs[run.token] = run
             pending_on = self._pending_on
             pending_on[node] = pending_on.get(node, 0) + 1
             self._version += 1

@@ -105,13 +105,18 @@ def visible_holder(holder: Holder, viewer: Principal) -> Holder:
     return replace(holder, reservation_id="", owner=tenant_of_owner(holder.owner), redacted=True)
 
 
+def shown_as_is(answer: Answer) -> bool:
+    """Whether visible_answer gives every viewer `answer` itself: it names nothing of anyone's
+    (no holders, explanation or preemption)."""
+    return not answer.holders and answer.explanation is None and not answer.preemption
+
+
 def visible_answer(
     answer: Answer, viewer: Principal, owner_of: Callable[[str], str | None]
 ) -> Answer:
     """`answer` with other tenants' holders and reservation ids hidden. `owner_of` gives the
     owner of a reservation id named in a rejection (None: unknown here, shown as is)."""
-    nothing = not answer.holders and answer.explanation is None and not answer.preemption
-    if nothing or viewer.sees_all_tenants:
+    if shown_as_is(answer) or viewer.sees_all_tenants:
         return answer  # nothing of anyone's to hide: the common case of a placement
     explanation = answer.explanation
     if explanation is not None:

@@ -130,23 +130,49 @@ class AllocatedState:
         app/live_reservations.py's `offer`): no copy of its changes since the last
         flattening, nor of its node groups."""
         assert self._scratch, "only a detached state changes in place"
-        self._apply(changes)
+        self._apply(changes, by_name=True)
         if self._groups is not None:
             self._groups.settle()  # the moves `hold_in_place` deferred: none left to readers
         self._scratch = False
         return self
 
-    def _apply(self, changes: Iterable[tuple[str | None, str | None, AllocationResult]]) -> None:
-        """`with_changes`' changes, to this state itself."""
+    def _apply(
+        self,
+        changes: Iterable[tuple[str | None, str | None, AllocationResult]],
+        *,
+        by_name: bool = False,
+    ) -> None:
+        """`with_changes`' changes, to this state itself. `by_name`: a rename from owner ""
+        (a batch's holds, core solve_many) of one whole device held by "" alone finds the
+        device among the changed ones by its names, not by a DeviceID built from its result
+        (for a run's renames: one map of the ""-held devices instead of an id per item)."""
         changed: list[DeviceID] = []  # devices that became used or free on the way
+        delta = self._delta
+        named: dict[tuple[str, str, str], DeviceID] | None = None
         for old, new, allocation in changes:
             if old is None:
                 if new is not None:
                     self._add(allocation, new, changed)
-            elif new is None:
+                continue
+            if new is None:
                 self._remove(allocation, old, changed)
-            else:
-                self._rename(allocation, old, new, changed)
+                continue
+            if by_name and old == "" and len(allocation.results) == 1:
+                result = allocation.results[0]
+                if result.share_id is None and not result.admin_access:
+                    if named is None:  # the devices held by "" alone (entries are never deleted)
+                        named = {
+                            (d.driver, d.pool, d.device): d
+                            for d, (owners, _, _) in delta.items()
+                            if owners == ("",)
+                        }
+                    device_id = named.get((result.driver, result.pool, result.device))
+                    if device_id is not None:
+                        owners, shares, consumed = delta[device_id]
+                        if owners == ("",):  # not renamed by an earlier step
+                            delta[device_id] = ((new,), shares, consumed)
+                            continue
+            self._rename(allocation, old, new, changed)
         if changed and self._groups is not None:
             self._groups.devices_settled(changed, self.in_use)
 

@@ -62,10 +62,10 @@ __all__ = [
 class DeviceID:
     """A device's identity everywhere in gpualloc: (driver, pool, device), as upstream.
 
-    Its hash is worked out once and kept (the dataclass's own hashes a new tuple of the
-    three strings on every dict lookup, and the solver, the holdings and the state look
-    devices up by id ~10 times per placed claim). The kept hash is not pickled: string hashes
-    differ between processes, so an unpickled id works its own out again."""
+    Its hash is worked out once, when it is made, and kept (the dataclass's own hashes a new
+    tuple of the three strings on every dict lookup, and the solver, the holdings and the
+    state look devices up by id ~10 times per placed claim). The kept hash is not pickled:
+    string hashes differ between processes, so an unpickled id works its own out again."""
 
     __slots__ = ("driver", "pool", "device", "_hash")
 
@@ -73,13 +73,11 @@ class DeviceID:
     pool: str
     device: str
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.driver, self.pool, self.device)))
+
     def __hash__(self) -> int:
-        try:
-            return self._hash  # type: ignore[attr-defined,no-any-return]  # a slot, not a field
-        except AttributeError:
-            value = hash((self.driver, self.pool, self.device))
-            object.__setattr__(self, "_hash", value)
-            return value
+        return self._hash  # type: ignore[attr-defined,no-any-return]  # a slot, not a field
 
     def __getstate__(self) -> tuple[str, str, str]:
         return (self.driver, self.pool, self.device)
@@ -87,6 +85,7 @@ class DeviceID:
     def __setstate__(self, state: tuple[str, str, str]) -> None:
         for name, value in zip(("driver", "pool", "device"), state, strict=True):
             object.__setattr__(self, name, value)
+        self.__post_init__()
 
     def __str__(self) -> str:
         return f"{self.driver}/{self.pool}/{self.device}"

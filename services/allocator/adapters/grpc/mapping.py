@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import re
 import threading
 from collections import OrderedDict
@@ -627,13 +628,9 @@ def _one_device_answer_bytes(answer: Answer) -> bytes | None:
     (`_one_device_pieces`, kept by those values); per answer the pieces, the device's name and
     the varying fields are joined once. The same bytes as the general writer below
     (tests/unit/allocator/test_allocate_response_bytes.py)."""
-    placements = answer.placements
     reservations = answer.reservations
-    claims = answer.claims
     if (
-        len(placements) != 1
-        or len(reservations) > 1
-        or len(claims) != 1
+        len(reservations) > 1
         or answer.explanation is not None
         or answer.holders
         or answer.quota
@@ -641,18 +638,15 @@ def _one_device_answer_bytes(answer: Answer) -> bytes | None:
         or answer.flavors
     ):
         return None
-    single = placements[0]
-    allocations = single.allocations
-    if len(allocations) != 1:
+    try:  # one of each (a tuple of another length does not unpack)
+        (single,) = answer.placements
+        (claim,) = answer.claims
+        (allocation,) = single.allocations
+        (result,) = allocation.results
+    except ValueError:
         return None
-    allocation = allocations[0]
-    results = allocation.results
-    if len(results) != 1 or allocation.config:
+    if allocation.config or has_extras(result):  # no extras: the device listed (no admin access)
         return None
-    result = results[0]
-    if has_extras(result):  # none: no binding conditions, the device listed (no admin access)
-        return None
-    claim = claims[0]
     selector = allocation.node_selector
     device = result.device.encode()
     if not reservations:
@@ -679,16 +673,13 @@ def _one_device_answer_bytes(answer: Answer) -> bytes | None:
             else b""
         )
         return b"".join((pieces[0], device, pieces[1], scored, pieces[7]))
-    reservation = reservations[0]
-    refs = reservation.claim_names
-    held = reservation.allocations
-    if (
-        len(refs) != 1
-        or len(held) != 1
-        or held[0] is not allocation
-        or reservation.labels
-        or reservation.conditions
-    ):
+    (reservation,) = reservations
+    try:
+        (ref,) = reservation.claim_names
+        (held,) = reservation.allocations
+    except ValueError:
+        return None
+    if held is not allocation or reservation.labels or reservation.conditions:
         return None
     pieces_key = (
         answer.outcome,
@@ -702,7 +693,7 @@ def _one_device_answer_bytes(answer: Answer) -> bytes | None:
         result.pool,
         id(selector),
         len(device),
-        refs[0],
+        ref,
         reservation.owner,
         reservation.redacted,
         reservation.node,
@@ -720,7 +711,11 @@ def _one_device_answer_bytes(answer: Answer) -> bytes | None:
         if size
         else b""
     )
-    expires, created = _reservation_times(reservation.created_at, reservation.expires_at)
+    created_at, expires_at = reservation.created_at, reservation.expires_at
+    times = _last_times  # the reservations of a write share their times: the last ones kept
+    if times[0] != created_at or times[1] != expires_at:
+        times = _keep_times(created_at, expires_at)
+    expires, created = times[2], times[3]
     fencing = counter_field(_RESERVATION_FENCING_TOKEN, reservation.fencing_token)
     size = pieces[8] + len(id_field) + len(expires) + len(fencing) + len(created)
     score = single.score
@@ -748,6 +743,18 @@ def _one_device_answer_bytes(answer: Answer) -> bytes | None:
             pieces[7],
         )
     )
+
+
+def _keep_times(
+    created_at: float, expires_at: float | None
+) -> tuple[float, float | None, bytes, bytes]:
+    """_reservation_times', kept as the last ones (_last_times) with their values."""
+    global _last_times
+    _last_times = times = (created_at, expires_at, *_reservation_times(created_at, expires_at))
+    return times
+
+
+_last_times: tuple[float, float | None, bytes, bytes] = (math.nan, None, b"", b"")  # none yet
 
 
 _Pieces = tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes, int, NodeSelector | None]

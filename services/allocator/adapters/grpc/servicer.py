@@ -54,6 +54,7 @@ from services.allocator.app.reservation_watch import ReservationWatch
 from services.allocator.app.service import AllocatorService
 from services.allocator.app.telemetry import AllocatorMetrics
 from services.allocator.app.tenancy import (
+    shown_as_is,
     visible_answer,
     visible_errors,
     visible_reservation,
@@ -246,11 +247,12 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
             items.append(item(entry))
             gangs.append(entry.HasField("gang"))
         any_gang = any(gangs)  # else no item's place in the reply to look up
+        audited = audit_enabled()  # looked up once per call, not once per item
 
         def shown(result: ItemResult) -> None:
             if isinstance(result, Answer):
                 gang = any_gang and gangs[len(reply)]
-                self._answered_item(context, result, principal, gang=gang, reply=reply)
+                self._answered_item(context, result, principal, audited, gang=gang, reply=reply)
                 return
             if isinstance(result, PermissionDenied):
                 _audit_denied_item(context, result, len(reply))
@@ -440,13 +442,18 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
         context: grpc.ServicerContext,
         answer: Answer,
         principal: Principal,
+        audited: bool,
         *,
         gang: bool,
         reply: BatchReply,
     ) -> None:
         """An AllocateBatch item's answer, as `_answered`'s, added to `reply` (as bytes, or
-        field by field when it cannot be: BatchReply.add_answer)."""
-        reply.add_answer(self._granted(context, answer, principal), gang=gang)
+        field by field when it cannot be: BatchReply.add_answer). `audited`: audit_enabled(),
+        looked up once per call; without audit events and with nothing to hide (shown_as_is)
+        the answer goes as it is, as `_granted` would give it."""
+        if (audited and answer.reservations) or not shown_as_is(answer):
+            answer = self._granted(context, answer, principal)
+        reply.add_answer(answer, gang=gang)
 
     def _granted(
         self, context: grpc.ServicerContext, answer: Answer, principal: Principal
