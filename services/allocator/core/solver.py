@@ -1230,7 +1230,9 @@ def _kept_results(
 ) -> KeptResults:
     """What the results of a kept outcome share on every node of its template, made once per
     context (a batch makes them for each free state of its nodes once, not per node);
-    `parts`: the context's (_result_parts)."""
+    `parts`: the context's (_result_parts; None: its first result, kept nowhere)."""
+    if parts is None:  # a unary solve's one result: nothing to share it with
+        return KeptResults(ctx.plan.claims, outcome.picks, outcome.chosen, ctx.plan.by_key, None)
     made = _kept_results_of(ctx)
     found = made.get(id(outcome))
     if found is None:  # the outcome, kept with its results: its id is not reused meanwhile
