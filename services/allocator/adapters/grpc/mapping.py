@@ -68,7 +68,6 @@ from services.common.dra.model import (
     AllocationResult,
     DeviceClass,
     DeviceID,
-    NodeSelector,
     ResourceClaim,
 )
 from services.common.dra.names import label_name_errors
@@ -84,6 +83,7 @@ from services.common.pb.dra_mapping import (
     from_pb_node_selector,
     from_pb_resource_claim,
     has_extras,
+    node_selector_field,
     one_device_allocation_pieces,
     to_pb_device_id,
 )
@@ -647,7 +647,8 @@ def _one_device_answer_bytes(answer: Answer) -> bytes | None:
         return None
     if allocation.config or has_extras(result):  # no extras: the device listed (no admin access)
         return None
-    selector = allocation.node_selector
+    selector = allocation.node_selector  # by its bytes (kept by the object): one per node
+    selected = b"" if selector is None else node_selector_field(selector)
     device = result.device.encode()
     if not reservations:
         pieces_key: tuple[object, ...] = (
@@ -660,11 +661,11 @@ def _one_device_answer_bytes(answer: Answer) -> bytes | None:
             result.request,
             result.driver,
             result.pool,
-            id(selector),
+            selected,
             len(device),
         )
         pieces = _PIECES.get(pieces_key)
-        if pieces is None or pieces[-1] is not selector:
+        if pieces is None:
             pieces = _one_device_pieces(pieces_key, answer, len(device))
         score = single.score
         scored = (
@@ -691,7 +692,7 @@ def _one_device_answer_bytes(answer: Answer) -> bytes | None:
         result.request,
         result.driver,
         result.pool,
-        id(selector),
+        selected,
         len(device),
         ref,
         reservation.owner,
@@ -702,7 +703,7 @@ def _one_device_answer_bytes(answer: Answer) -> bytes | None:
         reservation.idempotency_key,
     )
     pieces = _PIECES.get(pieces_key)
-    if pieces is None or pieces[-1] is not selector:
+    if pieces is None:
         pieces = _one_device_pieces(pieces_key, answer, len(device))
     rid = reservation.id.encode()
     size = len(rid)
@@ -757,18 +758,18 @@ def _keep_times(
 _last_times: tuple[float, float | None, bytes, bytes] = (math.nan, None, b"", b"")  # none yet
 
 
-_Pieces = tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes, int, NodeSelector | None]
+_Pieces = tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes, int]
 """_one_device_pieces': the answer's fields before its device's name (up to the name's
 length, in its claim's allocation), after it up to the score; with a reservation, the
 reservation's fields after its id up to its device's name, after it up to its expiry time,
 after its created time up to the name again (in its devices), after that; its idempotency key
 field; then the answer's generation field; the size of the reservation's fields but its id,
-fencing token and times (the name's twice included); the node selector (the object: its id is
-in the key, and it stays alive with the pieces, so no other object has that id meanwhile)."""
+fencing token and times (the name's twice included)."""
 
 _PIECES: dict[tuple[object, ...], _Pieces] = {}
-"""_one_device_pieces', by the values they are written from (_one_device_answer_bytes):
-never stale."""
+"""_one_device_pieces', by the values they are written from (_one_device_answer_bytes; the
+node selector by its bytes, which node_selector_field keeps by the object: a solve may make a
+new, equal selector object per answer): never stale."""
 _PIECES_KEPT = 8192  # ~ one per node a request is placed on: then started again
 
 
@@ -808,7 +809,6 @@ def _one_device_pieces(pieces_key: tuple[object, ...], answer: Answer, size: int
             b"",
             generation,
             0,
-            allocation.node_selector,
         )
     else:
         reservation = answer.reservations[0]
@@ -840,7 +840,6 @@ def _one_device_pieces(pieces_key: tuple[object, ...], answer: Answer, size: int
             idempotency_key,
             generation,
             fixed + 2 * size,
-            allocation.node_selector,
         )
     if len(_PIECES) >= _PIECES_KEPT:
         _PIECES.clear()
