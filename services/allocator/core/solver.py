@@ -117,7 +117,7 @@ __all__ = [
 
 DEFAULT_BUDGET = SearchBudget()
 
-# What LastChoice.again makes field by field (made.py): their fields, in order.
+# What a solve's answer is made of, field by field (made.py): their fields, in order.
 check_made(NodePlacement, ("node", "allocations", "score"))
 check_made(Allocated, ("placements", "stats", "explanation", "domain"))
 
@@ -332,8 +332,8 @@ class LastChoice:
     # counting them (None: read from the state)
     pending: tuple[int, ...] = ()
     used: frozenset[int] | None = None
-    # what `again` answers alike for every item on the chosen node: its Stats by steps
-    _stats: dict[int, Stats] | None = None
+    # what `again` reads alike for every item on the chosen node (_OnNode), from its first
+    _on: _OnNode | None = None
 
     def chose(
         self,
@@ -350,7 +350,7 @@ class LastChoice:
         assert not self.pending, "held before a walk"
         self.view, self.key, self.steps, self.feasible = view, key, steps, feasible
         self.nodes_total, self.template, self.memo = nodes_total, template, memo
-        self.used = self._stats = None
+        self.used = self._on = None
 
     def forget(self) -> None:
         """No walk to carry: the next item walks."""
@@ -401,19 +401,18 @@ class LastChoice:
         if key > self.key:
             return None
         self.key = key
-        known = self._stats
-        if known is None:
-            known = self._stats = {}
-        stats = known.get(steps)
+        on = self._on
+        if on is None:
+            on = self._on = _OnNode(ctx, view)
+        stats = on.stats.get(steps)
         if stats is None:
             total = self.nodes_total
             values = (steps, 0, total, total - 1, 1, self.feasible, False, 0)
-            stats = known[steps] = _shared_stats(ctx, values)
+            stats = on.stats[steps] = _shared_stats(ctx, values)
+        found = on.results.get(id(kept))
+        results = found[1] if found is not None else _kept_results(ctx, kept, on.parts)
         taken: list[int] = []
-        parts = _result_parts(ctx)
-        allocations, whole = _kept_results(ctx, kept, parts).on(
-            view.devices(), view.name, share_id, parts, taken
-        )
+        allocations, whole = results.on(on.devices, view.name, share_id, on.parts, taken)
         if whole:
             self.pending += tuple(taken)
             self.used = used.union(taken)
@@ -427,6 +426,19 @@ class LastChoice:
             Allocated,
             {"placements": (placement,), "stats": stats, "explanation": None, "domain": None},
         )
+
+
+class _OnNode:
+    """What LastChoice.again reads alike for every item on one chosen node: its devices,
+    the context's result parts and kept outcomes' results (_kept_results), Stats by steps."""
+
+    __slots__ = ("devices", "parts", "results", "stats")
+
+    def __init__(self, ctx: SolveContext, view: NodeView) -> None:
+        self.devices = view.devices()
+        self.parts = _result_parts(ctx)
+        self.results = _kept_results_of(ctx)
+        self.stats: dict[int, Stats] = {}
 
 
 @dataclass
@@ -1022,8 +1034,19 @@ class NodeRun:
         best = ranked[0]
         allocations = self._allocations(best, share_id)
         explanation = self._choice_explanation(ranked) if self.ctx.recorder is not None else None
-        placement = NodePlacement(best.view.name, allocations, best.score)
-        return Allocated((placement,), stats, explanation)
+        placement = made(
+            NodePlacement,
+            {"node": best.view.name, "allocations": allocations, "score": best.score},
+        )
+        return made(
+            Allocated,
+            {
+                "placements": (placement,),
+                "stats": stats,
+                "explanation": explanation,
+                "domain": None,
+            },
+        )
 
     def _allocations(self, found: _Found, share_id: ShareIdFactory) -> tuple[AllocationResult, ...]:
         name = found.view.name
@@ -1207,10 +1230,10 @@ def _kept_results(
 ) -> KeptResults:
     """What the results of a kept outcome share on every node of its template, made once per
     context (a batch makes them for each free state of its nodes once, not per node);
-    `parts`: the context's (_result_parts)."""
-    made = ctx.derived.get(_KEPT_RESULTS)
-    if not isinstance(made, dict):
-        made = ctx.derived[_KEPT_RESULTS] = {}
+    `parts`: the context's (_result_parts; None: its first result, kept nowhere)."""
+    if parts is None:  # a unary solve's one result: nothing to share it with
+        return KeptResults(ctx.plan.claims, outcome.picks, outcome.chosen, ctx.plan.by_key, None)
+    made = _kept_results_of(ctx)
     found = made.get(id(outcome))
     if found is None:  # the outcome, kept with its results: its id is not reused meanwhile
         results = KeptResults(
@@ -1218,6 +1241,14 @@ def _kept_results(
         )
         found = made[id(outcome)] = (outcome, results)
     return found[1]
+
+
+def _kept_results_of(ctx: SolveContext) -> dict[int, tuple[NodeOutcome, KeptResults]]:
+    """The context's KeptResults by their outcome's identity (_kept_results)."""
+    made = ctx.derived.get(_KEPT_RESULTS)
+    if not isinstance(made, dict):
+        made = ctx.derived[_KEPT_RESULTS] = {}
+    return made
 
 
 def _key_of(found: _Found) -> NodeKey:
