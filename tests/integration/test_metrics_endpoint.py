@@ -56,7 +56,7 @@ class Served:
             for sample in family.samples
         }
 
-    def scrape_after(self, before: Samples, timeout: float = 10.0) -> Samples:
+    def scrape_after(self, before: Samples, timeout: float = 30.0) -> Samples:
         """The first scrape whose fleet gauges differ from `before`'s (a recount waits ten times
         the last count's duration: fleet_metrics.py), or the last one after `timeout`."""
         deadline = time.monotonic() + timeout
