@@ -650,20 +650,21 @@ def _one_device_answer_bytes(answer: Answer) -> bytes | None:
     selector = allocation.node_selector  # by its bytes (kept by the object): one per node
     selected = b"" if selector is None else node_selector_field(selector)
     device = result.device.encode()
+    answered: tuple[object, ...] = (  # what the pieces depend on, with or without a reservation
+        answer.outcome,
+        single.node,
+        claim.namespace,
+        claim.name,
+        claim.uid,
+        answer.generation,
+        result.request,
+        result.driver,
+        result.pool,
+        selected,
+        len(device),
+    )
     if not reservations:
-        pieces_key: tuple[object, ...] = (
-            answer.outcome,
-            single.node,
-            claim.namespace,
-            claim.name,
-            claim.uid,
-            answer.generation,
-            result.request,
-            result.driver,
-            result.pool,
-            selected,
-            len(device),
-        )
+        pieces_key = answered
         pieces = _PIECES.get(pieces_key)
         if pieces is None:
             pieces = _one_device_pieces(pieces_key, answer, len(device))
@@ -683,17 +684,7 @@ def _one_device_answer_bytes(answer: Answer) -> bytes | None:
     if held is not allocation or reservation.labels or reservation.conditions:
         return None
     pieces_key = (
-        answer.outcome,
-        single.node,
-        claim.namespace,
-        claim.name,
-        claim.uid,
-        answer.generation,
-        result.request,
-        result.driver,
-        result.pool,
-        selected,
-        len(device),
+        *answered,
         ref,
         reservation.owner,
         reservation.redacted,

@@ -1309,7 +1309,16 @@ def _grant_doc(
     if around is not None:
         device = request.allocations[0].results[0].device
         return around[0] + _json_text(device) + around[1], around[2]
-    request_shape = (  # what the documents of requests alike share
+    request_shape = _request_shape(request)
+    parts = shapes.get(request_shape)
+    if parts is None:
+        parts = shapes[request_shape] = _doc_parts(request)
+    return _doc(request, parts), parts[2]
+
+
+def _request_shape(request: ReserveRequest) -> tuple[Any, ...]:
+    """What the documents of requests alike share (`_grant_doc`, `_around`)."""
+    return (
         request.owner,
         request.claim_names,
         request.idempotency_key,
@@ -1317,10 +1326,6 @@ def _grant_doc(
         request.request_digest,
         request.priority_class,
     )
-    parts = shapes.get(request_shape)
-    if parts is None:
-        parts = shapes[request_shape] = _doc_parts(request)
-    return _doc(request, parts), parts[2]
 
 
 def _around(
@@ -1337,12 +1342,7 @@ def _around(
     if not plain_result(result):
         return None
     shape: tuple[Any, ...] = (
-        request.owner,
-        request.claim_names,
-        request.idempotency_key,
-        request.labels,
-        request.request_digest,
-        request.priority_class,
+        *_request_shape(request),
         result.request,
         result.driver,
         result.pool,
