@@ -362,14 +362,20 @@ class RedisReservationStore:
             call.fail(Unavailable("redis: grants keep failing over"))
 
     def _grant_call(self, node: str, grants: Sequence[_Grant]) -> _GrantCall:
+        """One node's step: its keys, and its grants as ONE JSON array of [id, owner, idem,
+        lease_ms, devices_json, uses_json, doc]. `runs` numbers each grant's run for `_record`:
+        a grant that continues the one before it (`_continues`: its document is the run's but
+        for the device) shares its request's fields but the allocations."""
         base = self._base(node)
         keys = [base + "leases", base + "ids", base + "fence", base + "idem"]
         fields = []
+        runs: builtins.list[int] = []
         device_base, use_base = base + "dev:", base + "use:"
         res_base, dumps = base + "res:", orjson.dumps
         shapes: dict[tuple[Any, ...], tuple[str, str, str]] = {}  # see _grant_doc
         last: ReserveRequest | None = None  # the last one-device grant's request (_around)
         around = ("", "", "")  # the text around its device
+        run = 0
         for grant in grants:
             request, hold = grant.request, grant.hold
             devices = hold.devices
@@ -377,6 +383,7 @@ class RedisReservationStore:
                 doc = around[0] + _json_text(request.allocations[0].results[0].device) + around[1]
                 idem = around[2]
             else:
+                run += 1
                 found = _around(request, shapes)
                 if found is None:
                     last = None
@@ -386,6 +393,7 @@ class RedisReservationStore:
                     doc = around[0] + _json_text(request.allocations[0].results[0].device)
                     doc += around[1]
                     idem = around[2]
+            runs.append(run)
             if len(devices) == 1:  # one device taken whole: the common case
                 device = devices[0]
                 keys += (res_base + grant.id, device_base + device)
@@ -399,7 +407,7 @@ class RedisReservationStore:
                 keys += [use_base + use.key for use in hold.uses]
                 uses = dumps([[u.key, str(u.amount), str(u.limit)] for u in hold.uses]).decode()
             fields.append((grant.id, request.owner, idem, grant.lease_ms, devices_json, uses, doc))
-        return _GrantCall(node, keys, [*self._context(node), orjson.dumps(fields)], grants)
+        return _GrantCall(node, keys, [*self._context(node), orjson.dumps(fields)], grants, runs)
 
     def _grant_batch(self, calls: Sequence[_GrantCall]) -> Replies:
         """One shard's grant steps in one pipeline (after its nodes' registration in the
@@ -475,9 +483,22 @@ class RedisReservationStore:
         now, answers, expired = reply
         if expired:
             self._unindex(expired)
-        for grant, answer in zip(call.grants, answers, strict=True):
+        made: dict[str, Any] = {}  # the fields of the last reservation taken, of run `made_in`
+        made_in = 0
+        for grant, answer, run in zip(call.grants, answers, call.runs, strict=True):
             if isinstance(answer, int):  # its fencing token: taken now, for its lease
-                grant.reservation = _granted(grant, answer, now, now + grant.lease_ms)
+                if run == made_in and made["expires_at"] == (now + grant.lease_ms) / 1000:
+                    fields = made.copy()  # the run's shared fields; then its own
+                    fields["id"] = grant.id
+                    fields["allocations"] = tuple(grant.request.allocations)
+                    fields["hold"] = grant.hold
+                    fields["fencing_token"] = answer
+                    reservation: Reservation = object.__new__(Reservation)
+                    object.__setattr__(reservation, "__dict__", fields)
+                    grant.reservation = reservation
+                else:
+                    grant.reservation = _granted(grant, answer, now, now + grant.lease_ms)
+                    made, made_in = grant.reservation.__dict__, run
                 grant.created = True
             elif _text(answer[0]) == "conflict":
                 grant.conflicts = [_conflict_item(item) for item in answer[1]]
@@ -1168,6 +1189,7 @@ class _GrantCall:
     keys: Strings
     args: builtins.list[str | bytes]  # base, node, channel, and the grants as one JSON array
     grants: Sequence[_Grant]
+    runs: Sequence[int]  # each grant's run (`_grant_call`): alike requests but the allocations
     reply: Any = None  # a reply that sends the step around again (moved, function missing)
     unconfirmed: _Unconfirmed | None = None
     # its event messages held back while it runs (quiet_own_reserves), with their callbacks
