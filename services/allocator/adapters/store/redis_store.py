@@ -362,16 +362,18 @@ class RedisReservationStore:
             call.fail(Unavailable("redis: grants keep failing over"))
 
     def _grant_call(self, node: str, grants: Sequence[_Grant]) -> _GrantCall:
-        """One node's step: its keys, and its grants as ONE JSON array of [id, owner, idem,
-        lease_ms, devices_json, uses_json, doc]. `runs` numbers each grant's run for `_record`:
-        a grant that continues the one before it (`_continues`: its document is the run's but
-        for the device) shares its request's fields but the allocations."""
+        """One node's step: the node's own keys, and its grants as ONE JSON array of [id,
+        owner, idem, lease_ms, devices_json, uses_json, doc]. The grants' keys (`res:`, `dev:`,
+        `use:`) are not named one by one: they share the node's slot (its hash tag), which its
+        own keys name, as the leases that every step frees are not named either (the library
+        reads no KEYS). `runs` numbers each grant's run for `_record`: a grant that continues
+        the one before it (`_continues`: its document is the run's but for the device) shares
+        its request's fields but the allocations."""
         base = self._base(node)
         keys = [base + "leases", base + "ids", base + "fence", base + "idem"]
         fields = []
         runs: builtins.list[int] = []
-        device_base, use_base = base + "dev:", base + "use:"
-        res_base, dumps = base + "res:", orjson.dumps
+        dumps = orjson.dumps
         shapes: dict[tuple[Any, ...], tuple[str, str, str]] = {}  # see _grant_doc
         last: ReserveRequest | None = None  # the last one-device grant's request (_around)
         around = ("", "", "")  # the text around its device
@@ -395,16 +397,11 @@ class RedisReservationStore:
                     idem = around[2]
             runs.append(run)
             if len(devices) == 1:  # one device taken whole: the common case
-                device = devices[0]
-                keys += (res_base + grant.id, device_base + device)
-                devices_json = "[" + _json_text(device) + "]"
+                devices_json = "[" + _json_text(devices[0]) + "]"
             else:
-                keys.append(res_base + grant.id)
-                keys += [device_base + device for device in devices]
                 devices_json = dumps(devices).decode()
             uses = "[]"  # no counters or shares: the common case (a whole device)
             if hold.uses:
-                keys += [use_base + use.key for use in hold.uses]
                 uses = dumps([[u.key, str(u.amount), str(u.limit)] for u in hold.uses]).decode()
             fields.append((grant.id, request.owner, idem, grant.lease_ms, devices_json, uses, doc))
         return _GrantCall(node, keys, [*self._context(node), orjson.dumps(fields)], grants, runs)
@@ -507,6 +504,7 @@ class RedisReservationStore:
                 grant.reservation = self._decode(answer[1])
             if call.unconfirmed is not None:
                 grant.error = call.unconfirmed
+                call.failed = True
 
     def _register(self, nodes: Sequence[str]) -> None:
         """Nodes to have in the nodes index before their first grant (a cluster: the index
@@ -708,7 +706,7 @@ class RedisReservationStore:
             late: builtins.list[tuple[bytes | str, EventCallback]] = []
             with self._own_lock:
                 for call in calls:
-                    if not done or any(grant.error is not None for grant in call.grants):
+                    if not done or call.failed:  # one of its grants has an error
                         # its caller does not learn what it took: the events tell
                         late += call.held_back or ()
                         for grant in call.grants:
@@ -1195,10 +1193,12 @@ class _GrantCall:
     # its event messages held back while it runs (quiet_own_reserves), with their callbacks
     # (None once it is done: messages still to come are dropped)
     held_back: builtins.list[tuple[bytes | str, EventCallback]] | None = field(default_factory=list)
+    failed: bool = False  # one of its grants has an error (`fail`, or an unconfirmed WAIT)
 
     def fail(self, error: GpuallocError) -> None:
         for grant in self.grants:
             grant.error = error
+        self.failed = bool(self.grants)
 
 
 def _granted(grant: _Grant, fence: int, created: int, expires: int) -> Reservation:
