@@ -27,8 +27,8 @@ from services.allocator.reservations.model import (
     ReserveRequest,
     reserve_placement,
 )
-from services.common.dra.model import AllocationResult, DeviceID, DeviceRequestAllocationResult
 from services.common.deadline import UNBOUNDED
+from services.common.dra.model import AllocationResult, DeviceID, DeviceRequestAllocationResult
 from services.common.errors import Conflict
 
 CLUSTER = Path(__file__).resolve().parents[3] / "examples" / "cluster"
