@@ -97,6 +97,15 @@ class GrantRun:
         `assigned`: the flavors its flavor search assigned, which its devices are charged to
         (QuotaGuard.usage; the ledger entries keep the amounts, so release, QuotaStatus and
         preemption count them there too)."""
+        if limit is None and self._tally is None and len(requests) == 1:
+            allocations = requests[0].allocations
+            if len(allocations) == 1:  # the common case, unbounded and without quotas
+                run = self._run
+                if run is None:
+                    run = self._run = self._holdings.pending_run()
+                held = self._holdings.hold_in_run(run, requests[0].node, allocations[0])
+                self._placements.append(_Placement(requests, None, held))
+                return len(self._placements) - 1
         owner = requests[0].owner
         limits = None
         if limit is not None:  # counted while in flight (none to count without a bound)

@@ -405,7 +405,7 @@ class Holdings:
                 return  # held nothing, or settled already
             token, journal, by_id = run.token, self._journal, self._by_id
             tombstones, recording = self._tombstones, self._recording
-            spans = run.spans
+            spans, positions = run.spans, run.positions
             fresh = len(run.allocations)  # the first item not applied to a state yet
             if journal is not None and spans[-1][0] is journal:
                 fresh = spans[-1][1]
@@ -440,11 +440,16 @@ class Holdings:
                 if journal is None:
                     continue
                 if index >= fresh:
-                    journal[run.positions[index]] = (None, new, allocation)
+                    journal[positions[index]] = (None, new, allocation)
                 else:
                     journal.append((token, new, allocation))
-            for node in run.nodes:
-                self._forget_node(node)
+            pending_on = self._pending_on
+            for node in run.nodes:  # `_forget_node`, inline: one per item
+                left = pending_on[node] - 1
+                if left:
+                    pending_on[node] = left
+                else:
+                    del pending_on[node]
             if journal is not None:
                 journal += later
 

@@ -149,7 +149,27 @@ class AllocatedState:
         changed: list[DeviceID] = []  # devices that became used or free on the way
         delta = self._delta
         named: dict[tuple[str, str, str], DeviceID] | None = None
+        alone = ("",)
         for old, new, allocation in changes:
+            if old == "" and by_name and new is not None:  # a batch's hold renamed (first)
+                results = allocation.results
+                if len(results) == 1:
+                    result = results[0]
+                    if result.share_id is None and not result.admin_access:
+                        if named is None:  # the devices held by "" alone (never deleted)
+                            named = {
+                                (d.driver, d.pool, d.device): d
+                                for d, (owners, _, _) in delta.items()
+                                if owners == alone
+                            }
+                        device_id = named.get((result.driver, result.pool, result.device))
+                        if device_id is not None:
+                            owners, shares, consumed = delta[device_id]
+                            if owners == alone:  # not renamed by an earlier step
+                                delta[device_id] = ((new,), shares, consumed)
+                                continue
+                self._rename(allocation, old, new, changed)
+                continue
             if old is None:
                 if new is not None:
                     self._add(allocation, new, changed)
@@ -157,21 +177,6 @@ class AllocatedState:
             if new is None:
                 self._remove(allocation, old, changed)
                 continue
-            if by_name and old == "" and len(allocation.results) == 1:
-                result = allocation.results[0]
-                if result.share_id is None and not result.admin_access:
-                    if named is None:  # the devices held by "" alone (entries are never deleted)
-                        named = {
-                            (d.driver, d.pool, d.device): d
-                            for d, (owners, _, _) in delta.items()
-                            if owners == ("",)
-                        }
-                    device_id = named.get((result.driver, result.pool, result.device))
-                    if device_id is not None:
-                        owners, shares, consumed = delta[device_id]
-                        if owners == ("",):  # not renamed by an earlier step
-                            delta[device_id] = ((new,), shares, consumed)
-                            continue
             self._rename(allocation, old, new, changed)
         if changed and self._groups is not None:
             self._groups.devices_settled(changed, self.in_use)
@@ -205,13 +210,27 @@ class AllocatedState:
         if snapshot is not self._snapshot or node is None or groups is None:
             self._hold_whole([devices[index].id for index in indices], owner)
             return
-        delta = self._delta
+        delta, exclusive, shared, capacity = (
+            self._delta,
+            self._exclusive,
+            self._shares,
+            self._capacity,
+        )
         for index in indices:
             entry = devices[index]
             device_id = entry.id  # the snapshot's own: the maps find it by identity
             found = delta.get(device_id)
-            owners, shares, consumed = self._based(device_id) if found is None else found
-            delta[device_id] = ((*owners, owner), shares, consumed)
+            if found is None:  # `_based`, inline (a batch holds each of its devices here)
+                owners = exclusive.get(device_id, ())
+                shares = shared.get(device_id, _NO_SHARES) if shared else _NO_SHARES
+                delta[device_id] = (
+                    (*owners, owner),
+                    shares,
+                    capacity.get(device_id) if capacity else None,
+                )
+            else:
+                owners, shares, consumed = found
+                delta[device_id] = ((*owners, owner), shares, consumed)
             if not (owners or shares):
                 if entry.counters:
                     self._count_entry(entry, 1)

@@ -13,8 +13,10 @@ from hypothesis import strategies as st
 
 from services.allocator.adapters.store.memory import MemoryReservationStore
 from services.allocator.app.cluster_view import ViewSnapshot
+from services.allocator.app.granting import GrantRun
 from services.allocator.app.inventory_feed import StaticFeed
 from services.allocator.app.live_reservations import Holdings
+from services.allocator.app.reservation_limit import ReservationLimit
 from services.allocator.core import AllocatedState, ClusterSnapshot
 from services.allocator.reservations.holds import placement_holds
 from services.allocator.reservations.model import (
@@ -25,6 +27,7 @@ from services.allocator.reservations.model import (
     ReserveRequest,
     reserve_placement,
 )
+from services.common.deadline import UNBOUNDED
 from services.common.dra.model import AllocationResult, DeviceID, DeviceRequestAllocationResult
 from services.common.errors import Conflict
 
@@ -269,6 +272,32 @@ def test_a_pending_placement_is_held_until_it_settles_or_is_dropped(holdings):
     assert holdings.state_for(VIEW).in_use(MIG[1])
     holdings.drop_pending(refused)
     assert not holdings.state_for(VIEW).in_use(MIG[1])
+
+
+def _grant_run_trace(limit: int | None, taken: int) -> list[object]:
+    """What a grant run of three one-device placements holds while pending and after its
+    write (device `taken` reserved elsewhere meanwhile: a conflict), owners by placement."""
+    store = MemoryReservationStore(clock=FakeClock())
+    holdings = Holdings(store, expire_interval=3600, refresh_interval=3600)
+    run = GrantRun(store, holdings, None, ReservationLimit(holdings.reservations))
+    requests = [_request(A100, device) for device in MIG[:3]]
+    trace: list[object] = [run.add(SNAPSHOT, [request], limit=limit) for request in requests]
+    state = holdings.state_for(VIEW)
+    trace.append([state.owners(device) for device in MIG[:4]])
+    store.reserve([[_request(A100, MIG[taken])]])
+    outcomes = run.write(UNBOUNDED)
+    trace.append([type(o).__name__ if isinstance(o, Exception) else len(o) for o in outcomes])
+    ids = {r.id: i for i, o in enumerate(outcomes) if isinstance(o, list) for r in o}
+    state = holdings.state_for(VIEW)
+    trace.append([[ids.get(o, o) for o in state.owners(device)] for device in MIG[:4]])
+    return trace
+
+
+@pytest.mark.parametrize("taken", [3, 1], ids=["all-granted", "one-conflict"])
+def test_a_runs_unbounded_placements_are_held_and_written_as_bounded_ones(taken):
+    """GrantRun.add's path for a one-device placement without a bound or quotas holds and
+    writes what its general path (a bound that admits every placement) does."""
+    assert _grant_run_trace(None, taken) == _grant_run_trace(100, taken)
 
 
 class CountingGets:
