@@ -63,6 +63,7 @@ from services.common.dra.quantity import Quantity
 from services.common.errors import NotFound
 
 # names: short and long (a length of 128+ bytes takes two varint bytes), ASCII and not
+TOKENS = [0, 1, 127, 128, 4095, 4096, 16383, 16384]  # fencing tokens at varint edges
 NAMES = st.one_of(
     st.sampled_from(["", "gpu", "h100-0000", "gpu.nvidia.com", "mig-1g.10gb", "ünïcødé-∑"]),
     st.text(alphabet="ab-é∑/", min_size=0, max_size=6),
@@ -168,7 +169,7 @@ def reservations(draw: st.DrawFn, held: tuple[AllocationResult, ...]) -> Reserva
         allocations=held,
         hold=Hold(),
         state=ReservationState.COMMITTED if committed else ReservationState.RESERVED,
-        fencing_token=draw(st.integers(0, 2**64 - 1)),
+        fencing_token=draw(st.one_of(st.integers(0, 2**64 - 1), st.sampled_from(TOKENS))),
         created_at=draw(TIMES),
         expires_at=None if committed else draw(TIMES),
         idempotency_key=draw(st.sampled_from(["", "key-1"])),
@@ -468,7 +469,12 @@ def runs_of_one_device_answers(draw: st.DrawFn) -> list[Answer]:
                     allocations=(placed,),
                     labels=(),
                     conditions=(),
-                    fencing_token=draw(st.integers(0, 2**64 - 1)),
+                    fencing_token=draw(
+                        st.one_of(
+                            st.integers(0, 2**64 - 1),
+                            st.sampled_from(TOKENS),
+                        )
+                    ),
                     created_at=draw(TIMES),
                     expires_at=draw(st.none() | TIMES),
                     # mostly the run's, now and then another request's (the pieces' key)
