@@ -171,6 +171,7 @@ class PlacementSearch:
             # derived from `state` keep them up to date: one build per snapshot, not per batch.
             state.node_groups(snapshot)
         holding = state.detached(groups=True)
+        plan, facts = self.plans.question(query.claims, classes, snapshot)
         results = solve_many(
             snapshot,
             state,
@@ -186,6 +187,8 @@ class PlacementSearch:
             share_id=unique_share_id,
             topology_constraints=topology_constraints(query),
             holding=holding,
+            plan=plan,
+            facts=facts,
         )
         if keep is not None:
             keep(holding)

@@ -450,11 +450,15 @@ class AllocatorService:
                 results.append(turn_missed(mine))
                 ahead = []
                 continue
-            if ahead and items[position - 1][0] != query:
+            if ahead and not _alike(items[position - 1][0], query):
                 ahead = []
             same = 1  # identical items from here on: solved together when `ahead` is empty
             searching = mine
-            while not ahead and position + same < len(items) and items[position + same][0] == query:
+            while (
+                not ahead
+                and position + same < len(items)
+                and _alike(items[position + same][0], query)
+            ):
                 searching = _earlier(searching, own[position + same])
                 same += 1
             try:
@@ -1394,6 +1398,13 @@ class _Run:
     grants: GrantRun
     placed: list[tuple[int, _Placed]] = field(default_factory=list)  # (result index, item)
     keys: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+
+def _alike(one: Query, other: Query) -> bool:
+    """Whether two items ask the same: at once when they are one object (AllocateBatch maps
+    byte-identical items once), else by value (a dataclass's == builds a tuple of every field
+    of both, even for one object)."""
+    return one is other or one == other
 
 
 class _KeyedLocks:

@@ -23,9 +23,11 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 
+from services.allocator.core.candidates import SolveFacts
 from services.allocator.core.explain import Recorder
 from services.allocator.core.fragmentation import DEFAULT_MIX, FragmentationMix
 from services.allocator.core.outcome import Allocated, SearchBudget, SolveResult
+from services.allocator.core.plan import Plan
 from services.allocator.core.results import ShareIdFactory, default_share_id
 from services.allocator.core.scoring import Policy
 from services.allocator.core.snapshot import ClusterSnapshot
@@ -56,13 +58,17 @@ def solve_many(
     topology_constraints: Sequence[TopologyConstraint] = (),
     fragmentation_mix: FragmentationMix = DEFAULT_MIX,
     holding: AllocatedState | None = None,
+    plan: Plan | None = None,
+    facts: SolveFacts | None = None,
 ) -> list[SolveResult]:
     """Up to `count` placements of `claims`, each on the state holding the ones before it;
     the list ends with the first Unsatisfiable (or after `count` Allocated). `budget` bounds
     each item's search on its own, as for one `solve`; the options are `solve`'s. `holding`:
     a state the caller detached from `state` (`state.detached(groups=True)`) to hold the
     placements in, instead of a private copy: once this returns, it is `state` with the
-    allocations of every Allocated result added (owner ""), for the caller to keep."""
+    allocations of every Allocated result added (owner ""), for the caller to keep. `plan`
+    and `facts`: as for `solve` (the caller's plan of `claims` and the SolveFacts it keeps
+    for it, so a batch of a shape asked before works out neither again)."""
     if count < 0:
         raise InvalidArgument.at("count", f"must not be negative, not {count}")
     if node is not None and nodes is not None:
@@ -70,9 +76,19 @@ def solve_many(
     # the batch's own: changed in place, item by item
     held = holding if holding is not None else state.detached(groups=True)
     ctx = solve_context(
-        snapshot, held, classes, claims, policy, selectors, None, topology_constraints, budget
+        snapshot,
+        held,
+        classes,
+        claims,
+        policy,
+        selectors,
+        None,
+        topology_constraints,
+        budget,
+        plan=plan,
+        mix=fragmentation_mix,
+        facts=facts,
     )
-    ctx = replace(ctx, mix=fragmentation_mix)
     results: list[SolveResult] = []
     # The last walk's choice, for the next item (LastChoice): only while every placement held
     # is the one that walk chose, on a node chosen by groups.

@@ -23,9 +23,11 @@ from services.allocator.core import (
     ClusterSnapshot,
     Policy,
     SelectorCache,
+    SolveFacts,
     SolveResult,
     TopologyConstraint,
     TopologyKind,
+    build_plan,
     solve,
     solve_many,
 )
@@ -203,6 +205,52 @@ def test_a_batch_on_a_generated_fleet_equals_its_items_one_by_one(
     )
     assert placements(batch) == placements(alone)
     assert len(batch) >= 2
+
+
+@pytest.mark.parametrize("policy", list(Policy), ids=lambda p: str(p).lower())
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_batches_sharing_their_plan_and_facts_answer_as_fresh_ones(
+    kind: str, policy: Policy
+) -> None:
+    """The service passes every batch of a shape its kept plan and SolveFacts (app/placing.py):
+    batch after batch, each on the state holding the ones before, the placements are those of
+    batches that work everything out afresh (Stats may differ: they count what the search
+    evaluated, and kept facts and outcomes spare evaluations, as they do for unary solves)."""
+    cluster = generate(320, seed=11)
+    snapshot = ClusterSnapshot.build(cluster.slices, cluster.nodes, topologies=cluster.topologies)
+    claims_, options = KINDS[kind]
+    classes = device_classes()
+    plan, facts, selectors = build_plan(claims_, classes), SolveFacts(), SelectorCache()
+    shared_state = fresh_state = AllocatedState.build(snapshot, cluster.held)
+    for _ in range(3):
+        shared_holding = shared_state.detached(groups=True)
+        shared = solve_many(
+            snapshot,
+            shared_state,
+            classes,
+            claims_,
+            20,
+            policy=policy,
+            selectors=selectors,
+            holding=shared_holding,
+            plan=plan,
+            facts=facts,
+            **options,
+        )
+        fresh_holding = fresh_state.detached(groups=True)
+        fresh = solve_many(
+            snapshot,
+            fresh_state,
+            classes,
+            claims_,
+            20,
+            policy=policy,
+            selectors=SelectorCache(),
+            holding=fresh_holding,
+            **options,
+        )
+        assert placements(shared) == placements(fresh)
+        shared_state, fresh_state = shared_holding, fresh_holding
 
 
 def test_a_batch_stops_at_the_first_item_that_does_not_fit() -> None:

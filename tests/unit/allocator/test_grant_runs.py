@@ -17,6 +17,7 @@ from services.allocator.adapters.store.redis_store import (
     RedisReservationStore,
     _doc,
     _Grant,
+    _granted,
     _idempotency_field,
     _selector_json,
 )
@@ -122,6 +123,74 @@ def test_a_nodes_grants_are_written_as_each_alone(requests: list[ReserveRequest]
         for request, sent in zip(requests, fields, strict=True):
             assert sent[6] == _doc(request)
             assert sent[2] == _idempotency_field(request.owner, request.idempotency_key)
+    finally:
+        store.close()
+
+
+def _on_device(request: ReserveRequest, device: str) -> ReserveRequest:
+    """`request` for another device: what a run's next grant is (alike but for the device)."""
+    allocation = request.allocations[0]
+    result = allocation.results[0]
+    moved = DeviceRequestAllocationResult(
+        result.request, result.driver, result.pool, device, result.admin_access,
+        result.tolerations, result.share_id, result.consumed_capacity,
+        result.binding_conditions,
+    )  # fmt: skip
+    return ReserveRequest(
+        request.owner,
+        request.node,
+        tuple(request.claim_names),
+        (AllocationResult((moved, *allocation.results[1:]), (), allocation.node_selector),),
+        Hold((f"nvidia.com/n-1/{device}",)),
+        request.lease_seconds,
+        request.idempotency_key,
+        request.labels,
+        request.request_digest,
+        request.priority_class,
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    drawn=st.lists(
+        st.tuples(_requests(), st.sampled_from(["", "", "gpu-3", "gpu-4", 'gpu-"5"'])),
+        min_size=1,
+        max_size=8,
+    ),
+    taken=st.lists(st.booleans(), min_size=8, max_size=8),
+    leases=st.lists(st.sampled_from([60000, 60000, 1000]), min_size=8, max_size=8),
+)
+def test_a_runs_reservations_are_made_as_each_alone(
+    drawn: list[tuple[ReserveRequest, str]], taken: list[bool], leases: list[int]
+) -> None:
+    """`_record`'s reservations of a run's grants (the fields the run shares copied) are what
+    `_granted` makes for each grant alone, whichever grants before it took their hold, and
+    whatever their leases."""
+    requests: list[ReserveRequest] = []
+    for request, device in drawn:  # a device: the one before it again on that device
+        requests.append(_on_device(requests[-1], device) if requests and device else request)
+    store = RedisReservationStore("redis://127.0.0.1:1")
+    try:
+        grants = [
+            _Grant(request, request.hold, f"res-{i}@n-1", leases[i])
+            for i, request in enumerate(requests)
+        ]
+        call = store._grant_call("n-1", grants)
+        now = 1_700_000_000_000
+        answers: list[Any] = [
+            10 + i if taken[i] else [b"conflict", [[b"device", b"gpu-0", b"res-x@n-1"]]]
+            for i in range(len(grants))
+        ]
+        store._record(call, [now, answers, []])
+        for grant, answer in zip(grants, answers, strict=True):
+            if isinstance(answer, int):
+                expected = _granted(grant, answer, now, now + grant.lease_ms)
+                assert grant.reservation == expected
+                assert grant.reservation.__dict__ == expected.__dict__
+                assert grant.created
+            else:
+                assert grant.reservation is None
+                assert grant.conflicts
     finally:
         store.close()
 

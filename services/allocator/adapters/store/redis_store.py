@@ -362,14 +362,22 @@ class RedisReservationStore:
             call.fail(Unavailable("redis: grants keep failing over"))
 
     def _grant_call(self, node: str, grants: Sequence[_Grant]) -> _GrantCall:
+        """One node's step: the node's own keys, and its grants as ONE JSON array of [id,
+        owner, idem, lease_ms, devices_json, uses_json, doc]. The grants' keys (`res:`, `dev:`,
+        `use:`) are not named one by one: they share the node's slot (its hash tag), which its
+        own keys name, as the leases that every step frees are not named either (the library
+        reads no KEYS). `runs` numbers each grant's run for `_record`: a grant that continues
+        the one before it (`_continues`: its document is the run's but for the device) shares
+        its request's fields but the allocations."""
         base = self._base(node)
         keys = [base + "leases", base + "ids", base + "fence", base + "idem"]
         fields = []
-        device_base, use_base = base + "dev:", base + "use:"
-        res_base, dumps = base + "res:", orjson.dumps
+        runs: builtins.list[int] = []
+        dumps = orjson.dumps
         shapes: dict[tuple[Any, ...], tuple[str, str, str]] = {}  # see _grant_doc
         last: ReserveRequest | None = None  # the last one-device grant's request (_around)
         around = ("", "", "")  # the text around its device
+        run = 0
         for grant in grants:
             request, hold = grant.request, grant.hold
             devices = hold.devices
@@ -377,6 +385,7 @@ class RedisReservationStore:
                 doc = around[0] + _json_text(request.allocations[0].results[0].device) + around[1]
                 idem = around[2]
             else:
+                run += 1
                 found = _around(request, shapes)
                 if found is None:
                     last = None
@@ -386,20 +395,16 @@ class RedisReservationStore:
                     doc = around[0] + _json_text(request.allocations[0].results[0].device)
                     doc += around[1]
                     idem = around[2]
+            runs.append(run)
             if len(devices) == 1:  # one device taken whole: the common case
-                device = devices[0]
-                keys += (res_base + grant.id, device_base + device)
-                devices_json = "[" + _json_text(device) + "]"
+                devices_json = "[" + _json_text(devices[0]) + "]"
             else:
-                keys.append(res_base + grant.id)
-                keys += [device_base + device for device in devices]
                 devices_json = dumps(devices).decode()
             uses = "[]"  # no counters or shares: the common case (a whole device)
             if hold.uses:
-                keys += [use_base + use.key for use in hold.uses]
                 uses = dumps([[u.key, str(u.amount), str(u.limit)] for u in hold.uses]).decode()
             fields.append((grant.id, request.owner, idem, grant.lease_ms, devices_json, uses, doc))
-        return _GrantCall(node, keys, [*self._context(node), orjson.dumps(fields)], grants)
+        return _GrantCall(node, keys, [*self._context(node), orjson.dumps(fields)], grants, runs)
 
     def _grant_batch(self, calls: Sequence[_GrantCall]) -> Replies:
         """One shard's grant steps in one pipeline (after its nodes' registration in the
@@ -475,9 +480,22 @@ class RedisReservationStore:
         now, answers, expired = reply
         if expired:
             self._unindex(expired)
-        for grant, answer in zip(call.grants, answers, strict=True):
+        made: dict[str, Any] = {}  # the fields of the last reservation taken, of run `made_in`
+        made_in = 0
+        for grant, answer, run in zip(call.grants, answers, call.runs, strict=True):
             if isinstance(answer, int):  # its fencing token: taken now, for its lease
-                grant.reservation = _granted(grant, answer, now, now + grant.lease_ms)
+                if run == made_in and made["expires_at"] == (now + grant.lease_ms) / 1000:
+                    fields = made.copy()  # the run's shared fields; then its own
+                    fields["id"] = grant.id
+                    fields["allocations"] = tuple(grant.request.allocations)
+                    fields["hold"] = grant.hold
+                    fields["fencing_token"] = answer
+                    reservation: Reservation = object.__new__(Reservation)
+                    object.__setattr__(reservation, "__dict__", fields)
+                    grant.reservation = reservation
+                else:
+                    grant.reservation = _granted(grant, answer, now, now + grant.lease_ms)
+                    made, made_in = grant.reservation.__dict__, run
                 grant.created = True
             elif _text(answer[0]) == "conflict":
                 grant.conflicts = [_conflict_item(item) for item in answer[1]]
@@ -486,6 +504,7 @@ class RedisReservationStore:
                 grant.reservation = self._decode(answer[1])
             if call.unconfirmed is not None:
                 grant.error = call.unconfirmed
+                call.failed = True
 
     def _register(self, nodes: Sequence[str]) -> None:
         """Nodes to have in the nodes index before their first grant (a cluster: the index
@@ -687,7 +706,7 @@ class RedisReservationStore:
             late: builtins.list[tuple[bytes | str, EventCallback]] = []
             with self._own_lock:
                 for call in calls:
-                    if not done or any(grant.error is not None for grant in call.grants):
+                    if not done or call.failed:  # one of its grants has an error
                         # its caller does not learn what it took: the events tell
                         late += call.held_back or ()
                         for grant in call.grants:
@@ -1168,15 +1187,18 @@ class _GrantCall:
     keys: Strings
     args: builtins.list[str | bytes]  # base, node, channel, and the grants as one JSON array
     grants: Sequence[_Grant]
+    runs: Sequence[int]  # each grant's run (`_grant_call`): alike requests but the allocations
     reply: Any = None  # a reply that sends the step around again (moved, function missing)
     unconfirmed: _Unconfirmed | None = None
     # its event messages held back while it runs (quiet_own_reserves), with their callbacks
     # (None once it is done: messages still to come are dropped)
     held_back: builtins.list[tuple[bytes | str, EventCallback]] | None = field(default_factory=list)
+    failed: bool = False  # one of its grants has an error (`fail`, or an unconfirmed WAIT)
 
     def fail(self, error: GpuallocError) -> None:
         for grant in self.grants:
             grant.error = error
+        self.failed = bool(self.grants)
 
 
 def _granted(grant: _Grant, fence: int, created: int, expires: int) -> Reservation:
