@@ -143,15 +143,16 @@ def allocate_batch(
             decided(_answer(service, item, answered, item.deadline or deadline))
             index += 1
             continue
-        run = mapped.reserving_from(index)
-        reserving = [(i.query, i.lease) for i in run if i.lease is not None]
-        if any(i.deadline is not None for i in run):  # combined calls: each its own
-            own = [i.deadline or deadline for i in run]
-            done = service.allocate_run(reserving, deadline=deadline, deadlines=own)
+        reserving, own = mapped.reserving_from(index)
+        if own:  # combined calls: each its own
+            deadlines = [d or deadline for d in own]
+            done = service.allocate_run(reserving, deadline=deadline, deadlines=deadlines)
         else:
             done = service.allocate_run(reserving, deadline=deadline)
-        for result in done:
-            decided(result)
+        results += done  # not through `decided`: a call less per item of a run
+        if on_result is not None:
+            for result in done:
+                on_result(result)
         answered.clear()  # they may have reserved (or revoked): later items solve again
         index += len(done)  # fewer than the run's: the deadline passed (the loop's check says so)
     return results
@@ -192,29 +193,41 @@ class _Mapped:
 
     def __init__(self, items: Sequence[Callable[[], BatchItem]]) -> None:
         self._items = items
-        self._mapped: dict[int, BatchItem | GpuallocError] = {}
+        self._mapped: list[BatchItem | GpuallocError | None] = [None] * len(items)
 
     def __getitem__(self, index: int) -> BatchItem | GpuallocError:
-        found = self._mapped.get(index)
+        found = self._mapped[index]
         if found is None:
-            try:
-                found = self._items[index]()
-            except GpuallocError as error:
-                found = error
-            self._mapped[index] = found
+            found = self._mapped[index] = self._map(index)
         return found
 
-    def reserving_from(self, index: int) -> list[BatchItem]:
+    def reserving_from(
+        self, index: int
+    ) -> tuple[list[tuple[Query, LeaseOptions]], list[Deadline | None] | None]:
         """The reserving items from `index` on, up to the first that is not one (at most
-        MAX_RUN_ITEMS)."""
-        run: list[BatchItem] = []
-        while index < len(self._items) and len(run) < MAX_RUN_ITEMS:
-            item = self[index]
+        MAX_RUN_ITEMS): their queries and leases, and their own deadlines (None when none has
+        one: the batch's for all). The items mapped here, not through __getitem__ (a call less
+        per item)."""
+        run: list[tuple[Query, LeaseOptions]] = []
+        deadlines: list[Deadline | None] = []
+        mapped = self._mapped
+        own = False
+        for at in range(index, min(len(mapped), index + MAX_RUN_ITEMS)):
+            item = mapped[at]
+            if item is None:
+                item = mapped[at] = self._map(at)
             if isinstance(item, GpuallocError) or item.lease is None:
                 break
-            run.append(item)
-            index += 1
-        return run
+            run.append((item.query, item.lease))
+            deadlines.append(item.deadline)
+            own = own or item.deadline is not None
+        return run, deadlines if own else None
+
+    def _map(self, index: int) -> BatchItem | GpuallocError:
+        try:
+            return self._items[index]()
+        except GpuallocError as error:
+            return error
 
 
 MAX_RUN_ITEMS = 512

@@ -18,6 +18,8 @@ from protos.allocator.v1 import allocator_pb2 as pb
 from services.allocator.adapters.grpc.mapping import (
     BatchReply,
     _one_device_answer_bytes,
+    _scored,
+    _share_field,
     allocate_response,
     allocate_response_bytes,
     batch_item_status,
@@ -61,6 +63,7 @@ from services.common.dra.quantity import Quantity
 from services.common.errors import NotFound
 
 # names: short and long (a length of 128+ bytes takes two varint bytes), ASCII and not
+TOKENS = [0, 1, 127, 128, 4095, 4096, 16383, 16384]  # fencing tokens at varint edges
 NAMES = st.one_of(
     st.sampled_from(["", "gpu", "h100-0000", "gpu.nvidia.com", "mig-1g.10gb", "ünïcødé-∑"]),
     st.text(alphabet="ab-é∑/", min_size=0, max_size=6),
@@ -166,7 +169,7 @@ def reservations(draw: st.DrawFn, held: tuple[AllocationResult, ...]) -> Reserva
         allocations=held,
         hold=Hold(),
         state=ReservationState.COMMITTED if committed else ReservationState.RESERVED,
-        fencing_token=draw(st.integers(0, 2**64 - 1)),
+        fencing_token=draw(st.one_of(st.integers(0, 2**64 - 1), st.sampled_from(TOKENS))),
         created_at=draw(TIMES),
         expires_at=None if committed else draw(TIMES),
         idempotency_key=draw(st.sampled_from(["", "key-1"])),
@@ -466,7 +469,12 @@ def runs_of_one_device_answers(draw: st.DrawFn) -> list[Answer]:
                     allocations=(placed,),
                     labels=(),
                     conditions=(),
-                    fencing_token=draw(st.integers(0, 2**64 - 1)),
+                    fencing_token=draw(
+                        st.one_of(
+                            st.integers(0, 2**64 - 1),
+                            st.sampled_from(TOKENS),
+                        )
+                    ),
                     created_at=draw(TIMES),
                     expires_at=draw(st.none() | TIMES),
                     # mostly the run's, now and then another request's (the pieces' key)
@@ -539,3 +547,62 @@ def test_a_batch_reply_sent_serialized_is_the_reply_built_in_place(
         reply.add_answer(answer, gang=gang)
         assert len(reply) == len(before.items)
     assert reply.serialized() == before.SerializeToString()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.one_of(
+            answers().map(lambda asked: asked[0]),
+            one_device_answers().map(lambda asked: asked[0]),
+            st.just(None),
+        ),
+        min_size=0,
+        max_size=6,
+    )
+)
+def test_a_batch_reply_of_one_device_items_added_in_one_call_is_add_answers(
+    items: list[Answer | None],
+) -> None:
+    """BatchReply.add_one_device (AllocateBatch's item without a gang or audit events) adds
+    exactly what add_answer adds for the answers _one_device_answer_bytes writes, and nothing
+    (False) for the others, which then go through add_answer: the same reply bytes."""
+    error = batch_item_status(NotFound("reservation res-1 not found"), "items[0]")
+    general, fast = BatchReply(), BatchReply()
+    for answer in items:
+        if answer is None:
+            general.add_error(error)
+            fast.add_error(error)
+            continue
+        general.add_answer(answer)
+        added = fast.add_one_device(answer)
+        assert added == (_one_device_answer_bytes(answer) is not None)
+        if not added:
+            fast.add_answer(answer)
+        assert len(fast) == len(general)
+    assert fast.serialized() == general.serialized()
+
+
+@pytest.mark.parametrize(
+    ("free", "total", "policy"),
+    [
+        (0, 8, Policy.BINPACK),
+        (7, 8, Policy.BINPACK),
+        (8, 8, Policy.BINPACK),
+        (3, 8, Policy.SPREAD),
+        (0, 8, Policy.SPREAD),
+        (1, 3, Policy.FIRST_FIT),
+    ],
+    ids=[
+        "binpack-full",
+        "binpack-one-used",
+        "binpack-none-used",
+        "spread",
+        "spread-full",
+        "thirds",
+    ],
+)
+def test_a_kept_score_field_is_the_score_field(free: int, total: int, policy: Policy) -> None:
+    """_scored (kept by its values) writes _share_field's bytes, the first time and again."""
+    assert _scored(free, total, policy) == _share_field(free, total, policy)
+    assert _scored(free, total, policy) == _share_field(free, total, policy)

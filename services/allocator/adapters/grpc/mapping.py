@@ -650,7 +650,40 @@ def _one_device_answer_bytes(answer: Answer) -> bytes | None:
     selector = allocation.node_selector  # by its bytes (kept by the object): one per node
     selected = b"" if selector is None else node_selector_field(selector)
     device = result.device.encode()
-    answered: tuple[object, ...] = (  # what the pieces depend on, with or without a reservation
+    score = single.score
+    scored = (
+        _scored(score.free_devices, score.total_devices, answer.policy)
+        if score is not None and score.total_devices
+        else b""
+    )
+    pieces_key: tuple[object, ...]
+    if not reservations:
+        pieces_key = (  # what the pieces depend on (one tuple: it is built per answer)
+            answer.outcome,
+            single.node,
+            claim.namespace,
+            claim.name,
+            claim.uid,
+            answer.generation,
+            result.request,
+            result.driver,
+            result.pool,
+            selected,
+            len(device),
+        )
+        pieces = _PIECES.get(pieces_key)
+        if pieces is None:
+            pieces = _one_device_pieces(pieces_key, answer, len(device))
+        return b"".join((pieces[0], device, pieces[1], scored, pieces[7]))
+    (reservation,) = reservations
+    try:
+        (ref,) = reservation.claim_names
+        (held,) = reservation.allocations
+    except ValueError:
+        return None
+    if held is not allocation or reservation.labels or reservation.conditions:
+        return None
+    pieces_key = (  # the same values first, then the reservation's
         answer.outcome,
         single.node,
         claim.namespace,
@@ -662,29 +695,6 @@ def _one_device_answer_bytes(answer: Answer) -> bytes | None:
         result.pool,
         selected,
         len(device),
-    )
-    if not reservations:
-        pieces_key = answered
-        pieces = _PIECES.get(pieces_key)
-        if pieces is None:
-            pieces = _one_device_pieces(pieces_key, answer, len(device))
-        score = single.score
-        scored = (
-            _share_field(score.free_devices, score.total_devices, answer.policy)
-            if score is not None and score.total_devices
-            else b""
-        )
-        return b"".join((pieces[0], device, pieces[1], scored, pieces[7]))
-    (reservation,) = reservations
-    try:
-        (ref,) = reservation.claim_names
-        (held,) = reservation.allocations
-    except ValueError:
-        return None
-    if held is not allocation or reservation.labels or reservation.conditions:
-        return None
-    pieces_key = (
-        *answered,
         ref,
         reservation.owner,
         reservation.redacted,
@@ -708,17 +718,19 @@ def _one_device_answer_bytes(answer: Answer) -> bytes | None:
     if times[0] != created_at or times[1] != expires_at:
         times = _keep_times(created_at, expires_at)
     expires, created = times[2], times[3]
-    fencing = counter_field(_RESERVATION_FENCING_TOKEN, reservation.fencing_token)
+    token = reservation.fencing_token  # counter_field's bytes; below 4 KiB without a call
+    fencing = (
+        _RESERVATION_FENCING_TOKEN + SIZES[token]
+        if 0 < token < SIZES_BELOW
+        else counter_field(_RESERVATION_FENCING_TOKEN, token)
+    )
     size = pieces[8] + len(id_field) + len(expires) + len(fencing) + len(created)
-    score = single.score
     return b"".join(
         (
             pieces[0],
             device,
             pieces[1],
-            _share_field(score.free_devices, score.total_devices, answer.policy)
-            if score is not None and score.total_devices
-            else b"",
+            scored,
             _RESERVATIONS,
             SIZES[size] if size < SIZES_BELOW else varint(size),
             id_field,
@@ -735,6 +747,20 @@ def _one_device_answer_bytes(answer: Answer) -> bytes | None:
             pieces[7],
         )
     )
+
+
+def _scored(free: int, total: int, policy: Policy) -> bytes:
+    """_share_field, kept by its values (a node's few: its devices free after each answer)."""
+    scored = _SCORED.get((free, total, policy))
+    if scored is None:
+        if len(_SCORED) >= _SCORED_KEPT:
+            _SCORED.clear()
+        scored = _SCORED[free, total, policy] = _share_field(free, total, policy)
+    return scored
+
+
+_SCORED: dict[tuple[int, int, Policy], bytes] = {}
+_SCORED_KEPT = 4096  # (free, total) of nodes of up to ~20 devices, each policy: then started again
 
 
 def _keep_times(
@@ -867,6 +893,21 @@ class BatchReply:
                 if reservation.labels:
                     self._labelled = True
         self.add_response(written)
+
+    def add_one_device(self, answer: Answer) -> bool:
+        """add_answer of an answer _one_device_answer_bytes writes (not asked as a gang), and
+        True; False, nothing added, for any other. The common item's one call, where
+        add_answer's takes three (a batch of 64 one-H100 items' every answer)."""
+        written = _one_device_answer_bytes(answer)
+        if written is None:
+            return False
+        size = len(written)  # as add_response
+        self._written += (
+            _ITEM_HEADS[size] if size < _ITEM_HEADS_BELOW else _item_head(size),
+            written,
+        )
+        self._waiting += 1
+        return True
 
     def __len__(self) -> int:
         return len(self._reply.items) + self._waiting

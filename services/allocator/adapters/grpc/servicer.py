@@ -248,9 +248,14 @@ class AllocatorServicer(allocator_pb2_grpc.AllocatorServicer):
             gangs.append(entry.HasField("gang"))
         any_gang = any(gangs)  # else no item's place in the reply to look up
         audited = audit_enabled()  # looked up once per call, not once per item
+        # no gang item and no audit events: an answer _one_device_answer_bytes writes names
+        # nothing of anyone's (shown_as_is), so _answered_item would add it as it is
+        plain = not any_gang and not audited
 
         def shown(result: ItemResult) -> None:
             if isinstance(result, Answer):
+                if plain and reply.add_one_device(result):
+                    return
                 gang = any_gang and gangs[len(reply)]
                 self._answered_item(context, result, principal, audited, gang=gang, reply=reply)
                 return
