@@ -81,7 +81,8 @@ PARTS: tuple[tuple[Any, str, str], ...] = (
     (redis_store.RedisReservationStore, "_grant_batch", "    one shard's pipeline"),
     (redis_store.RedisReservationStore, "_command", "      one command (_command)"),
     (servicer_module.AllocatorServicer, "_answered", "the answer (_answered)"),
-    (servicer_module.AllocatorServicer, "_answered_item", "the answer (_answered_item, a batch's)"),
+    (servicer_module.AllocatorServicer, "_answered_item", "the answer (a batch item's)"),
+    (mapping.BatchReply, "add_one_device", "the answer (a batch item's)"),  # its one-device bytes
     (mapping.BatchReply, "add_answer", "  its bytes (BatchReply.add_answer)"),
     (mapping.BatchReply, "done", "the batch reply parsed (BatchReply.done)"),
     (mapping.BatchReply, "serialized", "the batch reply joined (BatchReply.serialized)"),

@@ -32,7 +32,7 @@ def test_a_mode_reports_cpu_per_claim_and_its_parts(
     if mode != "allocate-reserve-batch-64":
         assert parts["the answer (_answered)"] > 0
     else:  # a batch's items are answered one by one, their reply parsed once
-        assert parts["the answer (_answered_item, a batch's)"] > 0
+        assert parts["the answer (a batch item's)"] > 0
         assert parts["the batch reply joined (BatchReply.serialized)"] > 0  # not parsed
         assert parts["solve (core solve_many)"] > 0 and parts["the run's write (_write_run)"] > 0
         # hold_in_place and hold_whole_in_place (an item that took the last node again)
